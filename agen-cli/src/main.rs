@@ -1,0 +1,2 @@
+//! The agen command.
+fn main() {}

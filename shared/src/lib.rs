@@ -1,0 +1,4 @@
+//! Agen's shared vocabulary: ids, the bundle model and its validation, durations, client
+//! config, TLS helpers and telemetry setup. Used by every other crate; knows no gRPC.
+
+pub mod bundle;
