@@ -14,6 +14,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // `NestService/Connect` would clash with the generated `connect` constructor; clients
+        // build a `Channel` themselves and call `new(channel)`.
+        .build_transport(false)
         .compile_fds(fds)?;
     Ok(())
 }

@@ -10,4 +10,6 @@
 //! talk only to their Nest over a Unix socket; no child outlives the Nest.
 
 pub mod builtin;
+pub mod instance;
 pub mod keen;
+pub mod mcp;

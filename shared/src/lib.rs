@@ -2,3 +2,5 @@
 //! config, TLS helpers and telemetry setup. Used by every other crate; knows no gRPC.
 
 pub mod bundle;
+pub mod client_config;
+pub mod telemetry;

@@ -1,0 +1,91 @@
+//! The tool-server host: launches a bundle's MCP servers exactly as the spec says (command
+//! servers with cwd = bundle dir and a cleared environment; url servers over streamable HTTP),
+//! lists their tools as `<server>.<tool>`, calls them with `_meta`, a timeout and cancellation,
+//! and notices when a server dies.
+//!
+//! Public API (used by `host` — the `agen instance` process — and by `instance`, the harness):
+//! - [`ToolHost::start`] starts every server of a bundle (in parallel, each with a start deadline)
+//!   and never fails as a whole: a server that does not start is reported in
+//!   [`ToolHost::status`] with the first lines of its stderr.
+//! - [`ToolHost::tools`] lists the MCP tools that loaded.
+//! - [`ToolHost::call`] calls one tool.
+//! - [`ToolHost::died`] resolves when any connected server dies (the instance turns unhealthy).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything a launch needs besides the bundle itself.
+#[derive(Debug, Clone)]
+pub struct LaunchContext {
+    /// Path of the running agen binary: `AGEN_BIN`, and what `"command": "agen"` runs.
+    pub agen_bin: PathBuf,
+    /// Resolved secret values by name, for `${NAME}` in `env` and `headers`.
+    pub secrets: BTreeMap<String, String>,
+    /// How long one server may take to start and answer `tools/list`.
+    pub start_timeout: Duration,
+}
+
+/// One MCP tool as the harness sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolInfo {
+    /// The server's name in `mcp.json`.
+    pub server: String,
+    /// The tool's own name on that server.
+    pub tool: String,
+    pub description: String,
+    /// JSON Schema of the arguments.
+    pub input_schema: serde_json::Value,
+    /// `readOnlyHint` from the server.
+    pub read_only: bool,
+    /// `idempotentHint` from the server.
+    pub idempotent: bool,
+}
+
+impl ToolInfo {
+    /// `<server>.<tool>`, the name in settings, logs and traces.
+    pub fn qualified_name(&self) -> String {
+        format!("{}.{}", self.server, self.tool)
+    }
+    /// `<server>_<tool>`, the name the model sees.
+    pub fn model_name(&self) -> String {
+        format!("{}_{}", self.server, self.tool)
+    }
+}
+
+/// A server that is not connected, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerProblem {
+    pub server: String,
+    pub reason: String,
+}
+
+/// What the host reports to its Nest.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct HostStatus {
+    pub tools_loaded: u32,
+    pub not_connected: Vec<ServerProblem>,
+}
+
+/// The result of one tool call, as text for the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOutput {
+    pub text: String,
+    /// The server said `isError: true`.
+    pub is_error: bool,
+}
+
+/// Why a call produced no result.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("unknown tool {0}")]
+    UnknownTool(String),
+    #[error("tool server {0} is not connected")]
+    NotConnected(String),
+    #[error("tool call timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("tool call was cancelled")]
+    Cancelled,
+    #[error("tool server {server} failed the call: {message}")]
+    Failed { server: String, message: String },
+}
