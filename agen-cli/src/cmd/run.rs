@@ -1,0 +1,21 @@
+//! `agen run DIR PROMPT`: a bundle standalone, no Hub; the same harness as in a fleet.
+
+use std::path::PathBuf;
+
+/// Arguments of `agen run`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The bundle folder
+    pub dir: PathBuf,
+    /// What to ask the agent
+    pub prompt: String,
+    /// Override the model of x-agen/agent.md (`<provider>/<model>`)
+    #[arg(long)]
+    pub model: Option<String>,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<i32> {
+    // wired to agen_nest::instance::standalone::run_cli once the harness lands
+    let _ = (args.dir, args.prompt, args.model);
+    anyhow::bail!("agen run is being built")
+}
