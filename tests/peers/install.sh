@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the third-party MCP peers the end-to-end tests run, pinned, inside the build tree:
+#   target/peers/venv           PyPI mcp (official SDK, used as a client too) + mcp-server-time
+#   target/peers/node_modules   npm @modelcontextprotocol/server-filesystem, server-everything
+# Skips what is already installed at the pinned versions. Safe to run repeatedly.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+peers="$root/target/peers"
+mkdir -p "$peers"
+
+stamp="$peers/.installed"
+want="$(cat "$here/requirements.txt" "$here/package-lock.json" | sha256sum | cut -d' ' -f1)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
+   && [ -x "$peers/venv/bin/python" ] && [ -d "$peers/node_modules/@modelcontextprotocol/server-filesystem" ]; then
+  echo "peers: already installed ($peers)"
+  exit 0
+fi
+
+echo "peers: installing Python peers into $peers/venv"
+[ -x "$peers/venv/bin/python" ] || python3 -m venv "$peers/venv"
+"$peers/venv/bin/pip" install --quiet --disable-pip-version-check -r "$here/requirements.txt"
+
+echo "peers: installing npm peers into $peers/node_modules"
+cp "$here/package.json" "$here/package-lock.json" "$peers/"
+(cd "$peers" && npm ci --no-audit --no-fund --loglevel=error)
+
+echo "$want" > "$stamp"
+echo "peers: done"
