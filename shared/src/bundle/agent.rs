@@ -9,7 +9,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::error::{BundleError, Result};
+use super::error::Result;
 use super::front_matter;
 use super::json::{kind, Obj};
 use super::mcp::check_http_url;
@@ -136,6 +136,3 @@ pub(crate) fn parse(text: &str, default_name: &str) -> Result<AgentSpec> {
     }
     Ok(AgentSpec { name, model, base_url, api_key, preload_skills, system_prompt: fm.body, extra })
 }
-
-#[allow(dead_code)]
-fn _assert_error_type(_: BundleError) {}

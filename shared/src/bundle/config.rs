@@ -1,0 +1,275 @@
+//! `x-agen/config.json`: delegates, per-tool overrides (`sideEffect`, `idempotent`) and
+//! permissions (`allow` / `ask` / `deny` tool patterns).
+//!
+//! Invariants: tool names and patterns accept both `<server>.<tool>` and `<server>_<tool>`;
+//! a pattern is a tool name where `*` matches any run of characters; deny beats ask beats
+//! allow, and a non-empty `allow` list denies every tool it does not match.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::error::{BundleError, Result};
+use super::json::{kind, Obj};
+
+pub const CONFIG_FILE: &str = "x-agen/config.json";
+
+/// The agent's wiring beyond its MCP servers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentConfig {
+    /// Deployments this agent may call (`call_agent`, `start_agent`).
+    pub delegates: Vec<Delegate>,
+    /// Overrides by tool name as written (`crm.upsert_contact` or `crm_upsert_contact`).
+    pub tools: BTreeMap<String, ToolOverride>,
+    pub permissions: Permissions,
+}
+
+/// A deployment this agent may delegate to: `"researcher"` or
+/// `{"deployment": "researcher", "namespace": "team-a", "description": "..."}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delegate {
+    pub deployment: String,
+    /// `None`: the caller's own namespace.
+    pub namespace: Option<String>,
+    /// Shown to the model in `call_agent`'s description.
+    pub description: Option<String>,
+}
+
+/// What the bundle says about a tool, overriding its server's hints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolOverride {
+    /// `sideEffect`: `false` makes the tool read-only for the effect ledger.
+    pub side_effect: Option<bool>,
+    /// `idempotent`: `true` lets an interrupted call be retried.
+    pub idempotent: Option<bool>,
+}
+
+/// Tool patterns that are allowed, need approval, or are denied.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Permissions {
+    pub allow: Vec<String>,
+    pub ask: Vec<String>,
+    pub deny: Vec<String>,
+}
+
+/// The decision for one tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Permission {
+    Allow,
+    Ask,
+    Deny,
+}
+
+impl Permissions {
+    /// The decision for the tool `<server>.<tool>` (pass the dotted name; patterns written with
+    /// `_` match too). Deny beats ask beats allow; with a non-empty `allow` list, a tool that
+    /// matches neither `allow` nor `ask` is denied. Built-ins (`finish`, artifacts, progress)
+    /// are never gated: callers do not ask for them.
+    pub fn decide(&self, tool: &str) -> Permission {
+        let any = |list: &[String]| list.iter().any(|p| tool_matches(p, tool));
+        if any(&self.deny) {
+            Permission::Deny
+        } else if any(&self.ask) {
+            Permission::Ask
+        } else if self.allow.is_empty() || any(&self.allow) {
+            Permission::Allow
+        } else {
+            Permission::Deny
+        }
+    }
+}
+
+impl AgentConfig {
+    /// The override for the tool `<server>.<tool>`, whichever form the bundle wrote its key in.
+    pub fn tool_override(&self, tool: &str) -> Option<&ToolOverride> {
+        self.tools.get(tool).or_else(|| self.tools.get(&model_name(tool)))
+    }
+}
+
+/// `<server>.<tool>` → `<server>_<tool>` (the first dot only; server names have none).
+pub fn model_name(tool: &str) -> String {
+    tool.replacen('.', "_", 1)
+}
+
+/// Whether `pattern` matches the tool `<server>.<tool>` (in that form or as `<server>_<tool>`).
+pub fn tool_matches(pattern: &str, tool: &str) -> bool {
+    glob_match(pattern, tool) || glob_match(pattern, &model_name(tool))
+}
+
+/// `*` matches any run of characters (dots included); everything else matches itself.
+fn glob_match(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    let (mut pi, mut ti) = (0, 0);
+    let (mut star, mut mark) = (None, 0);
+    while ti < t.len() {
+        if pi < p.len() && p[pi] != '*' && p[pi] == t[ti] {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+/// Checks the syntax of a tool name or pattern: non-empty, no surrounding whitespace, no
+/// control characters, and `*` as the only wildcard.
+pub fn check_tool_pattern(p: &str) -> std::result::Result<(), String> {
+    let expected = "expected a tool name such as `crm.upsert_contact`, `crm_upsert_contact` or a pattern such as `crm.*`";
+    if p.is_empty() {
+        return Err(format!("is empty; {expected}"));
+    }
+    if p.trim() != p || p.chars().any(char::is_control) {
+        return Err(format!("{expected}, got `{p}` (surrounding whitespace or control characters)"));
+    }
+    if let Some(c) = p.chars().find(|c| matches!(c, '?' | '[' | ']' | '{' | '}' | '(' | ')')) {
+        return Err(format!("{expected}, got `{p}` (`{c}` is not supported; only `*` is a wildcard)"));
+    }
+    Ok(())
+}
+
+pub(crate) fn parse(v: &Value) -> Result<AgentConfig> {
+    let top = Obj::new(CONFIG_FILE, "", v, "an object")?;
+    top.only_keys(&["delegates", "tools", "permissions"])?;
+    let mut config = AgentConfig::default();
+
+    match top.get("delegates") {
+        None => {}
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                config.delegates.push(parse_delegate(&format!("delegates[{i}]"), item)?);
+            }
+        }
+        Some(other) => {
+            return Err(top.err("delegates", format!("expected an array of deployment names, got {}", kind(other))))
+        }
+    }
+
+    if let Some(tools_v) = top.get("tools") {
+        let tools = Obj::new(CONFIG_FILE, "tools", tools_v, "an object of tool overrides by tool name")?;
+        for (name, ov) in tools.map {
+            check_tool_pattern(name).map_err(|m| tools.err(name, m))?;
+            if name.contains('*') {
+                return Err(tools.err(name, "expected a tool name, not a pattern"));
+            }
+            let o = Obj::new(CONFIG_FILE, &tools.field(name), ov, "an object such as {\"sideEffect\": false}")?;
+            o.only_keys(&["sideEffect", "idempotent"])?;
+            config.tools.insert(
+                name.clone(),
+                ToolOverride { side_effect: o.opt_bool("sideEffect")?, idempotent: o.opt_bool("idempotent")? },
+            );
+        }
+    }
+
+    if let Some(perms_v) = top.get("permissions") {
+        let perms = Obj::new(CONFIG_FILE, "permissions", perms_v, "an object with allow, ask, deny")?;
+        perms.only_keys(&["allow", "ask", "deny"])?;
+        let list = |key: &str| -> Result<Vec<String>> {
+            let items = perms.str_vec(key)?;
+            for (i, p) in items.iter().enumerate() {
+                check_tool_pattern(p).map_err(|m| {
+                    BundleError::invalid(CONFIG_FILE, &format!("permissions.{key}[{i}]"), m)
+                })?;
+            }
+            Ok(items)
+        };
+        config.permissions = Permissions { allow: list("allow")?, ask: list("ask")?, deny: list("deny")? };
+    }
+    Ok(config)
+}
+
+fn parse_delegate(path: &str, v: &Value) -> Result<Delegate> {
+    let check_name = |field: &str, name: &str| -> Result<()> {
+        if name.trim().is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(BundleError::invalid(
+                CONFIG_FILE,
+                field,
+                format!("expected a deployment name without spaces, got `{name}`"),
+            ));
+        }
+        Ok(())
+    };
+    match v {
+        Value::String(name) => {
+            check_name(path, name)?;
+            Ok(Delegate { deployment: name.clone(), namespace: None, description: None })
+        }
+        Value::Object(_) => {
+            let o = Obj::new(CONFIG_FILE, path, v, "an object")?;
+            o.only_keys(&["deployment", "namespace", "description"])?;
+            let deployment = o
+                .opt_str("deployment")?
+                .ok_or_else(|| o.err("deployment", "missing; expected the deployment's name"))?;
+            check_name(&o.field("deployment"), &deployment)?;
+            let namespace = o.opt_str("namespace")?;
+            if let Some(ns) = &namespace {
+                check_name(&o.field("namespace"), ns)?;
+            }
+            Ok(Delegate { deployment, namespace, description: o.opt_str("description")? })
+        }
+        other => Err(BundleError::invalid(
+            CONFIG_FILE,
+            path,
+            format!(
+                "expected a deployment name or {{\"deployment\": ..., \"namespace\"?: ..., \"description\"?: ...}}, got {}",
+                kind(other)
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_both_tool_name_forms() {
+        let check = |pattern: &str, tool: &str, expected: bool| {
+            assert_eq!(tool_matches(pattern, tool), expected, "{pattern} vs {tool}");
+        };
+        check("crm.upsert", "crm.upsert", true);
+        check("crm_upsert", "crm.upsert", true);
+        check("crm.*", "crm.upsert", true);
+        check("crm_*", "crm.upsert", true);
+        check("*", "crm.upsert", true);
+        check("crm.up*t", "crm.upsert", true);
+        check("crm.read", "crm.upsert", false);
+        check("crm", "crm.upsert", false);
+        check("fs.*", "crm.upsert", false);
+    }
+
+    #[test]
+    fn deny_beats_ask_beats_allow_and_allow_lists_are_closed() {
+        let p = Permissions {
+            allow: vec!["workspace.read".into(), "workspace.list".into(), "workspace_grep".into()],
+            ask: vec!["workspace.run".into()],
+            deny: vec!["workspace.list".into()],
+        };
+        let check = |tool: &str, expected: Permission| assert_eq!(p.decide(tool), expected, "{tool}");
+        check("workspace.read", Permission::Allow);
+        check("workspace.grep", Permission::Allow);
+        check("workspace.list", Permission::Deny);
+        check("workspace.run", Permission::Ask);
+        check("workspace.write", Permission::Deny);
+        assert_eq!(Permissions::default().decide("anything.at_all"), Permission::Allow);
+    }
+
+    #[test]
+    fn overrides_are_found_under_either_name() {
+        let mut c = AgentConfig::default();
+        c.tools.insert("crm_upsert".into(), ToolOverride { side_effect: None, idempotent: Some(true) });
+        assert_eq!(c.tool_override("crm.upsert").and_then(|o| o.idempotent), Some(true));
+        assert!(c.tool_override("crm.read").is_none());
+    }
+}

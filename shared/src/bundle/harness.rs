@@ -1,0 +1,147 @@
+//! `x-agen/harness.json`: how the harness runs the agent (parallel tool calls, tracing of
+//! arguments, tool protocol, limits).
+//!
+//! Invariants: every key is optional and defaults to the values in DESIGN.md; an unknown key is
+//! refused with the list of known keys (a typo must not silently fall back to a default).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::error::Result;
+use super::json::Obj;
+use crate::duration::{format_duration, parse_duration};
+
+pub const HARNESS_FILE: &str = "x-agen/harness.json";
+
+/// Harness settings of a bundle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HarnessConfig {
+    /// `parallelToolCalls` (default true): run the calls of one turn at the same time.
+    pub parallel_tool_calls: bool,
+    /// `traceToolArguments` (default false): record tool arguments in traces (redacted, 4 KiB).
+    pub trace_tool_arguments: bool,
+    /// `toolProtocol` (default native).
+    pub tool_protocol: ToolProtocol,
+    pub limits: Limits,
+}
+
+/// How the model calls tools.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolProtocol {
+    /// The provider's native tool calling.
+    #[default]
+    Native,
+    /// Keen's text protocol (`<SYSTEM CALL>` blocks).
+    Keen,
+}
+
+/// `limits` in `x-agen/harness.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// `toolTimeout` (default 10m): each tool call.
+    pub tool_timeout: Duration,
+    /// `maxTurns` (default 50): model turns per run.
+    pub max_turns: u32,
+    /// `maxToolCalls` (default 200): tool calls per run, all tools together.
+    pub max_tool_calls: u32,
+    /// `scriptTimeout` (default 5s): one Keen script tool call.
+    pub script_timeout: Duration,
+    /// `scriptMemoryMb` (default 64): memory limit of one Keen script tool call, in MiB.
+    pub script_memory_mb: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            tool_timeout: Duration::from_secs(600),
+            max_turns: 50,
+            max_tool_calls: 200,
+            script_timeout: Duration::from_secs(5),
+            script_memory_mb: 64,
+        }
+    }
+}
+
+impl Default for HarnessConfig {
+    fn default() -> Self {
+        HarnessConfig {
+            parallel_tool_calls: true,
+            trace_tool_arguments: false,
+            tool_protocol: ToolProtocol::Native,
+            limits: Limits::default(),
+        }
+    }
+}
+
+impl Limits {
+    /// The limits as they would be written in harness.json (for `agen` output and docs).
+    pub fn describe(&self) -> String {
+        format!(
+            "toolTimeout {}, maxTurns {}, maxToolCalls {}, scriptTimeout {}, scriptMemoryMb {}",
+            format_duration(self.tool_timeout),
+            self.max_turns,
+            self.max_tool_calls,
+            format_duration(self.script_timeout),
+            self.script_memory_mb
+        )
+    }
+}
+
+pub(crate) fn parse(v: &Value) -> Result<HarnessConfig> {
+    let top = Obj::new(HARNESS_FILE, "", v, "an object")?;
+    top.only_keys(&["parallelToolCalls", "traceToolArguments", "toolProtocol", "limits"])?;
+    let mut h = HarnessConfig::default();
+    if let Some(b) = top.opt_bool("parallelToolCalls")? {
+        h.parallel_tool_calls = b;
+    }
+    if let Some(b) = top.opt_bool("traceToolArguments")? {
+        h.trace_tool_arguments = b;
+    }
+    match top.opt_str("toolProtocol")?.as_deref() {
+        None | Some("native") => {}
+        Some("keen") => h.tool_protocol = ToolProtocol::Keen,
+        Some(other) => return Err(top.err("toolProtocol", format!("expected \"native\" or \"keen\", got \"{other}\""))),
+    }
+    if let Some(limits_v) = top.get("limits") {
+        let l = Obj::new(HARNESS_FILE, "limits", limits_v, "an object such as {\"toolTimeout\": \"10m\"}")?;
+        l.only_keys(&["toolTimeout", "maxTurns", "maxToolCalls", "scriptTimeout", "scriptMemoryMb"])?;
+        let duration = |key: &str| -> Result<Option<Duration>> {
+            match l.opt_str(key)? {
+                None => Ok(None),
+                Some(s) => {
+                    let d = parse_duration(&s).map_err(|e| l.err(key, e.to_string()))?;
+                    if d.is_zero() {
+                        return Err(l.err(key, format!("expected a duration above zero, such as `90s`, got `{s}`")));
+                    }
+                    Ok(Some(d))
+                }
+            }
+        };
+        let positive = |key: &str| -> Result<Option<u32>> {
+            match l.opt_u32(key)? {
+                Some(0) => Err(l.err(key, "expected a whole number of at least 1, got 0")),
+                other => Ok(other),
+            }
+        };
+        let limits = &mut h.limits;
+        if let Some(d) = duration("toolTimeout")? {
+            limits.tool_timeout = d;
+        }
+        if let Some(d) = duration("scriptTimeout")? {
+            limits.script_timeout = d;
+        }
+        if let Some(n) = positive("maxTurns")? {
+            limits.max_turns = n;
+        }
+        if let Some(n) = positive("maxToolCalls")? {
+            limits.max_tool_calls = n;
+        }
+        if let Some(n) = positive("scriptMemoryMb")? {
+            limits.script_memory_mb = n;
+        }
+    }
+    Ok(h)
+}
