@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs every test of Agen: unit, integration and end-to-end (real binaries, real third-party MCP
+# servers, a real PostgreSQL). Installs what the tests need first, so it works on a fresh machine
+# that has only the Rust toolchain, Python 3.11 + pip, Node 20 + npm and gcc.
+#
+#   tests/run.sh            # everything
+#   tests/run.sh fleet      # extra arguments filter test names (passed to cargo test)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "test peers (PyPI mcp + mcp-server-time, npm MCP servers)"
+tests/peers/install.sh
+
+step "PostgreSQL (Debian postgresql, for agen mcp sql tests)"
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq postgresql >/dev/null
+  else
+    sudo -n apt-get update -qq && sudo -n DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  fi
+fi
+ls -d /usr/lib/postgresql/*/bin | head -n1
+
+step "build (the agen binary the end-to-end tests start)"
+cargo build --workspace --bins --locked
+
+step "tests"
+cargo test --workspace --locked --no-fail-fast -- "$@"
