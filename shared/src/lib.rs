@@ -5,3 +5,4 @@ pub mod bundle;
 pub mod duration;
 pub mod client_config;
 pub mod telemetry;
+pub mod tls;

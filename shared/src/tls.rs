@@ -1,0 +1,455 @@
+//! TLS helpers shared by the Hub and the Nest: the Hub's CA and server certificate (generated
+//! with rcgen), the Nest join token (`agen1.<sha256 of the CA cert DER>.<secret>`), and
+//! [`fetch_pinned_ca`], which trusts a Hub by the CA hash carried in a join token (as k3s
+//! tokens do) and returns the CA certificate for later verified connections.
+//!
+//! Invariants: the CA key never leaves `<dir>/ca.key` (mode 0600); the CA is created once and
+//! reused; the server certificate is re-issued at every start (so it names the current listen
+//! address) by the same CA key and distinguished name; [`fetch_pinned_ca`] accepts a server only
+//! if a certificate of its chain has the pinned hash AND the leaf verifies against that
+//! certificate as the only root.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use base64::Engine;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use sha2::{Digest, Sha256};
+
+/// Prefix of every join token (format version 1).
+pub const JOIN_TOKEN_PREFIX: &str = "agen1";
+
+/// A TLS helper failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{path}: {action}: {source}")]
+    Io {
+        path: PathBuf,
+        action: &'static str,
+        source: std::io::Error,
+    },
+    #[error("cannot generate {what}: {reason}")]
+    Generate { what: &'static str, reason: String },
+    #[error("{what} is not a PEM certificate; expected `-----BEGIN CERTIFICATE-----`")]
+    NotPem { what: String },
+    #[error("join token is malformed: {0}; expected `agen1.<64 hex digits>.<secret>` as printed by `agen hub`")]
+    BadJoinToken(String),
+    #[error("hub url `{0}` is malformed; expected https://HOST:PORT")]
+    BadUrl(String),
+    #[error("cannot connect to the hub at {url}: {reason}")]
+    Connect { url: String, reason: String },
+    #[error("the hub at {url} did not present the CA named by the join token (sha256 {expected}); check the --hub address and the token")]
+    Mismatch { url: String, expected: String },
+}
+
+pub type Result<T, E = TlsError> = std::result::Result<T, E>;
+
+/// The Hub's CA plus a freshly issued server certificate, as PEM.
+#[derive(Debug, Clone)]
+pub struct HubTls {
+    /// `<dir>/ca.pem`.
+    pub ca_file: PathBuf,
+    pub ca_pem: String,
+    /// sha256 hex of the CA certificate DER (the pin carried by join tokens).
+    pub ca_sha256: String,
+    /// Server certificate chain: leaf then CA.
+    pub server_chain_pem: String,
+    pub server_key_pem: String,
+}
+
+fn io_err(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> TlsError {
+    let path = path.to_path_buf();
+    move |source| TlsError::Io { path, action, source }
+}
+
+fn gen_err(what: &'static str) -> impl FnOnce(rcgen::Error) -> TlsError {
+    move |e| TlsError::Generate { what, reason: e.to_string() }
+}
+
+/// Writes `data` to `path` with mode 0600 (atomically: temp file + rename).
+pub fn write_private(path: &Path, data: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io_err(parent, "cannot create folder"))?;
+    }
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io_err(&tmp, "cannot create file"))?;
+    f.write_all(data).map_err(io_err(&tmp, "cannot write file"))?;
+    f.sync_all().map_err(io_err(&tmp, "cannot sync file"))?;
+    std::fs::rename(&tmp, path).map_err(io_err(path, "cannot move file into place"))
+}
+
+fn ca_params() -> rcgen::CertificateParams {
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params.distinguished_name.push(rcgen::DnType::CommonName, "agen hub CA");
+    params.distinguished_name.push(rcgen::DnType::OrganizationName, "agen");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    params
+}
+
+/// Loads the CA from `dir` (`ca.pem`, `ca.key`), creating it on first use, and issues a server
+/// certificate naming `localhost`, `127.0.0.1` and every name in `extra_names` (host names or
+/// IP addresses, e.g. the listen address).
+pub fn load_or_create_hub_tls(dir: &Path, extra_names: &[String]) -> Result<HubTls> {
+    let ca_file = dir.join("ca.pem");
+    let key_file = dir.join("ca.key");
+    let ca_key = if ca_file.exists() && key_file.exists() {
+        let key_pem = std::fs::read_to_string(&key_file).map_err(io_err(&key_file, "cannot read CA key"))?;
+        rcgen::KeyPair::from_pem(&key_pem).map_err(gen_err("the CA key from ca.key"))?
+    } else {
+        let key = rcgen::KeyPair::generate().map_err(gen_err("the CA key"))?;
+        let ca = ca_params().self_signed(&key).map_err(gen_err("the CA certificate"))?;
+        write_private(&key_file, key.serialize_pem().as_bytes())?;
+        write_private(&ca_file, ca.pem().as_bytes())?;
+        key
+    };
+    let ca_pem = std::fs::read_to_string(&ca_file).map_err(io_err(&ca_file, "cannot read CA certificate"))?;
+    let ca_sha256 = ca_pem_sha256(&ca_pem)?;
+    // Same key + same distinguished name: certificates it signs verify against ca.pem.
+    let issuer = ca_params().self_signed(&ca_key).map_err(gen_err("the CA signer"))?;
+
+    let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    for n in extra_names {
+        if !n.is_empty() && !names.contains(n) {
+            names.push(n.clone());
+        }
+    }
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params.distinguished_name.push(rcgen::DnType::CommonName, "agen hub");
+    params.subject_alt_names = names
+        .iter()
+        .map(|n| match n.parse::<IpAddr>() {
+            Ok(ip) => Ok(rcgen::SanType::IpAddress(ip)),
+            Err(_) => n
+                .clone()
+                .try_into()
+                .map(rcgen::SanType::DnsName)
+                .map_err(gen_err("a server certificate name")),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature, rcgen::KeyUsagePurpose::KeyEncipherment];
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let server_key = rcgen::KeyPair::generate().map_err(gen_err("the server key"))?;
+    let server = params
+        .signed_by(&server_key, &issuer, &ca_key)
+        .map_err(gen_err("the server certificate"))?;
+    Ok(HubTls {
+        ca_file,
+        server_chain_pem: format!("{}{}", server.pem(), ca_pem),
+        ca_pem,
+        ca_sha256,
+        server_key_pem: server_key.serialize_pem(),
+    })
+}
+
+/// The DER certificates of a PEM text.
+pub fn pem_certs(pem: &str) -> Vec<Vec<u8>> {
+    let mut reader = std::io::BufReader::new(pem.as_bytes());
+    rustls_pemfile::certs(&mut reader).filter_map(|c| c.ok()).map(|c| c.to_vec()).collect()
+}
+
+/// sha256 hex of a DER certificate.
+pub fn der_sha256(der: &[u8]) -> String {
+    hex::encode(Sha256::digest(der))
+}
+
+/// sha256 hex of the (first) certificate of a PEM text: the pin a join token carries.
+pub fn ca_pem_sha256(pem: &str) -> Result<String> {
+    let certs = pem_certs(pem);
+    let first = certs.first().ok_or_else(|| TlsError::NotPem { what: "the CA certificate".into() })?;
+    Ok(der_sha256(first))
+}
+
+/// PEM text of one DER certificate.
+pub fn der_to_pem(der: &[u8]) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for chunk in b64.as_bytes().chunks(64) {
+        out.push_str(&String::from_utf8_lossy(chunk));
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out
+}
+
+/// A random secret of 32 bytes as hex (admin tokens, join secrets).
+pub fn random_secret() -> String {
+    hex::encode(rand::random::<[u8; 32]>())
+}
+
+/// A Nest join token: `agen1.<sha256 hex of the Hub CA cert DER>.<secret>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinToken {
+    pub ca_sha256: String,
+    pub secret: String,
+}
+
+impl JoinToken {
+    /// A new token for the CA with hash `ca_sha256` and a random secret.
+    pub fn generate(ca_sha256: &str) -> JoinToken {
+        JoinToken {
+            ca_sha256: ca_sha256.to_string(),
+            secret: random_secret(),
+        }
+    }
+
+    /// Parses `agen1.<64 hex>.<secret>` (surrounding whitespace ignored).
+    pub fn parse(text: &str) -> Result<JoinToken> {
+        let text = text.trim();
+        let mut parts = text.splitn(3, '.');
+        let (prefix, hash, secret) = match (parts.next(), parts.next(), parts.next()) {
+            (Some(p), Some(h), Some(s)) => (p, h, s),
+            _ => return Err(TlsError::BadJoinToken("expected three parts separated by `.`".into())),
+        };
+        if prefix != JOIN_TOKEN_PREFIX {
+            return Err(TlsError::BadJoinToken(format!("unknown prefix `{prefix}`")));
+        }
+        if hash.len() != 64 || !hash.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Err(TlsError::BadJoinToken("the CA hash is not 64 hex digits".into()));
+        }
+        if secret.is_empty() || !secret.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            return Err(TlsError::BadJoinToken("the secret is empty or has characters other than letters, digits, - and _".into()));
+        }
+        Ok(JoinToken {
+            ca_sha256: hash.to_ascii_lowercase(),
+            secret: secret.to_string(),
+        })
+    }
+}
+
+impl fmt::Display for JoinToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{JOIN_TOKEN_PREFIX}.{}.{}", self.ca_sha256, self.secret)
+    }
+}
+
+/// Splits `https://host:port[/...]` into host and port (default 443).
+fn host_port(url: &str) -> Result<(String, u16)> {
+    let rest = url
+        .strip_prefix("https://")
+        .ok_or_else(|| TlsError::BadUrl(url.to_string()))?;
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.is_empty() {
+        return Err(TlsError::BadUrl(url.to_string()));
+    }
+    if let Some(v6) = authority.strip_prefix('[') {
+        let (host, after) = v6.split_once(']').ok_or_else(|| TlsError::BadUrl(url.to_string()))?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => p.parse().map_err(|_| TlsError::BadUrl(url.to_string()))?,
+            None => 443,
+        };
+        return Ok((host.to_string(), port));
+    }
+    match authority.rsplit_once(':') {
+        Some((h, p)) => Ok((h.to_string(), p.parse().map_err(|_| TlsError::BadUrl(url.to_string()))?)),
+        None => Ok((authority.to_string(), 443)),
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Accepts a chain only if one of its certificates hashes to the pin and the leaf verifies
+/// against that certificate as the only root; remembers the pinned certificate.
+#[derive(Debug)]
+struct PinVerifier {
+    expected: String,
+    captured: Mutex<Option<Vec<u8>>>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl ServerCertVerifier for PinVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
+        let pinned = std::iter::once(end_entity)
+            .chain(intermediates.iter())
+            .find(|c| der_sha256(c.as_ref()) == self.expected)
+            .ok_or_else(|| rustls::Error::General("no certificate of the chain matches the join token's CA hash".into()))?;
+        let pinned_der = pinned.as_ref().to_vec();
+        if pinned_der != end_entity.as_ref() {
+            let mut roots = rustls::RootCertStore::empty();
+            roots
+                .add(CertificateDer::from(pinned_der.clone()))
+                .map_err(|e| rustls::Error::General(format!("pinned CA is unusable: {e}")))?;
+            let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
+                .build()
+                .map_err(|e| rustls::Error::General(format!("pinned CA is unusable: {e}")))?;
+            inner.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)?;
+        }
+        if let Ok(mut slot) = self.captured.lock() {
+            *slot = Some(pinned_der);
+        }
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// Connects to `hub_url` (`https://HOST:PORT`), accepts the TLS handshake only if the Hub
+/// presents a certificate whose sha256 is `expected_sha256` (and a leaf signed by it), and
+/// returns that certificate as PEM. The Nest stores it and uses it as its trust root.
+pub async fn fetch_pinned_ca(hub_url: &str, expected_sha256: &str) -> Result<String> {
+    let (host, port) = host_port(hub_url)?;
+    let server_name = ServerName::try_from(host.clone()).map_err(|_| TlsError::BadUrl(hub_url.to_string()))?;
+    let provider = provider();
+    let verifier = Arc::new(PinVerifier {
+        expected: expected_sha256.to_ascii_lowercase(),
+        captured: Mutex::new(None),
+        provider: provider.clone(),
+    });
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Connect { url: hub_url.to_string(), reason: e.to_string() })?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier.clone())
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connect_err = |reason: String| TlsError::Connect { url: hub_url.to_string(), reason };
+    let tcp = tokio::time::timeout(std::time::Duration::from_secs(10), tokio::net::TcpStream::connect((host.as_str(), port)))
+        .await
+        .map_err(|_| connect_err("timed out after 10s".into()))?
+        .map_err(|e| connect_err(e.to_string()))?;
+    let handshake = tokio::time::timeout(std::time::Duration::from_secs(10), connector.connect(server_name, tcp)).await;
+    let captured = verifier.captured.lock().ok().and_then(|mut c| c.take());
+    match (handshake, captured) {
+        (Ok(Ok(_stream)), Some(der)) => Ok(der_to_pem(&der)),
+        (Ok(Err(e)), _) if e.to_string().contains("join token") => Err(TlsError::Mismatch {
+            url: hub_url.to_string(),
+            expected: expected_sha256.to_string(),
+        }),
+        (Ok(Err(e)), _) => Err(connect_err(format!("tls handshake failed: {e}"))),
+        (Err(_), _) => Err(connect_err("tls handshake timed out after 10s".into())),
+        (Ok(Ok(_)), None) => Err(TlsError::Mismatch {
+            url: hub_url.to_string(),
+            expected: expected_sha256.to_string(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_token_round_trips_and_rejects_malformed_text() {
+        let hash = "ab".repeat(32);
+        let token = JoinToken { ca_sha256: hash.clone(), secret: "s3cret".into() };
+        assert_eq!(JoinToken::parse(&token.to_string()).unwrap(), token);
+        fn check(text: &str, expected: &str) {
+            let err = JoinToken::parse(text).unwrap_err().to_string();
+            assert!(err.contains(expected), "{text}: {err}");
+        }
+        check("nope", "three parts");
+        check(&format!("agen2.{hash}.x"), "unknown prefix");
+        check("agen1.abc.x", "64 hex digits");
+        check(&format!("agen1.{hash}."), "secret is empty");
+    }
+
+    #[test]
+    fn ca_is_created_once_and_server_cert_is_signed_by_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = load_or_create_hub_tls(dir.path(), &["10.0.0.1".into(), "hub.example".into()]).unwrap();
+        let b = load_or_create_hub_tls(dir.path(), &[]).unwrap();
+        assert_eq!(a.ca_pem, b.ca_pem);
+        assert_eq!(a.ca_sha256, ca_pem_sha256(&std::fs::read_to_string(&a.ca_file).unwrap()).unwrap());
+        assert_eq!(pem_certs(&a.server_chain_pem).len(), 2);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("ca.key")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn host_port_parses_hub_urls() {
+        assert_eq!(host_port("https://127.0.0.1:7070").unwrap(), ("127.0.0.1".into(), 7070));
+        assert_eq!(host_port("https://hub.example/x").unwrap(), ("hub.example".into(), 443));
+        assert_eq!(host_port("https://[::1]:9").unwrap(), ("::1".into(), 9));
+        assert!(host_port("http://x:1").is_err());
+    }
+
+    async fn serve_tls(tls: &HubTls) -> std::net::SocketAddr {
+        let certs: Vec<CertificateDer<'static>> =
+            pem_certs(&tls.server_chain_pem).into_iter().map(CertificateDer::from).collect();
+        let key = rustls_pemfile::private_key(&mut std::io::BufReader::new(tls.server_key_pem.as_bytes()))
+            .unwrap()
+            .unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let _ = acceptor.accept(tcp).await;
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn fetch_pinned_ca_returns_the_ca_only_when_the_pin_matches() {
+        let dir = tempfile::tempdir().unwrap();
+        let tls = load_or_create_hub_tls(dir.path(), &[]).unwrap();
+        let addr = serve_tls(&tls).await;
+        let url = format!("https://127.0.0.1:{}", addr.port());
+        let pem = fetch_pinned_ca(&url, &tls.ca_sha256).await.unwrap();
+        assert_eq!(ca_pem_sha256(&pem).unwrap(), tls.ca_sha256);
+
+        let other = tempfile::tempdir().unwrap();
+        let wrong = load_or_create_hub_tls(other.path(), &[]).unwrap();
+        let err = fetch_pinned_ca(&url, &wrong.ca_sha256).await.unwrap_err();
+        assert!(err.to_string().contains("did not present the CA"), "{err}");
+    }
+}
