@@ -48,7 +48,10 @@ pub(crate) fn split(file: &str, text: &str) -> Result<FrontMatter> {
                 // +1: the opening fence is line 1 of the file.
                 .map(|l| format!(" at line {} column {}", l.line() + 1, l.column()))
                 .unwrap_or_default();
-            err(format!("invalid YAML{at}: {e}"))
+            // serde_yaml's own positions count from the header, not the file: drop them.
+            let full = e.to_string();
+            let message = full.split(" at line ").next().unwrap_or(&full).to_string();
+            err(format!("invalid YAML{at}: {message}"))
         })?;
         match serde_json::to_value(&parsed) {
             Ok(Value::Object(map)) => map,

@@ -64,13 +64,8 @@ pub(crate) fn check_http_url(url: &str) -> std::result::Result<(), String> {
 pub(crate) fn parse(v: &Value) -> Result<McpConfig> {
     let top = Obj::new(MCP_FILE, "", v, "an object with \"mcpServers\"")?;
     top.only_keys(&["mcpServers"])?;
-    let Some(servers_v) = top.get("mcpServers") else {
-        return Err(BundleError::invalid(
-            MCP_FILE,
-            "mcpServers",
-            "missing; expected {\"mcpServers\": {\"<name>\": {\"command\": ...} | {\"url\": ...}}}",
-        ));
-    };
+    // `{}` is a bundle without MCP servers; unknown keys were refused above.
+    let Some(servers_v) = top.get("mcpServers") else { return Ok(McpConfig::default()) };
     let servers = Obj::new(MCP_FILE, "mcpServers", servers_v, "an object of servers by name")?;
     let mut out = BTreeMap::new();
     for (name, spec) in servers.map {
