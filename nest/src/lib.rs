@@ -13,3 +13,4 @@ pub mod builtin;
 pub mod instance;
 pub mod keen;
 pub mod mcp;
+pub mod model;

@@ -1,0 +1,563 @@
+//! The agent loop: builds the system prompt and the tool list once per instance, then for each
+//! run asks the model, runs the tools it asks for (at the same time, or one at a time with
+//! `parallelToolCalls: false`), feeds the results back, and stops when the model answers
+//! without a tool call, calls `finish`, runs out of `maxTurns`, fails, or is cancelled.
+//!
+//! Invariants: tool results go back to the model in the order the calls were asked, whatever
+//! order they finished in; every tool call the model made gets exactly one tool message (so a
+//! conversation history is always valid for the providers); `tool.started` of a
+//! side-effecting call is emitted with `sync` before the call is sent, its
+//! `tool.completed`/`tool.failed` with `sync` before the model sees the result; the `cancel`
+//! token reaches the model request and every in-flight tool call.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agen_shared::bundle::{substitute_secrets, Bundle, ToolProtocol, AGENT_FILE};
+use serde_json::{json, Map, Value};
+use tokio_util::sync::CancellationToken;
+
+use super::{event, RunEventSink, RunOutcome, RunRequest, RunState, SinkError, ToolBackend};
+use crate::mcp::{CallError, ToolInfo};
+use crate::model::{provider_for, Message, ModelConfig, ModelError, ModelProvider, ModelRequest, ToolCall, ToolSpec};
+
+pub const BUILTIN_FINISH: &str = "finish";
+pub const BUILTIN_LOAD_SKILL: &str = "load_skill";
+pub const BUILTIN_REPORT_PROGRESS: &str = "report_progress";
+
+/// `task.progress` events are sent at most this often.
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+/// How the model calls tools: the seam where the Keen text protocol plugs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// The provider's native tool calling (`tools` in the request, `tool_calls` in the reply).
+    Native,
+    /// Keen's `<SYSTEM CALL>` text protocol (see `crate::keen`); no `tools` are sent.
+    Keen,
+}
+
+/// Why a harness could not be built for a bundle.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    #[error("{AGENT_FILE}: model: missing; set `model: openai/gpt-4.1-mini` (or anthropic/…) in the front matter, or pass --model to agen run")]
+    NoModel,
+    #[error("{AGENT_FILE}: apiKey: {0}")]
+    ApiKey(String),
+    #[error("tool name {0} is used twice (an MCP tool clashes with another tool or a built-in); rename the server in mcp.json")]
+    DuplicateTool(String),
+}
+
+/// One instance's agent loop (see the module doc). Cheap to share: runs borrow it.
+pub struct Harness {
+    bundle: Arc<Bundle>,
+    tools: Arc<dyn ToolBackend>,
+    provider: Arc<dyn ModelProvider>,
+    dialect: Dialect,
+    system_prompt: String,
+    /// MCP tools by the name the model sees.
+    mcp_tools: BTreeMap<String, ToolInfo>,
+    /// Whether `report_progress` is offered (fleet only).
+    progress: bool,
+}
+
+impl Harness {
+    /// Builds the harness for `bundle`: its model client (`apiKey` resolved from `secrets`),
+    /// system prompt (agent.md body + preloaded skills) and tool list (`tools` + built-ins).
+    pub fn new(
+        bundle: Arc<Bundle>,
+        tools: Arc<dyn ToolBackend>,
+        secrets: &BTreeMap<String, String>,
+        http: reqwest::Client,
+    ) -> Result<Harness, HarnessError> {
+        let model = bundle.agent.model.clone().ok_or(HarnessError::NoModel)?;
+        let api_key = match &bundle.agent.api_key {
+            None => None,
+            Some(raw) => Some(
+                substitute_secrets(raw, |name| secrets.get(name).cloned()).map_err(|e| HarnessError::ApiKey(e.to_string()))?,
+            ),
+        };
+        let mut config = ModelConfig::new(model);
+        config.base_url = bundle.agent.base_url.clone();
+        config.api_key = api_key;
+        config.extra = bundle.agent.extra.clone();
+        let provider: Arc<dyn ModelProvider> = Arc::from(provider_for(config, http));
+        Harness::with_provider(bundle, tools, provider)
+    }
+
+    /// Like [`Harness::new`] with a ready model client.
+    pub fn with_provider(
+        bundle: Arc<Bundle>,
+        tools: Arc<dyn ToolBackend>,
+        provider: Arc<dyn ModelProvider>,
+    ) -> Result<Harness, HarnessError> {
+        let mut mcp_tools = BTreeMap::new();
+        for t in tools.tools() {
+            let name = t.model_name();
+            if [BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_REPORT_PROGRESS].contains(&name.as_str()) || mcp_tools.contains_key(&name) {
+                return Err(HarnessError::DuplicateTool(name));
+            }
+            mcp_tools.insert(name, t);
+        }
+        let mut system_prompt = bundle.agent.system_prompt.trim_end().to_string();
+        for name in &bundle.agent.preload_skills {
+            if let Some(skill) = bundle.skill(name) {
+                system_prompt.push_str(&format!("\n\n# Skill: {}\n\n{}", skill.name, skill.body.trim_end()));
+            }
+        }
+        let dialect = match bundle.harness.tool_protocol {
+            ToolProtocol::Native => Dialect::Native,
+            ToolProtocol::Keen => Dialect::Keen,
+        };
+        Ok(Harness { bundle, tools, provider, dialect, system_prompt, mcp_tools, progress: false })
+    }
+
+    /// Offers `report_progress` (fleet runs only; standalone has no platform to report to).
+    pub fn with_progress(mut self, on: bool) -> Harness {
+        self.progress = on;
+        self
+    }
+
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    /// The system prompt every run starts with.
+    pub fn system_prompt(&self) -> &str {
+        &self.system_prompt
+    }
+
+    /// `openai/gpt-4.1-mini`.
+    pub fn model(&self) -> String {
+        self.provider.describe()
+    }
+
+    /// The tools offered to the model, MCP tools first (sorted), then built-ins.
+    pub fn tool_specs(&self) -> Vec<ToolSpec> {
+        let mut specs: Vec<ToolSpec> = self
+            .mcp_tools
+            .iter()
+            .map(|(name, t)| ToolSpec {
+                name: name.clone(),
+                description: t.description.clone(),
+                parameters: object_schema(&t.input_schema),
+            })
+            .collect();
+        specs.push(ToolSpec {
+            name: BUILTIN_FINISH.into(),
+            description: "End the run with your final answer. Call it when the task is done; `result` is what the user gets.".into(),
+            parameters: json!({"type": "object", "properties": {"result": {"type": "string", "description": "the final answer"}}, "required": ["result"]}),
+        });
+        if !self.bundle.skills.is_empty() {
+            let list: Vec<String> = self.bundle.skills.iter().map(|s| format!("- {} — {}", s.name, s.description)).collect();
+            let names: Vec<&str> = self.bundle.skills.iter().map(|s| s.name.as_str()).collect();
+            specs.push(ToolSpec {
+                name: BUILTIN_LOAD_SKILL.into(),
+                description: format!("Load a skill: returns its instructions. Available skills:\n{}", list.join("\n")),
+                parameters: json!({"type": "object", "properties": {"name": {"type": "string", "enum": names, "description": "the skill's name"}}, "required": ["name"]}),
+            });
+        }
+        if self.progress {
+            specs.push(ToolSpec {
+                name: BUILTIN_REPORT_PROGRESS.into(),
+                description: "Report progress on a long task so whoever watches it sees more than \"running\". It does not end the run.".into(),
+                parameters: json!({"type": "object", "properties": {
+                    "step": {"type": "string", "description": "what you are doing now"},
+                    "done": {"type": "integer", "description": "steps done"},
+                    "total": {"type": "integer", "description": "steps in all"},
+                    "note": {"type": "string"},
+                    "artifacts": {"type": "array", "items": {"type": "string"}, "description": "artifact ids"}
+                }, "required": ["step"]}),
+            });
+        }
+        specs
+    }
+
+    /// Runs one run to its end (see the module doc). Never panics on model or tool failures:
+    /// they become the outcome.
+    pub async fn run(&self, req: RunRequest, sink: Arc<dyn RunEventSink>, cancel: CancellationToken) -> RunOutcome {
+        let run = Run::new(self, &req, sink, cancel);
+        let (state, result, response_type) = match self.dialect {
+            Dialect::Native => run.native_loop().await,
+            Dialect::Keen => (
+                RunState::Failed,
+                "x-agen/harness.json: toolProtocol: keen is not wired into this harness yet; use \"native\"".to_string(),
+                "error",
+            ),
+        };
+        run.finish(state, result, response_type).await
+    }
+}
+
+/// A JSON Schema the providers accept for a tool's parameters: an object schema.
+fn object_schema(schema: &Value) -> Value {
+    match schema {
+        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("object") => schema.clone(),
+        Value::Object(o) if !o.contains_key("type") => {
+            let mut o = o.clone();
+            o.insert("type".into(), json!("object"));
+            o.entry("properties").or_insert_with(|| json!({}));
+            Value::Object(o)
+        }
+        _ => json!({"type": "object", "properties": {}}),
+    }
+}
+
+/// The result of one tool call, as the model will see it.
+struct CallResult {
+    content: String,
+    is_error: bool,
+    /// `finish` was called with this result.
+    finish: Option<String>,
+}
+
+/// The state of one run.
+struct Run<'h> {
+    h: &'h Harness,
+    req: &'h RunRequest,
+    sink: Arc<dyn RunEventSink>,
+    /// Fires on the caller's cancel and when the sink says this attempt is fenced off.
+    cancel: CancellationToken,
+    caller_cancel: CancellationToken,
+    fenced: std::sync::atomic::AtomicBool,
+    trace_id: String,
+    context: Mutex<Vec<Message>>,
+    /// This run's new messages (the outcome's `messages`).
+    new_messages: Mutex<Vec<Message>>,
+    tool_calls: std::sync::atomic::AtomicU32,
+    last_progress: Mutex<Option<Instant>>,
+}
+
+impl<'h> Run<'h> {
+    fn new(h: &'h Harness, req: &'h RunRequest, sink: Arc<dyn RunEventSink>, caller_cancel: CancellationToken) -> Run<'h> {
+        let mut context = Vec::with_capacity(req.history.len() + 1);
+        for (i, m) in req.history.iter().enumerate() {
+            match serde_json::from_value::<Message>(m.clone()) {
+                Ok(m) => context.push(m),
+                Err(e) => tracing::warn!(run_id = %req.run_id, "conversation history message {i} is not a message, skipped: {e}"),
+            }
+        }
+        let user = Message::user(req.input.clone());
+        context.push(user.clone());
+        Run {
+            h,
+            req,
+            sink,
+            cancel: caller_cancel.child_token(),
+            caller_cancel,
+            fenced: Default::default(),
+            trace_id: uuid::Uuid::new_v4().simple().to_string(),
+            context: Mutex::new(context),
+            new_messages: Mutex::new(vec![user]),
+            tool_calls: Default::default(),
+            last_progress: Mutex::new(None),
+        }
+    }
+
+    fn push(&self, m: Message) {
+        lock(&self.context).push(m.clone());
+        lock(&self.new_messages).push(m);
+    }
+
+    /// Emits one event. A fenced attempt cancels the run; a failure of a `sync` event is
+    /// returned (the caller must not go on as if it were durable); other failures are logged.
+    async fn emit(&self, kind: &str, json: Value, sync: bool) -> Result<(), SinkError> {
+        match self.sink.emit(kind, json, sync).await {
+            Ok(()) => Ok(()),
+            Err(SinkError::Fenced) => {
+                self.fenced.store(true, std::sync::atomic::Ordering::SeqCst);
+                self.cancel.cancel();
+                Err(SinkError::Fenced)
+            }
+            Err(e) => {
+                tracing::warn!(run_id = %self.req.run_id, kind, "run event not appended: {e}");
+                if sync {
+                    Err(e)
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    async fn activity(&self, text: String) {
+        let _ = self.emit(event::ACTIVITY, json!({"activity": text}), false).await;
+    }
+
+    fn cancelled_outcome(&self) -> (RunState, String, &'static str) {
+        if self.fenced.load(std::sync::atomic::Ordering::SeqCst) {
+            (RunState::Failed, "this run attempt was superseded by a newer attempt".into(), "error")
+        } else {
+            (RunState::Cancelled, "the run was cancelled".into(), "error")
+        }
+    }
+
+    async fn native_loop(&self) -> (RunState, String, &'static str) {
+        let tools = self.h.tool_specs();
+        let max_turns = self.h.bundle.harness.limits.max_turns.max(1);
+        for turn in 1..=max_turns {
+            if self.cancel.is_cancelled() {
+                return self.cancelled_outcome();
+            }
+            let _ = self.emit(event::MODEL_REQUESTED, json!({"turn": turn}), false).await;
+            self.activity(format!("waiting for the model ({})", self.h.provider.describe())).await;
+            let request = ModelRequest {
+                system: self.h.system_prompt.clone(),
+                messages: lock(&self.context).clone(),
+                tools: tools.clone(),
+                parallel_tool_calls: self.h.bundle.harness.parallel_tool_calls,
+            };
+            let reply = match self.h.provider.complete(&request, &self.cancel).await {
+                Ok(r) => r,
+                Err(ModelError::Cancelled) => return self.cancelled_outcome(),
+                Err(e) => {
+                    tracing::warn!(run_id = %self.req.run_id, "model error ends the run: {e}");
+                    return (RunState::Failed, e.to_string(), "error");
+                }
+            };
+            let message = reply.message();
+            self.push(message.clone());
+            let _ = self
+                .emit(
+                    event::MODEL_ANSWERED,
+                    json!({"turn": turn, "message": message.to_json(), "usage": reply.usage, "stop_reason": reply.stop_reason}),
+                    false,
+                )
+                .await;
+            if reply.tool_calls.is_empty() {
+                return (RunState::Succeeded, reply.text, "text");
+            }
+            let results = self.run_calls(&reply.tool_calls).await;
+            let mut finish = None;
+            for (call, r) in reply.tool_calls.iter().zip(results) {
+                if finish.is_none() {
+                    finish = r.finish.clone();
+                }
+                self.push(Message::Tool { call_id: call.id.clone(), name: call.name.clone(), content: r.content, is_error: r.is_error });
+            }
+            if self.cancel.is_cancelled() {
+                return self.cancelled_outcome();
+            }
+            if let Some(result) = finish {
+                return (RunState::Succeeded, result, "text");
+            }
+        }
+        (
+            RunState::Failed,
+            format!(
+                "the run stopped after {max_turns} model turns without a final answer (limits.maxTurns in x-agen/harness.json); raise the limit or make the task smaller"
+            ),
+            "error",
+        )
+    }
+
+    /// Runs one turn's calls, concurrently unless `parallelToolCalls` is false; results in
+    /// the order asked.
+    async fn run_calls(&self, calls: &[ToolCall]) -> Vec<CallResult> {
+        if self.h.bundle.harness.parallel_tool_calls && calls.len() > 1 {
+            futures::future::join_all(calls.iter().map(|c| self.run_call(c))).await
+        } else {
+            let mut out = Vec::with_capacity(calls.len());
+            for c in calls {
+                out.push(self.run_call(c).await);
+            }
+            out
+        }
+    }
+
+    async fn run_call(&self, call: &ToolCall) -> CallResult {
+        let err = |content: String| CallResult { content, is_error: true, finish: None };
+        if self.cancel.is_cancelled() {
+            return err(format!("tool {} was not run: the run was cancelled", call.name));
+        }
+        match call.name.as_str() {
+            BUILTIN_FINISH => {
+                let result = match call.arguments.get("result") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(other) => other.to_string(),
+                    None => match &call.arguments {
+                        Value::String(s) => s.clone(),
+                        _ => return err("finish needs `result`: the final answer as a string".into()),
+                    },
+                };
+                CallResult { content: "finished".into(), is_error: false, finish: Some(result) }
+            }
+            BUILTIN_LOAD_SKILL if !self.h.bundle.skills.is_empty() => {
+                let name = call.arguments.get("name").and_then(Value::as_str).unwrap_or_default();
+                let available = || self.h.bundle.skills.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ");
+                match self.h.bundle.skill(name) {
+                    Some(s) => {
+                        self.activity(format!("loading skill {name}")).await;
+                        CallResult { content: s.body.clone(), is_error: false, finish: None }
+                    }
+                    None => err(format!("no skill named `{name}`; available skills: {}", available())),
+                }
+            }
+            BUILTIN_REPORT_PROGRESS if self.h.progress => self.report_progress(call).await,
+            name => match self.h.mcp_tools.get(name) {
+                Some(tool) => self.call_mcp(call, tool).await,
+                None => {
+                    let mut names: Vec<String> = self.h.tool_specs().into_iter().map(|s| s.name).collect();
+                    names.sort();
+                    let content = format!("unknown tool `{name}`; the available tools are: {}", names.join(", "));
+                    let _ = self
+                        .emit(event::TOOL_FAILED, json!({"call_id": call.id, "tool": name, "error": content, "reason": "unknown_tool", "duration_ms": 0}), false)
+                        .await;
+                    err(content)
+                }
+            },
+        }
+    }
+
+    async fn report_progress(&self, call: &ToolCall) -> CallResult {
+        let Some(step) = call.arguments.get("step").and_then(Value::as_str) else {
+            return CallResult { content: "report_progress needs `step`: what you are doing now".into(), is_error: true, finish: None };
+        };
+        self.activity(step.to_string()).await;
+        let due = {
+            let mut last = lock(&self.last_progress);
+            let due = last.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY);
+            if due {
+                *last = Some(Instant::now());
+            }
+            due
+        };
+        if due {
+            let _ = self.emit(event::TASK_PROGRESS, call.arguments.clone(), false).await;
+        }
+        CallResult { content: "progress recorded".into(), is_error: false, finish: None }
+    }
+
+    async fn call_mcp(&self, call: &ToolCall, tool: &ToolInfo) -> CallResult {
+        let qualified = tool.qualified_name();
+        let started_at = Instant::now();
+        let side_effect = self
+            .h
+            .bundle
+            .config
+            .tool_override(&qualified)
+            .and_then(|o| o.side_effect)
+            .unwrap_or(!tool.read_only);
+        let fail = |content: String| CallResult { content, is_error: true, finish: None };
+
+        let arguments = match &call.arguments {
+            Value::Object(o) => o.clone(),
+            other => {
+                let content = format!("the arguments of {} must be a JSON object, got: {other}", call.name);
+                let _ = self
+                    .emit(event::TOOL_FAILED, json!({"call_id": call.id, "tool": qualified, "error": content, "reason": "bad_arguments", "duration_ms": 0}), false)
+                    .await;
+                return fail(content);
+            }
+        };
+        let limit = self.h.bundle.harness.limits.max_tool_calls;
+        let n = self.tool_calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if n > limit {
+            let content = format!("the run's limit of {limit} tool calls is spent (limits.maxToolCalls); {} was not called; answer with what you have", call.name);
+            let _ = self
+                .emit(event::TOOL_FAILED, json!({"call_id": call.id, "tool": qualified, "error": content, "reason": "limit", "duration_ms": 0}), false)
+                .await;
+            return fail(content);
+        }
+
+        let mut started = json!({"call_id": call.id, "tool": qualified, "model_name": call.name, "side_effect": side_effect});
+        started["arguments"] = call.arguments.clone();
+        if let Err(e) = self.emit(event::TOOL_STARTED, started, side_effect).await {
+            // A side-effecting call is never sent before its start is durable.
+            return fail(format!("tool {qualified} was not called: {e}"));
+        }
+        self.activity(format!("calling {qualified}")).await;
+
+        let timeout = self.h.bundle.harness.limits.tool_timeout;
+        let result = self.h.tools.call_tool(tool, arguments, self.meta(), timeout, self.cancel.clone()).await;
+        let duration_ms = started_at.elapsed().as_millis() as u64;
+        let (kind, payload, out) = match result {
+            Ok(o) => (
+                event::TOOL_COMPLETED,
+                json!({"call_id": call.id, "tool": qualified, "result": o.text, "is_error": o.is_error, "duration_ms": duration_ms}),
+                CallResult { content: o.text, is_error: o.is_error, finish: None },
+            ),
+            Err(e) => {
+                let (reason, content) = match &e {
+                    CallError::Timeout(d) => (
+                        "timeout",
+                        format!("tool {qualified} timed out after {} and was cancelled", agen_shared::duration::format_duration(*d)),
+                    ),
+                    CallError::Cancelled => ("cancelled", format!("tool {qualified} was cancelled with the run")),
+                    CallError::NotConnected(server) => {
+                        ("failed", format!("tool {qualified} cannot run: its server {server} is not connected"))
+                    }
+                    CallError::UnknownTool(_) => ("unknown_tool", format!("tool {qualified} is not available on its server")),
+                    CallError::Failed { message, .. } => ("failed", format!("tool {qualified} failed: {message}")),
+                    other => ("failed", format!("tool {qualified} failed: {other}")),
+                };
+                (
+                    event::TOOL_FAILED,
+                    json!({"call_id": call.id, "tool": qualified, "error": content, "reason": reason, "duration_ms": duration_ms}),
+                    fail(content),
+                )
+            }
+        };
+        if let Err(e) = self.emit(kind, payload, side_effect).await {
+            tracing::warn!(run_id = %self.req.run_id, tool = %qualified, "tool result not durable: {e}");
+            // The model must not act on a side-effecting result the ledger does not hold.
+            self.cancel.cancel();
+        }
+        out
+    }
+
+    /// `_meta` of an MCP call: the work it belongs to and a fresh span of this run's trace.
+    fn meta(&self) -> Map<String, Value> {
+        let r = self.req;
+        let labels: Map<String, Value> = r.labels.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+        let span: u64 = loop {
+            let s = rand::random::<u64>();
+            if s != 0 {
+                break s;
+            }
+        };
+        let mut m = Map::new();
+        m.insert("agen/namespace".into(), json!(r.namespace));
+        m.insert("agen/deployment".into(), json!(r.deployment));
+        m.insert("agen/taskId".into(), json!(r.task_id));
+        m.insert("agen/runId".into(), json!(r.run_id));
+        m.insert("agen/rootRunId".into(), json!(if r.root_run_id.is_empty() { &r.run_id } else { &r.root_run_id }));
+        m.insert("agen/conversationId".into(), json!(r.conversation_id));
+        m.insert("agen/conversationKey".into(), json!(r.conversation_key));
+        m.insert("agen/labels".into(), Value::Object(labels));
+        m.insert("traceparent".into(), json!(format!("00-{}-{span:016x}-01", self.trace_id)));
+        m
+    }
+
+    /// Emits `run.finished` and builds the outcome.
+    async fn finish(self, state: RunState, result: String, response_type: &str) -> RunOutcome {
+        // Every call the model made gets an answer, so the history stays valid.
+        let mut answered: HashMap<String, ()> = HashMap::new();
+        let mut pending = Vec::new();
+        for m in lock(&self.new_messages).iter() {
+            match m {
+                Message::Assistant { tool_calls, .. } => pending.extend(tool_calls.iter().map(|c| (c.id.clone(), c.name.clone()))),
+                Message::Tool { call_id, .. } => {
+                    answered.insert(call_id.clone(), ());
+                }
+                _ => {}
+            }
+        }
+        for (id, name) in pending {
+            if !answered.contains_key(&id) {
+                self.push(Message::Tool { call_id: id, name, content: "not run: the run ended first".into(), is_error: true });
+            }
+        }
+        let _ = self
+            .emit(event::RUN_FINISHED, json!({"state": state.as_str(), "result": result, "response_type": response_type}), true)
+            .await;
+        let _ = &self.caller_cancel;
+        let messages = lock(&self.new_messages).iter().map(Message::to_json).collect();
+        RunOutcome { state, result, response_type: response_type.to_string(), messages }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,1 @@
+//! The scripted fake model — for tests and demos, not a real model.

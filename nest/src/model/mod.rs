@@ -1,0 +1,415 @@
+//! Model providers: the provider-neutral message model, the [`ModelProvider`] trait and its
+//! real HTTP clients (OpenAI-compatible Chat Completions in [`openai`], Anthropic Messages in
+//! [`anthropic`]), the bounded retry policy they share, and the scripted fake model ([`fake`])
+//! that tests and demos serve over the same HTTP APIs.
+//!
+//! Invariants: a provider retries only what may succeed on a second try (429, 5xx, connect and
+//! timeout errors) and at most [`RetryPolicy::max_tries`] times; a 4xx such as 401 is never
+//! retried; every failure is a [`ModelError`] whose message names the provider, the endpoint
+//! and the fix, and never contains the API key. [`Message`] serialises to the JSON kept in
+//! conversation histories and run logs (`{"role": "assistant", "content": ..., "tool_calls": [...]}`).
+
+pub mod anthropic;
+pub mod fake;
+pub mod openai;
+
+use std::time::Duration;
+
+use agen_shared::bundle::{ModelRef, Provider};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+/// One message of a conversation, provider-neutral. The JSON form is what conversation
+/// histories and run logs hold.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+pub enum Message {
+    /// Instructions; usually only in [`ModelRequest::system`], kept here for completeness.
+    System { content: String },
+    User { content: String },
+    Assistant {
+        #[serde(default)]
+        content: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ToolCall>,
+    },
+    /// The result of one tool call, answering the assistant's call `call_id`.
+    Tool {
+        call_id: String,
+        /// The model-facing tool name (`<server>_<tool>` or a built-in).
+        name: String,
+        content: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        is_error: bool,
+    },
+}
+
+impl Message {
+    pub fn user(content: impl Into<String>) -> Message {
+        Message::User { content: content.into() }
+    }
+    pub fn assistant(content: impl Into<String>) -> Message {
+        Message::Assistant { content: content.into(), tool_calls: Vec::new() }
+    }
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+/// A tool call asked for by the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The provider's call id (made up when the provider gives none).
+    pub id: String,
+    /// The model-facing tool name.
+    pub name: String,
+    /// The arguments as parsed JSON (an object, or the raw text as a string when the model
+    /// sent arguments that are not JSON).
+    pub arguments: Value,
+}
+
+/// A tool offered to the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments (an object schema).
+    pub parameters: Value,
+}
+
+/// One model request.
+#[derive(Debug, Clone, Default)]
+pub struct ModelRequest {
+    pub system: String,
+    pub messages: Vec<Message>,
+    /// Empty: no tools are sent (the request has no `tools` field at all).
+    pub tools: Vec<ToolSpec>,
+    /// Whether the model may ask for several tools in one turn.
+    pub parallel_tool_calls: bool,
+}
+
+/// Token counts, when the provider reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+/// The model's answer to one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelReply {
+    pub text: String,
+    pub tool_calls: Vec<ToolCall>,
+    /// The provider's own reason (`stop`, `tool_calls`, `end_turn`, `length`, …).
+    pub stop_reason: Option<String>,
+    pub usage: Option<Usage>,
+}
+
+impl ModelReply {
+    /// The assistant message this reply adds to the conversation.
+    pub fn message(&self) -> Message {
+        Message::Assistant { content: self.text.clone(), tool_calls: self.tool_calls.clone() }
+    }
+}
+
+/// Why a model turn produced no answer. Never retried by the harness as a tool recall: it
+/// becomes the run's own response with `response_type: "error"`.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ModelError {
+    /// The provider answered with an error status (after retries, when retryable).
+    #[error("model provider {provider} at {url} answered {status}{}: {message}", tries_note(*.tries))]
+    Status { provider: &'static str, url: String, status: u16, message: String, tries: u32 },
+    /// The provider could not be reached (after retries).
+    #[error("model provider {provider} at {url} could not be reached{}: {message}; check baseUrl in x-agen/agent.md and that the server is up", tries_note(*.tries))]
+    Connect { provider: &'static str, url: String, message: String, tries: u32 },
+    /// The provider answered 200 with something that is not a usable reply.
+    #[error("model provider {provider} at {url} sent an invalid response: {message}")]
+    InvalidResponse { provider: &'static str, url: String, message: String },
+    /// The provider refused to answer (content filter, safety stop).
+    #[error("model provider {provider} refused to answer: {message}")]
+    Refused { provider: &'static str, message: String },
+    /// The agent's model settings are unusable.
+    #[error("{0}")]
+    Config(String),
+    #[error("the model request was cancelled")]
+    Cancelled,
+}
+
+fn tries_note(tries: u32) -> String {
+    if tries > 1 {
+        format!(" after {tries} tries")
+    } else {
+        String::new()
+    }
+}
+
+/// A model provider: one request in, one reply out.
+#[async_trait::async_trait]
+pub trait ModelProvider: Send + Sync {
+    /// `openai/gpt-4.1-mini`, for logs and events.
+    fn describe(&self) -> String;
+    /// Sends one request (with retries on transient failures); returns when the model has
+    /// answered, the retries are spent, or `cancel` fires.
+    async fn complete(&self, req: &ModelRequest, cancel: &CancellationToken) -> Result<ModelReply, ModelError>;
+}
+
+/// How transient failures are retried: `max_tries` attempts in all, waiting
+/// `base_delay * 2^n` (capped at `max_delay`) between them, or what `retry-after` says
+/// (capped at `max_retry_after`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    pub max_tries: u32,
+    pub base_delay: Duration,
+    pub max_delay: Duration,
+    pub max_retry_after: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_tries: 4,
+            base_delay: Duration::from_millis(500),
+            max_delay: Duration::from_secs(8),
+            max_retry_after: Duration::from_secs(30),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before try number `next_try` (2, 3, …).
+    pub fn delay(&self, next_try: u32, retry_after: Option<Duration>) -> Duration {
+        if let Some(d) = retry_after {
+            return d.min(self.max_retry_after);
+        }
+        let exp = next_try.saturating_sub(2).min(16);
+        self.base_delay.saturating_mul(1u32 << exp).min(self.max_delay)
+    }
+}
+
+/// What a provider client needs: the model, its endpoint and key (secrets already
+/// substituted), extra settings from the front matter, and the retry policy.
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub model: ModelRef,
+    /// `None`: the provider's public endpoint.
+    pub base_url: Option<String>,
+    pub api_key: Option<String>,
+    /// `temperature`, `maxTokens`, … from the agent.md front matter.
+    pub extra: serde_json::Map<String, Value>,
+    pub retry: RetryPolicy,
+}
+
+impl ModelConfig {
+    pub fn new(model: ModelRef) -> ModelConfig {
+        ModelConfig { model, base_url: None, api_key: None, extra: Default::default(), retry: RetryPolicy::default() }
+    }
+}
+
+/// The client for `config.model.provider`.
+pub fn provider_for(config: ModelConfig, http: reqwest::Client) -> Box<dyn ModelProvider> {
+    match config.model.provider {
+        Provider::OpenAi => Box::new(openai::OpenAiProvider::new(config, http)),
+        Provider::Anthropic => Box::new(anthropic::AnthropicProvider::new(config, http)),
+    }
+}
+
+/// One HTTP response classified for the retry loop.
+pub(crate) enum Attempt {
+    Done(Value),
+    /// Worth another try (429, 5xx, connect/timeouts).
+    Retry { error: ModelError, retry_after: Option<Duration> },
+    Fatal(ModelError),
+}
+
+/// Posts `body` to `url` with `headers`, retrying per `policy`; returns the parsed JSON of a
+/// 2xx answer. `extract_error` turns an error body into a readable message.
+pub(crate) async fn post_json(
+    http: &reqwest::Client,
+    provider: &'static str,
+    url: &str,
+    headers: &[(&str, String)],
+    body: &Value,
+    policy: &RetryPolicy,
+    cancel: &CancellationToken,
+) -> Result<Value, ModelError> {
+    let max_tries = policy.max_tries.max(1);
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let attempt = tokio::select! {
+            _ = cancel.cancelled() => return Err(ModelError::Cancelled),
+            a = post_once(http, provider, url, headers, body, tries) => a,
+        };
+        match attempt {
+            Attempt::Done(v) => return Ok(v),
+            Attempt::Fatal(e) => return Err(e),
+            Attempt::Retry { error, retry_after } => {
+                if tries >= max_tries {
+                    return Err(error);
+                }
+                let wait = policy.delay(tries + 1, retry_after);
+                tracing::warn!(provider, url, try_number = tries, wait_ms = wait.as_millis() as u64, "model request failed, retrying: {error}");
+                tokio::select! {
+                    _ = cancel.cancelled() => return Err(ModelError::Cancelled),
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Responses larger than this are refused as invalid.
+const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
+
+async fn post_once(
+    http: &reqwest::Client,
+    provider: &'static str,
+    url: &str,
+    headers: &[(&str, String)],
+    body: &Value,
+    tries: u32,
+) -> Attempt {
+    let mut rb = http.post(url).json(body);
+    for (k, v) in headers {
+        rb = rb.header(*k, v);
+    }
+    let resp = match rb.send().await {
+        Ok(r) => r,
+        Err(e) => {
+            let error = ModelError::Connect { provider, url: url.to_string(), message: error_chain(&e), tries };
+            return Attempt::Retry { error, retry_after: None };
+        }
+    };
+    let status = resp.status();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(Duration::from_secs_f64);
+    let bytes = match resp.bytes().await {
+        Ok(b) => b,
+        Err(e) => {
+            let error = ModelError::Connect { provider, url: url.to_string(), message: format!("reading the response: {}", error_chain(&e)), tries };
+            return Attempt::Retry { error, retry_after: None };
+        }
+    };
+    if bytes.len() > MAX_RESPONSE_BYTES {
+        return Attempt::Fatal(ModelError::InvalidResponse {
+            provider,
+            url: url.to_string(),
+            message: format!("the response is {} bytes, more than the {MAX_RESPONSE_BYTES} allowed", bytes.len()),
+        });
+    }
+    if status.is_success() {
+        return match serde_json::from_slice::<Value>(&bytes) {
+            Ok(v) => Attempt::Done(v),
+            Err(e) => Attempt::Fatal(ModelError::InvalidResponse { provider, url: url.to_string(), message: format!("not JSON: {e}") }),
+        };
+    }
+    let message = error_message(&bytes, status.as_u16());
+    let error = ModelError::Status { provider, url: url.to_string(), status: status.as_u16(), message, tries };
+    if status.as_u16() == 429 || status.is_server_error() {
+        Attempt::Retry { error, retry_after }
+    } else {
+        Attempt::Fatal(error)
+    }
+}
+
+/// The readable part of an error body: `error.message` (OpenAI and Anthropic both use it),
+/// else the start of the body.
+fn error_message(bytes: &[u8], status: u16) -> String {
+    let hint = match status {
+        401 | 403 => "; check apiKey in x-agen/agent.md and the secret it names",
+        404 => "; check the model name and baseUrl in x-agen/agent.md",
+        _ => "",
+    };
+    let text = serde_json::from_slice::<Value>(bytes)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/error/message")
+                .or_else(|| v.get("message"))
+                .or_else(|| v.get("error"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| {
+            let s = String::from_utf8_lossy(bytes);
+            let s = s.trim();
+            if s.is_empty() {
+                "(empty body)".to_string()
+            } else {
+                s.chars().take(500).collect()
+            }
+        });
+    format!("{text}{hint}")
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        let m = inner.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = inner.source();
+    }
+    s
+}
+
+/// Parses a tool call's argument text; text that is not JSON is kept as a string so the
+/// harness can tell the model what was wrong.
+pub(crate) fn parse_arguments(text: &str) -> Value {
+    if text.trim().is_empty() {
+        return Value::Object(Default::default());
+    }
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_string()))
+}
+
+/// `maxTokens` from the front matter, or `default`.
+pub(crate) fn max_tokens(extra: &serde_json::Map<String, Value>, default: u64) -> u64 {
+    extra.get("maxTokens").and_then(Value::as_u64).unwrap_or(default)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_and_honours_retry_after() {
+        let p = RetryPolicy::default();
+        assert_eq!(p.delay(2, None), Duration::from_millis(500));
+        assert_eq!(p.delay(3, None), Duration::from_secs(1));
+        assert_eq!(p.delay(4, None), Duration::from_secs(2));
+        assert_eq!(p.delay(20, None), Duration::from_secs(8));
+        assert_eq!(p.delay(2, Some(Duration::from_secs(3))), Duration::from_secs(3));
+        assert_eq!(p.delay(2, Some(Duration::from_secs(3600))), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn messages_serialise_to_the_history_form() {
+        let m = Message::Assistant {
+            content: "checking".into(),
+            tool_calls: vec![ToolCall { id: "c1".into(), name: "time_now".into(), arguments: serde_json::json!({}) }],
+        };
+        let v = m.to_json();
+        assert_eq!(
+            v,
+            serde_json::json!({"role": "assistant", "content": "checking", "tool_calls": [{"id": "c1", "name": "time_now", "arguments": {}}]})
+        );
+        assert_eq!(serde_json::from_value::<Message>(v).unwrap(), m);
+        let t: Message = serde_json::from_value(serde_json::json!({"role": "tool", "call_id": "c1", "name": "time_now", "content": "12:00"})).unwrap();
+        assert_eq!(t, Message::Tool { call_id: "c1".into(), name: "time_now".into(), content: "12:00".into(), is_error: false });
+    }
+
+    #[test]
+    fn error_messages_come_from_the_body() {
+        assert_eq!(error_message(br#"{"error": {"message": "bad key"}}"#, 401), "bad key; check apiKey in x-agen/agent.md and the secret it names");
+        assert_eq!(error_message(b"upstream down", 502), "upstream down");
+        assert_eq!(error_message(b"", 500), "(empty body)");
+    }
+}
