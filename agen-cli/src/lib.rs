@@ -1,7 +1,9 @@
 //! The `agen` command line: one module per subcommand under `cmd/`, each with
 //! `run(args) -> anyhow::Result<()>`. Client commands speak only gRPC to the Hub (`client`).
 
+pub mod client;
 pub mod cmd;
+pub mod view;
 
 use clap::{Parser, Subcommand};
 
@@ -21,6 +23,27 @@ pub enum Command {
     Hub(cmd::hub::Args),
     /// Run a Nest (node daemon) that joins a Hub
     Nest(cmd::nest::Args),
+    /// Upload a bundle and create or roll a deployment
+    Deploy(cmd::deploy::Args),
+    /// Deployments; --all: every instance with its health and tools
+    Ps(cmd::ps::Args),
+    /// Nests (nodes): liveness and capacity
+    Nests(cmd::nests::Args),
+    /// Submit a task to a deployment; prints the task id
+    Submit(cmd::submit::Args),
+    /// Wait for a task to end, showing what its run is doing
+    Wait(cmd::wait::Args),
+    /// A task's state, progress, activity and outcome, without waiting
+    Query(cmd::query::Args),
+    /// Cancel a task
+    Cancel(cmd::cancel::Args),
+    /// List tasks
+    Tasks(cmd::tasks::Args),
+    /// A task's trace: model turns and tool calls with durations
+    Trace(cmd::trace::Args),
+    /// Artifacts saved by agents
+    #[command(subcommand)]
+    Artifacts(cmd::artifacts::Command),
     /// Run a bundle standalone, with no Hub, and print the answer
     Run(cmd::run::Args),
     /// Agen's built-in MCP tool servers (stdio)
@@ -48,6 +71,16 @@ pub fn main(cli: Cli) -> i32 {
             Command::Up(a) => cmd::up::run(a).await,
             Command::Hub(a) => cmd::hub::run(a).await,
             Command::Nest(a) => cmd::nest::run(a).await,
+            Command::Deploy(a) => cmd::deploy::run(a).await,
+            Command::Ps(a) => cmd::ps::run(a).await,
+            Command::Nests(a) => cmd::nests::run(a).await,
+            Command::Submit(a) => cmd::submit::run(a).await,
+            Command::Wait(a) => cmd::wait::run(a).await,
+            Command::Query(a) => cmd::query::run(a).await,
+            Command::Cancel(a) => cmd::cancel::run(a).await,
+            Command::Tasks(a) => cmd::tasks::run(a).await,
+            Command::Trace(a) => cmd::trace::run(a).await,
+            Command::Artifacts(c) => cmd::artifacts::run(c).await,
             Command::Run(a) => cmd::run::run(a).await,
             Command::Mcp(c) => cmd::mcp::run(c).await,
             Command::Instance(a) => cmd::instance::run(a).await,

@@ -1,10 +1,75 @@
 //! One module per subcommand. Each exposes `Args` (clap) and `run(args) -> anyhow::Result<i32>`
-//! returning the exit code.
+//! returning the exit code. Helpers shared by several commands live here.
 
+pub mod artifacts;
+pub mod cancel;
+pub mod deploy;
 pub mod fake_model;
 pub mod hub;
 pub mod instance;
 pub mod mcp;
 pub mod nest;
+pub mod nests;
+pub mod ps;
+pub mod query;
 pub mod run;
+pub mod submit;
+pub mod tasks;
+pub mod trace;
 pub mod up;
+pub mod wait;
+
+use std::path::Path;
+use std::time::Duration;
+
+use agen_shared::client_config::ClientConfig;
+use tokio_util::sync::CancellationToken;
+
+/// Parses `90s`, `10m`, `1h30m`, `500ms`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e}: expected a duration such as 90s or 10m"))
+}
+
+/// SIGINT/SIGTERM cancel `token` (graceful shutdown of daemons).
+pub fn cancel_on_signals(token: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM: {e}");
+                let _ = tokio::signal::ctrl_c().await;
+                token.cancel();
+                return;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down");
+        token.cancel();
+    });
+}
+
+/// Writes `cfg` as `<data_dir>/client.toml`, and as the user's client config when there is
+/// none yet (or when the existing one points at this same data dir's CA).
+pub fn write_client_config(cfg: &ClientConfig, data_dir: &Path) -> anyhow::Result<()> {
+    cfg.write(&data_dir.join("client.toml"))?;
+    let path = ClientConfig::default_path();
+    let existing = ClientConfig::load(&path).unwrap_or_default();
+    let ours = match (&existing.ca_file, &cfg.ca_file) {
+        (Some(a), Some(b)) => a == b,
+        _ => existing.hub == cfg.hub,
+    };
+    if existing == ClientConfig::default() || ours {
+        cfg.write(&path)?;
+        eprintln!("client config written to {}", path.display());
+    } else {
+        eprintln!(
+            "client config {} points at another Hub; for this one: export AGEN_CONFIG={}",
+            path.display(),
+            data_dir.join("client.toml").display()
+        );
+    }
+    Ok(())
+}

@@ -1,9 +1,134 @@
-//! `agen up`.
+//! `agen up`: a Hub and N local Nests in one foreground process — the single-machine default.
+//! Writes the client config when none exists (so `agen ps` etc. just work), writes the join
+//! token, and with `--deploy DIR` deploys bundles once the Nests have joined.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agen_shared::client_config::ClientConfig;
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{ClientArgs, Output};
 
 /// Arguments of `agen up`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Where the Hub and the Nests keep their state
+    #[arg(long, env = "AGEN_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Address the Hub listens on
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+    /// Number of local Nests
+    #[arg(long, default_value_t = 1)]
+    pub nests: u32,
+    /// Serve without TLS (loopback addresses only)
+    #[arg(long)]
+    pub insecure_plaintext: bool,
+    /// How long a silent Nest stays alive before its instances are replaced
+    #[arg(long, default_value = "10s", value_parser = crate::cmd::parse_duration)]
+    pub nest_ttl: Duration,
+    /// Deploy this bundle once the Nests have joined (repeatable; named after the folder)
+    #[arg(long, value_name = "DIR")]
+    pub deploy: Vec<PathBuf>,
+}
 
-pub async fn run(_args: Args) -> anyhow::Result<i32> {
-    anyhow::bail!("agen up is being built")
+pub fn default_data_dir() -> PathBuf {
+    std::env::var_os("XDG_DATA_HOME")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."))
+        .join("agen")
+}
+
+pub async fn run(args: Args) -> anyhow::Result<i32> {
+    agen_shared::telemetry::init("info");
+    let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
+    std::fs::create_dir_all(&data_dir).with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
+    let shutdown = CancellationToken::new();
+    crate::cmd::cancel_on_signals(shutdown.clone());
+
+    let hub = agen_hub::start(
+        agen_hub::HubOptions {
+            data_dir: data_dir.join("hub"),
+            listen: args.listen,
+            insecure_plaintext: args.insecure_plaintext,
+            nest_ttl: args.nest_ttl,
+            ..agen_hub::HubOptions::default()
+        },
+        shutdown.clone(),
+    )
+    .await
+    .context("cannot start the Hub")?;
+
+    let client_cfg = ClientConfig {
+        hub: Some(hub.url.clone()),
+        ca_file: if hub.url.starts_with("https://") { Some(hub.ca_file.clone()) } else { None },
+        token: Some(hub.admin_token.clone()),
+    };
+    crate::cmd::write_client_config(&client_cfg, &data_dir)?;
+
+    let agen_bin = std::env::current_exe().context("cannot find the agen binary")?;
+    let host = agen_nest::config::host_name();
+    let mut nests = Vec::new();
+    for i in 1..=args.nests.max(1) {
+        let name = if i == 1 { host.clone() } else { format!("{host}-{i}") };
+        let mut opts = agen_nest::config::NestOptions::new(hub.url.clone(), hub.join_token.clone());
+        opts.data_dir = data_dir.join("nests").join(format!("nest-{i}"));
+        opts.name = name;
+        opts.agen_bin = agen_bin.clone();
+        let token = shutdown.child_token();
+        nests.push(tokio::spawn(async move {
+            if let Err(e) = agen_nest::daemon::run(opts, token).await {
+                tracing::error!("nest stopped: {e}");
+            }
+        }));
+    }
+    eprintln!("agen up: Hub at {} with {} local Nest(s); data in {}", hub.url, args.nests.max(1), data_dir.display());
+    eprintln!("more Nests can join with:\n  agen nest --hub {} --join {}", hub.url, hub.join_token);
+
+    if !args.deploy.is_empty() {
+        let client = ClientArgs {
+            hub: Some(hub.url.clone()),
+            namespace: "default".into(),
+            token: Some(hub.admin_token.clone()),
+            ca_file: client_cfg.ca_file.clone(),
+            output: Output::Table,
+        };
+        let shutdown2 = shutdown.clone();
+        let deploys = args.deploy.clone();
+        tokio::spawn(async move {
+            if let Err(e) = deploy_all(client, deploys).await {
+                eprintln!("agen up: deploy failed: {e:#}");
+                shutdown2.cancel();
+            }
+        });
+    }
+
+    let served = hub.wait().await;
+    shutdown.cancel();
+    for n in nests {
+        let _ = tokio::time::timeout(Duration::from_secs(15), n).await;
+    }
+    served.context("the Hub stopped with an error")?;
+    eprintln!("agen up: stopped");
+    Ok(0)
+}
+
+async fn deploy_all(client: ClientArgs, dirs: Vec<PathBuf>) -> anyhow::Result<()> {
+    let mut hub = client.connect()?;
+    for dir in dirs {
+        let name = std::fs::canonicalize(&dir)
+            .ok()
+            .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "agent".into());
+        let dep = crate::cmd::deploy::deploy(&mut hub, &dir, &name, 1, 1, &[]).await?;
+        crate::cmd::deploy::wait_ready(&mut hub, &dep, Duration::from_secs(120)).await?;
+        eprintln!("agen up: deployed {} from {}", name, dir.display());
+    }
+    crate::cmd::ps::run(crate::cmd::ps::Args { all: true, client }).await?;
+    Ok(())
 }

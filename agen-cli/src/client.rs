@@ -1,0 +1,141 @@
+//! The CLI's connection to the Hub: resolves `--hub`/`--token`/`--namespace`/`--ca-file`
+//! (flags, then `AGEN_*` environment, then the client config), builds a TLS channel that
+//! trusts the Hub's CA, and attaches the bearer token to every call. Client commands speak
+//! only gRPC to the Hub, through this module.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agen_proto::v1::agen_service_client::AgenServiceClient;
+use agen_shared::client_config::ClientConfig;
+use anyhow::{anyhow, Context};
+use tonic::metadata::MetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+
+/// Options every client command takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClientArgs {
+    /// Hub URL (default: the client config's `hub`)
+    #[arg(long, env = "AGEN_HUB", global = true)]
+    pub hub: Option<String>,
+    /// Namespace
+    #[arg(long, env = "AGEN_NAMESPACE", default_value = "default", global = true)]
+    pub namespace: String,
+    /// API token (default: the client config's `token`)
+    #[arg(long, env = "AGEN_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
+    /// PEM file of the CA that signs the Hub's certificate (default: the client config's `ca_file`)
+    #[arg(long, env = "AGEN_CA_FILE", global = true)]
+    pub ca_file: Option<PathBuf>,
+    /// Output format: table (for people) or json (for scripts)
+    #[arg(short = 'o', long = "output", value_enum, default_value = "table", global = true)]
+    pub output: Output,
+}
+
+/// How a command prints its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+/// Adds `authorization: Bearer <token>` to every request.
+#[derive(Clone)]
+pub struct Bearer(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+pub type Client = AgenServiceClient<InterceptedService<Channel, Bearer>>;
+
+/// A connected client plus what the command needs to know about where it points.
+pub struct Hub {
+    pub client: Client,
+    pub url: String,
+    pub namespace: String,
+}
+
+impl ClientArgs {
+    /// Resolves the settings and connects (lazily: the first call reports an unreachable Hub).
+    pub fn connect(&self) -> anyhow::Result<Hub> {
+        let cfg_path = ClientConfig::default_path();
+        let cfg = ClientConfig::load(&cfg_path)?;
+        let url = self
+            .hub
+            .clone()
+            .or(cfg.hub.clone())
+            .ok_or_else(|| {
+                anyhow!(
+                    "no Hub to talk to: pass --hub URL, set AGEN_HUB, or run `agen up` \
+                     (which writes {})",
+                    cfg_path.display()
+                )
+            })?;
+        let token = self.token.clone().or(cfg.token.clone());
+        let ca_file = self.ca_file.clone().or(cfg.ca_file.clone());
+        let channel = channel(&url, ca_file.as_deref())?;
+        let bearer = match token {
+            Some(t) => Some(
+                format!("Bearer {t}")
+                    .parse()
+                    .context("the API token has characters that cannot go in a header")?,
+            ),
+            None => None,
+        };
+        let client = AgenServiceClient::with_interceptor(channel, Bearer(bearer))
+            .max_decoding_message_size(64 << 20);
+        Ok(Hub {
+            client,
+            url,
+            namespace: self.namespace.clone(),
+        })
+    }
+}
+
+/// A lazily connecting channel to `url`, trusting `ca_file` for `https://`.
+pub fn channel(url: &str, ca_file: Option<&std::path::Path>) -> anyhow::Result<Channel> {
+    let mut ep = Endpoint::from_shared(url.to_owned())
+        .with_context(|| format!("hub URL {url} is not a valid URL (expected https://HOST:PORT)"))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true);
+    if url.starts_with("https://") {
+        let mut tls = ClientTlsConfig::new();
+        if let Some(ca) = ca_file {
+            let pem = std::fs::read(ca)
+                .with_context(|| format!("cannot read the Hub CA file {}", ca.display()))?;
+            tls = tls.ca_certificate(Certificate::from_pem(pem));
+        } else {
+            anyhow::bail!(
+                "the Hub at {url} uses TLS but no CA file is configured: pass --ca-file, set \
+                 AGEN_CA_FILE, or use the client config `agen up`/`agen hub` wrote"
+            );
+        }
+        ep = ep.tls_config(tls).context("bad TLS settings")?;
+    }
+    Ok(ep.connect_lazy())
+}
+
+/// Turns a gRPC status into an error a person can act on.
+pub fn status_error(hub: &Hub, s: tonic::Status) -> anyhow::Error {
+    use tonic::Code;
+    match s.code() {
+        Code::Unavailable => anyhow!(
+            "cannot reach the Hub at {}: {} (is `agen up` or `agen hub` running? set --hub or AGEN_HUB)",
+            hub.url,
+            s.message()
+        ),
+        Code::Unauthenticated => anyhow!(
+            "the Hub at {} refused the token: {} (set --token or AGEN_TOKEN, or check the client config)",
+            hub.url,
+            s.message()
+        ),
+        _ => anyhow!("{}", s.message()),
+    }
+}

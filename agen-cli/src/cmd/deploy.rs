@@ -1,0 +1,172 @@
+//! `agen deploy DIR --name NAME`: validates the bundle locally (a bad bundle changes nothing),
+//! uploads it content-addressed, then creates or rolls the deployment.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use agen_proto::v1 as pb;
+use agen_shared::bundle;
+use anyhow::Context;
+use serde_json::json;
+
+use crate::client::{status_error, ClientArgs, Hub, Output};
+use crate::view;
+
+/// Arguments of `agen deploy`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The bundle folder
+    pub dir: PathBuf,
+    /// Deployment name
+    #[arg(long)]
+    pub name: String,
+    /// Number of instances
+    #[arg(long, default_value_t = 1)]
+    pub replicas: u32,
+    /// Tasks one instance runs at a time
+    #[arg(long, default_value_t = 1)]
+    pub concurrency: u32,
+    /// Place instances only on Nests with this label (repeatable)
+    #[arg(long = "selector", value_name = "K=V")]
+    pub selector: Vec<String>,
+    /// Wait until every replica runs the new version and is healthy
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits
+    #[arg(long, default_value = "120s", value_parser = crate::cmd::parse_duration)]
+    pub timeout: Duration,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Bundle size of one upload chunk.
+const CHUNK: usize = 1 << 20;
+
+pub async fn run(args: Args) -> anyhow::Result<i32> {
+    let loaded = match bundle::Bundle::load(&args.dir) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: bundle {} is not valid: {e}", args.dir.display());
+            return Ok(64);
+        }
+    };
+    let mut hub = args.client.connect()?;
+    let deployment = deploy(&mut hub, &args.dir, &args.name, args.replicas, args.concurrency, &args.selector).await?;
+    if args.wait {
+        wait_ready(&mut hub, &deployment, args.timeout).await?;
+    }
+    let d = hub
+        .client
+        .get_deployment(pb::GetDeploymentRequest { namespace: hub.namespace.clone(), name: args.name.clone() })
+        .await
+        .map_err(|s| status_error(&hub, s))?
+        .into_inner();
+    let dep = d.deployment.unwrap_or(deployment);
+    match args.client.output {
+        Output::Json => {
+            let mut v = view::deployment_json(&dep);
+            v["instances"] = json!(d.instances.iter().map(view::instance_json).collect::<Vec<_>>());
+            view::print_json(&v);
+        }
+        Output::Table => println!(
+            "deployed {}/{} ({} {}, generation {}, {}/{} ready) from {}",
+            dep.namespace,
+            dep.name,
+            loaded.agent.name,
+            view::short_digest(&dep.bundle_digest),
+            dep.generation,
+            dep.ready_replicas,
+            dep.replicas,
+            args.dir.display()
+        ),
+    }
+    Ok(0)
+}
+
+/// Uploads the bundle in `dir` and creates or updates deployment `name`. Shared with `agen up --deploy`.
+pub async fn deploy(
+    hub: &mut Hub,
+    dir: &std::path::Path,
+    name: &str,
+    replicas: u32,
+    concurrency: u32,
+    selector: &[String],
+) -> anyhow::Result<pb::Deployment> {
+    bundle::Bundle::load(dir).with_context(|| format!("bundle {} is not valid", dir.display()))?;
+    let bytes = bundle::pack(dir).with_context(|| format!("cannot pack bundle {}", dir.display()))?;
+    let digest = bundle::digest(&bytes);
+    let total = bytes.len() as u64;
+    let mut chunks: Vec<pb::BundleChunk> = bytes
+        .chunks(CHUNK)
+        .map(|c| pb::BundleChunk { digest: String::new(), total_size: 0, data: c.to_vec() })
+        .collect();
+    if chunks.is_empty() {
+        chunks.push(pb::BundleChunk::default());
+    }
+    chunks[0].digest = digest.clone();
+    chunks[0].total_size = total;
+    hub.client
+        .upload_bundle(tokio_stream::iter(chunks))
+        .await
+        .map_err(|s| status_error(hub, s))?;
+    let selector = view::parse_labels(selector)?;
+    let dep = hub
+        .client
+        .create_deployment(pb::CreateDeploymentRequest {
+            namespace: hub.namespace.clone(),
+            name: name.to_owned(),
+            bundle_digest: digest,
+            replicas,
+            selector,
+            concurrency,
+        })
+        .await
+        .map_err(|s| status_error(hub, s))?
+        .into_inner();
+    Ok(dep)
+}
+
+/// Waits until every replica of `dep` runs its generation and is healthy.
+pub async fn wait_ready(hub: &mut Hub, dep: &pb::Deployment, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut last = String::new();
+    loop {
+        let list = hub
+            .client
+            .list_instances(pb::ListInstancesRequest {
+                namespace: dep.namespace.clone(),
+                deployment: dep.name.clone(),
+                all_namespaces: false,
+            })
+            .await
+            .map_err(|s| status_error(hub, s))?
+            .into_inner()
+            .instances;
+        let ready = list
+            .iter()
+            .filter(|i| i.generation == dep.generation && i.healthy && view::instance_state(i.state) == "running")
+            .count();
+        let old = list.iter().filter(|i| i.generation != dep.generation).count();
+        if ready as u32 >= dep.replicas && old == 0 {
+            return Ok(());
+        }
+        last = list
+            .iter()
+            .filter(|i| !i.message.is_empty())
+            .map(|i| format!("{}: {}", i.instance_id, i.message))
+            .collect::<Vec<_>>()
+            .join("; ");
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "deployment {}/{}: {ready}/{} replicas ready after {:?}{}",
+                dep.namespace,
+                dep.name,
+                dep.replicas,
+                timeout,
+                if last.is_empty() { String::new() } else { format!(" ({last})") }
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let _ = &last;
+    }
+}

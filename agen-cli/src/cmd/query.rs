@@ -1,0 +1,53 @@
+//! `agen query TASK`: the task's state, progress, current activity and outcome, without waiting.
+
+use agen_proto::v1 as pb;
+
+use crate::client::{status_error, ClientArgs, Output};
+use crate::view;
+
+/// Arguments of `agen query`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The task id
+    pub task: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<i32> {
+    let mut hub = args.client.connect()?;
+    let t = hub
+        .client
+        .query_task(pb::QueryTaskRequest { namespace: hub.namespace.clone(), task_id: args.task.clone() })
+        .await
+        .map_err(|s| status_error(&hub, s))?
+        .into_inner();
+    match args.client.output {
+        Output::Json => view::print_json(&view::task_json(&t)),
+        Output::Table => {
+            let v = view::task_json(&t);
+            println!("task:        {}", t.task_id);
+            println!("deployment:  {}/{}", t.namespace, t.deployment);
+            println!("state:       {}", view::task_state(t.state));
+            if !t.activity.is_empty() {
+                println!("activity:    {}", t.activity);
+            }
+            if let Some(p) = &t.progress {
+                let count = match (p.done, p.total) {
+                    (Some(d), Some(tot)) => format!(" ({d}/{tot})"),
+                    (Some(d), None) => format!(" ({d})"),
+                    _ => String::new(),
+                };
+                println!("progress:    {}{count}{}", p.step, if p.note.is_empty() { String::new() } else { format!(" — {}", p.note) });
+            }
+            if !t.instance_id.is_empty() {
+                println!("instance:    {} on {}", t.instance_id, t.nest_name);
+            }
+            if let Some(o) = v.get("outcome").filter(|o| !o.is_null()) {
+                println!("response:    {}", o["response_type"].as_str().unwrap_or("text"));
+                println!("result:\n{}", o["result"].as_str().unwrap_or(""));
+            }
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,61 @@
+//! `agen submit DEPLOYMENT INPUT`: queues a task and prints its id alone on stdout
+//! (`--wait` then waits like `agen wait`).
+
+use agen_proto::v1 as pb;
+
+use crate::client::{status_error, ClientArgs};
+use crate::view;
+
+/// Arguments of `agen submit`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The deployment that runs the task
+    pub deployment: String,
+    /// The task's input text
+    pub input: String,
+    /// Continue the conversation with this key
+    #[arg(long)]
+    pub conversation: Option<String>,
+    /// A label of the task (repeatable)
+    #[arg(long = "label", value_name = "K=V")]
+    pub labels: Vec<String>,
+    /// Idempotency key: a retried submit with the same id returns the same task (default: random)
+    #[arg(long)]
+    pub request_id: Option<String>,
+    /// Wait for the outcome (exit code as `agen wait`)
+    #[arg(long)]
+    pub wait: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<i32> {
+    let mut hub = args.client.connect()?;
+    let labels = view::parse_labels(&args.labels)?;
+    let request_id = args.request_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let req = pb::SubmitTaskRequest {
+        namespace: hub.namespace.clone(),
+        deployment: args.deployment.clone(),
+        input: args.input.clone(),
+        labels,
+        conversation_key: args.conversation.clone().unwrap_or_default(),
+        client_request_id: request_id,
+    };
+    // Retrying with the same request id is safe: the Hub creates one task.
+    let mut tries = 0;
+    let task = loop {
+        match hub.client.submit_task(req.clone()).await {
+            Ok(t) => break t.into_inner(),
+            Err(s) if s.code() == tonic::Code::Unavailable && tries < 3 => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(300 * tries)).await;
+            }
+            Err(s) => return Err(status_error(&hub, s)),
+        }
+    };
+    println!("{}", task.task_id);
+    if args.wait {
+        return crate::cmd::wait::follow(&mut hub, &task.task_id, args.client.output, None).await;
+    }
+    Ok(0)
+}

@@ -1,0 +1,66 @@
+//! `agen tasks`: recent tasks, newest first, filtered by deployment and state.
+
+use agen_proto::v1 as pb;
+use serde_json::Value;
+
+use crate::client::{status_error, ClientArgs, Output};
+use crate::view;
+
+/// Arguments of `agen tasks`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Only tasks of this deployment
+    #[arg(long)]
+    pub deployment: Option<String>,
+    /// Only tasks in this state (queued|running|waiting|succeeded|failed|cancelled)
+    #[arg(long)]
+    pub state: Option<String>,
+    /// At most this many tasks
+    #[arg(long, default_value_t = 100)]
+    pub limit: u32,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<i32> {
+    let mut hub = args.client.connect()?;
+    let tasks = hub
+        .client
+        .list_tasks(pb::ListTasksRequest {
+            namespace: hub.namespace.clone(),
+            deployment: args.deployment.clone().unwrap_or_default(),
+            state: args.state.clone().unwrap_or_default(),
+            limit: args.limit,
+            conversation_key: String::new(),
+        })
+        .await
+        .map_err(|s| status_error(&hub, s))?
+        .into_inner()
+        .tasks;
+    match args.client.output {
+        Output::Json => view::print_json(&Value::Array(tasks.iter().map(view::task_json).collect())),
+        Output::Table => {
+            let mut t = view::table(&["TASK", "DEPLOYMENT", "STATE", "ACTIVITY / RESULT", "AGE"]);
+            for task in &tasks {
+                let what = match &task.outcome {
+                    Some(o) if view::task_terminal(task.state) => o.result.lines().next().unwrap_or("").to_owned(),
+                    _ => task.activity.clone(),
+                };
+                let what = if what.chars().count() > 60 { format!("{}…", what.chars().take(60).collect::<String>()) } else { what };
+                t.add_row(vec![
+                    task.task_id.clone(),
+                    task.deployment.clone(),
+                    view::task_state(task.state).to_owned(),
+                    what,
+                    view::age(task.created_at_ms),
+                ]);
+            }
+            if tasks.is_empty() {
+                println!("no tasks");
+            } else {
+                println!("{t}");
+            }
+        }
+    }
+    Ok(0)
+}

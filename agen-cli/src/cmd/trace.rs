@@ -1,0 +1,73 @@
+//! `agen trace TASK`: the task's run as a tree of spans (model turns, tool calls) with
+//! durations and status.
+
+use std::collections::BTreeMap;
+
+use agen_proto::v1 as pb;
+use serde_json::json;
+
+use crate::client::{status_error, ClientArgs, Output};
+
+/// Arguments of `agen trace`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The task id
+    pub task: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<i32> {
+    let mut hub = args.client.connect()?;
+    let trace = hub
+        .client
+        .get_trace(pb::GetTraceRequest { namespace: hub.namespace.clone(), task_id: args.task.clone() })
+        .await
+        .map_err(|s| status_error(&hub, s))?
+        .into_inner();
+    if args.client.output == Output::Json {
+        let spans: Vec<_> = trace
+            .spans
+            .iter()
+            .map(|s| {
+                json!({
+                    "span_id": s.span_id, "parent_span_id": s.parent_span_id, "name": s.name,
+                    "start": crate::view::time(s.start_ms), "duration_ms": (s.end_ms - s.start_ms).max(0),
+                    "status": s.status, "attributes": s.attributes,
+                })
+            })
+            .collect();
+        crate::view::print_json(&json!({"task": trace.task_id, "trace_id": trace.trace_id, "spans": spans}));
+        return Ok(0);
+    }
+    let mut children: BTreeMap<&str, Vec<&pb::Span>> = BTreeMap::new();
+    for s in &trace.spans {
+        children.entry(s.parent_span_id.as_str()).or_default().push(s);
+    }
+    let t0 = trace.spans.iter().map(|s| s.start_ms).min().unwrap_or(0);
+    println!("trace {} (task {})", trace.trace_id, trace.task_id);
+    fn walk(children: &BTreeMap<&str, Vec<&pb::Span>>, parent: &str, depth: usize, t0: i64) {
+        if let Some(list) = children.get(parent) {
+            let mut list = list.clone();
+            list.sort_by_key(|s| s.start_ms);
+            for s in list {
+                let dur = (s.end_ms - s.start_ms).max(0);
+                println!(
+                    "{:indent$}{} {:>7}ms  +{}ms  {}",
+                    "",
+                    s.name,
+                    dur,
+                    s.start_ms - t0,
+                    s.status,
+                    indent = depth * 2
+                );
+                walk(children, &s.span_id, depth + 1, t0);
+            }
+        }
+    }
+    walk(&children, "", 1, t0);
+    if trace.spans.is_empty() {
+        println!("  (no spans yet)");
+    }
+    Ok(0)
+}

@@ -1,0 +1,201 @@
+//! How API objects look to people (tables) and to scripts (JSON with snake_case keys).
+//! The JSON shapes are contracts (DESIGN.md "Contracts → CLI"); add keys, never rename them.
+
+use agen_proto::v1 as pb;
+use comfy_table::{presets::UTF8_BORDERS_ONLY, ContentArrangement, Table};
+use serde_json::{json, Value};
+
+/// A new table in the house style.
+pub fn table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(UTF8_BORDERS_ONLY)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_header(header.iter().copied());
+    t
+}
+
+pub fn print_json(v: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+    );
+}
+
+pub fn time(ms: i64) -> Value {
+    if ms <= 0 {
+        return Value::Null;
+    }
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| Value::String(t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)))
+        .unwrap_or(Value::Null)
+}
+
+/// "3s", "5m", "2h" since `ms`.
+pub fn age(ms: i64) -> String {
+    if ms <= 0 {
+        return "-".into();
+    }
+    let secs = ((chrono::Utc::now().timestamp_millis() - ms) / 1000).max(0);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+pub fn short_digest(d: &str) -> String {
+    let hex = d.strip_prefix("sha256:").unwrap_or(d);
+    format!("sha256:{}", &hex[..hex.len().min(12)])
+}
+
+pub fn instance_state(s: i32) -> &'static str {
+    match pb::InstanceState::try_from(s).unwrap_or(pb::InstanceState::Unspecified) {
+        pb::InstanceState::Running => "running",
+        pb::InstanceState::Unhealthy => "unhealthy",
+        pb::InstanceState::Stopping => "stopping",
+        pb::InstanceState::Lost => "lost",
+        // Pending placements are instances that are not started yet.
+        pb::InstanceState::Starting | pb::InstanceState::Pending | pb::InstanceState::Unspecified => {
+            "starting"
+        }
+    }
+}
+
+pub fn nest_state(s: i32) -> &'static str {
+    match pb::NestState::try_from(s).unwrap_or(pb::NestState::Unspecified) {
+        pb::NestState::Ready => "ready",
+        pb::NestState::Lost => "lost",
+        pb::NestState::Disconnected => "disconnected",
+        pb::NestState::Unspecified => "unknown",
+    }
+}
+
+pub fn task_state(s: i32) -> &'static str {
+    match pb::TaskState::try_from(s).unwrap_or(pb::TaskState::Unspecified) {
+        pb::TaskState::Queued | pb::TaskState::Unspecified => "queued",
+        pb::TaskState::Running => "running",
+        pb::TaskState::Waiting => "waiting",
+        pb::TaskState::Succeeded => "succeeded",
+        pb::TaskState::Failed => "failed",
+        pb::TaskState::Cancelled => "cancelled",
+    }
+}
+
+pub fn task_terminal(s: i32) -> bool {
+    matches!(task_state(s), "succeeded" | "failed" | "cancelled")
+}
+
+pub fn instance_json(i: &pb::Instance) -> Value {
+    json!({
+        "namespace": i.namespace,
+        "deployment": i.deployment,
+        "instance": i.instance_id,
+        "nest": i.nest_name,
+        "nest_id": i.nest_id,
+        "state": instance_state(i.state),
+        "healthy": i.healthy,
+        "tools_loaded": i.tools_loaded,
+        "servers_not_connected": i.servers_not_connected.iter().map(|p| p.server.clone()).collect::<Vec<_>>(),
+        "server_errors": i.servers_not_connected.iter().map(|p| json!({"server": p.server, "reason": p.reason})).collect::<Vec<_>>(),
+        "message": i.message,
+        "bundle_digest": i.bundle_digest,
+        "generation": i.generation,
+        "restarts": i.restarts,
+        "active_runs": i.active_runs,
+        "tools": i.tools,
+        "created_at": time(i.created_at_ms),
+        "updated_at": time(i.updated_at_ms),
+    })
+}
+
+pub fn deployment_json(d: &pb::Deployment) -> Value {
+    json!({
+        "namespace": d.namespace,
+        "name": d.name,
+        "deployment": d.name,
+        "agent": d.agent_name,
+        "bundle_digest": d.bundle_digest,
+        "replicas": d.replicas,
+        "ready_replicas": d.ready_replicas,
+        "generation": d.generation,
+        "concurrency": d.concurrency,
+        "selector": d.selector,
+        "created_at": time(d.created_at_ms),
+        "updated_at": time(d.updated_at_ms),
+    })
+}
+
+pub fn nest_json(n: &pb::Nest) -> Value {
+    json!({
+        "name": n.name,
+        "nest_id": n.nest_id,
+        "state": nest_state(n.state),
+        "labels": n.labels,
+        "capacity": n.capacity,
+        "instances": n.instances,
+        "version": n.version,
+        "last_heartbeat": time(n.last_heartbeat_ms),
+        "registered_at": time(n.registered_at_ms),
+    })
+}
+
+pub fn progress_json(p: &Option<pb::Progress>) -> Value {
+    match p {
+        None => Value::Null,
+        Some(p) => json!({
+            "step": p.step,
+            "done": p.done,
+            "total": p.total,
+            "note": if p.note.is_empty() { Value::Null } else { Value::String(p.note.clone()) },
+            "artifacts": p.artifacts,
+            "updated_at": time(p.updated_at_ms),
+        }),
+    }
+}
+
+pub fn task_json(t: &pb::Task) -> Value {
+    let outcome = match (&t.outcome, task_terminal(t.state)) {
+        (Some(o), true) => json!({
+            "result": o.result,
+            "response_type": if o.response_type.is_empty() { "text" } else { o.response_type.as_str() },
+            "error": if o.error.is_empty() { Value::Null } else { Value::String(o.error.clone()) },
+        }),
+        _ => Value::Null,
+    };
+    json!({
+        "task": t.task_id,
+        "task_id": t.task_id,
+        "namespace": t.namespace,
+        "deployment": t.deployment,
+        "state": task_state(t.state),
+        "input": t.input,
+        "labels": t.labels,
+        "conversation_key": if t.conversation_key.is_empty() { Value::Null } else { Value::String(t.conversation_key.clone()) },
+        "conversation_id": if t.conversation_id.is_empty() { Value::Null } else { Value::String(t.conversation_id.clone()) },
+        "progress": progress_json(&t.progress),
+        "activity": t.activity,
+        "outcome": outcome,
+        "run_id": t.run_id,
+        "attempt": t.attempt,
+        "instance": t.instance_id,
+        "nest": t.nest_name,
+        "bundle_digest": t.bundle_digest,
+        "created_at": time(t.created_at_ms),
+        "started_at": time(t.started_at_ms),
+        "finished_at": time(t.finished_at_ms),
+    })
+}
+
+/// Parses repeated `k=v` flags.
+pub fn parse_labels(items: &[String]) -> anyhow::Result<std::collections::HashMap<String, String>> {
+    items
+        .iter()
+        .map(|kv| {
+            kv.split_once('=')
+                .filter(|(k, _)| !k.is_empty())
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .ok_or_else(|| anyhow::anyhow!("label {kv:?} is not of the form key=value"))
+        })
+        .collect()
+}
