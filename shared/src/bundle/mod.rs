@@ -22,6 +22,7 @@ mod skills;
 #[cfg(test)]
 mod tests;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use agent::{AgentSpec, ModelRef, Provider, AGENT_FILE};
@@ -143,10 +144,82 @@ impl Bundle {
         Ok(())
     }
 
+    /// The value of every secret the bundle references: `env`-sourced ones through `env` (the
+    /// Nest's or `agen run`'s environment, by variable name), `platform` ones through
+    /// `platform` (the Hub's store, by secret name; pass `|_| None` where there is none).
+    /// A missing value is a [`BundleError::MissingSecret`] naming the secret, where it is used
+    /// and where it was looked for. Values are never logged.
+    pub fn secret_values(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+        platform: impl Fn(&str) -> Option<String>,
+    ) -> Result<BTreeMap<String, String>> {
+        let mut values = BTreeMap::new();
+        for (name, used_in) in referenced_secrets(self) {
+            if values.contains_key(&name) {
+                continue;
+            }
+            let (value, reason) = match self.secrets.get(&name) {
+                Some(SecretSource::Env { var }) => {
+                    (env(var), format!("environment variable {var} is not set (x-agen/secrets.json declares source env)"))
+                }
+                Some(SecretSource::Platform) => (
+                    platform(&name),
+                    "it is not in the Hub's secret store (x-agen/secrets.json declares source platform; \
+                     outside a fleet use {\"source\": \"env\"})"
+                        .to_string(),
+                ),
+                None => (None, "it is not declared in x-agen/secrets.json".to_string()),
+            };
+            match value {
+                Some(v) => {
+                    values.insert(name, v);
+                }
+                None => return Err(BundleError::MissingSecret { name, used_in, reason }),
+            }
+        }
+        Ok(values)
+    }
+
+    /// `mcp.json` with every `${NAME}` in env values and headers replaced from `values`
+    /// (see [`Bundle::secret_values`]).
+    pub fn mcp_with_secrets(&self, values: &BTreeMap<String, String>) -> Result<McpConfig> {
+        let mut out = self.mcp.clone();
+        for (server, spec) in out.servers.iter_mut() {
+            let (kind, map) = match spec {
+                ServerSpec::Command { env, .. } => ("env", env),
+                ServerSpec::Url { headers, .. } => ("headers", headers),
+            };
+            for (k, v) in map.iter_mut() {
+                *v = fill(v, values, &format!("{MCP_FILE} mcpServers.{server}.{kind}.{k}"))?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// `apiKey` from `x-agen/agent.md` with `${NAME}` replaced from `values`.
+    pub fn api_key_with_secrets(&self, values: &BTreeMap<String, String>) -> Result<Option<String>> {
+        self.agent.api_key.as_deref().map(|k| fill(k, values, &format!("{AGENT_FILE} apiKey"))).transpose()
+    }
+
     /// The skill named `name`.
     pub fn skill(&self, name: &str) -> Option<&Skill> {
         self.skills.iter().find(|s| s.name == name)
     }
+}
+
+fn fill(value: &str, values: &BTreeMap<String, String>, used_in: &str) -> Result<String> {
+    substitute_secrets(value, |name| values.get(name).cloned()).map_err(|e| match e {
+        SubstituteError::Unresolved(name) => BundleError::MissingSecret {
+            name,
+            used_in: used_in.to_string(),
+            reason: "no value was supplied".into(),
+        },
+        other => {
+            let (file, field) = used_in.split_once(' ').unwrap_or((used_in, ""));
+            BundleError::invalid(file, field, other.to_string())
+        }
+    })
 }
 
 /// Every `${NAME}` the bundle uses where secrets are substituted, with where it is used

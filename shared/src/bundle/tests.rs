@@ -524,3 +524,42 @@ fn pack_refuses_symlinks_leaving_the_bundle_and_oversize_bundles() {
     let err = pack(big.path()).unwrap_err().to_string();
     assert!(err.contains("the bundle (at data.bin) is larger than 64 MiB"), "{err}");
 }
+
+#[test]
+fn secrets_resolve_from_their_sources_and_fill_the_places_they_are_used() {
+    let b = ok(&[
+        (MCP_FILE, r#"{"mcpServers": {"crm": {"url": "https://crm.example/mcp", "headers": {"Authorization": "Bearer ${CRM_TOKEN}"}},
+                                      "sql": {"command": "agen", "args": ["${NOT_SUBSTITUTED}"], "env": {"DATABASE_URL": "${DB}", "MODE": "ro"}}}}"#),
+        (AGENT_FILE, "---\napiKey: ${DB}-${CRM_TOKEN}\n---\n"),
+        (SECRETS_FILE, r#"{"CRM_TOKEN": {"source": "platform"}, "DB": {"source": "env", "var": "HOST_DB"}}"#),
+    ]);
+    let env = |var: &str| (var == "HOST_DB").then(|| "postgres://x".to_string());
+    let platform = |name: &str| (name == "CRM_TOKEN").then(|| "t0k".to_string());
+    let values = b.secret_values(env, platform).unwrap();
+    assert_eq!(values, [("CRM_TOKEN".to_string(), "t0k".to_string()), ("DB".to_string(), "postgres://x".to_string())].into());
+
+    let mcp = b.mcp_with_secrets(&values).unwrap();
+    assert_eq!(
+        mcp.servers["crm"],
+        ServerSpec::Url { url: "https://crm.example/mcp".into(), headers: [("Authorization".to_string(), "Bearer t0k".to_string())].into() }
+    );
+    assert_eq!(
+        mcp.servers["sql"],
+        ServerSpec::Command {
+            command: "agen".into(),
+            args: vec!["${NOT_SUBSTITUTED}".into()],
+            env: [("DATABASE_URL".to_string(), "postgres://x".to_string()), ("MODE".to_string(), "ro".to_string())].into(),
+        }
+    );
+    assert_eq!(b.api_key_with_secrets(&values).unwrap().as_deref(), Some("postgres://x-t0k"));
+
+    let err = b.secret_values(|_| None, platform).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "secret DB used in mcp.json mcpServers.sql.env.DATABASE_URL has no value: environment variable HOST_DB is not set (x-agen/secrets.json declares source env)"
+    );
+    let err = b.secret_values(env, |_| None).unwrap_err().to_string();
+    assert!(err.starts_with("secret CRM_TOKEN used in mcp.json mcpServers.crm.headers.Authorization has no value: it is not in the Hub's secret store"), "{err}");
+    let err = b.mcp_with_secrets(&BTreeMap::new()).unwrap_err().to_string();
+    assert_eq!(err, "secret CRM_TOKEN used in mcp.json mcpServers.crm.headers.Authorization has no value: no value was supplied");
+}
