@@ -2,3 +2,4 @@
 //! third-party MCP servers and clients (PyPI `mcp`, `mcp-server-time`, npm
 //! `@modelcontextprotocol/server-filesystem`), a real PostgreSQL, and the scripted fake model.
 //! Run through `tests/run.sh`, which installs the peers and builds the binary first.
+mod fleet;

@@ -1,0 +1,283 @@
+//! The fleet (issue 2): a Hub and Nests as real processes on loopback, deployments of bundles
+//! whose tool servers are real third-party MCP servers, and what `agen ps` shows when things
+//! die: Nests, tool servers, the Hub itself.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use agen_tests::{mcp_json, processes_under, wait_for, write_bundle, HubProcess, Peers};
+use serde_json::{json, Value};
+
+/// A bundle with two third-party servers (PyPI `mcp-server-time`, npm server-filesystem) and
+/// one of ours (`agen mcp workspace`).
+fn three_server_bundle(dir: &Path) {
+    write_bundle(
+        dir,
+        &[
+            (
+                "mcp.json",
+                mcp_json(&[
+                    ("time", json!({"command": Peers::mcp_server_time(), "args": ["--local-timezone", "UTC"]})),
+                    ("files", json!({"command": "node", "args": [Peers::node_server("server-filesystem"), "./data"]})),
+                    ("workspace", json!({"command": "agen", "args": ["mcp", "workspace", "--root", "./data", "--no-run"]})),
+                ]),
+            ),
+            ("data/readme.txt", "hello from the bundle\n".into()),
+            ("x-agen/agent.md", "---\nname: fleet-test\nmodel: openai/gpt-4.1-mini\n---\nYou are a test agent.\n".into()),
+        ],
+    )
+    .expect("write bundle");
+}
+
+fn ids(list: &[Value]) -> BTreeSet<String> {
+    list.iter().filter_map(|i| i["instance"].as_str().map(str::to_owned)).collect()
+}
+
+fn healthy_running(list: &[Value], deployment: &str) -> Vec<Value> {
+    list.iter()
+        .filter(|i| i["deployment"] == deployment && i["state"] == "running" && i["healthy"] == true)
+        .cloned()
+        .collect()
+}
+
+fn deploy(hub: &HubProcess, dir: &Path, name: &str, replicas: u32) {
+    let out = hub
+        .cli(&["deploy", dir.to_str().expect("utf-8 path"), "--name", name, "--replicas", &replicas.to_string()])
+        .expect("run agen deploy");
+    assert!(out.status.success(), "agen deploy failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn two_nests_run_two_healthy_replicas_with_real_tool_servers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let _a = hub.nest("nest-a", &["zone=a"], &[]).unwrap();
+    let _b = hub.nest("nest-b", &["zone=b"], &[]).unwrap();
+    let bundle = tmp.path().join("bundle");
+    three_server_bundle(&bundle);
+    deploy(&hub, &bundle, "fleet", 2);
+
+    let list = hub
+        .wait_instances("2 healthy replicas", Duration::from_secs(90), |l| healthy_running(l, "fleet").len() == 2)
+        .unwrap();
+    let running = healthy_running(&list, "fleet");
+    // Spread: one replica per Nest.
+    let nests: BTreeSet<_> = running.iter().map(|i| i["nest"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(nests, BTreeSet::from(["nest-a".to_owned(), "nest-b".to_owned()]));
+    for i in &running {
+        assert_eq!(i["namespace"], "default");
+        assert_eq!(i["servers_not_connected"], json!([]), "{i}");
+        let tools: Vec<&str> = i["tools"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+        for t in ["time.get_current_time", "time.convert_time", "files.read_text_file", "workspace.read", "workspace.grep"] {
+            assert!(tools.contains(&t), "{t} missing from {tools:?}");
+        }
+        assert!(!tools.contains(&"workspace.run"), "--no-run leaves run out");
+        // MCP tools only, not built-ins.
+        assert_eq!(i["tools_loaded"].as_u64().unwrap() as usize, tools.len());
+        assert!(tools.iter().all(|t| !t.starts_with("finish")));
+    }
+    assert_eq!(running[0]["tools_loaded"], running[1]["tools_loaded"]);
+
+    // People get a table, and the deployment list shows the replicas ready.
+    let out = hub.cli(&["ps", "--all"]).unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("fleet") && table.contains("nest-a") && table.contains("running"), "{table}");
+    let deployments = hub.cli_json(&["ps", "-o", "json"]).unwrap();
+    assert_eq!(deployments[0]["name"], "fleet");
+    assert_eq!(deployments[0]["ready_replicas"], 2);
+}
+
+#[test]
+fn a_killed_nest_is_replaced_on_the_other_and_leaves_no_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let mut a = hub.nest("nest-a", &[], &[]).unwrap();
+    let _b = hub.nest("nest-b", &[], &[]).unwrap();
+    let bundle = tmp.path().join("bundle");
+    three_server_bundle(&bundle);
+    deploy(&hub, &bundle, "fleet", 2);
+    let before = hub
+        .wait_instances("2 healthy replicas", Duration::from_secs(90), |l| healthy_running(l, "fleet").len() == 2)
+        .unwrap();
+    let on_a: Vec<String> = before
+        .iter()
+        .filter(|i| i["nest"] == "nest-a")
+        .map(|i| i["instance"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(on_a.len(), 1);
+    let pids_before = a.descendants();
+    assert!(pids_before.len() >= 2, "instance and tool servers of nest-a: {pids_before:?}");
+
+    a.proc.kill9();
+    // TTL is 3 s: the replacement runs on nest-b within TTL + a few seconds.
+    let after = hub
+        .wait_instances("the replacement on nest-b", Duration::from_secs(25), |l| {
+            let r = healthy_running(l, "fleet");
+            r.len() == 2 && r.iter().all(|i| i["nest"] == "nest-b")
+        })
+        .unwrap();
+    assert!(ids(&healthy_running(&after, "fleet")).is_disjoint(&on_a.iter().cloned().collect()), "a new instance id");
+    let nests = hub.nests().unwrap();
+    assert!(nests.iter().any(|n| n["name"] == "nest-a" && n["state"] == "lost"), "{nests:?}");
+    wait_for("every process of the dead nest to exit", Duration::from_secs(10), || {
+        a.descendants().is_empty().then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}: left running: {:?}", a.descendants()));
+}
+
+#[test]
+fn a_killed_tool_server_makes_its_instance_unhealthy_and_replaced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let nest = hub.nest("solo", &[], &[]).unwrap();
+    let bundle = tmp.path().join("bundle");
+    three_server_bundle(&bundle);
+    deploy(&hub, &bundle, "fleet", 1);
+    let before = hub
+        .wait_instances("a healthy instance", Duration::from_secs(90), |l| healthy_running(l, "fleet").len() == 1)
+        .unwrap();
+    let old = before[0]["instance"].as_str().unwrap().to_owned();
+    let time_server = processes_under(&nest.dir)
+        .into_iter()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains("mcp-server-time"))
+                .unwrap_or(false)
+        })
+        .expect("the time server runs under the nest");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(time_server as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+
+    let after = hub
+        .wait_instances("a healthy replacement", Duration::from_secs(60), |l| {
+            let r = healthy_running(l, "fleet");
+            r.len() == 1 && r[0]["instance"] != old.as_str()
+        })
+        .unwrap();
+    assert_eq!(healthy_running(&after, "fleet").len(), 1);
+}
+
+#[test]
+fn a_hub_restart_loses_nothing_and_duplicates_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut hub = HubProcess::start(tmp.path()).unwrap();
+    let _a = hub.nest("nest-a", &[], &[]).unwrap();
+    let _b = hub.nest("nest-b", &[], &[]).unwrap();
+    let bundle = tmp.path().join("bundle");
+    three_server_bundle(&bundle);
+    deploy(&hub, &bundle, "fleet", 2);
+    let before = hub
+        .wait_instances("2 healthy replicas", Duration::from_secs(90), |l| healthy_running(l, "fleet").len() == 2)
+        .unwrap();
+
+    hub.restart().unwrap();
+    wait_for("both nests to reconnect", Duration::from_secs(30), || {
+        let n = hub.nests().ok()?;
+        (n.iter().filter(|n| n["state"] == "ready").count() == 2).then_some(())
+    })
+    .unwrap();
+    let deployments = hub.cli_json(&["ps", "-o", "json"]).unwrap();
+    assert_eq!(deployments.as_array().unwrap().len(), 1, "the deployment survived");
+    // Past the TTL, the same instances run: re-adopted, not duplicated.
+    std::thread::sleep(Duration::from_secs(5));
+    let after = hub
+        .wait_instances("the same 2 healthy replicas", Duration::from_secs(30), |l| healthy_running(l, "fleet").len() == 2)
+        .unwrap();
+    assert_eq!(ids(&healthy_running(&after, "fleet")), ids(&healthy_running(&before, "fleet")));
+    assert_eq!(after.len(), 2, "no duplicate instance: {after:?}");
+}
+
+#[test]
+fn tool_servers_see_a_cleared_environment_with_their_env_and_secrets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let _nest = hub
+        .nest("solo", &[], &[("AGEN_TEST_CANARY", "must-not-leak"), ("SERVICE_TOKEN", "s3cret-value")])
+        .unwrap();
+    let bundle = tmp.path().join("bundle");
+    let dump = tmp.path().join("env.json");
+    let script = format!(
+        "#!{}\nimport json, os\nfrom mcp.server.mcpserver import MCPServer\n\
+         with open(os.environ['DUMP_TO'], 'w') as f:\n    json.dump(dict(os.environ), f)\n\
+         app = MCPServer('envdump')\n\n@app.tool()\ndef env() -> str:\n    return json.dumps(dict(os.environ))\n\napp.run()\n",
+        Peers::python().display()
+    );
+    write_bundle(
+        &bundle,
+        &[
+            (
+                "mcp.json",
+                mcp_json(&[(
+                    "envdump",
+                    json!({"command": "./envdump.py", "env": {"DUMP_TO": dump, "GREETING": "hi", "TOKEN": "Bearer ${SERVICE_TOKEN}"}}),
+                )]),
+            ),
+            ("envdump.py", script),
+            ("x-agen/secrets.json", json!({"SERVICE_TOKEN": {"source": "env", "var": "SERVICE_TOKEN"}}).to_string()),
+            ("x-agen/agent.md", "---\nmodel: openai/gpt-4.1-mini\n---\nEnv test.\n".into()),
+        ],
+    )
+    .unwrap();
+    std::fs::set_permissions(bundle.join("envdump.py"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    deploy(&hub, &bundle, "envtest", 1);
+    hub.wait_instances("a healthy instance", Duration::from_secs(60), |l| healthy_running(l, "envtest").len() == 1)
+        .unwrap();
+    let env: serde_json::Map<String, Value> =
+        serde_json::from_slice(&std::fs::read(&dump).expect("the server dumped its environment")).unwrap();
+    assert!(!env.contains_key("AGEN_TEST_CANARY"), "the Nest's environment leaked: {env:?}");
+    assert!(!env.contains_key("SERVICE_TOKEN"), "secrets arrive only where declared");
+    assert_eq!(env["GREETING"], "hi");
+    assert_eq!(env["TOKEN"], "Bearer s3cret-value");
+    assert_eq!(env["PYTHONUTF8"], "1");
+    assert_eq!(env["PYTHONIOENCODING"], "utf-8");
+    assert!(env["AGEN_BIN"].as_str().unwrap().ends_with("agen"));
+    let allow = ["PATH", "HOME", "TMPDIR", "TEMP", "TMP", "LANG", "TZ", "USER", "LOGNAME", "SHELL", "TERM"];
+    for k in env.keys() {
+        let ok = allow.contains(&k.as_str())
+            || k.starts_with("LC_")
+            || ["DUMP_TO", "GREETING", "TOKEN", "PYTHONUTF8", "PYTHONIOENCODING", "AGEN_BIN"].contains(&k.as_str())
+            // set by the Python interpreter itself at startup
+            || k == "LC_CTYPE";
+        assert!(ok, "unexpected variable {k} in a tool server's environment");
+    }
+}
+
+#[test]
+fn bad_bundles_are_refused_before_anything_changes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let agent = ("x-agen/agent.md", "---\nmodel: openai/gpt-4.1-mini\n---\nHi.\n".to_owned());
+    let cases: Vec<(&str, Vec<(&str, String)>, &str)> = vec![
+        ("bad-json", vec![("mcp.json", "{\"mcpServers\": {".into()), agent.clone()], "mcp.json"),
+        (
+            "unknown-server-shape",
+            vec![("mcp.json", r#"{"mcpServers": {"x": {"image": "foo"}}}"#.into()), agent.clone()],
+            "mcp.json",
+        ),
+        (
+            "undeclared-secret",
+            vec![
+                ("mcp.json", r#"{"mcpServers": {"crm": {"url": "https://crm.example/mcp", "headers": {"Authorization": "Bearer ${CRM_TOKEN}"}}}}"#.into()),
+                agent.clone(),
+            ],
+            "CRM_TOKEN",
+        ),
+        ("missing-agent-md", vec![("mcp.json", r#"{"mcpServers": {}}"#.into())], "x-agen/agent.md"),
+        ("bad-front-matter", vec![("x-agen/agent.md", "---\nmodel: [unclosed\n---\nHi.\n".into())], "x-agen/agent.md"),
+        (
+            "bad-duration",
+            vec![("x-agen/harness.json", r#"{"limits": {"toolTimeout": "ten minutes"}}"#.into()), agent.clone()],
+            "toolTimeout",
+        ),
+    ];
+    for (name, files, expected) in cases {
+        let dir = tmp.path().join(name);
+        write_bundle(&dir, &files).unwrap();
+        let out = hub.cli(&["deploy", dir.to_str().unwrap(), "--name", name]).unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}: a bad bundle was accepted");
+        assert!(stderr.contains(expected), "{name}: error should name {expected:?}, got: {stderr}");
+    }
+    let deployments = hub.cli_json(&["ps", "-o", "json"]).unwrap();
+    assert_eq!(deployments, json!([]), "nothing was deployed");
+}
