@@ -16,7 +16,9 @@ pub struct DurationError {
 /// Parses `500ms`, `90s`, `10m`, `1h30m`, `2h 5m` (units: ms, s, m, h, d and their long forms).
 /// A bare number, a negative value or an empty string is refused.
 pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
-    let err = || DurationError { input: s.to_string() };
+    let err = || DurationError {
+        input: s.to_string(),
+    };
     let trimmed = s.trim();
     if trimmed.is_empty() || trimmed.chars().all(|c| c.is_ascii_digit()) {
         return Err(err());
@@ -107,7 +109,11 @@ mod tests {
 
     #[test]
     fn format_round_trips() {
-        for d in [Duration::from_millis(500), Duration::from_secs(5400), Duration::from_secs(600)] {
+        for d in [
+            Duration::from_millis(500),
+            Duration::from_secs(5400),
+            Duration::from_secs(600),
+        ] {
             assert_eq!(parse_duration(&format_duration(d)), Ok(d));
         }
     }
@@ -120,7 +126,12 @@ mod tests {
             d: Duration,
         }
         let t: T = serde_json::from_str(r#"{"d": "90s"}"#).unwrap();
-        assert_eq!(t, T { d: Duration::from_secs(90) });
+        assert_eq!(
+            t,
+            T {
+                d: Duration::from_secs(90)
+            }
+        );
         assert_eq!(serde_json::to_string(&t).unwrap(), r#"{"d":"1m 30s"}"#);
         let bad = serde_json::from_str::<T>(r#"{"d": "soon"}"#).unwrap_err();
         assert!(bad.to_string().contains("expected a duration"), "{bad}");

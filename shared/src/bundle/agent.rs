@@ -58,7 +58,9 @@ impl ModelRef {
             return Err(format!("{expected}, got `{s}`"));
         };
         if model.trim().is_empty() {
-            return Err(format!("{expected}, got `{s}` (no model name after the `/`)"));
+            return Err(format!(
+                "{expected}, got `{s}` (no model name after the `/`)"
+            ));
         }
         let provider = match provider.trim().to_ascii_lowercase().as_str() {
             "openai" => Provider::OpenAi,
@@ -69,7 +71,10 @@ impl ModelRef {
                 ))
             }
         };
-        Ok(ModelRef { provider, model: model.trim().to_string() })
+        Ok(ModelRef {
+            provider,
+            model: model.trim().to_string(),
+        })
     }
 }
 
@@ -110,14 +115,27 @@ pub(crate) fn parse(text: &str, default_name: &str) -> Result<AgentSpec> {
     let holder = Value::Object(fm.fields);
     let obj = Obj::new(AGENT_FILE, "", &holder, "front matter fields")?;
     let name = match obj.opt_str("name")? {
-        Some(n) if n.trim().is_empty() => return Err(obj.err("name", "is empty; expected the agent's name or no `name` (the folder name is used)")),
+        Some(n) if n.trim().is_empty() => {
+            return Err(obj.err(
+                "name",
+                "is empty; expected the agent's name or no `name` (the folder name is used)",
+            ))
+        }
         Some(n) => n.trim().to_string(),
         None => default_name.to_string(),
     };
     let model = match obj.get("model") {
         None => None,
         Some(Value::String(m)) => Some(ModelRef::parse(m).map_err(|e| obj.err("model", e))?),
-        Some(other) => return Err(obj.err("model", format!("expected `<provider>/<model>` such as `openai/gpt-4.1-mini`, got {}", kind(other)))),
+        Some(other) => {
+            return Err(obj.err(
+                "model",
+                format!(
+                    "expected `<provider>/<model>` such as `openai/gpt-4.1-mini`, got {}",
+                    kind(other)
+                ),
+            ))
+        }
     };
     let base_url = obj.opt_str("baseUrl")?;
     if let Some(url) = &base_url {
@@ -128,11 +146,24 @@ pub(crate) fn parse(text: &str, default_name: &str) -> Result<AgentSpec> {
     let extra = obj
         .map
         .iter()
-        .filter(|(k, _)| !matches!(k.as_str(), "name" | "model" | "baseUrl" | "apiKey" | "preloadSkills"))
+        .filter(|(k, _)| {
+            !matches!(
+                k.as_str(),
+                "name" | "model" | "baseUrl" | "apiKey" | "preloadSkills"
+            )
+        })
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     if fm.body.is_empty() {
         tracing::debug!("{AGENT_FILE}: empty system prompt");
     }
-    Ok(AgentSpec { name, model, base_url, api_key, preload_skills, system_prompt: fm.body, extra })
+    Ok(AgentSpec {
+        name,
+        model,
+        base_url,
+        api_key,
+        preload_skills,
+        system_prompt: fm.body,
+        extra,
+    })
 }

@@ -57,7 +57,10 @@ fn too_large(what: &str) -> BundleError {
 /// Packs every file under `dir` (sorted relative paths, exec bit kept, skipped folders left out).
 pub fn pack(dir: &Path) -> Result<Vec<u8>> {
     if !dir.is_dir() {
-        return Err(BundleError::NotABundle { dir: dir.to_path_buf(), reason: "not a folder".into() });
+        return Err(BundleError::NotABundle {
+            dir: dir.to_path_buf(),
+            reason: "not a folder".into(),
+        });
     }
     let mut entries = Vec::new();
     let mut total = 0usize;
@@ -70,7 +73,8 @@ pub fn pack(dir: &Path) -> Result<Vec<u8>> {
 pub fn encode(entries: &[ArchiveEntry]) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     out.extend_from_slice(MAGIC);
-    let count = u32::try_from(entries.len()).map_err(|_| BundleError::Archive("too many files".into()))?;
+    let count =
+        u32::try_from(entries.len()).map_err(|_| BundleError::Archive("too many files".into()))?;
     out.extend_from_slice(&count.to_be_bytes());
     for e in entries {
         out.push(match e.kind {
@@ -78,7 +82,8 @@ pub fn encode(entries: &[ArchiveEntry]) -> Result<Vec<u8>> {
             EntryKind::Executable => KIND_EXEC,
             EntryKind::Symlink => KIND_SYMLINK,
         });
-        let path_len = u32::try_from(e.path.len()).map_err(|_| BundleError::Archive("path too long".into()))?;
+        let path_len = u32::try_from(e.path.len())
+            .map_err(|_| BundleError::Archive("path too long".into()))?;
         out.extend_from_slice(&path_len.to_be_bytes());
         out.extend_from_slice(e.path.as_bytes());
         out.extend_from_slice(&(e.data.len() as u64).to_be_bytes());
@@ -91,9 +96,20 @@ pub fn encode(entries: &[ArchiveEntry]) -> Result<Vec<u8>> {
 }
 
 fn collect(root: &Path, rel: &str, out: &mut Vec<ArchiveEntry>, total: &mut usize) -> Result<()> {
-    let here = if rel.is_empty() { root.to_path_buf() } else { root.join(rel) };
-    let shown = |r: &str| if r.is_empty() { ".".to_string() } else { r.to_string() };
-    let listing = std::fs::read_dir(&here).map_err(|e| BundleError::io(shown(rel), "cannot list", e))?;
+    let here = if rel.is_empty() {
+        root.to_path_buf()
+    } else {
+        root.join(rel)
+    };
+    let shown = |r: &str| {
+        if r.is_empty() {
+            ".".to_string()
+        } else {
+            r.to_string()
+        }
+    };
+    let listing =
+        std::fs::read_dir(&here).map_err(|e| BundleError::io(shown(rel), "cannot list", e))?;
     for item in listing {
         let item = item.map_err(|e| BundleError::io(shown(rel), "cannot list", e))?;
         let name = item.file_name();
@@ -104,8 +120,13 @@ fn collect(root: &Path, rel: &str, out: &mut Vec<ArchiveEntry>, total: &mut usiz
                 name.to_string_lossy()
             )));
         };
-        let path = if rel.is_empty() { name.to_string() } else { format!("{rel}/{name}") };
-        let meta = std::fs::symlink_metadata(item.path()).map_err(|e| BundleError::io(path.clone(), "cannot stat", e))?;
+        let path = if rel.is_empty() {
+            name.to_string()
+        } else {
+            format!("{rel}/{name}")
+        };
+        let meta = std::fs::symlink_metadata(item.path())
+            .map_err(|e| BundleError::io(path.clone(), "cannot stat", e))?;
         let ft = meta.file_type();
         if ft.is_dir() {
             if SKIPPED_DIRS.contains(&name) {
@@ -113,19 +134,33 @@ fn collect(root: &Path, rel: &str, out: &mut Vec<ArchiveEntry>, total: &mut usiz
             }
             collect(root, &path, out, total)?;
         } else if ft.is_symlink() {
-            let target = std::fs::read_link(item.path()).map_err(|e| BundleError::io(path.clone(), "cannot read link", e))?;
+            let target = std::fs::read_link(item.path())
+                .map_err(|e| BundleError::io(path.clone(), "cannot read link", e))?;
             let Some(target_s) = target.to_str() else {
-                return Err(BundleError::Archive(format!("{path}: symlink target is not UTF-8")));
+                return Err(BundleError::Archive(format!(
+                    "{path}: symlink target is not UTF-8"
+                )));
             };
-            check_link(&path, target_s).map_err(|m| BundleError::Archive(format!("{m}; copy the file into the bundle instead")))?;
-            out.push(ArchiveEntry { path, kind: EntryKind::Symlink, data: target_s.as_bytes().to_vec() });
+            check_link(&path, target_s).map_err(|m| {
+                BundleError::Archive(format!("{m}; copy the file into the bundle instead"))
+            })?;
+            out.push(ArchiveEntry {
+                path,
+                kind: EntryKind::Symlink,
+                data: target_s.as_bytes().to_vec(),
+            });
         } else if ft.is_file() {
             *total += meta.len() as usize;
             if *total > MAX_BUNDLE_BYTES {
                 return Err(too_large(&format!("the bundle (at {path})")));
             }
-            let data = std::fs::read(item.path()).map_err(|e| BundleError::io(path.clone(), "cannot read", e))?;
-            let kind = if is_executable(&meta) { EntryKind::Executable } else { EntryKind::File };
+            let data = std::fs::read(item.path())
+                .map_err(|e| BundleError::io(path.clone(), "cannot read", e))?;
+            let kind = if is_executable(&meta) {
+                EntryKind::Executable
+            } else {
+                EntryKind::File
+            };
             out.push(ArchiveEntry { path, kind, data });
         }
         // sockets, fifos, devices: not part of a bundle.
@@ -152,14 +187,18 @@ pub fn digest(bytes: &[u8]) -> String {
 /// Checks a relative archive path: non-empty, `/`-separated normal components only.
 fn check_path(path: &str) -> std::result::Result<(), String> {
     if path.is_empty() || path.contains('\0') || path.contains('\\') {
-        return Err(format!("bad path `{path}`; expected a relative `/`-separated path"));
+        return Err(format!(
+            "bad path `{path}`; expected a relative `/`-separated path"
+        ));
     }
     if path.starts_with('/') {
         return Err(format!("absolute path `{path}` refused"));
     }
     for part in path.split('/') {
         if part.is_empty() || part == "." || part == ".." {
-            return Err(format!("path `{path}` refused; expected no empty, `.` or `..` segments"));
+            return Err(format!(
+                "path `{path}` refused; expected no empty, `.` or `..` segments"
+            ));
         }
     }
     Ok(())
@@ -168,7 +207,9 @@ fn check_path(path: &str) -> std::result::Result<(), String> {
 /// A symlink at `path` with `target` must be relative and stay inside the bundle.
 fn check_link(path: &str, target: &str) -> std::result::Result<(), String> {
     if target.is_empty() || Path::new(target).is_absolute() || target.starts_with('/') {
-        return Err(format!("symlink {path} -> {target} points outside the bundle"));
+        return Err(format!(
+            "symlink {path} -> {target} points outside the bundle"
+        ));
     }
     // Resolve lexically from the link's folder; depth must never go below the root.
     let mut depth: i64 = path.split('/').count() as i64 - 1;
@@ -179,7 +220,9 @@ fn check_link(path: &str, target: &str) -> std::result::Result<(), String> {
             _ => depth += 1,
         }
         if depth < 0 {
-            return Err(format!("symlink {path} -> {target} points outside the bundle"));
+            return Err(format!(
+                "symlink {path} -> {target} points outside the bundle"
+            ));
         }
     }
     Ok(())
@@ -193,11 +236,15 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<ArchiveEntry>> {
     let corrupt = |what: &str| BundleError::Archive(format!("corrupt archive: {what}"));
     let mut r = Reader { bytes, at: 0 };
     if r.take(MAGIC.len()).ok_or_else(|| corrupt("too short"))? != MAGIC {
-        return Err(BundleError::Archive("not an agen bundle archive (bad magic)".into()));
+        return Err(BundleError::Archive(
+            "not an agen bundle archive (bad magic)".into(),
+        ));
     }
     let count = r.u32().ok_or_else(|| corrupt("no entry count"))?;
     if count > MAX_ENTRIES {
-        return Err(BundleError::Archive(format!("{count} files; at most {MAX_ENTRIES} are allowed")));
+        return Err(BundleError::Archive(format!(
+            "{count} files; at most {MAX_ENTRIES} are allowed"
+        )));
     }
     let mut seen = BTreeSet::new();
     let mut entries = Vec::with_capacity(count as usize);
@@ -212,17 +259,25 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<ArchiveEntry>> {
         if path_len > MAX_PATH {
             return Err(corrupt("path too long"));
         }
-        let path = r.take(path_len as usize).ok_or_else(|| corrupt("truncated path"))?;
-        let path = std::str::from_utf8(path).map_err(|_| corrupt("path is not UTF-8"))?.to_string();
+        let path = r
+            .take(path_len as usize)
+            .ok_or_else(|| corrupt("truncated path"))?;
+        let path = std::str::from_utf8(path)
+            .map_err(|_| corrupt("path is not UTF-8"))?
+            .to_string();
         check_path(&path).map_err(BundleError::Archive)?;
         if !seen.insert(path.clone()) {
             return Err(BundleError::Archive(format!("path `{path}` appears twice")));
         }
         let len = r.u64().ok_or_else(|| corrupt("truncated entry"))?;
         let len = usize::try_from(len).map_err(|_| corrupt("entry too large"))?;
-        let data = r.take(len).ok_or_else(|| corrupt(&format!("truncated data of `{path}`")))?.to_vec();
+        let data = r
+            .take(len)
+            .ok_or_else(|| corrupt(&format!("truncated data of `{path}`")))?
+            .to_vec();
         if kind == EntryKind::Symlink {
-            let target = std::str::from_utf8(&data).map_err(|_| corrupt("symlink target is not UTF-8"))?;
+            let target =
+                std::str::from_utf8(&data).map_err(|_| corrupt("symlink target is not UTF-8"))?;
             check_link(&path, target).map_err(BundleError::Archive)?;
         }
         entries.push(ArchiveEntry { path, kind, data });
@@ -235,7 +290,10 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<ArchiveEntry>> {
         let mut prefix = e.path.as_str();
         while let Some((parent, _)) = prefix.rsplit_once('/') {
             if seen.contains(parent) {
-                return Err(BundleError::Archive(format!("path `{}` is beneath the file or symlink `{parent}`", e.path)));
+                return Err(BundleError::Archive(format!(
+                    "path `{}` is beneath the file or symlink `{parent}`",
+                    e.path
+                )));
             }
             prefix = parent;
         }
@@ -259,10 +317,14 @@ impl<'a> Reader<'a> {
         self.take(1).map(|b| b[0])
     }
     fn u32(&mut self) -> Option<u32> {
-        self.take(4).and_then(|b| b.try_into().ok()).map(u32::from_be_bytes)
+        self.take(4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_be_bytes)
     }
     fn u64(&mut self) -> Option<u64> {
-        self.take(8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes)
+        self.take(8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_be_bytes)
     }
 }
 
@@ -274,22 +336,36 @@ pub fn unpack(bytes: &[u8], into: &Path) -> Result<()> {
     let entries = decode(bytes)?;
     let shown = into.display().to_string();
     if into.exists() {
-        return Err(BundleError::Archive(format!("cannot unpack into {shown}: it already exists")));
+        return Err(BundleError::Archive(format!(
+            "cannot unpack into {shown}: it already exists"
+        )));
     }
     let parent = match into.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    std::fs::create_dir_all(&parent).map_err(|e| BundleError::io(parent.display().to_string(), "cannot create folder", e))?;
-    let base = into.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "bundle".into());
-    let tmp = parent.join(format!(".{base}.tmp-{}-{:016x}", std::process::id(), rand::random::<u64>()));
+    std::fs::create_dir_all(&parent)
+        .map_err(|e| BundleError::io(parent.display().to_string(), "cannot create folder", e))?;
+    let base = into
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "bundle".into());
+    let tmp = parent.join(format!(
+        ".{base}.tmp-{}-{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
     let result = write_all(&entries, &tmp).and_then(|()| match std::fs::rename(&tmp, into) {
         Ok(()) => Ok(()),
         Err(_) if into.is_dir() => {
             let _ = std::fs::remove_dir_all(&tmp);
             Ok(())
         }
-        Err(e) => Err(BundleError::io(shown.clone(), "cannot move the unpacked bundle into place", e)),
+        Err(e) => Err(BundleError::io(
+            shown.clone(),
+            "cannot move the unpacked bundle into place",
+            e,
+        )),
     });
     if result.is_err() {
         let _ = std::fs::remove_dir_all(&tmp);
@@ -301,7 +377,9 @@ pub fn unpack(bytes: &[u8], into: &Path) -> Result<()> {
 pub fn unpack_verified(bytes: &[u8], expected: &str, into: &Path) -> Result<()> {
     let actual = digest(bytes);
     if actual != expected {
-        return Err(BundleError::Archive(format!("digest mismatch: expected {expected}, got {actual}")));
+        return Err(BundleError::Archive(format!(
+            "digest mismatch: expected {expected}, got {actual}"
+        )));
     }
     unpack(bytes, into)
 }
@@ -346,7 +424,10 @@ fn join_checked(root: &Path, rel: &str) -> PathBuf {
 #[cfg(unix)]
 fn set_mode(path: &Path, exec: bool) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(if exec { 0o755 } else { 0o644 }))
+    std::fs::set_permissions(
+        path,
+        std::fs::Permissions::from_mode(if exec { 0o755 } else { 0o644 }),
+    )
 }
 
 #[cfg(not(unix))]
@@ -361,5 +442,8 @@ fn make_symlink(target: &str, at: &Path) -> std::io::Result<()> {
 
 #[cfg(not(unix))]
 fn make_symlink(_target: &str, _at: &Path) -> std::io::Result<()> {
-    Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "symlinks in bundles need a unix host"))
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "symlinks in bundles need a unix host",
+    ))
 }

@@ -84,7 +84,9 @@ impl Permissions {
 impl AgentConfig {
     /// The override for the tool `<server>.<tool>`, whichever form the bundle wrote its key in.
     pub fn tool_override(&self, tool: &str) -> Option<&ToolOverride> {
-        self.tools.get(tool).or_else(|| self.tools.get(&model_name(tool)))
+        self.tools
+            .get(tool)
+            .or_else(|| self.tools.get(&model_name(tool)))
     }
 }
 
@@ -131,10 +133,17 @@ pub fn check_tool_pattern(p: &str) -> std::result::Result<(), String> {
         return Err(format!("is empty; {expected}"));
     }
     if p.trim() != p || p.chars().any(char::is_control) {
-        return Err(format!("{expected}, got `{p}` (surrounding whitespace or control characters)"));
+        return Err(format!(
+            "{expected}, got `{p}` (surrounding whitespace or control characters)"
+        ));
     }
-    if let Some(c) = p.chars().find(|c| matches!(c, '?' | '[' | ']' | '{' | '}' | '(' | ')')) {
-        return Err(format!("{expected}, got `{p}` (`{c}` is not supported; only `*` is a wildcard)"));
+    if let Some(c) = p
+        .chars()
+        .find(|c| matches!(c, '?' | '[' | ']' | '{' | '}' | '(' | ')'))
+    {
+        return Err(format!(
+            "{expected}, got `{p}` (`{c}` is not supported; only `*` is a wildcard)"
+        ));
     }
     Ok(())
 }
@@ -148,32 +157,55 @@ pub(crate) fn parse(v: &Value) -> Result<AgentConfig> {
         None => {}
         Some(Value::Array(items)) => {
             for (i, item) in items.iter().enumerate() {
-                config.delegates.push(parse_delegate(&format!("delegates[{i}]"), item)?);
+                config
+                    .delegates
+                    .push(parse_delegate(&format!("delegates[{i}]"), item)?);
             }
         }
         Some(other) => {
-            return Err(top.err("delegates", format!("expected an array of deployment names, got {}", kind(other))))
+            return Err(top.err(
+                "delegates",
+                format!("expected an array of deployment names, got {}", kind(other)),
+            ))
         }
     }
 
     if let Some(tools_v) = top.get("tools") {
-        let tools = Obj::new(CONFIG_FILE, "tools", tools_v, "an object of tool overrides by tool name")?;
+        let tools = Obj::new(
+            CONFIG_FILE,
+            "tools",
+            tools_v,
+            "an object of tool overrides by tool name",
+        )?;
         for (name, ov) in tools.map {
             check_tool_pattern(name).map_err(|m| tools.err(name, m))?;
             if name.contains('*') {
                 return Err(tools.err(name, "expected a tool name, not a pattern"));
             }
-            let o = Obj::new(CONFIG_FILE, &tools.field(name), ov, "an object such as {\"sideEffect\": false}")?;
+            let o = Obj::new(
+                CONFIG_FILE,
+                &tools.field(name),
+                ov,
+                "an object such as {\"sideEffect\": false}",
+            )?;
             o.only_keys(&["sideEffect", "idempotent"])?;
             config.tools.insert(
                 name.clone(),
-                ToolOverride { side_effect: o.opt_bool("sideEffect")?, idempotent: o.opt_bool("idempotent")? },
+                ToolOverride {
+                    side_effect: o.opt_bool("sideEffect")?,
+                    idempotent: o.opt_bool("idempotent")?,
+                },
             );
         }
     }
 
     if let Some(perms_v) = top.get("permissions") {
-        let perms = Obj::new(CONFIG_FILE, "permissions", perms_v, "an object with allow, ask, deny")?;
+        let perms = Obj::new(
+            CONFIG_FILE,
+            "permissions",
+            perms_v,
+            "an object with allow, ask, deny",
+        )?;
         perms.only_keys(&["allow", "ask", "deny"])?;
         let list = |key: &str| -> Result<Vec<String>> {
             let items = perms.str_vec(key)?;
@@ -184,7 +216,11 @@ pub(crate) fn parse(v: &Value) -> Result<AgentConfig> {
             }
             Ok(items)
         };
-        config.permissions = Permissions { allow: list("allow")?, ask: list("ask")?, deny: list("deny")? };
+        config.permissions = Permissions {
+            allow: list("allow")?,
+            ask: list("ask")?,
+            deny: list("deny")?,
+        };
     }
     Ok(config)
 }
@@ -252,24 +288,41 @@ mod tests {
     #[test]
     fn deny_beats_ask_beats_allow_and_allow_lists_are_closed() {
         let p = Permissions {
-            allow: vec!["workspace.read".into(), "workspace.list".into(), "workspace_grep".into()],
+            allow: vec![
+                "workspace.read".into(),
+                "workspace.list".into(),
+                "workspace_grep".into(),
+            ],
             ask: vec!["workspace.run".into()],
             deny: vec!["workspace.list".into()],
         };
-        let check = |tool: &str, expected: Permission| assert_eq!(p.decide(tool), expected, "{tool}");
+        let check =
+            |tool: &str, expected: Permission| assert_eq!(p.decide(tool), expected, "{tool}");
         check("workspace.read", Permission::Allow);
         check("workspace.grep", Permission::Allow);
         check("workspace.list", Permission::Deny);
         check("workspace.run", Permission::Ask);
         check("workspace.write", Permission::Deny);
-        assert_eq!(Permissions::default().decide("anything.at_all"), Permission::Allow);
+        assert_eq!(
+            Permissions::default().decide("anything.at_all"),
+            Permission::Allow
+        );
     }
 
     #[test]
     fn overrides_are_found_under_either_name() {
         let mut c = AgentConfig::default();
-        c.tools.insert("crm_upsert".into(), ToolOverride { side_effect: None, idempotent: Some(true) });
-        assert_eq!(c.tool_override("crm.upsert").and_then(|o| o.idempotent), Some(true));
+        c.tools.insert(
+            "crm_upsert".into(),
+            ToolOverride {
+                side_effect: None,
+                idempotent: Some(true),
+            },
+        );
+        assert_eq!(
+            c.tool_override("crm.upsert").and_then(|o| o.idempotent),
+            Some(true)
+        );
         assert!(c.tool_override("crm.read").is_none());
     }
 }

@@ -30,7 +30,12 @@ pub enum BundleError {
 
     /// A JSON file does not parse (the message carries line and column).
     #[error("{file}: invalid JSON at line {line} column {column}: {message}")]
-    Json { file: String, line: usize, column: usize, message: String },
+    Json {
+        file: String,
+        line: usize,
+        column: usize,
+        message: String,
+    },
 
     /// Front matter is absent, unterminated or not YAML.
     #[error("{file}: front matter: {message}")]
@@ -38,7 +43,11 @@ pub enum BundleError {
 
     /// A field has the wrong shape or value. `field` is a dotted path inside the file.
     #[error("{file}: {field}: {message}")]
-    Invalid { file: String, field: String, message: String },
+    Invalid {
+        file: String,
+        field: String,
+        message: String,
+    },
 
     /// A `${NAME}` is used but `NAME` is not declared in `x-agen/secrets.json`.
     #[error(
@@ -49,7 +58,11 @@ pub enum BundleError {
 
     /// A `${NAME}` could not be resolved at start time.
     #[error("secret {name} used in {used_in} has no value: {reason}")]
-    MissingSecret { name: String, used_in: String, reason: String },
+    MissingSecret {
+        name: String,
+        used_in: String,
+        reason: String,
+    },
 
     /// The archive form of a bundle is corrupt, unsafe or too large.
     #[error("bundle archive: {0}")]
@@ -58,10 +71,22 @@ pub enum BundleError {
 
 impl BundleError {
     pub(crate) fn invalid(file: &str, field: &str, message: impl Into<String>) -> Self {
-        BundleError::Invalid { file: file.to_string(), field: field.to_string(), message: message.into() }
+        BundleError::Invalid {
+            file: file.to_string(),
+            field: field.to_string(),
+            message: message.into(),
+        }
     }
 
-    pub(crate) fn io(file: impl Into<String>, action: &'static str, source: std::io::Error) -> Self {
-        BundleError::Io { file: file.into(), action, source }
+    pub(crate) fn io(
+        file: impl Into<String>,
+        action: &'static str,
+        source: std::io::Error,
+    ) -> Self {
+        BundleError::Io {
+            file: file.into(),
+            action,
+            source,
+        }
     }
 }

@@ -15,7 +15,10 @@ pub(crate) struct FrontMatter {
 }
 
 pub(crate) fn split(file: &str, text: &str) -> Result<FrontMatter> {
-    let err = |message: String| BundleError::FrontMatter { file: file.to_string(), message };
+    let err = |message: String| BundleError::FrontMatter {
+        file: file.to_string(),
+        message,
+    };
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut lines = text.split_inclusive('\n');
     let first = lines.next().unwrap_or("");
@@ -36,7 +39,9 @@ pub(crate) fn split(file: &str, text: &str) -> Result<FrontMatter> {
         yaml.push_str(line);
     }
     if !closed {
-        return Err(err("no closing `---` line; expected YAML fields between two `---` lines".into()));
+        return Err(err(
+            "no closing `---` line; expected YAML fields between two `---` lines".into(),
+        ));
     }
     let body = text[consumed..].trim().to_string();
     let fields = if yaml.trim().is_empty() {
@@ -56,7 +61,11 @@ pub(crate) fn split(file: &str, text: &str) -> Result<FrontMatter> {
         match serde_json::to_value(&parsed) {
             Ok(Value::Object(map)) => map,
             Ok(Value::Null) => Map::new(),
-            Ok(_) => return Err(err("expected `key: value` fields, got a single value or a list".into())),
+            Ok(_) => {
+                return Err(err(
+                    "expected `key: value` fields, got a single value or a list".into(),
+                ))
+            }
             Err(e) => return Err(err(format!("cannot be represented as JSON: {e}"))),
         }
     };

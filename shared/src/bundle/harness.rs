@@ -92,7 +92,12 @@ impl Limits {
 
 pub(crate) fn parse(v: &Value) -> Result<HarnessConfig> {
     let top = Obj::new(HARNESS_FILE, "", v, "an object")?;
-    top.only_keys(&["parallelToolCalls", "traceToolArguments", "toolProtocol", "limits"])?;
+    top.only_keys(&[
+        "parallelToolCalls",
+        "traceToolArguments",
+        "toolProtocol",
+        "limits",
+    ])?;
     let mut h = HarnessConfig::default();
     if let Some(b) = top.opt_bool("parallelToolCalls")? {
         h.parallel_tool_calls = b;
@@ -103,18 +108,37 @@ pub(crate) fn parse(v: &Value) -> Result<HarnessConfig> {
     match top.opt_str("toolProtocol")?.as_deref() {
         None | Some("native") => {}
         Some("keen") => h.tool_protocol = ToolProtocol::Keen,
-        Some(other) => return Err(top.err("toolProtocol", format!("expected \"native\" or \"keen\", got \"{other}\""))),
+        Some(other) => {
+            return Err(top.err(
+                "toolProtocol",
+                format!("expected \"native\" or \"keen\", got \"{other}\""),
+            ))
+        }
     }
     if let Some(limits_v) = top.get("limits") {
-        let l = Obj::new(HARNESS_FILE, "limits", limits_v, "an object such as {\"toolTimeout\": \"10m\"}")?;
-        l.only_keys(&["toolTimeout", "maxTurns", "maxToolCalls", "scriptTimeout", "scriptMemoryMb"])?;
+        let l = Obj::new(
+            HARNESS_FILE,
+            "limits",
+            limits_v,
+            "an object such as {\"toolTimeout\": \"10m\"}",
+        )?;
+        l.only_keys(&[
+            "toolTimeout",
+            "maxTurns",
+            "maxToolCalls",
+            "scriptTimeout",
+            "scriptMemoryMb",
+        ])?;
         let duration = |key: &str| -> Result<Option<Duration>> {
             match l.opt_str(key)? {
                 None => Ok(None),
                 Some(s) => {
                     let d = parse_duration(&s).map_err(|e| l.err(key, e.to_string()))?;
                     if d.is_zero() {
-                        return Err(l.err(key, format!("expected a duration above zero, such as `90s`, got `{s}`")));
+                        return Err(l.err(
+                            key,
+                            format!("expected a duration above zero, such as `90s`, got `{s}`"),
+                        ));
                     }
                     Ok(Some(d))
                 }

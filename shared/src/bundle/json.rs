@@ -37,7 +37,12 @@ pub(crate) fn parse(file: &str, text: &str) -> Result<Value> {
             Some(i) => full[..i].to_string(),
             None => full,
         };
-        BundleError::Json { file: file.to_string(), line: e.line(), column: e.column(), message }
+        BundleError::Json {
+            file: file.to_string(),
+            line: e.line(),
+            column: e.column(),
+            message,
+        }
     })
 }
 
@@ -73,7 +78,11 @@ impl<'a> Obj<'a> {
     /// `v` must be an object; `what` describes it for the error ("an object of servers").
     pub fn new(file: &'a str, path: &str, v: &'a Value, what: &str) -> Result<Self> {
         match v {
-            Value::Object(map) => Ok(Obj { file, path: path.to_string(), map }),
+            Value::Object(map) => Ok(Obj {
+                file,
+                path: path.to_string(),
+                map,
+            }),
             other => Err(BundleError::invalid(
                 file,
                 if path.is_empty() { "(top level)" } else { path },
@@ -122,7 +131,9 @@ impl<'a> Obj<'a> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(other) => Err(self.err(key, format!("expected true or false, got {}", kind(other)))),
+            Some(other) => {
+                Err(self.err(key, format!("expected true or false, got {}", kind(other))))
+            }
         }
     }
 
@@ -133,8 +144,15 @@ impl<'a> Obj<'a> {
                 .as_u64()
                 .and_then(|n| u32::try_from(n).ok())
                 .map(Some)
-                .ok_or_else(|| self.err(key, format!("expected a whole number from 0 to {}, got {n}", u32::MAX))),
-            Some(other) => Err(self.err(key, format!("expected a whole number, got {}", kind(other)))),
+                .ok_or_else(|| {
+                    self.err(
+                        key,
+                        format!("expected a whole number from 0 to {}, got {n}", u32::MAX),
+                    )
+                }),
+            Some(other) => {
+                Err(self.err(key, format!("expected a whole number, got {}", kind(other))))
+            }
         }
     }
 
@@ -154,13 +172,18 @@ impl<'a> Obj<'a> {
                     )),
                 })
                 .collect(),
-            Some(other) => Err(self.err(key, format!("expected an array of strings, got {}", kind(other)))),
+            Some(other) => Err(self.err(
+                key,
+                format!("expected an array of strings, got {}", kind(other)),
+            )),
         }
     }
 
     /// An optional object whose values are all strings.
     pub fn str_map(&self, key: &str) -> Result<BTreeMap<String, String>> {
-        let Some(v) = self.get(key) else { return Ok(BTreeMap::new()) };
+        let Some(v) = self.get(key) else {
+            return Ok(BTreeMap::new());
+        };
         let obj = Obj::new(self.file, &self.field(key), v, "an object of strings")?;
         let mut out = BTreeMap::new();
         for (k, v) in obj.map {

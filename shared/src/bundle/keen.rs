@@ -37,7 +37,10 @@ pub enum KeenToolKind {
     /// A JS module under the script root; `path` is the entry resolved against it.
     Script { path: PathBuf },
     /// A flow in `flows/<controller>.json`, started at `start_node`.
-    Flow { controller: String, start_node: String },
+    Flow {
+        controller: String,
+        start_node: String,
+    },
 }
 
 /// Where script entries (`tools/x.js`) are resolved: `src/scripts/` when the bundle has that
@@ -57,13 +60,17 @@ pub fn validate_keen_script_entry(entry: &str) -> std::result::Result<(), String
         return Err("script entry is empty; expected a path such as `tools/my-tool.js`".into());
     }
     if !entry.starts_with("tools/") {
-        return Err(format!("script entry `{entry}` must start with `tools/` (e.g. `tools/my-tool.js`)"));
+        return Err(format!(
+            "script entry `{entry}` must start with `tools/` (e.g. `tools/my-tool.js`)"
+        ));
     }
     if entry.contains("..") {
         return Err(format!("script entry `{entry}` must not contain `..`"));
     }
     if entry.contains('\\') || entry.contains('\0') {
-        return Err(format!("script entry `{entry}` must use `/` separators and no NUL"));
+        return Err(format!(
+            "script entry `{entry}` must use `/` separators and no NUL"
+        ));
     }
     Ok(())
 }
@@ -79,7 +86,9 @@ pub fn split_flow_entry(entry: &str) -> std::result::Result<(&str, &str), String
 }
 
 pub(crate) fn load(dir: &Path) -> Result<Option<Vec<KeenTool>>> {
-    let Some(v) = json::read_optional(dir, KEEN_TOOLS_FILE)? else { return Ok(None) };
+    let Some(v) = json::read_optional(dir, KEEN_TOOLS_FILE)? else {
+        return Ok(None);
+    };
     let Value::Array(items) = &v else {
         return Err(BundleError::invalid(
             KEEN_TOOLS_FILE,
@@ -91,14 +100,25 @@ pub(crate) fn load(dir: &Path) -> Result<Option<Vec<KeenTool>>> {
     let mut seen = BTreeSet::new();
     let mut tools = Vec::new();
     for (i, item) in items.iter().enumerate() {
-        let o = Obj::new(KEEN_TOOLS_FILE, &format!("[{i}]"), item, "an object with name, type, entry")?;
+        let o = Obj::new(
+            KEEN_TOOLS_FILE,
+            &format!("[{i}]"),
+            item,
+            "an object with name, type, entry",
+        )?;
         o.only_keys(&["name", "type", "entry", "attempts", "description"])?;
         let name = o.opt_str("name")?.unwrap_or_default();
         if name.trim().is_empty() {
-            return Err(o.err("name", "missing or empty; expected the name the agent uses in `!*tool`"));
+            return Err(o.err(
+                "name",
+                "missing or empty; expected the name the agent uses in `!*tool`",
+            ));
         }
         if !seen.insert(name.clone()) {
-            return Err(o.err("name", format!("tool `{name}` is registered twice; expected unique names")));
+            return Err(o.err(
+                "name",
+                format!("tool `{name}` is registered twice; expected unique names"),
+            ));
         }
         let entry = o.opt_str("entry")?.unwrap_or_default();
         let kind = match o.opt_str("type")?.as_deref() {
@@ -106,17 +126,33 @@ pub(crate) fn load(dir: &Path) -> Result<Option<Vec<KeenTool>>> {
                 validate_keen_script_entry(&entry).map_err(|m| o.err("entry", m))?;
                 let path = script_root.join(&entry);
                 if !path.is_file() {
-                    let shown = path.strip_prefix(dir).unwrap_or(&path).display().to_string();
-                    return Err(o.err("entry", format!("script `{entry}` not found; expected a file at {shown}")));
+                    let shown = path
+                        .strip_prefix(dir)
+                        .unwrap_or(&path)
+                        .display()
+                        .to_string();
+                    return Err(o.err(
+                        "entry",
+                        format!("script `{entry}` not found; expected a file at {shown}"),
+                    ));
                 }
                 KeenToolKind::Script { path }
             }
             Some("flow") => {
-                let (controller, start) = split_flow_entry(&entry).map_err(|m| o.err("entry", m))?;
+                let (controller, start) =
+                    split_flow_entry(&entry).map_err(|m| o.err("entry", m))?;
                 check_flow_node(dir, controller, start).map_err(|m| o.err("entry", m))?;
-                KeenToolKind::Flow { controller: controller.to_string(), start_node: start.to_string() }
+                KeenToolKind::Flow {
+                    controller: controller.to_string(),
+                    start_node: start.to_string(),
+                }
             }
-            Some(other) => return Err(o.err("type", format!("expected \"script\" or \"flow\", got \"{other}\""))),
+            Some(other) => {
+                return Err(o.err(
+                    "type",
+                    format!("expected \"script\" or \"flow\", got \"{other}\""),
+                ))
+            }
             None => return Err(o.err("type", "missing; expected \"script\" or \"flow\"")),
         };
         tools.push(KeenTool {
@@ -135,13 +171,24 @@ fn check_flow_node(dir: &Path, controller: &str, start: &str) -> std::result::Re
     let file = format!("{FLOWS_DIR}/{controller}.json");
     let v = match json::read_optional(dir, &file) {
         Ok(Some(v)) => v,
-        Ok(None) => return Err(format!("flow `{controller}` not found; expected a file {file}")),
+        Ok(None) => {
+            return Err(format!(
+                "flow `{controller}` not found; expected a file {file}"
+            ))
+        }
         Err(e) => return Err(e.to_string()),
     };
-    let has_node = v.get("nodes").and_then(Value::as_object).map(|n| n.contains_key(start));
+    let has_node = v
+        .get("nodes")
+        .and_then(Value::as_object)
+        .map(|n| n.contains_key(start));
     match has_node {
         Some(true) => Ok(()),
-        Some(false) => Err(format!("{file} has no node `{start}`; expected it under \"nodes\"")),
-        None => Err(format!("{file}: expected an object with \"nodes\": {{...}}")),
+        Some(false) => Err(format!(
+            "{file} has no node `{start}`; expected it under \"nodes\""
+        )),
+        None => Err(format!(
+            "{file}: expected an object with \"nodes\": {{...}}"
+        )),
     }
 }

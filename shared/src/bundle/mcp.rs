@@ -25,16 +25,25 @@ pub struct McpConfig {
 #[serde(rename_all = "snake_case")]
 pub enum ServerSpec {
     /// A stdio server started by the instance with the bundle dir as cwd. `env` values may hold `${NAME}`.
-    Command { command: String, args: Vec<String>, env: BTreeMap<String, String> },
+    Command {
+        command: String,
+        args: Vec<String>,
+        env: BTreeMap<String, String>,
+    },
     /// A streamable-HTTP server. `headers` values may hold `${NAME}`.
-    Url { url: String, headers: BTreeMap<String, String> },
+    Url {
+        url: String,
+        headers: BTreeMap<String, String>,
+    },
 }
 
 /// Whether `name` is a valid server name: non-empty, `[A-Za-z0-9_-]`, at most 64 characters.
 pub fn valid_server_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 /// Checks that `url` looks like `http://host[:port][/path]` or `https://…`.
@@ -55,7 +64,9 @@ pub(crate) fn check_http_url(url: &str) -> std::result::Result<(), String> {
             return Err(format!("{expected}, got `{url}`"));
         }
         if !port.is_empty() && !port.ends_with(']') && port.parse::<u16>().is_err() {
-            return Err(format!("{expected} (the port must be a number), got `{url}`"));
+            return Err(format!(
+                "{expected} (the port must be a number), got `{url}`"
+            ));
         }
     }
     Ok(())
@@ -65,8 +76,15 @@ pub(crate) fn parse(v: &Value) -> Result<McpConfig> {
     let top = Obj::new(MCP_FILE, "", v, "an object with \"mcpServers\"")?;
     top.only_keys(&["mcpServers"])?;
     // `{}` is a bundle without MCP servers; unknown keys were refused above.
-    let Some(servers_v) = top.get("mcpServers") else { return Ok(McpConfig::default()) };
-    let servers = Obj::new(MCP_FILE, "mcpServers", servers_v, "an object of servers by name")?;
+    let Some(servers_v) = top.get("mcpServers") else {
+        return Ok(McpConfig::default());
+    };
+    let servers = Obj::new(
+        MCP_FILE,
+        "mcpServers",
+        servers_v,
+        "an object of servers by name",
+    )?;
     let mut out = BTreeMap::new();
     for (name, spec) in servers.map {
         if !valid_server_name(name) {

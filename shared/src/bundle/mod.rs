@@ -27,21 +27,23 @@ use std::path::{Path, PathBuf};
 
 pub use agent::{AgentSpec, ModelRef, Provider, AGENT_FILE};
 pub use archive::{
-    decode, digest, encode, pack, unpack, unpack_verified, ArchiveEntry, EntryKind, MAX_BUNDLE_BYTES, SKIPPED_DIRS,
+    decode, digest, encode, pack, unpack, unpack_verified, ArchiveEntry, EntryKind,
+    MAX_BUNDLE_BYTES, SKIPPED_DIRS,
 };
 pub use config::{
-    check_tool_pattern, model_name, tool_matches, AgentConfig, Delegate, Permission, Permissions, ToolOverride,
-    CONFIG_FILE,
+    check_tool_pattern, model_name, tool_matches, AgentConfig, Delegate, Permission, Permissions,
+    ToolOverride, CONFIG_FILE,
 };
 pub use error::{BundleError, Result};
 pub use harness::{HarnessConfig, Limits, ToolProtocol, HARNESS_FILE};
 pub use keen::{
-    keen_script_root, split_flow_entry, validate_keen_script_entry, KeenTool, KeenToolKind, FLOWS_DIR,
-    KEEN_TOOLS_FILE,
+    keen_script_root, split_flow_entry, validate_keen_script_entry, KeenTool, KeenToolKind,
+    FLOWS_DIR, KEEN_TOOLS_FILE,
 };
 pub use mcp::{valid_server_name, McpConfig, ServerSpec, MCP_FILE};
 pub use secrets::{
-    secret_refs, substitute_secrets, valid_secret_name, SecretDecls, SecretSource, SubstituteError, SECRETS_FILE,
+    secret_refs, substitute_secrets, valid_secret_name, SecretDecls, SecretSource, SubstituteError,
+    SECRETS_FILE,
 };
 pub use skills::{Skill, SKILLS_DIR};
 
@@ -76,7 +78,10 @@ impl Bundle {
             reason: e.to_string(),
         })?;
         if !meta.is_dir() {
-            return Err(BundleError::NotABundle { dir: dir.to_path_buf(), reason: "not a folder".into() });
+            return Err(BundleError::NotABundle {
+                dir: dir.to_path_buf(),
+                reason: "not a folder".into(),
+            });
         }
         let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
         let folder_name = dir
@@ -133,7 +138,11 @@ impl Bundle {
         for (i, skill) in self.agent.preload_skills.iter().enumerate() {
             if !self.skills.iter().any(|s| &s.name == skill) {
                 let available: Vec<&str> = self.skills.iter().map(|s| s.name.as_str()).collect();
-                let available = if available.is_empty() { "none".to_string() } else { available.join(", ") };
+                let available = if available.is_empty() {
+                    "none".to_string()
+                } else {
+                    available.join(", ")
+                };
                 return Err(BundleError::invalid(
                     AGENT_FILE,
                     &format!("preloadSkills[{i}]"),
@@ -175,7 +184,13 @@ impl Bundle {
                 Some(v) => {
                     values.insert(name, v);
                 }
-                None => return Err(BundleError::MissingSecret { name, used_in, reason }),
+                None => {
+                    return Err(BundleError::MissingSecret {
+                        name,
+                        used_in,
+                        reason,
+                    })
+                }
             }
         }
         Ok(values)
@@ -191,15 +206,26 @@ impl Bundle {
                 ServerSpec::Url { headers, .. } => ("headers", headers),
             };
             for (k, v) in map.iter_mut() {
-                *v = fill(v, values, &format!("{MCP_FILE} mcpServers.{server}.{kind}.{k}"))?;
+                *v = fill(
+                    v,
+                    values,
+                    &format!("{MCP_FILE} mcpServers.{server}.{kind}.{k}"),
+                )?;
             }
         }
         Ok(out)
     }
 
     /// `apiKey` from `x-agen/agent.md` with `${NAME}` replaced from `values`.
-    pub fn api_key_with_secrets(&self, values: &BTreeMap<String, String>) -> Result<Option<String>> {
-        self.agent.api_key.as_deref().map(|k| fill(k, values, &format!("{AGENT_FILE} apiKey"))).transpose()
+    pub fn api_key_with_secrets(
+        &self,
+        values: &BTreeMap<String, String>,
+    ) -> Result<Option<String>> {
+        self.agent
+            .api_key
+            .as_deref()
+            .map(|k| fill(k, values, &format!("{AGENT_FILE} apiKey")))
+            .transpose()
     }
 
     /// The skill named `name`.
@@ -256,7 +282,10 @@ fn substitution_sites(bundle: &Bundle) -> Vec<(&str, String)> {
             ServerSpec::Url { headers, .. } => ("headers", headers),
         };
         for (k, v) in map {
-            sites.push((v.as_str(), format!("{MCP_FILE} mcpServers.{server}.{kind}.{k}")));
+            sites.push((
+                v.as_str(),
+                format!("{MCP_FILE} mcpServers.{server}.{kind}.{k}"),
+            ));
         }
     }
     if let Some(key) = &bundle.agent.api_key {

@@ -51,11 +51,19 @@ pub fn valid_secret_name(name: &str) -> bool {
 }
 
 pub(crate) fn parse(v: &Value) -> Result<SecretDecls> {
-    let top = Obj::new(SECRETS_FILE, "", v, "an object of secrets by name, e.g. {\"CRM_TOKEN\": {\"source\": \"platform\"}}")?;
+    let top = Obj::new(
+        SECRETS_FILE,
+        "",
+        v,
+        "an object of secrets by name, e.g. {\"CRM_TOKEN\": {\"source\": \"platform\"}}",
+    )?;
     let mut out = BTreeMap::new();
     for (name, decl) in top.map {
         if !valid_secret_name(name) {
-            return Err(top.err(name, "bad secret name; expected letters, digits and `_`, not starting with a digit"));
+            return Err(top.err(
+                name,
+                "bad secret name; expected letters, digits and `_`, not starting with a digit",
+            ));
         }
         let d = Obj::new(SECRETS_FILE, name, decl, "an object such as {\"source\": \"platform\"} or {\"source\": \"env\", \"var\": \"VAR\"}")?;
         let expected = "expected \"platform\" (the Hub's secret store) or \"env\" (with \"var\")";
@@ -68,7 +76,10 @@ pub(crate) fn parse(v: &Value) -> Result<SecretDecls> {
                 d.only_keys(&["source", "var"])?;
                 let var = d.opt_str("var")?.unwrap_or_else(|| name.clone());
                 if !valid_secret_name(&var) {
-                    return Err(d.err("var", format!("expected an environment variable name, got `{var}`")));
+                    return Err(d.err(
+                        "var",
+                        format!("expected an environment variable name, got `{var}`"),
+                    ));
                 }
                 SecretSource::Env { var }
             }
@@ -135,7 +146,11 @@ mod tests {
             "EMPTY" => Some(String::new()),
             _ => None,
         });
-        assert_eq!(got.as_deref().map_err(Clone::clone), expected, "input {input:?}");
+        assert_eq!(
+            got.as_deref().map_err(Clone::clone),
+            expected,
+            "input {input:?}"
+        );
     }
 
     #[test]
@@ -143,8 +158,14 @@ mod tests {
         check("Bearer ${TOKEN}", Ok("Bearer t0k"));
         check("${TOKEN}${TOKEN}", Ok("t0kt0k"));
         check("a${EMPTY}b", Ok("ab"));
-        check("no refs, $5 and $HOME stay", Ok("no refs, $5 and $HOME stay"));
-        check("${MISSING}", Err(SubstituteError::Unresolved("MISSING".into())));
+        check(
+            "no refs, $5 and $HOME stay",
+            Ok("no refs, $5 and $HOME stay"),
+        );
+        check(
+            "${MISSING}",
+            Err(SubstituteError::Unresolved("MISSING".into())),
+        );
         check("${TOKEN", Err(SubstituteError::Unterminated));
         check("${1X}", Err(SubstituteError::BadName("1X".into())));
         check("${}", Err(SubstituteError::BadName(String::new())));
@@ -152,6 +173,9 @@ mod tests {
 
     #[test]
     fn refs_are_listed_in_order() {
-        assert_eq!(secret_refs("${A} and ${B_2} and ${A}").unwrap(), vec!["A", "B_2", "A"]);
+        assert_eq!(
+            secret_refs("${A} and ${B_2} and ${A}").unwrap(),
+            vec!["A", "B_2", "A"]
+        );
     }
 }

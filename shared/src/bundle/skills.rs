@@ -37,7 +37,9 @@ pub(crate) fn load_all(bundle_dir: &Path) -> Result<Vec<Skill>> {
     let mut skills = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| BundleError::io(SKILLS_DIR, "cannot list", e))?;
-        let is_dir = std::fs::metadata(entry.path()).map(|m| m.is_dir()).unwrap_or(false);
+        let is_dir = std::fs::metadata(entry.path())
+            .map(|m| m.is_dir())
+            .unwrap_or(false);
         if !is_dir {
             continue; // e.g. skills/README.md
         }
@@ -71,7 +73,15 @@ fn parse(file: &str, folder: &str, text: &str, dir: PathBuf) -> Result<Skill> {
     let name = required("name")?;
     let description = required("description")?;
     if name != folder {
-        return Err(obj.err("name", format!("is `{name}` but the folder is `{folder}`; expected them to be equal")));
+        return Err(obj.err(
+            "name",
+            format!("is `{name}` but the folder is `{folder}`; expected them to be equal"),
+        ));
     }
-    Ok(Skill { name, description, body: fm.body, dir })
+    Ok(Skill {
+        name,
+        description,
+        body: fm.body,
+        dir,
+    })
 }

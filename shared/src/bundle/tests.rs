@@ -43,10 +43,15 @@ fn check(files: &[(&str, &str)], expected: &str) {
     let files: Vec<(&str, Option<&str>)> = files.iter().map(|(p, c)| (*p, Some(*c))).collect();
     let (_tmp, result) = load(&files);
     match result {
-        Ok(_) => panic!("expected an error containing {expected:?} for {files:?}, but the bundle loaded"),
+        Ok(_) => {
+            panic!("expected an error containing {expected:?} for {files:?}, but the bundle loaded")
+        }
         Err(e) => {
             let msg = e.to_string();
-            assert!(msg.contains(expected), "for {files:?}\n  expected error containing: {expected}\n  got: {msg}");
+            assert!(
+                msg.contains(expected),
+                "for {files:?}\n  expected error containing: {expected}\n  got: {msg}"
+            );
         }
     }
 }
@@ -107,14 +112,22 @@ fn a_complete_bundle_parses_into_its_whole_value() {
         ServerSpec::Command {
             command: "python3".into(),
             args: vec!["-m".into(), "mcp_server_time".into()],
-            env: [("KEY".to_string(), "${TIME_KEY}".to_string()), ("TZ".to_string(), "UTC".to_string())].into(),
+            env: [
+                ("KEY".to_string(), "${TIME_KEY}".to_string()),
+                ("TZ".to_string(), "UTC".to_string()),
+            ]
+            .into(),
         },
     );
     servers.insert(
         "crm".to_string(),
         ServerSpec::Url {
             url: "https://crm.example/mcp".into(),
-            headers: [("Authorization".to_string(), "Bearer ${CRM_TOKEN}".to_string())].into(),
+            headers: [(
+                "Authorization".to_string(),
+                "Bearer ${CRM_TOKEN}".to_string(),
+            )]
+            .into(),
         },
     );
     let mut extra = serde_json::Map::new();
@@ -124,7 +137,10 @@ fn a_complete_bundle_parses_into_its_whole_value() {
         mcp: McpConfig { servers },
         agent: AgentSpec {
             name: "helper".into(),
-            model: Some(ModelRef { provider: Provider::Anthropic, model: "claude-sonnet-4-5".into() }),
+            model: Some(ModelRef {
+                provider: Provider::Anthropic,
+                model: "claude-sonnet-4-5".into(),
+            }),
             base_url: Some("http://127.0.0.1:8080/v1".into()),
             api_key: Some("${API_KEY}".into()),
             preload_skills: vec!["pricing".into()],
@@ -133,12 +149,32 @@ fn a_complete_bundle_parses_into_its_whole_value() {
         },
         config: AgentConfig {
             delegates: vec![
-                Delegate { deployment: "researcher".into(), namespace: None, description: None },
-                Delegate { deployment: "writer".into(), namespace: Some("docs".into()), description: Some("writes".into()) },
+                Delegate {
+                    deployment: "researcher".into(),
+                    namespace: None,
+                    description: None,
+                },
+                Delegate {
+                    deployment: "writer".into(),
+                    namespace: Some("docs".into()),
+                    description: Some("writes".into()),
+                },
             ],
             tools: [
-                ("crm.upsert_contact".to_string(), ToolOverride { side_effect: None, idempotent: Some(true) }),
-                ("time_get_current_time".to_string(), ToolOverride { side_effect: Some(false), idempotent: None }),
+                (
+                    "crm.upsert_contact".to_string(),
+                    ToolOverride {
+                        side_effect: None,
+                        idempotent: Some(true),
+                    },
+                ),
+                (
+                    "time_get_current_time".to_string(),
+                    ToolOverride {
+                        side_effect: Some(false),
+                        idempotent: None,
+                    },
+                ),
             ]
             .into(),
             permissions: Permissions {
@@ -149,9 +185,19 @@ fn a_complete_bundle_parses_into_its_whole_value() {
         },
         secrets: SecretDecls(
             [
-                ("API_KEY".to_string(), SecretSource::Env { var: "API_KEY".into() }),
+                (
+                    "API_KEY".to_string(),
+                    SecretSource::Env {
+                        var: "API_KEY".into(),
+                    },
+                ),
                 ("CRM_TOKEN".to_string(), SecretSource::Platform),
-                ("TIME_KEY".to_string(), SecretSource::Env { var: "HOST_TIME_KEY".into() }),
+                (
+                    "TIME_KEY".to_string(),
+                    SecretSource::Env {
+                        var: "HOST_TIME_KEY".into(),
+                    },
+                ),
             ]
             .into(),
         ),
@@ -177,14 +223,19 @@ fn a_complete_bundle_parses_into_its_whole_value() {
         keen_tools: vec![
             KeenTool {
                 name: "Stamp".into(),
-                kind: KeenToolKind::Script { path: dir.join("src/scripts/tools/stamp.js") },
+                kind: KeenToolKind::Script {
+                    path: dir.join("src/scripts/tools/stamp.js"),
+                },
                 entry: "tools/stamp.js".into(),
                 attempts: Some(2),
                 description: None,
             },
             KeenTool {
                 name: "ToolTimestamp".into(),
-                kind: KeenToolKind::Flow { controller: "Next".into(), start_node: "ToolCall".into() },
+                kind: KeenToolKind::Flow {
+                    controller: "Next".into(),
+                    start_node: "ToolCall".into(),
+                },
                 entry: "Next-ToolCall".into(),
                 attempts: None,
                 description: Some("a flow".into()),
@@ -196,23 +247,46 @@ fn a_complete_bundle_parses_into_its_whole_value() {
     assert_eq!(
         referenced_secrets(&b),
         vec![
-            ("CRM_TOKEN".to_string(), "mcp.json mcpServers.crm.headers.Authorization".to_string()),
-            ("TIME_KEY".to_string(), "mcp.json mcpServers.time.env.KEY".to_string()),
+            (
+                "CRM_TOKEN".to_string(),
+                "mcp.json mcpServers.crm.headers.Authorization".to_string()
+            ),
+            (
+                "TIME_KEY".to_string(),
+                "mcp.json mcpServers.time.env.KEY".to_string()
+            ),
             ("API_KEY".to_string(), "x-agen/agent.md apiKey".to_string()),
         ]
     );
-    assert_eq!(b.config.permissions.decide("crm.upsert_contact"), Permission::Ask);
+    assert_eq!(
+        b.config.permissions.decide("crm.upsert_contact"),
+        Permission::Ask
+    );
     assert_eq!(b.config.permissions.decide("crm.delete"), Permission::Deny);
-    assert_eq!(b.config.permissions.decide("time.get_current_time"), Permission::Allow);
+    assert_eq!(
+        b.config.permissions.decide("time.get_current_time"),
+        Permission::Allow
+    );
     assert_eq!(b.config.permissions.decide("files.read"), Permission::Deny);
-    assert_eq!(b.config.tool_override("time.get_current_time").and_then(|o| o.side_effect), Some(false));
+    assert_eq!(
+        b.config
+            .tool_override("time.get_current_time")
+            .and_then(|o| o.side_effect),
+        Some(false)
+    );
 }
 
 #[test]
 fn a_minimal_bundle_gets_the_documented_defaults() {
     let b = ok(&[]);
     assert_eq!(b.agent.name, "bundle", "name defaults to the folder name");
-    assert_eq!(b.agent.model, Some(ModelRef { provider: Provider::OpenAi, model: "gpt-4.1-mini".into() }));
+    assert_eq!(
+        b.agent.model,
+        Some(ModelRef {
+            provider: Provider::OpenAi,
+            model: "gpt-4.1-mini".into()
+        })
+    );
     assert_eq!(b.agent.system_prompt, "You are helpful.");
     assert_eq!(b.mcp, McpConfig::default());
     assert_eq!(b.config, AgentConfig::default());
@@ -221,7 +295,11 @@ fn a_minimal_bundle_gets_the_documented_defaults() {
     assert!(!b.has_keen_tools);
     let h = b.harness;
     assert_eq!(
-        (h.parallel_tool_calls, h.trace_tool_arguments, h.tool_protocol),
+        (
+            h.parallel_tool_calls,
+            h.trace_tool_arguments,
+            h.tool_protocol
+        ),
         (true, false, ToolProtocol::Native)
     );
     assert_eq!(h.limits, Limits::default());
@@ -234,21 +312,40 @@ fn a_minimal_bundle_gets_the_documented_defaults() {
 fn accepted_variations() {
     // Front matter may be empty, model absent, CRLF line endings, a BOM.
     ok(&[(AGENT_FILE, "---\n---\nPrompt")]);
-    ok(&[(AGENT_FILE, "\u{feff}---\r\nmodel: openai/llama3.1:8b\r\n---\r\nPrompt\r\n")]);
+    ok(&[(
+        AGENT_FILE,
+        "\u{feff}---\r\nmodel: openai/llama3.1:8b\r\n---\r\nPrompt\r\n",
+    )]);
     // Model names may contain slashes.
-    let b = ok(&[(AGENT_FILE, "---\nmodel: openai/meta-llama/Llama-3.1-8B\n---\n")]);
+    let b = ok(&[(
+        AGENT_FILE,
+        "---\nmodel: openai/meta-llama/Llama-3.1-8B\n---\n",
+    )]);
     assert_eq!(b.agent.model.unwrap().model, "meta-llama/Llama-3.1-8B");
     // An explicit transport type, an empty server map, http URLs with ports and IPv6.
-    ok(&[(MCP_FILE, r#"{"mcpServers": {"a": {"type": "stdio", "command": "x"}, "b": {"type": "http", "url": "http://[::1]:8080/mcp"}}}"#)]);
+    ok(&[(
+        MCP_FILE,
+        r#"{"mcpServers": {"a": {"type": "stdio", "command": "x"}, "b": {"type": "http", "url": "http://[::1]:8080/mcp"}}}"#,
+    )]);
     ok(&[(MCP_FILE, r#"{"mcpServers": {}}"#)]);
     ok(&[(MCP_FILE, r#"{}"#)]);
     // A `$` that is not `${` is literal.
-    ok(&[(MCP_FILE, r#"{"mcpServers": {"a": {"command": "x", "env": {"P": "$HOME/x"}}}}"#)]);
+    ok(&[(
+        MCP_FILE,
+        r#"{"mcpServers": {"a": {"command": "x", "env": {"P": "$HOME/x"}}}}"#,
+    )]);
     // Keen script root is the bundle root without src/scripts/.
-    ok(&[("tools/a.js", ""), (KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "tools/a.js"}]"#)]);
+    ok(&[
+        ("tools/a.js", ""),
+        (
+            KEEN_TOOLS_FILE,
+            r#"[{"name": "A", "type": "script", "entry": "tools/a.js"}]"#,
+        ),
+    ]);
 }
 
 #[test]
+#[rustfmt::skip] // one broken bundle per line reads as a table
 fn broken_bundles_each_yield_their_specific_error() {
     // Bad JSON, in every JSON file, with line and column.
     check(&[(MCP_FILE, "{\"mcpServers\": {\n  \"a\": {\"command\": \"x\",}\n}}")], "mcp.json: invalid JSON at line 2 column");
@@ -372,13 +469,17 @@ fn broken_bundles_each_yield_their_specific_error() {
 #[test]
 fn a_missing_or_non_folder_bundle_is_named() {
     let tmp = tempfile::tempdir().unwrap();
-    let err = Bundle::load(&tmp.path().join("nope")).unwrap_err().to_string();
+    let err = Bundle::load(&tmp.path().join("nope"))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("nope: not a bundle folder"), "{err}");
 }
 
 #[test]
 fn keen_entry_rules_follow_the_spec() {
-    let check = |entry: &str, ok: bool| assert_eq!(validate_keen_script_entry(entry).is_ok(), ok, "{entry}");
+    let check = |entry: &str, ok: bool| {
+        assert_eq!(validate_keen_script_entry(entry).is_ok(), ok, "{entry}")
+    };
     check("tools/a.js", true);
     check("tools/sub/a.js", true);
     check("", false);
@@ -386,7 +487,10 @@ fn keen_entry_rules_follow_the_spec() {
     check("/tools/a.js", false);
     check("tools/../x.js", false);
     check("tools/..x.js", false); // the spec refuses any `..`
-    assert_eq!(split_flow_entry("Next-Tool-Call"), Ok(("Next", "Tool-Call")));
+    assert_eq!(
+        split_flow_entry("Next-Tool-Call"),
+        Ok(("Next", "Tool-Call"))
+    );
     assert!(split_flow_entry("-ToolCall").is_err());
     assert!(split_flow_entry("Next-").is_err());
     assert!(split_flow_entry("../x-y").is_err());
@@ -395,9 +499,18 @@ fn keen_entry_rules_follow_the_spec() {
 #[test]
 fn model_refs_parse_and_print() {
     let m = ModelRef::parse("openai/gpt-4.1-mini").unwrap();
-    assert_eq!(m, ModelRef { provider: Provider::OpenAi, model: "gpt-4.1-mini".into() });
+    assert_eq!(
+        m,
+        ModelRef {
+            provider: Provider::OpenAi,
+            model: "gpt-4.1-mini".into()
+        }
+    );
     assert_eq!(m.to_string(), "openai/gpt-4.1-mini");
-    assert_eq!(ModelRef::parse("Anthropic/claude").unwrap().provider, Provider::Anthropic);
+    assert_eq!(
+        ModelRef::parse("Anthropic/claude").unwrap().provider,
+        Provider::Anthropic
+    );
     assert!(ModelRef::parse("gpt-4").is_err());
 }
 
@@ -440,7 +553,11 @@ fn pack_is_deterministic_skips_build_folders_and_round_trips() {
     reversed.reverse();
     write_files(b.path(), &reversed);
     for root in [a.path(), b.path()] {
-        std::fs::set_permissions(root.join("server.py"), std::fs::Permissions::from_mode(0o750)).unwrap();
+        std::fs::set_permissions(
+            root.join("server.py"),
+            std::fs::Permissions::from_mode(0o750),
+        )
+        .unwrap();
         std::os::unix::fs::symlink("../server.py", root.join("skills/s/link.py")).unwrap();
     }
     let bytes = pack(a.path()).unwrap();
@@ -448,25 +565,48 @@ fn pack_is_deterministic_skips_build_folders_and_round_trips() {
     assert_eq!(digest(&bytes), digest(&pack(b.path()).unwrap()));
     assert!(digest(&bytes).starts_with("sha256:") && digest(&bytes).len() == 7 + 64);
 
-    let paths: Vec<String> = decode(&bytes).unwrap().into_iter().map(|e| e.path).collect();
-    assert_eq!(paths, vec!["mcp.json", "server.py", "skills/s/SKILL.md", "skills/s/link.py", "x-agen/agent.md"]);
+    let paths: Vec<String> = decode(&bytes)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.path)
+        .collect();
+    assert_eq!(
+        paths,
+        vec![
+            "mcp.json",
+            "server.py",
+            "skills/s/SKILL.md",
+            "skills/s/link.py",
+            "x-agen/agent.md"
+        ]
+    );
 
     let out = tempfile::tempdir().unwrap();
     let into = out.path().join("cache/sha256-abc");
     unpack_verified(&bytes, &digest(&bytes), &into).unwrap();
-    assert_eq!(std::fs::read_to_string(into.join("x-agen/agent.md")).unwrap(), AGENT_MD);
+    assert_eq!(
+        std::fs::read_to_string(into.join("x-agen/agent.md")).unwrap(),
+        AGENT_MD
+    );
     assert_eq!(mode(&into.join("server.py")), 0o755);
     assert_eq!(mode(&into.join("mcp.json")), 0o644);
-    assert_eq!(std::fs::read_link(into.join("skills/s/link.py")).unwrap(), Path::new("../server.py"));
+    assert_eq!(
+        std::fs::read_link(into.join("skills/s/link.py")).unwrap(),
+        Path::new("../server.py")
+    );
     // The unpacked folder packs to the same bytes, and nothing temporary is left beside it.
     assert_eq!(pack(&into).unwrap(), bytes);
-    let siblings: Vec<_> = std::fs::read_dir(out.path().join("cache")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let siblings: Vec<_> = std::fs::read_dir(out.path().join("cache"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(siblings, vec![std::ffi::OsString::from("sha256-abc")]);
     // And it loads as a bundle.
     Bundle::load(&into).unwrap();
 }
 
 #[test]
+#[rustfmt::skip] // one unsafe archive per line reads as a table
 fn unpack_refuses_unsafe_or_corrupt_archives() {
     let entry = |path: &str, kind: EntryKind, data: &str| ArchiveEntry { path: path.into(), kind, data: data.as_bytes().to_vec() };
     let check = |entries: Vec<ArchiveEntry>, expected: &str| {
@@ -522,36 +662,62 @@ fn pack_refuses_symlinks_leaving_the_bundle_and_oversize_bundles() {
     let f = std::fs::File::create(big.path().join("data.bin")).unwrap();
     f.set_len(MAX_BUNDLE_BYTES as u64 + 1).unwrap();
     let err = pack(big.path()).unwrap_err().to_string();
-    assert!(err.contains("the bundle (at data.bin) is larger than 64 MiB"), "{err}");
+    assert!(
+        err.contains("the bundle (at data.bin) is larger than 64 MiB"),
+        "{err}"
+    );
 }
 
 #[test]
 fn secrets_resolve_from_their_sources_and_fill_the_places_they_are_used() {
     let b = ok(&[
-        (MCP_FILE, r#"{"mcpServers": {"crm": {"url": "https://crm.example/mcp", "headers": {"Authorization": "Bearer ${CRM_TOKEN}"}},
-                                      "sql": {"command": "agen", "args": ["${NOT_SUBSTITUTED}"], "env": {"DATABASE_URL": "${DB}", "MODE": "ro"}}}}"#),
+        (
+            MCP_FILE,
+            r#"{"mcpServers": {"crm": {"url": "https://crm.example/mcp", "headers": {"Authorization": "Bearer ${CRM_TOKEN}"}},
+                                      "sql": {"command": "agen", "args": ["${NOT_SUBSTITUTED}"], "env": {"DATABASE_URL": "${DB}", "MODE": "ro"}}}}"#,
+        ),
         (AGENT_FILE, "---\napiKey: ${DB}-${CRM_TOKEN}\n---\n"),
-        (SECRETS_FILE, r#"{"CRM_TOKEN": {"source": "platform"}, "DB": {"source": "env", "var": "HOST_DB"}}"#),
+        (
+            SECRETS_FILE,
+            r#"{"CRM_TOKEN": {"source": "platform"}, "DB": {"source": "env", "var": "HOST_DB"}}"#,
+        ),
     ]);
     let env = |var: &str| (var == "HOST_DB").then(|| "postgres://x".to_string());
     let platform = |name: &str| (name == "CRM_TOKEN").then(|| "t0k".to_string());
     let values = b.secret_values(env, platform).unwrap();
-    assert_eq!(values, [("CRM_TOKEN".to_string(), "t0k".to_string()), ("DB".to_string(), "postgres://x".to_string())].into());
+    assert_eq!(
+        values,
+        [
+            ("CRM_TOKEN".to_string(), "t0k".to_string()),
+            ("DB".to_string(), "postgres://x".to_string())
+        ]
+        .into()
+    );
 
     let mcp = b.mcp_with_secrets(&values).unwrap();
     assert_eq!(
         mcp.servers["crm"],
-        ServerSpec::Url { url: "https://crm.example/mcp".into(), headers: [("Authorization".to_string(), "Bearer t0k".to_string())].into() }
+        ServerSpec::Url {
+            url: "https://crm.example/mcp".into(),
+            headers: [("Authorization".to_string(), "Bearer t0k".to_string())].into()
+        }
     );
     assert_eq!(
         mcp.servers["sql"],
         ServerSpec::Command {
             command: "agen".into(),
             args: vec!["${NOT_SUBSTITUTED}".into()],
-            env: [("DATABASE_URL".to_string(), "postgres://x".to_string()), ("MODE".to_string(), "ro".to_string())].into(),
+            env: [
+                ("DATABASE_URL".to_string(), "postgres://x".to_string()),
+                ("MODE".to_string(), "ro".to_string())
+            ]
+            .into(),
         }
     );
-    assert_eq!(b.api_key_with_secrets(&values).unwrap().as_deref(), Some("postgres://x-t0k"));
+    assert_eq!(
+        b.api_key_with_secrets(&values).unwrap().as_deref(),
+        Some("postgres://x-t0k")
+    );
 
     let err = b.secret_values(|_| None, platform).unwrap_err().to_string();
     assert_eq!(
@@ -560,6 +726,9 @@ fn secrets_resolve_from_their_sources_and_fill_the_places_they_are_used() {
     );
     let err = b.secret_values(env, |_| None).unwrap_err().to_string();
     assert!(err.starts_with("secret CRM_TOKEN used in mcp.json mcpServers.crm.headers.Authorization has no value: it is not in the Hub's secret store"), "{err}");
-    let err = b.mcp_with_secrets(&BTreeMap::new()).unwrap_err().to_string();
+    let err = b
+        .mcp_with_secrets(&BTreeMap::new())
+        .unwrap_err()
+        .to_string();
     assert_eq!(err, "secret CRM_TOKEN used in mcp.json mcpServers.crm.headers.Authorization has no value: no value was supplied");
 }
