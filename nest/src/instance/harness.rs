@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agen_shared::bundle::{substitute_secrets, Bundle, ToolProtocol, AGENT_FILE};
+use agen_shared::bundle::{Bundle, ToolProtocol, AGENT_FILE};
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -43,10 +43,21 @@ pub enum Dialect {
 pub enum HarnessError {
     #[error("{AGENT_FILE}: model: missing; set `model: openai/gpt-4.1-mini` (or anthropic/…) in the front matter, or pass --model to agen run")]
     NoModel,
-    #[error("{AGENT_FILE}: apiKey: {0}")]
+    #[error("{0}")]
     ApiKey(String),
     #[error("tool name {0} is used twice (an MCP tool clashes with another tool or a built-in); rename the server in mcp.json")]
     DuplicateTool(String),
+}
+
+/// The model client settings of `bundle`: its `model`, `baseUrl`, `apiKey` (with `${NAME}`
+/// filled from `secrets`) and extra front-matter settings.
+pub fn model_config(bundle: &Bundle, secrets: &BTreeMap<String, String>) -> Result<ModelConfig, HarnessError> {
+    let model = bundle.agent.model.clone().ok_or(HarnessError::NoModel)?;
+    let mut config = ModelConfig::new(model);
+    config.base_url = bundle.agent.base_url.clone();
+    config.api_key = bundle.api_key_with_secrets(secrets).map_err(|e| HarnessError::ApiKey(e.to_string()))?;
+    config.extra = bundle.agent.extra.clone();
+    Ok(config)
 }
 
 /// One instance's agent loop (see the module doc). Cheap to share: runs borrow it.
@@ -71,17 +82,7 @@ impl Harness {
         secrets: &BTreeMap<String, String>,
         http: reqwest::Client,
     ) -> Result<Harness, HarnessError> {
-        let model = bundle.agent.model.clone().ok_or(HarnessError::NoModel)?;
-        let api_key = match &bundle.agent.api_key {
-            None => None,
-            Some(raw) => Some(
-                substitute_secrets(raw, |name| secrets.get(name).cloned()).map_err(|e| HarnessError::ApiKey(e.to_string()))?,
-            ),
-        };
-        let mut config = ModelConfig::new(model);
-        config.base_url = bundle.agent.base_url.clone();
-        config.api_key = api_key;
-        config.extra = bundle.agent.extra.clone();
+        let config = model_config(&bundle, secrets)?;
         let provider: Arc<dyn ModelProvider> = Arc::from(provider_for(config, http));
         Harness::with_provider(bundle, tools, provider)
     }

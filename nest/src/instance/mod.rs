@@ -26,9 +26,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-pub use harness::{Dialect, Harness, HarnessError, BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_REPORT_PROGRESS};
+pub use harness::{model_config, Dialect, Harness, HarnessError, BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_REPORT_PROGRESS};
 
-use crate::mcp::{CallError, ToolInfo, ToolOutput};
+use crate::mcp::{CallError, ToolHost, ToolInfo, ToolOutput};
 
 /// One run to execute, as assigned by the Hub (or made up by `agen run`).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -147,4 +147,22 @@ pub trait ToolBackend: Send + Sync {
         timeout: Duration,
         cancel: CancellationToken,
     ) -> Result<ToolOutput, CallError>;
+}
+
+#[async_trait::async_trait]
+impl ToolBackend for ToolHost {
+    fn tools(&self) -> Vec<ToolInfo> {
+        ToolHost::tools(self)
+    }
+
+    async fn call_tool(
+        &self,
+        tool: &ToolInfo,
+        arguments: serde_json::Map<String, Value>,
+        meta: serde_json::Map<String, Value>,
+        timeout: Duration,
+        cancel: CancellationToken,
+    ) -> Result<ToolOutput, CallError> {
+        self.call(&tool.qualified_name(), Value::Object(arguments), meta, timeout, cancel).await
+    }
 }

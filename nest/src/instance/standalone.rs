@@ -1,15 +1,210 @@
 //! `agen run DIR PROMPT`: one run of a bundle in-process, no Hub: loads and validates the
-//! bundle, resolves `env` secrets, starts its tool servers, runs the harness with a local sled
-//! run log, and prints the answer.
+//! bundle, resolves `env` secrets from this process's environment, starts its tool servers,
+//! runs the same harness as a fleet instance with a local sled run log, and prints the answer.
 //!
-//! Invariants: stdout carries only the answer; a bad bundle exits 64, a failed run 1.
+//! Invariants: stdout carries only the answer; a bad bundle (or bad `--model`, or a secret
+//! that cannot be resolved) exits 64, a failed or cancelled run 1, a successful run 0. Each
+//! run has its own sled database under the run-log folder (`$XDG_STATE_HOME/agen/runs/<run id>`,
+//! or `~/.local/state/agen/runs/<run id>`), so concurrent `agen run`s never contend for a lock.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
-/// Runs `prompt` against the bundle in `dir`; returns the process exit code.
+use agen_shared::bundle::{referenced_secrets, Bundle, ModelRef, Provider, SecretSource};
+use anyhow::Context;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use super::{model_config, Harness, RunEventSink, RunRequest, RunState, SinkError};
+use crate::mcp::{LaunchContext, ToolHost};
+use crate::model::provider_for;
+
+/// Exit code of a bad bundle or bad arguments.
+pub const EXIT_BAD_INPUT: i32 = 64;
+
+/// Runs `prompt` against the bundle in `dir` (`model` overrides its `model`); returns the
+/// process exit code.
 pub async fn run_cli(dir: PathBuf, prompt: String, model: Option<String>) -> anyhow::Result<i32> {
-    let _ = (dir, prompt, model);
-    let _: Option<SocketAddr> = None;
-    anyhow::bail!("agen run is not implemented yet")
+    let mut bundle = match Bundle::load(&dir) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(EXIT_BAD_INPUT);
+        }
+    };
+    if let Some(m) = model {
+        match ModelRef::parse(&m) {
+            Ok(r) => bundle.agent.model = Some(r),
+            Err(e) => {
+                eprintln!("error: --model: {e}");
+                return Ok(EXIT_BAD_INPUT);
+            }
+        }
+    }
+    if let Some((name, used_in)) = referenced_secrets(&bundle)
+        .into_iter()
+        .find(|(name, _)| matches!(bundle.secrets.get(name), Some(SecretSource::Platform)))
+    {
+        eprintln!(
+            "error: x-agen/secrets.json: secret {name} (used in {used_in}) has source platform, which needs a Hub; \
+             use {{\"source\": \"env\", \"var\": \"{name}\"}} for agen run"
+        );
+        return Ok(EXIT_BAD_INPUT);
+    }
+    let secrets = match bundle.secret_values(|var| std::env::var(var).ok(), |_| None) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(EXIT_BAD_INPUT);
+        }
+    };
+    let mut config = match model_config(&bundle, &secrets) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(EXIT_BAD_INPUT);
+        }
+    };
+    if config.api_key.is_none() {
+        // What a user of the providers' own tools expects.
+        let var = match config.model.provider {
+            Provider::OpenAi => "OPENAI_API_KEY",
+            Provider::Anthropic => "ANTHROPIC_API_KEY",
+        };
+        config.api_key = std::env::var(var).ok().filter(|k| !k.is_empty());
+    }
+    let bundle = Arc::new(bundle);
+
+    let agen_bin = std::env::current_exe().context("while finding the agen binary for AGEN_BIN")?;
+    let mut launch = LaunchContext::new(agen_bin);
+    launch.secrets = secrets;
+    let host = ToolHost::start(&bundle, launch).await;
+    for p in host.status().not_connected {
+        eprintln!("warning: tool server {} is not connected: {}", p.server, p.reason);
+    }
+
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(600))
+        .build()
+        .context("while building the HTTP client")?;
+    let provider = Arc::from(provider_for(config, http));
+    let harness = match Harness::with_provider(bundle.clone(), Arc::new(host.clone()), provider) {
+        Ok(h) => h,
+        Err(e) => {
+            host.shutdown().await;
+            eprintln!("error: {e}");
+            return Ok(EXIT_BAD_INPUT);
+        }
+    };
+
+    let run_id = uuid::Uuid::now_v7().to_string();
+    let log_dir = runs_dir().join(&run_id);
+    let sink = Arc::new(SledRunLog::open(&log_dir, &run_id, 1)?);
+    tracing::info!(run_id = %run_id, log = %log_dir.display(), "standalone run");
+
+    let cancel = CancellationToken::new();
+    let on_signal = cancel.clone();
+    let signals = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("cancelling the run");
+            on_signal.cancel();
+        }
+    });
+    let req = RunRequest {
+        run_id: run_id.clone(),
+        attempt: 1,
+        task_id: run_id.clone(),
+        namespace: "standalone".into(),
+        deployment: bundle.agent.name.clone(),
+        input: prompt,
+        labels: BTreeMap::new(),
+        conversation_id: run_id.clone(),
+        conversation_key: String::new(),
+        root_run_id: run_id.clone(),
+        history: Vec::new(),
+        replay: Vec::new(),
+    };
+    let outcome = harness.run(req, sink.clone(), cancel).await;
+    signals.abort();
+    host.shutdown().await;
+    if let Err(e) = sink.db.flush_async().await {
+        tracing::warn!("run log {}: flush failed: {e}", log_dir.display());
+    }
+    match outcome.state {
+        RunState::Succeeded => {
+            println!("{}", outcome.result);
+            Ok(0)
+        }
+        RunState::Failed | RunState::Cancelled => {
+            eprintln!("error: the run {}: {}", outcome.state.as_str(), outcome.result);
+            Ok(1)
+        }
+    }
+}
+
+/// `$XDG_STATE_HOME/agen/runs`, else `~/.local/state/agen/runs`, else a temp folder.
+pub fn runs_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(x).join("agen/runs");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(h).join(".local/state/agen/runs");
+    }
+    std::env::temp_dir().join("agen/runs")
+}
+
+/// A run log in a local sled database: tree `events`, key `(attempt, seq)` big-endian, value
+/// `{"kind", "at", "json"}`.
+pub struct SledRunLog {
+    db: sled::Db,
+    events: sled::Tree,
+    attempt: u32,
+    seq: AtomicU64,
+}
+
+impl SledRunLog {
+    /// Opens (or creates) the log in `dir` for `attempt` of `run_id`.
+    pub fn open(dir: &Path, run_id: &str, attempt: u32) -> anyhow::Result<SledRunLog> {
+        std::fs::create_dir_all(dir).with_context(|| format!("while creating the run log folder {}", dir.display()))?;
+        let db = sled::open(dir).with_context(|| format!("while opening the run log {}", dir.display()))?;
+        db.insert("run_id", run_id.as_bytes()).context("while writing the run log")?;
+        let events = db.open_tree("events").context("while opening the run log's events")?;
+        Ok(SledRunLog { db, events, attempt, seq: AtomicU64::new(0) })
+    }
+
+    /// Every event in order, as `(kind, json)`.
+    pub fn read_all(dir: &Path) -> anyhow::Result<Vec<(String, Value)>> {
+        let db = sled::open(dir).with_context(|| format!("while opening the run log {}", dir.display()))?;
+        let events = db.open_tree("events")?;
+        let mut out = Vec::new();
+        for kv in events.iter() {
+            let (_, v) = kv?;
+            let v: Value = serde_json::from_slice(&v)?;
+            out.push((v["kind"].as_str().unwrap_or_default().to_string(), v["json"].clone()));
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait::async_trait]
+impl RunEventSink for SledRunLog {
+    async fn emit(&self, kind: &str, json: Value, sync: bool) -> Result<(), SinkError> {
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst);
+        let mut key = self.attempt.to_be_bytes().to_vec();
+        key.extend_from_slice(&seq.to_be_bytes());
+        let record = json!({"kind": kind, "at": chrono::Utc::now().to_rfc3339(), "json": json});
+        let bytes = serde_json::to_vec(&record).map_err(|e| SinkError::Unavailable(e.to_string()))?;
+        self.events
+            .compare_and_swap(key, None as Option<&[u8]>, Some(bytes))
+            .map_err(|e| SinkError::Unavailable(e.to_string()))?
+            .map_err(|_| SinkError::Unavailable(format!("event {seq} already exists")))?;
+        if sync {
+            self.db.flush_async().await.map_err(|e| SinkError::Unavailable(e.to_string()))?;
+        }
+        Ok(())
+    }
 }
