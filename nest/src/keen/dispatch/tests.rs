@@ -1,0 +1,2 @@
+//! Tests for `keen::dispatch`.
+use super::*;

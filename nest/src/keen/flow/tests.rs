@@ -1,0 +1,2 @@
+//! Tests for `keen::flow`.
+use super::*;

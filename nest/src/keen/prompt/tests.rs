@@ -1,0 +1,2 @@
+//! Tests for `keen::prompt`.
+use super::*;

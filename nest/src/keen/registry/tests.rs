@@ -1,0 +1,2 @@
+//! Tests for `keen::registry`.
+use super::*;

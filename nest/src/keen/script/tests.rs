@@ -1,0 +1,2 @@
+//! Tests for `keen::script`.
+use super::*;
