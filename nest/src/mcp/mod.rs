@@ -10,13 +10,27 @@
 //! - [`ToolHost::tools`] lists the MCP tools that loaded.
 //! - [`ToolHost::call`] calls one tool.
 //! - [`ToolHost::died`] resolves when any connected server dies (the instance turns unhealthy).
+//! - [`ToolHost::shutdown`] closes every client and kills every server's process group.
+//!
+//! Invariants: a command server's process never outlives the host (own process group,
+//! `kill_on_drop`, `PR_SET_PDEATHSIG`, group SIGTERM/SIGKILL on shutdown and on drop); a command
+//! server never sees a host variable outside the allowlist of [`launch::ALLOWED_ENV`]; secret
+//! values are never logged or put in a reason.
+
+mod host;
+mod launch;
+mod output;
+mod stderr;
+
+pub use host::ToolHost;
+pub use launch::ALLOWED_ENV;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
 /// Everything a launch needs besides the bundle itself.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct LaunchContext {
     /// Path of the running agen binary: `AGEN_BIN`, and what `"command": "agen"` runs.
     pub agen_bin: PathBuf,
@@ -24,6 +38,33 @@ pub struct LaunchContext {
     pub secrets: BTreeMap<String, String>,
     /// How long one server may take to start and answer `tools/list`.
     pub start_timeout: Duration,
+    /// The environment the allowlist is taken from; `None` = this process's environment.
+    /// Tests inject one here instead of mutating their own environment.
+    pub host_env: Option<Vec<(String, String)>>,
+}
+
+impl LaunchContext {
+    /// A context with no secrets, a 30 s start deadline and this process's environment.
+    pub fn new(agen_bin: impl Into<PathBuf>) -> LaunchContext {
+        LaunchContext {
+            agen_bin: agen_bin.into(),
+            secrets: BTreeMap::new(),
+            start_timeout: Duration::from_secs(30),
+            host_env: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for LaunchContext {
+    // Secret values and the host environment are never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaunchContext")
+            .field("agen_bin", &self.agen_bin)
+            .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
+            .field("start_timeout", &self.start_timeout)
+            .field("host_env", &self.host_env.as_ref().map(|e| e.len()))
+            .finish()
+    }
 }
 
 /// One MCP tool as the harness sees it.
@@ -88,4 +129,6 @@ pub enum CallError {
     Cancelled,
     #[error("tool server {server} failed the call: {message}")]
     Failed { server: String, message: String },
+    #[error("bad arguments for tool {tool}: {message}")]
+    BadArguments { tool: String, message: String },
 }

@@ -1,0 +1,335 @@
+//! How a command server is started, exactly as the spec says: the environment (cleared, then
+//! the allowlist, the server's own `env` with `${NAME}` secrets, `PYTHONUTF8`,
+//! `PYTHONIOENCODING`, `AGEN_BIN`), the program (`agen` = the agen binary, a relative command
+//! found in the bundle runs from there, anything else from the allowlisted `PATH`), and the
+//! process (cwd = bundle dir, own process group, `kill_on_drop`, `PR_SET_PDEATHSIG`).
+//!
+//! Invariants: nothing of the host environment outside [`ALLOWED_ENV`] (and `LC_*`) reaches a
+//! server; a reason never holds a secret value; [`ProcessGroup`] kills the whole group when it
+//! is dropped, so no server outlives its host.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use agen_shared::bundle::{substitute_secrets, SubstituteError};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+
+use super::LaunchContext;
+
+/// Host variables a command server may see (plus every `LC_*`).
+pub const ALLOWED_ENV: &[&str] =
+    &["PATH", "HOME", "TMPDIR", "TEMP", "TMP", "LANG", "TZ", "USER", "LOGNAME", "SHELL", "TERM"];
+
+/// Whether the host variable `name` passes the allowlist.
+pub(crate) fn allowed(name: &str) -> bool {
+    ALLOWED_ENV.contains(&name) || name.starts_with("LC_")
+}
+
+/// Replaces `${NAME}` in `value` with the secret, or says which secret is missing and where.
+pub(crate) fn substitute(
+    value: &str,
+    secrets: &BTreeMap<String, String>,
+    place: &str,
+) -> Result<String, String> {
+    substitute_secrets(value, |name| secrets.get(name).cloned()).map_err(|e| match e {
+        SubstituteError::Unresolved(name) => format!(
+            "{place}: secret {name} has no value; set it where x-agen/secrets.json says it comes from \
+             (the Hub's secret store or the Nest's environment)"
+        ),
+        other => format!("{place}: {other}"),
+    })
+}
+
+/// The complete environment of a command server, in the order it is applied (later wins).
+pub(crate) fn server_env(
+    host_env: &[(String, String)],
+    own_env: &BTreeMap<String, String>,
+    ctx: &LaunchContext,
+) -> Result<Vec<(String, String)>, String> {
+    let mut env: BTreeMap<String, String> = BTreeMap::new();
+    for (k, v) in host_env {
+        if allowed(k) {
+            env.insert(k.clone(), v.clone());
+        }
+    }
+    env.insert("PYTHONUTF8".into(), "1".into());
+    env.insert("PYTHONIOENCODING".into(), "utf-8".into());
+    for (k, v) in own_env {
+        env.insert(k.clone(), substitute(v, &ctx.secrets, &format!("env {k}"))?);
+    }
+    env.insert("AGEN_BIN".into(), ctx.agen_bin.to_string_lossy().into_owned());
+    Ok(env.into_iter().collect())
+}
+
+/// The program to run for `command`: the agen binary for `agen`, a file of the bundle for a
+/// relative command found there, else a lookup on `path` (the server's `PATH`).
+pub(crate) fn resolve_program(
+    command: &str,
+    bundle_dir: &Path,
+    path: Option<&str>,
+    agen_bin: &Path,
+) -> Result<PathBuf, String> {
+    if command == "agen" {
+        return Ok(agen_bin.to_path_buf());
+    }
+    let as_path = Path::new(command);
+    if as_path.is_absolute() {
+        return if as_path.is_file() {
+            Ok(as_path.to_path_buf())
+        } else {
+            Err(format!("command {command} does not exist; expected an executable file"))
+        };
+    }
+    let in_bundle = bundle_dir.join(as_path);
+    if in_bundle.is_file() {
+        return Ok(in_bundle);
+    }
+    if command.contains('/') {
+        return Err(format!(
+            "command {command} not found in the bundle folder {}; expected a file there",
+            bundle_dir.display()
+        ));
+    }
+    for dir in path.unwrap_or("").split(':').filter(|d| !d.is_empty()) {
+        let candidate = Path::new(dir).join(command);
+        if is_executable(&candidate) {
+            return Ok(candidate);
+        }
+    }
+    Err(format!(
+        "command {command} not found in the bundle or on PATH ({}); install it on the Nest or use an absolute path",
+        path.unwrap_or("<PATH is not set>")
+    ))
+}
+
+fn is_executable(p: &Path) -> bool {
+    std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+}
+
+/// Builds the command: cwd = bundle dir, cleared environment, piped stdio, own process group,
+/// killed on drop and when this thread dies.
+pub(crate) fn command(program: &Path, args: &[String], cwd: &Path, env: &[(String, String)]) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .current_dir(cwd)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    #[allow(unsafe_code)]
+    // SAFETY: the closure runs in the forked child before exec and calls only `prctl`, which
+    // is async-signal-safe; it allocates nothing and takes no locks.
+    unsafe {
+        cmd.pre_exec(|| {
+            // The kernel SIGKILLs the server when the thread that spawned it exits, so a server
+            // never outlives a crashed host. The host spawns from async tasks on runtime threads.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
+/// A spawned server's process group: its leader's exit status as it becomes known, and
+/// SIGTERM/SIGKILL of the whole group. Dropping it SIGKILLs the group.
+pub(crate) struct ProcessGroup {
+    pgid: i32,
+    exit: watch::Receiver<Option<ExitStatus>>,
+    /// The group was SIGKILLed already; a later kill could hit a reused process group id.
+    killed: AtomicBool,
+}
+
+impl ProcessGroup {
+    /// Takes over `child` (spawned with `process_group(0)`); a task reaps it.
+    pub(crate) fn watch(child: Child) -> Option<ProcessGroup> {
+        let pgid = i32::try_from(child.id()?).ok()?;
+        let (tx, rx) = watch::channel(None);
+        let mut child = child;
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            match status {
+                Ok(status) => {
+                    let _ = tx.send(Some(status));
+                }
+                Err(e) => tracing::warn!(pid = pgid, "could not wait for tool server process: {e}"),
+            }
+        });
+        Some(ProcessGroup { pgid, exit: rx, killed: AtomicBool::new(false) })
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.pgid.unsigned_abs()
+    }
+
+    /// Resolves with the leader's exit status once it exits.
+    pub(crate) async fn exited(&self) -> ExitStatus {
+        let mut rx = self.exit.clone();
+        let status = match rx.wait_for(|s| s.is_some()).await {
+            Ok(s) => *s,
+            // The reaper ended without a status (wait failed): never known.
+            Err(_) => None,
+        };
+        match status {
+            Some(status) => status,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// The exit status if the leader has exited.
+    pub(crate) fn status(&self) -> Option<ExitStatus> {
+        *self.exit.borrow()
+    }
+
+    /// SIGTERM to the group, up to `grace` for the leader to exit, then SIGKILL to the group.
+    pub(crate) async fn terminate(&self, grace: Duration) {
+        if self.status().is_none() {
+            self.signal(libc::SIGTERM);
+            let _ = tokio::time::timeout(grace, self.exited()).await;
+        }
+        // Also reaches children the server left behind after its leader exited.
+        self.kill();
+    }
+
+    /// SIGKILL to the group now.
+    pub(crate) fn kill(&self) {
+        if !self.killed.swap(true, Ordering::SeqCst) {
+            self.signal(libc::SIGKILL);
+        }
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        // killpg on a group with no members fails with ESRCH: nothing left to stop.
+        #[allow(unsafe_code)]
+        // SAFETY: killpg has no memory-safety preconditions.
+        unsafe {
+            libc::killpg(self.pgid, sig);
+        }
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// "exited with status 1", "was killed by signal 9 (SIGKILL)".
+pub(crate) fn describe_exit(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(code) = status.code() {
+        return format!("exited with status {code}");
+    }
+    match status.signal() {
+        Some(sig) => {
+            let name = nix::sys::signal::Signal::try_from(sig).map(|s| format!(" ({})", s.as_str())).unwrap_or_default();
+            format!("was killed by signal {sig}{name}")
+        }
+        None => format!("exited ({status})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn ctx(secrets: &[(&str, &str)]) -> LaunchContext {
+        let mut c = LaunchContext::new("/opt/agen/bin/agen");
+        c.secrets = secrets.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        c
+    }
+
+    fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
+        p.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn environment_is_the_allowlist_plus_own_env_plus_fixed_variables() {
+        let host = pairs(&[
+            ("PATH", "/usr/bin"),
+            ("HOME", "/home/n"),
+            ("LC_ALL", "C.UTF-8"),
+            ("AWS_SECRET_ACCESS_KEY", "hunter2"),
+            ("AGEN_TOKEN", "t"),
+            ("PYTHONPATH", "/x"),
+        ]);
+        let own: BTreeMap<String, String> =
+            pairs(&[("TOKEN", "Bearer ${CRM}"), ("PLAIN", "v")]).into_iter().collect();
+        let got = server_env(&host, &own, &ctx(&[("CRM", "s3cr3t")])).unwrap();
+        assert_eq!(
+            got,
+            pairs(&[
+                ("AGEN_BIN", "/opt/agen/bin/agen"),
+                ("HOME", "/home/n"),
+                ("LC_ALL", "C.UTF-8"),
+                ("PATH", "/usr/bin"),
+                ("PLAIN", "v"),
+                ("PYTHONIOENCODING", "utf-8"),
+                ("PYTHONUTF8", "1"),
+                ("TOKEN", "Bearer s3cr3t"),
+            ])
+        );
+    }
+
+    #[test]
+    fn missing_secret_names_the_variable_and_the_secret_but_no_value() {
+        let own: BTreeMap<String, String> = pairs(&[("DATABASE_URL", "${DB}")]).into_iter().collect();
+        let err = server_env(&[], &own, &ctx(&[("OTHER", "v")])).unwrap_err();
+        assert!(err.starts_with("env DATABASE_URL: secret DB has no value"), "{err}");
+    }
+
+    #[test]
+    fn allowlist_table() {
+        for (name, expected) in [
+            ("PATH", true),
+            ("LC_CTYPE", true),
+            ("TMPDIR", true),
+            ("TERM", true),
+            ("LD_PRELOAD", false),
+            ("SSH_AUTH_SOCK", false),
+            ("AGEN_TOKEN", false),
+            ("path", false),
+        ] {
+            assert_eq!(allowed(name), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn program_resolution() {
+        let bundle = tempfile::tempdir().unwrap();
+        let bin = tempfile::tempdir().unwrap();
+        std::fs::write(bundle.path().join("server.py"), "").unwrap();
+        std::fs::create_dir(bundle.path().join("bin")).unwrap();
+        std::fs::write(bundle.path().join("bin/run.sh"), "").unwrap();
+        let tool = bin.path().join("mytool");
+        std::fs::write(&tool, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = format!("/nonexistent:{}", bin.path().display());
+        let agen = Path::new("/opt/agen");
+        let check = |cmd: &str, expected: Result<PathBuf, &str>| {
+            let got = resolve_program(cmd, bundle.path(), Some(&path), agen);
+            match (&got, &expected) {
+                (Ok(g), Ok(e)) => assert_eq!(g, e, "{cmd}"),
+                (Err(g), Err(e)) => assert!(g.starts_with(e), "{cmd}: {g}"),
+                _ => panic!("{cmd}: got {got:?}, expected {expected:?}"),
+            }
+        };
+        check("agen", Ok(PathBuf::from("/opt/agen")));
+        check("server.py", Ok(bundle.path().join("server.py")));
+        check("./bin/run.sh", Ok(bundle.path().join("./bin/run.sh")));
+        check("mytool", Ok(tool.clone()));
+        check("./missing.sh", Err("command ./missing.sh not found in the bundle folder"));
+        check("nosuchtool", Err("command nosuchtool not found in the bundle or on PATH"));
+        check("/nonexistent/x", Err("command /nonexistent/x does not exist"));
+    }
+}
