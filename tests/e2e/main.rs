@@ -3,3 +3,5 @@
 //! `@modelcontextprotocol/server-filesystem`), a real PostgreSQL, and the scripted fake model.
 //! Run through `tests/run.sh`, which installs the peers and builds the binary first.
 mod fleet;
+mod sql;
+mod runs;

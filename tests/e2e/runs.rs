@@ -1,0 +1,224 @@
+//! Agent runs on the fleet (issue 3): the scripted fake model (over the real OpenAI HTTP
+//! client) drives real MCP tools; tasks are submitted, watched, queried and cancelled through
+//! the CLI; conversations continue; provider errors end the task with `response_type: error`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use agen_tests::{agen_bin, mcp_json, wait_for, write_bundle, FakeModel, HubProcess, NestProcess, Peers};
+use serde_json::{json, Value};
+
+/// A bundle whose model is the fake model and whose tools are `mcp-server-time` and our
+/// workspace server (for `run`: slow commands).
+fn bundle(dir: &Path, model: &FakeModel, harness: Value) {
+    write_bundle(
+        dir,
+        &[
+            (
+                "mcp.json",
+                mcp_json(&[
+                    ("time", json!({"command": Peers::mcp_server_time(), "args": ["--local-timezone", "UTC"]})),
+                    ("ws", json!({"command": "agen", "args": ["mcp", "workspace", "--root", "."]})),
+                ]),
+            ),
+            (
+                "x-agen/agent.md",
+                format!("---\nname: runner\nmodel: openai/fake-model\nbaseUrl: {}\n---\nYou tell the time.\n", model.base_url()),
+            ),
+            ("x-agen/harness.json", harness.to_string()),
+        ],
+    )
+    .expect("write bundle");
+}
+
+struct Fleet {
+    _tmp: tempfile::TempDir,
+    hub: HubProcess,
+    _nest: NestProcess,
+    model: FakeModel,
+    bundle: std::path::PathBuf,
+}
+
+/// A Hub, one Nest and a fake model following `script`, with deployment `runner` ready.
+fn fleet(script: Value, harness: Value) -> Fleet {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let nest = hub.nest("solo", &[], &[]).unwrap();
+    let mut script = script;
+    script["record"] = json!(tmp.path().join("model-requests.jsonl"));
+    let model = FakeModel::start(&tmp.path().join("model"), &script).unwrap();
+    let dir = tmp.path().join("bundle");
+    bundle(&dir, &model, harness);
+    let out = hub.cli(&["deploy", dir.to_str().unwrap(), "--name", "runner", "--wait"]).unwrap();
+    assert!(out.status.success(), "deploy: {}", String::from_utf8_lossy(&out.stderr));
+    Fleet { hub, _nest: nest, model, bundle: dir, _tmp: tmp }
+}
+
+impl Fleet {
+    fn submit(&self, args: &[&str]) -> String {
+        let mut all = vec!["submit", "runner"];
+        all.extend_from_slice(args);
+        let out = self.hub.cli(&all).unwrap();
+        assert!(out.status.success(), "submit: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
+
+    /// `agen wait TASK -o json` → (exit code, task JSON).
+    fn wait(&self, task: &str) -> (i32, Value) {
+        let out = self.hub.cli(&["wait", task, "-o", "json", "--timeout", "60s"]).unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|_| panic!("wait printed no JSON: {}", String::from_utf8_lossy(&out.stderr)));
+        (out.status.code().unwrap_or(-1), v)
+    }
+
+    fn model_requests(&self) -> Vec<Value> {
+        let path = self.hub.dir.join("model-requests.jsonl");
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+}
+
+fn time_script() -> Value {
+    json!({"steps": [
+        {"tool_calls": [{"name": "time_get_current_time", "arguments": {"timezone": "UTC"}}]},
+        {"reply_template": "The time is {{last_tool_result}}"}
+    ]})
+}
+
+#[test]
+fn a_task_uses_a_real_tool_and_answers_with_its_result() {
+    let f = fleet(time_script(), json!({}));
+    let task = f.submit(&["What time is it?"]);
+    let (code, t) = f.wait(&task);
+    assert_eq!(code, 0, "{t}");
+    assert_eq!(t["task"], task.as_str());
+    assert_eq!(t["state"], "succeeded");
+    assert_eq!(t["outcome"]["response_type"], "text");
+    let result = t["outcome"]["result"].as_str().unwrap();
+    assert!(result.starts_with("The time is"), "{result}");
+    assert!(result.contains("UTC") && result.contains("datetime"), "the tool's output is in the answer: {result}");
+
+    // `agen query` gives the same outcome without waiting.
+    let q = f.hub.cli_json(&["query", &task, "-o", "json"]).unwrap();
+    assert_eq!(q["state"], "succeeded");
+    assert_eq!(q["outcome"]["result"], t["outcome"]["result"]);
+    assert!(q.get("progress").is_some() && q.get("activity").is_some());
+
+    // The model saw the tool under its model name, and the native tools field was sent.
+    let reqs = f.model_requests();
+    assert_eq!(reqs.len(), 2, "one request per turn");
+    let tools = reqs[0]["body"]["tools"].to_string();
+    assert!(tools.contains("time_get_current_time"), "{tools}");
+
+    // The same bundle standalone gives the same answer.
+    let out = std::process::Command::new(agen_bin())
+        .arg("run")
+        .arg(&f.bundle)
+        .arg("What time is it?")
+        .env("XDG_STATE_HOME", f.hub.dir.join("state"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "agen run: {}", String::from_utf8_lossy(&out.stderr));
+    let standalone = String::from_utf8_lossy(&out.stdout);
+    assert!(standalone.starts_with("The time is") && standalone.contains("datetime"), "{standalone}");
+
+    // Tasks list and trace.
+    let tasks = f.hub.cli_json(&["tasks", "-o", "json"]).unwrap();
+    assert_eq!(tasks[0]["task"], task.as_str());
+    let trace = f.hub.cli(&["trace", &task]).unwrap();
+    assert!(trace.status.success(), "{}", String::from_utf8_lossy(&trace.stderr));
+    let _ = &f.model;
+}
+
+#[test]
+fn a_retried_submit_with_one_request_id_creates_one_task() {
+    let f = fleet(json!({"steps": [{"reply": "ok"}]}), json!({}));
+    let a = f.submit(&["hello", "--request-id", "req-42"]);
+    let b = f.submit(&["hello", "--request-id", "req-42"]);
+    assert_eq!(a, b);
+    let (code, _) = f.wait(&a);
+    assert_eq!(code, 0);
+    let tasks = f.hub.cli_json(&["tasks", "-o", "json"]).unwrap();
+    assert_eq!(tasks.as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn a_provider_error_fails_the_task_with_response_type_error_and_no_recall() {
+    let f = fleet(json!({"steps": [{"status": 401, "body": "{\"error\": {\"message\": \"invalid api key\"}}"}]}), json!({}));
+    let task = f.submit(&["hello"]);
+    let (code, t) = f.wait(&task);
+    assert_ne!(code, 0, "agen wait exits non-zero when the task failed");
+    assert_eq!(t["state"], "failed");
+    assert_eq!(t["outcome"]["response_type"], "error");
+    assert_eq!(f.model_requests().len(), 1, "a 401 is neither retried nor recalled");
+}
+
+#[test]
+fn tasks_with_one_conversation_key_share_the_history() {
+    let f = fleet(json!({"steps": [{"echo_history": true}]}), json!({}));
+    let first = f.submit(&["my name is Ada", "--conversation", "c1"]);
+    let second = f.submit(&["what is my name?", "--conversation", "c1"]);
+    assert_eq!(f.wait(&first).0, 0);
+    let (code, t) = f.wait(&second);
+    assert_eq!(code, 0);
+    let result = t["outcome"]["result"].as_str().unwrap();
+    assert!(result.contains("my name is Ada") && result.contains("what is my name?"), "{result}");
+    // Another key starts afresh.
+    let other = f.submit(&["hello", "--conversation", "c2"]);
+    let (_, t) = f.wait(&other);
+    assert!(!t["outcome"]["result"].as_str().unwrap().contains("Ada"));
+}
+
+#[test]
+fn a_tool_past_its_timeout_is_cancelled_and_the_model_told() {
+    let script = json!({"steps": [
+        {"tool_calls": [{"name": "ws_run", "arguments": {"command": "sleep 30; echo never"}}]},
+        {"reply_template": "tool said: {{last_tool_result}}"}
+    ]});
+    let f = fleet(script, json!({"limits": {"toolTimeout": "1s"}}));
+    let started = std::time::Instant::now();
+    let task = f.submit(&["slow"]);
+    let (code, t) = f.wait(&task);
+    assert_eq!(code, 0, "{t}");
+    let result = t["outcome"]["result"].as_str().unwrap();
+    assert!(result.contains("timed out"), "{result}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+#[test]
+fn cancelling_a_running_task_stops_it_and_its_tool_call() {
+    let script = json!({"steps": [
+        {"tool_calls": [{"name": "ws_run", "arguments": {"command": "sleep 47.5"}}]},
+        {"reply": "done"}
+    ]});
+    let f = fleet(script, json!({}));
+    let task = f.submit(&["slow"]);
+    wait_for("the tool call to start", Duration::from_secs(30), || {
+        sleepers().is_empty().then_some(()).is_none().then_some(())
+    })
+    .unwrap();
+    let out = f.hub.cli(&["cancel", &task]).unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (code, t) = f.wait(&task);
+    assert_ne!(code, 0);
+    assert_eq!(t["state"], "cancelled");
+    wait_for("the tool's process to be gone", Duration::from_secs(15), || sleepers().is_empty().then_some(()))
+        .unwrap_or_else(|e| panic!("{e}: {:?}", sleepers()));
+}
+
+/// Processes running `sleep 47.5` (the cancel test's tool call).
+fn sleepers() -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.trim() == "sleep 47.5" {
+            out.push(pid);
+        }
+    }
+    out
+}

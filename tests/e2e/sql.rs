@@ -1,0 +1,548 @@
+//! `agen mcp sql` end to end: the real `agen` binary driven by the official Python MCP SDK client
+//! (`tests/peers/mcp_client.py`) against a real PostgreSQL 15 (started here, in a temp data dir,
+//! on a free loopback port) and a real SQLite file.
+//!
+//! What must hold: the three tools are listed with their argument schemas and `readOnlyHint`;
+//! they work; every known way to write through a "read-only" SQL tool fails (and the data is
+//! checked unchanged afterwards, outside the server); row limits and cell cuts hold; a slow query
+//! is stopped at `--timeout`. Postgres missing is a failure, never a skip.
+
+use std::io::Write;
+use std::os::unix::fs::{chown, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use agen_tests::{agen_bin, free_port, Peers};
+use pretty_assertions::assert_eq;
+use serde_json::{json, Value};
+
+const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// A throwaway PostgreSQL server owned by the `postgres` user, stopped (`-m immediate`) on drop.
+struct Postgres {
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl Postgres {
+    /// Starts a server with database `shop` holding `items` (1,500 rows) and a view `cheap`.
+    fn start() -> Postgres {
+        let initdb = Path::new(PG_BIN).join("initdb");
+        assert!(
+            initdb.exists(),
+            "{} is missing: PostgreSQL 15 must be installed for these tests (apt-get install -y postgresql; \
+             tests/run.sh does it)",
+            initdb.display()
+        );
+        let user = nix::unistd::User::from_name("postgres")
+            .expect("look up the postgres user")
+            .expect("the postgres user exists (Debian's postgresql package creates it)");
+        let dir = tempfile::tempdir().expect("temp dir");
+        for sub in ["data", "sock"] {
+            std::fs::create_dir(dir.path().join(sub)).expect("create dir");
+        }
+        for path in [dir.path().to_path_buf(), dir.path().join("data"), dir.path().join("sock")] {
+            chown(&path, Some(user.uid.as_raw()), Some(user.gid.as_raw())).expect("chown to postgres");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        }
+        let data = dir.path().join("data");
+        as_postgres(&[
+            &Path::new(PG_BIN).join("initdb").to_string_lossy(),
+            "-D",
+            &data.to_string_lossy(),
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+        ]);
+        // A free port can be taken between the probe and the bind: try a few.
+        let mut last = String::new();
+        for _ in 0..3 {
+            let port = free_port();
+            let opts = format!(
+                "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+                dir.path().join("sock").display()
+            );
+            let out = runuser(&[
+                &Path::new(PG_BIN).join("pg_ctl").to_string_lossy(),
+                "-D",
+                &data.to_string_lossy(),
+                "-l",
+                &dir.path().join("server.log").to_string_lossy(),
+                "-o",
+                &opts,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ]);
+            if out.status.success() {
+                let pg = Postgres { dir, port };
+                pg.psql("postgres", "CREATE DATABASE shop");
+                pg.psql(
+                    "shop",
+                    "CREATE TABLE items (id serial PRIMARY KEY, name text NOT NULL, price numeric(10,2), \
+                       note text, tags text[], created timestamptz NOT NULL DEFAULT '2026-01-02 03:04:05+00');
+                     INSERT INTO items (name, price, tags) \
+                       SELECT 'item ' || g, g * 1.5, ARRAY['t' || g, 'all'] FROM generate_series(1, 1500) g;
+                     UPDATE items SET note = repeat('x', 5000) WHERE id = 1;
+                     CREATE VIEW cheap AS SELECT id, name FROM items WHERE price < 10;",
+                );
+                return pg;
+            }
+            last = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            last.push_str(&std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default());
+        }
+        panic!("postgres did not start: {last}");
+    }
+
+    fn dsn(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/shop?sslmode=disable", self.port)
+    }
+
+    /// Runs SQL through `psql` (not through the server under test) and returns its unaligned output.
+    fn psql(&self, db: &str, sql: &str) -> String {
+        let out = runuser(&[
+            &Path::new(PG_BIN).join("psql").to_string_lossy(),
+            "-X",
+            "-q",
+            "-A",
+            "-t",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            "postgres",
+            "-d",
+            db,
+            "-c",
+            sql,
+        ]);
+        assert!(out.status.success(), "psql {sql:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// A fingerprint of everything the bypass attempts could touch.
+    fn fingerprint(&self) -> String {
+        self.psql(
+            "shop",
+            "SELECT (SELECT count(*) FROM items) || ' rows, ' || \
+                    (SELECT md5(string_agg(id || name || coalesce(note, '') , ',' ORDER BY id)) FROM items) || ', ' || \
+                    (SELECT string_agg(relname, ',' ORDER BY relname) FROM pg_class c JOIN pg_namespace n \
+                       ON n.oid = c.relnamespace WHERE n.nspname = 'public') || ', seq ' || \
+                    (SELECT last_value FROM items_id_seq) || ', ro default ' || \
+                    (SELECT setting FROM pg_settings WHERE name = 'default_transaction_read_only')",
+        )
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = runuser(&[
+            &Path::new(PG_BIN).join("pg_ctl").to_string_lossy(),
+            "-D",
+            &self.dir.path().join("data").to_string_lossy(),
+            "-m",
+            "immediate",
+            "-w",
+            "stop",
+        ]);
+    }
+}
+
+fn runuser(args: &[&str]) -> std::process::Output {
+    Command::new("runuser")
+        .args(["-u", "postgres", "--"])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run runuser (util-linux)")
+}
+
+fn as_postgres(args: &[&str]) {
+    let out = runuser(args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs `agen mcp sql --dsn-env MYDSN --timeout 1s` under the Python SDK client with `calls`,
+/// the DSN only in the server's environment; returns the client's JSON report.
+fn drive(dsn: &str, calls: &Value) -> Value {
+    let mut child = Command::new(Peers::python())
+        .arg(Peers::script("mcp_client.py"))
+        .args(["--env", &format!("MYDSN={dsn}"), "--timeout", "60", "--"])
+        .arg(agen_bin())
+        .args(["mcp", "sql", "--dsn-env", "MYDSN", "--timeout", "1s"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the python MCP client");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(calls.to_string().as_bytes())
+        .expect("write calls");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let pid = child.id();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(Duration::from_secs(300)) {
+        Ok(out) => out.expect("wait for the client"),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+            panic!("the MCP client did not finish within 300 s");
+        }
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the MCP session failed: {stderr}");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("client output is not JSON ({e}): {stderr}"))
+}
+
+fn call(name: &str, arguments: Value) -> Value {
+    json!({"name": name, "arguments": arguments})
+}
+
+fn query(sql: &str) -> Value {
+    call("query", json!({ "sql": sql }))
+}
+
+/// The result texts, asserting the success/failure of each.
+fn texts(report: &Value, expect_error: bool) -> Vec<String> {
+    report["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| {
+            assert_eq!(
+                r["is_error"].as_bool(),
+                Some(expect_error),
+                "call {} gave is_error={} (protocol error: {}): {}",
+                r["name"],
+                r["is_error"],
+                r["error"],
+                r["text"]
+            );
+            assert!(r["error"].is_null(), "a protocol-level error instead of a tool result: {}", r["error"]);
+            r["text"].as_str().unwrap_or_default().to_owned()
+        })
+        .collect()
+}
+
+fn json_rows(text: &str) -> Vec<Value> {
+    text.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).expect("row JSON")).collect()
+}
+
+/// The listing: three tools, their contract arguments, all read-only.
+fn assert_tool_listing(report: &Value) {
+    let tools = report["tools"].as_array().expect("tools");
+    let mut listed: Vec<(String, Vec<String>, Vec<String>, Value)> = tools
+        .iter()
+        .map(|t| {
+            let mut props: Vec<String> =
+                t["inputSchema"]["properties"].as_object().map(|p| p.keys().cloned().collect()).unwrap_or_default();
+            props.sort();
+            let mut required: Vec<String> = t["inputSchema"]["required"]
+                .as_array()
+                .map(|r| r.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+                .unwrap_or_default();
+            required.sort();
+            (t["name"].as_str().unwrap_or_default().to_owned(), props, required, t["annotations"]["readOnlyHint"].clone())
+        })
+        .collect();
+    listed.sort();
+    let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        listed,
+        vec![
+            ("describe".to_owned(), s(&["table"]), s(&["table"]), json!(true)),
+            ("query".to_owned(), s(&["limit", "sql"]), s(&["sql"]), json!(true)),
+            ("tables".to_owned(), s(&[]), s(&[]), json!(true)),
+        ]
+    );
+    assert_eq!(report["server_info"]["name"], json!("agen-sql"));
+}
+
+#[test]
+fn postgres_tables_describe_and_query_work_through_the_python_sdk() {
+    let pg = Postgres::start();
+    let report = drive(
+        &pg.dsn(),
+        &json!([
+            call("tables", json!({})),
+            call("describe", json!({"table": "items"})),
+            call("describe", json!({"table": "public.cheap"})),
+            query("SELECT id, name, price, tags, created FROM items WHERE id <= 2 ORDER BY id"),
+            query("SHOW transaction_read_only"),
+            query("SHOW statement_timeout"),
+        ]),
+    );
+    assert_tool_listing(&report);
+    let t = texts(&report, false);
+    assert_eq!(t[0], "public.cheap (view)\npublic.items (table)\n");
+    assert_eq!(
+        t[1],
+        "items: 6 columns\n\
+         id       integer                   not null\n\
+         name     text                      not null\n\
+         price    numeric(10,2)             null\n\
+         note     text                      null\n\
+         tags     text[]                    null\n\
+         created  timestamp with time zone  not null\n"
+    );
+    assert!(t[2].starts_with("cheap: 2 columns\n"), "{}", t[2]);
+    assert_eq!(
+        json_rows(&t[3]),
+        vec![
+            json!({"id": 1, "name": "item 1", "price": "1.50", "tags": ["t1", "all"], "created": "2026-01-02 03:04:05+00"}),
+            json!({"id": 2, "name": "item 2", "price": "3.00", "tags": ["t2", "all"], "created": "2026-01-02 03:04:05+00"}),
+        ]
+    );
+    assert!(t[3].contains("(2 rows; columns: id, name, price, tags, created)"), "{}", t[3]);
+    assert_eq!(json_rows(&t[4]), vec![json!({"transaction_read_only": "on"})]);
+    assert_eq!(json_rows(&t[5]), vec![json!({"statement_timeout": "1s"})]);
+}
+
+#[test]
+fn postgres_bypass_attempts_all_fail_and_leave_the_data_unchanged() {
+    let pg = Postgres::start();
+    let before = pg.fingerprint();
+    let attempts = [
+        "COMMIT; DROP TABLE items",
+        "END; INSERT INTO items (name) VALUES ('evil')",
+        "SELECT 1; DELETE FROM items",
+        "SELECT 1; COMMIT; DELETE FROM items",
+        "/* just a comment */ DELETE FROM items",
+        "-- a read\nUPDATE items SET name = 'evil'",
+        "DROP TABLE items",
+        "TRUNCATE items",
+        "CREATE TABLE evil (x int)",
+        "INSERT INTO items (name) VALUES ('evil')",
+        "SET TRANSACTION READ WRITE",
+        "SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE",
+        "SET statement_timeout = 0",
+        "RESET statement_timeout",
+        "RESET ALL",
+        "BEGIN READ WRITE",
+        "START TRANSACTION READ WRITE",
+        "SELECT set_config('default_transaction_read_only', 'off', false)",
+        "SELECT set_config('transaction_read_only', 'off', true)",
+        "SELECT pg_catalog.set_config('statement_timeout', '0', true), pg_sleep(3)",
+        "WITH gone AS (DELETE FROM items RETURNING *) SELECT count(*) FROM gone",
+        "WITH x AS (UPDATE items SET name = 'evil' RETURNING 1) SELECT * FROM x",
+        "SELECT * INTO stolen FROM items",
+        "SELECT * FROM items FOR UPDATE",
+        "EXPLAIN ANALYZE DELETE FROM items",
+        "SELECT nextval('items_id_seq')",
+        "DO $$ BEGIN DELETE FROM items; END $$",
+        "COPY items TO '/tmp/agen-sql-e2e-copy'",
+        "PREPARE p AS DELETE FROM items",
+        "LOCK TABLE items",
+        "SELECT lo_import('/etc/hostname')",
+        "SELECT query_to_xml('DELETE FROM items', true, true, '')",
+    ];
+    let calls: Vec<Value> = attempts.iter().map(|sql| query(sql)).collect();
+    let report = drive(&pg.dsn(), &Value::Array(calls));
+    let results = report["results"].as_array().expect("results");
+    for (sql, result) in attempts.iter().zip(results) {
+        assert_eq!(result["is_error"], json!(true), "{sql:?} was not refused: {}", result["text"]);
+        assert!(result["error"].is_null(), "{sql:?} failed at the protocol level: {}", result["error"]);
+        let text = result["text"].as_str().unwrap_or_default();
+        assert!(!text.is_empty(), "{sql:?}: the refusal must say why");
+    }
+    assert_eq!(pg.fingerprint(), before, "the data changed");
+    assert!(!Path::new("/tmp/agen-sql-e2e-copy").exists());
+}
+
+#[test]
+fn postgres_row_limits_cell_cuts_and_the_timeout_hold() {
+    let pg = Postgres::start();
+    let report = drive(
+        &pg.dsn(),
+        &json!([
+            query("SELECT id FROM items ORDER BY id"),
+            call("query", json!({"sql": "SELECT id FROM items ORDER BY id", "limit": 1000})),
+            call("query", json!({"sql": "SELECT id FROM items ORDER BY id", "limit": 5000})),
+            call("query", json!({"sql": "SELECT id FROM items ORDER BY id", "limit": 7})),
+            query("SELECT note FROM items WHERE id = 1"),
+            query("SELECT pg_sleep(5)"),
+            query("SELECT 'still serving' AS status"),
+        ]),
+    );
+    let results = report["results"].as_array().expect("results");
+    let text = |i: usize| results[i]["text"].as_str().unwrap_or_default().to_owned();
+    for i in [0, 1, 2, 3, 4, 6] {
+        assert_eq!(results[i]["is_error"], json!(false), "call {i}: {}", text(i));
+    }
+    assert_eq!(json_rows(&text(0)).len(), 100);
+    assert!(text(0).contains("(100 rows; the query returned more;"), "{}", text(0));
+    assert!(text(0).contains("Cut at the row limit (100)"), "{}", text(0));
+    assert_eq!(json_rows(&text(1)).len(), 1000);
+    assert_eq!(json_rows(&text(1))[999], json!({"id": 1000}));
+    assert_eq!(json_rows(&text(2)).len(), 1000);
+    assert!(text(2).contains("above the maximum"), "{}", text(2));
+    assert_eq!(json_rows(&text(3)).len(), 7);
+    let note = json_rows(&text(4))[0]["note"].as_str().expect("note").to_owned();
+    assert_eq!(note, format!("{}… [cut: 5000 characters]", "x".repeat(1000)));
+    assert!(text(4).contains("longer than 1000 characters"), "{}", text(4));
+    // The slow query: stopped at the 1 s timeout, as a tool error, and the server goes on.
+    assert_eq!(results[5]["is_error"], json!(true), "{}", text(5));
+    assert!(text(5).contains("stopped after 1s"), "{}", text(5));
+    let elapsed = results[5]["elapsed_ms"].as_u64().expect("elapsed");
+    assert!(elapsed < 4_000, "the slow query took {elapsed} ms");
+    assert_eq!(json_rows(&text(6)), vec![json!({"status": "still serving"})]);
+}
+
+/// A SQLite file with `items` (1,500 rows, one long note) and a view, made with Python's sqlite3.
+fn sqlite_fixture(dir: &Path) -> PathBuf {
+    let path = dir.join("shop.db");
+    let script = format!(
+        "import sqlite3\n\
+         c = sqlite3.connect({path:?})\n\
+         c.executescript('''\n\
+           CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL, price REAL, note TEXT);\n\
+           CREATE VIEW cheap AS SELECT id, name FROM items WHERE price < 10;\n\
+         ''')\n\
+         c.executemany('INSERT INTO items (id, name, price, note) VALUES (?, ?, ?, ?)',\n\
+           [(i, 'item %d' % i, i * 1.5, 'x' * 5000 if i == 1 else None) for i in range(1, 1501)])\n\
+         c.commit()\n",
+        path = path.to_string_lossy()
+    );
+    let out = Command::new(Peers::python()).args(["-c", &script]).output().expect("run python");
+    assert!(out.status.success(), "sqlite fixture: {}", String::from_utf8_lossy(&out.stderr));
+    path
+}
+
+fn sqlite_fingerprint(path: &Path) -> String {
+    let script = format!(
+        "import sqlite3, hashlib\n\
+         c = sqlite3.connect('file:' + {path:?} + '?mode=ro', uri=True)\n\
+         rows = c.execute('SELECT id, name, price, note FROM items ORDER BY id').fetchall()\n\
+         names = c.execute('SELECT group_concat(name) FROM (SELECT name FROM sqlite_schema ORDER BY name)').fetchone()[0]\n\
+         uv = c.execute('PRAGMA user_version').fetchone()[0]\n\
+         print(len(rows), hashlib.md5(repr(rows).encode()).hexdigest(), names, uv)\n",
+        path = path.to_string_lossy()
+    );
+    let out = Command::new(Peers::python()).args(["-c", &script]).output().expect("run python");
+    assert!(out.status.success(), "sqlite fingerprint: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn sqlite_tools_limits_and_timeout_work_through_the_python_sdk() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = sqlite_fixture(dir.path());
+    let report = drive(
+        &db.to_string_lossy(),
+        &json!([
+            call("tables", json!({})),
+            call("describe", json!({"table": "items"})),
+            query("SELECT id, name, price FROM items WHERE id <= 2 ORDER BY id"),
+            query("PRAGMA table_info(items)"),
+            query("SELECT id FROM items ORDER BY id"),
+            call("query", json!({"sql": "SELECT id FROM items ORDER BY id", "limit": 1000})),
+            query("SELECT note FROM items WHERE id = 1"),
+            query("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"),
+            query("SELECT 'still serving' AS status"),
+        ]),
+    );
+    assert_tool_listing(&report);
+    let results = report["results"].as_array().expect("results");
+    let text = |i: usize| results[i]["text"].as_str().unwrap_or_default().to_owned();
+    for i in [0, 1, 2, 3, 4, 5, 6, 8] {
+        assert_eq!(results[i]["is_error"], json!(false), "call {i}: {}", text(i));
+    }
+    assert_eq!(text(0), "cheap (view)\nitems (table)\n");
+    assert_eq!(
+        text(1),
+        "items: 4 columns\nid     INTEGER  null\nname   TEXT     not null\nprice  REAL     null\nnote   TEXT     null\n"
+    );
+    assert_eq!(
+        json_rows(&text(2)),
+        vec![json!({"id": 1, "name": "item 1", "price": 1.5}), json!({"id": 2, "name": "item 2", "price": 3.0})]
+    );
+    assert_eq!(json_rows(&text(3)).len(), 4);
+    assert_eq!(json_rows(&text(4)).len(), 100);
+    assert!(text(4).contains("Cut at the row limit (100)"), "{}", text(4));
+    assert_eq!(json_rows(&text(5)).len(), 1000);
+    assert!(text(5).contains("the query returned more"), "{}", text(5));
+    let note = json_rows(&text(6))[0]["note"].as_str().expect("note").to_owned();
+    assert_eq!(note, format!("{}… [cut: 5000 characters]", "x".repeat(1000)));
+    assert_eq!(results[7]["is_error"], json!(true), "{}", text(7));
+    assert!(text(7).contains("stopped after 1s"), "{}", text(7));
+    let elapsed = results[7]["elapsed_ms"].as_u64().expect("elapsed");
+    assert!(elapsed < 4_000, "the runaway query took {elapsed} ms");
+    assert_eq!(json_rows(&text(8)), vec![json!({"status": "still serving"})]);
+}
+
+#[test]
+fn sqlite_bypass_attempts_all_fail_and_leave_the_file_unchanged() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = sqlite_fixture(dir.path());
+    let before = sqlite_fingerprint(&db);
+    let other = dir.path().join("other.db");
+    let copy = dir.path().join("copy.db");
+    let attempts = vec![
+        "SELECT 1; DELETE FROM items".to_owned(),
+        "SELECT 1; DROP TABLE items".to_owned(),
+        "/* a read */ DELETE FROM items".to_owned(),
+        "/* /* */ DROP TABLE items /* */".to_owned(),
+        "-- a read\nUPDATE items SET name = 'evil'".to_owned(),
+        "INSERT INTO items (name) VALUES ('evil')".to_owned(),
+        "REPLACE INTO items (id, name) VALUES (1, 'evil')".to_owned(),
+        "WITH x AS (SELECT 1) DELETE FROM items".to_owned(),
+        "CREATE TABLE evil (x)".to_owned(),
+        "CREATE TEMP TABLE evil AS SELECT * FROM items".to_owned(),
+        "DROP VIEW cheap".to_owned(),
+        "BEGIN; DELETE FROM items; COMMIT".to_owned(),
+        "BEGIN IMMEDIATE".to_owned(),
+        format!("ATTACH DATABASE '{}' AS other", other.display()),
+        "DETACH DATABASE main".to_owned(),
+        format!("VACUUM INTO '{}'", copy.display()),
+        "VACUUM".to_owned(),
+        "SELECT load_extension('/nonexistent/evil.so')".to_owned(),
+        "PRAGMA query_only = 0".to_owned(),
+        "PRAGMA query_only = OFF".to_owned(),
+        "PRAGMA writable_schema = 1".to_owned(),
+        "PRAGMA user_version = 42".to_owned(),
+        "PRAGMA journal_mode = WAL".to_owned(),
+        "ANALYZE".to_owned(),
+        "REINDEX".to_owned(),
+    ];
+    let calls: Vec<Value> = attempts.iter().map(|sql| query(sql)).collect();
+    let report = drive(&db.to_string_lossy(), &Value::Array(calls));
+    let results = report["results"].as_array().expect("results");
+    for (sql, result) in attempts.iter().zip(results) {
+        assert_eq!(result["is_error"], json!(true), "{sql:?} was not refused: {}", result["text"]);
+        assert!(result["error"].is_null(), "{sql:?} failed at the protocol level: {}", result["error"]);
+        assert!(!result["text"].as_str().unwrap_or_default().is_empty(), "{sql:?}: the refusal must say why");
+    }
+    assert_eq!(sqlite_fingerprint(&db), before, "the database changed");
+    assert!(!other.exists(), "ATTACH created {}", other.display());
+    assert!(!copy.exists(), "VACUUM INTO wrote {}", copy.display());
+}
+
+#[test]
+fn a_missing_dsn_variable_stops_the_server_with_a_clear_error() {
+    let out = Command::new(agen_bin())
+        .args(["mcp", "sql", "--dsn-env", "AGEN_SQL_E2E_UNSET"])
+        .env_remove("AGEN_SQL_E2E_UNSET")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run agen mcp sql");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("AGEN_SQL_E2E_UNSET is not set"), "{stderr}");
+    assert!(out.stdout.is_empty(), "stdout is the protocol and must stay clean: {:?}", out.stdout);
+}
