@@ -170,8 +170,7 @@ impl HubProcess {
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.proc.kill9();
         let fresh = Self::start_on(&self.dir, self.port, &self.nest_ttl.clone())?;
-        let old = std::mem::replace(self, fresh);
-        std::mem::forget(old.proc.child);
+        *self = fresh;
         Ok(())
     }
 
