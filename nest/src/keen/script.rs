@@ -211,6 +211,7 @@ pub fn run_script_blocking(
     drop(context);
     drop(runtime);
     match outcome {
+        Step::TimedOut => ScriptOutcome::TimedOut,
         _ if timed_out.load(Ordering::SeqCst) => ScriptOutcome::TimedOut,
         Step::Done(o) => o,
         Step::Failed(msg) if is_oom(&msg) => ScriptOutcome::OutOfMemory,
@@ -220,6 +221,7 @@ pub fn run_script_blocking(
 
 enum Step {
     Done(ScriptOutcome),
+    TimedOut,
     Failed(String),
 }
 
@@ -317,7 +319,7 @@ fn run_steps(
     // Drive the job queue until exec's promise settles, then drain what is left.
     loop {
         if Instant::now() >= deadline {
-            return Ok(Step::Failed("interrupted".into()));
+            return Ok(Step::TimedOut);
         }
         match promise.result::<Value>() {
             Some(Ok(_)) => break,
@@ -332,7 +334,12 @@ fn run_steps(
             }
         }
     }
-    while Instant::now() < deadline && ctx.execute_pending_job() {}
+    // Jobs still queued at the deadline mean the script is still running.
+    while ctx.execute_pending_job() {
+        if Instant::now() >= deadline {
+            return Ok(Step::TimedOut);
+        }
+    }
 
     let collect: Function = ctx.eval(COLLECT)?;
     let collected: String = collect.call((dict_js,))?;
