@@ -5,3 +5,4 @@
 mod fleet;
 mod sql;
 mod runs;
+mod keen;
