@@ -18,7 +18,7 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
-    // wired to agen_nest::model::fake::serve_cli once it lands
-    let _ = (args.script, args.listen, args.port_file);
-    anyhow::bail!("agen fake-model is being built")
+    agen_shared::telemetry::init("info");
+    agen_nest::model::fake::serve_cli(args.script, args.listen, args.port_file).await?;
+    Ok(0)
 }

@@ -15,7 +15,5 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
-    // wired to agen_nest::instance::standalone::run_cli once the harness lands
-    let _ = (args.dir, args.prompt, args.model);
-    anyhow::bail!("agen run is being built")
+    agen_nest::instance::standalone::run_cli(args.dir, args.prompt, args.model).await
 }
