@@ -152,6 +152,8 @@ pub fn parse_registry(file: &str, text: &str) -> Result<Vec<KeenTool>> {
                     None
                 }
             },
+            // The type is wrong: already reported, the entry cannot be judged.
+            (Some(Value::String(_)), None) => None,
             (Some(Value::String(e)), Some(_)) => match split_flow_entry(e) {
                 Some((c, s)) if is_safe_controller(c) => Some(ToolEntry::Flow {
                     controller: c.to_string(),
@@ -288,8 +290,10 @@ impl KeenBundle {
                     }
                 }
                 ToolEntry::Flow { controller, start_node } => match flows.get(controller) {
+                    // An invalid flow file has been reported above.
+                    None if flows_dir.join(format!("{controller}.json")).is_file() => {}
                     None => problems.push(format!(
-                        "{REGISTRY_FILE}: [{i}].entry: flow file flows/{controller}.json does not exist (or is invalid)"
+                        "{REGISTRY_FILE}: [{i}].entry: flow file flows/{controller}.json does not exist"
                     )),
                     Some(flow) => match flow.nodes.get(start_node) {
                         Some(FlowNode::Start { .. }) => {}
