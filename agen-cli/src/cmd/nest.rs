@@ -1,9 +1,118 @@
-//! `agen nest`.
+//! `agen nest`: the node daemon. Parses flags into [`NestOptions`], wires SIGTERM/SIGINT to the
+//! shutdown token and calls `agen_nest::daemon::run`. Logs go to stderr; stdout stays empty.
+//! A bad flag exits 64.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use agen_nest::config::{default_data_dir, host_name, NestOptions, DEFAULT_CAPACITY};
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
 
 /// Arguments of `agen nest`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// The Hub's URL, e.g. https://hub.example:7443
+    #[arg(long, env = "AGEN_HUB")]
+    pub hub: String,
+    /// The join token printed by `agen hub` (also in <hub data dir>/join-token)
+    #[arg(long = "join", env = "AGEN_JOIN_TOKEN", hide_env_values = true)]
+    pub join: String,
+    /// Where the node id, the bundle cache and the instance socket live
+    /// [default: ~/.local/share/agen/nest]
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// The Nest's name in `agen nests` [default: the host name]
+    #[arg(long)]
+    pub name: Option<String>,
+    /// A label for placement selectors (repeatable)
+    #[arg(long = "label", value_name = "K=V")]
+    pub labels: Vec<String>,
+    /// Maximum number of instances
+    #[arg(long, default_value_t = DEFAULT_CAPACITY)]
+    pub capacity: u32,
+}
 
-pub async fn run(_args: Args) -> anyhow::Result<i32> {
-    anyhow::bail!("agen nest is being built")
+/// Parses `k=v` labels; the error names the bad one.
+pub fn parse_labels(labels: &[String]) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for l in labels {
+        match l.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => {
+                out.insert(k.trim().to_string(), v.trim().to_string());
+            }
+            _ => return Err(format!("--label {l}: expected key=value, e.g. --label zone=eu-1")),
+        }
+    }
+    Ok(out)
+}
+
+pub async fn run(args: Args) -> anyhow::Result<i32> {
+    agen_shared::telemetry::init("info");
+    let labels = match parse_labels(&args.labels) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(64);
+        }
+    };
+    if args.capacity == 0 {
+        eprintln!("error: --capacity must be at least 1");
+        return Ok(64);
+    }
+    let mut opts = NestOptions::new(args.hub, args.join);
+    opts.data_dir = args.data_dir.unwrap_or_else(default_data_dir);
+    opts.name = args.name.unwrap_or_else(host_name);
+    opts.labels = labels;
+    opts.capacity = args.capacity;
+    opts.agen_bin = std::env::current_exe().context("while finding the agen binary to run instances with")?;
+
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone())?;
+    match agen_nest::daemon::run(opts, shutdown).await {
+        Ok(()) => Ok(0),
+        Err(e) => {
+            eprintln!("error: {e}");
+            Ok(1)
+        }
+    }
+}
+
+/// SIGTERM and SIGINT cancel `token` (a second signal exits at once).
+pub fn spawn_signal_handler(token: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("while installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("while installing the SIGINT handler")?;
+    tokio::spawn(async move {
+        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        tracing::info!("signal received: shutting down");
+        token.cancel();
+        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        tracing::warn!("second signal: exiting now");
+        std::process::exit(130);
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(input: &[&str], expected: Result<Vec<(&str, &str)>, &str>) {
+        let input: Vec<String> = input.iter().map(|s| s.to_string()).collect();
+        let got = parse_labels(&input);
+        let expected = expected
+            .map(|v| v.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>())
+            .map_err(str::to_string);
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn labels_are_key_value_pairs() {
+        check(&["zone=eu-1", "gpu=true"], Ok(vec![("gpu", "true"), ("zone", "eu-1")]));
+        check(&["empty="], Ok(vec![("empty", "")]));
+        check(&["a=b=c"], Ok(vec![("a", "b=c")]));
+        check(&["zone"], Err("--label zone: expected key=value, e.g. --label zone=eu-1"));
+        check(&["=v"], Err("--label =v: expected key=value, e.g. --label zone=eu-1"));
+    }
 }

@@ -1,0 +1,171 @@
+//! The Nest's configuration ([`NestOptions`]), its error type ([`NestError`]) and the files it
+//! keeps in its data dir (`node-id`, `nest.sock`, `bundles/`, `children.json`, `hub-ca.pem`).
+//!
+//! Invariants: the node id is created once and then read back on every start, so a Nest keeps
+//! its identity across restarts; nothing here binds a socket or talks to the network.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Default number of instances a Nest runs at most.
+pub const DEFAULT_CAPACITY: u32 = 32;
+
+/// Everything `daemon::run` needs. `agen nest` builds it from flags; `agen up` builds several.
+#[derive(Debug, Clone)]
+pub struct NestOptions {
+    /// The Hub's URL (`https://host:port`, or `http://` for a plaintext loopback Hub).
+    pub hub: String,
+    /// `agen1.<ca sha256>.<secret>`: presented as the bearer token on every NestService call.
+    pub join_token: String,
+    /// Where the node id, the socket, the bundle cache and the children registry live.
+    pub data_dir: PathBuf,
+    /// Shown by `agen nests`; defaults to the host name.
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// Maximum number of instances.
+    pub capacity: u32,
+    /// The agen binary that instances run as (`<agen_bin> instance ...`).
+    pub agen_bin: PathBuf,
+    /// The Nest's environment, for secrets with `source: env`.
+    pub env: Vec<(String, String)>,
+}
+
+impl NestOptions {
+    /// Options with the documented defaults: data dir `~/.local/share/agen/nest`, name = host
+    /// name, capacity 32, the current executable, the process environment.
+    pub fn new(hub: impl Into<String>, join_token: impl Into<String>) -> NestOptions {
+        NestOptions {
+            hub: hub.into(),
+            join_token: join_token.into(),
+            data_dir: default_data_dir(),
+            name: host_name(),
+            labels: BTreeMap::new(),
+            capacity: DEFAULT_CAPACITY,
+            agen_bin: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("agen")),
+            env: std::env::vars().collect(),
+        }
+    }
+
+    pub fn socket_path(&self) -> PathBuf {
+        self.data_dir.join("nest.sock")
+    }
+    pub fn bundles_dir(&self) -> PathBuf {
+        self.data_dir.join("bundles")
+    }
+    pub fn children_file(&self) -> PathBuf {
+        self.data_dir.join("children.json")
+    }
+    pub fn ca_file(&self) -> PathBuf {
+        self.data_dir.join("hub-ca.pem")
+    }
+    /// The value of an environment variable of the Nest, from [`NestOptions::env`].
+    pub fn env_var(&self, name: &str) -> Option<&str> {
+        self.env.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// `~/.local/share/agen/nest` (or `$XDG_DATA_HOME/agen/nest`).
+pub fn default_data_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(x).join("agen/nest");
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    home.join(".local/share/agen/nest")
+}
+
+/// The machine's host name, or `nest` when it cannot be read.
+pub fn host_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "nest".to_string())
+}
+
+/// Errors of the Nest daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum NestError {
+    #[error("nest data dir {}: {action}: {source}; check the path and its permissions (--data-dir)", path.display())]
+    DataDir {
+        path: PathBuf,
+        action: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("bad --hub URL `{url}`: {reason}; expected https://host:port (or http:// for a plaintext Hub)")]
+    HubUrl { url: String, reason: String },
+    #[error("bad join token: {0}; use the token the Hub wrote to <hub data dir>/join-token")]
+    JoinToken(String),
+    #[error("cannot trust the hub at {url}: {reason}")]
+    Trust { url: String, reason: String },
+    #[error("cannot listen on the instance socket {}: {source}", path.display())]
+    Socket {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("bundle {digest}: {reason}")]
+    Bundle { digest: String, reason: String },
+    #[error("cannot start instance {instance}: {source}")]
+    Spawn {
+        instance: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T, E = NestError> = std::result::Result<T, E>;
+
+/// Reads `<data-dir>/node-id`, creating it (a fresh UUID) on first start.
+pub fn load_or_create_node_id(data_dir: &Path) -> Result<String> {
+    let path = data_dir.join("node-id");
+    let err = |action: &'static str| {
+        let path = path.clone();
+        move |source| NestError::DataDir { path, action, source }
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(s) if !s.trim().is_empty() => return Ok(s.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err("cannot read")(e)),
+    }
+    let id = uuid::Uuid::new_v4().to_string();
+    let tmp = data_dir.join(".node-id.tmp");
+    std::fs::write(&tmp, format!("{id}\n")).map_err(err("cannot write"))?;
+    std::fs::rename(&tmp, &path).map_err(err("cannot write"))?;
+    Ok(id)
+}
+
+/// Creates the data dir (mode 0700) if needed.
+pub fn prepare_data_dir(data_dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(data_dir).map_err(|source| NestError::DataDir {
+        path: data_dir.to_path_buf(),
+        action: "cannot create",
+        source,
+    })?;
+    let _ = std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o700));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_id_is_created_once_and_read_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = load_or_create_node_id(dir.path()).expect("create");
+        let second = load_or_create_node_id(dir.path()).expect("read");
+        assert_eq!(first, second);
+        assert_eq!(first.len(), 36);
+    }
+
+    #[test]
+    fn env_var_reads_the_nest_environment_not_the_process() {
+        let mut o = NestOptions::new("http://127.0.0.1:1", "t");
+        o.env = vec![("A".into(), "1".into()), ("A".into(), "2".into())];
+        assert_eq!(o.env_var("A"), Some("2"));
+        assert_eq!(o.env_var("B"), None);
+    }
+}

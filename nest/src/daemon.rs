@@ -1,0 +1,73 @@
+//! The Nest daemon's entry point, [`run`]: prepares the data dir, reaps leftovers of a previous
+//! run, listens on the instance socket, keeps the Hub link up, and on shutdown stops every
+//! instance before returning.
+//!
+//! Invariants: shutdown is "cancel, then wait under a grace period" and says whether it was
+//! graceful; nothing this Nest started outlives `run` (instances get SIGTERM, then SIGKILL;
+//! whatever a crashed predecessor left is SIGKILLed at start); READY is sent to systemd
+//! (`NOTIFY_SOCKET`) after the first registration with the Hub.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::bundles::BundleCache;
+pub use crate::config::{NestError, NestOptions};
+use crate::config::{load_or_create_node_id, prepare_data_dir, Result};
+use crate::hub_link::{self, ClientSlot, LinkContext, Outbox};
+use crate::socket;
+use crate::supervisor::children::Children;
+use crate::supervisor::{Supervisor, STOP_GRACE};
+
+/// Runs a Nest until `shutdown` is cancelled. Several Nests may run in one process (`agen up
+/// --nests N`), each with its own data dir.
+pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), NestError> {
+    if opts.name.trim().is_empty() {
+        return Err(NestError::HubUrl { url: opts.hub.clone(), reason: "the nest name is empty; pass --name".into() });
+    }
+    prepare_data_dir(&opts.data_dir)?;
+    let nest_id = load_or_create_node_id(&opts.data_dir)?;
+    let opts = Arc::new(opts);
+
+    let children = Arc::new(Children::open(&opts.children_file()));
+    for rec in children.reap_leftovers() {
+        tracing::warn!(what = %rec.what, pgid = rec.pgid, "killed a leftover of a previous run of this nest");
+    }
+    let socket_path = opts.socket_path();
+    let listener = socket::listen(&socket_path).map_err(|source| NestError::Socket { path: socket_path.clone(), source })?;
+
+    let own = shutdown.child_token();
+    let client = Arc::new(ClientSlot::default());
+    let outbox = Arc::new(Outbox::default());
+    let bundles = Arc::new(BundleCache::new(opts.clone(), client.clone()));
+    let supervisor = Supervisor::new(opts.clone(), children, bundles, outbox.clone(), own.child_token());
+    let serve = tokio::spawn(supervisor.clone().serve(listener));
+
+    tracing::info!(nest_id = %nest_id, name = %opts.name, hub = %opts.hub, data_dir = %opts.data_dir.display(), capacity = opts.capacity, "nest starting");
+    let ctx = LinkContext {
+        opts: opts.clone(),
+        nest_id,
+        supervisor: supervisor.clone(),
+        outbox,
+        on_first_registered: Some(Box::new(|| {
+            if std::env::var_os("NOTIFY_SOCKET").is_some() {
+                if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+                    tracing::warn!("cannot notify systemd: {e}");
+                }
+            }
+        })),
+    };
+    hub_link::run(ctx, client, own.clone()).await;
+
+    tracing::info!(instances = supervisor.len(), "nest shutting down: stopping instances");
+    own.cancel();
+    let graceful = supervisor.shutdown(STOP_GRACE).await;
+    let _ = serve.await;
+    let _ = std::fs::remove_file(&socket_path);
+    if graceful {
+        tracing::info!("nest stopped gracefully");
+    } else {
+        tracing::warn!("nest stopped: some instances had to be killed after the grace period");
+    }
+    Ok(())
+}

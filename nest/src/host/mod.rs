@@ -1,0 +1,399 @@
+//! The `agen instance` process: one running copy of a deployment. It connects to its Nest's
+//! Unix socket, says hello, gets its placement (deployment, concurrency, resolved secrets),
+//! loads the bundle, starts the tool servers ([`ToolHost`]), reports its state, runs the
+//! harness for every run the Nest forwards, and streams each run's events back.
+//!
+//! Invariants: the instance never holds Hub credentials (the Nest is its only peer); it exits
+//! when its socket to the Nest closes (and the kernel kills it if the Nest dies: PDEATHSIG set
+//! by the Nest); when a tool server dies it reports itself unhealthy (the Hub replaces it) and
+//! never restarts the server itself; at most `concurrency` runs execute at once; event seqs
+//! start at 1 per `(run_id, attempt)`; a `sync` event returns only after the Hub acked it; the
+//! last event of every run is one `run.finished` (`{state, result, response_type, messages}`),
+//! sent `sync`.
+
+mod sink;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agen_shared::bundle::Bundle;
+use serde_json::{json, Value};
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::instance::{Harness, RunEventRecord, RunRequest};
+use crate::mcp::{LaunchContext, ToolHost};
+use crate::socket::{self, HostState, InstanceStatus, Placement, RunAssignment, ToInstance, ToNest};
+pub use sink::NestSink;
+
+/// How long one tool server may take to start and list its tools.
+const SERVER_START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Arguments of `agen instance` (given by the Nest).
+#[derive(Debug, Clone)]
+pub struct HostArgs {
+    pub socket: PathBuf,
+    pub instance_id: String,
+    pub bundle_dir: PathBuf,
+    /// The agen binary (`AGEN_BIN` for tool servers).
+    pub agen_bin: PathBuf,
+}
+
+/// Why the instance could not even talk to its Nest.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("cannot connect to the nest socket {}: {source}", path.display())]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Socket(#[from] socket::SocketError),
+    #[error("the nest refused instance {id}: {reason}")]
+    Refused { id: String, reason: String },
+    #[error("the nest closed the socket before sending the placement of instance {0}")]
+    NoPlacement(String),
+}
+
+/// State shared by the instance's tasks.
+struct Shared {
+    to_nest: mpsc::UnboundedSender<ToNest>,
+    status: Mutex<InstanceStatus>,
+    runs: Mutex<HashMap<String, RunCtl>>,
+}
+
+/// One run in this instance.
+struct RunCtl {
+    attempt: u32,
+    cancel: CancellationToken,
+    /// `(acked_seq, fenced)` as the Hub last said.
+    acks: watch::Sender<(u64, bool)>,
+}
+
+impl Shared {
+    fn set_status(&self, f: impl FnOnce(&mut InstanceStatus)) {
+        let snapshot = {
+            let mut st = self.status.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut st);
+            st.active_runs = self.active_runs();
+            st.clone()
+        };
+        let _ = self.to_nest.send(ToNest::Status(snapshot));
+    }
+
+    fn active_runs(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.runs.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        v.sort();
+        v
+    }
+}
+
+/// Runs the instance until the Nest closes the socket. Returns the exit code.
+pub async fn run(args: HostArgs) -> Result<i32, HostError> {
+    let stream = UnixStream::connect(&args.socket)
+        .await
+        .map_err(|source| HostError::Connect { path: args.socket.clone(), source })?;
+    let (mut reader, mut writer) = socket::split::<ToInstance, ToNest>(stream);
+    writer.send(&ToNest::Hello { instance_id: args.instance_id.clone(), pid: std::process::id() }).await?;
+    let placement = match reader.next().await? {
+        Some(ToInstance::Placement(p)) => p,
+        Some(ToInstance::Refused { reason }) => return Err(HostError::Refused { id: args.instance_id, reason }),
+        Some(other) => {
+            tracing::warn!("expected a placement first, got {other:?}");
+            return Err(HostError::NoPlacement(args.instance_id));
+        }
+        None => return Err(HostError::NoPlacement(args.instance_id)),
+    };
+    tracing::info!(instance = %placement.instance_id, namespace = %placement.namespace, deployment = %placement.deployment, "instance starting");
+
+    let (to_nest, mut out_rx) = mpsc::unbounded_channel::<ToNest>();
+    let writer_task = tokio::spawn(async move {
+        while let Some(m) = out_rx.recv().await {
+            if let Err(e) = writer.send(&m).await {
+                tracing::warn!("{e}");
+                break;
+            }
+        }
+    });
+    let shared = Arc::new(Shared {
+        to_nest,
+        status: Mutex::new(InstanceStatus {
+            state: HostState::Starting,
+            tools_loaded: 0,
+            servers_not_connected: vec![],
+            tools: vec![],
+            message: "starting tool servers".into(),
+            active_runs: vec![],
+        }),
+        runs: Mutex::new(HashMap::new()),
+    });
+    shared.set_status(|_| {});
+
+    let closed = CancellationToken::new();
+    let ready = start(&args, &placement, &shared, &closed).await;
+    let slots = Arc::new(Semaphore::new(placement.concurrency.max(1) as usize));
+
+    // Serve the Nest until it closes the socket.
+    loop {
+        let msg = tokio::select! {
+            m = reader.next() => m,
+            _ = closed.cancelled() => break,
+        };
+        match msg {
+            Ok(Some(ToInstance::Run(a))) => start_run(&shared, &ready, &slots, &placement, a),
+            Ok(Some(ToInstance::Cancel { run_id, reason })) => {
+                let runs = shared.runs.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(r) = runs.get(&run_id) {
+                    tracing::info!(run = %run_id, reason, "run cancelled");
+                    r.cancel.cancel();
+                }
+            }
+            Ok(Some(ToInstance::Ack { run_id, attempt, acked_seq, fenced })) => {
+                let runs = shared.runs.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(r) = runs.get(&run_id).filter(|r| r.attempt == attempt) {
+                    r.acks.send_modify(|(a, f)| {
+                        *a = (*a).max(acked_seq);
+                        *f |= fenced;
+                    });
+                    if fenced {
+                        r.cancel.cancel();
+                    }
+                }
+            }
+            Ok(Some(ToInstance::Placement(_) | ToInstance::Refused { .. })) => {}
+            Ok(None) => break,
+            Err(e) => {
+                tracing::warn!("{e}");
+                break;
+            }
+        }
+    }
+    tracing::info!("the nest closed the socket; instance exiting");
+    for r in shared.runs.lock().unwrap_or_else(|p| p.into_inner()).values() {
+        r.cancel.cancel();
+    }
+    if let Some(h) = &ready.host {
+        let _ = tokio::time::timeout(Duration::from_secs(8), h.shutdown()).await;
+    }
+    writer_task.abort();
+    Ok(0)
+}
+
+/// What a started instance has: its tool servers and its harness (or why there is none).
+struct Ready {
+    host: Option<ToolHost>,
+    harness: Result<Arc<Harness>, String>,
+}
+
+/// Loads the bundle, checks secrets, starts the tool servers and reports the result.
+async fn start(args: &HostArgs, placement: &Placement, shared: &Arc<Shared>, closed: &CancellationToken) -> Ready {
+    let unhealthy = |message: String| {
+        tracing::warn!("{message}");
+        shared.set_status(|s| {
+            s.state = HostState::Unhealthy;
+            s.message = message.clone();
+        });
+        Ready { host: None, harness: Err(message) }
+    };
+    let dir = args.bundle_dir.clone();
+    let bundle = match tokio::task::spawn_blocking(move || Bundle::load(&dir)).await {
+        Ok(Ok(b)) => Arc::new(b),
+        Ok(Err(e)) => return unhealthy(format!("bundle: {e}")),
+        Err(e) => return unhealthy(format!("bundle: cannot load: {e}")),
+    };
+    if !placement.missing_secrets.is_empty() {
+        return unhealthy(placement.missing_secrets.join("; "));
+    }
+    let mut launch = LaunchContext::new(args.agen_bin.clone());
+    launch.secrets = placement.secrets.clone();
+    launch.start_timeout = SERVER_START_TIMEOUT;
+    let host = ToolHost::start(&bundle, launch).await;
+    let status = host.status();
+    let tools: Vec<String> = host.tools().iter().map(|t| t.qualified_name()).collect();
+    let problems: Vec<(String, String)> = status.not_connected.iter().map(|p| (p.server.clone(), p.reason.clone())).collect();
+    let message = match problems.first() {
+        None => format!("{} tools loaded", status.tools_loaded),
+        Some((server, reason)) => format!("tool server {server} is not connected: {reason}"),
+    };
+    shared.set_status(|s| {
+        s.state = if problems.is_empty() { HostState::Running } else { HostState::Unhealthy };
+        s.tools_loaded = status.tools_loaded;
+        s.servers_not_connected = problems.clone();
+        s.tools = tools;
+        s.message = message.clone();
+    });
+    tracing::info!(tools_loaded = status.tools_loaded, not_connected = problems.len(), "{message}");
+
+    // A tool server that dies makes the instance unhealthy; the Hub replaces it.
+    let (watch_host, watch_shared, watch_closed) = (host.clone(), shared.clone(), closed.clone());
+    tokio::spawn(async move {
+        let problem = tokio::select! {
+            p = watch_host.died() => p,
+            _ = watch_closed.cancelled() => return,
+        };
+        let message = format!("tool server {} died: {}", problem.server, problem.reason);
+        tracing::warn!("{message}");
+        let status = watch_host.status();
+        watch_shared.set_status(|s| {
+            s.state = HostState::Unhealthy;
+            s.tools_loaded = status.tools_loaded;
+            s.servers_not_connected = status.not_connected.iter().map(|p| (p.server.clone(), p.reason.clone())).collect();
+            s.message = message;
+        });
+    });
+
+    let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).timeout(Duration::from_secs(600)).build();
+    let harness = match http {
+        Err(e) => Err(format!("cannot build the HTTP client: {e}")),
+        Ok(http) => Harness::new(bundle, Arc::new(host.clone()), &placement.secrets, http)
+            .map(|h| Arc::new(h.with_progress(true)))
+            .map_err(|e| e.to_string()),
+    };
+    if let Err(e) = &harness {
+        tracing::warn!("runs will fail: {e}");
+    }
+    Ready { host: Some(host), harness }
+}
+
+fn start_run(shared: &Arc<Shared>, ready: &Ready, slots: &Arc<Semaphore>, placement: &Placement, a: RunAssignment) {
+    let run_id = a.run_id.clone();
+    let cancel = CancellationToken::new();
+    let (acks, acks_rx) = watch::channel((0u64, false));
+    {
+        let mut runs = shared.runs.lock().unwrap_or_else(|p| p.into_inner());
+        if runs.contains_key(&run_id) {
+            tracing::debug!(run = %run_id, "run already in progress here; assignment ignored");
+            return;
+        }
+        runs.insert(run_id.clone(), RunCtl { attempt: a.attempt, cancel: cancel.clone(), acks });
+    }
+    shared.set_status(|_| {});
+    let sink = Arc::new(NestSink::new(a.run_id.clone(), a.attempt, a.task_id.clone(), shared.to_nest.clone(), acks_rx));
+    let harness = ready.harness.clone();
+    let (shared, slots) = (shared.clone(), slots.clone());
+    let req = run_request(a, placement);
+    tokio::spawn(async move {
+        let attempt = req.attempt;
+        let finished = match harness {
+            Err(reason) => json!({"state": "failed", "result": reason, "response_type": "error", "messages": []}),
+            Ok(h) => {
+                let permit = tokio::select! {
+                    p = slots.acquire_owned() => p.ok(),
+                    _ = cancel.cancelled() => None,
+                };
+                match permit {
+                    None => json!({"state": "cancelled", "result": "cancelled before it started", "response_type": "error", "messages": []}),
+                    Some(_permit) => {
+                        tracing::info!(run = %req.run_id, attempt, task = %req.task_id, "run started");
+                        let outcome = h.run(req.clone(), sink.clone(), cancel.clone()).await;
+                        tracing::info!(run = %req.run_id, state = outcome.state.as_str(), "run finished");
+                        json!({
+                            "state": outcome.state.as_str(),
+                            "result": outcome.result,
+                            "response_type": outcome.response_type,
+                            "messages": outcome.messages,
+                        })
+                    }
+                }
+            }
+        };
+        if let Err(e) = sink.finish(finished).await {
+            tracing::warn!(run = %run_id, "run.finished not acknowledged: {e}");
+        }
+        shared.runs.lock().unwrap_or_else(|p| p.into_inner()).remove(&run_id);
+        let _ = shared.to_nest.send(ToNest::RunDone { run_id, attempt });
+        shared.set_status(|_| {});
+    });
+}
+
+fn run_request(a: RunAssignment, placement: &Placement) -> RunRequest {
+    let history = parse_array(&a.history_json, "history_json");
+    let replay = parse_array(&a.replay_json, "replay_json").into_iter().filter_map(replay_record).collect();
+    RunRequest {
+        root_run_id: if a.root_run_id.is_empty() { a.run_id.clone() } else { a.root_run_id },
+        run_id: a.run_id,
+        attempt: a.attempt.max(1),
+        task_id: a.task_id,
+        namespace: if a.namespace.is_empty() { placement.namespace.clone() } else { a.namespace },
+        deployment: if a.deployment.is_empty() { placement.deployment.clone() } else { a.deployment },
+        input: a.input,
+        labels: a.labels,
+        conversation_id: a.conversation_id,
+        conversation_key: a.conversation_key,
+        history,
+        replay,
+    }
+}
+
+fn parse_array(text: &str, what: &str) -> Vec<Value> {
+    if text.trim().is_empty() {
+        return Vec::new();
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Array(v)) => v,
+        Ok(_) | Err(_) => {
+            tracing::warn!("{what} from the hub is not a JSON array; ignored");
+            Vec::new()
+        }
+    }
+}
+
+/// `{"kind", "json"}` where `json` is a value or a string holding JSON.
+fn replay_record(v: Value) -> Option<RunEventRecord> {
+    let kind = v.get("kind")?.as_str()?.to_string();
+    let json = match v.get("json") {
+        Some(Value::String(s)) => serde_json::from_str(s).unwrap_or(Value::String(s.clone())),
+        Some(other) => other.clone(),
+        None => Value::Null,
+    };
+    Some(RunEventRecord { kind, json })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn replay_accepts_json_values_and_json_strings() {
+        let got: Vec<RunEventRecord> = parse_array(
+            r#"[{"kind":"model.answered","json":{"turn":1}},{"kind":"log","json":"{\"a\":2}"},{"kind":"x","json":"plain"},{"nokind":1}]"#,
+            "replay_json",
+        )
+        .into_iter()
+        .filter_map(replay_record)
+        .collect();
+        assert_eq!(
+            got,
+            vec![
+                RunEventRecord { kind: "model.answered".into(), json: json!({"turn": 1}) },
+                RunEventRecord { kind: "log".into(), json: json!({"a": 2}) },
+                RunEventRecord { kind: "x".into(), json: json!("plain") },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_run_request_defaults_from_the_placement() {
+        let p = Placement {
+            instance_id: "i".into(),
+            namespace: "ns".into(),
+            deployment: "dep".into(),
+            bundle_digest: String::new(),
+            generation: 1,
+            concurrency: 1,
+            secrets: Default::default(),
+            missing_secrets: vec![],
+        };
+        let r = run_request(
+            RunAssignment { run_id: "r1".into(), attempt: 0, history_json: r#"[{"role":"user","content":"hi"}]"#.into(), ..Default::default() },
+            &p,
+        );
+        assert_eq!((r.root_run_id.as_str(), r.attempt, r.namespace.as_str(), r.deployment.as_str()), ("r1", 1, "ns", "dep"));
+        assert_eq!(r.history, vec![json!({"role": "user", "content": "hi"})]);
+    }
+}

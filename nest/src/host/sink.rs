@@ -1,0 +1,136 @@
+//! [`NestSink`]: the [`RunEventSink`] of a fleet run. It numbers events per
+//! `(run_id, attempt)` from 1, sends them to the Nest over the instance socket, and for a
+//! `sync` event waits until the Hub acknowledged that seq (relayed by the Nest).
+//!
+//! Invariants: seqs are gap-free and increase in emit order; a fenced attempt fails every
+//! later emit with [`SinkError::Fenced`]; the harness's own `run.finished` is held back: the
+//! host sends the one final `run.finished` (with the run's messages) through [`NestSink::finish`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::Value;
+use tokio::sync::{mpsc, watch};
+
+use crate::instance::{event, RunEventSink, SinkError};
+use crate::socket::{RunEventMsg, ToNest};
+
+pub struct NestSink {
+    run_id: String,
+    attempt: u32,
+    task_id: String,
+    seq: AtomicU64,
+    to_nest: mpsc::UnboundedSender<ToNest>,
+    acks: watch::Receiver<(u64, bool)>,
+}
+
+impl NestSink {
+    pub fn new(
+        run_id: String,
+        attempt: u32,
+        task_id: String,
+        to_nest: mpsc::UnboundedSender<ToNest>,
+        acks: watch::Receiver<(u64, bool)>,
+    ) -> NestSink {
+        NestSink { run_id, attempt, task_id, seq: AtomicU64::new(0), to_nest, acks }
+    }
+
+    /// Sends the final `run.finished` (sync) and waits for its ack.
+    pub async fn finish(&self, json: Value) -> Result<(), SinkError> {
+        self.send(event::RUN_FINISHED, json, true).await
+    }
+
+    async fn send(&self, kind: &str, json: Value, sync: bool) -> Result<(), SinkError> {
+        if self.acks.borrow().1 {
+            return Err(SinkError::Fenced);
+        }
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        let msg = RunEventMsg {
+            run_id: self.run_id.clone(),
+            attempt: self.attempt,
+            seq,
+            task_id: self.task_id.clone(),
+            at_ms: chrono::Utc::now().timestamp_millis(),
+            kind: kind.to_string(),
+            json: json.to_string(),
+            sync,
+        };
+        self.to_nest
+            .send(ToNest::Event(msg))
+            .map_err(|_| SinkError::Unavailable("the nest connection is closed".into()))?;
+        if !sync {
+            return Ok(());
+        }
+        let mut acks = self.acks.clone();
+        let fenced = match acks.wait_for(|(acked, fenced)| *acked >= seq || *fenced).await {
+            Ok(v) => v.1,
+            Err(_) => return Err(SinkError::Unavailable("the nest connection is closed".into())),
+        };
+        if fenced {
+            Err(SinkError::Fenced)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl RunEventSink for NestSink {
+    async fn emit(&self, kind: &str, json: Value, sync: bool) -> Result<(), SinkError> {
+        if kind == event::RUN_FINISHED {
+            // The host sends the final one, with the run's messages.
+            return Ok(());
+        }
+        self.send(kind, json, sync).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::sync::Arc;
+
+    fn sink() -> (Arc<NestSink>, mpsc::UnboundedReceiver<ToNest>, watch::Sender<(u64, bool)>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (acks, acks_rx) = watch::channel((0, false));
+        (Arc::new(NestSink::new("r".into(), 2, "t".into(), tx, acks_rx)), rx, acks)
+    }
+
+    fn seq_kind(m: ToNest) -> (u64, String, bool) {
+        match m {
+            ToNest::Event(e) => (e.seq, e.kind, e.sync),
+            other => panic!("expected an event, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn events_are_numbered_from_one_and_sync_waits_for_the_ack() {
+        let (s, mut rx, acks) = sink();
+        s.emit("model.requested", json!({"turn": 1}), false).await.expect("async emit");
+        s.emit("run.finished", json!({}), true).await.expect("held back");
+        let waiting = tokio::spawn({
+            let s = s.clone();
+            async move { s.emit("tool.started", json!({}), true).await }
+        });
+        assert_eq!(seq_kind(rx.recv().await.expect("event")), (1, "model.requested".into(), false));
+        assert_eq!(seq_kind(rx.recv().await.expect("event")), (2, "tool.started".into(), true));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "a sync emit waits for its ack");
+        acks.send_replace((1, false));
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished(), "an ack of an earlier seq is not enough");
+        acks.send_replace((2, false));
+        waiting.await.expect("join").expect("acked");
+        drop(acks);
+        let err = s.finish(json!({"state": "succeeded"})).await.expect_err("no ack can come any more");
+        assert!(matches!(err, SinkError::Unavailable(_)), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_fenced_attempt_fails_every_emit() {
+        let (s, _rx, acks) = sink();
+        acks.send_replace((0, true));
+        assert!(matches!(s.emit("tool.started", json!({}), true).await, Err(SinkError::Fenced)));
+        assert!(matches!(s.emit("log", json!({}), false).await, Err(SinkError::Fenced)));
+    }
+}

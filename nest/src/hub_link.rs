@@ -1,0 +1,424 @@
+//! The Nest's one outbound link to the Hub: a `NestService/Connect` bidirectional stream that
+//! registers (with the instances the Nest still runs), heartbeats, reports instances, relays run
+//! events and receives placements, stops, run assignments, cancels and acks; it reconnects with
+//! exponential back-off and jitter and re-registers after a Hub restart.
+//!
+//! Invariants: there is exactly one stream at a time; bundles never travel on it (see
+//! `bundles`); instances keep running across reconnects (the Hub re-adopts what `Register`
+//! lists); a run event stays in the [`Outbox`] until the Hub acks it and is resent after every
+//! reconnect (the Hub appends if absent, so a resend is harmless); the join token is the bearer
+//! of every call and is never logged.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agen_proto::v1::hub_message::Msg as HubMsg;
+use agen_proto::v1::nest_message::Msg as NestMsg;
+use agen_proto::v1::nest_service_client::NestServiceClient;
+use agen_proto::v1::{Heartbeat, HubMessage, NestMessage, Register, RunEvent, RunEvents};
+use tokio::sync::{mpsc, Notify};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+
+use crate::config::{NestError, NestOptions, Result};
+use crate::supervisor::backoff::Backoff;
+use crate::supervisor::Supervisor;
+
+/// The Nest's gRPC client: every call carries `authorization: Bearer <join token>`.
+pub type HubClient = NestServiceClient<InterceptedService<Channel, Bearer>>;
+
+/// Heartbeat interval until the Hub says otherwise.
+const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(2);
+/// Reconnect back-off bounds (the cap is small so that tests recover quickly).
+const RECONNECT_BASE: Duration = Duration::from_millis(200);
+const RECONNECT_CAP: Duration = Duration::from_secs(5);
+/// Events are gathered this long before a batch is sent.
+const BATCH_WINDOW: Duration = Duration::from_millis(5);
+/// Events per `RunEvents` message at most.
+const BATCH_MAX: usize = 256;
+/// How long to wait for `Registered` after opening the stream.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Adds the bearer token to every request.
+#[derive(Clone)]
+pub struct Bearer(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> std::result::Result<tonic::Request<()>, tonic::Status> {
+        req.metadata_mut().insert("authorization", self.0.clone());
+        Ok(req)
+    }
+}
+
+/// Builds the client for `opts.hub`. For `https://` the Hub's CA is read from
+/// `<data-dir>/hub-ca.pem` when its hash matches the join token, otherwise fetched from the Hub
+/// pinned by that hash and stored. Connects lazily: no network IO besides the CA fetch.
+pub async fn client(opts: &NestOptions) -> Result<HubClient> {
+    let hub = opts.hub.trim_end_matches('/').to_string();
+    let bearer = format!("Bearer {}", opts.join_token.trim())
+        .parse()
+        .map_err(|_| NestError::JoinToken("it contains characters that cannot go in a header".into()))?;
+    let endpoint = Endpoint::from_shared(hub.clone())
+        .map_err(|e| NestError::HubUrl { url: hub.clone(), reason: e.to_string() })?
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true);
+    let endpoint = if hub.starts_with("https://") {
+        let ca = trusted_ca(opts, &hub).await?;
+        endpoint
+            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))
+            .map_err(|e| NestError::Trust { url: hub.clone(), reason: e.to_string() })?
+    } else if hub.starts_with("http://") {
+        endpoint
+    } else {
+        return Err(NestError::HubUrl { url: hub, reason: "no http:// or https:// scheme".into() });
+    };
+    Ok(NestServiceClient::with_interceptor(endpoint.connect_lazy(), Bearer(bearer)))
+}
+
+async fn trusted_ca(opts: &NestOptions, hub: &str) -> Result<String> {
+    use agen_shared::tls;
+    let token = tls::JoinToken::parse(&opts.join_token).map_err(|e| NestError::JoinToken(e.to_string()))?;
+    let path = opts.ca_file();
+    if let Ok(pem) = std::fs::read_to_string(&path) {
+        if tls::ca_pem_sha256(&pem).ok().as_deref() == Some(token.ca_sha256.as_str()) {
+            return Ok(pem);
+        }
+        tracing::warn!(path = %path.display(), "stored hub CA does not match the join token; fetching it again");
+    }
+    let pem = tls::fetch_pinned_ca(hub, &token.ca_sha256)
+        .await
+        .map_err(|e| NestError::Trust { url: hub.to_string(), reason: e.to_string() })?;
+    tls::write_private(&path, pem.as_bytes()).map_err(|e| NestError::Trust { url: hub.to_string(), reason: e.to_string() })?;
+    tracing::info!(path = %path.display(), "trusting the hub CA pinned by the join token");
+    Ok(pem)
+}
+
+/// Run events not yet acknowledged by the Hub, by `(run_id, attempt)` then seq, with the
+/// instance that produced them.
+#[derive(Default)]
+pub struct Outbox {
+    state: Mutex<OutboxState>,
+    notify: Notify,
+}
+
+#[derive(Default)]
+struct OutboxState {
+    unacked: BTreeMap<(String, u32), BTreeMap<u64, (String, RunEvent)>>,
+    /// Keys of events not yet sent on the current stream, in order.
+    unsent: VecDeque<(String, u32, u64)>,
+}
+
+impl Outbox {
+    /// Queues one event (from `instance_id`) for sending.
+    pub fn push(&self, instance_id: &str, event: RunEvent) {
+        {
+            let mut st = self.lock();
+            let key = (event.run_id.clone(), event.attempt);
+            let seq = event.seq;
+            let slot = st.unacked.entry(key.clone()).or_default();
+            if slot.insert(seq, (instance_id.to_string(), event)).is_none() {
+                st.unsent.push_back((key.0, key.1, seq));
+            }
+        }
+        self.notify.notify_one();
+    }
+
+    /// Forgets every event of `(run_id, attempt)` with seq <= `acked_seq` (all of them when fenced).
+    pub fn ack(&self, run_id: &str, attempt: u32, acked_seq: u64, fenced: bool) {
+        let mut st = self.lock();
+        let key = (run_id.to_string(), attempt);
+        if let Some(slot) = st.unacked.get_mut(&key) {
+            if fenced {
+                slot.clear();
+            } else {
+                slot.retain(|seq, _| *seq > acked_seq);
+            }
+            if slot.is_empty() {
+                st.unacked.remove(&key);
+            }
+        }
+    }
+
+    /// Marks every unacked event unsent (a new stream starts).
+    pub fn resend_all(&self) {
+        {
+            let mut st = self.lock();
+            let keys: VecDeque<_> = st
+                .unacked
+                .iter()
+                .flat_map(|((run, attempt), slot)| slot.keys().map(move |seq| (run.clone(), *attempt, *seq)))
+                .collect();
+            st.unsent = keys;
+        }
+        self.notify.notify_one();
+    }
+
+    /// Up to `max` events to send, grouped as `RunEvents` per instance (in order).
+    pub fn take_batch(&self, max: usize) -> Vec<RunEvents> {
+        let mut st = self.lock();
+        let mut out: Vec<RunEvents> = Vec::new();
+        let mut n = 0;
+        while n < max {
+            let Some((run, attempt, seq)) = st.unsent.pop_front() else { break };
+            let Some((instance, ev)) = st.unacked.get(&(run, attempt)).and_then(|s| s.get(&seq)) else { continue };
+            match out.last_mut() {
+                Some(last) if last.instance_id == *instance => last.events.push(ev.clone()),
+                _ => out.push(RunEvents { instance_id: instance.clone(), events: vec![ev.clone()] }),
+            }
+            n += 1;
+        }
+        out
+    }
+
+    /// Number of events waiting for an ack.
+    pub fn pending(&self) -> usize {
+        self.lock().unacked.values().map(|s| s.len()).sum()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, OutboxState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// What the link needs from the rest of the Nest.
+pub struct LinkContext {
+    pub opts: Arc<NestOptions>,
+    pub nest_id: String,
+    pub supervisor: Arc<Supervisor>,
+    pub outbox: Arc<Outbox>,
+    /// Called once, after the first successful registration (sd-notify READY).
+    pub on_first_registered: Option<Box<dyn FnOnce() + Send>>,
+}
+
+/// Keeps the link up until `shutdown`: connect, register, serve, and on any failure back off
+/// and start again.
+pub async fn run(mut ctx: LinkContext, client_slot: Arc<ClientSlot>, shutdown: CancellationToken) {
+    let mut backoff = Backoff::new(RECONNECT_BASE, RECONNECT_CAP);
+    loop {
+        if shutdown.is_cancelled() {
+            return;
+        }
+        let client = match client_slot.get_or_connect(&ctx.opts).await {
+            Ok(c) => c,
+            Err(e) => {
+                let delay = backoff.next_delay();
+                tracing::warn!(hub = %ctx.opts.hub, "{e}; retrying in {delay:?}");
+                if sleep_or_cancel(delay, &shutdown).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        match session(&mut ctx, client, &shutdown, &mut backoff).await {
+            Ok(()) => return,
+            Err(reason) => {
+                let delay = backoff.next_delay();
+                tracing::warn!(hub = %ctx.opts.hub, "hub link down: {reason}; reconnecting in {delay:?}");
+                if sleep_or_cancel(delay, &shutdown).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The Hub client, built on first use (an `https://` Hub needs its CA fetched first).
+#[derive(Default)]
+pub struct ClientSlot(tokio::sync::Mutex<Option<HubClient>>);
+
+impl ClientSlot {
+    pub async fn get_or_connect(&self, opts: &NestOptions) -> Result<HubClient> {
+        let mut slot = self.0.lock().await;
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let c = client(opts).await?;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+}
+
+/// Returns true when cancelled.
+async fn sleep_or_cancel(d: Duration, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => false,
+        _ = shutdown.cancelled() => true,
+    }
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// One stream's life. `Ok` only on shutdown.
+async fn session(
+    ctx: &mut LinkContext,
+    mut client: HubClient,
+    shutdown: &CancellationToken,
+    backoff: &mut Backoff,
+) -> std::result::Result<(), String> {
+    let sup = ctx.supervisor.clone();
+    let (tx, rx) = mpsc::channel::<NestMessage>(512);
+    let register = Register {
+        nest_id: ctx.nest_id.clone(),
+        name: ctx.opts.name.clone(),
+        labels: ctx.opts.labels.clone().into_iter().collect(),
+        capacity: ctx.opts.capacity,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        instances: sup.snapshot(),
+    };
+    // Reports queued while disconnected are covered by `Register.instances`.
+    let _ = sup.take_changed();
+    tx.send(NestMessage { msg: Some(NestMsg::Register(register)) })
+        .await
+        .map_err(|_| "stream closed before register".to_string())?;
+    let response = tokio::select! {
+        r = client.connect(ReceiverStream::new(rx)) => r.map_err(|s| status_text(&s))?,
+        _ = shutdown.cancelled() => return Ok(()),
+    };
+    let mut inbound = response.into_inner();
+    let first = tokio::select! {
+        m = tokio::time::timeout(REGISTER_TIMEOUT, inbound.message()) => m
+            .map_err(|_| "no Registered from the hub within 10s".to_string())?
+            .map_err(|s| status_text(&s))?,
+        _ = shutdown.cancelled() => return Ok(()),
+    };
+    let registered = match first {
+        Some(HubMessage { msg: Some(HubMsg::Registered(r)) }) => r,
+        Some(other) => return Err(format!("expected Registered first, got {other:?}")),
+        None => return Err("the hub closed the stream before Registered".into()),
+    };
+    backoff.reset();
+    let interval = match registered.heartbeat_interval_ms {
+        0 => DEFAULT_HEARTBEAT,
+        ms => Duration::from_millis(u64::from(ms)),
+    };
+    tracing::info!(hub = %ctx.opts.hub, nest_id = %ctx.nest_id, name = %ctx.opts.name, heartbeat = ?interval, "registered with the hub");
+    for id in &registered.stop_instances {
+        sup.stop(id, "the hub does not know this instance");
+    }
+    if let Some(f) = ctx.on_first_registered.take() {
+        f();
+    }
+    ctx.outbox.resend_all();
+
+    let mut heartbeat = tokio::time::interval(interval);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    heartbeat.tick().await;
+    let send = |m: NestMsg| {
+        let tx = tx.clone();
+        async move { tx.send(NestMessage { msg: Some(m) }).await.map_err(|_| "the stream closed".to_string()) }
+    };
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = heartbeat.tick() => {
+                send(NestMsg::Heartbeat(Heartbeat { at_ms: now_ms(), instances: sup.snapshot() })).await?;
+            }
+            _ = sup.changed_notify().notified() => {
+                for report in sup.take_changed() {
+                    send(NestMsg::Instance(report)).await?;
+                }
+            }
+            _ = ctx.outbox.notify.notified() => {
+                tokio::time::sleep(BATCH_WINDOW).await;
+                loop {
+                    let batch = ctx.outbox.take_batch(BATCH_MAX);
+                    if batch.is_empty() {
+                        break;
+                    }
+                    for events in batch {
+                        send(NestMsg::RunEvents(events)).await?;
+                    }
+                }
+            }
+            m = inbound.message() => {
+                match m {
+                    Ok(Some(HubMessage { msg: Some(msg) })) => handle(ctx, msg),
+                    Ok(Some(HubMessage { msg: None })) => {}
+                    Ok(None) => return Err("the hub closed the stream".into()),
+                    Err(s) => return Err(status_text(&s)),
+                }
+            }
+        }
+    }
+}
+
+fn handle(ctx: &LinkContext, msg: HubMsg) {
+    let sup = &ctx.supervisor;
+    match msg {
+        HubMsg::Registered(_) => tracing::debug!("ignoring a second Registered"),
+        HubMsg::Place(p) => sup.place(p),
+        HubMsg::Stop(s) => sup.stop(&s.instance_id, &s.reason),
+        HubMsg::AssignRun(a) => sup.assign(a),
+        HubMsg::CancelRun(c) => sup.cancel(&c.run_id, &c.instance_id, &c.reason),
+        HubMsg::Ack(a) => {
+            ctx.outbox.ack(&a.run_id, a.attempt, a.acked_seq, a.fenced);
+            sup.deliver_ack(&a.run_id, a.attempt, a.acked_seq, a.fenced);
+        }
+    }
+}
+
+fn status_text(s: &tonic::Status) -> String {
+    match s.code() {
+        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
+            format!("the hub refused the join token ({}); check --join", s.message())
+        }
+        _ => format!("{:?}: {}", s.code(), s.message()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(run: &str, attempt: u32, seq: u64) -> RunEvent {
+        RunEvent { run_id: run.into(), attempt, seq, kind: "log".into(), ..Default::default() }
+    }
+
+    fn seqs(batch: &[RunEvents]) -> Vec<(String, String, u64)> {
+        batch
+            .iter()
+            .flat_map(|b| b.events.iter().map(move |e| (b.instance_id.clone(), e.run_id.clone(), e.seq)))
+            .collect()
+    }
+
+    #[test]
+    fn events_are_sent_once_and_resent_after_a_reconnect_until_acked() {
+        let o = Outbox::default();
+        o.push("i1", ev("r1", 1, 1));
+        o.push("i1", ev("r1", 1, 2));
+        o.push("i2", ev("r2", 1, 1));
+        o.push("i1", ev("r1", 1, 2)); // duplicate: ignored
+        let first = o.take_batch(10);
+        assert_eq!(
+            seqs(&first),
+            vec![("i1".into(), "r1".into(), 1), ("i1".into(), "r1".into(), 2), ("i2".into(), "r2".into(), 1)]
+        );
+        assert_eq!(first.len(), 2, "grouped per instance");
+        assert!(o.take_batch(10).is_empty(), "sent events are not sent again on the same stream");
+
+        o.ack("r1", 1, 1, false);
+        o.resend_all();
+        assert_eq!(seqs(&o.take_batch(10)), vec![("i1".into(), "r1".into(), 2), ("i2".into(), "r2".into(), 1)]);
+
+        o.ack("r2", 1, 0, true); // fenced: everything of that attempt goes
+        o.ack("r1", 1, 2, false);
+        assert_eq!(o.pending(), 0);
+    }
+
+    #[test]
+    fn batches_are_bounded() {
+        let o = Outbox::default();
+        for seq in 1..=5 {
+            o.push("i", ev("r", 1, seq));
+        }
+        assert_eq!(o.take_batch(2)[0].events.len(), 2);
+        assert_eq!(o.take_batch(10)[0].events.len(), 3);
+    }
+}

@@ -1,0 +1,342 @@
+//! The Nest⇄instance protocol over the Nest's Unix socket (`<data-dir>/nest.sock`, mode 0600):
+//! newline-delimited JSON, one message per line.
+//!
+//! Conversation: the instance connects and sends [`ToNest::Hello`] with its id; the Nest answers
+//! [`ToInstance::Placement`] (namespace, deployment, bundle, concurrency, resolved secrets) or
+//! [`ToInstance::Refused`]. Then the instance reports [`ToNest::Status`] on every change and
+//! streams [`ToNest::Event`]s of its runs; the Nest sends [`ToInstance::Run`],
+//! [`ToInstance::Cancel`] and [`ToInstance::Ack`].
+//!
+//! Invariants: this is the only channel an instance has: it never sees Hub credentials; secret
+//! values travel only in `Placement` and are never logged (`Debug` redacts them); a line longer
+//! than [`MAX_LINE`] is a protocol error, not an allocation.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use futures::{SinkExt, StreamExt};
+use serde::{Deserialize, Serialize};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{UnixListener, UnixStream};
+use tokio_util::codec::{FramedRead, FramedWrite, LinesCodec};
+
+/// The longest line either side accepts (conversation histories can be large).
+pub const MAX_LINE: usize = 64 * 1024 * 1024;
+
+/// Instance → Nest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ToNest {
+    Hello { instance_id: String, pid: u32 },
+    Status(InstanceStatus),
+    Event(RunEventMsg),
+    /// The run is over on this instance (after its final event was acked, or it was cancelled).
+    RunDone { run_id: String, attempt: u32 },
+}
+
+/// Nest → instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ToInstance {
+    Placement(Placement),
+    Refused { reason: String },
+    Run(RunAssignment),
+    Cancel { run_id: String, reason: String },
+    Ack { run_id: String, attempt: u32, acked_seq: u64, fenced: bool },
+}
+
+/// Lifecycle state as the instance sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostState {
+    Starting,
+    Running,
+    Unhealthy,
+}
+
+/// What an instance reports about itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceStatus {
+    pub state: HostState,
+    /// MCP tools only.
+    pub tools_loaded: u32,
+    /// `(server, reason)`.
+    pub servers_not_connected: Vec<(String, String)>,
+    /// `<server>.<tool>` names.
+    pub tools: Vec<String>,
+    /// Why it is in this state ("tool server time exited").
+    pub message: String,
+    pub active_runs: Vec<String>,
+}
+
+/// Where and how an instance runs.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+pub struct Placement {
+    pub instance_id: String,
+    pub namespace: String,
+    pub deployment: String,
+    pub bundle_digest: String,
+    pub generation: u64,
+    /// Runs at once (at least 1).
+    pub concurrency: u32,
+    /// Resolved secret values by name (`source: env` from the Nest's environment, `platform`
+    /// from the Hub).
+    pub secrets: BTreeMap<String, String>,
+    /// Secrets the bundle uses that have no value, with why: the instance reports itself
+    /// unhealthy naming them.
+    pub missing_secrets: Vec<String>,
+}
+
+impl std::fmt::Debug for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Placement")
+            .field("instance_id", &self.instance_id)
+            .field("namespace", &self.namespace)
+            .field("deployment", &self.deployment)
+            .field("bundle_digest", &self.bundle_digest)
+            .field("generation", &self.generation)
+            .field("concurrency", &self.concurrency)
+            .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
+            .field("missing_secrets", &self.missing_secrets)
+            .finish()
+    }
+}
+
+/// One run to execute (the Hub's `AssignRun`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RunAssignment {
+    pub run_id: String,
+    pub attempt: u32,
+    pub task_id: String,
+    pub namespace: String,
+    pub deployment: String,
+    pub input: String,
+    pub labels: BTreeMap<String, String>,
+    pub conversation_id: String,
+    pub conversation_key: String,
+    pub root_run_id: String,
+    pub bundle_digest: String,
+    /// JSON array of earlier model messages of the conversation ("" = none).
+    pub history_json: String,
+    /// JSON array of events of earlier attempts ("" = none).
+    pub replay_json: String,
+}
+
+impl From<agen_proto::v1::AssignRun> for RunAssignment {
+    fn from(a: agen_proto::v1::AssignRun) -> Self {
+        RunAssignment {
+            run_id: a.run_id,
+            attempt: a.attempt,
+            task_id: a.task_id,
+            namespace: a.namespace,
+            deployment: a.deployment,
+            input: a.input,
+            labels: a.labels.into_iter().collect(),
+            conversation_id: a.conversation_id,
+            conversation_key: a.conversation_key,
+            root_run_id: a.root_run_id,
+            bundle_digest: a.bundle_digest,
+            history_json: a.history_json,
+            replay_json: a.replay_json,
+        }
+    }
+}
+
+/// One run event, keyed `(run_id, attempt, seq)`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunEventMsg {
+    pub run_id: String,
+    pub attempt: u32,
+    pub seq: u64,
+    pub task_id: String,
+    pub at_ms: i64,
+    pub kind: String,
+    pub json: String,
+    pub sync: bool,
+}
+
+impl From<RunEventMsg> for agen_proto::v1::RunEvent {
+    fn from(e: RunEventMsg) -> Self {
+        agen_proto::v1::RunEvent {
+            run_id: e.run_id,
+            attempt: e.attempt,
+            seq: e.seq,
+            task_id: e.task_id,
+            at_ms: e.at_ms,
+            kind: e.kind,
+            json: e.json,
+            sync: e.sync,
+        }
+    }
+}
+
+/// Protocol errors.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    #[error("nest socket: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("nest socket: line too long or not UTF-8: {0}")]
+    Framing(String),
+    #[error("nest socket: bad message: {0}")]
+    Decode(#[from] serde_json::Error),
+}
+
+/// Reads messages of type `T`, one per line.
+pub struct Reader<T> {
+    inner: FramedRead<OwnedReadHalf, LinesCodec>,
+    _t: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T: for<'de> Deserialize<'de>> Reader<T> {
+    /// The next message, or `None` when the peer closed the socket.
+    pub async fn next(&mut self) -> Result<Option<T>, SocketError> {
+        loop {
+            match self.inner.next().await {
+                None => return Ok(None),
+                Some(Err(e)) => return Err(SocketError::Framing(e.to_string())),
+                Some(Ok(line)) if line.trim().is_empty() => continue,
+                Some(Ok(line)) => return Ok(Some(decode(&line)?)),
+            }
+        }
+    }
+}
+
+/// Writes messages of type `T`, one per line.
+pub struct Writer<T> {
+    inner: FramedWrite<OwnedWriteHalf, LinesCodec>,
+    _t: std::marker::PhantomData<fn(T)>,
+}
+
+impl<T: Serialize> Writer<T> {
+    pub async fn send(&mut self, msg: &T) -> Result<(), SocketError> {
+        let line = encode(msg)?;
+        self.inner.send(line).await.map_err(|e| SocketError::Framing(e.to_string()))
+    }
+}
+
+/// Splits a connected stream into a typed reader (`R`) and writer (`W`).
+pub fn split<R, W>(stream: UnixStream) -> (Reader<R>, Writer<W>) {
+    let (r, w) = stream.into_split();
+    (
+        Reader { inner: FramedRead::new(r, LinesCodec::new_with_max_length(MAX_LINE)), _t: std::marker::PhantomData },
+        Writer { inner: FramedWrite::new(w, LinesCodec::new_with_max_length(MAX_LINE)), _t: std::marker::PhantomData },
+    )
+}
+
+/// One message as one line (no trailing newline).
+pub fn encode<T: Serialize>(msg: &T) -> Result<String, SocketError> {
+    Ok(serde_json::to_string(msg)?)
+}
+
+pub fn decode<T: for<'de> Deserialize<'de>>(line: &str) -> Result<T, SocketError> {
+    Ok(serde_json::from_str(line)?)
+}
+
+/// Binds the Nest's socket at `path` (removing a stale one) with mode 0600.
+pub fn listen(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    // Bind under a restrictive umask-equivalent: set the mode right after bind, before any
+    // instance is started (instances are only spawned after this returns).
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn check_to_nest(line: &str, expected: ToNest) {
+        let got: ToNest = decode(line).expect("decodes");
+        assert_eq!(got, expected);
+        let again: ToNest = decode(&encode(&got).expect("encodes")).expect("round trip");
+        assert_eq!(again, expected);
+    }
+
+    #[test]
+    fn instance_messages_have_a_stable_wire_form() {
+        check_to_nest(
+            r#"{"type":"hello","instance_id":"i-1","pid":42}"#,
+            ToNest::Hello { instance_id: "i-1".into(), pid: 42 },
+        );
+        check_to_nest(
+            r#"{"type":"run_done","run_id":"r","attempt":2}"#,
+            ToNest::RunDone { run_id: "r".into(), attempt: 2 },
+        );
+        check_to_nest(
+            r#"{"type":"status","state":"unhealthy","tools_loaded":0,"servers_not_connected":[["time","exited with status 1"]],"tools":[],"message":"tool server time exited","active_runs":[]}"#,
+            ToNest::Status(InstanceStatus {
+                state: HostState::Unhealthy,
+                tools_loaded: 0,
+                servers_not_connected: vec![("time".into(), "exited with status 1".into())],
+                tools: vec![],
+                message: "tool server time exited".into(),
+                active_runs: vec![],
+            }),
+        );
+        check_to_nest(
+            r#"{"type":"event","run_id":"r","attempt":1,"seq":3,"task_id":"t","at_ms":5,"kind":"run.finished","json":"{}","sync":true}"#,
+            ToNest::Event(RunEventMsg {
+                run_id: "r".into(),
+                attempt: 1,
+                seq: 3,
+                task_id: "t".into(),
+                at_ms: 5,
+                kind: "run.finished".into(),
+                json: "{}".into(),
+                sync: true,
+            }),
+        );
+    }
+
+    #[test]
+    fn a_bad_line_is_an_error_naming_the_problem() {
+        let err = decode::<ToNest>(r#"{"type":"nope"}"#).expect_err("unknown type");
+        assert!(err.to_string().contains("unknown variant `nope`"), "{err}");
+    }
+
+    #[test]
+    fn placement_debug_never_shows_secret_values() {
+        let p = Placement {
+            instance_id: "i".into(),
+            namespace: "default".into(),
+            deployment: "d".into(),
+            bundle_digest: "sha256:00".into(),
+            generation: 1,
+            concurrency: 1,
+            secrets: BTreeMap::from([("TOKEN".to_string(), "hunter2".to_string())]),
+            missing_secrets: vec![],
+        };
+        let shown = format!("{p:?}");
+        assert!(shown.contains("TOKEN") && !shown.contains("hunter2"), "{shown}");
+    }
+
+    #[tokio::test]
+    async fn messages_cross_a_real_socket_in_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("nest.sock");
+        let listener = listen(&path).expect("listen");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777, 0o600);
+        let client = tokio::spawn({
+            let path = path.clone();
+            async move {
+                let (mut r, mut w) = split::<ToInstance, ToNest>(UnixStream::connect(&path).await.expect("connect"));
+                w.send(&ToNest::Hello { instance_id: "i".into(), pid: 1 }).await.expect("send");
+                r.next().await.expect("read")
+            }
+        });
+        let (stream, _) = listener.accept().await.expect("accept");
+        let (mut r, mut w) = split::<ToNest, ToInstance>(stream);
+        assert_eq!(r.next().await.expect("read"), Some(ToNest::Hello { instance_id: "i".into(), pid: 1 }));
+        w.send(&ToInstance::Refused { reason: "unknown instance".into() }).await.expect("send");
+        drop(w);
+        assert_eq!(client.await.expect("join"), Some(ToInstance::Refused { reason: "unknown instance".into() }));
+    }
+}

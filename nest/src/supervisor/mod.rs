@@ -1,0 +1,626 @@
+//! The instance supervisor: the instances this Nest runs, their processes, their Unix-socket
+//! connections and their reports.
+//!
+//! For each placement it fetches the bundle (see `bundles`), spawns `agen instance` in its own
+//! process group (see [`process`]), records the group in `children.json` (see [`children`]),
+//! restarts the process with exponential back-off when it dies, and on stop kills the whole
+//! group (SIGTERM, SIGKILL after a grace). It serves the Nest socket: an instance says hello,
+//! gets its placement (with its secrets resolved here), reports its status and streams run
+//! events, which go to the [`Outbox`] of the Hub link; run assignments, cancels and acks go the
+//! other way.
+//!
+//! Invariants: an instance id is placed at most once while it lives here (a repeated
+//! `PlaceInstance`, e.g. after a reconnect, is a no-op), so nothing is duplicated; every
+//! spawned group is in `children.json` until it was killed; a stopped or shut-down instance is
+//! never restarted; runs assigned while an instance is (re)starting wait for its connection.
+
+pub mod backoff;
+pub mod children;
+pub mod process;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agen_proto::v1::{AssignRun, InstanceReport, InstanceState, PlaceInstance, ServerProblem};
+use agen_shared::bundle::{referenced_secrets, Bundle, SecretSource};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::bundles::BundleCache;
+use crate::config::NestOptions;
+use crate::hub_link::Outbox;
+use crate::socket::{self, HostState, Placement, RunAssignment, ToInstance, ToNest};
+use backoff::Backoff;
+use children::{ChildRecord, Children};
+
+/// How long an instance gets between SIGTERM and SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
+/// Restart back-off bounds.
+const RESTART_BASE: Duration = Duration::from_millis(500);
+const RESTART_CAP: Duration = Duration::from_secs(30);
+/// An instance that ran this long before dying restarts without back-off history.
+const STABLE_AFTER: Duration = Duration::from_secs(60);
+/// Consecutive crashes after which the instance is reported unhealthy (the Hub replaces it).
+const UNHEALTHY_AFTER_CRASHES: u32 = 3;
+/// How long an instance may take to say hello after connecting.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The supervisor (see the module doc). Shared as `Arc<Supervisor>`.
+pub struct Supervisor {
+    opts: Arc<NestOptions>,
+    children: Arc<Children>,
+    bundles: Arc<BundleCache>,
+    outbox: Arc<Outbox>,
+    state: Mutex<State>,
+    changed: Notify,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+    next_conn: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    instances: BTreeMap<String, Entry>,
+    /// run id → instance id.
+    runs: HashMap<String, String>,
+    /// Instances whose report changed since the link last looked.
+    changed: BTreeSet<String>,
+    /// Final reports of instances that are gone, not yet sent.
+    gone: BTreeMap<String, InstanceReport>,
+}
+
+struct Entry {
+    place: PlaceInstance,
+    bundle_dir: Option<PathBuf>,
+    report: InstanceReport,
+    /// The live socket connection (its id and its outgoing queue).
+    conn: Option<(u64, mpsc::UnboundedSender<ToInstance>)>,
+    /// Messages for the instance while it has no connection (run assignments).
+    queued: Vec<ToInstance>,
+    stop: CancellationToken,
+}
+
+impl Supervisor {
+    pub fn new(
+        opts: Arc<NestOptions>,
+        children: Arc<Children>,
+        bundles: Arc<BundleCache>,
+        outbox: Arc<Outbox>,
+        shutdown: CancellationToken,
+    ) -> Arc<Supervisor> {
+        Arc::new(Supervisor {
+            opts,
+            children,
+            bundles,
+            outbox,
+            state: Mutex::new(State::default()),
+            changed: Notify::new(),
+            tracker: TaskTracker::new(),
+            shutdown,
+            next_conn: AtomicU64::new(1),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies `f` to the report of `id` (if it still exists) and marks it changed.
+    fn update(&self, id: &str, f: impl FnOnce(&mut InstanceReport)) {
+        let mut st = self.lock();
+        if let Some(e) = st.instances.get_mut(id) {
+            f(&mut e.report);
+            st.changed.insert(id.to_string());
+            drop(st);
+            self.changed.notify_one();
+        }
+    }
+
+    /// Reports of every instance this Nest runs.
+    pub fn snapshot(&self) -> Vec<InstanceReport> {
+        self.lock().instances.values().map(|e| e.report.clone()).collect()
+    }
+
+    /// Signalled when [`Supervisor::take_changed`] has something.
+    pub fn changed_notify(&self) -> &Notify {
+        &self.changed
+    }
+
+    /// Reports that changed since the last call (final reports of instances that are gone too).
+    pub fn take_changed(&self) -> Vec<InstanceReport> {
+        let mut st = self.lock();
+        let ids = std::mem::take(&mut st.changed);
+        let mut out: Vec<InstanceReport> = ids.iter().filter_map(|id| st.instances.get(id).map(|e| e.report.clone())).collect();
+        out.extend(std::mem::take(&mut st.gone).into_values());
+        out
+    }
+
+    /// Number of instances.
+    pub fn len(&self) -> usize {
+        self.lock().instances.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Starts the instance `p` (fetching its bundle first). A no-op for an id already here.
+    pub fn place(self: &Arc<Self>, p: PlaceInstance) {
+        let id = p.instance_id.clone();
+        let stop = self.shutdown.child_token();
+        {
+            let mut st = self.lock();
+            if st.instances.contains_key(&id) {
+                tracing::debug!(instance = %id, "already running; placement ignored");
+                return;
+            }
+            let at_capacity = st.instances.len() >= self.opts.capacity as usize;
+            let mut report = InstanceReport {
+                instance_id: id.clone(),
+                namespace: p.namespace.clone(),
+                deployment: p.deployment.clone(),
+                bundle_digest: p.bundle_digest.clone(),
+                generation: p.generation,
+                state: InstanceState::Starting as i32,
+                message: "fetching bundle".into(),
+                ..Default::default()
+            };
+            if at_capacity {
+                report.state = InstanceState::Unhealthy as i32;
+                report.message = format!("nest {} is at capacity ({} instances)", self.opts.name, self.opts.capacity);
+            }
+            st.instances.insert(
+                id.clone(),
+                Entry { place: p.clone(), bundle_dir: None, report, conn: None, queued: Vec::new(), stop: stop.clone() },
+            );
+            st.changed.insert(id.clone());
+            if at_capacity {
+                tracing::warn!(instance = %id, "placement refused: nest at capacity");
+                drop(st);
+                self.changed.notify_one();
+                return;
+            }
+        }
+        self.changed.notify_one();
+        tracing::info!(instance = %id, namespace = %p.namespace, deployment = %p.deployment, digest = %p.bundle_digest, "placing instance");
+        let me = self.clone();
+        self.tracker.spawn(async move { me.run_instance(id, p.bundle_digest, stop).await });
+    }
+
+    /// Stops the instance `id` (kills its process group) and forgets it.
+    pub fn stop(&self, id: &str, reason: &str) {
+        let token = {
+            let mut st = self.lock();
+            let Some(e) = st.instances.get_mut(id) else { return };
+            e.report.state = InstanceState::Stopping as i32;
+            e.report.healthy = false;
+            e.report.message = if reason.is_empty() { "stopping".into() } else { reason.to_string() };
+            st.changed.insert(id.to_string());
+            e_stop(st.instances.get(id))
+        };
+        tracing::info!(instance = %id, reason, "stopping instance");
+        self.changed.notify_one();
+        if let Some(t) = token {
+            t.cancel();
+        }
+    }
+
+    /// Forwards a run assignment to its instance (queued while the instance is not connected).
+    pub fn assign(&self, a: AssignRun) {
+        let id = a.instance_id.clone();
+        let run_id = a.run_id.clone();
+        let msg = ToInstance::Run(RunAssignment::from(a));
+        let mut st = self.lock();
+        if !st.instances.contains_key(&id) {
+            tracing::warn!(instance = %id, run = %run_id, "run assigned to an instance this nest does not run; ignored");
+            return;
+        }
+        st.runs.insert(run_id.clone(), id.clone());
+        if let Some(e) = st.instances.get_mut(&id) {
+            e.report.active_runs.push(run_id.clone());
+            send_or_queue(e, msg);
+        }
+        st.changed.insert(id);
+    }
+
+    /// Cancels a run (the instance cancels its token: model request and tool calls stop).
+    pub fn cancel(&self, run_id: &str, instance_id: &str, reason: &str) {
+        let mut st = self.lock();
+        let id = st.runs.get(run_id).cloned().unwrap_or_else(|| instance_id.to_string());
+        if let Some(e) = st.instances.get_mut(&id) {
+            send_or_queue(e, ToInstance::Cancel { run_id: run_id.to_string(), reason: reason.to_string() });
+        }
+    }
+
+    /// Relays the Hub's ack of a run's events to the instance running it.
+    pub fn deliver_ack(&self, run_id: &str, attempt: u32, acked_seq: u64, fenced: bool) {
+        let st = self.lock();
+        let Some(e) = st.runs.get(run_id).and_then(|id| st.instances.get(id)) else { return };
+        if let Some((_, tx)) = &e.conn {
+            let _ = tx.send(ToInstance::Ack { run_id: run_id.to_string(), attempt, acked_seq, fenced });
+        }
+    }
+
+    /// Stops every instance and waits for them (at most `grace` + a margin). Returns whether
+    /// everything stopped in time.
+    pub async fn shutdown(&self, grace: Duration) -> bool {
+        self.shutdown.cancel();
+        self.tracker.close();
+        let done = tokio::time::timeout(grace + Duration::from_secs(2), self.tracker.wait()).await.is_ok();
+        // Belt and braces: whatever is still recorded goes now.
+        for (_, rec) in self.children.list() {
+            process::signal_group(rec.pgid, nix::sys::signal::Signal::SIGKILL);
+        }
+        done
+    }
+
+    /// One instance's life: bundle, then spawn / wait / restart until stopped.
+    async fn run_instance(self: Arc<Self>, id: String, digest: String, stop: CancellationToken) {
+        let bundle_dir = tokio::select! {
+            r = self.bundles.ensure(&digest) => r,
+            _ = stop.cancelled() => { self.forget(&id); return; }
+        };
+        let bundle_dir = match bundle_dir {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(instance = %id, "{e}");
+                self.update(&id, |r| {
+                    r.state = InstanceState::Unhealthy as i32;
+                    r.healthy = false;
+                    r.message = e.to_string();
+                });
+                stop.cancelled().await;
+                self.forget(&id);
+                return;
+            }
+        };
+        if let Some(e) = self.lock().instances.get_mut(&id) {
+            e.bundle_dir = Some(bundle_dir.clone());
+        }
+        let mut backoff = Backoff::new(RESTART_BASE, RESTART_CAP);
+        let socket_path = self.opts.socket_path();
+        loop {
+            if stop.is_cancelled() {
+                break;
+            }
+            self.update(&id, |r| {
+                r.state = InstanceState::Starting as i32;
+                r.healthy = false;
+                if r.restarts == 0 {
+                    r.message = "starting".into();
+                }
+            });
+            // Spawned right here, on an async worker thread (see `process`).
+            let mut child = match process::spawn_instance(&self.opts.agen_bin, &socket_path, &id, &bundle_dir, &self.opts.env) {
+                Ok(c) => c,
+                Err(e) => {
+                    let delay = backoff.next_delay();
+                    let msg = format!("cannot start {} instance: {e}; retrying in {}s", self.opts.agen_bin.display(), delay.as_secs());
+                    tracing::warn!(instance = %id, "{msg}");
+                    self.update(&id, |r| {
+                        r.state = InstanceState::Unhealthy as i32;
+                        r.message = msg;
+                    });
+                    tokio::select! { _ = tokio::time::sleep(delay) => continue, _ = stop.cancelled() => break }
+                }
+            };
+            let pid = child.id().unwrap_or(0);
+            let pgid = i32::try_from(pid).unwrap_or(0);
+            self.children.record(&id, ChildRecord { what: format!("instance {id}"), pgid });
+            self.update(&id, |r| r.pid = pid);
+            tracing::info!(instance = %id, pid, "instance process started");
+            let started = Instant::now();
+            let status = tokio::select! {
+                s = child.wait() => Some(s),
+                _ = stop.cancelled() => None,
+            };
+            match status {
+                None => {
+                    let graceful = process::stop_group(&mut child, pgid, STOP_GRACE).await;
+                    self.children.remove(&id);
+                    tracing::info!(instance = %id, graceful, "instance stopped");
+                    break;
+                }
+                Some(status) => {
+                    // Tool servers left in the group go with it.
+                    process::signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
+                    self.children.remove(&id);
+                    if stop.is_cancelled() {
+                        break;
+                    }
+                    if started.elapsed() >= STABLE_AFTER {
+                        backoff.reset();
+                    }
+                    let how = match status {
+                        Ok(s) => describe_exit(s),
+                        Err(e) => format!("could not be waited for: {e}"),
+                    };
+                    let delay = backoff.next_delay();
+                    let crashes = backoff.attempts();
+                    let msg = format!("instance process {how}; restarting in {:.1}s", delay.as_secs_f64());
+                    tracing::warn!(instance = %id, "{msg}");
+                    let lost_runs = self.drop_runs_of(&id);
+                    self.update(&id, |r| {
+                        r.restarts += 1;
+                        r.healthy = false;
+                        r.tools_loaded = 0;
+                        r.active_runs.clear();
+                        r.state = if crashes >= UNHEALTHY_AFTER_CRASHES { InstanceState::Unhealthy } else { InstanceState::Starting } as i32;
+                        r.message = msg;
+                    });
+                    if !lost_runs.is_empty() {
+                        tracing::warn!(instance = %id, runs = ?lost_runs, "runs interrupted by the instance exit");
+                    }
+                    tokio::select! { _ = tokio::time::sleep(delay) => {}, _ = stop.cancelled() => break }
+                }
+            }
+        }
+        self.forget(&id);
+    }
+
+    /// Removes an instance after it stopped, keeping its final report for the Hub.
+    fn forget(&self, id: &str) {
+        let mut st = self.lock();
+        if let Some(mut e) = st.instances.remove(id) {
+            e.report.state = InstanceState::Stopping as i32;
+            e.report.healthy = false;
+            e.report.active_runs.clear();
+            st.changed.remove(id);
+            st.gone.insert(id.to_string(), e.report);
+        }
+        st.runs.retain(|_, inst| inst != id);
+        drop(st);
+        self.children.remove(id);
+        self.changed.notify_one();
+    }
+
+    fn drop_runs_of(&self, id: &str) -> Vec<String> {
+        let mut st = self.lock();
+        let runs: Vec<String> = st.runs.iter().filter(|(_, i)| i.as_str() == id).map(|(r, _)| r.clone()).collect();
+        for r in &runs {
+            st.runs.remove(r);
+        }
+        runs
+    }
+
+    /// Accepts instance connections on the Nest socket until shutdown.
+    pub async fn serve(self: Arc<Self>, listener: UnixListener) {
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = self.shutdown.cancelled() => return,
+            };
+            match accepted {
+                Ok((stream, _)) => {
+                    let me = self.clone();
+                    self.tracker.spawn(async move { me.connection(stream).await });
+                }
+                Err(e) => {
+                    tracing::warn!("nest socket accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    async fn connection(self: Arc<Self>, stream: UnixStream) {
+        let (mut reader, mut writer) = socket::split::<ToNest, ToInstance>(stream);
+        let hello = tokio::time::timeout(HELLO_TIMEOUT, reader.next()).await;
+        let (id, pid) = match hello {
+            Ok(Ok(Some(ToNest::Hello { instance_id, pid }))) => (instance_id, pid),
+            Ok(Ok(Some(other))) => {
+                tracing::warn!("nest socket: expected hello first, got {other:?}");
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!("{e}");
+                return;
+            }
+            Ok(Ok(None)) | Err(_) => return,
+        };
+        let found = {
+            let st = self.lock();
+            st.instances.get(&id).map(|e| (e.place.clone(), e.bundle_dir.clone()))
+        };
+        let Some((place, Some(bundle_dir))) = found else {
+            let _ = writer.send(&ToInstance::Refused { reason: format!("instance {id} is not placed on this nest") }).await;
+            return;
+        };
+        let opts = self.opts.clone();
+        let placement = tokio::task::spawn_blocking(move || build_placement(&place, &bundle_dir, &opts)).await;
+        let Ok(placement) = placement else { return };
+        if writer.send(&ToInstance::Placement(placement)).await.is_err() {
+            return;
+        }
+        let conn_id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        {
+            let mut st = self.lock();
+            let Some(e) = st.instances.get_mut(&id) else { return };
+            for m in e.queued.drain(..) {
+                let _ = tx.send(m);
+            }
+            e.conn = Some((conn_id, tx));
+        }
+        tracing::debug!(instance = %id, pid, "instance connected");
+        loop {
+            tokio::select! {
+                m = reader.next() => match m {
+                    Ok(Some(msg)) => self.on_message(&id, msg),
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(instance = %id, "{e}");
+                        break;
+                    }
+                },
+                out = rx.recv() => match out {
+                    Some(m) => if let Err(e) = writer.send(&m).await {
+                        tracing::warn!(instance = %id, "{e}");
+                        break;
+                    },
+                    None => break,
+                },
+                // Closing the socket makes the instance exit by itself.
+                _ = self.shutdown.cancelled() => break,
+            }
+        }
+        let mut st = self.lock();
+        if let Some(e) = st.instances.get_mut(&id) {
+            if matches!(e.conn, Some((c, _)) if c == conn_id) {
+                e.conn = None;
+            }
+        }
+    }
+
+    fn on_message(&self, id: &str, msg: ToNest) {
+        match msg {
+            ToNest::Hello { .. } => {}
+            ToNest::Status(s) => self.update(id, |r| {
+                if r.state == InstanceState::Stopping as i32 {
+                    return;
+                }
+                r.state = match s.state {
+                    HostState::Starting => InstanceState::Starting,
+                    HostState::Running => InstanceState::Running,
+                    HostState::Unhealthy => InstanceState::Unhealthy,
+                } as i32;
+                r.healthy = s.state == HostState::Running;
+                r.tools_loaded = s.tools_loaded;
+                r.servers_not_connected =
+                    s.servers_not_connected.into_iter().map(|(server, reason)| ServerProblem { server, reason }).collect();
+                r.tools = s.tools;
+                r.message = s.message;
+                r.active_runs = s.active_runs;
+            }),
+            ToNest::Event(e) => self.outbox.push(id, e.into()),
+            ToNest::RunDone { run_id, .. } => {
+                let mut st = self.lock();
+                if st.runs.get(&run_id).map(String::as_str) == Some(id) {
+                    st.runs.remove(&run_id);
+                }
+                if let Some(e) = st.instances.get_mut(id) {
+                    e.report.active_runs.retain(|r| *r != run_id);
+                }
+                st.changed.insert(id.to_string());
+                drop(st);
+                self.changed.notify_one();
+            }
+        }
+    }
+}
+
+fn e_stop(e: Option<&Entry>) -> Option<CancellationToken> {
+    e.map(|e| e.stop.clone())
+}
+
+fn send_or_queue(e: &mut Entry, msg: ToInstance) {
+    match &e.conn {
+        Some((_, tx)) => {
+            if let Err(mpsc::error::SendError(msg)) = tx.send(msg) {
+                e.queued.push(msg);
+            }
+        }
+        None => e.queued.push(msg),
+    }
+}
+
+fn describe_exit(s: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (s.code(), s.signal()) {
+        (Some(c), _) => format!("exited with status {c}"),
+        (None, Some(sig)) => format!("was killed by signal {sig}"),
+        _ => "exited".into(),
+    }
+}
+
+/// The placement an instance gets: its deployment and its secrets, resolved here (`env` from
+/// the Nest's environment, `platform` from the Hub's placement). A secret the bundle uses
+/// that has no value is listed in `missing_secrets`, naming it and the fix.
+pub fn build_placement(p: &PlaceInstance, bundle_dir: &std::path::Path, opts: &NestOptions) -> Placement {
+    let mut secrets = BTreeMap::new();
+    let mut missing = Vec::new();
+    if let Ok(bundle) = Bundle::load(bundle_dir) {
+        let used: BTreeMap<String, String> = referenced_secrets(&bundle).into_iter().rev().collect();
+        for (name, source) in bundle.secrets.iter() {
+            let (value, why) = match source {
+                SecretSource::Platform => (
+                    p.platform_secrets.get(name).cloned(),
+                    format!("the hub's secret store has no secret {name} in namespace {}; set it on the hub", p.namespace),
+                ),
+                SecretSource::Env { var } => (
+                    opts.env_var(var).map(str::to_string),
+                    format!("environment variable {var} is not set on nest {}; set it in the nest's environment", opts.name),
+                ),
+            };
+            match value {
+                Some(v) => {
+                    secrets.insert(name.clone(), v);
+                }
+                None => {
+                    if let Some(place) = used.get(name) {
+                        missing.push(format!("secret {name} used in {place} has no value: {why}"));
+                    }
+                }
+            }
+        }
+    }
+    Placement {
+        instance_id: p.instance_id.clone(),
+        namespace: p.namespace.clone(),
+        deployment: p.deployment.clone(),
+        bundle_digest: p.bundle_digest.clone(),
+        generation: p.generation,
+        concurrency: p.concurrency.max(1),
+        secrets,
+        missing_secrets: missing,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn secrets_are_resolved_from_the_nest_env_and_the_hub_and_missing_ones_are_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let b = dir.path();
+        std::fs::create_dir_all(b.join("x-agen")).expect("mkdir");
+        std::fs::write(b.join("x-agen/agent.md"), "---\nname: t\n---\nhi\n").expect("write");
+        std::fs::write(
+            b.join("x-agen/secrets.json"),
+            r#"{"FROM_ENV": {"source": "env", "var": "NEST_VAR"}, "FROM_HUB": {"source": "platform"}, "UNSET": {"source": "env", "var": "NOPE"}, "UNUSED": {"source": "platform"}}"#,
+        )
+        .expect("write");
+        std::fs::write(
+            b.join("mcp.json"),
+            r#"{"mcpServers": {"s": {"command": "x", "env": {"A": "${FROM_ENV}", "B": "${FROM_HUB}", "C": "${UNSET}"}}}}"#,
+        )
+        .expect("write");
+        let mut opts = NestOptions::new("http://127.0.0.1:1", "t");
+        opts.name = "n1".into();
+        opts.env = vec![("NEST_VAR".into(), "from-env".into())];
+        let p = PlaceInstance {
+            instance_id: "i".into(),
+            namespace: "default".into(),
+            deployment: "d".into(),
+            platform_secrets: [("FROM_HUB".to_string(), "from-hub".to_string())].into_iter().collect(),
+            ..Default::default()
+        };
+        let got = build_placement(&p, b, &opts);
+        assert_eq!(
+            got.secrets,
+            BTreeMap::from([("FROM_ENV".to_string(), "from-env".to_string()), ("FROM_HUB".to_string(), "from-hub".to_string())])
+        );
+        assert_eq!(
+            got.missing_secrets,
+            vec!["secret UNSET used in mcp.json mcpServers.s.env.C has no value: environment variable NOPE is not set on nest n1; set it in the nest's environment".to_string()]
+        );
+        assert_eq!(got.concurrency, 1);
+    }
+}

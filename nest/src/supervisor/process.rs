@@ -1,0 +1,150 @@
+//! Spawning one instance process and killing its process group.
+//!
+//! Invariants: every instance runs in its own process group (`process_group(0)`) with
+//! `PR_SET_PDEATHSIG(SIGKILL)`, so it dies with the Nest even on `kill -9`; the spawn happens on
+//! the calling (async worker) thread, never in `spawn_blocking` (PDEATHSIG fires when the
+//! spawning *thread* exits); the instance gets a cleared environment (allowlist only), so it
+//! never sees Hub credentials; its stderr goes to `tracing` tagged with the instance id.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Variables an instance inherits from the Nest (the tool-server allowlist plus logging).
+pub const ENV_ALLOWLIST: [&str; 13] =
+    ["PATH", "HOME", "TMPDIR", "TEMP", "TMP", "LANG", "TZ", "USER", "LOGNAME", "SHELL", "TERM", "RUST_LOG", "RUST_BACKTRACE"];
+
+fn allowed(name: &str) -> bool {
+    ENV_ALLOWLIST.contains(&name) || name.starts_with("LC_")
+}
+
+/// Starts `<agen_bin> instance --socket S --instance-id ID --bundle-dir DIR`.
+pub fn spawn_instance(
+    agen_bin: &Path,
+    socket: &Path,
+    instance_id: &str,
+    bundle_dir: &Path,
+    env: &[(String, String)],
+) -> std::io::Result<Child> {
+    let mut cmd = Command::new(agen_bin);
+    cmd.arg("instance")
+        .arg("--socket")
+        .arg(socket)
+        .arg("--instance-id")
+        .arg(instance_id)
+        .arg("--bundle-dir")
+        .arg(bundle_dir)
+        .current_dir(bundle_dir)
+        .env_clear()
+        .envs(env.iter().filter(|(k, _)| allowed(k)).map(|(k, v)| (k.as_str(), v.as_str())))
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    set_parent_death_signal(&mut cmd);
+    let mut child = cmd.spawn()?;
+    if let Some(stderr) = child.stderr.take() {
+        let id = instance_id.to_string();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                tracing::info!(instance = %id, "{line}");
+            }
+        });
+    }
+    Ok(child)
+}
+
+#[allow(unsafe_code)]
+fn set_parent_death_signal(cmd: &mut Command) {
+    let parent = std::process::id();
+    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
+    // functions (prctl, getppid); it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The Nest may have died between fork and prctl: then no signal would ever come.
+            if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                return Err(std::io::Error::other("the nest exited while starting the instance"));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Sends `sig` to the group `pgid`; a group that is already gone is not an error.
+pub fn signal_group(pgid: i32, sig: Signal) {
+    if pgid > 1 {
+        let _ = killpg(Pid::from_raw(pgid), sig);
+    }
+}
+
+/// Stops the group: SIGTERM, then SIGKILL after `grace` (or at once when the leader exited),
+/// and reaps the leader. Returns whether it exited within the grace.
+pub async fn stop_group(child: &mut Child, pgid: i32, grace: Duration) -> bool {
+    signal_group(pgid, Signal::SIGTERM);
+    let graceful = tokio::time::timeout(grace, child.wait()).await.is_ok();
+    // Whatever is left in the group (a tool server that ignored SIGTERM) goes now.
+    signal_group(pgid, Signal::SIGKILL);
+    if !graceful {
+        let _ = child.wait().await;
+    }
+    graceful
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_allowlisted_variables_reach_an_instance() {
+        for (name, ok) in [("PATH", true), ("LC_ALL", true), ("RUST_LOG", true), ("AGEN_TOKEN", false), ("AWS_SECRET_ACCESS_KEY", false)] {
+            assert_eq!(allowed(name), ok, "{name}");
+        }
+    }
+
+    #[tokio::test]
+    async fn stopping_a_group_kills_its_grandchildren_too() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pidfile = dir.path().join("grandchild.pid");
+        // The leader traps SIGTERM (ignores it) and has a grandchild in the same group.
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!("trap '' TERM; sleep 300 & echo $! > {}; wait", pidfile.display()))
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().expect("spawn sh");
+        let pgid = i32::try_from(child.id().expect("pid")).expect("fits");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let grandchild = loop {
+            if let Ok(s) = std::fs::read_to_string(&pidfile) {
+                if let Ok(p) = s.trim().parse::<i32>() {
+                    break p;
+                }
+            }
+            assert!(std::time::Instant::now() < deadline, "grandchild never started");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let graceful = stop_group(&mut child, pgid, Duration::from_millis(300)).await;
+        assert!(!graceful, "the leader ignores SIGTERM, so SIGKILL was needed");
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while nix::sys::signal::kill(Pid::from_raw(grandchild), None).is_ok() {
+            // A zombie until init reaps it; /proc shows state Z.
+            let stat = std::fs::read_to_string(format!("/proc/{grandchild}/stat")).unwrap_or_default();
+            if stat.contains(") Z") {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "grandchild {grandchild} survived");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
