@@ -10,7 +10,14 @@
 //! talk only to their Nest over a Unix socket; no child outlives the Nest.
 
 pub mod builtin;
+pub mod bundles;
+pub mod config;
+pub mod daemon;
+pub mod host;
+pub mod hub_link;
 pub mod instance;
 pub mod keen;
 pub mod mcp;
+pub mod socket;
+pub mod supervisor;
 pub mod model;
