@@ -4,9 +4,11 @@
 //! - The walk holds a directory handle for every folder it is in and opens each child folder
 //!   beneath it with `RESOLVE_NO_SYMLINKS`, so a folder swapped for a symlink mid-walk is
 //!   skipped, never followed.
-//! - Symlinks are never descended into. A symlink to a file inside the root is treated as that
-//!   file; a symlink that leads outside, a broken one, a loop or one to a folder is skipped and
-//!   named in the output's notes.
+//! - Symlinks are never descended into. A symlink to a file inside the root is listed by `list`;
+//!   grep searches it unless the walk meets the same file under its real path (so no line is
+//!   reported twice); a symlink
+//!   that leads outside, a broken one, a loop or one to a folder is skipped and named in the
+//!   output's notes.
 //! - Folders in [`SKIPPED_DIRS`] (version control, dependencies, build output, caches) are not
 //!   walked into, except when the call names them explicitly (`list target/**`, `grep
 //!   path=node_modules/x`).
@@ -381,10 +383,14 @@ pub fn grep(root: &Root, args: &GrepArgs) -> Result<String> {
                         .map(File::from)
                         .map_err(|errno| errno.desc().to_lowercase())
                 }
-                Found::Link => root
-                    .open_beneath(child, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty())
-                    .map(File::from)
-                    .map_err(|e| e.to_string()),
+                Found::Link => {
+                    if found_under_real_path(root, child, &rel) {
+                        return Flow::Continue;
+                    }
+                    root.open_beneath(child, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty())
+                        .map(File::from)
+                        .map_err(|e| e.to_string())
+                }
             };
             match file {
                 Ok(file) => {
@@ -417,6 +423,14 @@ pub fn grep(root: &Root, args: &GrepArgs) -> Result<String> {
     }
     out.push_str(&walker.notes_text());
     Ok(out)
+}
+
+/// Whether the walk from `start` also meets the target of the link `child` under its real path
+/// (so grep searches it once): the target lies under `start` and not in a skipped folder.
+fn found_under_real_path(root: &Root, child: &RelPath, start: &RelPath) -> bool {
+    let Some(real) = root.canonical_inside(child) else { return false };
+    real.as_path().starts_with(start.as_path())
+        && !real.as_path().components().any(|c| SKIPPED_DIRS.iter().any(|s| OsStr::new(s) == c.as_os_str()))
 }
 
 /// Greps one file into `state`; returns a note when the file is skipped.

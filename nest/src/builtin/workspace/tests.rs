@@ -395,7 +395,7 @@ fn write_creates_folders_and_replaces_whole_files() {
     let f = Fixture::new();
     assert_eq!(
         f.call("write", json!({"path": "docs/guide/intro.md", "content": "# Intro\n\nHello\n"})).as_deref(),
-        Ok("created `docs/guide/intro.md` (3 lines, 16 bytes)")
+        Ok("created `docs/guide/intro.md` (3 lines, 15 bytes)")
     );
     assert_eq!(
         f.call("write", json!({"path": "docs/guide/intro.md", "content": "short"})).as_deref(),
@@ -431,8 +431,7 @@ fn list_matches_globs_sorted_and_skips_build_and_vcs_folders() {
     ];
     for (pattern, expected) in cases {
         let got = f.call("list", json!({"pattern": pattern})).unwrap_or_else(|e| panic!("list {pattern}: {e}"));
-        let first_part = got.split("\nnot followed").next().unwrap_or_default();
-        assert_eq!(first_part, expected, "list {pattern}");
+        assert_eq!(without_notes(&got), expected, "list {pattern}");
     }
     let everything = f.call("list", json!({"pattern": "**"})).expect("list **");
     for hidden in [".git/config", "node_modules/pkg/index.js", "target/out.rs"] {
@@ -457,13 +456,30 @@ fn grep_prints_path_line_text_with_path_and_glob_filters() {
     ];
     for (args, expected) in cases {
         let got = f.call("grep", args.clone()).unwrap_or_else(|e| panic!("grep {args}: {e}"));
-        let first_part = got.split("\nnot followed").next().unwrap_or_default();
-        let first_part = first_part.split("\nskipped").next().unwrap_or_default();
-        assert_eq!(first_part, expected, "grep {args}");
+        assert_eq!(without_notes(&got), expected, "grep {args}");
     }
     let bad = f.call("grep", json!({"pattern": "("})).expect_err("bad regex");
     assert!(bad.contains("`(` is not a valid regular expression"), "{bad}");
     assert_refused(f.call("grep", json!({"pattern": "x", "path": "missing"})), "grep", "missing", "does not exist");
+}
+
+#[test]
+fn grep_searches_a_linked_file_once() {
+    let f = Fixture::new();
+    symlink("../inside.txt", f.root().join("src/ref.txt")).expect("symlink");
+    // from the root, the target is met under its real path: reported once, there
+    let whole = f.call("grep", json!({"pattern": "^inside"})).expect("grep");
+    assert_eq!(without_notes(&whole), "inside.txt:1: inside");
+    // from src, the target is outside the searched folder: reported under the link
+    let sub = f.call("grep", json!({"pattern": "^inside", "path": "src"})).expect("grep src");
+    assert_eq!(without_notes(&sub), "src/ref.txt:1: inside");
+}
+
+/// An output without its notes about skipped entries.
+fn without_notes(output: &str) -> String {
+    let kept: Vec<&str> =
+        output.lines().filter(|l| !l.starts_with("skipped `") && !l.starts_with("not followed: ")).collect();
+    kept.join("\n")
 }
 
 #[test]
