@@ -1,1 +1,185 @@
-//! The Agen Hub.
+//! The Agen Hub: the control plane of a fleet. It keeps the desired state (deployments,
+//! bundles by digest), the durable record of every task and run (sled), schedules instances
+//! onto Nests, detects lost Nests, queues tasks and dispatches runs.
+//!
+//! Reading order: [`config`] (options), [`error`] (one error type, one mapping to gRPC status),
+//! `server/` (the gRPC edge; the only module that knows protobuf), `scheduler/` (pure placement
+//! decisions), `store/` (sled behind a small trait), [`nodes`] (Nest links and liveness),
+//! `fleet` (core state, deployments, instances, reconcile loop), `tasks` (queue, dispatch,
+//! run events, conversations).
+//!
+//! Invariants: the scheduler does no IO; every state change is in the store before anyone is
+//! told; TLS unless explicitly plaintext on loopback; every `AgenService` call carries the
+//! admin token and every `NestService` call the join token; health and reflection need none.
+
+pub mod config;
+pub mod error;
+pub mod fleet;
+pub mod model;
+pub mod nodes;
+pub mod scheduler;
+mod server;
+pub mod store;
+pub mod tasks;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use agen_shared::tls::{self, JoinToken};
+use tokio_util::sync::CancellationToken;
+
+pub use config::{default_data_dir, HubOptions};
+pub use error::{HubError, Result};
+
+/// A running Hub.
+#[derive(Debug)]
+pub struct HubHandle {
+    /// The address actually bound (listen port 0 picks one).
+    pub addr: SocketAddr,
+    /// `https://127.0.0.1:PORT` (or `http://` when plaintext), for clients and Nests.
+    pub url: String,
+    /// The CA certificate clients trust (`<data-dir>/tls/ca.pem`).
+    pub ca_file: PathBuf,
+    /// The admin token (`<data-dir>/admin-token`).
+    pub admin_token: String,
+    /// The Nest join token (`agen1.<ca sha256>.<secret>`).
+    pub join_token: String,
+    /// `<data-dir>/join-token`.
+    pub join_token_file: PathBuf,
+    /// Whether the Hub serves plaintext.
+    pub plaintext: bool,
+    serving: tokio::task::JoinHandle<Result<()>>,
+    shutdown: CancellationToken,
+}
+
+impl HubHandle {
+    /// The `agen nest` command that joins this Hub.
+    pub fn nest_command(&self) -> String {
+        format!("agen nest --hub {} --join {}", self.url, self.join_token)
+    }
+
+    /// Waits until the Hub has stopped (after the shutdown token is cancelled), gracefully.
+    pub async fn wait(self) -> Result<()> {
+        match self.serving.await {
+            Ok(r) => r,
+            Err(e) => Err(HubError::Serve(format!("the hub server task failed: {e}"))),
+        }
+    }
+
+    /// Cancels the Hub's shutdown token (the one passed to [`start`]) and waits.
+    pub async fn stop(self) -> Result<()> {
+        self.shutdown.cancel();
+        self.wait().await
+    }
+}
+
+/// Reads the token in `path`, or writes a new one produced by `make` (mode 0600).
+fn load_or_create_token(path: &Path, make: impl FnOnce() -> String) -> Result<String> {
+    match std::fs::read_to_string(path) {
+        Ok(t) if !t.trim().is_empty() => Ok(t.trim().to_string()),
+        Ok(_) => Err(HubError::Config(format!("{} is empty; delete it to generate a new token", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let token = make();
+            tls::write_private(path, format!("{token}\n").as_bytes())?;
+            Ok(token)
+        }
+        Err(e) => Err(HubError::Io {
+            path: path.to_path_buf(),
+            action: "cannot read token",
+            source: e,
+        }),
+    }
+}
+
+/// Tells systemd the Hub is ready when `NOTIFY_SOCKET` is set (no-op otherwise).
+pub fn notify_ready() {
+    if std::env::var_os("NOTIFY_SOCKET").is_some() {
+        if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+            tracing::warn!(error = %e, "cannot notify systemd of readiness");
+        }
+    }
+}
+
+/// Starts a Hub: creates or loads its data dir (store, CA, tokens), binds, spawns serving and
+/// the reconcile loop, and returns once it is listening. It stops when `shutdown` is cancelled.
+pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubHandle> {
+    opts.validate()?;
+    let data_dir = opts.data_dir.clone();
+    std::fs::create_dir_all(&data_dir).map_err(HubError::io(&data_dir, "cannot create the hub data dir"))?;
+
+    let admin_file = data_dir.join("admin-token");
+    let admin_token = load_or_create_token(&admin_file, tls::random_secret)?;
+
+    let listen_name = opts.listen.ip().to_string();
+    let extra: Vec<String> = if opts.listen.ip().is_unspecified() {
+        vec![]
+    } else {
+        vec![listen_name]
+    };
+    let hub_tls = tls::load_or_create_hub_tls(&data_dir.join("tls"), &extra)?;
+    let join_token_file = data_dir.join("join-token");
+    let join_token = load_or_create_token(&join_token_file, || JoinToken::generate(&hub_tls.ca_sha256).to_string())?;
+    let join = JoinToken::parse(&join_token).map_err(|e| {
+        HubError::Config(format!("{}: {e}; delete the file to generate a new one", join_token_file.display()))
+    })?;
+    if join.ca_sha256 != hub_tls.ca_sha256 {
+        return Err(HubError::Config(format!(
+            "{} names a different CA than {}; delete the join token file to generate one for this CA",
+            join_token_file.display(),
+            hub_tls.ca_file.display()
+        )));
+    }
+
+    let store = store::SledStore::open(&data_dir.join("db"))?;
+    let db = store::Db::new(Arc::new(store));
+    let core = fleet::Core::open(opts.clone(), db)?;
+
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .map_err(|e| HubError::Config(format!("cannot listen on {}: {e}; pick another --listen address", opts.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| HubError::Serve(format!("cannot read the bound address: {e}")))?;
+    let host = if addr.ip().is_unspecified() { "127.0.0.1".to_string() } else { addr.ip().to_string() };
+    let host = if host.contains(':') { format!("[{host}]") } else { host };
+    let scheme = if opts.insecure_plaintext { "http" } else { "https" };
+    let url = format!("{scheme}://{host}:{}", addr.port());
+
+    let routes = server::routes(core.clone(), admin_token.clone(), vec![join_token.clone(), join.secret.clone()]).await?;
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)));
+    if !opts.insecure_plaintext {
+        let identity = tonic::transport::Identity::from_pem(&hub_tls.server_chain_pem, &hub_tls.server_key_pem);
+        builder = builder
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .map_err(|e| HubError::Serve(format!("tls: {e}")))?;
+    }
+    let router = builder.add_routes(routes);
+
+    let reconciler = tokio::spawn(core.clone().run_reconciler(shutdown.child_token()));
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let stop = shutdown.clone();
+    let serving = tokio::spawn(async move {
+        let result = router.serve_with_incoming_shutdown(incoming, stop.cancelled_owned()).await;
+        let _ = reconciler.await;
+        if let Err(e) = core.db.flush().await {
+            tracing::error!(error = %e, "final store flush failed");
+        }
+        tracing::info!("hub stopped");
+        result.map_err(|e| HubError::Serve(e.to_string()))
+    });
+    tracing::info!(%url, data_dir = %data_dir.display(), plaintext = opts.insecure_plaintext, "hub listening");
+    Ok(HubHandle {
+        addr,
+        url,
+        ca_file: hub_tls.ca_file,
+        admin_token,
+        join_token,
+        join_token_file,
+        plaintext: opts.insecure_plaintext,
+        serving,
+        shutdown,
+    })
+}

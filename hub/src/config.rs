@@ -1,0 +1,81 @@
+//! Hub options ([`HubOptions`]) and their validation: where state lives, where to listen, TLS
+//! or (loopback only) plaintext, and the liveness timings of Nests.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::error::{HubError, Result};
+
+/// Default listen address of `agen hub`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+
+/// How a Hub is started. `Default` is the `agen hub` default apart from `data_dir`.
+#[derive(Debug, Clone)]
+pub struct HubOptions {
+    /// State (sled), TLS material, admin and join tokens.
+    pub data_dir: PathBuf,
+    /// Listen address; port 0 picks a free port (see [`crate::HubHandle::addr`]).
+    pub listen: SocketAddr,
+    /// Serve plaintext gRPC instead of TLS; only allowed on a loopback listen address.
+    pub insecure_plaintext: bool,
+    /// A Nest silent for this long (plus one heartbeat interval of grace) is lost.
+    pub nest_ttl: Duration,
+    /// How often Nests are asked to heartbeat.
+    pub heartbeat_interval: Duration,
+}
+
+impl Default for HubOptions {
+    fn default() -> Self {
+        HubOptions {
+            data_dir: default_data_dir(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            insecure_plaintext: false,
+            nest_ttl: Duration::from_secs(10),
+            heartbeat_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+/// `$AGEN_DATA_DIR/hub`, else `$XDG_DATA_HOME/agen/hub`, else `~/.local/share/agen/hub`.
+pub fn default_data_dir() -> PathBuf {
+    if let Some(p) = std::env::var_os("AGEN_DATA_DIR").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p).join("hub");
+    }
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    base.join("agen").join("hub")
+}
+
+impl HubOptions {
+    /// Checks the options without touching the disk or the network.
+    pub fn validate(&self) -> Result<()> {
+        if self.insecure_plaintext && !self.listen.ip().is_loopback() {
+            return Err(HubError::Config(format!(
+                "--insecure-plaintext is only allowed on a loopback listen address, not {}; listen on 127.0.0.1 or drop the flag to serve TLS",
+                self.listen
+            )));
+        }
+        if self.nest_ttl < Duration::from_millis(200) {
+            return Err(HubError::Config(format!(
+                "nest ttl {:?} is too short; expected at least 200ms (default 10s)",
+                self.nest_ttl
+            )));
+        }
+        if self.heartbeat_interval.is_zero() || self.heartbeat_interval > self.nest_ttl {
+            return Err(HubError::Config(format!(
+                "heartbeat interval {:?} must be above zero and at most the nest ttl {:?}",
+                self.heartbeat_interval, self.nest_ttl
+            )));
+        }
+        Ok(())
+    }
+
+    /// A Nest silent for longer than this is lost.
+    pub fn lost_after(&self) -> Duration {
+        self.nest_ttl + self.heartbeat_interval
+    }
+}

@@ -1,0 +1,65 @@
+//! The Hub's error type and the ONE place it becomes a `tonic::Status`.
+
+use crate::store::StoreError;
+
+/// Everything that can go wrong in the Hub.
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error("{0}")]
+    Config(String),
+    #[error("{path}: {action}: {source}")]
+    Io {
+        path: std::path::PathBuf,
+        action: &'static str,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Tls(#[from] agen_shared::tls::TlsError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot serve gRPC: {0}")]
+    Serve(String),
+    /// A request field is wrong: names the field and what was expected.
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    Unauthenticated(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = HubError> = std::result::Result<T, E>;
+
+impl HubError {
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        HubError::InvalidArgument(msg.into())
+    }
+    pub fn not_found(msg: impl Into<String>) -> Self {
+        HubError::NotFound(msg.into())
+    }
+    pub fn io(path: impl Into<std::path::PathBuf>, action: &'static str) -> impl FnOnce(std::io::Error) -> HubError {
+        let path = path.into();
+        move |source| HubError::Io { path, action, source }
+    }
+}
+
+impl From<HubError> for tonic::Status {
+    fn from(e: HubError) -> Self {
+        let msg = e.to_string();
+        match e {
+            HubError::InvalidArgument(_) => tonic::Status::invalid_argument(msg),
+            HubError::NotFound(_) => tonic::Status::not_found(msg),
+            HubError::FailedPrecondition(_) => tonic::Status::failed_precondition(msg),
+            HubError::Unauthenticated(_) => tonic::Status::unauthenticated(msg),
+            HubError::Config(_) => tonic::Status::invalid_argument(msg),
+            HubError::Io { .. } | HubError::Tls(_) | HubError::Store(_) | HubError::Serve(_) | HubError::Internal(_) => {
+                tracing::error!(error = %msg, "internal error");
+                tonic::Status::internal(msg)
+            }
+        }
+    }
+}

@@ -1,0 +1,862 @@
+//! The Hub's core state and the fleet part of it: deployments, bundles, Nests, instances, and
+//! the reconcile loop that keeps every deployment at its replica count (placement through the
+//! pure `scheduler`, liveness through `nodes`). Task queueing and dispatch are in `tasks`.
+//!
+//! Invariants: every change is written to the store before it is visible to callers; the
+//! state lock is never held across an `.await`; after a Hub boot nothing is placed until every
+//! previously known Nest has re-registered or a full ttl has passed (the reconcile window);
+//! replacing an unhealthy instance always creates a new instance id.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use tokio::sync::{broadcast, Notify};
+
+use crate::config::HubOptions;
+use crate::error::{HubError, Result};
+use crate::model::*;
+use crate::nodes::{Liveness, NestTx, ToNest};
+use crate::scheduler::{self, InstView, NestView};
+use crate::store::{Db, Table};
+use crate::tasks::TaskUpdate;
+
+/// Longest replica count a deployment may ask for.
+pub const MAX_REPLICAS: u32 = 1000;
+/// An instance healthy for this long resets its deployment's failure count.
+const STABLE_MS: i64 = 30_000;
+/// Lost instances stay visible this long.
+const LOST_RETENTION_MS: i64 = 10 * 60_000;
+/// A stopping instance the Nest never confirms is forgotten after this long.
+const STOPPING_RETENTION_MS: i64 = 60_000;
+
+/// A deployment's desired state, as asked by a client.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeploymentSpec {
+    pub namespace: String,
+    pub name: String,
+    pub bundle_digest: String,
+    pub replicas: u32,
+    pub selector: BTreeMap<String, String>,
+    pub concurrency: u32,
+}
+
+/// A deployment with its ready replica count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeploymentView {
+    pub rec: DeploymentRec,
+    pub ready_replicas: u32,
+}
+
+pub(crate) struct State {
+    pub deployments: BTreeMap<String, DeploymentRec>,
+    pub nests: BTreeMap<String, NestRec>,
+    pub instances: BTreeMap<String, InstanceRec>,
+    pub tasks: HashMap<String, TaskRec>,
+    pub live: Liveness,
+    pub boot: Instant,
+    /// Nests known (not lost) at boot that have not re-registered yet.
+    pub awaiting: HashSet<String>,
+}
+
+/// The Hub's state and behaviour, shared by the gRPC services and the reconcile loop.
+pub struct Core {
+    pub opts: HubOptions,
+    pub(crate) db: Db,
+    state: Mutex<State>,
+    pub(crate) wake: Notify,
+    pub(crate) updates: broadcast::Sender<TaskUpdate>,
+}
+
+pub(crate) fn validate_name(field: &str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(HubError::invalid(format!("{field}: expected a name, got an empty string")));
+    }
+    let ok = value.len() <= 63
+        && value.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_' || c == '.')
+        && value.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+    if !ok {
+        return Err(HubError::invalid(format!(
+            "{field}: `{value}` is not a valid name; expected up to 63 lowercase letters, digits, `-`, `_` or `.`, starting with a letter or digit"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn namespace_or_default(ns: &str) -> String {
+    if ns.is_empty() {
+        "default".to_string()
+    } else {
+        ns.to_string()
+    }
+}
+
+fn short_id() -> String {
+    hex::encode(rand::random::<[u8; 4]>())
+}
+
+impl Core {
+    /// Loads every record from the store; Nests start disconnected with fresh liveness clocks.
+    pub fn open(opts: HubOptions, db: Db) -> Result<Arc<Core>> {
+        let deployments: Vec<DeploymentRec> = db.list_json(Table::Deployments, b"")?;
+        let mut nests: Vec<NestRec> = db.list_json(Table::Nests, b"")?;
+        let instances: Vec<InstanceRec> = db.list_json(Table::Instances, b"")?;
+        let tasks: Vec<TaskRec> = db.list_json(Table::Tasks, b"")?;
+        let mut awaiting = HashSet::new();
+        for n in nests.iter_mut() {
+            if n.state != NestState::Lost {
+                n.state = NestState::Disconnected;
+                awaiting.insert(n.nest_id.clone());
+            }
+        }
+        let live = Liveness::new(awaiting.iter().cloned());
+        let (updates, _) = broadcast::channel(4096);
+        tracing::info!(
+            deployments = deployments.len(),
+            nests = nests.len(),
+            instances = instances.len(),
+            tasks = tasks.len(),
+            "hub state loaded"
+        );
+        Ok(Arc::new(Core {
+            opts,
+            db,
+            state: Mutex::new(State {
+                deployments: deployments.into_iter().map(|d| (d.key(), d)).collect(),
+                nests: nests.into_iter().map(|n| (n.nest_id.clone(), n)).collect(),
+                instances: instances.into_iter().map(|i| (i.instance_id.clone(), i)).collect(),
+                tasks: tasks.into_iter().map(|t| (t.task_id.clone(), t)).collect(),
+                live,
+                boot: Instant::now(),
+                awaiting,
+            }),
+            wake: Notify::new(),
+            updates,
+        }))
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves consistent-enough state: keep serving.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Asks the reconcile loop to run now.
+    pub fn poke(&self) {
+        self.wake.notify_one();
+    }
+
+    pub(crate) fn save_instance(&self, st: &mut State, rec: InstanceRec) -> Result<()> {
+        self.db.put_json(Table::Instances, &rec.instance_id, &rec)?;
+        st.instances.insert(rec.instance_id.clone(), rec);
+        Ok(())
+    }
+
+    fn delete_instance(&self, st: &mut State, id: &str) -> Result<()> {
+        self.db.remove(Table::Instances, id)?;
+        st.instances.remove(id);
+        Ok(())
+    }
+
+    fn save_deployment(&self, st: &mut State, rec: DeploymentRec) -> Result<()> {
+        self.db.put_json(Table::Deployments, &rec.key(), &rec)?;
+        st.deployments.insert(rec.key(), rec);
+        Ok(())
+    }
+
+    fn save_nest(&self, st: &mut State, rec: NestRec) -> Result<()> {
+        self.db.put_json(Table::Nests, &rec.nest_id, &rec)?;
+        st.nests.insert(rec.nest_id.clone(), rec);
+        Ok(())
+    }
+
+    // ---------- bundles ----------
+
+    /// Stores a validated bundle; returns whether it was already present.
+    pub fn put_bundle(&self, digest: &str, bytes: &[u8], agent_name: &str) -> Result<bool> {
+        if self.db.get_json::<BundleMeta>(Table::BundleMeta, digest)?.is_some() {
+            return Ok(true);
+        }
+        self.db.raw().put(Table::BundleData, digest.as_bytes(), bytes)?;
+        let meta = BundleMeta {
+            digest: digest.to_string(),
+            size: bytes.len() as u64,
+            agent_name: agent_name.to_string(),
+            uploaded_at_ms: now_ms(),
+        };
+        self.db.put_json(Table::BundleMeta, digest, &meta)?;
+        Ok(false)
+    }
+
+    pub fn bundle_meta(&self, digest: &str) -> Result<Option<BundleMeta>> {
+        Ok(self.db.get_json(Table::BundleMeta, digest)?)
+    }
+
+    pub fn bundle_bytes(&self, digest: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self.db.raw().get(Table::BundleData, digest.as_bytes())?)
+    }
+
+    // ---------- deployments ----------
+
+    /// Creates a deployment or updates it (a new generation when anything changed).
+    pub async fn create_deployment(&self, spec: DeploymentSpec) -> Result<DeploymentRec> {
+        let namespace = namespace_or_default(&spec.namespace);
+        validate_name("namespace", &namespace)?;
+        validate_name("name", &spec.name)?;
+        if spec.replicas > MAX_REPLICAS {
+            return Err(HubError::invalid(format!(
+                "replicas: {} is too many; expected 0 to {MAX_REPLICAS}",
+                spec.replicas
+            )));
+        }
+        if spec.concurrency > 1000 {
+            return Err(HubError::invalid(format!(
+                "concurrency: {} is too many; expected 0 (default 1) to 1000",
+                spec.concurrency
+            )));
+        }
+        for (k, v) in &spec.selector {
+            if k.is_empty() {
+                return Err(HubError::invalid(format!("selector: empty label name (value `{v}`); expected k=v pairs")));
+            }
+        }
+        if spec.bundle_digest.is_empty() {
+            return Err(HubError::invalid("bundle_digest: expected the sha256:<hex> digest of an uploaded bundle"));
+        }
+        let meta = self.bundle_meta(&spec.bundle_digest)?.ok_or_else(|| {
+            HubError::FailedPrecondition(format!(
+                "bundle {} is not uploaded; upload it with UploadBundle (agen deploy does) before creating the deployment",
+                spec.bundle_digest
+            ))
+        })?;
+        let concurrency = spec.concurrency.max(1);
+        let now = now_ms();
+        let rec = {
+            let mut st = self.lock();
+            let key = deployment_key(&namespace, &spec.name);
+            let rec = match st.deployments.get(&key) {
+                Some(old) => {
+                    let changed = old.bundle_digest != spec.bundle_digest
+                        || old.replicas != spec.replicas
+                        || old.selector != spec.selector
+                        || old.concurrency != concurrency;
+                    if !changed {
+                        return Ok(old.clone());
+                    }
+                    let mut rec = old.clone();
+                    if old.bundle_digest != spec.bundle_digest {
+                        rec.failures = 0;
+                        rec.backoff_until_ms = 0;
+                        rec.last_failure.clear();
+                    }
+                    rec.bundle_digest = spec.bundle_digest.clone();
+                    rec.replicas = spec.replicas;
+                    rec.selector = spec.selector.clone();
+                    rec.concurrency = concurrency;
+                    rec.generation += 1;
+                    rec.updated_at_ms = now;
+                    rec.agent_name = meta.agent_name.clone();
+                    rec
+                }
+                None => DeploymentRec {
+                    namespace: namespace.clone(),
+                    name: spec.name.clone(),
+                    bundle_digest: spec.bundle_digest.clone(),
+                    replicas: spec.replicas,
+                    selector: spec.selector.clone(),
+                    concurrency,
+                    generation: 1,
+                    created_at_ms: now,
+                    updated_at_ms: now,
+                    agent_name: meta.agent_name.clone(),
+                    failures: 0,
+                    backoff_until_ms: 0,
+                    last_failure: String::new(),
+                },
+            };
+            self.save_deployment(&mut st, rec.clone())?;
+            rec
+        };
+        self.db.flush().await?;
+        tracing::info!(deployment = %rec.key(), generation = rec.generation, digest = %rec.bundle_digest, "deployment saved");
+        self.poke();
+        Ok(rec)
+    }
+
+    fn ready_replicas(st: &State, d: &DeploymentRec) -> u32 {
+        st.instances
+            .values()
+            .filter(|i| i.namespace == d.namespace && i.deployment == d.name)
+            .filter(|i| i.state == InstanceState::Running && i.healthy && i.generation == d.generation)
+            .count() as u32
+    }
+
+    pub fn get_deployment(&self, namespace: &str, name: &str) -> Result<(DeploymentView, Vec<InstanceRec>)> {
+        let namespace = namespace_or_default(namespace);
+        validate_name("name", name)?;
+        let st = self.lock();
+        let d = st
+            .deployments
+            .get(&deployment_key(&namespace, name))
+            .ok_or_else(|| HubError::not_found(format!("deployment {namespace}/{name} not found")))?;
+        let instances = st
+            .instances
+            .values()
+            .filter(|i| i.namespace == namespace && i.deployment == name)
+            .cloned()
+            .collect();
+        Ok((
+            DeploymentView {
+                ready_replicas: Self::ready_replicas(&st, d),
+                rec: d.clone(),
+            },
+            instances,
+        ))
+    }
+
+    pub fn list_deployments(&self, namespace: &str, all: bool) -> Vec<DeploymentView> {
+        let namespace = namespace_or_default(namespace);
+        let st = self.lock();
+        st.deployments
+            .values()
+            .filter(|d| all || d.namespace == namespace)
+            .map(|d| DeploymentView {
+                ready_replicas: Self::ready_replicas(&st, d),
+                rec: d.clone(),
+            })
+            .collect()
+    }
+
+    /// Deletes a deployment: its instances are stopped and its queued tasks fail.
+    pub async fn delete_deployment(&self, namespace: &str, name: &str) -> Result<()> {
+        let namespace = namespace_or_default(namespace);
+        validate_name("name", name)?;
+        {
+            let mut st = self.lock();
+            let key = deployment_key(&namespace, name);
+            if !st.deployments.contains_key(&key) {
+                return Err(HubError::not_found(format!("deployment {namespace}/{name} not found")));
+            }
+            self.db.remove(Table::Deployments, &key)?;
+            st.deployments.remove(&key);
+            let ids: Vec<String> = st
+                .instances
+                .values()
+                .filter(|i| i.namespace == namespace && i.deployment == name)
+                .map(|i| i.instance_id.clone())
+                .collect();
+            for id in ids {
+                self.stop_instance(&mut st, &id, "deployment deleted")?;
+            }
+            self.fail_tasks_of_deployment(&mut st, &namespace, name)?;
+        }
+        self.db.flush().await?;
+        tracing::info!(deployment = %format!("{namespace}/{name}"), "deployment deleted");
+        self.poke();
+        Ok(())
+    }
+
+    /// Stops an instance: a pending one is simply forgotten, a placed one is asked to stop.
+    fn stop_instance(&self, st: &mut State, id: &str, reason: &str) -> Result<()> {
+        let Some(mut rec) = st.instances.get(id).cloned() else {
+            return Ok(());
+        };
+        match rec.state {
+            InstanceState::Pending | InstanceState::Lost => self.delete_instance(st, id),
+            InstanceState::Stopping => Ok(()),
+            _ => {
+                st.live.send(
+                    &rec.nest_id,
+                    ToNest::Stop {
+                        instance_id: id.to_string(),
+                        reason: reason.to_string(),
+                    },
+                );
+                rec.state = InstanceState::Stopping;
+                rec.healthy = false;
+                rec.message = reason.to_string();
+                rec.updated_at_ms = now_ms();
+                self.save_instance(st, rec)?;
+                self.requeue_tasks_of(st, id, &format!("instance {id} stopped: {reason}"))
+            }
+        }
+    }
+
+    // ---------- instances and nests ----------
+
+    pub fn list_instances(&self, namespace: &str, deployment: &str, all: bool) -> Vec<InstanceRec> {
+        let namespace = namespace_or_default(namespace);
+        let st = self.lock();
+        st.instances
+            .values()
+            .filter(|i| all || i.namespace == namespace)
+            .filter(|i| deployment.is_empty() || i.deployment == deployment)
+            .cloned()
+            .collect()
+    }
+
+    /// Every Nest with the number of instances placed on it.
+    pub fn list_nests(&self) -> Vec<(NestRec, u32)> {
+        let st = self.lock();
+        st.nests
+            .values()
+            .map(|n| {
+                let count = st
+                    .instances
+                    .values()
+                    .filter(|i| i.nest_id == n.nest_id && !matches!(i.state, InstanceState::Lost | InstanceState::Pending))
+                    .count() as u32;
+                (n.clone(), count)
+            })
+            .collect()
+    }
+
+    /// A Nest (re)registers: re-adopt what it still runs, stop what is unknown or unwanted.
+    /// Returns the connection id of its new link; `Registered` is already queued on `tx`.
+    pub async fn register(&self, reg: Registration, tx: NestTx) -> Result<u64> {
+        if reg.nest_id.is_empty() {
+            return Err(HubError::invalid("register.nest_id: expected the nest's stable id, got an empty string"));
+        }
+        let conn_id = {
+            let mut st = self.lock();
+            let now = now_ms();
+            let registered_at_ms = st.nests.get(&reg.nest_id).map(|n| n.registered_at_ms).unwrap_or(now);
+            let nest = NestRec {
+                nest_id: reg.nest_id.clone(),
+                name: if reg.name.is_empty() { reg.nest_id.clone() } else { reg.name.clone() },
+                labels: reg.labels.clone(),
+                capacity: if reg.capacity == 0 { 32 } else { reg.capacity },
+                version: reg.version.clone(),
+                state: NestState::Ready,
+                last_heartbeat_ms: now,
+                registered_at_ms,
+            };
+            let nest_name = nest.name.clone();
+            self.save_nest(&mut st, nest)?;
+            let conn_id = st.live.connect(&reg.nest_id, tx.clone());
+            st.awaiting.remove(&reg.nest_id);
+
+            let mut stop = Vec::new();
+            let reported: HashSet<&str> = reg.instances.iter().map(|r| r.instance_id.as_str()).collect();
+            for r in &reg.instances {
+                let adopt = st.instances.get(&r.instance_id).is_some_and(|i| {
+                    !matches!(i.state, InstanceState::Lost | InstanceState::Stopping)
+                        && (i.nest_id.is_empty() || i.nest_id == reg.nest_id)
+                        && st.deployments.contains_key(&deployment_key(&i.namespace, &i.deployment))
+                });
+                if adopt {
+                    if let Some(mut rec) = st.instances.get(&r.instance_id).cloned() {
+                        rec.nest_id = reg.nest_id.clone();
+                        rec.nest_name = nest_name.clone();
+                        apply_report(&mut rec, r);
+                        self.save_instance(&mut st, rec)?;
+                    }
+                } else {
+                    stop.push(r.instance_id.clone());
+                    if let Some(i) = st.instances.get(&r.instance_id) {
+                        if i.state == InstanceState::Lost {
+                            self.delete_instance(&mut st, &r.instance_id)?;
+                        }
+                    }
+                }
+            }
+            // What the Hub placed on this Nest that it no longer runs is gone.
+            let gone: Vec<String> = st
+                .instances
+                .values()
+                .filter(|i| i.nest_id == reg.nest_id && !reported.contains(i.instance_id.as_str()))
+                .filter(|i| !matches!(i.state, InstanceState::Pending | InstanceState::Lost))
+                .map(|i| i.instance_id.clone())
+                .collect();
+            for id in gone {
+                let is_stopping = st.instances.get(&id).is_some_and(|i| i.state == InstanceState::Stopping);
+                if is_stopping {
+                    self.delete_instance(&mut st, &id)?;
+                } else {
+                    self.mark_lost(&mut st, &id, &format!("nest {nest_name} re-registered without it"))?;
+                }
+            }
+            tracing::info!(nest = %nest_name, nest_id = %reg.nest_id, adopted = reg.instances.len() - stop.len(), stopped = stop.len(), "nest registered");
+            let _ = tx.send(ToNest::Registered {
+                nest_id: reg.nest_id.clone(),
+                heartbeat_interval_ms: self.opts.heartbeat_interval.as_millis().min(u32::MAX as u128) as u32,
+                stop_instances: stop,
+            });
+            conn_id
+        };
+        self.db.flush().await?;
+        self.poke();
+        Ok(conn_id)
+    }
+
+    /// A Nest's stream ended.
+    pub fn disconnect(&self, nest_id: &str, conn_id: u64) {
+        let mut st = self.lock();
+        if st.live.disconnect(nest_id, conn_id) {
+            if let Some(mut n) = st.nests.get(nest_id).cloned() {
+                if n.state == NestState::Ready {
+                    n.state = NestState::Disconnected;
+                    if let Err(e) = self.save_nest(&mut st, n) {
+                        tracing::warn!(error = %e, "cannot record nest disconnect");
+                    }
+                }
+            }
+            tracing::info!(nest_id, "nest disconnected");
+        }
+    }
+
+    /// A heartbeat (with the instances it carries).
+    pub fn heartbeat(&self, nest_id: &str, conn_id: u64, reports: &[InstanceReport]) -> Result<()> {
+        {
+            let mut st = self.lock();
+            if !st.live.is_current(nest_id, conn_id) {
+                return Ok(());
+            }
+            st.live.seen(nest_id);
+            if let Some(mut n) = st.nests.get(nest_id).cloned() {
+                n.last_heartbeat_ms = now_ms();
+                n.state = NestState::Ready;
+                // Heartbeats are frequent: keep them in memory, persist only state changes.
+                st.nests.insert(n.nest_id.clone(), n);
+            }
+            for r in reports {
+                self.apply_instance_report(&mut st, nest_id, r)?;
+            }
+        }
+        if !reports.is_empty() {
+            self.poke();
+        }
+        Ok(())
+    }
+
+    /// One `InstanceReport`.
+    pub fn instance_report(&self, nest_id: &str, conn_id: u64, report: &InstanceReport) -> Result<()> {
+        {
+            let mut st = self.lock();
+            if !st.live.is_current(nest_id, conn_id) {
+                return Ok(());
+            }
+            st.live.seen(nest_id);
+            self.apply_instance_report(&mut st, nest_id, report)?;
+        }
+        self.poke();
+        Ok(())
+    }
+
+    fn apply_instance_report(&self, st: &mut State, nest_id: &str, r: &InstanceReport) -> Result<()> {
+        let Some(mut rec) = st.instances.get(&r.instance_id).cloned() else {
+            st.live.send(
+                nest_id,
+                ToNest::Stop {
+                    instance_id: r.instance_id.clone(),
+                    reason: "unknown to the hub".into(),
+                },
+            );
+            return Ok(());
+        };
+        if rec.nest_id != nest_id || matches!(rec.state, InstanceState::Lost) {
+            st.live.send(
+                nest_id,
+                ToNest::Stop {
+                    instance_id: r.instance_id.clone(),
+                    reason: "replaced by the hub".into(),
+                },
+            );
+            return Ok(());
+        }
+        if rec.state == InstanceState::Stopping {
+            return Ok(());
+        }
+        let before = rec.clone();
+        apply_report(&mut rec, r);
+        if rec != before {
+            self.save_instance(st, rec)?;
+        }
+        Ok(())
+    }
+
+    /// Marks an instance lost; its running tasks are re-queued.
+    fn mark_lost(&self, st: &mut State, id: &str, why: &str) -> Result<()> {
+        if let Some(mut rec) = st.instances.get(id).cloned() {
+            rec.state = InstanceState::Lost;
+            rec.healthy = false;
+            rec.healthy_since_ms = 0;
+            rec.message = why.to_string();
+            rec.updated_at_ms = now_ms();
+            self.save_instance(st, rec)?;
+            self.requeue_tasks_of(st, id, &format!("instance {id} lost: {why}"))?;
+        }
+        Ok(())
+    }
+
+    // ---------- reconcile ----------
+
+    /// Runs until `shutdown`: liveness, placement, task dispatch.
+    pub async fn run_reconciler(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
+        let tick = std::time::Duration::from_millis(250);
+        loop {
+            if let Err(e) = self.reconcile() {
+                tracing::error!(error = %e, "reconcile failed; retrying");
+            }
+            if let Err(e) = self.db.flush().await {
+                tracing::error!(error = %e, "store flush failed");
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(tick) => {}
+            }
+        }
+    }
+
+    /// One reconcile pass (no IO other than store writes and queued Nest messages).
+    pub fn reconcile(&self) -> Result<()> {
+        let mut st = self.lock();
+        let now = now_ms();
+        self.check_liveness(&mut st)?;
+        self.forget_stale(&mut st, now)?;
+        let window = st.boot.elapsed() < self.opts.lost_after() && !st.awaiting.is_empty();
+        if !window {
+            self.plan_deployments(&mut st, now)?;
+            self.place_pending(&mut st, now)?;
+        }
+        self.dispatch_tasks(&mut st, now)?;
+        Ok(())
+    }
+
+    fn check_liveness(&self, st: &mut State) -> Result<()> {
+        let lost_after = self.opts.lost_after();
+        let candidates: Vec<String> = st
+            .nests
+            .values()
+            .filter(|n| n.state != NestState::Lost)
+            .filter(|n| st.live.silent_for(&n.nest_id) > lost_after)
+            .map(|n| n.nest_id.clone())
+            .collect();
+        for nest_id in candidates {
+            let Some(mut n) = st.nests.get(&nest_id).cloned() else { continue };
+            let why = format!("nest {} lost: no heartbeat for {}s", n.name, lost_after.as_secs_f32().round());
+            tracing::warn!(nest = %n.name, nest_id = %nest_id, "{why}");
+            n.state = NestState::Lost;
+            self.save_nest(st, n)?;
+            st.live.drop_link(&nest_id);
+            st.awaiting.remove(&nest_id);
+            let ids: Vec<String> = st
+                .instances
+                .values()
+                .filter(|i| i.nest_id == nest_id)
+                .filter(|i| !matches!(i.state, InstanceState::Lost | InstanceState::Pending))
+                .map(|i| i.instance_id.clone())
+                .collect();
+            for id in ids {
+                let stopping = st.instances.get(&id).is_some_and(|i| i.state == InstanceState::Stopping);
+                if stopping {
+                    self.delete_instance(st, &id)?;
+                } else {
+                    self.mark_lost(st, &id, &why)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn forget_stale(&self, st: &mut State, now: i64) -> Result<()> {
+        let stale: Vec<String> = st
+            .instances
+            .values()
+            .filter(|i| match i.state {
+                InstanceState::Lost => now - i.updated_at_ms > LOST_RETENTION_MS,
+                InstanceState::Stopping => now - i.updated_at_ms > STOPPING_RETENTION_MS,
+                _ => false,
+            })
+            .map(|i| i.instance_id.clone())
+            .collect();
+        for id in stale {
+            self.delete_instance(st, &id)?;
+        }
+        Ok(())
+    }
+
+    fn plan_deployments(&self, st: &mut State, now: i64) -> Result<()> {
+        let deployments: Vec<DeploymentRec> = st.deployments.values().cloned().collect();
+        for mut d in deployments {
+            let mine: Vec<&InstanceRec> = st
+                .instances
+                .values()
+                .filter(|i| i.namespace == d.namespace && i.deployment == d.name)
+                .collect();
+            let stable = mine.iter().any(|i| {
+                i.generation == d.generation && i.healthy_since_ms > 0 && now - i.healthy_since_ms >= STABLE_MS
+            });
+            let views: Vec<InstView> = mine
+                .iter()
+                .map(|i| InstView {
+                    instance_id: i.instance_id.clone(),
+                    generation: i.generation,
+                    state: i.state,
+                    healthy: i.healthy,
+                    created_at_ms: i.created_at_ms,
+                })
+                .collect();
+            let plan = scheduler::plan(d.replicas, d.generation, &views);
+            let mut changed = false;
+            if stable && d.failures > 0 {
+                d.failures = 0;
+                d.last_failure.clear();
+                changed = true;
+            }
+            for id in &plan.replace {
+                let reason = st.instances.get(id).map(|i| i.message.clone()).unwrap_or_default();
+                let reason = if reason.is_empty() { "instance unhealthy".to_string() } else { reason };
+                d.failures += 1;
+                let wait = scheduler::backoff(d.failures);
+                d.backoff_until_ms = now + wait.as_millis() as i64;
+                d.last_failure = reason.clone();
+                changed = true;
+                tracing::warn!(deployment = %d.key(), instance = %id, failures = d.failures, "replacing unhealthy instance: {reason}");
+                self.stop_instance(st, id, &format!("unhealthy: {reason}"))?;
+            }
+            for id in &plan.stop {
+                self.stop_instance(st, id, "scaled down or rolled over")?;
+            }
+            if changed {
+                self.save_deployment(st, d.clone())?;
+            }
+            for _ in 0..plan.create {
+                let replacement = d.failures > 0;
+                let message = if replacement && d.backoff_until_ms > now {
+                    format!(
+                        "replacement back-off {}s: {}",
+                        scheduler::backoff(d.failures).as_secs(),
+                        d.last_failure
+                    )
+                } else {
+                    "waiting for placement".to_string()
+                };
+                let rec = InstanceRec {
+                    instance_id: format!("{}-{}", d.name, short_id()),
+                    namespace: d.namespace.clone(),
+                    deployment: d.name.clone(),
+                    nest_id: String::new(),
+                    nest_name: String::new(),
+                    state: InstanceState::Pending,
+                    healthy: false,
+                    tools_loaded: 0,
+                    servers_not_connected: Vec::new(),
+                    bundle_digest: d.bundle_digest.clone(),
+                    generation: d.generation,
+                    message,
+                    restarts: 0,
+                    created_at_ms: now,
+                    updated_at_ms: now,
+                    tools: Vec::new(),
+                    not_before_ms: if replacement { d.backoff_until_ms } else { 0 },
+                    healthy_since_ms: 0,
+                    replacement,
+                };
+                self.save_instance(st, rec)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn place_pending(&self, st: &mut State, now: i64) -> Result<()> {
+        let mut pending: Vec<InstanceRec> = st
+            .instances
+            .values()
+            .filter(|i| i.state == InstanceState::Pending)
+            .cloned()
+            .collect();
+        pending.sort_by_key(|i| i.created_at_ms);
+        for mut inst in pending {
+            let Some(d) = st.deployments.get(&deployment_key(&inst.namespace, &inst.deployment)).cloned() else {
+                self.delete_instance(st, &inst.instance_id)?;
+                continue;
+            };
+            if inst.not_before_ms > now {
+                continue;
+            }
+            let views: Vec<NestView> = st
+                .nests
+                .values()
+                .map(|n| {
+                    let placed = st
+                        .instances
+                        .values()
+                        .filter(|i| i.nest_id == n.nest_id && !matches!(i.state, InstanceState::Lost | InstanceState::Pending));
+                    let (mut total, mut of_deployment) = (0, 0);
+                    for i in placed {
+                        total += 1;
+                        if i.namespace == d.namespace && i.deployment == d.name {
+                            of_deployment += 1;
+                        }
+                    }
+                    NestView {
+                        nest_id: n.nest_id.clone(),
+                        labels: n.labels.clone(),
+                        capacity: n.capacity,
+                        ready: n.state == NestState::Ready && st.live.is_connected(&n.nest_id),
+                        total,
+                        of_deployment,
+                    }
+                })
+                .collect();
+            match scheduler::pick_nest(&views, &d.selector) {
+                Ok(nest) => {
+                    let nest_id = nest.nest_id.clone();
+                    let nest_name = st.nests.get(&nest_id).map(|n| n.name.clone()).unwrap_or_default();
+                    inst.nest_id = nest_id.clone();
+                    inst.nest_name = nest_name.clone();
+                    inst.state = InstanceState::Starting;
+                    inst.message = format!("placed on nest {nest_name}");
+                    inst.updated_at_ms = now;
+                    tracing::info!(instance = %inst.instance_id, nest = %nest_name, "placing instance");
+                    st.live.send(
+                        &nest_id,
+                        ToNest::Place {
+                            instance_id: inst.instance_id.clone(),
+                            namespace: inst.namespace.clone(),
+                            deployment: inst.deployment.clone(),
+                            bundle_digest: inst.bundle_digest.clone(),
+                            generation: inst.generation,
+                            concurrency: d.concurrency,
+                        },
+                    );
+                    self.save_instance(st, inst)?;
+                }
+                Err(why) => {
+                    let message = why.describe(&d.selector);
+                    if inst.message != message {
+                        inst.message = message;
+                        inst.updated_at_ms = now;
+                        self.save_instance(st, inst)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Copies what a Nest reports onto the Hub's record.
+fn apply_report(rec: &mut InstanceRec, r: &InstanceReport) {
+    let now = now_ms();
+    if let Some(state) = r.state {
+        if !matches!(state, InstanceState::Pending | InstanceState::Lost) {
+            rec.state = state;
+        }
+    }
+    rec.healthy = r.healthy && rec.state == InstanceState::Running;
+    if rec.healthy {
+        if rec.healthy_since_ms == 0 {
+            rec.healthy_since_ms = now;
+        }
+    } else {
+        rec.healthy_since_ms = 0;
+    }
+    rec.tools_loaded = r.tools_loaded;
+    rec.servers_not_connected = r.servers_not_connected.clone();
+    rec.message = r.message.clone();
+    rec.restarts = r.restarts;
+    rec.tools = r.tools.clone();
+    rec.updated_at_ms = now;
+}

@@ -1,0 +1,274 @@
+//! The Hub's domain records (what the store persists, as JSON): deployments, Nests,
+//! instances, tasks, task events, run events, conversations. No protobuf here: conversion
+//! lives in `server/`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeploymentRec {
+    pub namespace: String,
+    pub name: String,
+    pub bundle_digest: String,
+    pub replicas: u32,
+    pub selector: BTreeMap<String, String>,
+    /// Tasks one instance runs at a time (at least 1).
+    pub concurrency: u32,
+    pub generation: u64,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    pub agent_name: String,
+    /// Consecutive failed replacements (drives the back-off).
+    #[serde(default)]
+    pub failures: u32,
+    /// No replacement is placed before this time.
+    #[serde(default)]
+    pub backoff_until_ms: i64,
+    /// Why the last replacement was needed.
+    #[serde(default)]
+    pub last_failure: String,
+}
+
+impl DeploymentRec {
+    pub fn key(&self) -> String {
+        deployment_key(&self.namespace, &self.name)
+    }
+}
+
+pub fn deployment_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+/// A stored bundle's metadata (the bytes are stored beside it by digest).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BundleMeta {
+    pub digest: String,
+    pub size: u64,
+    pub agent_name: String,
+    pub uploaded_at_ms: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NestState {
+    Ready,
+    Disconnected,
+    Lost,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NestRec {
+    pub nest_id: String,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub capacity: u32,
+    pub version: String,
+    pub state: NestState,
+    pub last_heartbeat_ms: i64,
+    pub registered_at_ms: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InstanceState {
+    /// Waiting for a Nest or a back-off.
+    Pending,
+    Starting,
+    Running,
+    Unhealthy,
+    Stopping,
+    Lost,
+}
+
+impl InstanceState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InstanceState::Pending => "pending",
+            InstanceState::Starting => "starting",
+            InstanceState::Running => "running",
+            InstanceState::Unhealthy => "unhealthy",
+            InstanceState::Stopping => "stopping",
+            InstanceState::Lost => "lost",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceRec {
+    pub instance_id: String,
+    pub namespace: String,
+    pub deployment: String,
+    /// Empty while pending.
+    pub nest_id: String,
+    pub nest_name: String,
+    pub state: InstanceState,
+    pub healthy: bool,
+    pub tools_loaded: u32,
+    /// (server, reason)
+    pub servers_not_connected: Vec<(String, String)>,
+    pub bundle_digest: String,
+    pub generation: u64,
+    pub message: String,
+    pub restarts: u32,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    pub tools: Vec<String>,
+    /// Pending placements wait until this time (replacement back-off).
+    #[serde(default)]
+    pub not_before_ms: i64,
+    /// Since when the instance has been running and healthy (0: not).
+    #[serde(default)]
+    pub healthy_since_ms: i64,
+    /// Whether it replaced a failed instance (its own failure then extends the back-off).
+    #[serde(default)]
+    pub replacement: bool,
+}
+
+/// What a Nest says about one instance (domain form of `InstanceReport`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstanceReport {
+    pub instance_id: String,
+    pub namespace: String,
+    pub deployment: String,
+    pub bundle_digest: String,
+    pub generation: u64,
+    pub state: Option<InstanceState>,
+    pub healthy: bool,
+    pub tools_loaded: u32,
+    pub servers_not_connected: Vec<(String, String)>,
+    pub message: String,
+    pub restarts: u32,
+    pub tools: Vec<String>,
+}
+
+/// A Nest's `Register` in domain form.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Registration {
+    pub nest_id: String,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub capacity: u32,
+    pub version: String,
+    pub instances: Vec<InstanceReport>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskState {
+    Queued,
+    Running,
+    Waiting,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl TaskState {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled)
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Queued => "queued",
+            TaskState::Running => "running",
+            TaskState::Waiting => "waiting",
+            TaskState::Succeeded => "succeeded",
+            TaskState::Failed => "failed",
+            TaskState::Cancelled => "cancelled",
+        }
+    }
+    pub fn parse(s: &str) -> Option<TaskState> {
+        Some(match s {
+            "queued" => TaskState::Queued,
+            "running" => TaskState::Running,
+            "waiting" => TaskState::Waiting,
+            "succeeded" => TaskState::Succeeded,
+            "failed" => TaskState::Failed,
+            "cancelled" => TaskState::Cancelled,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProgressRec {
+    pub step: String,
+    pub done: Option<u64>,
+    pub total: Option<u64>,
+    pub note: String,
+    pub artifacts: Vec<String>,
+    pub updated_at_ms: i64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OutcomeRec {
+    pub result: String,
+    pub response_type: String,
+    pub error: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRec {
+    pub task_id: String,
+    pub namespace: String,
+    pub deployment: String,
+    pub input: String,
+    pub labels: BTreeMap<String, String>,
+    pub conversation_key: String,
+    pub conversation_id: String,
+    pub state: TaskState,
+    pub activity: String,
+    pub progress: Option<ProgressRec>,
+    pub outcome: Option<OutcomeRec>,
+    pub run_id: String,
+    pub attempt: u32,
+    pub instance_id: String,
+    pub bundle_digest: String,
+    pub client_request_id: String,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    pub started_at_ms: i64,
+    pub finished_at_ms: i64,
+    pub nest_name: String,
+    /// Submission order (queue position).
+    pub seq: u64,
+    /// Seq of the next task event.
+    pub next_event_seq: u64,
+    #[serde(default)]
+    pub cancel_requested_at_ms: i64,
+    #[serde(default)]
+    pub cancel_reason: String,
+}
+
+/// One stored step of a task (`TaskEvent` on the wire).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskEventRec {
+    pub seq: u64,
+    pub at_ms: i64,
+    pub kind: String,
+    pub json: String,
+}
+
+/// One run event, keyed (run_id, attempt, seq).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunEventRec {
+    pub run_id: String,
+    pub attempt: u32,
+    pub seq: u64,
+    pub task_id: String,
+    pub at_ms: i64,
+    pub kind: String,
+    pub json: String,
+}
+
+/// Messages a conversation has accumulated (model messages as JSON values).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConversationRec {
+    pub messages: Vec<serde_json::Value>,
+}

@@ -1,0 +1,151 @@
+//! Placement decisions, pure: no IO, no clocks (times are passed in), unit-tested.
+//!
+//! - [`pick_nest`]: a ready Nest whose labels include every selector pair and that has capacity
+//!   left, spreading replicas (fewest instances of this deployment, then fewest in total).
+//! - [`plan`]: what to create and stop for one deployment (replica count, roll-over to a new
+//!   generation, unhealthy instances).
+//! - [`backoff`]: replacement back-off 1s, 2s, 4s … capped at 60s.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::model::InstanceState;
+
+/// What the scheduler needs to know about a Nest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NestView {
+    pub nest_id: String,
+    pub labels: BTreeMap<String, String>,
+    pub capacity: u32,
+    /// Connected and heartbeating.
+    pub ready: bool,
+    /// Instances placed on it (every deployment).
+    pub total: u32,
+    /// Instances of the deployment being placed.
+    pub of_deployment: u32,
+}
+
+/// Why nothing could be placed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoPlacement {
+    NoNests,
+    NoMatch,
+    NoCapacity,
+}
+
+impl NoPlacement {
+    /// A line for `agen ps`.
+    pub fn describe(&self, selector: &BTreeMap<String, String>) -> String {
+        match self {
+            NoPlacement::NoNests => "waiting for a ready nest (none connected)".into(),
+            NoPlacement::NoMatch => format!("no ready nest matches selector {}", format_selector(selector)),
+            NoPlacement::NoCapacity => "every matching nest is at capacity".into(),
+        }
+    }
+}
+
+pub fn format_selector(selector: &BTreeMap<String, String>) -> String {
+    if selector.is_empty() {
+        return "{}".into();
+    }
+    let pairs: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    pairs.join(",")
+}
+
+/// Whether `labels` carries every pair of `selector`.
+pub fn matches(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// The Nest to place one more instance on.
+pub fn pick_nest<'a>(nests: &'a [NestView], selector: &BTreeMap<String, String>) -> Result<&'a NestView, NoPlacement> {
+    let ready: Vec<&NestView> = nests.iter().filter(|n| n.ready).collect();
+    if ready.is_empty() {
+        return Err(NoPlacement::NoNests);
+    }
+    let matching: Vec<&NestView> = ready.into_iter().filter(|n| matches(selector, &n.labels)).collect();
+    if matching.is_empty() {
+        return Err(NoPlacement::NoMatch);
+    }
+    matching
+        .into_iter()
+        .filter(|n| n.total < n.capacity)
+        .min_by(|a, b| {
+            (a.of_deployment, a.total, &a.nest_id).cmp(&(b.of_deployment, b.total, &b.nest_id))
+        })
+        .ok_or(NoPlacement::NoCapacity)
+}
+
+/// Replacement back-off after `failures` consecutive failures: 1s, 2s, 4s … 60s.
+pub fn backoff(failures: u32) -> Duration {
+    if failures == 0 {
+        return Duration::ZERO;
+    }
+    let secs = 1u64 << (failures - 1).min(6);
+    Duration::from_secs(secs.min(60))
+}
+
+/// What the scheduler needs to know about an instance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstView {
+    pub instance_id: String,
+    pub generation: u64,
+    pub state: InstanceState,
+    pub healthy: bool,
+    pub created_at_ms: i64,
+}
+
+/// Actions for one deployment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    /// New instances of the current generation to create.
+    pub create: u32,
+    /// Instances to stop because they are unhealthy (each needs a replacement with back-off).
+    pub replace: Vec<String>,
+    /// Instances to stop because they are surplus or of an older generation.
+    pub stop: Vec<String>,
+}
+
+/// Plans one deployment: keep `replicas` instances of `generation`; stop unhealthy ones; keep
+/// old-generation instances only until enough new ones run.
+pub fn plan(replicas: u32, generation: u64, instances: &[InstView]) -> Plan {
+    let mut out = Plan::default();
+    let mut current: Vec<&InstView> = Vec::new();
+    let mut old: Vec<&InstView> = Vec::new();
+    for i in instances {
+        match i.state {
+            InstanceState::Lost | InstanceState::Stopping => {}
+            InstanceState::Unhealthy => out.replace.push(i.instance_id.clone()),
+            _ if i.generation == generation => current.push(i),
+            _ => old.push(i),
+        }
+    }
+    let rank = |i: &InstView| match i.state {
+        InstanceState::Pending => 0,
+        InstanceState::Starting => 1,
+        _ => 2,
+    };
+    let replicas_n = replicas as usize;
+    if current.len() > replicas_n {
+        // Stop pending first, then starting, then the newest.
+        current.sort_by(|a, b| rank(a).cmp(&rank(b)).then(b.created_at_ms.cmp(&a.created_at_ms)));
+        let surplus = current.len() - replicas_n;
+        out.stop.extend(current.drain(..surplus).map(|i| i.instance_id.clone()));
+    } else {
+        out.create = (replicas_n - current.len()) as u32;
+    }
+    let running_current = current
+        .iter()
+        .filter(|i| i.state == InstanceState::Running && i.healthy)
+        .count();
+    let keep_old = replicas_n.saturating_sub(running_current);
+    if old.len() > keep_old {
+        old.sort_by(|a, b| rank(a).cmp(&rank(b)).then(a.created_at_ms.cmp(&b.created_at_ms)));
+        let surplus = old.len() - keep_old;
+        out.stop.extend(old.drain(..surplus).map(|i| i.instance_id.clone()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

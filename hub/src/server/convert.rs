@@ -1,0 +1,281 @@
+//! proto ⇄ domain conversion: the only place that knows both `agen_proto` and `crate::model`.
+
+use agen_proto::v1 as pb;
+
+use crate::fleet::DeploymentView;
+use crate::model::*;
+use crate::nodes::ToNest;
+use crate::tasks::{IncomingRunEvent, SpanRec};
+
+pub fn deployment(d: &DeploymentView) -> pb::Deployment {
+    let r = &d.rec;
+    pb::Deployment {
+        namespace: r.namespace.clone(),
+        name: r.name.clone(),
+        bundle_digest: r.bundle_digest.clone(),
+        replicas: r.replicas,
+        selector: r.selector.clone().into_iter().collect(),
+        concurrency: r.concurrency,
+        generation: r.generation,
+        created_at_ms: r.created_at_ms,
+        updated_at_ms: r.updated_at_ms,
+        ready_replicas: d.ready_replicas,
+        agent_name: r.agent_name.clone(),
+    }
+}
+
+fn instance_state(s: InstanceState) -> pb::InstanceState {
+    match s {
+        InstanceState::Pending => pb::InstanceState::Pending,
+        InstanceState::Starting => pb::InstanceState::Starting,
+        InstanceState::Running => pb::InstanceState::Running,
+        InstanceState::Unhealthy => pb::InstanceState::Unhealthy,
+        InstanceState::Stopping => pb::InstanceState::Stopping,
+        InstanceState::Lost => pb::InstanceState::Lost,
+    }
+}
+
+fn instance_state_from(v: i32) -> Option<InstanceState> {
+    Some(match pb::InstanceState::try_from(v).ok()? {
+        pb::InstanceState::Unspecified => return None,
+        pb::InstanceState::Pending => InstanceState::Pending,
+        pb::InstanceState::Starting => InstanceState::Starting,
+        pb::InstanceState::Running => InstanceState::Running,
+        pb::InstanceState::Unhealthy => InstanceState::Unhealthy,
+        pb::InstanceState::Stopping => InstanceState::Stopping,
+        pb::InstanceState::Lost => InstanceState::Lost,
+    })
+}
+
+pub fn instance(i: &InstanceRec, active_runs: u32) -> pb::Instance {
+    pb::Instance {
+        instance_id: i.instance_id.clone(),
+        namespace: i.namespace.clone(),
+        deployment: i.deployment.clone(),
+        nest_id: i.nest_id.clone(),
+        nest_name: i.nest_name.clone(),
+        state: instance_state(i.state) as i32,
+        healthy: i.healthy,
+        tools_loaded: i.tools_loaded,
+        servers_not_connected: i
+            .servers_not_connected
+            .iter()
+            .map(|(server, reason)| pb::ServerProblem {
+                server: server.clone(),
+                reason: reason.clone(),
+            })
+            .collect(),
+        bundle_digest: i.bundle_digest.clone(),
+        generation: i.generation,
+        message: i.message.clone(),
+        restarts: i.restarts,
+        created_at_ms: i.created_at_ms,
+        updated_at_ms: i.updated_at_ms,
+        active_runs,
+        tools: i.tools.clone(),
+    }
+}
+
+pub fn nest(n: &NestRec, instances: u32) -> pb::Nest {
+    pb::Nest {
+        nest_id: n.nest_id.clone(),
+        name: n.name.clone(),
+        labels: n.labels.clone().into_iter().collect(),
+        capacity: n.capacity,
+        version: n.version.clone(),
+        state: match n.state {
+            NestState::Ready => pb::NestState::Ready,
+            NestState::Disconnected => pb::NestState::Disconnected,
+            NestState::Lost => pb::NestState::Lost,
+        } as i32,
+        last_heartbeat_ms: n.last_heartbeat_ms,
+        instances,
+        registered_at_ms: n.registered_at_ms,
+    }
+}
+
+fn task_state(s: TaskState) -> pb::TaskState {
+    match s {
+        TaskState::Queued => pb::TaskState::Queued,
+        TaskState::Running => pb::TaskState::Running,
+        TaskState::Waiting => pb::TaskState::Waiting,
+        TaskState::Succeeded => pb::TaskState::Succeeded,
+        TaskState::Failed => pb::TaskState::Failed,
+        TaskState::Cancelled => pb::TaskState::Cancelled,
+    }
+}
+
+pub fn task(t: &TaskRec) -> pb::Task {
+    pb::Task {
+        task_id: t.task_id.clone(),
+        namespace: t.namespace.clone(),
+        deployment: t.deployment.clone(),
+        input: t.input.clone(),
+        labels: t.labels.clone().into_iter().collect(),
+        conversation_key: t.conversation_key.clone(),
+        conversation_id: t.conversation_id.clone(),
+        state: task_state(t.state) as i32,
+        activity: t.activity.clone(),
+        progress: t.progress.as_ref().map(|p| pb::Progress {
+            step: p.step.clone(),
+            done: p.done,
+            total: p.total,
+            note: p.note.clone(),
+            artifacts: p.artifacts.clone(),
+            updated_at_ms: p.updated_at_ms,
+        }),
+        outcome: t.outcome.as_ref().map(|o| pb::Outcome {
+            result: o.result.clone(),
+            response_type: o.response_type.clone(),
+            error: o.error.clone(),
+        }),
+        run_id: t.run_id.clone(),
+        attempt: t.attempt,
+        instance_id: t.instance_id.clone(),
+        bundle_digest: t.bundle_digest.clone(),
+        client_request_id: t.client_request_id.clone(),
+        created_at_ms: t.created_at_ms,
+        updated_at_ms: t.updated_at_ms,
+        started_at_ms: t.started_at_ms,
+        finished_at_ms: t.finished_at_ms,
+        nest_name: t.nest_name.clone(),
+    }
+}
+
+pub fn task_event(e: &TaskEventRec, t: &TaskRec) -> pb::TaskEvent {
+    pb::TaskEvent {
+        seq: e.seq,
+        at_ms: e.at_ms,
+        kind: e.kind.clone(),
+        json: e.json.clone(),
+        task: Some(task(t)),
+    }
+}
+
+pub fn span(s: &SpanRec) -> pb::Span {
+    pb::Span {
+        span_id: s.span_id.clone(),
+        parent_span_id: s.parent_span_id.clone(),
+        name: s.name.clone(),
+        start_ms: s.start_ms,
+        end_ms: s.end_ms,
+        status: s.status.clone(),
+        attributes: s.attributes.clone().into_iter().collect(),
+    }
+}
+
+pub fn instance_report(r: &pb::InstanceReport) -> InstanceReport {
+    InstanceReport {
+        instance_id: r.instance_id.clone(),
+        namespace: r.namespace.clone(),
+        deployment: r.deployment.clone(),
+        bundle_digest: r.bundle_digest.clone(),
+        generation: r.generation,
+        state: instance_state_from(r.state),
+        healthy: r.healthy,
+        tools_loaded: r.tools_loaded,
+        servers_not_connected: r
+            .servers_not_connected
+            .iter()
+            .map(|p| (p.server.clone(), p.reason.clone()))
+            .collect(),
+        message: r.message.clone(),
+        restarts: r.restarts,
+        tools: r.tools.clone(),
+    }
+}
+
+pub fn registration(r: &pb::Register) -> Registration {
+    Registration {
+        nest_id: r.nest_id.clone(),
+        name: r.name.clone(),
+        labels: r.labels.clone().into_iter().collect(),
+        capacity: r.capacity,
+        version: r.version.clone(),
+        instances: r.instances.iter().map(instance_report).collect(),
+    }
+}
+
+pub fn run_event(e: &pb::RunEvent) -> IncomingRunEvent {
+    IncomingRunEvent {
+        run_id: e.run_id.clone(),
+        attempt: e.attempt,
+        seq: e.seq,
+        task_id: e.task_id.clone(),
+        at_ms: e.at_ms,
+        kind: e.kind.clone(),
+        json: e.json.clone(),
+    }
+}
+
+pub fn to_nest(m: ToNest) -> pb::HubMessage {
+    use pb::hub_message::Msg;
+    let msg = match m {
+        ToNest::Registered {
+            nest_id,
+            heartbeat_interval_ms,
+            stop_instances,
+        } => Msg::Registered(pb::Registered {
+            nest_id,
+            heartbeat_interval_ms,
+            stop_instances,
+        }),
+        ToNest::Place {
+            instance_id,
+            namespace,
+            deployment,
+            bundle_digest,
+            generation,
+            concurrency,
+        } => Msg::Place(pb::PlaceInstance {
+            instance_id,
+            namespace,
+            deployment,
+            bundle_digest,
+            generation,
+            concurrency,
+            platform_secrets: Default::default(),
+        }),
+        ToNest::Stop { instance_id, reason } => Msg::Stop(pb::StopInstance { instance_id, reason }),
+        ToNest::AssignRun(a) => {
+            let a = *a;
+            Msg::AssignRun(pb::AssignRun {
+                run_id: a.run_id,
+                attempt: a.attempt,
+                task_id: a.task_id,
+                instance_id: a.instance_id,
+                namespace: a.namespace,
+                deployment: a.deployment,
+                input: a.input,
+                labels: a.labels.into_iter().collect(),
+                conversation_id: a.conversation_id,
+                conversation_key: a.conversation_key,
+                root_run_id: a.root_run_id,
+                bundle_digest: a.bundle_digest,
+                history_json: a.history_json,
+                replay_json: a.replay_json,
+            })
+        }
+        ToNest::CancelRun {
+            run_id,
+            instance_id,
+            reason,
+        } => Msg::CancelRun(pb::CancelRun {
+            run_id,
+            instance_id,
+            reason,
+        }),
+        ToNest::Ack {
+            run_id,
+            attempt,
+            acked_seq,
+            fenced,
+        } => Msg::Ack(pb::RunEventsAck {
+            run_id,
+            attempt,
+            acked_seq,
+            fenced,
+        }),
+    };
+    pb::HubMessage { msg: Some(msg) }
+}

@@ -1,0 +1,207 @@
+//! Durable state behind a small [`Store`] trait (sled in production: [`SledStore`]), plus
+//! [`Db`], the typed layer the rest of the Hub uses (JSON records by table and key).
+//!
+//! Invariants: everything the Hub must not forget (deployments, bundles, Nests, instances,
+//! tasks, task events, run events, conversations, the request-id index) is written here before
+//! it is acknowledged to anyone; run events are appended only if absent, and an event from an
+//! attempt older than the newest known attempt of its run is refused (fenced).
+
+mod sled_store;
+
+use futures::future::BoxFuture;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+pub use sled_store::SledStore;
+
+use crate::model::RunEventRec;
+
+/// A store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("hub store {path}: {reason}")]
+    Open { path: String, reason: String },
+    #[error("hub store ({table}): {reason}")]
+    Op { table: &'static str, reason: String },
+    #[error("hub store ({table}): record {key} is corrupt: {reason}")]
+    Corrupt { table: &'static str, key: String, reason: String },
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// The tables of the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Table {
+    Deployments,
+    BundleMeta,
+    BundleData,
+    Nests,
+    Instances,
+    Tasks,
+    TaskEvents,
+    RunEvents,
+    RunAttempts,
+    Conversations,
+    RequestIds,
+    Counters,
+}
+
+impl Table {
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::Deployments => "deployments",
+            Table::BundleMeta => "bundle_meta",
+            Table::BundleData => "bundle_data",
+            Table::Nests => "nests",
+            Table::Instances => "instances",
+            Table::Tasks => "tasks",
+            Table::TaskEvents => "task_events",
+            Table::RunEvents => "run_events",
+            Table::RunAttempts => "run_attempts",
+            Table::Conversations => "conversations",
+            Table::RequestIds => "request_ids",
+            Table::Counters => "counters",
+        }
+    }
+}
+
+/// Raw key/value storage by table.
+pub trait Store: Send + Sync + 'static {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>>;
+    fn put(&self, table: Table, key: &[u8], value: &[u8]) -> Result<()>;
+    fn remove(&self, table: Table, key: &[u8]) -> Result<()>;
+    /// Every entry whose key starts with `prefix`, in key order.
+    fn scan(&self, table: Table, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
+    /// Writes only if `key` is absent; returns whether it wrote.
+    fn insert_if_absent(&self, table: Table, key: &[u8], value: &[u8]) -> Result<bool>;
+    /// Atomically increments a counter and returns the new value.
+    fn increment(&self, counter: &str) -> Result<u64>;
+    /// Makes every earlier write durable (one flush covers many writes: group commit).
+    fn flush(&self) -> BoxFuture<'_, Result<()>>;
+}
+
+/// What appending a run event did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Append {
+    Appended,
+    /// Already stored (a resend): harmless.
+    Duplicate,
+    /// A newer attempt of the run exists: the sender must stop.
+    Fenced,
+}
+
+/// Typed access to a [`Store`].
+#[derive(Clone)]
+pub struct Db {
+    inner: std::sync::Arc<dyn Store>,
+}
+
+impl Db {
+    pub fn new(inner: std::sync::Arc<dyn Store>) -> Db {
+        Db { inner }
+    }
+
+    pub fn raw(&self) -> &dyn Store {
+        self.inner.as_ref()
+    }
+
+    pub fn put_json<T: Serialize>(&self, table: Table, key: &str, value: &T) -> Result<()> {
+        let bytes = serde_json::to_vec(value).map_err(|e| StoreError::Op {
+            table: table.name(),
+            reason: e.to_string(),
+        })?;
+        self.inner.put(table, key.as_bytes(), &bytes)
+    }
+
+    pub fn get_json<T: DeserializeOwned>(&self, table: Table, key: &str) -> Result<Option<T>> {
+        match self.inner.get(table, key.as_bytes())? {
+            None => Ok(None),
+            Some(bytes) => decode(table, key.as_bytes(), &bytes).map(Some),
+        }
+    }
+
+    pub fn remove(&self, table: Table, key: &str) -> Result<()> {
+        self.inner.remove(table, key.as_bytes())
+    }
+
+    pub fn list_json<T: DeserializeOwned>(&self, table: Table, prefix: &[u8]) -> Result<Vec<T>> {
+        self.inner
+            .scan(table, prefix)?
+            .into_iter()
+            .map(|(k, v)| decode(table, &k, &v))
+            .collect()
+    }
+
+    pub async fn flush(&self) -> Result<()> {
+        self.inner.flush().await
+    }
+
+    /// The newest attempt the Hub has started for `run_id` (0 when none).
+    pub fn run_attempt(&self, run_id: &str) -> Result<u32> {
+        Ok(self
+            .inner
+            .get(Table::RunAttempts, run_id.as_bytes())?
+            .and_then(|b| b.try_into().ok().map(u32::from_be_bytes))
+            .unwrap_or(0))
+    }
+
+    /// Records that `attempt` of `run_id` has started: older attempts are fenced from now on.
+    pub fn set_run_attempt(&self, run_id: &str, attempt: u32) -> Result<()> {
+        self.inner.put(Table::RunAttempts, run_id.as_bytes(), &attempt.to_be_bytes())
+    }
+
+    /// Appends a run event keyed (run_id, attempt, seq) if absent; fences older attempts.
+    pub fn append_run_event(&self, ev: &RunEventRec) -> Result<Append> {
+        let newest = self.run_attempt(&ev.run_id)?;
+        if ev.attempt < newest {
+            return Ok(Append::Fenced);
+        }
+        if ev.attempt > newest {
+            self.set_run_attempt(&ev.run_id, ev.attempt)?;
+        }
+        let bytes = serde_json::to_vec(ev).map_err(|e| StoreError::Op {
+            table: Table::RunEvents.name(),
+            reason: e.to_string(),
+        })?;
+        if self.inner.insert_if_absent(Table::RunEvents, &run_event_key(&ev.run_id, ev.attempt, ev.seq), &bytes)? {
+            Ok(Append::Appended)
+        } else {
+            Ok(Append::Duplicate)
+        }
+    }
+
+    /// Every stored event of `run_id`, by attempt then seq.
+    pub fn run_events(&self, run_id: &str) -> Result<Vec<RunEventRec>> {
+        let mut prefix = run_id.as_bytes().to_vec();
+        prefix.push(0);
+        self.list_json(Table::RunEvents, &prefix)
+    }
+}
+
+fn decode<T: DeserializeOwned>(table: Table, key: &[u8], bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
+        table: table.name(),
+        key: String::from_utf8_lossy(key).into_owned(),
+        reason: e.to_string(),
+    })
+}
+
+/// `run_id \0 attempt(be) seq(be)`: sorts by attempt then seq.
+pub fn run_event_key(run_id: &str, attempt: u32, seq: u64) -> Vec<u8> {
+    let mut k = run_id.as_bytes().to_vec();
+    k.push(0);
+    k.extend_from_slice(&attempt.to_be_bytes());
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// `task_id \0 seq(be)`.
+pub fn task_event_key(task_id: &str, seq: u64) -> Vec<u8> {
+    let mut k = task_id.as_bytes().to_vec();
+    k.push(0);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,691 @@
+//! Tasks: submission (idempotent by client request id), the per-deployment queue, dispatch to
+//! instances with a free slot, run events from Nests (append-if-absent, fenced, flushed, then
+//! acknowledged), task state from events, conversations, cancel, watch and traces.
+//!
+//! Invariants: a task is stored before `SubmitTask` answers; a conversation's tasks run strictly
+//! in submission order (one at a time); an instance never runs more tasks than its deployment's
+//! concurrency; a run event is acknowledged only after a store flush that covers it; events of
+//! an attempt older than the run's newest are refused (`fenced`); a run that loses its instance
+//! is re-dispatched with the same run id and attempt + 1, with the earlier events to replay.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::error::{HubError, Result};
+use crate::fleet::{namespace_or_default, validate_name, Core, State};
+use crate::model::*;
+use crate::nodes::{RunAssignment, ToNest};
+use crate::store::{task_event_key, Append, Table};
+
+/// How long a cancelled running task waits for its run to finish before it is cancelled anyway.
+const CANCEL_GRACE_MS: i64 = 5_000;
+
+/// A task event as it happens, with the task after it (for `WatchTask`).
+#[derive(Debug, Clone)]
+pub struct TaskUpdate {
+    pub task_id: String,
+    pub event: TaskEventRec,
+    pub task: TaskRec,
+}
+
+/// What a client submits.
+#[derive(Debug, Clone, Default)]
+pub struct TaskSpec {
+    pub namespace: String,
+    pub deployment: String,
+    pub input: String,
+    pub labels: BTreeMap<String, String>,
+    pub conversation_key: String,
+    pub client_request_id: String,
+}
+
+/// `ListTasks` filters.
+#[derive(Debug, Clone, Default)]
+pub struct TaskFilter {
+    pub namespace: String,
+    pub deployment: String,
+    pub state: String,
+    pub conversation_key: String,
+    pub limit: u32,
+}
+
+/// One run event as a Nest sends it.
+#[derive(Debug, Clone)]
+pub struct IncomingRunEvent {
+    pub run_id: String,
+    pub attempt: u32,
+    pub seq: u64,
+    pub task_id: String,
+    pub at_ms: i64,
+    pub kind: String,
+    pub json: String,
+}
+
+/// One span of a trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpanRec {
+    pub span_id: String,
+    pub parent_span_id: String,
+    pub name: String,
+    pub start_ms: i64,
+    pub end_ms: i64,
+    pub status: String,
+    pub attributes: BTreeMap<String, String>,
+}
+
+fn conversation_id_for(namespace: &str, deployment: &str, key: &str) -> String {
+    if key.is_empty() {
+        return format!("conv-{}", uuid::Uuid::now_v7().simple());
+    }
+    let mut h = Sha256::new();
+    h.update(namespace.as_bytes());
+    h.update([0]);
+    h.update(deployment.as_bytes());
+    h.update([0]);
+    h.update(key.as_bytes());
+    format!("conv-{}", &hex::encode(h.finalize())[..32])
+}
+
+fn request_key(namespace: &str, id: &str) -> String {
+    format!("{namespace}\u{0}{id}")
+}
+
+fn str_field<'a>(v: &'a Value, keys: &[&str]) -> Option<&'a str> {
+    keys.iter().find_map(|k| v.get(*k).and_then(Value::as_str))
+}
+
+impl Core {
+    fn save_task(&self, st: &mut State, task: TaskRec) -> Result<()> {
+        self.db.put_json(Table::Tasks, &task.task_id, &task)?;
+        st.tasks.insert(task.task_id.clone(), task);
+        Ok(())
+    }
+
+    /// Appends a task event, saves the task and tells watchers.
+    fn emit(&self, st: &mut State, mut task: TaskRec, kind: &str, json: String) -> Result<()> {
+        let now = now_ms();
+        task.next_event_seq = task.next_event_seq.max(1);
+        let event = TaskEventRec {
+            seq: task.next_event_seq,
+            at_ms: now,
+            kind: kind.to_string(),
+            json,
+        };
+        task.next_event_seq += 1;
+        task.updated_at_ms = now;
+        let bytes = serde_json::to_vec(&event).map_err(|e| HubError::Internal(e.to_string()))?;
+        self.db.raw().put(Table::TaskEvents, &task_event_key(&task.task_id, event.seq), &bytes)?;
+        self.save_task(st, task.clone())?;
+        let _ = self.updates.send(TaskUpdate {
+            task_id: task.task_id.clone(),
+            event,
+            task,
+        });
+        Ok(())
+    }
+
+    fn emit_state(&self, st: &mut State, task: TaskRec) -> Result<()> {
+        let mut body = serde_json::json!({"state": task.state.as_str()});
+        if !task.activity.is_empty() {
+            body["message"] = Value::String(task.activity.clone());
+        }
+        if let Some(o) = &task.outcome {
+            body["result"] = Value::String(o.result.clone());
+            body["response_type"] = Value::String(o.response_type.clone());
+            if !o.error.is_empty() {
+                body["error"] = Value::String(o.error.clone());
+            }
+        }
+        self.emit(st, task, "task.state", body.to_string())
+    }
+
+    /// Queues a task; a retried submit with the same client request id returns the first task.
+    pub async fn submit_task(&self, spec: TaskSpec) -> Result<TaskRec> {
+        let namespace = namespace_or_default(&spec.namespace);
+        validate_name("namespace", &namespace)?;
+        validate_name("deployment", &spec.deployment)?;
+        if spec.input.trim().is_empty() {
+            return Err(HubError::invalid("input: expected the task's text, got an empty string"));
+        }
+        if spec.client_request_id.len() > 200 {
+            return Err(HubError::invalid("client_request_id: expected at most 200 characters"));
+        }
+        let task = {
+            let mut st = self.lock();
+            if !st.deployments.contains_key(&deployment_key(&namespace, &spec.deployment)) {
+                return Err(HubError::not_found(format!("deployment {namespace}/{} not found", spec.deployment)));
+            }
+            if !spec.client_request_id.is_empty() {
+                let key = request_key(&namespace, &spec.client_request_id);
+                if let Some(id) = self.db.get_json::<String>(Table::RequestIds, &key)? {
+                    if let Some(t) = st.tasks.get(&id) {
+                        return Ok(t.clone());
+                    }
+                }
+            }
+            let now = now_ms();
+            let seq = self.db.raw().increment("task_seq")?;
+            let task = TaskRec {
+                task_id: format!("task-{}", uuid::Uuid::now_v7().simple()),
+                namespace: namespace.clone(),
+                deployment: spec.deployment.clone(),
+                input: spec.input.clone(),
+                labels: spec.labels.clone(),
+                conversation_key: spec.conversation_key.clone(),
+                conversation_id: conversation_id_for(&namespace, &spec.deployment, &spec.conversation_key),
+                state: TaskState::Queued,
+                activity: "queued".into(),
+                progress: None,
+                outcome: None,
+                run_id: String::new(),
+                attempt: 0,
+                instance_id: String::new(),
+                bundle_digest: String::new(),
+                client_request_id: spec.client_request_id.clone(),
+                created_at_ms: now,
+                updated_at_ms: now,
+                started_at_ms: 0,
+                finished_at_ms: 0,
+                nest_name: String::new(),
+                seq,
+                next_event_seq: 1,
+                cancel_requested_at_ms: 0,
+                cancel_reason: String::new(),
+            };
+            if !spec.client_request_id.is_empty() {
+                self.db
+                    .put_json(Table::RequestIds, &request_key(&namespace, &spec.client_request_id), &task.task_id)?;
+            }
+            self.emit_state(&mut st, task.clone())?;
+            st.tasks.get(&task.task_id).cloned().unwrap_or(task)
+        };
+        self.db.flush().await?;
+        tracing::info!(task = %task.task_id, deployment = %format!("{}/{}", task.namespace, task.deployment), "task queued");
+        self.poke();
+        Ok(task)
+    }
+
+    pub fn get_task(&self, namespace: &str, task_id: &str) -> Result<TaskRec> {
+        let namespace = namespace_or_default(namespace);
+        if task_id.is_empty() {
+            return Err(HubError::invalid("task_id: expected a task id, got an empty string"));
+        }
+        let st = self.lock();
+        st.tasks
+            .get(task_id)
+            .filter(|t| t.namespace == namespace)
+            .cloned()
+            .ok_or_else(|| HubError::not_found(format!("task {task_id} not found in namespace {namespace}")))
+    }
+
+    pub fn list_tasks(&self, f: &TaskFilter) -> Result<Vec<TaskRec>> {
+        let namespace = namespace_or_default(&f.namespace);
+        let state = if f.state.is_empty() {
+            None
+        } else {
+            Some(TaskState::parse(&f.state).ok_or_else(|| {
+                HubError::invalid(format!(
+                    "state: `{}` is not a task state; expected one of queued, running, waiting, succeeded, failed, cancelled",
+                    f.state
+                ))
+            })?)
+        };
+        let st = self.lock();
+        let mut out: Vec<TaskRec> = st
+            .tasks
+            .values()
+            .filter(|t| t.namespace == namespace)
+            .filter(|t| f.deployment.is_empty() || t.deployment == f.deployment)
+            .filter(|t| state.is_none_or(|s| t.state == s))
+            .filter(|t| f.conversation_key.is_empty() || t.conversation_key == f.conversation_key)
+            .cloned()
+            .collect();
+        out.sort_by(|a, b| b.seq.cmp(&a.seq));
+        let limit = if f.limit == 0 { 100 } else { f.limit as usize };
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    /// Cancels a task: a queued one at once, a running one through its Nest (with a grace).
+    pub async fn cancel_task(&self, namespace: &str, task_id: &str, reason: &str) -> Result<TaskRec> {
+        let task = self.get_task(namespace, task_id)?;
+        let reason = if reason.is_empty() { "cancelled by the user" } else { reason };
+        let out = {
+            let mut st = self.lock();
+            let Some(mut task) = st.tasks.get(&task.task_id).cloned() else {
+                return Err(HubError::not_found(format!("task {task_id} not found")));
+            };
+            match task.state {
+                s if s.is_terminal() => return Ok(task),
+                TaskState::Queued => {
+                    self.finish_task(&mut st, task.clone(), TaskState::Cancelled, "", "text", reason)?;
+                }
+                _ => {
+                    if task.cancel_requested_at_ms == 0 {
+                        task.cancel_requested_at_ms = now_ms();
+                        task.cancel_reason = reason.to_string();
+                        task.activity = format!("cancelling: {reason}");
+                        let nest_id = st.instances.get(&task.instance_id).map(|i| i.nest_id.clone()).unwrap_or_default();
+                        st.live.send(
+                            &nest_id,
+                            ToNest::CancelRun {
+                                run_id: task.run_id.clone(),
+                                instance_id: task.instance_id.clone(),
+                                reason: reason.to_string(),
+                            },
+                        );
+                        self.save_task(&mut st, task.clone())?;
+                    }
+                }
+            }
+            st.tasks.get(task_id).cloned().unwrap_or(task)
+        };
+        self.db.flush().await?;
+        self.poke();
+        Ok(out)
+    }
+
+    fn finish_task(
+        &self,
+        st: &mut State,
+        mut task: TaskRec,
+        state: TaskState,
+        result: &str,
+        response_type: &str,
+        error: &str,
+    ) -> Result<()> {
+        let now = now_ms();
+        task.state = state;
+        task.activity = String::new();
+        task.finished_at_ms = now;
+        task.outcome = Some(OutcomeRec {
+            result: result.to_string(),
+            response_type: if response_type.is_empty() { "text".into() } else { response_type.to_string() },
+            error: error.to_string(),
+        });
+        tracing::info!(task = %task.task_id, state = state.as_str(), "task finished");
+        self.emit_state(st, task)
+    }
+
+    /// Puts the running tasks of `instance_id` back in the queue (next attempt on dispatch).
+    pub(crate) fn requeue_tasks_of(&self, st: &mut State, instance_id: &str, why: &str) -> Result<()> {
+        let ids: Vec<String> = st
+            .tasks
+            .values()
+            .filter(|t| t.instance_id == instance_id && !t.state.is_terminal() && t.state != TaskState::Queued)
+            .map(|t| t.task_id.clone())
+            .collect();
+        for id in ids {
+            let Some(mut task) = st.tasks.get(&id).cloned() else { continue };
+            if task.cancel_requested_at_ms > 0 {
+                let reason = task.cancel_reason.clone();
+                self.finish_task(st, task, TaskState::Cancelled, "", "text", &reason)?;
+                continue;
+            }
+            tracing::warn!(task = %id, "re-queueing task: {why}");
+            task.state = TaskState::Queued;
+            task.instance_id.clear();
+            task.nest_name.clear();
+            task.activity = format!("re-queued: {why}");
+            self.emit_state(st, task)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn fail_tasks_of_deployment(&self, st: &mut State, namespace: &str, name: &str) -> Result<()> {
+        let ids: Vec<String> = st
+            .tasks
+            .values()
+            .filter(|t| t.namespace == namespace && t.deployment == name && t.state == TaskState::Queued)
+            .map(|t| t.task_id.clone())
+            .collect();
+        for id in ids {
+            if let Some(task) = st.tasks.get(&id).cloned() {
+                self.finish_task(st, task, TaskState::Failed, "", "error", "deployment deleted before the task ran")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Dispatches queued tasks to instances with a free slot; expires cancel graces.
+    pub(crate) fn dispatch_tasks(&self, st: &mut State, now: i64) -> Result<()> {
+        // Running tasks whose cancel grace ran out are cancelled without their run.
+        let expired: Vec<String> = st
+            .tasks
+            .values()
+            .filter(|t| !t.state.is_terminal() && t.cancel_requested_at_ms > 0)
+            .filter(|t| now - t.cancel_requested_at_ms > CANCEL_GRACE_MS)
+            .map(|t| t.task_id.clone())
+            .collect();
+        for id in expired {
+            if let Some(task) = st.tasks.get(&id).cloned() {
+                let reason = task.cancel_reason.clone();
+                self.finish_task(st, task, TaskState::Cancelled, "", "text", &reason)?;
+            }
+        }
+
+        let mut active: HashMap<String, u32> = HashMap::new();
+        for t in st.tasks.values() {
+            if matches!(t.state, TaskState::Running | TaskState::Waiting) && !t.instance_id.is_empty() {
+                *active.entry(t.instance_id.clone()).or_default() += 1;
+            }
+        }
+        let mut order: Vec<(u64, String)> = st
+            .tasks
+            .values()
+            .filter(|t| !t.state.is_terminal())
+            .map(|t| (t.seq, t.task_id.clone()))
+            .collect();
+        order.sort();
+        let mut busy_conversations: HashSet<String> = HashSet::new();
+        for (_, id) in order {
+            let Some(task) = st.tasks.get(&id).cloned() else { continue };
+            let first_of_conversation = busy_conversations.insert(task.conversation_id.clone());
+            if task.state != TaskState::Queued || !first_of_conversation {
+                continue;
+            }
+            let key = deployment_key(&task.namespace, &task.deployment);
+            let Some(d) = st.deployments.get(&key).cloned() else {
+                self.finish_task(st, task, TaskState::Failed, "", "error", "deployment deleted before the task ran")?;
+                continue;
+            };
+            let candidate = st
+                .instances
+                .values()
+                .filter(|i| i.namespace == d.namespace && i.deployment == d.name)
+                .filter(|i| i.state == InstanceState::Running && i.healthy && st.live.is_connected(&i.nest_id))
+                .filter(|i| active.get(&i.instance_id).copied().unwrap_or(0) < d.concurrency)
+                .min_by_key(|i| {
+                    (
+                        i.generation != d.generation,
+                        active.get(&i.instance_id).copied().unwrap_or(0),
+                        i.instance_id.clone(),
+                    )
+                })
+                .cloned();
+            let Some(inst) = candidate else { continue };
+            *active.entry(inst.instance_id.clone()).or_default() += 1;
+            self.assign(st, task, &inst, now)?;
+        }
+        Ok(())
+    }
+
+    fn assign(&self, st: &mut State, mut task: TaskRec, inst: &InstanceRec, now: i64) -> Result<()> {
+        if task.run_id.is_empty() {
+            task.run_id = format!("run-{}", uuid::Uuid::now_v7().simple());
+        }
+        task.attempt += 1;
+        self.db.set_run_attempt(&task.run_id, task.attempt)?;
+        let history: ConversationRec = self
+            .db
+            .get_json(Table::Conversations, &task.conversation_id)?
+            .unwrap_or_default();
+        let replay_json = if task.attempt > 1 {
+            let events: Vec<Value> = self
+                .db
+                .run_events(&task.run_id)?
+                .into_iter()
+                .filter(|e| e.attempt < task.attempt)
+                .map(|e| {
+                    serde_json::json!({"attempt": e.attempt, "seq": e.seq, "at_ms": e.at_ms, "kind": e.kind,
+                        "json": serde_json::from_str::<Value>(&e.json).unwrap_or(Value::String(e.json.clone()))})
+                })
+                .collect();
+            Value::Array(events).to_string()
+        } else {
+            String::new()
+        };
+        task.state = TaskState::Running;
+        task.instance_id = inst.instance_id.clone();
+        task.nest_name = inst.nest_name.clone();
+        task.bundle_digest = inst.bundle_digest.clone();
+        if task.started_at_ms == 0 {
+            task.started_at_ms = now;
+        }
+        task.activity = format!("starting on instance {}", inst.instance_id);
+        let assignment = RunAssignment {
+            run_id: task.run_id.clone(),
+            attempt: task.attempt,
+            task_id: task.task_id.clone(),
+            instance_id: inst.instance_id.clone(),
+            namespace: task.namespace.clone(),
+            deployment: task.deployment.clone(),
+            input: task.input.clone(),
+            labels: task.labels.clone(),
+            conversation_id: task.conversation_id.clone(),
+            conversation_key: task.conversation_key.clone(),
+            root_run_id: task.run_id.clone(),
+            bundle_digest: inst.bundle_digest.clone(),
+            history_json: Value::Array(history.messages).to_string(),
+            replay_json,
+        };
+        tracing::info!(task = %task.task_id, run = %task.run_id, attempt = task.attempt, instance = %inst.instance_id, "dispatching run");
+        st.live.send(&inst.nest_id, ToNest::AssignRun(Box::new(assignment)));
+        self.emit_state(st, task)
+    }
+
+    /// Stores a batch of run events (append-if-absent, fenced), updates tasks, flushes once,
+    /// and returns the acknowledgements to send back (one per run attempt).
+    pub async fn run_events(&self, events: Vec<IncomingRunEvent>) -> Result<Vec<ToNest>> {
+        let mut acks: BTreeMap<(String, u32), (u64, bool)> = BTreeMap::new();
+        {
+            let mut st = self.lock();
+            for e in events {
+                let rec = RunEventRec {
+                    run_id: e.run_id.clone(),
+                    attempt: e.attempt,
+                    seq: e.seq,
+                    task_id: e.task_id.clone(),
+                    at_ms: if e.at_ms == 0 { now_ms() } else { e.at_ms },
+                    kind: e.kind.clone(),
+                    json: e.json.clone(),
+                };
+                let outcome = self.db.append_run_event(&rec)?;
+                let entry = acks.entry((e.run_id.clone(), e.attempt)).or_insert((0, false));
+                match outcome {
+                    Append::Fenced => entry.1 = true,
+                    Append::Duplicate => entry.0 = entry.0.max(e.seq),
+                    Append::Appended => {
+                        entry.0 = entry.0.max(e.seq);
+                        self.apply_run_event(&mut st, &rec)?;
+                    }
+                }
+            }
+        }
+        self.db.flush().await?;
+        self.poke();
+        Ok(acks
+            .into_iter()
+            .map(|((run_id, attempt), (acked_seq, fenced))| ToNest::Ack {
+                run_id,
+                attempt,
+                acked_seq,
+                fenced,
+            })
+            .collect())
+    }
+
+    fn apply_run_event(&self, st: &mut State, e: &RunEventRec) -> Result<()> {
+        let task = match st.tasks.get(&e.task_id) {
+            Some(t) => t.clone(),
+            None => match st.tasks.values().find(|t| t.run_id == e.run_id) {
+                Some(t) => t.clone(),
+                None => {
+                    tracing::warn!(run = %e.run_id, task = %e.task_id, "run event for an unknown task; stored, not applied");
+                    return Ok(());
+                }
+            },
+        };
+        if task.run_id != e.run_id || task.attempt != e.attempt || task.state.is_terminal() {
+            return Ok(());
+        }
+        let mut task = task;
+        let body: Value = serde_json::from_str(&e.json).unwrap_or(Value::Null);
+        match e.kind.as_str() {
+            "activity" => {
+                task.activity = str_field(&body, &["activity", "text", "message"])
+                    .map(str::to_string)
+                    .or_else(|| body.as_str().map(str::to_string))
+                    .unwrap_or_else(|| e.json.clone());
+            }
+            "model.requested" => task.activity = "waiting for the model".into(),
+            "model.answered" => task.activity = "thinking".into(),
+            "tool.started" => {
+                let tool = str_field(&body, &["tool", "name", "tool_name"]).unwrap_or("a tool");
+                task.activity = format!("calling {tool}");
+            }
+            "task.progress" => {
+                task.progress = Some(ProgressRec {
+                    step: str_field(&body, &["step"]).unwrap_or_default().to_string(),
+                    done: body.get("done").and_then(Value::as_u64),
+                    total: body.get("total").and_then(Value::as_u64),
+                    note: str_field(&body, &["note"]).unwrap_or_default().to_string(),
+                    artifacts: body
+                        .get("artifacts")
+                        .and_then(Value::as_array)
+                        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+                        .unwrap_or_default(),
+                    updated_at_ms: e.at_ms,
+                });
+            }
+            _ => {}
+        }
+        if e.kind == "run.finished" {
+            // The run event itself first, then the terminal state.
+            self.emit(st, task.clone(), &e.kind, e.json.clone())?;
+            let task = st.tasks.get(&task.task_id).cloned().unwrap_or(task);
+            let state = match (str_field(&body, &["state"]), task.cancel_requested_at_ms > 0) {
+                (Some("cancelled"), _) | (_, true) => TaskState::Cancelled,
+                (Some("succeeded"), false) => TaskState::Succeeded,
+                _ => TaskState::Failed,
+            };
+            let result = str_field(&body, &["result"]).unwrap_or_default().to_string();
+            let response_type = str_field(&body, &["response_type", "responseType"])
+                .unwrap_or(if state == TaskState::Failed { "error" } else { "text" })
+                .to_string();
+            let mut error = str_field(&body, &["error"]).unwrap_or_default().to_string();
+            if state == TaskState::Cancelled && error.is_empty() {
+                error = task.cancel_reason.clone();
+            }
+            if let Some(messages) = body.get("messages").and_then(Value::as_array) {
+                if !messages.is_empty() && !task.conversation_id.is_empty() {
+                    let mut conv: ConversationRec =
+                        self.db.get_json(Table::Conversations, &task.conversation_id)?.unwrap_or_default();
+                    conv.messages.extend(messages.iter().cloned());
+                    self.db.put_json(Table::Conversations, &task.conversation_id, &conv)?;
+                }
+            }
+            return self.finish_task(st, task, state, &result, &response_type, &error);
+        }
+        if task.state == TaskState::Queued {
+            task.state = TaskState::Running;
+        }
+        self.emit(st, task, &e.kind, e.json.clone())
+    }
+
+    /// Stored events of a task with seq >= `from_seq`.
+    pub fn task_events(&self, task_id: &str, from_seq: u64) -> Result<Vec<TaskEventRec>> {
+        let mut prefix = task_id.as_bytes().to_vec();
+        prefix.push(0);
+        let all: Vec<TaskEventRec> = self.db.list_json(Table::TaskEvents, &prefix)?;
+        Ok(all.into_iter().filter(|e| e.seq >= from_seq).collect())
+    }
+
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<TaskUpdate> {
+        self.updates.subscribe()
+    }
+
+    /// The spans of a task's run: one per model turn and one per tool call.
+    pub fn trace(&self, namespace: &str, task_id: &str) -> Result<(TaskRec, Vec<SpanRec>)> {
+        let task = self.get_task(namespace, task_id)?;
+        let events = if task.run_id.is_empty() {
+            Vec::new()
+        } else {
+            self.db.run_events(&task.run_id)?
+        };
+        Ok((task.clone(), build_spans(&task, &events)))
+    }
+}
+
+/// Builds spans from run events: a root span for the task, one per model turn
+/// (`model.requested` → `model.answered`) and one per tool call (`tool.started` →
+/// `tool.completed`/`tool.failed`, matched by call id, else by tool name).
+pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
+    let root_id = format!("{}-root", task.run_id);
+    let end = if task.finished_at_ms > 0 { task.finished_at_ms } else { events.last().map(|e| e.at_ms).unwrap_or(0) };
+    let mut spans = vec![SpanRec {
+        span_id: root_id.clone(),
+        parent_span_id: String::new(),
+        name: format!("task {}", task.deployment),
+        start_ms: if task.started_at_ms > 0 { task.started_at_ms } else { task.created_at_ms },
+        end_ms: end,
+        status: task.state.as_str().to_string(),
+        attributes: BTreeMap::from([
+            ("task_id".to_string(), task.task_id.clone()),
+            ("run_id".to_string(), task.run_id.clone()),
+            ("attempt".to_string(), task.attempt.to_string()),
+        ]),
+    }];
+    let mut open_model: Option<usize> = None;
+    let mut open_tools: Vec<(String, usize)> = Vec::new();
+    let mut turn = 0;
+    for e in events {
+        let body: Value = serde_json::from_str(&e.json).unwrap_or(Value::Null);
+        let call_id = str_field(&body, &["call_id", "tool_call_id", "id"]).map(str::to_string);
+        let tool = str_field(&body, &["tool", "name", "tool_name"]).unwrap_or("tool").to_string();
+        match e.kind.as_str() {
+            "model.requested" => {
+                turn += 1;
+                spans.push(SpanRec {
+                    span_id: format!("{}-a{}-s{}", e.run_id, e.attempt, e.seq),
+                    parent_span_id: root_id.clone(),
+                    name: format!("model turn {turn}"),
+                    start_ms: e.at_ms,
+                    end_ms: 0,
+                    status: "running".into(),
+                    attributes: BTreeMap::from([("attempt".to_string(), e.attempt.to_string())]),
+                });
+                open_model = Some(spans.len() - 1);
+            }
+            "model.answered" => {
+                if let Some(i) = open_model.take() {
+                    spans[i].end_ms = e.at_ms;
+                    spans[i].status = if body.get("error").is_some() { "error".into() } else { "ok".into() };
+                }
+            }
+            "tool.started" => {
+                spans.push(SpanRec {
+                    span_id: format!("{}-a{}-s{}", e.run_id, e.attempt, e.seq),
+                    parent_span_id: root_id.clone(),
+                    name: format!("tool {tool}"),
+                    start_ms: e.at_ms,
+                    end_ms: 0,
+                    status: "running".into(),
+                    attributes: BTreeMap::from([("tool".to_string(), tool.clone())]),
+                });
+                open_tools.push((call_id.unwrap_or_else(|| tool.clone()), spans.len() - 1));
+            }
+            "tool.completed" | "tool.failed" => {
+                let key = call_id.unwrap_or(tool);
+                let pos = open_tools.iter().position(|(k, _)| *k == key).or(if open_tools.is_empty() { None } else { Some(0) });
+                if let Some(p) = pos {
+                    let (_, i) = open_tools.remove(p);
+                    spans[i].end_ms = e.at_ms;
+                    spans[i].status = if e.kind == "tool.failed" { "error".into() } else { "ok".into() };
+                }
+            }
+            _ => {}
+        }
+    }
+    for s in spans.iter_mut() {
+        if s.end_ms == 0 {
+            s.end_ms = end.max(s.start_ms);
+            if s.status == "running" && task.state.is_terminal() {
+                s.status = "unfinished".into();
+            }
+        }
+    }
+    spans
+}
