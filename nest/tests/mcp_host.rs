@@ -436,3 +436,68 @@ async fn shutdown_stops_every_server_process_and_is_not_a_death() {
     let death = tokio::time::timeout(Duration::from_millis(500), host.died()).await;
     assert!(death.is_err(), "a shutdown is not a death: {death:?}");
 }
+
+/// A Python MCP server on streamable HTTP, killed (its group) on drop.
+struct HttpServer {
+    child: tokio::process::Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl HttpServer {
+    async fn start() -> HttpServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port_file = dir.path().join("port");
+        let child = tokio::process::Command::new(python())
+            .arg(our_server("http_server.py"))
+            .arg(&port_file)
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start http_server.py");
+        let port = eventually(Duration::from_secs(30), "http_server.py to listen", || {
+            std::fs::read_to_string(&port_file).ok().filter(|p| !p.is_empty())
+        })
+        .await;
+        HttpServer { child, url: format!("http://127.0.0.1:{port}/mcp"), _dir: dir }
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid")),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_servers_get_their_headers_with_secrets_substituted() {
+    let http = HttpServer::start().await;
+    let bundle = TestBundle::new(
+        json!({
+            "remote": {"url": http.url, "headers": {"Authorization": "Bearer ${CRM_TOKEN}", "X-Team": "blue"}},
+            "unreachable": {"url": "http://127.0.0.1:1/mcp"},
+        }),
+        &["CRM_TOKEN"],
+    );
+    let mut ctx = ctx();
+    ctx.secrets = BTreeMap::from([("CRM_TOKEN".to_string(), "s3cr3t".to_string())]);
+    ctx.start_timeout = Duration::from_secs(15);
+    let host = start(&bundle, ctx).await;
+
+    let status = host.status();
+    assert_eq!(status.tools_loaded, 1, "{status:?}");
+    assert_eq!(status.not_connected.len(), 1, "{status:?}");
+    assert_eq!(status.not_connected[0].server, "unreachable");
+    assert!(!status.not_connected[0].reason.is_empty());
+
+    let out = call(&host, "remote_headers", json!({})).await.expect("headers call");
+    let headers: BTreeMap<String, String> = serde_json::from_str(&out.text).expect("headers json");
+    assert_eq!(headers.get("authorization").map(String::as_str), Some("Bearer s3cr3t"), "{headers:?}");
+    assert_eq!(headers.get("x-team").map(String::as_str), Some("blue"), "{headers:?}");
+    host.shutdown().await;
+}

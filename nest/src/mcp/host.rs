@@ -42,7 +42,7 @@ pub struct ToolHost {
 }
 
 struct Inner {
-    /// Every server name of the bundle, connected or not, longest first (model-name matching).
+    /// Every server name of the bundle, connected or not (model-name matching).
     names: Vec<String>,
     servers: BTreeMap<String, Arc<Connected>>,
     shared: Arc<Shared>,
@@ -136,8 +136,7 @@ impl ToolHost {
                 }
             }
         }
-        let mut names: Vec<String> = servers.keys().cloned().collect();
-        names.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        let names: Vec<String> = servers.keys().cloned().collect();
         ToolHost {
             inner: Arc::new(Inner { names, servers: connected, shared, shutdown, monitors: Mutex::new(monitors) }),
         }
@@ -254,31 +253,56 @@ impl ToolHost {
         tracing::debug!("tool servers stopped");
     }
 
-    /// `server.tool` or `server_tool` → the server and the tool's own name.
+    /// `server.tool` or `server_tool` → the connected server and the tool's own name.
     fn resolve(&self, name: &str) -> Result<(Arc<Connected>, String), CallError> {
-        let candidates: Vec<(&str, &str)> = match name.split_once('.') {
-            Some((server, tool)) => vec![(server, tool)],
-            None => self
-                .inner
-                .names
-                .iter()
-                .filter_map(|s| Some((s.as_str(), name.strip_prefix(s.as_str())?.strip_prefix('_')?)))
-                .collect(),
+        let servers = &self.inner.servers;
+        let has_tool = |server: &str, tool: &str| {
+            servers.get(server).is_some_and(|c| c.tools.iter().any(|t| t.tool == tool))
         };
-        for (server, tool) in &candidates {
-            if let Some(conn) = self.inner.servers.get(*server) {
-                if conn.tools.iter().any(|t| t.tool == *tool) {
-                    return Ok((conn.clone(), tool.to_string()));
-                }
-            }
+        let connected = |server: &str| servers.contains_key(server);
+        match resolve_name(name, &self.inner.names, &connected, &has_tool) {
+            Resolved::Tool(server, tool) => match servers.get(&server) {
+                Some(conn) => Ok((conn.clone(), tool)),
+                None => Err(CallError::NotConnected(server)),
+            },
+            Resolved::NotConnected(server) => Err(CallError::NotConnected(server)),
+            Resolved::Unknown => Err(CallError::UnknownTool(name.to_string())),
         }
-        for (server, _) in &candidates {
-            let known = self.inner.names.iter().any(|n| n == server);
-            if known && !self.inner.servers.contains_key(*server) {
-                return Err(CallError::NotConnected(server.to_string()));
-            }
-        }
-        Err(CallError::UnknownTool(name.to_string()))
+    }
+}
+
+#[derive(Debug, PartialEq)]
+enum Resolved {
+    Tool(String, String),
+    /// The name points at a server of the bundle that is not connected.
+    NotConnected(String),
+    Unknown,
+}
+
+/// Splits `server.tool` at the dot, or the model's `server_tool` after a known server name
+/// (server names may contain `_`, so the split whose server has that tool wins, longest server
+/// name first). `names` is every server of the bundle, connected or not.
+fn resolve_name(
+    name: &str,
+    names: &[String],
+    connected: &dyn Fn(&str) -> bool,
+    has_tool: &dyn Fn(&str, &str) -> bool,
+) -> Resolved {
+    let mut candidates: Vec<(&str, &str)> = match name.split_once('.') {
+        Some((server, tool)) => vec![(server, tool)],
+        None => names
+            .iter()
+            .filter_map(|s| Some((s.as_str(), name.strip_prefix(s.as_str())?.strip_prefix('_')?)))
+            .collect(),
+    };
+    candidates.retain(|(s, _)| names.iter().any(|n| n == s));
+    candidates.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+    if let Some((server, tool)) = candidates.iter().find(|(s, t)| has_tool(s, t)) {
+        return Resolved::Tool(server.to_string(), tool.to_string());
+    }
+    match candidates.iter().find(|(s, _)| !connected(s)) {
+        Some((server, _)) => Resolved::NotConnected(server.to_string()),
+        None => Resolved::Unknown,
     }
 }
 
@@ -476,4 +500,42 @@ async fn monitor(
             false
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(name: &str, expected: Resolved) {
+        // Servers `a`, `a_b` and `time` are connected; `down` and `a_b_c` (no tools) are not.
+        let names: Vec<String> = ["a", "a_b", "a_b_c", "down", "time"].iter().map(|s| s.to_string()).collect();
+        let tools = [("a", "b_x"), ("a", "b_only"), ("a", "run"), ("a_b", "x"), ("a_b", "run"), ("time", "get_current_time")];
+        let connected = |s: &str| matches!(s, "a" | "a_b" | "time");
+        let has_tool = |s: &str, t: &str| tools.contains(&(s, t));
+        assert_eq!(resolve_name(name, &names, &connected, &has_tool), expected, "{name}");
+    }
+
+    fn tool(s: &str, t: &str) -> Resolved {
+        Resolved::Tool(s.into(), t.into())
+    }
+
+    #[test]
+    fn name_resolution_table() {
+        check("time.get_current_time", tool("time", "get_current_time"));
+        check("time_get_current_time", tool("time", "get_current_time"));
+        check("a.b_x", tool("a", "b_x"));
+        // Ambiguous (`a.b_x` and `a_b.x` both exist): the longest server name wins.
+        check("a_b_x", tool("a_b", "x"));
+        check("a_b_only", tool("a", "b_only"));
+        check("a_b.x", tool("a_b", "x"));
+        check("a_b_run", tool("a_b", "run"));
+        check("a_run", tool("a", "run"));
+        check("down_anything", Resolved::NotConnected("down".into()));
+        check("down.anything", Resolved::NotConnected("down".into()));
+        check("a_b_c_x", Resolved::NotConnected("a_b_c".into()));
+        check("time_nope", Resolved::Unknown);
+        check("nobody.x", Resolved::Unknown);
+        check("nobody_x", Resolved::Unknown);
+        check("time", Resolved::Unknown);
+    }
 }
