@@ -247,7 +247,7 @@ fn json_rows(text: &str) -> Vec<Value> {
 /// The listing: three tools, their contract arguments, all read-only.
 fn assert_tool_listing(report: &Value) {
     let tools = report["tools"].as_array().expect("tools");
-    let mut listed: Vec<(String, Vec<String>, Vec<String>, Value)> = tools
+    let mut listed: Vec<(String, Vec<String>, Vec<String>, Option<bool>)> = tools
         .iter()
         .map(|t| {
             let mut props: Vec<String> =
@@ -258,7 +258,7 @@ fn assert_tool_listing(report: &Value) {
                 .map(|r| r.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
                 .unwrap_or_default();
             required.sort();
-            (t["name"].as_str().unwrap_or_default().to_owned(), props, required, t["annotations"]["readOnlyHint"].clone())
+            (t["name"].as_str().unwrap_or_default().to_owned(), props, required, t["annotations"]["readOnlyHint"].as_bool())
         })
         .collect();
     listed.sort();
@@ -266,9 +266,9 @@ fn assert_tool_listing(report: &Value) {
     assert_eq!(
         listed,
         vec![
-            ("describe".to_owned(), s(&["table"]), s(&["table"]), json!(true)),
-            ("query".to_owned(), s(&["limit", "sql"]), s(&["sql"]), json!(true)),
-            ("tables".to_owned(), s(&[]), s(&[]), json!(true)),
+            ("describe".to_owned(), s(&["table"]), s(&["table"]), Some(true)),
+            ("query".to_owned(), s(&["limit", "sql"]), s(&["sql"]), Some(true)),
+            ("tables".to_owned(), s(&[]), s(&[]), Some(true)),
         ]
     );
     assert_eq!(report["server_info"]["name"], json!("agen-sql"));

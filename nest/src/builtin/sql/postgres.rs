@@ -1,0 +1,695 @@
+//! The Postgres side of `agen mcp sql`: one connection, and every tool call in its own
+//! `READ ONLY` transaction with a `SET LOCAL statement_timeout`, always rolled back.
+//!
+//! Invariants:
+//! - the user's SQL is sent as exactly one statement through the extended protocol (Parse/Bind/
+//!   Execute), which the server refuses for more than one command;
+//! - the transaction is read-only from its first statement and is never committed, so neither
+//!   data nor session settings (`set_config(…, false)` is rolled back too) survive a call;
+//! - the timeout is a `SET LOCAL` inside that transaction, and a client-side deadline (the
+//!   timeout plus a grace) cancels the query and drops the connection if the server does not;
+//! - the DSN is never logged or returned: errors name the variable, not its value.
+
+use std::error::Error as StdError;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio_postgres::config::SslMode;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{FromSql, Kind, Type};
+use tokio_postgres::{Client, Config, NoTls, Transaction};
+
+use super::error::{Result, SqlError};
+use super::guard::{self, Dialect};
+use super::render::{ColumnInfo, QueryRows, TableInfo};
+
+/// How long past the statement timeout the client waits before it cancels on its own.
+const CLIENT_GRACE: Duration = Duration::from_secs(2);
+
+/// A Postgres database reached through one (re)connecting client.
+pub struct Postgres {
+    config: Config,
+    timeout: Duration,
+    client: tokio::sync::Mutex<Option<Client>>,
+}
+
+/// One unit of work done inside a read-only transaction.
+enum Op<'a> {
+    Tables,
+    Describe(&'a str),
+    Query(&'a str, usize),
+}
+
+enum Output {
+    Tables(Vec<TableInfo>),
+    Columns(String, Vec<ColumnInfo>),
+    Rows(QueryRows),
+}
+
+impl Postgres {
+    /// Parses the DSN held in `dsn_env`; does not connect yet.
+    pub fn new(dsn: &str, dsn_env: &str, timeout: Duration) -> Result<Self> {
+        let dsn = normalize_sslmode(dsn, dsn_env)?;
+        let mut config: Config = dsn.parse().map_err(|e| {
+            SqlError::Config(format!(
+                "${dsn_env} is not a valid postgres:// URL ({e}); fix the value of {dsn_env}"
+            ))
+        })?;
+        if config.get_ssl_mode() == SslMode::Require {
+            return Err(SqlError::Config(format!(
+                "${dsn_env} asks for sslmode=require, but agen mcp sql connects without TLS; use \
+                 sslmode=disable or prefer on a loopback or private network, or a Unix socket host"
+            )));
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(timeout);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("agen-mcp-sql");
+        }
+        Ok(Self { config, timeout, client: tokio::sync::Mutex::new(None) })
+    }
+
+    /// Connects now, so that a bad DSN shows at start (the server still starts if it fails).
+    pub async fn warm_up(&self) -> Result<()> {
+        let mut slot = self.client.lock().await;
+        self.connected(&mut slot).await.map(|_| ())
+    }
+
+    pub async fn tables(&self) -> Result<Vec<TableInfo>> {
+        match self.run(Op::Tables).await? {
+            Output::Tables(tables) => Ok(tables),
+            _ => Err(SqlError::Database("internal error: unexpected output for tables".into())),
+        }
+    }
+
+    pub async fn describe(&self, table: &str) -> Result<(String, Vec<ColumnInfo>)> {
+        match self.run(Op::Describe(table)).await? {
+            Output::Columns(name, columns) => Ok((name, columns)),
+            _ => Err(SqlError::Database("internal error: unexpected output for describe".into())),
+        }
+    }
+
+    pub async fn query(&self, sql: &str, limit: usize) -> Result<QueryRows> {
+        guard::screen(sql, Dialect::Postgres)?;
+        match self.run(Op::Query(sql, limit)).await? {
+            Output::Rows(rows) => Ok(rows),
+            _ => Err(SqlError::Database("internal error: unexpected output for query".into())),
+        }
+    }
+
+    async fn connected<'s>(&self, slot: &'s mut Option<Client>) -> Result<&'s mut Client> {
+        if slot.as_ref().is_some_and(|c| c.is_closed()) {
+            *slot = None;
+        }
+        if slot.is_none() {
+            let (client, connection) = self
+                .config
+                .connect(NoTls)
+                .await
+                .map_err(|e| SqlError::Connect(describe_error(&e)))?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::warn!(error = %e, "postgres connection closed");
+                }
+            });
+            tracing::info!("connected to postgres");
+            *slot = Some(client);
+        }
+        slot.as_mut().ok_or_else(|| SqlError::Connect("no connection".into()))
+    }
+
+    /// Runs `op` in a fresh read-only transaction under the timeout, then rolls back.
+    async fn run(&self, op: Op<'_>) -> Result<Output> {
+        let mut slot = self.client.lock().await;
+        let client = self.connected(&mut slot).await?;
+        let cancel = client.cancel_token();
+        let outcome = tokio::time::timeout(self.timeout + CLIENT_GRACE, run_in_transaction(client, op, self.timeout)).await;
+        match outcome {
+            Ok(Ok(output)) => Ok(output),
+            Ok(Err(e)) => {
+                let closed = e.is_closed();
+                let err = self.map_failure(e);
+                if closed || slot.as_ref().is_some_and(|c| c.is_closed()) {
+                    *slot = None;
+                }
+                Err(err)
+            }
+            Err(_) => {
+                tracing::warn!(timeout = ?self.timeout, "postgres did not stop the query at its statement timeout; cancelling");
+                if let Err(e) = cancel.cancel_query(NoTls).await {
+                    tracing::warn!(error = %e, "cancel request failed");
+                }
+                // The connection may still be busy with the cancelled query: start afresh.
+                *slot = None;
+                Err(SqlError::Timeout(self.timeout))
+            }
+        }
+    }
+
+    fn map_error(&self, e: &tokio_postgres::Error) -> SqlError {
+        if e.code() == Some(&SqlState::QUERY_CANCELED) {
+            return SqlError::Timeout(self.timeout);
+        }
+        if e.is_closed() {
+            return SqlError::Connect(describe_error(e));
+        }
+        SqlError::Database(describe_error(e))
+    }
+}
+
+/// The text of a Postgres error for the model: message, detail, hint and SQLSTATE.
+fn describe_error(e: &tokio_postgres::Error) -> String {
+    let Some(db) = e.as_db_error() else {
+        let mut text = e.to_string();
+        let mut source = e.source();
+        while let Some(s) = source {
+            text.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        return text;
+    };
+    let mut text = format!("{}: {} (SQLSTATE {})", db.severity().to_lowercase(), db.message(), db.code().code());
+    if let Some(detail) = db.detail() {
+        text.push_str(&format!("; detail: {detail}"));
+    }
+    if let Some(hint) = db.hint() {
+        text.push_str(&format!("; hint: {hint}"));
+    }
+    if db.code() == &SqlState::READ_ONLY_SQL_TRANSACTION {
+        text.push_str("; this server is read-only: only queries that read are allowed");
+    }
+    text
+}
+
+/// Accepts the libpq `sslmode` values tokio-postgres does not know: `allow` behaves like
+/// `prefer`; `verify-ca`/`verify-full` need TLS, which this server does not speak.
+fn normalize_sslmode(dsn: &str, dsn_env: &str) -> Result<String> {
+    let Some((base, query)) = dsn.split_once('?') else {
+        return Ok(dsn.to_owned());
+    };
+    let mut params = Vec::new();
+    for param in query.split('&') {
+        match param.split_once('=') {
+            Some(("sslmode", "allow")) => params.push("sslmode=prefer".to_owned()),
+            Some(("sslmode", "verify-ca" | "verify-full")) => {
+                return Err(SqlError::Config(format!(
+                    "${dsn_env} asks for a verified TLS connection (sslmode=verify-*), but agen mcp sql \
+                     connects without TLS; use sslmode=disable or prefer on a loopback or private network"
+                )))
+            }
+            Some(("sslrootcert" | "sslcert" | "sslkey" | "sslcompression" | "sslpassword", _)) => {}
+            _ => params.push(param.to_owned()),
+        }
+    }
+    if params.is_empty() {
+        Ok(base.to_owned())
+    } else {
+        Ok(format!("{base}?{}", params.join("&")))
+    }
+}
+
+async fn run_in_transaction(client: &mut Client, op: Op<'_>, timeout: Duration) -> std::result::Result<Output, PgFailure> {
+    let tx = client.build_transaction().read_only(true).start().await?;
+    let millis = timeout.as_millis().max(1);
+    tx.batch_execute(&format!("SET LOCAL statement_timeout = {millis}")).await?;
+    let output = match op {
+        Op::Tables => Output::Tables(tables(&tx).await?),
+        Op::Describe(table) => {
+            let (name, columns) = describe(&tx, table).await?;
+            Output::Columns(name, columns)
+        }
+        Op::Query(sql, limit) => Output::Rows(query(&tx, sql, limit).await?),
+    };
+    tx.rollback().await?;
+    Ok(output)
+}
+
+/// A failure inside the transaction: a database error, or a reason of our own.
+#[derive(Debug)]
+enum PgFailure {
+    Db(tokio_postgres::Error),
+    Own(SqlError),
+}
+
+impl From<tokio_postgres::Error> for PgFailure {
+    fn from(e: tokio_postgres::Error) -> Self {
+        PgFailure::Db(e)
+    }
+}
+
+impl PgFailure {
+    fn is_closed(&self) -> bool {
+        matches!(self, PgFailure::Db(e) if e.is_closed())
+    }
+}
+
+impl Postgres {
+    fn map_failure(&self, f: PgFailure) -> SqlError {
+        match f {
+            PgFailure::Db(e) => self.map_error(&e),
+            PgFailure::Own(e) => e,
+        }
+    }
+}
+
+async fn tables(tx: &Transaction<'_>) -> std::result::Result<Vec<TableInfo>, PgFailure> {
+    let rows = tx
+        .query(
+            "SELECT table_schema::text, table_name::text, table_type::text \
+               FROM information_schema.tables \
+              WHERE table_schema NOT IN ('pg_catalog', 'information_schema') \
+             UNION ALL \
+             SELECT schemaname::text, matviewname::text, 'MATERIALIZED VIEW' FROM pg_matviews \
+             ORDER BY 1, 2",
+            &[],
+        )
+        .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let schema: String = row.try_get(0)?;
+        let name: String = row.try_get(1)?;
+        let kind: String = row.try_get(2)?;
+        let kind = match kind.as_str() {
+            "BASE TABLE" => "table".to_owned(),
+            "VIEW" => "view".to_owned(),
+            "FOREIGN" => "foreign table".to_owned(),
+            "LOCAL TEMPORARY" => "temporary table".to_owned(),
+            other => other.to_lowercase(),
+        };
+        out.push(TableInfo { schema: Some(schema), name, kind });
+    }
+    Ok(out)
+}
+
+async fn describe(tx: &Transaction<'_>, table: &str) -> std::result::Result<(String, Vec<ColumnInfo>), PgFailure> {
+    let table = table.trim();
+    if table.is_empty() {
+        return Err(PgFailure::Own(SqlError::BadArgument(
+            "`table` is empty; pass a table name such as `items` or `public.items`".into(),
+        )));
+    }
+    let Some(row) = resolve_table(tx, table).await? else {
+        return Err(PgFailure::Own(SqlError::NoSuchTable(table.to_owned())));
+    };
+    let oid: u32 = row.try_get(0)?;
+    let name: String = row.try_get(1)?;
+    let rows = tx
+        .query(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull \
+               FROM pg_attribute a \
+              WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped \
+              ORDER BY a.attnum",
+            &[&oid],
+        )
+        .await?;
+    let mut columns = Vec::with_capacity(rows.len());
+    for row in rows {
+        columns.push(ColumnInfo { name: row.try_get(0)?, data_type: row.try_get(1)?, nullable: row.try_get(2)? });
+    }
+    Ok((name, columns))
+}
+
+/// Finds a table, view or foreign table by name: as written on the search path (`items`,
+/// `Mixed Case`), then as `schema.table` (either part may be double-quoted), then lowercased.
+async fn resolve_table(tx: &Transaction<'_>, table: &str) -> std::result::Result<Option<tokio_postgres::Row>, PgFailure> {
+    const KINDS: &str = "c.relkind IN ('r', 'v', 'm', 'f', 'p')";
+    let on_path = format!(
+        "SELECT c.oid, c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+          WHERE c.relname = $1 AND n.nspname = ANY(current_schemas(false)) AND {KINDS} \
+          ORDER BY array_position(current_schemas(false), n.nspname) LIMIT 1"
+    );
+    if let Some(row) = tx.query_opt(&on_path, &[&table]).await? {
+        return Ok(Some(row));
+    }
+    if let Some((schema, name)) = table.split_once('.') {
+        let unquote = |s: &str| {
+            let s = s.trim();
+            match s.strip_prefix('"').and_then(|s| s.strip_suffix('"')) {
+                Some(inner) => inner.replace("\"\"", "\""),
+                None => s.to_lowercase(),
+            }
+        };
+        let qualified = format!(
+            "SELECT c.oid, c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+              WHERE n.nspname = $1 AND c.relname = $2 AND {KINDS}"
+        );
+        let (schema, name) = (unquote(schema), unquote(name));
+        if let Some(row) = tx.query_opt(&qualified, &[&schema, &name]).await? {
+            return Ok(Some(row));
+        }
+    }
+    let lower = table.to_lowercase();
+    if lower != table {
+        return Ok(tx.query_opt(&on_path, &[&lower]).await?);
+    }
+    Ok(None)
+}
+
+async fn query(tx: &Transaction<'_>, sql: &str, limit: usize) -> std::result::Result<QueryRows, PgFailure> {
+    // Parse: the server refuses more than one command in a prepared statement.
+    let statement = tx.prepare(sql).await?;
+    if !statement.params().is_empty() {
+        return Err(PgFailure::Own(SqlError::BadArgument(format!(
+            "the query has {} parameter placeholder(s) ($1, …) but `query` takes no parameters; write the \
+             values into the SQL text",
+            statement.params().len()
+        ))));
+    }
+    let columns: Vec<String> = statement.columns().iter().map(|c| c.name().to_owned()).collect();
+    let portal = tx.bind(&statement, &[]).await?;
+    let max_rows = i32::try_from(limit + 1).unwrap_or(i32::MAX);
+    let fetched = tx.query_portal(&portal, max_rows).await?;
+    let more = fetched.len() > limit;
+    let mut rows = Vec::with_capacity(fetched.len().min(limit));
+    for row in fetched.into_iter().take(limit) {
+        let mut cells = Vec::with_capacity(columns.len());
+        for i in 0..row.len() {
+            let cell: Option<PgCell> = row.try_get(i)?;
+            cells.push(cell.map_or(Value::Null, |c| c.0));
+        }
+        rows.push(cells);
+    }
+    Ok(QueryRows { columns, rows, more })
+}
+
+/// Any Postgres value, decoded from the binary wire format into JSON.
+struct PgCell(Value);
+
+impl<'a> FromSql<'a> for PgCell {
+    fn from_sql(ty: &Type, raw: &'a [u8]) -> std::result::Result<Self, Box<dyn StdError + Sync + Send>> {
+        Ok(PgCell(decode(ty, raw).unwrap_or_else(|| undecodable(ty, raw))))
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+}
+
+fn undecodable(ty: &Type, raw: &[u8]) -> Value {
+    Value::String(format!(
+        "<{} value, {} bytes: cast it to text (::text) to see it>",
+        ty.name(),
+        raw.len()
+    ))
+}
+
+/// Reads big-endian numbers off a byte slice, failing softly on short input.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        Some(head)
+    }
+    fn i16(&mut self) -> Option<i16> {
+        self.take(2).map(|b| i16::from_be_bytes([b[0], b[1]]))
+    }
+    fn u16(&mut self) -> Option<u16> {
+        self.take(2).map(|b| u16::from_be_bytes([b[0], b[1]]))
+    }
+    fn i32(&mut self) -> Option<i32> {
+        self.take(4).map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn i64(&mut self) -> Option<i64> {
+        self.take(8).map(|b| i64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+    }
+}
+
+fn utf8(raw: &[u8]) -> Value {
+    Value::String(String::from_utf8_lossy(raw).into_owned())
+}
+
+fn float(f: f64) -> Value {
+    serde_json::Number::from_f64(f).map_or_else(|| Value::String(f.to_string()), Value::Number)
+}
+
+fn decode(ty: &Type, raw: &[u8]) -> Option<Value> {
+    match ty.kind() {
+        Kind::Enum(_) => return Some(utf8(raw)),
+        Kind::Domain(inner) => return decode(inner, raw),
+        Kind::Array(member) => return decode_array(member, raw),
+        _ => {}
+    }
+    let mut r = Reader(raw);
+    let value = match *ty {
+        Type::BOOL => Value::Bool(*raw.first()? != 0),
+        Type::INT2 => json!(r.i16()?),
+        Type::INT4 => json!(r.i32()?),
+        Type::INT8 => json!(r.i64()?),
+        Type::OID | Type::XID | Type::CID | Type::REGCLASS | Type::REGPROC | Type::REGTYPE => {
+            json!(u32::try_from(r.i32()?).ok().unwrap_or_default())
+        }
+        Type::FLOAT4 => float(f64::from(f32::from_bits(u32::from_be_bytes(r.take(4)?.try_into().ok()?)))),
+        Type::FLOAT8 => float(f64::from_bits(u64::from_be_bytes(r.take(8)?.try_into().ok()?))),
+        Type::NUMERIC => Value::String(decode_numeric(&mut r)?),
+        Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN | Type::XML => utf8(raw),
+        Type::CHAR => Value::String((*raw.first()? as char).to_string()),
+        Type::JSON => serde_json::from_slice(raw).unwrap_or_else(|_| utf8(raw)),
+        Type::JSONB => {
+            let body = raw.get(1..)?;
+            serde_json::from_slice(body).unwrap_or_else(|_| utf8(body))
+        }
+        Type::UUID => {
+            let h = hex::encode(r.take(16)?);
+            Value::String(format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..]))
+        }
+        Type::BYTEA => Value::String(format!("\\x{}", hex::encode(raw))),
+        Type::DATE => Value::String(decode_date(r.i32()?)?),
+        Type::TIMESTAMP => Value::String(decode_timestamp(r.i64()?)?),
+        Type::TIMESTAMPTZ => Value::String(decode_timestamp(r.i64()?)? + "+00"),
+        Type::TIME => Value::String(decode_time(r.i64()?)),
+        Type::TIMETZ => {
+            let time = decode_time(r.i64()?);
+            let west = r.i32()?;
+            let east = -west;
+            let sign = if east < 0 { '-' } else { '+' };
+            let (h, m) = (east.abs() / 3600, (east.abs() % 3600) / 60);
+            Value::String(if m == 0 { format!("{time}{sign}{h:02}") } else { format!("{time}{sign}{h:02}:{m:02}") })
+        }
+        Type::INTERVAL => {
+            let micros = r.i64()?;
+            let days = r.i32()?;
+            let months = r.i32()?;
+            Value::String(decode_interval(micros, days, months))
+        }
+        Type::MONEY => {
+            let cents = r.i64()?;
+            let sign = if cents < 0 { "-" } else { "" };
+            Value::String(format!("{sign}{}.{:02}", (cents / 100).abs(), (cents % 100).abs()))
+        }
+        Type::INET | Type::CIDR => Value::String(decode_inet(&mut r)?),
+        _ if ty.name() == "citext" || ty.name() == "ltree" => utf8(raw),
+        _ => return None,
+    };
+    Some(value)
+}
+
+fn decode_array(member: &Type, raw: &[u8]) -> Option<Value> {
+    let mut r = Reader(raw);
+    let ndim = usize::try_from(r.i32()?).ok()?;
+    let _flags = r.i32()?;
+    let _oid = r.i32()?;
+    let mut dims = Vec::with_capacity(ndim);
+    for _ in 0..ndim {
+        dims.push(usize::try_from(r.i32()?).ok()?);
+        let _lower_bound = r.i32()?;
+    }
+    let count: usize = if ndim == 0 { 0 } else { dims.iter().product() };
+    let mut values = Vec::with_capacity(count.min(10_000));
+    for _ in 0..count {
+        let len = r.i32()?;
+        if len < 0 {
+            values.push(Value::Null);
+        } else {
+            let bytes = r.take(usize::try_from(len).ok()?)?;
+            values.push(decode(member, bytes).unwrap_or_else(|| undecodable(member, bytes)));
+        }
+    }
+    // Nest from the innermost dimension outwards.
+    for &dim in dims.iter().skip(1).rev() {
+        if dim == 0 {
+            break;
+        }
+        values = values.chunks(dim).map(|c| Value::Array(c.to_vec())).collect();
+    }
+    Some(Value::Array(values))
+}
+
+fn decode_numeric(r: &mut Reader<'_>) -> Option<String> {
+    let ndigits = usize::try_from(r.i16()?).ok()?;
+    let weight = r.i16()?;
+    let sign = r.u16()?;
+    let dscale = usize::from(r.u16()?);
+    match sign {
+        0xC000 => return Some("NaN".into()),
+        0xD000 => return Some("Infinity".into()),
+        0xF000 => return Some("-Infinity".into()),
+        _ => {}
+    }
+    let mut digits = Vec::with_capacity(ndigits);
+    for _ in 0..ndigits {
+        digits.push(r.i16()?);
+    }
+    let digit = |i: i32| -> i16 {
+        usize::try_from(i).ok().and_then(|i| digits.get(i).copied()).unwrap_or(0)
+    };
+    let mut out = String::new();
+    if sign == 0x4000 {
+        out.push('-');
+    }
+    if weight < 0 {
+        out.push('0');
+    } else {
+        for d in 0..=i32::from(weight) {
+            if d == 0 {
+                out.push_str(&digit(d).to_string());
+            } else {
+                out.push_str(&format!("{:04}", digit(d)));
+            }
+        }
+    }
+    if dscale > 0 {
+        let mut frac = String::new();
+        let mut d = i32::from(weight) + 1;
+        while frac.len() < dscale {
+            frac.push_str(&format!("{:04}", digit(d)));
+            d += 1;
+        }
+        frac.truncate(dscale);
+        out.push('.');
+        out.push_str(&frac);
+    }
+    Some(out)
+}
+
+fn epoch() -> Option<chrono::NaiveDateTime> {
+    chrono::NaiveDate::from_ymd_opt(2000, 1, 1)?.and_hms_opt(0, 0, 0)
+}
+
+fn decode_date(days: i32) -> Option<String> {
+    match days {
+        i32::MAX => Some("infinity".into()),
+        i32::MIN => Some("-infinity".into()),
+        _ => Some((epoch()?.date() + chrono::Duration::days(i64::from(days))).to_string()),
+    }
+}
+
+fn decode_timestamp(micros: i64) -> Option<String> {
+    match micros {
+        i64::MAX => Some("infinity".into()),
+        i64::MIN => Some("-infinity".into()),
+        _ => {
+            let at = epoch()?.checked_add_signed(chrono::Duration::microseconds(micros))?;
+            Some(at.format("%Y-%m-%d %H:%M:%S%.f").to_string())
+        }
+    }
+}
+
+fn decode_time(micros: i64) -> String {
+    let secs = micros / 1_000_000;
+    let frac = micros % 1_000_000;
+    let base = format!("{:02}:{:02}:{:02}", secs / 3600, (secs % 3600) / 60, secs % 60);
+    if frac == 0 {
+        base
+    } else {
+        format!("{base}.{}", format!("{frac:06}").trim_end_matches('0'))
+    }
+}
+
+fn decode_interval(micros: i64, days: i32, months: i32) -> String {
+    let mut parts = Vec::new();
+    let (years, months) = (months / 12, months % 12);
+    if years != 0 {
+        parts.push(format!("{years} year{}", if years.abs() == 1 { "" } else { "s" }));
+    }
+    if months != 0 {
+        parts.push(format!("{months} mon{}", if months.abs() == 1 { "" } else { "s" }));
+    }
+    if days != 0 {
+        parts.push(format!("{days} day{}", if days.abs() == 1 { "" } else { "s" }));
+    }
+    if micros != 0 || parts.is_empty() {
+        let sign = if micros < 0 { "-" } else { "" };
+        parts.push(format!("{sign}{}", decode_time(micros.abs())));
+    }
+    parts.join(" ")
+}
+
+fn decode_inet(r: &mut Reader<'_>) -> Option<String> {
+    let family = r.take(1)?[0];
+    let bits = r.take(1)?[0];
+    let _is_cidr = r.take(1)?[0];
+    let len = usize::from(r.take(1)?[0]);
+    let addr = r.take(len)?;
+    let (text, full) = match family {
+        2 if len == 4 => (std::net::Ipv4Addr::new(addr[0], addr[1], addr[2], addr[3]).to_string(), 32),
+        3 if len == 16 => {
+            let octets: [u8; 16] = addr.try_into().ok()?;
+            (std::net::Ipv6Addr::from(octets).to_string(), 128)
+        }
+        _ => return None,
+    };
+    Some(if bits == full { text } else { format!("{text}/{bits}") })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn numeric(ndigits: i16, weight: i16, sign: u16, dscale: u16, digits: &[i16]) -> Vec<u8> {
+        let mut raw = Vec::new();
+        raw.extend_from_slice(&ndigits.to_be_bytes());
+        raw.extend_from_slice(&weight.to_be_bytes());
+        raw.extend_from_slice(&sign.to_be_bytes());
+        raw.extend_from_slice(&dscale.to_be_bytes());
+        for d in digits {
+            raw.extend_from_slice(&d.to_be_bytes());
+        }
+        raw
+    }
+
+    #[test]
+    fn numerics_decode_to_their_text() {
+        let check = |raw: Vec<u8>, expected: &str| {
+            assert_eq!(decode_numeric(&mut Reader(&raw)).as_deref(), Some(expected));
+        };
+        check(numeric(1, 0, 0, 0, &[42]), "42");
+        check(numeric(2, 0, 0, 2, &[12, 5000]), "12.50");
+        check(numeric(2, 1, 0x4000, 0, &[1, 2345]), "-12345");
+        check(numeric(1, -1, 0, 4, &[5]), "0.0005");
+        check(numeric(1, -2, 0, 8, &[7]), "0.00000007");
+        check(numeric(0, 0, 0, 2, &[]), "0.00");
+        check(numeric(0, 0, 0xC000, 0, &[]), "NaN");
+    }
+
+    #[test]
+    fn times_decode_to_their_text() {
+        assert_eq!(decode_date(0).as_deref(), Some("2000-01-01"));
+        assert_eq!(decode_date(-1).as_deref(), Some("1999-12-31"));
+        assert_eq!(decode_timestamp(1_500_000).as_deref(), Some("2000-01-01 00:00:01.500"));
+        assert_eq!(decode_time(3_723_000_001), "01:02:03.000001");
+        assert_eq!(decode_interval(3_600_000_000, 3, 14), "1 year 2 mons 3 days 01:00:00");
+        assert_eq!(decode_interval(0, 0, 0), "00:00:00");
+    }
+
+    #[test]
+    fn sslmode_values_libpq_knows_are_accepted_or_explained() {
+        let check = |dsn: &str, expected: std::result::Result<&str, ()>| {
+            let got = normalize_sslmode(dsn, "DSN").map_err(|_| ());
+            assert_eq!(got.as_deref(), expected.as_deref().map_err(|_| &()), "{dsn}");
+        };
+        check("postgres://u@h/db", Ok("postgres://u@h/db"));
+        check("postgres://u@h/db?sslmode=disable", Ok("postgres://u@h/db?sslmode=disable"));
+        check("postgres://u@h/db?sslmode=allow&x=1", Ok("postgres://u@h/db?sslmode=prefer&x=1"));
+        check("postgres://u@h/db?sslrootcert=/a.pem", Ok("postgres://u@h/db"));
+        check("postgres://u@h/db?sslmode=verify-full", Err(()));
+        assert!(Postgres::new("postgres://u@h/db?sslmode=require", "DSN", Duration::from_secs(1)).is_err());
+        assert!(Postgres::new("postgres://u@h/db?sslmode=prefer", "DSN", Duration::from_secs(1)).is_ok());
+    }
+}
