@@ -167,6 +167,10 @@ impl Root {
 
     /// Creates the missing parent folders of `rel`, each beneath the root.
     pub(crate) fn create_parents(&self, rel: &RelPath) -> Result<()> {
+        self.create_parents_inner(rel).map_err(|e| e.for_path(rel.shown()))
+    }
+
+    fn create_parents_inner(&self, rel: &RelPath) -> Result<()> {
         let Some(parent) = rel.parent() else { return Ok(()) };
         let dir_flags = OFlag::O_PATH | OFlag::O_DIRECTORY;
         let mut current = RelPath::root();

@@ -50,6 +50,17 @@ pub enum WorkspaceError {
 pub type Result<T, E = WorkspaceError> = std::result::Result<T, E>;
 
 impl WorkspaceError {
+    /// The same error about the full path `path` the call named, when it was met on a parent.
+    pub(crate) fn for_path(self, path: String) -> Self {
+        match self {
+            WorkspaceError::SymlinkEscape { link, target, .. } => WorkspaceError::SymlinkEscape { path, link, target },
+            WorkspaceError::Escape { .. } => WorkspaceError::Escape { path },
+            WorkspaceError::NotADirectory { .. } => WorkspaceError::NotADirectory { path },
+            WorkspaceError::Loop { .. } => WorkspaceError::Loop { path },
+            other => other,
+        }
+    }
+
     pub(crate) fn io(what: &'static str, path: impl Into<String>, source: impl Into<io::Error>) -> Self {
         WorkspaceError::Io { what, path: path.into(), source: source.into() }
     }
