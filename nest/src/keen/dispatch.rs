@@ -47,7 +47,10 @@ pub enum ToolTarget {
     /// A JS file beneath the script root.
     Script { entry: String },
     /// `flows/<controller>.json` from `start_node`.
-    Flow { controller: String, start_node: String },
+    Flow {
+        controller: String,
+        start_node: String,
+    },
     /// An MCP tool or built-in (model-facing name `<server>_<tool>`), run by the harness.
     Native { arguments: Map<String, Value> },
 }
@@ -77,8 +80,13 @@ impl ToolTable {
         let mut table = Self::new();
         for tool in bundle.map(|b| b.tools.as_slice()).unwrap_or_default() {
             let target = match &tool.entry {
-                ToolEntry::Script { path } => ToolTarget::Script { entry: path.clone() },
-                ToolEntry::Flow { controller, start_node } => ToolTarget::Flow {
+                ToolEntry::Script { path } => ToolTarget::Script {
+                    entry: path.clone(),
+                },
+                ToolEntry::Flow {
+                    controller,
+                    start_node,
+                } => ToolTarget::Flow {
                     controller: controller.clone(),
                     start_node: start_node.clone(),
                 },
@@ -87,7 +95,10 @@ impl ToolTable {
                 spec: KeenToolSpec {
                     name: tool.name.clone(),
                     kind: tool.kind,
-                    description: tool.description.clone().unwrap_or_else(|| "Accepts context.".into()),
+                    description: tool
+                        .description
+                        .clone()
+                        .unwrap_or_else(|| "Accepts context.".into()),
                     context_hint: String::new(),
                     attempts: tool.attempts,
                 },
@@ -112,7 +123,9 @@ impl ToolTable {
                 context_hint: context_hint.to_string(),
                 attempts: None,
             },
-            target: ToolTarget::Native { arguments: Map::new() },
+            target: ToolTarget::Native {
+                arguments: Map::new(),
+            },
         });
     }
 
@@ -166,7 +179,11 @@ pub struct KeenRun {
 impl KeenRun {
     /// A new run allowing at most `max_tool_calls` call attempts.
     pub fn new(max_tool_calls: u32) -> Self {
-        KeenRun { max_tool_calls, total: 0, per_tool: HashMap::new() }
+        KeenRun {
+            max_tool_calls,
+            total: 0,
+            per_tool: HashMap::new(),
+        }
     }
 
     /// Call attempts so far.
@@ -180,12 +197,17 @@ impl KeenRun {
             ParsedReply::NoCall => return Decision::Answer,
             _ if self.total >= self.max_tool_calls => {
                 return Decision::Stop {
-                    log: format!("keen: the run reached its cap of {} tool calls", self.max_tool_calls),
+                    log: format!(
+                        "keen: the run reached its cap of {} tool calls",
+                        self.max_tool_calls
+                    ),
                 }
             }
             ParsedReply::Malformed { mistake, line } => {
                 self.total += 1;
-                return general(format!("keen: malformed <SYSTEM CALL> at line {line}: {mistake}"));
+                return general(format!(
+                    "keen: malformed <SYSTEM CALL> at line {line}: {mistake}"
+                ));
             }
             ParsedReply::Call(call) => {
                 self.total += 1;
@@ -208,7 +230,10 @@ impl KeenRun {
             if made > n {
                 return Decision::Recall {
                     prompt: attempts_spent_prompt(),
-                    log: format!("keen: tool {:?} has no attempts left (attempts: {n})", call.tool),
+                    log: format!(
+                        "keen: tool {:?} has no attempts left (attempts: {n})",
+                        call.tool
+                    ),
                 };
             }
         }
@@ -242,7 +267,10 @@ impl KeenRun {
 }
 
 fn general(log: String) -> Decision {
-    Decision::Recall { prompt: GENERAL_FAILURE.to_string(), log }
+    Decision::Recall {
+        prompt: GENERAL_FAILURE.to_string(),
+        log,
+    }
 }
 
 /// A native tool's arguments: `{}` for an empty context, the object for a JSON object,
@@ -290,16 +318,32 @@ impl ToolResult {
 impl From<ScriptOutcome> for ToolResult {
     fn from(outcome: ScriptOutcome) -> Self {
         match outcome {
-            ScriptOutcome::Ok { result: Some(r), tool_status_error: true, .. } => ToolResult::ScriptError(r),
-            ScriptOutcome::Ok { result: None, tool_status_error: true, .. } => {
-                ToolResult::ScriptError("The tool reported an error without a message.".into())
+            ScriptOutcome::Ok {
+                result: Some(r),
+                tool_status_error: true,
+                ..
+            } => ToolResult::ScriptError(r),
+            ScriptOutcome::Ok {
+                result: None,
+                tool_status_error: true,
+                ..
+            } => ToolResult::ScriptError("The tool reported an error without a message.".into()),
+            ScriptOutcome::Ok {
+                result: Some(r), ..
+            } => ToolResult::Answer(r),
+            ScriptOutcome::Ok { result: None, .. } => {
+                ToolResult::NoResponse("dictionary.result was not set".into())
             }
-            ScriptOutcome::Ok { result: Some(r), .. } => ToolResult::Answer(r),
-            ScriptOutcome::Ok { result: None, .. } => ToolResult::NoResponse("dictionary.result was not set".into()),
             ScriptOutcome::Threw(msg) => ToolResult::NoResponse(format!("the script threw: {msg}")),
-            ScriptOutcome::TimedOut => ToolResult::NoResponse("the script ran past its time limit".into()),
-            ScriptOutcome::OutOfMemory => ToolResult::NoResponse("the script exceeded its memory limit".into()),
-            ScriptOutcome::BadEntry(why) => ToolResult::NoResponse(format!("bad script entry: {why}")),
+            ScriptOutcome::TimedOut => {
+                ToolResult::NoResponse("the script ran past its time limit".into())
+            }
+            ScriptOutcome::OutOfMemory => {
+                ToolResult::NoResponse("the script exceeded its memory limit".into())
+            }
+            ScriptOutcome::BadEntry(why) => {
+                ToolResult::NoResponse(format!("bad script entry: {why}"))
+            }
         }
     }
 }
@@ -307,12 +351,22 @@ impl From<ScriptOutcome> for ToolResult {
 impl From<FlowOutcome> for ToolResult {
     fn from(outcome: FlowOutcome) -> Self {
         match outcome {
-            FlowOutcome::Done { result: Some(r), tool_status_error: true, .. } => ToolResult::FlowError(r),
-            FlowOutcome::Done { result: None, tool_status_error: true, .. } => {
-                ToolResult::FlowError("The flow reported an error without a message.".into())
+            FlowOutcome::Done {
+                result: Some(r),
+                tool_status_error: true,
+                ..
+            } => ToolResult::FlowError(r),
+            FlowOutcome::Done {
+                result: None,
+                tool_status_error: true,
+                ..
+            } => ToolResult::FlowError("The flow reported an error without a message.".into()),
+            FlowOutcome::Done {
+                result: Some(r), ..
+            } => ToolResult::Answer(r),
+            FlowOutcome::Done { result: None, .. } => {
+                ToolResult::NoResponse("the flow ended without dictionary.result".into())
             }
-            FlowOutcome::Done { result: Some(r), .. } => ToolResult::Answer(r),
-            FlowOutcome::Done { result: None, .. } => ToolResult::NoResponse("the flow ended without dictionary.result".into()),
             FlowOutcome::NodeFailed { error, .. } => ToolResult::FlowError(error),
             FlowOutcome::BadEntry(why) => ToolResult::NoResponse(format!("bad flow entry: {why}")),
         }
@@ -328,7 +382,9 @@ pub fn recall_prompt(result: &ToolResult, attempts_left: Option<u32>) -> String 
         ToolResult::TechnicalError(t) => ("SYSTEM TECHNICAL ERROR", t),
         ToolResult::NoResponse(_) => return GENERAL_FAILURE.to_string(),
     };
-    let attempts = attempts_left.map(|n| format!("attempts {n}\n")).unwrap_or_default();
+    let attempts = attempts_left
+        .map(|n| format!("attempts {n}\n"))
+        .unwrap_or_default();
     format!("<{tag}>\n{body}\n{attempts}</{tag}>")
 }
 

@@ -31,20 +31,37 @@ pub const MAX_FLOW_STEPS: usize = 256;
 /// One node of a flow.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FlowNode {
-    Start { next: String },
-    Script { entry: String, next: String },
-    Agent { prompt: String, next: String },
-    Condition { key: String, equals: String, then: String, otherwise: String },
+    Start {
+        next: String,
+    },
+    Script {
+        entry: String,
+        next: String,
+    },
+    Agent {
+        prompt: String,
+        next: String,
+    },
+    Condition {
+        key: String,
+        equals: String,
+        then: String,
+        otherwise: String,
+    },
     End,
 }
 
 impl FlowNode {
     fn successors(&self) -> Vec<(&'static str, &str)> {
         match self {
-            FlowNode::Start { next } | FlowNode::Script { next, .. } | FlowNode::Agent { next, .. } => {
+            FlowNode::Start { next }
+            | FlowNode::Script { next, .. }
+            | FlowNode::Agent { next, .. } => {
                 vec![("next", next.as_str())]
             }
-            FlowNode::Condition { then, otherwise, .. } => {
+            FlowNode::Condition {
+                then, otherwise, ..
+            } => {
                 vec![("then", then.as_str()), ("else", otherwise.as_str())]
             }
             FlowNode::End => Vec::new(),
@@ -69,8 +86,13 @@ pub fn parse_flow(file: &str, text: &str) -> Result<Flow> {
     };
     let mut problems = Vec::new();
     if let Some(obj) = value.as_object() {
-        for key in obj.keys().filter(|k| !matches!(k.as_str(), "nodes" | "description")) {
-            problems.push(format!("{file}: unknown top-level field {key:?}; expected nodes"));
+        for key in obj
+            .keys()
+            .filter(|k| !matches!(k.as_str(), "nodes" | "description"))
+        {
+            problems.push(format!(
+                "{file}: unknown top-level field {key:?}; expected nodes"
+            ));
         }
     }
     let mut parsed = BTreeMap::new();
@@ -88,12 +110,16 @@ pub fn parse_flow(file: &str, text: &str) -> Result<Flow> {
     for (id, node) in &parsed {
         for (field, target) in node.successors() {
             if !parsed.contains_key(target) {
-                problems.push(format!("{file}: node {id:?}: {field}: unknown node {target:?}"));
+                problems.push(format!(
+                    "{file}: node {id:?}: {field}: unknown node {target:?}"
+                ));
             }
         }
     }
     if !parsed.values().any(|n| matches!(n, FlowNode::Start { .. })) {
-        problems.push(format!("{file}: has no start node; add {{\"type\": \"start\", \"next\": \"…\"}}"));
+        problems.push(format!(
+            "{file}: has no start node; add {{\"type\": \"start\", \"next\": \"…\"}}"
+        ));
     }
     if problems.is_empty() {
         // Every node must reach an end: walk the edges backwards from the end nodes.
@@ -116,7 +142,10 @@ pub fn parse_flow(file: &str, text: &str) -> Result<Flow> {
                 }
             }
         }
-        for id in parsed.keys().filter(|id| !reaches_end.contains(id.as_str())) {
+        for id in parsed
+            .keys()
+            .filter(|id| !reaches_end.contains(id.as_str()))
+        {
             problems.push(format!(
                 "{file}: node {id:?}: cannot reach an end node (a loop without an exit, or no end node)"
             ));
@@ -150,9 +179,19 @@ fn parse_node(node: &Json) -> std::result::Result<FlowNode, String> {
         }
     };
     for key in obj.keys() {
-        if key != "type" && key != "description" && key != "label" && !allowed.contains(&key.as_str()) {
-            let expected = if allowed.is_empty() { "no other fields".to_string() } else { allowed.join(", ") };
-            return Err(format!("{key}: unknown field for a {ty} node; expected {expected}"));
+        if key != "type"
+            && key != "description"
+            && key != "label"
+            && !allowed.contains(&key.as_str())
+        {
+            let expected = if allowed.is_empty() {
+                "no other fields".to_string()
+            } else {
+                allowed.join(", ")
+            };
+            return Err(format!(
+                "{key}: unknown field for a {ty} node; expected {expected}"
+            ));
         }
     }
     let field = |name: &str| -> std::result::Result<String, String> {
@@ -164,13 +203,21 @@ fn parse_node(node: &Json) -> std::result::Result<FlowNode, String> {
         }
     };
     Ok(match ty {
-        "start" => FlowNode::Start { next: field("next")? },
+        "start" => FlowNode::Start {
+            next: field("next")?,
+        },
         "script" => {
             let entry = field("entry")?;
             validate_script_entry(&entry).map_err(|e| format!("entry: {e}"))?;
-            FlowNode::Script { entry, next: field("next")? }
+            FlowNode::Script {
+                entry,
+                next: field("next")?,
+            }
         }
-        "agent" => FlowNode::Agent { prompt: field("prompt")?, next: field("next")? },
+        "agent" => FlowNode::Agent {
+            prompt: field("prompt")?,
+            next: field("next")?,
+        },
         "condition" => {
             let equals = match obj.get("equals") {
                 Some(Json::String(s)) => s.clone(),
@@ -178,7 +225,12 @@ fn parse_node(node: &Json) -> std::result::Result<FlowNode, String> {
                 Some(_) => return Err("equals: expected a string, number or boolean".into()),
                 None => return Err("equals: missing in a condition node".into()),
             };
-            FlowNode::Condition { key: field("key")?, equals, then: field("then")?, otherwise: field("else")? }
+            FlowNode::Condition {
+                key: field("key")?,
+                equals,
+                then: field("then")?,
+                otherwise: field("else")?,
+            }
         }
         _ => FlowNode::End,
     })
@@ -190,7 +242,11 @@ pub trait FlowAgent: Send + Sync {
     /// Asks the model `prompt` with the flow's `dictionary.context`. Returns the answer and its
     /// `responseType` (`"text"` or `"error"` for a provider error), or an error text when the
     /// model could not be asked at all.
-    async fn ask(&self, prompt: &str, context: &str) -> std::result::Result<(String, String), String>;
+    async fn ask(
+        &self,
+        prompt: &str,
+        context: &str,
+    ) -> std::result::Result<(String, String), String>;
 }
 
 /// How a flow run ended.
@@ -225,7 +281,11 @@ pub async fn run_flow(
     };
     match flow.nodes.get(start_node) {
         Some(FlowNode::Start { .. }) => {}
-        _ => return FlowOutcome::BadEntry(format!("flows/{controller}.json has no start node {start_node:?}")),
+        _ => {
+            return FlowOutcome::BadEntry(format!(
+                "flows/{controller}.json has no start node {start_node:?}"
+            ))
+        }
     }
     let mut dictionary = Map::new();
     dictionary.insert("context".into(), Json::String(context.to_string()));
@@ -233,14 +293,18 @@ pub async fn run_flow(
     let mut current = start_node.to_string();
     for _ in 0..MAX_FLOW_STEPS {
         let Some(node) = flow.nodes.get(&current) else {
-            return FlowOutcome::BadEntry(format!("flows/{controller}.json has no node {current:?}"));
+            return FlowOutcome::BadEntry(format!(
+                "flows/{controller}.json has no node {current:?}"
+            ));
         };
         tracing::debug!(target: "keen::flow", controller, node = %current, "flow step");
         let next = match node {
             FlowNode::Start { next } => next.clone(),
             FlowNode::End => return finish(dictionary),
             FlowNode::Script { entry, next } => {
-                let why = match run_entry(&bundle.script_root, entry, dictionary.clone(), limits).await {
+                let why = match run_entry(&bundle.script_root, entry, dictionary.clone(), limits)
+                    .await
+                {
                     ScriptOutcome::Ok { dictionary: d, .. } => {
                         dictionary = keep_context(d, context);
                         current = next.clone();
@@ -248,7 +312,10 @@ pub async fn run_flow(
                     }
                     ScriptOutcome::Threw(msg) => format!("threw: {msg}"),
                     ScriptOutcome::TimedOut => {
-                        format!("timed out after {}", humantime::format_duration(limits.timeout))
+                        format!(
+                            "timed out after {}",
+                            humantime::format_duration(limits.timeout)
+                        )
                     }
                     ScriptOutcome::OutOfMemory => "ran out of memory".to_string(),
                     ScriptOutcome::BadEntry(detail) => {
@@ -256,10 +323,17 @@ pub async fn run_flow(
                         "could not load its script".to_string()
                     }
                 };
-                return FlowOutcome::NodeFailed { error: format!("ScriptNode {current:?} {why}"), node: current };
+                return FlowOutcome::NodeFailed {
+                    error: format!("ScriptNode {current:?} {why}"),
+                    node: current,
+                };
             }
             FlowNode::Agent { prompt, next } => {
-                let ctx_text = dictionary.get("context").and_then(Json::as_str).unwrap_or_default().to_string();
+                let ctx_text = dictionary
+                    .get("context")
+                    .and_then(Json::as_str)
+                    .unwrap_or_default()
+                    .to_string();
                 match agent.ask(prompt, &ctx_text).await {
                     Ok((answer, response_type)) => {
                         if let Some(d) = dictionary.as_object_mut() {
@@ -276,7 +350,12 @@ pub async fn run_flow(
                     }
                 }
             }
-            FlowNode::Condition { key, equals, then, otherwise } => {
+            FlowNode::Condition {
+                key,
+                equals,
+                then,
+                otherwise,
+            } => {
                 let value = dictionary.get(key).and_then(value_text);
                 if value.as_deref() == Some(equals.as_str()) {
                     then.clone()
@@ -317,7 +396,11 @@ fn keep_context(mut d: Json, context: &str) -> Json {
 fn finish(dictionary: Json) -> FlowOutcome {
     let result = dictionary.get("result").and_then(value_text);
     let tool_status_error = dictionary.get("toolStatus").and_then(Json::as_str) == Some("error");
-    FlowOutcome::Done { result, tool_status_error, dictionary }
+    FlowOutcome::Done {
+        result,
+        tool_status_error,
+        dictionary,
+    }
 }
 
 #[cfg(test)]

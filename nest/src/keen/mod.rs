@@ -6,28 +6,50 @@
 //! [`flow::FlowAgent`] trait the harness implements) and runs no MCP tools (it only formats
 //! their calls and results).
 //!
-//! # Using it from the harness (one run)
-//! 1. At instance start: `KeenBundle::load(bundle_dir)?` (None when the bundle has no
-//!    `keen-tools.json`). Build a [`dispatch::ToolTable`] from it
-//!    ([`dispatch::ToolTable::from_bundle`]) and add every MCP tool / built-in with
-//!    [`dispatch::ToolTable::add_native`] (name `<server>_<tool>`, description, and
-//!    [`prompt::native_context_hint`] of its input schema).
-//! 2. System prompt: append [`prompt::tools_section`]`(&table.specs())`.
-//! 3. Per run: `let mut run = dispatch::KeenRun::new(max_tool_calls)`. For each model reply:
-//!    `match run.decide(&parser::parse_reply(&reply), &table)`:
-//!    - [`dispatch::Decision::Answer`]: the reply is the final answer;
-//!    - [`dispatch::Decision::Recall`]: send `prompt` as the next user message (nothing ran;
-//!      log `log`);
-//!    - [`dispatch::Decision::Dispatch`]: run the tool: a script with
-//!      [`script::run_script_tool`], a flow with [`flow::run_flow`], a native tool yourself
-//!      (arguments already parsed); turn its outcome into a [`dispatch::ToolResult`] (`From`
-//!      impls exist for [`script::ScriptOutcome`] and [`flow::FlowOutcome`]) and send
-//!      [`dispatch::recall_prompt`]`(&result, d.attempts_left)` as the next user message;
-//!    - [`dispatch::Decision::Stop`]: the run-wide tool-call cap is reached: end the run.
+//! # Bundle validation (deploy time and `agen run`)
+//! [`KeenBundle::load`]`(bundle_dir)`: `Ok(None)` when the bundle has no `keen-tools.json`;
+//! `Err(KeenError::Invalid(problems))` lists every problem, one per line, each naming the file,
+//! the index/field or node, and what was expected (unique names; script entries non-empty,
+//! under `tools/`, without `..`, and present beneath the script root; flow entries
+//! `<Controller>-<StartNode>` split at the first `-`, with `flows/<Controller>.json` valid and
+//! holding that start node). The script root is `src/scripts/` when the bundle has that folder,
+//! else the bundle root ([`registry::script_root`]). [`validate_script_entry`] is the one path
+//! rule, shared by deploy, dispatch and the script engine.
 //!
-//! # Settled rules
-//! See the `parser` module doc for what is a call and what is a malformed call; `dispatch`
-//! for attempts and the texts sent back; `script` for the sandbox; `flow` for the flow file.
+//! # Using it from the harness (one run)
+//! 1. At instance start: `KeenBundle::load(bundle_dir)?`. Build a [`ToolTable`] with
+//!    [`ToolTable::from_bundle`] and add every MCP tool / built-in with
+//!    [`ToolTable::add_native`]`(name, description, &native_context_hint(&input_schema))`
+//!    (name `<server>_<tool>`; a registry tool of the same name wins).
+//! 2. System prompt: append [`tools_section`]`(&table.specs())`.
+//! 3. Per run: `let mut run = KeenRun::new(max_tool_calls)`. For each model reply:
+//!    `match run.decide(&parse_reply(&reply), &table)`:
+//!    - [`Decision::Answer`]: the reply is the final answer;
+//!    - [`Decision::Recall`]`{prompt, log}`: nothing runs; log `log`, send `prompt` as the next
+//!      user message;
+//!    - [`Decision::Dispatch`]`(d)`: run `d.target`:
+//!      [`ToolTarget::Script`] → [`run_script_tool`]`(&bundle.script_root, entry, &d.context,
+//!      &limits)`; [`ToolTarget::Flow`] → [`run_flow`]`(&bundle, controller, start_node,
+//!      &d.context, &agent, &limits)` with the harness's [`FlowAgent`] (the bundle's own model);
+//!      [`ToolTarget::Native`]`{arguments}` → call the MCP tool / built-in yourself and map its
+//!      result to [`ToolResult::Answer`] (text), [`ToolResult::ScriptError`] (an error result)
+//!      or [`ToolResult::TechnicalError`]`(dispatch::TECHNICAL_ERROR_TEXT.into())` (server
+//!      down). Script and flow outcomes convert with `ToolResult::from(outcome)`. Log
+//!      [`ToolResult::log_detail`], then send [`recall_prompt`]`(&result, d.attempts_left)` as
+//!      the next user message;
+//!    - [`Decision::Stop`]`{log}`: the run-wide tool-call cap is reached: end the run.
+//!
+//!    A provider error is not recalled: it ends the turn as in native mode (not handled here).
+//!
+//! # Settled rules (details in each module's doc)
+//! - `parser`: what a call is, what a malformed call is (fenced, indented, commentary, two
+//!   calls in one block, missing markers, unterminated…), CRLF, the context's extent;
+//! - `dispatch`: attempts (`N` recalls after the first call; `0` one-shot; none unlimited;
+//!   spent → not dispatched, `attempts 0`), the run-wide cap, the exact texts, and that the
+//!   general sentence [`GENERAL_FAILURE`] is sent for every failure that is not a result;
+//! - `script`: fresh QuickJS runtime per call, limits (5 s, 64 MiB by default), no IO,
+//!   `props`/`dictionary`, module shape;
+//! - `flow`: the file format, validation, one dictionary per run, the step cap.
 
 pub mod dispatch;
 pub mod flow;
@@ -40,11 +62,11 @@ pub use dispatch::{
     recall_prompt, Decision, KeenRun, ToolDispatch, ToolResult, ToolTable, ToolTarget,
     GENERAL_FAILURE,
 };
-pub use flow::{run_flow, Flow, FlowAgent, FlowNode, FlowOutcome};
+pub use flow::{parse_flow, run_flow, Flow, FlowAgent, FlowNode, FlowOutcome};
 pub use parser::{check_action, parse_reply, KeenAction, KeenCall, Mistake, ParsedReply};
 pub use prompt::{native_context_hint, tools_section, KeenToolSpec};
-pub use registry::{validate_script_entry, KeenBundle, KeenTool, ToolEntry};
-pub use script::{run_script, run_script_tool, ScriptLimits, ScriptOutcome};
+pub use registry::{parse_registry, validate_script_entry, KeenBundle, KeenTool, ToolEntry};
+pub use script::{run_entry, run_script, run_script_tool, ScriptLimits, ScriptOutcome};
 
 use std::fmt;
 

@@ -188,7 +188,10 @@ pub fn parse_reply(text: &str) -> ParsedReply {
         let Some(kind) = attempt_kind(trimmed) else {
             continue;
         };
-        let malformed = |mistake| ParsedReply::Malformed { mistake, line: i + 1 };
+        let malformed = |mistake| ParsedReply::Malformed {
+            mistake,
+            line: i + 1,
+        };
         if in_fence {
             return malformed(Mistake::Fenced);
         }
@@ -365,16 +368,31 @@ fn parse_block(lines: &[&str], open: usize) -> Result<KeenCall, (Mistake, usize)
         other => return Err((Mistake::UnknownAction(other.to_string()), action_line)),
     };
     let (_, tool) = single_line(&tool, Marker::Tool)?;
-    let context = context.1.iter().map(|(_, l)| *l).collect::<Vec<_>>().join("\n").trim().to_string();
+    let context = context
+        .1
+        .iter()
+        .map(|(_, l)| *l)
+        .collect::<Vec<_>>()
+        .join("\n")
+        .trim()
+        .to_string();
 
     let before = lines[..open].join("\n");
-    let after = lines.get(close + 1..).map(|l| l.join("\n")).unwrap_or_default();
+    let after = lines
+        .get(close + 1..)
+        .map(|l| l.join("\n"))
+        .unwrap_or_default();
     let narration = [before.trim(), after.trim()]
         .into_iter()
         .filter(|s| !s.is_empty())
         .collect::<Vec<_>>()
         .join("\n\n");
-    Ok(KeenCall { action, tool: tool.to_string(), context, narration })
+    Ok(KeenCall {
+        action,
+        tool: tool.to_string(),
+        context,
+        narration,
+    })
 }
 
 /// The one non-blank line of a value, trimmed, with its 1-based line.
@@ -382,8 +400,13 @@ fn single_line<'a>(
     (marker_line, value): &(usize, Vec<(usize, &'a str)>),
     marker: Marker,
 ) -> Result<(usize, &'a str), (Mistake, usize)> {
-    let mut non_blank = value.iter().map(|(n, l)| (*n, l.trim())).filter(|(_, l)| !l.is_empty());
-    let first = non_blank.next().ok_or((Mistake::EmptyValue(marker), *marker_line))?;
+    let mut non_blank = value
+        .iter()
+        .map(|(n, l)| (*n, l.trim()))
+        .filter(|(_, l)| !l.is_empty());
+    let first = non_blank
+        .next()
+        .ok_or((Mistake::EmptyValue(marker), *marker_line))?;
     if let Some((extra, _)) = non_blank.next() {
         return Err((Mistake::ExtraText(marker), extra));
     }

@@ -93,12 +93,20 @@ pub fn tools_section(tools: &[KeenToolSpec]) -> String {
             KeenToolKind::Flow => "This tool is a pipe.",
             KeenToolKind::Script | KeenToolKind::Native => "This tool is a script.",
         };
-        let description = [kind, &one_line(&tool.description), &one_line(&tool.context_hint)]
-            .into_iter()
-            .filter(|s| !s.is_empty())
-            .collect::<Vec<_>>()
-            .join(" ");
-        out.push_str(&format!("\n### {}. {}\n- **Description**: {description}\n", i + 1, tool.name));
+        let description = [
+            kind,
+            &one_line(&tool.description),
+            &one_line(&tool.context_hint),
+        ]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+        out.push_str(&format!(
+            "\n### {}. {}\n- **Description**: {description}\n",
+            i + 1,
+            tool.name
+        ));
         if let Some(n) = tool.attempts {
             out.push_str(&format!("- attempts: {n}\n"));
         }
@@ -126,17 +134,28 @@ pub fn native_context_hint(input_schema: &Value) -> String {
         .map(|(name, schema)| {
             let ty = match schema.get("type") {
                 Some(Value::String(t)) => t.clone(),
-                Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("|"),
+                Some(Value::Array(ts)) => ts
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join("|"),
                 _ => "any".to_string(),
             };
-            let req = if required.contains(&name.as_str()) { " (required)" } else { "" };
+            let req = if required.contains(&name.as_str()) {
+                " (required)"
+            } else {
+                ""
+            };
             format!("\"{name}\": {ty}{req}")
         })
         .collect();
     if fields.is_empty() {
         "Pass a JSON object of arguments in !*context: {} (no arguments).".to_string()
     } else {
-        format!("Pass a JSON object of arguments in !*context: {{{}}}.", fields.join(", "))
+        format!(
+            "Pass a JSON object of arguments in !*context: {{{}}}.",
+            fields.join(", ")
+        )
     }
 }
 

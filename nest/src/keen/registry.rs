@@ -59,7 +59,10 @@ pub enum ToolEntry {
     /// `tools/….js` beneath the script root.
     Script { path: String },
     /// `<Controller>-<StartNode>`, split at the first `-`.
-    Flow { controller: String, start_node: String },
+    Flow {
+        controller: String,
+        start_node: String,
+    },
 }
 
 /// One validated `keen-tools.json` entry.
@@ -100,11 +103,16 @@ pub fn parse_registry(file: &str, text: &str) -> Result<Vec<KeenTool>> {
     for (i, item) in items.iter().enumerate() {
         let at = |field: &str| format!("{file}: [{i}].{field}");
         let Value::Object(obj) = item else {
-            problems.push(format!("{file}: [{i}]: expected an object with name, type and entry"));
+            problems.push(format!(
+                "{file}: [{i}]: expected an object with name, type and entry"
+            ));
             continue;
         };
         for key in obj.keys() {
-            if !matches!(key.as_str(), "name" | "type" | "entry" | "attempts" | "description") {
+            if !matches!(
+                key.as_str(),
+                "name" | "type" | "entry" | "attempts" | "description"
+            ) {
                 problems.push(format!(
                     "{}: unknown field; expected name, type, entry, attempts or description",
                     at(key)
@@ -112,7 +120,9 @@ pub fn parse_registry(file: &str, text: &str) -> Result<Vec<KeenTool>> {
             }
         }
         let name = match obj.get("name") {
-            Some(Value::String(s)) if !s.trim().is_empty() && s.trim() == s && !s.contains('\n') => {
+            Some(Value::String(s))
+                if !s.trim().is_empty() && s.trim() == s && !s.contains('\n') =>
+            {
                 Some(s.clone())
             }
             Some(Value::String(_)) => {
@@ -133,7 +143,10 @@ pub fn parse_registry(file: &str, text: &str) -> Result<Vec<KeenTool>> {
         };
         if let Some(n) = &name {
             if !names.insert(n.clone()) {
-                problems.push(format!("{}: duplicate tool name {n:?}; names must be unique", at("name")));
+                problems.push(format!(
+                    "{}: duplicate tool name {n:?}; names must be unique",
+                    at("name")
+                ));
             }
         }
         let kind = match obj.get("type").and_then(Value::as_str) {
@@ -145,13 +158,15 @@ pub fn parse_registry(file: &str, text: &str) -> Result<Vec<KeenTool>> {
             }
         };
         let entry = match (obj.get("entry"), kind) {
-            (Some(Value::String(e)), Some(KeenToolKind::Script)) => match validate_script_entry(e) {
-                Ok(()) => Some(ToolEntry::Script { path: e.clone() }),
-                Err(err) => {
-                    problems.push(format!("{}: {err}", at("entry")));
-                    None
+            (Some(Value::String(e)), Some(KeenToolKind::Script)) => {
+                match validate_script_entry(e) {
+                    Ok(()) => Some(ToolEntry::Script { path: e.clone() }),
+                    Err(err) => {
+                        problems.push(format!("{}: {err}", at("entry")));
+                        None
+                    }
                 }
-            },
+            }
             // The type is wrong: already reported, the entry cannot be judged.
             (Some(Value::String(_)), None) => None,
             (Some(Value::String(e)), Some(_)) => match split_flow_entry(e) {
@@ -198,7 +213,13 @@ pub fn parse_registry(file: &str, text: &str) -> Result<Vec<KeenTool>> {
             }
         };
         if let (Some(name), Some(kind), Some(entry)) = (name, kind, entry) {
-            tools.push(KeenTool { name, kind, entry, attempts, description });
+            tools.push(KeenTool {
+                name,
+                kind,
+                entry,
+                attempts,
+                description,
+            });
         }
     }
     if problems.is_empty() {
@@ -244,19 +265,30 @@ impl KeenBundle {
             Err(e) => return Err(e),
         };
         let script_root = script_root(bundle_dir);
-        let root_label = if script_root == bundle_dir { String::new() } else { "src/scripts/".to_string() };
+        let root_label = if script_root == bundle_dir {
+            String::new()
+        } else {
+            "src/scripts/".to_string()
+        };
 
         let mut flows = BTreeMap::new();
         let flows_dir = bundle_dir.join("flows");
         if flows_dir.is_dir() {
             let mut entries: Vec<PathBuf> = std::fs::read_dir(&flows_dir)
-                .map_err(|source| KeenError::Io { path: "flows/".into(), source })?
+                .map_err(|source| KeenError::Io {
+                    path: "flows/".into(),
+                    source,
+                })?
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| p.extension().is_some_and(|x| x == "json"))
                 .collect();
             entries.sort();
             for path in entries {
-                let Some(controller) = path.file_stem().and_then(|s| s.to_str()).map(str::to_string) else {
+                let Some(controller) = path
+                    .file_stem()
+                    .and_then(|s| s.to_str())
+                    .map(str::to_string)
+                else {
                     continue;
                 };
                 let label = format!("flows/{controller}.json");
@@ -265,7 +297,9 @@ impl KeenBundle {
                     Ok(flow) => {
                         for (node_id, node) in &flow.nodes {
                             if let FlowNode::Script { entry, .. } = node {
-                                if validate_script_entry(entry).is_ok() && !script_root.join(entry).is_file() {
+                                if validate_script_entry(entry).is_ok()
+                                    && !script_root.join(entry).is_file()
+                                {
                                     problems.push(format!(
                                         "{label}: node {node_id:?}: script {root_label}{entry} does not exist"
                                     ));
@@ -310,7 +344,12 @@ impl KeenBundle {
         if !problems.is_empty() {
             return Err(KeenError::Invalid(problems));
         }
-        Ok(Some(KeenBundle { bundle_dir: bundle_dir.to_path_buf(), script_root, tools, flows }))
+        Ok(Some(KeenBundle {
+            bundle_dir: bundle_dir.to_path_buf(),
+            script_root,
+            tools,
+            flows,
+        }))
     }
 
     /// The registered tool with this exact (case-sensitive) name.
@@ -320,7 +359,10 @@ impl KeenBundle {
 }
 
 fn read(path: &Path, label: &str) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|source| KeenError::Io { path: label.to_string(), source })
+    std::fs::read_to_string(path).map_err(|source| KeenError::Io {
+        path: label.to_string(),
+        source,
+    })
 }
 
 #[cfg(test)]

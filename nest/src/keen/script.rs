@@ -148,7 +148,9 @@ async fn load_entry(script_root: &Path, entry: &str) -> Result<String, String> {
     if !path.starts_with(&root) {
         return Err(format!("script {entry} resolves outside the script root"));
     }
-    tokio::fs::read_to_string(&path).await.map_err(|e| format!("script {entry}: {e}"))
+    tokio::fs::read_to_string(&path)
+        .await
+        .map_err(|e| format!("script {entry}: {e}"))
 }
 
 /// Runs `source` on a blocking thread. `label` names the script in logs and messages.
@@ -158,8 +160,9 @@ pub async fn run_script(
     dictionary: Json,
     limits: ScriptLimits,
 ) -> ScriptOutcome {
-    let task =
-        tokio::task::spawn_blocking(move || run_script_blocking(&source, &label, dictionary, &limits));
+    let task = tokio::task::spawn_blocking(move || {
+        run_script_blocking(&source, &label, dictionary, &limits)
+    });
     match task.await {
         Ok(outcome) => outcome,
         Err(e) => ScriptOutcome::Threw(format!("script engine failed: {e}")),
@@ -206,7 +209,14 @@ pub fn run_script_blocking(
         Err(e) => return ScriptOutcome::Threw(format!("cannot start the script engine: {e}")),
     };
     let outcome = context.with(|ctx| {
-        run_in_context(&ctx, source, label, &Json::Object(dictionary), &props, deadline)
+        run_in_context(
+            &ctx,
+            source,
+            label,
+            &Json::Object(dictionary),
+            &props,
+            deadline,
+        )
     });
     drop(context);
     drop(runtime);
@@ -294,12 +304,15 @@ fn run_steps(
     deadline: Instant,
 ) -> rquickjs::Result<Step> {
     let script = label.to_string();
-    let log = Function::new(ctx.clone(), move |level: String, text: String| match level.as_str() {
-        "error" => tracing::error!(target: "keen::script", script = %script, "{text}"),
-        "warn" => tracing::warn!(target: "keen::script", script = %script, "{text}"),
-        "debug" => tracing::debug!(target: "keen::script", script = %script, "{text}"),
-        _ => tracing::info!(target: "keen::script", script = %script, "{text}"),
-    })?;
+    let log = Function::new(
+        ctx.clone(),
+        move |level: String, text: String| match level.as_str() {
+            "error" => tracing::error!(target: "keen::script", script = %script, "{text}"),
+            "warn" => tracing::warn!(target: "keen::script", script = %script, "{text}"),
+            "debug" => tracing::debug!(target: "keen::script", script = %script, "{text}"),
+            _ => tracing::info!(target: "keen::script", script = %script, "{text}"),
+        },
+    )?;
     let prelude: Function = ctx.eval(PRELUDE)?;
     prelude.call::<_, ()>((log,))?;
 
@@ -348,14 +361,24 @@ fn run_steps(
 
 fn parse_collected(text: &str) -> ScriptOutcome {
     let parsed: Json = serde_json::from_str(text).unwrap_or(Json::Null);
-    let result = parsed.get("result").and_then(Json::as_str).map(str::to_string);
-    let tool_status_error = parsed.get("toolError").and_then(Json::as_bool).unwrap_or(false);
+    let result = parsed
+        .get("result")
+        .and_then(Json::as_str)
+        .map(str::to_string);
+    let tool_status_error = parsed
+        .get("toolError")
+        .and_then(Json::as_bool)
+        .unwrap_or(false);
     let dictionary = parsed
         .get("dictionary")
         .and_then(Json::as_str)
         .and_then(|d| serde_json::from_str(d).ok())
         .unwrap_or_else(|| Json::Object(Map::new()));
-    ScriptOutcome::Ok { result, tool_status_error, dictionary }
+    ScriptOutcome::Ok {
+        result,
+        tool_status_error,
+        dictionary,
+    }
 }
 
 /// `Name: message` for a thrown value; the raw text for a thrown non-error.
@@ -373,7 +396,11 @@ fn describe_value(value: Value<'_>) -> String {
         let name: Option<String> = obj.get("name").ok();
         if let Some(message) = message {
             let name = name.unwrap_or_else(|| "Error".into());
-            return if message.is_empty() { name } else { format!("{name}: {message}") };
+            return if message.is_empty() {
+                name
+            } else {
+                format!("{name}: {message}")
+            };
         }
     }
     if let Some(s) = value.as_string().and_then(|s| s.to_string().ok()) {

@@ -8,7 +8,9 @@ use pretty_assertions::assert_eq;
 use serde_json::json;
 
 fn block(action: &str, tool: &str, context: &str) -> String {
-    format!("<SYSTEM CALL>\n!*action\n{action}\n!*tool\n{tool}\n!*context\n{context}\n</SYSTEM CALL>")
+    format!(
+        "<SYSTEM CALL>\n!*action\n{action}\n!*tool\n{tool}\n!*context\n{context}\n</SYSTEM CALL>"
+    )
 }
 
 fn table() -> (tempfile::TempDir, ToolTable) {
@@ -26,14 +28,23 @@ fn table() -> (tempfile::TempDir, ToolTable) {
             {"name": "ToolTimestampScript", "type": "script", "entry": "tools/stamp.js", "attempts": 0},
             {"name": "Sensor", "type": "script", "entry": "tools/stamp.js"}]"#,
     );
-    write("tools/stamp.js", "exports.exec = (p, d) => { d.result = 'now'; };");
+    write(
+        "tools/stamp.js",
+        "exports.exec = (p, d) => { d.result = 'now'; };",
+    );
     write(
         "flows/Next.json",
         r#"{"nodes": {"ToolCall": {"type": "start", "next": "done"}, "done": {"type": "end"}}}"#,
     );
-    let bundle = KeenBundle::load(dir.path()).expect("valid").expect("keen bundle");
+    let bundle = KeenBundle::load(dir.path())
+        .expect("valid")
+        .expect("keen bundle");
     let mut table = ToolTable::from_bundle(Some(&bundle));
-    table.add_native("time_get_current_time", "Get the time.", "Pass a JSON object.");
+    table.add_native(
+        "time_get_current_time",
+        "Get the time.",
+        "Pass a JSON object.",
+    );
     (dir, table)
 }
 
@@ -43,7 +54,13 @@ fn decide(run: &mut KeenRun, table: &ToolTable, reply: &str) -> Decision {
 
 #[track_caller]
 fn assert_general(decision: Decision, log: &str) {
-    assert_eq!(decision, Decision::Recall { prompt: GENERAL_FAILURE.to_string(), log: log.to_string() });
+    assert_eq!(
+        decision,
+        Decision::Recall {
+            prompt: GENERAL_FAILURE.to_string(),
+            log: log.to_string()
+        }
+    );
 }
 
 #[test]
@@ -60,22 +77,38 @@ fn plain_answers_and_well_formed_calls() {
     let mut run = KeenRun::new(50);
     assert_eq!(decide(&mut run, &table, "It is noon."), Decision::Answer);
     assert_eq!(
-        decide(&mut run, &table, &format!("Checking.\n{}", block("use tool flow", "ToolTimestamp", "tz=UTC"))),
+        decide(
+            &mut run,
+            &table,
+            &format!(
+                "Checking.\n{}",
+                block("use tool flow", "ToolTimestamp", "tz=UTC")
+            )
+        ),
         Decision::Dispatch(ToolDispatch {
             tool: "ToolTimestamp".into(),
             kind: KeenToolKind::Flow,
-            target: ToolTarget::Flow { controller: "Next".into(), start_node: "ToolCall".into() },
+            target: ToolTarget::Flow {
+                controller: "Next".into(),
+                start_node: "ToolCall".into()
+            },
             context: "tz=UTC".into(),
             attempts_left: Some(2),
             narration: "Checking.".into(),
         })
     );
     assert_eq!(
-        decide(&mut run, &table, &block("use tool", "Sensor", "sensorID=300")),
+        decide(
+            &mut run,
+            &table,
+            &block("use tool", "Sensor", "sensorID=300")
+        ),
         Decision::Dispatch(ToolDispatch {
             tool: "Sensor".into(),
             kind: KeenToolKind::Script,
-            target: ToolTarget::Script { entry: "tools/stamp.js".into() },
+            target: ToolTarget::Script {
+                entry: "tools/stamp.js".into()
+            },
             context: "sensorID=300".into(),
             attempts_left: None,
             narration: String::new(),
@@ -91,7 +124,10 @@ fn every_failure_case_gets_the_general_sentence_and_a_log_line() {
         decide(&mut run, &table, &format!("```\n{}\n```", block("use tool", "Sensor", ""))),
         "keen: malformed <SYSTEM CALL> at line 2: the <SYSTEM CALL> block is inside a code fence; write it without ``` around it",
     );
-    assert_general(decide(&mut run, &table, &block("use tool", "sensor", "")), "keen: unknown tool \"sensor\"");
+    assert_general(
+        decide(&mut run, &table, &block("use tool", "sensor", "")),
+        "keen: unknown tool \"sensor\"",
+    );
     assert_general(
         decide(&mut run, &table, &block("use tool", "ToolTimestamp", "")),
         "keen: tool \"ToolTimestamp\" is a flow tool and is called with \"use tool flow\", not \"use tool\"",
@@ -106,8 +142,15 @@ fn every_failure_case_gets_the_general_sentence_and_a_log_line() {
     );
     // None of these spent an attempt: the one-shot tool still runs once.
     assert!(matches!(
-        decide(&mut run, &table, &block("use tool", "ToolTimestampScript", "")),
-        Decision::Dispatch(ToolDispatch { attempts_left: Some(0), .. })
+        decide(
+            &mut run,
+            &table,
+            &block("use tool", "ToolTimestampScript", "")
+        ),
+        Decision::Dispatch(ToolDispatch {
+            attempts_left: Some(0),
+            ..
+        })
     ));
 }
 
@@ -122,7 +165,9 @@ fn an_invalid_script_path_is_caught_before_dispatch() {
             context_hint: String::new(),
             attempts: None,
         },
-        target: ToolTarget::Script { entry: "tools/../../etc/passwd".into() },
+        target: ToolTarget::Script {
+            entry: "tools/../../etc/passwd".into(),
+        },
     });
     let mut run = KeenRun::new(5);
     assert_general(
@@ -154,11 +199,16 @@ fn attempts_allow_n_recalls_then_answer_attempts_0() {
     // attempts: 0 → one-shot.
     let one_shot = block("use tool", "ToolTimestampScript", "");
     assert_eq!(left(decide(&mut run, &table, &one_shot)), Some(0));
-    assert!(matches!(decide(&mut run, &table, &one_shot), Decision::Recall { prompt, .. } if prompt.contains("attempts 0")));
+    assert!(
+        matches!(decide(&mut run, &table, &one_shot), Decision::Recall { prompt, .. } if prompt.contains("attempts 0"))
+    );
 
     // No attempts → no per-tool limit.
     for _ in 0..10 {
-        assert_eq!(left(decide(&mut run, &table, &block("use tool", "Sensor", ""))), None);
+        assert_eq!(
+            left(decide(&mut run, &table, &block("use tool", "Sensor", ""))),
+            None
+        );
     }
 }
 
@@ -168,13 +218,21 @@ fn the_run_wide_cap_stops_endless_loops() {
     let mut run = KeenRun::new(3);
     let call = block("use tool", "Sensor", "");
     for _ in 0..2 {
-        assert!(matches!(decide(&mut run, &table, &call), Decision::Dispatch(_)));
+        assert!(matches!(
+            decide(&mut run, &table, &call),
+            Decision::Dispatch(_)
+        ));
     }
     // Malformed calls count too.
-    assert!(matches!(decide(&mut run, &table, "<SYSTEM CALL>\n"), Decision::Recall { .. }));
+    assert!(matches!(
+        decide(&mut run, &table, "<SYSTEM CALL>\n"),
+        Decision::Recall { .. }
+    ));
     assert_eq!(
         decide(&mut run, &table, &call),
-        Decision::Stop { log: "keen: the run reached its cap of 3 tool calls".into() }
+        Decision::Stop {
+            log: "keen: the run reached its cap of 3 tool calls".into()
+        }
     );
     // A plain answer is still an answer.
     assert_eq!(decide(&mut run, &table, "Done."), Decision::Answer);
@@ -189,17 +247,40 @@ fn native_tools_take_a_json_object() {
         Decision::Dispatch(d) => d.target,
         other => panic!("expected a dispatch, got {other:?}"),
     };
-    let args = |v: serde_json::Value| ToolTarget::Native { arguments: v.as_object().cloned().expect("object") };
+    let args = |v: serde_json::Value| ToolTarget::Native {
+        arguments: v.as_object().cloned().expect("object"),
+    };
     assert_eq!(
-        target(decide(&mut run, &table, &block("use tool", "time_get_current_time", "{\"timezone\": \"Europe/Paris\"}"))),
+        target(decide(
+            &mut run,
+            &table,
+            &block(
+                "use tool",
+                "time_get_current_time",
+                "{\"timezone\": \"Europe/Paris\"}"
+            )
+        )),
         args(json!({"timezone": "Europe/Paris"}))
     );
-    assert_eq!(target(decide(&mut run, &table, &block("use tool", "time_get_current_time", ""))), args(json!({})));
+    assert_eq!(
+        target(decide(
+            &mut run,
+            &table,
+            &block("use tool", "time_get_current_time", "")
+        )),
+        args(json!({}))
+    );
     for bad in ["timezone=Europe/Paris", "[1]", "\"x\"", "{oops"] {
         assert_eq!(
-            decide(&mut run, &table, &block("use tool", "time_get_current_time", bad)),
+            decide(
+                &mut run,
+                &table,
+                &block("use tool", "time_get_current_time", bad)
+            ),
             Decision::Recall {
-                prompt: format!("<SYSTEM RESPONSE>\n{NATIVE_CONTEXT_CORRECTION}\n</SYSTEM RESPONSE>"),
+                prompt: format!(
+                    "<SYSTEM RESPONSE>\n{NATIVE_CONTEXT_CORRECTION}\n</SYSTEM RESPONSE>"
+                ),
                 log: "keen: tool \"time_get_current_time\": !*context is not a JSON object".into(),
             },
             "context {bad:?}"
@@ -209,7 +290,15 @@ fn native_tools_take_a_json_object() {
     let mut table = table;
     table.add_native("Sensor", "an MCP tool with a clashing name", "");
     let names: Vec<String> = table.specs().into_iter().map(|s| s.name).collect();
-    assert_eq!(names, ["ToolTimestamp", "ToolTimestampScript", "Sensor", "time_get_current_time"]);
+    assert_eq!(
+        names,
+        [
+            "ToolTimestamp",
+            "ToolTimestampScript",
+            "Sensor",
+            "time_get_current_time"
+        ]
+    );
 }
 
 #[test]
@@ -244,7 +333,11 @@ fn recall_prompts_are_exact() {
         "<SYSTEM TECHNICAL ERROR>\nThe tool is unreachable right now.\n</SYSTEM TECHNICAL ERROR>",
     );
     // The general sentence is plain, quotes nothing, and carries no attempts line.
-    check(ToolResult::NoResponse("the script threw: TypeError: secret value 42".into()), Some(2), GENERAL_FAILURE);
+    check(
+        ToolResult::NoResponse("the script threw: TypeError: secret value 42".into()),
+        Some(2),
+        GENERAL_FAILURE,
+    );
 }
 
 #[test]
@@ -256,9 +349,18 @@ fn outcomes_map_to_results() {
         tool_status_error: err,
         dictionary: json!({}),
     };
-    assert_eq!(ToolResult::from(ok(Some("r"), false)), ToolResult::Answer("r".into()));
-    assert_eq!(ToolResult::from(ok(Some("down"), true)), ToolResult::ScriptError("down".into()));
-    assert!(matches!(ToolResult::from(ok(None, false)), ToolResult::NoResponse(_)));
+    assert_eq!(
+        ToolResult::from(ok(Some("r"), false)),
+        ToolResult::Answer("r".into())
+    );
+    assert_eq!(
+        ToolResult::from(ok(Some("down"), true)),
+        ToolResult::ScriptError("down".into())
+    );
+    assert!(matches!(
+        ToolResult::from(ok(None, false)),
+        ToolResult::NoResponse(_)
+    ));
     for failed in [
         ScriptOutcome::Threw("ReferenceError: x".into()),
         ScriptOutcome::TimedOut,
@@ -282,8 +384,20 @@ fn outcomes_map_to_results() {
         tool_status_error: err,
         dictionary: json!({}),
     };
-    assert_eq!(ToolResult::from(done(Some("2026"), false)), ToolResult::Answer("2026".into()));
-    assert_eq!(ToolResult::from(done(Some("offline"), true)), ToolResult::FlowError("offline".into()));
-    assert!(matches!(ToolResult::from(done(None, false)), ToolResult::NoResponse(_)));
-    assert!(matches!(ToolResult::from(FlowOutcome::BadEntry("x".into())), ToolResult::NoResponse(_)));
+    assert_eq!(
+        ToolResult::from(done(Some("2026"), false)),
+        ToolResult::Answer("2026".into())
+    );
+    assert_eq!(
+        ToolResult::from(done(Some("offline"), true)),
+        ToolResult::FlowError("offline".into())
+    );
+    assert!(matches!(
+        ToolResult::from(done(None, false)),
+        ToolResult::NoResponse(_)
+    ));
+    assert!(matches!(
+        ToolResult::from(FlowOutcome::BadEntry("x".into())),
+        ToolResult::NoResponse(_)
+    ));
 }

@@ -42,7 +42,12 @@ fn the_design_flow_parses() {
 
 #[test]
 fn flow_problems_name_the_file_and_node() {
-    check_invalid("[]", &[r#"flows/Next.json: expected an object {"nodes": {"<id>": {"type": "start", "next": "…"}, …}}"#]);
+    check_invalid(
+        "[]",
+        &[
+            r#"flows/Next.json: expected an object {"nodes": {"<id>": {"type": "start", "next": "…"}, …}}"#,
+        ],
+    );
     check_invalid(
         r#"{"nodes": {"s": {"type": "start", "next": "x"}, "e": {"type": "end"}}}"#,
         &[r#"flows/Next.json: node "s": next: unknown node "x""#],
@@ -53,7 +58,9 @@ fn flow_problems_name_the_file_and_node() {
     );
     check_invalid(
         r#"{"nodes": {"s": {"type": "begin", "next": "e"}, "e": {"type": "end"}}}"#,
-        &[r#"flows/Next.json: node "s": type: unknown node type "begin"; expected start, script, agent, condition or end"#],
+        &[
+            r#"flows/Next.json: node "s": type: unknown node type "begin"; expected start, script, agent, condition or end"#,
+        ],
     );
     check_invalid(
         r#"{"nodes": {"s": {"type": "start", "next": "e", "nxt": "e"}, "e": {"type": "end"}}}"#,
@@ -104,14 +111,24 @@ struct ScriptedAgent {
 
 impl ScriptedAgent {
     fn new(answers: Vec<std::result::Result<(String, String), String>>) -> Self {
-        ScriptedAgent { answers: Mutex::new(answers), asked: Mutex::new(Vec::new()) }
+        ScriptedAgent {
+            answers: Mutex::new(answers),
+            asked: Mutex::new(Vec::new()),
+        }
     }
 }
 
 #[async_trait::async_trait]
 impl FlowAgent for ScriptedAgent {
-    async fn ask(&self, prompt: &str, context: &str) -> std::result::Result<(String, String), String> {
-        self.asked.lock().expect("lock").push((prompt.to_string(), context.to_string()));
+    async fn ask(
+        &self,
+        prompt: &str,
+        context: &str,
+    ) -> std::result::Result<(String, String), String> {
+        self.asked
+            .lock()
+            .expect("lock")
+            .push((prompt.to_string(), context.to_string()));
         let mut answers = self.answers.lock().expect("lock");
         if answers.is_empty() {
             return Err("no more scripted answers".into());
@@ -127,10 +144,15 @@ fn bundle_with(flow: &str, stamp_js: &str) -> (tempfile::TempDir, KeenBundle) {
         std::fs::create_dir_all(path.parent().unwrap_or(Path::new("."))).expect("dir");
         std::fs::write(path, text).expect("write");
     };
-    write("keen-tools.json", r#"[{"name": "ToolTimestamp", "type": "flow", "entry": "Next-ToolCall", "attempts": 5}]"#);
+    write(
+        "keen-tools.json",
+        r#"[{"name": "ToolTimestamp", "type": "flow", "entry": "Next-ToolCall", "attempts": 5}]"#,
+    );
     write("flows/Next.json", flow);
     write("tools/stamp.js", stamp_js);
-    let bundle = KeenBundle::load(dir.path()).expect("valid bundle").expect("keen bundle");
+    let bundle = KeenBundle::load(dir.path())
+        .expect("valid bundle")
+        .expect("keen bundle");
     (dir, bundle)
 }
 
@@ -141,7 +163,15 @@ async fn the_spec_timestamp_flow_answers() {
         "exports.exec = (props, dictionary) => { dictionary.result = '2026-05-07T10:42:13Z'; };",
     );
     let agent = ScriptedAgent::new(vec![]);
-    let outcome = run_flow(&bundle, "Next", "ToolCall", "", &agent, &ScriptLimits::default()).await;
+    let outcome = run_flow(
+        &bundle,
+        "Next",
+        "ToolCall",
+        "",
+        &agent,
+        &ScriptLimits::default(),
+    )
+    .await;
     assert_eq!(
         outcome,
         FlowOutcome::Done {
@@ -150,7 +180,10 @@ async fn the_spec_timestamp_flow_answers() {
             dictionary: json!({"context": "", "result": "2026-05-07T10:42:13Z"}),
         }
     );
-    assert!(agent.asked.lock().expect("lock").is_empty(), "the else branch skips the agent node");
+    assert!(
+        agent.asked.lock().expect("lock").is_empty(),
+        "the else branch skips the agent node"
+    );
 }
 
 #[tokio::test]
@@ -160,7 +193,15 @@ async fn the_spec_failing_compute_stamp_node_is_named() {
         "exports.exec = (props, dictionary) => { dictionary.result = now(); };",
     );
     let agent = ScriptedAgent::new(vec![]);
-    let outcome = run_flow(&bundle, "Next", "ToolCall", "", &agent, &ScriptLimits::default()).await;
+    let outcome = run_flow(
+        &bundle,
+        "Next",
+        "ToolCall",
+        "",
+        &agent,
+        &ScriptLimits::default(),
+    )
+    .await;
     assert_eq!(
         outcome,
         FlowOutcome::NodeFailed {
@@ -176,8 +217,19 @@ async fn a_tool_status_error_branches_to_the_agent_node() {
         DESIGN_FLOW,
         "exports.exec = (p, d) => { d.result = 'clock offline'; d.toolStatus = 'error'; };",
     );
-    let agent = ScriptedAgent::new(vec![Ok(("The clock service is offline.".into(), "text".into()))]);
-    let outcome = run_flow(&bundle, "Next", "ToolCall", "tz=UTC", &agent, &ScriptLimits::default()).await;
+    let agent = ScriptedAgent::new(vec![Ok((
+        "The clock service is offline.".into(),
+        "text".into(),
+    ))]);
+    let outcome = run_flow(
+        &bundle,
+        "Next",
+        "ToolCall",
+        "tz=UTC",
+        &agent,
+        &ScriptLimits::default(),
+    )
+    .await;
     assert_eq!(
         outcome,
         FlowOutcome::Done {
@@ -193,7 +245,10 @@ async fn a_tool_status_error_branches_to_the_agent_node() {
     );
     assert_eq!(
         *agent.asked.lock().expect("lock"),
-        vec![("Explain the failure in one line.".to_string(), "tz=UTC".to_string())]
+        vec![(
+            "Explain the failure in one line.".to_string(),
+            "tz=UTC".to_string()
+        )]
     );
 }
 
@@ -205,21 +260,31 @@ async fn agent_nodes_record_the_response_type_and_failures_name_the_node() {
         "route": {"type": "condition", "key": "responseType", "equals": "error", "then": "failed", "else": "done"},
         "failed": {"type": "script", "entry": "tools/stamp.js", "next": "done"},
         "done": {"type": "end"}}}"#;
-    let (_dir, bundle) = bundle_with(flow, "exports.exec = (p, d) => { d.result = 'provider said no'; d.toolStatus = 'error'; };");
+    let (_dir, bundle) = bundle_with(
+        flow,
+        "exports.exec = (p, d) => { d.result = 'provider said no'; d.toolStatus = 'error'; };",
+    );
     let limits = ScriptLimits::default();
 
     let agent = ScriptedAgent::new(vec![Ok(("hi".into(), "text".into()))]);
     let done = run_flow(&bundle, "Next", "ToolCall", "", &agent, &limits).await;
-    assert!(matches!(done, FlowOutcome::Done { result: Some(r), tool_status_error: false, .. } if r == "hi"));
+    assert!(
+        matches!(done, FlowOutcome::Done { result: Some(r), tool_status_error: false, .. } if r == "hi")
+    );
 
     let agent = ScriptedAgent::new(vec![Ok(("rate limited".into(), "error".into()))]);
     let routed = run_flow(&bundle, "Next", "ToolCall", "", &agent, &limits).await;
-    assert!(matches!(routed, FlowOutcome::Done { result: Some(r), tool_status_error: true, .. } if r == "provider said no"));
+    assert!(
+        matches!(routed, FlowOutcome::Done { result: Some(r), tool_status_error: true, .. } if r == "provider said no")
+    );
 
     let agent = ScriptedAgent::new(vec![Err("model unreachable".into())]);
     assert_eq!(
         run_flow(&bundle, "Next", "ToolCall", "", &agent, &limits).await,
-        FlowOutcome::NodeFailed { node: "ask".into(), error: r#"AgentNode "ask" failed: model unreachable"#.into() }
+        FlowOutcome::NodeFailed {
+            node: "ask".into(),
+            error: r#"AgentNode "ask" failed: model unreachable"#.into()
+        }
     );
 }
 
@@ -230,7 +295,10 @@ async fn script_nodes_share_the_flows_dictionary_and_loops_are_capped() {
         "count": {"type": "script", "entry": "tools/stamp.js", "next": "enough"},
         "enough": {"type": "condition", "key": "n", "equals": 3, "then": "done", "else": "count"},
         "done": {"type": "end"}}}"#;
-    let (_dir, bundle) = bundle_with(flow, "exports.exec = (p, d) => { d.n = (d.n || 0) + 1; d.result = `n=${d.n}`; };");
+    let (_dir, bundle) = bundle_with(
+        flow,
+        "exports.exec = (p, d) => { d.n = (d.n || 0) + 1; d.result = `n=${d.n}`; };",
+    );
     let agent = ScriptedAgent::new(vec![]);
     let limits = ScriptLimits::default();
     assert!(matches!(
@@ -239,9 +307,14 @@ async fn script_nodes_share_the_flows_dictionary_and_loops_are_capped() {
     ));
 
     // The exit is never taken: the step cap stops the run.
-    let (_dir, bundle) = bundle_with(&flow.replace("\"equals\": 3", "\"equals\": -1"), "exports.exec = (p, d) => { d.n = (d.n || 0) + 1; };");
+    let (_dir, bundle) = bundle_with(
+        &flow.replace("\"equals\": 3", "\"equals\": -1"),
+        "exports.exec = (p, d) => { d.n = (d.n || 0) + 1; };",
+    );
     match run_flow(&bundle, "Next", "ToolCall", "", &agent, &limits).await {
-        FlowOutcome::NodeFailed { error, .. } => assert!(error.contains("after 256 steps"), "{error}"),
+        FlowOutcome::NodeFailed { error, .. } => {
+            assert!(error.contains("after 256 steps"), "{error}")
+        }
         other => panic!("expected the step cap, got {other:?}"),
     }
 }
@@ -250,11 +323,41 @@ async fn script_nodes_share_the_flows_dictionary_and_loops_are_capped() {
 async fn bad_entries_and_script_limits_in_flows() {
     let (_dir, bundle) = bundle_with(DESIGN_FLOW, "exports.exec = () => { for (;;) {} };");
     let agent = ScriptedAgent::new(vec![]);
-    let limits = ScriptLimits { timeout: std::time::Duration::from_millis(200), ..ScriptLimits::default() };
+    let limits = ScriptLimits {
+        timeout: std::time::Duration::from_millis(200),
+        ..ScriptLimits::default()
+    };
     assert_eq!(
         run_flow(&bundle, "Next", "ToolCall", "", &agent, &limits).await,
-        FlowOutcome::NodeFailed { node: "compute-stamp".into(), error: r#"ScriptNode "compute-stamp" timed out after 200ms"#.into() }
+        FlowOutcome::NodeFailed {
+            node: "compute-stamp".into(),
+            error: r#"ScriptNode "compute-stamp" timed out after 200ms"#.into()
+        }
     );
-    assert!(matches!(run_flow(&bundle, "Nope", "ToolCall", "", &agent, &limits).await, FlowOutcome::BadEntry(_)));
-    assert!(matches!(run_flow(&bundle, "Next", "check", "", &agent, &limits).await, FlowOutcome::BadEntry(_)));
+    assert!(matches!(
+        run_flow(&bundle, "Nope", "ToolCall", "", &agent, &limits).await,
+        FlowOutcome::BadEntry(_)
+    ));
+    assert!(matches!(
+        run_flow(&bundle, "Next", "check", "", &agent, &limits).await,
+        FlowOutcome::BadEntry(_)
+    ));
+}
+
+fn assert_send<T: Send>(_: &T) {}
+
+#[tokio::test]
+async fn flow_and_script_futures_are_send_so_the_harness_can_spawn_them() {
+    let (dir, bundle) = bundle_with(DESIGN_FLOW, "exports.exec = () => {};");
+    let agent = ScriptedAgent::new(vec![]);
+    let limits = ScriptLimits::default();
+    let flow = run_flow(&bundle, "Next", "ToolCall", "", &agent, &limits);
+    assert_send(&flow);
+    let script = crate::keen::script::run_script_tool(dir.path(), "tools/stamp.js", "", &limits);
+    assert_send(&script);
+    assert!(matches!(flow.await, FlowOutcome::Done { result: None, .. }));
+    assert!(matches!(
+        script.await,
+        ScriptOutcome::Ok { result: None, .. }
+    ));
 }

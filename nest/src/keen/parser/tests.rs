@@ -53,18 +53,28 @@ fn spec_example_blocks_parse() {
 #[test]
 fn contexts_empty_single_multi_line_and_marker_like() {
     let block = |ctx: &str| {
-        format!("<SYSTEM CALL>\n!*action\nuse tool\n!*tool\nSensor\n!*context\n{ctx}\n</SYSTEM CALL>")
+        format!(
+            "<SYSTEM CALL>\n!*action\nuse tool\n!*tool\nSensor\n!*context\n{ctx}\n</SYSTEM CALL>"
+        )
     };
     check(&block(""), call(Script, "Sensor", "", ""));
     check(&block("   \n\n"), call(Script, "Sensor", "", ""));
-    check(&block("sensorID=300"), call(Script, "Sensor", "sensorID=300", ""));
+    check(
+        &block("sensorID=300"),
+        call(Script, "Sensor", "sensorID=300", ""),
+    );
     check(
         &block("to=a@b.c; subject=Hi; body=line one"),
         call(Script, "Sensor", "to=a@b.c; subject=Hi; body=line one", ""),
     );
     check(
         &block("{\n  \"path\": \"a.txt\",\n  \"n\": 2\n}"),
-        call(Script, "Sensor", "{\n  \"path\": \"a.txt\",\n  \"n\": 2\n}", ""),
+        call(
+            Script,
+            "Sensor",
+            "{\n  \"path\": \"a.txt\",\n  \"n\": 2\n}",
+            "",
+        ),
     );
     // Special characters, marker text mid-line, indented markers and tags: plain context.
     check(
@@ -77,7 +87,10 @@ fn contexts_empty_single_multi_line_and_marker_like() {
         ),
     );
     // `!*` text that is not one of the markers is context.
-    check(&block("!*important\n!*tools"), call(Script, "Sensor", "!*important\n!*tools", ""));
+    check(
+        &block("!*important\n!*tools"),
+        call(Script, "Sensor", "!*important\n!*tools", ""),
+    );
 }
 
 #[test]
@@ -163,7 +176,10 @@ fn common_mistakes_are_malformed() {
         "  <SYSTEM CALL>\n  !*action\n  use tool\n  !*tool\n  T\n  !*context\n  </SYSTEM CALL>",
         bad(Mistake::IndentedTag, 1),
     );
-    check("- <SYSTEM CALL>\n!*action\nuse tool\n!*tool\nT\n!*context\n</SYSTEM CALL>", bad(Mistake::TextOnTagLine, 1));
+    check(
+        "- <SYSTEM CALL>\n!*action\nuse tool\n!*tool\nT\n!*context\n</SYSTEM CALL>",
+        bad(Mistake::TextOnTagLine, 1),
+    );
     // Two tool calls in a single block.
     check(
         "<SYSTEM CALL>\n!*action\nuse tool\n!*tool\nA\n!*context\nx\n!*action\nuse tool\n!*tool\nB\n!*context\n</SYSTEM CALL>",
@@ -179,25 +195,64 @@ fn common_mistakes_are_malformed() {
 #[test]
 fn structural_errors_are_malformed() {
     // Unterminated block.
-    check("<SYSTEM CALL>\n!*action\nuse tool\n!*tool\nT\n!*context\nx", bad(Mistake::Unterminated, 1));
+    check(
+        "<SYSTEM CALL>\n!*action\nuse tool\n!*tool\nT\n!*context\nx",
+        bad(Mistake::Unterminated, 1),
+    );
     // Indented closing tag, no other.
-    check("<SYSTEM CALL>\n!*action\nuse tool\n!*tool\nT\n!*context\n  </SYSTEM CALL>", bad(Mistake::IndentedTag, 7));
+    check(
+        "<SYSTEM CALL>\n!*action\nuse tool\n!*tool\nT\n!*context\n  </SYSTEM CALL>",
+        bad(Mistake::IndentedTag, 7),
+    );
     // Text on the tag lines.
-    check("<SYSTEM CALL> !*action use tool\n</SYSTEM CALL>", bad(Mistake::TextOnTagLine, 1));
-    check("Calling now: <SYSTEM CALL>\n!*action\nuse tool\n!*tool\nT\n!*context\n</SYSTEM CALL>", bad(Mistake::TextOnTagLine, 1));
+    check(
+        "<SYSTEM CALL> !*action use tool\n</SYSTEM CALL>",
+        bad(Mistake::TextOnTagLine, 1),
+    );
+    check(
+        "Calling now: <SYSTEM CALL>\n!*action\nuse tool\n!*tool\nT\n!*context\n</SYSTEM CALL>",
+        bad(Mistake::TextOnTagLine, 1),
+    );
     // Closing tag first; markers without tags.
     check("</SYSTEM CALL>", bad(Mistake::CloseWithoutOpen, 1));
-    check("ok\n!*action\nuse tool\n!*tool\nT\n!*context\n", bad(Mistake::MarkerOutsideBlock(Action), 2));
+    check(
+        "ok\n!*action\nuse tool\n!*tool\nT\n!*context\n",
+        bad(Mistake::MarkerOutsideBlock(Action), 2),
+    );
     // Missing markers and values.
-    check("<SYSTEM CALL>\n!*action\nuse tool\n!*tool\nT\n</SYSTEM CALL>", bad(Mistake::MissingMarker(Context), 6));
-    check("<SYSTEM CALL>\n!*action\nuse tool\n!*context\n</SYSTEM CALL>", bad(Mistake::MissingMarker(Tool), 5));
-    check("<SYSTEM CALL>\n!*tool\nT\n!*context\n</SYSTEM CALL>", bad(Mistake::ActionNotFirst, 2));
-    check("<SYSTEM CALL>\n</SYSTEM CALL>", bad(Mistake::MissingMarker(Action), 2));
-    check("<SYSTEM CALL>\n!*action\n!*tool\nT\n!*context\n</SYSTEM CALL>", bad(Mistake::EmptyValue(Action), 2));
-    check("<SYSTEM CALL>\n!*action\nuse tool\n!*tool\n\n!*context\n</SYSTEM CALL>", bad(Mistake::EmptyValue(Tool), 4));
+    check(
+        "<SYSTEM CALL>\n!*action\nuse tool\n!*tool\nT\n</SYSTEM CALL>",
+        bad(Mistake::MissingMarker(Context), 6),
+    );
+    check(
+        "<SYSTEM CALL>\n!*action\nuse tool\n!*context\n</SYSTEM CALL>",
+        bad(Mistake::MissingMarker(Tool), 5),
+    );
+    check(
+        "<SYSTEM CALL>\n!*tool\nT\n!*context\n</SYSTEM CALL>",
+        bad(Mistake::ActionNotFirst, 2),
+    );
+    check(
+        "<SYSTEM CALL>\n</SYSTEM CALL>",
+        bad(Mistake::MissingMarker(Action), 2),
+    );
+    check(
+        "<SYSTEM CALL>\n!*action\n!*tool\nT\n!*context\n</SYSTEM CALL>",
+        bad(Mistake::EmptyValue(Action), 2),
+    );
+    check(
+        "<SYSTEM CALL>\n!*action\nuse tool\n!*tool\n\n!*context\n</SYSTEM CALL>",
+        bad(Mistake::EmptyValue(Tool), 4),
+    );
     // Value on the marker line.
-    check("<SYSTEM CALL>\n!*action use tool\n!*tool\nT\n!*context\n</SYSTEM CALL>", bad(Mistake::TextOnMarkerLine(Action), 2));
-    check("<SYSTEM CALL>\n!*action\nuse tool\n!*tool: T\n!*context\n</SYSTEM CALL>", bad(Mistake::TextOnMarkerLine(Tool), 4));
+    check(
+        "<SYSTEM CALL>\n!*action use tool\n!*tool\nT\n!*context\n</SYSTEM CALL>",
+        bad(Mistake::TextOnMarkerLine(Action), 2),
+    );
+    check(
+        "<SYSTEM CALL>\n!*action\nuse tool\n!*tool: T\n!*context\n</SYSTEM CALL>",
+        bad(Mistake::TextOnMarkerLine(Tool), 4),
+    );
     // Unknown action phrases (case and wording are exact).
     check(
         "<SYSTEM CALL>\n!*action\nUse Tool\n!*tool\nT\n!*context\n</SYSTEM CALL>",
@@ -224,14 +279,25 @@ fn malformed_reasons_read_as_log_lines() {
 #[test]
 fn wrong_action_for_the_tools_type_is_found_at_dispatch() {
     use crate::keen::KeenToolKind;
-    let flow_call = KeenCall { action: Flow, tool: "T".into(), context: String::new(), narration: String::new() };
-    let script_call = KeenCall { action: Script, ..flow_call.clone() };
+    let flow_call = KeenCall {
+        action: Flow,
+        tool: "T".into(),
+        context: String::new(),
+        narration: String::new(),
+    };
+    let script_call = KeenCall {
+        action: Script,
+        ..flow_call.clone()
+    };
     assert_eq!(check_action(&flow_call, KeenToolKind::Flow), Ok(()));
     assert_eq!(check_action(&script_call, KeenToolKind::Script), Ok(()));
     assert_eq!(check_action(&script_call, KeenToolKind::Native), Ok(()));
     assert_eq!(
         check_action(&script_call, KeenToolKind::Flow).map_err(|e| e.to_string()),
-        Err("tool \"T\" is a flow tool and is called with \"use tool flow\", not \"use tool\"".to_string())
+        Err(
+            "tool \"T\" is a flow tool and is called with \"use tool flow\", not \"use tool\""
+                .to_string()
+        )
     );
     assert!(check_action(&flow_call, KeenToolKind::Script).is_err());
     assert!(check_action(&flow_call, KeenToolKind::Native).is_err());
@@ -297,7 +363,8 @@ fn attempt_kind_exact(line: &str) -> Option<()> {
         .into_iter()
         .any(|m| {
             line.strip_prefix(m.as_str()).is_some_and(|rest| {
-                rest.trim().is_empty() || rest.starts_with(|c: char| c.is_whitespace() || c == ':' || c == '=')
+                rest.trim().is_empty()
+                    || rest.starts_with(|c: char| c.is_whitespace() || c == ':' || c == '=')
             })
         })
         .then_some(())

@@ -113,8 +113,14 @@ fn examples_fall_back_to_the_first_tool_and_no_tools_means_no_section() {
         attempts: None,
     }];
     let text = tools_section(&only_script);
-    assert!(text.contains("as a pipe:\n<SYSTEM CALL>\n!*action\nuse tool flow\n!*tool\nSensor\n"), "{text}");
-    assert!(text.ends_with("### 1. Sensor\n- **Description**: This tool is a script.\n</SYSTEM>\n"), "{text}");
+    assert!(
+        text.contains("as a pipe:\n<SYSTEM CALL>\n!*action\nuse tool flow\n!*tool\nSensor\n"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("### 1. Sensor\n- **Description**: This tool is a script.\n</SYSTEM>\n"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -123,7 +129,10 @@ fn native_context_hints_summarise_the_schema() {
     fn check(schema: serde_json::Value, expected: &str) {
         assert_eq!(native_context_hint(&schema), expected);
     }
-    check(json!({"type": "object"}), "Pass a JSON object of arguments in !*context: {} (no arguments).");
+    check(
+        json!({"type": "object"}),
+        "Pass a JSON object of arguments in !*context: {} (no arguments).",
+    );
     check(
         json!({"type": "object", "properties": {"path": {"type": "string"}, "offset": {"type": "integer"}, "x": {}, "y": {"type": ["string", "null"]}}, "required": ["path"]}),
         r#"Pass a JSON object of arguments in !*context: {"path": string (required), "offset": integer, "x": any, "y": string|null}."#,

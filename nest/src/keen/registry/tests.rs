@@ -13,17 +13,38 @@ fn script_entry_rule_is_the_specs() {
     check_entry("tools/test-tool.js", Ok(()));
     check_entry("tools/sub/dir/x.js", Ok(()));
     check_entry("", Err(EntryError::Empty));
-    check_entry("test-tool.js", Err(EntryError::NotUnderTools("test-tool.js".into())));
-    check_entry("/tools/x.js", Err(EntryError::NotUnderTools("/tools/x.js".into())));
-    check_entry("./tools/x.js", Err(EntryError::NotUnderTools("./tools/x.js".into())));
-    check_entry("tools/../x.js", Err(EntryError::ParentSegment("tools/../x.js".into())));
-    check_entry("tools/a..b.js", Err(EntryError::ParentSegment("tools/a..b.js".into())));
+    check_entry(
+        "test-tool.js",
+        Err(EntryError::NotUnderTools("test-tool.js".into())),
+    );
+    check_entry(
+        "/tools/x.js",
+        Err(EntryError::NotUnderTools("/tools/x.js".into())),
+    );
+    check_entry(
+        "./tools/x.js",
+        Err(EntryError::NotUnderTools("./tools/x.js".into())),
+    );
+    check_entry(
+        "tools/../x.js",
+        Err(EntryError::ParentSegment("tools/../x.js".into())),
+    );
+    check_entry(
+        "tools/a..b.js",
+        Err(EntryError::ParentSegment("tools/a..b.js".into())),
+    );
 }
 
 #[test]
 fn flow_entries_split_at_the_first_dash() {
-    assert_eq!(split_flow_entry("Next-ToolCall"), Some(("Next", "ToolCall")));
-    assert_eq!(split_flow_entry("Tool-Agent-Two"), Some(("Tool", "Agent-Two")));
+    assert_eq!(
+        split_flow_entry("Next-ToolCall"),
+        Some(("Next", "ToolCall"))
+    );
+    assert_eq!(
+        split_flow_entry("Tool-Agent-Two"),
+        Some(("Tool", "Agent-Two"))
+    );
     assert_eq!(split_flow_entry("NoDash"), None);
     assert_eq!(split_flow_entry("-Start"), None);
     assert_eq!(split_flow_entry("Ctl-"), None);
@@ -39,8 +60,10 @@ fn the_specs_example_registration_parses() {
         {"name": "ToolTimestampScript", "type": "script", "entry": "tools/re-tool-call-test-script.js", "attempts": 20}
     ]"#;
     let tools = parse_registry("keen-tools.json", text).expect("valid registry");
-    let summary: Vec<(&str, KeenToolKind, Option<u32>)> =
-        tools.iter().map(|t| (t.name.as_str(), t.kind, t.attempts)).collect();
+    let summary: Vec<(&str, KeenToolKind, Option<u32>)> = tools
+        .iter()
+        .map(|t| (t.name.as_str(), t.kind, t.attempts))
+        .collect();
     assert_eq!(
         summary,
         vec![
@@ -51,8 +74,19 @@ fn the_specs_example_registration_parses() {
             ("ToolTimestampScript", KeenToolKind::Script, Some(20)),
         ]
     );
-    assert_eq!(tools[3].entry, ToolEntry::Flow { controller: "Next".into(), start_node: "ToolCall".into() });
-    assert_eq!(tools[0].entry, ToolEntry::Script { path: "tools/test-tool.js".into() });
+    assert_eq!(
+        tools[3].entry,
+        ToolEntry::Flow {
+            controller: "Next".into(),
+            start_node: "ToolCall".into()
+        }
+    );
+    assert_eq!(
+        tools[0].entry,
+        ToolEntry::Script {
+            path: "tools/test-tool.js".into()
+        }
+    );
 }
 
 #[track_caller]
@@ -65,10 +99,15 @@ fn check_problems(text: &str, expected: &[&str]) {
 
 #[test]
 fn registry_problems_name_the_index_field_and_expectation() {
-    check_problems("{", &["keen-tools.json: not valid JSON: EOF while parsing an object at line 1 column 1"]);
+    check_problems(
+        "{",
+        &["keen-tools.json: not valid JSON: EOF while parsing an object at line 1 column 1"],
+    );
     check_problems(
         r#"{"name": "x"}"#,
-        &[r#"keen-tools.json: expected a JSON array of tools like [{"name": "ToolTimestamp", "type": "script", "entry": "tools/stamp.js"}]"#],
+        &[
+            r#"keen-tools.json: expected a JSON array of tools like [{"name": "ToolTimestamp", "type": "script", "entry": "tools/stamp.js"}]"#,
+        ],
     );
     check_problems(
         r#"[{"name": "A", "type": "script", "entry": "tools/a.js"}, {"name": "A", "type": "script", "entry": "tools/b.js"}]"#,
@@ -88,11 +127,15 @@ fn registry_problems_name_the_index_field_and_expectation() {
     );
     check_problems(
         r#"[{"name": "A", "type": "flow", "entry": "NoDash"}]"#,
-        &[r#"keen-tools.json: [0].entry: flow entry "NoDash" must be <Controller>-<StartNode>, e.g. "Next-ToolCall" (a controller name without / or .)"#],
+        &[
+            r#"keen-tools.json: [0].entry: flow entry "NoDash" must be <Controller>-<StartNode>, e.g. "Next-ToolCall" (a controller name without / or .)"#,
+        ],
     );
     check_problems(
         r#"[{"name": "A", "type": "flow", "entry": "../x-Start"}]"#,
-        &[r#"keen-tools.json: [0].entry: flow entry "../x-Start" must be <Controller>-<StartNode>, e.g. "Next-ToolCall" (a controller name without / or .)"#],
+        &[
+            r#"keen-tools.json: [0].entry: flow entry "../x-Start" must be <Controller>-<StartNode>, e.g. "Next-ToolCall" (a controller name without / or .)"#,
+        ],
     );
     check_problems(
         r#"[{"name": "A", "type": "pipe", "entry": "tools/a.js", "attempts": -1, "atempts": 2}]"#,
@@ -142,30 +185,63 @@ fn a_valid_bundle_loads_with_the_bundle_root_as_script_root() {
         r#"[{"name": "ToolTimestamp", "type": "flow", "entry": "Next-ToolCall", "attempts": 5},
             {"name": "ToolTimestampScript", "type": "script", "entry": "tools/stamp.js", "description": "Returns the time."}]"#,
     );
-    write(dir.path(), "tools/stamp.js", "exports.exec = (p, d) => { d.result = 'now'; };");
+    write(
+        dir.path(),
+        "tools/stamp.js",
+        "exports.exec = (p, d) => { d.result = 'now'; };",
+    );
     write(dir.path(), "flows/Next.json", NEXT_FLOW);
-    let bundle = KeenBundle::load(dir.path()).expect("valid").expect("has keen tools");
+    let bundle = KeenBundle::load(dir.path())
+        .expect("valid")
+        .expect("has keen tools");
     assert_eq!(bundle.script_root, dir.path());
     assert_eq!(bundle.flows.keys().collect::<Vec<_>>(), vec!["Next"]);
-    assert_eq!(bundle.tool("ToolTimestampScript").and_then(|t| t.description.as_deref()), Some("Returns the time."));
-    assert!(bundle.tool("tooltimestamp").is_none(), "names are case-sensitive");
+    assert_eq!(
+        bundle
+            .tool("ToolTimestampScript")
+            .and_then(|t| t.description.as_deref()),
+        Some("Returns the time.")
+    );
+    assert!(
+        bundle.tool("tooltimestamp").is_none(),
+        "names are case-sensitive"
+    );
 }
 
 #[test]
 fn src_scripts_is_the_script_root_when_present() {
     let dir = tempfile::tempdir().expect("temp dir");
-    write(dir.path(), "keen-tools.json", r#"[{"name": "T", "type": "script", "entry": "tools/stamp.js"}]"#);
-    write(dir.path(), "src/scripts/tools/stamp.js", "exports.exec = () => {};");
-    let bundle = KeenBundle::load(dir.path()).expect("valid").expect("has keen tools");
+    write(
+        dir.path(),
+        "keen-tools.json",
+        r#"[{"name": "T", "type": "script", "entry": "tools/stamp.js"}]"#,
+    );
+    write(
+        dir.path(),
+        "src/scripts/tools/stamp.js",
+        "exports.exec = () => {};",
+    );
+    let bundle = KeenBundle::load(dir.path())
+        .expect("valid")
+        .expect("has keen tools");
     assert_eq!(bundle.script_root, dir.path().join("src/scripts"));
 
     // With src/scripts/ present, a script at the bundle root is not found.
     let dir = tempfile::tempdir().expect("temp dir");
-    write(dir.path(), "keen-tools.json", r#"[{"name": "T", "type": "script", "entry": "tools/stamp.js"}]"#);
+    write(
+        dir.path(),
+        "keen-tools.json",
+        r#"[{"name": "T", "type": "script", "entry": "tools/stamp.js"}]"#,
+    );
     write(dir.path(), "src/scripts/README", "");
     write(dir.path(), "tools/stamp.js", "exports.exec = () => {};");
-    let err = KeenBundle::load(dir.path()).expect_err("script missing").to_string();
-    assert_eq!(err, "keen-tools.json: [0].entry: script src/scripts/tools/stamp.js does not exist");
+    let err = KeenBundle::load(dir.path())
+        .expect_err("script missing")
+        .to_string();
+    assert_eq!(
+        err,
+        "keen-tools.json: [0].entry: script src/scripts/tools/stamp.js does not exist"
+    );
 }
 
 #[test]
@@ -180,9 +256,19 @@ fn bundle_problems_are_all_reported_with_file_and_field() {
             {"name": "D", "type": "flow", "entry": "Next-compute-stamp"},
             {"name": "E", "type": "flow", "entry": "Broken-Start"}]"#,
     );
-    write(dir.path(), "flows/Next.json", &NEXT_FLOW.replace("tools/stamp.js", "tools/gone.js"));
-    write(dir.path(), "flows/Broken.json", r#"{"nodes": {"Start": {"type": "start", "next": "nowhere"}}}"#);
-    let err = KeenBundle::load(dir.path()).expect_err("invalid bundle").to_string();
+    write(
+        dir.path(),
+        "flows/Next.json",
+        &NEXT_FLOW.replace("tools/stamp.js", "tools/gone.js"),
+    );
+    write(
+        dir.path(),
+        "flows/Broken.json",
+        r#"{"nodes": {"Start": {"type": "start", "next": "nowhere"}}}"#,
+    );
+    let err = KeenBundle::load(dir.path())
+        .expect_err("invalid bundle")
+        .to_string();
     assert_eq!(
         err.lines().collect::<Vec<_>>(),
         vec![
