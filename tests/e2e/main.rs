@@ -6,3 +6,4 @@ mod fleet;
 mod sql;
 mod runs;
 mod keen;
+mod workspace;
