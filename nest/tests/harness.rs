@@ -622,3 +622,26 @@ async fn agen_run_exits_64_on_a_bad_bundle() {
     let code = agen_nest::instance::standalone::run_cli(platform.path().to_path_buf(), "hi".into(), None).await.unwrap();
     assert_eq!(code, 64);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The Keen dialect seam
+
+#[tokio::test]
+async fn keen_mode_sends_no_tools_and_returns_results_as_system_responses() {
+    let call = "<SYSTEM CALL>\n!*action\nuse tool\n!*tool\ntime_get_current_time\n!*context\n{\"timezone\": \"UTC\"}\n</SYSTEM CALL>\n";
+    let model = fake(vec![Step::reply(call), Step::template("Keen says: {{last_user}}")]).await;
+    let bundle = TestBundle::new(
+        "openai/m",
+        &model.openai_base_url(),
+        &[mcp_json(json!({"time": time_server()})), ("x-agen/harness.json", json!({"toolProtocol": "keen"}).to_string())],
+    );
+    let agent = Agent::start(&bundle).await;
+    let (outcome, sink) = agent.run(request("time?")).await;
+    assert_eq!(outcome.state, RunState::Succeeded, "{outcome:?}");
+    assert!(outcome.result.starts_with("Keen says: <SYSTEM RESPONSE>\n{") && outcome.result.contains("UTC"), "{}", outcome.result);
+    let reqs = model.requests();
+    assert!(reqs[0]["body"].get("tools").is_none(), "keen mode sends no tools field");
+    let system = reqs[0]["body"]["messages"][0]["content"].as_str().unwrap();
+    assert!(system.starts_with("You are a test agent. Be brief.\n\n") && system.contains("time_get_current_time"), "{system}");
+    assert_eq!(sink.of_kind("tool.completed").len(), 1);
+}

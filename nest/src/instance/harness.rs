@@ -20,7 +20,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{event, RunEventSink, RunOutcome, RunRequest, RunState, SinkError, ToolBackend};
 use crate::mcp::{CallError, ToolInfo};
-use crate::model::{provider_for, Message, ModelConfig, ModelError, ModelProvider, ModelRequest, ToolCall, ToolSpec};
+use crate::model::{
+    provider_for, Message, ModelConfig, ModelError, ModelProvider, ModelReply, ModelRequest, ToolCall, ToolSpec,
+};
 
 pub const BUILTIN_FINISH: &str = "finish";
 pub const BUILTIN_LOAD_SKILL: &str = "load_skill";
@@ -45,6 +47,8 @@ pub enum HarnessError {
     NoModel,
     #[error("{0}")]
     ApiKey(String),
+    #[error("{0}")]
+    Keen(String),
     #[error("tool name {0} is used twice (an MCP tool clashes with another tool or a built-in); rename the server in mcp.json")]
     DuplicateTool(String),
 }
@@ -71,6 +75,8 @@ pub struct Harness {
     mcp_tools: BTreeMap<String, ToolInfo>,
     /// Whether `report_progress` is offered (fleet only).
     progress: bool,
+    /// The bundle's Keen tools (`keen-tools.json`, flows) when the dialect is Keen.
+    keen: Option<Arc<crate::keen::KeenBundle>>,
 }
 
 impl Harness {
@@ -111,7 +117,13 @@ impl Harness {
             ToolProtocol::Native => Dialect::Native,
             ToolProtocol::Keen => Dialect::Keen,
         };
-        Ok(Harness { bundle, tools, provider, dialect, system_prompt, mcp_tools, progress: false })
+        let keen = match dialect {
+            Dialect::Native => None,
+            Dialect::Keen => crate::keen::KeenBundle::load(&bundle.dir)
+                .map_err(|e| HarnessError::Keen(e.to_string()))?
+                .map(Arc::new),
+        };
+        Ok(Harness { bundle, tools, provider, dialect, system_prompt, mcp_tools, progress: false, keen })
     }
 
     /// Offers `report_progress` (fleet runs only; standalone has no platform to report to).
@@ -181,11 +193,7 @@ impl Harness {
         let run = Run::new(self, &req, sink, cancel);
         let (state, result, response_type) = match self.dialect {
             Dialect::Native => run.native_loop().await,
-            Dialect::Keen => (
-                RunState::Failed,
-                "x-agen/harness.json: toolProtocol: keen is not wired into this harness yet; use \"native\"".to_string(),
-                "error",
-            ),
+            Dialect::Keen => run.keen_loop().await,
         };
         run.finish(state, result, response_type).await
     }
@@ -209,6 +217,8 @@ fn object_schema(schema: &Value) -> Value {
 struct CallResult {
     content: String,
     is_error: bool,
+    /// The tool could not be reached or did not answer (timeout, cancel, server gone).
+    unreachable: bool,
     /// `finish` was called with this result.
     finish: Option<String>,
 }
@@ -294,38 +304,59 @@ impl<'h> Run<'h> {
         }
     }
 
+    /// Asks the model one turn: `model.requested`, the request, `model.answered`; the reply's
+    /// assistant message is added to the context. `Err` is the run's end (error or cancel).
+    async fn ask(&self, turn: u32, system: &str, tools: &[ToolSpec]) -> Result<ModelReply, (RunState, String, &'static str)> {
+        if self.cancel.is_cancelled() {
+            return Err(self.cancelled_outcome());
+        }
+        let _ = self.emit(event::MODEL_REQUESTED, json!({"turn": turn}), false).await;
+        self.activity(format!("waiting for the model ({})", self.h.provider.describe())).await;
+        let request = ModelRequest {
+            system: system.to_string(),
+            messages: lock(&self.context).clone(),
+            tools: tools.to_vec(),
+            parallel_tool_calls: self.h.bundle.harness.parallel_tool_calls,
+        };
+        let reply = match self.h.provider.complete(&request, &self.cancel).await {
+            Ok(r) => r,
+            Err(ModelError::Cancelled) => return Err(self.cancelled_outcome()),
+            Err(e) => {
+                tracing::warn!(run_id = %self.req.run_id, "model error ends the run: {e}");
+                return Err((RunState::Failed, e.to_string(), "error"));
+            }
+        };
+        let message = reply.message();
+        self.push(message.clone());
+        let _ = self
+            .emit(
+                event::MODEL_ANSWERED,
+                json!({"turn": turn, "message": message.to_json(), "usage": reply.usage, "stop_reason": reply.stop_reason}),
+                false,
+            )
+            .await;
+        Ok(reply)
+    }
+
+    fn max_turns_outcome(&self) -> (RunState, String, &'static str) {
+        let max_turns = self.h.bundle.harness.limits.max_turns.max(1);
+        (
+            RunState::Failed,
+            format!(
+                "the run stopped after {max_turns} model turns without a final answer (limits.maxTurns in x-agen/harness.json); raise the limit or make the task smaller"
+            ),
+            "error",
+        )
+    }
+
     async fn native_loop(&self) -> (RunState, String, &'static str) {
         let tools = self.h.tool_specs();
         let max_turns = self.h.bundle.harness.limits.max_turns.max(1);
         for turn in 1..=max_turns {
-            if self.cancel.is_cancelled() {
-                return self.cancelled_outcome();
-            }
-            let _ = self.emit(event::MODEL_REQUESTED, json!({"turn": turn}), false).await;
-            self.activity(format!("waiting for the model ({})", self.h.provider.describe())).await;
-            let request = ModelRequest {
-                system: self.h.system_prompt.clone(),
-                messages: lock(&self.context).clone(),
-                tools: tools.clone(),
-                parallel_tool_calls: self.h.bundle.harness.parallel_tool_calls,
-            };
-            let reply = match self.h.provider.complete(&request, &self.cancel).await {
+            let reply = match self.ask(turn, &self.h.system_prompt, &tools).await {
                 Ok(r) => r,
-                Err(ModelError::Cancelled) => return self.cancelled_outcome(),
-                Err(e) => {
-                    tracing::warn!(run_id = %self.req.run_id, "model error ends the run: {e}");
-                    return (RunState::Failed, e.to_string(), "error");
-                }
+                Err(end) => return end,
             };
-            let message = reply.message();
-            self.push(message.clone());
-            let _ = self
-                .emit(
-                    event::MODEL_ANSWERED,
-                    json!({"turn": turn, "message": message.to_json(), "usage": reply.usage, "stop_reason": reply.stop_reason}),
-                    false,
-                )
-                .await;
             if reply.tool_calls.is_empty() {
                 return (RunState::Succeeded, reply.text, "text");
             }
@@ -344,13 +375,120 @@ impl<'h> Run<'h> {
                 return (RunState::Succeeded, result, "text");
             }
         }
-        (
-            RunState::Failed,
-            format!(
-                "the run stopped after {max_turns} model turns without a final answer (limits.maxTurns in x-agen/harness.json); raise the limit or make the task smaller"
+        self.max_turns_outcome()
+    }
+
+    /// The Keen text protocol: no native tools; the tools section is in the system prompt;
+    /// each reply is parsed for one `<SYSTEM CALL>` block; results go back as user prompts.
+    async fn keen_loop(&self) -> (RunState, String, &'static str) {
+        use crate::keen::{parse_reply, recall_prompt, Decision, KeenRun, ToolResult, ToolTable, ToolTarget};
+
+        let keen = self.h.keen.as_deref();
+        let mut table = ToolTable::from_bundle(keen);
+        for spec in self.h.tool_specs() {
+            table.add_native(&spec.name, &spec.description, &crate::keen::native_context_hint(&spec.parameters));
+        }
+        let section = crate::keen::tools_section(&table.specs());
+        let system = if section.is_empty() { self.h.system_prompt.clone() } else { format!("{}\n\n{section}", self.h.system_prompt) };
+        let limits = &self.h.bundle.harness.limits;
+        let script_limits = crate::keen::ScriptLimits {
+            timeout: limits.script_timeout,
+            memory_bytes: (limits.script_memory_mb as usize).saturating_mul(1024 * 1024),
+            ..Default::default()
+        };
+        let mut ledger = KeenRun::new(limits.max_tool_calls);
+        let max_turns = limits.max_turns.max(1);
+        for turn in 1..=max_turns {
+            let reply = match self.ask(turn, &system, &[]).await {
+                Ok(r) => r,
+                Err(end) => return end,
+            };
+            let dispatch = match ledger.decide(&parse_reply(&reply.text), &table) {
+                Decision::Answer => return (RunState::Succeeded, reply.text, "text"),
+                Decision::Stop { log } => {
+                    tracing::warn!(run_id = %self.req.run_id, "{log}");
+                    return (
+                        RunState::Failed,
+                        format!("the run reached its limit of {} tool calls (limits.maxToolCalls in x-agen/harness.json)", limits.max_tool_calls),
+                        "error",
+                    );
+                }
+                Decision::Recall { prompt, log } => {
+                    tracing::info!(run_id = %self.req.run_id, "{log}");
+                    self.push(Message::user(prompt));
+                    continue;
+                }
+                Decision::Dispatch(d) => d,
+            };
+            let call_id = format!("keen_{turn}");
+            let result: ToolResult = match &dispatch.target {
+                ToolTarget::Native { arguments } => {
+                    let call = ToolCall { id: call_id, name: dispatch.tool.clone(), arguments: Value::Object(arguments.clone()) };
+                    let r = self.run_call(&call).await;
+                    if let Some(result) = r.finish {
+                        return (RunState::Succeeded, result, "text");
+                    }
+                    if r.unreachable {
+                        ToolResult::TechnicalError(r.content)
+                    } else if r.is_error {
+                        ToolResult::ScriptError(r.content)
+                    } else {
+                        ToolResult::Answer(r.content)
+                    }
+                }
+                ToolTarget::Script { entry } => {
+                    let Some(keen) = keen else { return (RunState::Failed, "keen script tool without keen-tools.json".into(), "error") };
+                    let _ = self
+                        .emit(event::TOOL_STARTED, json!({"call_id": call_id, "tool": dispatch.tool, "kind": "script", "side_effect": false}), false)
+                        .await;
+                    self.activity(format!("running script tool {}", dispatch.tool)).await;
+                    let started = Instant::now();
+                    let outcome = crate::keen::run_script_tool(&keen.script_root, entry, &dispatch.context, &script_limits).await;
+                    let result = ToolResult::from(outcome);
+                    self.keen_tool_event(&call_id, &dispatch.tool, &result, started).await;
+                    result
+                }
+                ToolTarget::Flow { controller, start_node } => {
+                    let Some(keen) = keen else { return (RunState::Failed, "keen flow tool without keen-tools.json".into(), "error") };
+                    let _ = self
+                        .emit(event::TOOL_STARTED, json!({"call_id": call_id, "tool": dispatch.tool, "kind": "flow", "side_effect": false}), false)
+                        .await;
+                    self.activity(format!("running flow tool {}", dispatch.tool)).await;
+                    let started = Instant::now();
+                    let agent = FlowModel { run: self };
+                    let outcome = crate::keen::run_flow(keen, controller, start_node, &dispatch.context, &agent, &script_limits).await;
+                    let result = ToolResult::from(outcome);
+                    self.keen_tool_event(&call_id, &dispatch.tool, &result, started).await;
+                    result
+                }
+            };
+            if self.cancel.is_cancelled() {
+                return self.cancelled_outcome();
+            }
+            if !matches!(result, ToolResult::Answer(_)) {
+                tracing::info!(run_id = %self.req.run_id, tool = %dispatch.tool, "keen: {}", result.log_detail());
+            }
+            self.push(Message::user(recall_prompt(&result, dispatch.attempts_left)));
+        }
+        self.max_turns_outcome()
+    }
+
+    async fn keen_tool_event(&self, call_id: &str, tool: &str, result: &crate::keen::ToolResult, started: Instant) {
+        use crate::keen::ToolResult;
+        let duration_ms = started.elapsed().as_millis() as u64;
+        let (kind, payload) = match result {
+            ToolResult::Answer(text) => {
+                (event::TOOL_COMPLETED, json!({"call_id": call_id, "tool": tool, "result": text, "is_error": false, "duration_ms": duration_ms}))
+            }
+            ToolResult::ScriptError(text) | ToolResult::FlowError(text) => {
+                (event::TOOL_COMPLETED, json!({"call_id": call_id, "tool": tool, "result": text, "is_error": true, "duration_ms": duration_ms}))
+            }
+            other => (
+                event::TOOL_FAILED,
+                json!({"call_id": call_id, "tool": tool, "error": other.log_detail(), "reason": "failed", "duration_ms": duration_ms}),
             ),
-            "error",
-        )
+        };
+        let _ = self.emit(kind, payload, false).await;
     }
 
     /// Runs one turn's calls, concurrently unless `parallelToolCalls` is false; results in
@@ -368,7 +506,7 @@ impl<'h> Run<'h> {
     }
 
     async fn run_call(&self, call: &ToolCall) -> CallResult {
-        let err = |content: String| CallResult { content, is_error: true, finish: None };
+        let err = |content: String| CallResult { content, is_error: true, unreachable: false, finish: None };
         if self.cancel.is_cancelled() {
             return err(format!("tool {} was not run: the run was cancelled", call.name));
         }
@@ -382,7 +520,7 @@ impl<'h> Run<'h> {
                         _ => return err("finish needs `result`: the final answer as a string".into()),
                     },
                 };
-                CallResult { content: "finished".into(), is_error: false, finish: Some(result) }
+                CallResult { content: "finished".into(), is_error: false, unreachable: false, finish: Some(result) }
             }
             BUILTIN_LOAD_SKILL if !self.h.bundle.skills.is_empty() => {
                 let name = call.arguments.get("name").and_then(Value::as_str).unwrap_or_default();
@@ -390,7 +528,7 @@ impl<'h> Run<'h> {
                 match self.h.bundle.skill(name) {
                     Some(s) => {
                         self.activity(format!("loading skill {name}")).await;
-                        CallResult { content: s.body.clone(), is_error: false, finish: None }
+                        CallResult { content: s.body.clone(), is_error: false, unreachable: false, finish: None }
                     }
                     None => err(format!("no skill named `{name}`; available skills: {}", available())),
                 }
@@ -413,7 +551,12 @@ impl<'h> Run<'h> {
 
     async fn report_progress(&self, call: &ToolCall) -> CallResult {
         let Some(step) = call.arguments.get("step").and_then(Value::as_str) else {
-            return CallResult { content: "report_progress needs `step`: what you are doing now".into(), is_error: true, finish: None };
+            return CallResult {
+                content: "report_progress needs `step`: what you are doing now".into(),
+                is_error: true,
+                unreachable: false,
+                finish: None,
+            };
         };
         self.activity(step.to_string()).await;
         let due = {
@@ -427,7 +570,7 @@ impl<'h> Run<'h> {
         if due {
             let _ = self.emit(event::TASK_PROGRESS, call.arguments.clone(), false).await;
         }
-        CallResult { content: "progress recorded".into(), is_error: false, finish: None }
+        CallResult { content: "progress recorded".into(), is_error: false, unreachable: false, finish: None }
     }
 
     async fn call_mcp(&self, call: &ToolCall, tool: &ToolInfo) -> CallResult {
@@ -440,7 +583,7 @@ impl<'h> Run<'h> {
             .tool_override(&qualified)
             .and_then(|o| o.side_effect)
             .unwrap_or(!tool.read_only);
-        let fail = |content: String| CallResult { content, is_error: true, finish: None };
+        let fail = |content: String| CallResult { content, is_error: true, unreachable: false, finish: None };
 
         let arguments = match &call.arguments {
             Value::Object(o) => o.clone(),
@@ -477,7 +620,7 @@ impl<'h> Run<'h> {
             Ok(o) => (
                 event::TOOL_COMPLETED,
                 json!({"call_id": call.id, "tool": qualified, "result": o.text, "is_error": o.is_error, "duration_ms": duration_ms}),
-                CallResult { content: o.text, is_error: o.is_error, finish: None },
+                CallResult { content: o.text, is_error: o.is_error, unreachable: false, finish: None },
             ),
             Err(e) => {
                 let (reason, content) = match &e {
@@ -493,10 +636,11 @@ impl<'h> Run<'h> {
                     CallError::Failed { message, .. } => ("failed", format!("tool {qualified} failed: {message}")),
                     other => ("failed", format!("tool {qualified} failed: {other}")),
                 };
+                let unreachable = matches!(reason, "timeout" | "cancelled") || matches!(e, CallError::NotConnected(_));
                 (
                     event::TOOL_FAILED,
                     json!({"call_id": call.id, "tool": qualified, "error": content, "reason": reason, "duration_ms": duration_ms}),
-                    fail(content),
+                    CallResult { content, is_error: true, unreachable, finish: None },
                 )
             }
         };
@@ -556,6 +700,37 @@ impl<'h> Run<'h> {
         let _ = &self.caller_cancel;
         let messages = lock(&self.new_messages).iter().map(Message::to_json).collect();
         RunOutcome { state, result, response_type: response_type.to_string(), messages }
+    }
+}
+
+/// The bundle's model as a Keen flow's `agent` nodes see it: one request with the agent's
+/// system prompt and the node's prompt (plus the flow's context), logged like any model turn.
+struct FlowModel<'r, 'h> {
+    run: &'r Run<'h>,
+}
+
+#[async_trait::async_trait]
+impl crate::keen::FlowAgent for FlowModel<'_, '_> {
+    async fn ask(&self, prompt: &str, context: &str) -> Result<(String, String), String> {
+        let text = if context.trim().is_empty() { prompt.to_string() } else { format!("{prompt}\n\n{context}") };
+        let request = ModelRequest {
+            system: self.run.h.system_prompt.clone(),
+            messages: vec![Message::user(text)],
+            tools: Vec::new(),
+            parallel_tool_calls: false,
+        };
+        let _ = self.run.emit(event::MODEL_REQUESTED, json!({"flow_agent": true}), false).await;
+        match self.run.h.provider.complete(&request, &self.run.cancel).await {
+            Ok(reply) => {
+                let _ = self
+                    .run
+                    .emit(event::MODEL_ANSWERED, json!({"flow_agent": true, "message": reply.message().to_json(), "usage": reply.usage}), false)
+                    .await;
+                Ok((reply.text, "text".to_string()))
+            }
+            Err(ModelError::Cancelled) => Err("the run was cancelled".to_string()),
+            Err(e) => Ok((e.to_string(), "error".to_string())),
+        }
     }
 }
 
