@@ -501,3 +501,29 @@ async fn url_servers_get_their_headers_with_secrets_substituted() {
     assert_eq!(headers.get("x-team").map(String::as_str), Some("blue"), "{headers:?}");
     host.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paginated_tool_lists_are_followed_and_results_are_rendered_as_text() {
+    let bundle =
+        TestBundle::new(json!({"paged": {"command": python(), "args": [our_server("paged_server.py")]}}), &[]);
+    let host = start(&bundle, ctx()).await;
+    let names: Vec<String> = host.tools().iter().map(|t| t.qualified_name()).collect();
+    assert_eq!(
+        names,
+        ["mixed", "t0", "t1", "t2", "t3", "t4", "t5", "t6"].map(|t| format!("paged.{t}")).to_vec(),
+        "all three pages"
+    );
+    let tools = host.tools();
+    let t0 = &tools[1];
+    assert_eq!((t0.read_only, t0.idempotent, t0.description.as_str()), (true, false, "tool number 0"));
+    assert_eq!(t0.input_schema, json!({"type": "object", "properties": {"x": {"type": "integer"}}}));
+    assert_eq!((tools[2].read_only, tools[2].idempotent), (false, true));
+
+    let out = call(&host, "paged_t6", json!({"x": 6})).await.expect("t6 on the last page answers");
+    assert_eq!(out.text, r#"{"arguments": {"x": 6}, "tool": "t6"}"#);
+    let mixed = call(&host, "paged.mixed", Value::Null).await.expect("mixed");
+    assert_eq!(mixed.text, "{\"n\":1}\n[image: image/png, 4 bytes]");
+    let bad = call(&host, "paged.t1", json!([1, 2])).await;
+    assert!(matches!(bad, Err(CallError::BadArguments { .. })), "{bad:?}");
+    host.shutdown().await;
+}

@@ -17,7 +17,7 @@ use agen_shared::bundle::{Bundle, ServerSpec};
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, MetaObject, RequestMetaObject, Tool,
 };
-use rmcp::service::{Peer, RoleClient, RunningService, ServiceError};
+use rmcp::service::{ClientInitializeError, Peer, RoleClient, RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::ServiceExt;
@@ -215,7 +215,7 @@ impl ToolHost {
                     Err(CallError::Failed { server: conn.name.clone(), message: e.message.to_string() })
                 }
                 Err(ServiceError::TransportClosed) => Err(CallError::NotConnected(conn.name.clone())),
-                Err(e) => Err(CallError::Failed { server: conn.name.clone(), message: e.to_string() }),
+                Err(e) => Err(CallError::Failed { server: conn.name.clone(), message: error_chain(&e) }),
             },
             _ = tokio::time::sleep(timeout) => Err(CallError::Timeout(timeout)),
         }
@@ -390,8 +390,8 @@ async fn start_command(
         let running = client_config()
             .serve_with_ct((stdout, stdin), ct)
             .await
-            .map_err(|e| format!("failed to initialize: {e}"))?;
-        let tools = running.peer().list_all_tools().await.map_err(|e| format!("failed to list tools: {e}"))?;
+            .map_err(|e| format!("failed to initialize: {}", init_error(&e)))?;
+        let tools = running.peer().list_all_tools().await.map_err(|e| format!("failed to list tools: {}", error_chain(&e)))?;
         Ok::<_, String>((running, tools))
     };
     let failure = match tokio::time::timeout(ctx.start_timeout, connect).await {
@@ -427,14 +427,42 @@ async fn start_url(
     );
     let connect = async {
         let running =
-            client_config().serve_with_ct(transport, ct).await.map_err(|e| format!("failed to connect to {url}: {e}"))?;
-        let tools = running.peer().list_all_tools().await.map_err(|e| format!("failed to list tools: {e}"))?;
+            client_config().serve_with_ct(transport, ct).await.map_err(|e| format!("failed to connect to {url}: {}", init_error(&e)))?;
+        let tools = running.peer().list_all_tools().await.map_err(|e| format!("failed to list tools: {}", error_chain(&e)))?;
         Ok::<_, String>((running, tools))
     };
     match tokio::time::timeout(ctx.start_timeout, connect).await {
         Ok(Ok((running, tools))) => Ok(Started { running, tools, process: None, stderr: StderrCapture::none() }),
         Ok(Err(reason)) => Err(reason),
         Err(_) => Err(format!("{url} did not answer initialize and tools/list within {:?}", ctx.start_timeout)),
+    }
+}
+
+/// An error and its sources as one line for people: rmcp's wrapper layers (which name Rust
+/// types) are left out, and a message already contained in the one before it is not repeated.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(e);
+    while let Some(err) = next {
+        let msg = err.to_string();
+        if !msg.contains("rmcp::") && !parts.iter().any(|p| p.contains(&msg)) {
+            parts.push(msg);
+        }
+        next = err.source();
+    }
+    if parts.is_empty() {
+        return e.to_string();
+    }
+    parts.join(": ")
+}
+
+/// Why `initialize` failed, without rmcp's type names.
+fn init_error(e: &ClientInitializeError) -> String {
+    match e {
+        ClientInitializeError::TransportError { error, context } => {
+            format!("{} (while trying to {context})", error_chain(&*error.error))
+        }
+        other => error_chain(other),
     }
 }
 
