@@ -66,6 +66,8 @@ pub struct Core {
     state: Mutex<State>,
     pub(crate) wake: Notify,
     pub(crate) updates: broadcast::Sender<TaskUpdate>,
+    /// Cancelled when the Hub stops: long-lived streams (watchers) end.
+    pub(crate) stopping: tokio_util::sync::CancellationToken,
 }
 
 pub(crate) fn validate_name(field: &str, value: &str) -> Result<()> {
@@ -132,6 +134,7 @@ impl Core {
             }),
             wake: Notify::new(),
             updates,
+            stopping: tokio_util::sync::CancellationToken::new(),
         }))
     }
 
@@ -486,6 +489,16 @@ impl Core {
         self.db.flush().await?;
         self.poke();
         Ok(conn_id)
+    }
+
+    /// Ends every Nest stream (Hub shutdown).
+    pub fn close_links(&self) {
+        self.stopping.cancel();
+        let mut st = self.lock();
+        let ids: Vec<String> = st.nests.keys().cloned().collect();
+        for id in ids {
+            st.live.drop_link(&id);
+        }
     }
 
     /// A Nest's stream ended.

@@ -30,6 +30,9 @@ use agen_shared::tls::{self, JoinToken};
 use tokio_util::sync::CancellationToken;
 
 pub use config::{default_data_dir, HubOptions};
+
+/// How long a stopping Hub waits for open streams (watchers, uploads) to finish.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 pub use error::{HubError, Result};
 
 /// A running Hub.
@@ -162,13 +165,30 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let stop = shutdown.clone();
     let serving = tokio::spawn(async move {
-        let result = router.serve_with_incoming_shutdown(incoming, stop.cancelled_owned()).await;
+        let closing = core.clone();
+        let signal = {
+            let stop = stop.clone();
+            async move {
+                stop.cancelled().await;
+                // End every Nest stream so that graceful shutdown does not wait on them.
+                closing.close_links();
+            }
+        };
+        let serve = router.serve_with_incoming_shutdown(incoming, signal);
+        tokio::pin!(serve);
+        let result = tokio::select! {
+            r = &mut serve => r.map_err(|e| HubError::Serve(e.to_string())),
+            _ = async { stop.cancelled().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
+                tracing::warn!("open streams did not finish within {SHUTDOWN_GRACE:?}; stopping anyway (not graceful)");
+                Ok(())
+            }
+        };
         let _ = reconciler.await;
         if let Err(e) = core.db.flush().await {
             tracing::error!(error = %e, "final store flush failed");
         }
         tracing::info!("hub stopped");
-        result.map_err(|e| HubError::Serve(e.to_string()))
+        result
     });
     tracing::info!(%url, data_dir = %data_dir.display(), plaintext = opts.insecure_plaintext, "hub listening");
     Ok(HubHandle {

@@ -117,6 +117,8 @@ pub fn plan(replicas: u32, generation: u64, instances: &[InstView]) -> Plan {
             InstanceState::Lost | InstanceState::Stopping => {}
             InstanceState::Unhealthy => out.replace.push(i.instance_id.clone()),
             _ if i.generation == generation => current.push(i),
+            // An old-generation placement that never started is of no use.
+            InstanceState::Pending => out.stop.push(i.instance_id.clone()),
             _ => old.push(i),
         }
     }

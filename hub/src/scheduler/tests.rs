@@ -94,6 +94,11 @@ fn plan_rolls_old_generation_over_once_new_instances_run() {
         plan(2, 2, &[inst("o1", 1, Running, 1), inst("o2", 1, Running, 2), inst("n1", 2, Running, 3), inst("n2", 2, Starting, 4)]),
         Plan { stop: vec!["o1".into()], ..Plan::default() }
     );
+    // Old placements that never started go at once.
+    assert_eq!(
+        plan(1, 2, &[inst("o1", 1, Pending, 1), inst("o2", 1, Running, 2)]),
+        Plan { create: 1, stop: vec!["o1".into()], ..Plan::default() }
+    );
     // All new instances run: every old one goes.
     assert_eq!(
         plan(1, 2, &[inst("o1", 1, Running, 1), inst("n1", 2, Running, 3)]),

@@ -244,7 +244,11 @@ impl AgenService for AgenApi {
                 return;
             }
             loop {
-                match live.recv().await {
+                let next = tokio::select! {
+                    n = live.recv() => n,
+                    _ = core.stopping.cancelled() => return,
+                };
+                match next {
                     Ok(u) if u.task_id == task.task_id => {
                         if u.event.seq <= last {
                             continue;

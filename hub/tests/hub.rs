@@ -1,0 +1,613 @@
+//! The Hub over its real gRPC wire protocol (TLS, tokens): health and reflection, the API,
+//! a hand-driven Nest stream (register, placement, loss, restart and re-adoption), and tasks
+//! (dispatch, run events and acks, idempotent submit, cancel, conversations, watch).
+
+mod support;
+
+use std::time::Duration;
+
+use agen_proto::v1 as pb;
+use pb::hub_message::Msg as Hub;
+use pb::nest_message::Msg as Nest;
+use pretty_assertions::assert_eq;
+use support::*;
+
+const TTL: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn health_and_reflection_need_no_token_but_the_api_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = TestHub::start(dir.path(), TTL).await;
+    let channel = hub.channel().await;
+
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    let status = health
+        .check(tonic_health::pb::HealthCheckRequest { service: "agen.v1.AgenService".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+
+    use tonic_reflection::pb::v1::{server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest, server_reflection_response::MessageResponse, ServerReflectionRequest};
+    let mut reflection = ServerReflectionClient::new(channel.clone());
+    let req = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
+    let mut answers = reflection.server_reflection_info(futures::stream::iter(vec![req])).await.unwrap().into_inner();
+    let answer = answers.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else { panic!("expected a service list") };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(names.contains(&"agen.v1.AgenService".to_string()), "{names:?}");
+    assert!(names.contains(&"agen.v1.NestService".to_string()), "{names:?}");
+
+    let mut anonymous = pb::agen_service_client::AgenServiceClient::new(channel.clone());
+    let err = anonymous.list_nests(pb::ListNestsRequest {}).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    assert!(err.message().contains("admin token"), "{}", err.message());
+
+    let mut wrong = pb::agen_service_client::AgenServiceClient::with_interceptor(channel.clone(), Bearer::new("nope"));
+    assert_eq!(wrong.list_nests(pb::ListNestsRequest {}).await.unwrap_err().code(), tonic::Code::Unauthenticated);
+
+    // The join token is for Nests only.
+    let mut nest_token = pb::agen_service_client::AgenServiceClient::with_interceptor(channel, Bearer::new(&hub.join_token));
+    assert_eq!(nest_token.list_nests(pb::ListNestsRequest {}).await.unwrap_err().code(), tonic::Code::Unauthenticated);
+
+    let mut api = hub.client().await;
+    assert_eq!(api.list_nests(pb::ListNestsRequest {}).await.unwrap().into_inner().nests, vec![]);
+}
+
+#[tokio::test]
+async fn join_token_pins_the_hub_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = TestHub::start(dir.path(), TTL).await;
+    let token = agen_shared::tls::JoinToken::parse(&hub.join_token).unwrap();
+    assert_eq!(std::fs::read_to_string(dir.path().join("join-token")).unwrap().trim(), hub.join_token);
+    let pem = agen_shared::tls::fetch_pinned_ca(&hub.url, &token.ca_sha256).await.unwrap();
+    assert_eq!(pem.trim(), std::fs::read_to_string(&hub.ca_file).unwrap().trim());
+}
+
+#[tokio::test]
+async fn plaintext_is_refused_off_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path(), TTL);
+    opts.insecure_plaintext = true;
+    opts.listen = "0.0.0.0:0".parse().unwrap();
+    let err = agen_hub::start(opts, Default::default()).await.unwrap_err().to_string();
+    assert!(err.contains("only allowed on a loopback"), "{err}");
+}
+
+#[tokio::test]
+async fn upload_deploy_and_list_with_clear_errors_for_bad_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = TestHub::start(&dir.path().join("hub"), TTL).await;
+    let mut api = hub.client().await;
+    let bundle = dir.path().join("hello");
+    write_bundle(&bundle, "You are helpful.");
+
+    let first = upload(&mut api, &bundle).await.unwrap();
+    assert!(!first.already_present);
+    let again = upload(&mut api, &bundle).await.unwrap();
+    assert!(again.already_present);
+    assert_eq!(again.digest, first.digest);
+
+    let d = deploy(&mut api, &bundle, "hello", 2).await;
+    assert_eq!((d.name.as_str(), d.replicas, d.generation, d.agent_name.as_str()), ("hello", 2, 1, "hello"));
+    let list = api
+        .list_deployments(pb::ListDeploymentsRequest { namespace: "default".into(), all_namespaces: false })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(list.deployments.len(), 1);
+
+    // The same spec again is no new generation; a changed bundle is.
+    assert_eq!(deploy(&mut api, &bundle, "hello", 2).await.generation, 1);
+    write_bundle(&bundle, "You are very helpful.");
+    assert_eq!(deploy(&mut api, &bundle, "hello", 2).await.generation, 2);
+
+    // Pending placements are visible with the reason.
+    let pending = eventually("pending instances", Duration::from_secs(5), || {
+        let mut api = api.clone();
+        async move {
+            let list = instances(&mut api, "hello").await;
+            (list.len() == 2 && list.iter().all(|i| state(i) == pb::InstanceState::Pending && !i.message.is_empty())).then_some(list)
+        }
+    })
+    .await;
+    assert!(pending[0].message.contains("waiting for a ready nest"), "{}", pending[0].message);
+
+    // A broken bundle is refused with the bundle's own error.
+    let broken = dir.path().join("broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("mcp.json"), "{}").unwrap();
+    let err = upload(&mut api, &broken).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("x-agen/agent.md"), "{}", err.message());
+
+    // A wrong digest is refused.
+    let bytes = agen_shared::bundle::pack(&bundle).unwrap();
+    let mut chunk = pb::BundleChunk { digest: format!("sha256:{}", "0".repeat(64)), total_size: bytes.len() as u64, data: bytes };
+    let err = api.upload_bundle(futures::stream::iter(vec![chunk.clone()])).await.unwrap_err();
+    assert!(err.message().contains("not the announced"), "{}", err.message());
+    chunk.total_size = 65 * 1024 * 1024;
+    let err = api.upload_bundle(futures::stream::iter(vec![chunk])).await.unwrap_err();
+    assert!(err.message().contains("64 MiB"), "{}", err.message());
+
+    async fn create(api: &mut Api, name: &str, digest: &str, replicas: u32) -> tonic::Status {
+        api.create_deployment(pb::CreateDeploymentRequest {
+            namespace: "default".into(),
+            name: name.into(),
+            bundle_digest: digest.into(),
+            replicas,
+            selector: Default::default(),
+            concurrency: 0,
+        })
+        .await
+        .unwrap_err()
+    }
+    let cases = [
+        ("", first.digest.as_str(), 1, tonic::Code::InvalidArgument, "name: expected a name"),
+        ("x", first.digest.as_str(), 1001, tonic::Code::InvalidArgument, "replicas: 1001 is too many"),
+        ("x", "", 1, tonic::Code::InvalidArgument, "bundle_digest"),
+        ("x", "sha256:abc", 1, tonic::Code::FailedPrecondition, "is not uploaded"),
+        ("Bad Name", first.digest.as_str(), 1, tonic::Code::InvalidArgument, "not a valid name"),
+    ];
+    for (name, digest, replicas, code, text) in cases {
+        let err = create(&mut api, name, digest, replicas).await;
+        assert_eq!(err.code(), code, "{name}: {}", err.message());
+        assert!(err.message().contains(text), "{name}: {}", err.message());
+    }
+    let err = api
+        .get_deployment(pb::GetDeploymentRequest { namespace: "default".into(), name: "x".into() })
+        .await
+        .unwrap_err();
+    assert_eq!((err.code(), err.message()), (tonic::Code::NotFound, "deployment default/x not found"));
+    let err = api
+        .list_tasks(pb::ListTasksRequest { state: "done".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert!(err.message().starts_with("state: `done` is not a task state"), "{}", err.message());
+
+    api.delete_deployment(pb::DeleteDeploymentRequest { namespace: "default".into(), name: "hello".into() })
+        .await
+        .unwrap();
+    eventually("instances gone", Duration::from_secs(5), || {
+        let mut api = api.clone();
+        async move { instances(&mut api, "hello").await.is_empty().then_some(()) }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_nest_registers_gets_placements_spread_and_reports_them_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = TestHub::start(&dir.path().join("hub"), TTL).await;
+    let mut api = hub.client().await;
+    let bundle = dir.path().join("hello");
+    write_bundle(&bundle, "hi");
+
+    let (mut a, registered) = FakeNest::connect(&hub, "nest-a", &[("zone", "x")], vec![]).await;
+    assert_eq!(registered.nest_id, "nest-a");
+    assert_eq!(registered.stop_instances, Vec::<String>::new());
+    let (mut b, _) = FakeNest::connect(&hub, "nest-b", &[("zone", "y")], vec![]).await;
+
+    deploy(&mut api, &bundle, "hello", 2).await;
+    let pa = a.accept_placement().await;
+    let pb_ = b.accept_placement().await;
+    assert_eq!((pa.deployment.as_str(), pa.generation, pa.concurrency), ("hello", 1, 1));
+    assert_ne!(pa.instance_id, pb_.instance_id);
+
+    let list = eventually("two running instances", Duration::from_secs(5), || {
+        let mut api = api.clone();
+        async move {
+            let list = instances(&mut api, "hello").await;
+            (list.len() == 2 && list.iter().all(|i| state(i) == pb::InstanceState::Running && i.healthy)).then_some(list)
+        }
+    })
+    .await;
+    let mut nests: Vec<&str> = list.iter().map(|i| i.nest_name.as_str()).collect();
+    nests.sort();
+    assert_eq!(nests, vec!["nest-a-name", "nest-b-name"]);
+    assert_eq!(list[0].tools_loaded, 2);
+
+    let nest_list = api.list_nests(pb::ListNestsRequest {}).await.unwrap().into_inner().nests;
+    assert_eq!(nest_list.len(), 2);
+    assert!(nest_list.iter().all(|n| n.state == pb::NestState::Ready as i32 && n.capacity == 32 && n.instances == 1));
+
+    // A selector places only on matching Nests.
+    let up = upload(&mut api, &bundle).await.unwrap();
+    api.create_deployment(pb::CreateDeploymentRequest {
+        namespace: "default".into(),
+        name: "zoned".into(),
+        bundle_digest: up.digest,
+        replicas: 1,
+        selector: [("zone".to_string(), "y".to_string())].into(),
+        concurrency: 0,
+    })
+    .await
+    .unwrap();
+    let placed = b.accept_placement().await;
+    assert_eq!(placed.deployment, "zoned");
+
+    // Deployment shows ready replicas.
+    let got = api
+        .get_deployment(pb::GetDeploymentRequest { namespace: "default".into(), name: "hello".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.deployment.unwrap().ready_replicas, 2);
+    assert_eq!(got.instances.len(), 2);
+}
+
+#[tokio::test]
+async fn a_lost_nest_has_its_instances_replaced_on_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = TestHub::start(&dir.path().join("hub"), Duration::from_millis(800)).await;
+    let mut api = hub.client().await;
+    let bundle = dir.path().join("hello");
+    write_bundle(&bundle, "hi");
+
+    let (mut a, _) = FakeNest::connect(&hub, "nest-a", &[], vec![]).await;
+    deploy(&mut api, &bundle, "hello", 1).await;
+    let first = a.accept_placement().await;
+    let (mut b, _) = FakeNest::connect(&hub, "nest-b", &[], vec![]).await;
+
+    a.go_silent();
+    let replacement = b.accept_placement().await;
+    assert_ne!(replacement.instance_id, first.instance_id);
+
+    let list = eventually("replacement running, old one lost", Duration::from_secs(5), || {
+        let mut api = api.clone();
+        async move {
+            let list = instances(&mut api, "hello").await;
+            let running = list.iter().any(|i| state(i) == pb::InstanceState::Running && i.nest_name == "nest-b-name");
+            running.then_some(list)
+        }
+    })
+    .await;
+    let old = list.iter().find(|i| i.instance_id == first.instance_id);
+    if let Some(old) = old {
+        assert_eq!(state(old), pb::InstanceState::Lost);
+        assert!(old.message.contains("no heartbeat"), "{}", old.message);
+    }
+    let nests = api.list_nests(pb::ListNestsRequest {}).await.unwrap().into_inner().nests;
+    let a_state = nests.iter().find(|n| n.nest_id == "nest-a").unwrap().state;
+    assert_eq!(a_state, pb::NestState::Lost as i32);
+}
+
+#[tokio::test]
+async fn a_hub_restart_keeps_state_and_readopts_instances_without_duplicates() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub_dir = dir.path().join("hub");
+    let mut hub = TestHub::start(&hub_dir, Duration::from_secs(3)).await;
+    let mut api = hub.client().await;
+    let bundle = dir.path().join("hello");
+    write_bundle(&bundle, "hi");
+    let (mut a, _) = FakeNest::connect(&hub, "nest-a", &[], vec![]).await;
+    deploy(&mut api, &bundle, "hello", 2).await;
+    let p1 = a.accept_placement().await;
+    let p2 = a.accept_placement().await;
+    eventually("both running", Duration::from_secs(5), || {
+        let mut api = api.clone();
+        async move {
+            let list = instances(&mut api, "hello").await;
+            (list.iter().filter(|i| state(i) == pb::InstanceState::Running).count() == 2).then_some(())
+        }
+    })
+    .await;
+    let reports = a.running.lock().unwrap().clone();
+    drop(a);
+    hub.stop().await;
+
+    let mut hub2 = TestHub::start_with(options(&hub_dir, Duration::from_secs(3))).await;
+    assert_eq!(hub2.admin_token, hub.admin_token);
+    assert_eq!(hub2.join_token, hub.join_token);
+    let mut api = hub2.client().await;
+    let deployments = api
+        .list_deployments(pb::ListDeploymentsRequest { namespace: "default".into(), all_namespaces: false })
+        .await
+        .unwrap()
+        .into_inner()
+        .deployments;
+    assert_eq!(deployments.len(), 1);
+    let before = instances(&mut api, "hello").await;
+    assert_eq!(before.len(), 2, "instances survive the restart");
+
+    // The Nest comes back with what it runs, plus one instance the Hub never placed.
+    let mut stray = reports[0].clone();
+    stray.instance_id = "stray-1".into();
+    let mut with_stray = reports.clone();
+    with_stray.push(stray);
+    let (mut a, registered) = FakeNest::connect(&hub2, "nest-a", &[], with_stray).await;
+    assert_eq!(registered.stop_instances, vec!["stray-1".to_string()]);
+    a.running.lock().unwrap().retain(|r| r.instance_id != "stray-1");
+
+    // Well past the reconcile window: still exactly the two original instances, nothing placed.
+    let mut expected = vec![p1.instance_id.clone(), p2.instance_id.clone()];
+    expected.sort();
+    let deadline = std::time::Instant::now() + Duration::from_secs(4);
+    while std::time::Instant::now() < deadline {
+        let mut ids: Vec<String> = instances(&mut api, "hello").await.into_iter().map(|i| i.instance_id).collect();
+        ids.sort();
+        assert_eq!(ids, expected);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    while let Ok(m) = tokio::time::timeout(Duration::from_millis(300), a.next()).await {
+        assert!(matches!(&m, Hub::Stop(s) if s.instance_id == "stray-1"), "only the stray is stopped, nothing placed: {m:?}");
+    }
+    hub2.stop().await;
+}
+
+#[tokio::test]
+async fn an_unhealthy_instance_is_replaced_with_a_new_id_and_back_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = TestHub::start(&dir.path().join("hub"), TTL).await;
+    let mut api = hub.client().await;
+    let bundle = dir.path().join("hello");
+    write_bundle(&bundle, "hi");
+    let (mut a, _) = FakeNest::connect(&hub, "nest-a", &[], vec![]).await;
+    deploy(&mut api, &bundle, "hello", 1).await;
+    let first = a.accept_placement().await;
+
+    let mut report = a.running.lock().unwrap()[0].clone();
+    report.state = pb::InstanceState::Unhealthy as i32;
+    report.healthy = false;
+    report.message = "tool server time exited: status 1".into();
+    a.running.lock().unwrap().clear();
+    a.send(Nest::Instance(report)).await;
+
+    let stop = a.next_matching(|m| match m { Hub::Stop(s) => Some(s), _ => None }).await;
+    assert_eq!(stop.instance_id, first.instance_id);
+    assert!(stop.reason.contains("tool server time exited"), "{}", stop.reason);
+    let replacement = a.next_matching(|m| match m { Hub::Place(p) => Some(p), _ => None }).await;
+    assert_ne!(replacement.instance_id, first.instance_id);
+
+    // Failing again: the next replacement waits, and says why.
+    a.report_running(&replacement).await;
+    let mut report = a.running.lock().unwrap()[0].clone();
+    report.state = pb::InstanceState::Unhealthy as i32;
+    report.healthy = false;
+    report.message = "tool server time exited: status 1".into();
+    a.running.lock().unwrap().clear();
+    a.send(Nest::Instance(report)).await;
+    let pending = eventually("a pending replacement with its back-off", Duration::from_secs(5), || {
+        let mut api = api.clone();
+        async move {
+            instances(&mut api, "hello")
+                .await
+                .into_iter()
+                .find(|i| state(i) == pb::InstanceState::Pending && i.message.starts_with("replacement back-off"))
+        }
+    })
+    .await;
+    assert_eq!(pending.message, "replacement back-off 2s: tool server time exited: status 1");
+}
+
+/// Sets up a Hub, a Nest running one instance of `hello`, and returns them.
+async fn fleet_with_one_instance(dir: &std::path::Path, concurrency: u32) -> (TestHub, Api, FakeNest, pb::PlaceInstance) {
+    let hub = TestHub::start(&dir.join("hub"), TTL).await;
+    let mut api = hub.client().await;
+    let bundle = dir.join("hello");
+    write_bundle(&bundle, "hi");
+    let (mut nest, _) = FakeNest::connect(&hub, "nest-a", &[], vec![]).await;
+    let up = upload(&mut api, &bundle).await.unwrap();
+    api.create_deployment(pb::CreateDeploymentRequest {
+        namespace: "default".into(),
+        name: "hello".into(),
+        bundle_digest: up.digest,
+        replicas: 1,
+        selector: Default::default(),
+        concurrency,
+    })
+    .await
+    .unwrap();
+    let place = nest.accept_placement().await;
+    (hub, api, nest, place)
+}
+
+fn event(run: &pb::AssignRun, seq: u64, kind: &str, json: serde_json::Value) -> pb::RunEvent {
+    pb::RunEvent {
+        run_id: run.run_id.clone(),
+        attempt: run.attempt,
+        seq,
+        task_id: run.task_id.clone(),
+        at_ms: 1_000 + seq as i64,
+        kind: kind.into(),
+        json: json.to_string(),
+        sync: false,
+    }
+}
+
+async fn send_events(nest: &mut FakeNest, instance_id: &str, events: Vec<pb::RunEvent>) -> pb::RunEventsAck {
+    nest.send(Nest::RunEvents(pb::RunEvents { instance_id: instance_id.into(), events })).await;
+    nest.next_matching(|m| match m { Hub::Ack(a) => Some(a), _ => None }).await
+}
+
+async fn submit(api: &mut Api, input: &str, conversation: &str, request_id: &str) -> pb::Task {
+    api.submit_task(pb::SubmitTaskRequest {
+        namespace: "default".into(),
+        deployment: "hello".into(),
+        input: input.into(),
+        labels: [("team".to_string(), "a".to_string())].into(),
+        conversation_key: conversation.into(),
+        client_request_id: request_id.into(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+}
+
+async fn get(api: &mut Api, task_id: &str) -> pb::Task {
+    api.get_task(pb::GetTaskRequest { namespace: "default".into(), task_id: task_id.into() }).await.unwrap().into_inner()
+}
+
+#[tokio::test]
+async fn a_task_runs_from_submit_to_succeeded_through_run_events_and_acks() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_hub, mut api, mut nest, place) = fleet_with_one_instance(dir.path(), 0).await;
+
+    let task = submit(&mut api, "what time is it?", "", "req-1").await;
+    assert_eq!(task_state(&task), pb::TaskState::Queued);
+    // A retried submit returns the same task.
+    assert_eq!(submit(&mut api, "what time is it?", "", "req-1").await.task_id, task.task_id);
+
+    let run = nest.next_matching(|m| match m { Hub::AssignRun(r) => Some(r), _ => None }).await;
+    assert_eq!((run.task_id.as_str(), run.attempt, run.instance_id.as_str()), (task.task_id.as_str(), 1, place.instance_id.as_str()));
+    assert_eq!(run.root_run_id, run.run_id);
+    assert_eq!(run.history_json, "[]");
+    assert_eq!(run.labels.get("team").map(String::as_str), Some("a"));
+
+    let mut watch = api
+        .watch_task(pb::WatchTaskRequest { namespace: "default".into(), task_id: task.task_id.clone(), from_seq: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+
+    let ack = send_events(
+        &mut nest,
+        &place.instance_id,
+        vec![
+            event(&run, 1, "model.requested", serde_json::json!({})),
+            event(&run, 2, "model.answered", serde_json::json!({})),
+            event(&run, 3, "tool.started", serde_json::json!({"tool": "time.get_current_time", "call_id": "c1"})),
+            event(&run, 4, "task.progress", serde_json::json!({"step": "looking up", "done": 1, "total": 2})),
+        ],
+    )
+    .await;
+    assert_eq!((ack.acked_seq, ack.fenced), (4, false));
+    let running = get(&mut api, &task.task_id).await;
+    assert_eq!(task_state(&running), pb::TaskState::Running);
+    assert_eq!(running.activity, "calling time.get_current_time");
+    assert_eq!(running.progress.as_ref().map(|p| (p.step.as_str(), p.done, p.total)), Some(("looking up", Some(1), Some(2))));
+
+    // A resend is harmless: acked again, stored once.
+    let ack = send_events(&mut nest, &place.instance_id, vec![event(&run, 4, "task.progress", serde_json::json!({"step": "looking up"}))]).await;
+    assert_eq!(ack.acked_seq, 4);
+
+    let ack = send_events(
+        &mut nest,
+        &place.instance_id,
+        vec![
+            event(&run, 5, "tool.completed", serde_json::json!({"tool": "time.get_current_time", "call_id": "c1"})),
+            event(
+                &run,
+                6,
+                "run.finished",
+                serde_json::json!({"state": "succeeded", "result": "It is noon.", "response_type": "text",
+                    "messages": [{"role": "user", "content": "what time is it?"}, {"role": "assistant", "content": "It is noon."}]}),
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(ack.acked_seq, 6);
+    let done = get(&mut api, &task.task_id).await;
+    assert_eq!(task_state(&done), pb::TaskState::Succeeded);
+    let outcome = done.outcome.unwrap();
+    assert_eq!((outcome.result.as_str(), outcome.response_type.as_str()), ("It is noon.", "text"));
+
+    // Watch replays every event and ends after the terminal state.
+    let mut kinds = Vec::new();
+    while let Some(e) = tokio::time::timeout(Duration::from_secs(5), watch.message()).await.unwrap().unwrap() {
+        kinds.push(e.kind);
+    }
+    assert_eq!(
+        kinds,
+        vec!["task.state", "task.state", "model.requested", "model.answered", "tool.started", "task.progress", "tool.completed", "run.finished", "task.state"]
+    );
+
+    let trace = api
+        .get_trace(pb::GetTraceRequest { namespace: "default".into(), task_id: task.task_id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    let spans: Vec<(String, String)> = trace.spans.iter().map(|s| (s.name.clone(), s.status.clone())).collect();
+    assert_eq!(
+        spans,
+        vec![
+            ("task hello".to_string(), "succeeded".to_string()),
+            ("model turn 1".to_string(), "ok".to_string()),
+            ("tool time.get_current_time".to_string(), "ok".to_string()),
+        ]
+    );
+
+    let listed = api.list_tasks(pb::ListTasksRequest { namespace: "default".into(), state: "succeeded".into(), ..Default::default() }).await.unwrap().into_inner();
+    assert_eq!(listed.tasks.len(), 1);
+    let arts = api.list_artifacts(pb::ListArtifactsRequest { namespace: "default".into(), task_id: task.task_id.clone() }).await.unwrap();
+    assert!(arts.into_inner().artifacts.is_empty());
+}
+
+#[tokio::test]
+async fn a_conversation_runs_in_order_and_carries_its_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_hub, mut api, mut nest, place) = fleet_with_one_instance(dir.path(), 4).await;
+    let first = submit(&mut api, "my name is Ada", "chat-1", "").await;
+    let second = submit(&mut api, "what is my name?", "chat-1", "").await;
+    assert_eq!(first.conversation_id, second.conversation_id);
+
+    let run1 = nest.next_matching(|m| match m { Hub::AssignRun(r) => Some(r), _ => None }).await;
+    assert_eq!(run1.task_id, first.task_id);
+    // The second task waits for the first although the instance has free slots.
+    assert_eq!(task_state(&get(&mut api, &second.task_id).await), pb::TaskState::Queued);
+    send_events(
+        &mut nest,
+        &place.instance_id,
+        vec![event(&run1, 1, "run.finished", serde_json::json!({"state": "succeeded", "result": "Hi Ada",
+            "messages": [{"role": "user", "content": "my name is Ada"}, {"role": "assistant", "content": "Hi Ada"}]}))],
+    )
+    .await;
+    let run2 = nest.next_matching(|m| match m { Hub::AssignRun(r) => Some(r), _ => None }).await;
+    assert_eq!(run2.task_id, second.task_id);
+    let history: serde_json::Value = serde_json::from_str(&run2.history_json).unwrap();
+    assert_eq!(history[1]["content"], "Hi Ada");
+}
+
+#[tokio::test]
+async fn cancel_stops_queued_tasks_at_once_and_running_ones_through_the_nest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_hub, mut api, mut nest, place) = fleet_with_one_instance(dir.path(), 0).await;
+    let running = submit(&mut api, "long job", "", "").await;
+    let queued = submit(&mut api, "another", "", "").await;
+    let run = nest.next_matching(|m| match m { Hub::AssignRun(r) => Some(r), _ => None }).await;
+    assert_eq!(run.task_id, running.task_id);
+
+    let cancelled = api
+        .cancel_task(pb::CancelTaskRequest { namespace: "default".into(), task_id: queued.task_id.clone(), reason: String::new() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(task_state(&cancelled), pb::TaskState::Cancelled);
+
+    api.cancel_task(pb::CancelTaskRequest { namespace: "default".into(), task_id: running.task_id.clone(), reason: "changed my mind".into() })
+        .await
+        .unwrap();
+    let cancel = nest.next_matching(|m| match m { Hub::CancelRun(c) => Some(c), _ => None }).await;
+    assert_eq!((cancel.run_id.as_str(), cancel.instance_id.as_str(), cancel.reason.as_str()), (run.run_id.as_str(), place.instance_id.as_str(), "changed my mind"));
+    send_events(&mut nest, &place.instance_id, vec![event(&run, 1, "run.finished", serde_json::json!({"state": "cancelled", "result": ""}))]).await;
+    let t = get(&mut api, &running.task_id).await;
+    assert_eq!(task_state(&t), pb::TaskState::Cancelled);
+    assert_eq!(t.outcome.unwrap().error, "changed my mind");
+}
+
+#[tokio::test]
+async fn a_run_whose_nest_is_lost_is_redispatched_with_the_next_attempt_and_old_events_fenced() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = TestHub::start(&dir.path().join("hub"), Duration::from_millis(800)).await;
+    let mut api = hub.client().await;
+    let bundle = dir.path().join("hello");
+    write_bundle(&bundle, "hi");
+    let (mut a, _) = FakeNest::connect(&hub, "nest-a", &[], vec![]).await;
+    deploy(&mut api, &bundle, "hello", 1).await;
+    let pa = a.accept_placement().await;
+    let task = submit(&mut api, "job", "", "").await;
+    let run1 = a.next_matching(|m| match m { Hub::AssignRun(r) => Some(r), _ => None }).await;
+    send_events(&mut a, &pa.instance_id, vec![event(&run1, 1, "model.requested", serde_json::json!({}))]).await;
+
+    let (mut b, _) = FakeNest::connect(&hub, "nest-b", &[], vec![]).await;
+    a.go_silent();
+    b.accept_placement().await;
+    let run2 = b.next_matching(|m| match m { Hub::AssignRun(r) => Some(r), _ => None }).await;
+    assert_eq!((run2.task_id.as_str(), run2.run_id.as_str(), run2.attempt), (task.task_id.as_str(), run1.run_id.as_str(), 2));
+    let replay: serde_json::Value = serde_json::from_str(&run2.replay_json).unwrap();
+    assert_eq!(replay[0]["kind"], "model.requested");
+
+    // The old attempt is fenced.
+    let ack = send_events(&mut b, &pa.instance_id, vec![event(&run1, 2, "model.answered", serde_json::json!({}))]).await;
+    assert!(ack.fenced);
+}

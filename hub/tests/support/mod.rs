@@ -1,0 +1,343 @@
+//! Test harness for the Hub's wire protocol: an in-process Hub on 127.0.0.1:0 with TLS,
+//! authenticated clients built from the generated code, a hand-driven fake Nest stream, and
+//! polling helpers with deadlines (never fixed sleeps to wait for readiness).
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agen_hub::{HubHandle, HubOptions};
+use agen_proto::v1 as pb;
+use agen_proto::v1::agen_service_client::AgenServiceClient;
+use agen_proto::v1::nest_service_client::NestServiceClient;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tonic::metadata::MetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+
+/// A Hub running in this process.
+pub struct TestHub {
+    pub handle: Option<HubHandle>,
+    pub shutdown: CancellationToken,
+    pub data_dir: PathBuf,
+    pub url: String,
+    pub ca_file: PathBuf,
+    pub admin_token: String,
+    pub join_token: String,
+}
+
+pub fn options(data_dir: &Path, ttl: Duration) -> HubOptions {
+    HubOptions {
+        data_dir: data_dir.to_path_buf(),
+        listen: "127.0.0.1:0".parse().expect("literal address"),
+        insecure_plaintext: false,
+        nest_ttl: ttl,
+        heartbeat_interval: Duration::from_millis(200),
+    }
+}
+
+impl TestHub {
+    pub async fn start(data_dir: &Path, ttl: Duration) -> TestHub {
+        Self::start_with(options(data_dir, ttl)).await
+    }
+
+    pub async fn start_with(opts: HubOptions) -> TestHub {
+        let shutdown = CancellationToken::new();
+        let data_dir = opts.data_dir.clone();
+        let handle = agen_hub::start(opts, shutdown.clone()).await.expect("hub starts");
+        TestHub {
+            url: handle.url.clone(),
+            ca_file: handle.ca_file.clone(),
+            admin_token: handle.admin_token.clone(),
+            join_token: handle.join_token.clone(),
+            handle: Some(handle),
+            shutdown,
+            data_dir,
+        }
+    }
+
+    /// Stops the Hub gracefully and waits for it.
+    pub async fn stop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(h) = self.handle.take() {
+            tokio::time::timeout(Duration::from_secs(20), h.wait())
+                .await
+                .expect("hub stops within 20s")
+                .expect("hub stops cleanly");
+        }
+    }
+
+    pub async fn channel(&self) -> Channel {
+        let ca = std::fs::read_to_string(&self.ca_file).expect("ca file");
+        Endpoint::from_shared(self.url.clone())
+            .expect("hub url")
+            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).domain_name("localhost"))
+            .expect("tls config")
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .expect("connects to the hub")
+    }
+
+    pub async fn client(&self) -> Api {
+        AgenServiceClient::with_interceptor(self.channel().await, Bearer::new(&self.admin_token))
+    }
+
+    pub async fn nest_client(&self) -> NestApi {
+        NestServiceClient::with_interceptor(self.channel().await, Bearer::new(&self.join_token))
+    }
+}
+
+impl Drop for TestHub {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// Adds `authorization: Bearer <token>` to every call.
+#[derive(Clone)]
+pub struct Bearer(MetadataValue<tonic::metadata::Ascii>);
+
+impl Bearer {
+    pub fn new(token: &str) -> Bearer {
+        Bearer(format!("Bearer {token}").parse().expect("ascii token"))
+    }
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        req.metadata_mut().insert("authorization", self.0.clone());
+        Ok(req)
+    }
+}
+
+pub type Api = AgenServiceClient<InterceptedService<Channel, Bearer>>;
+pub type NestApi = NestServiceClient<InterceptedService<Channel, Bearer>>;
+
+/// A minimal valid bundle folder.
+pub fn write_bundle(dir: &Path, prompt: &str) {
+    std::fs::create_dir_all(dir.join("x-agen")).expect("mkdir");
+    std::fs::write(
+        dir.join("x-agen/agent.md"),
+        format!("---\nname: hello\nmodel: openai/gpt-4.1-mini\n---\n{prompt}\n"),
+    )
+    .expect("write agent.md");
+}
+
+/// Uploads the bundle in `dir` in small chunks; returns its digest.
+pub async fn upload(api: &mut Api, dir: &Path) -> Result<pb::UploadBundleResponse, tonic::Status> {
+    let bytes = agen_shared::bundle::pack(dir).expect("pack bundle");
+    upload_bytes(api, &bytes).await
+}
+
+pub async fn upload_bytes(api: &mut Api, bytes: &[u8]) -> Result<pb::UploadBundleResponse, tonic::Status> {
+    let digest = agen_shared::bundle::digest(bytes);
+    let mut chunks: Vec<pb::BundleChunk> = bytes
+        .chunks(64)
+        .map(|c| pb::BundleChunk {
+            digest: String::new(),
+            total_size: 0,
+            data: c.to_vec(),
+        })
+        .collect();
+    chunks[0].digest = digest;
+    chunks[0].total_size = bytes.len() as u64;
+    api.upload_bundle(futures::stream::iter(chunks)).await.map(|r| r.into_inner())
+}
+
+/// Uploads a bundle and creates (or updates) a deployment of it.
+pub async fn deploy(api: &mut Api, bundle_dir: &Path, name: &str, replicas: u32) -> pb::Deployment {
+    let up = upload(api, bundle_dir).await.expect("upload");
+    api.create_deployment(pb::CreateDeploymentRequest {
+        namespace: "default".into(),
+        name: name.into(),
+        bundle_digest: up.digest,
+        replicas,
+        selector: Default::default(),
+        concurrency: 0,
+    })
+    .await
+    .expect("create deployment")
+    .into_inner()
+}
+
+/// A Nest driven by hand over the real `Connect` stream.
+pub struct FakeNest {
+    pub nest_id: String,
+    pub name: String,
+    pub tx: mpsc::Sender<pb::NestMessage>,
+    pub rx: tonic::Streaming<pb::HubMessage>,
+    /// Instances this fake runs (reported in heartbeats).
+    pub running: Arc<Mutex<Vec<pb::InstanceReport>>>,
+    heartbeats: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeNest {
+    fn drop(&mut self) {
+        self.heartbeats.abort();
+    }
+}
+
+pub fn msg(m: pb::nest_message::Msg) -> pb::NestMessage {
+    pb::NestMessage { msg: Some(m) }
+}
+
+impl FakeNest {
+    /// Connects and registers; returns the Nest and the `Registered` answer.
+    pub async fn connect(
+        hub: &TestHub,
+        nest_id: &str,
+        labels: &[(&str, &str)],
+        running: Vec<pb::InstanceReport>,
+    ) -> (FakeNest, pb::Registered) {
+        let mut client = hub.nest_client().await;
+        let (tx, rx) = mpsc::channel(64);
+        tx.send(msg(pb::nest_message::Msg::Register(pb::Register {
+            nest_id: nest_id.into(),
+            name: format!("{nest_id}-name"),
+            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            capacity: 0,
+            version: "test".into(),
+            instances: running.clone(),
+        })))
+        .await
+        .expect("queue register");
+        let response = client
+            .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect("connect stream")
+            .into_inner();
+        let running = Arc::new(Mutex::new(running));
+        let heartbeats = {
+            let (tx, running) = (tx.clone(), running.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    let instances = running.lock().map(|r| r.clone()).unwrap_or_default();
+                    let hb = msg(pb::nest_message::Msg::Heartbeat(pb::Heartbeat { at_ms: 0, instances }));
+                    if tx.send(hb).await.is_err() {
+                        return;
+                    }
+                }
+            })
+        };
+        let mut nest = FakeNest {
+            nest_id: nest_id.into(),
+            name: format!("{nest_id}-name"),
+            tx,
+            rx: response,
+            running,
+            heartbeats,
+        };
+        let registered = match nest.next().await {
+            pb::hub_message::Msg::Registered(r) => r,
+            other => panic!("expected Registered first, got {other:?}"),
+        };
+        (nest, registered)
+    }
+
+    /// The next Hub message (10 s deadline).
+    pub async fn next(&mut self) -> pb::hub_message::Msg {
+        let m = tokio::time::timeout(Duration::from_secs(10), self.rx.message())
+            .await
+            .expect("a message from the hub within 10s")
+            .expect("hub stream healthy")
+            .expect("hub stream open");
+        m.msg.expect("message has a body")
+    }
+
+    /// Stops heartbeating (as a frozen or dead Nest would).
+    pub fn go_silent(&self) {
+        self.heartbeats.abort();
+    }
+
+    /// The next message matching `pick`, skipping others.
+    pub async fn next_matching<T>(&mut self, mut pick: impl FnMut(pb::hub_message::Msg) -> Option<T>) -> T {
+        loop {
+            if let Some(t) = pick(self.next().await) {
+                return t;
+            }
+        }
+    }
+
+    /// Reports an instance as running and healthy (and remembers it).
+    pub async fn report_running(&mut self, place: &pb::PlaceInstance) {
+        let report = pb::InstanceReport {
+            instance_id: place.instance_id.clone(),
+            namespace: place.namespace.clone(),
+            deployment: place.deployment.clone(),
+            bundle_digest: place.bundle_digest.clone(),
+            generation: place.generation,
+            state: pb::InstanceState::Running as i32,
+            healthy: true,
+            tools_loaded: 2,
+            servers_not_connected: vec![],
+            message: String::new(),
+            restarts: 0,
+            pid: 42,
+            active_runs: vec![],
+            tools: vec!["time.get_current_time".into(), "time.convert_time".into()],
+        };
+        if let Ok(mut running) = self.running.lock() {
+            running.retain(|r| r.instance_id != report.instance_id);
+            running.push(report.clone());
+        }
+        self.send(pb::nest_message::Msg::Instance(report)).await;
+    }
+
+    pub async fn send(&self, m: pb::nest_message::Msg) {
+        self.tx.send(msg(m)).await.expect("nest stream open");
+    }
+
+    /// Waits for a PlaceInstance and reports it running.
+    pub async fn accept_placement(&mut self) -> pb::PlaceInstance {
+        let place = self
+            .next_matching(|m| match m {
+                pb::hub_message::Msg::Place(p) => Some(p),
+                _ => None,
+            })
+            .await;
+        self.report_running(&place).await;
+        place
+    }
+}
+
+/// Polls `f` until it returns `Some`, or panics after `timeout` naming `what`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(t) = f().await {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub async fn instances(api: &mut Api, deployment: &str) -> Vec<pb::Instance> {
+    api.list_instances(pb::ListInstancesRequest {
+        namespace: "default".into(),
+        deployment: deployment.into(),
+        all_namespaces: false,
+    })
+    .await
+    .expect("list instances")
+    .into_inner()
+    .instances
+}
+
+pub fn state(i: &pb::Instance) -> pb::InstanceState {
+    pb::InstanceState::try_from(i.state).unwrap_or(pb::InstanceState::Unspecified)
+}
+
+pub fn task_state(t: &pb::Task) -> pb::TaskState {
+    pb::TaskState::try_from(t.state).unwrap_or(pb::TaskState::Unspecified)
+}
