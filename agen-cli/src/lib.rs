@@ -52,6 +52,8 @@ pub enum Command {
     /// One agent instance (started by a Nest)
     #[command(hide = true)]
     Instance(cmd::instance::Args),
+    /// Load-test a self-contained fleet (Hub, Nest, fake model): throughput, latency percentiles, tool-call overhead
+    Bench(cmd::bench::Args),
     /// A scripted fake model over the OpenAI/Anthropic HTTP APIs, for tests and demos
     #[command(hide = true, name = "fake-model")]
     FakeModel(cmd::fake_model::Args),
@@ -85,6 +87,7 @@ pub fn main(cli: Cli) -> i32 {
             Command::Mcp(c) => cmd::mcp::run(c).await,
             Command::Instance(a) => cmd::instance::run(a).await,
             Command::FakeModel(a) => cmd::fake_model::run(a).await,
+            Command::Bench(a) => cmd::bench::run(a).await,
         }
     });
     match result {

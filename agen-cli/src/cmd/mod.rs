@@ -2,6 +2,7 @@
 //! returning the exit code. Helpers shared by several commands live here.
 
 pub mod artifacts;
+pub mod bench;
 pub mod cancel;
 pub mod deploy;
 pub mod fake_model;
