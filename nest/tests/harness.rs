@@ -645,3 +645,52 @@ async fn keen_mode_sends_no_tools_and_returns_results_as_system_responses() {
     assert!(system.starts_with("You are a test agent. Be brief.\n\n") && system.contains("time_get_current_time"), "{system}");
     assert_eq!(sink.of_kind("tool.completed").len(), 1);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Resuming from the run log of an earlier attempt
+
+#[tokio::test]
+async fn a_resumed_run_reuses_answered_turns_and_never_repeats_an_interrupted_side_effect() {
+    use agen_nest::instance::RunEventRecord;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("meta.jsonl");
+    // Step 0 would be the first turn; a resume must not ask it again.
+    let model = fake(vec![Step::reply("turn 1 asked again"), Step::reply("resumed answer")]).await;
+    let bundle = TestBundle::new(
+        "openai/m",
+        &model.openai_base_url(),
+        &[mcp_json(json!({"meta": meta_server(&log), "time": time_server()}))],
+    );
+    let agent = Agent::start(&bundle).await;
+    let ev = |kind: &str, json: Value| RunEventRecord { kind: kind.into(), json };
+    let mut req = request("do three things");
+    req.attempt = 2;
+    req.replay = vec![
+        ev("model.requested", json!({"turn": 1})),
+        ev(
+            "model.answered",
+            json!({"turn": 1, "message": {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "name": "meta_echo", "arguments": {"text": "charge the card"}},
+                {"id": "c2", "name": "time_get_current_time", "arguments": {"timezone": "UTC"}},
+                {"id": "c3", "name": "meta_echo", "arguments": {"text": "already done"}}
+            ]}}),
+        ),
+        ev("tool.started", json!({"call_id": "c1", "tool": "meta.echo", "side_effect": true})),
+        ev("tool.started", json!({"call_id": "c2", "tool": "time.get_current_time", "side_effect": false})),
+        ev("tool.started", json!({"call_id": "c3", "tool": "meta.echo", "side_effect": true})),
+        ev("tool.completed", json!({"call_id": "c3", "tool": "meta.echo", "result": "recorded result", "is_error": false})),
+    ];
+    let (outcome, sink) = agent.run(req).await;
+    assert_eq!((outcome.state, outcome.result.as_str()), (RunState::Succeeded, "resumed answer"));
+
+    let reqs = model.requests();
+    assert_eq!(reqs.len(), 1, "the answered turn is not asked again");
+    let tools: Vec<Value> = reqs[0]["body"]["messages"].as_array().unwrap().iter().filter(|m| m["role"] == "tool").cloned().collect();
+    assert_eq!(tools.len(), 3);
+    assert!(tools[0]["content"].as_str().unwrap().starts_with("effect_unknown:"), "{}", tools[0]);
+    assert!(tools[1]["content"].as_str().unwrap().contains("\"timezone\": \"UTC\""), "a read-only call is run again: {}", tools[1]);
+    assert_eq!(tools[2]["content"], "recorded result");
+    assert!(!log.exists() || std::fs::read_to_string(&log).unwrap().is_empty(), "no side-effecting call was repeated");
+    let unknown = sink.of_kind("tool.failed");
+    assert_eq!((unknown[0].0["reason"].clone(), unknown[0].1), (json!("effect_unknown"), true));
+}

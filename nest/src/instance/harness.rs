@@ -2,6 +2,10 @@
 //! run asks the model, runs the tools it asks for (at the same time, or one at a time with
 //! `parallelToolCalls: false`), feeds the results back, and stops when the model answers
 //! without a tool call, calls `finish`, runs out of `maxTurns`, fails, or is cancelled.
+//! Two dialects: native tool calling, and Keen's text protocol (`toolProtocol: keen`, built on
+//! `crate::keen`: no `tools` are sent, results return as `<SYSTEM RESPONSE>` user prompts).
+//! A run with `replay` events (a resumed attempt, native dialect) rebuilds its context from
+//! them instead of asking answered turns again.
 //!
 //! Invariants: tool results go back to the model in the order the calls were asked, whatever
 //! order they finished in; every tool call the model made gets exactly one tool message (so a
@@ -352,7 +356,11 @@ impl<'h> Run<'h> {
     async fn native_loop(&self) -> (RunState, String, &'static str) {
         let tools = self.h.tool_specs();
         let max_turns = self.h.bundle.harness.limits.max_turns.max(1);
-        for turn in 1..=max_turns {
+        let first_turn = match self.replay_native().await {
+            Ok(t) => t,
+            Err(end) => return end,
+        };
+        for turn in first_turn..=max_turns {
             let reply = match self.ask(turn, &self.h.system_prompt, &tools).await {
                 Ok(r) => r,
                 Err(end) => return end,
@@ -376,6 +384,108 @@ impl<'h> Run<'h> {
             }
         }
         self.max_turns_outcome()
+    }
+
+    /// Rebuilds the context from the events of earlier attempts (DESIGN.md "Durability"):
+    /// answered turns are not asked again, recorded results are reused, an interrupted
+    /// side-effecting call is reported to the model as `effect_unknown`, and an interrupted
+    /// read-only or idempotent call (or one never sent) is run again. Returns the next turn, or
+    /// the run's end when the log already holds it.
+    async fn replay_native(&self) -> Result<u32, (RunState, String, &'static str)> {
+        if self.req.replay.is_empty() {
+            return Ok(1);
+        }
+        let mut turns: Vec<(u32, Message)> = Vec::new();
+        let mut results: HashMap<String, (String, bool)> = HashMap::new();
+        let mut started: HashMap<String, bool> = HashMap::new();
+        for ev in &self.req.replay {
+            let j = &ev.json;
+            let call_id = j.get("call_id").and_then(Value::as_str).unwrap_or_default().to_string();
+            match ev.kind.as_str() {
+                event::RUN_FINISHED => {
+                    let state = match j.get("state").and_then(Value::as_str) {
+                        Some("succeeded") => RunState::Succeeded,
+                        Some("cancelled") => RunState::Cancelled,
+                        _ => RunState::Failed,
+                    };
+                    let response_type = if j.get("response_type").and_then(Value::as_str) == Some("text") { "text" } else { "error" };
+                    let result = j.get("result").and_then(Value::as_str).unwrap_or_default().to_string();
+                    return Err((state, result, response_type));
+                }
+                event::MODEL_ANSWERED => {
+                    let turn = j.get("turn").and_then(Value::as_u64).and_then(|t| u32::try_from(t).ok());
+                    let message = j.get("message").cloned().and_then(|m| serde_json::from_value::<Message>(m).ok());
+                    if let (Some(turn), Some(message)) = (turn, message) {
+                        turns.push((turn, message));
+                    }
+                }
+                event::TOOL_STARTED => {
+                    started.insert(call_id, j.get("side_effect").and_then(Value::as_bool).unwrap_or(true));
+                }
+                event::TOOL_COMPLETED => {
+                    let text = j.get("result").and_then(Value::as_str).unwrap_or_default().to_string();
+                    results.insert(call_id, (text, j.get("is_error").and_then(Value::as_bool).unwrap_or(false)));
+                }
+                // A call cut off by a cancel or a crash has no real result.
+                event::TOOL_FAILED if j.get("reason").and_then(Value::as_str) != Some("cancelled") => {
+                    let text = j.get("error").and_then(Value::as_str).unwrap_or_default().to_string();
+                    results.insert(call_id, (text, true));
+                }
+                _ => {}
+            }
+        }
+        let Some(last_turn) = turns.last().map(|(t, _)| *t) else { return Ok(1) };
+        self.activity(format!("resuming at turn {} (attempt {})", last_turn + 1, self.req.attempt)).await;
+        for (_, message) in turns {
+            let calls = match &message {
+                Message::Assistant { tool_calls, .. } => tool_calls.clone(),
+                _ => Vec::new(),
+            };
+            let answer = match &message {
+                Message::Assistant { content, tool_calls } if tool_calls.is_empty() => Some(content.clone()),
+                _ => None,
+            };
+            self.push(message);
+            if let Some(text) = answer {
+                return Err((RunState::Succeeded, text, "text"));
+            }
+            let mut finish = None;
+            for call in &calls {
+                let (content, is_error) = if let Some((text, is_error)) = results.get(&call.id) {
+                    (text.clone(), *is_error)
+                } else if started.get(&call.id).copied().unwrap_or(false) && !self.retry_safe(&call.name) {
+                    let content = format!(
+                        "effect_unknown: the call to {} was interrupted before its result was recorded; it may or may not have taken effect. Check before calling it again.",
+                        call.name
+                    );
+                    let _ = self
+                        .emit(event::TOOL_FAILED, json!({"call_id": call.id, "tool": call.name, "error": content, "reason": "effect_unknown", "duration_ms": 0}), true)
+                        .await;
+                    (content, true)
+                } else {
+                    let r = self.run_call(call).await;
+                    if finish.is_none() {
+                        finish = r.finish.clone();
+                    }
+                    (r.content, r.is_error)
+                };
+                self.push(Message::Tool { call_id: call.id.clone(), name: call.name.clone(), content, is_error });
+            }
+            if let Some(result) = finish {
+                return Err((RunState::Succeeded, result, "text"));
+            }
+        }
+        Ok(last_turn + 1)
+    }
+
+    /// Whether an interrupted call to this model-facing tool may simply be sent again: a
+    /// read-only or idempotent MCP tool (server hints, overridden by `x-agen/config.json`).
+    fn retry_safe(&self, model_name: &str) -> bool {
+        let Some(tool) = self.h.mcp_tools.get(model_name) else { return true };
+        let over = self.h.bundle.config.tool_override(&tool.qualified_name());
+        let side_effect = over.and_then(|o| o.side_effect).unwrap_or(!tool.read_only);
+        let idempotent = over.and_then(|o| o.idempotent).unwrap_or(tool.idempotent);
+        !side_effect || idempotent
     }
 
     /// The Keen text protocol: no native tools; the tools section is in the system prompt;
