@@ -250,3 +250,20 @@ async fn run_timeout_kills_the_whole_group_before_replying() {
     let (text, is_error) = result(&report, 2);
     assert!(is_error && text.starts_with("timed out after 1s"), "{text}");
 }
+
+#[tokio::test]
+async fn background_processes_stop_when_the_session_ends() {
+    let (_tmp, root) = workspace();
+    let calls = json!([{"name": "run", "arguments": {"command": "sleep 300 >/dev/null 2>&1 & echo $! > bg.pid"}}]);
+    let report = drive(&root, &[], calls).await;
+    let (text, is_error) = result(&report, 0);
+    assert!(!is_error && text.contains("still running in process group"), "{text}");
+    let pid = std::fs::read_to_string(root.join("bg.pid")).expect("pid file");
+    let stat = format!("/proc/{}/stat", pid.trim());
+    let gone = || std::fs::read_to_string(&stat).map_or(true, |s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !gone() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(gone(), "background process {} outlived the workspace server", pid.trim());
+}

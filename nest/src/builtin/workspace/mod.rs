@@ -11,6 +11,8 @@
 //!   model can act on; protocol errors are only for requests that cannot be routed;
 //! - `read`, `list` and `grep` carry `readOnlyHint: true`; `edit`, `write` and `run` do not;
 //! - with `--no-run`, `run` is neither listed nor callable;
+//! - background processes a `run` leaves behind are killed (their process group) when the server
+//!   stops, so nothing it started outlives it (on a run timeout they are killed at once);
 //! - stdout is the protocol: logs go to stderr through `tracing`.
 
 mod confine;
@@ -56,12 +58,17 @@ pub async fn serve_stdio(opts: WorkspaceOptions) -> anyhow::Result<()> {
     let server = WorkspaceServer::new(&opts)?;
     tracing::info!(root = %server.inner.root.path().display(), no_run = opts.no_run, "workspace MCP server starting on stdio");
     let running = server
+        .clone()
         .serve(rmcp::transport::stdio())
         .await
-        .context("while starting the workspace MCP server on stdio")?;
-    let reason = running.waiting().await.context("while serving the workspace MCP server")?;
-    tracing::info!(?reason, "workspace MCP server stopped");
-    Ok(())
+        .context("while starting the workspace MCP server on stdio");
+    let reason = match running {
+        Ok(running) => running.waiting().await.context("while serving the workspace MCP server"),
+        Err(e) => Err(e),
+    };
+    server.stop_background_processes();
+    tracing::info!(reason = ?reason.as_ref().ok(), "workspace MCP server stopped");
+    reason.map(|_| ())
 }
 
 /// The workspace MCP server (cheap to clone).
@@ -75,6 +82,8 @@ struct Inner {
     no_run: bool,
     run_timeout: Duration,
     tools: Vec<Tool>,
+    /// Process groups of background processes that `run` calls left running.
+    leftovers: std::sync::Mutex<Vec<i32>>,
 }
 
 impl WorkspaceServer {
@@ -82,7 +91,19 @@ impl WorkspaceServer {
     pub fn new(opts: &WorkspaceOptions) -> Result<Self, WorkspaceError> {
         let root = confine::Root::open(&opts.root)?;
         let tools = tool_definitions(opts.no_run, opts.run_timeout);
-        Ok(WorkspaceServer { inner: Arc::new(Inner { root, no_run: opts.no_run, run_timeout: opts.run_timeout, tools }) })
+        Ok(WorkspaceServer { inner: Arc::new(Inner {
+            root,
+            no_run: opts.no_run,
+            run_timeout: opts.run_timeout,
+            tools,
+            leftovers: std::sync::Mutex::new(Vec::new()),
+        }) })
+    }
+
+    /// Kills the process groups that `run` calls left running in the background.
+    pub fn stop_background_processes(&self) {
+        let groups = std::mem::take(&mut *self.inner.leftovers.lock().unwrap_or_else(|p| p.into_inner()));
+        run::kill_groups(&groups);
     }
 
     /// The tools this server lists.
@@ -108,6 +129,9 @@ impl WorkspaceServer {
                 let args = parse::<RunArgs>(name, arguments)?;
                 let timeout = run::effective_timeout(args.timeout, inner.run_timeout)?;
                 let outcome = run::run(inner.root.path(), &args.command, timeout, cancel).await?;
+                if let Some(pgid) = outcome.leftover_group {
+                    inner.leftovers.lock().unwrap_or_else(|p| p.into_inner()).push(pgid);
+                }
                 if outcome.is_error() {
                     Err(WorkspaceError::Invalid(outcome.render()))
                 } else {

@@ -7,7 +7,8 @@
 //!   (children that trap or ignore SIGTERM included) and is reaped before the reply is built:
 //!   the reply never races the kill.
 //! - When the shell exits by itself, background processes it left behind are not killed; the
-//!   output is read until they close it or for [`DRAIN_GRACE`] at most.
+//!   output is read until they close it or for [`DRAIN_GRACE`] at most, and their group is
+//!   reported ([`RunOutcome::leftover_group`]) so the server can kill it when it exits.
 //! - `run` confines only the working directory: the command is a real shell as this user.
 
 use std::path::Path;
@@ -66,6 +67,8 @@ pub struct RunOutcome {
     pub total_chars: usize,
     /// Background processes still held the output when the reply was made.
     pub output_left_open: bool,
+    /// The process group of background processes still running after the shell exited.
+    pub leftover_group: Option<i32>,
 }
 
 impl RunOutcome {
@@ -91,6 +94,11 @@ impl RunOutcome {
         } else {
             text.push_str("\noutput:\n");
             text.push_str(&self.output);
+        }
+        if let Some(pgid) = self.leftover_group {
+            text.push_str(&format!(
+                "\n(background processes it started are still running in process group {pgid}; they are stopped when the workspace server exits)"
+            ));
         }
         if self.output_left_open {
             text.push_str(&format!(
@@ -238,12 +246,17 @@ pub async fn run(root: &Path, command: &str, timeout: Duration, cancel: Cancella
             output_left_open = true;
         }
     }
+    let mut leftover_group = None;
     if matches!(end, RunEnd::Exited(_) | RunEnd::Signalled(_)) {
-        // The shell ended by itself: its background processes are left alone.
-        group.pgid = None;
+        // The shell ended by itself: its background processes are left alone for now.
+        if let Some(pgid) = group.pgid.take() {
+            if killpg(pgid, None).is_ok() {
+                leftover_group = Some(pgid.as_raw());
+            }
+        }
     }
     let total_chars = tail.total_chars;
-    Ok(RunOutcome { end, output: tail.text(), total_chars, output_left_open })
+    Ok(RunOutcome { end, output: tail.text(), total_chars, output_left_open, leftover_group })
 }
 
 fn exit_end(status: ExitStatus) -> RunEnd {
@@ -252,6 +265,15 @@ fn exit_end(status: ExitStatus) -> RunEnd {
         (Some(code), _) => RunEnd::Exited(code),
         (None, Some(sig)) => RunEnd::Signalled(sig),
         (None, None) => RunEnd::Exited(-1),
+    }
+}
+
+/// SIGKILLs process groups left running by earlier calls (when the server exits).
+pub fn kill_groups(groups: &[i32]) {
+    for &pgid in groups {
+        if killpg(Pid::from_raw(pgid), Signal::SIGKILL).is_ok() {
+            tracing::debug!(pgid, "killed background processes of an earlier run");
+        }
     }
 }
 

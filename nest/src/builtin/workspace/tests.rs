@@ -517,6 +517,21 @@ fn run_timeout_kills_the_whole_group_before_replying() {
     assert!(process_is_gone(pid), "child {pid} survived the timeout");
 }
 
+#[test]
+fn background_processes_left_by_run_are_stopped_with_the_server() {
+    let f = Fixture::new();
+    let got = f.call("run", json!({"command": "sleep 300 >/dev/null 2>&1 & echo $! > bg.pid"})).expect("run");
+    assert!(got.starts_with("exit code: 0\n(no output)\n(background processes it started are still running in process group "), "{got}");
+    let pid: i32 = fs::read_to_string(f.root().join("bg.pid")).expect("pid file").trim().parse().expect("pid");
+    assert!(!process_is_gone(pid), "the background process runs on after the call");
+    f.server.stop_background_processes();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !process_is_gone(pid) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(process_is_gone(pid), "background process {pid} outlived the server");
+}
+
 /// Gone, or a zombie waiting for its new parent to reap it (it can no longer run).
 pub(crate) fn process_is_gone(pid: i32) -> bool {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
