@@ -7,7 +7,7 @@
 //! [`check_action`] at dispatch).
 //!
 //! # The rules (spec "Strict formatting rules", settled here where the spec is silent)
-//! - Lines end in `\n` or `\r\n`. Trailing spaces/tabs on a tag or marker line are ignored;
+//! - Lines end in `\n` or `\r\n`; a leading byte-order mark is ignored. Trailing spaces/tabs on a tag or marker line are ignored;
 //!   leading ones are not (an indented tag or marker is the "indented markers" mistake).
 //! - A block opens with a line that is exactly `<SYSTEM CALL>` and closes with the first later
 //!   line that is exactly `</SYSTEM CALL>`, both at column 0.
@@ -174,6 +174,7 @@ pub enum ParsedReply {
 
 /// Parses one reply by the strict rules (see the module doc).
 pub fn parse_reply(text: &str) -> ParsedReply {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let lines: Vec<&str> = text
         .split('\n')
         .map(|l| l.strip_suffix('\r').unwrap_or(l))

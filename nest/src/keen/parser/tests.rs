@@ -110,6 +110,14 @@ fn crlf_and_unicode() {
 }
 
 #[test]
+fn a_leading_byte_order_mark_is_ignored() {
+    check(
+        "\u{feff}<SYSTEM CALL>\r\n!*action\r\nuse tool\r\n!*tool\r\nT\r\n!*context\r\n</SYSTEM CALL>",
+        call(Script, "T", "", ""),
+    );
+}
+
+#[test]
 fn only_the_first_block_is_acted_on() {
     check(
         "<SYSTEM CALL>\n!*action\nuse tool\n!*tool\nA\n!*context\n</SYSTEM CALL>\nthen\n<SYSTEM CALL>\n!*action\nuse tool\n!*tool\nB\n!*context\n</SYSTEM CALL>",
