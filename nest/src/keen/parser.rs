@@ -7,8 +7,9 @@
 //! [`check_action`] at dispatch).
 //!
 //! # The rules (spec "Strict formatting rules", settled here where the spec is silent)
-//! - Lines end in `\n` or `\r\n`; a leading byte-order mark is ignored. Trailing spaces/tabs on a tag or marker line are ignored;
-//!   leading ones are not (an indented tag or marker is the "indented markers" mistake).
+//! - Lines end in `\n` or `\r\n`; a leading byte-order mark is ignored. Trailing spaces/tabs
+//!   on a tag or marker line are ignored; leading ones are not (an indented tag or marker is
+//!   the "indented markers" mistake).
 //! - A block opens with a line that is exactly `<SYSTEM CALL>` and closes with the first later
 //!   line that is exactly `</SYSTEM CALL>`, both at column 0.
 //! - Inside, the three markers `!*action`, `!*tool`, `!*context` each stand alone on a line at
