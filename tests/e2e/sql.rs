@@ -378,6 +378,10 @@ fn postgres_row_limits_cell_cuts_and_the_timeout_hold() {
             query("SELECT note FROM items WHERE id = 1"),
             query("SELECT pg_sleep(5)"),
             query("SELECT 'still serving' AS status"),
+            call("describe", json!({"table": "no_such_table"})),
+            call("query", json!({"sql": "SELECT 1", "limit": 0})),
+            query("SELECT $1::int"),
+            query("SELECT * FROM no_such_table"),
         ]),
     );
     let results = report["results"].as_array().expect("results");
@@ -402,6 +406,16 @@ fn postgres_row_limits_cell_cuts_and_the_timeout_hold() {
     let elapsed = results[5]["elapsed_ms"].as_u64().expect("elapsed");
     assert!(elapsed < 4_000, "the slow query took {elapsed} ms");
     assert_eq!(json_rows(&text(6)), vec![json!({"status": "still serving"})]);
+    // Mistakes are tool errors that say what to do.
+    for (i, expected) in [
+        (7, "table `no_such_table` not found; `tables` lists"),
+        (8, "`limit` must be between 1 and 1000"),
+        (9, "takes no parameters"),
+        (10, "relation \"no_such_table\" does not exist (SQLSTATE 42P01)"),
+    ] {
+        assert_eq!(results[i]["is_error"], json!(true), "call {i}: {}", text(i));
+        assert!(text(i).contains(expected), "call {i}: {}", text(i));
+    }
 }
 
 /// A SQLite file with `items` (1,500 rows, one long note) and a view, made with Python's sqlite3.
@@ -455,6 +469,9 @@ fn sqlite_tools_limits_and_timeout_work_through_the_python_sdk() {
             query("SELECT note FROM items WHERE id = 1"),
             query("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"),
             query("SELECT 'still serving' AS status"),
+            call("describe", json!({"table": "no_such_table"})),
+            query("SELECT ?1"),
+            query("SELECT * FROM no_such_table"),
         ]),
     );
     assert_tool_listing(&report);
@@ -484,6 +501,14 @@ fn sqlite_tools_limits_and_timeout_work_through_the_python_sdk() {
     let elapsed = results[7]["elapsed_ms"].as_u64().expect("elapsed");
     assert!(elapsed < 4_000, "the runaway query took {elapsed} ms");
     assert_eq!(json_rows(&text(8)), vec![json!({"status": "still serving"})]);
+    for (i, expected) in [
+        (9, "table `no_such_table` not found; `tables` lists"),
+        (10, "takes no parameters"),
+        (11, "no such table: no_such_table"),
+    ] {
+        assert_eq!(results[i]["is_error"], json!(true), "call {i}: {}", text(i));
+        assert!(text(i).contains(expected), "call {i}: {}", text(i));
+    }
 }
 
 #[test]

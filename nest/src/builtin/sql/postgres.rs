@@ -6,7 +6,8 @@
 //!   Execute), which the server refuses for more than one command;
 //! - the transaction is read-only from its first statement and is never committed, so neither
 //!   data nor session settings (`set_config(…, false)` is rolled back too) survive a call;
-//! - the timeout is a `SET LOCAL` inside that transaction, and a client-side deadline (the
+//! - the timeout is a `SET LOCAL` inside that transaction (as is `standard_conforming_strings
+//!   = on`, so the server reads string literals exactly as the screen in `guard` did), and a client-side deadline (the
 //!   timeout plus a grace) cancels the query and drops the connection if the server does not;
 //! - the DSN is never logged or returned: errors name the variable, not its value.
 
@@ -212,7 +213,11 @@ fn normalize_sslmode(dsn: &str, dsn_env: &str) -> Result<String> {
 async fn run_in_transaction(client: &mut Client, op: Op<'_>, timeout: Duration) -> std::result::Result<Output, PgFailure> {
     let tx = client.build_transaction().read_only(true).start().await?;
     let millis = timeout.as_millis().max(1);
-    tx.batch_execute(&format!("SET LOCAL statement_timeout = {millis}")).await?;
+    // standard_conforming_strings makes the server read string literals the way the screen did.
+    tx.batch_execute(&format!(
+        "SET LOCAL statement_timeout = {millis}; SET LOCAL standard_conforming_strings = on"
+    ))
+    .await?;
     let output = match op {
         Op::Tables => Output::Tables(tables(&tx).await?),
         Op::Describe(table) => {

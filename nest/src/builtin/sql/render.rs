@@ -13,6 +13,8 @@ pub const MAX_CELL_CHARS: usize = 1_000;
 pub const MAX_OUTPUT_CHARS: usize = 100_000;
 /// Rows returned when the call gives no `limit`.
 pub const DEFAULT_ROW_LIMIT: usize = 100;
+/// `tables` lists at most this many tables and views.
+pub const MAX_TABLES: usize = 1_000;
 /// The largest `limit` a call may ask for.
 pub const MAX_ROW_LIMIT: usize = 1_000;
 
@@ -163,11 +165,18 @@ pub fn render_tables(tables: &[TableInfo]) -> String {
         return "(no tables or views)\n".to_owned();
     }
     let mut out = String::new();
-    for table in tables {
+    for table in tables.iter().take(MAX_TABLES) {
         match &table.schema {
             Some(schema) => out.push_str(&format!("{schema}.{} ({})\n", table.name, table.kind)),
             None => out.push_str(&format!("{} ({})\n", table.name, table.kind)),
         }
+    }
+    if tables.len() > MAX_TABLES {
+        out.push_str(&format!(
+            "Cut at {MAX_TABLES} of {} tables and views. Use `query` on the catalog (information_schema.tables, \
+             sqlite_schema) with a WHERE clause to find the rest.\n",
+            tables.len()
+        ));
     }
     out
 }
@@ -259,6 +268,16 @@ mod tests {
         assert!(text.len() < MAX_OUTPUT_CHARS + 1_000, "{}", text.len());
         assert!(text.contains("Output cut at 100000 characters"));
         assert!(text.contains("the query returned more"));
+    }
+
+    #[test]
+    fn long_table_lists_are_cut() {
+        let tables: Vec<TableInfo> = (0..1500)
+            .map(|i| TableInfo { schema: None, name: format!("t{i}"), kind: "table".into() })
+            .collect();
+        let text = render_tables(&tables);
+        assert_eq!(text.lines().count(), MAX_TABLES + 1);
+        assert!(text.ends_with("with a WHERE clause to find the rest.\n"), "{text}");
     }
 
     #[test]
