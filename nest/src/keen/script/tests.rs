@@ -467,3 +467,19 @@ async fn the_async_runtime_keeps_serving_while_a_script_runs() {
         "timer fired only after {ticked_after:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_are_isolated() {
+    let calls = (0..8).map(|i| {
+        run_script(
+            "exports.exec = (p, d) => { globalThis.mine = p.n; let x = 0; for (let i = 0; i < 20000; i++) x += i; d.result = `${p.n}:${globalThis.mine}`; };".into(),
+            format!("tools/c{i}.js"),
+            json!({"context": format!("n={i}")}),
+            ScriptLimits::default(),
+        )
+    });
+    let results = futures::future::join_all(calls).await;
+    let answers: Vec<String> = results.into_iter().map(answer).collect();
+    let expected: Vec<String> = (0..8).map(|i| format!("{i}:{i}")).collect();
+    assert_eq!(answers, expected);
+}
