@@ -94,10 +94,13 @@ async fn eventually<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Optio
     }
 }
 
+/// Whether `pid` is a live process (a zombie, killed but not yet reaped, is not).
 fn process_alive(pid: u32) -> bool {
-    // Signal 0 checks existence; a reaped process is gone (ESRCH).
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid fits"));
-    nix::sys::signal::kill(pid, None).is_ok()
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state is the first field after the command name in parentheses.
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
 }
 
 fn meta_log_events(path: &Path) -> Vec<Value> {
@@ -415,21 +418,24 @@ async fn shutdown_stops_every_server_process_and_is_not_a_death() {
     let bundle = TestBundle::new(
         json!({
             "env": {"command": python(), "args": [our_server("env_server.py")]},
-            // A server that ignores SIGTERM and stdin EOF, and has a child of its own.
+            // A server that ignores SIGTERM and has a child of its own.
             "stubborn": {"command": "sh", "args": ["-c", &format!(
-                "trap '' TERM; sleep 300 & exec '{}' '{}'", python(), our_server("env_server.py")
+                "trap '' TERM; sleep 300 & echo $! > sleep.pid; exec '{}' '{}'", python(), our_server("env_server.py")
             )]},
         }),
         &[],
     );
     let host = start(&bundle, ctx()).await;
     assert_eq!(host.status().not_connected, vec![]);
-    let pids: Vec<u32> = host.server_pids().into_values().collect();
+    let mut pids: Vec<u32> = host.server_pids().into_values().collect();
     assert_eq!(pids.len(), 2);
+    let sleep_pid = std::fs::read_to_string(bundle.path().join("sleep.pid")).expect("sleep.pid");
+    pids.push(sleep_pid.trim().parse().expect("a pid"));
+    assert!(pids.iter().all(|p| process_alive(*p)));
     let began = Instant::now();
     host.shutdown().await;
     assert!(began.elapsed() < Duration::from_secs(10), "{:?}", began.elapsed());
-    eventually(Duration::from_secs(5), "every server process to be gone", || {
+    eventually(Duration::from_secs(5), "every server process and its child to be gone", || {
         pids.iter().all(|p| !process_alive(*p)).then_some(())
     })
     .await;
@@ -526,4 +532,43 @@ async fn paginated_tool_lists_are_followed_and_results_are_rendered_as_text() {
     let bad = call(&host, "paged.t1", json!([1, 2])).await;
     assert!(matches!(bad, Err(CallError::BadArguments { .. })), "{bad:?}");
     host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_host_kills_its_servers() {
+    let bundle = TestBundle::new(json!({"env": {"command": python(), "args": [our_server("env_server.py")]}}), &[]);
+    let host = start(&bundle, ctx()).await;
+    let pids: Vec<u32> = host.server_pids().into_values().collect();
+    assert_eq!(pids.len(), 1);
+    drop(host);
+    eventually(Duration::from_secs(5), "the server to be gone", || pids.iter().all(|p| !process_alive(*p)).then_some(()))
+        .await;
+}
+
+/// Nothing is dropped or shut down here: only `PR_SET_PDEATHSIG` can stop the server when the
+/// thread that spawned it ends (as when the host process dies).
+#[test]
+fn servers_die_with_the_thread_that_spawned_them() {
+    let bundle = TestBundle::new(json!({"env": {"command": python(), "args": [our_server("env_server.py")]}}), &[]);
+    let bundle_dir = bundle.path().to_path_buf();
+    let pids = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let pids = rt.block_on(async {
+            let host = ToolHost::start(&Bundle::load(&bundle_dir).expect("bundle"), ctx()).await;
+            let pids = host.server_pids();
+            std::mem::forget(host);
+            pids
+        });
+        std::mem::forget(rt);
+        pids
+    })
+    .join()
+    .expect("spawning thread");
+    assert_eq!(pids.len(), 1);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pids.values().any(|p| process_alive(*p)) {
+        assert!(Instant::now() < deadline, "the server outlived the thread that spawned it");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(bundle);
 }
