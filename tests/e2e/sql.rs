@@ -42,8 +42,13 @@ impl Postgres {
         for sub in ["data", "sock"] {
             std::fs::create_dir(dir.path().join(sub)).expect("create dir");
         }
-        for path in [dir.path().to_path_buf(), dir.path().join("data"), dir.path().join("sock")] {
-            chown(&path, Some(user.uid.as_raw()), Some(user.gid.as_raw())).expect("chown to postgres");
+        for path in [
+            dir.path().to_path_buf(),
+            dir.path().join("data"),
+            dir.path().join("sock"),
+        ] {
+            chown(&path, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
+                .expect("chown to postgres");
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).expect("chmod");
         }
         let data = dir.path().join("data");
@@ -92,14 +97,23 @@ impl Postgres {
                 );
                 return pg;
             }
-            last = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-            last.push_str(&std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default());
+            last = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            last.push_str(
+                &std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default(),
+            );
         }
         panic!("postgres did not start: {last}");
     }
 
     fn dsn(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/shop?sslmode=disable", self.port)
+        format!(
+            "postgres://postgres@127.0.0.1:{}/shop?sslmode=disable",
+            self.port
+        )
     }
 
     /// Runs SQL through `psql` (not through the server under test) and returns its unaligned output.
@@ -123,7 +137,11 @@ impl Postgres {
             "-c",
             sql,
         ]);
-        assert!(out.status.success(), "psql {sql:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "psql {sql:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
@@ -201,13 +219,17 @@ fn drive(dsn: &str, calls: &Value) -> Value {
     let out = match rx.recv_timeout(Duration::from_secs(300)) {
         Ok(out) => out.expect("wait for the client"),
         Err(_) => {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
             panic!("the MCP client did not finish within 300 s");
         }
     };
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "the MCP session failed: {stderr}");
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("client output is not JSON ({e}): {stderr}"))
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("client output is not JSON ({e}): {stderr}"))
 }
 
 fn call(name: &str, arguments: Value) -> Value {
@@ -234,14 +256,21 @@ fn texts(report: &Value, expect_error: bool) -> Vec<String> {
                 r["error"],
                 r["text"]
             );
-            assert!(r["error"].is_null(), "a protocol-level error instead of a tool result: {}", r["error"]);
+            assert!(
+                r["error"].is_null(),
+                "a protocol-level error instead of a tool result: {}",
+                r["error"]
+            );
             r["text"].as_str().unwrap_or_default().to_owned()
         })
         .collect()
 }
 
 fn json_rows(text: &str) -> Vec<Value> {
-    text.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).expect("row JSON")).collect()
+    text.lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("row JSON"))
+        .collect()
 }
 
 /// The listing: three tools, their contract arguments, all read-only.
@@ -250,15 +279,26 @@ fn assert_tool_listing(report: &Value) {
     let mut listed: Vec<(String, Vec<String>, Vec<String>, Option<bool>)> = tools
         .iter()
         .map(|t| {
-            let mut props: Vec<String> =
-                t["inputSchema"]["properties"].as_object().map(|p| p.keys().cloned().collect()).unwrap_or_default();
+            let mut props: Vec<String> = t["inputSchema"]["properties"]
+                .as_object()
+                .map(|p| p.keys().cloned().collect())
+                .unwrap_or_default();
             props.sort();
             let mut required: Vec<String> = t["inputSchema"]["required"]
                 .as_array()
-                .map(|r| r.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+                .map(|r| {
+                    r.iter()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect()
+                })
                 .unwrap_or_default();
             required.sort();
-            (t["name"].as_str().unwrap_or_default().to_owned(), props, required, t["annotations"]["readOnlyHint"].as_bool())
+            (
+                t["name"].as_str().unwrap_or_default().to_owned(),
+                props,
+                required,
+                t["annotations"]["readOnlyHint"].as_bool(),
+            )
         })
         .collect();
     listed.sort();
@@ -266,8 +306,18 @@ fn assert_tool_listing(report: &Value) {
     assert_eq!(
         listed,
         vec![
-            ("describe".to_owned(), s(&["table"]), s(&["table"]), Some(true)),
-            ("query".to_owned(), s(&["limit", "sql"]), s(&["sql"]), Some(true)),
+            (
+                "describe".to_owned(),
+                s(&["table"]),
+                s(&["table"]),
+                Some(true)
+            ),
+            (
+                "query".to_owned(),
+                s(&["limit", "sql"]),
+                s(&["sql"]),
+                Some(true)
+            ),
             ("tables".to_owned(), s(&[]), s(&[]), Some(true)),
         ]
     );
@@ -309,8 +359,15 @@ fn postgres_tables_describe_and_query_work_through_the_python_sdk() {
             json!({"id": 2, "name": "item 2", "price": "3.00", "tags": ["t2", "all"], "created": "2026-01-02 03:04:05+00"}),
         ]
     );
-    assert!(t[3].contains("(2 rows; columns: id, name, price, tags, created)"), "{}", t[3]);
-    assert_eq!(json_rows(&t[4]), vec![json!({"transaction_read_only": "on"})]);
+    assert!(
+        t[3].contains("(2 rows; columns: id, name, price, tags, created)"),
+        "{}",
+        t[3]
+    );
+    assert_eq!(
+        json_rows(&t[4]),
+        vec![json!({"transaction_read_only": "on"})]
+    );
     assert_eq!(json_rows(&t[5]), vec![json!({"statement_timeout": "1s"})]);
 }
 
@@ -356,8 +413,17 @@ fn postgres_bypass_attempts_all_fail_and_leave_the_data_unchanged() {
     let report = drive(&pg.dsn(), &Value::Array(calls));
     let results = report["results"].as_array().expect("results");
     for (sql, result) in attempts.iter().zip(results) {
-        assert_eq!(result["is_error"], json!(true), "{sql:?} was not refused: {}", result["text"]);
-        assert!(result["error"].is_null(), "{sql:?} failed at the protocol level: {}", result["error"]);
+        assert_eq!(
+            result["is_error"],
+            json!(true),
+            "{sql:?} was not refused: {}",
+            result["text"]
+        );
+        assert!(
+            result["error"].is_null(),
+            "{sql:?} failed at the protocol level: {}",
+            result["error"]
+        );
         let text = result["text"].as_str().unwrap_or_default();
         assert!(!text.is_empty(), "{sql:?}: the refusal must say why");
     }
@@ -372,9 +438,18 @@ fn postgres_row_limits_cell_cuts_and_the_timeout_hold() {
         &pg.dsn(),
         &json!([
             query("SELECT id FROM items ORDER BY id"),
-            call("query", json!({"sql": "SELECT id FROM items ORDER BY id", "limit": 1000})),
-            call("query", json!({"sql": "SELECT id FROM items ORDER BY id", "limit": 5000})),
-            call("query", json!({"sql": "SELECT id FROM items ORDER BY id", "limit": 7})),
+            call(
+                "query",
+                json!({"sql": "SELECT id FROM items ORDER BY id", "limit": 1000})
+            ),
+            call(
+                "query",
+                json!({"sql": "SELECT id FROM items ORDER BY id", "limit": 5000})
+            ),
+            call(
+                "query",
+                json!({"sql": "SELECT id FROM items ORDER BY id", "limit": 7})
+            ),
             query("SELECT note FROM items WHERE id = 1"),
             query("SELECT pg_sleep(5)"),
             query("SELECT 'still serving' AS status"),
@@ -387,31 +462,60 @@ fn postgres_row_limits_cell_cuts_and_the_timeout_hold() {
     let results = report["results"].as_array().expect("results");
     let text = |i: usize| results[i]["text"].as_str().unwrap_or_default().to_owned();
     for i in [0, 1, 2, 3, 4, 6] {
-        assert_eq!(results[i]["is_error"], json!(false), "call {i}: {}", text(i));
+        assert_eq!(
+            results[i]["is_error"],
+            json!(false),
+            "call {i}: {}",
+            text(i)
+        );
     }
     assert_eq!(json_rows(&text(0)).len(), 100);
-    assert!(text(0).contains("(100 rows; the query returned more;"), "{}", text(0));
-    assert!(text(0).contains("Cut at the row limit (100)"), "{}", text(0));
+    assert!(
+        text(0).contains("(100 rows; the query returned more;"),
+        "{}",
+        text(0)
+    );
+    assert!(
+        text(0).contains("Cut at the row limit (100)"),
+        "{}",
+        text(0)
+    );
     assert_eq!(json_rows(&text(1)).len(), 1000);
     assert_eq!(json_rows(&text(1))[999], json!({"id": 1000}));
     assert_eq!(json_rows(&text(2)).len(), 1000);
     assert!(text(2).contains("above the maximum"), "{}", text(2));
     assert_eq!(json_rows(&text(3)).len(), 7);
-    let note = json_rows(&text(4))[0]["note"].as_str().expect("note").to_owned();
-    assert_eq!(note, format!("{}… [cut: 5000 characters]", "x".repeat(1000)));
-    assert!(text(4).contains("longer than 1000 characters"), "{}", text(4));
+    let note = json_rows(&text(4))[0]["note"]
+        .as_str()
+        .expect("note")
+        .to_owned();
+    assert_eq!(
+        note,
+        format!("{}… [cut: 5000 characters]", "x".repeat(1000))
+    );
+    assert!(
+        text(4).contains("longer than 1000 characters"),
+        "{}",
+        text(4)
+    );
     // The slow query: stopped at the 1 s timeout, as a tool error, and the server goes on.
     assert_eq!(results[5]["is_error"], json!(true), "{}", text(5));
     assert!(text(5).contains("stopped after 1s"), "{}", text(5));
     let elapsed = results[5]["elapsed_ms"].as_u64().expect("elapsed");
     assert!(elapsed < 4_000, "the slow query took {elapsed} ms");
-    assert_eq!(json_rows(&text(6)), vec![json!({"status": "still serving"})]);
+    assert_eq!(
+        json_rows(&text(6)),
+        vec![json!({"status": "still serving"})]
+    );
     // Mistakes are tool errors that say what to do.
     for (i, expected) in [
         (7, "table `no_such_table` not found; `tables` lists"),
         (8, "`limit` must be between 1 and 1000"),
         (9, "takes no parameters"),
-        (10, "relation \"no_such_table\" does not exist (SQLSTATE 42P01)"),
+        (
+            10,
+            "relation \"no_such_table\" does not exist (SQLSTATE 42P01)",
+        ),
     ] {
         assert_eq!(results[i]["is_error"], json!(true), "call {i}: {}", text(i));
         assert!(text(i).contains(expected), "call {i}: {}", text(i));
@@ -433,8 +537,15 @@ fn sqlite_fixture(dir: &Path) -> PathBuf {
          c.commit()\n",
         path = path.to_string_lossy()
     );
-    let out = Command::new(Peers::python()).args(["-c", &script]).output().expect("run python");
-    assert!(out.status.success(), "sqlite fixture: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(Peers::python())
+        .args(["-c", &script])
+        .output()
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "sqlite fixture: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     path
 }
 
@@ -448,8 +559,15 @@ fn sqlite_fingerprint(path: &Path) -> String {
          print(len(rows), hashlib.md5(repr(rows).encode()).hexdigest(), names, uv)\n",
         path = path.to_string_lossy()
     );
-    let out = Command::new(Peers::python()).args(["-c", &script]).output().expect("run python");
-    assert!(out.status.success(), "sqlite fingerprint: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(Peers::python())
+        .args(["-c", &script])
+        .output()
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "sqlite fingerprint: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
@@ -478,7 +596,12 @@ fn sqlite_tools_limits_and_timeout_work_through_the_python_sdk() {
     let results = report["results"].as_array().expect("results");
     let text = |i: usize| results[i]["text"].as_str().unwrap_or_default().to_owned();
     for i in [0, 1, 2, 3, 4, 5, 6, 8] {
-        assert_eq!(results[i]["is_error"], json!(false), "call {i}: {}", text(i));
+        assert_eq!(
+            results[i]["is_error"],
+            json!(false),
+            "call {i}: {}",
+            text(i)
+        );
     }
     assert_eq!(text(0), "cheap (view)\nitems (table)\n");
     assert_eq!(
@@ -487,20 +610,36 @@ fn sqlite_tools_limits_and_timeout_work_through_the_python_sdk() {
     );
     assert_eq!(
         json_rows(&text(2)),
-        vec![json!({"id": 1, "name": "item 1", "price": 1.5}), json!({"id": 2, "name": "item 2", "price": 3.0})]
+        vec![
+            json!({"id": 1, "name": "item 1", "price": 1.5}),
+            json!({"id": 2, "name": "item 2", "price": 3.0})
+        ]
     );
     assert_eq!(json_rows(&text(3)).len(), 4);
     assert_eq!(json_rows(&text(4)).len(), 100);
-    assert!(text(4).contains("Cut at the row limit (100)"), "{}", text(4));
+    assert!(
+        text(4).contains("Cut at the row limit (100)"),
+        "{}",
+        text(4)
+    );
     assert_eq!(json_rows(&text(5)).len(), 1000);
     assert!(text(5).contains("the query returned more"), "{}", text(5));
-    let note = json_rows(&text(6))[0]["note"].as_str().expect("note").to_owned();
-    assert_eq!(note, format!("{}… [cut: 5000 characters]", "x".repeat(1000)));
+    let note = json_rows(&text(6))[0]["note"]
+        .as_str()
+        .expect("note")
+        .to_owned();
+    assert_eq!(
+        note,
+        format!("{}… [cut: 5000 characters]", "x".repeat(1000))
+    );
     assert_eq!(results[7]["is_error"], json!(true), "{}", text(7));
     assert!(text(7).contains("stopped after 1s"), "{}", text(7));
     let elapsed = results[7]["elapsed_ms"].as_u64().expect("elapsed");
     assert!(elapsed < 4_000, "the runaway query took {elapsed} ms");
-    assert_eq!(json_rows(&text(8)), vec![json!({"status": "still serving"})]);
+    assert_eq!(
+        json_rows(&text(8)),
+        vec![json!({"status": "still serving"})]
+    );
     for (i, expected) in [
         (9, "table `no_such_table` not found; `tables` lists"),
         (10, "takes no parameters"),
@@ -549,9 +688,21 @@ fn sqlite_bypass_attempts_all_fail_and_leave_the_file_unchanged() {
     let report = drive(&db.to_string_lossy(), &Value::Array(calls));
     let results = report["results"].as_array().expect("results");
     for (sql, result) in attempts.iter().zip(results) {
-        assert_eq!(result["is_error"], json!(true), "{sql:?} was not refused: {}", result["text"]);
-        assert!(result["error"].is_null(), "{sql:?} failed at the protocol level: {}", result["error"]);
-        assert!(!result["text"].as_str().unwrap_or_default().is_empty(), "{sql:?}: the refusal must say why");
+        assert_eq!(
+            result["is_error"],
+            json!(true),
+            "{sql:?} was not refused: {}",
+            result["text"]
+        );
+        assert!(
+            result["error"].is_null(),
+            "{sql:?} failed at the protocol level: {}",
+            result["error"]
+        );
+        assert!(
+            !result["text"].as_str().unwrap_or_default().is_empty(),
+            "{sql:?}: the refusal must say why"
+        );
     }
     assert_eq!(sqlite_fingerprint(&db), before, "the database changed");
     assert!(!other.exists(), "ATTACH created {}", other.display());
@@ -569,5 +720,9 @@ fn a_missing_dsn_variable_stops_the_server_with_a_clear_error() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("AGEN_SQL_E2E_UNSET is not set"), "{stderr}");
-    assert!(out.stdout.is_empty(), "stdout is the protocol and must stay clean: {:?}", out.stdout);
+    assert!(
+        out.stdout.is_empty(),
+        "stdout is the protocol and must stay clean: {:?}",
+        out.stdout
+    );
 }

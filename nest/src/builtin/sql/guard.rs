@@ -26,11 +26,22 @@ pub enum Dialect {
 pub enum Refusal {
     Empty,
     MultipleStatements,
-    NotReadOnly { keyword: String, allowed: &'static str },
-    SessionControl { keyword: String },
-    Function { name: String },
-    Pragma { name: String },
-    Unterminated { what: &'static str },
+    NotReadOnly {
+        keyword: String,
+        allowed: &'static str,
+    },
+    SessionControl {
+        keyword: String,
+    },
+    Function {
+        name: String,
+    },
+    Pragma {
+        name: String,
+    },
+    Unterminated {
+        what: &'static str,
+    },
 }
 
 impl fmt::Display for Refusal {
@@ -87,7 +98,16 @@ const SQLITE_READS: &[&str] = &["select", "with", "values", "explain", "pragma"]
 
 /// First keywords that try to control the transaction or the session.
 const SESSION_CONTROL: &[&str] = &[
-    "set", "reset", "begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release",
+    "set",
+    "reset",
+    "begin",
+    "start",
+    "commit",
+    "end",
+    "rollback",
+    "abort",
+    "savepoint",
+    "release",
     "discard",
 ];
 
@@ -123,7 +143,13 @@ const POSTGRES_REFUSED_FUNCTIONS: &[&str] = &[
 ];
 
 /// SQLite functions refused wherever they appear (the authorizer refuses them too).
-const SQLITE_REFUSED_FUNCTIONS: &[&str] = &["load_extension", "fts3_tokenizer", "writefile", "readfile", "edit"];
+const SQLITE_REFUSED_FUNCTIONS: &[&str] = &[
+    "load_extension",
+    "fts3_tokenizer",
+    "writefile",
+    "readfile",
+    "edit",
+];
 
 /// SQLite pragmas that take a table or index name and only read.
 pub const SQLITE_PRAGMAS_WITH_ARGUMENT: &[&str] = &[
@@ -194,7 +220,10 @@ pub fn screen(sql: &str, dialect: Dialect) -> Result<(), Refusal> {
     let first = match first {
         None => return Err(Refusal::Empty),
         Some(None) => {
-            return Err(Refusal::NotReadOnly { keyword: "?".into(), allowed: allowed_text(dialect) })
+            return Err(Refusal::NotReadOnly {
+                keyword: "?".into(),
+                allowed: allowed_text(dialect),
+            })
         }
         Some(Some(word)) => word,
     };
@@ -207,7 +236,10 @@ pub fn screen(sql: &str, dialect: Dialect) -> Result<(), Refusal> {
         if SESSION_CONTROL.contains(&first.as_str()) {
             return Err(Refusal::SessionControl { keyword });
         }
-        return Err(Refusal::NotReadOnly { keyword, allowed: allowed_text(dialect) });
+        return Err(Refusal::NotReadOnly {
+            keyword,
+            allowed: allowed_text(dialect),
+        });
     }
     if dialect == Dialect::Sqlite && first == "pragma" {
         screen_sqlite_pragma(&statement)?;
@@ -320,7 +352,9 @@ fn tokenize(sql: &str, dialect: Dialect) -> Result<Vec<Token>, Refusal> {
             let word: String = chars[start..i].iter().collect();
             tokens.push(Token::Word(word.to_lowercase()));
         } else if c.is_ascii_digit() {
-            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '.' || chars[i] == '_') {
+            while i < chars.len()
+                && (chars[i].is_ascii_alphanumeric() || chars[i] == '.' || chars[i] == '_')
+            {
                 i += 1;
             }
             tokens.push(Token::Other('0'));
@@ -353,7 +387,10 @@ fn skip_block_comment(chars: &[char], start: usize, dialect: Dialect) -> Result<
     let mut depth = 0usize;
     let mut i = start;
     while i < chars.len() {
-        if chars[i] == '/' && chars.get(i + 1) == Some(&'*') && (depth == 0 || dialect == Dialect::Postgres) {
+        if chars[i] == '/'
+            && chars.get(i + 1) == Some(&'*')
+            && (depth == 0 || dialect == Dialect::Postgres)
+        {
             depth += 1;
             i += 2;
         } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
@@ -366,12 +403,19 @@ fn skip_block_comment(chars: &[char], start: usize, dialect: Dialect) -> Result<
             i += 1;
         }
     }
-    Err(Refusal::Unterminated { what: "block comment" })
+    Err(Refusal::Unterminated {
+        what: "block comment",
+    })
 }
 
 /// Skips a quoted literal starting at the opening quote; a doubled quote is an escaped quote,
 /// and with `backslash` a backslash escapes the next char (Postgres `E'…'`).
-fn skip_quoted(chars: &[char], start: usize, quote: char, backslash: bool) -> Result<usize, Refusal> {
+fn skip_quoted(
+    chars: &[char],
+    start: usize,
+    quote: char,
+    backslash: bool,
+) -> Result<usize, Refusal> {
     let mut i = start + 1;
     while i < chars.len() {
         if backslash && chars[i] == '\\' {
@@ -389,7 +433,11 @@ fn skip_quoted(chars: &[char], start: usize, quote: char, backslash: bool) -> Re
     Err(Refusal::Unterminated { what: "string" })
 }
 
-fn read_quoted_identifier(chars: &[char], start: usize, close: char) -> Result<(String, usize), Refusal> {
+fn read_quoted_identifier(
+    chars: &[char],
+    start: usize,
+    close: char,
+) -> Result<(String, usize), Refusal> {
     let mut word = String::new();
     let mut i = start + 1;
     while i < chars.len() {
@@ -405,7 +453,9 @@ fn read_quoted_identifier(chars: &[char], start: usize, close: char) -> Result<(
             i += 1;
         }
     }
-    Err(Refusal::Unterminated { what: "quoted identifier" })
+    Err(Refusal::Unterminated {
+        what: "quoted identifier",
+    })
 }
 
 /// The tag of a Postgres dollar quote (`$$` or `$tag$`) starting at `start`, if it is one.
@@ -442,7 +492,9 @@ fn skip_dollar_quoted(chars: &[char], start: usize, tag: &str) -> Result<usize, 
         }
         i += 1;
     }
-    Err(Refusal::Unterminated { what: "dollar-quoted string" })
+    Err(Refusal::Unterminated {
+        what: "dollar-quoted string",
+    })
 }
 
 #[cfg(test)]
@@ -455,11 +507,16 @@ mod tests {
     }
 
     fn refused_keyword(keyword: &str, dialect: Dialect) -> Result<(), Refusal> {
-        Err(Refusal::NotReadOnly { keyword: keyword.into(), allowed: allowed_text(dialect) })
+        Err(Refusal::NotReadOnly {
+            keyword: keyword.into(),
+            allowed: allowed_text(dialect),
+        })
     }
 
     fn session(keyword: &str) -> Result<(), Refusal> {
-        Err(Refusal::SessionControl { keyword: keyword.into() })
+        Err(Refusal::SessionControl {
+            keyword: keyword.into(),
+        })
     }
 
     fn function(name: &str) -> Result<(), Refusal> {
@@ -496,30 +553,94 @@ mod tests {
     #[test]
     fn postgres_bypasses_are_refused() {
         let pg = Dialect::Postgres;
-        check(pg, "COMMIT; DROP TABLE items", Err(Refusal::MultipleStatements));
+        check(
+            pg,
+            "COMMIT; DROP TABLE items",
+            Err(Refusal::MultipleStatements),
+        );
         check(pg, "COMMIT", session("COMMIT"));
-        check(pg, "SELECT 1; DROP TABLE items", Err(Refusal::MultipleStatements));
-        check(pg, "SELECT 1; END; INSERT INTO items VALUES (1)", Err(Refusal::MultipleStatements));
-        check(pg, "END; INSERT INTO items VALUES (1)", Err(Refusal::MultipleStatements));
+        check(
+            pg,
+            "SELECT 1; DROP TABLE items",
+            Err(Refusal::MultipleStatements),
+        );
+        check(
+            pg,
+            "SELECT 1; END; INSERT INTO items VALUES (1)",
+            Err(Refusal::MultipleStatements),
+        );
+        check(
+            pg,
+            "END; INSERT INTO items VALUES (1)",
+            Err(Refusal::MultipleStatements),
+        );
         check(pg, "END", session("END"));
-        check(pg, "/* harmless */ DELETE FROM items", refused_keyword("DELETE", pg));
-        check(pg, "-- just a read\nUPDATE items SET name = 'x'", refused_keyword("UPDATE", pg));
+        check(
+            pg,
+            "/* harmless */ DELETE FROM items",
+            refused_keyword("DELETE", pg),
+        );
+        check(
+            pg,
+            "-- just a read\nUPDATE items SET name = 'x'",
+            refused_keyword("UPDATE", pg),
+        );
         check(pg, "SET TRANSACTION READ WRITE", session("SET"));
         check(pg, "SET statement_timeout = 0", session("SET"));
         check(pg, "RESET statement_timeout", session("RESET"));
         check(pg, "BEGIN READ WRITE", session("BEGIN"));
-        check(pg, "DO $$ BEGIN DELETE FROM items; END $$", refused_keyword("DO", pg));
+        check(
+            pg,
+            "DO $$ BEGIN DELETE FROM items; END $$",
+            refused_keyword("DO", pg),
+        );
         check(pg, "COPY items TO '/tmp/x'", refused_keyword("COPY", pg));
-        check(pg, "SELECT set_config('default_transaction_read_only', 'off', false)", function("set_config"));
-        check(pg, "SELECT pg_catalog.set_config('statement_timeout', '0', true)", function("set_config"));
-        check(pg, "SELECT \"set_config\" /* gap */ ('statement_timeout', '0', true)", function("set_config"));
+        check(
+            pg,
+            "SELECT set_config('default_transaction_read_only', 'off', false)",
+            function("set_config"),
+        );
+        check(
+            pg,
+            "SELECT pg_catalog.set_config('statement_timeout', '0', true)",
+            function("set_config"),
+        );
+        check(
+            pg,
+            "SELECT \"set_config\" /* gap */ ('statement_timeout', '0', true)",
+            function("set_config"),
+        );
         check(pg, "SELECT nextval('items_id_seq')", function("nextval"));
-        check(pg, "SELECT dblink_exec('dbname=x', 'DELETE FROM items')", function("dblink_exec"));
-        check(pg, "SELECT pg_terminate_backend(1)", function("pg_terminate_backend"));
+        check(
+            pg,
+            "SELECT dblink_exec('dbname=x', 'DELETE FROM items')",
+            function("dblink_exec"),
+        );
+        check(
+            pg,
+            "SELECT pg_terminate_backend(1)",
+            function("pg_terminate_backend"),
+        );
         check(pg, "SELECT lo_import('/etc/passwd')", function("lo_import"));
-        check(pg, "SELECT 1 /* unterminated", Err(Refusal::Unterminated { what: "block comment" }));
-        check(pg, "SELECT 'unterminated", Err(Refusal::Unterminated { what: "string" }));
-        check(pg, "/* a /* b */ SELECT 1", Err(Refusal::Unterminated { what: "block comment" }));
+        check(
+            pg,
+            "SELECT 1 /* unterminated",
+            Err(Refusal::Unterminated {
+                what: "block comment",
+            }),
+        );
+        check(
+            pg,
+            "SELECT 'unterminated",
+            Err(Refusal::Unterminated { what: "string" }),
+        );
+        check(
+            pg,
+            "/* a /* b */ SELECT 1",
+            Err(Refusal::Unterminated {
+                what: "block comment",
+            }),
+        );
         check(pg, "  ; ", Err(Refusal::Empty));
         check(pg, "", Err(Refusal::Empty));
     }
@@ -544,20 +665,80 @@ mod tests {
     #[test]
     fn sqlite_bypasses_are_refused() {
         let lite = Dialect::Sqlite;
-        check(lite, "SELECT 1; DROP TABLE items", Err(Refusal::MultipleStatements));
+        check(
+            lite,
+            "SELECT 1; DROP TABLE items",
+            Err(Refusal::MultipleStatements),
+        );
         // SQLite block comments do not nest: the DROP after the first `*/` is code.
-        check(lite, "/* /* */ DROP TABLE items /* */", refused_keyword("DROP", lite));
-        check(lite, "ATTACH DATABASE '/tmp/x.db' AS x", refused_keyword("ATTACH", lite));
-        check(lite, "DETACH DATABASE main", refused_keyword("DETACH", lite));
-        check(lite, "VACUUM INTO '/tmp/copy.db'", refused_keyword("VACUUM", lite));
-        check(lite, "SELECT load_extension('/tmp/evil.so')", function("load_extension"));
-        check(lite, "PRAGMA query_only = 0", Err(Refusal::Pragma { name: "query_only".into() }));
-        check(lite, "PRAGMA query_only = OFF", Err(Refusal::Pragma { name: "query_only".into() }));
-        check(lite, "PRAGMA writable_schema = 1", Err(Refusal::Pragma { name: "writable_schema".into() }));
-        check(lite, "PRAGMA journal_mode = DELETE", Err(Refusal::Pragma { name: "journal_mode".into() }));
-        check(lite, "INSERT INTO items VALUES (1)", refused_keyword("INSERT", lite));
-        check(lite, "REPLACE INTO items VALUES (1)", refused_keyword("REPLACE", lite));
-        check(lite, "BEGIN; DELETE FROM items; COMMIT", Err(Refusal::MultipleStatements));
+        check(
+            lite,
+            "/* /* */ DROP TABLE items /* */",
+            refused_keyword("DROP", lite),
+        );
+        check(
+            lite,
+            "ATTACH DATABASE '/tmp/x.db' AS x",
+            refused_keyword("ATTACH", lite),
+        );
+        check(
+            lite,
+            "DETACH DATABASE main",
+            refused_keyword("DETACH", lite),
+        );
+        check(
+            lite,
+            "VACUUM INTO '/tmp/copy.db'",
+            refused_keyword("VACUUM", lite),
+        );
+        check(
+            lite,
+            "SELECT load_extension('/tmp/evil.so')",
+            function("load_extension"),
+        );
+        check(
+            lite,
+            "PRAGMA query_only = 0",
+            Err(Refusal::Pragma {
+                name: "query_only".into(),
+            }),
+        );
+        check(
+            lite,
+            "PRAGMA query_only = OFF",
+            Err(Refusal::Pragma {
+                name: "query_only".into(),
+            }),
+        );
+        check(
+            lite,
+            "PRAGMA writable_schema = 1",
+            Err(Refusal::Pragma {
+                name: "writable_schema".into(),
+            }),
+        );
+        check(
+            lite,
+            "PRAGMA journal_mode = DELETE",
+            Err(Refusal::Pragma {
+                name: "journal_mode".into(),
+            }),
+        );
+        check(
+            lite,
+            "INSERT INTO items VALUES (1)",
+            refused_keyword("INSERT", lite),
+        );
+        check(
+            lite,
+            "REPLACE INTO items VALUES (1)",
+            refused_keyword("REPLACE", lite),
+        );
+        check(
+            lite,
+            "BEGIN; DELETE FROM items; COMMIT",
+            Err(Refusal::MultipleStatements),
+        );
     }
 
     #[test]
@@ -572,7 +753,11 @@ mod tests {
             ("cache_size", None, false),
         ];
         for (name, value, expected) in cases {
-            assert_eq!(sqlite_pragma_allowed(name, value), expected, "pragma {name} = {value:?}");
+            assert_eq!(
+                sqlite_pragma_allowed(name, value),
+                expected,
+                "pragma {name} = {value:?}"
+            );
         }
     }
 }

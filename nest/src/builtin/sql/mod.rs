@@ -49,13 +49,16 @@ pub async fn serve_stdio(opts: SqlOptions) -> anyhow::Result<()> {
         .serve(rmcp::transport::stdio())
         .await
         .context("while starting the sql MCP server on stdio")?;
-    running.waiting().await.context("while serving the sql MCP server")?;
+    running
+        .waiting()
+        .await
+        .context("while serving the sql MCP server")?;
     Ok(())
 }
 
 /// The database behind the server.
 enum Database {
-    Postgres(Postgres),
+    Postgres(Box<Postgres>),
     Sqlite(Sqlite),
 }
 
@@ -70,7 +73,7 @@ impl Database {
                 // Still serve: the database may come up later, and each call says what failed.
                 tracing::warn!(error = %e, "postgres is not reachable yet");
             }
-            Ok(Database::Postgres(pg))
+            Ok(Database::Postgres(Box::new(pg)))
         } else {
             let dsn = dsn.to_owned();
             let env = dsn_env.to_owned();
@@ -115,7 +118,10 @@ pub struct SqlServer {
 
 impl SqlServer {
     fn new(db: Database) -> Self {
-        Self { db: Arc::new(db), tool_router: Self::tool_router() }
+        Self {
+            db: Arc::new(db),
+            tool_router: Self::tool_router(),
+        }
     }
 
     /// Reads the DSN from the variable `opts.dsn_env` and opens the database.
@@ -132,7 +138,9 @@ impl SqlServer {
                  (or name another variable with --dsn-env)"
             ),
         };
-        let db = Database::open(&dsn, var, opts.timeout).await.map_err(|e| anyhow::anyhow!("agen mcp sql: {e}"))?;
+        let db = Database::open(&dsn, var, opts.timeout)
+            .await
+            .map_err(|e| anyhow::anyhow!("agen mcp sql: {e}"))?;
         tracing::info!(engine = db.engine(), timeout = ?opts.timeout, "sql server ready");
         Ok(Self::new(db))
     }
@@ -152,7 +160,13 @@ impl SqlServer {
     /// Lists the tables and views of the database, one `name (kind)` per line.
     #[tool(
         name = "tables",
-        annotations(title = "List tables", read_only_hint = true, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
+        annotations(
+            title = "List tables",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn tables(&self) -> CallToolResult {
         let result = match &*self.db {
@@ -168,7 +182,13 @@ impl SqlServer {
     /// Describes a table's columns: name, type, and whether it may be null.
     #[tool(
         name = "describe",
-        annotations(title = "Describe a table", read_only_hint = true, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
+        annotations(
+            title = "Describe a table",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn describe(&self, Parameters(args): Parameters<DescribeArgs>) -> CallToolResult {
         let result = match &*self.db {
@@ -185,7 +205,13 @@ impl SqlServer {
     /// 100 rows by default, at most 1000 with `limit`. Cells over 1,000 characters are cut.
     #[tool(
         name = "query",
-        annotations(title = "Run a read-only query", read_only_hint = true, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
+        annotations(
+            title = "Run a read-only query",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn query(&self, Parameters(args): Parameters<QueryArgs>) -> CallToolResult {
         let (limit, note) = match row_limit(args.limit) {
@@ -226,7 +252,12 @@ mod tests {
         for tool in &server_tools {
             let annotations = tool.annotations.as_ref().expect("annotations");
             assert_eq!(annotations.read_only_hint, Some(true), "{}", tool.name);
-            let properties = tool.input_schema.get("properties").and_then(|p| p.as_object()).cloned().unwrap_or_default();
+            let properties = tool
+                .input_schema
+                .get("properties")
+                .and_then(|p| p.as_object())
+                .cloned()
+                .unwrap_or_default();
             let mut keys: Vec<&str> = properties.keys().map(String::as_str).collect();
             keys.sort();
             let expected: Vec<&str> = match tool.name.as_ref() {

@@ -68,7 +68,11 @@ impl Postgres {
         if config.get_application_name().is_none() {
             config.application_name("agen-mcp-sql");
         }
-        Ok(Self { config, timeout, client: tokio::sync::Mutex::new(None) })
+        Ok(Self {
+            config,
+            timeout,
+            client: tokio::sync::Mutex::new(None),
+        })
     }
 
     /// Connects now, so that a bad DSN shows at start (the server still starts if it fails).
@@ -80,14 +84,18 @@ impl Postgres {
     pub async fn tables(&self) -> Result<Vec<TableInfo>> {
         match self.run(Op::Tables).await? {
             Output::Tables(tables) => Ok(tables),
-            _ => Err(SqlError::Database("internal error: unexpected output for tables".into())),
+            _ => Err(SqlError::Database(
+                "internal error: unexpected output for tables".into(),
+            )),
         }
     }
 
     pub async fn describe(&self, table: &str) -> Result<(String, Vec<ColumnInfo>)> {
         match self.run(Op::Describe(table)).await? {
             Output::Columns(name, columns) => Ok((name, columns)),
-            _ => Err(SqlError::Database("internal error: unexpected output for describe".into())),
+            _ => Err(SqlError::Database(
+                "internal error: unexpected output for describe".into(),
+            )),
         }
     }
 
@@ -95,7 +103,9 @@ impl Postgres {
         guard::screen(sql, Dialect::Postgres)?;
         match self.run(Op::Query(sql, limit)).await? {
             Output::Rows(rows) => Ok(rows),
-            _ => Err(SqlError::Database("internal error: unexpected output for query".into())),
+            _ => Err(SqlError::Database(
+                "internal error: unexpected output for query".into(),
+            )),
         }
     }
 
@@ -117,7 +127,8 @@ impl Postgres {
             tracing::info!("connected to postgres");
             *slot = Some(client);
         }
-        slot.as_mut().ok_or_else(|| SqlError::Connect("no connection".into()))
+        slot.as_mut()
+            .ok_or_else(|| SqlError::Connect("no connection".into()))
     }
 
     /// Runs `op` in a fresh read-only transaction under the timeout, then rolls back.
@@ -125,7 +136,11 @@ impl Postgres {
         let mut slot = self.client.lock().await;
         let client = self.connected(&mut slot).await?;
         let cancel = client.cancel_token();
-        let outcome = tokio::time::timeout(self.timeout + CLIENT_GRACE, run_in_transaction(client, op, self.timeout)).await;
+        let outcome = tokio::time::timeout(
+            self.timeout + CLIENT_GRACE,
+            run_in_transaction(client, op, self.timeout),
+        )
+        .await;
         match outcome {
             Ok(Ok(output)) => Ok(output),
             Ok(Err(e)) => {
@@ -170,7 +185,12 @@ fn describe_error(e: &tokio_postgres::Error) -> String {
         }
         return text;
     };
-    let mut text = format!("{}: {} (SQLSTATE {})", db.severity().to_lowercase(), db.message(), db.code().code());
+    let mut text = format!(
+        "{}: {} (SQLSTATE {})",
+        db.severity().to_lowercase(),
+        db.message(),
+        db.code().code()
+    );
     if let Some(detail) = db.detail() {
         text.push_str(&format!("; detail: {detail}"));
     }
@@ -210,7 +230,11 @@ fn normalize_sslmode(dsn: &str, dsn_env: &str) -> Result<String> {
     }
 }
 
-async fn run_in_transaction(client: &mut Client, op: Op<'_>, timeout: Duration) -> std::result::Result<Output, PgFailure> {
+async fn run_in_transaction(
+    client: &mut Client,
+    op: Op<'_>,
+    timeout: Duration,
+) -> std::result::Result<Output, PgFailure> {
     let tx = client.build_transaction().read_only(true).start().await?;
     let millis = timeout.as_millis().max(1);
     // standard_conforming_strings makes the server read string literals the way the screen did.
@@ -282,12 +306,19 @@ async fn tables(tx: &Transaction<'_>) -> std::result::Result<Vec<TableInfo>, PgF
             "LOCAL TEMPORARY" => "temporary table".to_owned(),
             other => other.to_lowercase(),
         };
-        out.push(TableInfo { schema: Some(schema), name, kind });
+        out.push(TableInfo {
+            schema: Some(schema),
+            name,
+            kind,
+        });
     }
     Ok(out)
 }
 
-async fn describe(tx: &Transaction<'_>, table: &str) -> std::result::Result<(String, Vec<ColumnInfo>), PgFailure> {
+async fn describe(
+    tx: &Transaction<'_>,
+    table: &str,
+) -> std::result::Result<(String, Vec<ColumnInfo>), PgFailure> {
     let table = table.trim();
     if table.is_empty() {
         return Err(PgFailure::Own(SqlError::BadArgument(
@@ -310,14 +341,21 @@ async fn describe(tx: &Transaction<'_>, table: &str) -> std::result::Result<(Str
         .await?;
     let mut columns = Vec::with_capacity(rows.len());
     for row in rows {
-        columns.push(ColumnInfo { name: row.try_get(0)?, data_type: row.try_get(1)?, nullable: row.try_get(2)? });
+        columns.push(ColumnInfo {
+            name: row.try_get(0)?,
+            data_type: row.try_get(1)?,
+            nullable: row.try_get(2)?,
+        });
     }
     Ok((name, columns))
 }
 
 /// Finds a table, view or foreign table by name: as written on the search path (`items`,
 /// `Mixed Case`), then as `schema.table` (either part may be double-quoted), then lowercased.
-async fn resolve_table(tx: &Transaction<'_>, table: &str) -> std::result::Result<Option<tokio_postgres::Row>, PgFailure> {
+async fn resolve_table(
+    tx: &Transaction<'_>,
+    table: &str,
+) -> std::result::Result<Option<tokio_postgres::Row>, PgFailure> {
     const KINDS: &str = "c.relkind IN ('r', 'v', 'm', 'f', 'p')";
     let on_path = format!(
         "SELECT c.oid, c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
@@ -351,7 +389,11 @@ async fn resolve_table(tx: &Transaction<'_>, table: &str) -> std::result::Result
     Ok(None)
 }
 
-async fn query(tx: &Transaction<'_>, sql: &str, limit: usize) -> std::result::Result<QueryRows, PgFailure> {
+async fn query(
+    tx: &Transaction<'_>,
+    sql: &str,
+    limit: usize,
+) -> std::result::Result<QueryRows, PgFailure> {
     // Parse: the server refuses more than one command in a prepared statement.
     let statement = tx.prepare(sql).await?;
     if !statement.params().is_empty() {
@@ -361,7 +403,11 @@ async fn query(tx: &Transaction<'_>, sql: &str, limit: usize) -> std::result::Re
             statement.params().len()
         ))));
     }
-    let columns: Vec<String> = statement.columns().iter().map(|c| c.name().to_owned()).collect();
+    let columns: Vec<String> = statement
+        .columns()
+        .iter()
+        .map(|c| c.name().to_owned())
+        .collect();
     let portal = tx.bind(&statement, &[]).await?;
     let max_rows = i32::try_from(limit + 1).unwrap_or(i32::MAX);
     let fetched = tx.query_portal(&portal, max_rows).await?;
@@ -375,15 +421,24 @@ async fn query(tx: &Transaction<'_>, sql: &str, limit: usize) -> std::result::Re
         }
         rows.push(cells);
     }
-    Ok(QueryRows { columns, rows, more })
+    Ok(QueryRows {
+        columns,
+        rows,
+        more,
+    })
 }
 
 /// Any Postgres value, decoded from the binary wire format into JSON.
 struct PgCell(Value);
 
 impl<'a> FromSql<'a> for PgCell {
-    fn from_sql(ty: &Type, raw: &'a [u8]) -> std::result::Result<Self, Box<dyn StdError + Sync + Send>> {
-        Ok(PgCell(decode(ty, raw).unwrap_or_else(|| undecodable(ty, raw))))
+    fn from_sql(
+        ty: &Type,
+        raw: &'a [u8],
+    ) -> std::result::Result<Self, Box<dyn StdError + Sync + Send>> {
+        Ok(PgCell(
+            decode(ty, raw).unwrap_or_else(|| undecodable(ty, raw)),
+        ))
     }
 
     fn accepts(_: &Type) -> bool {
@@ -418,10 +473,12 @@ impl<'a> Reader<'a> {
         self.take(2).map(|b| u16::from_be_bytes([b[0], b[1]]))
     }
     fn i32(&mut self) -> Option<i32> {
-        self.take(4).map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        self.take(4)
+            .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
     }
     fn i64(&mut self) -> Option<i64> {
-        self.take(8).map(|b| i64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+        self.take(8)
+            .map(|b| i64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
     }
 }
 
@@ -449,10 +506,16 @@ fn decode(ty: &Type, raw: &[u8]) -> Option<Value> {
         Type::OID | Type::XID | Type::CID | Type::REGCLASS | Type::REGPROC | Type::REGTYPE => {
             json!(u32::try_from(r.i32()?).ok().unwrap_or_default())
         }
-        Type::FLOAT4 => float(f64::from(f32::from_bits(u32::from_be_bytes(r.take(4)?.try_into().ok()?)))),
-        Type::FLOAT8 => float(f64::from_bits(u64::from_be_bytes(r.take(8)?.try_into().ok()?))),
+        Type::FLOAT4 => float(f64::from(f32::from_bits(u32::from_be_bytes(
+            r.take(4)?.try_into().ok()?,
+        )))),
+        Type::FLOAT8 => float(f64::from_bits(u64::from_be_bytes(
+            r.take(8)?.try_into().ok()?,
+        ))),
         Type::NUMERIC => Value::String(decode_numeric(&mut r)?),
-        Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN | Type::XML => utf8(raw),
+        Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN | Type::XML => {
+            utf8(raw)
+        }
         Type::CHAR => Value::String((*raw.first()? as char).to_string()),
         Type::JSON => serde_json::from_slice(raw).unwrap_or_else(|_| utf8(raw)),
         Type::JSONB => {
@@ -461,7 +524,14 @@ fn decode(ty: &Type, raw: &[u8]) -> Option<Value> {
         }
         Type::UUID => {
             let h = hex::encode(r.take(16)?);
-            Value::String(format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..]))
+            Value::String(format!(
+                "{}-{}-{}-{}-{}",
+                &h[..8],
+                &h[8..12],
+                &h[12..16],
+                &h[16..20],
+                &h[20..]
+            ))
         }
         Type::BYTEA => Value::String(format!("\\x{}", hex::encode(raw))),
         Type::DATE => Value::String(decode_date(r.i32()?)?),
@@ -474,7 +544,11 @@ fn decode(ty: &Type, raw: &[u8]) -> Option<Value> {
             let east = -west;
             let sign = if east < 0 { '-' } else { '+' };
             let (h, m) = (east.abs() / 3600, (east.abs() % 3600) / 60);
-            Value::String(if m == 0 { format!("{time}{sign}{h:02}") } else { format!("{time}{sign}{h:02}:{m:02}") })
+            Value::String(if m == 0 {
+                format!("{time}{sign}{h:02}")
+            } else {
+                format!("{time}{sign}{h:02}:{m:02}")
+            })
         }
         Type::INTERVAL => {
             let micros = r.i64()?;
@@ -485,7 +559,11 @@ fn decode(ty: &Type, raw: &[u8]) -> Option<Value> {
         Type::MONEY => {
             let cents = r.i64()?;
             let sign = if cents < 0 { "-" } else { "" };
-            Value::String(format!("{sign}{}.{:02}", (cents / 100).abs(), (cents % 100).abs()))
+            Value::String(format!(
+                "{sign}{}.{:02}",
+                (cents / 100).abs(),
+                (cents % 100).abs()
+            ))
         }
         Type::INET | Type::CIDR => Value::String(decode_inet(&mut r)?),
         _ if ty.name() == "citext" || ty.name() == "ltree" => utf8(raw),
@@ -520,7 +598,10 @@ fn decode_array(member: &Type, raw: &[u8]) -> Option<Value> {
         if dim == 0 {
             break;
         }
-        values = values.chunks(dim).map(|c| Value::Array(c.to_vec())).collect();
+        values = values
+            .chunks(dim)
+            .map(|c| Value::Array(c.to_vec()))
+            .collect();
     }
     Some(Value::Array(values))
 }
@@ -541,7 +622,10 @@ fn decode_numeric(r: &mut Reader<'_>) -> Option<String> {
         digits.push(r.i16()?);
     }
     let digit = |i: i32| -> i16 {
-        usize::try_from(i).ok().and_then(|i| digits.get(i).copied()).unwrap_or(0)
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| digits.get(i).copied())
+            .unwrap_or(0)
     };
     let mut out = String::new();
     if sign == 0x4000 {
@@ -598,7 +682,12 @@ fn decode_timestamp(micros: i64) -> Option<String> {
 fn decode_time(micros: i64) -> String {
     let secs = micros / 1_000_000;
     let frac = micros % 1_000_000;
-    let base = format!("{:02}:{:02}:{:02}", secs / 3600, (secs % 3600) / 60, secs % 60);
+    let base = format!(
+        "{:02}:{:02}:{:02}",
+        secs / 3600,
+        (secs % 3600) / 60,
+        secs % 60
+    );
     if frac == 0 {
         base
     } else {
@@ -610,13 +699,22 @@ fn decode_interval(micros: i64, days: i32, months: i32) -> String {
     let mut parts = Vec::new();
     let (years, months) = (months / 12, months % 12);
     if years != 0 {
-        parts.push(format!("{years} year{}", if years.abs() == 1 { "" } else { "s" }));
+        parts.push(format!(
+            "{years} year{}",
+            if years.abs() == 1 { "" } else { "s" }
+        ));
     }
     if months != 0 {
-        parts.push(format!("{months} mon{}", if months.abs() == 1 { "" } else { "s" }));
+        parts.push(format!(
+            "{months} mon{}",
+            if months.abs() == 1 { "" } else { "s" }
+        ));
     }
     if days != 0 {
-        parts.push(format!("{days} day{}", if days.abs() == 1 { "" } else { "s" }));
+        parts.push(format!(
+            "{days} day{}",
+            if days.abs() == 1 { "" } else { "s" }
+        ));
     }
     if micros != 0 || parts.is_empty() {
         let sign = if micros < 0 { "-" } else { "" };
@@ -632,14 +730,21 @@ fn decode_inet(r: &mut Reader<'_>) -> Option<String> {
     let len = usize::from(r.take(1)?[0]);
     let addr = r.take(len)?;
     let (text, full) = match family {
-        2 if len == 4 => (std::net::Ipv4Addr::new(addr[0], addr[1], addr[2], addr[3]).to_string(), 32),
+        2 if len == 4 => (
+            std::net::Ipv4Addr::new(addr[0], addr[1], addr[2], addr[3]).to_string(),
+            32,
+        ),
         3 if len == 16 => {
             let octets: [u8; 16] = addr.try_into().ok()?;
             (std::net::Ipv6Addr::from(octets).to_string(), 128)
         }
         _ => return None,
     };
-    Some(if bits == full { text } else { format!("{text}/{bits}") })
+    Some(if bits == full {
+        text
+    } else {
+        format!("{text}/{bits}")
+    })
 }
 
 #[cfg(test)]
@@ -677,9 +782,15 @@ mod tests {
     fn times_decode_to_their_text() {
         assert_eq!(decode_date(0).as_deref(), Some("2000-01-01"));
         assert_eq!(decode_date(-1).as_deref(), Some("1999-12-31"));
-        assert_eq!(decode_timestamp(1_500_000).as_deref(), Some("2000-01-01 00:00:01.500"));
+        assert_eq!(
+            decode_timestamp(1_500_000).as_deref(),
+            Some("2000-01-01 00:00:01.500")
+        );
         assert_eq!(decode_time(3_723_000_001), "01:02:03.000001");
-        assert_eq!(decode_interval(3_600_000_000, 3, 14), "1 year 2 mons 3 days 01:00:00");
+        assert_eq!(
+            decode_interval(3_600_000_000, 3, 14),
+            "1 year 2 mons 3 days 01:00:00"
+        );
         assert_eq!(decode_interval(0, 0, 0), "00:00:00");
     }
 
@@ -687,14 +798,37 @@ mod tests {
     fn sslmode_values_libpq_knows_are_accepted_or_explained() {
         let check = |dsn: &str, expected: std::result::Result<&str, ()>| {
             let got = normalize_sslmode(dsn, "DSN").map_err(|_| ());
-            assert_eq!(got.as_deref(), expected.as_deref().map_err(|_| &()), "{dsn}");
+            assert_eq!(
+                got.as_deref(),
+                expected.as_deref().map_err(|_| &()),
+                "{dsn}"
+            );
         };
         check("postgres://u@h/db", Ok("postgres://u@h/db"));
-        check("postgres://u@h/db?sslmode=disable", Ok("postgres://u@h/db?sslmode=disable"));
-        check("postgres://u@h/db?sslmode=allow&x=1", Ok("postgres://u@h/db?sslmode=prefer&x=1"));
-        check("postgres://u@h/db?sslrootcert=/a.pem", Ok("postgres://u@h/db"));
+        check(
+            "postgres://u@h/db?sslmode=disable",
+            Ok("postgres://u@h/db?sslmode=disable"),
+        );
+        check(
+            "postgres://u@h/db?sslmode=allow&x=1",
+            Ok("postgres://u@h/db?sslmode=prefer&x=1"),
+        );
+        check(
+            "postgres://u@h/db?sslrootcert=/a.pem",
+            Ok("postgres://u@h/db"),
+        );
         check("postgres://u@h/db?sslmode=verify-full", Err(()));
-        assert!(Postgres::new("postgres://u@h/db?sslmode=require", "DSN", Duration::from_secs(1)).is_err());
-        assert!(Postgres::new("postgres://u@h/db?sslmode=prefer", "DSN", Duration::from_secs(1)).is_ok());
+        assert!(Postgres::new(
+            "postgres://u@h/db?sslmode=require",
+            "DSN",
+            Duration::from_secs(1)
+        )
+        .is_err());
+        assert!(Postgres::new(
+            "postgres://u@h/db?sslmode=prefer",
+            "DSN",
+            Duration::from_secs(1)
+        )
+        .is_ok());
     }
 }

@@ -49,10 +49,14 @@ pub struct QueryRows {
 pub fn row_limit(requested: Option<u64>) -> Result<(usize, Option<String>), String> {
     match requested {
         None => Ok((DEFAULT_ROW_LIMIT, None)),
-        Some(0) => Err(format!("`limit` must be between 1 and {MAX_ROW_LIMIT}; got 0")),
+        Some(0) => Err(format!(
+            "`limit` must be between 1 and {MAX_ROW_LIMIT}; got 0"
+        )),
         Some(n) if n > MAX_ROW_LIMIT as u64 => Ok((
             MAX_ROW_LIMIT,
-            Some(format!("`limit` {n} is above the maximum; returning at most {MAX_ROW_LIMIT} rows.")),
+            Some(format!(
+                "`limit` {n} is above the maximum; returning at most {MAX_ROW_LIMIT} rows."
+            )),
         )),
         Some(n) => Ok((n as usize, None)),
     }
@@ -64,7 +68,10 @@ pub fn cut_text(text: &str) -> (String, bool) {
         None => (text.to_owned(), false),
         Some((byte, _)) => {
             let total = text.chars().count();
-            (format!("{}… [cut: {total} characters]", &text[..byte]), true)
+            (
+                format!("{}… [cut: {total} characters]", &text[..byte]),
+                true,
+            )
         }
     }
 }
@@ -93,7 +100,11 @@ fn cut_cell(value: Value) -> (Value, bool) {
 fn row_keys(columns: &[String]) -> Vec<String> {
     let mut keys: Vec<String> = Vec::with_capacity(columns.len());
     for column in columns {
-        let mut key = if column.is_empty() { "?column?".to_owned() } else { column.clone() };
+        let mut key = if column.is_empty() {
+            "?column?".to_owned()
+        } else {
+            column.clone()
+        };
         let mut n = 2;
         while keys.contains(&key) {
             key = format!("{column}#{n}");
@@ -127,12 +138,20 @@ pub fn render_rows(result: QueryRows, limit: usize, limit_note: Option<String>) 
         out.push('\n');
         shown += 1;
     }
-    let columns = if keys.is_empty() { "(none)".to_owned() } else { keys.join(", ") };
+    let columns = if keys.is_empty() {
+        "(none)".to_owned()
+    } else {
+        keys.join(", ")
+    };
     if shown == 0 {
         out.push_str(&format!("(no rows; columns: {columns})\n"));
     } else {
         let noun = if shown == 1 { "row" } else { "rows" };
-        let more = if result.more || size_cut { "; the query returned more" } else { "" };
+        let more = if result.more || size_cut {
+            "; the query returned more"
+        } else {
+            ""
+        };
         out.push_str(&format!("({shown} {noun}{more}; columns: {columns})\n"));
     }
     if let Some(note) = limit_note {
@@ -183,8 +202,16 @@ pub fn render_tables(tables: &[TableInfo]) -> String {
 
 /// The text of a `describe` result: the table, then `name type null|not null` per column.
 pub fn render_columns(table: &str, columns: &[ColumnInfo]) -> String {
-    let name_width = columns.iter().map(|c| c.name.chars().count()).max().unwrap_or(0);
-    let type_width = columns.iter().map(|c| c.data_type.chars().count()).max().unwrap_or(0);
+    let name_width = columns
+        .iter()
+        .map(|c| c.name.chars().count())
+        .max()
+        .unwrap_or(0);
+    let type_width = columns
+        .iter()
+        .map(|c| c.data_type.chars().count())
+        .max()
+        .unwrap_or(0);
     let mut out = format!("{table}: {} columns\n", columns.len());
     for column in columns {
         let nullable = if column.nullable { "null" } else { "not null" };
@@ -209,9 +236,17 @@ mod tests {
         };
         check("short", "short", false);
         check(&"a".repeat(1000), &"a".repeat(1000), false);
-        check(&"a".repeat(1001), &format!("{}… [cut: 1001 characters]", "a".repeat(1000)), true);
+        check(
+            &"a".repeat(1001),
+            &format!("{}… [cut: 1001 characters]", "a".repeat(1000)),
+            true,
+        );
         // Characters, not bytes: a multi-byte text is cut on a char boundary.
-        check(&"é".repeat(1500), &format!("{}… [cut: 1500 characters]", "é".repeat(1000)), true);
+        check(
+            &"é".repeat(1500),
+            &format!("{}… [cut: 1500 characters]", "é".repeat(1000)),
+            true,
+        );
     }
 
     #[test]
@@ -219,7 +254,9 @@ mod tests {
         let long = json!(vec!["x"; 400]);
         let (value, cut) = cut_cell(long);
         assert!(cut);
-        assert!(value.as_str().is_some_and(|s| s.ends_with("[cut: 1601 characters]")));
+        assert!(value
+            .as_str()
+            .is_some_and(|s| s.ends_with("[cut: 1601 characters]")));
         assert_eq!(cut_cell(json!([1, 2])), (json!([1, 2]), false));
         assert_eq!(cut_cell(json!(5)), (json!(5), false));
     }
@@ -237,7 +274,10 @@ mod tests {
     fn rows_render_as_json_lines_with_a_summary() {
         let rows = QueryRows {
             columns: vec!["id".into(), "name".into(), "id".into()],
-            rows: vec![vec![json!(1), json!("a"), json!(10)], vec![json!(2), Value::Null, json!(20)]],
+            rows: vec![
+                vec![json!(1), json!("a"), json!(10)],
+                vec![json!(2), Value::Null, json!(20)],
+            ],
             more: true,
         };
         assert_eq!(
@@ -252,7 +292,11 @@ mod tests {
 
     #[test]
     fn empty_results_name_their_columns() {
-        let rows = QueryRows { columns: vec!["id".into()], rows: vec![], more: false };
+        let rows = QueryRows {
+            columns: vec!["id".into()],
+            rows: vec![],
+            more: false,
+        };
         assert_eq!(render_rows(rows, 100, None), "(no rows; columns: id)\n");
     }
 
@@ -273,18 +317,33 @@ mod tests {
     #[test]
     fn long_table_lists_are_cut() {
         let tables: Vec<TableInfo> = (0..1500)
-            .map(|i| TableInfo { schema: None, name: format!("t{i}"), kind: "table".into() })
+            .map(|i| TableInfo {
+                schema: None,
+                name: format!("t{i}"),
+                kind: "table".into(),
+            })
             .collect();
         let text = render_tables(&tables);
         assert_eq!(text.lines().count(), MAX_TABLES + 1);
-        assert!(text.ends_with("with a WHERE clause to find the rest.\n"), "{text}");
+        assert!(
+            text.ends_with("with a WHERE clause to find the rest.\n"),
+            "{text}"
+        );
     }
 
     #[test]
     fn columns_render_as_an_aligned_list() {
         let columns = vec![
-            ColumnInfo { name: "id".into(), data_type: "integer".into(), nullable: false },
-            ColumnInfo { name: "label".into(), data_type: "text".into(), nullable: true },
+            ColumnInfo {
+                name: "id".into(),
+                data_type: "integer".into(),
+                nullable: false,
+            },
+            ColumnInfo {
+                name: "label".into(),
+                data_type: "text".into(),
+                nullable: true,
+            },
         ];
         assert_eq!(
             render_columns("public.items", &columns),

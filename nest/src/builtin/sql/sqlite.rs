@@ -48,9 +48,15 @@ pub fn parse_target(dsn: &str) -> SqliteTarget {
     if dsn.starts_with("file:") {
         return SqliteTarget::Uri(dsn.to_owned());
     }
-    let path = if let Some(rest) = dsn.strip_prefix("sqlite://").or_else(|| dsn.strip_prefix("sqlite3://")) {
+    let path = if let Some(rest) = dsn
+        .strip_prefix("sqlite://")
+        .or_else(|| dsn.strip_prefix("sqlite3://"))
+    {
         rest
-    } else if let Some(rest) = dsn.strip_prefix("sqlite:").or_else(|| dsn.strip_prefix("sqlite3:")) {
+    } else if let Some(rest) = dsn
+        .strip_prefix("sqlite:")
+        .or_else(|| dsn.strip_prefix("sqlite3:"))
+    {
         rest
     } else {
         dsn
@@ -65,7 +71,9 @@ impl Sqlite {
     /// Opens the database named by the DSN held in `dsn_env`, read-only.
     pub fn open(dsn: &str, dsn_env: &str, timeout: Duration) -> Result<Self> {
         let target = parse_target(dsn);
-        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = match &target {
             SqliteTarget::Path(path) => {
                 if path.as_os_str().is_empty() {
@@ -86,9 +94,14 @@ impl Sqlite {
         }
         .map_err(|e| SqlError::Config(format!("cannot open the SQLite database named by ${dsn_env}: {e}")))?;
         let deadline = Arc::new(Mutex::new(None));
-        fence(&conn, timeout, Arc::clone(&deadline))
-            .map_err(|e| SqlError::Config(format!("cannot make the SQLite database read-only: {e}")))?;
-        Ok(Self { conn: Arc::new(Mutex::new(conn)), deadline, timeout })
+        fence(&conn, timeout, Arc::clone(&deadline)).map_err(|e| {
+            SqlError::Config(format!("cannot make the SQLite database read-only: {e}"))
+        })?;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+            deadline,
+            timeout,
+        })
     }
 
     pub async fn tables(&self) -> Result<Vec<TableInfo>> {
@@ -99,7 +112,11 @@ impl Sqlite {
                   ORDER BY name",
             )?;
             let rows = stmt.query_map([], |row| {
-                Ok(TableInfo { schema: None, name: row.get(0)?, kind: row.get(1)? })
+                Ok(TableInfo {
+                    schema: None,
+                    name: row.get(0)?,
+                    kind: row.get(1)?,
+                })
             })?;
             rows.collect()
         })
@@ -109,7 +126,9 @@ impl Sqlite {
     pub async fn describe(&self, table: &str) -> Result<(String, Vec<ColumnInfo>)> {
         let table = table.trim().to_owned();
         if table.is_empty() {
-            return Err(SqlError::BadArgument("`table` is empty; pass a table name such as `items`".into()));
+            return Err(SqlError::BadArgument(
+                "`table` is empty; pass a table name such as `items`".into(),
+            ));
         }
         let (schema, name) = match table.split_once('.') {
             Some((schema, name)) if !self.has_table("main", &table).await? => {
@@ -139,16 +158,22 @@ impl Sqlite {
         if columns.is_empty() {
             return Err(SqlError::NoSuchTable(table));
         }
-        let shown = if schema == "main" { name } else { format!("{schema}.{name}") };
+        let shown = if schema == "main" {
+            name
+        } else {
+            format!("{schema}.{name}")
+        };
         Ok((shown, columns))
     }
 
     async fn has_table(&self, schema: &str, name: &str) -> Result<bool> {
         let (schema, name) = (schema.to_owned(), name.to_owned());
         self.with_conn(move |conn| {
-            conn.query_row("SELECT count(*) FROM pragma_table_info(?1, ?2)", [&name, &schema], |row| {
-                row.get::<_, i64>(0)
-            })
+            conn.query_row(
+                "SELECT count(*) FROM pragma_table_info(?1, ?2)",
+                [&name, &schema],
+                |row| row.get::<_, i64>(0),
+            )
         })
         .await
         .map(|n| n > 0)
@@ -189,7 +214,9 @@ impl Sqlite {
             result
         })
         .await
-        .map_err(|e| SqlError::Database(format!("internal error: the database task failed: {e}")))?;
+        .map_err(|e| {
+            SqlError::Database(format!("internal error: the database task failed: {e}"))
+        })?;
         outcome.map_err(|f| self.map_failure(f))
     }
 
@@ -210,9 +237,9 @@ impl Sqlite {
             }
             QueryFailure::Sqlite(e) => SqlError::Database(e.to_string()),
             QueryFailure::Own(e) => e,
-            QueryFailure::Poisoned => {
-                SqlError::Database("internal error: the connection lock is poisoned; restart the server".into())
-            }
+            QueryFailure::Poisoned => SqlError::Database(
+                "internal error: the connection lock is poisoned; restart the server".into(),
+            ),
         }
     }
 }
@@ -240,16 +267,26 @@ fn disarm(deadline: &Mutex<Option<Instant>>) {
 }
 
 /// Puts the fences up on a freshly opened connection.
-fn fence(conn: &Connection, timeout: Duration, deadline: Arc<Mutex<Option<Instant>>>) -> rusqlite::Result<()> {
+fn fence(
+    conn: &Connection,
+    timeout: Duration,
+    deadline: Arc<Mutex<Option<Instant>>>,
+) -> rusqlite::Result<()> {
     conn.execute_batch("PRAGMA query_only = ON")?;
     conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
-    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER, false)?;
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER,
+        false,
+    )?;
     conn.busy_timeout(timeout)?;
     conn.progress_handler(
         PROGRESS_STEPS,
         Some(move || {
             // true interrupts the running statement.
-            deadline.lock().map(|d| d.is_some_and(|at| Instant::now() >= at)).unwrap_or(true)
+            deadline
+                .lock()
+                .map(|d| d.is_some_and(|at| Instant::now() >= at))
+                .unwrap_or(true)
         }),
     );
     conn.authorizer(Some(authorize));
@@ -259,13 +296,16 @@ fn fence(conn: &Connection, timeout: Duration, deadline: Arc<Mutex<Option<Instan
 /// The authorizer: reads and introspection only.
 fn authorize(ctx: AuthContext<'_>) -> Authorization {
     match ctx.action {
-        AuthAction::Select | AuthAction::Read { .. } | AuthAction::Recursive => Authorization::Allow,
+        AuthAction::Select | AuthAction::Read { .. } | AuthAction::Recursive => {
+            Authorization::Allow
+        }
         AuthAction::Function { function_name } if guard::sqlite_function_allowed(function_name) => {
             Authorization::Allow
         }
-        AuthAction::Pragma { pragma_name, pragma_value } if guard::sqlite_pragma_allowed(pragma_name, pragma_value) => {
-            Authorization::Allow
-        }
+        AuthAction::Pragma {
+            pragma_name,
+            pragma_value,
+        } if guard::sqlite_pragma_allowed(pragma_name, pragma_value) => Authorization::Allow,
         _ => Authorization::Deny,
     }
 }
@@ -283,14 +323,20 @@ impl From<rusqlite::Error> for QueryFailure {
     }
 }
 
-fn run_query(conn: &Connection, sql: &str, limit: usize) -> std::result::Result<QueryRows, QueryFailure> {
+fn run_query(
+    conn: &Connection,
+    sql: &str,
+    limit: usize,
+) -> std::result::Result<QueryRows, QueryFailure> {
     let mut batch = Batch::new(conn, sql);
     let Some(mut stmt) = batch.next()? else {
         return Err(QueryFailure::Own(SqlError::Refused(guard::Refusal::Empty)));
     };
     // Anything after the first statement, even a statement SQLite cannot prepare, is refused.
     if !matches!(batch.next(), Ok(None)) {
-        return Err(QueryFailure::Own(SqlError::Refused(guard::Refusal::MultipleStatements)));
+        return Err(QueryFailure::Own(SqlError::Refused(
+            guard::Refusal::MultipleStatements,
+        )));
     }
     if !stmt.readonly() {
         return Err(QueryFailure::Own(SqlError::Database(
@@ -320,14 +366,19 @@ fn run_query(conn: &Connection, sql: &str, limit: usize) -> std::result::Result<
         }
         rows_out.push(cells);
     }
-    Ok(QueryRows { columns, rows: rows_out, more })
+    Ok(QueryRows {
+        columns,
+        rows: rows_out,
+        more,
+    })
 }
 
 fn cell(value: ValueRef<'_>) -> Value {
     match value {
         ValueRef::Null => Value::Null,
         ValueRef::Integer(i) => json!(i),
-        ValueRef::Real(f) => serde_json::Number::from_f64(f).map_or_else(|| Value::String(f.to_string()), Value::Number),
+        ValueRef::Real(f) => serde_json::Number::from_f64(f)
+            .map_or_else(|| Value::String(f.to_string()), Value::Number),
         ValueRef::Text(t) => Value::String(String::from_utf8_lossy(t).into_owned()),
         ValueRef::Blob(b) => Value::String(format!("x'{}'", hex::encode(b))),
     }
@@ -340,15 +391,22 @@ mod tests {
 
     #[test]
     fn dsns_name_a_file_or_a_uri() {
-        let check = |dsn: &str, expected: SqliteTarget| assert_eq!(parse_target(dsn), expected, "{dsn}");
+        let check =
+            |dsn: &str, expected: SqliteTarget| assert_eq!(parse_target(dsn), expected, "{dsn}");
         let path = |p: &str| SqliteTarget::Path(PathBuf::from(p));
         check("/srv/shop.db", path("/srv/shop.db"));
         check("shop.db", path("shop.db"));
         check("sqlite:///srv/shop.db", path("/srv/shop.db"));
         check("sqlite://shop.db", path("shop.db"));
         check("sqlite:shop.db", path("shop.db"));
-        check("file:/srv/shop.db?immutable=1", SqliteTarget::Uri("file:/srv/shop.db?immutable=1".into()));
-        check("sqlite:///srv/shop.db?cache=shared", SqliteTarget::Uri("file:/srv/shop.db?cache=shared".into()));
+        check(
+            "file:/srv/shop.db?immutable=1",
+            SqliteTarget::Uri("file:/srv/shop.db?immutable=1".into()),
+        );
+        check(
+            "sqlite:///srv/shop.db?cache=shared",
+            SqliteTarget::Uri("file:/srv/shop.db?cache=shared".into()),
+        );
     }
 
     fn fixture() -> (tempfile::TempDir, PathBuf) {
@@ -367,17 +425,28 @@ mod tests {
     #[tokio::test]
     async fn reads_work_and_writes_are_refused_by_the_database_itself() {
         let (_dir, path) = fixture();
-        let db = Sqlite::open(path.to_str().expect("utf-8 path"), "DSN", Duration::from_secs(5)).expect("open");
+        let db = Sqlite::open(
+            path.to_str().expect("utf-8 path"),
+            "DSN",
+            Duration::from_secs(5),
+        )
+        .expect("open");
         let tables = db.tables().await.expect("tables");
         assert_eq!(
-            tables.iter().map(|t| (t.name.as_str(), t.kind.as_str())).collect::<Vec<_>>(),
+            tables
+                .iter()
+                .map(|t| (t.name.as_str(), t.kind.as_str()))
+                .collect::<Vec<_>>(),
             vec![("items", "table"), ("names", "view")]
         );
         let (name, columns) = db.describe("items").await.expect("describe");
         assert_eq!(name, "items");
         assert_eq!(columns.len(), 3);
         assert!(!columns[1].nullable);
-        let rows = db.query("SELECT id, name FROM items ORDER BY id", 1).await.expect("query");
+        let rows = db
+            .query("SELECT id, name FROM items ORDER BY id", 1)
+            .await
+            .expect("query");
         assert_eq!(rows.rows, vec![vec![json!(1), json!("apple")]]);
         assert!(rows.more);
 
@@ -397,14 +466,21 @@ mod tests {
             assert!(run_query(&conn, sql, 10).is_err(), "{sql} must fail");
         }
         assert!(!Path::new("/tmp/agen-sql-vacuum-copy.db").exists());
-        let count: i64 = conn.query_row("SELECT count(*) FROM items", [], |r| r.get(0)).expect("count");
+        let count: i64 = conn
+            .query_row("SELECT count(*) FROM items", [], |r| r.get(0))
+            .expect("count");
         assert_eq!(count, 2);
     }
 
     #[tokio::test]
     async fn a_runaway_query_is_interrupted_at_the_timeout() {
         let (_dir, path) = fixture();
-        let db = Sqlite::open(path.to_str().expect("utf-8 path"), "DSN", Duration::from_millis(300)).expect("open");
+        let db = Sqlite::open(
+            path.to_str().expect("utf-8 path"),
+            "DSN",
+            Duration::from_millis(300),
+        )
+        .expect("open");
         let started = Instant::now();
         let err = db
             .query("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c", 10)
