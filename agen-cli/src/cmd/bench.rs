@@ -1,7 +1,8 @@
 //! `agen bench`: a load generator against a self-contained fleet it starts itself, in this
 //! process — a Hub and one Nest on loopback port 0 with a temporary data dir, and the scripted
 //! fake model (NOT a real model) — with a bundle whose one real tool server is
-//! `agen mcp workspace` on a temporary folder. It submits `--tasks` tasks with `--concurrency`
+//! `agen mcp workspace` on a temporary folder (its `read` tool, or `write` with `--tool write`
+//! to price the side-effecting path). It submits `--tasks` tasks with `--concurrency`
 //! clients and reports throughput, end-to-end latency percentiles (submit → terminal, seen by
 //! the client through `WatchTask`) and the ratio of a tool call's time inside a run (the
 //! `tool.started` → `tool.completed` span of the run log, from `GetTrace`) to the same call
@@ -43,9 +44,13 @@ pub struct Args {
     /// Tasks one instance runs at a time (the deployment's concurrency)
     #[arg(long, default_value_t = 4)]
     pub instance_concurrency: u32,
-    /// Tool calls (workspace `read`) per task; 0 measures the bare task path
+    /// Tool calls per task; 0 measures the bare task path
     #[arg(long, default_value_t = 1)]
     pub tool_calls: u32,
+    /// The workspace tool called: `read` (read-only: streamed to the run log) or `write`
+    /// (side-effecting: "started" and "completed" are made durable at the Hub around the call)
+    #[arg(long, value_enum, default_value = "read")]
+    pub tool: BenchTool,
     /// Direct `ToolHost::call`s timed for the raw MCP baseline
     #[arg(long, default_value_t = 200)]
     pub raw_calls: usize,
@@ -67,6 +72,29 @@ pub struct Args {
     /// Output format: table (for people) or json (for scripts)
     #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
     pub output: Output,
+}
+
+/// Which `agen mcp workspace` tool the benchmark calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchTool {
+    Read,
+    Write,
+}
+
+impl BenchTool {
+    fn name(self) -> &'static str {
+        match self {
+            BenchTool::Read => "read",
+            BenchTool::Write => "write",
+        }
+    }
+
+    fn arguments(self) -> Value {
+        match self {
+            BenchTool::Read => json!({ "path": READ_FILE }),
+            BenchTool::Write => json!({ "path": WRITE_FILE, "content": "written by agen bench\n" }),
+        }
+    }
 }
 
 /// Removes the benchmark folder on drop unless asked to keep it.
@@ -163,6 +191,7 @@ impl Phase {
 const DEPLOYMENT: &str = "bench";
 const BASELINE_DEPLOYMENT: &str = "bench-baseline";
 const READ_FILE: &str = "notes.md";
+const WRITE_FILE: &str = "bench-out.txt";
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     agen_shared::telemetry::init("warn");
@@ -174,7 +203,10 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     let tmp = TempDir { path: root.clone(), keep: args.keep };
     let shutdown = CancellationToken::new();
     crate::cmd::cancel_on_signals(shutdown.clone());
-    let result = bench(&args, &tmp.path, shutdown.clone()).await;
+    let result = tokio::select! {
+        r = bench(&args, &tmp.path, shutdown.clone()) => r,
+        _ = shutdown.cancelled() => Err(anyhow::anyhow!("agen bench was interrupted")),
+    };
     shutdown.cancel();
     drop(tmp);
     let report = result?;
@@ -182,17 +214,20 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         Output::Json => view::print_json(&report),
         Output::Table => print_table(&report),
     }
-    Ok(0)
+    // A benchmark whose tasks failed measured something else: say so in the exit code.
+    Ok(if report["failed"].as_u64().unwrap_or(0) > 0 { 1 } else { 0 })
 }
 
 /// Starts the fleet, runs every phase, stops the fleet; returns the report.
-async fn bench(args: &Args, root: &Path, shutdown: CancellationToken) -> anyhow::Result<Value> {
+async fn bench(args: &Args, root: &Path, interrupt: CancellationToken) -> anyhow::Result<Value> {
+    // The fleet stops on its own token; cancelling it must not look like an interrupt.
+    let shutdown = interrupt.child_token();
     let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
     let agen_bin = std::env::current_exe().context("cannot find the agen binary")?;
 
-    // The fake models: one calls the workspace `read` tool `tool_calls` times, then answers.
+    // The fake models: one calls the workspace tool `tool_calls` times, then answers.
     let mut steps: Vec<Step> = (0..args.tool_calls)
-        .map(|_| Step::call("ws_read", json!({ "path": READ_FILE })))
+        .map(|_| Step::call(format!("ws_{}", args.tool.name()), args.tool.arguments()))
         .collect();
     steps.push(Step::template("done: {{last_tool_result}}"));
     let model = FakeModel::start(Script::steps(steps), loopback).await.context("cannot start the fake model")?;
@@ -211,7 +246,7 @@ async fn bench(args: &Args, root: &Path, shutdown: CancellationToken) -> anyhow:
 
     // Raw MCP baseline: the same server, the same call, straight through ToolHost.
     eprintln!("agen bench: timing {} direct tool calls", args.raw_calls);
-    let raw = raw_tool_calls(&bundle_dir, &agen_bin, args.raw_calls).await?;
+    let raw = raw_tool_calls(&bundle_dir, &agen_bin, args.tool, args.raw_calls).await?;
 
     // The fleet: Hub + one Nest, in this process.
     eprintln!("agen bench: starting a Hub and a Nest in {}", root.display());
@@ -331,9 +366,9 @@ fn write_bundle(dir: &Path, base_url: &str, workspace: &Path) -> anyhow::Result<
     Ok(())
 }
 
-/// Times `n` sequential `ws.read` calls made directly through a [`agen_nest::mcp::ToolHost`]
+/// Times `n` sequential calls of `tool` made directly through a [`agen_nest::mcp::ToolHost`]
 /// (with a `_meta` like the harness sends); milliseconds per call.
-async fn raw_tool_calls(bundle_dir: &Path, agen_bin: &Path, n: usize) -> anyhow::Result<Vec<f64>> {
+async fn raw_tool_calls(bundle_dir: &Path, agen_bin: &Path, tool: BenchTool, n: usize) -> anyhow::Result<Vec<f64>> {
     let bundle = agen_shared::bundle::Bundle::load(bundle_dir).context("the benchmark bundle is not valid")?;
     let host = agen_nest::mcp::ToolHost::start(&bundle, agen_nest::mcp::LaunchContext::new(agen_bin)).await;
     let status = host.status();
@@ -352,24 +387,25 @@ async fn raw_tool_calls(bundle_dir: &Path, agen_bin: &Path, n: usize) -> anyhow:
     .as_object()
     .cloned()
     .unwrap_or_default();
-    let args = json!({ "path": READ_FILE });
+    let args = tool.arguments();
+    let qualified = format!("ws.{}", tool.name());
     let mut samples = Vec::with_capacity(n);
     // A few unmeasured calls first, as the fleet phase has a warm-up too.
     for i in 0..n + 5 {
         let start = Instant::now();
         let out = host
-            .call("ws.read", args.clone(), meta.clone(), Duration::from_secs(30), CancellationToken::new())
+            .call(&qualified, args.clone(), meta.clone(), Duration::from_secs(30), CancellationToken::new())
             .await;
         let took = start.elapsed();
         match out {
             Ok(o) if !o.is_error => {}
             Ok(o) => {
                 host.shutdown().await;
-                bail!("the raw ws.read call failed: {}", o.text);
+                bail!("the raw {qualified} call failed: {}", o.text);
             }
             Err(e) => {
                 host.shutdown().await;
-                bail!("the raw ws.read call failed: {e}");
+                bail!("the raw {qualified} call failed: {e}");
             }
         }
         if i >= 5 {
@@ -552,11 +588,16 @@ fn report(args: &Args, raw: &[f64], phase: &Phase, baseline: Option<&Phase>, spa
         "build": if cfg!(debug_assertions) { "debug" } else { "release" },
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         "transport": if args.insecure_plaintext { "plaintext" } else { "tls" },
+        // Other work on the machine skews every number: record the 1-minute load at the end.
+        "loadavg_1m": std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|l| l.split_whitespace().next().and_then(|x| x.parse::<f64>().ok())),
         "tasks": args.tasks,
         "concurrency": args.concurrency,
         "replicas": args.replicas,
         "instance_concurrency": args.instance_concurrency,
         "tool_calls_per_task": args.tool_calls,
+        "tool": format!("ws.{}", args.tool.name()),
         "succeeded": phase.succeeded,
         "failed": phase.failed.len(),
         "failures": phase.failed.iter().take(5).collect::<Vec<_>>(),
@@ -576,15 +617,17 @@ fn print_table(r: &Value) {
         None => v.to_string(),
     };
     println!(
-        "agen bench ({} build, {} cores, {}): {} tasks, {} clients, {} replica(s) x {} task(s) at a time, {} tool call(s) per task",
+        "agen bench ({} build, {} cores, load {}, {}): {} tasks, {} clients, {} replica(s) x {} task(s) at a time, {} call(s) of {} per task",
         r["build"].as_str().unwrap_or(""),
         r["cores"],
+        r["loadavg_1m"],
         r["transport"].as_str().unwrap_or(""),
         r["tasks"],
         r["concurrency"],
         r["replicas"],
         r["instance_concurrency"],
-        r["tool_calls_per_task"]
+        r["tool_calls_per_task"],
+        r["tool"].as_str().unwrap_or("")
     );
     println!(
         "succeeded {} failed {} in {} s: {} tasks/s",
