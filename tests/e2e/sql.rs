@@ -451,7 +451,7 @@ fn postgres_row_limits_cell_cuts_and_the_timeout_hold() {
                 json!({"sql": "SELECT id FROM items ORDER BY id", "limit": 7})
             ),
             query("SELECT note FROM items WHERE id = 1"),
-            query("SELECT pg_sleep(5)"),
+            query("SELECT pg_sleep(10)"),
             query("SELECT 'still serving' AS status"),
             call("describe", json!({"table": "no_such_table"})),
             call("query", json!({"sql": "SELECT 1", "limit": 0})),
@@ -502,7 +502,7 @@ fn postgres_row_limits_cell_cuts_and_the_timeout_hold() {
     assert_eq!(results[5]["is_error"], json!(true), "{}", text(5));
     assert!(text(5).contains("stopped after 1s"), "{}", text(5));
     let elapsed = results[5]["elapsed_ms"].as_u64().expect("elapsed");
-    assert!(elapsed < 4_000, "the slow query took {elapsed} ms");
+    assert!(elapsed < 8_000, "the slow query took {elapsed} ms");
     assert_eq!(
         json_rows(&text(6)),
         vec![json!({"status": "still serving"})]
@@ -635,7 +635,7 @@ fn sqlite_tools_limits_and_timeout_work_through_the_python_sdk() {
     assert_eq!(results[7]["is_error"], json!(true), "{}", text(7));
     assert!(text(7).contains("stopped after 1s"), "{}", text(7));
     let elapsed = results[7]["elapsed_ms"].as_u64().expect("elapsed");
-    assert!(elapsed < 4_000, "the runaway query took {elapsed} ms");
+    assert!(elapsed < 8_000, "the runaway query took {elapsed} ms");
     assert_eq!(
         json_rows(&text(8)),
         vec![json!({"status": "still serving"})]
