@@ -222,3 +222,114 @@ fn sleepers() -> Vec<u32> {
     }
     out
 }
+
+/// A Hub, a Nest and a fake model; deployment `meta` whose only tool server is our
+/// `meta_server.py` (records each call's `_meta` to `meta.jsonl`).
+fn meta_fleet(script: Value, harness: Value) -> (tempfile::TempDir, HubProcess, NestProcess, FakeModel, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let nest = hub.nest("solo", &[], &[]).unwrap();
+    let model = FakeModel::start(&tmp.path().join("model"), &script).unwrap();
+    let log = tmp.path().join("meta.jsonl");
+    let dir = tmp.path().join("bundle");
+    write_bundle(
+        &dir,
+        &[
+            (
+                "mcp.json",
+                mcp_json(&[(
+                    "meta",
+                    json!({"command": Peers::python(), "args": [Peers::script("servers/meta_server.py")], "env": {"META_LOG": log}}),
+                )]),
+            ),
+            ("x-agen/agent.md", format!("---\nmodel: openai/fake-model\nbaseUrl: {}\n---\nMeta.\n", model.base_url())),
+            ("x-agen/harness.json", harness.to_string()),
+        ],
+    )
+    .unwrap();
+    let out = hub.cli(&["deploy", dir.to_str().unwrap(), "--name", "meta", "--wait"]).unwrap();
+    assert!(out.status.success(), "deploy: {}", String::from_utf8_lossy(&out.stderr));
+    (tmp, hub, nest, model, log)
+}
+
+fn meta_events(log: &Path) -> Vec<Value> {
+    std::fs::read_to_string(log).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+}
+
+#[test]
+fn every_tool_call_carries_its_run_in_meta() {
+    let script = json!({"steps": [
+        {"tool_calls": [{"name": "meta_echo", "arguments": {"text": "hi"}}]},
+        {"reply_template": "{{last_tool_result}}"}
+    ]});
+    let (_tmp, hub, _nest, _model, log) = meta_fleet(script, json!({}));
+    let out = hub
+        .cli(&["submit", "meta", "go", "--conversation", "conv-key-1", "--label", "team=blue", "--label", "ticket=42"])
+        .unwrap();
+    let task = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let t = hub.cli_json(&["wait", &task, "-o", "json"]).unwrap();
+    assert_eq!(t["state"], "succeeded", "{t}");
+    let calls: Vec<Value> = meta_events(&log).into_iter().filter(|e| e["tool"] == "echo").collect();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let meta = &calls[0]["meta"];
+    assert_eq!(meta["agen/namespace"], "default");
+    assert_eq!(meta["agen/deployment"], "meta");
+    assert_eq!(meta["agen/taskId"], task.as_str());
+    assert_eq!(meta["agen/runId"], t["run_id"]);
+    assert_eq!(meta["agen/rootRunId"], t["run_id"], "a top-level run is its own root");
+    assert_eq!(meta["agen/conversationId"], t["conversation_id"]);
+    assert_eq!(meta["agen/conversationKey"], "conv-key-1");
+    assert_eq!(meta["agen/labels"], json!({"team": "blue", "ticket": "42"}));
+    let tp = meta["traceparent"].as_str().unwrap();
+    let parts: Vec<&str> = tp.split('-').collect();
+    assert_eq!(parts.len(), 4, "{tp}");
+    assert_eq!((parts[0], parts[1].len(), parts[2].len(), parts[3].len()), ("00", 32, 16, 2), "{tp}");
+}
+
+#[test]
+fn parallel_tool_calls_overlap_and_keep_their_order_unless_turned_off() {
+    for (parallel, min_ms, max_ms) in [(true, 1400, 2900), (false, 2900, 8000)] {
+        let tmp_record = tempfile::tempdir().unwrap();
+        let record = tmp_record.path().join("requests.jsonl");
+        let script = json!({"record": record, "steps": [
+            {"tool_calls": [
+                {"name": "meta_slow", "arguments": {"seconds": 1.5}},
+                {"name": "meta_echo", "arguments": {"text": "second"}},
+                {"name": "meta_slow", "arguments": {"seconds": 1.5}}
+            ]},
+            {"reply": "done"}
+        ]});
+        let (_tmp, hub, _nest, _model, _log) = meta_fleet(script, json!({"parallelToolCalls": parallel}));
+        let out = hub.cli(&["submit", "meta", "go"]).unwrap();
+        let task = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        let t = hub.cli_json(&["wait", &task, "-o", "json"]).unwrap();
+        assert_eq!(t["state"], "succeeded");
+        let ms = |k: &str| chrono_ms(t[k].as_str().unwrap());
+        let took = ms("finished_at") - ms("started_at");
+        assert!(took >= min_ms && took <= max_ms, "parallel={parallel}: the run took {took} ms");
+        // The model gets the results in the order it asked for them.
+        let reqs: Vec<Value> = std::fs::read_to_string(&record)
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let msgs = reqs[1]["body"]["messages"].as_array().unwrap();
+        let asked: Vec<&Value> = msgs
+            .iter()
+            .find(|m| m["role"] == "assistant")
+            .and_then(|m| m["tool_calls"].as_array())
+            .unwrap()
+            .iter()
+            .map(|c| &c["id"])
+            .collect();
+        let answered: Vec<&Value> = msgs.iter().filter(|m| m["role"] == "tool").map(|m| &m["tool_call_id"]).collect();
+        assert_eq!(asked, answered, "parallel={parallel}");
+        let texts: Vec<String> = msgs.iter().filter(|m| m["role"] == "tool").map(|m| m["content"].to_string()).collect();
+        assert!(texts[1].contains("second"), "{texts:?}");
+    }
+}
+
+/// Milliseconds since the epoch of an RFC 3339 time printed by the CLI.
+fn chrono_ms(s: &str) -> i64 {
+    chrono::DateTime::parse_from_rfc3339(s).expect("an RFC 3339 time").timestamp_millis()
+}

@@ -18,18 +18,29 @@ use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt as _;
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ lives in the workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ lives in the workspace")
+        .to_path_buf()
 }
 
 fn agen() -> PathBuf {
     let bin = repo_root().join("target/debug/agen");
-    assert!(bin.exists(), "{} is missing: build it with `cargo build -p agen-cli`", bin.display());
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p agen-cli`",
+        bin.display()
+    );
     bin
 }
 
 fn python() -> PathBuf {
     let python = repo_root().join("target/peers/venv/bin/python");
-    assert!(python.exists(), "{} is missing: run tests/peers/install.sh", python.display());
+    assert!(
+        python.exists(),
+        "{} is missing: run tests/peers/install.sh",
+        python.display()
+    );
     python
 }
 
@@ -62,16 +73,27 @@ async fn drive(root: &Path, extra: &[&str], calls: Value) -> Value {
     let mut child = cmd.spawn().expect("start the Python MCP client");
     let _guard = GroupGuard(child.id());
     let mut stdin = child.stdin.take().expect("stdin is piped");
-    stdin.write_all(calls.to_string().as_bytes()).await.expect("write the calls");
+    stdin
+        .write_all(calls.to_string().as_bytes())
+        .await
+        .expect("write the calls");
     drop(stdin);
     let output = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
         .await
         .expect("the MCP session finished within 2 minutes")
         .expect("the client ran");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "the Python MCP client failed: {}\n{stderr}", output.status);
-    serde_json::from_slice(&output.stdout)
-        .unwrap_or_else(|e| panic!("client output is not JSON ({e}): {}", String::from_utf8_lossy(&output.stdout)))
+    assert!(
+        output.status.success(),
+        "the Python MCP client failed: {}\n{stderr}",
+        output.status
+    );
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "client output is not JSON ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
 }
 
 /// A temp folder with `root/` (the workspace) and `outside/secret.txt` beside it.
@@ -81,15 +103,26 @@ fn workspace() -> (tempfile::TempDir, PathBuf) {
     std::fs::create_dir_all(root.join("src")).expect("mkdir");
     std::fs::create_dir_all(tmp.path().join("outside")).expect("mkdir");
     std::fs::write(tmp.path().join("outside/secret.txt"), "SECRET\n").expect("write");
-    std::fs::write(root.join("src/main.rs"), "fn main() {\n    println!(\"hello\");\n}\n").expect("write");
+    std::fs::write(
+        root.join("src/main.rs"),
+        "fn main() {\n    println!(\"hello\");\n}\n",
+    )
+    .expect("write");
     std::os::unix::fs::symlink("../outside", root.join("escape")).expect("symlink");
     (tmp, root)
 }
 
 fn result<'a>(report: &'a Value, index: usize) -> (&'a str, bool) {
     let r = &report["results"][index];
-    assert_eq!(r["error"], Value::Null, "call {index} failed at the protocol level: {r}");
-    (r["text"].as_str().expect("text"), r["is_error"].as_bool().expect("is_error"))
+    assert_eq!(
+        r["error"],
+        Value::Null,
+        "call {index} failed at the protocol level: {r}"
+    );
+    (
+        r["text"].as_str().expect("text"),
+        r["is_error"].as_bool().expect("is_error"),
+    )
 }
 
 #[tokio::test]
@@ -127,15 +160,28 @@ async fn workspace_server_lists_tools_with_schemas_and_annotations() {
         ])
     );
     for side_effect in [3, 4, 5] {
-        assert_eq!(report["tools"][side_effect]["annotations"]["destructiveHint"], true);
+        assert_eq!(
+            report["tools"][side_effect]["annotations"]["destructiveHint"],
+            true
+        );
     }
 }
 
 #[tokio::test]
 async fn no_run_leaves_the_run_tool_out() {
     let (_tmp, root) = workspace();
-    let report = drive(&root, &["--no-run"], json!([{"name": "run", "arguments": {"command": "touch ran"}}])).await;
-    let names: Vec<&str> = report["tools"].as_array().expect("tools").iter().filter_map(|t| t["name"].as_str()).collect();
+    let report = drive(
+        &root,
+        &["--no-run"],
+        json!([{"name": "run", "arguments": {"command": "touch ran"}}]),
+    )
+    .await;
+    let names: Vec<&str> = report["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
     assert_eq!(names, ["read", "list", "grep", "edit", "write"]);
     let (text, is_error) = result(&report, 0);
     assert!(is_error && text.contains("--no-run"), "{text}");
@@ -188,10 +234,19 @@ async fn every_tool_works_and_escapes_are_tool_errors() {
             (is_error, text.to_string())
         })
         .collect();
-    let expected: Vec<(bool, String)> = expected.into_iter().map(|(e, t)| (e, t.to_string())).collect();
+    let expected: Vec<(bool, String)> = expected
+        .into_iter()
+        .map(|(e, t)| (e, t.to_string()))
+        .collect();
     assert_eq!(got, expected);
-    assert!(!tmp.path().join("outside/new.txt").exists(), "nothing may be written outside the root");
-    assert!(std::fs::symlink_metadata(root.join("escape")).expect("link").file_type().is_symlink());
+    assert!(
+        !tmp.path().join("outside/new.txt").exists(),
+        "nothing may be written outside the root"
+    );
+    assert!(std::fs::symlink_metadata(root.join("escape"))
+        .expect("link")
+        .file_type()
+        .is_symlink());
 }
 
 #[tokio::test]
@@ -205,16 +260,24 @@ async fn run_reports_exit_codes_and_the_last_20000_characters() {
     let report = drive(&root, &[], calls).await;
 
     let (text, is_error) = result(&report, 0);
-    assert_eq!((text, is_error), ("exit code: 7\noutput:\nout\nerr\n", false));
+    assert_eq!(
+        (text, is_error),
+        ("exit code: 7\noutput:\nout\nerr\n", false)
+    );
 
     // 1000 lines of 50 characters + "LAST": 50,004 characters, of which the last 20,000 are kept
     let (text, is_error) = result(&report, 1);
     assert!(!is_error);
-    let header = "exit code: 0\noutput (the last 20000 of 50004 characters; earlier output was cut):\n";
+    let header =
+        "exit code: 0\noutput (the last 20000 of 50004 characters; earlier output was cut):\n";
     assert!(text.starts_with(header), "{}", &text[..200.min(text.len())]);
     let tail = &text[header.len()..];
     assert_eq!(tail.chars().count(), 20_000);
-    assert!(tail.ends_with("00000000000000000000000000000000000000000999\nLAST"), "{}", &tail[tail.len() - 120..]);
+    assert!(
+        tail.ends_with("00000000000000000000000000000000000000000999\nLAST"),
+        "{}",
+        &tail[tail.len() - 120..]
+    );
 
     let (text, _) = result(&report, 2);
     assert_eq!(text, "exit code: none (killed by signal 9)\n(no output)");
@@ -240,8 +303,13 @@ async fn run_timeout_kills_the_whole_group_before_replying() {
         text,
         "timed out after 2s: the command and every process it started were killed (exit code: none)\noutput:\nstarted\n"
     );
-    let elapsed = report["results"][0]["elapsed_ms"].as_u64().expect("elapsed");
-    assert!((2000..10_000).contains(&elapsed), "the reply came after {elapsed} ms");
+    let elapsed = report["results"][0]["elapsed_ms"]
+        .as_u64()
+        .expect("elapsed");
+    assert!(
+        (2000..10_000).contains(&elapsed),
+        "the reply came after {elapsed} ms"
+    );
 
     let (text, _) = result(&report, 1);
     assert_eq!(text, "exit code: 0\noutput:\ngone\n");
@@ -257,13 +325,26 @@ async fn background_processes_stop_when_the_session_ends() {
     let calls = json!([{"name": "run", "arguments": {"command": "sleep 300 >/dev/null 2>&1 & echo $! > bg.pid"}}]);
     let report = drive(&root, &[], calls).await;
     let (text, is_error) = result(&report, 0);
-    assert!(!is_error && text.contains("still running in process group"), "{text}");
+    assert!(
+        !is_error && text.contains("still running in process group"),
+        "{text}"
+    );
     let pid = std::fs::read_to_string(root.join("bg.pid")).expect("pid file");
     let stat = format!("/proc/{}/stat", pid.trim());
-    let gone = || std::fs::read_to_string(&stat).map_or(true, |s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')));
+    let gone = || {
+        std::fs::read_to_string(&stat).map_or(true, |s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        })
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !gone() && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(gone(), "background process {} outlived the workspace server", pid.trim());
+    assert!(
+        gone(),
+        "background process {} outlived the workspace server",
+        pid.trim()
+    );
 }

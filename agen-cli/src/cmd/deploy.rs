@@ -43,7 +43,7 @@ pub struct Args {
 const CHUNK: usize = 1 << 20;
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
-    let loaded = match bundle::Bundle::load(&args.dir) {
+    let loaded = match validate(&args.dir) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("error: bundle {} is not valid: {e}", args.dir.display());
@@ -83,6 +83,16 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// Every check a bundle gets before it leaves this machine: the bundle format (agen-shared)
+/// and, when it has `keen-tools.json`, its Keen registry and flows (agen-nest).
+pub fn validate(dir: &std::path::Path) -> anyhow::Result<bundle::Bundle> {
+    let loaded = bundle::Bundle::load(dir)?;
+    if loaded.has_keen_tools {
+        agen_nest::keen::KeenBundle::load(dir)?;
+    }
+    Ok(loaded)
+}
+
 /// Uploads the bundle in `dir` and creates or updates deployment `name`. Shared with `agen up --deploy`.
 pub async fn deploy(
     hub: &mut Hub,
@@ -92,7 +102,7 @@ pub async fn deploy(
     concurrency: u32,
     selector: &[String],
 ) -> anyhow::Result<pb::Deployment> {
-    bundle::Bundle::load(dir).with_context(|| format!("bundle {} is not valid", dir.display()))?;
+    validate(dir).with_context(|| format!("bundle {} is not valid", dir.display()))?;
     let bytes = bundle::pack(dir).with_context(|| format!("cannot pack bundle {}", dir.display()))?;
     let digest = bundle::digest(&bytes);
     let total = bytes.len() as u64;
