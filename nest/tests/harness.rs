@@ -5,6 +5,8 @@
 //! Needs the test peers: `tests/peers/install.sh` (or `python3 -m venv target/peers/venv &&
 //! target/peers/venv/bin/pip install mcp mcp-server-time`).
 
+#![allow(clippy::unwrap_used)] // a test: a panic is a failure with its message
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -22,18 +24,29 @@ use tokio_util::sync::CancellationToken;
 // Fixtures
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("nest/ has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("nest/ has a parent")
+        .to_path_buf()
 }
 
 /// The peers' Python; the test fails (it does not skip) when the peers are not installed.
 fn python() -> String {
     let p = repo_root().join("target/peers/venv/bin/python");
-    assert!(p.exists(), "{} is missing: run tests/peers/install.sh first", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run tests/peers/install.sh first",
+        p.display()
+    );
     p.display().to_string()
 }
 
 fn peer_server(name: &str) -> String {
-    repo_root().join("tests/peers/servers").join(name).display().to_string()
+    repo_root()
+        .join("tests/peers/servers")
+        .join(name)
+        .display()
+        .to_string()
 }
 
 /// A bundle written into a temp folder.
@@ -45,7 +58,9 @@ impl TestBundle {
     /// `agent.md` with `model` and `base_url`, plus `files` (path → content).
     fn new(model: &str, base_url: &str, files: &[(&str, String)]) -> TestBundle {
         let dir = tempfile::tempdir().expect("temp dir");
-        let agent_md = format!("---\nmodel: {model}\nbaseUrl: {base_url}\n---\nYou are a test agent. Be brief.\n");
+        let agent_md = format!(
+            "---\nmodel: {model}\nbaseUrl: {base_url}\n---\nYou are a test agent. Be brief.\n"
+        );
         let mut all = vec![("x-agen/agent.md", agent_md)];
         all.extend(files.iter().cloned());
         // An explicit agent.md in `files` wins.
@@ -93,17 +108,31 @@ struct MemorySink {
 
 impl MemorySink {
     fn kinds(&self) -> Vec<String> {
-        self.events.lock().unwrap().iter().map(|(k, _, _)| k.clone()).collect()
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, _, _)| k.clone())
+            .collect()
     }
     fn of_kind(&self, kind: &str) -> Vec<(Value, bool)> {
-        self.events.lock().unwrap().iter().filter(|(k, _, _)| k == kind).map(|(_, v, s)| (v.clone(), *s)).collect()
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, _, _)| k == kind)
+            .map(|(_, v, s)| (v.clone(), *s))
+            .collect()
     }
 }
 
 #[async_trait::async_trait]
 impl RunEventSink for MemorySink {
     async fn emit(&self, kind: &str, json: Value, sync: bool) -> Result<(), SinkError> {
-        self.events.lock().unwrap().push((kind.to_string(), json, sync));
+        self.events
+            .lock()
+            .unwrap()
+            .push((kind.to_string(), json, sync));
         Ok(())
     }
 }
@@ -124,14 +153,27 @@ impl Agent {
         let mut ctx = LaunchContext::new("/nonexistent/agen");
         ctx.secrets = secrets.clone();
         let host = ToolHost::start(&bundle, ctx).await;
-        assert_eq!(host.status().not_connected, vec![], "every test tool server starts");
-        let harness = Harness::new(bundle, Arc::new(host.clone()), &secrets, reqwest::Client::new()).expect("harness builds");
+        assert_eq!(
+            host.status().not_connected,
+            vec![],
+            "every test tool server starts"
+        );
+        let harness = Harness::new(
+            bundle,
+            Arc::new(host.clone()),
+            &secrets,
+            reqwest::Client::new(),
+        )
+        .expect("harness builds");
         Agent { harness }
     }
 
     async fn run(&self, req: RunRequest) -> (RunOutcome, Arc<MemorySink>) {
         let sink = Arc::new(MemorySink::default());
-        let outcome = self.harness.run(req, sink.clone(), CancellationToken::new()).await;
+        let outcome = self
+            .harness
+            .run(req, sink.clone(), CancellationToken::new())
+            .await;
         (outcome, sink)
     }
 }
@@ -154,7 +196,9 @@ fn request(input: &str) -> RunRequest {
 }
 
 async fn fake(steps: Vec<Step>) -> FakeModel {
-    FakeModel::start(Script::steps(steps), "127.0.0.1:0".parse().unwrap()).await.expect("fake model binds")
+    FakeModel::start(Script::steps(steps), "127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("fake model binds")
 }
 
 /// The tool messages of an outcome, as `(name, content)`.
@@ -163,7 +207,12 @@ fn tool_messages(outcome: &RunOutcome) -> Vec<(String, String)> {
         .messages
         .iter()
         .filter(|m| m["role"] == "tool")
-        .map(|m| (m["name"].as_str().unwrap().to_string(), m["content"].as_str().unwrap().to_string()))
+        .map(|m| {
+            (
+                m["name"].as_str().unwrap().to_string(),
+                m["content"].as_str().unwrap().to_string(),
+            )
+        })
         .collect()
 }
 
@@ -179,7 +228,11 @@ async fn wait_for_lines(path: &Path, what: &str, done: impl Fn(&[Value]) -> bool
         if done(&lines) {
             return lines;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what} in {}: {lines:?}", path.display());
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what} in {}: {lines:?}",
+            path.display()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -194,36 +247,88 @@ async fn scripted_model_calls_the_time_server_and_answers_with_its_result() {
         Step::template("The time is {{last_tool_result}}"),
     ])
     .await;
-    let bundle = TestBundle::new("openai/gpt-4.1-mini", &model.openai_base_url(), &[mcp_json(json!({"time": time_server()}))]);
+    let bundle = TestBundle::new(
+        "openai/gpt-4.1-mini",
+        &model.openai_base_url(),
+        &[mcp_json(json!({"time": time_server()}))],
+    );
     let agent = Agent::start(&bundle).await;
 
     let (outcome, sink) = agent.run(request("What time is it in UTC?")).await;
 
-    assert_eq!((outcome.state, outcome.response_type.as_str()), (RunState::Succeeded, "text"), "{outcome:?}");
-    assert!(outcome.result.starts_with("The time is {"), "{}", outcome.result);
-    assert!(outcome.result.contains("\"timezone\": \"UTC\""), "the tool's output is in the answer: {}", outcome.result);
+    assert_eq!(
+        (outcome.state, outcome.response_type.as_str()),
+        (RunState::Succeeded, "text"),
+        "{outcome:?}"
+    );
+    assert!(
+        outcome.result.starts_with("The time is {"),
+        "{}",
+        outcome.result
+    );
+    assert!(
+        outcome.result.contains("\"timezone\": \"UTC\""),
+        "the tool's output is in the answer: {}",
+        outcome.result
+    );
 
     // The model was offered the MCP tool under its model name, and finish.
     let first = &model.requests()[0]["body"];
-    let offered: Vec<&str> = first["tools"].as_array().unwrap().iter().map(|t| t["function"]["name"].as_str().unwrap()).collect();
-    assert!(offered.contains(&"time_get_current_time") && offered.contains(&"finish"), "{offered:?}");
-    assert_eq!(first["messages"][0], json!({"role": "system", "content": "You are a test agent. Be brief."}));
+    let offered: Vec<&str> = first["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        offered.contains(&"time_get_current_time") && offered.contains(&"finish"),
+        "{offered:?}"
+    );
+    assert_eq!(
+        first["messages"][0],
+        json!({"role": "system", "content": "You are a test agent. Be brief."})
+    );
 
     // The run's new messages: the user input, the call, its result, the answer.
-    let roles: Vec<&str> = outcome.messages.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    let roles: Vec<&str> = outcome
+        .messages
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
     assert_eq!(roles, vec!["user", "assistant", "tool", "assistant"]);
 
     assert_eq!(
-        sink.kinds().into_iter().filter(|k| k != "activity").collect::<Vec<_>>(),
-        vec!["model.requested", "model.answered", "tool.started", "tool.completed", "model.requested", "model.answered", "run.finished"]
+        sink.kinds()
+            .into_iter()
+            .filter(|k| k != "activity")
+            .collect::<Vec<_>>(),
+        vec![
+            "model.requested",
+            "model.answered",
+            "tool.started",
+            "tool.completed",
+            "model.requested",
+            "model.answered",
+            "run.finished"
+        ]
     );
     // model.answered holds the turn's delta, not the context.
     let answered = sink.of_kind("model.answered");
-    assert_eq!(answered[0].0["message"]["tool_calls"][0]["name"], "time_get_current_time");
+    assert_eq!(
+        answered[0].0["message"]["tool_calls"][0]["name"],
+        "time_get_current_time"
+    );
     assert!(answered[0].0.get("messages").is_none());
     // mcp-server-time marks its tools readOnlyHint: not side-effecting, so not synced.
     let started = sink.of_kind("tool.started");
-    assert_eq!((started[0].0["tool"].clone(), started[0].0["side_effect"].clone(), started[0].1), (json!("time.get_current_time"), json!(false), false));
+    assert_eq!(
+        (
+            started[0].0["tool"].clone(),
+            started[0].0["side_effect"].clone(),
+            started[0].1
+        ),
+        (json!("time.get_current_time"), json!(false), false)
+    );
     let finished = sink.of_kind("run.finished");
     assert_eq!(finished[0].0["state"], "succeeded");
     assert!(finished[0].1, "run.finished is durable");
@@ -231,13 +336,23 @@ async fn scripted_model_calls_the_time_server_and_answers_with_its_result() {
 
 #[tokio::test]
 async fn finish_ends_the_run_with_its_result() {
-    let model = fake(vec![Step::call("finish", json!({"result": "all done"})), Step::reply("never sent")]).await;
+    let model = fake(vec![
+        Step::call("finish", json!({"result": "all done"})),
+        Step::reply("never sent"),
+    ])
+    .await;
     let bundle = TestBundle::new("openai/m", &model.openai_base_url(), &[]);
     let agent = Agent::start(&bundle).await;
     let (outcome, _) = agent.run(request("do it")).await;
-    assert_eq!((outcome.state, outcome.result.as_str()), (RunState::Succeeded, "all done"));
+    assert_eq!(
+        (outcome.state, outcome.result.as_str()),
+        (RunState::Succeeded, "all done")
+    );
     assert_eq!(model.requests().len(), 1);
-    assert_eq!(tool_messages(&outcome), vec![("finish".to_string(), "finished".to_string())]);
+    assert_eq!(
+        tool_messages(&outcome),
+        vec![("finish".to_string(), "finished".to_string())]
+    );
 }
 
 #[tokio::test]
@@ -257,54 +372,105 @@ async fn parallel_calls_take_the_time_of_one_and_come_back_in_the_order_asked() 
     ];
 
     let model = fake(steps()).await;
-    let bundle = TestBundle::new("openai/m", &model.openai_base_url(), &[mcp_json(json!({"slow": slow_server()}))]);
+    let bundle = TestBundle::new(
+        "openai/m",
+        &model.openai_base_url(),
+        &[mcp_json(json!({"slow": slow_server()}))],
+    );
     let agent = Agent::start(&bundle).await;
     let t = Instant::now();
     let (outcome, _) = agent.run(request("sleep twice")).await;
     let parallel = t.elapsed();
     assert_eq!(outcome.state, RunState::Succeeded, "{outcome:?}");
-    assert_eq!(tool_messages(&outcome), expected, "results in the order asked, not the order finished");
-    assert!(parallel < Duration::from_millis(1450), "parallel calls took {parallel:?}");
-    assert_eq!(model.requests()[0]["body"]["parallel_tool_calls"], json!(true));
+    assert_eq!(
+        tool_messages(&outcome),
+        expected,
+        "results in the order asked, not the order finished"
+    );
+    assert!(
+        parallel < Duration::from_millis(1450),
+        "parallel calls took {parallel:?}"
+    );
+    assert_eq!(
+        model.requests()[0]["body"]["parallel_tool_calls"],
+        json!(true)
+    );
 
     let model = fake(steps()).await;
     let bundle = TestBundle::new(
         "openai/m",
         &model.openai_base_url(),
-        &[mcp_json(json!({"slow": slow_server()})), ("x-agen/harness.json", json!({"parallelToolCalls": false}).to_string())],
+        &[
+            mcp_json(json!({"slow": slow_server()})),
+            (
+                "x-agen/harness.json",
+                json!({"parallelToolCalls": false}).to_string(),
+            ),
+        ],
     );
     let agent = Agent::start(&bundle).await;
     let t = Instant::now();
     let (outcome, _) = agent.run(request("sleep twice")).await;
     let sequential = t.elapsed();
     assert_eq!(tool_messages(&outcome), expected);
-    assert!(sequential >= Duration::from_millis(1500), "sequential calls took {sequential:?}");
-    assert_eq!(model.requests()[0]["body"]["parallel_tool_calls"], json!(false));
+    assert!(
+        sequential >= Duration::from_millis(1500),
+        "sequential calls took {sequential:?}"
+    );
+    assert_eq!(
+        model.requests()[0]["body"]["parallel_tool_calls"],
+        json!(false)
+    );
 }
 
 #[tokio::test]
 async fn max_turns_ends_the_run_with_a_clear_outcome() {
-    let model = fake(vec![Step::call("slow_sleep", json!({"seconds": 0, "label": "again"}))]).await;
+    let model = fake(vec![Step::call(
+        "slow_sleep",
+        json!({"seconds": 0, "label": "again"}),
+    )])
+    .await;
     let bundle = TestBundle::new(
         "openai/m",
         &model.openai_base_url(),
-        &[mcp_json(json!({"slow": slow_server()})), ("x-agen/harness.json", json!({"limits": {"maxTurns": 2}}).to_string())],
+        &[
+            mcp_json(json!({"slow": slow_server()})),
+            (
+                "x-agen/harness.json",
+                json!({"limits": {"maxTurns": 2}}).to_string(),
+            ),
+        ],
     );
     let agent = Agent::start(&bundle).await;
     let (outcome, _) = agent.run(request("loop forever")).await;
-    assert_eq!((outcome.state, outcome.response_type.as_str()), (RunState::Failed, "error"));
-    assert!(outcome.result.contains("after 2 model turns") && outcome.result.contains("limits.maxTurns"), "{}", outcome.result);
+    assert_eq!(
+        (outcome.state, outcome.response_type.as_str()),
+        (RunState::Failed, "error")
+    );
+    assert!(
+        outcome.result.contains("after 2 model turns")
+            && outcome.result.contains("limits.maxTurns"),
+        "{}",
+        outcome.result
+    );
     assert_eq!(model.requests().len(), 2);
 }
 
 #[tokio::test]
 async fn an_unknown_tool_is_reported_to_the_model_not_fatal() {
-    let model = fake(vec![Step::call("nope_missing", json!({})), Step::template("{{last_tool_result}}")]).await;
+    let model = fake(vec![
+        Step::call("nope_missing", json!({})),
+        Step::template("{{last_tool_result}}"),
+    ])
+    .await;
     let bundle = TestBundle::new("openai/m", &model.openai_base_url(), &[]);
     let agent = Agent::start(&bundle).await;
     let (outcome, _) = agent.run(request("x")).await;
     assert_eq!(outcome.state, RunState::Succeeded);
-    assert_eq!(outcome.result, "unknown tool `nope_missing`; the available tools are: finish");
+    assert_eq!(
+        outcome.result,
+        "unknown tool `nope_missing`; the available tools are: finish"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -316,9 +482,20 @@ async fn a_401_ends_the_run_as_an_error_response_without_retrying() {
     let bundle = TestBundle::new("openai/m", &model.openai_base_url(), &[]);
     let agent = Agent::start(&bundle).await;
     let (outcome, sink) = agent.run(request("hi")).await;
-    assert_eq!((outcome.state, outcome.response_type.as_str()), (RunState::Failed, "error"));
-    assert!(outcome.result.contains("answered 401") && outcome.result.contains("invalid api key"), "{}", outcome.result);
-    assert!(outcome.result.contains("check apiKey"), "the message says what to fix: {}", outcome.result);
+    assert_eq!(
+        (outcome.state, outcome.response_type.as_str()),
+        (RunState::Failed, "error")
+    );
+    assert!(
+        outcome.result.contains("answered 401") && outcome.result.contains("invalid api key"),
+        "{}",
+        outcome.result
+    );
+    assert!(
+        outcome.result.contains("check apiKey"),
+        "the message says what to fix: {}",
+        outcome.result
+    );
     assert_eq!(model.requests().len(), 1, "a 401 is not retried");
     assert!(sink.of_kind("tool.started").is_empty());
     assert_eq!(sink.of_kind("run.finished")[0].0["response_type"], "error");
@@ -330,8 +507,15 @@ async fn server_errors_are_retried_within_the_bound_then_end_the_run() {
     let bundle = TestBundle::new("openai/m", &model.openai_base_url(), &[]);
     let agent = Agent::start(&bundle).await;
     let (outcome, _) = agent.run(request("hi")).await;
-    assert_eq!((outcome.state, outcome.response_type.as_str()), (RunState::Failed, "error"));
-    assert!(outcome.result.contains("answered 500 after 4 tries"), "{}", outcome.result);
+    assert_eq!(
+        (outcome.state, outcome.response_type.as_str()),
+        (RunState::Failed, "error")
+    );
+    assert!(
+        outcome.result.contains("answered 500 after 4 tries"),
+        "{}",
+        outcome.result
+    );
     assert_eq!(model.requests().len(), 4, "4 tries in all");
 }
 
@@ -344,19 +528,35 @@ async fn a_transient_503_is_retried_and_the_run_succeeds() {
     let bundle = TestBundle::new("openai/m", &model.openai_base_url(), &[]);
     let agent = Agent::start(&bundle).await;
     let (outcome, _) = agent.run(request("hi")).await;
-    assert_eq!((outcome.state, outcome.result.as_str()), (RunState::Succeeded, "fine now"));
+    assert_eq!(
+        (outcome.state, outcome.result.as_str()),
+        (RunState::Succeeded, "fine now")
+    );
     assert_eq!(model.requests().len(), 2);
 }
 
 #[tokio::test]
 async fn an_unreachable_provider_is_an_error_response() {
     // Bind and drop a listener: nothing listens on that port any more.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let bundle = TestBundle::new("openai/m", &format!("http://127.0.0.1:{port}/v1"), &[]);
     let agent = Agent::start(&bundle).await;
     let (outcome, _) = agent.run(request("hi")).await;
-    assert_eq!((outcome.state, outcome.response_type.as_str()), (RunState::Failed, "error"));
-    assert!(outcome.result.contains("could not be reached after 4 tries"), "{}", outcome.result);
+    assert_eq!(
+        (outcome.state, outcome.response_type.as_str()),
+        (RunState::Failed, "error")
+    );
+    assert!(
+        outcome
+            .result
+            .contains("could not be reached after 4 tries"),
+        "{}",
+        outcome.result
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -366,29 +566,57 @@ async fn an_unreachable_provider_is_an_error_response() {
 async fn a_tool_past_its_timeout_is_cancelled_and_the_model_is_told() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("meta.jsonl");
-    let model = fake(vec![Step::call("meta_slow", json!({"seconds": 30})), Step::template("{{last_tool_result}}")]).await;
+    let model = fake(vec![
+        Step::call("meta_slow", json!({"seconds": 30})),
+        Step::template("{{last_tool_result}}"),
+    ])
+    .await;
     let bundle = TestBundle::new(
         "openai/m",
         &model.openai_base_url(),
-        &[mcp_json(json!({"meta": meta_server(&log)})), ("x-agen/harness.json", json!({"limits": {"toolTimeout": "1s"}}).to_string())],
+        &[
+            mcp_json(json!({"meta": meta_server(&log)})),
+            (
+                "x-agen/harness.json",
+                json!({"limits": {"toolTimeout": "1s"}}).to_string(),
+            ),
+        ],
     );
     let agent = Agent::start(&bundle).await;
     let t = Instant::now();
     let (outcome, sink) = agent.run(request("sleep long")).await;
-    assert!(t.elapsed() < Duration::from_secs(10), "the run did not wait for the tool: {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "the run did not wait for the tool: {:?}",
+        t.elapsed()
+    );
     assert_eq!(outcome.state, RunState::Succeeded);
-    assert_eq!(outcome.result, "tool meta.slow timed out after 1s and was cancelled");
+    assert_eq!(
+        outcome.result,
+        "tool meta.slow timed out after 1s and was cancelled"
+    );
     let failed = sink.of_kind("tool.failed");
     assert_eq!(failed[0].0["reason"], "timeout");
-    wait_for_lines(&log, "the server's cancelled record", |l| l.iter().any(|e| e["event"] == "cancelled")).await;
+    wait_for_lines(&log, "the server's cancelled record", |l| {
+        l.iter().any(|e| e["event"] == "cancelled")
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn cancelling_a_run_stops_its_running_tool_call() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("meta.jsonl");
-    let model = fake(vec![Step::call("meta_slow", json!({"seconds": 60})), Step::reply("never")]).await;
-    let bundle = TestBundle::new("openai/m", &model.openai_base_url(), &[mcp_json(json!({"meta": meta_server(&log)}))]);
+    let model = fake(vec![
+        Step::call("meta_slow", json!({"seconds": 60})),
+        Step::reply("never"),
+    ])
+    .await;
+    let bundle = TestBundle::new(
+        "openai/m",
+        &model.openai_base_url(),
+        &[mcp_json(json!({"meta": meta_server(&log)}))],
+    );
     let agent = Arc::new(Agent::start(&bundle).await);
     let cancel = CancellationToken::new();
     let sink = Arc::new(MemorySink::default());
@@ -396,18 +624,31 @@ async fn cancelling_a_run_stops_its_running_tool_call() {
         let (agent, cancel, sink) = (agent.clone(), cancel.clone(), sink.clone());
         async move { agent.harness.run(request("sleep"), sink, cancel).await }
     });
-    wait_for_lines(&log, "the tool's start", |l| l.iter().any(|e| e["event"] == "started")).await;
+    wait_for_lines(&log, "the tool's start", |l| {
+        l.iter().any(|e| e["event"] == "started")
+    })
+    .await;
     let t = Instant::now();
     cancel.cancel();
-    let outcome = tokio::time::timeout(Duration::from_secs(5), run).await.expect("the run ends promptly").unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("the run ends promptly")
+        .unwrap();
     assert!(t.elapsed() < Duration::from_secs(3));
     assert_eq!(outcome.state, RunState::Cancelled);
     assert_eq!(sink.of_kind("tool.failed")[0].0["reason"], "cancelled");
     assert_eq!(sink.of_kind("run.finished")[0].0["state"], "cancelled");
-    assert_eq!(model.requests().len(), 1, "the model is not asked again after a cancel");
+    assert_eq!(
+        model.requests().len(),
+        1,
+        "the model is not asked again after a cancel"
+    );
     // Every call has an answer in the history.
     assert_eq!(tool_messages(&outcome).len(), 1);
-    wait_for_lines(&log, "the server's cancelled record", |l| l.iter().any(|e| e["event"] == "cancelled")).await;
+    wait_for_lines(&log, "the server's cancelled record", |l| {
+        l.iter().any(|e| e["event"] == "cancelled")
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -424,7 +665,10 @@ async fn cancelling_during_a_model_request_ends_the_run_cancelled() {
         c.cancel();
     });
     let t = Instant::now();
-    let outcome = agent.harness.run(request("hi"), Arc::new(MemorySink::default()), cancel).await;
+    let outcome = agent
+        .harness
+        .run(request("hi"), Arc::new(MemorySink::default()), cancel)
+        .await;
     assert_eq!(outcome.state, RunState::Cancelled);
     assert!(t.elapsed() < Duration::from_secs(5));
 }
@@ -437,11 +681,18 @@ async fn every_mcp_call_carries_the_meta_keys() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("meta.jsonl");
     let model = fake(vec![
-        Step::calls(vec![("meta_echo", json!({"text": "one"})), ("meta_echo", json!({"text": "two"}))]),
+        Step::calls(vec![
+            ("meta_echo", json!({"text": "one"})),
+            ("meta_echo", json!({"text": "two"})),
+        ]),
         Step::reply("ok"),
     ])
     .await;
-    let bundle = TestBundle::new("openai/m", &model.openai_base_url(), &[mcp_json(json!({"meta": meta_server(&log)}))]);
+    let bundle = TestBundle::new(
+        "openai/m",
+        &model.openai_base_url(),
+        &[mcp_json(json!({"meta": meta_server(&log)}))],
+    );
     let agent = Agent::start(&bundle).await;
     let mut req = request("echo");
     req.run_id = "run-7".into();
@@ -451,7 +702,10 @@ async fn every_mcp_call_carries_the_meta_keys() {
     req.deployment = "echoer".into();
     req.conversation_id = "conv-9".into();
     req.conversation_key = "ticket-42".into();
-    req.labels = BTreeMap::from([("customer".to_string(), "acme".to_string()), ("tier".to_string(), "gold".to_string())]);
+    req.labels = BTreeMap::from([
+        ("customer".to_string(), "acme".to_string()),
+        ("tier".to_string(), "gold".to_string()),
+    ]);
     let (outcome, _) = agent.run(req).await;
     assert_eq!(outcome.state, RunState::Succeeded);
 
@@ -461,12 +715,20 @@ async fn every_mcp_call_carries_the_meta_keys() {
     let mut traces = Vec::new();
     for line in &lines {
         let mut meta = line["meta"].as_object().expect("meta recorded").clone();
-        let tp = meta.remove("traceparent").and_then(|v| v.as_str().map(str::to_string)).expect("traceparent present");
-        let caps = traceparent.captures(&tp).unwrap_or_else(|| panic!("traceparent {tp} is W3C"));
+        let tp = meta
+            .remove("traceparent")
+            .and_then(|v| v.as_str().map(str::to_string))
+            .expect("traceparent present");
+        let caps = traceparent
+            .captures(&tp)
+            .unwrap_or_else(|| panic!("traceparent {tp} is W3C"));
         traces.push(caps[1].to_string());
         spans.push(caps[2].to_string());
         // Servers may add their own keys (e.g. a progress token); ours are all there and right.
-        let ours: serde_json::Map<String, Value> = meta.into_iter().filter(|(k, _)| k.starts_with("agen/")).collect();
+        let ours: serde_json::Map<String, Value> = meta
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("agen/"))
+            .collect();
         assert_eq!(
             Value::Object(ours),
             json!({
@@ -486,28 +748,54 @@ async fn every_mcp_call_carries_the_meta_keys() {
 
 #[tokio::test]
 async fn load_skill_returns_the_skill_and_preloaded_skills_are_in_the_system_prompt() {
-    let model = fake(vec![Step::call("load_skill", json!({"name": "pricing"})), Step::template("{{last_tool_result}}")]).await;
+    let model = fake(vec![
+        Step::call("load_skill", json!({"name": "pricing"})),
+        Step::template("{{last_tool_result}}"),
+    ])
+    .await;
     let skill = |name: &str, description: &str, body: &str| {
-        (format!("skills/{name}/SKILL.md"), format!("---\nname: {name}\ndescription: {description}\n---\n{body}\n"))
+        (
+            format!("skills/{name}/SKILL.md"),
+            format!("---\nname: {name}\ndescription: {description}\n---\n{body}\n"),
+        )
     };
-    let (p_path, p_text) = skill("pricing", "How to quote prices", "Quote prices in EUR, VAT included.");
+    let (p_path, p_text) = skill(
+        "pricing",
+        "How to quote prices",
+        "Quote prices in EUR, VAT included.",
+    );
     let (t_path, t_text) = skill("tone", "How to write", "Write like a friendly librarian.");
-    let agent_md = format!("---\nmodel: openai/m\nbaseUrl: {}\npreloadSkills: [tone]\n---\nYou quote prices.\n", model.openai_base_url());
+    let agent_md = format!(
+        "---\nmodel: openai/m\nbaseUrl: {}\npreloadSkills: [tone]\n---\nYou quote prices.\n",
+        model.openai_base_url()
+    );
     let bundle = TestBundle::new(
         "openai/m",
         &model.openai_base_url(),
-        &[("x-agen/agent.md", agent_md), (p_path.as_str(), p_text), (t_path.as_str(), t_text)],
+        &[
+            ("x-agen/agent.md", agent_md),
+            (p_path.as_str(), p_text),
+            (t_path.as_str(), t_text),
+        ],
     );
     let agent = Agent::start(&bundle).await;
     let (outcome, _) = agent.run(request("how much?")).await;
-    assert_eq!((outcome.state, outcome.result.as_str()), (RunState::Succeeded, "Quote prices in EUR, VAT included."));
+    assert_eq!(
+        (outcome.state, outcome.result.as_str()),
+        (RunState::Succeeded, "Quote prices in EUR, VAT included.")
+    );
 
     let body = &model.requests()[0]["body"];
     assert_eq!(
         body["messages"][0]["content"],
         "You quote prices.\n\n# Skill: tone\n\nWrite like a friendly librarian."
     );
-    let load_skill = body["tools"].as_array().unwrap().iter().find(|t| t["function"]["name"] == "load_skill").expect("load_skill offered");
+    let load_skill = body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["function"]["name"] == "load_skill")
+        .expect("load_skill offered");
     assert_eq!(
         load_skill["function"]["description"],
         "Load a skill: returns its instructions. Available skills:\n- pricing — How to quote prices\n- tone — How to write"
@@ -533,7 +821,11 @@ async fn the_anthropic_client_runs_a_tool_round_against_the_messages_api() {
         "http://unused",
         &[
             ("x-agen/agent.md", agent_md),
-            ("x-agen/secrets.json", json!({"ANTHROPIC_KEY": {"source": "env", "var": "TEST_ANTHROPIC_KEY"}}).to_string()),
+            (
+                "x-agen/secrets.json",
+                json!({"ANTHROPIC_KEY": {"source": "env", "var": "TEST_ANTHROPIC_KEY"}})
+                    .to_string(),
+            ),
             mcp_json(json!({"time": time_server()})),
         ],
     );
@@ -541,7 +833,11 @@ async fn the_anthropic_client_runs_a_tool_round_against_the_messages_api() {
     let agent = Agent::start_with_secrets(&bundle, secrets).await;
     let (outcome, _) = agent.run(request("time?")).await;
     assert_eq!(outcome.state, RunState::Succeeded, "{outcome:?}");
-    assert!(outcome.result.starts_with("Anthropic says: {") && outcome.result.contains("UTC"), "{}", outcome.result);
+    assert!(
+        outcome.result.starts_with("Anthropic says: {") && outcome.result.contains("UTC"),
+        "{}",
+        outcome.result
+    );
 
     let reqs = model.requests();
     assert_eq!(reqs.len(), 2);
@@ -550,13 +846,21 @@ async fn the_anthropic_client_runs_a_tool_round_against_the_messages_api() {
     assert_eq!(reqs[0]["headers"]["anthropic-version"], "2023-06-01");
     assert_eq!(reqs[0]["body"]["system"], "You tell the time.");
     assert_eq!(reqs[0]["body"]["max_tokens"], 512);
-    let tool = reqs[0]["body"]["tools"].as_array().unwrap().iter().find(|t| t["name"] == "time_get_current_time").expect("tool offered");
+    let tool = reqs[0]["body"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "time_get_current_time")
+        .expect("tool offered");
     assert!(tool["input_schema"].is_object());
     // The second request carries the tool_use and its tool_result.
     let second = reqs[1]["body"]["messages"].as_array().unwrap();
     assert_eq!(second[1]["content"][0]["type"], "tool_use");
     assert_eq!(second[2]["content"][0]["type"], "tool_result");
-    assert_eq!(second[2]["content"][0]["tool_use_id"], second[1]["content"][0]["id"]);
+    assert_eq!(
+        second[2]["content"][0]["tool_use_id"],
+        second[1]["content"][0]["id"]
+    );
 }
 
 #[tokio::test]
@@ -565,8 +869,15 @@ async fn an_anthropic_401_is_an_error_response() {
     let bundle = TestBundle::new("anthropic/claude-x", &model.anthropic_base_url(), &[]);
     let agent = Agent::start(&bundle).await;
     let (outcome, _) = agent.run(request("hi")).await;
-    assert_eq!((outcome.state, outcome.response_type.as_str()), (RunState::Failed, "error"));
-    assert!(outcome.result.contains("anthropic") && outcome.result.contains("invalid x-api-key"), "{}", outcome.result);
+    assert_eq!(
+        (outcome.state, outcome.response_type.as_str()),
+        (RunState::Failed, "error")
+    );
+    assert!(
+        outcome.result.contains("anthropic") && outcome.result.contains("invalid x-api-key"),
+        "{}",
+        outcome.result
+    );
     assert_eq!(model.requests().len(), 1);
 }
 
@@ -575,17 +886,29 @@ async fn an_anthropic_401_is_an_error_response() {
 
 #[tokio::test]
 async fn a_second_run_of_a_conversation_sees_the_first_runs_history() {
-    let echo = Step { echo_history: true, ..Default::default() };
+    let echo = Step {
+        echo_history: true,
+        ..Default::default()
+    };
     let model = fake(vec![Step::reply("nice to meet you"), echo]).await;
     let bundle = TestBundle::new("openai/m", &model.openai_base_url(), &[]);
     let agent = Agent::start(&bundle).await;
     let (first, _) = agent.run(request("my name is Ada")).await;
-    assert_eq!(first.messages, vec![json!({"role": "user", "content": "my name is Ada"}), json!({"role": "assistant", "content": "nice to meet you"})]);
+    assert_eq!(
+        first.messages,
+        vec![
+            json!({"role": "user", "content": "my name is Ada"}),
+            json!({"role": "assistant", "content": "nice to meet you"})
+        ]
+    );
 
     let mut second = request("what is my name?");
     second.history = first.messages.clone();
     let (outcome, _) = agent.run(second).await;
-    assert_eq!(outcome.result, "user messages: my name is Ada | what is my name?");
+    assert_eq!(
+        outcome.result,
+        "user messages: my name is Ada | what is my name?"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -599,27 +922,58 @@ async fn the_sled_run_log_keeps_every_event_in_order() {
     let agent = Agent::start(&bundle).await;
     let dir = tempfile::tempdir().unwrap();
     let log = Arc::new(SledRunLog::open(&dir.path().join("run-1"), "run-1", 1).unwrap());
-    let outcome = agent.harness.run(request("hi"), log.clone(), CancellationToken::new()).await;
+    let outcome = agent
+        .harness
+        .run(request("hi"), log.clone(), CancellationToken::new())
+        .await;
     assert_eq!(outcome.result, "logged");
     drop(log);
     let events = SledRunLog::read_all(&dir.path().join("run-1")).unwrap();
-    let kinds: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).filter(|k| *k != "activity").collect();
-    assert_eq!(kinds, vec!["model.requested", "model.answered", "run.finished"]);
-    assert_eq!(events.last().unwrap().1, json!({"state": "succeeded", "result": "logged", "response_type": "text"}));
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| *k != "activity")
+        .collect();
+    assert_eq!(
+        kinds,
+        vec!["model.requested", "model.answered", "run.finished"]
+    );
+    assert_eq!(
+        events.last().unwrap().1,
+        json!({"state": "succeeded", "result": "logged", "response_type": "text"})
+    );
 }
 
 #[tokio::test]
 async fn agen_run_exits_64_on_a_bad_bundle() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("x-agen")).unwrap();
-    std::fs::write(dir.path().join("x-agen/agent.md"), "---\nmodel: nobody/x\n---\nhi\n").unwrap();
-    let code = agen_nest::instance::standalone::run_cli(dir.path().to_path_buf(), "hi".into(), None).await.unwrap();
+    std::fs::write(
+        dir.path().join("x-agen/agent.md"),
+        "---\nmodel: nobody/x\n---\nhi\n",
+    )
+    .unwrap();
+    let code =
+        agen_nest::instance::standalone::run_cli(dir.path().to_path_buf(), "hi".into(), None)
+            .await
+            .unwrap();
     assert_eq!(code, 64);
     let platform = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(platform.path().join("x-agen")).unwrap();
-    std::fs::write(platform.path().join("x-agen/agent.md"), "---\nmodel: openai/m\napiKey: ${KEY}\n---\nhi\n").unwrap();
-    std::fs::write(platform.path().join("x-agen/secrets.json"), r#"{"KEY": {"source": "platform"}}"#).unwrap();
-    let code = agen_nest::instance::standalone::run_cli(platform.path().to_path_buf(), "hi".into(), None).await.unwrap();
+    std::fs::write(
+        platform.path().join("x-agen/agent.md"),
+        "---\nmodel: openai/m\napiKey: ${KEY}\n---\nhi\n",
+    )
+    .unwrap();
+    std::fs::write(
+        platform.path().join("x-agen/secrets.json"),
+        r#"{"KEY": {"source": "platform"}}"#,
+    )
+    .unwrap();
+    let code =
+        agen_nest::instance::standalone::run_cli(platform.path().to_path_buf(), "hi".into(), None)
+            .await
+            .unwrap();
     assert_eq!(code, 64);
 }
 
@@ -629,20 +983,44 @@ async fn agen_run_exits_64_on_a_bad_bundle() {
 #[tokio::test]
 async fn keen_mode_sends_no_tools_and_returns_results_as_system_responses() {
     let call = "<SYSTEM CALL>\n!*action\nuse tool\n!*tool\ntime_get_current_time\n!*context\n{\"timezone\": \"UTC\"}\n</SYSTEM CALL>\n";
-    let model = fake(vec![Step::reply(call), Step::template("Keen says: {{last_user}}")]).await;
+    let model = fake(vec![
+        Step::reply(call),
+        Step::template("Keen says: {{last_user}}"),
+    ])
+    .await;
     let bundle = TestBundle::new(
         "openai/m",
         &model.openai_base_url(),
-        &[mcp_json(json!({"time": time_server()})), ("x-agen/harness.json", json!({"toolProtocol": "keen"}).to_string())],
+        &[
+            mcp_json(json!({"time": time_server()})),
+            (
+                "x-agen/harness.json",
+                json!({"toolProtocol": "keen"}).to_string(),
+            ),
+        ],
     );
     let agent = Agent::start(&bundle).await;
     let (outcome, sink) = agent.run(request("time?")).await;
     assert_eq!(outcome.state, RunState::Succeeded, "{outcome:?}");
-    assert!(outcome.result.starts_with("Keen says: <SYSTEM RESPONSE>\n{") && outcome.result.contains("UTC"), "{}", outcome.result);
+    assert!(
+        outcome
+            .result
+            .starts_with("Keen says: <SYSTEM RESPONSE>\n{")
+            && outcome.result.contains("UTC"),
+        "{}",
+        outcome.result
+    );
     let reqs = model.requests();
-    assert!(reqs[0]["body"].get("tools").is_none(), "keen mode sends no tools field");
+    assert!(
+        reqs[0]["body"].get("tools").is_none(),
+        "keen mode sends no tools field"
+    );
     let system = reqs[0]["body"]["messages"][0]["content"].as_str().unwrap();
-    assert!(system.starts_with("You are a test agent. Be brief.\n\n") && system.contains("time_get_current_time"), "{system}");
+    assert!(
+        system.starts_with("You are a test agent. Be brief.\n\n")
+            && system.contains("time_get_current_time"),
+        "{system}"
+    );
     assert_eq!(sink.of_kind("tool.completed").len(), 1);
 }
 
@@ -655,14 +1033,23 @@ async fn a_resumed_run_reuses_answered_turns_and_never_repeats_an_interrupted_si
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("meta.jsonl");
     // Step 0 would be the first turn; a resume must not ask it again.
-    let model = fake(vec![Step::reply("turn 1 asked again"), Step::reply("resumed answer")]).await;
+    let model = fake(vec![
+        Step::reply("turn 1 asked again"),
+        Step::reply("resumed answer"),
+    ])
+    .await;
     let bundle = TestBundle::new(
         "openai/m",
         &model.openai_base_url(),
-        &[mcp_json(json!({"meta": meta_server(&log), "time": time_server()}))],
+        &[mcp_json(
+            json!({"meta": meta_server(&log), "time": time_server()}),
+        )],
     );
     let agent = Agent::start(&bundle).await;
-    let ev = |kind: &str, json: Value| RunEventRecord { kind: kind.into(), json };
+    let ev = |kind: &str, json: Value| RunEventRecord {
+        kind: kind.into(),
+        json,
+    };
     let mut req = request("do three things");
     req.attempt = 2;
     req.replay = vec![
@@ -675,22 +1062,63 @@ async fn a_resumed_run_reuses_answered_turns_and_never_repeats_an_interrupted_si
                 {"id": "c3", "name": "meta_echo", "arguments": {"text": "already done"}}
             ]}}),
         ),
-        ev("tool.started", json!({"call_id": "c1", "tool": "meta.echo", "side_effect": true})),
-        ev("tool.started", json!({"call_id": "c2", "tool": "time.get_current_time", "side_effect": false})),
-        ev("tool.started", json!({"call_id": "c3", "tool": "meta.echo", "side_effect": true})),
-        ev("tool.completed", json!({"call_id": "c3", "tool": "meta.echo", "result": "recorded result", "is_error": false})),
+        ev(
+            "tool.started",
+            json!({"call_id": "c1", "tool": "meta.echo", "side_effect": true}),
+        ),
+        ev(
+            "tool.started",
+            json!({"call_id": "c2", "tool": "time.get_current_time", "side_effect": false}),
+        ),
+        ev(
+            "tool.started",
+            json!({"call_id": "c3", "tool": "meta.echo", "side_effect": true}),
+        ),
+        ev(
+            "tool.completed",
+            json!({"call_id": "c3", "tool": "meta.echo", "result": "recorded result", "is_error": false}),
+        ),
     ];
     let (outcome, sink) = agent.run(req).await;
-    assert_eq!((outcome.state, outcome.result.as_str()), (RunState::Succeeded, "resumed answer"));
+    assert_eq!(
+        (outcome.state, outcome.result.as_str()),
+        (RunState::Succeeded, "resumed answer")
+    );
 
     let reqs = model.requests();
     assert_eq!(reqs.len(), 1, "the answered turn is not asked again");
-    let tools: Vec<Value> = reqs[0]["body"]["messages"].as_array().unwrap().iter().filter(|m| m["role"] == "tool").cloned().collect();
+    let tools: Vec<Value> = reqs[0]["body"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .cloned()
+        .collect();
     assert_eq!(tools.len(), 3);
-    assert!(tools[0]["content"].as_str().unwrap().starts_with("effect_unknown:"), "{}", tools[0]);
-    assert!(tools[1]["content"].as_str().unwrap().contains("\"timezone\": \"UTC\""), "a read-only call is run again: {}", tools[1]);
+    assert!(
+        tools[0]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("effect_unknown:"),
+        "{}",
+        tools[0]
+    );
+    assert!(
+        tools[1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("\"timezone\": \"UTC\""),
+        "a read-only call is run again: {}",
+        tools[1]
+    );
     assert_eq!(tools[2]["content"], "recorded result");
-    assert!(!log.exists() || std::fs::read_to_string(&log).unwrap().is_empty(), "no side-effecting call was repeated");
+    assert!(
+        !log.exists() || std::fs::read_to_string(&log).unwrap().is_empty(),
+        "no side-effecting call was repeated"
+    );
     let unknown = sink.of_kind("tool.failed");
-    assert_eq!((unknown[0].0["reason"].clone(), unknown[0].1), (json!("effect_unknown"), true));
+    assert_eq!(
+        (unknown[0].0["reason"].clone(), unknown[0].1),
+        (json!("effect_unknown"), true)
+    );
 }

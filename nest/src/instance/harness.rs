@@ -25,7 +25,8 @@ use tokio_util::sync::CancellationToken;
 use super::{event, RunEventSink, RunOutcome, RunRequest, RunState, SinkError, ToolBackend};
 use crate::mcp::{CallError, ToolInfo};
 use crate::model::{
-    provider_for, Message, ModelConfig, ModelError, ModelProvider, ModelReply, ModelRequest, ToolCall, ToolSpec,
+    provider_for, Message, ModelConfig, ModelError, ModelProvider, ModelReply, ModelRequest,
+    ToolCall, ToolSpec,
 };
 
 pub const BUILTIN_FINISH: &str = "finish";
@@ -59,11 +60,16 @@ pub enum HarnessError {
 
 /// The model client settings of `bundle`: its `model`, `baseUrl`, `apiKey` (with `${NAME}`
 /// filled from `secrets`) and extra front-matter settings.
-pub fn model_config(bundle: &Bundle, secrets: &BTreeMap<String, String>) -> Result<ModelConfig, HarnessError> {
+pub fn model_config(
+    bundle: &Bundle,
+    secrets: &BTreeMap<String, String>,
+) -> Result<ModelConfig, HarnessError> {
     let model = bundle.agent.model.clone().ok_or(HarnessError::NoModel)?;
     let mut config = ModelConfig::new(model);
     config.base_url = bundle.agent.base_url.clone();
-    config.api_key = bundle.api_key_with_secrets(secrets).map_err(|e| HarnessError::ApiKey(e.to_string()))?;
+    config.api_key = bundle
+        .api_key_with_secrets(secrets)
+        .map_err(|e| HarnessError::ApiKey(e.to_string()))?;
     config.extra = bundle.agent.extra.clone();
     Ok(config)
 }
@@ -106,7 +112,10 @@ impl Harness {
         let mut mcp_tools = BTreeMap::new();
         for t in tools.tools() {
             let name = t.model_name();
-            if [BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_REPORT_PROGRESS].contains(&name.as_str()) || mcp_tools.contains_key(&name) {
+            if [BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_REPORT_PROGRESS]
+                .contains(&name.as_str())
+                || mcp_tools.contains_key(&name)
+            {
                 return Err(HarnessError::DuplicateTool(name));
             }
             mcp_tools.insert(name, t);
@@ -114,7 +123,11 @@ impl Harness {
         let mut system_prompt = bundle.agent.system_prompt.trim_end().to_string();
         for name in &bundle.agent.preload_skills {
             if let Some(skill) = bundle.skill(name) {
-                system_prompt.push_str(&format!("\n\n# Skill: {}\n\n{}", skill.name, skill.body.trim_end()));
+                system_prompt.push_str(&format!(
+                    "\n\n# Skill: {}\n\n{}",
+                    skill.name,
+                    skill.body.trim_end()
+                ));
             }
         }
         let dialect = match bundle.harness.tool_protocol {
@@ -127,7 +140,16 @@ impl Harness {
                 .map_err(|e| HarnessError::Keen(e.to_string()))?
                 .map(Arc::new),
         };
-        Ok(Harness { bundle, tools, provider, dialect, system_prompt, mcp_tools, progress: false, keen })
+        Ok(Harness {
+            bundle,
+            tools,
+            provider,
+            dialect,
+            system_prompt,
+            mcp_tools,
+            progress: false,
+            keen,
+        })
     }
 
     /// Offers `report_progress` (fleet runs only; standalone has no platform to report to).
@@ -167,7 +189,12 @@ impl Harness {
             parameters: json!({"type": "object", "properties": {"result": {"type": "string", "description": "the final answer"}}, "required": ["result"]}),
         });
         if !self.bundle.skills.is_empty() {
-            let list: Vec<String> = self.bundle.skills.iter().map(|s| format!("- {} — {}", s.name, s.description)).collect();
+            let list: Vec<String> = self
+                .bundle
+                .skills
+                .iter()
+                .map(|s| format!("- {} — {}", s.name, s.description))
+                .collect();
             let names: Vec<&str> = self.bundle.skills.iter().map(|s| s.name.as_str()).collect();
             specs.push(ToolSpec {
                 name: BUILTIN_LOAD_SKILL.into(),
@@ -193,7 +220,12 @@ impl Harness {
 
     /// Runs one run to its end (see the module doc). Never panics on model or tool failures:
     /// they become the outcome.
-    pub async fn run(&self, req: RunRequest, sink: Arc<dyn RunEventSink>, cancel: CancellationToken) -> RunOutcome {
+    pub async fn run(
+        &self,
+        req: RunRequest,
+        sink: Arc<dyn RunEventSink>,
+        cancel: CancellationToken,
+    ) -> RunOutcome {
         let run = Run::new(self, &req, sink, cancel);
         let (state, result, response_type) = match self.dialect {
             Dialect::Native => run.native_loop().await,
@@ -206,7 +238,9 @@ impl Harness {
 /// A JSON Schema the providers accept for a tool's parameters: an object schema.
 fn object_schema(schema: &Value) -> Value {
     match schema {
-        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("object") => schema.clone(),
+        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("object") => {
+            schema.clone()
+        }
         Value::Object(o) if !o.contains_key("type") => {
             let mut o = o.clone();
             o.insert("type".into(), json!("object"));
@@ -245,12 +279,19 @@ struct Run<'h> {
 }
 
 impl<'h> Run<'h> {
-    fn new(h: &'h Harness, req: &'h RunRequest, sink: Arc<dyn RunEventSink>, caller_cancel: CancellationToken) -> Run<'h> {
+    fn new(
+        h: &'h Harness,
+        req: &'h RunRequest,
+        sink: Arc<dyn RunEventSink>,
+        caller_cancel: CancellationToken,
+    ) -> Run<'h> {
         let mut context = Vec::with_capacity(req.history.len() + 1);
         for (i, m) in req.history.iter().enumerate() {
             match serde_json::from_value::<Message>(m.clone()) {
                 Ok(m) => context.push(m),
-                Err(e) => tracing::warn!(run_id = %req.run_id, "conversation history message {i} is not a message, skipped: {e}"),
+                Err(e) => {
+                    tracing::warn!(run_id = %req.run_id, "conversation history message {i} is not a message, skipped: {e}")
+                }
             }
         }
         let user = Message::user(req.input.clone());
@@ -297,12 +338,18 @@ impl<'h> Run<'h> {
     }
 
     async fn activity(&self, text: String) {
-        let _ = self.emit(event::ACTIVITY, json!({"activity": text}), false).await;
+        let _ = self
+            .emit(event::ACTIVITY, json!({"activity": text}), false)
+            .await;
     }
 
     fn cancelled_outcome(&self) -> (RunState, String, &'static str) {
         if self.fenced.load(std::sync::atomic::Ordering::SeqCst) {
-            (RunState::Failed, "this run attempt was superseded by a newer attempt".into(), "error")
+            (
+                RunState::Failed,
+                "this run attempt was superseded by a newer attempt".into(),
+                "error",
+            )
         } else {
             (RunState::Cancelled, "the run was cancelled".into(), "error")
         }
@@ -310,12 +357,23 @@ impl<'h> Run<'h> {
 
     /// Asks the model one turn: `model.requested`, the request, `model.answered`; the reply's
     /// assistant message is added to the context. `Err` is the run's end (error or cancel).
-    async fn ask(&self, turn: u32, system: &str, tools: &[ToolSpec]) -> Result<ModelReply, (RunState, String, &'static str)> {
+    async fn ask(
+        &self,
+        turn: u32,
+        system: &str,
+        tools: &[ToolSpec],
+    ) -> Result<ModelReply, (RunState, String, &'static str)> {
         if self.cancel.is_cancelled() {
             return Err(self.cancelled_outcome());
         }
-        let _ = self.emit(event::MODEL_REQUESTED, json!({"turn": turn}), false).await;
-        self.activity(format!("waiting for the model ({})", self.h.provider.describe())).await;
+        let _ = self
+            .emit(event::MODEL_REQUESTED, json!({"turn": turn}), false)
+            .await;
+        self.activity(format!(
+            "waiting for the model ({})",
+            self.h.provider.describe()
+        ))
+        .await;
         let request = ModelRequest {
             system: system.to_string(),
             messages: lock(&self.context).clone(),
@@ -374,7 +432,12 @@ impl<'h> Run<'h> {
                 if finish.is_none() {
                     finish = r.finish.clone();
                 }
-                self.push(Message::Tool { call_id: call.id.clone(), name: call.name.clone(), content: r.content, is_error: r.is_error });
+                self.push(Message::Tool {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    content: r.content,
+                    is_error: r.is_error,
+                });
             }
             if self.cancel.is_cancelled() {
                 return self.cancelled_outcome();
@@ -400,7 +463,11 @@ impl<'h> Run<'h> {
         let mut started: HashMap<String, bool> = HashMap::new();
         for ev in &self.req.replay {
             let j = &ev.json;
-            let call_id = j.get("call_id").and_then(Value::as_str).unwrap_or_default().to_string();
+            let call_id = j
+                .get("call_id")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
             match ev.kind.as_str() {
                 event::RUN_FINISHED => {
                     let state = match j.get("state").and_then(Value::as_str) {
@@ -408,41 +475,87 @@ impl<'h> Run<'h> {
                         Some("cancelled") => RunState::Cancelled,
                         _ => RunState::Failed,
                     };
-                    let response_type = if j.get("response_type").and_then(Value::as_str) == Some("text") { "text" } else { "error" };
-                    let result = j.get("result").and_then(Value::as_str).unwrap_or_default().to_string();
+                    let response_type =
+                        if j.get("response_type").and_then(Value::as_str) == Some("text") {
+                            "text"
+                        } else {
+                            "error"
+                        };
+                    let result = j
+                        .get("result")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string();
                     return Err((state, result, response_type));
                 }
                 event::MODEL_ANSWERED => {
-                    let turn = j.get("turn").and_then(Value::as_u64).and_then(|t| u32::try_from(t).ok());
-                    let message = j.get("message").cloned().and_then(|m| serde_json::from_value::<Message>(m).ok());
+                    let turn = j
+                        .get("turn")
+                        .and_then(Value::as_u64)
+                        .and_then(|t| u32::try_from(t).ok());
+                    let message = j
+                        .get("message")
+                        .cloned()
+                        .and_then(|m| serde_json::from_value::<Message>(m).ok());
                     if let (Some(turn), Some(message)) = (turn, message) {
                         turns.push((turn, message));
                     }
                 }
                 event::TOOL_STARTED => {
-                    started.insert(call_id, j.get("side_effect").and_then(Value::as_bool).unwrap_or(true));
+                    started.insert(
+                        call_id,
+                        j.get("side_effect")
+                            .and_then(Value::as_bool)
+                            .unwrap_or(true),
+                    );
                 }
                 event::TOOL_COMPLETED => {
-                    let text = j.get("result").and_then(Value::as_str).unwrap_or_default().to_string();
-                    results.insert(call_id, (text, j.get("is_error").and_then(Value::as_bool).unwrap_or(false)));
+                    let text = j
+                        .get("result")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string();
+                    results.insert(
+                        call_id,
+                        (
+                            text,
+                            j.get("is_error").and_then(Value::as_bool).unwrap_or(false),
+                        ),
+                    );
                 }
                 // A call cut off by a cancel or a crash has no real result.
-                event::TOOL_FAILED if j.get("reason").and_then(Value::as_str) != Some("cancelled") => {
-                    let text = j.get("error").and_then(Value::as_str).unwrap_or_default().to_string();
+                event::TOOL_FAILED
+                    if j.get("reason").and_then(Value::as_str) != Some("cancelled") =>
+                {
+                    let text = j
+                        .get("error")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string();
                     results.insert(call_id, (text, true));
                 }
                 _ => {}
             }
         }
-        let Some(last_turn) = turns.last().map(|(t, _)| *t) else { return Ok(1) };
-        self.activity(format!("resuming at turn {} (attempt {})", last_turn + 1, self.req.attempt)).await;
+        let Some(last_turn) = turns.last().map(|(t, _)| *t) else {
+            return Ok(1);
+        };
+        self.activity(format!(
+            "resuming at turn {} (attempt {})",
+            last_turn + 1,
+            self.req.attempt
+        ))
+        .await;
         for (_, message) in turns {
             let calls = match &message {
                 Message::Assistant { tool_calls, .. } => tool_calls.clone(),
                 _ => Vec::new(),
             };
             let answer = match &message {
-                Message::Assistant { content, tool_calls } if tool_calls.is_empty() => Some(content.clone()),
+                Message::Assistant {
+                    content,
+                    tool_calls,
+                } if tool_calls.is_empty() => Some(content.clone()),
                 _ => None,
             };
             self.push(message);
@@ -453,7 +566,9 @@ impl<'h> Run<'h> {
             for call in &calls {
                 let (content, is_error) = if let Some((text, is_error)) = results.get(&call.id) {
                     (text.clone(), *is_error)
-                } else if started.get(&call.id).copied().unwrap_or(false) && !self.retry_safe(&call.name) {
+                } else if started.get(&call.id).copied().unwrap_or(false)
+                    && !self.retry_safe(&call.name)
+                {
                     let content = format!(
                         "effect_unknown: the call to {} was interrupted before its result was recorded; it may or may not have taken effect. Check before calling it again.",
                         call.name
@@ -469,7 +584,12 @@ impl<'h> Run<'h> {
                     }
                     (r.content, r.is_error)
                 };
-                self.push(Message::Tool { call_id: call.id.clone(), name: call.name.clone(), content, is_error });
+                self.push(Message::Tool {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    content,
+                    is_error,
+                });
             }
             if let Some(result) = finish {
                 return Err((RunState::Succeeded, result, "text"));
@@ -481,7 +601,9 @@ impl<'h> Run<'h> {
     /// Whether an interrupted call to this model-facing tool may simply be sent again: a
     /// read-only or idempotent MCP tool (server hints, overridden by `x-agen/config.json`).
     fn retry_safe(&self, model_name: &str) -> bool {
-        let Some(tool) = self.h.mcp_tools.get(model_name) else { return true };
+        let Some(tool) = self.h.mcp_tools.get(model_name) else {
+            return true;
+        };
         let over = self.h.bundle.config.tool_override(&tool.qualified_name());
         let side_effect = over.and_then(|o| o.side_effect).unwrap_or(!tool.read_only);
         let idempotent = over.and_then(|o| o.idempotent).unwrap_or(tool.idempotent);
@@ -491,15 +613,25 @@ impl<'h> Run<'h> {
     /// The Keen text protocol: no native tools; the tools section is in the system prompt;
     /// each reply is parsed for one `<SYSTEM CALL>` block; results go back as user prompts.
     async fn keen_loop(&self) -> (RunState, String, &'static str) {
-        use crate::keen::{parse_reply, recall_prompt, Decision, KeenRun, ToolResult, ToolTable, ToolTarget};
+        use crate::keen::{
+            parse_reply, recall_prompt, Decision, KeenRun, ToolResult, ToolTable, ToolTarget,
+        };
 
         let keen = self.h.keen.as_deref();
         let mut table = ToolTable::from_bundle(keen);
         for spec in self.h.tool_specs() {
-            table.add_native(&spec.name, &spec.description, &crate::keen::native_context_hint(&spec.parameters));
+            table.add_native(
+                &spec.name,
+                &spec.description,
+                &crate::keen::native_context_hint(&spec.parameters),
+            );
         }
         let section = crate::keen::tools_section(&table.specs());
-        let system = if section.is_empty() { self.h.system_prompt.clone() } else { format!("{}\n\n{section}", self.h.system_prompt) };
+        let system = if section.is_empty() {
+            self.h.system_prompt.clone()
+        } else {
+            format!("{}\n\n{section}", self.h.system_prompt)
+        };
         let limits = &self.h.bundle.harness.limits;
         let script_limits = crate::keen::ScriptLimits {
             timeout: limits.script_timeout,
@@ -533,7 +665,11 @@ impl<'h> Run<'h> {
             let call_id = format!("keen_{turn}");
             let result: ToolResult = match &dispatch.target {
                 ToolTarget::Native { arguments } => {
-                    let call = ToolCall { id: call_id, name: dispatch.tool.clone(), arguments: Value::Object(arguments.clone()) };
+                    let call = ToolCall {
+                        id: call_id,
+                        name: dispatch.tool.clone(),
+                        arguments: Value::Object(arguments.clone()),
+                    };
                     let r = self.run_call(&call).await;
                     if let Some(result) = r.finish {
                         return (RunState::Succeeded, result, "text");
@@ -547,28 +683,61 @@ impl<'h> Run<'h> {
                     }
                 }
                 ToolTarget::Script { entry } => {
-                    let Some(keen) = keen else { return (RunState::Failed, "keen script tool without keen-tools.json".into(), "error") };
+                    let Some(keen) = keen else {
+                        return (
+                            RunState::Failed,
+                            "keen script tool without keen-tools.json".into(),
+                            "error",
+                        );
+                    };
                     let _ = self
                         .emit(event::TOOL_STARTED, json!({"call_id": call_id, "tool": dispatch.tool, "kind": "script", "side_effect": false}), false)
                         .await;
-                    self.activity(format!("running script tool {}", dispatch.tool)).await;
+                    self.activity(format!("running script tool {}", dispatch.tool))
+                        .await;
                     let started = Instant::now();
-                    let outcome = crate::keen::run_script_tool(&keen.script_root, entry, &dispatch.context, &script_limits).await;
+                    let outcome = crate::keen::run_script_tool(
+                        &keen.script_root,
+                        entry,
+                        &dispatch.context,
+                        &script_limits,
+                    )
+                    .await;
                     let result = ToolResult::from(outcome);
-                    self.keen_tool_event(&call_id, &dispatch.tool, &result, started).await;
+                    self.keen_tool_event(&call_id, &dispatch.tool, &result, started)
+                        .await;
                     result
                 }
-                ToolTarget::Flow { controller, start_node } => {
-                    let Some(keen) = keen else { return (RunState::Failed, "keen flow tool without keen-tools.json".into(), "error") };
+                ToolTarget::Flow {
+                    controller,
+                    start_node,
+                } => {
+                    let Some(keen) = keen else {
+                        return (
+                            RunState::Failed,
+                            "keen flow tool without keen-tools.json".into(),
+                            "error",
+                        );
+                    };
                     let _ = self
                         .emit(event::TOOL_STARTED, json!({"call_id": call_id, "tool": dispatch.tool, "kind": "flow", "side_effect": false}), false)
                         .await;
-                    self.activity(format!("running flow tool {}", dispatch.tool)).await;
+                    self.activity(format!("running flow tool {}", dispatch.tool))
+                        .await;
                     let started = Instant::now();
                     let agent = FlowModel { run: self };
-                    let outcome = crate::keen::run_flow(keen, controller, start_node, &dispatch.context, &agent, &script_limits).await;
+                    let outcome = crate::keen::run_flow(
+                        keen,
+                        controller,
+                        start_node,
+                        &dispatch.context,
+                        &agent,
+                        &script_limits,
+                    )
+                    .await;
                     let result = ToolResult::from(outcome);
-                    self.keen_tool_event(&call_id, &dispatch.tool, &result, started).await;
+                    self.keen_tool_event(&call_id, &dispatch.tool, &result, started)
+                        .await;
                     result
                 }
             };
@@ -578,21 +747,32 @@ impl<'h> Run<'h> {
             if !matches!(result, ToolResult::Answer(_)) {
                 tracing::info!(run_id = %self.req.run_id, tool = %dispatch.tool, "keen: {}", result.log_detail());
             }
-            self.push(Message::user(recall_prompt(&result, dispatch.attempts_left)));
+            self.push(Message::user(recall_prompt(
+                &result,
+                dispatch.attempts_left,
+            )));
         }
         self.max_turns_outcome()
     }
 
-    async fn keen_tool_event(&self, call_id: &str, tool: &str, result: &crate::keen::ToolResult, started: Instant) {
+    async fn keen_tool_event(
+        &self,
+        call_id: &str,
+        tool: &str,
+        result: &crate::keen::ToolResult,
+        started: Instant,
+    ) {
         use crate::keen::ToolResult;
         let duration_ms = started.elapsed().as_millis() as u64;
         let (kind, payload) = match result {
-            ToolResult::Answer(text) => {
-                (event::TOOL_COMPLETED, json!({"call_id": call_id, "tool": tool, "result": text, "is_error": false, "duration_ms": duration_ms}))
-            }
-            ToolResult::ScriptError(text) | ToolResult::FlowError(text) => {
-                (event::TOOL_COMPLETED, json!({"call_id": call_id, "tool": tool, "result": text, "is_error": true, "duration_ms": duration_ms}))
-            }
+            ToolResult::Answer(text) => (
+                event::TOOL_COMPLETED,
+                json!({"call_id": call_id, "tool": tool, "result": text, "is_error": false, "duration_ms": duration_ms}),
+            ),
+            ToolResult::ScriptError(text) | ToolResult::FlowError(text) => (
+                event::TOOL_COMPLETED,
+                json!({"call_id": call_id, "tool": tool, "result": text, "is_error": true, "duration_ms": duration_ms}),
+            ),
             other => (
                 event::TOOL_FAILED,
                 json!({"call_id": call_id, "tool": tool, "error": other.log_detail(), "reason": "failed", "duration_ms": duration_ms}),
@@ -616,9 +796,17 @@ impl<'h> Run<'h> {
     }
 
     async fn run_call(&self, call: &ToolCall) -> CallResult {
-        let err = |content: String| CallResult { content, is_error: true, unreachable: false, finish: None };
+        let err = |content: String| CallResult {
+            content,
+            is_error: true,
+            unreachable: false,
+            finish: None,
+        };
         if self.cancel.is_cancelled() {
-            return err(format!("tool {} was not run: the run was cancelled", call.name));
+            return err(format!(
+                "tool {} was not run: the run was cancelled",
+                call.name
+            ));
         }
         match call.name.as_str() {
             BUILTIN_FINISH => {
@@ -627,29 +815,60 @@ impl<'h> Run<'h> {
                     Some(other) => other.to_string(),
                     None => match &call.arguments {
                         Value::String(s) => s.clone(),
-                        _ => return err("finish needs `result`: the final answer as a string".into()),
+                        _ => {
+                            return err("finish needs `result`: the final answer as a string".into())
+                        }
                     },
                 };
-                CallResult { content: "finished".into(), is_error: false, unreachable: false, finish: Some(result) }
+                CallResult {
+                    content: "finished".into(),
+                    is_error: false,
+                    unreachable: false,
+                    finish: Some(result),
+                }
             }
             BUILTIN_LOAD_SKILL if !self.h.bundle.skills.is_empty() => {
-                let name = call.arguments.get("name").and_then(Value::as_str).unwrap_or_default();
-                let available = || self.h.bundle.skills.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ");
+                let name = call
+                    .arguments
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let available = || {
+                    self.h
+                        .bundle
+                        .skills
+                        .iter()
+                        .map(|s| s.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
                 match self.h.bundle.skill(name) {
                     Some(s) => {
                         self.activity(format!("loading skill {name}")).await;
-                        CallResult { content: s.body.clone(), is_error: false, unreachable: false, finish: None }
+                        CallResult {
+                            content: s.body.clone(),
+                            is_error: false,
+                            unreachable: false,
+                            finish: None,
+                        }
                     }
-                    None => err(format!("no skill named `{name}`; available skills: {}", available())),
+                    None => err(format!(
+                        "no skill named `{name}`; available skills: {}",
+                        available()
+                    )),
                 }
             }
             BUILTIN_REPORT_PROGRESS if self.h.progress => self.report_progress(call).await,
             name => match self.h.mcp_tools.get(name) {
                 Some(tool) => self.call_mcp(call, tool).await,
                 None => {
-                    let mut names: Vec<String> = self.h.tool_specs().into_iter().map(|s| s.name).collect();
+                    let mut names: Vec<String> =
+                        self.h.tool_specs().into_iter().map(|s| s.name).collect();
                     names.sort();
-                    let content = format!("unknown tool `{name}`; the available tools are: {}", names.join(", "));
+                    let content = format!(
+                        "unknown tool `{name}`; the available tools are: {}",
+                        names.join(", ")
+                    );
                     let _ = self
                         .emit(event::TOOL_FAILED, json!({"call_id": call.id, "tool": name, "error": content, "reason": "unknown_tool", "duration_ms": 0}), false)
                         .await;
@@ -678,9 +897,16 @@ impl<'h> Run<'h> {
             due
         };
         if due {
-            let _ = self.emit(event::TASK_PROGRESS, call.arguments.clone(), false).await;
+            let _ = self
+                .emit(event::TASK_PROGRESS, call.arguments.clone(), false)
+                .await;
         }
-        CallResult { content: "progress recorded".into(), is_error: false, unreachable: false, finish: None }
+        CallResult {
+            content: "progress recorded".into(),
+            is_error: false,
+            unreachable: false,
+            finish: None,
+        }
     }
 
     async fn call_mcp(&self, call: &ToolCall, tool: &ToolInfo) -> CallResult {
@@ -693,12 +919,20 @@ impl<'h> Run<'h> {
             .tool_override(&qualified)
             .and_then(|o| o.side_effect)
             .unwrap_or(!tool.read_only);
-        let fail = |content: String| CallResult { content, is_error: true, unreachable: false, finish: None };
+        let fail = |content: String| CallResult {
+            content,
+            is_error: true,
+            unreachable: false,
+            finish: None,
+        };
 
         let arguments = match &call.arguments {
             Value::Object(o) => o.clone(),
             other => {
-                let content = format!("the arguments of {} must be a JSON object, got: {other}", call.name);
+                let content = format!(
+                    "the arguments of {} must be a JSON object, got: {other}",
+                    call.name
+                );
                 let _ = self
                     .emit(event::TOOL_FAILED, json!({"call_id": call.id, "tool": qualified, "error": content, "reason": "bad_arguments", "duration_ms": 0}), false)
                     .await;
@@ -706,7 +940,10 @@ impl<'h> Run<'h> {
             }
         };
         let limit = self.h.bundle.harness.limits.max_tool_calls;
-        let n = self.tool_calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        let n = self
+            .tool_calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
         if n > limit {
             let content = format!("the run's limit of {limit} tool calls is spent (limits.maxToolCalls); {} was not called; answer with what you have", call.name);
             let _ = self
@@ -724,33 +961,62 @@ impl<'h> Run<'h> {
         self.activity(format!("calling {qualified}")).await;
 
         let timeout = self.h.bundle.harness.limits.tool_timeout;
-        let result = self.h.tools.call_tool(tool, arguments, self.meta(), timeout, self.cancel.clone()).await;
+        let result = self
+            .h
+            .tools
+            .call_tool(tool, arguments, self.meta(), timeout, self.cancel.clone())
+            .await;
         let duration_ms = started_at.elapsed().as_millis() as u64;
         let (kind, payload, out) = match result {
             Ok(o) => (
                 event::TOOL_COMPLETED,
                 json!({"call_id": call.id, "tool": qualified, "result": o.text, "is_error": o.is_error, "duration_ms": duration_ms}),
-                CallResult { content: o.text, is_error: o.is_error, unreachable: false, finish: None },
+                CallResult {
+                    content: o.text,
+                    is_error: o.is_error,
+                    unreachable: false,
+                    finish: None,
+                },
             ),
             Err(e) => {
                 let (reason, content) = match &e {
                     CallError::Timeout(d) => (
                         "timeout",
-                        format!("tool {qualified} timed out after {} and was cancelled", agen_shared::duration::format_duration(*d)),
+                        format!(
+                            "tool {qualified} timed out after {} and was cancelled",
+                            agen_shared::duration::format_duration(*d)
+                        ),
                     ),
-                    CallError::Cancelled => ("cancelled", format!("tool {qualified} was cancelled with the run")),
-                    CallError::NotConnected(server) => {
-                        ("failed", format!("tool {qualified} cannot run: its server {server} is not connected"))
+                    CallError::Cancelled => (
+                        "cancelled",
+                        format!("tool {qualified} was cancelled with the run"),
+                    ),
+                    CallError::NotConnected(server) => (
+                        "failed",
+                        format!(
+                            "tool {qualified} cannot run: its server {server} is not connected"
+                        ),
+                    ),
+                    CallError::UnknownTool(_) => (
+                        "unknown_tool",
+                        format!("tool {qualified} is not available on its server"),
+                    ),
+                    CallError::Failed { message, .. } => {
+                        ("failed", format!("tool {qualified} failed: {message}"))
                     }
-                    CallError::UnknownTool(_) => ("unknown_tool", format!("tool {qualified} is not available on its server")),
-                    CallError::Failed { message, .. } => ("failed", format!("tool {qualified} failed: {message}")),
                     other => ("failed", format!("tool {qualified} failed: {other}")),
                 };
-                let unreachable = matches!(reason, "timeout" | "cancelled") || matches!(e, CallError::NotConnected(_));
+                let unreachable = matches!(reason, "timeout" | "cancelled")
+                    || matches!(e, CallError::NotConnected(_));
                 (
                     event::TOOL_FAILED,
                     json!({"call_id": call.id, "tool": qualified, "error": content, "reason": reason, "duration_ms": duration_ms}),
-                    CallResult { content, is_error: true, unreachable, finish: None },
+                    CallResult {
+                        content,
+                        is_error: true,
+                        unreachable,
+                        finish: None,
+                    },
                 )
             }
         };
@@ -765,7 +1031,11 @@ impl<'h> Run<'h> {
     /// `_meta` of an MCP call: the work it belongs to and a fresh span of this run's trace.
     fn meta(&self) -> Map<String, Value> {
         let r = self.req;
-        let labels: Map<String, Value> = r.labels.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+        let labels: Map<String, Value> = r
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
         let span: u64 = loop {
             let s = rand::random::<u64>();
             if s != 0 {
@@ -777,11 +1047,21 @@ impl<'h> Run<'h> {
         m.insert("agen/deployment".into(), json!(r.deployment));
         m.insert("agen/taskId".into(), json!(r.task_id));
         m.insert("agen/runId".into(), json!(r.run_id));
-        m.insert("agen/rootRunId".into(), json!(if r.root_run_id.is_empty() { &r.run_id } else { &r.root_run_id }));
+        m.insert(
+            "agen/rootRunId".into(),
+            json!(if r.root_run_id.is_empty() {
+                &r.run_id
+            } else {
+                &r.root_run_id
+            }),
+        );
         m.insert("agen/conversationId".into(), json!(r.conversation_id));
         m.insert("agen/conversationKey".into(), json!(r.conversation_key));
         m.insert("agen/labels".into(), Value::Object(labels));
-        m.insert("traceparent".into(), json!(format!("00-{}-{span:016x}-01", self.trace_id)));
+        m.insert(
+            "traceparent".into(),
+            json!(format!("00-{}-{span:016x}-01", self.trace_id)),
+        );
         m
     }
 
@@ -792,7 +1072,9 @@ impl<'h> Run<'h> {
         let mut pending = Vec::new();
         for m in lock(&self.new_messages).iter() {
             match m {
-                Message::Assistant { tool_calls, .. } => pending.extend(tool_calls.iter().map(|c| (c.id.clone(), c.name.clone()))),
+                Message::Assistant { tool_calls, .. } => {
+                    pending.extend(tool_calls.iter().map(|c| (c.id.clone(), c.name.clone())))
+                }
                 Message::Tool { call_id, .. } => {
                     answered.insert(call_id.clone(), ());
                 }
@@ -801,15 +1083,32 @@ impl<'h> Run<'h> {
         }
         for (id, name) in pending {
             if !answered.contains_key(&id) {
-                self.push(Message::Tool { call_id: id, name, content: "not run: the run ended first".into(), is_error: true });
+                self.push(Message::Tool {
+                    call_id: id,
+                    name,
+                    content: "not run: the run ended first".into(),
+                    is_error: true,
+                });
             }
         }
         let _ = self
-            .emit(event::RUN_FINISHED, json!({"state": state.as_str(), "result": result, "response_type": response_type}), true)
+            .emit(
+                event::RUN_FINISHED,
+                json!({"state": state.as_str(), "result": result, "response_type": response_type}),
+                true,
+            )
             .await;
         let _ = &self.caller_cancel;
-        let messages = lock(&self.new_messages).iter().map(Message::to_json).collect();
-        RunOutcome { state, result, response_type: response_type.to_string(), messages }
+        let messages = lock(&self.new_messages)
+            .iter()
+            .map(Message::to_json)
+            .collect();
+        RunOutcome {
+            state,
+            result,
+            response_type: response_type.to_string(),
+            messages,
+        }
     }
 }
 
@@ -822,15 +1121,28 @@ struct FlowModel<'r, 'h> {
 #[async_trait::async_trait]
 impl crate::keen::FlowAgent for FlowModel<'_, '_> {
     async fn ask(&self, prompt: &str, context: &str) -> Result<(String, String), String> {
-        let text = if context.trim().is_empty() { prompt.to_string() } else { format!("{prompt}\n\n{context}") };
+        let text = if context.trim().is_empty() {
+            prompt.to_string()
+        } else {
+            format!("{prompt}\n\n{context}")
+        };
         let request = ModelRequest {
             system: self.run.h.system_prompt.clone(),
             messages: vec![Message::user(text)],
             tools: Vec::new(),
             parallel_tool_calls: false,
         };
-        let _ = self.run.emit(event::MODEL_REQUESTED, json!({"flow_agent": true}), false).await;
-        match self.run.h.provider.complete(&request, &self.run.cancel).await {
+        let _ = self
+            .run
+            .emit(event::MODEL_REQUESTED, json!({"flow_agent": true}), false)
+            .await;
+        match self
+            .run
+            .h
+            .provider
+            .complete(&request, &self.run.cancel)
+            .await
+        {
             Ok(reply) => {
                 let _ = self
                     .run

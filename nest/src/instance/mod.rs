@@ -26,7 +26,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-pub use harness::{model_config, Dialect, Harness, HarnessError, BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_REPORT_PROGRESS};
+pub use harness::{
+    model_config, Dialect, Harness, HarnessError, BUILTIN_FINISH, BUILTIN_LOAD_SKILL,
+    BUILTIN_REPORT_PROGRESS,
+};
 
 use crate::mcp::{CallError, ToolHost, ToolInfo, ToolOutput};
 
@@ -163,6 +166,13 @@ impl ToolBackend for ToolHost {
         timeout: Duration,
         cancel: CancellationToken,
     ) -> Result<ToolOutput, CallError> {
-        self.call(&tool.qualified_name(), Value::Object(arguments), meta, timeout, cancel).await
+        self.call(
+            &tool.qualified_name(),
+            Value::Object(arguments),
+            meta,
+            timeout,
+            cancel,
+        )
+        .await
     }
 }

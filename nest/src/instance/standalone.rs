@@ -83,7 +83,10 @@ pub async fn run_cli(dir: PathBuf, prompt: String, model: Option<String>) -> any
     launch.secrets = secrets;
     let host = ToolHost::start(&bundle, launch).await;
     for p in host.status().not_connected {
-        eprintln!("warning: tool server {} is not connected: {}", p.server, p.reason);
+        eprintln!(
+            "warning: tool server {} is not connected: {}",
+            p.server, p.reason
+        );
     }
 
     let http = reqwest::Client::builder()
@@ -140,7 +143,11 @@ pub async fn run_cli(dir: PathBuf, prompt: String, model: Option<String>) -> any
             Ok(0)
         }
         RunState::Failed | RunState::Cancelled => {
-            eprintln!("error: the run {}: {}", outcome.state.as_str(), outcome.result);
+            eprintln!(
+                "error: the run {}: {}",
+                outcome.state.as_str(),
+                outcome.result
+            );
             Ok(1)
         }
     }
@@ -169,22 +176,36 @@ pub struct SledRunLog {
 impl SledRunLog {
     /// Opens (or creates) the log in `dir` for `attempt` of `run_id`.
     pub fn open(dir: &Path, run_id: &str, attempt: u32) -> anyhow::Result<SledRunLog> {
-        std::fs::create_dir_all(dir).with_context(|| format!("while creating the run log folder {}", dir.display()))?;
-        let db = sled::open(dir).with_context(|| format!("while opening the run log {}", dir.display()))?;
-        db.insert("run_id", run_id.as_bytes()).context("while writing the run log")?;
-        let events = db.open_tree("events").context("while opening the run log's events")?;
-        Ok(SledRunLog { db, events, attempt, seq: AtomicU64::new(0) })
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("while creating the run log folder {}", dir.display()))?;
+        let db = sled::open(dir)
+            .with_context(|| format!("while opening the run log {}", dir.display()))?;
+        db.insert("run_id", run_id.as_bytes())
+            .context("while writing the run log")?;
+        let events = db
+            .open_tree("events")
+            .context("while opening the run log's events")?;
+        Ok(SledRunLog {
+            db,
+            events,
+            attempt,
+            seq: AtomicU64::new(0),
+        })
     }
 
     /// Every event in order, as `(kind, json)`.
     pub fn read_all(dir: &Path) -> anyhow::Result<Vec<(String, Value)>> {
-        let db = sled::open(dir).with_context(|| format!("while opening the run log {}", dir.display()))?;
+        let db = sled::open(dir)
+            .with_context(|| format!("while opening the run log {}", dir.display()))?;
         let events = db.open_tree("events")?;
         let mut out = Vec::new();
         for kv in events.iter() {
             let (_, v) = kv?;
             let v: Value = serde_json::from_slice(&v)?;
-            out.push((v["kind"].as_str().unwrap_or_default().to_string(), v["json"].clone()));
+            out.push((
+                v["kind"].as_str().unwrap_or_default().to_string(),
+                v["json"].clone(),
+            ));
         }
         Ok(out)
     }
@@ -197,13 +218,17 @@ impl RunEventSink for SledRunLog {
         let mut key = self.attempt.to_be_bytes().to_vec();
         key.extend_from_slice(&seq.to_be_bytes());
         let record = json!({"kind": kind, "at": chrono::Utc::now().to_rfc3339(), "json": json});
-        let bytes = serde_json::to_vec(&record).map_err(|e| SinkError::Unavailable(e.to_string()))?;
+        let bytes =
+            serde_json::to_vec(&record).map_err(|e| SinkError::Unavailable(e.to_string()))?;
         self.events
             .compare_and_swap(key, None as Option<&[u8]>, Some(bytes))
             .map_err(|e| SinkError::Unavailable(e.to_string()))?
             .map_err(|_| SinkError::Unavailable(format!("event {seq} already exists")))?;
         if sync {
-            self.db.flush_async().await.map_err(|e| SinkError::Unavailable(e.to_string()))?;
+            self.db
+                .flush_async()
+                .await
+                .map_err(|e| SinkError::Unavailable(e.to_string()))?;
         }
         Ok(())
     }

@@ -11,7 +11,8 @@ use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    max_tokens, post_json, Message, ModelConfig, ModelError, ModelProvider, ModelReply, ModelRequest, ToolCall, Usage,
+    max_tokens, post_json, Message, ModelConfig, ModelError, ModelProvider, ModelReply,
+    ModelRequest, ToolCall, Usage,
 };
 
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
@@ -26,10 +27,17 @@ pub struct AnthropicProvider {
 
 impl AnthropicProvider {
     pub fn new(config: ModelConfig, http: reqwest::Client) -> AnthropicProvider {
-        let base = config.base_url.clone().unwrap_or_else(|| DEFAULT_BASE_URL.to_string());
+        let base = config
+            .base_url
+            .clone()
+            .unwrap_or_else(|| DEFAULT_BASE_URL.to_string());
         let base = base.trim_end_matches('/');
         // `baseUrl: https://host/v1` and `baseUrl: https://host` both work.
-        let url = if base.ends_with("/v1") { format!("{base}/messages") } else { format!("{base}/v1/messages") };
+        let url = if base.ends_with("/v1") {
+            format!("{base}/messages")
+        } else {
+            format!("{base}/v1/messages")
+        };
         AnthropicProvider { config, url, http }
     }
 
@@ -46,23 +54,40 @@ impl AnthropicProvider {
                     system.push_str(content);
                     continue;
                 }
-                Message::User { content } => ("user", vec![json!({"type": "text", "text": content})]),
-                Message::Assistant { content, tool_calls } => {
+                Message::User { content } => {
+                    ("user", vec![json!({"type": "text", "text": content})])
+                }
+                Message::Assistant {
+                    content,
+                    tool_calls,
+                } => {
                     let mut blocks = Vec::new();
                     if !content.is_empty() {
                         blocks.push(json!({"type": "text", "text": content}));
                     }
                     for c in tool_calls {
-                        let input = if c.arguments.is_object() { c.arguments.clone() } else { json!({"_raw": c.arguments}) };
-                        blocks.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}));
+                        let input = if c.arguments.is_object() {
+                            c.arguments.clone()
+                        } else {
+                            json!({"_raw": c.arguments})
+                        };
+                        blocks.push(
+                            json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}),
+                        );
                     }
                     if blocks.is_empty() {
                         blocks.push(json!({"type": "text", "text": "(no answer)"}));
                     }
                     ("assistant", blocks)
                 }
-                Message::Tool { call_id, content, is_error, .. } => {
-                    let mut b = json!({"type": "tool_result", "tool_use_id": call_id, "content": content});
+                Message::Tool {
+                    call_id,
+                    content,
+                    is_error,
+                    ..
+                } => {
+                    let mut b =
+                        json!({"type": "tool_result", "tool_use_id": call_id, "content": content});
                     if *is_error {
                         b["is_error"] = json!(true);
                     }
@@ -74,10 +99,16 @@ impl AnthropicProvider {
                 _ => messages.push((role.to_string(), blocks)),
             }
         }
-        let messages: Vec<Value> = messages.into_iter().map(|(role, content)| json!({"role": role, "content": content})).collect();
+        let messages: Vec<Value> = messages
+            .into_iter()
+            .map(|(role, content)| json!({"role": role, "content": content}))
+            .collect();
         let mut body = Map::new();
         body.insert("model".into(), json!(self.config.model.model));
-        body.insert("max_tokens".into(), json!(max_tokens(&self.config.extra, 4096)));
+        body.insert(
+            "max_tokens".into(),
+            json!(max_tokens(&self.config.extra, 4096)),
+        );
         if !system.is_empty() {
             body.insert("system".into(), json!(system));
         }
@@ -89,7 +120,10 @@ impl AnthropicProvider {
                 .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
                 .collect();
             body.insert("tools".into(), Value::Array(tools));
-            body.insert("tool_choice".into(), json!({"type": "auto", "disable_parallel_tool_use": !req.parallel_tool_calls}));
+            body.insert(
+                "tool_choice".into(),
+                json!({"type": "auto", "disable_parallel_tool_use": !req.parallel_tool_calls}),
+            );
         }
         if let Some(t) = self.config.extra.get("temperature") {
             body.insert("temperature".into(), t.clone());
@@ -98,21 +132,36 @@ impl AnthropicProvider {
     }
 
     fn invalid(&self, message: impl Into<String>) -> ModelError {
-        ModelError::InvalidResponse { provider: PROVIDER, url: self.url.clone(), message: message.into() }
+        ModelError::InvalidResponse {
+            provider: PROVIDER,
+            url: self.url.clone(),
+            message: message.into(),
+        }
     }
 
     /// Reads a Messages response.
     pub fn parse_reply(&self, v: &Value) -> Result<ModelReply, ModelError> {
-        let stop = v.get("stop_reason").and_then(Value::as_str).map(str::to_string);
+        let stop = v
+            .get("stop_reason")
+            .and_then(Value::as_str)
+            .map(str::to_string);
         if stop.as_deref() == Some("refusal") {
-            return Err(ModelError::Refused { provider: PROVIDER, message: "the model declined to answer (stop_reason refusal)".into() });
+            return Err(ModelError::Refused {
+                provider: PROVIDER,
+                message: "the model declined to answer (stop_reason refusal)".into(),
+            });
         }
-        let blocks = v.get("content").and_then(Value::as_array).ok_or_else(|| self.invalid("no `content` array in the response"))?;
+        let blocks = v
+            .get("content")
+            .and_then(Value::as_array)
+            .ok_or_else(|| self.invalid("no `content` array in the response"))?;
         let mut text = String::new();
         let mut tool_calls = Vec::new();
         for (i, b) in blocks.iter().enumerate() {
             match b.get("type").and_then(Value::as_str) {
-                Some("text") => text.push_str(b.get("text").and_then(Value::as_str).unwrap_or_default()),
+                Some("text") => {
+                    text.push_str(b.get("text").and_then(Value::as_str).unwrap_or_default())
+                }
                 Some("tool_use") => {
                     let name = b
                         .get("name")
@@ -124,7 +173,11 @@ impl AnthropicProvider {
                         .map(str::to_string)
                         .unwrap_or_else(|| format!("toolu_{}", uuid::Uuid::new_v4().simple()));
                     let arguments = b.get("input").cloned().unwrap_or_else(|| json!({}));
-                    tool_calls.push(ToolCall { id, name: name.to_string(), arguments });
+                    tool_calls.push(ToolCall {
+                        id,
+                        name: name.to_string(),
+                        arguments,
+                    });
                 }
                 _ => {} // thinking and other blocks are not part of the answer
             }
@@ -133,7 +186,12 @@ impl AnthropicProvider {
             input_tokens: u.get("input_tokens").and_then(Value::as_u64).unwrap_or(0),
             output_tokens: u.get("output_tokens").and_then(Value::as_u64).unwrap_or(0),
         });
-        Ok(ModelReply { text, tool_calls, stop_reason: stop, usage })
+        Ok(ModelReply {
+            text,
+            tool_calls,
+            stop_reason: stop,
+            usage,
+        })
     }
 }
 
@@ -143,12 +201,25 @@ impl ModelProvider for AnthropicProvider {
         self.config.model.to_string()
     }
 
-    async fn complete(&self, req: &ModelRequest, cancel: &CancellationToken) -> Result<ModelReply, ModelError> {
+    async fn complete(
+        &self,
+        req: &ModelRequest,
+        cancel: &CancellationToken,
+    ) -> Result<ModelReply, ModelError> {
         let mut headers = vec![("anthropic-version", API_VERSION.to_string())];
         if let Some(key) = self.config.api_key.as_deref().filter(|k| !k.is_empty()) {
             headers.push(("x-api-key", key.to_string()));
         }
-        let v = post_json(&self.http, PROVIDER, &self.url, &headers, &self.body(req), &self.config.retry, cancel).await?;
+        let v = post_json(
+            &self.http,
+            PROVIDER,
+            &self.url,
+            &headers,
+            &self.body(req),
+            &self.config.retry,
+            cancel,
+        )
+        .await?;
         self.parse_reply(&v)
     }
 }
@@ -179,9 +250,18 @@ mod tests {
                 Message::user("time?"),
                 Message::Assistant {
                     content: String::new(),
-                    tool_calls: vec![ToolCall { id: "t1".into(), name: "time_now".into(), arguments: json!({}) }],
+                    tool_calls: vec![ToolCall {
+                        id: "t1".into(),
+                        name: "time_now".into(),
+                        arguments: json!({}),
+                    }],
                 },
-                Message::Tool { call_id: "t1".into(), name: "time_now".into(), content: "noon".into(), is_error: false },
+                Message::Tool {
+                    call_id: "t1".into(),
+                    name: "time_now".into(),
+                    content: "noon".into(),
+                    is_error: false,
+                },
                 Message::user("and?"),
             ],
             ..Default::default()
@@ -203,6 +283,13 @@ mod tests {
             .parse_reply(&json!({"content": [{"type": "text", "text": "let me check"}, {"type": "tool_use", "id": "t1", "name": "x_y", "input": {"a": 1}}], "stop_reason": "tool_use"}))
             .unwrap();
         assert_eq!(r.text, "let me check");
-        assert_eq!(r.tool_calls, vec![ToolCall { id: "t1".into(), name: "x_y".into(), arguments: json!({"a": 1}) }]);
+        assert_eq!(
+            r.tool_calls,
+            vec![ToolCall {
+                id: "t1".into(),
+                name: "x_y".into(),
+                arguments: json!({"a": 1})
+            }]
+        );
     }
 }

@@ -46,7 +46,10 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, thiserror::Error)]
 pub enum ScriptError {
     #[error("{path}: cannot read the fake model script: {source}")]
-    Read { path: String, source: std::io::Error },
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path}: invalid fake model script: {message}; expected an array of steps or {{\"steps\": [...]}}")]
     Invalid { path: String, message: String },
 }
@@ -104,10 +107,16 @@ fn empty_object() -> Value {
 impl Script {
     /// Parses a script; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Script, ScriptError> {
-        let invalid = |message: String| ScriptError::Invalid { path: origin.to_string(), message };
+        let invalid = |message: String| ScriptError::Invalid {
+            path: origin.to_string(),
+            message,
+        };
         let v: Value = serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?;
         match v {
-            Value::Array(_) => Ok(Script { steps: serde_json::from_value(v).map_err(|e| invalid(e.to_string()))?, record: None }),
+            Value::Array(_) => Ok(Script {
+                steps: serde_json::from_value(v).map_err(|e| invalid(e.to_string()))?,
+                record: None,
+            }),
             Value::Object(_) => serde_json::from_value(v).map_err(|e| invalid(e.to_string())),
             other => Err(invalid(format!("got {other}"))),
         }
@@ -116,7 +125,10 @@ impl Script {
     /// Reads and parses a script file; a relative `record` is relative to the script's folder.
     pub fn load(path: &Path) -> Result<Script, ScriptError> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ScriptError::Read { path: origin.clone(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ScriptError::Read {
+            path: origin.clone(),
+            source,
+        })?;
         let mut script = Script::parse(&text, &origin)?;
         if let (Some(rec), Some(parent)) = (&script.record, path.parent()) {
             if rec.is_relative() {
@@ -128,28 +140,55 @@ impl Script {
 
     /// A script of steps.
     pub fn steps(steps: Vec<Step>) -> Script {
-        Script { steps, record: None }
+        Script {
+            steps,
+            record: None,
+        }
     }
 }
 
 impl Step {
     pub fn reply(text: impl Into<String>) -> Step {
-        Step { reply: Some(text.into()), ..Default::default() }
+        Step {
+            reply: Some(text.into()),
+            ..Default::default()
+        }
     }
     pub fn template(text: impl Into<String>) -> Step {
-        Step { reply_template: Some(text.into()), ..Default::default() }
+        Step {
+            reply_template: Some(text.into()),
+            ..Default::default()
+        }
     }
     pub fn call(name: impl Into<String>, arguments: Value) -> Step {
-        Step { tool_calls: vec![ScriptedCall { name: name.into(), arguments, id: None }], ..Default::default() }
+        Step {
+            tool_calls: vec![ScriptedCall {
+                name: name.into(),
+                arguments,
+                id: None,
+            }],
+            ..Default::default()
+        }
     }
     pub fn calls(calls: Vec<(&str, Value)>) -> Step {
         Step {
-            tool_calls: calls.into_iter().map(|(n, a)| ScriptedCall { name: n.to_string(), arguments: a, id: None }).collect(),
+            tool_calls: calls
+                .into_iter()
+                .map(|(n, a)| ScriptedCall {
+                    name: n.to_string(),
+                    arguments: a,
+                    id: None,
+                })
+                .collect(),
             ..Default::default()
         }
     }
     pub fn status(status: u16, body: impl Into<String>) -> Step {
-        Step { status: Some(status), body: Some(body.into()), ..Default::default() }
+        Step {
+            status: Some(status),
+            body: Some(body.into()),
+            ..Default::default()
+        }
     }
 }
 
@@ -191,12 +230,19 @@ impl FakeModel {
             .route("/chat/completions", post(openai))
             .route("/v1/messages", post(anthropic))
             .route("/health", get(|| async { "ok" }))
-            .route("/v1/models", get(|| async { Json(json!({"object": "list", "data": [{"id": "fake", "object": "model"}]})) }))
+            .route(
+                "/v1/models",
+                get(|| async {
+                    Json(json!({"object": "list", "data": [{"id": "fake", "object": "model"}]}))
+                }),
+            )
             .with_state(shared.clone());
         let stop = CancellationToken::new();
         let stopped = stop.clone();
         tokio::spawn(async move {
-            let served = axum::serve(listener, app).with_graceful_shutdown(async move { stopped.cancelled().await }).await;
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stopped.cancelled().await })
+                .await;
             if let Err(e) = served {
                 tracing::warn!("fake model server stopped: {e}");
             }
@@ -232,17 +278,28 @@ impl Drop for FakeModel {
 
 /// `agen fake-model --script FILE [--listen ADDR] [--port-file FILE]`: serves until SIGINT or
 /// SIGTERM.
-pub async fn serve_cli(script: PathBuf, listen: SocketAddr, port_file: Option<PathBuf>) -> anyhow::Result<()> {
+pub async fn serve_cli(
+    script: PathBuf,
+    listen: SocketAddr,
+    port_file: Option<PathBuf>,
+) -> anyhow::Result<()> {
     use anyhow::Context;
     let script = Script::load(&script)?;
-    let fake = FakeModel::start(script, listen).await.with_context(|| format!("while binding the fake model to {listen}"))?;
+    let fake = FakeModel::start(script, listen)
+        .await
+        .with_context(|| format!("while binding the fake model to {listen}"))?;
     if let Some(pf) = &port_file {
         let tmp = pf.with_extension("tmp");
-        std::fs::write(&tmp, fake.addr().port().to_string()).with_context(|| format!("while writing {}", tmp.display()))?;
+        std::fs::write(&tmp, fake.addr().port().to_string())
+            .with_context(|| format!("while writing {}", tmp.display()))?;
         std::fs::rename(&tmp, pf).with_context(|| format!("while writing {}", pf.display()))?;
     }
-    eprintln!("scripted fake model (not a real model) listening on http://{}", fake.addr());
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("while installing the SIGTERM handler")?;
+    eprintln!(
+        "scripted fake model (not a real model) listening on http://{}",
+        fake.addr()
+    );
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("while installing the SIGTERM handler")?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
@@ -276,7 +333,9 @@ fn text_of(content: &Value) -> String {
 
 fn seen(api: Api, body: &Value) -> Seen {
     let mut s = Seen::default();
-    let Some(messages) = body.get("messages").and_then(Value::as_array) else { return s };
+    let Some(messages) = body.get("messages").and_then(Value::as_array) else {
+        return s;
+    };
     for m in messages {
         let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
         let content = m.get("content").cloned().unwrap_or(Value::Null);
@@ -289,8 +348,16 @@ fn seen(api: Api, body: &Value) -> Seen {
                     let mut texts = Vec::new();
                     for b in blocks {
                         match b.get("type").and_then(Value::as_str) {
-                            Some("tool_result") => s.last_tool_result = Some(text_of(b.get("content").unwrap_or(&Value::Null))),
-                            Some("text") => texts.push(b.get("text").and_then(Value::as_str).unwrap_or_default().to_string()),
+                            Some("tool_result") => {
+                                s.last_tool_result =
+                                    Some(text_of(b.get("content").unwrap_or(&Value::Null)))
+                            }
+                            Some("text") => texts.push(
+                                b.get("text")
+                                    .and_then(Value::as_str)
+                                    .unwrap_or_default()
+                                    .to_string(),
+                            ),
                             _ => {}
                         }
                     }
@@ -308,14 +375,27 @@ fn seen(api: Api, body: &Value) -> Seen {
 
 /// The scripted answer: an error or a reply.
 enum Answer {
-    Error { status: u16, body: String, retry_after: Option<u64> },
-    Reply { text: Option<String>, calls: Vec<ScriptedCall> },
+    Error {
+        status: u16,
+        body: String,
+        retry_after: Option<u64>,
+    },
+    Reply {
+        text: Option<String>,
+        calls: Vec<ScriptedCall>,
+    },
 }
 
 fn answer(shared: &Shared, seen: &Seen) -> (Answer, Option<u64>) {
     let steps = &shared.script.steps;
     let Some(last) = steps.len().checked_sub(1) else {
-        return (Answer::Reply { text: Some("(the fake model's script has no steps)".into()), calls: Vec::new() }, None);
+        return (
+            Answer::Reply {
+                text: Some("(the fake model's script has no steps)".into()),
+                calls: Vec::new(),
+            },
+            None,
+        );
     };
     let index = seen.assistant_turns.min(last);
     let mut step = &steps[index];
@@ -325,8 +405,18 @@ fn answer(shared: &Shared, seen: &Seen) -> (Answer, Option<u64>) {
         let n = given.entry(index).or_insert(0);
         if step.times.is_none_or(|t| *n < t) {
             *n += 1;
-            let body = step.body.clone().unwrap_or_else(|| format!("scripted error {status}"));
-            return (Answer::Error { status, body, retry_after: step.retry_after }, delay);
+            let body = step
+                .body
+                .clone()
+                .unwrap_or_else(|| format!("scripted error {status}"));
+            return (
+                Answer::Error {
+                    status,
+                    body,
+                    retry_after: step.retry_after,
+                },
+                delay,
+            );
         }
         if let Some(then) = &step.then {
             step = then;
@@ -336,19 +426,36 @@ fn answer(shared: &Shared, seen: &Seen) -> (Answer, Option<u64>) {
         Some(format!("user messages: {}", seen.user_texts.join(" | ")))
     } else if let Some(t) = &step.reply_template {
         Some(
-            t.replace("{{last_tool_result}}", seen.last_tool_result.as_deref().unwrap_or(""))
-                .replace("{{last_user}}", seen.user_texts.last().map(String::as_str).unwrap_or(""))
-                .replace("{{turn}}", &index.to_string()),
+            t.replace(
+                "{{last_tool_result}}",
+                seen.last_tool_result.as_deref().unwrap_or(""),
+            )
+            .replace(
+                "{{last_user}}",
+                seen.user_texts.last().map(String::as_str).unwrap_or(""),
+            )
+            .replace("{{turn}}", &index.to_string()),
         )
     } else {
         step.reply.clone()
     };
-    (Answer::Reply { text, calls: step.tool_calls.clone() }, delay.or(step.delay_ms))
+    (
+        Answer::Reply {
+            text,
+            calls: step.tool_calls.clone(),
+        },
+        delay.or(step.delay_ms),
+    )
 }
 
 fn record(shared: &Shared, path: &str, headers: &HeaderMap, body: &Value) {
     let mut h = serde_json::Map::new();
-    for name in ["authorization", "x-api-key", "anthropic-version", "content-type"] {
+    for name in [
+        "authorization",
+        "x-api-key",
+        "anthropic-version",
+        "content-type",
+    ] {
         if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()) {
             h.insert(name.to_string(), json!(v));
         }
@@ -356,7 +463,11 @@ fn record(shared: &Shared, path: &str, headers: &HeaderMap, body: &Value) {
     let entry = json!({"path": path, "headers": h, "body": body});
     if let Some(file) = &shared.script.record {
         let line = format!("{entry}\n");
-        let written = std::fs::OpenOptions::new().create(true).append(true).open(file).and_then(|mut f| f.write_all(line.as_bytes()));
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(file)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
         if let Err(e) = written {
             tracing::warn!("fake model: cannot append to {}: {e}", file.display());
         }
@@ -364,7 +475,13 @@ fn record(shared: &Shared, path: &str, headers: &HeaderMap, body: &Value) {
     lock(&shared.requests).push(entry);
 }
 
-async fn respond(shared: Arc<Shared>, api: Api, path: &str, headers: HeaderMap, body: Value) -> Response {
+async fn respond(
+    shared: Arc<Shared>,
+    api: Api,
+    path: &str,
+    headers: HeaderMap,
+    body: Value,
+) -> Response {
     record(&shared, path, &headers, &body);
     if !body.get("messages").is_some_and(Value::is_array) {
         return error_response(api, 400, "the request has no `messages` array".into(), None);
@@ -377,7 +494,11 @@ async fn respond(shared: Arc<Shared>, api: Api, path: &str, headers: HeaderMap, 
     let n = shared.seq.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
     let model = body.get("model").cloned().unwrap_or(json!("fake"));
     match ans {
-        Answer::Error { status, body, retry_after } => error_response(api, status, body, retry_after),
+        Answer::Error {
+            status,
+            body,
+            retry_after,
+        } => error_response(api, status, body, retry_after),
         Answer::Reply { text, calls } => {
             let ids: Vec<String> = calls
                 .iter()
@@ -396,7 +517,11 @@ async fn respond(shared: Arc<Shared>, api: Api, path: &str, headers: HeaderMap, 
                                 .collect(),
                         );
                     }
-                    let finish = if calls.is_empty() { "stop" } else { "tool_calls" };
+                    let finish = if calls.is_empty() {
+                        "stop"
+                    } else {
+                        "tool_calls"
+                    };
                     json!({"id": format!("chatcmpl-fake-{n}"), "object": "chat.completion", "created": 0, "model": model,
                         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
                         "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}})
@@ -409,7 +534,11 @@ async fn respond(shared: Arc<Shared>, api: Api, path: &str, headers: HeaderMap, 
                     for (c, id) in calls.iter().zip(&ids) {
                         content.push(json!({"type": "tool_use", "id": id, "name": c.name, "input": c.arguments}));
                     }
-                    let stop = if calls.is_empty() { "end_turn" } else { "tool_use" };
+                    let stop = if calls.is_empty() {
+                        "end_turn"
+                    } else {
+                        "tool_use"
+                    };
                     json!({"id": format!("msg_fake_{n}"), "type": "message", "role": "assistant", "model": model, "content": content,
                         "stop_reason": stop, "stop_sequence": null, "usage": {"input_tokens": 0, "output_tokens": 0}})
                 }
@@ -423,7 +552,9 @@ fn error_response(api: Api, status: u16, message: String, retry_after: Option<u6
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let body = match api {
         Api::OpenAi => json!({"error": {"message": message, "type": "fake_error", "code": status}}),
-        Api::Anthropic => json!({"type": "error", "error": {"type": "fake_error", "message": message}}),
+        Api::Anthropic => {
+            json!({"type": "error", "error": {"type": "fake_error", "message": message}})
+        }
     };
     let mut resp = (code, Json(body)).into_response();
     if let Some(s) = retry_after {
@@ -434,11 +565,19 @@ fn error_response(api: Api, status: u16, message: String, retry_after: Option<u6
     resp
 }
 
-async fn openai(State(shared): State<Arc<Shared>>, headers: HeaderMap, Json(body): Json<Value>) -> Response {
+async fn openai(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
     respond(shared, Api::OpenAi, "/v1/chat/completions", headers, body).await
 }
 
-async fn anthropic(State(shared): State<Arc<Shared>>, headers: HeaderMap, Json(body): Json<Value>) -> Response {
+async fn anthropic(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
     respond(shared, Api::Anthropic, "/v1/messages", headers, body).await
 }
 
@@ -454,27 +593,46 @@ mod tests {
     fn scripts_parse_in_both_forms() {
         let a = Script::parse(r#"[{"reply": "hi"}]"#, "s.json").unwrap();
         assert_eq!(a, Script::steps(vec![Step::reply("hi")]));
-        let b = Script::parse(r#"{"steps": [{"tool_calls": [{"name": "t_x"}]}], "record": "r.jsonl"}"#, "s.json").unwrap();
+        let b = Script::parse(
+            r#"{"steps": [{"tool_calls": [{"name": "t_x"}]}], "record": "r.jsonl"}"#,
+            "s.json",
+        )
+        .unwrap();
         assert_eq!(b.steps, vec![Step::call("t_x", json!({}))]);
         assert_eq!(b.record, Some(PathBuf::from("r.jsonl")));
-        let bad = Script::parse(r#"[{"replly": "hi"}]"#, "s.json").unwrap_err().to_string();
-        assert!(bad.starts_with("s.json: invalid fake model script: unknown field `replly`"), "{bad}");
+        let bad = Script::parse(r#"[{"replly": "hi"}]"#, "s.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            bad.starts_with("s.json: invalid fake model script: unknown field `replly`"),
+            "{bad}"
+        );
     }
 
     #[test]
     fn steps_are_chosen_by_assistant_turns() {
         let shared = Shared {
-            script: Script::steps(vec![Step::call("t_x", json!({})), Step::template("got {{last_tool_result}}")]),
+            script: Script::steps(vec![
+                Step::call("t_x", json!({})),
+                Step::template("got {{last_tool_result}}"),
+            ]),
             errors_given: Default::default(),
             requests: Default::default(),
             seq: Default::default(),
         };
-        let first = seen(Api::OpenAi, &json!({"messages": [{"role": "user", "content": "q"}]}));
-        assert!(matches!(answer(&shared, &first).0, Answer::Reply { text: None, ref calls } if calls.len() == 1));
+        let first = seen(
+            Api::OpenAi,
+            &json!({"messages": [{"role": "user", "content": "q"}]}),
+        );
+        assert!(
+            matches!(answer(&shared, &first).0, Answer::Reply { text: None, ref calls } if calls.len() == 1)
+        );
         let second = seen(
             Api::OpenAi,
             &json!({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": null}, {"role": "tool", "tool_call_id": "c", "content": "42"}]}),
         );
-        assert!(matches!(answer(&shared, &second).0, Answer::Reply { text: Some(ref t), .. } if t == "got 42"));
+        assert!(
+            matches!(answer(&shared, &second).0, Answer::Reply { text: Some(ref t), .. } if t == "got 42")
+        );
     }
 }

@@ -26,8 +26,12 @@ use tokio_util::sync::CancellationToken;
 #[serde(tag = "role", rename_all = "lowercase")]
 pub enum Message {
     /// Instructions; usually only in [`ModelRequest::system`], kept here for completeness.
-    System { content: String },
-    User { content: String },
+    System {
+        content: String,
+    },
+    User {
+        content: String,
+    },
     Assistant {
         #[serde(default)]
         content: String,
@@ -47,10 +51,15 @@ pub enum Message {
 
 impl Message {
     pub fn user(content: impl Into<String>) -> Message {
-        Message::User { content: content.into() }
+        Message::User {
+            content: content.into(),
+        }
     }
     pub fn assistant(content: impl Into<String>) -> Message {
-        Message::Assistant { content: content.into(), tool_calls: Vec::new() }
+        Message::Assistant {
+            content: content.into(),
+            tool_calls: Vec::new(),
+        }
     }
     pub fn to_json(&self) -> Value {
         serde_json::to_value(self).unwrap_or(Value::Null)
@@ -109,7 +118,10 @@ pub struct ModelReply {
 impl ModelReply {
     /// The assistant message this reply adds to the conversation.
     pub fn message(&self) -> Message {
-        Message::Assistant { content: self.text.clone(), tool_calls: self.tool_calls.clone() }
+        Message::Assistant {
+            content: self.text.clone(),
+            tool_calls: self.tool_calls.clone(),
+        }
     }
 }
 
@@ -119,16 +131,34 @@ impl ModelReply {
 pub enum ModelError {
     /// The provider answered with an error status (after retries, when retryable).
     #[error("model provider {provider} at {url} answered {status}{}: {message}", tries_note(*.tries))]
-    Status { provider: &'static str, url: String, status: u16, message: String, tries: u32 },
+    Status {
+        provider: &'static str,
+        url: String,
+        status: u16,
+        message: String,
+        tries: u32,
+    },
     /// The provider could not be reached (after retries).
     #[error("model provider {provider} at {url} could not be reached{}: {message}; check baseUrl in x-agen/agent.md and that the server is up", tries_note(*.tries))]
-    Connect { provider: &'static str, url: String, message: String, tries: u32 },
+    Connect {
+        provider: &'static str,
+        url: String,
+        message: String,
+        tries: u32,
+    },
     /// The provider answered 200 with something that is not a usable reply.
     #[error("model provider {provider} at {url} sent an invalid response: {message}")]
-    InvalidResponse { provider: &'static str, url: String, message: String },
+    InvalidResponse {
+        provider: &'static str,
+        url: String,
+        message: String,
+    },
     /// The provider refused to answer (content filter, safety stop).
     #[error("model provider {provider} refused to answer: {message}")]
-    Refused { provider: &'static str, message: String },
+    Refused {
+        provider: &'static str,
+        message: String,
+    },
     /// The agent's model settings are unusable.
     #[error("{0}")]
     Config(String),
@@ -151,7 +181,11 @@ pub trait ModelProvider: Send + Sync {
     fn describe(&self) -> String;
     /// Sends one request (with retries on transient failures); returns when the model has
     /// answered, the retries are spent, or `cancel` fires.
-    async fn complete(&self, req: &ModelRequest, cancel: &CancellationToken) -> Result<ModelReply, ModelError>;
+    async fn complete(
+        &self,
+        req: &ModelRequest,
+        cancel: &CancellationToken,
+    ) -> Result<ModelReply, ModelError>;
 }
 
 /// How transient failures are retried: `max_tries` attempts in all, waiting
@@ -183,7 +217,9 @@ impl RetryPolicy {
             return d.min(self.max_retry_after);
         }
         let exp = next_try.saturating_sub(2).min(16);
-        self.base_delay.saturating_mul(1u32 << exp).min(self.max_delay)
+        self.base_delay
+            .saturating_mul(1u32 << exp)
+            .min(self.max_delay)
     }
 }
 
@@ -202,7 +238,13 @@ pub struct ModelConfig {
 
 impl ModelConfig {
     pub fn new(model: ModelRef) -> ModelConfig {
-        ModelConfig { model, base_url: None, api_key: None, extra: Default::default(), retry: RetryPolicy::default() }
+        ModelConfig {
+            model,
+            base_url: None,
+            api_key: None,
+            extra: Default::default(),
+            retry: RetryPolicy::default(),
+        }
     }
 }
 
@@ -218,7 +260,10 @@ pub fn provider_for(config: ModelConfig, http: reqwest::Client) -> Box<dyn Model
 pub(crate) enum Attempt {
     Done(Value),
     /// Worth another try (429, 5xx, connect/timeouts).
-    Retry { error: ModelError, retry_after: Option<Duration> },
+    Retry {
+        error: ModelError,
+        retry_after: Option<Duration>,
+    },
     Fatal(ModelError),
 }
 
@@ -249,7 +294,13 @@ pub(crate) async fn post_json(
                     return Err(error);
                 }
                 let wait = policy.delay(tries + 1, retry_after);
-                tracing::warn!(provider, url, try_number = tries, wait_ms = wait.as_millis() as u64, "model request failed, retrying: {error}");
+                tracing::warn!(
+                    provider,
+                    url,
+                    try_number = tries,
+                    wait_ms = wait.as_millis() as u64,
+                    "model request failed, retrying: {error}"
+                );
                 tokio::select! {
                     _ = cancel.cancelled() => return Err(ModelError::Cancelled),
                     _ = tokio::time::sleep(wait) => {}
@@ -277,8 +328,16 @@ async fn post_once(
     let resp = match rb.send().await {
         Ok(r) => r,
         Err(e) => {
-            let error = ModelError::Connect { provider, url: url.to_string(), message: error_chain(&e), tries };
-            return Attempt::Retry { error, retry_after: None };
+            let error = ModelError::Connect {
+                provider,
+                url: url.to_string(),
+                message: error_chain(&e),
+                tries,
+            };
+            return Attempt::Retry {
+                error,
+                retry_after: None,
+            };
         }
     };
     let status = resp.status();
@@ -292,25 +351,46 @@ async fn post_once(
     let bytes = match resp.bytes().await {
         Ok(b) => b,
         Err(e) => {
-            let error = ModelError::Connect { provider, url: url.to_string(), message: format!("reading the response: {}", error_chain(&e)), tries };
-            return Attempt::Retry { error, retry_after: None };
+            let error = ModelError::Connect {
+                provider,
+                url: url.to_string(),
+                message: format!("reading the response: {}", error_chain(&e)),
+                tries,
+            };
+            return Attempt::Retry {
+                error,
+                retry_after: None,
+            };
         }
     };
     if bytes.len() > MAX_RESPONSE_BYTES {
         return Attempt::Fatal(ModelError::InvalidResponse {
             provider,
             url: url.to_string(),
-            message: format!("the response is {} bytes, more than the {MAX_RESPONSE_BYTES} allowed", bytes.len()),
+            message: format!(
+                "the response is {} bytes, more than the {MAX_RESPONSE_BYTES} allowed",
+                bytes.len()
+            ),
         });
     }
     if status.is_success() {
         return match serde_json::from_slice::<Value>(&bytes) {
             Ok(v) => Attempt::Done(v),
-            Err(e) => Attempt::Fatal(ModelError::InvalidResponse { provider, url: url.to_string(), message: format!("not JSON: {e}") }),
+            Err(e) => Attempt::Fatal(ModelError::InvalidResponse {
+                provider,
+                url: url.to_string(),
+                message: format!("not JSON: {e}"),
+            }),
         };
     }
     let message = error_message(&bytes, status.as_u16());
-    let error = ModelError::Status { provider, url: url.to_string(), status: status.as_u16(), message, tries };
+    let error = ModelError::Status {
+        provider,
+        url: url.to_string(),
+        status: status.as_u16(),
+        message,
+        tries,
+    };
     if status.as_u16() == 429 || status.is_server_error() {
         Attempt::Retry { error, retry_after }
     } else {
@@ -372,7 +452,10 @@ pub(crate) fn parse_arguments(text: &str) -> Value {
 
 /// `maxTokens` from the front matter, or `default`.
 pub(crate) fn max_tokens(extra: &serde_json::Map<String, Value>, default: u64) -> u64 {
-    extra.get("maxTokens").and_then(Value::as_u64).unwrap_or(default)
+    extra
+        .get("maxTokens")
+        .and_then(Value::as_u64)
+        .unwrap_or(default)
 }
 
 #[cfg(test)]
@@ -386,15 +469,25 @@ mod tests {
         assert_eq!(p.delay(3, None), Duration::from_secs(1));
         assert_eq!(p.delay(4, None), Duration::from_secs(2));
         assert_eq!(p.delay(20, None), Duration::from_secs(8));
-        assert_eq!(p.delay(2, Some(Duration::from_secs(3))), Duration::from_secs(3));
-        assert_eq!(p.delay(2, Some(Duration::from_secs(3600))), Duration::from_secs(30));
+        assert_eq!(
+            p.delay(2, Some(Duration::from_secs(3))),
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            p.delay(2, Some(Duration::from_secs(3600))),
+            Duration::from_secs(30)
+        );
     }
 
     #[test]
     fn messages_serialise_to_the_history_form() {
         let m = Message::Assistant {
             content: "checking".into(),
-            tool_calls: vec![ToolCall { id: "c1".into(), name: "time_now".into(), arguments: serde_json::json!({}) }],
+            tool_calls: vec![ToolCall {
+                id: "c1".into(),
+                name: "time_now".into(),
+                arguments: serde_json::json!({}),
+            }],
         };
         let v = m.to_json();
         assert_eq!(
@@ -403,12 +496,23 @@ mod tests {
         );
         assert_eq!(serde_json::from_value::<Message>(v).unwrap(), m);
         let t: Message = serde_json::from_value(serde_json::json!({"role": "tool", "call_id": "c1", "name": "time_now", "content": "12:00"})).unwrap();
-        assert_eq!(t, Message::Tool { call_id: "c1".into(), name: "time_now".into(), content: "12:00".into(), is_error: false });
+        assert_eq!(
+            t,
+            Message::Tool {
+                call_id: "c1".into(),
+                name: "time_now".into(),
+                content: "12:00".into(),
+                is_error: false
+            }
+        );
     }
 
     #[test]
     fn error_messages_come_from_the_body() {
-        assert_eq!(error_message(br#"{"error": {"message": "bad key"}}"#, 401), "bad key; check apiKey in x-agen/agent.md and the secret it names");
+        assert_eq!(
+            error_message(br#"{"error": {"message": "bad key"}}"#, 401),
+            "bad key; check apiKey in x-agen/agent.md and the secret it names"
+        );
         assert_eq!(error_message(b"upstream down", 502), "upstream down");
         assert_eq!(error_message(b"", 500), "(empty body)");
     }

@@ -10,8 +10,8 @@ use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    parse_arguments, post_json, Message, ModelConfig, ModelError, ModelProvider, ModelReply, ModelRequest, ToolCall,
-    Usage,
+    parse_arguments, post_json, Message, ModelConfig, ModelError, ModelProvider, ModelReply,
+    ModelRequest, ToolCall, Usage,
 };
 
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
@@ -25,7 +25,10 @@ pub struct OpenAiProvider {
 
 impl OpenAiProvider {
     pub fn new(config: ModelConfig, http: reqwest::Client) -> OpenAiProvider {
-        let base = config.base_url.clone().unwrap_or_else(|| DEFAULT_BASE_URL.to_string());
+        let base = config
+            .base_url
+            .clone()
+            .unwrap_or_else(|| DEFAULT_BASE_URL.to_string());
         let url = format!("{}/chat/completions", base.trim_end_matches('/'));
         OpenAiProvider { config, url, http }
     }
@@ -84,7 +87,11 @@ impl OpenAiProvider {
     }
 
     fn invalid(&self, message: impl Into<String>) -> ModelError {
-        ModelError::InvalidResponse { provider: PROVIDER, url: self.url.clone(), message: message.into() }
+        ModelError::InvalidResponse {
+            provider: PROVIDER,
+            url: self.url.clone(),
+            message: message.into(),
+        }
     }
 
     /// Reads a Chat Completions response.
@@ -92,30 +99,56 @@ impl OpenAiProvider {
         let choice = v
             .pointer("/choices/0")
             .ok_or_else(|| self.invalid("no `choices[0]` in the response"))?;
-        let finish = choice.get("finish_reason").and_then(Value::as_str).map(str::to_string);
-        let msg = choice.get("message").ok_or_else(|| self.invalid("no `choices[0].message` in the response"))?;
-        if let Some(refusal) = msg.get("refusal").and_then(Value::as_str).filter(|s| !s.is_empty()) {
-            return Err(ModelError::Refused { provider: PROVIDER, message: refusal.to_string() });
+        let finish = choice
+            .get("finish_reason")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let msg = choice
+            .get("message")
+            .ok_or_else(|| self.invalid("no `choices[0].message` in the response"))?;
+        if let Some(refusal) = msg
+            .get("refusal")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+        {
+            return Err(ModelError::Refused {
+                provider: PROVIDER,
+                message: refusal.to_string(),
+            });
         }
         if finish.as_deref() == Some("content_filter") {
-            return Err(ModelError::Refused { provider: PROVIDER, message: "the answer was stopped by the provider's content filter".into() });
+            return Err(ModelError::Refused {
+                provider: PROVIDER,
+                message: "the answer was stopped by the provider's content filter".into(),
+            });
         }
         let text = match msg.get("content") {
             None | Some(Value::Null) => String::new(),
             Some(Value::String(s)) => s.clone(),
             // Some servers send content parts.
-            Some(Value::Array(parts)) => parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join(""),
-            Some(other) => return Err(self.invalid(format!("`choices[0].message.content` is {other}, expected a string"))),
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join(""),
+            Some(other) => {
+                return Err(self.invalid(format!(
+                    "`choices[0].message.content` is {other}, expected a string"
+                )))
+            }
         };
         let mut tool_calls = Vec::new();
         if let Some(calls) = msg.get("tool_calls").filter(|c| !c.is_null()) {
-            let calls = calls.as_array().ok_or_else(|| self.invalid("`tool_calls` is not an array"))?;
+            let calls = calls
+                .as_array()
+                .ok_or_else(|| self.invalid("`tool_calls` is not an array"))?;
             for (i, c) in calls.iter().enumerate() {
-                let f = c.get("function").ok_or_else(|| self.invalid(format!("`tool_calls[{i}]` has no `function`")))?;
-                let name = f
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| self.invalid(format!("`tool_calls[{i}].function.name` is missing")))?;
+                let f = c
+                    .get("function")
+                    .ok_or_else(|| self.invalid(format!("`tool_calls[{i}]` has no `function`")))?;
+                let name = f.get("name").and_then(Value::as_str).ok_or_else(|| {
+                    self.invalid(format!("`tool_calls[{i}].function.name` is missing"))
+                })?;
                 let arguments = match f.get("arguments") {
                     None | Some(Value::Null) => Value::Object(Default::default()),
                     Some(Value::String(s)) => parse_arguments(s),
@@ -127,14 +160,26 @@ impl OpenAiProvider {
                     .filter(|s| !s.is_empty())
                     .map(str::to_string)
                     .unwrap_or_else(|| format!("call_{}", uuid::Uuid::new_v4().simple()));
-                tool_calls.push(ToolCall { id, name: name.to_string(), arguments });
+                tool_calls.push(ToolCall {
+                    id,
+                    name: name.to_string(),
+                    arguments,
+                });
             }
         }
         let usage = v.get("usage").map(|u| Usage {
             input_tokens: u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0),
-            output_tokens: u.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0),
+            output_tokens: u
+                .get("completion_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
         });
-        Ok(ModelReply { text, tool_calls, stop_reason: finish, usage })
+        Ok(ModelReply {
+            text,
+            tool_calls,
+            stop_reason: finish,
+            usage,
+        })
     }
 }
 
@@ -144,12 +189,25 @@ impl ModelProvider for OpenAiProvider {
         self.config.model.to_string()
     }
 
-    async fn complete(&self, req: &ModelRequest, cancel: &CancellationToken) -> Result<ModelReply, ModelError> {
+    async fn complete(
+        &self,
+        req: &ModelRequest,
+        cancel: &CancellationToken,
+    ) -> Result<ModelReply, ModelError> {
         let mut headers = Vec::new();
         if let Some(key) = self.config.api_key.as_deref().filter(|k| !k.is_empty()) {
             headers.push(("authorization", format!("Bearer {key}")));
         }
-        let v = post_json(&self.http, PROVIDER, &self.url, &headers, &self.body(req), &self.config.retry, cancel).await?;
+        let v = post_json(
+            &self.http,
+            PROVIDER,
+            &self.url,
+            &headers,
+            &self.body(req),
+            &self.config.retry,
+            cancel,
+        )
+        .await?;
         self.parse_reply(&v)
     }
 }
@@ -170,15 +228,26 @@ mod tests {
     fn body_has_tools_only_when_offered() {
         let p = provider();
         assert_eq!(p.url, "http://127.0.0.1:9/v1/chat/completions");
-        let mut req = ModelRequest { system: "be brief".into(), messages: vec![Message::user("hi")], ..Default::default() };
+        let mut req = ModelRequest {
+            system: "be brief".into(),
+            messages: vec![Message::user("hi")],
+            ..Default::default()
+        };
         assert_eq!(
             p.body(&req),
             json!({"model": "gpt-4.1-mini", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]})
         );
-        req.tools.push(ToolSpec { name: "t_x".into(), description: "d".into(), parameters: json!({"type": "object"}) });
+        req.tools.push(ToolSpec {
+            name: "t_x".into(),
+            description: "d".into(),
+            parameters: json!({"type": "object"}),
+        });
         req.parallel_tool_calls = true;
         let b = p.body(&req);
-        assert_eq!(b["tools"][0], json!({"type": "function", "function": {"name": "t_x", "description": "d", "parameters": {"type": "object"}}}));
+        assert_eq!(
+            b["tools"][0],
+            json!({"type": "function", "function": {"name": "t_x", "description": "d", "parameters": {"type": "object"}}})
+        );
         assert_eq!(b["parallel_tool_calls"], json!(true));
     }
 
@@ -190,9 +259,25 @@ mod tests {
             "usage": {"prompt_tokens": 3, "completion_tokens": 4}});
         let r = p.parse_reply(&v).unwrap();
         assert_eq!(r.text, "");
-        assert_eq!(r.tool_calls, vec![ToolCall { id: "c1".into(), name: "time_now".into(), arguments: json!({"tz": "UTC"}) }]);
-        assert_eq!(r.usage, Some(Usage { input_tokens: 3, output_tokens: 4 }));
-        assert!(matches!(p.parse_reply(&json!({"choices": []})), Err(ModelError::InvalidResponse { .. })));
+        assert_eq!(
+            r.tool_calls,
+            vec![ToolCall {
+                id: "c1".into(),
+                name: "time_now".into(),
+                arguments: json!({"tz": "UTC"})
+            }]
+        );
+        assert_eq!(
+            r.usage,
+            Some(Usage {
+                input_tokens: 3,
+                output_tokens: 4
+            })
+        );
+        assert!(matches!(
+            p.parse_reply(&json!({"choices": []})),
+            Err(ModelError::InvalidResponse { .. })
+        ));
         assert!(matches!(
             p.parse_reply(&json!({"choices": [{"finish_reason": "content_filter", "message": {"content": ""}}]})),
             Err(ModelError::Refused { .. })
