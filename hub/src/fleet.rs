@@ -276,6 +276,9 @@ impl Core {
                     last_failure: String::new(),
                 },
             };
+            if let Some(old) = st.deployments.get(&key).cloned() {
+                self.carry_over_instances(&mut st, &old, &rec)?;
+            }
             self.save_deployment(&mut st, rec.clone())?;
             rec
         };
@@ -283,6 +286,32 @@ impl Core {
         tracing::info!(deployment = %rec.key(), generation = rec.generation, digest = %rec.bundle_digest, "deployment saved");
         self.poke();
         Ok(rec)
+    }
+
+    /// A new generation that changes neither the bundle nor the concurrency does not need new
+    /// instances: those of the old generation whose Nest still matches the selector move to the
+    /// new one (so scaling never restarts anything).
+    fn carry_over_instances(&self, st: &mut State, old: &DeploymentRec, new: &DeploymentRec) -> Result<()> {
+        if old.bundle_digest != new.bundle_digest || old.concurrency != new.concurrency {
+            return Ok(());
+        }
+        let ids: Vec<String> = st
+            .instances
+            .values()
+            .filter(|i| i.namespace == new.namespace && i.deployment == new.name && i.generation == old.generation)
+            .filter(|i| {
+                i.state == InstanceState::Pending
+                    || st.nests.get(&i.nest_id).is_some_and(|n| scheduler::matches(&new.selector, &n.labels))
+            })
+            .map(|i| i.instance_id.clone())
+            .collect();
+        for id in ids {
+            if let Some(mut rec) = st.instances.get(&id).cloned() {
+                rec.generation = new.generation;
+                self.save_instance(st, rec)?;
+            }
+        }
+        Ok(())
     }
 
     fn ready_replicas(st: &State, d: &DeploymentRec) -> u32 {
@@ -533,6 +562,18 @@ impl Core {
             }
             for r in reports {
                 self.apply_instance_report(&mut st, nest_id, r)?;
+            }
+            // A heartbeat lists every instance the Nest runs: stopped ones are gone.
+            let reported: HashSet<&str> = reports.iter().map(|r| r.instance_id.as_str()).collect();
+            let gone: Vec<String> = st
+                .instances
+                .values()
+                .filter(|i| i.nest_id == nest_id && i.state == InstanceState::Stopping)
+                .filter(|i| !reported.contains(i.instance_id.as_str()))
+                .map(|i| i.instance_id.clone())
+                .collect();
+            for id in gone {
+                self.delete_instance(&mut st, &id)?;
             }
         }
         if !reports.is_empty() {

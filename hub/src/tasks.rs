@@ -399,6 +399,8 @@ impl Core {
                 .filter(|i| active.get(&i.instance_id).copied().unwrap_or(0) < d.concurrency)
                 .min_by_key(|i| {
                     (
+                        // A re-dispatched run stays on the bundle version it started on.
+                        !task.bundle_digest.is_empty() && i.bundle_digest != task.bundle_digest,
                         i.generation != d.generation,
                         active.get(&i.instance_id).copied().unwrap_or(0),
                         i.instance_id.clone(),

@@ -611,3 +611,65 @@ async fn a_run_whose_nest_is_lost_is_redispatched_with_the_next_attempt_and_old_
     let ack = send_events(&mut b, &pa.instance_id, vec![event(&run1, 2, "model.answered", serde_json::json!({}))]).await;
     assert!(ack.fenced);
 }
+
+#[tokio::test]
+async fn scaling_restarts_nothing_and_a_new_bundle_rolls_instances_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = TestHub::start(&dir.path().join("hub"), TTL).await;
+    let mut api = hub.client().await;
+    let bundle = dir.path().join("hello");
+    write_bundle(&bundle, "hi");
+    let (mut a, _) = FakeNest::connect(&hub, "nest-a", &[], vec![]).await;
+    deploy(&mut api, &bundle, "hello", 1).await;
+    let first = a.accept_placement().await;
+
+    // Scale up: one more instance, the first one untouched.
+    assert_eq!(deploy(&mut api, &bundle, "hello", 2).await.generation, 2);
+    let second = a.next().await;
+    let Hub::Place(second) = second else { panic!("expected a placement, got {second:?}") };
+    a.report_running(&second).await;
+    eventually("two ready replicas", Duration::from_secs(5), || {
+        let mut api = api.clone();
+        async move {
+            let d = api.get_deployment(pb::GetDeploymentRequest { namespace: "default".into(), name: "hello".into() }).await.ok()?;
+            (d.into_inner().deployment?.ready_replicas == 2).then_some(())
+        }
+    })
+    .await;
+
+    // A new bundle: new instances first, old ones stopped once the new ones run.
+    write_bundle(&bundle, "hello again");
+    let d = deploy(&mut api, &bundle, "hello", 2).await;
+    assert_eq!(d.generation, 3);
+    let mut stopped = Vec::new();
+    let mut placed = Vec::new();
+    while stopped.len() < 2 {
+        match a.next().await {
+            Hub::Place(p) => {
+                assert_eq!((p.generation, p.bundle_digest.as_str()), (3, d.bundle_digest.as_str()));
+                a.report_running(&p).await;
+                placed.push(p.instance_id);
+            }
+            Hub::Stop(s) => {
+                assert!(!placed.contains(&s.instance_id));
+                assert!(placed.len() > stopped.len(), "an old instance stops only once a new one runs");
+                a.running.lock().unwrap().retain(|r| r.instance_id != s.instance_id);
+                stopped.push(s.instance_id);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    stopped.sort();
+    let mut old = vec![first.instance_id, second.instance_id];
+    old.sort();
+    assert_eq!(stopped, old);
+    let list = eventually("only the new generation is left", Duration::from_secs(5), || {
+        let mut api = api.clone();
+        async move {
+            let list = instances(&mut api, "hello").await;
+            (list.len() == 2 && list.iter().all(|i| i.generation == 3 && state(&i) == pb::InstanceState::Running)).then_some(list)
+        }
+    })
+    .await;
+    assert_eq!(list.len(), 2);
+}
