@@ -17,12 +17,19 @@ const AGEN_BIN: &str = "/opt/agen-test/bin/agen";
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("nest/ is inside the repo").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("nest/ is inside the repo")
+        .to_path_buf()
 }
 
 fn peer(rel: &str) -> String {
     let p = repo().join("target/peers").join(rel);
-    assert!(p.exists(), "{} is missing: run tests/peers/install.sh", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run tests/peers/install.sh",
+        p.display()
+    );
     p.to_string_lossy().into_owned()
 }
 
@@ -31,7 +38,11 @@ fn python() -> String {
 }
 
 fn our_server(file: &str) -> String {
-    repo().join("tests/peers/servers").join(file).to_string_lossy().into_owned()
+    repo()
+        .join("tests/peers/servers")
+        .join(file)
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// A bundle folder with `mcp.json` = `servers`, a minimal `x-agen/agent.md`, and
@@ -44,17 +55,26 @@ impl TestBundle {
     fn new(servers: Value, secrets: &[&str]) -> TestBundle {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::create_dir_all(dir.path().join("x-agen")).expect("x-agen dir");
-        std::fs::write(dir.path().join("mcp.json"), json!({ "mcpServers": servers }).to_string()).expect("mcp.json");
+        std::fs::write(
+            dir.path().join("mcp.json"),
+            json!({ "mcpServers": servers }).to_string(),
+        )
+        .expect("mcp.json");
         std::fs::write(
             dir.path().join("x-agen/agent.md"),
             "---\nname: tools-test\nmodel: openai/gpt-4.1-mini\n---\nYou test tools.\n",
         )
         .expect("agent.md");
         if !secrets.is_empty() {
-            let decls: Map<String, Value> =
-                secrets.iter().map(|s| (s.to_string(), json!({"source": "env", "var": s}))).collect();
-            std::fs::write(dir.path().join("x-agen/secrets.json"), Value::Object(decls).to_string())
-                .expect("secrets.json");
+            let decls: Map<String, Value> = secrets
+                .iter()
+                .map(|s| (s.to_string(), json!({"source": "env", "var": s})))
+                .collect();
+            std::fs::write(
+                dir.path().join("x-agen/secrets.json"),
+                Value::Object(decls).to_string(),
+            )
+            .expect("secrets.json");
         }
         TestBundle { dir }
     }
@@ -78,8 +98,19 @@ async fn start(bundle: &TestBundle, ctx: LaunchContext) -> ToolHost {
     ToolHost::start(&bundle.load(), ctx).await
 }
 
-async fn call(host: &ToolHost, name: &str, args: Value) -> Result<agen_nest::mcp::ToolOutput, CallError> {
-    host.call(name, args, Map::new(), CALL_TIMEOUT, CancellationToken::new()).await
+async fn call(
+    host: &ToolHost,
+    name: &str,
+    args: Value,
+) -> Result<agen_nest::mcp::ToolOutput, CallError> {
+    host.call(
+        name,
+        args,
+        Map::new(),
+        CALL_TIMEOUT,
+        CancellationToken::new(),
+    )
+    .await
 }
 
 /// Polls `f` every 50 ms until it returns `Some`, or panics after `limit`.
@@ -89,7 +120,10 @@ async fn eventually<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Optio
         if let Some(v) = f() {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -98,7 +132,9 @@ async fn eventually<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Optio
 fn process_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // The state is the first field after the command name in parentheses.
-        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
         Err(_) => false,
     }
 }
@@ -114,7 +150,11 @@ fn meta_log_events(path: &Path) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn third_party_servers_load_and_answer() {
     let data = tempfile::tempdir().expect("data dir");
-    std::fs::write(data.path().join("hello.txt"), "hello from the filesystem server").expect("write");
+    std::fs::write(
+        data.path().join("hello.txt"),
+        "hello from the filesystem server",
+    )
+    .expect("write");
     let data_dir = data.path().canonicalize().expect("canonical data dir");
     let bundle = TestBundle::new(
         json!({
@@ -131,29 +171,60 @@ async fn third_party_servers_load_and_answer() {
     let status = host.status();
     assert_eq!(status.not_connected, vec![], "every server connects");
     let names: Vec<String> = host.tools().iter().map(|t| t.qualified_name()).collect();
-    assert!(names.contains(&"time.get_current_time".to_string()), "{names:?}");
-    assert!(names.contains(&"time.convert_time".to_string()), "{names:?}");
-    assert!(names.contains(&"files.list_directory".to_string()), "{names:?}");
+    assert!(
+        names.contains(&"time.get_current_time".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"time.convert_time".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"files.list_directory".to_string()),
+        "{names:?}"
+    );
     let time_tools = names.iter().filter(|n| n.starts_with("time.")).count();
     let file_tools = names.iter().filter(|n| n.starts_with("files.")).count();
     assert_eq!(time_tools, 2, "{names:?}");
-    assert!(file_tools >= 10, "server-filesystem has a dozen tools, got {names:?}");
+    assert!(
+        file_tools >= 10,
+        "server-filesystem has a dozen tools, got {names:?}"
+    );
     assert_eq!(status.tools_loaded as usize, names.len());
     let mut sorted = names.clone();
     sorted.sort();
     assert_eq!(names, sorted, "tools are sorted by qualified name");
 
-    let now = call(&host, "time.get_current_time", json!({"timezone": "UTC"})).await.expect("time call");
+    let now = call(&host, "time.get_current_time", json!({"timezone": "UTC"}))
+        .await
+        .expect("time call");
     assert!(!now.is_error && now.text.contains("UTC"), "{now:?}");
-    let by_model_name = call(&host, "time_get_current_time", json!({"timezone": "Europe/Paris"})).await.expect("call");
-    assert!(by_model_name.text.contains("Europe/Paris"), "{by_model_name:?}");
+    let by_model_name = call(
+        &host,
+        "time_get_current_time",
+        json!({"timezone": "Europe/Paris"}),
+    )
+    .await
+    .expect("call");
+    assert!(
+        by_model_name.text.contains("Europe/Paris"),
+        "{by_model_name:?}"
+    );
 
-    let listing =
-        call(&host, "files_list_directory", json!({"path": data_dir.to_string_lossy()})).await.expect("fs call");
+    let listing = call(
+        &host,
+        "files_list_directory",
+        json!({"path": data_dir.to_string_lossy()}),
+    )
+    .await
+    .expect("fs call");
     assert!(listing.text.contains("hello.txt"), "{listing:?}");
 
     let unknown = call(&host, "files.no_such_tool", json!({})).await;
-    assert!(matches!(unknown, Err(CallError::UnknownTool(_))), "{unknown:?}");
+    assert!(
+        matches!(unknown, Err(CallError::UnknownTool(_))),
+        "{unknown:?}"
+    );
     host.shutdown().await;
 }
 
@@ -171,10 +242,19 @@ async fn command_servers_get_a_cleared_environment_and_run_in_the_bundle() {
         }),
         &["CRM_TOKEN"],
     );
-    std::fs::copy(our_server("env_server.py"), bundle.path().join("env_server.py")).expect("copy server");
+    std::fs::copy(
+        our_server("env_server.py"),
+        bundle.path().join("env_server.py"),
+    )
+    .expect("copy server");
     let script = bundle.path().join("server.sh");
-    std::fs::write(&script, format!("#!/bin/sh\nexec '{}' env_server.py\n", python())).expect("script");
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\nexec '{}' env_server.py\n", python()),
+    )
+    .expect("script");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
 
     let mut host_env: Vec<(String, String)> = std::env::vars().collect();
     host_env.push(("AGEN_CANARY".into(), "leaked".into()));
@@ -186,18 +266,36 @@ async fn command_servers_get_a_cleared_environment_and_run_in_the_bundle() {
     let host = start(&bundle, ctx).await;
     assert_eq!(host.status().not_connected, vec![]);
 
-    let out = call(&host, "env.environment", json!({})).await.expect("environment call");
+    let out = call(&host, "env.environment", json!({}))
+        .await
+        .expect("environment call");
     let env: BTreeMap<String, String> = serde_json::from_str(&out.text).expect("env json");
-    assert_eq!(env.get("AGEN_CANARY"), None, "the canary must not reach the server");
+    assert_eq!(
+        env.get("AGEN_CANARY"),
+        None,
+        "the canary must not reach the server"
+    );
     assert_eq!(env.get("AWS_SECRET_ACCESS_KEY"), None);
     assert_eq!(env.get("DECLARED").map(String::as_str), Some("plain value"));
-    assert_eq!(env.get("CRM_AUTH").map(String::as_str), Some("Bearer s3cr3t"));
+    assert_eq!(
+        env.get("CRM_AUTH").map(String::as_str),
+        Some("Bearer s3cr3t")
+    );
     assert_eq!(env.get("PYTHONUTF8").map(String::as_str), Some("1"));
-    assert_eq!(env.get("PYTHONIOENCODING").map(String::as_str), Some("utf-8"));
+    assert_eq!(
+        env.get("PYTHONIOENCODING").map(String::as_str),
+        Some("utf-8")
+    );
     assert_eq!(env.get("AGEN_BIN").map(String::as_str), Some(AGEN_BIN));
     assert_eq!(env.get("LC_MESSAGES").map(String::as_str), Some("C"));
     assert!(env.contains_key("PATH"));
-    let expected_keys = ["DECLARED", "CRM_AUTH", "PYTHONUTF8", "PYTHONIOENCODING", "AGEN_BIN"];
+    let expected_keys = [
+        "DECLARED",
+        "CRM_AUTH",
+        "PYTHONUTF8",
+        "PYTHONIOENCODING",
+        "AGEN_BIN",
+    ];
     let unexpected: Vec<&String> = env
         .keys()
         .filter(|k| {
@@ -206,16 +304,39 @@ async fn command_servers_get_a_cleared_environment_and_run_in_the_bundle() {
                 || expected_keys.contains(&k.as_str()))
         })
         .collect();
-    assert_eq!(unexpected, Vec::<&String>::new(), "only allowlisted and declared variables");
+    assert_eq!(
+        unexpected,
+        Vec::<&String>::new(),
+        "only allowlisted and declared variables"
+    );
 
     let cwd = call(&host, "env_cwd", json!({})).await.expect("cwd call");
-    assert_eq!(PathBuf::from(cwd.text), bundle.path().canonicalize().expect("canonical"));
-    let local = call(&host, "local.cwd", json!({})).await.expect("relative command server answers");
-    assert_eq!(PathBuf::from(local.text), bundle.path().canonicalize().expect("canonical"));
+    assert_eq!(
+        PathBuf::from(cwd.text),
+        bundle.path().canonicalize().expect("canonical")
+    );
+    let local = call(&host, "local.cwd", json!({}))
+        .await
+        .expect("relative command server answers");
+    assert_eq!(
+        PathBuf::from(local.text),
+        bundle.path().canonicalize().expect("canonical")
+    );
 
-    let info = host.tools().into_iter().find(|t| t.qualified_name() == "env.cwd").expect("env.cwd listed");
-    assert!(info.read_only && info.idempotent, "annotations are read: {info:?}");
-    let info = host.tools().into_iter().find(|t| t.qualified_name() == "env.environment").expect("listed");
+    let info = host
+        .tools()
+        .into_iter()
+        .find(|t| t.qualified_name() == "env.cwd")
+        .expect("env.cwd listed");
+    assert!(
+        info.read_only && info.idempotent,
+        "annotations are read: {info:?}"
+    );
+    let info = host
+        .tools()
+        .into_iter()
+        .find(|t| t.qualified_name() == "env.environment")
+        .expect("listed");
     assert!(info.read_only && !info.idempotent, "{info:?}");
     host.shutdown().await;
 }
@@ -232,11 +353,16 @@ async fn missing_secret_leaves_the_server_not_connected_without_leaking_values()
     assert_eq!(status.not_connected.len(), 1, "{status:?}");
     assert_eq!(status.not_connected[0].server, "env");
     assert!(
-        status.not_connected[0].reason.starts_with("env TOKEN: secret CRM_TOKEN has no value"),
+        status.not_connected[0]
+            .reason
+            .starts_with("env TOKEN: secret CRM_TOKEN has no value"),
         "{status:?}"
     );
     let err = call(&host, "env.environment", json!({})).await;
-    assert!(matches!(err, Err(CallError::NotConnected(ref s)) if s == "env"), "{err:?}");
+    assert!(
+        matches!(err, Err(CallError::NotConnected(ref s)) if s == "env"),
+        "{err:?}"
+    );
     host.shutdown().await;
 }
 
@@ -256,9 +382,17 @@ async fn meta_passes_through_to_the_server() {
         "agen/labels": {"team": "blue"},
         "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
     });
-    let Value::Object(meta_map) = meta.clone() else { unreachable!() };
+    let Value::Object(meta_map) = meta.clone() else {
+        unreachable!()
+    };
     let out = host
-        .call("meta.echo", json!({"text": "hi"}), meta_map, CALL_TIMEOUT, CancellationToken::new())
+        .call(
+            "meta.echo",
+            json!({"text": "hi"}),
+            meta_map,
+            CALL_TIMEOUT,
+            CancellationToken::new(),
+        )
         .await
         .expect("echo");
     assert_eq!(out.text, "hi");
@@ -283,14 +417,34 @@ async fn timeout_and_cancel_stop_a_slow_call_and_tell_the_server() {
 
     let began = Instant::now();
     let timed_out = host
-        .call("meta.slow", json!({"seconds": 60}), Map::new(), Duration::from_millis(700), CancellationToken::new())
+        .call(
+            "meta.slow",
+            json!({"seconds": 60}),
+            Map::new(),
+            Duration::from_millis(700),
+            CancellationToken::new(),
+        )
         .await;
-    assert!(matches!(timed_out, Err(CallError::Timeout(_))), "{timed_out:?}");
-    assert!(began.elapsed() < Duration::from_secs(5), "timeout is prompt: {:?}", began.elapsed());
-    eventually(Duration::from_secs(10), "the server to see the cancellation after a timeout", || {
-        let n = meta_log_events(&log_file).iter().filter(|e| e["event"] == "cancelled").count();
-        (n == 1).then_some(())
-    })
+    assert!(
+        matches!(timed_out, Err(CallError::Timeout(_))),
+        "{timed_out:?}"
+    );
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "timeout is prompt: {:?}",
+        began.elapsed()
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the server to see the cancellation after a timeout",
+        || {
+            let n = meta_log_events(&log_file)
+                .iter()
+                .filter(|e| e["event"] == "cancelled")
+                .count();
+            (n == 1).then_some(())
+        },
+    )
     .await;
 
     let cancel = CancellationToken::new();
@@ -300,13 +454,35 @@ async fn timeout_and_cancel_stop_a_slow_call_and_tell_the_server() {
         trigger.cancel();
     });
     let began = Instant::now();
-    let cancelled = host.call("meta_slow", json!({"seconds": 60}), Map::new(), CALL_TIMEOUT, cancel).await;
-    assert!(matches!(cancelled, Err(CallError::Cancelled)), "{cancelled:?}");
-    assert!(began.elapsed() < Duration::from_secs(5), "cancel is prompt: {:?}", began.elapsed());
-    eventually(Duration::from_secs(10), "the server to see the cancellation", || {
-        let n = meta_log_events(&log_file).iter().filter(|e| e["event"] == "cancelled").count();
-        (n == 2).then_some(())
-    })
+    let cancelled = host
+        .call(
+            "meta_slow",
+            json!({"seconds": 60}),
+            Map::new(),
+            CALL_TIMEOUT,
+            cancel,
+        )
+        .await;
+    assert!(
+        matches!(cancelled, Err(CallError::Cancelled)),
+        "{cancelled:?}"
+    );
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "cancel is prompt: {:?}",
+        began.elapsed()
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the server to see the cancellation",
+        || {
+            let n = meta_log_events(&log_file)
+                .iter()
+                .filter(|e| e["event"] == "cancelled")
+                .count();
+            (n == 2).then_some(())
+        },
+    )
     .await;
 
     // The server is still fine, and parallel calls to it all answer.
@@ -316,7 +492,10 @@ async fn timeout_and_cancel_stop_a_slow_call_and_tell_the_server() {
     });
     let outs = futures::future::join_all(calls).await;
     let texts: Vec<String> = outs.into_iter().map(|o| o.expect("echo").text).collect();
-    assert_eq!(texts, (0..5).map(|i| format!("call {i}")).collect::<Vec<_>>());
+    assert_eq!(
+        texts,
+        (0..5).map(|i| format!("call {i}")).collect::<Vec<_>>()
+    );
     host.shutdown().await;
 }
 
@@ -337,10 +516,18 @@ async fn a_server_that_fails_to_start_is_reported_with_its_stderr() {
     assert_eq!(problems.len(), 2, "{problems:?}");
     assert_eq!(
         problems[0],
-        ServerProblem { server: "boom".into(), reason: "exited with status 1: boom-marker".into() }
+        ServerProblem {
+            server: "boom".into(),
+            reason: "exited with status 1: boom-marker".into()
+        }
     );
     assert_eq!(problems[1].server, "ghost");
-    assert!(problems[1].reason.starts_with("command no-such-mcp-server-xyz not found"), "{problems:?}");
+    assert!(
+        problems[1]
+            .reason
+            .starts_with("command no-such-mcp-server-xyz not found"),
+        "{problems:?}"
+    );
     assert_eq!(status.tools_loaded, 2, "the good server still loads");
     assert!(host.tools().iter().all(|t| t.server == "good"));
     host.shutdown().await;
@@ -356,7 +543,11 @@ async fn a_silent_server_misses_its_start_deadline() {
     ctx.start_timeout = Duration::from_secs(2);
     let began = Instant::now();
     let host = start(&bundle, ctx).await;
-    assert!(began.elapsed() < Duration::from_secs(10), "{:?}", began.elapsed());
+    assert!(
+        began.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        began.elapsed()
+    );
     let status = host.status();
     assert_eq!(status.not_connected.len(), 1);
     assert_eq!(
@@ -385,30 +576,57 @@ async fn a_killed_server_is_reported_by_died() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .expect("kill -9 the env server");
-    let death = tokio::time::timeout(Duration::from_secs(10), host.died()).await.expect("died() resolves");
+    let death = tokio::time::timeout(Duration::from_secs(10), host.died())
+        .await
+        .expect("died() resolves");
     assert_eq!(death.server, "env");
-    assert!(death.reason.starts_with("was killed by signal 9 (SIGKILL)"), "{death:?}");
+    assert!(
+        death.reason.starts_with("was killed by signal 9 (SIGKILL)"),
+        "{death:?}"
+    );
 
     let status = host.status();
     assert_eq!(status.not_connected, vec![death.clone()]);
-    assert!(host.tools().iter().all(|t| t.server == "crash"), "a dead server's tools are gone");
+    assert!(
+        host.tools().iter().all(|t| t.server == "crash"),
+        "a dead server's tools are gone"
+    );
     let err = call(&host, "env.environment", json!({})).await;
-    assert!(matches!(err, Err(CallError::NotConnected(ref s)) if s == "env"), "{err:?}");
-    assert_eq!(call(&host, "crash.ping", json!({})).await.expect("other server lives").text, "pong");
+    assert!(
+        matches!(err, Err(CallError::NotConnected(ref s)) if s == "env"),
+        "{err:?}"
+    );
+    assert_eq!(
+        call(&host, "crash.ping", json!({}))
+            .await
+            .expect("other server lives")
+            .text,
+        "pong"
+    );
     host.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_exits_mid_call_fails_the_call_and_is_reported_with_its_last_words() {
-    let bundle =
-        TestBundle::new(json!({"crash": {"command": python(), "args": [our_server("crash_server.py")]}}), &[]);
+    let bundle = TestBundle::new(
+        json!({"crash": {"command": python(), "args": [our_server("crash_server.py")]}}),
+        &[],
+    );
     let host = start(&bundle, ctx()).await;
     let err = call(&host, "crash.crash", json!({"code": 7})).await;
-    assert!(matches!(err, Err(CallError::NotConnected(ref s)) if s == "crash"), "{err:?}");
-    let death = tokio::time::timeout(Duration::from_secs(10), host.died()).await.expect("died() resolves");
+    assert!(
+        matches!(err, Err(CallError::NotConnected(ref s)) if s == "crash"),
+        "{err:?}"
+    );
+    let death = tokio::time::timeout(Duration::from_secs(10), host.died())
+        .await
+        .expect("died() resolves");
     assert_eq!(
         death,
-        ServerProblem { server: "crash".into(), reason: "exited with status 7: crash-marker: exiting with 7".into() }
+        ServerProblem {
+            server: "crash".into(),
+            reason: "exited with status 7: crash-marker: exiting with 7".into()
+        }
     );
     host.shutdown().await;
 }
@@ -434,10 +652,16 @@ async fn shutdown_stops_every_server_process_and_is_not_a_death() {
     assert!(pids.iter().all(|p| process_alive(*p)));
     let began = Instant::now();
     host.shutdown().await;
-    assert!(began.elapsed() < Duration::from_secs(10), "{:?}", began.elapsed());
-    eventually(Duration::from_secs(5), "every server process and its child to be gone", || {
-        pids.iter().all(|p| !process_alive(*p)).then_some(())
-    })
+    assert!(
+        began.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        began.elapsed()
+    );
+    eventually(
+        Duration::from_secs(5),
+        "every server process and its child to be gone",
+        || pids.iter().all(|p| !process_alive(*p)).then_some(()),
+    )
     .await;
     let death = tokio::time::timeout(Duration::from_millis(500), host.died()).await;
     assert!(death.is_err(), "a shutdown is not a death: {death:?}");
@@ -462,10 +686,16 @@ impl HttpServer {
             .spawn()
             .expect("start http_server.py");
         let port = eventually(Duration::from_secs(30), "http_server.py to listen", || {
-            std::fs::read_to_string(&port_file).ok().filter(|p| !p.is_empty())
+            std::fs::read_to_string(&port_file)
+                .ok()
+                .filter(|p| !p.is_empty())
         })
         .await;
-        HttpServer { child, url: format!("http://127.0.0.1:{port}/mcp"), _dir: dir }
+        HttpServer {
+            child,
+            url: format!("http://127.0.0.1:{port}/mcp"),
+            _dir: dir,
+        }
     }
 }
 
@@ -501,58 +731,96 @@ async fn url_servers_get_their_headers_with_secrets_substituted() {
     assert_eq!(status.not_connected[0].server, "unreachable");
     assert!(!status.not_connected[0].reason.is_empty());
 
-    let out = call(&host, "remote_headers", json!({})).await.expect("headers call");
+    let out = call(&host, "remote_headers", json!({}))
+        .await
+        .expect("headers call");
     let headers: BTreeMap<String, String> = serde_json::from_str(&out.text).expect("headers json");
-    assert_eq!(headers.get("authorization").map(String::as_str), Some("Bearer s3cr3t"), "{headers:?}");
-    assert_eq!(headers.get("x-team").map(String::as_str), Some("blue"), "{headers:?}");
+    assert_eq!(
+        headers.get("authorization").map(String::as_str),
+        Some("Bearer s3cr3t"),
+        "{headers:?}"
+    );
+    assert_eq!(
+        headers.get("x-team").map(String::as_str),
+        Some("blue"),
+        "{headers:?}"
+    );
     host.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paginated_tool_lists_are_followed_and_results_are_rendered_as_text() {
-    let bundle =
-        TestBundle::new(json!({"paged": {"command": python(), "args": [our_server("paged_server.py")]}}), &[]);
+    let bundle = TestBundle::new(
+        json!({"paged": {"command": python(), "args": [our_server("paged_server.py")]}}),
+        &[],
+    );
     let host = start(&bundle, ctx()).await;
     let names: Vec<String> = host.tools().iter().map(|t| t.qualified_name()).collect();
     assert_eq!(
         names,
-        ["mixed", "t0", "t1", "t2", "t3", "t4", "t5", "t6"].map(|t| format!("paged.{t}")).to_vec(),
+        ["mixed", "t0", "t1", "t2", "t3", "t4", "t5", "t6"]
+            .map(|t| format!("paged.{t}"))
+            .to_vec(),
         "all three pages"
     );
     let tools = host.tools();
     let t0 = &tools[1];
-    assert_eq!((t0.read_only, t0.idempotent, t0.description.as_str()), (true, false, "tool number 0"));
-    assert_eq!(t0.input_schema, json!({"type": "object", "properties": {"x": {"type": "integer"}}}));
+    assert_eq!(
+        (t0.read_only, t0.idempotent, t0.description.as_str()),
+        (true, false, "tool number 0")
+    );
+    assert_eq!(
+        t0.input_schema,
+        json!({"type": "object", "properties": {"x": {"type": "integer"}}})
+    );
     assert_eq!((tools[2].read_only, tools[2].idempotent), (false, true));
 
-    let out = call(&host, "paged_t6", json!({"x": 6})).await.expect("t6 on the last page answers");
+    let out = call(&host, "paged_t6", json!({"x": 6}))
+        .await
+        .expect("t6 on the last page answers");
     assert_eq!(out.text, r#"{"arguments": {"x": 6}, "tool": "t6"}"#);
-    let mixed = call(&host, "paged.mixed", Value::Null).await.expect("mixed");
+    let mixed = call(&host, "paged.mixed", Value::Null)
+        .await
+        .expect("mixed");
     assert_eq!(mixed.text, "{\"n\":1}\n[image: image/png, 4 bytes]");
     let bad = call(&host, "paged.t1", json!([1, 2])).await;
-    assert!(matches!(bad, Err(CallError::BadArguments { .. })), "{bad:?}");
+    assert!(
+        matches!(bad, Err(CallError::BadArguments { .. })),
+        "{bad:?}"
+    );
     host.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_host_kills_its_servers() {
-    let bundle = TestBundle::new(json!({"env": {"command": python(), "args": [our_server("env_server.py")]}}), &[]);
+    let bundle = TestBundle::new(
+        json!({"env": {"command": python(), "args": [our_server("env_server.py")]}}),
+        &[],
+    );
     let host = start(&bundle, ctx()).await;
     let pids: Vec<u32> = host.server_pids().into_values().collect();
     assert_eq!(pids.len(), 1);
     drop(host);
-    eventually(Duration::from_secs(5), "the server to be gone", || pids.iter().all(|p| !process_alive(*p)).then_some(()))
-        .await;
+    eventually(Duration::from_secs(5), "the server to be gone", || {
+        pids.iter().all(|p| !process_alive(*p)).then_some(())
+    })
+    .await;
 }
 
 /// Nothing is dropped or shut down here: only `PR_SET_PDEATHSIG` can stop the server when the
 /// thread that spawned it ends (as when the host process dies).
 #[test]
 fn servers_die_with_the_thread_that_spawned_them() {
-    let bundle = TestBundle::new(json!({"env": {"command": python(), "args": [our_server("env_server.py")]}}), &[]);
+    let bundle = TestBundle::new(
+        json!({"env": {"command": python(), "args": [our_server("env_server.py")]}}),
+        &[],
+    );
     let bundle_dir = bundle.path().to_path_buf();
     let pids = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
         let pids = rt.block_on(async {
             let host = ToolHost::start(&Bundle::load(&bundle_dir).expect("bundle"), ctx()).await;
             let pids = host.server_pids();
@@ -567,7 +835,10 @@ fn servers_die_with_the_thread_that_spawned_them() {
     assert_eq!(pids.len(), 1);
     let deadline = Instant::now() + Duration::from_secs(5);
     while pids.values().any(|p| process_alive(*p)) {
-        assert!(Instant::now() < deadline, "the server outlived the thread that spawned it");
+        assert!(
+            Instant::now() < deadline,
+            "the server outlived the thread that spawned it"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     drop(bundle);

@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use agen_shared::bundle::{Bundle, ServerSpec};
 use rmcp::model::{
-    CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, MetaObject, RequestMetaObject, Tool,
+    CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, MetaObject,
+    RequestMetaObject, Tool,
 };
 use rmcp::service::{ClientInitializeError, Peer, RoleClient, RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -106,7 +107,10 @@ impl ToolHost {
         let results = futures::future::join_all(starts).await;
 
         let (died, _) = watch::channel(None);
-        let shared = Arc::new(Shared { problems: Mutex::new(Vec::new()), died });
+        let shared = Arc::new(Shared {
+            problems: Mutex::new(Vec::new()),
+            died,
+        });
         let mut connected = BTreeMap::new();
         let mut monitors = Vec::new();
         for (name, result) in results {
@@ -132,13 +136,22 @@ impl ToolHost {
                 }
                 Err(reason) => {
                     tracing::warn!(server = %name, "tool server not connected: {reason}");
-                    lock(&shared.problems).push(ServerProblem { server: name, reason });
+                    lock(&shared.problems).push(ServerProblem {
+                        server: name,
+                        reason,
+                    });
                 }
             }
         }
         let names: Vec<String> = servers.keys().cloned().collect();
         ToolHost {
-            inner: Arc::new(Inner { names, servers: connected, shared, shutdown, monitors: Mutex::new(monitors) }),
+            inner: Arc::new(Inner {
+                names,
+                servers: connected,
+                shared,
+                shutdown,
+                monitors: Mutex::new(monitors),
+            }),
         }
     }
 
@@ -240,11 +253,16 @@ impl ToolHost {
     /// group. Idempotent.
     pub async fn shutdown(&self) {
         self.inner.shutdown.cancel();
-        let stops = self.inner.servers.values().filter_map(|c| c.process.clone()).map(|p| async move {
-            // The client closed the server's stdin: most servers exit on their own.
-            let _ = tokio::time::timeout(EXIT_GRACE, p.exited()).await;
-            p.terminate(EXIT_GRACE).await;
-        });
+        let stops = self
+            .inner
+            .servers
+            .values()
+            .filter_map(|c| c.process.clone())
+            .map(|p| async move {
+                // The client closed the server's stdin: most servers exit on their own.
+                let _ = tokio::time::timeout(EXIT_GRACE, p.exited()).await;
+                p.terminate(EXIT_GRACE).await;
+            });
         futures::future::join_all(stops).await;
         let monitors: Vec<JoinHandle<()>> = std::mem::take(&mut *lock(&self.inner.monitors));
         for m in monitors {
@@ -257,7 +275,9 @@ impl ToolHost {
     fn resolve(&self, name: &str) -> Result<(Arc<Connected>, String), CallError> {
         let servers = &self.inner.servers;
         let has_tool = |server: &str, tool: &str| {
-            servers.get(server).is_some_and(|c| c.tools.iter().any(|t| t.tool == tool))
+            servers
+                .get(server)
+                .is_some_and(|c| c.tools.iter().any(|t| t.tool == tool))
         };
         let connected = |server: &str| servers.contains_key(server);
         match resolve_name(name, &self.inner.names, &connected, &has_tool) {
@@ -292,11 +312,16 @@ fn resolve_name(
         Some((server, tool)) => vec![(server, tool)],
         None => names
             .iter()
-            .filter_map(|s| Some((s.as_str(), name.strip_prefix(s.as_str())?.strip_prefix('_')?)))
+            .filter_map(|s| {
+                Some((
+                    s.as_str(),
+                    name.strip_prefix(s.as_str())?.strip_prefix('_')?,
+                ))
+            })
             .collect(),
     };
     candidates.retain(|(s, _)| names.iter().any(|n| n == s));
-    candidates.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+    candidates.sort_by_key(|c| std::cmp::Reverse(c.0.len()));
     if let Some((server, tool)) = candidates.iter().find(|(s, t)| has_tool(s, t)) {
         return Resolved::Tool(server.to_string(), tool.to_string());
     }
@@ -318,7 +343,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn client_config() -> ClientConfig {
-    ClientConfig::new(ClientCapabilities::default(), Implementation::new("agen", env!("CARGO_PKG_VERSION")))
+    ClientConfig::new(
+        ClientCapabilities::default(),
+        Implementation::new("agen", env!("CARGO_PKG_VERSION")),
+    )
 }
 
 fn tool_infos(server: &str, tools: &[Tool]) -> Vec<ToolInfo> {
@@ -371,12 +399,16 @@ async fn start_command(
     ct: CancellationToken,
 ) -> Result<Started, String> {
     let env = launch::server_env(host_env, own_env, ctx)?;
-    let path = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.as_str());
+    let path = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str());
     let program = launch::resolve_program(command, bundle_dir, path, &ctx.agen_bin)?;
     let mut child = launch::command(&program, args, bundle_dir, &env)
         .spawn()
         .map_err(|e| format!("could not start {}: {e}", program.display()))?;
-    let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    let (Some(stdin), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
         return Err("could not open the server's stdin, stdout and stderr".into());
     };
@@ -391,16 +423,32 @@ async fn start_command(
             .serve_with_ct((stdout, stdin), ct)
             .await
             .map_err(|e| format!("failed to initialize: {}", init_error(&e)))?;
-        let tools = running.peer().list_all_tools().await.map_err(|e| format!("failed to list tools: {}", error_chain(&e)))?;
+        let tools = running
+            .peer()
+            .list_all_tools()
+            .await
+            .map_err(|e| format!("failed to list tools: {}", error_chain(&e)))?;
         Ok::<_, String>((running, tools))
     };
     let failure = match tokio::time::timeout(ctx.start_timeout, connect).await {
-        Ok(Ok((running, tools))) => return Ok(Started { running, tools, process: Some(process), stderr }),
+        Ok(Ok((running, tools))) => {
+            return Ok(Started {
+                running,
+                tools,
+                process: Some(process),
+                stderr,
+            })
+        }
         Ok(Err(reason)) => reason,
-        Err(_) => format!("did not answer initialize and tools/list within {:?}", ctx.start_timeout),
+        Err(_) => format!(
+            "did not answer initialize and tools/list within {:?}",
+            ctx.start_timeout
+        ),
     };
     // Say how the process ended if it did (that is what explains most failures).
-    let exit = tokio::time::timeout(STDERR_DRAIN, process.exited()).await.ok();
+    let exit = tokio::time::timeout(STDERR_DRAIN, process.exited())
+        .await
+        .ok();
     process.terminate(Duration::from_millis(500)).await;
     stderr.drain(STDERR_DRAIN).await;
     let reason = exit.map(describe_exit).unwrap_or(failure);
@@ -426,15 +474,29 @@ async fn start_url(
         StreamableHttpClientTransportConfig::with_uri(url.to_string()).custom_headers(map),
     );
     let connect = async {
-        let running =
-            client_config().serve_with_ct(transport, ct).await.map_err(|e| format!("failed to connect to {url}: {}", init_error(&e)))?;
-        let tools = running.peer().list_all_tools().await.map_err(|e| format!("failed to list tools: {}", error_chain(&e)))?;
+        let running = client_config()
+            .serve_with_ct(transport, ct)
+            .await
+            .map_err(|e| format!("failed to connect to {url}: {}", init_error(&e)))?;
+        let tools = running
+            .peer()
+            .list_all_tools()
+            .await
+            .map_err(|e| format!("failed to list tools: {}", error_chain(&e)))?;
         Ok::<_, String>((running, tools))
     };
     match tokio::time::timeout(ctx.start_timeout, connect).await {
-        Ok(Ok((running, tools))) => Ok(Started { running, tools, process: None, stderr: StderrCapture::none() }),
+        Ok(Ok((running, tools))) => Ok(Started {
+            running,
+            tools,
+            process: None,
+            stderr: StderrCapture::none(),
+        }),
         Ok(Err(reason)) => Err(reason),
-        Err(_) => Err(format!("{url} did not answer initialize and tools/list within {:?}", ctx.start_timeout)),
+        Err(_) => Err(format!(
+            "{url} did not answer initialize and tools/list within {:?}",
+            ctx.start_timeout
+        )),
     }
 }
 
@@ -517,7 +579,10 @@ async fn monitor(
         p.kill();
     }
     stderr.drain(STDERR_DRAIN).await;
-    let problem = ServerProblem { server: conn.name.clone(), reason: with_output(reason, &stderr.tail()) };
+    let problem = ServerProblem {
+        server: conn.name.clone(),
+        reason: with_output(reason, &stderr.tail()),
+    };
     tracing::error!(server = %problem.server, "tool server died: {}", problem.reason);
     lock(&shared.problems).push(problem.clone());
     shared.died.send_if_modified(|first| {
@@ -536,11 +601,25 @@ mod tests {
 
     fn check(name: &str, expected: Resolved) {
         // Servers `a`, `a_b` and `time` are connected; `down` and `a_b_c` (no tools) are not.
-        let names: Vec<String> = ["a", "a_b", "a_b_c", "down", "time"].iter().map(|s| s.to_string()).collect();
-        let tools = [("a", "b_x"), ("a", "b_only"), ("a", "run"), ("a_b", "x"), ("a_b", "run"), ("time", "get_current_time")];
+        let names: Vec<String> = ["a", "a_b", "a_b_c", "down", "time"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let tools = [
+            ("a", "b_x"),
+            ("a", "b_only"),
+            ("a", "run"),
+            ("a_b", "x"),
+            ("a_b", "run"),
+            ("time", "get_current_time"),
+        ];
         let connected = |s: &str| matches!(s, "a" | "a_b" | "time");
         let has_tool = |s: &str, t: &str| tools.contains(&(s, t));
-        assert_eq!(resolve_name(name, &names, &connected, &has_tool), expected, "{name}");
+        assert_eq!(
+            resolve_name(name, &names, &connected, &has_tool),
+            expected,
+            "{name}"
+        );
     }
 
     fn tool(s: &str, t: &str) -> Resolved {

@@ -22,8 +22,9 @@ use tokio::sync::watch;
 use super::LaunchContext;
 
 /// Host variables a command server may see (plus every `LC_*`).
-pub const ALLOWED_ENV: &[&str] =
-    &["PATH", "HOME", "TMPDIR", "TEMP", "TMP", "LANG", "TZ", "USER", "LOGNAME", "SHELL", "TERM"];
+pub const ALLOWED_ENV: &[&str] = &[
+    "PATH", "HOME", "TMPDIR", "TEMP", "TMP", "LANG", "TZ", "USER", "LOGNAME", "SHELL", "TERM",
+];
 
 /// Whether the host variable `name` passes the allowlist.
 pub(crate) fn allowed(name: &str) -> bool {
@@ -62,7 +63,10 @@ pub(crate) fn server_env(
     for (k, v) in own_env {
         env.insert(k.clone(), substitute(v, &ctx.secrets, &format!("env {k}"))?);
     }
-    env.insert("AGEN_BIN".into(), ctx.agen_bin.to_string_lossy().into_owned());
+    env.insert(
+        "AGEN_BIN".into(),
+        ctx.agen_bin.to_string_lossy().into_owned(),
+    );
     Ok(env.into_iter().collect())
 }
 
@@ -82,7 +86,9 @@ pub(crate) fn resolve_program(
         return if as_path.is_file() {
             Ok(as_path.to_path_buf())
         } else {
-            Err(format!("command {command} does not exist; expected an executable file"))
+            Err(format!(
+                "command {command} does not exist; expected an executable file"
+            ))
         };
     }
     let in_bundle = bundle_dir.join(as_path);
@@ -108,12 +114,19 @@ pub(crate) fn resolve_program(
 }
 
 fn is_executable(p: &Path) -> bool {
-    std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
 }
 
 /// Builds the command: cwd = bundle dir, cleared environment, piped stdio, own process group,
 /// killed on drop and when this thread dies.
-pub(crate) fn command(program: &Path, args: &[String], cwd: &Path, env: &[(String, String)]) -> Command {
+pub(crate) fn command(
+    program: &Path,
+    args: &[String],
+    cwd: &Path,
+    env: &[(String, String)],
+) -> Command {
     let mut cmd = Command::new(program);
     cmd.args(args)
         .current_dir(cwd)
@@ -164,7 +177,11 @@ impl ProcessGroup {
                 Err(e) => tracing::warn!(pid = pgid, "could not wait for tool server process: {e}"),
             }
         });
-        Some(ProcessGroup { pgid, exit: rx, killed: AtomicBool::new(false) })
+        Some(ProcessGroup {
+            pgid,
+            exit: rx,
+            killed: AtomicBool::new(false),
+        })
     }
 
     pub(crate) fn pid(&self) -> u32 {
@@ -231,7 +248,9 @@ pub(crate) fn describe_exit(status: ExitStatus) -> String {
     }
     match status.signal() {
         Some(sig) => {
-            let name = nix::sys::signal::Signal::try_from(sig).map(|s| format!(" ({})", s.as_str())).unwrap_or_default();
+            let name = nix::sys::signal::Signal::try_from(sig)
+                .map(|s| format!(" ({})", s.as_str()))
+                .unwrap_or_default();
             format!("was killed by signal {sig}{name}")
         }
         None => format!("exited ({status})"),
@@ -245,12 +264,17 @@ mod tests {
 
     fn ctx(secrets: &[(&str, &str)]) -> LaunchContext {
         let mut c = LaunchContext::new("/opt/agen/bin/agen");
-        c.secrets = secrets.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        c.secrets = secrets
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         c
     }
 
     fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
-        p.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        p.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -263,8 +287,9 @@ mod tests {
             ("AGEN_TOKEN", "t"),
             ("PYTHONPATH", "/x"),
         ]);
-        let own: BTreeMap<String, String> =
-            pairs(&[("TOKEN", "Bearer ${CRM}"), ("PLAIN", "v")]).into_iter().collect();
+        let own: BTreeMap<String, String> = pairs(&[("TOKEN", "Bearer ${CRM}"), ("PLAIN", "v")])
+            .into_iter()
+            .collect();
         let got = server_env(&host, &own, &ctx(&[("CRM", "s3cr3t")])).unwrap();
         assert_eq!(
             got,
@@ -283,9 +308,13 @@ mod tests {
 
     #[test]
     fn missing_secret_names_the_variable_and_the_secret_but_no_value() {
-        let own: BTreeMap<String, String> = pairs(&[("DATABASE_URL", "${DB}")]).into_iter().collect();
+        let own: BTreeMap<String, String> =
+            pairs(&[("DATABASE_URL", "${DB}")]).into_iter().collect();
         let err = server_env(&[], &own, &ctx(&[("OTHER", "v")])).unwrap_err();
-        assert!(err.starts_with("env DATABASE_URL: secret DB has no value"), "{err}");
+        assert!(
+            err.starts_with("env DATABASE_URL: secret DB has no value"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -328,8 +357,17 @@ mod tests {
         check("server.py", Ok(bundle.path().join("server.py")));
         check("./bin/run.sh", Ok(bundle.path().join("./bin/run.sh")));
         check("mytool", Ok(tool.clone()));
-        check("./missing.sh", Err("command ./missing.sh not found in the bundle folder"));
-        check("nosuchtool", Err("command nosuchtool not found in the bundle or on PATH"));
-        check("/nonexistent/x", Err("command /nonexistent/x does not exist"));
+        check(
+            "./missing.sh",
+            Err("command ./missing.sh not found in the bundle folder"),
+        );
+        check(
+            "nosuchtool",
+            Err("command nosuchtool not found in the bundle or on PATH"),
+        );
+        check(
+            "/nonexistent/x",
+            Err("command /nonexistent/x does not exist"),
+        );
     }
 }

@@ -11,8 +11,11 @@ use serde_json::Value;
 use super::ToolOutput;
 
 pub(crate) fn tool_output(result: &CallToolResult) -> ToolOutput {
-    let blocks: Vec<Value> =
-        result.content.iter().map(|b| serde_json::to_value(b).unwrap_or(Value::Null)).collect();
+    let blocks: Vec<Value> = result
+        .content
+        .iter()
+        .map(|b| serde_json::to_value(b).unwrap_or(Value::Null))
+        .collect();
     ToolOutput {
         text: text_of(&blocks, result.structured_content.as_ref()),
         is_error: result.is_error.unwrap_or(false),
@@ -20,7 +23,9 @@ pub(crate) fn tool_output(result: &CallToolResult) -> ToolOutput {
 }
 
 fn text_of(blocks: &[Value], structured: Option<&Value>) -> String {
-    let has_text = blocks.iter().any(|b| b.get("type").and_then(Value::as_str) == Some("text"));
+    let has_text = blocks
+        .iter()
+        .any(|b| b.get("type").and_then(Value::as_str) == Some("text"));
     let mut parts = Vec::new();
     if !has_text {
         if let Some(s) = structured {
@@ -53,8 +58,15 @@ fn block_text(b: &Value) -> String {
                 ),
             }
         }
-        "resource_link" => format!("[resource link: {} {}]", s("name").unwrap_or(""), s("uri").unwrap_or("?")),
-        other => format!("[{} content]", if other.is_empty() { "unknown" } else { other }),
+        "resource_link" => format!(
+            "[resource link: {} {}]",
+            s("name").unwrap_or(""),
+            s("uri").unwrap_or("?")
+        ),
+        other => format!(
+            "[{} content]",
+            if other.is_empty() { "unknown" } else { other }
+        ),
     }
 }
 
@@ -76,14 +88,22 @@ mod tests {
 
     #[test]
     fn result_text_table() {
-        check(json!([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]), None, "a\nb");
+        check(
+            json!([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]),
+            None,
+            "a\nb",
+        );
         check(
             json!([{"type": "text", "text": "see"}, {"type": "image", "mimeType": "image/png", "data": "AAAA"}]),
             None,
             "see\n[image: image/png, 3 bytes]",
         );
         check(json!([]), Some(json!({"n": 1})), "{\"n\":1}");
-        check(json!([{"type": "text", "text": "t"}]), Some(json!({"n": 1})), "t");
+        check(
+            json!([{"type": "text", "text": "t"}]),
+            Some(json!({"n": 1})),
+            "t",
+        );
         check(
             json!([{"type": "resource", "resource": {"uri": "file:///a", "text": "inside"}}]),
             None,

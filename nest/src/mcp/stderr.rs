@@ -33,7 +33,10 @@ pub(crate) struct StderrCapture {
 
 impl StderrCapture {
     /// Starts reading `stream` until it closes.
-    pub(crate) fn start(server: &str, stream: impl AsyncRead + Unpin + Send + 'static) -> StderrCapture {
+    pub(crate) fn start(
+        server: &str,
+        stream: impl AsyncRead + Unpin + Send + 'static,
+    ) -> StderrCapture {
         let log = Arc::new(Mutex::new(Log::default()));
         let server = server.to_string();
         let sink = log.clone();
@@ -53,12 +56,18 @@ impl StderrCapture {
                 }
             }
         });
-        StderrCapture { log, reader: Some(reader) }
+        StderrCapture {
+            log,
+            reader: Some(reader),
+        }
     }
 
     /// An empty capture (url servers have no stderr).
     pub(crate) fn none() -> StderrCapture {
-        StderrCapture { log: Arc::new(Mutex::new(Log::default())), reader: None }
+        StderrCapture {
+            log: Arc::new(Mutex::new(Log::default())),
+            reader: None,
+        }
     }
 
     /// Waits up to `limit` for the stream to close, so that the last lines are in.
