@@ -54,7 +54,9 @@ impl RelPath {
         if self.is_root() {
             return None;
         }
-        Some(RelPath(self.0.parent().map(Path::to_path_buf).unwrap_or_default()))
+        Some(RelPath(
+            self.0.parent().map(Path::to_path_buf).unwrap_or_default(),
+        ))
     }
 
     pub(crate) fn file_name(&self) -> Option<&OsStr> {
@@ -66,8 +68,11 @@ impl RelPath {
         if self.is_root() {
             return ".".to_string();
         }
-        let parts: Vec<String> =
-            self.0.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+        let parts: Vec<String> = self
+            .0
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
         parts.join("/")
     }
 }
@@ -89,10 +94,14 @@ impl Root {
         let given = if root.is_absolute() {
             root.to_path_buf()
         } else {
-            std::env::current_dir().map_err(|e| WorkspaceError::io("reading the current folder for", &shown, e))?.join(root)
+            std::env::current_dir()
+                .map_err(|e| WorkspaceError::io("reading the current folder for", &shown, e))?
+                .join(root)
         };
         let path = fs::canonicalize(root).map_err(|e| {
-            WorkspaceError::Invalid(format!("workspace root `{shown}` cannot be opened: {e}; pass an existing folder to --root"))
+            WorkspaceError::Invalid(format!(
+                "workspace root `{shown}` cannot be opened: {e}; pass an existing folder to --root"
+            ))
         })?;
         let dir = nix::fcntl::open(&path, OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
             .map_err(|e| {
@@ -101,7 +110,11 @@ impl Root {
         // SAFETY: `open` just returned this descriptor and nothing else owns it.
         #[allow(unsafe_code)]
         let dir = unsafe { OwnedFd::from_raw_fd(dir) };
-        Ok(Root { dir, path, given: clean_absolute(&given) })
+        Ok(Root {
+            dir,
+            path,
+            given: clean_absolute(&given),
+        })
     }
 
     /// The canonical root folder.
@@ -119,12 +132,20 @@ impl Root {
             ));
         }
         if trimmed.contains('\0') {
-            return Err(WorkspaceError::Invalid(format!("`{}` contains a NUL byte; paths cannot", trimmed.escape_debug())));
+            return Err(WorkspaceError::Invalid(format!(
+                "`{}` contains a NUL byte; paths cannot",
+                trimmed.escape_debug()
+            )));
         }
-        let outside = || WorkspaceError::OutsideRoot { path: trimmed.to_string(), root: self.path.display().to_string() };
+        let outside = || WorkspaceError::OutsideRoot {
+            path: trimmed.to_string(),
+            root: self.path.display().to_string(),
+        };
         let raw = Path::new(trimmed);
         let relative: &Path = if raw.is_absolute() {
-            raw.strip_prefix(&self.path).or_else(|_| raw.strip_prefix(&self.given)).map_err(|_| outside())?
+            raw.strip_prefix(&self.path)
+                .or_else(|_| raw.strip_prefix(&self.given))
+                .map_err(|_| outside())?
         } else {
             raw
         };
@@ -155,8 +176,14 @@ impl Root {
                 // RESOLVE_BENEATH; open its canonical form, still beneath the root.
                 if let Some(inner) = self.canonical_inside(rel) {
                     if inner != *rel {
-                        return openat2_retrying(self.dir.as_fd(), inner.as_path(), flags, mode, beneath)
-                            .map_err(|errno| self.error_for(errno, rel));
+                        return openat2_retrying(
+                            self.dir.as_fd(),
+                            inner.as_path(),
+                            flags,
+                            mode,
+                            beneath,
+                        )
+                        .map_err(|errno| self.error_for(errno, rel));
                     }
                 }
                 Err(self.explain_escape(rel))
@@ -167,11 +194,14 @@ impl Root {
 
     /// Creates the missing parent folders of `rel`, each beneath the root.
     pub(crate) fn create_parents(&self, rel: &RelPath) -> Result<()> {
-        self.create_parents_inner(rel).map_err(|e| e.for_path(rel.shown()))
+        self.create_parents_inner(rel)
+            .map_err(|e| e.for_path(rel.shown()))
     }
 
     fn create_parents_inner(&self, rel: &RelPath) -> Result<()> {
-        let Some(parent) = rel.parent() else { return Ok(()) };
+        let Some(parent) = rel.parent() else {
+            return Ok(());
+        };
         let dir_flags = OFlag::O_PATH | OFlag::O_DIRECTORY;
         let mut current = RelPath::root();
         let mut current_fd = self.open_beneath(&current, dir_flags, Mode::empty())?;
@@ -181,9 +211,19 @@ impl Root {
             current_fd = match self.open_beneath(&next, dir_flags, Mode::empty()) {
                 Ok(fd) => fd,
                 Err(WorkspaceError::NotFound { .. }) => {
-                    match mkdirat(Some(current_fd.as_raw_fd()), name, Mode::from_bits_truncate(0o755)) {
+                    match mkdirat(
+                        Some(current_fd.as_raw_fd()),
+                        name,
+                        Mode::from_bits_truncate(0o755),
+                    ) {
                         Ok(()) | Err(Errno::EEXIST) => {}
-                        Err(errno) => return Err(WorkspaceError::io("creating the folder", next.shown(), errno)),
+                        Err(errno) => {
+                            return Err(WorkspaceError::io(
+                                "creating the folder",
+                                next.shown(),
+                                errno,
+                            ))
+                        }
                     }
                     self.open_beneath(&next, dir_flags, Mode::empty())?
                 }
@@ -204,7 +244,10 @@ impl Root {
                 parent.join(rel.file_name()?)
             }
         };
-        canonical.strip_prefix(&self.path).ok().map(|p| RelPath(p.to_path_buf()))
+        canonical
+            .strip_prefix(&self.path)
+            .ok()
+            .map(|p| RelPath(p.to_path_buf()))
     }
 
     /// Maps an `openat2` failure on `rel` to an error the model can act on.
@@ -229,7 +272,9 @@ impl Root {
         for component in rel.as_path().components() {
             prefix = prefix.join(component.as_os_str());
             let full = self.path.join(prefix.as_path());
-            let Ok(meta) = fs::symlink_metadata(&full) else { break };
+            let Ok(meta) = fs::symlink_metadata(&full) else {
+                break;
+            };
             if !meta.file_type().is_symlink() {
                 continue;
             }
@@ -281,9 +326,20 @@ pub(crate) fn openat2_retrying(
     mode: Mode,
     resolve: ResolveFlag,
 ) -> nix::Result<OwnedFd> {
-    let path = if path.as_os_str().is_empty() { Path::new(".") } else { path };
-    let mode = if flags.contains(OFlag::O_CREAT) { mode } else { Mode::empty() };
-    let how = OpenHow::new().flags(flags | OFlag::O_CLOEXEC).mode(mode).resolve(resolve);
+    let path = if path.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        path
+    };
+    let mode = if flags.contains(OFlag::O_CREAT) {
+        mode
+    } else {
+        Mode::empty()
+    };
+    let how = OpenHow::new()
+        .flags(flags | OFlag::O_CLOEXEC)
+        .mode(mode)
+        .resolve(resolve);
     let mut attempts = 0;
     loop {
         match openat2(dir.as_raw_fd(), path, how) {

@@ -15,7 +15,11 @@ pub enum WorkspaceError {
     #[error(
         "`{path}` goes through the symbolic link `{link}`, which leads outside the workspace root (to `{target}`); links that leave the root are never followed and the link is left as it is"
     )]
-    SymlinkEscape { path: String, link: String, target: String },
+    SymlinkEscape {
+        path: String,
+        link: String,
+        target: String,
+    },
 
     #[error("`{path}` resolves to a place outside the workspace root; refused")]
     Escape { path: String },
@@ -29,7 +33,9 @@ pub enum WorkspaceError {
     #[error("`{path}`: a part of this path is a file, not a folder; `list` shows what exists")]
     NotADirectory { path: String },
 
-    #[error("`{path}` is a folder; use `list` with a pattern such as `{path}/**` to see its files")]
+    #[error(
+        "`{path}` is a folder; use `list` with a pattern such as `{path}/**` to see its files"
+    )]
     IsAFolder { path: String },
 
     #[error("`{path}` is not a regular file (a device, socket or pipe); refused")]
@@ -43,7 +49,11 @@ pub enum WorkspaceError {
     Invalid(String),
 
     #[error("{what} `{path}` failed: {source}")]
-    Io { what: &'static str, path: String, source: io::Error },
+    Io {
+        what: &'static str,
+        path: String,
+        source: io::Error,
+    },
 }
 
 /// The workspace module's result type.
@@ -53,7 +63,9 @@ impl WorkspaceError {
     /// The same error about the full path `path` the call named, when it was met on a parent.
     pub(crate) fn for_path(self, path: String) -> Self {
         match self {
-            WorkspaceError::SymlinkEscape { link, target, .. } => WorkspaceError::SymlinkEscape { path, link, target },
+            WorkspaceError::SymlinkEscape { link, target, .. } => {
+                WorkspaceError::SymlinkEscape { path, link, target }
+            }
             WorkspaceError::Escape { .. } => WorkspaceError::Escape { path },
             WorkspaceError::NotADirectory { .. } => WorkspaceError::NotADirectory { path },
             WorkspaceError::Loop { .. } => WorkspaceError::Loop { path },
@@ -61,7 +73,15 @@ impl WorkspaceError {
         }
     }
 
-    pub(crate) fn io(what: &'static str, path: impl Into<String>, source: impl Into<io::Error>) -> Self {
-        WorkspaceError::Io { what, path: path.into(), source: source.into() }
+    pub(crate) fn io(
+        what: &'static str,
+        path: impl Into<String>,
+        source: impl Into<io::Error>,
+    ) -> Self {
+        WorkspaceError::Io {
+            what,
+            path: path.into(),
+            source: source.into(),
+        }
     }
 }

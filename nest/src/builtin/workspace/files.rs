@@ -69,7 +69,9 @@ pub struct EditArgs {
 fn open_file(root: &Root, rel: &RelPath, flags: OFlag) -> Result<File> {
     let fd = root.open_beneath(rel, flags | OFlag::O_NONBLOCK, Mode::empty())?;
     let file = File::from(fd);
-    let meta = file.metadata().map_err(|e| WorkspaceError::io("inspecting", rel.shown(), e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| WorkspaceError::io("inspecting", rel.shown(), e))?;
     if meta.is_dir() {
         return Err(WorkspaceError::IsAFolder { path: rel.shown() });
     }
@@ -89,15 +91,22 @@ pub fn read(root: &Root, args: &ReadArgs) -> Result<String> {
     let file = open_file(root, &rel, OFlag::O_RDONLY)?;
     let size = file.metadata().map(|m| m.len()).unwrap_or(0);
     let mut reader = BufReader::with_capacity(64 * 1024, file);
-    let head = reader.fill_buf().map_err(|e| WorkspaceError::io("reading", &shown, e))?;
+    let head = reader
+        .fill_buf()
+        .map_err(|e| WorkspaceError::io("reading", &shown, e))?;
     if head[..head.len().min(SNIFF_BYTES)].contains(&0) {
         return Err(WorkspaceError::Binary { path: shown, size });
     }
 
-    let offset = usize::try_from(args.offset.unwrap_or(1)).unwrap_or(usize::MAX).max(1);
-    let requested = usize::try_from(args.limit.unwrap_or(DEFAULT_READ_LINES as u64)).unwrap_or(usize::MAX);
+    let offset = usize::try_from(args.offset.unwrap_or(1))
+        .unwrap_or(usize::MAX)
+        .max(1);
+    let requested =
+        usize::try_from(args.limit.unwrap_or(DEFAULT_READ_LINES as u64)).unwrap_or(usize::MAX);
     if requested == 0 {
-        return Err(WorkspaceError::Invalid("limit must be at least 1 line".into()));
+        return Err(WorkspaceError::Invalid(
+            "limit must be at least 1 line".into(),
+        ));
     }
     let limit = requested.min(MAX_READ_LINES);
 
@@ -108,7 +117,9 @@ pub fn read(root: &Root, args: &ReadArgs) -> Result<String> {
     let mut budget_hit = false;
     loop {
         line.clear();
-        let n = reader.read_until(b'\n', &mut line).map_err(|e| WorkspaceError::io("reading", &shown, e))?;
+        let n = reader
+            .read_until(b'\n', &mut line)
+            .map_err(|e| WorkspaceError::io("reading", &shown, e))?;
         if n == 0 {
             break;
         }
@@ -121,7 +132,10 @@ pub fn read(root: &Root, args: &ReadArgs) -> Result<String> {
             continue;
         }
         let text = String::from_utf8_lossy(trim_newline(&line));
-        out.push_str(&format!("{number:>6}\t{}\n", cut_line(&text, MAX_LINE_CHARS)));
+        out.push_str(&format!(
+            "{number:>6}\t{}\n",
+            cut_line(&text, MAX_LINE_CHARS)
+        ));
         last_shown = number;
     }
     let total = number;
@@ -140,10 +154,14 @@ pub fn read(root: &Root, args: &ReadArgs) -> Result<String> {
             last_shown + 1
         ));
     } else if offset > 1 {
-        out.push_str(&format!("(lines {offset}-{last_shown} of {total}; end of file)"));
+        out.push_str(&format!(
+            "(lines {offset}-{last_shown} of {total}; end of file)"
+        ));
     }
     if requested > MAX_READ_LINES {
-        out.push_str(&format!("\n(limit is at most {MAX_READ_LINES} lines per call)"));
+        out.push_str(&format!(
+            "\n(limit is at most {MAX_READ_LINES} lines per call)"
+        ));
     }
     Ok(out)
 }
@@ -152,7 +170,9 @@ pub fn read(root: &Root, args: &ReadArgs) -> Result<String> {
 pub fn write(root: &Root, args: &WriteArgs) -> Result<String> {
     let rel = root.resolve(&args.path)?;
     if rel.is_root() {
-        return Err(WorkspaceError::Invalid("write needs a file path, not the workspace root".into()));
+        return Err(WorkspaceError::Invalid(
+            "write needs a file path, not the workspace root".into(),
+        ));
     }
     let shown = rel.shown();
     root.create_parents(&rel)?;
@@ -161,21 +181,29 @@ pub fn write(root: &Root, args: &WriteArgs) -> Result<String> {
     let (file, created) = match root.open_beneath(&rel, create, mode) {
         Ok(fd) => (File::from(fd), true),
         // Something is already there (a file, or a link that must resolve inside the root).
-        Err(WorkspaceError::Io { source, .. }) if source.raw_os_error() == Some(libc::EEXIST) => {
-            (open_file(root, &rel, OFlag::O_WRONLY | OFlag::O_TRUNC)?, false)
-        }
+        Err(WorkspaceError::Io { source, .. }) if source.raw_os_error() == Some(libc::EEXIST) => (
+            open_file(root, &rel, OFlag::O_WRONLY | OFlag::O_TRUNC)?,
+            false,
+        ),
         Err(e) => return Err(e),
     };
-    let meta = file.metadata().map_err(|e| WorkspaceError::io("inspecting", &shown, e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| WorkspaceError::io("inspecting", &shown, e))?;
     if !meta.is_file() {
         return Err(WorkspaceError::NotAFile { path: shown });
     }
     let mut file = file;
-    file.write_all(args.content.as_bytes()).map_err(|e| WorkspaceError::io("writing", &shown, e))?;
-    file.flush().map_err(|e| WorkspaceError::io("writing", &shown, e))?;
+    file.write_all(args.content.as_bytes())
+        .map_err(|e| WorkspaceError::io("writing", &shown, e))?;
+    file.flush()
+        .map_err(|e| WorkspaceError::io("writing", &shown, e))?;
     let lines = count_lines(&args.content);
     let verb = if created { "created" } else { "replaced" };
-    Ok(format!("{verb} `{shown}` ({lines} lines, {} bytes)", args.content.len()))
+    Ok(format!(
+        "{verb} `{shown}` ({lines} lines, {} bytes)",
+        args.content.len()
+    ))
 }
 
 /// `edit`: replaces one exact piece of text (or every occurrence with `replace_all`).
@@ -187,23 +215,34 @@ pub fn edit(root: &Root, args: &EditArgs) -> Result<String> {
     let shown = rel.shown();
     if args.old_string.is_empty() {
         return Err(WorkspaceError::Invalid(
-            "old_string is empty; give the exact text to replace (to create a file, use write)".into(),
+            "old_string is empty; give the exact text to replace (to create a file, use write)"
+                .into(),
         ));
     }
     if args.old_string == args.new_string {
-        return Err(WorkspaceError::Invalid("old_string and new_string are the same; there is nothing to change".into()));
+        return Err(WorkspaceError::Invalid(
+            "old_string and new_string are the same; there is nothing to change".into(),
+        ));
     }
     let mut file = open_file(root, &rel, OFlag::O_RDWR)?;
     let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes).map_err(|e| WorkspaceError::io("reading", &shown, e))?;
+    file.read_to_end(&mut bytes)
+        .map_err(|e| WorkspaceError::io("reading", &shown, e))?;
     let content = String::from_utf8(bytes).map_err(|_| {
         WorkspaceError::Invalid(format!("`{shown}` is not UTF-8 text; edit works on text files only (write replaces a whole file)"))
     })?;
 
-    let starts: Vec<usize> = content.match_indices(args.old_string.as_str()).map(|(i, _)| i).collect();
+    let starts: Vec<usize> = content
+        .match_indices(args.old_string.as_str())
+        .map(|(i, _)| i)
+        .collect();
     let replace_all = args.replace_all.unwrap_or(false);
     if starts.is_empty() {
-        return Err(WorkspaceError::Invalid(not_found_message(&shown, &content, &args.old_string)));
+        return Err(WorkspaceError::Invalid(not_found_message(
+            &shown,
+            &content,
+            &args.old_string,
+        )));
     }
     if starts.len() > 1 && !replace_all {
         return Err(WorkspaceError::Invalid(format!(
@@ -213,13 +252,24 @@ pub fn edit(root: &Root, args: &EditArgs) -> Result<String> {
         )));
     }
     let updated = content.replace(args.old_string.as_str(), &args.new_string);
-    file.seek(SeekFrom::Start(0)).map_err(|e| WorkspaceError::io("writing", &shown, e))?;
-    file.set_len(0).map_err(|e| WorkspaceError::io("writing", &shown, e))?;
-    file.write_all(updated.as_bytes()).map_err(|e| WorkspaceError::io("writing", &shown, e))?;
-    file.flush().map_err(|e| WorkspaceError::io("writing", &shown, e))?;
-    let what = if starts.len() == 1 { "1 occurrence".to_string() } else { format!("{} occurrences", starts.len()) };
+    file.seek(SeekFrom::Start(0))
+        .map_err(|e| WorkspaceError::io("writing", &shown, e))?;
+    file.set_len(0)
+        .map_err(|e| WorkspaceError::io("writing", &shown, e))?;
+    file.write_all(updated.as_bytes())
+        .map_err(|e| WorkspaceError::io("writing", &shown, e))?;
+    file.flush()
+        .map_err(|e| WorkspaceError::io("writing", &shown, e))?;
+    let what = if starts.len() == 1 {
+        "1 occurrence".to_string()
+    } else {
+        format!("{} occurrences", starts.len())
+    };
     let lines = if starts.len() == 1 { "line" } else { "lines" };
-    Ok(format!("edited `{shown}`: replaced {what} (at {lines} {})", line_list(&content, &starts)))
+    Ok(format!(
+        "edited `{shown}`: replaced {what} (at {lines} {})",
+        line_list(&content, &starts)
+    ))
 }
 
 /// The error for an `old_string` that is not in the file, with a hint where its first line is.
@@ -237,7 +287,10 @@ fn not_found_message(shown: &str, content: &str, old: &str) -> String {
             .collect();
         if !hits.is_empty() {
             let hits: Vec<String> = hits.iter().map(usize::to_string).collect();
-            message.push_str(&format!(" (its first line occurs at line {})", hits.join(", ")));
+            message.push_str(&format!(
+                " (its first line occurs at line {})",
+                hits.join(", ")
+            ));
         }
     }
     message
@@ -245,8 +298,11 @@ fn not_found_message(shown: &str, content: &str, old: &str) -> String {
 
 /// "3, 17, 40" for byte offsets, at most ten of them.
 fn line_list(content: &str, starts: &[usize]) -> String {
-    let mut lines: Vec<String> =
-        starts.iter().take(10).map(|&i| (content[..i].matches('\n').count() + 1).to_string()).collect();
+    let mut lines: Vec<String> = starts
+        .iter()
+        .take(10)
+        .map(|&i| (content[..i].matches('\n').count() + 1).to_string())
+        .collect();
     if starts.len() > 10 {
         lines.push("…".into());
     }
@@ -272,7 +328,11 @@ pub(crate) fn cut_line(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
         None => text.to_string(),
         Some((at, _)) => {
-            format!("{} … [line cut: {} characters in total]", &text[..at], text.chars().count())
+            format!(
+                "{} … [line cut: {} characters in total]",
+                &text[..at],
+                text.chars().count()
+            )
         }
     }
 }

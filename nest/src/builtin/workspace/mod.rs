@@ -29,8 +29,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, JsonObject,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
@@ -38,7 +39,9 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 
 pub use error::WorkspaceError;
-pub use files::{EditArgs, ReadArgs, WriteArgs, DEFAULT_READ_LINES, MAX_LINE_CHARS, MAX_READ_LINES};
+pub use files::{
+    EditArgs, ReadArgs, WriteArgs, DEFAULT_READ_LINES, MAX_LINE_CHARS, MAX_READ_LINES,
+};
 pub use run::{RunArgs, MAX_RUN_TIMEOUT, OUTPUT_TAIL_CHARS};
 pub use search::{GrepArgs, ListArgs, SKIPPED_DIRS};
 
@@ -63,7 +66,10 @@ pub async fn serve_stdio(opts: WorkspaceOptions) -> anyhow::Result<()> {
         .await
         .context("while starting the workspace MCP server on stdio");
     let reason = match running {
-        Ok(running) => running.waiting().await.context("while serving the workspace MCP server"),
+        Ok(running) => running
+            .waiting()
+            .await
+            .context("while serving the workspace MCP server"),
         Err(e) => Err(e),
     };
     server.stop_background_processes();
@@ -91,18 +97,26 @@ impl WorkspaceServer {
     pub fn new(opts: &WorkspaceOptions) -> Result<Self, WorkspaceError> {
         let root = confine::Root::open(&opts.root)?;
         let tools = tool_definitions(opts.no_run, opts.run_timeout);
-        Ok(WorkspaceServer { inner: Arc::new(Inner {
-            root,
-            no_run: opts.no_run,
-            run_timeout: opts.run_timeout,
-            tools,
-            leftovers: std::sync::Mutex::new(Vec::new()),
-        }) })
+        Ok(WorkspaceServer {
+            inner: Arc::new(Inner {
+                root,
+                no_run: opts.no_run,
+                run_timeout: opts.run_timeout,
+                tools,
+                leftovers: std::sync::Mutex::new(Vec::new()),
+            }),
+        })
     }
 
     /// Kills the process groups that `run` calls left running in the background.
     pub fn stop_background_processes(&self) {
-        let groups = std::mem::take(&mut *self.inner.leftovers.lock().unwrap_or_else(|p| p.into_inner()));
+        let groups = std::mem::take(
+            &mut *self
+                .inner
+                .leftovers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
         run::kill_groups(&groups);
     }
 
@@ -162,12 +176,20 @@ async fn blocking<A: Send + 'static>(
 ) -> Result<String, WorkspaceError> {
     tokio::task::spawn_blocking(move || work(args))
         .await
-        .unwrap_or_else(|e| Err(WorkspaceError::Invalid(format!("the tool stopped unexpectedly: {e}"))))
+        .unwrap_or_else(|e| {
+            Err(WorkspaceError::Invalid(format!(
+                "the tool stopped unexpectedly: {e}"
+            )))
+        })
 }
 
 /// The tool list: names, descriptions, argument schemas and annotations.
 fn tool_definitions(no_run: bool, run_timeout: Duration) -> Vec<Tool> {
-    let read_only = |title: &str| ToolAnnotations::with_title(title).read_only(true).open_world(false);
+    let read_only = |title: &str| {
+        ToolAnnotations::with_title(title)
+            .read_only(true)
+            .open_world(false)
+    };
     let skipped = SKIPPED_DIRS.join(", ");
     let mut tools = vec![
         tool::<ReadArgs>(
@@ -216,7 +238,11 @@ fn tool_definitions(no_run: bool, run_timeout: Duration) -> Vec<Tool> {
     tools
 }
 
-fn tool<T: JsonSchema + 'static>(name: &'static str, description: String, annotations: ToolAnnotations) -> Tool {
+fn tool<T: JsonSchema + 'static>(
+    name: &'static str,
+    description: String,
+    annotations: ToolAnnotations,
+) -> Tool {
     Tool::new(name, description, Arc::new(JsonObject::new()))
         .with_input_schema::<T>()
         .with_annotations(annotations)

@@ -165,7 +165,10 @@ impl Tail {
     fn text(self) -> String {
         let bytes: Vec<u8> = self.bytes.into_iter().collect();
         // The tail may start in the middle of a character: skip to the next character start.
-        let start = bytes.iter().position(|b| (b & 0xC0) != 0x80).unwrap_or(bytes.len());
+        let start = bytes
+            .iter()
+            .position(|b| (b & 0xC0) != 0x80)
+            .unwrap_or(bytes.len());
         let text = String::from_utf8_lossy(&bytes[start..]).into_owned();
         let chars = text.chars().count();
         if chars > OUTPUT_TAIL_CHARS {
@@ -177,14 +180,25 @@ impl Tail {
 }
 
 /// Runs `command` with `sh -c` in `root` until it exits, `timeout` passes or `cancel` fires.
-pub async fn run(root: &Path, command: &str, timeout: Duration, cancel: CancellationToken) -> Result<RunOutcome> {
+pub async fn run(
+    root: &Path,
+    command: &str,
+    timeout: Duration,
+    cancel: CancellationToken,
+) -> Result<RunOutcome> {
     if command.trim().is_empty() {
-        return Err(WorkspaceError::Invalid("command is empty; give a shell command such as `ls -la`".into()));
+        return Err(WorkspaceError::Invalid(
+            "command is empty; give a shell command such as `ls -la`".into(),
+        ));
     }
-    let (writer, mut reader) =
-        tokio::net::unix::pipe::pipe().map_err(|e| WorkspaceError::io("creating the output pipe for", command, e))?;
-    let writer = writer.into_blocking_fd().map_err(|e| WorkspaceError::io("creating the output pipe for", command, e))?;
-    let writer_err = writer.try_clone().map_err(|e| WorkspaceError::io("creating the output pipe for", command, e))?;
+    let (writer, mut reader) = tokio::net::unix::pipe::pipe()
+        .map_err(|e| WorkspaceError::io("creating the output pipe for", command, e))?;
+    let writer = writer
+        .into_blocking_fd()
+        .map_err(|e| WorkspaceError::io("creating the output pipe for", command, e))?;
+    let writer_err = writer
+        .try_clone()
+        .map_err(|e| WorkspaceError::io("creating the output pipe for", command, e))?;
 
     let mut cmd = tokio::process::Command::new("sh");
     cmd.arg("-c")
@@ -199,9 +213,17 @@ pub async fn run(root: &Path, command: &str, timeout: Duration, cancel: Cancella
     // Close our copies of the pipe's write end so the reader sees EOF when the group is done.
     drop(cmd);
     let mut child = spawned.map_err(|e| WorkspaceError::io("starting `sh -c` for", command, e))?;
-    let mut group = GroupGuard { pgid: child.id().and_then(|id| i32::try_from(id).ok()).map(Pid::from_raw) };
+    let mut group = GroupGuard {
+        pgid: child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw),
+    };
 
-    let mut tail = Tail { bytes: std::collections::VecDeque::new(), total_chars: 0 };
+    let mut tail = Tail {
+        bytes: std::collections::VecDeque::new(),
+        total_chars: 0,
+    };
     let mut buf = vec![0u8; 16 * 1024];
     let started = Instant::now();
     let deadline = tokio::time::sleep(timeout);
@@ -256,7 +278,13 @@ pub async fn run(root: &Path, command: &str, timeout: Duration, cancel: Cancella
         }
     }
     let total_chars = tail.total_chars;
-    Ok(RunOutcome { end, output: tail.text(), total_chars, output_left_open, leftover_group })
+    Ok(RunOutcome {
+        end,
+        output: tail.text(),
+        total_chars,
+        output_left_open,
+        leftover_group,
+    })
 }
 
 fn exit_end(status: ExitStatus) -> RunEnd {

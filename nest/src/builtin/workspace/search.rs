@@ -94,7 +94,10 @@ pub struct GrepArgs {
 
 /// A file the walk found: a plain entry of a folder it holds open, or a symlink inside the root.
 enum Found<'a> {
-    Entry { dir: BorrowedFd<'a>, name: &'a OsStr },
+    Entry {
+        dir: BorrowedFd<'a>,
+        name: &'a OsStr,
+    },
     Link,
 }
 
@@ -113,7 +116,12 @@ struct Walker<'r> {
 
 impl<'r> Walker<'r> {
     fn new(root: &'r Root) -> Self {
-        Walker { root, notes: Vec::new(), entries: 0, stopped_early: false }
+        Walker {
+            root,
+            notes: Vec::new(),
+            entries: 0,
+            stopped_early: false,
+        }
     }
 
     fn note(&mut self, note: String) {
@@ -129,7 +137,10 @@ impl<'r> Walker<'r> {
         visit: &mut dyn FnMut(&mut Walker<'r>, &RelPath, Found<'_>) -> Flow,
     ) -> Flow {
         if depth > MAX_DEPTH {
-            self.note(format!("skipped `{}`: folders nested deeper than {MAX_DEPTH} levels", rel.shown()));
+            self.note(format!(
+                "skipped `{}`: folders nested deeper than {MAX_DEPTH} levels",
+                rel.shown()
+            ));
             return Flow::Continue;
         }
         // Listing through /proc/self/fd reads exactly the folder this handle holds.
@@ -140,8 +151,10 @@ impl<'r> Walker<'r> {
                 return Flow::Continue;
             }
         };
-        let mut entries: Vec<(std::ffi::OsString, Option<fs::FileType>)> =
-            listing.filter_map(|e| e.ok()).map(|e| (e.file_name(), e.file_type().ok())).collect();
+        let mut entries: Vec<(std::ffi::OsString, Option<fs::FileType>)> = listing
+            .filter_map(|e| e.ok())
+            .map(|e| (e.file_name(), e.file_type().ok()))
+            .collect();
         entries.sort_by(|a, b| a.0.cmp(&b.0));
         for (name, file_type) in entries {
             self.entries += 1;
@@ -157,15 +170,32 @@ impl<'r> Walker<'r> {
                 }
                 let no_symlinks = ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS;
                 let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW;
-                match openat2_retrying(dir.as_fd(), Path::new(&name), flags, Mode::empty(), no_symlinks) {
+                match openat2_retrying(
+                    dir.as_fd(),
+                    Path::new(&name),
+                    flags,
+                    Mode::empty(),
+                    no_symlinks,
+                ) {
                     Ok(sub) => self.walk(&sub, &child, depth + 1, visit),
                     Err(errno) => {
-                        self.note(format!("skipped `{}`: {}", child.shown(), errno.desc().to_lowercase()));
+                        self.note(format!(
+                            "skipped `{}`: {}",
+                            child.shown(),
+                            errno.desc().to_lowercase()
+                        ));
                         Flow::Continue
                     }
                 }
             } else if file_type.is_file() {
-                visit(self, &child, Found::Entry { dir: dir.as_fd(), name: &name })
+                visit(
+                    self,
+                    &child,
+                    Found::Entry {
+                        dir: dir.as_fd(),
+                        name: &name,
+                    },
+                )
             } else if file_type.is_symlink() {
                 self.symlink(&child, visit)
             } else {
@@ -189,7 +219,11 @@ impl<'r> Walker<'r> {
             Ok(fd) => match File::from(fd).metadata() {
                 Ok(meta) if meta.is_file() => visit(self, child, Found::Link),
                 Ok(meta) if meta.is_dir() => {
-                    let real = self.root.canonical_inside(child).map(|r| r.shown()).unwrap_or_default();
+                    let real = self
+                        .root
+                        .canonical_inside(child)
+                        .map(|r| r.shown())
+                        .unwrap_or_default();
                     self.note(format!(
                         "not followed: `{shown}` is a symbolic link to the folder `{real}` inside the root; its files are found under `{real}`"
                     ));
@@ -229,7 +263,10 @@ impl<'r> Walker<'r> {
             text.push_str(note);
         }
         if self.notes.len() > MAX_NOTES {
-            text.push_str(&format!("\n… and {} more skipped entries", self.notes.len() - MAX_NOTES));
+            text.push_str(&format!(
+                "\n… and {} more skipped entries",
+                self.notes.len() - MAX_NOTES
+            ));
         }
         text
     }
@@ -242,14 +279,18 @@ fn glob_matcher(pattern: &str, what: &str) -> Result<GlobMatcher> {
         .backslash_escape(true)
         .build()
         .map(|g| g.compile_matcher())
-        .map_err(|e| WorkspaceError::Invalid(format!("{what} `{pattern}` is not a valid glob: {e}")))
+        .map_err(|e| {
+            WorkspaceError::Invalid(format!("{what} `{pattern}` is not a valid glob: {e}"))
+        })
 }
 
 /// Makes a pattern relative to the root: strips `./` and an absolute root prefix, refuses `..`.
 fn relative_pattern(root: &Root, pattern: &str) -> Result<String> {
     let trimmed = pattern.trim();
     if trimmed.is_empty() {
-        return Err(WorkspaceError::Invalid("the pattern is empty; use a glob such as `src/**/*.rs` or `**/*.md`".into()));
+        return Err(WorkspaceError::Invalid(
+            "the pattern is empty; use a glob such as `src/**/*.rs` or `**/*.md`".into(),
+        ));
     }
     let mut pattern = trimmed.to_string();
     if Path::new(&pattern).is_absolute() {
@@ -269,7 +310,10 @@ fn relative_pattern(root: &Root, pattern: &str) -> Result<String> {
         pattern = rest.to_string();
     }
     if pattern.split('/').any(|part| part == "..") {
-        return Err(WorkspaceError::OutsideRoot { path: trimmed.to_string(), root: root.path().display().to_string() });
+        return Err(WorkspaceError::OutsideRoot {
+            path: trimmed.to_string(),
+            root: root.path().display().to_string(),
+        });
     }
     Ok(pattern)
 }
@@ -292,10 +336,14 @@ pub fn list(root: &Root, args: &ListArgs) -> Result<String> {
     let pattern = relative_pattern(root, &args.pattern)?;
     let matcher = glob_matcher(&pattern, "pattern")?;
     let base = root.resolve(&literal_base(&pattern)).unwrap_or_default();
-    let start = match root.open_beneath(&base, OFlag::O_RDONLY | OFlag::O_DIRECTORY, Mode::empty()) {
+    let start = match root.open_beneath(&base, OFlag::O_RDONLY | OFlag::O_DIRECTORY, Mode::empty())
+    {
         Ok(fd) => fd,
         Err(WorkspaceError::NotFound { .. } | WorkspaceError::NotADirectory { .. }) => {
-            return Ok(format!("no files match `{pattern}` (`{}` does not exist)", base.shown()));
+            return Ok(format!(
+                "no files match `{pattern}` (`{}` does not exist)",
+                base.shown()
+            ));
         }
         Err(e) => return Err(e),
     };
@@ -314,10 +362,15 @@ pub fn list(root: &Root, args: &ListArgs) -> Result<String> {
         let mut text = format!("no files match `{pattern}`");
         let literal = root.resolve(&pattern).ok();
         let is_folder = literal
-            .and_then(|rel| root.open_beneath(&rel, OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty()).ok())
+            .and_then(|rel| {
+                root.open_beneath(&rel, OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty())
+                    .ok()
+            })
             .is_some();
         if is_folder {
-            text.push_str(&format!(" (`{pattern}` is a folder: list `{pattern}/*` or `{pattern}/**`)"));
+            text.push_str(&format!(
+                " (`{pattern}` is a folder: list `{pattern}/*` or `{pattern}/**`)"
+            ));
         }
         text
     } else {
@@ -325,7 +378,10 @@ pub fn list(root: &Root, args: &ListArgs) -> Result<String> {
         found.join("\n")
     };
     if total > MAX_LIST_RESULTS {
-        out.push_str(&format!("\n… and {} more files; narrow the pattern", total - MAX_LIST_RESULTS));
+        out.push_str(&format!(
+            "\n… and {} more files; narrow the pattern",
+            total - MAX_LIST_RESULTS
+        ));
     }
     out.push_str(&walker.notes_text());
     Ok(out)
@@ -343,19 +399,40 @@ pub fn grep(root: &Root, args: &GrepArgs) -> Result<String> {
     let regex = RegexBuilder::new(&args.pattern)
         .size_limit(16 * 1024 * 1024)
         .build()
-        .map_err(|e| WorkspaceError::Invalid(format!("`{}` is not a valid regular expression: {e}", args.pattern)))?;
-    let filter = match args.glob.as_deref().map(str::trim).filter(|g| !g.is_empty()) {
+        .map_err(|e| {
+            WorkspaceError::Invalid(format!(
+                "`{}` is not a valid regular expression: {e}",
+                args.pattern
+            ))
+        })?;
+    let filter = match args
+        .glob
+        .as_deref()
+        .map(str::trim)
+        .filter(|g| !g.is_empty())
+    {
         Some(glob) => Some((glob_matcher(glob, "glob")?, glob.contains('/'))),
         None => None,
     };
-    let rel = match args.path.as_deref().map(str::trim).filter(|p| !p.is_empty()) {
+    let rel = match args
+        .path
+        .as_deref()
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
         Some(path) => root.resolve(path)?,
         None => RelPath::root(),
     };
     let start = root.open_beneath(&rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty())?;
     let start = File::from(start);
-    let meta = start.metadata().map_err(|e| WorkspaceError::io("inspecting", rel.shown(), e))?;
-    let mut state = GrepState { lines: Vec::new(), chars: 0, truncated: false };
+    let meta = start
+        .metadata()
+        .map_err(|e| WorkspaceError::io("inspecting", rel.shown(), e))?;
+    let mut state = GrepState {
+        lines: Vec::new(),
+        chars: 0,
+        truncated: false,
+    };
     let mut walker = Walker::new(root);
     if meta.is_file() {
         if let Some(skip) = grep_file(start, &rel, &regex, &mut state) {
@@ -369,7 +446,10 @@ pub fn grep(root: &Root, args: &GrepArgs) -> Result<String> {
                 let subject = if *whole_path {
                     shown
                 } else {
-                    child.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+                    child
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default()
                 };
                 if !matcher.is_match(&subject) {
                     return Flow::Continue;
@@ -378,7 +458,8 @@ pub fn grep(root: &Root, args: &GrepArgs) -> Result<String> {
             let file = match found {
                 Found::Entry { dir, name } => {
                     let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW;
-                    let no_symlinks = ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS;
+                    let no_symlinks =
+                        ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS;
                     openat2_retrying(dir, Path::new(name), flags, Mode::empty(), no_symlinks)
                         .map(File::from)
                         .map_err(|errno| errno.desc().to_lowercase())
@@ -428,9 +509,14 @@ pub fn grep(root: &Root, args: &GrepArgs) -> Result<String> {
 /// Whether the walk from `start` also meets the target of the link `child` under its real path
 /// (so grep searches it once): the target lies under `start` and not in a skipped folder.
 fn found_under_real_path(root: &Root, child: &RelPath, start: &RelPath) -> bool {
-    let Some(real) = root.canonical_inside(child) else { return false };
+    let Some(real) = root.canonical_inside(child) else {
+        return false;
+    };
     real.as_path().starts_with(start.as_path())
-        && !real.as_path().components().any(|c| SKIPPED_DIRS.iter().any(|s| OsStr::new(s) == c.as_os_str()))
+        && !real
+            .as_path()
+            .components()
+            .any(|c| SKIPPED_DIRS.iter().any(|s| OsStr::new(s) == c.as_os_str()))
 }
 
 /// Greps one file into `state`; returns a note when the file is skipped.
@@ -444,7 +530,10 @@ fn grep_file(file: File, rel: &RelPath, regex: &Regex, state: &mut GrepState) ->
         return None;
     }
     if meta.len() > MAX_GREP_FILE_BYTES {
-        return Some(format!("skipped `{shown}`: larger than {} MB", MAX_GREP_FILE_BYTES / (1024 * 1024)));
+        return Some(format!(
+            "skipped `{shown}`: larger than {} MB",
+            MAX_GREP_FILE_BYTES / (1024 * 1024)
+        ));
     }
     let mut reader = BufReader::with_capacity(64 * 1024, file);
     match reader.fill_buf() {

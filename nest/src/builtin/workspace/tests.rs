@@ -27,7 +27,14 @@ impl Fixture {
         let tmp = tempfile::tempdir().expect("temp dir");
         let base = fs::canonicalize(tmp.path()).expect("canonical temp dir");
         let root = base.join("root");
-        for dir in ["root/src/nested", "root/.git", "root/node_modules/pkg", "root/target", "outside", "root_evil"] {
+        for dir in [
+            "root/src/nested",
+            "root/.git",
+            "root/node_modules/pkg",
+            "root/target",
+            "outside",
+            "root_evil",
+        ] {
             fs::create_dir_all(base.join(dir)).expect("mkdir");
         }
         let files = [
@@ -66,7 +73,11 @@ impl Fixture {
             run_timeout: Duration::from_secs(120),
         })
         .expect("server opens the root");
-        Fixture { _tmp: tmp, base, server }
+        Fixture {
+            _tmp: tmp,
+            base,
+            server,
+        }
     }
 
     fn root(&self) -> PathBuf {
@@ -79,20 +90,34 @@ impl Fixture {
     }
 
     fn call(&self, tool: &str, args: Value) -> Result<String, String> {
-        let Value::Object(args) = args else { panic!("arguments must be an object") };
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-        runtime.block_on(self.server.call(tool, args, CancellationToken::new())).map_err(|e| e.to_string())
+        let Value::Object(args) = args else {
+            panic!("arguments must be an object")
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime
+            .block_on(self.server.call(tool, args, CancellationToken::new()))
+            .map_err(|e| e.to_string())
     }
 
     /// Everything outside the root, to prove nothing there changed.
     fn outside_snapshot(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
         for dir in ["outside", "root_evil"] {
-            let mut entries: Vec<_> = fs::read_dir(self.base.join(dir)).expect("read_dir").flatten().collect();
+            let mut entries: Vec<_> = fs::read_dir(self.base.join(dir))
+                .expect("read_dir")
+                .flatten()
+                .collect();
             entries.sort_by_key(|e| e.file_name());
             for entry in entries {
-                let content = fs::read_to_string(entry.path()).unwrap_or_else(|_| "<not a file>".into());
-                out.push((format!("{dir}/{}", entry.file_name().to_string_lossy()), content));
+                let content =
+                    fs::read_to_string(entry.path()).unwrap_or_else(|_| "<not a file>".into());
+                out.push((
+                    format!("{dir}/{}", entry.file_name().to_string_lossy()),
+                    content,
+                ));
             }
         }
         out
@@ -106,7 +131,10 @@ impl Fixture {
             for entry in fs::read_dir(&dir).expect("read_dir").flatten() {
                 let ft = entry.file_type().expect("file type");
                 if ft.is_symlink() {
-                    out.push((entry.path().display().to_string(), fs::read_link(entry.path()).expect("readlink")));
+                    out.push((
+                        entry.path().display().to_string(),
+                        fs::read_link(entry.path()).expect("readlink"),
+                    ));
                 } else if ft.is_dir() {
                     stack.push(entry.path());
                 }
@@ -121,18 +149,42 @@ impl Fixture {
 fn escape_paths(f: &Fixture) -> Vec<(String, &'static str)> {
     vec![
         ("../outside/secret.txt".into(), "outside the workspace root"),
-        ("src/../../outside/secret.txt".into(), "outside the workspace root"),
-        ("./../root_evil/secret.txt".into(), "outside the workspace root"),
+        (
+            "src/../../outside/secret.txt".into(),
+            "outside the workspace root",
+        ),
+        (
+            "./../root_evil/secret.txt".into(),
+            "outside the workspace root",
+        ),
         (f.abs("outside/secret.txt"), "outside the workspace root"),
         // a sibling whose name starts with the root's name is not inside the root
         (f.abs("root_evil/secret.txt"), "outside the workspace root"),
-        (format!("{}/../outside/secret.txt", f.abs("root")), "outside the workspace root"),
+        (
+            format!("{}/../outside/secret.txt", f.abs("root")),
+            "outside the workspace root",
+        ),
         ("/etc/passwd".into(), "outside the workspace root"),
-        ("link_out/secret.txt".into(), "symbolic link `link_out`, which leads outside"),
-        ("link_out_abs/secret.txt".into(), "symbolic link `link_out_abs`, which leads outside"),
-        ("file_link_out".into(), "symbolic link `file_link_out`, which leads outside"),
-        ("sneaky/secret.txt".into(), "symbolic link `sneaky`, which leads outside"),
-        ("link_in/../link_out/secret.txt".into(), "symbolic link `link_out`, which leads outside"),
+        (
+            "link_out/secret.txt".into(),
+            "symbolic link `link_out`, which leads outside",
+        ),
+        (
+            "link_out_abs/secret.txt".into(),
+            "symbolic link `link_out_abs`, which leads outside",
+        ),
+        (
+            "file_link_out".into(),
+            "symbolic link `file_link_out`, which leads outside",
+        ),
+        (
+            "sneaky/secret.txt".into(),
+            "symbolic link `sneaky`, which leads outside",
+        ),
+        (
+            "link_in/../link_out/secret.txt".into(),
+            "symbolic link `link_out`, which leads outside",
+        ),
         ("src/up/link_out/secret.txt".into(), "which leads outside"),
         ("loop_a".into(), "symbolic link loop"),
     ]
@@ -154,15 +206,33 @@ fn every_escape_is_refused_by_every_file_tool_and_nothing_outside_changes() {
     let outside_before = f.outside_snapshot();
     let links_before = f.links_snapshot();
     for (path, expected) in escape_paths(&f) {
-        assert_refused(f.call("read", json!({"path": path})), "read", &path, expected);
-        assert_refused(f.call("write", json!({"path": path, "content": "pwned"})), "write", &path, expected);
         assert_refused(
-            f.call("edit", json!({"path": path, "old_string": "SECRET", "new_string": "pwned"})),
+            f.call("read", json!({"path": path})),
+            "read",
+            &path,
+            expected,
+        );
+        assert_refused(
+            f.call("write", json!({"path": path, "content": "pwned"})),
+            "write",
+            &path,
+            expected,
+        );
+        assert_refused(
+            f.call(
+                "edit",
+                json!({"path": path, "old_string": "SECRET", "new_string": "pwned"}),
+            ),
             "edit",
             &path,
             expected,
         );
-        assert_refused(f.call("grep", json!({"pattern": "SECRET", "path": path})), "grep", &path, expected);
+        assert_refused(
+            f.call("grep", json!({"pattern": "SECRET", "path": path})),
+            "grep",
+            &path,
+            expected,
+        );
     }
     assert_eq!(f.outside_snapshot(), outside_before);
     assert_eq!(f.links_snapshot(), links_before);
@@ -175,26 +245,55 @@ fn writes_through_an_escaping_parent_or_dangling_link_are_refused() {
     let links_before = f.links_snapshot();
     let cases = [
         // a symlinked parent of a file that does not exist yet
-        ("link_out/new.txt", "symbolic link `link_out`, which leads outside"),
-        ("link_out_abs/new.txt", "symbolic link `link_out_abs`, which leads outside"),
-        ("sneaky/new.txt", "symbolic link `sneaky`, which leads outside"),
+        (
+            "link_out/new.txt",
+            "symbolic link `link_out`, which leads outside",
+        ),
+        (
+            "link_out_abs/new.txt",
+            "symbolic link `link_out_abs`, which leads outside",
+        ),
+        (
+            "sneaky/new.txt",
+            "symbolic link `sneaky`, which leads outside",
+        ),
         // missing folders are never created through a link that leaves the root
-        ("link_out/sub/dir/new.txt", "symbolic link `link_out`, which leads outside"),
+        (
+            "link_out/sub/dir/new.txt",
+            "symbolic link `link_out`, which leads outside",
+        ),
         // a dangling link pointing outside is not created through
-        ("dangling_out", "symbolic link `dangling_out`, which leads outside"),
+        (
+            "dangling_out",
+            "symbolic link `dangling_out`, which leads outside",
+        ),
     ];
     for (path, expected) in cases {
-        assert_refused(f.call("write", json!({"path": path, "content": "pwned"})), "write", path, expected);
         assert_refused(
-            f.call("edit", json!({"path": path, "old_string": "a", "new_string": "b"})),
+            f.call("write", json!({"path": path, "content": "pwned"})),
+            "write",
+            path,
+            expected,
+        );
+        assert_refused(
+            f.call(
+                "edit",
+                json!({"path": path, "old_string": "a", "new_string": "b"}),
+            ),
             "edit",
             path,
             "",
         );
     }
     assert_eq!(f.outside_snapshot(), outside_before);
-    assert!(!f.base.join("outside/sub").exists(), "no folder may be created outside");
-    assert!(!f.base.join("outside/nothing.txt").exists(), "the dangling link's target may not be created");
+    assert!(
+        !f.base.join("outside/sub").exists(),
+        "no folder may be created outside"
+    );
+    assert!(
+        !f.base.join("outside/nothing.txt").exists(),
+        "the dangling link's target may not be created"
+    );
     assert_eq!(f.links_snapshot(), links_before);
 }
 
@@ -203,14 +302,34 @@ fn list_and_grep_refuse_patterns_and_paths_outside_the_root() {
     let f = Fixture::new();
     let list_cases = [
         ("../outside/*".to_string(), "outside the workspace root"),
-        (format!("{}/*", f.abs("outside")), "outside the workspace root"),
-        (format!("{}/*", f.abs("root_evil")), "outside the workspace root"),
-        ("link_out/*".to_string(), "symbolic link `link_out`, which leads outside"),
-        ("link_out_abs/**".to_string(), "symbolic link `link_out_abs`, which leads outside"),
-        ("sneaky/*".to_string(), "symbolic link `sneaky`, which leads outside"),
+        (
+            format!("{}/*", f.abs("outside")),
+            "outside the workspace root",
+        ),
+        (
+            format!("{}/*", f.abs("root_evil")),
+            "outside the workspace root",
+        ),
+        (
+            "link_out/*".to_string(),
+            "symbolic link `link_out`, which leads outside",
+        ),
+        (
+            "link_out_abs/**".to_string(),
+            "symbolic link `link_out_abs`, which leads outside",
+        ),
+        (
+            "sneaky/*".to_string(),
+            "symbolic link `sneaky`, which leads outside",
+        ),
     ];
     for (pattern, expected) in list_cases {
-        assert_refused(f.call("list", json!({"pattern": pattern})), "list", &pattern, expected);
+        assert_refused(
+            f.call("list", json!({"pattern": pattern})),
+            "list",
+            &pattern,
+            expected,
+        );
     }
 }
 
@@ -218,7 +337,10 @@ fn list_and_grep_refuse_patterns_and_paths_outside_the_root() {
 fn list_and_grep_skip_escaping_links_and_say_so() {
     let f = Fixture::new();
     let listed = f.call("list", json!({"pattern": "**"})).expect("list **");
-    assert!(!listed.contains("secret.txt"), "nothing outside may be listed: {listed}");
+    assert!(
+        !listed.contains("secret.txt"),
+        "nothing outside may be listed: {listed}"
+    );
     for note in [
         "skipped `link_out`: symbolic link leading outside the workspace root (not followed)",
         "skipped `link_out_abs`: symbolic link leading outside the workspace root (not followed)",
@@ -231,10 +353,21 @@ fn list_and_grep_skip_escaping_links_and_say_so() {
     ] {
         assert!(listed.contains(note), "list should say {note:?}:\n{listed}");
     }
-    let grepped = f.call("grep", json!({"pattern": "SECRET"})).expect("grep SECRET");
-    assert!(grepped.starts_with("no matches for `SECRET` in `.`"), "{grepped}");
-    assert!(grepped.contains("skipped `link_out`: symbolic link leading outside"), "{grepped}");
-    assert!(grepped.contains("skipped `file_link_out`: symbolic link leading outside"), "{grepped}");
+    let grepped = f
+        .call("grep", json!({"pattern": "SECRET"}))
+        .expect("grep SECRET");
+    assert!(
+        grepped.starts_with("no matches for `SECRET` in `.`"),
+        "{grepped}"
+    );
+    assert!(
+        grepped.contains("skipped `link_out`: symbolic link leading outside"),
+        "{grepped}"
+    );
+    assert!(
+        grepped.contains("skipped `file_link_out`: symbolic link leading outside"),
+        "{grepped}"
+    );
 }
 
 #[test]
@@ -252,18 +385,49 @@ fn legitimate_paths_work_including_links_that_stay_inside() {
         ("src/up/inside.txt".to_string(), "inside"),
     ];
     for (path, expected) in cases {
-        let text = f.call("read", json!({"path": path})).unwrap_or_else(|e| panic!("read `{path}`: {e}"));
-        assert!(text.contains(expected), "read `{path}` should show {expected:?}: {text}");
+        let text = f
+            .call("read", json!({"path": path}))
+            .unwrap_or_else(|e| panic!("read `{path}`: {e}"));
+        assert!(
+            text.contains(expected),
+            "read `{path}` should show {expected:?}: {text}"
+        );
     }
     // writing through a link that stays inside writes its target and keeps the link
-    f.call("write", json!({"path": "file_link_in", "content": "fn a2() {}\n"})).expect("write through inside link");
-    assert_eq!(fs::read_to_string(f.root().join("src/a.rs")).expect("a.rs"), "fn a2() {}\n");
-    assert!(fs::symlink_metadata(f.root().join("file_link_in")).expect("link").file_type().is_symlink());
-    f.call("edit", json!({"path": "link_in/a.rs", "old_string": "a2", "new_string": "a3"})).expect("edit via link");
-    assert_eq!(fs::read_to_string(f.root().join("src/a.rs")).expect("a.rs"), "fn a3() {}\n");
-    f.call("write", json!({"path": f.abs("root/new/deep/file.txt"), "content": "x"})).expect("absolute inside");
-    assert_eq!(fs::read_to_string(f.root().join("new/deep/file.txt")).expect("created"), "x");
-    let grepped = f.call("grep", json!({"pattern": "fn", "path": "link_in"})).expect("grep via link");
+    f.call(
+        "write",
+        json!({"path": "file_link_in", "content": "fn a2() {}\n"}),
+    )
+    .expect("write through inside link");
+    assert_eq!(
+        fs::read_to_string(f.root().join("src/a.rs")).expect("a.rs"),
+        "fn a2() {}\n"
+    );
+    assert!(fs::symlink_metadata(f.root().join("file_link_in"))
+        .expect("link")
+        .file_type()
+        .is_symlink());
+    f.call(
+        "edit",
+        json!({"path": "link_in/a.rs", "old_string": "a2", "new_string": "a3"}),
+    )
+    .expect("edit via link");
+    assert_eq!(
+        fs::read_to_string(f.root().join("src/a.rs")).expect("a.rs"),
+        "fn a3() {}\n"
+    );
+    f.call(
+        "write",
+        json!({"path": f.abs("root/new/deep/file.txt"), "content": "x"}),
+    )
+    .expect("absolute inside");
+    assert_eq!(
+        fs::read_to_string(f.root().join("new/deep/file.txt")).expect("created"),
+        "x"
+    );
+    let grepped = f
+        .call("grep", json!({"pattern": "fn", "path": "link_in"}))
+        .expect("grep via link");
     assert!(grepped.contains("link_in/a.rs:1: fn a3() {}"), "{grepped}");
 }
 
@@ -291,18 +455,27 @@ fn a_folder_swapped_for_a_symlink_never_leads_outside() {
     let mut reads = 0;
     while std::time::Instant::now() < deadline {
         if let Ok(text) = f.call("read", json!({"path": "swap/secret.txt"})) {
-            assert!(!text.contains("SECRET"), "a read escaped through the swapped folder: {text}");
+            assert!(
+                !text.contains("SECRET"),
+                "a read escaped through the swapped folder: {text}"
+            );
         }
         let _ = f.call("write", json!({"path": "swap/dropped.txt", "content": "x"}));
         if let Ok(text) = f.call("grep", json!({"pattern": "SECRET", "path": "swap"})) {
-            assert!(!text.contains("SECRET outside"), "a grep escaped through the swapped folder: {text}");
+            assert!(
+                !text.contains("SECRET outside"),
+                "a grep escaped through the swapped folder: {text}"
+            );
         }
         reads += 1;
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     swapper.join().expect("swapper");
     assert!(reads > 10, "the race ran only {reads} rounds");
-    assert!(!f.base.join("outside/dropped.txt").exists(), "a write escaped through the swapped folder");
+    assert!(
+        !f.base.join("outside/dropped.txt").exists(),
+        "a write escaped through the swapped folder"
+    );
 }
 
 #[test]
@@ -312,49 +485,105 @@ fn read_pages_400_lines_at_a_time_and_says_the_next_offset() {
     fs::write(f.root().join("long.txt"), text).expect("write");
 
     let first = f.call("read", json!({"path": "long.txt"})).expect("read");
-    assert!(first.starts_with("     1\tline 1\n     2\tline 2\n"), "{first}");
+    assert!(
+        first.starts_with("     1\tline 1\n     2\tline 2\n"),
+        "{first}"
+    );
     assert!(first.contains("   400\tline 400\n"));
     assert!(!first.contains("line 401"));
-    assert!(first.ends_with("(lines 1-400 of 1000; call read with offset 401 to see more)"), "{first}");
+    assert!(
+        first.ends_with("(lines 1-400 of 1000; call read with offset 401 to see more)"),
+        "{first}"
+    );
 
-    let page = f.call("read", json!({"path": "long.txt", "offset": 401, "limit": 3})).expect("read page");
+    let page = f
+        .call(
+            "read",
+            json!({"path": "long.txt", "offset": 401, "limit": 3}),
+        )
+        .expect("read page");
     assert_eq!(
         page,
         "   401\tline 401\n   402\tline 402\n   403\tline 403\n(lines 401-403 of 1000; call read with offset 404 to see more)"
     );
-    let last = f.call("read", json!({"path": "long.txt", "offset": 999})).expect("read end");
-    assert_eq!(last, "   999\tline 999\n  1000\tline 1000\n(lines 999-1000 of 1000; end of file)");
+    let last = f
+        .call("read", json!({"path": "long.txt", "offset": 999}))
+        .expect("read end");
+    assert_eq!(
+        last,
+        "   999\tline 999\n  1000\tline 1000\n(lines 999-1000 of 1000; end of file)"
+    );
 
-    let whole = f.call("read", json!({"path": "inside.txt"})).expect("small file");
+    let whole = f
+        .call("read", json!({"path": "inside.txt"}))
+        .expect("small file");
     assert_eq!(whole, "     1\tinside\n");
 
-    let past = f.call("read", json!({"path": "long.txt", "offset": 1001})).expect_err("past the end");
-    assert!(past.contains("offset 1001 is past the end of `long.txt`, which has 1000 lines"), "{past}");
+    let past = f
+        .call("read", json!({"path": "long.txt", "offset": 1001}))
+        .expect_err("past the end");
+    assert!(
+        past.contains("offset 1001 is past the end of `long.txt`, which has 1000 lines"),
+        "{past}"
+    );
 }
 
 #[test]
 fn read_cuts_long_lines_and_refuses_what_is_not_a_text_file() {
     let f = Fixture::new();
-    fs::write(f.root().join("wide.txt"), format!("{}\nshort\n", "x".repeat(5000))).expect("write");
+    fs::write(
+        f.root().join("wide.txt"),
+        format!("{}\nshort\n", "x".repeat(5000)),
+    )
+    .expect("write");
     let text = f.call("read", json!({"path": "wide.txt"})).expect("read");
-    assert!(text.contains(&format!("{} … [line cut: 5000 characters in total]", "x".repeat(2000))), "{text}");
+    assert!(
+        text.contains(&format!(
+            "{} … [line cut: 5000 characters in total]",
+            "x".repeat(2000)
+        )),
+        "{text}"
+    );
     assert!(text.contains("     2\tshort"));
 
     fs::write(f.root().join("blob.bin"), [0u8, 1, 2, 3]).expect("write");
-    nix::unistd::mkfifo(&f.root().join("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o644)).expect("mkfifo");
+    nix::unistd::mkfifo(
+        &f.root().join("fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .expect("mkfifo");
     let cases = [
         ("blob.bin", "`blob.bin` looks like a binary file (4 bytes)"),
-        ("src", "`src` is a folder; use `list` with a pattern such as `src/**`"),
-        ("missing.rs", "`missing.rs` does not exist; `list` shows what does"),
-        ("inside.txt/x", "`inside.txt/x`: a part of this path is a file, not a folder"),
+        (
+            "src",
+            "`src` is a folder; use `list` with a pattern such as `src/**`",
+        ),
+        (
+            "missing.rs",
+            "`missing.rs` does not exist; `list` shows what does",
+        ),
+        (
+            "inside.txt/x",
+            "`inside.txt/x`: a part of this path is a file, not a folder",
+        ),
         ("fifo", "`fifo` is not a regular file"),
         ("", "the path is empty"),
     ];
     for (path, expected) in cases {
-        assert_refused(f.call("read", json!({"path": path})), "read", path, expected);
+        assert_refused(
+            f.call("read", json!({"path": path})),
+            "read",
+            path,
+            expected,
+        );
     }
-    let bad_args = f.call("read", json!({"file_path": "inside.txt"})).expect_err("unknown argument");
-    assert!(bad_args.contains("invalid arguments for `read`: unknown field `file_path`"), "{bad_args}");
+    let bad_args = f
+        .call("read", json!({"file_path": "inside.txt"}))
+        .expect_err("unknown argument");
+    assert!(
+        bad_args.contains("invalid arguments for `read`: unknown field `file_path`"),
+        "{bad_args}"
+    );
 }
 
 #[test]
@@ -381,31 +610,73 @@ fn edit_replaces_exactly_one_occurrence_unless_replace_all() {
             (got, want) => panic!("{args}: got {got:?}, want {want:?}"),
         }
     }
-    assert_eq!(fs::read_to_string(f.root().join("e.txt")).expect("read"), "alpha\nbeta\nalpha\n");
+    assert_eq!(
+        fs::read_to_string(f.root().join("e.txt")).expect("read"),
+        "alpha\nbeta\nalpha\n"
+    );
 
-    let one = f.call("edit", json!({"path": "e.txt", "old_string": "alpha\nbeta", "new_string": "ALPHA\nbeta"}));
-    assert_eq!(one.as_deref(), Ok("edited `e.txt`: replaced 1 occurrence (at line 1)"));
-    let all = f.call("edit", json!({"path": "e.txt", "old_string": "a", "new_string": "4", "replace_all": true}));
-    assert_eq!(all.as_deref(), Ok("edited `e.txt`: replaced 3 occurrences (at lines 2, 3, 3)"));
-    assert_eq!(fs::read_to_string(f.root().join("e.txt")).expect("read"), "ALPHA\nbet4\n4lph4\n");
+    let one = f.call(
+        "edit",
+        json!({"path": "e.txt", "old_string": "alpha\nbeta", "new_string": "ALPHA\nbeta"}),
+    );
+    assert_eq!(
+        one.as_deref(),
+        Ok("edited `e.txt`: replaced 1 occurrence (at line 1)")
+    );
+    let all = f.call(
+        "edit",
+        json!({"path": "e.txt", "old_string": "a", "new_string": "4", "replace_all": true}),
+    );
+    assert_eq!(
+        all.as_deref(),
+        Ok("edited `e.txt`: replaced 3 occurrences (at lines 2, 3, 3)")
+    );
+    assert_eq!(
+        fs::read_to_string(f.root().join("e.txt")).expect("read"),
+        "ALPHA\nbet4\n4lph4\n"
+    );
 }
 
 #[test]
 fn write_creates_folders_and_replaces_whole_files() {
     let f = Fixture::new();
     assert_eq!(
-        f.call("write", json!({"path": "docs/guide/intro.md", "content": "# Intro\n\nHello\n"})).as_deref(),
+        f.call(
+            "write",
+            json!({"path": "docs/guide/intro.md", "content": "# Intro\n\nHello\n"})
+        )
+        .as_deref(),
         Ok("created `docs/guide/intro.md` (3 lines, 15 bytes)")
     );
     assert_eq!(
-        f.call("write", json!({"path": "docs/guide/intro.md", "content": "short"})).as_deref(),
+        f.call(
+            "write",
+            json!({"path": "docs/guide/intro.md", "content": "short"})
+        )
+        .as_deref(),
         Ok("replaced `docs/guide/intro.md` (1 lines, 5 bytes)")
     );
-    assert_eq!(fs::read_to_string(f.root().join("docs/guide/intro.md")).expect("read"), "short");
-    assert_refused(f.call("write", json!({"path": "src", "content": "x"})), "write", "src", "`src` is a folder");
-    assert_refused(f.call("write", json!({"path": ".", "content": "x"})), "write", ".", "not the workspace root");
+    assert_eq!(
+        fs::read_to_string(f.root().join("docs/guide/intro.md")).expect("read"),
+        "short"
+    );
     assert_refused(
-        f.call("write", json!({"path": "inside.txt/sub.txt", "content": "x"})),
+        f.call("write", json!({"path": "src", "content": "x"})),
+        "write",
+        "src",
+        "`src` is a folder",
+    );
+    assert_refused(
+        f.call("write", json!({"path": ".", "content": "x"})),
+        "write",
+        ".",
+        "not the workspace root",
+    );
+    assert_refused(
+        f.call(
+            "write",
+            json!({"path": "inside.txt/sub.txt", "content": "x"}),
+        ),
         "write",
         "inside.txt/sub.txt",
         "a part of this path is a file",
@@ -426,41 +697,93 @@ fn list_matches_globs_sorted_and_skips_build_and_vcs_folders() {
         ("target/**", "target/out.rs"),
         ("node_modules/**/*.js", "node_modules/pkg/index.js"),
         ("**/*.go", "no files match `**/*.go`"),
-        ("src", "no files match `src` (`src` is a folder: list `src/*` or `src/**`)"),
-        ("nothere/**", "no files match `nothere/**` (`nothere` does not exist)"),
+        (
+            "src",
+            "no files match `src` (`src` is a folder: list `src/*` or `src/**`)",
+        ),
+        (
+            "nothere/**",
+            "no files match `nothere/**` (`nothere` does not exist)",
+        ),
     ];
     for (pattern, expected) in cases {
-        let got = f.call("list", json!({"pattern": pattern})).unwrap_or_else(|e| panic!("list {pattern}: {e}"));
+        let got = f
+            .call("list", json!({"pattern": pattern}))
+            .unwrap_or_else(|e| panic!("list {pattern}: {e}"));
         assert_eq!(without_notes(&got), expected, "list {pattern}");
     }
     let everything = f.call("list", json!({"pattern": "**"})).expect("list **");
     for hidden in [".git/config", "node_modules/pkg/index.js", "target/out.rs"] {
-        assert!(!everything.contains(hidden), "{hidden} should be skipped:\n{everything}");
+        assert!(
+            !everything.contains(hidden),
+            "{hidden} should be skipped:\n{everything}"
+        );
     }
-    assert!(everything.contains("abs_link_in\n"), "links to files inside are listed:\n{everything}");
-    let bad = f.call("list", json!({"pattern": "src/[a"})).expect_err("bad glob");
-    assert!(bad.contains("pattern `src/[a` is not a valid glob"), "{bad}");
+    assert!(
+        everything.contains("abs_link_in\n"),
+        "links to files inside are listed:\n{everything}"
+    );
+    let bad = f
+        .call("list", json!({"pattern": "src/[a"}))
+        .expect_err("bad glob");
+    assert!(
+        bad.contains("pattern `src/[a` is not a valid glob"),
+        "{bad}"
+    );
 }
 
 #[test]
 fn grep_prints_path_line_text_with_path_and_glob_filters() {
     let f = Fixture::new();
     let cases = [
-        (json!({"pattern": "needle"}), "src/a.rs:2: // needle in a\nsrc/notes.md:1: needle in notes"),
-        (json!({"pattern": "needle", "glob": "*.md"}), "src/notes.md:1: needle in notes"),
-        (json!({"pattern": "needle", "glob": "src/**/*.rs"}), "src/a.rs:2: // needle in a"),
-        (json!({"pattern": "^fn \\w+", "path": "src/nested"}), "src/nested/b.rs:1: fn b() {}"),
-        (json!({"pattern": "needle", "path": "src/a.rs"}), "src/a.rs:2: // needle in a"),
-        (json!({"pattern": "needle", "path": "target"}), "target/out.rs:1: needle in target"),
-        (json!({"pattern": "zzz", "path": "src"}), "no matches for `zzz` in `src`"),
+        (
+            json!({"pattern": "needle"}),
+            "src/a.rs:2: // needle in a\nsrc/notes.md:1: needle in notes",
+        ),
+        (
+            json!({"pattern": "needle", "glob": "*.md"}),
+            "src/notes.md:1: needle in notes",
+        ),
+        (
+            json!({"pattern": "needle", "glob": "src/**/*.rs"}),
+            "src/a.rs:2: // needle in a",
+        ),
+        (
+            json!({"pattern": "^fn \\w+", "path": "src/nested"}),
+            "src/nested/b.rs:1: fn b() {}",
+        ),
+        (
+            json!({"pattern": "needle", "path": "src/a.rs"}),
+            "src/a.rs:2: // needle in a",
+        ),
+        (
+            json!({"pattern": "needle", "path": "target"}),
+            "target/out.rs:1: needle in target",
+        ),
+        (
+            json!({"pattern": "zzz", "path": "src"}),
+            "no matches for `zzz` in `src`",
+        ),
     ];
     for (args, expected) in cases {
-        let got = f.call("grep", args.clone()).unwrap_or_else(|e| panic!("grep {args}: {e}"));
+        let got = f
+            .call("grep", args.clone())
+            .unwrap_or_else(|e| panic!("grep {args}: {e}"));
         assert_eq!(without_notes(&got), expected, "grep {args}");
     }
-    let bad = f.call("grep", json!({"pattern": "("})).expect_err("bad regex");
-    assert!(bad.contains("`(` is not a valid regular expression"), "{bad}");
-    assert_refused(f.call("grep", json!({"pattern": "x", "path": "missing"})), "grep", "missing", "does not exist");
+    let bad = f
+        .call("grep", json!({"pattern": "("}))
+        .expect_err("bad regex");
+    assert!(
+        bad.contains("`(` is not a valid regular expression"),
+        "{bad}"
+    );
+    assert_refused(
+        f.call("grep", json!({"pattern": "x", "path": "missing"})),
+        "grep",
+        "missing",
+        "does not exist",
+    );
 }
 
 #[test]
@@ -471,14 +794,18 @@ fn grep_searches_a_linked_file_once() {
     let whole = f.call("grep", json!({"pattern": "^inside"})).expect("grep");
     assert_eq!(without_notes(&whole), "inside.txt:1: inside");
     // from src, the target is outside the searched folder: reported under the link
-    let sub = f.call("grep", json!({"pattern": "^inside", "path": "src"})).expect("grep src");
+    let sub = f
+        .call("grep", json!({"pattern": "^inside", "path": "src"}))
+        .expect("grep src");
     assert_eq!(without_notes(&sub), "src/ref.txt:1: inside");
 }
 
 /// An output without its notes about skipped entries.
 fn without_notes(output: &str) -> String {
-    let kept: Vec<&str> =
-        output.lines().filter(|l| !l.starts_with("skipped `") && !l.starts_with("not followed: ")).collect();
+    let kept: Vec<&str> = output
+        .lines()
+        .filter(|l| !l.starts_with("skipped `") && !l.starts_with("not followed: "))
+        .collect();
     kept.join("\n")
 }
 
@@ -487,56 +814,109 @@ fn grep_output_is_bounded() {
     let f = Fixture::new();
     let many: String = (0..1000).map(|i| format!("hit {i}\n")).collect();
     fs::write(f.root().join("many.txt"), many).expect("write");
-    let got = f.call("grep", json!({"pattern": "hit", "path": "many.txt"})).expect("grep");
-    assert_eq!(got.lines().filter(|l| l.starts_with("many.txt:")).count(), super::search::MAX_GREP_MATCHES);
+    let got = f
+        .call("grep", json!({"pattern": "hit", "path": "many.txt"}))
+        .expect("grep");
+    assert_eq!(
+        got.lines().filter(|l| l.starts_with("many.txt:")).count(),
+        super::search::MAX_GREP_MATCHES
+    );
     assert!(got.ends_with("(output cut at 300 matching lines; narrow the search with `path`, `glob` or a more specific pattern)"));
 }
 
 #[test]
 fn run_reports_exit_codes_and_keeps_the_output_tail() {
     let f = Fixture::new();
-    let ok = f.call("run", json!({"command": "echo hello; echo oops >&2; pwd"})).expect("run");
-    assert_eq!(ok, format!("exit code: 0\noutput:\nhello\noops\n{}\n", f.root().display()));
+    let ok = f
+        .call("run", json!({"command": "echo hello; echo oops >&2; pwd"}))
+        .expect("run");
+    assert_eq!(
+        ok,
+        format!(
+            "exit code: 0\noutput:\nhello\noops\n{}\n",
+            f.root().display()
+        )
+    );
     let failed = f.call("run", json!({"command": "exit 3"})).expect("run");
     assert_eq!(failed, "exit code: 3\n(no output)");
-    let long = f.call("run", json!({"command": "head -c 30000 /dev/zero | tr '\\0' a; printf END"})).expect("run");
-    assert!(long.starts_with("exit code: 0\noutput (the last 20000 of 30003 characters; earlier output was cut):\n"));
-    assert!(long.ends_with(&format!("{}END", "a".repeat(19_997))), "tail kept");
-    let too_long = f.call("run", json!({"command": "true", "timeout": 901})).expect_err("timeout cap");
+    let long = f
+        .call(
+            "run",
+            json!({"command": "head -c 30000 /dev/zero | tr '\\0' a; printf END"}),
+        )
+        .expect("run");
+    assert!(long.starts_with(
+        "exit code: 0\noutput (the last 20000 of 30003 characters; earlier output was cut):\n"
+    ));
+    assert!(
+        long.ends_with(&format!("{}END", "a".repeat(19_997))),
+        "tail kept"
+    );
+    let too_long = f
+        .call("run", json!({"command": "true", "timeout": 901}))
+        .expect_err("timeout cap");
     assert!(too_long.contains("at most 900 seconds"), "{too_long}");
 }
 
 #[test]
 fn run_timeout_kills_the_whole_group_before_replying() {
     let f = Fixture::new();
-    let script = "trap '' TERM; (trap '' TERM; echo $$ > child.pid; exec sleep 300) & echo started; wait";
-    let got = f.call("run", json!({"command": script, "timeout": 1})).expect_err("timed out");
-    assert!(got.starts_with("timed out after 1s: the command and every process it started were killed"), "{got}");
+    let script =
+        "trap '' TERM; (trap '' TERM; echo $$ > child.pid; exec sleep 300) & echo started; wait";
+    let got = f
+        .call("run", json!({"command": script, "timeout": 1}))
+        .expect_err("timed out");
+    assert!(
+        got.starts_with("timed out after 1s: the command and every process it started were killed"),
+        "{got}"
+    );
     assert!(got.contains("started"), "{got}");
-    let pid: i32 = fs::read_to_string(f.root().join("child.pid")).expect("pid file").trim().parse().expect("pid");
+    let pid: i32 = fs::read_to_string(f.root().join("child.pid"))
+        .expect("pid file")
+        .trim()
+        .parse()
+        .expect("pid");
     assert!(process_is_gone(pid), "child {pid} survived the timeout");
 }
 
 #[test]
 fn background_processes_left_by_run_are_stopped_with_the_server() {
     let f = Fixture::new();
-    let got = f.call("run", json!({"command": "sleep 300 >/dev/null 2>&1 & echo $! > bg.pid"})).expect("run");
+    let got = f
+        .call(
+            "run",
+            json!({"command": "sleep 300 >/dev/null 2>&1 & echo $! > bg.pid"}),
+        )
+        .expect("run");
     assert!(got.starts_with("exit code: 0\n(no output)\n(background processes it started are still running in process group "), "{got}");
-    let pid: i32 = fs::read_to_string(f.root().join("bg.pid")).expect("pid file").trim().parse().expect("pid");
-    assert!(!process_is_gone(pid), "the background process runs on after the call");
+    let pid: i32 = fs::read_to_string(f.root().join("bg.pid"))
+        .expect("pid file")
+        .trim()
+        .parse()
+        .expect("pid");
+    assert!(
+        !process_is_gone(pid),
+        "the background process runs on after the call"
+    );
     f.server.stop_background_processes();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while !process_is_gone(pid) && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(process_is_gone(pid), "background process {pid} outlived the server");
+    assert!(
+        process_is_gone(pid),
+        "background process {pid} outlived the server"
+    );
 }
 
 /// Gone, or a zombie waiting for its new parent to reap it (it can no longer run).
 pub(crate) fn process_is_gone(pid: i32) -> bool {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
-        Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
     }
 }
 
@@ -551,9 +931,16 @@ fn no_run_leaves_run_out() {
     .expect("server");
     let names: Vec<&str> = server.tools().iter().map(|t| t.name.as_ref()).collect();
     assert_eq!(names, ["read", "list", "grep", "edit", "write"]);
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let refused = runtime
-        .block_on(server.call("run", serde_json::Map::from_iter([("command".into(), json!("true"))]), CancellationToken::new()))
+        .block_on(server.call(
+            "run",
+            serde_json::Map::from_iter([("command".into(), json!("true"))]),
+            CancellationToken::new(),
+        ))
         .expect_err("run is disabled");
     assert!(refused.to_string().contains("--no-run"));
 }
@@ -567,32 +954,70 @@ fn tools_carry_schemas_and_read_only_annotations() {
         run_timeout: Duration::from_secs(120),
     })
     .expect("server");
-    let summary: Vec<(String, Vec<String>, Vec<String>, Option<bool>)> = server
+    /// (name, argument names, required arguments, readOnlyHint)
+    type ToolSummary = (String, Vec<String>, Vec<String>, Option<bool>);
+    let summary: Vec<ToolSummary> = server
         .tools()
         .iter()
         .map(|t| {
             let schema = Value::Object(t.input_schema.as_ref().clone());
-            let mut props: Vec<String> =
-                schema["properties"].as_object().map(|p| p.keys().cloned().collect()).unwrap_or_default();
+            let mut props: Vec<String> = schema["properties"]
+                .as_object()
+                .map(|p| p.keys().cloned().collect())
+                .unwrap_or_default();
             props.sort();
             let mut required: Vec<String> = schema["required"]
                 .as_array()
-                .map(|r| r.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+                .map(|r| {
+                    r.iter()
+                        .filter_map(|v| v.as_str().map(String::from))
+                        .collect()
+                })
                 .unwrap_or_default();
             required.sort();
-            (t.name.to_string(), props, required, t.annotations.as_ref().and_then(|a| a.read_only_hint))
+            (
+                t.name.to_string(),
+                props,
+                required,
+                t.annotations.as_ref().and_then(|a| a.read_only_hint),
+            )
         })
         .collect();
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     assert_eq!(
         summary,
         vec![
-            ("read".into(), s(&["limit", "offset", "path"]), s(&["path"]), Some(true)),
+            (
+                "read".into(),
+                s(&["limit", "offset", "path"]),
+                s(&["path"]),
+                Some(true)
+            ),
             ("list".into(), s(&["pattern"]), s(&["pattern"]), Some(true)),
-            ("grep".into(), s(&["glob", "path", "pattern"]), s(&["pattern"]), Some(true)),
-            ("edit".into(), s(&["new_string", "old_string", "path", "replace_all"]), s(&["new_string", "old_string", "path"]), Some(false)),
-            ("write".into(), s(&["content", "path"]), s(&["content", "path"]), Some(false)),
-            ("run".into(), s(&["command", "timeout"]), s(&["command"]), Some(false)),
+            (
+                "grep".into(),
+                s(&["glob", "path", "pattern"]),
+                s(&["pattern"]),
+                Some(true)
+            ),
+            (
+                "edit".into(),
+                s(&["new_string", "old_string", "path", "replace_all"]),
+                s(&["new_string", "old_string", "path"]),
+                Some(false)
+            ),
+            (
+                "write".into(),
+                s(&["content", "path"]),
+                s(&["content", "path"]),
+                Some(false)
+            ),
+            (
+                "run".into(),
+                s(&["command", "timeout"]),
+                s(&["command"]),
+                Some(false)
+            ),
         ]
     );
 }
@@ -606,5 +1031,9 @@ fn a_missing_root_is_a_clear_startup_error() {
     })
     .err()
     .expect("missing root fails");
-    assert!(err.to_string().contains("workspace root `/definitely/not/here` cannot be opened"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("workspace root `/definitely/not/here` cannot be opened"),
+        "{err}"
+    );
 }
