@@ -273,52 +273,54 @@ fn json_rows(text: &str) -> Vec<Value> {
         .collect()
 }
 
+/// What the listing says of one tool.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct ListedTool {
+    name: String,
+    properties: Vec<String>,
+    required: Vec<String>,
+    read_only: Option<bool>,
+}
+
+fn sorted_strings(value: Option<Vec<String>>) -> Vec<String> {
+    let mut v = value.unwrap_or_default();
+    v.sort();
+    v
+}
+
 /// The listing: three tools, their contract arguments, all read-only.
 fn assert_tool_listing(report: &Value) {
     let tools = report["tools"].as_array().expect("tools");
-    let mut listed: Vec<(String, Vec<String>, Vec<String>, Option<bool>)> = tools
+    let mut listed: Vec<ListedTool> = tools
         .iter()
-        .map(|t| {
-            let mut props: Vec<String> = t["inputSchema"]["properties"]
-                .as_object()
-                .map(|p| p.keys().cloned().collect())
-                .unwrap_or_default();
-            props.sort();
-            let mut required: Vec<String> = t["inputSchema"]["required"]
-                .as_array()
-                .map(|r| {
-                    r.iter()
-                        .filter_map(|v| v.as_str().map(str::to_owned))
-                        .collect()
-                })
-                .unwrap_or_default();
-            required.sort();
-            (
-                t["name"].as_str().unwrap_or_default().to_owned(),
-                props,
-                required,
-                t["annotations"]["readOnlyHint"].as_bool(),
-            )
+        .map(|t| ListedTool {
+            name: t["name"].as_str().unwrap_or_default().to_owned(),
+            properties: sorted_strings(
+                t["inputSchema"]["properties"]
+                    .as_object()
+                    .map(|p| p.keys().cloned().collect()),
+            ),
+            required: sorted_strings(t["inputSchema"]["required"].as_array().map(|r| {
+                r.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })),
+            read_only: t["annotations"]["readOnlyHint"].as_bool(),
         })
         .collect();
     listed.sort();
-    let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let tool = |name: &str, properties: &[&str], required: &[&str]| ListedTool {
+        name: name.to_owned(),
+        properties: properties.iter().map(|s| s.to_string()).collect(),
+        required: required.iter().map(|s| s.to_string()).collect(),
+        read_only: Some(true),
+    };
     assert_eq!(
         listed,
         vec![
-            (
-                "describe".to_owned(),
-                s(&["table"]),
-                s(&["table"]),
-                Some(true)
-            ),
-            (
-                "query".to_owned(),
-                s(&["limit", "sql"]),
-                s(&["sql"]),
-                Some(true)
-            ),
-            ("tables".to_owned(), s(&[]), s(&[]), Some(true)),
+            tool("describe", &["table"], &["table"]),
+            tool("query", &["limit", "sql"], &["sql"]),
+            tool("tables", &[], &[]),
         ]
     );
     assert_eq!(report["server_info"]["name"], json!("agen-sql"));
