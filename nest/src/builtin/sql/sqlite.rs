@@ -153,7 +153,13 @@ impl Sqlite {
                 })?;
                 rows.collect::<rusqlite::Result<Vec<_>>>()
             })
-            .await?
+            .await
+            .map_err(|e| match e {
+                SqlError::Database(m) if m.contains("unknown database") => {
+                    SqlError::NoSuchTable(table.clone())
+                }
+                other => other,
+            })?
         };
         if columns.is_empty() {
             return Err(SqlError::NoSuchTable(table));
@@ -443,6 +449,15 @@ mod tests {
         assert_eq!(name, "items");
         assert_eq!(columns.len(), 3);
         assert!(!columns[1].nullable);
+        let (name, _) = db
+            .describe("main.items")
+            .await
+            .expect("describe main.items");
+        assert_eq!(name, "items");
+        for missing in ["nope", "nope.items", "main.nope"] {
+            let err = db.describe(missing).await.expect_err(missing);
+            assert!(matches!(err, SqlError::NoSuchTable(_)), "{missing}: {err}");
+        }
         let rows = db
             .query("SELECT id, name FROM items ORDER BY id", 1)
             .await
