@@ -110,6 +110,19 @@ impl Root {
         // SAFETY: `open` just returned this descriptor and nothing else owns it.
         #[allow(unsafe_code)]
         let dir = unsafe { OwnedFd::from_raw_fd(dir) };
+        // Everything is opened with openat2 (Linux 5.6+); say so now rather than on every call.
+        let beneath = ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS;
+        if let Err(errno) = openat2_retrying(
+            dir.as_fd(),
+            Path::new("."),
+            OFlag::O_PATH,
+            Mode::empty(),
+            beneath,
+        ) {
+            return Err(WorkspaceError::Invalid(format!(
+                "cannot open files beneath the workspace root `{shown}` with openat2 ({errno}); the workspace server needs Linux 5.6 or newer without a seccomp filter blocking openat2"
+            )));
+        }
         Ok(Root {
             dir,
             path,

@@ -909,6 +909,42 @@ fn background_processes_left_by_run_are_stopped_with_the_server() {
     );
 }
 
+#[test]
+fn a_cancelled_run_kills_its_group() {
+    let f = Fixture::new();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let cancel = CancellationToken::new();
+    let args = serde_json::Map::from_iter([(
+        "command".to_string(),
+        json!("(trap '' TERM; echo $$ > sub.pid; sleep 300) & wait"),
+    )]);
+    let got = runtime.block_on(async {
+        let canceller = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            canceller.cancel();
+        });
+        f.server.call("run", args, cancel).await
+    });
+    let message = got.expect_err("a cancelled run is an error").to_string();
+    assert!(
+        message.starts_with("cancelled: the command and every process it started were killed"),
+        "{message}"
+    );
+    let pid: i32 = fs::read_to_string(f.root().join("sub.pid"))
+        .expect("pid file")
+        .trim()
+        .parse()
+        .expect("pid");
+    assert!(
+        process_is_gone(pid),
+        "subshell {pid} survived the cancellation"
+    );
+}
+
 /// Gone, or a zombie waiting for its new parent to reap it (it can no longer run).
 pub(crate) fn process_is_gone(pid: i32) -> bool {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
