@@ -540,11 +540,11 @@ async fn a_silent_server_misses_its_start_deadline() {
         &[],
     );
     let mut ctx = ctx();
-    ctx.start_timeout = Duration::from_secs(2);
+    ctx.start_timeout = Duration::from_secs(4);
     let began = Instant::now();
     let host = start(&bundle, ctx).await;
     assert!(
-        began.elapsed() < Duration::from_secs(10),
+        began.elapsed() < Duration::from_secs(15),
         "{:?}",
         began.elapsed()
     );
@@ -552,7 +552,7 @@ async fn a_silent_server_misses_its_start_deadline() {
     assert_eq!(status.not_connected.len(), 1);
     assert_eq!(
         status.not_connected[0].reason,
-        "did not answer initialize and tools/list within 2s: warming up"
+        "did not answer initialize and tools/list within 4s: warming up"
     );
     host.shutdown().await;
 }

@@ -203,7 +203,8 @@ impl ToolHost {
         }
         let arguments = match args {
             serde_json::Value::Object(map) => Some(map),
-            serde_json::Value::Null => None,
+            // Some servers validate a missing `arguments` against their schema and fail.
+            serde_json::Value::Null => Some(serde_json::Map::new()),
             other => {
                 return Err(CallError::BadArguments {
                     tool: format!("{}.{tool}", conn.name),
@@ -308,20 +309,24 @@ fn resolve_name(
     connected: &dyn Fn(&str) -> bool,
     has_tool: &dyn Fn(&str, &str) -> bool,
 ) -> Resolved {
-    let mut candidates: Vec<(&str, &str)> = match name.split_once('.') {
-        Some((server, tool)) => vec![(server, tool)],
-        None => names
-            .iter()
-            .filter_map(|s| {
-                Some((
-                    s.as_str(),
-                    name.strip_prefix(s.as_str())?.strip_prefix('_')?,
-                ))
-            })
-            .collect(),
-    };
-    candidates.retain(|(s, _)| names.iter().any(|n| n == s));
-    candidates.sort_by_key(|c| std::cmp::Reverse(c.0.len()));
+    // `server.tool` first (tool names may themselves hold dots or underscores), then every
+    // `server_tool` split after a known server name, longest server name first.
+    let mut by_model_name: Vec<(&str, &str)> = names
+        .iter()
+        .filter_map(|s| {
+            Some((
+                s.as_str(),
+                name.strip_prefix(s.as_str())?.strip_prefix('_')?,
+            ))
+        })
+        .collect();
+    by_model_name.sort_by_key(|c| std::cmp::Reverse(c.0.len()));
+    let candidates: Vec<(&str, &str)> = name
+        .split_once('.')
+        .filter(|(s, _)| names.iter().any(|n| n == s))
+        .into_iter()
+        .chain(by_model_name)
+        .collect();
     if let Some((server, tool)) = candidates.iter().find(|(s, t)| has_tool(s, t)) {
         return Resolved::Tool(server.to_string(), tool.to_string());
     }
@@ -609,6 +614,7 @@ mod tests {
             ("a", "b_x"),
             ("a", "b_only"),
             ("a", "run"),
+            ("a", "b_c.d"),
             ("a_b", "x"),
             ("a_b", "run"),
             ("time", "get_current_time"),
@@ -644,5 +650,7 @@ mod tests {
         check("nobody.x", Resolved::Unknown);
         check("nobody_x", Resolved::Unknown);
         check("time", Resolved::Unknown);
+        check("a_b_c.d", tool("a", "b_c.d"));
+        check("a.b_c.d", tool("a", "b_c.d"));
     }
 }
