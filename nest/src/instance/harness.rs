@@ -85,6 +85,8 @@ pub struct Harness {
     mcp_tools: BTreeMap<String, ToolInfo>,
     /// Whether `report_progress` is offered (fleet only).
     progress: bool,
+    /// Secret values, redacted from traced tool arguments.
+    secret_values: Vec<String>,
     /// The bundle's Keen tools (`keen-tools.json`, flows) when the dialect is Keen.
     keen: Option<Arc<crate::keen::KeenBundle>>,
 }
@@ -100,7 +102,13 @@ impl Harness {
     ) -> Result<Harness, HarnessError> {
         let config = model_config(&bundle, secrets)?;
         let provider: Arc<dyn ModelProvider> = Arc::from(provider_for(config, http));
-        Harness::with_provider(bundle, tools, provider)
+        Ok(Harness::with_provider(bundle, tools, provider)?.with_secret_values(secrets))
+    }
+
+    /// Secret values to redact from traced tool arguments (`traceToolArguments`).
+    pub fn with_secret_values(mut self, secrets: &BTreeMap<String, String>) -> Harness {
+        self.secret_values = secrets.values().filter(|v| v.len() >= 4).cloned().collect();
+        self
     }
 
     /// Like [`Harness::new`] with a ready model client.
@@ -148,6 +156,7 @@ impl Harness {
             system_prompt,
             mcp_tools,
             progress: false,
+            secret_values: Vec::new(),
             keen,
         })
     }
@@ -953,7 +962,11 @@ impl<'h> Run<'h> {
         }
 
         let mut started = json!({"call_id": call.id, "tool": qualified, "model_name": call.name, "side_effect": side_effect});
-        started["arguments"] = call.arguments.clone();
+        if self.h.bundle.harness.trace_tool_arguments {
+            // Traces show arguments only when the bundle asks (they may hold personal data);
+            // a resume reads them from the model.answered message instead.
+            started["arguments"] = traced_arguments(&call.arguments, &self.h.secret_values);
+        }
         if let Err(e) = self.emit(event::TOOL_STARTED, started, side_effect).await {
             // A side-effecting call is never sent before its start is durable.
             return fail(format!("tool {qualified} was not called: {e}"));
@@ -1156,6 +1169,60 @@ impl crate::keen::FlowAgent for FlowModel<'_, '_> {
     }
 }
 
+/// Tool arguments as traces record them: secret values replaced by `[redacted]`, cut at 4 KiB.
+fn traced_arguments(arguments: &Value, secrets: &[String]) -> Value {
+    const MAX: usize = 4096;
+    let mut text = arguments.to_string();
+    for s in secrets {
+        text = text.replace(s.as_str(), "[redacted]");
+    }
+    if text.len() <= MAX {
+        return serde_json::from_str(&text).unwrap_or(Value::String(text));
+    }
+    let mut cut = MAX;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    Value::String(format!("{}… (cut at 4 KiB)", &text[..cut]))
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traced_arguments_are_redacted_and_capped() {
+        let secrets = vec!["s3cr3t-token".to_string()];
+        assert_eq!(
+            traced_arguments(&json!({"auth": "Bearer s3cr3t-token", "n": 1}), &secrets),
+            json!({"auth": "Bearer [redacted]", "n": 1})
+        );
+        let long = traced_arguments(&json!({"text": "é".repeat(5000)}), &secrets);
+        let text = long.as_str().expect("cut arguments are a string");
+        assert!(
+            text.ends_with("… (cut at 4 KiB)") && text.len() < 4200,
+            "{}",
+            text.len()
+        );
+    }
+
+    #[test]
+    fn tool_schemas_are_object_schemas() {
+        assert_eq!(
+            object_schema(&json!({"type": "object", "properties": {}})),
+            json!({"type": "object", "properties": {}})
+        );
+        assert_eq!(
+            object_schema(&json!({"properties": {"a": {}}})),
+            json!({"properties": {"a": {}}, "type": "object"})
+        );
+        assert_eq!(
+            object_schema(&Value::Null),
+            json!({"type": "object", "properties": {}})
+        );
+    }
 }

@@ -80,7 +80,7 @@ pub async fn run_cli(dir: PathBuf, prompt: String, model: Option<String>) -> any
 
     let agen_bin = std::env::current_exe().context("while finding the agen binary for AGEN_BIN")?;
     let mut launch = LaunchContext::new(agen_bin);
-    launch.secrets = secrets;
+    launch.secrets = secrets.clone();
     let host = ToolHost::start(&bundle, launch).await;
     for p in host.status().not_connected {
         eprintln!(
@@ -96,7 +96,7 @@ pub async fn run_cli(dir: PathBuf, prompt: String, model: Option<String>) -> any
         .context("while building the HTTP client")?;
     let provider = Arc::from(provider_for(config, http));
     let harness = match Harness::with_provider(bundle.clone(), Arc::new(host.clone()), provider) {
-        Ok(h) => h,
+        Ok(h) => h.with_secret_values(&secrets),
         Err(e) => {
             host.shutdown().await;
             eprintln!("error: {e}");
