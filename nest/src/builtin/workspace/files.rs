@@ -116,13 +116,9 @@ pub fn read(root: &Root, args: &ReadArgs) -> Result<String> {
     let mut last_shown = 0usize;
     let mut budget_hit = false;
     loop {
-        line.clear();
-        let n = reader
-            .read_until(b'\n', &mut line)
+        let chars = read_line_capped(&mut reader, &mut line, MAX_LINE_CHARS * 4)
             .map_err(|e| WorkspaceError::io("reading", &shown, e))?;
-        if n == 0 {
-            break;
-        }
+        let Some(chars) = chars else { break };
         number += 1;
         if number < offset || number >= offset + limit || budget_hit {
             continue;
@@ -131,10 +127,10 @@ pub fn read(root: &Root, args: &ReadArgs) -> Result<String> {
             budget_hit = true;
             continue;
         }
-        let text = String::from_utf8_lossy(trim_newline(&line));
+        let text = String::from_utf8_lossy(&line);
         out.push_str(&format!(
             "{number:>6}\t{}\n",
-            cut_line(&text, MAX_LINE_CHARS)
+            cut_line(&text, chars, MAX_LINE_CHARS)
         ));
         last_shown = number;
     }
@@ -317,22 +313,62 @@ fn count_lines(text: &str) -> usize {
     }
 }
 
-/// A line without its `\n` or `\r\n`.
-pub(crate) fn trim_newline(line: &[u8]) -> &[u8] {
-    let line = line.strip_suffix(b"\n").unwrap_or(line);
-    line.strip_suffix(b"\r").unwrap_or(line)
-}
-
-/// Cuts a line at `max` characters and says so.
-pub(crate) fn cut_line(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        None => text.to_string(),
-        Some((at, _)) => {
-            format!(
-                "{} … [line cut: {} characters in total]",
-                &text[..at],
-                text.chars().count()
-            )
+/// Reads one line into `buf` without its `\n` or `\r\n`, keeping at most `cap` bytes of it
+/// (so a huge line never fills memory). Returns the line's full length in characters, or
+/// `None` at the end of the input.
+pub(crate) fn read_line_capped<R: BufRead>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+    cap: usize,
+) -> std::io::Result<Option<usize>> {
+    buf.clear();
+    let mut chars = 0usize;
+    let mut seen_any = false;
+    let mut last = None;
+    loop {
+        let (used, done) = {
+            let available = reader.fill_buf()?;
+            if available.is_empty() {
+                break;
+            }
+            seen_any = true;
+            let newline = available.iter().position(|b| *b == b'\n');
+            let chunk = &available[..newline.unwrap_or(available.len())];
+            // UTF-8 continuation bytes do not start a character.
+            chars += chunk.iter().filter(|b| (**b & 0xC0) != 0x80).count();
+            if let Some(&byte) = chunk.last() {
+                last = Some(byte);
+            }
+            let room = cap.saturating_sub(buf.len());
+            buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            match newline {
+                Some(at) => (at + 1, true),
+                None => (available.len(), false),
+            }
+        };
+        reader.consume(used);
+        if done {
+            break;
         }
     }
+    if !seen_any {
+        return Ok(None);
+    }
+    if last == Some(b'\r') {
+        chars -= 1;
+        if buf.last() == Some(&b'\r') {
+            buf.pop();
+        }
+    }
+    Ok(Some(chars))
+}
+
+/// Cuts a line of `total_chars` characters (of which `text` holds at least the first `max`) at
+/// `max` characters and says so.
+pub(crate) fn cut_line(text: &str, total_chars: usize, max: usize) -> String {
+    if total_chars <= max {
+        return text.to_string();
+    }
+    let kept: String = text.chars().take(max).collect();
+    format!("{kept} … [line cut: {total_chars} characters in total]")
 }

@@ -29,7 +29,7 @@ use serde::Deserialize;
 
 use super::confine::{openat2_retrying, RelPath, Root};
 use super::error::{Result, WorkspaceError};
-use super::files::{cut_line, trim_newline, SNIFF_BYTES};
+use super::files::{cut_line, read_line_capped, SNIFF_BYTES};
 
 /// Folders `list` and `grep` do not walk into (unless named as the starting point).
 pub const SKIPPED_DIRS: &[&str] = &[
@@ -62,6 +62,8 @@ pub const MAX_GREP_MATCHES: usize = 300;
 pub const MAX_GREP_CHARS: usize = 30_000;
 /// Matching lines are cut at this many characters in `grep` output.
 pub const MAX_GREP_LINE_CHARS: usize = 500;
+/// `grep` matches only the first this many bytes of a line.
+pub const MAX_GREP_LINE_BYTES: usize = 1024 * 1024;
 /// `grep` skips files larger than this.
 pub const MAX_GREP_FILE_BYTES: u64 = 20 * 1024 * 1024;
 /// A walk stops after looking at this many entries.
@@ -544,20 +546,22 @@ fn grep_file(file: File, rel: &RelPath, regex: &Regex, state: &mut GrepState) ->
     let mut line = Vec::new();
     let mut number = 0usize;
     loop {
-        line.clear();
-        match reader.read_until(b'\n', &mut line) {
-            Ok(0) => return None,
-            Ok(_) => {}
+        let chars = match read_line_capped(&mut reader, &mut line, MAX_GREP_LINE_BYTES) {
+            Ok(None) => return None,
+            Ok(Some(chars)) => chars,
             Err(e) => return Some(format!("stopped reading `{shown}` at line {number}: {e}")),
-        }
+        };
         number += 1;
-        let text = String::from_utf8_lossy(trim_newline(&line));
+        let text = String::from_utf8_lossy(&line);
         if regex.is_match(&text) {
             if state.lines.len() >= MAX_GREP_MATCHES || state.chars >= MAX_GREP_CHARS {
                 state.truncated = true;
                 return None;
             }
-            let hit = format!("{shown}:{number}: {}", cut_line(&text, MAX_GREP_LINE_CHARS));
+            let hit = format!(
+                "{shown}:{number}: {}",
+                cut_line(&text, chars, MAX_GREP_LINE_CHARS)
+            );
             state.chars += hit.len() + 1;
             state.lines.push(hit);
         }

@@ -1073,3 +1073,28 @@ fn a_missing_root_is_a_clear_startup_error() {
         "{err}"
     );
 }
+
+#[test]
+fn lines_are_read_with_a_memory_cap_and_their_full_length() {
+    fn check(input: &str, cap: usize, expected: &[(&str, usize)]) {
+        let mut reader = std::io::BufReader::with_capacity(4, input.as_bytes());
+        let mut line = Vec::new();
+        let mut got = Vec::new();
+        while let Some(chars) =
+            super::files::read_line_capped(&mut reader, &mut line, cap).expect("read")
+        {
+            got.push((String::from_utf8_lossy(&line).into_owned(), chars));
+        }
+        let expected: Vec<(String, usize)> =
+            expected.iter().map(|(t, n)| (t.to_string(), *n)).collect();
+        assert_eq!(got, expected, "input {input:?} cap {cap}");
+    }
+    check("", 10, &[]);
+    check("a\nbc\n", 10, &[("a", 1), ("bc", 2)]);
+    check("no newline", 100, &[("no newline", 10)]);
+    check("dos\r\nline\r\n", 100, &[("dos", 3), ("line", 4)]);
+    check("\n\n", 10, &[("", 0), ("", 0)]);
+    check("abcdefghij\nxy", 4, &[("abcd", 10), ("xy", 2)]);
+    check("héllo wörld\n", 100, &[("héllo wörld", 11)]);
+    check("long\r\n", 2, &[("lo", 4)]);
+}
