@@ -68,6 +68,9 @@ pub async fn client(opts: &NestOptions) -> Result<HubClient> {
         .keep_alive_timeout(Duration::from_secs(5))
         .keep_alive_while_idle(true);
     let endpoint = if hub.starts_with("https://") {
+        // Several rustls providers are in the build graph: pick ring for the process (no-op
+        // when one is installed already).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let ca = trusted_ca(opts, &hub).await?;
         endpoint
             .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))
