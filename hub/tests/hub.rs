@@ -239,7 +239,7 @@ async fn a_nest_registers_gets_placements_spread_and_reports_them_running() {
 #[tokio::test]
 async fn a_lost_nest_has_its_instances_replaced_on_another() {
     let dir = tempfile::tempdir().unwrap();
-    let hub = TestHub::start(&dir.path().join("hub"), Duration::from_millis(800)).await;
+    let hub = TestHub::start(&dir.path().join("hub"), Duration::from_secs(2)).await;
     let mut api = hub.client().await;
     let bundle = dir.path().join("hello");
     write_bundle(&bundle, "hi");
@@ -588,7 +588,7 @@ async fn cancel_stops_queued_tasks_at_once_and_running_ones_through_the_nest() {
 #[tokio::test]
 async fn a_run_whose_nest_is_lost_is_redispatched_with_the_next_attempt_and_old_events_fenced() {
     let dir = tempfile::tempdir().unwrap();
-    let hub = TestHub::start(&dir.path().join("hub"), Duration::from_millis(800)).await;
+    let hub = TestHub::start(&dir.path().join("hub"), Duration::from_secs(2)).await;
     let mut api = hub.client().await;
     let bundle = dir.path().join("hello");
     write_bundle(&bundle, "hi");
