@@ -1122,3 +1122,62 @@ async fn a_resumed_run_reuses_answered_turns_and_never_repeats_an_interrupted_si
         (json!("effect_unknown"), true)
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Progress (fleet runs)
+
+#[tokio::test]
+async fn report_progress_is_rate_limited_and_the_latest_report_is_never_lost() {
+    let model = fake(vec![
+        Step::call(
+            "report_progress",
+            json!({"step": "reading page 1", "done": 1, "total": 3}),
+        ),
+        Step::call(
+            "report_progress",
+            json!({"step": "reading page 2", "done": 2, "total": 3}),
+        ),
+        Step::call(
+            "report_progress",
+            json!({"step": "reading page 3", "done": 3, "total": 3}),
+        ),
+        Step::reply("read all 3 pages"),
+    ])
+    .await;
+    let bundle = TestBundle::new("openai/m", &model.openai_base_url(), &[]);
+    let bundle = Arc::new(bundle.load());
+    let host = ToolHost::start(&bundle, LaunchContext::new("/nonexistent/agen")).await;
+    let harness = Harness::new(
+        bundle,
+        Arc::new(host),
+        &BTreeMap::new(),
+        reqwest::Client::new(),
+    )
+    .unwrap()
+    .with_progress(true);
+    let sink = Arc::new(MemorySink::default());
+    let outcome = harness
+        .run(request("read"), sink.clone(), CancellationToken::new())
+        .await;
+    assert_eq!(outcome.result, "read all 3 pages");
+    let offered: Vec<String> = model.requests()[0]["body"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        offered.contains(&"report_progress".to_string()),
+        "{offered:?}"
+    );
+    let steps: Vec<Value> = sink
+        .of_kind("task.progress")
+        .into_iter()
+        .map(|(v, _)| v["step"].clone())
+        .collect();
+    assert_eq!(
+        steps,
+        vec![json!("reading page 1"), json!("reading page 3")],
+        "one event per 10 s, and the latest at the end"
+    );
+}

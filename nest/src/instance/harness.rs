@@ -284,7 +284,8 @@ struct Run<'h> {
     /// This run's new messages (the outcome's `messages`).
     new_messages: Mutex<Vec<Message>>,
     tool_calls: std::sync::atomic::AtomicU32,
-    last_progress: Mutex<Option<Instant>>,
+    /// When the last `task.progress` went out, and the latest report held back since then.
+    last_progress: Mutex<(Option<Instant>, Option<Value>)>,
 }
 
 impl<'h> Run<'h> {
@@ -316,7 +317,7 @@ impl<'h> Run<'h> {
             context: Mutex::new(context),
             new_messages: Mutex::new(vec![user]),
             tool_calls: Default::default(),
-            last_progress: Mutex::new(None),
+            last_progress: Mutex::new((None, None)),
         }
     }
 
@@ -343,6 +344,23 @@ impl<'h> Run<'h> {
                     Ok(())
                 }
             }
+        }
+    }
+
+    /// Sends the latest held-back progress report when it is due, or at once with `force`
+    /// (the run is ending), so the task always ends up with the latest report.
+    async fn flush_progress(&self, force: bool) {
+        let pending = {
+            let mut p = lock(&self.last_progress);
+            if p.1.is_some() && (force || p.0.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY)) {
+                p.0 = Some(Instant::now());
+                p.1.take()
+            } else {
+                None
+            }
+        };
+        if let Some(args) = pending {
+            let _ = self.emit(event::TASK_PROGRESS, args, false).await;
         }
     }
 
@@ -375,6 +393,7 @@ impl<'h> Run<'h> {
         if self.cancel.is_cancelled() {
             return Err(self.cancelled_outcome());
         }
+        self.flush_progress(false).await;
         let _ = self
             .emit(event::MODEL_REQUESTED, json!({"turn": turn}), false)
             .await;
@@ -897,15 +916,18 @@ impl<'h> Run<'h> {
             };
         };
         self.activity(step.to_string()).await;
-        let due = {
-            let mut last = lock(&self.last_progress);
-            let due = last.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY);
-            if due {
-                *last = Some(Instant::now());
+        let send = {
+            let mut p = lock(&self.last_progress);
+            if p.0.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
+                *p = (Some(Instant::now()), None);
+                true
+            } else {
+                // Held back; the latest report goes out later (see `flush_progress`).
+                p.1 = Some(call.arguments.clone());
+                false
             }
-            due
         };
-        if due {
+        if send {
             let _ = self
                 .emit(event::TASK_PROGRESS, call.arguments.clone(), false)
                 .await;
@@ -1080,6 +1102,7 @@ impl<'h> Run<'h> {
 
     /// Emits `run.finished` and builds the outcome.
     async fn finish(self, state: RunState, result: String, response_type: &str) -> RunOutcome {
+        self.flush_progress(true).await;
         // Every call the model made gets an answer, so the history stays valid.
         let mut answered: HashMap<String, ()> = HashMap::new();
         let mut pending = Vec::new();
