@@ -112,7 +112,7 @@ fn workspace() -> (tempfile::TempDir, PathBuf) {
     (tmp, root)
 }
 
-fn result<'a>(report: &'a Value, index: usize) -> (&'a str, bool) {
+fn result(report: &Value, index: usize) -> (&str, bool) {
     let r = &report["results"][index];
     assert_eq!(
         r["error"],
