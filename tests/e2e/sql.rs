@@ -28,6 +28,20 @@ struct Postgres {
 impl Postgres {
     /// Starts a server with database `shop` holding `items` (1,500 rows) and a view `cheap`.
     fn start() -> Postgres {
+        Self::start_with(false)
+    }
+
+    /// The same, also serving TLS with a certificate for `localhost` (only) issued by a test CA
+    /// whose certificate is [`Postgres::ca_file`].
+    fn start_with_tls() -> Postgres {
+        Self::start_with(true)
+    }
+
+    fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+
+    fn start_with(tls: bool) -> Postgres {
         let initdb = Path::new(PG_BIN).join("initdb");
         assert!(
             initdb.exists(),
@@ -52,6 +66,14 @@ impl Postgres {
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).expect("chmod");
         }
         let data = dir.path().join("data");
+        let mut tls_opts = String::new();
+        if tls {
+            make_certificates(dir.path(), user.uid.as_raw(), user.gid.as_raw());
+            tls_opts = format!(
+                " -c ssl=on -c ssl_cert_file={0}/server.crt -c ssl_key_file={0}/server.key",
+                dir.path().display()
+            );
+        }
         as_postgres(&[
             &Path::new(PG_BIN).join("initdb").to_string_lossy(),
             "-D",
@@ -67,7 +89,7 @@ impl Postgres {
         for _ in 0..3 {
             let port = free_port();
             let opts = format!(
-                "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+                "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off{tls_opts}",
                 dir.path().join("sock").display()
             );
             let out = runuser(&[
@@ -170,6 +192,89 @@ impl Drop for Postgres {
             "-w",
             "stop",
         ]);
+    }
+}
+
+/// A test CA and a server certificate for `localhost` only (not 127.0.0.1), made with openssl;
+/// the server's files are handed to the postgres user.
+fn make_certificates(dir: &Path, uid: u32, gid: u32) {
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\n\
+         extendedKeyUsage=serverAuth\n",
+    )
+    .expect("write server.ext");
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let steps: Vec<Vec<&str>> = vec![
+        [
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-subj",
+                "/CN=agen-test-ca",
+                "-days",
+                "2",
+            ],
+        ]
+        .concat(),
+        [
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=localhost",
+            ],
+        ]
+        .concat(),
+        vec![
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+        ],
+    ];
+    for args in steps {
+        let out = Command::new("openssl")
+            .args(&args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run openssl (Debian's postgresql package depends on it)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    for file in ["server.crt", "server.key"] {
+        chown(dir.join(file), Some(uid), Some(gid)).expect("chown to postgres");
+        std::fs::set_permissions(dir.join(file), std::fs::Permissions::from_mode(0o600))
+            .expect("chmod");
     }
 }
 
@@ -727,4 +832,72 @@ fn a_missing_dsn_variable_stops_the_server_with_a_clear_error() {
         "stdout is the protocol and must stay clean: {:?}",
         out.stdout
     );
+}
+
+#[test]
+fn postgres_tls_follows_libpq_sslmode() {
+    let pg = Postgres::start_with_tls();
+    let ca = pg.ca_file();
+    let ca = ca.display();
+    let port = pg.port;
+    let ssl_in_use = query("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()");
+    // (DSN, Some(uses TLS) when the call must work, None when it must fail to connect)
+    let cases = [
+        (
+            format!(
+                "postgres://postgres@localhost:{port}/shop?sslmode=verify-full&sslrootcert={ca}"
+            ),
+            Some(true),
+        ),
+        (
+            format!("postgres://postgres@127.0.0.1:{port}/shop?sslmode=verify-ca&sslrootcert={ca}"),
+            Some(true),
+        ),
+        (
+            format!("postgres://postgres@127.0.0.1:{port}/shop?sslmode=require"),
+            Some(true),
+        ),
+        (
+            format!("postgres://postgres@127.0.0.1:{port}/shop"),
+            Some(true),
+        ),
+        (
+            format!("postgres://postgres@127.0.0.1:{port}/shop?sslmode=disable"),
+            Some(false),
+        ),
+        // The certificate names localhost only.
+        (
+            format!(
+                "postgres://postgres@127.0.0.1:{port}/shop?sslmode=verify-full&sslrootcert={ca}"
+            ),
+            None,
+        ),
+        // The test CA is not among the system's roots.
+        (
+            format!("postgres://postgres@localhost:{port}/shop?sslmode=verify-full"),
+            None,
+        ),
+    ];
+    for (dsn, expected) in cases {
+        let report = drive(&dsn, &json!([ssl_in_use]));
+        let result = &report["results"][0];
+        let text = result["text"].as_str().unwrap_or_default();
+        match expected {
+            Some(tls) => {
+                assert_eq!(result["is_error"], json!(false), "{dsn}: {text}");
+                assert_eq!(json_rows(text), vec![json!({"ssl": tls})], "{dsn}");
+            }
+            None => {
+                assert_eq!(
+                    result["is_error"],
+                    json!(true),
+                    "{dsn} must not connect: {text}"
+                );
+                assert!(
+                    text.contains("cannot connect") && text.contains("certificate"),
+                    "{dsn}: {text}"
+                );
+            }
+        }
+    }
 }

@@ -2,7 +2,7 @@
 //!
 //! Reading order: `guard` (the lexical screen every query passes first), `render` (what the
 //! tools return, and where results are cut), `postgres` and `sqlite` (the two engines and their
-//! own read-only fences), then this file (the MCP server over stdio, through rmcp).
+//! own read-only fences; `tls` is the Postgres connection's rustls glue), then this file (the MCP server over stdio, through rmcp).
 //!
 //! Invariants:
 //! - the DSN comes only from the environment variable named by `--dsn-env`, and is never logged
@@ -17,6 +17,7 @@ pub mod guard;
 mod postgres;
 pub mod render;
 mod sqlite;
+mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -9,13 +9,13 @@
 //! - the timeout is a `SET LOCAL` inside that transaction (as is `standard_conforming_strings
 //!   = on`, so the server reads string literals exactly as the screen in `guard` did), and a client-side deadline (the
 //!   timeout plus a grace) cancels the query and drops the connection if the server does not;
-//! - the DSN is never logged or returned: errors name the variable, not its value.
+//! - the DSN is never logged or returned: errors name the variable, not its value;
+//! - TLS follows libpq's `sslmode` (default `prefer`), through rustls (see `tls`).
 
 use std::error::Error as StdError;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio_postgres::config::SslMode;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{FromSql, Kind, Type};
 use tokio_postgres::{Client, Config, NoTls, Transaction};
@@ -23,6 +23,7 @@ use tokio_postgres::{Client, Config, NoTls, Transaction};
 use super::error::{Result, SqlError};
 use super::guard::{self, Dialect};
 use super::render::{ColumnInfo, QueryRows, TableInfo};
+use super::tls::{self, Roots, RustlsConnect, Verify};
 
 /// How long past the statement timeout the client waits before it cancels on its own.
 const CLIENT_GRACE: Duration = Duration::from_secs(2);
@@ -30,6 +31,8 @@ const CLIENT_GRACE: Duration = Duration::from_secs(2);
 /// A Postgres database reached through one (re)connecting client.
 pub struct Postgres {
     config: Config,
+    /// `None` for `sslmode=disable`.
+    tls: Option<RustlsConnect>,
     timeout: Duration,
     client: tokio::sync::Mutex<Option<Client>>,
 }
@@ -50,18 +53,19 @@ enum Output {
 impl Postgres {
     /// Parses the DSN held in `dsn_env`; does not connect yet.
     pub fn new(dsn: &str, dsn_env: &str, timeout: Duration) -> Result<Self> {
-        let dsn = normalize_sslmode(dsn, dsn_env)?;
+        let (dsn, ssl) = split_ssl_params(dsn, dsn_env)?;
         let mut config: Config = dsn.parse().map_err(|e| {
             SqlError::Config(format!(
                 "${dsn_env} is not a valid postgres:// URL ({e}); fix the value of {dsn_env}"
             ))
         })?;
-        if config.get_ssl_mode() == SslMode::Require {
-            return Err(SqlError::Config(format!(
-                "${dsn_env} asks for sslmode=require, but agen mcp sql connects without TLS; use \
-                 sslmode=disable or prefer on a loopback or private network, or a Unix socket host"
-            )));
-        }
+        let tls = match ssl {
+            Ssl::Disable => None,
+            Ssl::Tls(verify, roots) => Some(RustlsConnect::new(
+                tls::client_config(verify, &roots)
+                    .map_err(|e| SqlError::Config(format!("${dsn_env}: {e}")))?,
+            )),
+        };
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(timeout);
         }
@@ -70,6 +74,7 @@ impl Postgres {
         }
         Ok(Self {
             config,
+            tls,
             timeout,
             client: tokio::sync::Mutex::new(None),
         })
@@ -114,16 +119,24 @@ impl Postgres {
             *slot = None;
         }
         if slot.is_none() {
-            let (client, connection) = self
-                .config
-                .connect(NoTls)
-                .await
-                .map_err(|e| SqlError::Connect(describe_error(&e)))?;
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::warn!(error = %e, "postgres connection closed");
+            let connect_error = |e: tokio_postgres::Error| SqlError::Connect(describe_error(&e));
+            let client = match &self.tls {
+                None => {
+                    let (client, connection) =
+                        self.config.connect(NoTls).await.map_err(connect_error)?;
+                    tokio::spawn(watch_connection(connection));
+                    client
                 }
-            });
+                Some(tls) => {
+                    let (client, connection) = self
+                        .config
+                        .connect(tls.clone())
+                        .await
+                        .map_err(connect_error)?;
+                    tokio::spawn(watch_connection(connection));
+                    client
+                }
+            };
             tracing::info!("connected to postgres");
             *slot = Some(client);
         }
@@ -153,7 +166,11 @@ impl Postgres {
             }
             Err(_) => {
                 tracing::warn!(timeout = ?self.timeout, "postgres did not stop the query at its statement timeout; cancelling");
-                if let Err(e) = cancel.cancel_query(NoTls).await {
+                let cancelled = match &self.tls {
+                    None => cancel.cancel_query(NoTls).await,
+                    Some(tls) => cancel.cancel_query(tls.clone()).await,
+                };
+                if let Err(e) = cancelled {
                     tracing::warn!(error = %e, "cancel request failed");
                 }
                 // The connection may still be busy with the cancelled query: start afresh.
@@ -203,31 +220,90 @@ fn describe_error(e: &tokio_postgres::Error) -> String {
     text
 }
 
-/// Accepts the libpq `sslmode` values tokio-postgres does not know: `allow` behaves like
-/// `prefer`; `verify-ca`/`verify-full` need TLS, which this server does not speak.
-fn normalize_sslmode(dsn: &str, dsn_env: &str) -> Result<String> {
-    let Some((base, query)) = dsn.split_once('?') else {
-        return Ok(dsn.to_owned());
-    };
+/// Logs how a connection ended; the client notices on its next call and reconnects.
+async fn watch_connection<S, T>(connection: tokio_postgres::Connection<S, T>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    if let Err(e) = connection.await {
+        tracing::warn!(error = %e, "postgres connection closed");
+    }
+}
+
+/// The TLS the DSN asks for, libpq style.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Ssl {
+    Disable,
+    Tls(Verify, Roots),
+}
+
+/// Takes the libpq TLS parameters out of the URL (tokio-postgres knows only `sslmode=disable|
+/// prefer|require`): `sslmode` (default `prefer`) and `sslrootcert` decide the [`Ssl`]; the URL
+/// keeps an `sslmode` tokio-postgres understands. Client certificates and CRLs are refused.
+fn split_ssl_params(dsn: &str, dsn_env: &str) -> Result<(String, Ssl)> {
+    let (base, query) = dsn.split_once('?').unwrap_or((dsn, ""));
     let mut params = Vec::new();
-    for param in query.split('&') {
-        match param.split_once('=') {
-            Some(("sslmode", "allow")) => params.push("sslmode=prefer".to_owned()),
-            Some(("sslmode", "verify-ca" | "verify-full")) => {
+    let mut mode = "prefer".to_owned();
+    let mut root: Option<String> = None;
+    for param in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = param.split_once('=').unwrap_or((param, ""));
+        match key {
+            "sslmode" => mode = percent_decode(value),
+            "sslrootcert" => root = Some(percent_decode(value)),
+            "sslcert" | "sslkey" | "sslpassword" | "sslcrl" | "sslcrldir" => {
                 return Err(SqlError::Config(format!(
-                    "${dsn_env} asks for a verified TLS connection (sslmode=verify-*), but agen mcp sql \
-                     connects without TLS; use sslmode=disable or prefer on a loopback or private network"
+                    "${dsn_env} uses {key}, which agen mcp sql does not support (no client certificates \
+                     or CRLs); connect with a password or trust instead"
                 )))
             }
-            Some(("sslrootcert" | "sslcert" | "sslkey" | "sslcompression" | "sslpassword", _)) => {}
+            "sslcompression" | "sslsni" | "ssl_min_protocol_version" | "ssl_max_protocol_version" => {}
             _ => params.push(param.to_owned()),
         }
     }
-    if params.is_empty() {
-        Ok(base.to_owned())
-    } else {
-        Ok(format!("{base}?{}", params.join("&")))
+    let roots = match root.as_deref() {
+        None | Some("system") => Roots::System,
+        Some(path) => Roots::File(path.into()),
+    };
+    let (wire, ssl) = match mode.as_str() {
+        "disable" => ("disable", Ssl::Disable),
+        "allow" | "prefer" => ("prefer", Ssl::Tls(Verify::None, roots)),
+        // libpq: `require` with a root certificate verifies the chain, as `verify-ca` does.
+        "require" if root.is_some() => ("require", Ssl::Tls(Verify::Chain, roots)),
+        "require" => ("require", Ssl::Tls(Verify::None, roots)),
+        "verify-ca" => ("require", Ssl::Tls(Verify::Chain, roots)),
+        "verify-full" => ("require", Ssl::Tls(Verify::Full, roots)),
+        other => {
+            return Err(SqlError::Config(format!(
+                "${dsn_env} has sslmode={other}; use disable, allow, prefer, require, verify-ca or verify-full"
+            )))
+        }
+    };
+    params.push(format!("sslmode={wire}"));
+    Ok((format!("{base}?{}", params.join("&")), ssl))
+}
+
+/// Decodes `%XX` escapes in a URL query value (`+` is left as it is, as libpq does).
+fn percent_decode(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
     }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 async fn run_in_transaction(
@@ -796,39 +872,60 @@ mod tests {
 
     #[test]
     fn sslmode_values_libpq_knows_are_accepted_or_explained() {
-        let check = |dsn: &str, expected: std::result::Result<&str, ()>| {
-            let got = normalize_sslmode(dsn, "DSN").map_err(|_| ());
-            assert_eq!(
-                got.as_deref(),
-                expected.as_deref().map_err(|_| &()),
-                "{dsn}"
-            );
+        let check = |dsn: &str, expected: std::result::Result<(&str, Ssl), ()>| {
+            let got = split_ssl_params(dsn, "DSN").map_err(|_| ());
+            let expected = expected.map(|(url, ssl)| (url.to_owned(), ssl));
+            assert_eq!(got, expected, "{dsn}");
         };
-        check("postgres://u@h/db", Ok("postgres://u@h/db"));
+        let tls = |verify| Ssl::Tls(verify, Roots::System);
+        let root = |verify, path: &str| Ssl::Tls(verify, Roots::File(path.into()));
+        check(
+            "postgres://u@h/db",
+            Ok(("postgres://u@h/db?sslmode=prefer", tls(Verify::None))),
+        );
         check(
             "postgres://u@h/db?sslmode=disable",
-            Ok("postgres://u@h/db?sslmode=disable"),
+            Ok(("postgres://u@h/db?sslmode=disable", Ssl::Disable)),
         );
         check(
-            "postgres://u@h/db?sslmode=allow&x=1",
-            Ok("postgres://u@h/db?sslmode=prefer&x=1"),
+            "postgres://u@h/db?sslmode=allow&connect_timeout=3",
+            Ok((
+                "postgres://u@h/db?connect_timeout=3&sslmode=prefer",
+                tls(Verify::None),
+            )),
         );
         check(
-            "postgres://u@h/db?sslrootcert=/a.pem",
-            Ok("postgres://u@h/db"),
-        );
-        check("postgres://u@h/db?sslmode=verify-full", Err(()));
-        assert!(Postgres::new(
             "postgres://u@h/db?sslmode=require",
-            "DSN",
-            Duration::from_secs(1)
-        )
-        .is_err());
+            Ok(("postgres://u@h/db?sslmode=require", tls(Verify::None))),
+        );
+        check(
+            "postgres://u@h/db?sslmode=require&sslrootcert=%2Fetc%2Fca.pem",
+            Ok((
+                "postgres://u@h/db?sslmode=require",
+                root(Verify::Chain, "/etc/ca.pem"),
+            )),
+        );
+        check(
+            "postgres://u@h/db?sslmode=verify-ca",
+            Ok(("postgres://u@h/db?sslmode=require", tls(Verify::Chain))),
+        );
+        check(
+            "postgres://u@h/db?sslmode=verify-full&sslrootcert=system",
+            Ok(("postgres://u@h/db?sslmode=require", tls(Verify::Full))),
+        );
+        check("postgres://u@h/db?sslmode=bogus", Err(()));
+        check("postgres://u@h/db?sslcert=/c.pem&sslkey=/k.pem", Err(()));
         assert!(Postgres::new(
-            "postgres://u@h/db?sslmode=prefer",
+            "postgres://u@h/db?sslmode=verify-full",
             "DSN",
             Duration::from_secs(1)
         )
         .is_ok());
+        assert!(Postgres::new(
+            "postgres://u@h/db?sslmode=verify-full&sslrootcert=/nonexistent.pem",
+            "DSN",
+            Duration::from_secs(1)
+        )
+        .is_err());
     }
 }
