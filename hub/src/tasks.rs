@@ -242,7 +242,7 @@ impl Core {
             .filter(|t| f.conversation_key.is_empty() || t.conversation_key == f.conversation_key)
             .cloned()
             .collect();
-        out.sort_by(|a, b| b.seq.cmp(&a.seq));
+        out.sort_by_key(|t| std::cmp::Reverse(t.seq));
         let limit = if f.limit == 0 { 100 } else { f.limit as usize };
         out.truncate(limit);
         Ok(out)

@@ -387,7 +387,7 @@ async fn fleet_with_one_instance(dir: &std::path::Path, concurrency: u32) -> (Te
     let bundle = dir.join("hello");
     write_bundle(&bundle, "hi");
     let (mut nest, _) = FakeNest::connect(&hub, "nest-a", &[], vec![]).await;
-    let up = upload(&mut api, &bundle).await.unwrap();
+    let up = upload(&mut api, &bundle).await.expect("upload");
     api.create_deployment(pb::CreateDeploymentRequest {
         namespace: "default".into(),
         name: "hello".into(),
@@ -397,7 +397,7 @@ async fn fleet_with_one_instance(dir: &std::path::Path, concurrency: u32) -> (Te
         concurrency,
     })
     .await
-    .unwrap();
+    .expect("create deployment");
     let place = nest.accept_placement().await;
     (hub, api, nest, place)
 }
@@ -430,12 +430,12 @@ async fn submit(api: &mut Api, input: &str, conversation: &str, request_id: &str
         client_request_id: request_id.into(),
     })
     .await
-    .unwrap()
+    .expect("submit task")
     .into_inner()
 }
 
 async fn get(api: &mut Api, task_id: &str) -> pb::Task {
-    api.get_task(pb::GetTaskRequest { namespace: "default".into(), task_id: task_id.into() }).await.unwrap().into_inner()
+    api.get_task(pb::GetTaskRequest { namespace: "default".into(), task_id: task_id.into() }).await.expect("get task").into_inner()
 }
 
 #[tokio::test]
@@ -667,7 +667,7 @@ async fn scaling_restarts_nothing_and_a_new_bundle_rolls_instances_over() {
         let mut api = api.clone();
         async move {
             let list = instances(&mut api, "hello").await;
-            (list.len() == 2 && list.iter().all(|i| i.generation == 3 && state(&i) == pb::InstanceState::Running)).then_some(list)
+            (list.len() == 2 && list.iter().all(|i| i.generation == 3 && state(i) == pb::InstanceState::Running)).then_some(list)
         }
     })
     .await;
