@@ -67,6 +67,10 @@ pub struct InstanceStatus {
     /// Why it is in this state ("tool server time exited").
     pub message: String,
     pub active_runs: Vec<String>,
+    /// Process ids (= process group ids) of the running command tool servers, by server, so
+    /// the Nest can reap them if the instance dies without cleaning up.
+    #[serde(default)]
+    pub server_pids: BTreeMap<String, u32>,
 }
 
 /// Where and how an instance runs.
@@ -278,6 +282,7 @@ mod tests {
                 tools: vec![],
                 message: "tool server time exited".into(),
                 active_runs: vec![],
+                server_pids: BTreeMap::new(),
             }),
         );
         check_to_nest(

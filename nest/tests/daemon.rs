@@ -145,13 +145,14 @@ async fn running_instance(c: &Client) -> pb::Instance {
     .await
 }
 
-/// The process groups the Nest recorded in `children.json`.
-fn recorded_pgids(nest_dir: &Path) -> Vec<u32> {
+/// The process groups the Nest recorded in `children.json`, by key (`<instance>` for an
+/// instance, `<instance>/<server>` for one of its tool servers).
+fn recorded_pgids(nest_dir: &Path) -> std::collections::BTreeMap<String, u32> {
     let text = std::fs::read_to_string(nest_dir.join("children.json")).unwrap_or_default();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
     v["children"]
         .as_object()
-        .map(|m| m.values().filter_map(|c| c["pgid"].as_u64()).map(|p| p as u32).collect())
+        .map(|m| m.iter().filter_map(|(k, c)| Some((k.clone(), c["pgid"].as_u64()? as u32))).collect())
         .unwrap_or_default()
 }
 
@@ -270,8 +271,10 @@ async fn a_nest_runs_an_instance_with_real_tools_executes_a_task_and_survives_a_
 
     // Stop the Nest: its instance process is gone.
     let pgids = recorded_pgids(&nest_dir);
-    assert_eq!(pgids.len(), 1, "one instance group is recorded");
-    assert!(process_alive(pgids[0]));
+    let keys: Vec<&String> = pgids.keys().collect();
+    let time_key = format!("{}/time", inst.instance_id);
+    assert_eq!(keys, vec![&inst.instance_id, &time_key], "the instance and its tool server are recorded");
+    assert!(pgids.values().all(|p| process_alive(*p)));
     nest.stop.cancel();
     tokio::time::timeout(Duration::from_secs(20), nest.task)
         .await
@@ -279,7 +282,9 @@ async fn a_nest_runs_an_instance_with_real_tools_executes_a_task_and_survives_a_
         .expect("join")
         .expect("clean exit");
     assert!(recorded_pgids(&nest_dir).is_empty(), "every child was removed from the registry");
-    assert!(!process_alive(pgids[0]), "the instance process {} is gone", pgids[0]);
+    for (what, pid) in &pgids {
+        assert!(!process_alive(*pid), "{what} (pid {pid}) is gone");
+    }
     drop(model);
 }
 

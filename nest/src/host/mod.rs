@@ -128,6 +128,7 @@ pub async fn run(args: HostArgs) -> Result<i32, HostError> {
             tools: vec![],
             message: "starting tool servers".into(),
             active_runs: vec![],
+            server_pids: Default::default(),
         }),
         runs: Mutex::new(HashMap::new()),
     });
@@ -137,11 +138,27 @@ pub async fn run(args: HostArgs) -> Result<i32, HostError> {
     let ready = start(&args, &placement, &shared, &closed).await;
     let slots = Arc::new(Semaphore::new(placement.concurrency.max(1) as usize));
 
+    // SIGTERM (the Nest stopping this instance) ends it like a closed socket: tool servers
+    // are shut down before exiting.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let terminated = async move {
+        match term.as_mut() {
+            Some(t) => {
+                t.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::pin!(terminated);
+
     // Serve the Nest until it closes the socket.
     loop {
         let msg = tokio::select! {
             m = reader.next() => m,
-            _ = closed.cancelled() => break,
+            _ = &mut terminated => {
+                tracing::info!("SIGTERM: instance stopping");
+                break;
+            }
         };
         match msg {
             Ok(Some(ToInstance::Run(a))) => start_run(&shared, &ready, &slots, &placement, a),
@@ -172,12 +189,13 @@ pub async fn run(args: HostArgs) -> Result<i32, HostError> {
             }
         }
     }
-    tracing::info!("the nest closed the socket; instance exiting");
+    tracing::info!("instance exiting");
+    closed.cancel();
     for r in shared.runs.lock().unwrap_or_else(|p| p.into_inner()).values() {
         r.cancel.cancel();
     }
     if let Some(h) = &ready.host {
-        let _ = tokio::time::timeout(Duration::from_secs(8), h.shutdown()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(4), h.shutdown()).await;
     }
     writer_task.abort();
     Ok(0)
@@ -225,6 +243,7 @@ async fn start(args: &HostArgs, placement: &Placement, shared: &Arc<Shared>, clo
         s.servers_not_connected = problems.clone();
         s.tools = tools;
         s.message = message.clone();
+        s.server_pids = host.server_pids();
     });
     tracing::info!(tools_loaded = status.tools_loaded, not_connected = problems.len(), "{message}");
 
@@ -242,6 +261,7 @@ async fn start(args: &HostArgs, placement: &Placement, shared: &Arc<Shared>, clo
             s.state = HostState::Unhealthy;
             s.tools_loaded = status.tools_loaded;
             s.servers_not_connected = status.not_connected.iter().map(|p| (p.server.clone(), p.reason.clone())).collect();
+            s.server_pids = watch_host.server_pids();
             s.message = message;
         });
     });

@@ -66,12 +66,21 @@ pub struct Supervisor {
 #[derive(Default)]
 struct State {
     instances: BTreeMap<String, Entry>,
-    /// run id → instance id.
-    runs: HashMap<String, String>,
+    /// Runs handed to instances, by run id.
+    runs: HashMap<String, RunTrack>,
     /// Instances whose report changed since the link last looked.
     changed: BTreeSet<String>,
     /// Final reports of instances that are gone, not yet sent.
     gone: BTreeMap<String, InstanceReport>,
+}
+
+/// A run in flight on one of this Nest's instances.
+struct RunTrack {
+    instance: String,
+    attempt: u32,
+    task_id: String,
+    /// The highest event seq the instance sent for it.
+    last_seq: u64,
 }
 
 struct Entry {
@@ -214,13 +223,17 @@ impl Supervisor {
     pub fn assign(&self, a: AssignRun) {
         let id = a.instance_id.clone();
         let run_id = a.run_id.clone();
+        let track = RunTrack { instance: id.clone(), attempt: a.attempt, task_id: a.task_id.clone(), last_seq: 0 };
         let msg = ToInstance::Run(RunAssignment::from(a));
         let mut st = self.lock();
         if !st.instances.contains_key(&id) {
-            tracing::warn!(instance = %id, run = %run_id, "run assigned to an instance this nest does not run; ignored");
+            drop(st);
+            let why = format!("instance {id} is not running on nest {}", self.opts.name);
+            tracing::warn!(run = %run_id, "{why}; the run fails");
+            self.fail_run(&run_id, &track, &why);
             return;
         }
-        st.runs.insert(run_id.clone(), id.clone());
+        st.runs.insert(run_id.clone(), track);
         if let Some(e) = st.instances.get_mut(&id) {
             e.report.active_runs.push(run_id.clone());
             send_or_queue(e, msg);
@@ -231,7 +244,7 @@ impl Supervisor {
     /// Cancels a run (the instance cancels its token: model request and tool calls stop).
     pub fn cancel(&self, run_id: &str, instance_id: &str, reason: &str) {
         let mut st = self.lock();
-        let id = st.runs.get(run_id).cloned().unwrap_or_else(|| instance_id.to_string());
+        let id = st.runs.get(run_id).map(|t| t.instance.clone()).unwrap_or_else(|| instance_id.to_string());
         if let Some(e) = st.instances.get_mut(&id) {
             send_or_queue(e, ToInstance::Cancel { run_id: run_id.to_string(), reason: reason.to_string() });
         }
@@ -240,7 +253,7 @@ impl Supervisor {
     /// Relays the Hub's ack of a run's events to the instance running it.
     pub fn deliver_ack(&self, run_id: &str, attempt: u32, acked_seq: u64, fenced: bool) {
         let st = self.lock();
-        let Some(e) = st.runs.get(run_id).and_then(|id| st.instances.get(id)) else { return };
+        let Some(e) = st.runs.get(run_id).and_then(|t| st.instances.get(&t.instance)) else { return };
         if let Some((_, tx)) = &e.conn {
             let _ = tx.send(ToInstance::Ack { run_id: run_id.to_string(), attempt, acked_seq, fenced });
         }
@@ -322,6 +335,7 @@ impl Supervisor {
             match status {
                 None => {
                     let graceful = process::stop_group(&mut child, pgid, STOP_GRACE).await;
+                    self.reap_tool_servers(&id);
                     self.children.remove(&id);
                     tracing::info!(instance = %id, graceful, "instance stopped");
                     break;
@@ -329,6 +343,7 @@ impl Supervisor {
                 Some(status) => {
                     // Tool servers left in the group go with it.
                     process::signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
+                    self.reap_tool_servers(&id);
                     self.children.remove(&id);
                     if stop.is_cancelled() {
                         break;
@@ -345,6 +360,9 @@ impl Supervisor {
                     let msg = format!("instance process {how}; restarting in {:.1}s", delay.as_secs_f64());
                     tracing::warn!(instance = %id, "{msg}");
                     let lost_runs = self.drop_runs_of(&id);
+                    for (run_id, track) in &lost_runs {
+                        self.fail_run(run_id, track, &format!("the instance process {how} during the run"));
+                    }
                     self.update(&id, |r| {
                         r.restarts += 1;
                         r.healthy = false;
@@ -354,7 +372,8 @@ impl Supervisor {
                         r.message = msg;
                     });
                     if !lost_runs.is_empty() {
-                        tracing::warn!(instance = %id, runs = ?lost_runs, "runs interrupted by the instance exit");
+                        let ids: Vec<&String> = lost_runs.iter().map(|(r, _)| r).collect();
+                        tracing::warn!(instance = %id, runs = ?ids, "runs interrupted by the instance exit");
                     }
                     tokio::select! { _ = tokio::time::sleep(delay) => {}, _ = stop.cancelled() => break }
                 }
@@ -373,19 +392,52 @@ impl Supervisor {
             st.changed.remove(id);
             st.gone.insert(id.to_string(), e.report);
         }
-        st.runs.retain(|_, inst| inst != id);
+        let lost: Vec<(String, RunTrack)> = {
+            let ids: Vec<String> = st.runs.iter().filter(|(_, t)| t.instance == id).map(|(r, _)| r.clone()).collect();
+            ids.into_iter().filter_map(|r| st.runs.remove(&r).map(|t| (r, t))).collect()
+        };
         drop(st);
+        for (run_id, track) in &lost {
+            self.fail_run(run_id, track, &format!("instance {id} was stopped during the run"));
+        }
         self.children.remove(id);
         self.changed.notify_one();
     }
 
-    fn drop_runs_of(&self, id: &str) -> Vec<String> {
-        let mut st = self.lock();
-        let runs: Vec<String> = st.runs.iter().filter(|(_, i)| i.as_str() == id).map(|(r, _)| r.clone()).collect();
-        for r in &runs {
-            st.runs.remove(r);
+    /// Kills the recorded tool-server groups of an instance that exited (a clean exit already
+    /// stopped them; this catches an instance that died without cleaning up).
+    fn reap_tool_servers(&self, id: &str) {
+        let prefix = format!("{id}/");
+        for (key, rec) in self.children.list() {
+            if key.starts_with(&prefix) {
+                process::signal_group(rec.pgid, nix::sys::signal::Signal::SIGKILL);
+            }
         }
-        runs
+        self.children.remove_prefix(&prefix);
+    }
+
+    fn drop_runs_of(&self, id: &str) -> Vec<(String, RunTrack)> {
+        let mut st = self.lock();
+        let ids: Vec<String> = st.runs.iter().filter(|(_, t)| t.instance == id).map(|(r, _)| r.clone()).collect();
+        ids.into_iter().filter_map(|r| st.runs.remove(&r).map(|t| (r, t))).collect()
+    }
+
+    /// Ends a run that its instance can no longer finish: a final `run.finished` (failed,
+    /// `response_type: error`) after the last event the instance sent, so the task does not
+    /// stay running forever.
+    fn fail_run(&self, run_id: &str, track: &RunTrack, why: &str) {
+        let json = serde_json::json!({"state": "failed", "result": why, "response_type": "error", "messages": []});
+        let event = agen_proto::v1::RunEvent {
+            run_id: run_id.to_string(),
+            attempt: track.attempt,
+            seq: track.last_seq + 1,
+            task_id: track.task_id.clone(),
+            at_ms: chrono::Utc::now().timestamp_millis(),
+            kind: "run.finished".into(),
+            json: json.to_string(),
+            sync: true,
+        };
+        self.outbox.push(&track.instance, event);
     }
 
     /// Accepts instance connections on the Nest socket until shutdown.
@@ -496,11 +548,24 @@ impl Supervisor {
                 r.tools = s.tools;
                 r.message = s.message;
                 r.active_runs = s.active_runs;
+                for (server, pid) in &s.server_pids {
+                    if let Ok(pgid) = i32::try_from(*pid) {
+                        self.children.record(&format!("{id}/{server}"), ChildRecord { what: format!("tool server {server} of instance {id}"), pgid });
+                    }
+                }
             }),
-            ToNest::Event(e) => self.outbox.push(id, e.into()),
+            ToNest::Event(e) => {
+                {
+                    let mut st = self.lock();
+                    if let Some(t) = st.runs.get_mut(&e.run_id).filter(|t| t.instance == id && t.attempt == e.attempt) {
+                        t.last_seq = t.last_seq.max(e.seq);
+                    }
+                }
+                self.outbox.push(id, e.into());
+            }
             ToNest::RunDone { run_id, .. } => {
                 let mut st = self.lock();
-                if st.runs.get(&run_id).map(String::as_str) == Some(id) {
+                if st.runs.get(&run_id).map(|t| t.instance.as_str()) == Some(id) {
                     st.runs.remove(&run_id);
                 }
                 if let Some(e) = st.instances.get_mut(id) {
