@@ -1181,3 +1181,55 @@ async fn report_progress_is_rate_limited_and_the_latest_report_is_never_lost() {
         "one event per 10 s, and the latest at the end"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// The run log as the ledger
+
+/// A run log whose disk is gone for results: `tool.completed` never becomes durable.
+struct LosesResults;
+
+#[async_trait::async_trait]
+impl RunEventSink for LosesResults {
+    async fn emit(&self, kind: &str, _json: Value, sync: bool) -> Result<(), SinkError> {
+        if sync && kind == "tool.completed" {
+            return Err(SinkError::Unavailable("disk full".into()));
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_side_effecting_result_that_cannot_be_recorded_stops_the_run_before_the_model_sees_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fake(vec![
+        Step::call("meta_echo", json!({"text": "charge"})),
+        Step::reply("charged"),
+    ])
+    .await;
+    let bundle = TestBundle::new(
+        "openai/m",
+        &model.openai_base_url(),
+        &[mcp_json(
+            json!({"meta": meta_server(&dir.path().join("m.jsonl"))}),
+        )],
+    );
+    let agent = Agent::start(&bundle).await;
+    let outcome = agent
+        .harness
+        .run(
+            request("charge"),
+            Arc::new(LosesResults),
+            CancellationToken::new(),
+        )
+        .await;
+    assert_eq!(
+        (outcome.state, outcome.response_type.as_str()),
+        (RunState::Failed, "error")
+    );
+    assert_eq!(outcome.result, "the run stopped: the result of meta.echo could not be recorded in the run log (run log unavailable: disk full)");
+    assert_eq!(
+        model.requests().len(),
+        1,
+        "the model never saw the unrecorded result"
+    );
+}

@@ -279,6 +279,8 @@ struct Run<'h> {
     cancel: CancellationToken,
     caller_cancel: CancellationToken,
     fenced: std::sync::atomic::AtomicBool,
+    /// Set when a side-effecting result could not be made durable: the run stops.
+    log_lost: Mutex<Option<String>>,
     trace_id: String,
     context: Mutex<Vec<Message>>,
     /// This run's new messages (the outcome's `messages`).
@@ -313,6 +315,7 @@ impl<'h> Run<'h> {
             cancel: caller_cancel.child_token(),
             caller_cancel,
             fenced: Default::default(),
+            log_lost: Mutex::new(None),
             trace_id: uuid::Uuid::new_v4().simple().to_string(),
             context: Mutex::new(context),
             new_messages: Mutex::new(vec![user]),
@@ -377,6 +380,8 @@ impl<'h> Run<'h> {
                 "this run attempt was superseded by a newer attempt".into(),
                 "error",
             )
+        } else if let Some(why) = lock(&self.log_lost).clone() {
+            (RunState::Failed, why, "error")
         } else {
             (RunState::Cancelled, "the run was cancelled".into(), "error")
         }
@@ -1058,6 +1063,11 @@ impl<'h> Run<'h> {
         if let Err(e) = self.emit(kind, payload, side_effect).await {
             tracing::warn!(run_id = %self.req.run_id, tool = %qualified, "tool result not durable: {e}");
             // The model must not act on a side-effecting result the ledger does not hold.
+            if !matches!(e, SinkError::Fenced) {
+                *lock(&self.log_lost) = Some(format!(
+                    "the run stopped: the result of {qualified} could not be recorded in the run log ({e})"
+                ));
+            }
             self.cancel.cancel();
         }
         out
