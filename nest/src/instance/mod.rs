@@ -53,7 +53,9 @@ pub struct RunRequest {
     /// Earlier messages of the conversation, in the JSON form of [`crate::model::Message`]
     /// (what earlier [`RunOutcome::messages`] held).
     pub history: Vec<Value>,
-    /// Events of earlier attempts of this run, in order; may be empty.
+    /// Events of earlier attempts of this run, in order; may be empty. The native dialect
+    /// resumes from them (answered turns are reused, recorded results too, an interrupted
+    /// side-effecting call becomes `effect_unknown`); the Keen dialect starts over.
     pub replay: Vec<RunEventRecord>,
 }
 
@@ -64,23 +66,31 @@ pub struct RunEventRecord {
     pub json: Value,
 }
 
-/// Event kinds the harness emits.
+/// Event kinds the harness emits, and their JSON.
 pub mod event {
-    /// `{"turn": n}`: a model request is about to be sent.
+    /// `{"turn": n}` (`{"flow_agent": true}` for a Keen flow's agent node): a model request is
+    /// about to be sent.
     pub const MODEL_REQUESTED: &str = "model.requested";
-    /// `{"turn": n, "message": <assistant message>, "usage": {...}|null, "stop_reason": ...}`.
+    /// `{"turn": n, "message": <the new assistant message>, "usage": {...}|null, "stop_reason"}`:
+    /// the turn's delta, never the whole context. A resume rebuilds the context from these.
     pub const MODEL_ANSWERED: &str = "model.answered";
-    /// `{"call_id", "tool" (<server>.<tool> or built-in), "model_name", "side_effect", "arguments"}`.
+    /// `{"call_id", "tool" (<server>.<tool>, or a Keen tool's name), "model_name", "side_effect",
+    /// "arguments"?}` (`arguments` only with `traceToolArguments`, secrets redacted, 4 KiB);
+    /// emitted with `sync` for a side-effecting tool, before the call is sent.
     pub const TOOL_STARTED: &str = "tool.started";
-    /// `{"call_id", "tool", "result", "is_error", "duration_ms"}`.
+    /// `{"call_id", "tool", "result", "is_error", "duration_ms"}`; `sync` when side-effecting.
     pub const TOOL_COMPLETED: &str = "tool.completed";
-    /// `{"call_id", "tool", "error", "reason": "timeout"|"cancelled"|"failed"|"unknown_tool"|"limit", "duration_ms"}`.
+    /// `{"call_id", "tool", "error" (what the model was told), "reason":
+    /// "timeout"|"cancelled"|"failed"|"unknown_tool"|"bad_arguments"|"limit"|"effect_unknown",
+    /// "duration_ms"}`; `sync` when side-effecting.
     pub const TOOL_FAILED: &str = "tool.failed";
     /// `{"activity": "calling time.get_current_time"}`: what the run is doing now.
     pub const ACTIVITY: &str = "activity";
-    /// The arguments of a `report_progress` call.
+    /// The arguments of a `report_progress` call (at most one event per 10 s; the latest
+    /// held-back report is sent when due or at the run's end).
     pub const TASK_PROGRESS: &str = "task.progress";
-    /// `{"state": "succeeded"|"failed"|"cancelled", "result", "response_type"}`.
+    /// `{"state": "succeeded"|"failed"|"cancelled", "result", "response_type"}`; always the
+    /// last event of a run, with `sync`.
     pub const RUN_FINISHED: &str = "run.finished";
 }
 
