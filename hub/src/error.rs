@@ -41,9 +41,16 @@ impl HubError {
     pub fn not_found(msg: impl Into<String>) -> Self {
         HubError::NotFound(msg.into())
     }
-    pub fn io(path: impl Into<std::path::PathBuf>, action: &'static str) -> impl FnOnce(std::io::Error) -> HubError {
+    pub fn io(
+        path: impl Into<std::path::PathBuf>,
+        action: &'static str,
+    ) -> impl FnOnce(std::io::Error) -> HubError {
         let path = path.into();
-        move |source| HubError::Io { path, action, source }
+        move |source| HubError::Io {
+            path,
+            action,
+            source,
+        }
     }
 }
 
@@ -56,7 +63,11 @@ impl From<HubError> for tonic::Status {
             HubError::FailedPrecondition(_) => tonic::Status::failed_precondition(msg),
             HubError::Unauthenticated(_) => tonic::Status::unauthenticated(msg),
             HubError::Config(_) => tonic::Status::invalid_argument(msg),
-            HubError::Io { .. } | HubError::Tls(_) | HubError::Store(_) | HubError::Serve(_) | HubError::Internal(_) => {
+            HubError::Io { .. }
+            | HubError::Tls(_)
+            | HubError::Store(_)
+            | HubError::Serve(_)
+            | HubError::Internal(_) => {
                 tracing::error!(error = %msg, "internal error");
                 tonic::Status::internal(msg)
             }

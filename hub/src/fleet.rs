@@ -72,11 +72,18 @@ pub struct Core {
 
 pub(crate) fn validate_name(field: &str, value: &str) -> Result<()> {
     if value.is_empty() {
-        return Err(HubError::invalid(format!("{field}: expected a name, got an empty string")));
+        return Err(HubError::invalid(format!(
+            "{field}: expected a name, got an empty string"
+        )));
     }
     let ok = value.len() <= 63
-        && value.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_' || c == '.')
-        && value.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+        && value.chars().all(|c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_' || c == '.'
+        })
+        && value
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric());
     if !ok {
         return Err(HubError::invalid(format!(
             "{field}: `{value}` is not a valid name; expected up to 63 lowercase letters, digits, `-`, `_` or `.`, starting with a letter or digit"
@@ -126,7 +133,10 @@ impl Core {
             state: Mutex::new(State {
                 deployments: deployments.into_iter().map(|d| (d.key(), d)).collect(),
                 nests: nests.into_iter().map(|n| (n.nest_id.clone(), n)).collect(),
-                instances: instances.into_iter().map(|i| (i.instance_id.clone(), i)).collect(),
+                instances: instances
+                    .into_iter()
+                    .map(|i| (i.instance_id.clone(), i))
+                    .collect(),
                 tasks: tasks.into_iter().map(|t| (t.task_id.clone(), t)).collect(),
                 live,
                 boot: Instant::now(),
@@ -176,10 +186,16 @@ impl Core {
 
     /// Stores a validated bundle; returns whether it was already present.
     pub fn put_bundle(&self, digest: &str, bytes: &[u8], agent_name: &str) -> Result<bool> {
-        if self.db.get_json::<BundleMeta>(Table::BundleMeta, digest)?.is_some() {
+        if self
+            .db
+            .get_json::<BundleMeta>(Table::BundleMeta, digest)?
+            .is_some()
+        {
             return Ok(true);
         }
-        self.db.raw().put(Table::BundleData, digest.as_bytes(), bytes)?;
+        self.db
+            .raw()
+            .put(Table::BundleData, digest.as_bytes(), bytes)?;
         let meta = BundleMeta {
             digest: digest.to_string(),
             size: bytes.len() as u64,
@@ -219,11 +235,15 @@ impl Core {
         }
         for (k, v) in &spec.selector {
             if k.is_empty() {
-                return Err(HubError::invalid(format!("selector: empty label name (value `{v}`); expected k=v pairs")));
+                return Err(HubError::invalid(format!(
+                    "selector: empty label name (value `{v}`); expected k=v pairs"
+                )));
             }
         }
         if spec.bundle_digest.is_empty() {
-            return Err(HubError::invalid("bundle_digest: expected the sha256:<hex> digest of an uploaded bundle"));
+            return Err(HubError::invalid(
+                "bundle_digest: expected the sha256:<hex> digest of an uploaded bundle",
+            ));
         }
         let meta = self.bundle_meta(&spec.bundle_digest)?.ok_or_else(|| {
             HubError::FailedPrecondition(format!(
@@ -291,17 +311,29 @@ impl Core {
     /// A new generation that changes neither the bundle nor the concurrency does not need new
     /// instances: those of the old generation whose Nest still matches the selector move to the
     /// new one (so scaling never restarts anything).
-    fn carry_over_instances(&self, st: &mut State, old: &DeploymentRec, new: &DeploymentRec) -> Result<()> {
+    fn carry_over_instances(
+        &self,
+        st: &mut State,
+        old: &DeploymentRec,
+        new: &DeploymentRec,
+    ) -> Result<()> {
         if old.bundle_digest != new.bundle_digest || old.concurrency != new.concurrency {
             return Ok(());
         }
         let ids: Vec<String> = st
             .instances
             .values()
-            .filter(|i| i.namespace == new.namespace && i.deployment == new.name && i.generation == old.generation)
+            .filter(|i| {
+                i.namespace == new.namespace
+                    && i.deployment == new.name
+                    && i.generation == old.generation
+            })
             .filter(|i| {
                 i.state == InstanceState::Pending
-                    || st.nests.get(&i.nest_id).is_some_and(|n| scheduler::matches(&new.selector, &n.labels))
+                    || st
+                        .nests
+                        .get(&i.nest_id)
+                        .is_some_and(|n| scheduler::matches(&new.selector, &n.labels))
             })
             .map(|i| i.instance_id.clone())
             .collect();
@@ -318,18 +350,26 @@ impl Core {
         st.instances
             .values()
             .filter(|i| i.namespace == d.namespace && i.deployment == d.name)
-            .filter(|i| i.state == InstanceState::Running && i.healthy && i.generation == d.generation)
+            .filter(|i| {
+                i.state == InstanceState::Running && i.healthy && i.generation == d.generation
+            })
             .count() as u32
     }
 
-    pub fn get_deployment(&self, namespace: &str, name: &str) -> Result<(DeploymentView, Vec<InstanceRec>)> {
+    pub fn get_deployment(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(DeploymentView, Vec<InstanceRec>)> {
         let namespace = namespace_or_default(namespace);
         validate_name("name", name)?;
         let st = self.lock();
         let d = st
             .deployments
             .get(&deployment_key(&namespace, name))
-            .ok_or_else(|| HubError::not_found(format!("deployment {namespace}/{name} not found")))?;
+            .ok_or_else(|| {
+                HubError::not_found(format!("deployment {namespace}/{name} not found"))
+            })?;
         let instances = st
             .instances
             .values()
@@ -366,7 +406,9 @@ impl Core {
             let mut st = self.lock();
             let key = deployment_key(&namespace, name);
             if !st.deployments.contains_key(&key) {
-                return Err(HubError::not_found(format!("deployment {namespace}/{name} not found")));
+                return Err(HubError::not_found(format!(
+                    "deployment {namespace}/{name} not found"
+                )));
             }
             self.db.remove(Table::Deployments, &key)?;
             st.deployments.remove(&key);
@@ -435,7 +477,10 @@ impl Core {
                 let count = st
                     .instances
                     .values()
-                    .filter(|i| i.nest_id == n.nest_id && !matches!(i.state, InstanceState::Lost | InstanceState::Pending))
+                    .filter(|i| {
+                        i.nest_id == n.nest_id
+                            && !matches!(i.state, InstanceState::Lost | InstanceState::Pending)
+                    })
                     .count() as u32;
                 (n.clone(), count)
             })
@@ -446,15 +491,25 @@ impl Core {
     /// Returns the connection id of its new link; `Registered` is already queued on `tx`.
     pub async fn register(&self, reg: Registration, tx: NestTx) -> Result<u64> {
         if reg.nest_id.is_empty() {
-            return Err(HubError::invalid("register.nest_id: expected the nest's stable id, got an empty string"));
+            return Err(HubError::invalid(
+                "register.nest_id: expected the nest's stable id, got an empty string",
+            ));
         }
         let conn_id = {
             let mut st = self.lock();
             let now = now_ms();
-            let registered_at_ms = st.nests.get(&reg.nest_id).map(|n| n.registered_at_ms).unwrap_or(now);
+            let registered_at_ms = st
+                .nests
+                .get(&reg.nest_id)
+                .map(|n| n.registered_at_ms)
+                .unwrap_or(now);
             let nest = NestRec {
                 nest_id: reg.nest_id.clone(),
-                name: if reg.name.is_empty() { reg.nest_id.clone() } else { reg.name.clone() },
+                name: if reg.name.is_empty() {
+                    reg.nest_id.clone()
+                } else {
+                    reg.name.clone()
+                },
                 labels: reg.labels.clone(),
                 capacity: if reg.capacity == 0 { 32 } else { reg.capacity },
                 version: reg.version.clone(),
@@ -468,12 +523,18 @@ impl Core {
             st.awaiting.remove(&reg.nest_id);
 
             let mut stop = Vec::new();
-            let reported: HashSet<&str> = reg.instances.iter().map(|r| r.instance_id.as_str()).collect();
+            let reported: HashSet<&str> = reg
+                .instances
+                .iter()
+                .map(|r| r.instance_id.as_str())
+                .collect();
             for r in &reg.instances {
                 let adopt = st.instances.get(&r.instance_id).is_some_and(|i| {
                     !matches!(i.state, InstanceState::Lost | InstanceState::Stopping)
                         && (i.nest_id.is_empty() || i.nest_id == reg.nest_id)
-                        && st.deployments.contains_key(&deployment_key(&i.namespace, &i.deployment))
+                        && st
+                            .deployments
+                            .contains_key(&deployment_key(&i.namespace, &i.deployment))
                 });
                 if adopt {
                     if let Some(mut rec) = st.instances.get(&r.instance_id).cloned() {
@@ -500,17 +561,28 @@ impl Core {
                 .map(|i| i.instance_id.clone())
                 .collect();
             for id in gone {
-                let is_stopping = st.instances.get(&id).is_some_and(|i| i.state == InstanceState::Stopping);
+                let is_stopping = st
+                    .instances
+                    .get(&id)
+                    .is_some_and(|i| i.state == InstanceState::Stopping);
                 if is_stopping {
                     self.delete_instance(&mut st, &id)?;
                 } else {
-                    self.mark_lost(&mut st, &id, &format!("nest {nest_name} re-registered without it"))?;
+                    self.mark_lost(
+                        &mut st,
+                        &id,
+                        &format!("nest {nest_name} re-registered without it"),
+                    )?;
                 }
             }
             tracing::info!(nest = %nest_name, nest_id = %reg.nest_id, adopted = reg.instances.len() - stop.len(), stopped = stop.len(), "nest registered");
             let _ = tx.send(ToNest::Registered {
                 nest_id: reg.nest_id.clone(),
-                heartbeat_interval_ms: self.opts.heartbeat_interval.as_millis().min(u32::MAX as u128) as u32,
+                heartbeat_interval_ms: self
+                    .opts
+                    .heartbeat_interval
+                    .as_millis()
+                    .min(u32::MAX as u128) as u32,
                 stop_instances: stop,
             });
             conn_id
@@ -583,7 +655,12 @@ impl Core {
     }
 
     /// One `InstanceReport`.
-    pub fn instance_report(&self, nest_id: &str, conn_id: u64, report: &InstanceReport) -> Result<()> {
+    pub fn instance_report(
+        &self,
+        nest_id: &str,
+        conn_id: u64,
+        report: &InstanceReport,
+    ) -> Result<()> {
         {
             let mut st = self.lock();
             if !st.live.is_current(nest_id, conn_id) {
@@ -596,7 +673,12 @@ impl Core {
         Ok(())
     }
 
-    fn apply_instance_report(&self, st: &mut State, nest_id: &str, r: &InstanceReport) -> Result<()> {
+    fn apply_instance_report(
+        &self,
+        st: &mut State,
+        nest_id: &str,
+        r: &InstanceReport,
+    ) -> Result<()> {
         let Some(mut rec) = st.instances.get(&r.instance_id).cloned() else {
             st.live.send(
                 nest_id,
@@ -687,8 +769,14 @@ impl Core {
             .map(|n| n.nest_id.clone())
             .collect();
         for nest_id in candidates {
-            let Some(mut n) = st.nests.get(&nest_id).cloned() else { continue };
-            let why = format!("nest {} lost: no heartbeat for {}s", n.name, lost_after.as_secs_f32().round());
+            let Some(mut n) = st.nests.get(&nest_id).cloned() else {
+                continue;
+            };
+            let why = format!(
+                "nest {} lost: no heartbeat for {}s",
+                n.name,
+                lost_after.as_secs_f32().round()
+            );
             tracing::warn!(nest = %n.name, nest_id = %nest_id, "{why}");
             n.state = NestState::Lost;
             self.save_nest(st, n)?;
@@ -702,7 +790,10 @@ impl Core {
                 .map(|i| i.instance_id.clone())
                 .collect();
             for id in ids {
-                let stopping = st.instances.get(&id).is_some_and(|i| i.state == InstanceState::Stopping);
+                let stopping = st
+                    .instances
+                    .get(&id)
+                    .is_some_and(|i| i.state == InstanceState::Stopping);
                 if stopping {
                     self.delete_instance(st, &id)?;
                 } else {
@@ -739,7 +830,9 @@ impl Core {
                 .filter(|i| i.namespace == d.namespace && i.deployment == d.name)
                 .collect();
             let stable = mine.iter().any(|i| {
-                i.generation == d.generation && i.healthy_since_ms > 0 && now - i.healthy_since_ms >= STABLE_MS
+                i.generation == d.generation
+                    && i.healthy_since_ms > 0
+                    && now - i.healthy_since_ms >= STABLE_MS
             });
             let views: Vec<InstView> = mine
                 .iter()
@@ -759,8 +852,16 @@ impl Core {
                 changed = true;
             }
             for id in &plan.replace {
-                let reason = st.instances.get(id).map(|i| i.message.clone()).unwrap_or_default();
-                let reason = if reason.is_empty() { "instance unhealthy".to_string() } else { reason };
+                let reason = st
+                    .instances
+                    .get(id)
+                    .map(|i| i.message.clone())
+                    .unwrap_or_default();
+                let reason = if reason.is_empty() {
+                    "instance unhealthy".to_string()
+                } else {
+                    reason
+                };
                 d.failures += 1;
                 let wait = scheduler::backoff(d.failures);
                 d.backoff_until_ms = now + wait.as_millis() as i64;
@@ -822,7 +923,11 @@ impl Core {
             .collect();
         pending.sort_by_key(|i| i.created_at_ms);
         for mut inst in pending {
-            let Some(d) = st.deployments.get(&deployment_key(&inst.namespace, &inst.deployment)).cloned() else {
+            let Some(d) = st
+                .deployments
+                .get(&deployment_key(&inst.namespace, &inst.deployment))
+                .cloned()
+            else {
                 self.delete_instance(st, &inst.instance_id)?;
                 continue;
             };
@@ -833,10 +938,10 @@ impl Core {
                 .nests
                 .values()
                 .map(|n| {
-                    let placed = st
-                        .instances
-                        .values()
-                        .filter(|i| i.nest_id == n.nest_id && !matches!(i.state, InstanceState::Lost | InstanceState::Pending));
+                    let placed = st.instances.values().filter(|i| {
+                        i.nest_id == n.nest_id
+                            && !matches!(i.state, InstanceState::Lost | InstanceState::Pending)
+                    });
                     let (mut total, mut of_deployment) = (0, 0);
                     for i in placed {
                         total += 1;
@@ -857,7 +962,11 @@ impl Core {
             match scheduler::pick_nest(&views, &d.selector) {
                 Ok(nest) => {
                     let nest_id = nest.nest_id.clone();
-                    let nest_name = st.nests.get(&nest_id).map(|n| n.name.clone()).unwrap_or_default();
+                    let nest_name = st
+                        .nests
+                        .get(&nest_id)
+                        .map(|n| n.name.clone())
+                        .unwrap_or_default();
                     inst.nest_id = nest_id.clone();
                     inst.nest_name = nest_name.clone();
                     inst.state = InstanceState::Starting;

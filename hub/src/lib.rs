@@ -81,7 +81,10 @@ impl HubHandle {
 fn load_or_create_token(path: &Path, make: impl FnOnce() -> String) -> Result<String> {
     match std::fs::read_to_string(path) {
         Ok(t) if !t.trim().is_empty() => Ok(t.trim().to_string()),
-        Ok(_) => Err(HubError::Config(format!("{} is empty; delete it to generate a new token", path.display()))),
+        Ok(_) => Err(HubError::Config(format!(
+            "{} is empty; delete it to generate a new token",
+            path.display()
+        ))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let token = make();
             tls::write_private(path, format!("{token}\n").as_bytes())?;
@@ -109,7 +112,8 @@ pub fn notify_ready() {
 pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubHandle> {
     opts.validate()?;
     let data_dir = opts.data_dir.clone();
-    std::fs::create_dir_all(&data_dir).map_err(HubError::io(&data_dir, "cannot create the hub data dir"))?;
+    std::fs::create_dir_all(&data_dir)
+        .map_err(HubError::io(&data_dir, "cannot create the hub data dir"))?;
 
     let admin_file = data_dir.join("admin-token");
     let admin_token = load_or_create_token(&admin_file, tls::random_secret)?;
@@ -122,9 +126,14 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     };
     let hub_tls = tls::load_or_create_hub_tls(&data_dir.join("tls"), &extra)?;
     let join_token_file = data_dir.join("join-token");
-    let join_token = load_or_create_token(&join_token_file, || JoinToken::generate(&hub_tls.ca_sha256).to_string())?;
+    let join_token = load_or_create_token(&join_token_file, || {
+        JoinToken::generate(&hub_tls.ca_sha256).to_string()
+    })?;
     let join = JoinToken::parse(&join_token).map_err(|e| {
-        HubError::Config(format!("{}: {e}; delete the file to generate a new one", join_token_file.display()))
+        HubError::Config(format!(
+            "{}: {e}; delete the file to generate a new one",
+            join_token_file.display()
+        ))
     })?;
     if join.ca_sha256 != hub_tls.ca_sha256 {
         return Err(HubError::Config(format!(
@@ -140,21 +149,46 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
 
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
-        .map_err(|e| HubError::Config(format!("cannot listen on {}: {e}; pick another --listen address", opts.listen)))?;
+        .map_err(|e| {
+            HubError::Config(format!(
+                "cannot listen on {}: {e}; pick another --listen address",
+                opts.listen
+            ))
+        })?;
     let addr = listener
         .local_addr()
         .map_err(|e| HubError::Serve(format!("cannot read the bound address: {e}")))?;
-    let host = if addr.ip().is_unspecified() { "127.0.0.1".to_string() } else { addr.ip().to_string() };
-    let host = if host.contains(':') { format!("[{host}]") } else { host };
-    let scheme = if opts.insecure_plaintext { "http" } else { "https" };
+    let host = if addr.ip().is_unspecified() {
+        "127.0.0.1".to_string()
+    } else {
+        addr.ip().to_string()
+    };
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host
+    };
+    let scheme = if opts.insecure_plaintext {
+        "http"
+    } else {
+        "https"
+    };
     let url = format!("{scheme}://{host}:{}", addr.port());
 
-    let routes = server::routes(core.clone(), admin_token.clone(), vec![join_token.clone(), join.secret.clone()]).await?;
+    let routes = server::routes(
+        core.clone(),
+        admin_token.clone(),
+        vec![join_token.clone(), join.secret.clone()],
+    )
+    .await?;
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)));
     if !opts.insecure_plaintext {
-        let identity = tonic::transport::Identity::from_pem(&hub_tls.server_chain_pem, &hub_tls.server_key_pem);
+        let identity = tonic::transport::Identity::from_pem(
+            &hub_tls.server_chain_pem,
+            &hub_tls.server_key_pem,
+        );
         builder = builder
             .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
             .map_err(|e| HubError::Serve(format!("tls: {e}")))?;

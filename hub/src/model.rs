@@ -171,7 +171,10 @@ pub enum TaskState {
 
 impl TaskState {
     pub fn is_terminal(self) -> bool {
-        matches!(self, TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled)
+        matches!(
+            self,
+            TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled
+        )
     }
     pub fn as_str(self) -> &'static str {
         match self {

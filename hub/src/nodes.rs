@@ -122,7 +122,10 @@ impl Liveness {
 
     /// How long `nest_id` has been silent (zero when never tracked).
     pub fn silent_for(&self, nest_id: &str) -> Duration {
-        self.last_seen.get(nest_id).map(|t| t.elapsed()).unwrap_or_default()
+        self.last_seen
+            .get(nest_id)
+            .map(|t| t.elapsed())
+            .unwrap_or_default()
     }
 
     /// Sends to a connected Nest; returns false when it is not connected.

@@ -116,7 +116,11 @@ impl Core {
         task.next_event_seq += 1;
         task.updated_at_ms = now;
         let bytes = serde_json::to_vec(&event).map_err(|e| HubError::Internal(e.to_string()))?;
-        self.db.raw().put(Table::TaskEvents, &task_event_key(&task.task_id, event.seq), &bytes)?;
+        self.db.raw().put(
+            Table::TaskEvents,
+            &task_event_key(&task.task_id, event.seq),
+            &bytes,
+        )?;
         self.save_task(st, task.clone())?;
         let _ = self.updates.send(TaskUpdate {
             task_id: task.task_id.clone(),
@@ -147,15 +151,25 @@ impl Core {
         validate_name("namespace", &namespace)?;
         validate_name("deployment", &spec.deployment)?;
         if spec.input.trim().is_empty() {
-            return Err(HubError::invalid("input: expected the task's text, got an empty string"));
+            return Err(HubError::invalid(
+                "input: expected the task's text, got an empty string",
+            ));
         }
         if spec.client_request_id.len() > 200 {
-            return Err(HubError::invalid("client_request_id: expected at most 200 characters"));
+            return Err(HubError::invalid(
+                "client_request_id: expected at most 200 characters",
+            ));
         }
         let task = {
             let mut st = self.lock();
-            if !st.deployments.contains_key(&deployment_key(&namespace, &spec.deployment)) {
-                return Err(HubError::not_found(format!("deployment {namespace}/{} not found", spec.deployment)));
+            if !st
+                .deployments
+                .contains_key(&deployment_key(&namespace, &spec.deployment))
+            {
+                return Err(HubError::not_found(format!(
+                    "deployment {namespace}/{} not found",
+                    spec.deployment
+                )));
             }
             if !spec.client_request_id.is_empty() {
                 let key = request_key(&namespace, &spec.client_request_id);
@@ -174,7 +188,11 @@ impl Core {
                 input: spec.input.clone(),
                 labels: spec.labels.clone(),
                 conversation_key: spec.conversation_key.clone(),
-                conversation_id: conversation_id_for(&namespace, &spec.deployment, &spec.conversation_key),
+                conversation_id: conversation_id_for(
+                    &namespace,
+                    &spec.deployment,
+                    &spec.conversation_key,
+                ),
                 state: TaskState::Queued,
                 activity: "queued".into(),
                 progress: None,
@@ -195,8 +213,11 @@ impl Core {
                 cancel_reason: String::new(),
             };
             if !spec.client_request_id.is_empty() {
-                self.db
-                    .put_json(Table::RequestIds, &request_key(&namespace, &spec.client_request_id), &task.task_id)?;
+                self.db.put_json(
+                    Table::RequestIds,
+                    &request_key(&namespace, &spec.client_request_id),
+                    &task.task_id,
+                )?;
             }
             self.emit_state(&mut st, task.clone())?;
             st.tasks.get(&task.task_id).cloned().unwrap_or(task)
@@ -210,14 +231,18 @@ impl Core {
     pub fn get_task(&self, namespace: &str, task_id: &str) -> Result<TaskRec> {
         let namespace = namespace_or_default(namespace);
         if task_id.is_empty() {
-            return Err(HubError::invalid("task_id: expected a task id, got an empty string"));
+            return Err(HubError::invalid(
+                "task_id: expected a task id, got an empty string",
+            ));
         }
         let st = self.lock();
         st.tasks
             .get(task_id)
             .filter(|t| t.namespace == namespace)
             .cloned()
-            .ok_or_else(|| HubError::not_found(format!("task {task_id} not found in namespace {namespace}")))
+            .ok_or_else(|| {
+                HubError::not_found(format!("task {task_id} not found in namespace {namespace}"))
+            })
     }
 
     pub fn list_tasks(&self, f: &TaskFilter) -> Result<Vec<TaskRec>> {
@@ -249,9 +274,18 @@ impl Core {
     }
 
     /// Cancels a task: a queued one at once, a running one through its Nest (with a grace).
-    pub async fn cancel_task(&self, namespace: &str, task_id: &str, reason: &str) -> Result<TaskRec> {
+    pub async fn cancel_task(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        reason: &str,
+    ) -> Result<TaskRec> {
         let task = self.get_task(namespace, task_id)?;
-        let reason = if reason.is_empty() { "cancelled by the user" } else { reason };
+        let reason = if reason.is_empty() {
+            "cancelled by the user"
+        } else {
+            reason
+        };
         let out = {
             let mut st = self.lock();
             let Some(mut task) = st.tasks.get(&task.task_id).cloned() else {
@@ -260,14 +294,25 @@ impl Core {
             match task.state {
                 s if s.is_terminal() => return Ok(task),
                 TaskState::Queued => {
-                    self.finish_task(&mut st, task.clone(), TaskState::Cancelled, "", "text", reason)?;
+                    self.finish_task(
+                        &mut st,
+                        task.clone(),
+                        TaskState::Cancelled,
+                        "",
+                        "text",
+                        reason,
+                    )?;
                 }
                 _ => {
                     if task.cancel_requested_at_ms == 0 {
                         task.cancel_requested_at_ms = now_ms();
                         task.cancel_reason = reason.to_string();
                         task.activity = format!("cancelling: {reason}");
-                        let nest_id = st.instances.get(&task.instance_id).map(|i| i.nest_id.clone()).unwrap_or_default();
+                        let nest_id = st
+                            .instances
+                            .get(&task.instance_id)
+                            .map(|i| i.nest_id.clone())
+                            .unwrap_or_default();
                         st.live.send(
                             &nest_id,
                             ToNest::CancelRun {
@@ -302,7 +347,11 @@ impl Core {
         task.finished_at_ms = now;
         task.outcome = Some(OutcomeRec {
             result: result.to_string(),
-            response_type: if response_type.is_empty() { "text".into() } else { response_type.to_string() },
+            response_type: if response_type.is_empty() {
+                "text".into()
+            } else {
+                response_type.to_string()
+            },
             error: error.to_string(),
         });
         tracing::info!(task = %task.task_id, state = state.as_str(), "task finished");
@@ -310,15 +359,26 @@ impl Core {
     }
 
     /// Puts the running tasks of `instance_id` back in the queue (next attempt on dispatch).
-    pub(crate) fn requeue_tasks_of(&self, st: &mut State, instance_id: &str, why: &str) -> Result<()> {
+    pub(crate) fn requeue_tasks_of(
+        &self,
+        st: &mut State,
+        instance_id: &str,
+        why: &str,
+    ) -> Result<()> {
         let ids: Vec<String> = st
             .tasks
             .values()
-            .filter(|t| t.instance_id == instance_id && !t.state.is_terminal() && t.state != TaskState::Queued)
+            .filter(|t| {
+                t.instance_id == instance_id
+                    && !t.state.is_terminal()
+                    && t.state != TaskState::Queued
+            })
             .map(|t| t.task_id.clone())
             .collect();
         for id in ids {
-            let Some(mut task) = st.tasks.get(&id).cloned() else { continue };
+            let Some(mut task) = st.tasks.get(&id).cloned() else {
+                continue;
+            };
             if task.cancel_requested_at_ms > 0 {
                 let reason = task.cancel_reason.clone();
                 self.finish_task(st, task, TaskState::Cancelled, "", "text", &reason)?;
@@ -334,16 +394,30 @@ impl Core {
         Ok(())
     }
 
-    pub(crate) fn fail_tasks_of_deployment(&self, st: &mut State, namespace: &str, name: &str) -> Result<()> {
+    pub(crate) fn fail_tasks_of_deployment(
+        &self,
+        st: &mut State,
+        namespace: &str,
+        name: &str,
+    ) -> Result<()> {
         let ids: Vec<String> = st
             .tasks
             .values()
-            .filter(|t| t.namespace == namespace && t.deployment == name && t.state == TaskState::Queued)
+            .filter(|t| {
+                t.namespace == namespace && t.deployment == name && t.state == TaskState::Queued
+            })
             .map(|t| t.task_id.clone())
             .collect();
         for id in ids {
             if let Some(task) = st.tasks.get(&id).cloned() {
-                self.finish_task(st, task, TaskState::Failed, "", "error", "deployment deleted before the task ran")?;
+                self.finish_task(
+                    st,
+                    task,
+                    TaskState::Failed,
+                    "",
+                    "error",
+                    "deployment deleted before the task ran",
+                )?;
             }
         }
         Ok(())
@@ -368,7 +442,9 @@ impl Core {
 
         let mut active: HashMap<String, u32> = HashMap::new();
         for t in st.tasks.values() {
-            if matches!(t.state, TaskState::Running | TaskState::Waiting) && !t.instance_id.is_empty() {
+            if matches!(t.state, TaskState::Running | TaskState::Waiting)
+                && !t.instance_id.is_empty()
+            {
                 *active.entry(t.instance_id.clone()).or_default() += 1;
             }
         }
@@ -381,21 +457,34 @@ impl Core {
         order.sort();
         let mut busy_conversations: HashSet<String> = HashSet::new();
         for (_, id) in order {
-            let Some(task) = st.tasks.get(&id).cloned() else { continue };
+            let Some(task) = st.tasks.get(&id).cloned() else {
+                continue;
+            };
             let first_of_conversation = busy_conversations.insert(task.conversation_id.clone());
             if task.state != TaskState::Queued || !first_of_conversation {
                 continue;
             }
             let key = deployment_key(&task.namespace, &task.deployment);
             let Some(d) = st.deployments.get(&key).cloned() else {
-                self.finish_task(st, task, TaskState::Failed, "", "error", "deployment deleted before the task ran")?;
+                self.finish_task(
+                    st,
+                    task,
+                    TaskState::Failed,
+                    "",
+                    "error",
+                    "deployment deleted before the task ran",
+                )?;
                 continue;
             };
             let candidate = st
                 .instances
                 .values()
                 .filter(|i| i.namespace == d.namespace && i.deployment == d.name)
-                .filter(|i| i.state == InstanceState::Running && i.healthy && st.live.is_connected(&i.nest_id))
+                .filter(|i| {
+                    i.state == InstanceState::Running
+                        && i.healthy
+                        && st.live.is_connected(&i.nest_id)
+                })
                 .filter(|i| active.get(&i.instance_id).copied().unwrap_or(0) < d.concurrency)
                 .min_by_key(|i| {
                     (
@@ -414,7 +503,13 @@ impl Core {
         Ok(())
     }
 
-    fn assign(&self, st: &mut State, mut task: TaskRec, inst: &InstanceRec, now: i64) -> Result<()> {
+    fn assign(
+        &self,
+        st: &mut State,
+        mut task: TaskRec,
+        inst: &InstanceRec,
+        now: i64,
+    ) -> Result<()> {
         if task.run_id.is_empty() {
             task.run_id = format!("run-{}", uuid::Uuid::now_v7().simple());
         }
@@ -464,7 +559,8 @@ impl Core {
             replay_json,
         };
         tracing::info!(task = %task.task_id, run = %task.run_id, attempt = task.attempt, instance = %inst.instance_id, "dispatching run");
-        st.live.send(&inst.nest_id, ToNest::AssignRun(Box::new(assignment)));
+        st.live
+            .send(&inst.nest_id, ToNest::AssignRun(Box::new(assignment)));
         self.emit_state(st, task)
     }
 
@@ -485,7 +581,9 @@ impl Core {
                     json: e.json.clone(),
                 };
                 let outcome = self.db.append_run_event(&rec)?;
-                let entry = acks.entry((e.run_id.clone(), e.attempt)).or_insert((0, false));
+                let entry = acks
+                    .entry((e.run_id.clone(), e.attempt))
+                    .or_insert((0, false));
                 match outcome {
                     Append::Fenced => entry.1 = true,
                     Append::Duplicate => entry.0 = entry.0.max(e.seq),
@@ -547,7 +645,11 @@ impl Core {
                     artifacts: body
                         .get("artifacts")
                         .and_then(Value::as_array)
-                        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|v| v.as_str().map(str::to_string))
+                                .collect()
+                        })
                         .unwrap_or_default(),
                     updated_at_ms: e.at_ms,
                 });
@@ -558,14 +660,23 @@ impl Core {
             // The run event itself first, then the terminal state.
             self.emit(st, task.clone(), &e.kind, e.json.clone())?;
             let task = st.tasks.get(&task.task_id).cloned().unwrap_or(task);
-            let state = match (str_field(&body, &["state"]), task.cancel_requested_at_ms > 0) {
+            let state = match (
+                str_field(&body, &["state"]),
+                task.cancel_requested_at_ms > 0,
+            ) {
                 (Some("cancelled"), _) | (_, true) => TaskState::Cancelled,
                 (Some("succeeded"), false) => TaskState::Succeeded,
                 _ => TaskState::Failed,
             };
-            let result = str_field(&body, &["result"]).unwrap_or_default().to_string();
+            let result = str_field(&body, &["result"])
+                .unwrap_or_default()
+                .to_string();
             let response_type = str_field(&body, &["response_type", "responseType"])
-                .unwrap_or(if state == TaskState::Failed { "error" } else { "text" })
+                .unwrap_or(if state == TaskState::Failed {
+                    "error"
+                } else {
+                    "text"
+                })
                 .to_string();
             let mut error = str_field(&body, &["error"]).unwrap_or_default().to_string();
             if state == TaskState::Cancelled && error.is_empty() {
@@ -573,10 +684,13 @@ impl Core {
             }
             if let Some(messages) = body.get("messages").and_then(Value::as_array) {
                 if !messages.is_empty() && !task.conversation_id.is_empty() {
-                    let mut conv: ConversationRec =
-                        self.db.get_json(Table::Conversations, &task.conversation_id)?.unwrap_or_default();
+                    let mut conv: ConversationRec = self
+                        .db
+                        .get_json(Table::Conversations, &task.conversation_id)?
+                        .unwrap_or_default();
                     conv.messages.extend(messages.iter().cloned());
-                    self.db.put_json(Table::Conversations, &task.conversation_id, &conv)?;
+                    self.db
+                        .put_json(Table::Conversations, &task.conversation_id, &conv)?;
                 }
             }
             return self.finish_task(st, task, state, &result, &response_type, &error);
@@ -616,12 +730,20 @@ impl Core {
 /// `tool.completed`/`tool.failed`, matched by call id, else by tool name).
 pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
     let root_id = format!("{}-root", task.run_id);
-    let end = if task.finished_at_ms > 0 { task.finished_at_ms } else { events.last().map(|e| e.at_ms).unwrap_or(0) };
+    let end = if task.finished_at_ms > 0 {
+        task.finished_at_ms
+    } else {
+        events.last().map(|e| e.at_ms).unwrap_or(0)
+    };
     let mut spans = vec![SpanRec {
         span_id: root_id.clone(),
         parent_span_id: String::new(),
         name: format!("task {}", task.deployment),
-        start_ms: if task.started_at_ms > 0 { task.started_at_ms } else { task.created_at_ms },
+        start_ms: if task.started_at_ms > 0 {
+            task.started_at_ms
+        } else {
+            task.created_at_ms
+        },
         end_ms: end,
         status: task.state.as_str().to_string(),
         attributes: BTreeMap::from([
@@ -636,7 +758,9 @@ pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
     for e in events {
         let body: Value = serde_json::from_str(&e.json).unwrap_or(Value::Null);
         let call_id = str_field(&body, &["call_id", "tool_call_id", "id"]).map(str::to_string);
-        let tool = str_field(&body, &["tool", "name", "tool_name"]).unwrap_or("tool").to_string();
+        let tool = str_field(&body, &["tool", "name", "tool_name"])
+            .unwrap_or("tool")
+            .to_string();
         match e.kind.as_str() {
             "model.requested" => {
                 turn += 1;
@@ -654,7 +778,11 @@ pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
             "model.answered" => {
                 if let Some(i) = open_model.take() {
                     spans[i].end_ms = e.at_ms;
-                    spans[i].status = if body.get("error").is_some() { "error".into() } else { "ok".into() };
+                    spans[i].status = if body.get("error").is_some() {
+                        "error".into()
+                    } else {
+                        "ok".into()
+                    };
                 }
             }
             "tool.started" => {
@@ -671,11 +799,18 @@ pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
             }
             "tool.completed" | "tool.failed" => {
                 let key = call_id.unwrap_or(tool);
-                let pos = open_tools.iter().position(|(k, _)| *k == key).or(if open_tools.is_empty() { None } else { Some(0) });
+                let pos = open_tools
+                    .iter()
+                    .position(|(k, _)| *k == key)
+                    .or(if open_tools.is_empty() { None } else { Some(0) });
                 if let Some(p) = pos {
                     let (_, i) = open_tools.remove(p);
                     spans[i].end_ms = e.at_ms;
-                    spans[i].status = if e.kind == "tool.failed" { "error".into() } else { "ok".into() };
+                    spans[i].status = if e.kind == "tool.failed" {
+                        "error".into()
+                    } else {
+                        "ok".into()
+                    };
                 }
             }
             _ => {}

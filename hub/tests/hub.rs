@@ -22,36 +22,90 @@ async fn health_and_reflection_need_no_token_but_the_api_does() {
 
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
     let status = health
-        .check(tonic_health::pb::HealthCheckRequest { service: "agen.v1.AgenService".into() })
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "agen.v1.AgenService".into(),
+        })
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(status.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    assert_eq!(
+        status.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
 
-    use tonic_reflection::pb::v1::{server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest, server_reflection_response::MessageResponse, ServerReflectionRequest};
+    use tonic_reflection::pb::v1::{
+        server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+        ServerReflectionRequest,
+    };
     let mut reflection = ServerReflectionClient::new(channel.clone());
-    let req = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
-    let mut answers = reflection.server_reflection_info(futures::stream::iter(vec![req])).await.unwrap().into_inner();
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = reflection
+        .server_reflection_info(futures::stream::iter(vec![req]))
+        .await
+        .unwrap()
+        .into_inner();
     let answer = answers.message().await.unwrap().unwrap();
-    let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else { panic!("expected a service list") };
+    let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+        panic!("expected a service list")
+    };
     let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    assert!(names.contains(&"agen.v1.AgenService".to_string()), "{names:?}");
-    assert!(names.contains(&"agen.v1.NestService".to_string()), "{names:?}");
+    assert!(
+        names.contains(&"agen.v1.AgenService".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"agen.v1.NestService".to_string()),
+        "{names:?}"
+    );
 
     let mut anonymous = pb::agen_service_client::AgenServiceClient::new(channel.clone());
-    let err = anonymous.list_nests(pb::ListNestsRequest {}).await.unwrap_err();
+    let err = anonymous
+        .list_nests(pb::ListNestsRequest {})
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unauthenticated);
     assert!(err.message().contains("admin token"), "{}", err.message());
 
-    let mut wrong = pb::agen_service_client::AgenServiceClient::with_interceptor(channel.clone(), Bearer::new("nope"));
-    assert_eq!(wrong.list_nests(pb::ListNestsRequest {}).await.unwrap_err().code(), tonic::Code::Unauthenticated);
+    let mut wrong = pb::agen_service_client::AgenServiceClient::with_interceptor(
+        channel.clone(),
+        Bearer::new("nope"),
+    );
+    assert_eq!(
+        wrong
+            .list_nests(pb::ListNestsRequest {})
+            .await
+            .unwrap_err()
+            .code(),
+        tonic::Code::Unauthenticated
+    );
 
     // The join token is for Nests only.
-    let mut nest_token = pb::agen_service_client::AgenServiceClient::with_interceptor(channel, Bearer::new(&hub.join_token));
-    assert_eq!(nest_token.list_nests(pb::ListNestsRequest {}).await.unwrap_err().code(), tonic::Code::Unauthenticated);
+    let mut nest_token = pb::agen_service_client::AgenServiceClient::with_interceptor(
+        channel,
+        Bearer::new(&hub.join_token),
+    );
+    assert_eq!(
+        nest_token
+            .list_nests(pb::ListNestsRequest {})
+            .await
+            .unwrap_err()
+            .code(),
+        tonic::Code::Unauthenticated
+    );
 
     let mut api = hub.client().await;
-    assert_eq!(api.list_nests(pb::ListNestsRequest {}).await.unwrap().into_inner().nests, vec![]);
+    assert_eq!(
+        api.list_nests(pb::ListNestsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .nests,
+        vec![]
+    );
 }
 
 #[tokio::test]
@@ -59,9 +113,19 @@ async fn join_token_pins_the_hub_ca() {
     let dir = tempfile::tempdir().unwrap();
     let hub = TestHub::start(dir.path(), TTL).await;
     let token = agen_shared::tls::JoinToken::parse(&hub.join_token).unwrap();
-    assert_eq!(std::fs::read_to_string(dir.path().join("join-token")).unwrap().trim(), hub.join_token);
-    let pem = agen_shared::tls::fetch_pinned_ca(&hub.url, &token.ca_sha256).await.unwrap();
-    assert_eq!(pem.trim(), std::fs::read_to_string(&hub.ca_file).unwrap().trim());
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("join-token"))
+            .unwrap()
+            .trim(),
+        hub.join_token
+    );
+    let pem = agen_shared::tls::fetch_pinned_ca(&hub.url, &token.ca_sha256)
+        .await
+        .unwrap();
+    assert_eq!(
+        pem.trim(),
+        std::fs::read_to_string(&hub.ca_file).unwrap().trim()
+    );
 }
 
 #[tokio::test]
@@ -70,7 +134,10 @@ async fn plaintext_is_refused_off_loopback() {
     let mut opts = options(dir.path(), TTL);
     opts.insecure_plaintext = true;
     opts.listen = "0.0.0.0:0".parse().unwrap();
-    let err = agen_hub::start(opts, Default::default()).await.unwrap_err().to_string();
+    let err = agen_hub::start(opts, Default::default())
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("only allowed on a loopback"), "{err}");
 }
 
@@ -89,9 +156,20 @@ async fn upload_deploy_and_list_with_clear_errors_for_bad_requests() {
     assert_eq!(again.digest, first.digest);
 
     let d = deploy(&mut api, &bundle, "hello", 2).await;
-    assert_eq!((d.name.as_str(), d.replicas, d.generation, d.agent_name.as_str()), ("hello", 2, 1, "hello"));
+    assert_eq!(
+        (
+            d.name.as_str(),
+            d.replicas,
+            d.generation,
+            d.agent_name.as_str()
+        ),
+        ("hello", 2, 1, "hello")
+    );
     let list = api
-        .list_deployments(pb::ListDeploymentsRequest { namespace: "default".into(), all_namespaces: false })
+        .list_deployments(pb::ListDeploymentsRequest {
+            namespace: "default".into(),
+            all_namespaces: false,
+        })
         .await
         .unwrap()
         .into_inner();
@@ -107,11 +185,19 @@ async fn upload_deploy_and_list_with_clear_errors_for_bad_requests() {
         let mut api = api.clone();
         async move {
             let list = instances(&mut api, "hello").await;
-            (list.len() == 2 && list.iter().all(|i| state(i) == pb::InstanceState::Pending && !i.message.is_empty())).then_some(list)
+            (list.len() == 2
+                && list
+                    .iter()
+                    .all(|i| state(i) == pb::InstanceState::Pending && !i.message.is_empty()))
+            .then_some(list)
         }
     })
     .await;
-    assert!(pending[0].message.contains("waiting for a ready nest"), "{}", pending[0].message);
+    assert!(
+        pending[0].message.contains("waiting for a ready nest"),
+        "{}",
+        pending[0].message
+    );
 
     // A broken bundle is refused with the bundle's own error.
     let broken = dir.path().join("broken");
@@ -119,15 +205,33 @@ async fn upload_deploy_and_list_with_clear_errors_for_bad_requests() {
     std::fs::write(broken.join("mcp.json"), "{}").unwrap();
     let err = upload(&mut api, &broken).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    assert!(err.message().contains("x-agen/agent.md"), "{}", err.message());
+    assert!(
+        err.message().contains("x-agen/agent.md"),
+        "{}",
+        err.message()
+    );
 
     // A wrong digest is refused.
     let bytes = agen_shared::bundle::pack(&bundle).unwrap();
-    let mut chunk = pb::BundleChunk { digest: format!("sha256:{}", "0".repeat(64)), total_size: bytes.len() as u64, data: bytes };
-    let err = api.upload_bundle(futures::stream::iter(vec![chunk.clone()])).await.unwrap_err();
-    assert!(err.message().contains("not the announced"), "{}", err.message());
+    let mut chunk = pb::BundleChunk {
+        digest: format!("sha256:{}", "0".repeat(64)),
+        total_size: bytes.len() as u64,
+        data: bytes,
+    };
+    let err = api
+        .upload_bundle(futures::stream::iter(vec![chunk.clone()]))
+        .await
+        .unwrap_err();
+    assert!(
+        err.message().contains("not the announced"),
+        "{}",
+        err.message()
+    );
     chunk.total_size = 65 * 1024 * 1024;
-    let err = api.upload_bundle(futures::stream::iter(vec![chunk])).await.unwrap_err();
+    let err = api
+        .upload_bundle(futures::stream::iter(vec![chunk]))
+        .await
+        .unwrap_err();
     assert!(err.message().contains("64 MiB"), "{}", err.message());
 
     async fn create(api: &mut Api, name: &str, digest: &str, replicas: u32) -> tonic::Status {
@@ -143,11 +247,35 @@ async fn upload_deploy_and_list_with_clear_errors_for_bad_requests() {
         .unwrap_err()
     }
     let cases = [
-        ("", first.digest.as_str(), 1, tonic::Code::InvalidArgument, "name: expected a name"),
-        ("x", first.digest.as_str(), 1001, tonic::Code::InvalidArgument, "replicas: 1001 is too many"),
+        (
+            "",
+            first.digest.as_str(),
+            1,
+            tonic::Code::InvalidArgument,
+            "name: expected a name",
+        ),
+        (
+            "x",
+            first.digest.as_str(),
+            1001,
+            tonic::Code::InvalidArgument,
+            "replicas: 1001 is too many",
+        ),
         ("x", "", 1, tonic::Code::InvalidArgument, "bundle_digest"),
-        ("x", "sha256:abc", 1, tonic::Code::FailedPrecondition, "is not uploaded"),
-        ("Bad Name", first.digest.as_str(), 1, tonic::Code::InvalidArgument, "not a valid name"),
+        (
+            "x",
+            "sha256:abc",
+            1,
+            tonic::Code::FailedPrecondition,
+            "is not uploaded",
+        ),
+        (
+            "Bad Name",
+            first.digest.as_str(),
+            1,
+            tonic::Code::InvalidArgument,
+            "not a valid name",
+        ),
     ];
     for (name, digest, replicas, code, text) in cases {
         let err = create(&mut api, name, digest, replicas).await;
@@ -155,19 +283,36 @@ async fn upload_deploy_and_list_with_clear_errors_for_bad_requests() {
         assert!(err.message().contains(text), "{name}: {}", err.message());
     }
     let err = api
-        .get_deployment(pb::GetDeploymentRequest { namespace: "default".into(), name: "x".into() })
+        .get_deployment(pb::GetDeploymentRequest {
+            namespace: "default".into(),
+            name: "x".into(),
+        })
         .await
         .unwrap_err();
-    assert_eq!((err.code(), err.message()), (tonic::Code::NotFound, "deployment default/x not found"));
+    assert_eq!(
+        (err.code(), err.message()),
+        (tonic::Code::NotFound, "deployment default/x not found")
+    );
     let err = api
-        .list_tasks(pb::ListTasksRequest { state: "done".into(), ..Default::default() })
+        .list_tasks(pb::ListTasksRequest {
+            state: "done".into(),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
-    assert!(err.message().starts_with("state: `done` is not a task state"), "{}", err.message());
+    assert!(
+        err.message()
+            .starts_with("state: `done` is not a task state"),
+        "{}",
+        err.message()
+    );
 
-    api.delete_deployment(pb::DeleteDeploymentRequest { namespace: "default".into(), name: "hello".into() })
-        .await
-        .unwrap();
+    api.delete_deployment(pb::DeleteDeploymentRequest {
+        namespace: "default".into(),
+        name: "hello".into(),
+    })
+    .await
+    .unwrap();
     eventually("instances gone", Duration::from_secs(5), || {
         let mut api = api.clone();
         async move { instances(&mut api, "hello").await.is_empty().then_some(()) }
@@ -191,14 +336,21 @@ async fn a_nest_registers_gets_placements_spread_and_reports_them_running() {
     deploy(&mut api, &bundle, "hello", 2).await;
     let pa = a.accept_placement().await;
     let pb_ = b.accept_placement().await;
-    assert_eq!((pa.deployment.as_str(), pa.generation, pa.concurrency), ("hello", 1, 1));
+    assert_eq!(
+        (pa.deployment.as_str(), pa.generation, pa.concurrency),
+        ("hello", 1, 1)
+    );
     assert_ne!(pa.instance_id, pb_.instance_id);
 
     let list = eventually("two running instances", Duration::from_secs(5), || {
         let mut api = api.clone();
         async move {
             let list = instances(&mut api, "hello").await;
-            (list.len() == 2 && list.iter().all(|i| state(i) == pb::InstanceState::Running && i.healthy)).then_some(list)
+            (list.len() == 2
+                && list
+                    .iter()
+                    .all(|i| state(i) == pb::InstanceState::Running && i.healthy))
+            .then_some(list)
         }
     })
     .await;
@@ -207,9 +359,16 @@ async fn a_nest_registers_gets_placements_spread_and_reports_them_running() {
     assert_eq!(nests, vec!["nest-a-name", "nest-b-name"]);
     assert_eq!(list[0].tools_loaded, 2);
 
-    let nest_list = api.list_nests(pb::ListNestsRequest {}).await.unwrap().into_inner().nests;
+    let nest_list = api
+        .list_nests(pb::ListNestsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .nests;
     assert_eq!(nest_list.len(), 2);
-    assert!(nest_list.iter().all(|n| n.state == pb::NestState::Ready as i32 && n.capacity == 32 && n.instances == 1));
+    assert!(nest_list
+        .iter()
+        .all(|n| n.state == pb::NestState::Ready as i32 && n.capacity == 32 && n.instances == 1));
 
     // A selector places only on matching Nests.
     let up = upload(&mut api, &bundle).await.unwrap();
@@ -228,7 +387,10 @@ async fn a_nest_registers_gets_placements_spread_and_reports_them_running() {
 
     // Deployment shows ready replicas.
     let got = api
-        .get_deployment(pb::GetDeploymentRequest { namespace: "default".into(), name: "hello".into() })
+        .get_deployment(pb::GetDeploymentRequest {
+            namespace: "default".into(),
+            name: "hello".into(),
+        })
         .await
         .unwrap()
         .into_inner();
@@ -253,21 +415,32 @@ async fn a_lost_nest_has_its_instances_replaced_on_another() {
     let replacement = b.accept_placement().await;
     assert_ne!(replacement.instance_id, first.instance_id);
 
-    let list = eventually("replacement running, old one lost", Duration::from_secs(5), || {
-        let mut api = api.clone();
-        async move {
-            let list = instances(&mut api, "hello").await;
-            let running = list.iter().any(|i| state(i) == pb::InstanceState::Running && i.nest_name == "nest-b-name");
-            running.then_some(list)
-        }
-    })
+    let list = eventually(
+        "replacement running, old one lost",
+        Duration::from_secs(5),
+        || {
+            let mut api = api.clone();
+            async move {
+                let list = instances(&mut api, "hello").await;
+                let running = list.iter().any(|i| {
+                    state(i) == pb::InstanceState::Running && i.nest_name == "nest-b-name"
+                });
+                running.then_some(list)
+            }
+        },
+    )
     .await;
     let old = list.iter().find(|i| i.instance_id == first.instance_id);
     if let Some(old) = old {
         assert_eq!(state(old), pb::InstanceState::Lost);
         assert!(old.message.contains("no heartbeat"), "{}", old.message);
     }
-    let nests = api.list_nests(pb::ListNestsRequest {}).await.unwrap().into_inner().nests;
+    let nests = api
+        .list_nests(pb::ListNestsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .nests;
     let a_state = nests.iter().find(|n| n.nest_id == "nest-a").unwrap().state;
     assert_eq!(a_state, pb::NestState::Lost as i32);
 }
@@ -288,7 +461,12 @@ async fn a_hub_restart_keeps_state_and_readopts_instances_without_duplicates() {
         let mut api = api.clone();
         async move {
             let list = instances(&mut api, "hello").await;
-            (list.iter().filter(|i| state(i) == pb::InstanceState::Running).count() == 2).then_some(())
+            (list
+                .iter()
+                .filter(|i| state(i) == pb::InstanceState::Running)
+                .count()
+                == 2)
+                .then_some(())
         }
     })
     .await;
@@ -301,7 +479,10 @@ async fn a_hub_restart_keeps_state_and_readopts_instances_without_duplicates() {
     assert_eq!(hub2.join_token, hub.join_token);
     let mut api = hub2.client().await;
     let deployments = api
-        .list_deployments(pb::ListDeploymentsRequest { namespace: "default".into(), all_namespaces: false })
+        .list_deployments(pb::ListDeploymentsRequest {
+            namespace: "default".into(),
+            all_namespaces: false,
+        })
         .await
         .unwrap()
         .into_inner()
@@ -317,20 +498,30 @@ async fn a_hub_restart_keeps_state_and_readopts_instances_without_duplicates() {
     with_stray.push(stray);
     let (mut a, registered) = FakeNest::connect(&hub2, "nest-a", &[], with_stray).await;
     assert_eq!(registered.stop_instances, vec!["stray-1".to_string()]);
-    a.running.lock().unwrap().retain(|r| r.instance_id != "stray-1");
+    a.running
+        .lock()
+        .unwrap()
+        .retain(|r| r.instance_id != "stray-1");
 
     // Well past the reconcile window: still exactly the two original instances, nothing placed.
     let mut expected = vec![p1.instance_id.clone(), p2.instance_id.clone()];
     expected.sort();
     let deadline = std::time::Instant::now() + Duration::from_secs(4);
     while std::time::Instant::now() < deadline {
-        let mut ids: Vec<String> = instances(&mut api, "hello").await.into_iter().map(|i| i.instance_id).collect();
+        let mut ids: Vec<String> = instances(&mut api, "hello")
+            .await
+            .into_iter()
+            .map(|i| i.instance_id)
+            .collect();
         ids.sort();
         assert_eq!(ids, expected);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     while let Ok(m) = tokio::time::timeout(Duration::from_millis(300), a.next()).await {
-        assert!(matches!(&m, Hub::Stop(s) if s.instance_id == "stray-1"), "only the stray is stopped, nothing placed: {m:?}");
+        assert!(
+            matches!(&m, Hub::Stop(s) if s.instance_id == "stray-1"),
+            "only the stray is stopped, nothing placed: {m:?}"
+        );
     }
     hub2.stop().await;
 }
@@ -353,10 +544,24 @@ async fn an_unhealthy_instance_is_replaced_with_a_new_id_and_back_off() {
     a.running.lock().unwrap().clear();
     a.send(Nest::Instance(report)).await;
 
-    let stop = a.next_matching(|m| match m { Hub::Stop(s) => Some(s), _ => None }).await;
+    let stop = a
+        .next_matching(|m| match m {
+            Hub::Stop(s) => Some(s),
+            _ => None,
+        })
+        .await;
     assert_eq!(stop.instance_id, first.instance_id);
-    assert!(stop.reason.contains("tool server time exited"), "{}", stop.reason);
-    let replacement = a.next_matching(|m| match m { Hub::Place(p) => Some(p), _ => None }).await;
+    assert!(
+        stop.reason.contains("tool server time exited"),
+        "{}",
+        stop.reason
+    );
+    let replacement = a
+        .next_matching(|m| match m {
+            Hub::Place(p) => Some(p),
+            _ => None,
+        })
+        .await;
     assert_ne!(replacement.instance_id, first.instance_id);
 
     // Failing again: the next replacement waits, and says why.
@@ -367,21 +572,31 @@ async fn an_unhealthy_instance_is_replaced_with_a_new_id_and_back_off() {
     report.message = "tool server time exited: status 1".into();
     a.running.lock().unwrap().clear();
     a.send(Nest::Instance(report)).await;
-    let pending = eventually("a pending replacement with its back-off", Duration::from_secs(5), || {
-        let mut api = api.clone();
-        async move {
-            instances(&mut api, "hello")
-                .await
-                .into_iter()
-                .find(|i| state(i) == pb::InstanceState::Pending && i.message.starts_with("replacement back-off"))
-        }
-    })
+    let pending = eventually(
+        "a pending replacement with its back-off",
+        Duration::from_secs(5),
+        || {
+            let mut api = api.clone();
+            async move {
+                instances(&mut api, "hello").await.into_iter().find(|i| {
+                    state(i) == pb::InstanceState::Pending
+                        && i.message.starts_with("replacement back-off")
+                })
+            }
+        },
+    )
     .await;
-    assert_eq!(pending.message, "replacement back-off 2s: tool server time exited: status 1");
+    assert_eq!(
+        pending.message,
+        "replacement back-off 2s: tool server time exited: status 1"
+    );
 }
 
 /// Sets up a Hub, a Nest running one instance of `hello`, and returns them.
-async fn fleet_with_one_instance(dir: &std::path::Path, concurrency: u32) -> (TestHub, Api, FakeNest, pb::PlaceInstance) {
+async fn fleet_with_one_instance(
+    dir: &std::path::Path,
+    concurrency: u32,
+) -> (TestHub, Api, FakeNest, pb::PlaceInstance) {
     let hub = TestHub::start(&dir.join("hub"), TTL).await;
     let mut api = hub.client().await;
     let bundle = dir.join("hello");
@@ -415,9 +630,21 @@ fn event(run: &pb::AssignRun, seq: u64, kind: &str, json: serde_json::Value) -> 
     }
 }
 
-async fn send_events(nest: &mut FakeNest, instance_id: &str, events: Vec<pb::RunEvent>) -> pb::RunEventsAck {
-    nest.send(Nest::RunEvents(pb::RunEvents { instance_id: instance_id.into(), events })).await;
-    nest.next_matching(|m| match m { Hub::Ack(a) => Some(a), _ => None }).await
+async fn send_events(
+    nest: &mut FakeNest,
+    instance_id: &str,
+    events: Vec<pb::RunEvent>,
+) -> pb::RunEventsAck {
+    nest.send(Nest::RunEvents(pb::RunEvents {
+        instance_id: instance_id.into(),
+        events,
+    }))
+    .await;
+    nest.next_matching(|m| match m {
+        Hub::Ack(a) => Some(a),
+        _ => None,
+    })
+    .await
 }
 
 async fn submit(api: &mut Api, input: &str, conversation: &str, request_id: &str) -> pb::Task {
@@ -435,7 +662,13 @@ async fn submit(api: &mut Api, input: &str, conversation: &str, request_id: &str
 }
 
 async fn get(api: &mut Api, task_id: &str) -> pb::Task {
-    api.get_task(pb::GetTaskRequest { namespace: "default".into(), task_id: task_id.into() }).await.expect("get task").into_inner()
+    api.get_task(pb::GetTaskRequest {
+        namespace: "default".into(),
+        task_id: task_id.into(),
+    })
+    .await
+    .expect("get task")
+    .into_inner()
 }
 
 #[tokio::test]
@@ -446,16 +679,33 @@ async fn a_task_runs_from_submit_to_succeeded_through_run_events_and_acks() {
     let task = submit(&mut api, "what time is it?", "", "req-1").await;
     assert_eq!(task_state(&task), pb::TaskState::Queued);
     // A retried submit returns the same task.
-    assert_eq!(submit(&mut api, "what time is it?", "", "req-1").await.task_id, task.task_id);
+    assert_eq!(
+        submit(&mut api, "what time is it?", "", "req-1")
+            .await
+            .task_id,
+        task.task_id
+    );
 
-    let run = nest.next_matching(|m| match m { Hub::AssignRun(r) => Some(r), _ => None }).await;
-    assert_eq!((run.task_id.as_str(), run.attempt, run.instance_id.as_str()), (task.task_id.as_str(), 1, place.instance_id.as_str()));
+    let run = nest
+        .next_matching(|m| match m {
+            Hub::AssignRun(r) => Some(r),
+            _ => None,
+        })
+        .await;
+    assert_eq!(
+        (run.task_id.as_str(), run.attempt, run.instance_id.as_str()),
+        (task.task_id.as_str(), 1, place.instance_id.as_str())
+    );
     assert_eq!(run.root_run_id, run.run_id);
     assert_eq!(run.history_json, "[]");
     assert_eq!(run.labels.get("team").map(String::as_str), Some("a"));
 
     let mut watch = api
-        .watch_task(pb::WatchTaskRequest { namespace: "default".into(), task_id: task.task_id.clone(), from_seq: 0 })
+        .watch_task(pb::WatchTaskRequest {
+            namespace: "default".into(),
+            task_id: task.task_id.clone(),
+            from_seq: 0,
+        })
         .await
         .unwrap()
         .into_inner();
@@ -466,8 +716,18 @@ async fn a_task_runs_from_submit_to_succeeded_through_run_events_and_acks() {
         vec![
             event(&run, 1, "model.requested", serde_json::json!({})),
             event(&run, 2, "model.answered", serde_json::json!({})),
-            event(&run, 3, "tool.started", serde_json::json!({"tool": "time.get_current_time", "call_id": "c1"})),
-            event(&run, 4, "task.progress", serde_json::json!({"step": "looking up", "done": 1, "total": 2})),
+            event(
+                &run,
+                3,
+                "tool.started",
+                serde_json::json!({"tool": "time.get_current_time", "call_id": "c1"}),
+            ),
+            event(
+                &run,
+                4,
+                "task.progress",
+                serde_json::json!({"step": "looking up", "done": 1, "total": 2}),
+            ),
         ],
     )
     .await;
@@ -475,10 +735,26 @@ async fn a_task_runs_from_submit_to_succeeded_through_run_events_and_acks() {
     let running = get(&mut api, &task.task_id).await;
     assert_eq!(task_state(&running), pb::TaskState::Running);
     assert_eq!(running.activity, "calling time.get_current_time");
-    assert_eq!(running.progress.as_ref().map(|p| (p.step.as_str(), p.done, p.total)), Some(("looking up", Some(1), Some(2))));
+    assert_eq!(
+        running
+            .progress
+            .as_ref()
+            .map(|p| (p.step.as_str(), p.done, p.total)),
+        Some(("looking up", Some(1), Some(2)))
+    );
 
     // A resend is harmless: acked again, stored once.
-    let ack = send_events(&mut nest, &place.instance_id, vec![event(&run, 4, "task.progress", serde_json::json!({"step": "looking up"}))]).await;
+    let ack = send_events(
+        &mut nest,
+        &place.instance_id,
+        vec![event(
+            &run,
+            4,
+            "task.progress",
+            serde_json::json!({"step": "looking up"}),
+        )],
+    )
+    .await;
     assert_eq!(ack.acked_seq, 4);
 
     let ack = send_events(
@@ -500,24 +776,48 @@ async fn a_task_runs_from_submit_to_succeeded_through_run_events_and_acks() {
     let done = get(&mut api, &task.task_id).await;
     assert_eq!(task_state(&done), pb::TaskState::Succeeded);
     let outcome = done.outcome.unwrap();
-    assert_eq!((outcome.result.as_str(), outcome.response_type.as_str()), ("It is noon.", "text"));
+    assert_eq!(
+        (outcome.result.as_str(), outcome.response_type.as_str()),
+        ("It is noon.", "text")
+    );
 
     // Watch replays every event and ends after the terminal state.
     let mut kinds = Vec::new();
-    while let Some(e) = tokio::time::timeout(Duration::from_secs(5), watch.message()).await.unwrap().unwrap() {
+    while let Some(e) = tokio::time::timeout(Duration::from_secs(5), watch.message())
+        .await
+        .unwrap()
+        .unwrap()
+    {
         kinds.push(e.kind);
     }
     assert_eq!(
         kinds,
-        vec!["task.state", "task.state", "model.requested", "model.answered", "tool.started", "task.progress", "tool.completed", "run.finished", "task.state"]
+        vec![
+            "task.state",
+            "task.state",
+            "model.requested",
+            "model.answered",
+            "tool.started",
+            "task.progress",
+            "tool.completed",
+            "run.finished",
+            "task.state"
+        ]
     );
 
     let trace = api
-        .get_trace(pb::GetTraceRequest { namespace: "default".into(), task_id: task.task_id.clone() })
+        .get_trace(pb::GetTraceRequest {
+            namespace: "default".into(),
+            task_id: task.task_id.clone(),
+        })
         .await
         .unwrap()
         .into_inner();
-    let spans: Vec<(String, String)> = trace.spans.iter().map(|s| (s.name.clone(), s.status.clone())).collect();
+    let spans: Vec<(String, String)> = trace
+        .spans
+        .iter()
+        .map(|s| (s.name.clone(), s.status.clone()))
+        .collect();
     assert_eq!(
         spans,
         vec![
@@ -527,9 +827,23 @@ async fn a_task_runs_from_submit_to_succeeded_through_run_events_and_acks() {
         ]
     );
 
-    let listed = api.list_tasks(pb::ListTasksRequest { namespace: "default".into(), state: "succeeded".into(), ..Default::default() }).await.unwrap().into_inner();
+    let listed = api
+        .list_tasks(pb::ListTasksRequest {
+            namespace: "default".into(),
+            state: "succeeded".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(listed.tasks.len(), 1);
-    let arts = api.list_artifacts(pb::ListArtifactsRequest { namespace: "default".into(), task_id: task.task_id.clone() }).await.unwrap();
+    let arts = api
+        .list_artifacts(pb::ListArtifactsRequest {
+            namespace: "default".into(),
+            task_id: task.task_id.clone(),
+        })
+        .await
+        .unwrap();
     assert!(arts.into_inner().artifacts.is_empty());
 }
 
@@ -541,10 +855,18 @@ async fn a_conversation_runs_in_order_and_carries_its_history() {
     let second = submit(&mut api, "what is my name?", "chat-1", "").await;
     assert_eq!(first.conversation_id, second.conversation_id);
 
-    let run1 = nest.next_matching(|m| match m { Hub::AssignRun(r) => Some(r), _ => None }).await;
+    let run1 = nest
+        .next_matching(|m| match m {
+            Hub::AssignRun(r) => Some(r),
+            _ => None,
+        })
+        .await;
     assert_eq!(run1.task_id, first.task_id);
     // The second task waits for the first although the instance has free slots.
-    assert_eq!(task_state(&get(&mut api, &second.task_id).await), pb::TaskState::Queued);
+    assert_eq!(
+        task_state(&get(&mut api, &second.task_id).await),
+        pb::TaskState::Queued
+    );
     send_events(
         &mut nest,
         &place.instance_id,
@@ -552,7 +874,12 @@ async fn a_conversation_runs_in_order_and_carries_its_history() {
             "messages": [{"role": "user", "content": "my name is Ada"}, {"role": "assistant", "content": "Hi Ada"}]}))],
     )
     .await;
-    let run2 = nest.next_matching(|m| match m { Hub::AssignRun(r) => Some(r), _ => None }).await;
+    let run2 = nest
+        .next_matching(|m| match m {
+            Hub::AssignRun(r) => Some(r),
+            _ => None,
+        })
+        .await;
     assert_eq!(run2.task_id, second.task_id);
     let history: serde_json::Value = serde_json::from_str(&run2.history_json).unwrap();
     assert_eq!(history[1]["content"], "Hi Ada");
@@ -564,22 +891,61 @@ async fn cancel_stops_queued_tasks_at_once_and_running_ones_through_the_nest() {
     let (_hub, mut api, mut nest, place) = fleet_with_one_instance(dir.path(), 0).await;
     let running = submit(&mut api, "long job", "", "").await;
     let queued = submit(&mut api, "another", "", "").await;
-    let run = nest.next_matching(|m| match m { Hub::AssignRun(r) => Some(r), _ => None }).await;
+    let run = nest
+        .next_matching(|m| match m {
+            Hub::AssignRun(r) => Some(r),
+            _ => None,
+        })
+        .await;
     assert_eq!(run.task_id, running.task_id);
 
     let cancelled = api
-        .cancel_task(pb::CancelTaskRequest { namespace: "default".into(), task_id: queued.task_id.clone(), reason: String::new() })
+        .cancel_task(pb::CancelTaskRequest {
+            namespace: "default".into(),
+            task_id: queued.task_id.clone(),
+            reason: String::new(),
+        })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(task_state(&cancelled), pb::TaskState::Cancelled);
 
-    api.cancel_task(pb::CancelTaskRequest { namespace: "default".into(), task_id: running.task_id.clone(), reason: "changed my mind".into() })
-        .await
-        .unwrap();
-    let cancel = nest.next_matching(|m| match m { Hub::CancelRun(c) => Some(c), _ => None }).await;
-    assert_eq!((cancel.run_id.as_str(), cancel.instance_id.as_str(), cancel.reason.as_str()), (run.run_id.as_str(), place.instance_id.as_str(), "changed my mind"));
-    send_events(&mut nest, &place.instance_id, vec![event(&run, 1, "run.finished", serde_json::json!({"state": "cancelled", "result": ""}))]).await;
+    api.cancel_task(pb::CancelTaskRequest {
+        namespace: "default".into(),
+        task_id: running.task_id.clone(),
+        reason: "changed my mind".into(),
+    })
+    .await
+    .unwrap();
+    let cancel = nest
+        .next_matching(|m| match m {
+            Hub::CancelRun(c) => Some(c),
+            _ => None,
+        })
+        .await;
+    assert_eq!(
+        (
+            cancel.run_id.as_str(),
+            cancel.instance_id.as_str(),
+            cancel.reason.as_str()
+        ),
+        (
+            run.run_id.as_str(),
+            place.instance_id.as_str(),
+            "changed my mind"
+        )
+    );
+    send_events(
+        &mut nest,
+        &place.instance_id,
+        vec![event(
+            &run,
+            1,
+            "run.finished",
+            serde_json::json!({"state": "cancelled", "result": ""}),
+        )],
+    )
+    .await;
     let t = get(&mut api, &running.task_id).await;
     assert_eq!(task_state(&t), pb::TaskState::Cancelled);
     assert_eq!(t.outcome.unwrap().error, "changed my mind");
@@ -596,19 +962,42 @@ async fn a_run_whose_nest_is_lost_is_redispatched_with_the_next_attempt_and_old_
     deploy(&mut api, &bundle, "hello", 1).await;
     let pa = a.accept_placement().await;
     let task = submit(&mut api, "job", "", "").await;
-    let run1 = a.next_matching(|m| match m { Hub::AssignRun(r) => Some(r), _ => None }).await;
-    send_events(&mut a, &pa.instance_id, vec![event(&run1, 1, "model.requested", serde_json::json!({}))]).await;
+    let run1 = a
+        .next_matching(|m| match m {
+            Hub::AssignRun(r) => Some(r),
+            _ => None,
+        })
+        .await;
+    send_events(
+        &mut a,
+        &pa.instance_id,
+        vec![event(&run1, 1, "model.requested", serde_json::json!({}))],
+    )
+    .await;
 
     let (mut b, _) = FakeNest::connect(&hub, "nest-b", &[], vec![]).await;
     a.go_silent();
     b.accept_placement().await;
-    let run2 = b.next_matching(|m| match m { Hub::AssignRun(r) => Some(r), _ => None }).await;
-    assert_eq!((run2.task_id.as_str(), run2.run_id.as_str(), run2.attempt), (task.task_id.as_str(), run1.run_id.as_str(), 2));
+    let run2 = b
+        .next_matching(|m| match m {
+            Hub::AssignRun(r) => Some(r),
+            _ => None,
+        })
+        .await;
+    assert_eq!(
+        (run2.task_id.as_str(), run2.run_id.as_str(), run2.attempt),
+        (task.task_id.as_str(), run1.run_id.as_str(), 2)
+    );
     let replay: serde_json::Value = serde_json::from_str(&run2.replay_json).unwrap();
     assert_eq!(replay[0]["kind"], "model.requested");
 
     // The old attempt is fenced.
-    let ack = send_events(&mut b, &pa.instance_id, vec![event(&run1, 2, "model.answered", serde_json::json!({}))]).await;
+    let ack = send_events(
+        &mut b,
+        &pa.instance_id,
+        vec![event(&run1, 2, "model.answered", serde_json::json!({}))],
+    )
+    .await;
     assert!(ack.fenced);
 }
 
@@ -626,12 +1015,20 @@ async fn scaling_restarts_nothing_and_a_new_bundle_rolls_instances_over() {
     // Scale up: one more instance, the first one untouched.
     assert_eq!(deploy(&mut api, &bundle, "hello", 2).await.generation, 2);
     let second = a.next().await;
-    let Hub::Place(second) = second else { panic!("expected a placement, got {second:?}") };
+    let Hub::Place(second) = second else {
+        panic!("expected a placement, got {second:?}")
+    };
     a.report_running(&second).await;
     eventually("two ready replicas", Duration::from_secs(5), || {
         let mut api = api.clone();
         async move {
-            let d = api.get_deployment(pb::GetDeploymentRequest { namespace: "default".into(), name: "hello".into() }).await.ok()?;
+            let d = api
+                .get_deployment(pb::GetDeploymentRequest {
+                    namespace: "default".into(),
+                    name: "hello".into(),
+                })
+                .await
+                .ok()?;
             (d.into_inner().deployment?.ready_replicas == 2).then_some(())
         }
     })
@@ -646,14 +1043,23 @@ async fn scaling_restarts_nothing_and_a_new_bundle_rolls_instances_over() {
     while stopped.len() < 2 {
         match a.next().await {
             Hub::Place(p) => {
-                assert_eq!((p.generation, p.bundle_digest.as_str()), (3, d.bundle_digest.as_str()));
+                assert_eq!(
+                    (p.generation, p.bundle_digest.as_str()),
+                    (3, d.bundle_digest.as_str())
+                );
                 a.report_running(&p).await;
                 placed.push(p.instance_id);
             }
             Hub::Stop(s) => {
                 assert!(!placed.contains(&s.instance_id));
-                assert!(placed.len() > stopped.len(), "an old instance stops only once a new one runs");
-                a.running.lock().unwrap().retain(|r| r.instance_id != s.instance_id);
+                assert!(
+                    placed.len() > stopped.len(),
+                    "an old instance stops only once a new one runs"
+                );
+                a.running
+                    .lock()
+                    .unwrap()
+                    .retain(|r| r.instance_id != s.instance_id);
                 stopped.push(s.instance_id);
             }
             other => panic!("unexpected {other:?}"),
@@ -663,13 +1069,21 @@ async fn scaling_restarts_nothing_and_a_new_bundle_rolls_instances_over() {
     let mut old = vec![first.instance_id, second.instance_id];
     old.sort();
     assert_eq!(stopped, old);
-    let list = eventually("only the new generation is left", Duration::from_secs(5), || {
-        let mut api = api.clone();
-        async move {
-            let list = instances(&mut api, "hello").await;
-            (list.len() == 2 && list.iter().all(|i| i.generation == 3 && state(i) == pb::InstanceState::Running)).then_some(list)
-        }
-    })
+    let list = eventually(
+        "only the new generation is left",
+        Duration::from_secs(5),
+        || {
+            let mut api = api.clone();
+            async move {
+                let list = instances(&mut api, "hello").await;
+                (list.len() == 2
+                    && list
+                        .iter()
+                        .all(|i| i.generation == 3 && state(i) == pb::InstanceState::Running))
+                .then_some(list)
+            }
+        },
+    )
     .await;
     assert_eq!(list.len(), 2);
 }

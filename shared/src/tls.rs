@@ -63,11 +63,18 @@ pub struct HubTls {
 
 fn io_err(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> TlsError {
     let path = path.to_path_buf();
-    move |source| TlsError::Io { path, action, source }
+    move |source| TlsError::Io {
+        path,
+        action,
+        source,
+    }
 }
 
 fn gen_err(what: &'static str) -> impl FnOnce(rcgen::Error) -> TlsError {
-    move |e| TlsError::Generate { what, reason: e.to_string() }
+    move |e| TlsError::Generate {
+        what,
+        reason: e.to_string(),
+    }
 }
 
 /// Writes `data` to `path` with mode 0600 (atomically: temp file + rename).
@@ -85,7 +92,8 @@ pub fn write_private(path: &Path, data: &[u8]) -> Result<()> {
         .mode(0o600)
         .open(&tmp)
         .map_err(io_err(&tmp, "cannot create file"))?;
-    f.write_all(data).map_err(io_err(&tmp, "cannot write file"))?;
+    f.write_all(data)
+        .map_err(io_err(&tmp, "cannot write file"))?;
     f.sync_all().map_err(io_err(&tmp, "cannot sync file"))?;
     std::fs::rename(&tmp, path).map_err(io_err(path, "cannot move file into place"))
 }
@@ -93,8 +101,12 @@ pub fn write_private(path: &Path, data: &[u8]) -> Result<()> {
 fn ca_params() -> rcgen::CertificateParams {
     let mut params = rcgen::CertificateParams::default();
     params.distinguished_name = rcgen::DistinguishedName::new();
-    params.distinguished_name.push(rcgen::DnType::CommonName, "agen hub CA");
-    params.distinguished_name.push(rcgen::DnType::OrganizationName, "agen");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "agen hub CA");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "agen");
     params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
     params.key_usages = vec![
         rcgen::KeyUsagePurpose::KeyCertSign,
@@ -111,19 +123,25 @@ pub fn load_or_create_hub_tls(dir: &Path, extra_names: &[String]) -> Result<HubT
     let ca_file = dir.join("ca.pem");
     let key_file = dir.join("ca.key");
     let ca_key = if ca_file.exists() && key_file.exists() {
-        let key_pem = std::fs::read_to_string(&key_file).map_err(io_err(&key_file, "cannot read CA key"))?;
+        let key_pem =
+            std::fs::read_to_string(&key_file).map_err(io_err(&key_file, "cannot read CA key"))?;
         rcgen::KeyPair::from_pem(&key_pem).map_err(gen_err("the CA key from ca.key"))?
     } else {
         let key = rcgen::KeyPair::generate().map_err(gen_err("the CA key"))?;
-        let ca = ca_params().self_signed(&key).map_err(gen_err("the CA certificate"))?;
+        let ca = ca_params()
+            .self_signed(&key)
+            .map_err(gen_err("the CA certificate"))?;
         write_private(&key_file, key.serialize_pem().as_bytes())?;
         write_private(&ca_file, ca.pem().as_bytes())?;
         key
     };
-    let ca_pem = std::fs::read_to_string(&ca_file).map_err(io_err(&ca_file, "cannot read CA certificate"))?;
+    let ca_pem = std::fs::read_to_string(&ca_file)
+        .map_err(io_err(&ca_file, "cannot read CA certificate"))?;
     let ca_sha256 = ca_pem_sha256(&ca_pem)?;
     // Same key + same distinguished name: certificates it signs verify against ca.pem.
-    let issuer = ca_params().self_signed(&ca_key).map_err(gen_err("the CA signer"))?;
+    let issuer = ca_params()
+        .self_signed(&ca_key)
+        .map_err(gen_err("the CA signer"))?;
 
     let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
     for n in extra_names {
@@ -133,7 +151,9 @@ pub fn load_or_create_hub_tls(dir: &Path, extra_names: &[String]) -> Result<HubT
     }
     let mut params = rcgen::CertificateParams::default();
     params.distinguished_name = rcgen::DistinguishedName::new();
-    params.distinguished_name.push(rcgen::DnType::CommonName, "agen hub");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "agen hub");
     params.subject_alt_names = names
         .iter()
         .map(|n| match n.parse::<IpAddr>() {
@@ -145,7 +165,10 @@ pub fn load_or_create_hub_tls(dir: &Path, extra_names: &[String]) -> Result<HubT
                 .map_err(gen_err("a server certificate name")),
         })
         .collect::<Result<Vec<_>>>()?;
-    params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature, rcgen::KeyUsagePurpose::KeyEncipherment];
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::DigitalSignature,
+        rcgen::KeyUsagePurpose::KeyEncipherment,
+    ];
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
     let server_key = rcgen::KeyPair::generate().map_err(gen_err("the server key"))?;
     let server = params
@@ -163,7 +186,10 @@ pub fn load_or_create_hub_tls(dir: &Path, extra_names: &[String]) -> Result<HubT
 /// The DER certificates of a PEM text.
 pub fn pem_certs(pem: &str) -> Vec<Vec<u8>> {
     let mut reader = std::io::BufReader::new(pem.as_bytes());
-    rustls_pemfile::certs(&mut reader).filter_map(|c| c.ok()).map(|c| c.to_vec()).collect()
+    rustls_pemfile::certs(&mut reader)
+        .filter_map(|c| c.ok())
+        .map(|c| c.to_vec())
+        .collect()
 }
 
 /// sha256 hex of a DER certificate.
@@ -174,7 +200,9 @@ pub fn der_sha256(der: &[u8]) -> String {
 /// sha256 hex of the (first) certificate of a PEM text: the pin a join token carries.
 pub fn ca_pem_sha256(pem: &str) -> Result<String> {
     let certs = pem_certs(pem);
-    let first = certs.first().ok_or_else(|| TlsError::NotPem { what: "the CA certificate".into() })?;
+    let first = certs.first().ok_or_else(|| TlsError::NotPem {
+        what: "the CA certificate".into(),
+    })?;
     Ok(der_sha256(first))
 }
 
@@ -217,16 +245,28 @@ impl JoinToken {
         let mut parts = text.splitn(3, '.');
         let (prefix, hash, secret) = match (parts.next(), parts.next(), parts.next()) {
             (Some(p), Some(h), Some(s)) => (p, h, s),
-            _ => return Err(TlsError::BadJoinToken("expected three parts separated by `.`".into())),
+            _ => {
+                return Err(TlsError::BadJoinToken(
+                    "expected three parts separated by `.`".into(),
+                ))
+            }
         };
         if prefix != JOIN_TOKEN_PREFIX {
             return Err(TlsError::BadJoinToken(format!("unknown prefix `{prefix}`")));
         }
         if hash.len() != 64 || !hash.chars().all(|c| c.is_ascii_hexdigit()) {
-            return Err(TlsError::BadJoinToken("the CA hash is not 64 hex digits".into()));
+            return Err(TlsError::BadJoinToken(
+                "the CA hash is not 64 hex digits".into(),
+            ));
         }
-        if secret.is_empty() || !secret.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-            return Err(TlsError::BadJoinToken("the secret is empty or has characters other than letters, digits, - and _".into()));
+        if secret.is_empty()
+            || !secret
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(TlsError::BadJoinToken(
+                "the secret is empty or has characters other than letters, digits, - and _".into(),
+            ));
         }
         Ok(JoinToken {
             ca_sha256: hash.to_ascii_lowercase(),
@@ -251,7 +291,9 @@ fn host_port(url: &str) -> Result<(String, u16)> {
         return Err(TlsError::BadUrl(url.to_string()));
     }
     if let Some(v6) = authority.strip_prefix('[') {
-        let (host, after) = v6.split_once(']').ok_or_else(|| TlsError::BadUrl(url.to_string()))?;
+        let (host, after) = v6
+            .split_once(']')
+            .ok_or_else(|| TlsError::BadUrl(url.to_string()))?;
         let port = match after.strip_prefix(':') {
             Some(p) => p.parse().map_err(|_| TlsError::BadUrl(url.to_string()))?,
             None => 443,
@@ -259,7 +301,10 @@ fn host_port(url: &str) -> Result<(String, u16)> {
         return Ok((host.to_string(), port));
     }
     match authority.rsplit_once(':') {
-        Some((h, p)) => Ok((h.to_string(), p.parse().map_err(|_| TlsError::BadUrl(url.to_string()))?)),
+        Some((h, p)) => Ok((
+            h.to_string(),
+            p.parse().map_err(|_| TlsError::BadUrl(url.to_string()))?,
+        )),
         None => Ok((authority.to_string(), 443)),
     }
 }
@@ -289,16 +334,23 @@ impl ServerCertVerifier for PinVerifier {
         let pinned = std::iter::once(end_entity)
             .chain(intermediates.iter())
             .find(|c| der_sha256(c.as_ref()) == self.expected)
-            .ok_or_else(|| rustls::Error::General("no certificate of the chain matches the join token's CA hash".into()))?;
+            .ok_or_else(|| {
+                rustls::Error::General(
+                    "no certificate of the chain matches the join token's CA hash".into(),
+                )
+            })?;
         let pinned_der = pinned.as_ref().to_vec();
         if pinned_der != end_entity.as_ref() {
             let mut roots = rustls::RootCertStore::empty();
             roots
                 .add(CertificateDer::from(pinned_der.clone()))
                 .map_err(|e| rustls::Error::General(format!("pinned CA is unusable: {e}")))?;
-            let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
-                .build()
-                .map_err(|e| rustls::Error::General(format!("pinned CA is unusable: {e}")))?;
+            let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                Arc::new(roots),
+                self.provider.clone(),
+            )
+            .build()
+            .map_err(|e| rustls::Error::General(format!("pinned CA is unusable: {e}")))?;
             inner.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)?;
         }
         if let Ok(mut slot) = self.captured.lock() {
@@ -313,7 +365,12 @@ impl ServerCertVerifier for PinVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -322,11 +379,18 @@ impl ServerCertVerifier for PinVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
@@ -335,7 +399,8 @@ impl ServerCertVerifier for PinVerifier {
 /// returns that certificate as PEM. The Nest stores it and uses it as its trust root.
 pub async fn fetch_pinned_ca(hub_url: &str, expected_sha256: &str) -> Result<String> {
     let (host, port) = host_port(hub_url)?;
-    let server_name = ServerName::try_from(host.clone()).map_err(|_| TlsError::BadUrl(hub_url.to_string()))?;
+    let server_name =
+        ServerName::try_from(host.clone()).map_err(|_| TlsError::BadUrl(hub_url.to_string()))?;
     let provider = provider();
     let verifier = Arc::new(PinVerifier {
         expected: expected_sha256.to_ascii_lowercase(),
@@ -344,18 +409,31 @@ pub async fn fetch_pinned_ca(hub_url: &str, expected_sha256: &str) -> Result<Str
     });
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::Connect { url: hub_url.to_string(), reason: e.to_string() })?
+        .map_err(|e| TlsError::Connect {
+            url: hub_url.to_string(),
+            reason: e.to_string(),
+        })?
         .dangerous()
         .with_custom_certificate_verifier(verifier.clone())
         .with_no_client_auth();
     config.alpn_protocols = vec![b"h2".to_vec()];
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let connect_err = |reason: String| TlsError::Connect { url: hub_url.to_string(), reason };
-    let tcp = tokio::time::timeout(std::time::Duration::from_secs(10), tokio::net::TcpStream::connect((host.as_str(), port)))
-        .await
-        .map_err(|_| connect_err("timed out after 10s".into()))?
-        .map_err(|e| connect_err(e.to_string()))?;
-    let handshake = tokio::time::timeout(std::time::Duration::from_secs(10), connector.connect(server_name, tcp)).await;
+    let connect_err = |reason: String| TlsError::Connect {
+        url: hub_url.to_string(),
+        reason,
+    };
+    let tcp = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        tokio::net::TcpStream::connect((host.as_str(), port)),
+    )
+    .await
+    .map_err(|_| connect_err("timed out after 10s".into()))?
+    .map_err(|e| connect_err(e.to_string()))?;
+    let handshake = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        connector.connect(server_name, tcp),
+    )
+    .await;
     let captured = verifier.captured.lock().ok().and_then(|mut c| c.take());
     match (handshake, captured) {
         (Ok(Ok(_stream)), Some(der)) => Ok(der_to_pem(&der)),
@@ -379,7 +457,10 @@ mod tests {
     #[test]
     fn join_token_round_trips_and_rejects_malformed_text() {
         let hash = "ab".repeat(32);
-        let token = JoinToken { ca_sha256: hash.clone(), secret: "s3cret".into() };
+        let token = JoinToken {
+            ca_sha256: hash.clone(),
+            secret: "s3cret".into(),
+        };
         assert_eq!(JoinToken::parse(&token.to_string()).unwrap(), token);
         fn check(text: &str, expected: &str) {
             let err = JoinToken::parse(text).unwrap_err().to_string();
@@ -394,30 +475,47 @@ mod tests {
     #[test]
     fn ca_is_created_once_and_server_cert_is_signed_by_it() {
         let dir = tempfile::tempdir().unwrap();
-        let a = load_or_create_hub_tls(dir.path(), &["10.0.0.1".into(), "hub.example".into()]).unwrap();
+        let a =
+            load_or_create_hub_tls(dir.path(), &["10.0.0.1".into(), "hub.example".into()]).unwrap();
         let b = load_or_create_hub_tls(dir.path(), &[]).unwrap();
         assert_eq!(a.ca_pem, b.ca_pem);
-        assert_eq!(a.ca_sha256, ca_pem_sha256(&std::fs::read_to_string(&a.ca_file).unwrap()).unwrap());
+        assert_eq!(
+            a.ca_sha256,
+            ca_pem_sha256(&std::fs::read_to_string(&a.ca_file).unwrap()).unwrap()
+        );
         assert_eq!(pem_certs(&a.server_chain_pem).len(), 2);
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(dir.path().join("ca.key")).unwrap().permissions().mode();
+        let mode = std::fs::metadata(dir.path().join("ca.key"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
     }
 
     #[test]
     fn host_port_parses_hub_urls() {
-        assert_eq!(host_port("https://127.0.0.1:7070").unwrap(), ("127.0.0.1".into(), 7070));
-        assert_eq!(host_port("https://hub.example/x").unwrap(), ("hub.example".into(), 443));
+        assert_eq!(
+            host_port("https://127.0.0.1:7070").unwrap(),
+            ("127.0.0.1".into(), 7070)
+        );
+        assert_eq!(
+            host_port("https://hub.example/x").unwrap(),
+            ("hub.example".into(), 443)
+        );
         assert_eq!(host_port("https://[::1]:9").unwrap(), ("::1".into(), 9));
         assert!(host_port("http://x:1").is_err());
     }
 
     async fn serve_tls(tls: &HubTls) -> std::net::SocketAddr {
-        let certs: Vec<CertificateDer<'static>> =
-            pem_certs(&tls.server_chain_pem).into_iter().map(CertificateDer::from).collect();
-        let key = rustls_pemfile::private_key(&mut std::io::BufReader::new(tls.server_key_pem.as_bytes()))
-            .unwrap()
-            .unwrap();
+        let certs: Vec<CertificateDer<'static>> = pem_certs(&tls.server_chain_pem)
+            .into_iter()
+            .map(CertificateDer::from)
+            .collect();
+        let key = rustls_pemfile::private_key(&mut std::io::BufReader::new(
+            tls.server_key_pem.as_bytes(),
+        ))
+        .unwrap()
+        .unwrap();
         let config = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .unwrap()

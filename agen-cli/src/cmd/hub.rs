@@ -33,7 +33,10 @@ pub struct Args {
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     agen_shared::telemetry::init("info");
-    let data_dir = args.data_dir.clone().unwrap_or_else(agen_hub::default_data_dir);
+    let data_dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(agen_hub::default_data_dir);
     let opts = agen_hub::HubOptions {
         data_dir: data_dir.clone(),
         listen: args.listen,
@@ -47,15 +50,25 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     }
     let shutdown = CancellationToken::new();
     crate::cmd::cancel_on_signals(shutdown.clone());
-    let hub = agen_hub::start(opts, shutdown.clone()).await.context("cannot start the Hub")?;
+    let hub = agen_hub::start(opts, shutdown.clone())
+        .await
+        .context("cannot start the Hub")?;
 
     let client_cfg = ClientConfig {
         hub: Some(hub.url.clone()),
-        ca_file: if hub.plaintext { None } else { Some(hub.ca_file.clone()) },
+        ca_file: if hub.plaintext {
+            None
+        } else {
+            Some(hub.ca_file.clone())
+        },
         token: Some(hub.admin_token.clone()),
     };
     crate::cmd::write_client_config(&client_cfg, &data_dir)?;
-    eprintln!("agen hub: listening at {}; data in {}", hub.url, data_dir.display());
+    eprintln!(
+        "agen hub: listening at {}; data in {}",
+        hub.url,
+        data_dir.display()
+    );
     eprintln!("join a Nest with:\n  {}", hub.nest_command());
     agen_hub::notify_ready();
 

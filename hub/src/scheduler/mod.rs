@@ -38,7 +38,10 @@ impl NoPlacement {
     pub fn describe(&self, selector: &BTreeMap<String, String>) -> String {
         match self {
             NoPlacement::NoNests => "waiting for a ready nest (none connected)".into(),
-            NoPlacement::NoMatch => format!("no ready nest matches selector {}", format_selector(selector)),
+            NoPlacement::NoMatch => format!(
+                "no ready nest matches selector {}",
+                format_selector(selector)
+            ),
             NoPlacement::NoCapacity => "every matching nest is at capacity".into(),
         }
     }
@@ -58,12 +61,18 @@ pub fn matches(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, St
 }
 
 /// The Nest to place one more instance on.
-pub fn pick_nest<'a>(nests: &'a [NestView], selector: &BTreeMap<String, String>) -> Result<&'a NestView, NoPlacement> {
+pub fn pick_nest<'a>(
+    nests: &'a [NestView],
+    selector: &BTreeMap<String, String>,
+) -> Result<&'a NestView, NoPlacement> {
     let ready: Vec<&NestView> = nests.iter().filter(|n| n.ready).collect();
     if ready.is_empty() {
         return Err(NoPlacement::NoNests);
     }
-    let matching: Vec<&NestView> = ready.into_iter().filter(|n| matches(selector, &n.labels)).collect();
+    let matching: Vec<&NestView> = ready
+        .into_iter()
+        .filter(|n| matches(selector, &n.labels))
+        .collect();
     if matching.is_empty() {
         return Err(NoPlacement::NoMatch);
     }
@@ -130,9 +139,14 @@ pub fn plan(replicas: u32, generation: u64, instances: &[InstView]) -> Plan {
     let replicas_n = replicas as usize;
     if current.len() > replicas_n {
         // Stop pending first, then starting, then the newest.
-        current.sort_by(|a, b| rank(a).cmp(&rank(b)).then(b.created_at_ms.cmp(&a.created_at_ms)));
+        current.sort_by(|a, b| {
+            rank(a)
+                .cmp(&rank(b))
+                .then(b.created_at_ms.cmp(&a.created_at_ms))
+        });
         let surplus = current.len() - replicas_n;
-        out.stop.extend(current.drain(..surplus).map(|i| i.instance_id.clone()));
+        out.stop
+            .extend(current.drain(..surplus).map(|i| i.instance_id.clone()));
     } else {
         out.create = (replicas_n - current.len()) as u32;
     }
@@ -142,9 +156,14 @@ pub fn plan(replicas: u32, generation: u64, instances: &[InstView]) -> Plan {
         .count();
     let keep_old = replicas_n.saturating_sub(running_current);
     if old.len() > keep_old {
-        old.sort_by(|a, b| rank(a).cmp(&rank(b)).then(a.created_at_ms.cmp(&b.created_at_ms)));
+        old.sort_by(|a, b| {
+            rank(a)
+                .cmp(&rank(b))
+                .then(a.created_at_ms.cmp(&b.created_at_ms))
+        });
         let surplus = old.len() - keep_old;
-        out.stop.extend(old.drain(..surplus).map(|i| i.instance_id.clone()));
+        out.stop
+            .extend(old.drain(..surplus).map(|i| i.instance_id.clone()));
     }
     out
 }

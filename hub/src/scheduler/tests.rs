@@ -4,10 +4,19 @@ use pretty_assertions::assert_eq;
 
 use super::*;
 
-fn nest(id: &str, labels: &[(&str, &str)], capacity: u32, total: u32, of_deployment: u32) -> NestView {
+fn nest(
+    id: &str,
+    labels: &[(&str, &str)],
+    capacity: u32,
+    total: u32,
+    of_deployment: u32,
+) -> NestView {
     NestView {
         nest_id: id.into(),
-        labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         capacity,
         ready: true,
         total,
@@ -16,7 +25,10 @@ fn nest(id: &str, labels: &[(&str, &str)], capacity: u32, total: u32, of_deploym
 }
 
 fn sel(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 fn check(nests: &[NestView], selector: &[(&str, &str)], expected: Result<&str, NoPlacement>) {
@@ -26,7 +38,10 @@ fn check(nests: &[NestView], selector: &[(&str, &str)], expected: Result<&str, N
 
 #[test]
 fn selector_requires_every_pair() {
-    let nests = [nest("a", &[("gpu", "yes"), ("zone", "x")], 32, 0, 0), nest("b", &[("zone", "x")], 32, 0, 0)];
+    let nests = [
+        nest("a", &[("gpu", "yes"), ("zone", "x")], 32, 0, 0),
+        nest("b", &[("zone", "x")], 32, 0, 0),
+    ];
     check(&nests, &[("gpu", "yes")], Ok("a"));
     check(&nests, &[("gpu", "yes"), ("zone", "x")], Ok("a"));
     check(&nests, &[("gpu", "no")], Err(NoPlacement::NoMatch));
@@ -45,8 +60,16 @@ fn spreads_by_deployment_then_total() {
 fn full_and_unready_nests_are_skipped() {
     let mut lost = nest("c", &[], 32, 0, 0);
     lost.ready = false;
-    check(&[nest("a", &[], 2, 2, 0), lost.clone()], &[], Err(NoPlacement::NoCapacity));
-    check(&[nest("a", &[], 3, 2, 2), nest("b", &[], 1, 1, 0)], &[], Ok("a"));
+    check(
+        &[nest("a", &[], 2, 2, 0), lost.clone()],
+        &[],
+        Err(NoPlacement::NoCapacity),
+    );
+    check(
+        &[nest("a", &[], 3, 2, 2), nest("b", &[], 1, 1, 0)],
+        &[],
+        Ok("a"),
+    );
     check(&[lost], &[], Err(NoPlacement::NoNests));
     check(&[], &[], Err(NoPlacement::NoNests));
 }
@@ -70,14 +93,39 @@ fn inst(id: &str, generation: u64, state: InstanceState, created: i64) -> InstVi
 #[test]
 fn plan_keeps_the_replica_count() {
     use InstanceState::*;
-    assert_eq!(plan(2, 1, &[]), Plan { create: 2, ..Plan::default() });
     assert_eq!(
-        plan(1, 1, &[inst("a", 1, Running, 1), inst("b", 1, Pending, 2), inst("c", 1, Lost, 0)]),
-        Plan { stop: vec!["b".into()], ..Plan::default() }
+        plan(2, 1, &[]),
+        Plan {
+            create: 2,
+            ..Plan::default()
+        }
     );
     assert_eq!(
-        plan(2, 1, &[inst("a", 1, Running, 1), inst("b", 1, Unhealthy, 2)]),
-        Plan { create: 1, replace: vec!["b".into()], ..Plan::default() }
+        plan(
+            1,
+            1,
+            &[
+                inst("a", 1, Running, 1),
+                inst("b", 1, Pending, 2),
+                inst("c", 1, Lost, 0)
+            ]
+        ),
+        Plan {
+            stop: vec!["b".into()],
+            ..Plan::default()
+        }
+    );
+    assert_eq!(
+        plan(
+            2,
+            1,
+            &[inst("a", 1, Running, 1), inst("b", 1, Unhealthy, 2)]
+        ),
+        Plan {
+            create: 1,
+            replace: vec!["b".into()],
+            ..Plan::default()
+        }
     );
 }
 
@@ -86,22 +134,60 @@ fn plan_rolls_old_generation_over_once_new_instances_run() {
     use InstanceState::*;
     // New generation not running yet: old ones stay.
     assert_eq!(
-        plan(2, 2, &[inst("o1", 1, Running, 1), inst("o2", 1, Running, 2), inst("n1", 2, Starting, 3)]),
-        Plan { create: 1, ..Plan::default() }
+        plan(
+            2,
+            2,
+            &[
+                inst("o1", 1, Running, 1),
+                inst("o2", 1, Running, 2),
+                inst("n1", 2, Starting, 3)
+            ]
+        ),
+        Plan {
+            create: 1,
+            ..Plan::default()
+        }
     );
     // One new instance runs: one old one goes.
     assert_eq!(
-        plan(2, 2, &[inst("o1", 1, Running, 1), inst("o2", 1, Running, 2), inst("n1", 2, Running, 3), inst("n2", 2, Starting, 4)]),
-        Plan { stop: vec!["o1".into()], ..Plan::default() }
+        plan(
+            2,
+            2,
+            &[
+                inst("o1", 1, Running, 1),
+                inst("o2", 1, Running, 2),
+                inst("n1", 2, Running, 3),
+                inst("n2", 2, Starting, 4)
+            ]
+        ),
+        Plan {
+            stop: vec!["o1".into()],
+            ..Plan::default()
+        }
     );
     // Old placements that never started go at once.
     assert_eq!(
-        plan(1, 2, &[inst("o1", 1, Pending, 1), inst("o2", 1, Running, 2)]),
-        Plan { create: 1, stop: vec!["o1".into()], ..Plan::default() }
+        plan(
+            1,
+            2,
+            &[inst("o1", 1, Pending, 1), inst("o2", 1, Running, 2)]
+        ),
+        Plan {
+            create: 1,
+            stop: vec!["o1".into()],
+            ..Plan::default()
+        }
     );
     // All new instances run: every old one goes.
     assert_eq!(
-        plan(1, 2, &[inst("o1", 1, Running, 1), inst("n1", 2, Running, 3)]),
-        Plan { stop: vec!["o1".into()], ..Plan::default() }
+        plan(
+            1,
+            2,
+            &[inst("o1", 1, Running, 1), inst("n1", 2, Running, 3)]
+        ),
+        Plan {
+            stop: vec!["o1".into()],
+            ..Plan::default()
+        }
     );
 }

@@ -24,17 +24,25 @@ fn active_runs(core: &Core, instance_id: &str) -> u32 {
     let st = core.lock();
     st.tasks
         .values()
-        .filter(|t| t.instance_id == instance_id && matches!(t.state, TaskState::Running | TaskState::Waiting))
+        .filter(|t| {
+            t.instance_id == instance_id
+                && matches!(t.state, TaskState::Running | TaskState::Waiting)
+        })
         .count() as u32
 }
 
 /// Checks an uploaded archive: unpacks it into a temporary folder and loads the bundle.
 /// Returns the agent's name.
 fn validate_bundle(bytes: &[u8]) -> Result<String, HubError> {
-    let tmp = tempfile::tempdir().map_err(HubError::io(std::env::temp_dir(), "cannot create a temporary folder"))?;
+    let tmp = tempfile::tempdir().map_err(HubError::io(
+        std::env::temp_dir(),
+        "cannot create a temporary folder",
+    ))?;
     let dir = tmp.path().join("bundle");
-    agen_shared::bundle::unpack(bytes, &dir).map_err(|e| HubError::invalid(format!("bundle: {e}")))?;
-    let bundle = agen_shared::bundle::Bundle::load(&dir).map_err(|e| HubError::invalid(format!("bundle: {e}")))?;
+    agen_shared::bundle::unpack(bytes, &dir)
+        .map_err(|e| HubError::invalid(format!("bundle: {e}")))?;
+    let bundle = agen_shared::bundle::Bundle::load(&dir)
+        .map_err(|e| HubError::invalid(format!("bundle: {e}")))?;
     Ok(bundle.agent.name)
 }
 
@@ -46,10 +54,9 @@ impl AgenService for AgenApi {
     ) -> Result<Response<pb::UploadBundleResponse>, Status> {
         let mut stream = request.into_inner();
         let max = agen_shared::bundle::MAX_BUNDLE_BYTES;
-        let first = stream
-            .message()
-            .await?
-            .ok_or_else(|| HubError::invalid("upload: expected at least one chunk carrying digest and total_size"))?;
+        let first = stream.message().await?.ok_or_else(|| {
+            HubError::invalid("upload: expected at least one chunk carrying digest and total_size")
+        })?;
         let digest = first.digest.clone();
         let hex = digest.strip_prefix("sha256:").unwrap_or("");
         if hex.len() != 64 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
@@ -94,7 +101,10 @@ impl AgenService for AgenApi {
         }
         let actual = agen_shared::bundle::digest(&data);
         if actual != digest {
-            return Err(HubError::invalid(format!("digest: upload has {actual}, not the announced {digest}")).into());
+            return Err(HubError::invalid(format!(
+                "digest: upload has {actual}, not the announced {digest}"
+            ))
+            .into());
         }
         let bytes = Arc::new(data);
         let checked = bytes.clone();
@@ -171,7 +181,9 @@ impl AgenService for AgenApi {
         request: Request<pb::ListInstancesRequest>,
     ) -> Result<Response<pb::ListInstancesResponse>, Status> {
         let r = request.into_inner();
-        let list = self.core.list_instances(&r.namespace, &r.deployment, r.all_namespaces);
+        let list = self
+            .core
+            .list_instances(&r.namespace, &r.deployment, r.all_namespaces);
         Ok(Response::new(pb::ListInstancesResponse {
             instances: list
                 .iter()
@@ -180,14 +192,23 @@ impl AgenService for AgenApi {
         }))
     }
 
-    async fn list_nests(&self, _request: Request<pb::ListNestsRequest>) -> Result<Response<pb::ListNestsResponse>, Status> {
+    async fn list_nests(
+        &self,
+        _request: Request<pb::ListNestsRequest>,
+    ) -> Result<Response<pb::ListNestsResponse>, Status> {
         let nests = self.core.list_nests();
         Ok(Response::new(pb::ListNestsResponse {
-            nests: nests.iter().map(|(n, count)| convert::nest(n, *count)).collect(),
+            nests: nests
+                .iter()
+                .map(|(n, count)| convert::nest(n, *count))
+                .collect(),
         }))
     }
 
-    async fn submit_task(&self, request: Request<pb::SubmitTaskRequest>) -> Result<Response<pb::Task>, Status> {
+    async fn submit_task(
+        &self,
+        request: Request<pb::SubmitTaskRequest>,
+    ) -> Result<Response<pb::Task>, Status> {
         let r = request.into_inner();
         let task = self
             .core
@@ -203,19 +224,32 @@ impl AgenService for AgenApi {
         Ok(Response::new(convert::task(&task)))
     }
 
-    async fn get_task(&self, request: Request<pb::GetTaskRequest>) -> Result<Response<pb::Task>, Status> {
+    async fn get_task(
+        &self,
+        request: Request<pb::GetTaskRequest>,
+    ) -> Result<Response<pb::Task>, Status> {
         let r = request.into_inner();
-        Ok(Response::new(convert::task(&self.core.get_task(&r.namespace, &r.task_id)?)))
+        Ok(Response::new(convert::task(
+            &self.core.get_task(&r.namespace, &r.task_id)?,
+        )))
     }
 
-    async fn query_task(&self, request: Request<pb::QueryTaskRequest>) -> Result<Response<pb::Task>, Status> {
+    async fn query_task(
+        &self,
+        request: Request<pb::QueryTaskRequest>,
+    ) -> Result<Response<pb::Task>, Status> {
         let r = request.into_inner();
-        Ok(Response::new(convert::task(&self.core.get_task(&r.namespace, &r.task_id)?)))
+        Ok(Response::new(convert::task(
+            &self.core.get_task(&r.namespace, &r.task_id)?,
+        )))
     }
 
     type WatchTaskStream = Stream_<pb::TaskEvent>;
 
-    async fn watch_task(&self, request: Request<pb::WatchTaskRequest>) -> Result<Response<Self::WatchTaskStream>, Status> {
+    async fn watch_task(
+        &self,
+        request: Request<pb::WatchTaskRequest>,
+    ) -> Result<Response<Self::WatchTaskStream>, Status> {
         let r = request.into_inner();
         let core = self.core.clone();
         // Subscribe before reading the stored events, so nothing falls between the two.
@@ -235,7 +269,9 @@ impl AgenService for AgenApi {
             let is_end = |kind: &str, state: TaskState| kind == "task.state" && state.is_terminal();
             if task.state.is_terminal() {
                 // Finished already: send whatever was stored after the snapshot, then end.
-                let Ok(rest) = core.task_events(&task.task_id, last + 1) else { return };
+                let Ok(rest) = core.task_events(&task.task_id, last + 1) else {
+                    return;
+                };
                 for e in rest {
                     if tx.send(Ok(convert::task_event(&e, &task))).await.is_err() {
                         return;
@@ -255,15 +291,24 @@ impl AgenService for AgenApi {
                         }
                         last = u.event.seq;
                         let end = is_end(&u.event.kind, u.task.state);
-                        if tx.send(Ok(convert::task_event(&u.event, &u.task))).await.is_err() || end {
+                        if tx
+                            .send(Ok(convert::task_event(&u.event, &u.task)))
+                            .await
+                            .is_err()
+                            || end
+                        {
                             return;
                         }
                     }
                     Ok(_) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                         // Fell behind: catch up from the store.
-                        let Ok(missed) = core.task_events(&task.task_id, last + 1) else { return };
-                        let Ok(now) = core.get_task(&task.namespace, &task.task_id) else { return };
+                        let Ok(missed) = core.task_events(&task.task_id, last + 1) else {
+                            return;
+                        };
+                        let Ok(now) = core.get_task(&task.namespace, &task.task_id) else {
+                            return;
+                        };
                         for e in missed {
                             last = e.seq;
                             if tx.send(Ok(convert::task_event(&e, &now))).await.is_err() {
@@ -278,16 +323,27 @@ impl AgenService for AgenApi {
                 }
             }
         });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 
-    async fn cancel_task(&self, request: Request<pb::CancelTaskRequest>) -> Result<Response<pb::Task>, Status> {
+    async fn cancel_task(
+        &self,
+        request: Request<pb::CancelTaskRequest>,
+    ) -> Result<Response<pb::Task>, Status> {
         let r = request.into_inner();
-        let task = self.core.cancel_task(&r.namespace, &r.task_id, &r.reason).await?;
+        let task = self
+            .core
+            .cancel_task(&r.namespace, &r.task_id, &r.reason)
+            .await?;
         Ok(Response::new(convert::task(&task)))
     }
 
-    async fn list_tasks(&self, request: Request<pb::ListTasksRequest>) -> Result<Response<pb::ListTasksResponse>, Status> {
+    async fn list_tasks(
+        &self,
+        request: Request<pb::ListTasksRequest>,
+    ) -> Result<Response<pb::ListTasksResponse>, Status> {
         let r = request.into_inner();
         let tasks = self.core.list_tasks(&TaskFilter {
             namespace: r.namespace,
@@ -301,7 +357,10 @@ impl AgenService for AgenApi {
         }))
     }
 
-    async fn get_trace(&self, request: Request<pb::GetTraceRequest>) -> Result<Response<pb::Trace>, Status> {
+    async fn get_trace(
+        &self,
+        request: Request<pb::GetTraceRequest>,
+    ) -> Result<Response<pb::Trace>, Status> {
         let r = request.into_inner();
         let (task, spans) = self.core.trace(&r.namespace, &r.task_id)?;
         Ok(Response::new(pb::Trace {
@@ -319,17 +378,24 @@ impl AgenService for AgenApi {
         if !r.task_id.is_empty() {
             self.core.get_task(&r.namespace, &r.task_id)?;
         }
-        Ok(Response::new(pb::ListArtifactsResponse { artifacts: Vec::new() }))
+        Ok(Response::new(pb::ListArtifactsResponse {
+            artifacts: Vec::new(),
+        }))
     }
 
     type GetArtifactStream = Stream_<pb::ArtifactChunk>;
 
-    async fn get_artifact(&self, request: Request<pb::GetArtifactRequest>) -> Result<Response<Self::GetArtifactStream>, Status> {
+    async fn get_artifact(
+        &self,
+        request: Request<pb::GetArtifactRequest>,
+    ) -> Result<Response<Self::GetArtifactStream>, Status> {
         let r = request.into_inner();
         if r.artifact_id.is_empty() {
-            return Err(HubError::invalid("artifact_id: expected an artifact id such as sha256:<hex>").into());
+            return Err(HubError::invalid(
+                "artifact_id: expected an artifact id such as sha256:<hex>",
+            )
+            .into());
         }
         Err(HubError::not_found(format!("artifact {} not found", r.artifact_id)).into())
     }
 }
-

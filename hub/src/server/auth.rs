@@ -17,15 +17,26 @@ impl BearerAuth {
     }
 
     pub fn check<T>(&self, req: Request<T>) -> Result<Request<T>, Status> {
-        let header = req.metadata().get("authorization").and_then(|v| v.to_str().ok());
+        let header = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
         let Some(header) = header else {
             return Err(Status::unauthenticated(format!(
                 "missing `authorization: Bearer <token>`; present the hub's {} (agen hub writes it into the client config and <data-dir>)",
                 self.what
             )));
         };
-        let token = header.strip_prefix("Bearer ").or_else(|| header.strip_prefix("bearer ")).unwrap_or("").trim();
-        if self.tokens.iter().any(|t| constant_time_eq(t.as_bytes(), token.as_bytes())) {
+        let token = header
+            .strip_prefix("Bearer ")
+            .or_else(|| header.strip_prefix("bearer "))
+            .unwrap_or("")
+            .trim();
+        if self
+            .tokens
+            .iter()
+            .any(|t| constant_time_eq(t.as_bytes(), token.as_bytes()))
+        {
             Ok(req)
         } else {
             Err(Status::unauthenticated(format!(

@@ -236,7 +236,13 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             concurrency,
             platform_secrets: Default::default(),
         }),
-        ToNest::Stop { instance_id, reason } => Msg::Stop(pb::StopInstance { instance_id, reason }),
+        ToNest::Stop {
+            instance_id,
+            reason,
+        } => Msg::Stop(pb::StopInstance {
+            instance_id,
+            reason,
+        }),
         ToNest::AssignRun(a) => {
             let a = *a;
             Msg::AssignRun(pb::AssignRun {

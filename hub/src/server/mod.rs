@@ -19,7 +19,11 @@ use crate::fleet::Core;
 const MAX_MESSAGE: usize = 16 * 1024 * 1024;
 
 /// Builds every service of the Hub.
-pub async fn routes(core: Arc<Core>, admin_token: String, join_tokens: Vec<String>) -> Result<Routes> {
+pub async fn routes(
+    core: Arc<Core>,
+    admin_token: String,
+    join_tokens: Vec<String>,
+) -> Result<Routes> {
     let admin = auth::BearerAuth::new(vec![admin_token], "admin token");
     let join = auth::BearerAuth::new(join_tokens, "join token");
     let agen_api = AgenServiceServer::new(agen::AgenApi { core: core.clone() })
@@ -49,8 +53,14 @@ pub async fn routes(core: Arc<Core>, admin_token: String, join_tokens: Vec<Strin
 
     let mut routes = Routes::builder();
     routes
-        .add_service(tonic::service::interceptor::InterceptedService::new(agen_api, move |r| admin.check(r)))
-        .add_service(tonic::service::interceptor::InterceptedService::new(nest_api, move |r| join.check(r)))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            agen_api,
+            move |r| admin.check(r),
+        ))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            nest_api,
+            move |r| join.check(r),
+        ))
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);

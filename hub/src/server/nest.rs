@@ -27,7 +27,10 @@ type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>
 impl NestService for NestApi {
     type ConnectStream = Stream_<pb::HubMessage>;
 
-    async fn connect(&self, request: Request<Streaming<pb::NestMessage>>) -> Result<Response<Self::ConnectStream>, Status> {
+    async fn connect(
+        &self,
+        request: Request<Streaming<pb::NestMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
         let mut incoming = request.into_inner();
         let first = incoming
             .message()
@@ -54,7 +57,8 @@ impl NestService for NestApi {
                 };
                 let result = match msg.msg {
                     Some(pb::nest_message::Msg::Heartbeat(h)) => {
-                        let reports: Vec<_> = h.instances.iter().map(convert::instance_report).collect();
+                        let reports: Vec<_> =
+                            h.instances.iter().map(convert::instance_report).collect();
                         core.heartbeat(&nest_id, conn_id, &reports)
                     }
                     Some(pb::nest_message::Msg::Instance(r)) => {
@@ -86,13 +90,17 @@ impl NestService for NestApi {
             core.disconnect(&nest_id, conn_id);
         });
 
-        let out = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(|m| Ok(convert::to_nest(m)));
+        let out = tokio_stream::wrappers::UnboundedReceiverStream::new(rx)
+            .map(|m| Ok(convert::to_nest(m)));
         Ok(Response::new(Box::pin(out)))
     }
 
     type FetchBundleStream = Stream_<pb::BundleChunk>;
 
-    async fn fetch_bundle(&self, request: Request<pb::FetchBundleRequest>) -> Result<Response<Self::FetchBundleStream>, Status> {
+    async fn fetch_bundle(
+        &self,
+        request: Request<pb::FetchBundleRequest>,
+    ) -> Result<Response<Self::FetchBundleStream>, Status> {
         let digest = request.into_inner().digest;
         if digest.is_empty() {
             return Err(HubError::invalid("digest: expected sha256:<hex> of a bundle").into());
@@ -117,6 +125,8 @@ impl NestService for NestApi {
             first.digest = digest;
             first.total_size = total;
         }
-        Ok(Response::new(Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))))
+        Ok(Response::new(Box::pin(futures::stream::iter(
+            chunks.into_iter().map(Ok),
+        ))))
     }
 }

@@ -24,7 +24,11 @@ pub enum StoreError {
     #[error("hub store ({table}): {reason}")]
     Op { table: &'static str, reason: String },
     #[error("hub store ({table}): record {key} is corrupt: {reason}")]
-    Corrupt { table: &'static str, key: String, reason: String },
+    Corrupt {
+        table: &'static str,
+        key: String,
+        reason: String,
+    },
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -147,7 +151,11 @@ impl Db {
 
     /// Records that `attempt` of `run_id` has started: older attempts are fenced from now on.
     pub fn set_run_attempt(&self, run_id: &str, attempt: u32) -> Result<()> {
-        self.inner.put(Table::RunAttempts, run_id.as_bytes(), &attempt.to_be_bytes())
+        self.inner.put(
+            Table::RunAttempts,
+            run_id.as_bytes(),
+            &attempt.to_be_bytes(),
+        )
     }
 
     /// Appends a run event keyed (run_id, attempt, seq) if absent; fences older attempts.
@@ -163,7 +171,11 @@ impl Db {
             table: Table::RunEvents.name(),
             reason: e.to_string(),
         })?;
-        if self.inner.insert_if_absent(Table::RunEvents, &run_event_key(&ev.run_id, ev.attempt, ev.seq), &bytes)? {
+        if self.inner.insert_if_absent(
+            Table::RunEvents,
+            &run_event_key(&ev.run_id, ev.attempt, ev.seq),
+            &bytes,
+        )? {
             Ok(Append::Appended)
         } else {
             Ok(Append::Duplicate)

@@ -13,10 +13,13 @@ pub struct SledStore {
 impl SledStore {
     /// Opens (or creates) the database in `dir`.
     pub fn open(dir: &Path) -> Result<SledStore> {
-        let db = sled::Config::new().path(dir).open().map_err(|e| StoreError::Open {
-            path: dir.display().to_string(),
-            reason: format!("{e}; is another hub running with this --data-dir?"),
-        })?;
+        let db = sled::Config::new()
+            .path(dir)
+            .open()
+            .map_err(|e| StoreError::Open {
+                path: dir.display().to_string(),
+                reason: format!("{e}; is another hub running with this --data-dir?"),
+            })?;
         Ok(SledStore { db })
     }
 
@@ -34,11 +37,17 @@ fn err(table: Table, e: impl std::fmt::Display) -> StoreError {
 
 impl Store for SledStore {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.tree(table)?.get(key).map_err(|e| err(table, e))?.map(|v| v.to_vec()))
+        Ok(self
+            .tree(table)?
+            .get(key)
+            .map_err(|e| err(table, e))?
+            .map(|v| v.to_vec()))
     }
 
     fn put(&self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
-        self.tree(table)?.insert(key, value).map_err(|e| err(table, e))?;
+        self.tree(table)?
+            .insert(key, value)
+            .map_err(|e| err(table, e))?;
         Ok(())
     }
 
@@ -50,7 +59,10 @@ impl Store for SledStore {
     fn scan(&self, table: Table, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         self.tree(table)?
             .scan_prefix(prefix)
-            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(|e| err(table, e)))
+            .map(|r| {
+                r.map(|(k, v)| (k.to_vec(), v.to_vec()))
+                    .map_err(|e| err(table, e))
+            })
             .collect()
     }
 
@@ -81,7 +93,10 @@ impl Store for SledStore {
 
     fn flush(&self) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
-            self.db.flush_async().await.map_err(|e| err(Table::RunEvents, e))?;
+            self.db
+                .flush_async()
+                .await
+                .map_err(|e| err(Table::RunEvents, e))?;
             Ok(())
         })
     }

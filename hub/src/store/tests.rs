@@ -28,7 +28,12 @@ async fn records_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     {
         let db = open(dir.path());
-        db.put_json(Table::Deployments, "default/a", &serde_json::json!({"x": 1})).unwrap();
+        db.put_json(
+            Table::Deployments,
+            "default/a",
+            &serde_json::json!({"x": 1}),
+        )
+        .unwrap();
         assert_eq!(db.raw().increment("tasks").unwrap(), 1);
         assert_eq!(db.raw().increment("tasks").unwrap(), 2);
         db.flush().await.unwrap();
@@ -44,17 +49,40 @@ async fn run_events_are_appended_once_and_older_attempts_are_fenced() {
     let dir = tempfile::tempdir().unwrap();
     let db = open(dir.path());
     db.set_run_attempt("run-1", 1).unwrap();
-    assert_eq!(db.append_run_event(&ev(1, 1, "model.requested")).unwrap(), Append::Appended);
-    assert_eq!(db.append_run_event(&ev(1, 1, "model.requested")).unwrap(), Append::Duplicate);
-    assert_eq!(db.append_run_event(&ev(1, 2, "model.answered")).unwrap(), Append::Appended);
+    assert_eq!(
+        db.append_run_event(&ev(1, 1, "model.requested")).unwrap(),
+        Append::Appended
+    );
+    assert_eq!(
+        db.append_run_event(&ev(1, 1, "model.requested")).unwrap(),
+        Append::Duplicate
+    );
+    assert_eq!(
+        db.append_run_event(&ev(1, 2, "model.answered")).unwrap(),
+        Append::Appended
+    );
     // The run is re-dispatched as attempt 2: attempt 1 is fenced from then on.
     db.set_run_attempt("run-1", 2).unwrap();
-    assert_eq!(db.append_run_event(&ev(1, 3, "tool.started")).unwrap(), Append::Fenced);
-    assert_eq!(db.append_run_event(&ev(2, 1, "model.requested")).unwrap(), Append::Appended);
+    assert_eq!(
+        db.append_run_event(&ev(1, 3, "tool.started")).unwrap(),
+        Append::Fenced
+    );
+    assert_eq!(
+        db.append_run_event(&ev(2, 1, "model.requested")).unwrap(),
+        Append::Appended
+    );
     db.flush().await.unwrap();
     drop(db);
     let db = open(dir.path());
-    let kinds: Vec<(u32, u64)> = db.run_events("run-1").unwrap().iter().map(|e| (e.attempt, e.seq)).collect();
+    let kinds: Vec<(u32, u64)> = db
+        .run_events("run-1")
+        .unwrap()
+        .iter()
+        .map(|e| (e.attempt, e.seq))
+        .collect();
     assert_eq!(kinds, vec![(1, 1), (1, 2), (2, 1)]);
-    assert_eq!(db.append_run_event(&ev(1, 4, "log")).unwrap(), Append::Fenced);
+    assert_eq!(
+        db.append_run_event(&ev(1, 4, "log")).unwrap(),
+        Append::Fenced
+    );
 }

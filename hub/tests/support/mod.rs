@@ -48,7 +48,9 @@ impl TestHub {
     pub async fn start_with(opts: HubOptions) -> TestHub {
         let shutdown = CancellationToken::new();
         let data_dir = opts.data_dir.clone();
-        let handle = agen_hub::start(opts, shutdown.clone()).await.expect("hub starts");
+        let handle = agen_hub::start(opts, shutdown.clone())
+            .await
+            .expect("hub starts");
         TestHub {
             url: handle.url.clone(),
             ca_file: handle.ca_file.clone(),
@@ -75,7 +77,11 @@ impl TestHub {
         let ca = std::fs::read_to_string(&self.ca_file).expect("ca file");
         Endpoint::from_shared(self.url.clone())
             .expect("hub url")
-            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).domain_name("localhost"))
+            .tls_config(
+                ClientTlsConfig::new()
+                    .ca_certificate(Certificate::from_pem(ca))
+                    .domain_name("localhost"),
+            )
             .expect("tls config")
             .connect_timeout(Duration::from_secs(5))
             .connect()
@@ -134,7 +140,10 @@ pub async fn upload(api: &mut Api, dir: &Path) -> Result<pb::UploadBundleRespons
     upload_bytes(api, &bytes).await
 }
 
-pub async fn upload_bytes(api: &mut Api, bytes: &[u8]) -> Result<pb::UploadBundleResponse, tonic::Status> {
+pub async fn upload_bytes(
+    api: &mut Api,
+    bytes: &[u8],
+) -> Result<pb::UploadBundleResponse, tonic::Status> {
     let digest = agen_shared::bundle::digest(bytes);
     let mut chunks: Vec<pb::BundleChunk> = bytes
         .chunks(64)
@@ -146,7 +155,9 @@ pub async fn upload_bytes(api: &mut Api, bytes: &[u8]) -> Result<pb::UploadBundl
         .collect();
     chunks[0].digest = digest;
     chunks[0].total_size = bytes.len() as u64;
-    api.upload_bundle(futures::stream::iter(chunks)).await.map(|r| r.into_inner())
+    api.upload_bundle(futures::stream::iter(chunks))
+        .await
+        .map(|r| r.into_inner())
 }
 
 /// Uploads a bundle and creates (or updates) a deployment of it.
@@ -199,7 +210,10 @@ impl FakeNest {
         tx.send(msg(pb::nest_message::Msg::Register(pb::Register {
             nest_id: nest_id.into(),
             name: format!("{nest_id}-name"),
-            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             capacity: 0,
             version: "test".into(),
             instances: running.clone(),
@@ -218,7 +232,10 @@ impl FakeNest {
                 loop {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     let instances = running.lock().map(|r| r.clone()).unwrap_or_default();
-                    let hb = msg(pb::nest_message::Msg::Heartbeat(pb::Heartbeat { at_ms: 0, instances }));
+                    let hb = msg(pb::nest_message::Msg::Heartbeat(pb::Heartbeat {
+                        at_ms: 0,
+                        instances,
+                    }));
                     if tx.send(hb).await.is_err() {
                         return;
                     }
@@ -256,7 +273,10 @@ impl FakeNest {
     }
 
     /// The next message matching `pick`, skipping others.
-    pub async fn next_matching<T>(&mut self, mut pick: impl FnMut(pb::hub_message::Msg) -> Option<T>) -> T {
+    pub async fn next_matching<T>(
+        &mut self,
+        mut pick: impl FnMut(pb::hub_message::Msg) -> Option<T>,
+    ) -> T {
         loop {
             if let Some(t) = pick(self.next().await) {
                 return t;
@@ -317,7 +337,10 @@ where
         if let Some(t) = f().await {
             return t;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
