@@ -284,6 +284,13 @@ fn fence(
         rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER,
         false,
     )?;
+    // Views and triggers in the file may not call functions with side effects.
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_TRUSTED_SCHEMA,
+        false,
+    )?;
+    // Extension loading stays off (rusqlite is built without `load_extension`, so nothing
+    // enables it), and the authorizer refuses the SQL function as well.
     conn.busy_timeout(timeout)?;
     conn.progress_handler(
         PROGRESS_STEPS,
