@@ -55,11 +55,33 @@ pub fn spawn_instance(
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                tracing::info!(instance = %id, "{line}");
+                let (level, text) = split_log_line(&line);
+                match level {
+                    "ERROR" => tracing::error!(instance = %id, "{text}"),
+                    "WARN" => tracing::warn!(instance = %id, "{text}"),
+                    "DEBUG" | "TRACE" => tracing::debug!(instance = %id, "{text}"),
+                    _ => tracing::info!(instance = %id, "{text}"),
+                }
             }
         });
     }
     Ok(child)
+}
+
+/// `2026-11-30T04:45:42.476957Z  WARN text` (an instance's own tracing line) → `("WARN", "text")`,
+/// so the Nest re-logs it at its level without a second timestamp; other lines are kept whole.
+fn split_log_line(line: &str) -> (&str, &str) {
+    let mut parts = line.trim_start().splitn(2, char::is_whitespace);
+    let (Some(ts), Some(rest)) = (parts.next(), parts.next()) else { return ("", line) };
+    if !(ts.ends_with('Z') && ts.contains('T') && ts.starts_with(|c: char| c.is_ascii_digit())) {
+        return ("", line);
+    }
+    let rest = rest.trim_start();
+    let mut parts = rest.splitn(2, char::is_whitespace);
+    match (parts.next(), parts.next()) {
+        (Some(level @ ("ERROR" | "WARN" | "INFO" | "DEBUG" | "TRACE")), text) => (level, text.unwrap_or("").trim_start()),
+        _ => ("", line),
+    }
 }
 
 #[allow(unsafe_code)]
@@ -104,6 +126,17 @@ pub async fn stop_group(child: &mut Child, pgid: i32, grace: Duration) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn instance_log_lines_keep_their_level_but_not_their_timestamp() {
+        let check = |line: &str, expected: (&str, &str)| assert_eq!(split_log_line(line), expected, "{line}");
+        check("2026-11-30T04:45:42.476957Z  WARN runs will fail: no model", ("WARN", "runs will fail: no model"));
+        check("2026-11-30T04:45:42.476957Z ERROR boom x=1", ("ERROR", "boom x=1"));
+        check("2026-11-30T04:45:42.476957Z  INFO", ("INFO", ""));
+        check("Traceback (most recent call last):", ("", "Traceback (most recent call last):"));
+        check("2026-11-30T04:45:42Z NOTALEVEL x", ("", "2026-11-30T04:45:42Z NOTALEVEL x"));
+        check("", ("", ""));
+    }
 
     #[test]
     fn only_allowlisted_variables_reach_an_instance() {
