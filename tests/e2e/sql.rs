@@ -901,3 +901,18 @@ fn postgres_tls_follows_libpq_sslmode() {
         }
     }
 }
+
+#[test]
+fn an_unreachable_postgres_is_a_tool_error_and_the_server_keeps_serving() {
+    let port = free_port();
+    let dsn = format!("postgres://postgres@127.0.0.1:{port}/shop?sslmode=disable");
+    let report = drive(&dsn, &json!([call("tables", json!({})), query("SELECT 1")]));
+    assert_tool_listing(&report);
+    for text in texts(&report, true) {
+        assert!(text.starts_with("cannot connect to the database"), "{text}");
+        assert!(
+            !text.contains("postgres://"),
+            "the DSN must never be echoed: {text}"
+        );
+    }
+}
