@@ -23,6 +23,10 @@ pub struct HubOptions {
     pub nest_ttl: Duration,
     /// How often Nests are asked to heartbeat.
     pub heartbeat_interval: Duration,
+    /// More names (host names or IP addresses) for the server certificate, beside `localhost`,
+    /// `127.0.0.1`, the listen address and, when listening on all addresses, this machine's
+    /// host name and primary address.
+    pub tls_names: Vec<String>,
 }
 
 impl Default for HubOptions {
@@ -33,6 +37,7 @@ impl Default for HubOptions {
             insecure_plaintext: false,
             nest_ttl: Duration::from_secs(10),
             heartbeat_interval: Duration::from_secs(2),
+            tls_names: Vec::new(),
         }
     }
 }
@@ -72,6 +77,29 @@ impl HubOptions {
             )));
         }
         Ok(())
+    }
+
+    /// Every name the server certificate carries besides `localhost` and `127.0.0.1`.
+    pub fn certificate_names(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        let ip = self.listen.ip();
+        if ip.is_unspecified() {
+            if let Ok(host) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+                names.push(host.trim().to_string());
+            }
+            // The address of the default route (no packet is sent).
+            let primary = std::net::UdpSocket::bind("0.0.0.0:0")
+                .and_then(|s| s.connect("192.0.2.1:9").and_then(|()| s.local_addr()));
+            if let Ok(addr) = primary {
+                names.push(addr.ip().to_string());
+            }
+        } else {
+            names.push(ip.to_string());
+        }
+        names.extend(self.tls_names.iter().cloned());
+        names.retain(|n| !n.is_empty());
+        names.dedup();
+        names
     }
 
     /// A Nest silent for longer than this is lost.

@@ -50,6 +50,8 @@ pub struct HubHandle {
     pub join_token: String,
     /// `<data-dir>/join-token`.
     pub join_token_file: PathBuf,
+    /// The URL other machines use (the primary address when listening on all addresses).
+    pub nest_url: String,
     /// Whether the Hub serves plaintext.
     pub plaintext: bool,
     serving: tokio::task::JoinHandle<Result<()>>,
@@ -59,7 +61,10 @@ pub struct HubHandle {
 impl HubHandle {
     /// The `agen nest` command that joins this Hub.
     pub fn nest_command(&self) -> String {
-        format!("agen nest --hub {} --join {}", self.url, self.join_token)
+        format!(
+            "agen nest --hub {} --join {}",
+            self.nest_url, self.join_token
+        )
     }
 
     /// Waits until the Hub has stopped (after the shutdown token is cancelled), gracefully.
@@ -118,12 +123,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     let admin_file = data_dir.join("admin-token");
     let admin_token = load_or_create_token(&admin_file, tls::random_secret)?;
 
-    let listen_name = opts.listen.ip().to_string();
-    let extra: Vec<String> = if opts.listen.ip().is_unspecified() {
-        vec![]
-    } else {
-        vec![listen_name]
-    };
+    let extra = opts.certificate_names();
     let hub_tls = tls::load_or_create_hub_tls(&data_dir.join("tls"), &extra)?;
     let join_token_file = data_dir.join("join-token");
     let join_token = load_or_create_token(&join_token_file, || {
@@ -174,6 +174,20 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         "https"
     };
     let url = format!("{scheme}://{host}:{}", addr.port());
+    let nest_url = match extra.iter().find(|n| {
+        n.parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| !ip.is_loopback())
+    }) {
+        Some(ip) if addr.ip().is_unspecified() => {
+            let ip = if ip.contains(':') {
+                format!("[{ip}]")
+            } else {
+                ip.clone()
+            };
+            format!("{scheme}://{ip}:{}", addr.port())
+        }
+        _ => url.clone(),
+    };
 
     let routes = server::routes(
         core.clone(),
@@ -228,6 +242,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     Ok(HubHandle {
         addr,
         url,
+        nest_url,
         ca_file: hub_tls.ca_file,
         admin_token,
         join_token,

@@ -133,6 +133,10 @@ pub fn load_or_create_hub_tls(dir: &Path, extra_names: &[String]) -> Result<HubT
             .map_err(gen_err("the CA certificate"))?;
         write_private(&key_file, key.serialize_pem().as_bytes())?;
         write_private(&ca_file, ca.pem().as_bytes())?;
+        // The CA certificate is public: clients and Nests of other users read it.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&ca_file, std::fs::Permissions::from_mode(0o644))
+            .map_err(io_err(&ca_file, "cannot make the CA certificate readable"))?;
         key
     };
     let ca_pem = std::fs::read_to_string(&ca_file)

@@ -29,6 +29,10 @@ pub struct Args {
     /// How often Nests heartbeat
     #[arg(long, default_value = "2s", value_parser = crate::cmd::parse_duration)]
     pub heartbeat_interval: Duration,
+    /// Another name (host name or IP address) Nests and clients use to reach the Hub, for its
+    /// TLS certificate (repeatable)
+    #[arg(long = "tls-name", value_name = "NAME")]
+    pub tls_names: Vec<String>,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
@@ -43,6 +47,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         insecure_plaintext: args.insecure_plaintext,
         nest_ttl: args.nest_ttl,
         heartbeat_interval: args.heartbeat_interval.min(args.nest_ttl),
+        tls_names: args.tls_names.clone(),
     };
     if let Err(e) = opts.validate() {
         eprintln!("error: {e}");

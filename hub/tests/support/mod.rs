@@ -37,6 +37,7 @@ pub fn options(data_dir: &Path, ttl: Duration) -> HubOptions {
         insecure_plaintext: false,
         nest_ttl: ttl,
         heartbeat_interval: Duration::from_millis(200),
+        tls_names: Vec::new(),
     }
 }
 
