@@ -92,6 +92,8 @@ pub enum NestError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Config(String),
     #[error("bad --hub URL `{url}`: {reason}; expected https://host:port (or http:// for a plaintext Hub)")]
     HubUrl { url: String, reason: String },
     #[error("bad join token: {0}; use the token the Hub wrote to <hub data dir>/join-token")]
@@ -115,6 +117,39 @@ pub enum NestError {
 }
 
 pub type Result<T, E = NestError> = std::result::Result<T, E>;
+
+impl NestError {
+    /// Whether the error is in the options (exit code 64), not in the environment.
+    pub fn is_config(&self) -> bool {
+        matches!(self, NestError::Config(_) | NestError::HubUrl { .. } | NestError::JoinToken(_))
+    }
+}
+
+impl NestOptions {
+    /// Checks the options without touching the disk or the network.
+    pub fn validate(&self) -> Result<()> {
+        if self.name.trim().is_empty() {
+            return Err(NestError::Config("the nest name is empty; pass --name NAME".into()));
+        }
+        if self.capacity == 0 {
+            return Err(NestError::Config("--capacity must be at least 1 (default 32)".into()));
+        }
+        let hub = self.hub.trim();
+        let rest = hub
+            .strip_prefix("https://")
+            .or_else(|| hub.strip_prefix("http://"))
+            .ok_or_else(|| NestError::HubUrl { url: hub.to_string(), reason: "no http:// or https:// scheme".into() })?;
+        if rest.trim_end_matches('/').is_empty() {
+            return Err(NestError::HubUrl { url: hub.to_string(), reason: "no host".into() });
+        }
+        if hub.starts_with("https://") {
+            agen_shared::tls::JoinToken::parse(&self.join_token).map_err(|e| NestError::JoinToken(e.to_string()))?;
+        } else if self.join_token.trim().is_empty() {
+            return Err(NestError::JoinToken("it is empty".into()));
+        }
+        Ok(())
+    }
+}
 
 /// Reads `<data-dir>/node-id`, creating it (a fresh UUID) on first start.
 pub fn load_or_create_node_id(data_dir: &Path) -> Result<String> {
@@ -159,6 +194,27 @@ mod tests {
         let second = load_or_create_node_id(dir.path()).expect("read");
         assert_eq!(first, second);
         assert_eq!(first.len(), 36);
+    }
+
+    #[test]
+    fn options_are_checked_before_anything_starts() {
+        let token = format!("agen1.{}.s3cret", "a".repeat(64));
+        let check = |hub: &str, token: &str, name: &str, expected: Result<(), &str>| {
+            let mut o = NestOptions::new(hub, token);
+            o.name = name.into();
+            let got = o.validate().map_err(|e| e.to_string());
+            match (&got, &expected) {
+                (Ok(()), Ok(())) => {}
+                (Err(g), Err(e)) => assert!(g.starts_with(e), "{hub}: got {g}, expected {e}…"),
+                _ => panic!("{hub}: got {got:?}, expected {expected:?}"),
+            }
+        };
+        check("https://hub:7070", &token, "n1", Ok(()));
+        check("http://127.0.0.1:7070", "anything", "n1", Ok(()));
+        check("hub:7070", &token, "n1", Err("bad --hub URL `hub:7070`: no http:// or https:// scheme"));
+        check("https://", &token, "n1", Err("bad --hub URL `https://`: no host"));
+        check("https://hub:7070", "agen1.abc.s", "n1", Err("bad join token: join token is malformed"));
+        check("https://hub:7070", &token, " ", Err("the nest name is empty"));
     }
 
     #[test]

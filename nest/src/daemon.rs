@@ -22,9 +22,7 @@ use crate::supervisor::{Supervisor, STOP_GRACE};
 /// Runs a Nest until `shutdown` is cancelled. Several Nests may run in one process (`agen up
 /// --nests N`), each with its own data dir.
 pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), NestError> {
-    if opts.name.trim().is_empty() {
-        return Err(NestError::HubUrl { url: opts.hub.clone(), reason: "the nest name is empty; pass --name".into() });
-    }
+    opts.validate()?;
     prepare_data_dir(&opts.data_dir)?;
     let nest_id = load_or_create_node_id(&opts.data_dir)?;
     let opts = Arc::new(opts);

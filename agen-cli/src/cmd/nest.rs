@@ -56,16 +56,16 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             return Ok(64);
         }
     };
-    if args.capacity == 0 {
-        eprintln!("error: --capacity must be at least 1");
-        return Ok(64);
-    }
     let mut opts = NestOptions::new(args.hub, args.join);
     opts.data_dir = args.data_dir.unwrap_or_else(default_data_dir);
     opts.name = args.name.unwrap_or_else(host_name);
     opts.labels = labels;
     opts.capacity = args.capacity;
     opts.agen_bin = std::env::current_exe().context("while finding the agen binary to run instances with")?;
+    if let Err(e) = opts.validate() {
+        eprintln!("error: {e}");
+        return Ok(64);
+    }
 
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone())?;
@@ -73,7 +73,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         Ok(()) => Ok(0),
         Err(e) => {
             eprintln!("error: {e}");
-            Ok(1)
+            Ok(if e.is_config() { 64 } else { 1 })
         }
     }
 }
