@@ -8,6 +8,12 @@
 //! `fleet` (core state, deployments, instances, reconcile loop), `tasks` (queue, dispatch,
 //! run events, conversations).
 //!
+//! Data dir (`--data-dir`, default `$AGEN_DATA_DIR/hub` else `~/.local/share/agen/hub`):
+//! `db/` (sled), `tls/ca.pem` + `tls/ca.key` (0600; created on first start, the server
+//! certificate is re-issued from them at every start), `admin-token` (0600; the bearer of
+//! `AgenService`), `join-token` (0600; `agen1.<sha256 of the CA cert DER>.<secret>`, the bearer
+//! of `NestService`).
+//!
 //! Invariants: the scheduler does no IO; every state change is in the store before anyone is
 //! told; TLS unless explicitly plaintext on loopback; every `AgenService` call carries the
 //! admin token and every `NestService` call the join token; health and reflection need none.
