@@ -289,11 +289,18 @@ async fn a_nest_runs_an_instance_with_real_tools_executes_a_task_and_survives_a_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_nest_with_a_bad_join_token_is_refused_and_says_why() {
+async fn a_nest_does_not_trust_a_hub_whose_ca_is_not_the_one_its_join_token_names() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let (hub, _stop) = start_hub(&tmp.path().join("hub"), "127.0.0.1:0".parse().expect("addr")).await;
-    let mut opts = NestOptions::new(hub.url.clone(), "agen1.0000.nope");
+    let secret = hub.join_token.rsplit('.').next().expect("token has a secret").to_string();
+    let mut opts = NestOptions::new(hub.url.clone(), format!("agen1.{}.{secret}", "0".repeat(64)));
     opts.data_dir = tmp.path().join("nest");
-    let err = agen_nest::hub_link::client(&opts).await.err().expect("a malformed token is refused");
-    assert!(err.to_string().starts_with("bad join token:"), "{err}");
+    std::fs::create_dir_all(&opts.data_dir).expect("mkdir");
+    let err = match agen_nest::hub_link::client(&opts).await {
+        Ok(_) => panic!("a hub presenting another CA must not be trusted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.starts_with(&format!("cannot trust the hub at {}", hub.url)), "{err}");
+    assert!(err.contains("did not present the CA named by the join token"), "{err}");
+    assert!(!opts.ca_file().exists(), "nothing is stored from an untrusted hub");
 }
