@@ -1023,3 +1023,28 @@ fn apply_report(rec: &mut InstanceRec, r: &InstanceReport) {
     rec.tools = r.tools.clone();
     rec.updated_at_ms = now;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::validate_name;
+
+    #[test]
+    fn names_are_short_lowercase_words() {
+        fn check(name: &str, expected: Result<(), &str>) {
+            let got = validate_name("name", name).map_err(|e| e.to_string());
+            match (got, expected) {
+                (Ok(()), Ok(())) => {}
+                (Err(e), Err(part)) => assert!(e.contains(part), "{name}: {e}"),
+                (got, expected) => panic!("{name}: got {got:?}, expected {expected:?}"),
+            }
+        }
+        check("hello", Ok(()));
+        check("a-b_c.d9", Ok(()));
+        check("9lives", Ok(()));
+        check("", Err("name: expected a name, got an empty string"));
+        check("Hello", Err("`Hello` is not a valid name"));
+        check("-x", Err("starting with a letter or digit"));
+        check("a b", Err("not a valid name"));
+        check(&"x".repeat(64), Err("up to 63"));
+    }
+}

@@ -826,3 +826,94 @@ pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
     }
     spans
 }
+
+#[cfg(test)]
+mod tests {
+    use pretty_assertions::assert_eq;
+
+    use super::*;
+
+    fn ev(seq: u64, kind: &str, json: serde_json::Value) -> RunEventRec {
+        RunEventRec {
+            run_id: "run-1".into(),
+            attempt: 1,
+            seq,
+            task_id: "task-1".into(),
+            at_ms: seq as i64 * 10,
+            kind: kind.into(),
+            json: json.to_string(),
+        }
+    }
+
+    #[test]
+    fn spans_pair_model_turns_and_tool_calls_by_call_id() {
+        let task = TaskRec {
+            task_id: "task-1".into(),
+            namespace: "default".into(),
+            deployment: "hello".into(),
+            input: "hi".into(),
+            labels: BTreeMap::new(),
+            conversation_key: String::new(),
+            conversation_id: "c".into(),
+            state: TaskState::Failed,
+            activity: String::new(),
+            progress: None,
+            outcome: None,
+            run_id: "run-1".into(),
+            attempt: 1,
+            instance_id: String::new(),
+            bundle_digest: String::new(),
+            client_request_id: String::new(),
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            started_at_ms: 5,
+            finished_at_ms: 100,
+            nest_name: String::new(),
+            seq: 1,
+            next_event_seq: 1,
+            cancel_requested_at_ms: 0,
+            cancel_reason: String::new(),
+        };
+        let events = [
+            ev(1, "model.requested", serde_json::json!({"turn": 1})),
+            ev(2, "model.answered", serde_json::json!({"turn": 1})),
+            ev(
+                3,
+                "tool.started",
+                serde_json::json!({"call_id": "a", "tool": "time.now"}),
+            ),
+            ev(
+                4,
+                "tool.started",
+                serde_json::json!({"call_id": "b", "tool": "files.read"}),
+            ),
+            ev(
+                5,
+                "tool.failed",
+                serde_json::json!({"call_id": "b", "tool": "files.read"}),
+            ),
+            ev(
+                6,
+                "tool.completed",
+                serde_json::json!({"call_id": "a", "tool": "time.now"}),
+            ),
+            ev(7, "model.requested", serde_json::json!({"turn": 2})),
+        ];
+        let got: Vec<(String, i64, i64, String)> = build_spans(&task, &events)
+            .into_iter()
+            .map(|s| (s.name, s.start_ms, s.end_ms, s.status))
+            .collect();
+        let expected = [
+            ("task hello", 5, 100, "failed"),
+            ("model turn 1", 10, 20, "ok"),
+            ("tool time.now", 30, 60, "ok"),
+            ("tool files.read", 40, 50, "error"),
+            ("model turn 2", 70, 100, "unfinished"),
+        ];
+        let expected: Vec<(String, i64, i64, String)> = expected
+            .iter()
+            .map(|(n, a, b, s)| (n.to_string(), *a, *b, s.to_string()))
+            .collect();
+        assert_eq!(got, expected);
+    }
+}
