@@ -651,6 +651,70 @@ mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
 
+    /// A supervisor on a fresh data dir whose "agen" is `bin`, with one bundle already cached.
+    fn supervisor(dir: &std::path::Path, bin: &str) -> (Arc<Supervisor>, String) {
+        let mut opts = NestOptions::new("http://127.0.0.1:9", "t");
+        opts.data_dir = dir.to_path_buf();
+        opts.agen_bin = PathBuf::from(bin);
+        opts.name = "n1".into();
+        let opts = Arc::new(opts);
+        let digest = format!("sha256:{}", "a".repeat(64));
+        std::fs::create_dir_all(opts.bundles_dir().join("a".repeat(64))).expect("cached bundle");
+        let client = Arc::new(crate::hub_link::ClientSlot::default());
+        let bundles = Arc::new(BundleCache::new(opts.clone(), client));
+        let children = Arc::new(Children::open(&opts.children_file()));
+        let sup = Supervisor::new(opts, children, bundles, Arc::new(Outbox::default()), CancellationToken::new());
+        (sup, digest)
+    }
+
+    async fn wait_for(sup: &Supervisor, what: &str, f: impl Fn(&[InstanceReport]) -> bool) -> Vec<InstanceReport> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let snap = sup.snapshot();
+            if f(&snap) {
+                return snap;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}: {snap:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_crashing_instance_is_restarted_with_back_off_then_reported_unhealthy_and_stops_cleanly() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (sup, digest) = supervisor(dir.path(), "/bin/false");
+        let place = PlaceInstance { instance_id: "i1".into(), namespace: "ns".into(), deployment: "d".into(), bundle_digest: digest, ..Default::default() };
+        sup.place(place.clone());
+        sup.place(place); // a repeated placement is a no-op
+        let snap = wait_for(&sup, "three restarts", |s| s.len() == 1 && s[0].restarts >= UNHEALTHY_AFTER_CRASHES).await;
+        let r = &snap[0];
+        assert_eq!(r.state, InstanceState::Unhealthy as i32, "{r:?}");
+        assert!(r.message.starts_with("instance process exited with status 1; restarting in"), "{}", r.message);
+
+        // Stopping it (even mid back-off) forgets it and reports it one last time.
+        sup.stop("i1", "replaced by the hub");
+        wait_for(&sup, "the instance to be forgotten", |s| s.is_empty()).await;
+        let gone = sup.take_changed();
+        let last = gone.iter().rev().find(|r| r.instance_id == "i1").expect("a final report");
+        assert_eq!((last.state, last.healthy), (InstanceState::Stopping as i32, false));
+        assert!(sup.children.list().is_empty(), "nothing left in children.json");
+    }
+
+    #[tokio::test]
+    async fn a_run_for_an_instance_that_is_not_here_fails_with_a_final_event() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (sup, _) = supervisor(dir.path(), "/bin/false");
+        sup.assign(AssignRun { run_id: "r1".into(), attempt: 2, task_id: "t1".into(), instance_id: "nope".into(), ..Default::default() });
+        let batch = sup.outbox.take_batch(10);
+        assert_eq!(batch.len(), 1);
+        let ev = &batch[0].events[0];
+        assert_eq!((ev.run_id.as_str(), ev.attempt, ev.seq, ev.kind.as_str(), ev.sync), ("r1", 2, 1, "run.finished", true));
+        let json: serde_json::Value = serde_json::from_str(&ev.json).expect("json");
+        assert_eq!(json["state"], "failed");
+        assert_eq!(json["response_type"], "error");
+        assert_eq!(json["result"], "instance nope is not running on nest n1");
+    }
+
     #[test]
     fn secrets_are_resolved_from_the_nest_env_and_the_hub_and_missing_ones_are_named() {
         let dir = tempfile::tempdir().expect("tempdir");
