@@ -294,7 +294,16 @@ async fn bench(args: &Args, root: &Path, interrupt: CancellationToken) -> anyhow
     Ok(report(args, &raw, &phase, baseline.as_ref(), &spans))
 }
 
-type Measured = (Phase, Option<Phase>, Vec<f64>);
+type Measured = (Phase, Option<Phase>, Spans);
+
+/// Span durations (ms) from the traces of the measured tasks.
+#[derive(Debug, Default)]
+struct Spans {
+    /// `tool.started` → `tool.completed`.
+    tool: Vec<f64>,
+    /// `model.requested` → `model.answered`.
+    model: Vec<f64>,
+}
 
 /// Deploys, warms up, runs the measured and the baseline phases, and reads the tool spans.
 async fn measure(args: &Args, client: &ClientArgs, bundle_dir: &Path, baseline_dir: &Path) -> anyhow::Result<Measured> {
@@ -316,7 +325,7 @@ async fn measure(args: &Args, client: &ClientArgs, bundle_dir: &Path, baseline_d
     }
     eprintln!("agen bench: {} tasks with {} clients", args.tasks, args.concurrency);
     let phase = load(client, DEPLOYMENT, args.tasks, args.concurrency, args.task_timeout).await?;
-    let spans = tool_spans(&mut hub, &phase.task_ids).await?;
+    let spans = trace_spans(&mut hub, &phase.task_ids).await?;
 
     let baseline = if args.baseline_tasks > 0 && args.tool_calls > 0 {
         let dep = crate::cmd::deploy::deploy(
@@ -538,9 +547,9 @@ async fn one_task(hub: &mut Hub, deployment: &str, i: usize) -> anyhow::Result<p
     }
 }
 
-/// The durations (ms) of every finished tool span in the traces of `tasks`.
-async fn tool_spans(hub: &mut Hub, tasks: &[String]) -> anyhow::Result<Vec<f64>> {
-    let mut out = Vec::new();
+/// The durations (ms) of every finished tool and model span in the traces of `tasks`.
+async fn trace_spans(hub: &mut Hub, tasks: &[String]) -> anyhow::Result<Spans> {
+    let mut out = Spans::default();
     for task_id in tasks {
         let trace = hub
             .client
@@ -548,20 +557,21 @@ async fn tool_spans(hub: &mut Hub, tasks: &[String]) -> anyhow::Result<Vec<f64>>
             .await
             .map_err(|s| status_error(hub, s))?
             .into_inner();
-        out.extend(
-            trace
-                .spans
-                .iter()
-                .filter(|s| s.name.starts_with("tool ") && s.status == "ok" && s.end_ms >= s.start_ms)
-                .map(|s| (s.end_ms - s.start_ms) as f64),
-        );
+        for span in trace.spans.iter().filter(|s| s.status == "ok" && s.end_ms >= s.start_ms) {
+            let ms = (span.end_ms - span.start_ms) as f64;
+            if span.name.starts_with("tool ") {
+                out.tool.push(ms);
+            } else if span.name.starts_with("model turn") {
+                out.model.push(ms);
+            }
+        }
     }
     Ok(out)
 }
 
-fn report(args: &Args, raw: &[f64], phase: &Phase, baseline: Option<&Phase>, spans: &[f64]) -> Value {
+fn report(args: &Args, raw: &[f64], phase: &Phase, baseline: Option<&Phase>, spans: &Spans) -> Value {
     let raw_s = Summary::of(raw);
-    let span_s = Summary::of(spans);
+    let span_s = Summary::of(&spans.tool);
     let lat = Summary::of(&phase.latency);
     let ratio = if raw_s.mean > 0.0 && span_s.count > 0 { span_s.mean / raw_s.mean } else { 0.0 };
     let mut tool_call = json!({
@@ -606,6 +616,7 @@ fn report(args: &Args, raw: &[f64], phase: &Phase, baseline: Option<&Phase>, spa
         "latency_ms": lat.json(),
         "hub_queued_ms": Summary::of(&phase.queued).json(),
         "hub_running_ms": Summary::of(&phase.running).json(),
+        "model_turn_span_ms": Summary::of(&spans.model).json(),
         "tool_call": tool_call,
         "baseline_no_tool": baseline_json,
     })
@@ -657,6 +668,7 @@ fn print_table(r: &Value) {
     row("task end-to-end (client)", &r["latency_ms"]);
     row("  queued at hub", &r["hub_queued_ms"]);
     row("  running at hub", &r["hub_running_ms"]);
+    row("  model turn (span)", &r["model_turn_span_ms"]);
     row("task without tool (client)", &r["baseline_no_tool"]["latency_ms"]);
     row("tool call, raw MCP", &r["tool_call"]["raw_mcp_ms"]);
     row("tool call, in run (span)", &r["tool_call"]["in_run_span_ms"]);
