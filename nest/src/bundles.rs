@@ -26,9 +26,18 @@ pub struct BundleCache {
 
 /// The hex part of `sha256:<hex>`, checked (it becomes a folder name).
 pub fn digest_hex(digest: &str) -> Result<&str> {
-    let bad = |reason: &str| NestError::Bundle { digest: digest.to_string(), reason: reason.to_string() };
-    let hex = digest.strip_prefix("sha256:").ok_or_else(|| bad("expected sha256:<64 hex digits>"))?;
-    if hex.len() != 64 || !hex.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c)) {
+    let bad = |reason: &str| NestError::Bundle {
+        digest: digest.to_string(),
+        reason: reason.to_string(),
+    };
+    let hex = digest
+        .strip_prefix("sha256:")
+        .ok_or_else(|| bad("expected sha256:<64 hex digits>"))?;
+    if hex.len() != 64
+        || !hex
+            .chars()
+            .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
+    {
         return Err(bad("expected sha256:<64 lowercase hex digits>"));
     }
     Ok(hex)
@@ -36,7 +45,12 @@ pub fn digest_hex(digest: &str) -> Result<&str> {
 
 impl BundleCache {
     pub fn new(opts: Arc<NestOptions>, client: Arc<ClientSlot>) -> BundleCache {
-        BundleCache { dir: opts.bundles_dir(), opts, client, locks: Mutex::new(HashMap::new()) }
+        BundleCache {
+            dir: opts.bundles_dir(),
+            opts,
+            client,
+            locks: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Where the bundle with `digest` is (or will be) unpacked.
@@ -62,24 +76,42 @@ impl BundleCache {
         let (d, p) = (digest.to_string(), path.clone());
         tokio::task::spawn_blocking(move || unpack_verified(&bytes, &d, &p))
             .await
-            .map_err(|e| NestError::Bundle { digest: digest.to_string(), reason: format!("unpack task failed: {e}") })?
-            .map_err(|e| NestError::Bundle { digest: digest.to_string(), reason: e.to_string() })?;
+            .map_err(|e| NestError::Bundle {
+                digest: digest.to_string(),
+                reason: format!("unpack task failed: {e}"),
+            })?
+            .map_err(|e| NestError::Bundle {
+                digest: digest.to_string(),
+                reason: e.to_string(),
+            })?;
         tracing::info!(%digest, path = %path.display(), "bundle cached");
         Ok(path)
     }
 
     async fn fetch(&self, digest: &str) -> Result<Vec<u8>> {
-        let err = |reason: String| NestError::Bundle { digest: digest.to_string(), reason };
+        let err = |reason: String| NestError::Bundle {
+            digest: digest.to_string(),
+            reason,
+        };
         let mut client = self.client.get_or_connect(&self.opts).await?;
         let mut stream = client
-            .fetch_bundle(FetchBundleRequest { digest: digest.to_string() })
+            .fetch_bundle(FetchBundleRequest {
+                digest: digest.to_string(),
+            })
             .await
             .map_err(|s| err(format!("cannot fetch from the hub: {}", s.message())))?
             .into_inner();
         let mut bytes = Vec::new();
-        while let Some(chunk) = stream.message().await.map_err(|s| err(format!("fetch interrupted: {}", s.message())))? {
+        while let Some(chunk) = stream
+            .message()
+            .await
+            .map_err(|s| err(format!("fetch interrupted: {}", s.message())))?
+        {
             if bytes.len() + chunk.data.len() > MAX_BUNDLE_BYTES {
-                return Err(err(format!("larger than {} MiB", MAX_BUNDLE_BYTES / (1024 * 1024))));
+                return Err(err(format!(
+                    "larger than {} MiB",
+                    MAX_BUNDLE_BYTES / (1024 * 1024)
+                )));
             }
             bytes.extend_from_slice(&chunk.data);
         }

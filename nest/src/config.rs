@@ -60,7 +60,11 @@ impl NestOptions {
     }
     /// The value of an environment variable of the Nest, from [`NestOptions::env`].
     pub fn env_var(&self, name: &str) -> Option<&str> {
-        self.env.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -69,7 +73,9 @@ pub fn default_data_dir() -> PathBuf {
     if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
         return PathBuf::from(x).join("agen/nest");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".local/share/agen/nest")
 }
 
@@ -121,7 +127,10 @@ pub type Result<T, E = NestError> = std::result::Result<T, E>;
 impl NestError {
     /// Whether the error is in the options (exit code 64), not in the environment.
     pub fn is_config(&self) -> bool {
-        matches!(self, NestError::Config(_) | NestError::HubUrl { .. } | NestError::JoinToken(_))
+        matches!(
+            self,
+            NestError::Config(_) | NestError::HubUrl { .. } | NestError::JoinToken(_)
+        )
     }
 }
 
@@ -129,21 +138,32 @@ impl NestOptions {
     /// Checks the options without touching the disk or the network.
     pub fn validate(&self) -> Result<()> {
         if self.name.trim().is_empty() {
-            return Err(NestError::Config("the nest name is empty; pass --name NAME".into()));
+            return Err(NestError::Config(
+                "the nest name is empty; pass --name NAME".into(),
+            ));
         }
         if self.capacity == 0 {
-            return Err(NestError::Config("--capacity must be at least 1 (default 32)".into()));
+            return Err(NestError::Config(
+                "--capacity must be at least 1 (default 32)".into(),
+            ));
         }
         let hub = self.hub.trim();
         let rest = hub
             .strip_prefix("https://")
             .or_else(|| hub.strip_prefix("http://"))
-            .ok_or_else(|| NestError::HubUrl { url: hub.to_string(), reason: "no http:// or https:// scheme".into() })?;
+            .ok_or_else(|| NestError::HubUrl {
+                url: hub.to_string(),
+                reason: "no http:// or https:// scheme".into(),
+            })?;
         if rest.trim_end_matches('/').is_empty() {
-            return Err(NestError::HubUrl { url: hub.to_string(), reason: "no host".into() });
+            return Err(NestError::HubUrl {
+                url: hub.to_string(),
+                reason: "no host".into(),
+            });
         }
         if hub.starts_with("https://") {
-            agen_shared::tls::JoinToken::parse(&self.join_token).map_err(|e| NestError::JoinToken(e.to_string()))?;
+            agen_shared::tls::JoinToken::parse(&self.join_token)
+                .map_err(|e| NestError::JoinToken(e.to_string()))?;
         } else if self.join_token.trim().is_empty() {
             return Err(NestError::JoinToken("it is empty".into()));
         }
@@ -156,7 +176,11 @@ pub fn load_or_create_node_id(data_dir: &Path) -> Result<String> {
     let path = data_dir.join("node-id");
     let err = |action: &'static str| {
         let path = path.clone();
-        move |source| NestError::DataDir { path, action, source }
+        move |source| NestError::DataDir {
+            path,
+            action,
+            source,
+        }
     };
     match std::fs::read_to_string(&path) {
         Ok(s) if !s.trim().is_empty() => return Ok(s.trim().to_string()),
@@ -211,10 +235,30 @@ mod tests {
         };
         check("https://hub:7070", &token, "n1", Ok(()));
         check("http://127.0.0.1:7070", "anything", "n1", Ok(()));
-        check("hub:7070", &token, "n1", Err("bad --hub URL `hub:7070`: no http:// or https:// scheme"));
-        check("https://", &token, "n1", Err("bad --hub URL `https://`: no host"));
-        check("https://hub:7070", "agen1.abc.s", "n1", Err("bad join token: join token is malformed"));
-        check("https://hub:7070", &token, " ", Err("the nest name is empty"));
+        check(
+            "hub:7070",
+            &token,
+            "n1",
+            Err("bad --hub URL `hub:7070`: no http:// or https:// scheme"),
+        );
+        check(
+            "https://",
+            &token,
+            "n1",
+            Err("bad --hub URL `https://`: no host"),
+        );
+        check(
+            "https://hub:7070",
+            "agen1.abc.s",
+            "n1",
+            Err("bad join token: join token is malformed"),
+        );
+        check(
+            "https://hub:7070",
+            &token,
+            " ",
+            Err("the nest name is empty"),
+        );
     }
 
     #[test]

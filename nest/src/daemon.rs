@@ -12,8 +12,8 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::bundles::BundleCache;
-pub use crate::config::{NestError, NestOptions};
 use crate::config::{load_or_create_node_id, prepare_data_dir, Result};
+pub use crate::config::{NestError, NestOptions};
 use crate::hub_link::{self, ClientSlot, LinkContext, Outbox};
 use crate::socket;
 use crate::supervisor::children::Children;
@@ -32,13 +32,22 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         tracing::warn!(what = %rec.what, pgid = rec.pgid, "killed a leftover of a previous run of this nest");
     }
     let socket_path = opts.socket_path();
-    let listener = socket::listen(&socket_path).map_err(|source| NestError::Socket { path: socket_path.clone(), source })?;
+    let listener = socket::listen(&socket_path).map_err(|source| NestError::Socket {
+        path: socket_path.clone(),
+        source,
+    })?;
 
     let own = shutdown.child_token();
     let client = Arc::new(ClientSlot::default());
     let outbox = Arc::new(Outbox::default());
     let bundles = Arc::new(BundleCache::new(opts.clone(), client.clone()));
-    let supervisor = Supervisor::new(opts.clone(), children, bundles, outbox.clone(), own.child_token());
+    let supervisor = Supervisor::new(
+        opts.clone(),
+        children,
+        bundles,
+        outbox.clone(),
+        own.child_token(),
+    );
     let serve = tokio::spawn(supervisor.clone().serve(listener));
 
     tracing::info!(nest_id = %nest_id, name = %opts.name, hub = %opts.hub, data_dir = %opts.data_dir.display(), capacity = opts.capacity, "nest starting");
@@ -57,7 +66,10 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
     };
     hub_link::run(ctx, client, own.clone()).await;
 
-    tracing::info!(instances = supervisor.len(), "nest shutting down: stopping instances");
+    tracing::info!(
+        instances = supervisor.len(),
+        "nest shutting down: stopping instances"
+    );
     own.cancel();
     let graceful = supervisor.shutdown(STOP_GRACE).await;
     let _ = serve.await;

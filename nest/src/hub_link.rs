@@ -47,7 +47,10 @@ const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Bearer(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
 
 impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut req: tonic::Request<()>) -> std::result::Result<tonic::Request<()>, tonic::Status> {
+    fn call(
+        &mut self,
+        mut req: tonic::Request<()>,
+    ) -> std::result::Result<tonic::Request<()>, tonic::Status> {
         req.metadata_mut().insert("authorization", self.0.clone());
         Ok(req)
     }
@@ -60,9 +63,14 @@ pub async fn client(opts: &NestOptions) -> Result<HubClient> {
     let hub = opts.hub.trim_end_matches('/').to_string();
     let bearer = format!("Bearer {}", opts.join_token.trim())
         .parse()
-        .map_err(|_| NestError::JoinToken("it contains characters that cannot go in a header".into()))?;
+        .map_err(|_| {
+            NestError::JoinToken("it contains characters that cannot go in a header".into())
+        })?;
     let endpoint = Endpoint::from_shared(hub.clone())
-        .map_err(|e| NestError::HubUrl { url: hub.clone(), reason: e.to_string() })?
+        .map_err(|e| NestError::HubUrl {
+            url: hub.clone(),
+            reason: e.to_string(),
+        })?
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(Duration::from_secs(5))
         .keep_alive_timeout(Duration::from_secs(5))
@@ -74,18 +82,28 @@ pub async fn client(opts: &NestOptions) -> Result<HubClient> {
         let ca = trusted_ca(opts, &hub).await?;
         endpoint
             .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))
-            .map_err(|e| NestError::Trust { url: hub.clone(), reason: e.to_string() })?
+            .map_err(|e| NestError::Trust {
+                url: hub.clone(),
+                reason: e.to_string(),
+            })?
     } else if hub.starts_with("http://") {
         endpoint
     } else {
-        return Err(NestError::HubUrl { url: hub, reason: "no http:// or https:// scheme".into() });
+        return Err(NestError::HubUrl {
+            url: hub,
+            reason: "no http:// or https:// scheme".into(),
+        });
     };
-    Ok(NestServiceClient::with_interceptor(endpoint.connect_lazy(), Bearer(bearer)))
+    Ok(NestServiceClient::with_interceptor(
+        endpoint.connect_lazy(),
+        Bearer(bearer),
+    ))
 }
 
 async fn trusted_ca(opts: &NestOptions, hub: &str) -> Result<String> {
     use agen_shared::tls;
-    let token = tls::JoinToken::parse(&opts.join_token).map_err(|e| NestError::JoinToken(e.to_string()))?;
+    let token =
+        tls::JoinToken::parse(&opts.join_token).map_err(|e| NestError::JoinToken(e.to_string()))?;
     let path = opts.ca_file();
     if let Ok(pem) = std::fs::read_to_string(&path) {
         if tls::ca_pem_sha256(&pem).ok().as_deref() == Some(token.ca_sha256.as_str()) {
@@ -95,8 +113,14 @@ async fn trusted_ca(opts: &NestOptions, hub: &str) -> Result<String> {
     }
     let pem = tls::fetch_pinned_ca(hub, &token.ca_sha256)
         .await
-        .map_err(|e| NestError::Trust { url: hub.to_string(), reason: e.to_string() })?;
-    tls::write_private(&path, pem.as_bytes()).map_err(|e| NestError::Trust { url: hub.to_string(), reason: e.to_string() })?;
+        .map_err(|e| NestError::Trust {
+            url: hub.to_string(),
+            reason: e.to_string(),
+        })?;
+    tls::write_private(&path, pem.as_bytes()).map_err(|e| NestError::Trust {
+        url: hub.to_string(),
+        reason: e.to_string(),
+    })?;
     tracing::info!(path = %path.display(), "trusting the hub CA pinned by the join token");
     Ok(pem)
 }
@@ -154,7 +178,9 @@ impl Outbox {
             let keys: VecDeque<_> = st
                 .unacked
                 .iter()
-                .flat_map(|((run, attempt), slot)| slot.keys().map(move |seq| (run.clone(), *attempt, *seq)))
+                .flat_map(|((run, attempt), slot)| {
+                    slot.keys().map(move |seq| (run.clone(), *attempt, *seq))
+                })
                 .collect();
             st.unsent = keys;
         }
@@ -167,11 +193,19 @@ impl Outbox {
         let mut out: Vec<RunEvents> = Vec::new();
         let mut n = 0;
         while n < max {
-            let Some((run, attempt, seq)) = st.unsent.pop_front() else { break };
-            let Some((instance, ev)) = st.unacked.get(&(run, attempt)).and_then(|s| s.get(&seq)) else { continue };
+            let Some((run, attempt, seq)) = st.unsent.pop_front() else {
+                break;
+            };
+            let Some((instance, ev)) = st.unacked.get(&(run, attempt)).and_then(|s| s.get(&seq))
+            else {
+                continue;
+            };
             match out.last_mut() {
                 Some(last) if last.instance_id == *instance => last.events.push(ev.clone()),
-                _ => out.push(RunEvents { instance_id: instance.clone(), events: vec![ev.clone()] }),
+                _ => out.push(RunEvents {
+                    instance_id: instance.clone(),
+                    events: vec![ev.clone()],
+                }),
             }
             n += 1;
         }
@@ -277,9 +311,11 @@ async fn session(
     };
     // Reports queued while disconnected are covered by `Register.instances`.
     let _ = sup.take_changed();
-    tx.send(NestMessage { msg: Some(NestMsg::Register(register)) })
-        .await
-        .map_err(|_| "stream closed before register".to_string())?;
+    tx.send(NestMessage {
+        msg: Some(NestMsg::Register(register)),
+    })
+    .await
+    .map_err(|_| "stream closed before register".to_string())?;
     let response = tokio::select! {
         r = client.connect(ReceiverStream::new(rx)) => r.map_err(|s| status_text(&s))?,
         _ = shutdown.cancelled() => return Ok(()),
@@ -292,7 +328,9 @@ async fn session(
         _ = shutdown.cancelled() => return Ok(()),
     };
     let registered = match first {
-        Some(HubMessage { msg: Some(HubMsg::Registered(r)) }) => r,
+        Some(HubMessage {
+            msg: Some(HubMsg::Registered(r)),
+        }) => r,
         Some(other) => return Err(format!("expected Registered first, got {other:?}")),
         None => return Err("the hub closed the stream before Registered".into()),
     };
@@ -315,7 +353,11 @@ async fn session(
     heartbeat.tick().await;
     let send = |m: NestMsg| {
         let tx = tx.clone();
-        async move { tx.send(NestMessage { msg: Some(m) }).await.map_err(|_| "the stream closed".to_string()) }
+        async move {
+            tx.send(NestMessage { msg: Some(m) })
+                .await
+                .map_err(|_| "the stream closed".to_string())
+        }
     };
     loop {
         tokio::select! {
@@ -370,7 +412,10 @@ fn handle(ctx: &LinkContext, msg: HubMsg) {
 fn status_text(s: &tonic::Status) -> String {
     match s.code() {
         tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
-            format!("the hub refused the join token ({}); check --join", s.message())
+            format!(
+                "the hub refused the join token ({}); check --join",
+                s.message()
+            )
         }
         _ => format!("{:?}: {}", s.code(), s.message()),
     }
@@ -381,13 +426,23 @@ mod tests {
     use super::*;
 
     fn ev(run: &str, attempt: u32, seq: u64) -> RunEvent {
-        RunEvent { run_id: run.into(), attempt, seq, kind: "log".into(), ..Default::default() }
+        RunEvent {
+            run_id: run.into(),
+            attempt,
+            seq,
+            kind: "log".into(),
+            ..Default::default()
+        }
     }
 
     fn seqs(batch: &[RunEvents]) -> Vec<(String, String, u64)> {
         batch
             .iter()
-            .flat_map(|b| b.events.iter().map(move |e| (b.instance_id.clone(), e.run_id.clone(), e.seq)))
+            .flat_map(|b| {
+                b.events
+                    .iter()
+                    .map(move |e| (b.instance_id.clone(), e.run_id.clone(), e.seq))
+            })
             .collect()
     }
 
@@ -401,14 +456,24 @@ mod tests {
         let first = o.take_batch(10);
         assert_eq!(
             seqs(&first),
-            vec![("i1".into(), "r1".into(), 1), ("i1".into(), "r1".into(), 2), ("i2".into(), "r2".into(), 1)]
+            vec![
+                ("i1".into(), "r1".into(), 1),
+                ("i1".into(), "r1".into(), 2),
+                ("i2".into(), "r2".into(), 1)
+            ]
         );
         assert_eq!(first.len(), 2, "grouped per instance");
-        assert!(o.take_batch(10).is_empty(), "sent events are not sent again on the same stream");
+        assert!(
+            o.take_batch(10).is_empty(),
+            "sent events are not sent again on the same stream"
+        );
 
         o.ack("r1", 1, 1, false);
         o.resend_all();
-        assert_eq!(seqs(&o.take_batch(10)), vec![("i1".into(), "r1".into(), 2), ("i2".into(), "r2".into(), 1)]);
+        assert_eq!(
+            seqs(&o.take_batch(10)),
+            vec![("i1".into(), "r1".into(), 2), ("i2".into(), "r2".into(), 1)]
+        );
 
         o.ack("r2", 1, 0, true); // fenced: everything of that attempt goes
         o.ack("r1", 1, 2, false);

@@ -27,11 +27,17 @@ pub const MAX_LINE: usize = 64 * 1024 * 1024;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ToNest {
-    Hello { instance_id: String, pid: u32 },
+    Hello {
+        instance_id: String,
+        pid: u32,
+    },
     Status(InstanceStatus),
     Event(RunEventMsg),
     /// The run is over on this instance (after its final event was acked, or it was cancelled).
-    RunDone { run_id: String, attempt: u32 },
+    RunDone {
+        run_id: String,
+        attempt: u32,
+    },
 }
 
 /// Nest → instance.
@@ -39,10 +45,20 @@ pub enum ToNest {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ToInstance {
     Placement(Placement),
-    Refused { reason: String },
+    Refused {
+        reason: String,
+    },
     Run(RunAssignment),
-    Cancel { run_id: String, reason: String },
-    Ack { run_id: String, attempt: u32, acked_seq: u64, fenced: bool },
+    Cancel {
+        run_id: String,
+        reason: String,
+    },
+    Ack {
+        run_id: String,
+        attempt: u32,
+        acked_seq: u64,
+        fenced: bool,
+    },
 }
 
 /// Lifecycle state as the instance sees it.
@@ -214,7 +230,10 @@ pub struct Writer<T> {
 impl<T: Serialize> Writer<T> {
     pub async fn send(&mut self, msg: &T) -> Result<(), SocketError> {
         let line = encode(msg)?;
-        self.inner.send(line).await.map_err(|e| SocketError::Framing(e.to_string()))
+        self.inner
+            .send(line)
+            .await
+            .map_err(|e| SocketError::Framing(e.to_string()))
     }
 }
 
@@ -222,8 +241,14 @@ impl<T: Serialize> Writer<T> {
 pub fn split<R, W>(stream: UnixStream) -> (Reader<R>, Writer<W>) {
     let (r, w) = stream.into_split();
     (
-        Reader { inner: FramedRead::new(r, LinesCodec::new_with_max_length(MAX_LINE)), _t: std::marker::PhantomData },
-        Writer { inner: FramedWrite::new(w, LinesCodec::new_with_max_length(MAX_LINE)), _t: std::marker::PhantomData },
+        Reader {
+            inner: FramedRead::new(r, LinesCodec::new_with_max_length(MAX_LINE)),
+            _t: std::marker::PhantomData,
+        },
+        Writer {
+            inner: FramedWrite::new(w, LinesCodec::new_with_max_length(MAX_LINE)),
+            _t: std::marker::PhantomData,
+        },
     )
 }
 
@@ -267,11 +292,17 @@ mod tests {
     fn instance_messages_have_a_stable_wire_form() {
         check_to_nest(
             r#"{"type":"hello","instance_id":"i-1","pid":42}"#,
-            ToNest::Hello { instance_id: "i-1".into(), pid: 42 },
+            ToNest::Hello {
+                instance_id: "i-1".into(),
+                pid: 42,
+            },
         );
         check_to_nest(
             r#"{"type":"run_done","run_id":"r","attempt":2}"#,
-            ToNest::RunDone { run_id: "r".into(), attempt: 2 },
+            ToNest::RunDone {
+                run_id: "r".into(),
+                attempt: 2,
+            },
         );
         check_to_nest(
             r#"{"type":"status","state":"unhealthy","tools_loaded":0,"servers_not_connected":[["time","exited with status 1"]],"tools":[],"message":"tool server time exited","active_runs":[]}"#,
@@ -319,7 +350,10 @@ mod tests {
             missing_secrets: vec![],
         };
         let shown = format!("{p:?}");
-        assert!(shown.contains("TOKEN") && !shown.contains("hunter2"), "{shown}");
+        assert!(
+            shown.contains("TOKEN") && !shown.contains("hunter2"),
+            "{shown}"
+        );
     }
 
     #[tokio::test]
@@ -328,20 +362,44 @@ mod tests {
         let path = dir.path().join("nest.sock");
         let listener = listen(&path).expect("listen");
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777,
+            0o600
+        );
         let client = tokio::spawn({
             let path = path.clone();
             async move {
-                let (mut r, mut w) = split::<ToInstance, ToNest>(UnixStream::connect(&path).await.expect("connect"));
-                w.send(&ToNest::Hello { instance_id: "i".into(), pid: 1 }).await.expect("send");
+                let (mut r, mut w) =
+                    split::<ToInstance, ToNest>(UnixStream::connect(&path).await.expect("connect"));
+                w.send(&ToNest::Hello {
+                    instance_id: "i".into(),
+                    pid: 1,
+                })
+                .await
+                .expect("send");
                 r.next().await.expect("read")
             }
         });
         let (stream, _) = listener.accept().await.expect("accept");
         let (mut r, mut w) = split::<ToNest, ToInstance>(stream);
-        assert_eq!(r.next().await.expect("read"), Some(ToNest::Hello { instance_id: "i".into(), pid: 1 }));
-        w.send(&ToInstance::Refused { reason: "unknown instance".into() }).await.expect("send");
+        assert_eq!(
+            r.next().await.expect("read"),
+            Some(ToNest::Hello {
+                instance_id: "i".into(),
+                pid: 1
+            })
+        );
+        w.send(&ToInstance::Refused {
+            reason: "unknown instance".into(),
+        })
+        .await
+        .expect("send");
         drop(w);
-        assert_eq!(client.await.expect("join"), Some(ToInstance::Refused { reason: "unknown instance".into() }));
+        assert_eq!(
+            client.await.expect("join"),
+            Some(ToInstance::Refused {
+                reason: "unknown instance".into()
+            })
+        );
     }
 }

@@ -20,19 +20,32 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("nest/ has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("nest/ has a parent")
+        .to_path_buf()
 }
 
 fn agen_bin() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target"));
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
     let bin = target.join("debug/agen");
-    assert!(bin.exists(), "{} is missing; build it first with `cargo build -p agen-cli`", bin.display());
+    assert!(
+        bin.exists(),
+        "{} is missing; build it first with `cargo build -p agen-cli`",
+        bin.display()
+    );
     bin
 }
 
 fn peer_python() -> PathBuf {
     let py = repo_root().join("target/peers/venv/bin/python");
-    assert!(py.exists(), "{} is missing; install the test peers with tests/peers/install.sh", py.display());
+    assert!(
+        py.exists(),
+        "{} is missing; install the test peers with tests/peers/install.sh",
+        py.display()
+    );
     py
 }
 
@@ -40,10 +53,16 @@ fn peer_python() -> PathBuf {
 fn write_bundle(dir: &Path, model_url: &str) {
     std::fs::create_dir_all(dir.join("x-agen")).expect("mkdir");
     let mcp = json!({"mcpServers": {"time": {"command": peer_python(), "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]}}});
-    std::fs::write(dir.join("mcp.json"), serde_json::to_vec_pretty(&mcp).expect("json")).expect("write mcp.json");
+    std::fs::write(
+        dir.join("mcp.json"),
+        serde_json::to_vec_pretty(&mcp).expect("json"),
+    )
+    .expect("write mcp.json");
     std::fs::write(
         dir.join("x-agen/agent.md"),
-        format!("---\nname: clock\nmodel: openai/fake\nbaseUrl: {model_url}\n---\nYou tell the time.\n"),
+        format!(
+            "---\nname: clock\nmodel: openai/fake\nbaseUrl: {model_url}\n---\nYou tell the time.\n"
+        ),
     )
     .expect("write agent.md");
 }
@@ -66,11 +85,16 @@ async fn client(hub: &HubHandle) -> Client {
         .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))
         .expect("tls")
         .connect_lazy();
-    let bearer = format!("Bearer {}", hub.admin_token).parse().expect("header");
+    let bearer = format!("Bearer {}", hub.admin_token)
+        .parse()
+        .expect("header");
     AgenServiceClient::with_interceptor(channel, Admin(bearer))
 }
 
-async fn start_hub(data_dir: &Path, listen: std::net::SocketAddr) -> (HubHandle, CancellationToken) {
+async fn start_hub(
+    data_dir: &Path,
+    listen: std::net::SocketAddr,
+) -> (HubHandle, CancellationToken) {
     // Both rustls providers are in the build graph; pick one for the process (as the CLI does).
     let _ = rustls::crypto::ring::default_provider().install_default();
     let stop = CancellationToken::new();
@@ -81,7 +105,9 @@ async fn start_hub(data_dir: &Path, listen: std::net::SocketAddr) -> (HubHandle,
         heartbeat_interval: Duration::from_millis(500),
         ..Default::default()
     };
-    let hub = agen_hub::start(opts, stop.clone()).await.expect("hub starts");
+    let hub = agen_hub::start(opts, stop.clone())
+        .await
+        .expect("hub starts");
     (hub, stop)
 }
 
@@ -94,7 +120,9 @@ fn start_nest(hub: &HubHandle, data_dir: &Path, name: &str) -> Nest {
     let mut opts = NestOptions::new(hub.url.clone(), hub.join_token.clone());
     opts.data_dir = data_dir.to_path_buf();
     opts.name = name.to_string();
-    opts.labels = [("zone".to_string(), "test".to_string())].into_iter().collect();
+    opts.labels = [("zone".to_string(), "test".to_string())]
+        .into_iter()
+        .collect();
     opts.agen_bin = agen_bin();
     let stop = CancellationToken::new();
     let task = tokio::spawn(agen_nest::daemon::run(opts, stop.clone()));
@@ -112,7 +140,10 @@ where
         if let Some(v) = f().await {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -120,28 +151,43 @@ where
 async fn upload(c: &mut Client, dir: &Path) -> String {
     let bytes = agen_shared::bundle::pack(dir).expect("pack");
     let digest = agen_shared::bundle::digest(&bytes);
-    let chunk = pb::BundleChunk { digest: digest.clone(), total_size: bytes.len() as u64, data: bytes };
-    c.upload_bundle(futures::stream::iter(vec![chunk])).await.expect("upload");
+    let chunk = pb::BundleChunk {
+        digest: digest.clone(),
+        total_size: bytes.len() as u64,
+        data: bytes,
+    };
+    c.upload_bundle(futures::stream::iter(vec![chunk]))
+        .await
+        .expect("upload");
     digest
 }
 
 async fn instances(c: &mut Client) -> Vec<pb::Instance> {
-    c.list_instances(pb::ListInstancesRequest { namespace: "default".into(), ..Default::default() })
-        .await
-        .expect("list instances")
-        .into_inner()
-        .instances
+    c.list_instances(pb::ListInstancesRequest {
+        namespace: "default".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("list instances")
+    .into_inner()
+    .instances
 }
 
 async fn running_instance(c: &Client) -> pb::Instance {
     let c = c.clone();
-    eventually(Duration::from_secs(60), "a running instance with tools", move || {
-        let mut c = c.clone();
-        async move {
-            let list = instances(&mut c).await;
-            list.into_iter().find(|i| i.state == pb::InstanceState::Running as i32 && i.healthy && i.tools_loaded > 0)
-        }
-    })
+    eventually(
+        Duration::from_secs(60),
+        "a running instance with tools",
+        move || {
+            let mut c = c.clone();
+            async move {
+                let list = instances(&mut c).await;
+                list.into_iter().find(|i| {
+                    i.state == pb::InstanceState::Running as i32 && i.healthy && i.tools_loaded > 0
+                })
+            }
+        },
+    )
     .await
 }
 
@@ -152,7 +198,11 @@ fn recorded_pgids(nest_dir: &Path) -> std::collections::BTreeMap<String, u32> {
     let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
     v["children"]
         .as_object()
-        .map(|m| m.iter().filter_map(|(k, c)| Some((k.clone(), c["pgid"].as_u64()? as u32))).collect())
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, c)| Some((k.clone(), c["pgid"].as_u64()? as u32)))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -178,9 +228,17 @@ async fn a_nest_runs_an_instance_with_real_tools_executes_a_task_and_survives_a_
     let bundle = tmp.path().join("bundle");
     write_bundle(&bundle, &model.openai_base_url());
 
-    let (hub, hub_stop) = start_hub(&tmp.path().join("hub"), "127.0.0.1:0".parse().expect("addr")).await;
+    let (hub, hub_stop) = start_hub(
+        &tmp.path().join("hub"),
+        "127.0.0.1:0".parse().expect("addr"),
+    )
+    .await;
     let hub_addr = hub.addr;
-    assert!(hub.url.starts_with("https://"), "the hub serves TLS: {}", hub.url);
+    assert!(
+        hub.url.starts_with("https://"),
+        "the hub serves TLS: {}",
+        hub.url
+    );
     let mut c = client(&hub).await;
     let nest_dir = tmp.path().join("nest");
     let nest = start_nest(&hub, &nest_dir, "nest-a");
@@ -190,14 +248,27 @@ async fn a_nest_runs_an_instance_with_real_tools_executes_a_task_and_survives_a_
     let registered = eventually(Duration::from_secs(30), "nest-a to be ready", move || {
         let mut c = lc.clone();
         async move {
-            let nests = c.list_nests(pb::ListNestsRequest {}).await.ok()?.into_inner().nests;
-            nests.into_iter().find(|n| n.name == "nest-a" && n.state == pb::NestState::Ready as i32)
+            let nests = c
+                .list_nests(pb::ListNestsRequest {})
+                .await
+                .ok()?
+                .into_inner()
+                .nests;
+            nests
+                .into_iter()
+                .find(|n| n.name == "nest-a" && n.state == pb::NestState::Ready as i32)
         }
     })
     .await;
-    assert_eq!(registered.labels.get("zone").map(String::as_str), Some("test"));
+    assert_eq!(
+        registered.labels.get("zone").map(String::as_str),
+        Some("test")
+    );
     assert_eq!(registered.capacity, 32);
-    assert!(nest_dir.join("hub-ca.pem").exists(), "the pinned hub CA is kept in the nest data dir");
+    assert!(
+        nest_dir.join("hub-ca.pem").exists(),
+        "the pinned hub CA is kept in the nest data dir"
+    );
 
     // Deploy: the instance comes up with the time server's tools.
     let digest = upload(&mut c, &bundle).await;
@@ -212,10 +283,17 @@ async fn a_nest_runs_an_instance_with_real_tools_executes_a_task_and_survives_a_
     .expect("create deployment");
     let inst = running_instance(&c).await;
     assert_eq!(inst.nest_name, "nest-a");
-    assert!(inst.tools.iter().any(|t| t == "time.get_current_time"), "tools: {:?}", inst.tools);
+    assert!(
+        inst.tools.iter().any(|t| t == "time.get_current_time"),
+        "tools: {:?}",
+        inst.tools
+    );
     assert!(inst.servers_not_connected.is_empty());
     let hex = digest.trim_start_matches("sha256:");
-    assert!(nest_dir.join("bundles").join(hex).join("mcp.json").exists(), "bundle cached by digest");
+    assert!(
+        nest_dir.join("bundles").join(hex).join("mcp.json").exists(),
+        "bundle cached by digest"
+    );
 
     // A task: the scripted model calls the real tool, then answers with its result.
     let task = c
@@ -234,15 +312,37 @@ async fn a_nest_runs_an_instance_with_real_tools_executes_a_task_and_survives_a_
     let done = eventually(Duration::from_secs(60), "the task to finish", move || {
         let (mut c, id) = (tc.clone(), task_id.clone());
         async move {
-            let t = c.get_task(pb::GetTaskRequest { namespace: "default".into(), task_id: id }).await.ok()?.into_inner();
+            let t = c
+                .get_task(pb::GetTaskRequest {
+                    namespace: "default".into(),
+                    task_id: id,
+                })
+                .await
+                .ok()?
+                .into_inner();
             (t.state >= pb::TaskState::Succeeded as i32).then_some(t)
         }
     })
     .await;
-    let outcome = done.outcome.clone().expect("a finished task has an outcome");
-    assert_eq!(done.state, pb::TaskState::Succeeded as i32, "outcome: {outcome:?}");
-    assert!(outcome.result.starts_with("The tool said: "), "{}", outcome.result);
-    assert!(outcome.result.contains("\"timezone\""), "the answer carries the tool output: {}", outcome.result);
+    let outcome = done
+        .outcome
+        .clone()
+        .expect("a finished task has an outcome");
+    assert_eq!(
+        done.state,
+        pb::TaskState::Succeeded as i32,
+        "outcome: {outcome:?}"
+    );
+    assert!(
+        outcome.result.starts_with("The tool said: "),
+        "{}",
+        outcome.result
+    );
+    assert!(
+        outcome.result.contains("\"timezone\""),
+        "the answer carries the tool output: {}",
+        outcome.result
+    );
 
     // Restart the Hub on the same address: the Nest reconnects, its instance is re-adopted.
     hub.stop().await.expect("hub stops");
@@ -251,21 +351,29 @@ async fn a_nest_runs_an_instance_with_real_tools_executes_a_task_and_survives_a_
     let c = client(&hub).await;
     let lc = c.clone();
     let inst_id = inst.instance_id.clone();
-    let again = eventually(Duration::from_secs(30), "the same instance after the hub restart", move || {
-        let (mut c, id) = (lc.clone(), inst_id.clone());
-        async move {
-            let list = instances(&mut c).await;
-            let nest_ok = c
-                .list_nests(pb::ListNestsRequest {})
-                .await
-                .ok()?
-                .into_inner()
-                .nests
-                .iter()
-                .any(|n| n.name == "nest-a" && n.state == pb::NestState::Ready as i32);
-            (nest_ok && list.iter().any(|i| i.instance_id == id && i.state == pb::InstanceState::Running as i32)).then_some(list)
-        }
-    })
+    let again = eventually(
+        Duration::from_secs(30),
+        "the same instance after the hub restart",
+        move || {
+            let (mut c, id) = (lc.clone(), inst_id.clone());
+            async move {
+                let list = instances(&mut c).await;
+                let nest_ok = c
+                    .list_nests(pb::ListNestsRequest {})
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .nests
+                    .iter()
+                    .any(|n| n.name == "nest-a" && n.state == pb::NestState::Ready as i32);
+                (nest_ok
+                    && list.iter().any(|i| {
+                        i.instance_id == id && i.state == pb::InstanceState::Running as i32
+                    }))
+                .then_some(list)
+            }
+        },
+    )
     .await;
     assert_eq!(again.len(), 1, "no instance is duplicated: {again:?}");
 
@@ -273,7 +381,11 @@ async fn a_nest_runs_an_instance_with_real_tools_executes_a_task_and_survives_a_
     let pgids = recorded_pgids(&nest_dir);
     let keys: Vec<&String> = pgids.keys().collect();
     let time_key = format!("{}/time", inst.instance_id);
-    assert_eq!(keys, vec![&inst.instance_id, &time_key], "the instance and its tool server are recorded");
+    assert_eq!(
+        keys,
+        vec![&inst.instance_id, &time_key],
+        "the instance and its tool server are recorded"
+    );
     assert!(pgids.values().all(|p| process_alive(*p)));
     nest.stop.cancel();
     tokio::time::timeout(Duration::from_secs(20), nest.task)
@@ -281,7 +393,10 @@ async fn a_nest_runs_an_instance_with_real_tools_executes_a_task_and_survives_a_
         .expect("the nest stops within its grace")
         .expect("join")
         .expect("clean exit");
-    assert!(recorded_pgids(&nest_dir).is_empty(), "every child was removed from the registry");
+    assert!(
+        recorded_pgids(&nest_dir).is_empty(),
+        "every child was removed from the registry"
+    );
     for (what, pid) in &pgids {
         assert!(!process_alive(*pid), "{what} (pid {pid}) is gone");
     }
@@ -291,16 +406,37 @@ async fn a_nest_runs_an_instance_with_real_tools_executes_a_task_and_survives_a_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nest_does_not_trust_a_hub_whose_ca_is_not_the_one_its_join_token_names() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let (hub, _stop) = start_hub(&tmp.path().join("hub"), "127.0.0.1:0".parse().expect("addr")).await;
-    let secret = hub.join_token.rsplit('.').next().expect("token has a secret").to_string();
-    let mut opts = NestOptions::new(hub.url.clone(), format!("agen1.{}.{secret}", "0".repeat(64)));
+    let (hub, _stop) = start_hub(
+        &tmp.path().join("hub"),
+        "127.0.0.1:0".parse().expect("addr"),
+    )
+    .await;
+    let secret = hub
+        .join_token
+        .rsplit('.')
+        .next()
+        .expect("token has a secret")
+        .to_string();
+    let mut opts = NestOptions::new(
+        hub.url.clone(),
+        format!("agen1.{}.{secret}", "0".repeat(64)),
+    );
     opts.data_dir = tmp.path().join("nest");
     std::fs::create_dir_all(&opts.data_dir).expect("mkdir");
     let err = match agen_nest::hub_link::client(&opts).await {
         Ok(_) => panic!("a hub presenting another CA must not be trusted"),
         Err(e) => e.to_string(),
     };
-    assert!(err.starts_with(&format!("cannot trust the hub at {}", hub.url)), "{err}");
-    assert!(err.contains("did not present the CA named by the join token"), "{err}");
-    assert!(!opts.ca_file().exists(), "nothing is stored from an untrusted hub");
+    assert!(
+        err.starts_with(&format!("cannot trust the hub at {}", hub.url)),
+        "{err}"
+    );
+    assert!(
+        err.contains("did not present the CA named by the join token"),
+        "{err}"
+    );
+    assert!(
+        !opts.ca_file().exists(),
+        "nothing is stored from an untrusted hub"
+    );
 }

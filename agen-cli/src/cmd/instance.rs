@@ -22,8 +22,13 @@ pub struct Args {
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     agen_shared::telemetry::init("info");
     let agen_bin = std::env::current_exe().context("while finding the agen binary for AGEN_BIN")?;
-    let code = host::run(HostArgs { socket: args.socket, instance_id: args.instance_id, bundle_dir: args.bundle_dir, agen_bin })
-        .await
-        .context("agen instance")?;
+    let code = host::run(HostArgs {
+        socket: args.socket,
+        instance_id: args.instance_id,
+        bundle_dir: args.bundle_dir,
+        agen_bin,
+    })
+    .await
+    .context("agen instance")?;
     Ok(code)
 }

@@ -41,7 +41,11 @@ pub fn parse_labels(labels: &[String]) -> Result<BTreeMap<String, String>, Strin
             Some((k, v)) if !k.trim().is_empty() => {
                 out.insert(k.trim().to_string(), v.trim().to_string());
             }
-            _ => return Err(format!("--label {l}: expected key=value, e.g. --label zone=eu-1")),
+            _ => {
+                return Err(format!(
+                    "--label {l}: expected key=value, e.g. --label zone=eu-1"
+                ))
+            }
         }
     }
     Ok(out)
@@ -61,7 +65,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     opts.name = args.name.unwrap_or_else(host_name);
     opts.labels = labels;
     opts.capacity = args.capacity;
-    opts.agen_bin = std::env::current_exe().context("while finding the agen binary to run instances with")?;
+    opts.agen_bin =
+        std::env::current_exe().context("while finding the agen binary to run instances with")?;
     if let Err(e) = opts.validate() {
         eprintln!("error: {e}");
         return Ok(64);
@@ -81,7 +86,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
 /// SIGTERM and SIGINT cancel `token` (a second signal exits at once).
 pub fn spawn_signal_handler(token: CancellationToken) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("while installing the SIGTERM handler")?;
+    let mut term =
+        signal(SignalKind::terminate()).context("while installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("while installing the SIGINT handler")?;
     tokio::spawn(async move {
         tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
@@ -102,17 +108,30 @@ mod tests {
         let input: Vec<String> = input.iter().map(|s| s.to_string()).collect();
         let got = parse_labels(&input);
         let expected = expected
-            .map(|v| v.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>())
+            .map(|v| {
+                v.into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<BTreeMap<_, _>>()
+            })
             .map_err(str::to_string);
         assert_eq!(got, expected);
     }
 
     #[test]
     fn labels_are_key_value_pairs() {
-        check(&["zone=eu-1", "gpu=true"], Ok(vec![("gpu", "true"), ("zone", "eu-1")]));
+        check(
+            &["zone=eu-1", "gpu=true"],
+            Ok(vec![("gpu", "true"), ("zone", "eu-1")]),
+        );
         check(&["empty="], Ok(vec![("empty", "")]));
         check(&["a=b=c"], Ok(vec![("a", "b=c")]));
-        check(&["zone"], Err("--label zone: expected key=value, e.g. --label zone=eu-1"));
-        check(&["=v"], Err("--label =v: expected key=value, e.g. --label zone=eu-1"));
+        check(
+            &["zone"],
+            Err("--label zone: expected key=value, e.g. --label zone=eu-1"),
+        );
+        check(
+            &["=v"],
+            Err("--label =v: expected key=value, e.g. --label zone=eu-1"),
+        );
     }
 }

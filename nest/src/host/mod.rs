@@ -26,7 +26,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::instance::{Harness, RunEventRecord, RunRequest};
 use crate::mcp::{LaunchContext, ToolHost};
-use crate::socket::{self, HostState, InstanceStatus, Placement, RunAssignment, ToInstance, ToNest};
+use crate::socket::{
+    self, HostState, InstanceStatus, Placement, RunAssignment, ToInstance, ToNest,
+};
 pub use sink::NestSink;
 
 /// How long one tool server may take to start and list its tools.
@@ -86,7 +88,13 @@ impl Shared {
     }
 
     fn active_runs(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.runs.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        let mut v: Vec<String> = self
+            .runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
         v.sort();
         v
     }
@@ -96,12 +104,25 @@ impl Shared {
 pub async fn run(args: HostArgs) -> Result<i32, HostError> {
     let stream = UnixStream::connect(&args.socket)
         .await
-        .map_err(|source| HostError::Connect { path: args.socket.clone(), source })?;
+        .map_err(|source| HostError::Connect {
+            path: args.socket.clone(),
+            source,
+        })?;
     let (mut reader, mut writer) = socket::split::<ToInstance, ToNest>(stream);
-    writer.send(&ToNest::Hello { instance_id: args.instance_id.clone(), pid: std::process::id() }).await?;
+    writer
+        .send(&ToNest::Hello {
+            instance_id: args.instance_id.clone(),
+            pid: std::process::id(),
+        })
+        .await?;
     let placement = match reader.next().await? {
         Some(ToInstance::Placement(p)) => p,
-        Some(ToInstance::Refused { reason }) => return Err(HostError::Refused { id: args.instance_id, reason }),
+        Some(ToInstance::Refused { reason }) => {
+            return Err(HostError::Refused {
+                id: args.instance_id,
+                reason,
+            })
+        }
         Some(other) => {
             tracing::warn!("expected a placement first, got {other:?}");
             return Err(HostError::NoPlacement(args.instance_id));
@@ -169,7 +190,12 @@ pub async fn run(args: HostArgs) -> Result<i32, HostError> {
                     r.cancel.cancel();
                 }
             }
-            Ok(Some(ToInstance::Ack { run_id, attempt, acked_seq, fenced })) => {
+            Ok(Some(ToInstance::Ack {
+                run_id,
+                attempt,
+                acked_seq,
+                fenced,
+            })) => {
                 let runs = shared.runs.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(r) = runs.get(&run_id).filter(|r| r.attempt == attempt) {
                     r.acks.send_modify(|(a, f)| {
@@ -191,7 +217,12 @@ pub async fn run(args: HostArgs) -> Result<i32, HostError> {
     }
     tracing::info!("instance exiting");
     closed.cancel();
-    for r in shared.runs.lock().unwrap_or_else(|p| p.into_inner()).values() {
+    for r in shared
+        .runs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+    {
         r.cancel.cancel();
     }
     if let Some(h) = &ready.host {
@@ -208,14 +239,22 @@ struct Ready {
 }
 
 /// Loads the bundle, checks secrets, starts the tool servers and reports the result.
-async fn start(args: &HostArgs, placement: &Placement, shared: &Arc<Shared>, closed: &CancellationToken) -> Ready {
+async fn start(
+    args: &HostArgs,
+    placement: &Placement,
+    shared: &Arc<Shared>,
+    closed: &CancellationToken,
+) -> Ready {
     let unhealthy = |message: String| {
         tracing::warn!("{message}");
         shared.set_status(|s| {
             s.state = HostState::Unhealthy;
             s.message = message.clone();
         });
-        Ready { host: None, harness: Err(message) }
+        Ready {
+            host: None,
+            harness: Err(message),
+        }
     };
     let dir = args.bundle_dir.clone();
     let bundle = match tokio::task::spawn_blocking(move || Bundle::load(&dir)).await {
@@ -232,20 +271,32 @@ async fn start(args: &HostArgs, placement: &Placement, shared: &Arc<Shared>, clo
     let host = ToolHost::start(&bundle, launch).await;
     let status = host.status();
     let tools: Vec<String> = host.tools().iter().map(|t| t.qualified_name()).collect();
-    let problems: Vec<(String, String)> = status.not_connected.iter().map(|p| (p.server.clone(), p.reason.clone())).collect();
+    let problems: Vec<(String, String)> = status
+        .not_connected
+        .iter()
+        .map(|p| (p.server.clone(), p.reason.clone()))
+        .collect();
     let message = match problems.first() {
         None => format!("{} tools loaded", status.tools_loaded),
         Some((server, reason)) => format!("tool server {server} is not connected: {reason}"),
     };
     shared.set_status(|s| {
-        s.state = if problems.is_empty() { HostState::Running } else { HostState::Unhealthy };
+        s.state = if problems.is_empty() {
+            HostState::Running
+        } else {
+            HostState::Unhealthy
+        };
         s.tools_loaded = status.tools_loaded;
         s.servers_not_connected = problems.clone();
         s.tools = tools;
         s.message = message.clone();
         s.server_pids = host.server_pids();
     });
-    tracing::info!(tools_loaded = status.tools_loaded, not_connected = problems.len(), "{message}");
+    tracing::info!(
+        tools_loaded = status.tools_loaded,
+        not_connected = problems.len(),
+        "{message}"
+    );
 
     // A tool server that dies makes the instance unhealthy; the Hub replaces it.
     let (watch_host, watch_shared, watch_closed) = (host.clone(), shared.clone(), closed.clone());
@@ -260,13 +311,20 @@ async fn start(args: &HostArgs, placement: &Placement, shared: &Arc<Shared>, clo
         watch_shared.set_status(|s| {
             s.state = HostState::Unhealthy;
             s.tools_loaded = status.tools_loaded;
-            s.servers_not_connected = status.not_connected.iter().map(|p| (p.server.clone(), p.reason.clone())).collect();
+            s.servers_not_connected = status
+                .not_connected
+                .iter()
+                .map(|p| (p.server.clone(), p.reason.clone()))
+                .collect();
             s.server_pids = watch_host.server_pids();
             s.message = message;
         });
     });
 
-    let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).timeout(Duration::from_secs(600)).build();
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(600))
+        .build();
     let harness = match http {
         Err(e) => Err(format!("cannot build the HTTP client: {e}")),
         Ok(http) => Harness::new(bundle, Arc::new(host.clone()), &placement.secrets, http)
@@ -276,10 +334,19 @@ async fn start(args: &HostArgs, placement: &Placement, shared: &Arc<Shared>, clo
     if let Err(e) = &harness {
         tracing::warn!("runs will fail: {e}");
     }
-    Ready { host: Some(host), harness }
+    Ready {
+        host: Some(host),
+        harness,
+    }
 }
 
-fn start_run(shared: &Arc<Shared>, ready: &Ready, slots: &Arc<Semaphore>, placement: &Placement, a: RunAssignment) {
+fn start_run(
+    shared: &Arc<Shared>,
+    ready: &Ready,
+    slots: &Arc<Semaphore>,
+    placement: &Placement,
+    a: RunAssignment,
+) {
     let run_id = a.run_id.clone();
     let cancel = CancellationToken::new();
     let (acks, acks_rx) = watch::channel((0u64, false));
@@ -289,24 +356,41 @@ fn start_run(shared: &Arc<Shared>, ready: &Ready, slots: &Arc<Semaphore>, placem
             tracing::debug!(run = %run_id, "run already in progress here; assignment ignored");
             return;
         }
-        runs.insert(run_id.clone(), RunCtl { attempt: a.attempt, cancel: cancel.clone(), acks });
+        runs.insert(
+            run_id.clone(),
+            RunCtl {
+                attempt: a.attempt,
+                cancel: cancel.clone(),
+                acks,
+            },
+        );
     }
     shared.set_status(|_| {});
-    let sink = Arc::new(NestSink::new(a.run_id.clone(), a.attempt, a.task_id.clone(), shared.to_nest.clone(), acks_rx));
+    let sink = Arc::new(NestSink::new(
+        a.run_id.clone(),
+        a.attempt,
+        a.task_id.clone(),
+        shared.to_nest.clone(),
+        acks_rx,
+    ));
     let harness = ready.harness.clone();
     let (shared, slots) = (shared.clone(), slots.clone());
     let req = run_request(a, placement);
     tokio::spawn(async move {
         let attempt = req.attempt;
         let finished = match harness {
-            Err(reason) => json!({"state": "failed", "result": reason, "response_type": "error", "messages": []}),
+            Err(reason) => {
+                json!({"state": "failed", "result": reason, "response_type": "error", "messages": []})
+            }
             Ok(h) => {
                 let permit = tokio::select! {
                     p = slots.acquire_owned() => p.ok(),
                     _ = cancel.cancelled() => None,
                 };
                 match permit {
-                    None => json!({"state": "cancelled", "result": "cancelled before it started", "response_type": "error", "messages": []}),
+                    None => {
+                        json!({"state": "cancelled", "result": "cancelled before it started", "response_type": "error", "messages": []})
+                    }
                     Some(_permit) => {
                         tracing::info!(run = %req.run_id, attempt, task = %req.task_id, "run started");
                         let outcome = h.run(req.clone(), sink.clone(), cancel.clone()).await;
@@ -324,7 +408,11 @@ fn start_run(shared: &Arc<Shared>, ready: &Ready, slots: &Arc<Semaphore>, placem
         if let Err(e) = sink.finish(finished).await {
             tracing::warn!(run = %run_id, "run.finished not acknowledged: {e}");
         }
-        shared.runs.lock().unwrap_or_else(|p| p.into_inner()).remove(&run_id);
+        shared
+            .runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&run_id);
         let _ = shared.to_nest.send(ToNest::RunDone { run_id, attempt });
         shared.set_status(|_| {});
     });
@@ -332,14 +420,29 @@ fn start_run(shared: &Arc<Shared>, ready: &Ready, slots: &Arc<Semaphore>, placem
 
 fn run_request(a: RunAssignment, placement: &Placement) -> RunRequest {
     let history = parse_array(&a.history_json, "history_json");
-    let replay = parse_array(&a.replay_json, "replay_json").into_iter().filter_map(replay_record).collect();
+    let replay = parse_array(&a.replay_json, "replay_json")
+        .into_iter()
+        .filter_map(replay_record)
+        .collect();
     RunRequest {
-        root_run_id: if a.root_run_id.is_empty() { a.run_id.clone() } else { a.root_run_id },
+        root_run_id: if a.root_run_id.is_empty() {
+            a.run_id.clone()
+        } else {
+            a.root_run_id
+        },
         run_id: a.run_id,
         attempt: a.attempt.max(1),
         task_id: a.task_id,
-        namespace: if a.namespace.is_empty() { placement.namespace.clone() } else { a.namespace },
-        deployment: if a.deployment.is_empty() { placement.deployment.clone() } else { a.deployment },
+        namespace: if a.namespace.is_empty() {
+            placement.namespace.clone()
+        } else {
+            a.namespace
+        },
+        deployment: if a.deployment.is_empty() {
+            placement.deployment.clone()
+        } else {
+            a.deployment
+        },
         input: a.input,
         labels: a.labels,
         conversation_id: a.conversation_id,
@@ -390,9 +493,18 @@ mod tests {
         assert_eq!(
             got,
             vec![
-                RunEventRecord { kind: "model.answered".into(), json: json!({"turn": 1}) },
-                RunEventRecord { kind: "log".into(), json: json!({"a": 2}) },
-                RunEventRecord { kind: "x".into(), json: json!("plain") },
+                RunEventRecord {
+                    kind: "model.answered".into(),
+                    json: json!({"turn": 1})
+                },
+                RunEventRecord {
+                    kind: "log".into(),
+                    json: json!({"a": 2})
+                },
+                RunEventRecord {
+                    kind: "x".into(),
+                    json: json!("plain")
+                },
             ]
         );
     }
@@ -410,10 +522,23 @@ mod tests {
             missing_secrets: vec![],
         };
         let r = run_request(
-            RunAssignment { run_id: "r1".into(), attempt: 0, history_json: r#"[{"role":"user","content":"hi"}]"#.into(), ..Default::default() },
+            RunAssignment {
+                run_id: "r1".into(),
+                attempt: 0,
+                history_json: r#"[{"role":"user","content":"hi"}]"#.into(),
+                ..Default::default()
+            },
             &p,
         );
-        assert_eq!((r.root_run_id.as_str(), r.attempt, r.namespace.as_str(), r.deployment.as_str()), ("r1", 1, "ns", "dep"));
+        assert_eq!(
+            (
+                r.root_run_id.as_str(),
+                r.attempt,
+                r.namespace.as_str(),
+                r.deployment.as_str()
+            ),
+            ("r1", 1, "ns", "dep")
+        );
         assert_eq!(r.history, vec![json!({"role": "user", "content": "hi"})]);
     }
 }

@@ -31,7 +31,14 @@ impl NestSink {
         to_nest: mpsc::UnboundedSender<ToNest>,
         acks: watch::Receiver<(u64, bool)>,
     ) -> NestSink {
-        NestSink { run_id, attempt, task_id, seq: AtomicU64::new(0), to_nest, acks }
+        NestSink {
+            run_id,
+            attempt,
+            task_id,
+            seq: AtomicU64::new(0),
+            to_nest,
+            acks,
+        }
     }
 
     /// Sends the final `run.finished` (sync) and waits for its ack.
@@ -61,9 +68,16 @@ impl NestSink {
             return Ok(());
         }
         let mut acks = self.acks.clone();
-        let fenced = match acks.wait_for(|(acked, fenced)| *acked >= seq || *fenced).await {
+        let fenced = match acks
+            .wait_for(|(acked, fenced)| *acked >= seq || *fenced)
+            .await
+        {
             Ok(v) => v.1,
-            Err(_) => return Err(SinkError::Unavailable("the nest connection is closed".into())),
+            Err(_) => {
+                return Err(SinkError::Unavailable(
+                    "the nest connection is closed".into(),
+                ))
+            }
         };
         if fenced {
             Err(SinkError::Fenced)
@@ -90,10 +104,18 @@ mod tests {
     use serde_json::json;
     use std::sync::Arc;
 
-    fn sink() -> (Arc<NestSink>, mpsc::UnboundedReceiver<ToNest>, watch::Sender<(u64, bool)>) {
+    fn sink() -> (
+        Arc<NestSink>,
+        mpsc::UnboundedReceiver<ToNest>,
+        watch::Sender<(u64, bool)>,
+    ) {
         let (tx, rx) = mpsc::unbounded_channel();
         let (acks, acks_rx) = watch::channel((0, false));
-        (Arc::new(NestSink::new("r".into(), 2, "t".into(), tx, acks_rx)), rx, acks)
+        (
+            Arc::new(NestSink::new("r".into(), 2, "t".into(), tx, acks_rx)),
+            rx,
+            acks,
+        )
     }
 
     fn seq_kind(m: ToNest) -> (u64, String, bool) {
@@ -106,23 +128,39 @@ mod tests {
     #[tokio::test]
     async fn events_are_numbered_from_one_and_sync_waits_for_the_ack() {
         let (s, mut rx, acks) = sink();
-        s.emit("model.requested", json!({"turn": 1}), false).await.expect("async emit");
-        s.emit("run.finished", json!({}), true).await.expect("held back");
+        s.emit("model.requested", json!({"turn": 1}), false)
+            .await
+            .expect("async emit");
+        s.emit("run.finished", json!({}), true)
+            .await
+            .expect("held back");
         let waiting = tokio::spawn({
             let s = s.clone();
             async move { s.emit("tool.started", json!({}), true).await }
         });
-        assert_eq!(seq_kind(rx.recv().await.expect("event")), (1, "model.requested".into(), false));
-        assert_eq!(seq_kind(rx.recv().await.expect("event")), (2, "tool.started".into(), true));
+        assert_eq!(
+            seq_kind(rx.recv().await.expect("event")),
+            (1, "model.requested".into(), false)
+        );
+        assert_eq!(
+            seq_kind(rx.recv().await.expect("event")),
+            (2, "tool.started".into(), true)
+        );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         assert!(!waiting.is_finished(), "a sync emit waits for its ack");
         acks.send_replace((1, false));
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        assert!(!waiting.is_finished(), "an ack of an earlier seq is not enough");
+        assert!(
+            !waiting.is_finished(),
+            "an ack of an earlier seq is not enough"
+        );
         acks.send_replace((2, false));
         waiting.await.expect("join").expect("acked");
         drop(acks);
-        let err = s.finish(json!({"state": "succeeded"})).await.expect_err("no ack can come any more");
+        let err = s
+            .finish(json!({"state": "succeeded"}))
+            .await
+            .expect_err("no ack can come any more");
         assert!(matches!(err, SinkError::Unavailable(_)), "{err}");
     }
 
@@ -130,7 +168,13 @@ mod tests {
     async fn a_fenced_attempt_fails_every_emit() {
         let (s, _rx, acks) = sink();
         acks.send_replace((0, true));
-        assert!(matches!(s.emit("tool.started", json!({}), true).await, Err(SinkError::Fenced)));
-        assert!(matches!(s.emit("log", json!({}), false).await, Err(SinkError::Fenced)));
+        assert!(matches!(
+            s.emit("tool.started", json!({}), true).await,
+            Err(SinkError::Fenced)
+        ));
+        assert!(matches!(
+            s.emit("log", json!({}), false).await,
+            Err(SinkError::Fenced)
+        ));
     }
 }

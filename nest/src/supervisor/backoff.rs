@@ -14,7 +14,11 @@ pub struct Backoff {
 
 impl Backoff {
     pub fn new(base: Duration, cap: Duration) -> Backoff {
-        Backoff { base, cap, attempt: 0 }
+        Backoff {
+            base,
+            cap,
+            attempt: 0,
+        }
     }
 
     /// The delay before the next try, without jitter (for messages and tests).
@@ -51,7 +55,10 @@ mod tests {
         for ms in expected {
             assert_eq!(b.peek(), Duration::from_millis(ms));
             let d = b.next_delay();
-            assert!(d <= Duration::from_millis(ms) && d >= Duration::from_millis(ms * 3 / 4), "{d:?} vs {ms}");
+            assert!(
+                d <= Duration::from_millis(ms) && d >= Duration::from_millis(ms * 3 / 4),
+                "{d:?} vs {ms}"
+            );
         }
         b.reset();
         assert_eq!(b.peek(), Duration::from_millis(100));

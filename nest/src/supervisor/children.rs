@@ -42,7 +42,10 @@ impl Children {
             .ok()
             .and_then(|b| serde_json::from_slice::<File>(&b).ok())
             .unwrap_or_default();
-        Children { path: path.to_path_buf(), state: Mutex::new(state) }
+        Children {
+            path: path.to_path_buf(),
+            state: Mutex::new(state),
+        }
     }
 
     /// Kills (SIGKILL) every group a previous run of this Nest recorded, then empties the
@@ -89,7 +92,11 @@ impl Children {
     }
 
     pub fn list(&self) -> Vec<(String, ChildRecord)> {
-        self.lock().children.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        self.lock()
+            .children
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, File> {
@@ -119,25 +126,68 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("children.json");
         let c = Children::open(&path);
-        c.record("i1", ChildRecord { what: "instance i1".into(), pgid: 999_999 });
-        c.record("i1/time", ChildRecord { what: "tool server time of i1".into(), pgid: 999_998 });
-        c.record("i2", ChildRecord { what: "instance i2".into(), pgid: 999_997 });
+        c.record(
+            "i1",
+            ChildRecord {
+                what: "instance i1".into(),
+                pgid: 999_999,
+            },
+        );
+        c.record(
+            "i1/time",
+            ChildRecord {
+                what: "tool server time of i1".into(),
+                pgid: 999_998,
+            },
+        );
+        c.record(
+            "i2",
+            ChildRecord {
+                what: "instance i2".into(),
+                pgid: 999_997,
+            },
+        );
         c.remove_prefix("i1");
         let again = Children::open(&path);
-        assert_eq!(again.list(), vec![("i2".to_string(), ChildRecord { what: "instance i2".into(), pgid: 999_997 })]);
+        assert_eq!(
+            again.list(),
+            vec![(
+                "i2".to_string(),
+                ChildRecord {
+                    what: "instance i2".into(),
+                    pgid: 999_997
+                }
+            )]
+        );
     }
 
     #[test]
     fn leftover_groups_from_a_previous_run_are_killed() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("children.json");
-        let mut child = std::process::Command::new("sleep").arg("300").process_group(0).spawn().expect("spawn sleep");
+        let mut child = std::process::Command::new("sleep")
+            .arg("300")
+            .process_group(0)
+            .spawn()
+            .expect("spawn sleep");
         let pgid = i32::try_from(child.id()).expect("pid fits");
-        Children::open(&path).record("i1", ChildRecord { what: "instance i1".into(), pgid });
+        Children::open(&path).record(
+            "i1",
+            ChildRecord {
+                what: "instance i1".into(),
+                pgid,
+            },
+        );
 
         // A new Nest starts on the same data dir.
         let reaped = Children::open(&path).reap_leftovers();
-        assert_eq!(reaped, vec![ChildRecord { what: "instance i1".into(), pgid }]);
+        assert_eq!(
+            reaped,
+            vec![ChildRecord {
+                what: "instance i1".into(),
+                pgid
+            }]
+        );
         let status = child.wait().expect("wait");
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(status.signal(), Some(9));

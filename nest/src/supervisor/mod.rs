@@ -132,7 +132,11 @@ impl Supervisor {
 
     /// Reports of every instance this Nest runs.
     pub fn snapshot(&self) -> Vec<InstanceReport> {
-        self.lock().instances.values().map(|e| e.report.clone()).collect()
+        self.lock()
+            .instances
+            .values()
+            .map(|e| e.report.clone())
+            .collect()
     }
 
     /// Signalled when [`Supervisor::take_changed`] has something.
@@ -144,7 +148,10 @@ impl Supervisor {
     pub fn take_changed(&self) -> Vec<InstanceReport> {
         let mut st = self.lock();
         let ids = std::mem::take(&mut st.changed);
-        let mut out: Vec<InstanceReport> = ids.iter().filter_map(|id| st.instances.get(id).map(|e| e.report.clone())).collect();
+        let mut out: Vec<InstanceReport> = ids
+            .iter()
+            .filter_map(|id| st.instances.get(id).map(|e| e.report.clone()))
+            .collect();
         out.extend(std::mem::take(&mut st.gone).into_values());
         out
     }
@@ -181,11 +188,21 @@ impl Supervisor {
             };
             if at_capacity {
                 report.state = InstanceState::Unhealthy as i32;
-                report.message = format!("nest {} is at capacity ({} instances)", self.opts.name, self.opts.capacity);
+                report.message = format!(
+                    "nest {} is at capacity ({} instances)",
+                    self.opts.name, self.opts.capacity
+                );
             }
             st.instances.insert(
                 id.clone(),
-                Entry { place: p.clone(), bundle_dir: None, report, conn: None, queued: Vec::new(), stop: stop.clone() },
+                Entry {
+                    place: p.clone(),
+                    bundle_dir: None,
+                    report,
+                    conn: None,
+                    queued: Vec::new(),
+                    stop: stop.clone(),
+                },
             );
             st.changed.insert(id.clone());
             if at_capacity {
@@ -198,17 +215,24 @@ impl Supervisor {
         self.changed.notify_one();
         tracing::info!(instance = %id, namespace = %p.namespace, deployment = %p.deployment, digest = %p.bundle_digest, "placing instance");
         let me = self.clone();
-        self.tracker.spawn(async move { me.run_instance(id, p.bundle_digest, stop).await });
+        self.tracker
+            .spawn(async move { me.run_instance(id, p.bundle_digest, stop).await });
     }
 
     /// Stops the instance `id` (kills its process group) and forgets it.
     pub fn stop(&self, id: &str, reason: &str) {
         let token = {
             let mut st = self.lock();
-            let Some(e) = st.instances.get_mut(id) else { return };
+            let Some(e) = st.instances.get_mut(id) else {
+                return;
+            };
             e.report.state = InstanceState::Stopping as i32;
             e.report.healthy = false;
-            e.report.message = if reason.is_empty() { "stopping".into() } else { reason.to_string() };
+            e.report.message = if reason.is_empty() {
+                "stopping".into()
+            } else {
+                reason.to_string()
+            };
             st.changed.insert(id.to_string());
             e_stop(st.instances.get(id))
         };
@@ -223,7 +247,12 @@ impl Supervisor {
     pub fn assign(&self, a: AssignRun) {
         let id = a.instance_id.clone();
         let run_id = a.run_id.clone();
-        let track = RunTrack { instance: id.clone(), attempt: a.attempt, task_id: a.task_id.clone(), last_seq: 0 };
+        let track = RunTrack {
+            instance: id.clone(),
+            attempt: a.attempt,
+            task_id: a.task_id.clone(),
+            last_seq: 0,
+        };
         let msg = ToInstance::Run(RunAssignment::from(a));
         let mut st = self.lock();
         if !st.instances.contains_key(&id) {
@@ -244,18 +273,39 @@ impl Supervisor {
     /// Cancels a run (the instance cancels its token: model request and tool calls stop).
     pub fn cancel(&self, run_id: &str, instance_id: &str, reason: &str) {
         let mut st = self.lock();
-        let id = st.runs.get(run_id).map(|t| t.instance.clone()).unwrap_or_else(|| instance_id.to_string());
+        let id = st
+            .runs
+            .get(run_id)
+            .map(|t| t.instance.clone())
+            .unwrap_or_else(|| instance_id.to_string());
         if let Some(e) = st.instances.get_mut(&id) {
-            send_or_queue(e, ToInstance::Cancel { run_id: run_id.to_string(), reason: reason.to_string() });
+            send_or_queue(
+                e,
+                ToInstance::Cancel {
+                    run_id: run_id.to_string(),
+                    reason: reason.to_string(),
+                },
+            );
         }
     }
 
     /// Relays the Hub's ack of a run's events to the instance running it.
     pub fn deliver_ack(&self, run_id: &str, attempt: u32, acked_seq: u64, fenced: bool) {
         let st = self.lock();
-        let Some(e) = st.runs.get(run_id).and_then(|t| st.instances.get(&t.instance)) else { return };
+        let Some(e) = st
+            .runs
+            .get(run_id)
+            .and_then(|t| st.instances.get(&t.instance))
+        else {
+            return;
+        };
         if let Some((_, tx)) = &e.conn {
-            let _ = tx.send(ToInstance::Ack { run_id: run_id.to_string(), attempt, acked_seq, fenced });
+            let _ = tx.send(ToInstance::Ack {
+                run_id: run_id.to_string(),
+                attempt,
+                acked_seq,
+                fenced,
+            });
         }
     }
 
@@ -264,7 +314,9 @@ impl Supervisor {
     pub async fn shutdown(&self, grace: Duration) -> bool {
         self.shutdown.cancel();
         self.tracker.close();
-        let done = tokio::time::timeout(grace + Duration::from_secs(2), self.tracker.wait()).await.is_ok();
+        let done = tokio::time::timeout(grace + Duration::from_secs(2), self.tracker.wait())
+            .await
+            .is_ok();
         // Belt and braces: whatever is still recorded goes now.
         for (_, rec) in self.children.list() {
             process::signal_group(rec.pgid, nix::sys::signal::Signal::SIGKILL);
@@ -309,11 +361,21 @@ impl Supervisor {
                 }
             });
             // Spawned right here, on an async worker thread (see `process`).
-            let mut child = match process::spawn_instance(&self.opts.agen_bin, &socket_path, &id, &bundle_dir, &self.opts.env) {
+            let mut child = match process::spawn_instance(
+                &self.opts.agen_bin,
+                &socket_path,
+                &id,
+                &bundle_dir,
+                &self.opts.env,
+            ) {
                 Ok(c) => c,
                 Err(e) => {
                     let delay = backoff.next_delay();
-                    let msg = format!("cannot start {} instance: {e}; retrying in {}s", self.opts.agen_bin.display(), delay.as_secs());
+                    let msg = format!(
+                        "cannot start {} instance: {e}; retrying in {}s",
+                        self.opts.agen_bin.display(),
+                        delay.as_secs()
+                    );
                     tracing::warn!(instance = %id, "{msg}");
                     self.update(&id, |r| {
                         r.state = InstanceState::Unhealthy as i32;
@@ -324,7 +386,13 @@ impl Supervisor {
             };
             let pid = child.id().unwrap_or(0);
             let pgid = i32::try_from(pid).unwrap_or(0);
-            self.children.record(&id, ChildRecord { what: format!("instance {id}"), pgid });
+            self.children.record(
+                &id,
+                ChildRecord {
+                    what: format!("instance {id}"),
+                    pgid,
+                },
+            );
             self.update(&id, |r| r.pid = pid);
             tracing::info!(instance = %id, pid, "instance process started");
             let started = Instant::now();
@@ -357,18 +425,29 @@ impl Supervisor {
                     };
                     let delay = backoff.next_delay();
                     let crashes = backoff.attempts();
-                    let msg = format!("instance process {how}; restarting in {:.1}s", delay.as_secs_f64());
+                    let msg = format!(
+                        "instance process {how}; restarting in {:.1}s",
+                        delay.as_secs_f64()
+                    );
                     tracing::warn!(instance = %id, "{msg}");
                     let lost_runs = self.drop_runs_of(&id);
                     for (run_id, track) in &lost_runs {
-                        self.fail_run(run_id, track, &format!("the instance process {how} during the run"));
+                        self.fail_run(
+                            run_id,
+                            track,
+                            &format!("the instance process {how} during the run"),
+                        );
                     }
                     self.update(&id, |r| {
                         r.restarts += 1;
                         r.healthy = false;
                         r.tools_loaded = 0;
                         r.active_runs.clear();
-                        r.state = if crashes >= UNHEALTHY_AFTER_CRASHES { InstanceState::Unhealthy } else { InstanceState::Starting } as i32;
+                        r.state = if crashes >= UNHEALTHY_AFTER_CRASHES {
+                            InstanceState::Unhealthy
+                        } else {
+                            InstanceState::Starting
+                        } as i32;
                         r.message = msg;
                     });
                     if !lost_runs.is_empty() {
@@ -393,12 +472,23 @@ impl Supervisor {
             st.gone.insert(id.to_string(), e.report);
         }
         let lost: Vec<(String, RunTrack)> = {
-            let ids: Vec<String> = st.runs.iter().filter(|(_, t)| t.instance == id).map(|(r, _)| r.clone()).collect();
-            ids.into_iter().filter_map(|r| st.runs.remove(&r).map(|t| (r, t))).collect()
+            let ids: Vec<String> = st
+                .runs
+                .iter()
+                .filter(|(_, t)| t.instance == id)
+                .map(|(r, _)| r.clone())
+                .collect();
+            ids.into_iter()
+                .filter_map(|r| st.runs.remove(&r).map(|t| (r, t)))
+                .collect()
         };
         drop(st);
         for (run_id, track) in &lost {
-            self.fail_run(run_id, track, &format!("instance {id} was stopped during the run"));
+            self.fail_run(
+                run_id,
+                track,
+                &format!("instance {id} was stopped during the run"),
+            );
         }
         self.children.remove(id);
         self.changed.notify_one();
@@ -418,8 +508,15 @@ impl Supervisor {
 
     fn drop_runs_of(&self, id: &str) -> Vec<(String, RunTrack)> {
         let mut st = self.lock();
-        let ids: Vec<String> = st.runs.iter().filter(|(_, t)| t.instance == id).map(|(r, _)| r.clone()).collect();
-        ids.into_iter().filter_map(|r| st.runs.remove(&r).map(|t| (r, t))).collect()
+        let ids: Vec<String> = st
+            .runs
+            .iter()
+            .filter(|(_, t)| t.instance == id)
+            .map(|(r, _)| r.clone())
+            .collect();
+        ids.into_iter()
+            .filter_map(|r| st.runs.remove(&r).map(|t| (r, t)))
+            .collect()
     }
 
     /// Ends a run that its instance can no longer finish: a final `run.finished` (failed,
@@ -450,7 +547,8 @@ impl Supervisor {
             match accepted {
                 Ok((stream, _)) => {
                     let me = self.clone();
-                    self.tracker.spawn(async move { me.connection(stream).await });
+                    self.tracker
+                        .spawn(async move { me.connection(stream).await });
                 }
                 Err(e) => {
                     tracing::warn!("nest socket accept failed: {e}");
@@ -477,23 +575,36 @@ impl Supervisor {
         };
         let found = {
             let st = self.lock();
-            st.instances.get(&id).map(|e| (e.place.clone(), e.bundle_dir.clone()))
+            st.instances
+                .get(&id)
+                .map(|e| (e.place.clone(), e.bundle_dir.clone()))
         };
         let Some((place, Some(bundle_dir))) = found else {
-            let _ = writer.send(&ToInstance::Refused { reason: format!("instance {id} is not placed on this nest") }).await;
+            let _ = writer
+                .send(&ToInstance::Refused {
+                    reason: format!("instance {id} is not placed on this nest"),
+                })
+                .await;
             return;
         };
         let opts = self.opts.clone();
-        let placement = tokio::task::spawn_blocking(move || build_placement(&place, &bundle_dir, &opts)).await;
+        let placement =
+            tokio::task::spawn_blocking(move || build_placement(&place, &bundle_dir, &opts)).await;
         let Ok(placement) = placement else { return };
-        if writer.send(&ToInstance::Placement(placement)).await.is_err() {
+        if writer
+            .send(&ToInstance::Placement(placement))
+            .await
+            .is_err()
+        {
             return;
         }
         let conn_id = self.next_conn.fetch_add(1, Ordering::Relaxed);
         let (tx, mut rx) = mpsc::unbounded_channel();
         {
             let mut st = self.lock();
-            let Some(e) = st.instances.get_mut(&id) else { return };
+            let Some(e) = st.instances.get_mut(&id) else {
+                return;
+            };
             for m in e.queued.drain(..) {
                 let _ = tx.send(m);
             }
@@ -543,21 +654,34 @@ impl Supervisor {
                 } as i32;
                 r.healthy = s.state == HostState::Running;
                 r.tools_loaded = s.tools_loaded;
-                r.servers_not_connected =
-                    s.servers_not_connected.into_iter().map(|(server, reason)| ServerProblem { server, reason }).collect();
+                r.servers_not_connected = s
+                    .servers_not_connected
+                    .into_iter()
+                    .map(|(server, reason)| ServerProblem { server, reason })
+                    .collect();
                 r.tools = s.tools;
                 r.message = s.message;
                 r.active_runs = s.active_runs;
                 for (server, pid) in &s.server_pids {
                     if let Ok(pgid) = i32::try_from(*pid) {
-                        self.children.record(&format!("{id}/{server}"), ChildRecord { what: format!("tool server {server} of instance {id}"), pgid });
+                        self.children.record(
+                            &format!("{id}/{server}"),
+                            ChildRecord {
+                                what: format!("tool server {server} of instance {id}"),
+                                pgid,
+                            },
+                        );
                     }
                 }
             }),
             ToNest::Event(e) => {
                 {
                     let mut st = self.lock();
-                    if let Some(t) = st.runs.get_mut(&e.run_id).filter(|t| t.instance == id && t.attempt == e.attempt) {
+                    if let Some(t) = st
+                        .runs
+                        .get_mut(&e.run_id)
+                        .filter(|t| t.instance == id && t.attempt == e.attempt)
+                    {
                         t.last_seq = t.last_seq.max(e.seq);
                     }
                 }
@@ -606,11 +730,16 @@ fn describe_exit(s: std::process::ExitStatus) -> String {
 /// The placement an instance gets: its deployment and its secrets, resolved here (`env` from
 /// the Nest's environment, `platform` from the Hub's placement). A secret the bundle uses
 /// that has no value is listed in `missing_secrets`, naming it and the fix.
-pub fn build_placement(p: &PlaceInstance, bundle_dir: &std::path::Path, opts: &NestOptions) -> Placement {
+pub fn build_placement(
+    p: &PlaceInstance,
+    bundle_dir: &std::path::Path,
+    opts: &NestOptions,
+) -> Placement {
     let mut secrets = BTreeMap::new();
     let mut missing = Vec::new();
     if let Ok(bundle) = Bundle::load(bundle_dir) {
-        let used: BTreeMap<String, String> = referenced_secrets(&bundle).into_iter().rev().collect();
+        let used: BTreeMap<String, String> =
+            referenced_secrets(&bundle).into_iter().rev().collect();
         for (name, source) in bundle.secrets.iter() {
             let (value, why) = match source {
                 SecretSource::Platform => (
@@ -663,52 +792,105 @@ mod tests {
         let client = Arc::new(crate::hub_link::ClientSlot::default());
         let bundles = Arc::new(BundleCache::new(opts.clone(), client));
         let children = Arc::new(Children::open(&opts.children_file()));
-        let sup = Supervisor::new(opts, children, bundles, Arc::new(Outbox::default()), CancellationToken::new());
+        let sup = Supervisor::new(
+            opts,
+            children,
+            bundles,
+            Arc::new(Outbox::default()),
+            CancellationToken::new(),
+        );
         (sup, digest)
     }
 
-    async fn wait_for(sup: &Supervisor, what: &str, f: impl Fn(&[InstanceReport]) -> bool) -> Vec<InstanceReport> {
+    async fn wait_for(
+        sup: &Supervisor,
+        what: &str,
+        f: impl Fn(&[InstanceReport]) -> bool,
+    ) -> Vec<InstanceReport> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let snap = sup.snapshot();
             if f(&snap) {
                 return snap;
             }
-            assert!(Instant::now() < deadline, "timed out waiting for {what}: {snap:?}");
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {snap:?}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_crashing_instance_is_restarted_with_back_off_then_reported_unhealthy_and_stops_cleanly() {
+    async fn a_crashing_instance_is_restarted_with_back_off_then_reported_unhealthy_and_stops_cleanly(
+    ) {
         let dir = tempfile::tempdir().expect("tempdir");
         let (sup, digest) = supervisor(dir.path(), "/bin/false");
-        let place = PlaceInstance { instance_id: "i1".into(), namespace: "ns".into(), deployment: "d".into(), bundle_digest: digest, ..Default::default() };
+        let place = PlaceInstance {
+            instance_id: "i1".into(),
+            namespace: "ns".into(),
+            deployment: "d".into(),
+            bundle_digest: digest,
+            ..Default::default()
+        };
         sup.place(place.clone());
         sup.place(place); // a repeated placement is a no-op
-        let snap = wait_for(&sup, "three restarts", |s| s.len() == 1 && s[0].restarts >= UNHEALTHY_AFTER_CRASHES).await;
+        let snap = wait_for(&sup, "three restarts", |s| {
+            s.len() == 1 && s[0].restarts >= UNHEALTHY_AFTER_CRASHES
+        })
+        .await;
         let r = &snap[0];
         assert_eq!(r.state, InstanceState::Unhealthy as i32, "{r:?}");
-        assert!(r.message.starts_with("instance process exited with status 1; restarting in"), "{}", r.message);
+        assert!(
+            r.message
+                .starts_with("instance process exited with status 1; restarting in"),
+            "{}",
+            r.message
+        );
 
         // Stopping it (even mid back-off) forgets it and reports it one last time.
         sup.stop("i1", "replaced by the hub");
         wait_for(&sup, "the instance to be forgotten", |s| s.is_empty()).await;
         let gone = sup.take_changed();
-        let last = gone.iter().rev().find(|r| r.instance_id == "i1").expect("a final report");
-        assert_eq!((last.state, last.healthy), (InstanceState::Stopping as i32, false));
-        assert!(sup.children.list().is_empty(), "nothing left in children.json");
+        let last = gone
+            .iter()
+            .rev()
+            .find(|r| r.instance_id == "i1")
+            .expect("a final report");
+        assert_eq!(
+            (last.state, last.healthy),
+            (InstanceState::Stopping as i32, false)
+        );
+        assert!(
+            sup.children.list().is_empty(),
+            "nothing left in children.json"
+        );
     }
 
     #[tokio::test]
     async fn a_run_for_an_instance_that_is_not_here_fails_with_a_final_event() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (sup, _) = supervisor(dir.path(), "/bin/false");
-        sup.assign(AssignRun { run_id: "r1".into(), attempt: 2, task_id: "t1".into(), instance_id: "nope".into(), ..Default::default() });
+        sup.assign(AssignRun {
+            run_id: "r1".into(),
+            attempt: 2,
+            task_id: "t1".into(),
+            instance_id: "nope".into(),
+            ..Default::default()
+        });
         let batch = sup.outbox.take_batch(10);
         assert_eq!(batch.len(), 1);
         let ev = &batch[0].events[0];
-        assert_eq!((ev.run_id.as_str(), ev.attempt, ev.seq, ev.kind.as_str(), ev.sync), ("r1", 2, 1, "run.finished", true));
+        assert_eq!(
+            (
+                ev.run_id.as_str(),
+                ev.attempt,
+                ev.seq,
+                ev.kind.as_str(),
+                ev.sync
+            ),
+            ("r1", 2, 1, "run.finished", true)
+        );
         let json: serde_json::Value = serde_json::from_str(&ev.json).expect("json");
         assert_eq!(json["state"], "failed");
         assert_eq!(json["response_type"], "error");
@@ -738,13 +920,18 @@ mod tests {
             instance_id: "i".into(),
             namespace: "default".into(),
             deployment: "d".into(),
-            platform_secrets: [("FROM_HUB".to_string(), "from-hub".to_string())].into_iter().collect(),
+            platform_secrets: [("FROM_HUB".to_string(), "from-hub".to_string())]
+                .into_iter()
+                .collect(),
             ..Default::default()
         };
         let got = build_placement(&p, b, &opts);
         assert_eq!(
             got.secrets,
-            BTreeMap::from([("FROM_ENV".to_string(), "from-env".to_string()), ("FROM_HUB".to_string(), "from-hub".to_string())])
+            BTreeMap::from([
+                ("FROM_ENV".to_string(), "from-env".to_string()),
+                ("FROM_HUB".to_string(), "from-hub".to_string())
+            ])
         );
         assert_eq!(
             got.missing_secrets,

@@ -16,8 +16,21 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 /// Variables an instance inherits from the Nest (the tool-server allowlist plus logging).
-pub const ENV_ALLOWLIST: [&str; 13] =
-    ["PATH", "HOME", "TMPDIR", "TEMP", "TMP", "LANG", "TZ", "USER", "LOGNAME", "SHELL", "TERM", "RUST_LOG", "RUST_BACKTRACE"];
+pub const ENV_ALLOWLIST: [&str; 13] = [
+    "PATH",
+    "HOME",
+    "TMPDIR",
+    "TEMP",
+    "TMP",
+    "LANG",
+    "TZ",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "TERM",
+    "RUST_LOG",
+    "RUST_BACKTRACE",
+];
 
 fn allowed(name: &str) -> bool {
     ENV_ALLOWLIST.contains(&name) || name.starts_with("LC_")
@@ -41,7 +54,11 @@ pub fn spawn_instance(
         .arg(bundle_dir)
         .current_dir(bundle_dir)
         .env_clear()
-        .envs(env.iter().filter(|(k, _)| allowed(k)).map(|(k, v)| (k.as_str(), v.as_str())))
+        .envs(
+            env.iter()
+                .filter(|(k, _)| allowed(k))
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        )
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -72,14 +89,18 @@ pub fn spawn_instance(
 /// so the Nest re-logs it at its level without a second timestamp; other lines are kept whole.
 fn split_log_line(line: &str) -> (&str, &str) {
     let mut parts = line.trim_start().splitn(2, char::is_whitespace);
-    let (Some(ts), Some(rest)) = (parts.next(), parts.next()) else { return ("", line) };
+    let (Some(ts), Some(rest)) = (parts.next(), parts.next()) else {
+        return ("", line);
+    };
     if !(ts.ends_with('Z') && ts.contains('T') && ts.starts_with(|c: char| c.is_ascii_digit())) {
         return ("", line);
     }
     let rest = rest.trim_start();
     let mut parts = rest.splitn(2, char::is_whitespace);
     match (parts.next(), parts.next()) {
-        (Some(level @ ("ERROR" | "WARN" | "INFO" | "DEBUG" | "TRACE")), text) => (level, text.unwrap_or("").trim_start()),
+        (Some(level @ ("ERROR" | "WARN" | "INFO" | "DEBUG" | "TRACE")), text) => {
+            (level, text.unwrap_or("").trim_start())
+        }
         _ => ("", line),
     }
 }
@@ -91,12 +112,21 @@ fn set_parent_death_signal(cmd: &mut Command) {
     // functions (prctl, getppid); it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             // The Nest may have died between fork and prctl: then no signal would ever come.
             if u32::try_from(libc::getppid()).ok() != Some(parent) {
-                return Err(std::io::Error::other("the nest exited while starting the instance"));
+                return Err(std::io::Error::other(
+                    "the nest exited while starting the instance",
+                ));
             }
             Ok(())
         });
@@ -129,18 +159,38 @@ mod tests {
 
     #[test]
     fn instance_log_lines_keep_their_level_but_not_their_timestamp() {
-        let check = |line: &str, expected: (&str, &str)| assert_eq!(split_log_line(line), expected, "{line}");
-        check("2026-11-30T04:45:42.476957Z  WARN runs will fail: no model", ("WARN", "runs will fail: no model"));
-        check("2026-11-30T04:45:42.476957Z ERROR boom x=1", ("ERROR", "boom x=1"));
+        let check = |line: &str, expected: (&str, &str)| {
+            assert_eq!(split_log_line(line), expected, "{line}")
+        };
+        check(
+            "2026-11-30T04:45:42.476957Z  WARN runs will fail: no model",
+            ("WARN", "runs will fail: no model"),
+        );
+        check(
+            "2026-11-30T04:45:42.476957Z ERROR boom x=1",
+            ("ERROR", "boom x=1"),
+        );
         check("2026-11-30T04:45:42.476957Z  INFO", ("INFO", ""));
-        check("Traceback (most recent call last):", ("", "Traceback (most recent call last):"));
-        check("2026-11-30T04:45:42Z NOTALEVEL x", ("", "2026-11-30T04:45:42Z NOTALEVEL x"));
+        check(
+            "Traceback (most recent call last):",
+            ("", "Traceback (most recent call last):"),
+        );
+        check(
+            "2026-11-30T04:45:42Z NOTALEVEL x",
+            ("", "2026-11-30T04:45:42Z NOTALEVEL x"),
+        );
         check("", ("", ""));
     }
 
     #[test]
     fn only_allowlisted_variables_reach_an_instance() {
-        for (name, ok) in [("PATH", true), ("LC_ALL", true), ("RUST_LOG", true), ("AGEN_TOKEN", false), ("AWS_SECRET_ACCESS_KEY", false)] {
+        for (name, ok) in [
+            ("PATH", true),
+            ("LC_ALL", true),
+            ("RUST_LOG", true),
+            ("AGEN_TOKEN", false),
+            ("AWS_SECRET_ACCESS_KEY", false),
+        ] {
             assert_eq!(allowed(name), ok, "{name}");
         }
     }
@@ -152,7 +202,10 @@ mod tests {
         // The leader traps SIGTERM (ignores it) and has a grandchild in the same group.
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
-            .arg(format!("trap '' TERM; sleep 300 & echo $! > {}; wait", pidfile.display()))
+            .arg(format!(
+                "trap '' TERM; sleep 300 & echo $! > {}; wait",
+                pidfile.display()
+            ))
             .process_group(0)
             .kill_on_drop(true);
         let mut child = cmd.spawn().expect("spawn sh");
@@ -164,19 +217,29 @@ mod tests {
                     break p;
                 }
             }
-            assert!(std::time::Instant::now() < deadline, "grandchild never started");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "grandchild never started"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         let graceful = stop_group(&mut child, pgid, Duration::from_millis(300)).await;
-        assert!(!graceful, "the leader ignores SIGTERM, so SIGKILL was needed");
+        assert!(
+            !graceful,
+            "the leader ignores SIGTERM, so SIGKILL was needed"
+        );
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while nix::sys::signal::kill(Pid::from_raw(grandchild), None).is_ok() {
             // A zombie until init reaps it; /proc shows state Z.
-            let stat = std::fs::read_to_string(format!("/proc/{grandchild}/stat")).unwrap_or_default();
+            let stat =
+                std::fs::read_to_string(format!("/proc/{grandchild}/stat")).unwrap_or_default();
             if stat.contains(") Z") {
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "grandchild {grandchild} survived");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "grandchild {grandchild} survived"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
