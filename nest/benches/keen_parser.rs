@@ -20,7 +20,9 @@ enum Expect {
 }
 
 fn block(tool: &str, context: &str) -> String {
-    format!("<SYSTEM CALL>\n!*action\nuse tool\n!*tool\n{tool}\n!*context\n{context}\n</SYSTEM CALL>\n")
+    format!(
+        "<SYSTEM CALL>\n!*action\nuse tool\n!*tool\n{tool}\n!*context\n{context}\n</SYSTEM CALL>\n"
+    )
 }
 
 fn narration(bytes: usize) -> String {
@@ -39,7 +41,10 @@ fn cases() -> Vec<(&'static str, String, Expect)> {
         narration(16 * 1024),
         block("ws_read", "{\"path\": \"src/main.rs\"}")
     );
-    let big_context = block("ws_write", &"fn main() { println!(\"hi\"); }\n".repeat(1000));
+    let big_context = block(
+        "ws_write",
+        &"fn main() { println!(\"hi\"); }\n".repeat(1000),
+    );
     let unterminated = format!(
         "{}<SYSTEM CALL>\n!*action\nuse tool\n!*tool\nws_read\n!*context\n{{}}\n",
         narration(4 * 1024)
@@ -49,12 +54,24 @@ fn cases() -> Vec<(&'static str, String, Expect)> {
         "<SYSTEM CALL>\n!*action\nuse tool\nI think this is right\n!*tool\nws_read\n!*context\n{}\n</SYSTEM CALL>\n"
             .to_string();
     vec![
-        ("short_answer", "The answer is 42.".to_string(), Expect::NoCall),
+        (
+            "short_answer",
+            "The answer is 42.".to_string(),
+            Expect::NoCall,
+        ),
         ("short_call", short_call, Expect::Call),
-        ("long_narration_16KiB_then_call", long_then_call, Expect::Call),
+        (
+            "long_narration_16KiB_then_call",
+            long_then_call,
+            Expect::Call,
+        ),
         ("long_answer_16KiB", narration(16 * 1024), Expect::NoCall),
         ("call_with_30KiB_context", big_context, Expect::Call),
-        ("malformed_unterminated_4KiB", unterminated, Expect::Malformed),
+        (
+            "malformed_unterminated_4KiB",
+            unterminated,
+            Expect::Malformed,
+        ),
         ("malformed_fenced", fenced, Expect::Malformed),
         ("malformed_commentary", commentary, Expect::Malformed),
     ]

@@ -200,7 +200,10 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     }
     let root = std::env::temp_dir().join(format!("agen-bench-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
-    let tmp = TempDir { path: root.clone(), keep: args.keep };
+    let tmp = TempDir {
+        path: root.clone(),
+        keep: args.keep,
+    };
     let shutdown = CancellationToken::new();
     crate::cmd::cancel_on_signals(shutdown.clone());
     let result = tokio::select! {
@@ -215,7 +218,11 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         Output::Table => print_table(&report),
     }
     // A benchmark whose tasks failed measured something else: say so in the exit code.
-    Ok(if report["failed"].as_u64().unwrap_or(0) > 0 { 1 } else { 0 })
+    Ok(if report["failed"].as_u64().unwrap_or(0) > 0 {
+        1
+    } else {
+        0
+    })
 }
 
 /// Starts the fleet, runs every phase, stops the fleet; returns the report.
@@ -230,15 +237,21 @@ async fn bench(args: &Args, root: &Path, interrupt: CancellationToken) -> anyhow
         .map(|_| Step::call(format!("ws_{}", args.tool.name()), args.tool.arguments()))
         .collect();
     steps.push(Step::template("done: {{last_tool_result}}"));
-    let model = FakeModel::start(Script::steps(steps), loopback).await.context("cannot start the fake model")?;
+    let model = FakeModel::start(Script::steps(steps), loopback)
+        .await
+        .context("cannot start the fake model")?;
     let baseline_model = FakeModel::start(Script::steps(vec![Step::reply("done")]), loopback)
         .await
         .context("cannot start the fake model")?;
 
     let workspace = root.join("workspace");
-    std::fs::create_dir_all(&workspace).with_context(|| format!("cannot create {}", workspace.display()))?;
-    std::fs::write(workspace.join(READ_FILE), "# Notes\n\nThe benchmark reads this file.\n".repeat(20))
-        .context("cannot write the benchmark workspace file")?;
+    std::fs::create_dir_all(&workspace)
+        .with_context(|| format!("cannot create {}", workspace.display()))?;
+    std::fs::write(
+        workspace.join(READ_FILE),
+        "# Notes\n\nThe benchmark reads this file.\n".repeat(20),
+    )
+    .context("cannot write the benchmark workspace file")?;
     let bundle_dir = root.join("bundle");
     write_bundle(&bundle_dir, &model.openai_base_url(), &workspace)?;
     let baseline_dir = root.join("bundle-baseline");
@@ -249,7 +262,10 @@ async fn bench(args: &Args, root: &Path, interrupt: CancellationToken) -> anyhow
     let raw = raw_tool_calls(&bundle_dir, &agen_bin, args.tool, args.raw_calls).await?;
 
     // The fleet: Hub + one Nest, in this process.
-    eprintln!("agen bench: starting a Hub and a Nest in {}", root.display());
+    eprintln!(
+        "agen bench: starting a Hub and a Nest in {}",
+        root.display()
+    );
     let hub = agen_hub::start(
         agen_hub::HubOptions {
             data_dir: root.join("hub"),
@@ -261,7 +277,8 @@ async fn bench(args: &Args, root: &Path, interrupt: CancellationToken) -> anyhow
     )
     .await
     .context("cannot start the Hub")?;
-    let mut nest_opts = agen_nest::config::NestOptions::new(hub.url.clone(), hub.join_token.clone());
+    let mut nest_opts =
+        agen_nest::config::NestOptions::new(hub.url.clone(), hub.join_token.clone());
     nest_opts.data_dir = root.join("nest");
     nest_opts.name = "bench-nest".into();
     nest_opts.agen_bin = agen_bin.clone();
@@ -275,7 +292,11 @@ async fn bench(args: &Args, root: &Path, interrupt: CancellationToken) -> anyhow
         hub: Some(hub.url.clone()),
         namespace: "default".into(),
         token: Some(hub.admin_token.clone()),
-        ca_file: if hub.plaintext { None } else { Some(hub.ca_file.clone()) },
+        ca_file: if hub.plaintext {
+            None
+        } else {
+            Some(hub.ca_file.clone())
+        },
         output: Output::Table,
     };
 
@@ -285,7 +306,10 @@ async fn bench(args: &Args, root: &Path, interrupt: CancellationToken) -> anyhow
     if let Err(e) = hub.wait().await {
         tracing::warn!("hub stopped with an error: {e}");
     }
-    if tokio::time::timeout(Duration::from_secs(20), nest).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(20), nest)
+        .await
+        .is_err()
+    {
         tracing::warn!("the bench nest did not stop within 20 s");
     }
     drop(model);
@@ -306,25 +330,55 @@ struct Spans {
 }
 
 /// Deploys, warms up, runs the measured and the baseline phases, and reads the tool spans.
-async fn measure(args: &Args, client: &ClientArgs, bundle_dir: &Path, baseline_dir: &Path) -> anyhow::Result<Measured> {
+async fn measure(
+    args: &Args,
+    client: &ClientArgs,
+    bundle_dir: &Path,
+    baseline_dir: &Path,
+) -> anyhow::Result<Measured> {
     let mut hub = client.connect()?;
     wait_for_nest(&mut hub, Duration::from_secs(60)).await?;
     eprintln!(
         "agen bench: deploying {DEPLOYMENT} ({} replica(s), {} task(s) each at a time)",
         args.replicas, args.instance_concurrency
     );
-    let dep = crate::cmd::deploy::deploy(&mut hub, bundle_dir, DEPLOYMENT, args.replicas, args.instance_concurrency, &[]).await?;
+    let dep = crate::cmd::deploy::deploy(
+        &mut hub,
+        bundle_dir,
+        DEPLOYMENT,
+        args.replicas,
+        args.instance_concurrency,
+        &[],
+    )
+    .await?;
     crate::cmd::deploy::wait_ready(&mut hub, &dep, Duration::from_secs(120)).await?;
 
     if args.warmup > 0 {
         eprintln!("agen bench: {} warm-up task(s)", args.warmup);
-        let warm = load(client, DEPLOYMENT, args.warmup, args.concurrency.min(args.warmup), args.task_timeout).await?;
+        let warm = load(
+            client,
+            DEPLOYMENT,
+            args.warmup,
+            args.concurrency.min(args.warmup),
+            args.task_timeout,
+        )
+        .await?;
         if !warm.failed.is_empty() {
             bail!("warm-up tasks failed: {}", warm.failed.join("; "));
         }
     }
-    eprintln!("agen bench: {} tasks with {} clients", args.tasks, args.concurrency);
-    let phase = load(client, DEPLOYMENT, args.tasks, args.concurrency, args.task_timeout).await?;
+    eprintln!(
+        "agen bench: {} tasks with {} clients",
+        args.tasks, args.concurrency
+    );
+    let phase = load(
+        client,
+        DEPLOYMENT,
+        args.tasks,
+        args.concurrency,
+        args.task_timeout,
+    )
+    .await?;
     let spans = trace_spans(&mut hub, &phase.task_ids).await?;
 
     let baseline = if args.baseline_tasks > 0 && args.tool_calls > 0 {
@@ -339,10 +393,29 @@ async fn measure(args: &Args, client: &ClientArgs, bundle_dir: &Path, baseline_d
         .await?;
         crate::cmd::deploy::wait_ready(&mut hub, &dep, Duration::from_secs(120)).await?;
         if args.warmup > 0 {
-            load(client, BASELINE_DEPLOYMENT, args.warmup, args.concurrency.min(args.warmup), args.task_timeout).await?;
+            load(
+                client,
+                BASELINE_DEPLOYMENT,
+                args.warmup,
+                args.concurrency.min(args.warmup),
+                args.task_timeout,
+            )
+            .await?;
         }
-        eprintln!("agen bench: {} baseline tasks (no tool call) with {} clients", args.baseline_tasks, args.concurrency);
-        Some(load(client, BASELINE_DEPLOYMENT, args.baseline_tasks, args.concurrency, args.task_timeout).await?)
+        eprintln!(
+            "agen bench: {} baseline tasks (no tool call) with {} clients",
+            args.baseline_tasks, args.concurrency
+        );
+        Some(
+            load(
+                client,
+                BASELINE_DEPLOYMENT,
+                args.baseline_tasks,
+                args.concurrency,
+                args.task_timeout,
+            )
+            .await?,
+        )
     } else {
         None
     };
@@ -366,7 +439,8 @@ fn write_bundle(dir: &Path, base_url: &str, workspace: &Path) -> anyhow::Result<
     let write = |rel: &str, text: &str| -> anyhow::Result<()> {
         let path = dir.join(rel);
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
         }
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
     };
@@ -377,13 +451,25 @@ fn write_bundle(dir: &Path, base_url: &str, workspace: &Path) -> anyhow::Result<
 
 /// Times `n` sequential calls of `tool` made directly through a [`agen_nest::mcp::ToolHost`]
 /// (with a `_meta` like the harness sends); milliseconds per call.
-async fn raw_tool_calls(bundle_dir: &Path, agen_bin: &Path, tool: BenchTool, n: usize) -> anyhow::Result<Vec<f64>> {
-    let bundle = agen_shared::bundle::Bundle::load(bundle_dir).context("the benchmark bundle is not valid")?;
-    let host = agen_nest::mcp::ToolHost::start(&bundle, agen_nest::mcp::LaunchContext::new(agen_bin)).await;
+async fn raw_tool_calls(
+    bundle_dir: &Path,
+    agen_bin: &Path,
+    tool: BenchTool,
+    n: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let bundle = agen_shared::bundle::Bundle::load(bundle_dir)
+        .context("the benchmark bundle is not valid")?;
+    let host =
+        agen_nest::mcp::ToolHost::start(&bundle, agen_nest::mcp::LaunchContext::new(agen_bin))
+            .await;
     let status = host.status();
     if let Some(p) = status.not_connected.first() {
         host.shutdown().await;
-        bail!("the workspace tool server did not start for the raw baseline: {}: {}", p.server, p.reason);
+        bail!(
+            "the workspace tool server did not start for the raw baseline: {}: {}",
+            p.server,
+            p.reason
+        );
     }
     let meta: serde_json::Map<String, Value> = json!({
         "agen/namespace": "default",
@@ -403,7 +489,13 @@ async fn raw_tool_calls(bundle_dir: &Path, agen_bin: &Path, tool: BenchTool, n: 
     for i in 0..n + 5 {
         let start = Instant::now();
         let out = host
-            .call(&qualified, args.clone(), meta.clone(), Duration::from_secs(30), CancellationToken::new())
+            .call(
+                &qualified,
+                args.clone(),
+                meta.clone(),
+                Duration::from_secs(30),
+                CancellationToken::new(),
+            )
             .await;
         let took = start.elapsed();
         match out {
@@ -448,7 +540,13 @@ async fn wait_for_nest(hub: &mut Hub, timeout: Duration) -> anyhow::Result<()> {
 
 /// Submits `n` tasks to `deployment` from `clients` concurrent clients, each waiting for its
 /// task to end before submitting the next.
-async fn load(client: &ClientArgs, deployment: &str, n: usize, clients: usize, timeout: Duration) -> anyhow::Result<Phase> {
+async fn load(
+    client: &ClientArgs,
+    deployment: &str,
+    n: usize,
+    clients: usize,
+    timeout: Duration,
+) -> anyhow::Result<Phase> {
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let mut workers = Vec::new();
@@ -482,14 +580,23 @@ async fn load(client: &ClientArgs, deployment: &str, n: usize, clients: usize, t
                     phase.succeeded += 1;
                     phase.latency.push(latency);
                     if t.started_at_ms > 0 && t.finished_at_ms >= t.started_at_ms {
-                        phase.queued.push((t.started_at_ms - t.created_at_ms).max(0) as f64);
-                        phase.running.push((t.finished_at_ms - t.started_at_ms) as f64);
+                        phase
+                            .queued
+                            .push((t.started_at_ms - t.created_at_ms).max(0) as f64);
+                        phase
+                            .running
+                            .push((t.finished_at_ms - t.started_at_ms) as f64);
                     }
                     phase.task_ids.push(t.task_id);
                 }
                 Ok((t, _)) => {
                     let o = t.outcome.unwrap_or_default();
-                    phase.failed.push(format!("{} {}: {}", t.task_id, view::task_state(t.state), o.error));
+                    phase.failed.push(format!(
+                        "{} {}: {}",
+                        t.task_id,
+                        view::task_state(t.state),
+                        o.error
+                    ));
                 }
                 Err(e) => phase.failed.push(format!("{e:#}")),
             }
@@ -536,7 +643,10 @@ async fn one_task(hub: &mut Hub, deployment: &str, i: usize) -> anyhow::Result<p
         }
         let t = hub
             .client
-            .get_task(pb::GetTaskRequest { namespace: hub.namespace.clone(), task_id: task.task_id.clone() })
+            .get_task(pb::GetTaskRequest {
+                namespace: hub.namespace.clone(),
+                task_id: task.task_id.clone(),
+            })
             .await
             .map_err(|s| status_error(hub, s))?
             .into_inner();
@@ -553,11 +663,18 @@ async fn trace_spans(hub: &mut Hub, tasks: &[String]) -> anyhow::Result<Spans> {
     for task_id in tasks {
         let trace = hub
             .client
-            .get_trace(pb::GetTraceRequest { namespace: hub.namespace.clone(), task_id: task_id.clone() })
+            .get_trace(pb::GetTraceRequest {
+                namespace: hub.namespace.clone(),
+                task_id: task_id.clone(),
+            })
             .await
             .map_err(|s| status_error(hub, s))?
             .into_inner();
-        for span in trace.spans.iter().filter(|s| s.status == "ok" && s.end_ms >= s.start_ms) {
+        for span in trace
+            .spans
+            .iter()
+            .filter(|s| s.status == "ok" && s.end_ms >= s.start_ms)
+        {
             let ms = (span.end_ms - span.start_ms) as f64;
             if span.name.starts_with("tool ") {
                 out.tool.push(ms);
@@ -569,11 +686,21 @@ async fn trace_spans(hub: &mut Hub, tasks: &[String]) -> anyhow::Result<Spans> {
     Ok(out)
 }
 
-fn report(args: &Args, raw: &[f64], phase: &Phase, baseline: Option<&Phase>, spans: &Spans) -> Value {
+fn report(
+    args: &Args,
+    raw: &[f64],
+    phase: &Phase,
+    baseline: Option<&Phase>,
+    spans: &Spans,
+) -> Value {
     let raw_s = Summary::of(raw);
     let span_s = Summary::of(&spans.tool);
     let lat = Summary::of(&phase.latency);
-    let ratio = if raw_s.mean > 0.0 && span_s.count > 0 { span_s.mean / raw_s.mean } else { 0.0 };
+    let ratio = if raw_s.mean > 0.0 && span_s.count > 0 {
+        span_s.mean / raw_s.mean
+    } else {
+        0.0
+    };
     let mut tool_call = json!({
         "raw_mcp_ms": raw_s.json(),
         "in_run_span_ms": span_s.json(),
@@ -582,9 +709,17 @@ fn report(args: &Args, raw: &[f64], phase: &Phase, baseline: Option<&Phase>, spa
     });
     let baseline_json = baseline.map(|b| {
         let bl = Summary::of(&b.latency);
-        let per_round = if args.tool_calls > 0 { (lat.mean - bl.mean) / f64::from(args.tool_calls) } else { 0.0 };
+        let per_round = if args.tool_calls > 0 {
+            (lat.mean - bl.mean) / f64::from(args.tool_calls)
+        } else {
+            0.0
+        };
         tool_call["in_run_round_ms"] = json!(round3(per_round));
-        tool_call["ratio_round_to_raw"] = json!(round3(if raw_s.mean > 0.0 { per_round / raw_s.mean } else { 0.0 }));
+        tool_call["ratio_round_to_raw"] = json!(round3(if raw_s.mean > 0.0 {
+            per_round / raw_s.mean
+        } else {
+            0.0
+        }));
         json!({
             "tasks": b.succeeded + b.failed.len(),
             "succeeded": b.succeeded,
@@ -669,9 +804,15 @@ fn print_table(r: &Value) {
     row("  queued at hub", &r["hub_queued_ms"]);
     row("  running at hub", &r["hub_running_ms"]);
     row("  model turn (span)", &r["model_turn_span_ms"]);
-    row("task without tool (client)", &r["baseline_no_tool"]["latency_ms"]);
+    row(
+        "task without tool (client)",
+        &r["baseline_no_tool"]["latency_ms"],
+    );
     row("tool call, raw MCP", &r["tool_call"]["raw_mcp_ms"]);
-    row("tool call, in run (span)", &r["tool_call"]["in_run_span_ms"]);
+    row(
+        "tool call, in run (span)",
+        &r["tool_call"]["in_run_span_ms"],
+    );
     println!("{t}");
     let tc = &r["tool_call"];
     println!(
