@@ -246,5 +246,11 @@ fn a_keen_agent_runs_on_the_fleet() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(stdout.contains("No tool response."), "{stdout}");
+        // While it waits, `agen wait` shows which tool is being called, then that the agent is
+        // reading its result.
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let calling = stderr.find("running script tool Spin").unwrap_or_else(|| panic!("{stderr}"));
+        let reading = stderr.find("reading the result of Spin").unwrap_or_else(|| panic!("{stderr}"));
+        assert!(calling < reading, "{stderr}");
     }
 }

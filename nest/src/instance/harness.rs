@@ -22,6 +22,7 @@ use agen_shared::bundle::{Bundle, ToolProtocol, AGENT_FILE};
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
+use super::artifacts::{self, ArtifactStore, MemoryArtifacts, NewArtifact};
 use super::{event, RunEventSink, RunOutcome, RunRequest, RunState, SinkError, ToolBackend};
 use crate::mcp::{CallError, ToolInfo};
 use crate::model::{
@@ -32,6 +33,8 @@ use crate::model::{
 pub const BUILTIN_FINISH: &str = "finish";
 pub const BUILTIN_LOAD_SKILL: &str = "load_skill";
 pub const BUILTIN_REPORT_PROGRESS: &str = "report_progress";
+pub const BUILTIN_SAVE_ARTIFACT: &str = "save_artifact";
+pub const BUILTIN_READ_ARTIFACT: &str = "read_artifact";
 
 /// `task.progress` events are sent at most this often.
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
@@ -89,6 +92,8 @@ pub struct Harness {
     secret_values: Vec<String>,
     /// The bundle's Keen tools (`keen-tools.json`, flows) when the dialect is Keen.
     keen: Option<Arc<crate::keen::KeenBundle>>,
+    /// Where `save_artifact` / `read_artifact` keep artifacts.
+    artifacts: Arc<dyn ArtifactStore>,
 }
 
 impl Harness {
@@ -120,8 +125,14 @@ impl Harness {
         let mut mcp_tools = BTreeMap::new();
         for t in tools.tools() {
             let name = t.model_name();
-            if [BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_REPORT_PROGRESS]
-                .contains(&name.as_str())
+            if [
+                BUILTIN_FINISH,
+                BUILTIN_LOAD_SKILL,
+                BUILTIN_REPORT_PROGRESS,
+                BUILTIN_SAVE_ARTIFACT,
+                BUILTIN_READ_ARTIFACT,
+            ]
+            .contains(&name.as_str())
                 || mcp_tools.contains_key(&name)
             {
                 return Err(HarnessError::DuplicateTool(name));
@@ -158,7 +169,14 @@ impl Harness {
             progress: false,
             secret_values: Vec::new(),
             keen,
+            artifacts: Arc::new(MemoryArtifacts::default()),
         })
+    }
+
+    /// Where artifacts go: the Nest (fleet), local files (`agen run`); in memory by default.
+    pub fn with_artifacts(mut self, artifacts: Arc<dyn ArtifactStore>) -> Harness {
+        self.artifacts = artifacts;
+        self
     }
 
     /// Offers `report_progress` (fleet runs only; standalone has no platform to report to).
@@ -196,6 +214,24 @@ impl Harness {
             name: BUILTIN_FINISH.into(),
             description: "End the run with your final answer. Call it when the task is done; `result` is what the user gets.".into(),
             parameters: json!({"type": "object", "properties": {"result": {"type": "string", "description": "the final answer"}}, "required": ["result"]}),
+        });
+        specs.push(ToolSpec {
+            name: BUILTIN_SAVE_ARTIFACT.into(),
+            description: "Save a long result (a report, a large file's contents) as an artifact so it does not crowd your context; returns its id (sha256:<hex> of the content). Saving the same content again returns the same id. Limits: 25 MB per artifact, 500 MB per namespace.".into(),
+            parameters: json!({"type": "object", "properties": {
+                "name": {"type": "string", "description": "a short name, e.g. weekly-report"},
+                "content": {"type": "string", "description": "the content to save"},
+                "mediaType": {"type": "string", "description": "e.g. text/markdown (default text/plain)"}
+            }, "required": ["name", "content"]}),
+        });
+        specs.push(ToolSpec {
+            name: BUILTIN_READ_ARTIFACT.into(),
+            description: "Read a saved artifact: up to 4000 characters by default; page through a longer one with offset and length (the reply says the next offset).".into(),
+            parameters: json!({"type": "object", "properties": {
+                "id": {"type": "string", "description": "the id save_artifact returned (sha256:<hex>)"},
+                "offset": {"type": "integer", "description": "the first character to read (default 0)"},
+                "length": {"type": "integer", "description": "how many characters (default 4000)"}
+            }, "required": ["id"]}),
         });
         if !self.bundle.skills.is_empty() {
             let list: Vec<String> = self
@@ -288,6 +324,9 @@ struct Run<'h> {
     tool_calls: std::sync::atomic::AtomicU32,
     /// When the last `task.progress` went out, and the latest report held back since then.
     last_progress: Mutex<(Option<Instant>, Option<Value>)>,
+    /// What the next model turn is doing, when it is more than "waiting for the model"
+    /// (Keen: "reading the result of <tool>").
+    next_turn_activity: Mutex<Option<String>>,
 }
 
 impl<'h> Run<'h> {
@@ -321,6 +360,7 @@ impl<'h> Run<'h> {
             new_messages: Mutex::new(vec![user]),
             tool_calls: Default::default(),
             last_progress: Mutex::new((None, None)),
+            next_turn_activity: Mutex::new(None),
         }
     }
 
@@ -402,11 +442,10 @@ impl<'h> Run<'h> {
         let _ = self
             .emit(event::MODEL_REQUESTED, json!({"turn": turn}), false)
             .await;
-        self.activity(format!(
-            "waiting for the model ({})",
-            self.h.provider.describe()
-        ))
-        .await;
+        let activity = lock(&self.next_turn_activity)
+            .take()
+            .unwrap_or_else(|| format!("waiting for the model ({})", self.h.provider.describe()));
+        self.activity(activity).await;
         let request = ModelRequest {
             system: system.to_string(),
             messages: lock(&self.context).clone(),
@@ -759,16 +798,28 @@ impl<'h> Run<'h> {
                         .await;
                     let started = Instant::now();
                     let agent = FlowModel { run: self };
-                    let outcome = crate::keen::run_flow(
-                        keen,
-                        controller,
-                        start_node,
-                        &dispatch.context,
-                        &agent,
-                        &script_limits,
+                    // Each script node has its own limit; the flow as a whole gets the
+                    // run's tool timeout, like any other tool call.
+                    let tool_timeout = self.h.bundle.harness.limits.tool_timeout;
+                    let result = match tokio::time::timeout(
+                        tool_timeout,
+                        crate::keen::run_flow(
+                            keen,
+                            controller,
+                            start_node,
+                            &dispatch.context,
+                            &agent,
+                            &script_limits,
+                        ),
                     )
-                    .await;
-                    let result = ToolResult::from(outcome);
+                    .await
+                    {
+                        Ok(outcome) => ToolResult::from(outcome),
+                        Err(_) => ToolResult::NoResponse(format!(
+                            "flow {} ran past the tool timeout of {tool_timeout:?}",
+                            dispatch.tool
+                        )),
+                    };
                     self.keen_tool_event(&call_id, &dispatch.tool, &result, started)
                         .await;
                     result
@@ -784,6 +835,7 @@ impl<'h> Run<'h> {
                 &result,
                 dispatch.attempts_left,
             )));
+            *lock(&self.next_turn_activity) = Some(format!("reading the result of {}", dispatch.tool));
         }
         self.max_turns_outcome()
     }
@@ -892,6 +944,8 @@ impl<'h> Run<'h> {
                 }
             }
             BUILTIN_REPORT_PROGRESS if self.h.progress => self.report_progress(call).await,
+            BUILTIN_SAVE_ARTIFACT => self.save_artifact(call).await,
+            BUILTIN_READ_ARTIFACT => self.read_artifact(call).await,
             name => match self.h.mcp_tools.get(name) {
                 Some(tool) => self.call_mcp(call, tool).await,
                 None => {
@@ -1217,6 +1271,99 @@ fn traced_arguments(arguments: &Value, secrets: &[String]) -> Value {
         cut -= 1;
     }
     Value::String(format!("{}… (cut at 4 KiB)", &text[..cut]))
+}
+
+/// The artifact built-ins (see `super::artifacts`): never gated by config or permissions.
+impl Run<'_> {
+    async fn save_artifact(&self, call: &ToolCall) -> CallResult {
+        let answer = |content: String, is_error: bool| CallResult {
+            content,
+            is_error,
+            unreachable: false,
+            finish: None,
+        };
+        let args = &call.arguments;
+        let Some(name) = args.get("name").and_then(Value::as_str).filter(|n| !n.trim().is_empty()) else {
+            return answer("save_artifact needs `name`: a short name for the artifact, e.g. weekly-report".into(), true);
+        };
+        let content = match args.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Null) | None => {
+                return answer("save_artifact needs `content`: the text to save".into(), true)
+            }
+            Some(other) => other.to_string(),
+        };
+        let media_type = args
+            .get("mediaType")
+            .or_else(|| args.get("media_type"))
+            .and_then(Value::as_str)
+            .filter(|m| !m.trim().is_empty())
+            .unwrap_or(artifacts::DEFAULT_MEDIA_TYPE)
+            .to_string();
+        if let Err(e) = artifacts::check_size(name, content.len() as u64) {
+            return answer(e.to_string(), true);
+        }
+        self.activity(format!("saving artifact {name}")).await;
+        let saved = self
+            .h
+            .artifacts
+            .save(NewArtifact {
+                namespace: self.req.namespace.clone(),
+                task_id: self.req.task_id.clone(),
+                run_id: self.req.run_id.clone(),
+                name: name.to_string(),
+                media_type,
+                content: content.into_bytes(),
+            })
+            .await;
+        match saved {
+            Ok(meta) => {
+                let _ = self
+                    .emit(
+                        event::ARTIFACT_SAVED,
+                        json!({"id": meta.id, "name": name, "media_type": meta.media_type, "size": meta.size}),
+                        false,
+                    )
+                    .await;
+                answer(meta.id, false)
+            }
+            Err(e) => answer(format!("save_artifact failed: {e}"), true),
+        }
+    }
+
+    async fn read_artifact(&self, call: &ToolCall) -> CallResult {
+        let answer = |content: String, is_error: bool| CallResult {
+            content,
+            is_error,
+            unreachable: false,
+            finish: None,
+        };
+        let args = &call.arguments;
+        let Some(id) = args.get("id").and_then(Value::as_str) else {
+            return answer("read_artifact needs `id`: the sha256:<hex> id save_artifact returned".into(), true);
+        };
+        let number = |key: &str| -> Result<Option<usize>, String> {
+            match args.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => v
+                    .as_u64()
+                    .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
+                    .map(|n| Some(usize::try_from(n).unwrap_or(usize::MAX)))
+                    .ok_or_else(|| format!("read_artifact: `{key}` must be a whole number of characters, got {v}")),
+            }
+        };
+        let (offset, length) = match (number("offset"), number("length")) {
+            (Ok(o), Ok(l)) => (o.unwrap_or(0), l),
+            (Err(e), _) | (_, Err(e)) => return answer(e, true),
+        };
+        match self.h.artifacts.read(&self.req.namespace, id).await {
+            Ok(bytes) => {
+                let text = String::from_utf8_lossy(&bytes);
+                answer(artifacts::page(id, &text, offset, length), false)
+            }
+            Err(e) => answer(format!("read_artifact failed: {e}"), true),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
