@@ -443,6 +443,8 @@ fn postgres_tables_describe_and_query_work_through_the_python_sdk() {
             query("SELECT id, name, price, tags, created FROM items WHERE id <= 2 ORDER BY id"),
             query("SHOW transaction_read_only"),
             query("SHOW statement_timeout"),
+            call("describe", json!({"table": "pg_class"})),
+            call("describe", json!({"table": "PUBLIC.ITEMS"})),
         ]),
     );
     assert_tool_listing(&report);
@@ -476,6 +478,9 @@ fn postgres_tables_describe_and_query_work_through_the_python_sdk() {
         vec![json!({"transaction_read_only": "on"})]
     );
     assert_eq!(json_rows(&t[5]), vec![json!({"statement_timeout": "1s"})]);
+    // Catalogs resolve through the search path; unquoted names fold to lower case as in SQL.
+    assert!(t[6].starts_with("pg_class: "), "{}", t[6]);
+    assert!(t[7].starts_with("items: 6 columns"), "{}", t[7]);
 }
 
 #[test]

@@ -227,7 +227,7 @@ where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     if let Err(e) = connection.await {
-        tracing::warn!(error = %e, "postgres connection closed");
+        tracing::warn!(error = %describe_error(&e), "postgres connection closed");
     }
 }
 
@@ -435,8 +435,8 @@ async fn resolve_table(
     const KINDS: &str = "c.relkind IN ('r', 'v', 'm', 'f', 'p')";
     let on_path = format!(
         "SELECT c.oid, c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-          WHERE c.relname = $1 AND n.nspname = ANY(current_schemas(false)) AND {KINDS} \
-          ORDER BY array_position(current_schemas(false), n.nspname) LIMIT 1"
+          WHERE c.relname = $1 AND n.nspname = ANY(current_schemas(true)) AND {KINDS} \
+          ORDER BY array_position(current_schemas(true), n.nspname) LIMIT 1"
     );
     if let Some(row) = tx.query_opt(&on_path, &[&table]).await? {
         return Ok(Some(row));
