@@ -209,6 +209,12 @@ impl Supervisor {
                 tracing::warn!(instance = %id, "placement refused: nest at capacity");
                 drop(st);
                 self.changed.notify_one();
+                // Kept (unhealthy) until the Hub stops it, then forgotten like any other.
+                let me = self.clone();
+                self.tracker.spawn(async move {
+                    stop.cancelled().await;
+                    me.forget(&id);
+                });
                 return;
             }
         }
@@ -687,6 +693,21 @@ impl Supervisor {
                 }
                 self.outbox.push(id, e.into());
             }
+            msg @ (ToNest::PutArtifact { .. } | ToNest::ReadArtifact { .. }) => {
+                // Artifacts go over their own RPCs (see `artifact_relay`), in the namespace
+                // of the instance's placement.
+                let target = {
+                    let st = self.lock();
+                    st.instances.get(id).and_then(|e| {
+                        e.conn
+                            .as_ref()
+                            .map(|(_, tx)| (e.place.namespace.clone(), tx.clone()))
+                    })
+                };
+                if let Some((namespace, tx)) = target {
+                    crate::artifact_relay::relay(self.bundles.clone(), namespace, tx, msg);
+                }
+            }
             ToNest::RunDone { run_id, .. } => {
                 let mut st = self.lock();
                 if st.runs.get(&run_id).map(|t| t.instance.as_str()) == Some(id) {
@@ -744,7 +765,7 @@ pub fn build_placement(
             let (value, why) = match source {
                 SecretSource::Platform => (
                     p.platform_secrets.get(name).cloned(),
-                    format!("the hub's secret store has no secret {name} in namespace {}; set it on the hub", p.namespace),
+                    format!("the hub's secret store has no secret {name} in namespace {ns}; set it with `agen secrets set {name} --namespace {ns}` (value on stdin)", ns = p.namespace),
                 ),
                 SecretSource::Env { var } => (
                     opts.env_var(var).map(str::to_string),
@@ -781,8 +802,9 @@ mod tests {
     use pretty_assertions::assert_eq;
 
     /// A supervisor on a fresh data dir whose "agen" is `bin`, with one bundle already cached.
-    fn supervisor(dir: &std::path::Path, bin: &str) -> (Arc<Supervisor>, String) {
+    fn supervisor(dir: &std::path::Path, bin: &str, capacity: u32) -> (Arc<Supervisor>, String) {
         let mut opts = NestOptions::new("http://127.0.0.1:9", "t");
+        opts.capacity = capacity;
         opts.data_dir = dir.to_path_buf();
         opts.agen_bin = PathBuf::from(bin);
         opts.name = "n1".into();
@@ -825,7 +847,7 @@ mod tests {
     async fn a_crashing_instance_is_restarted_with_back_off_then_reported_unhealthy_and_stops_cleanly(
     ) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (sup, digest) = supervisor(dir.path(), "/bin/false");
+        let (sup, digest) = supervisor(dir.path(), "/bin/false", 4);
         let place = PlaceInstance {
             instance_id: "i1".into(),
             namespace: "ns".into(),
@@ -867,10 +889,37 @@ mod tests {
         );
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_placement_beyond_capacity_is_reported_unhealthy_until_the_hub_stops_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (sup, digest) = supervisor(dir.path(), "/bin/false", 1);
+        for id in ["i1", "i2"] {
+            sup.place(PlaceInstance {
+                instance_id: id.into(),
+                bundle_digest: digest.clone(),
+                ..Default::default()
+            });
+        }
+        let snap = sup.snapshot();
+        let i2 = snap
+            .iter()
+            .find(|r| r.instance_id == "i2")
+            .expect("i2 is reported");
+        assert_eq!(i2.state, InstanceState::Unhealthy as i32);
+        assert_eq!(i2.message, "nest n1 is at capacity (1 instances)");
+        sup.stop("i2", "replaced");
+        wait_for(&sup, "i2 to be forgotten", |s| {
+            s.iter().all(|r| r.instance_id != "i2")
+        })
+        .await;
+        sup.stop("i1", "done");
+        wait_for(&sup, "i1 to be forgotten", |s| s.is_empty()).await;
+    }
+
     #[tokio::test]
     async fn a_run_for_an_instance_that_is_not_here_fails_with_a_final_event() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (sup, _) = supervisor(dir.path(), "/bin/false");
+        let (sup, _) = supervisor(dir.path(), "/bin/false", 4);
         sup.assign(AssignRun {
             run_id: "r1".into(),
             attempt: 2,
