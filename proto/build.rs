@@ -17,6 +17,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // `NestService/Connect` would clash with the generated `connect` constructor; clients
         // build a `Channel` themselves and call `new(channel)`.
         .build_transport(false)
+        // Messages that carry secret values get a `Debug` that prints names only (src/lib.rs).
+        .skip_debug([".agen.v1.SetSecretRequest", ".agen.v1.PlaceInstance"])
         .compile_fds(fds)?;
     Ok(())
 }

@@ -44,6 +44,9 @@ pub enum Command {
     /// Artifacts saved by agents
     #[command(subcommand)]
     Artifacts(cmd::artifacts::Command),
+    /// Secrets with source platform: set (value from stdin), ls, rm
+    #[command(subcommand)]
+    Secrets(cmd::secrets::Command),
     /// Run a bundle standalone, with no Hub, and print the answer
     Run(cmd::run::Args),
     /// Agen's built-in MCP tool servers (stdio)
@@ -86,6 +89,7 @@ pub fn main(cli: Cli) -> i32 {
             Command::Tasks(a) => cmd::tasks::run(a).await,
             Command::Trace(a) => cmd::trace::run(a).await,
             Command::Artifacts(c) => cmd::artifacts::run(c).await,
+            Command::Secrets(c) => cmd::secrets::run(c).await,
             Command::Run(a) => cmd::run::run(a).await,
             Command::Mcp(c) => cmd::mcp::run(c).await,
             Command::Instance(a) => cmd::instance::run(a).await,

@@ -5,7 +5,8 @@
 //! Invariants: every change is written to the store before it is visible to callers; the
 //! state lock is never held across an `.await`; after a Hub boot nothing is placed until every
 //! previously known Nest has re-registered or a full ttl has passed (the reconcile window);
-//! replacing an unhealthy instance always creates a new instance id.
+//! replacing an unhealthy instance always creates a new instance id; a placement carries the
+//! values of exactly the `platform` secrets its bundle declares, from its own namespace.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -18,6 +19,7 @@ use crate::error::{HubError, Result};
 use crate::model::*;
 use crate::nodes::{Liveness, NestTx, ToNest};
 use crate::scheduler::{self, InstView, NestView};
+use crate::secrets::{self, SecretKey, SecretMeta, SecretStore, SecretValues};
 use crate::store::{Db, Table};
 use crate::tasks::TaskUpdate;
 
@@ -68,6 +70,10 @@ pub struct Core {
     pub(crate) updates: broadcast::Sender<TaskUpdate>,
     /// Cancelled when the Hub stops: long-lived streams (watchers) end.
     pub(crate) stopping: tokio_util::sync::CancellationToken,
+    /// Values of `platform` secrets, sealed.
+    secrets: SecretStore,
+    /// The `platform` secrets each bundle declares, by digest (read from the bundle once).
+    bundle_secrets: Mutex<HashMap<String, Arc<Vec<String>>>>,
 }
 
 pub(crate) fn validate_name(field: &str, value: &str) -> Result<()> {
@@ -106,7 +112,7 @@ fn short_id() -> String {
 
 impl Core {
     /// Loads every record from the store; Nests start disconnected with fresh liveness clocks.
-    pub fn open(opts: HubOptions, db: Db) -> Result<Arc<Core>> {
+    pub fn open(opts: HubOptions, db: Db, secret_key: SecretKey) -> Result<Arc<Core>> {
         let deployments: Vec<DeploymentRec> = db.list_json(Table::Deployments, b"")?;
         let mut nests: Vec<NestRec> = db.list_json(Table::Nests, b"")?;
         let instances: Vec<InstanceRec> = db.list_json(Table::Instances, b"")?;
@@ -129,7 +135,6 @@ impl Core {
         );
         Ok(Arc::new(Core {
             opts,
-            db,
             state: Mutex::new(State {
                 deployments: deployments.into_iter().map(|d| (d.key(), d)).collect(),
                 nests: nests.into_iter().map(|n| (n.nest_id.clone(), n)).collect(),
@@ -145,6 +150,9 @@ impl Core {
             wake: Notify::new(),
             updates,
             stopping: tokio_util::sync::CancellationToken::new(),
+            secrets: SecretStore::new(db.clone(), secret_key),
+            db,
+            bundle_secrets: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -724,6 +732,164 @@ impl Core {
         Ok(())
     }
 
+    // ---------- secrets ----------
+
+    /// Records the `platform` secrets a bundle declares (upload does this; placement reads the
+    /// bundle when a Hub restart emptied the cache).
+    pub fn remember_bundle_secrets(&self, digest: &str, names: Vec<String>) {
+        self.bundle_secrets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(digest.to_string(), Arc::new(names));
+    }
+
+    /// The `platform` secrets the bundle `digest` declares.
+    fn declared_platform_secrets(&self, digest: &str) -> Result<Arc<Vec<String>>> {
+        if let Some(names) = self
+            .bundle_secrets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(digest)
+        {
+            return Ok(names.clone());
+        }
+        let bytes = self.bundle_bytes(digest)?.ok_or_else(|| {
+            HubError::FailedPrecondition(format!(
+                "bundle {digest} is not stored on the hub; deploy it again"
+            ))
+        })?;
+        let tmp = tempfile::tempdir().map_err(HubError::io(
+            std::env::temp_dir(),
+            "cannot create a temporary folder",
+        ))?;
+        let dir = tmp.path().join("bundle");
+        let bundle = agen_shared::bundle::unpack(&bytes, &dir)
+            .and_then(|()| agen_shared::bundle::Bundle::load(&dir))
+            .map_err(|e| HubError::Internal(format!("stored bundle {digest}: {e}")))?;
+        let names = secrets::platform_secret_names(&bundle);
+        self.remember_bundle_secrets(digest, names);
+        self.declared_platform_secrets(digest)
+    }
+
+    /// The values an instance's placement carries: its bundle's `platform` secrets that are set
+    /// in its namespace.
+    fn placement_secrets(&self, inst: &InstanceRec) -> Result<SecretValues> {
+        let names = self.declared_platform_secrets(&inst.bundle_digest)?;
+        self.secrets.values(&inst.namespace, names.iter())
+    }
+
+    /// Stores a secret (sealed), then promptly replaces the instances that are not healthy in
+    /// deployments of its namespace whose bundle declares it (they started without it), with
+    /// their replacement back-off cleared. Returns its metadata and whether it replaced one.
+    pub async fn set_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+        value: &[u8],
+    ) -> Result<(SecretMeta, bool)> {
+        let namespace = namespace_or_default(namespace);
+        validate_name("namespace", &namespace)?;
+        secrets::validate_secret_name("name", name)?;
+        let value = secrets::validate_secret_value("value", value)?;
+        let (meta, replaced) = self.secrets.set(&namespace, name, &value, now_ms())?;
+        self.db.flush().await?;
+        tracing::info!(namespace = %namespace, secret = %name, replaced, "secret set");
+        self.restart_waiting_for(&namespace, name)?;
+        self.poke();
+        Ok((meta, replaced))
+    }
+
+    /// Replaces the not-healthy instances of deployments in `namespace` that declare `name`.
+    fn restart_waiting_for(&self, namespace: &str, name: &str) -> Result<()> {
+        let digests: HashSet<String> = {
+            let st = self.lock();
+            st.deployments
+                .values()
+                .filter(|d| d.namespace == namespace)
+                .map(|d| d.bundle_digest.clone())
+                .collect()
+        };
+        let mut declaring = HashSet::new();
+        for digest in digests {
+            match self.declared_platform_secrets(&digest) {
+                Ok(names) if names.iter().any(|n| n == name) => {
+                    declaring.insert(digest);
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(%digest, error = %e, "cannot read the secrets a bundle declares"),
+            }
+        }
+        if declaring.is_empty() {
+            return Ok(());
+        }
+        let mut st = self.lock();
+        let now = now_ms();
+        let deployments: Vec<DeploymentRec> = st
+            .deployments
+            .values()
+            .filter(|d| d.namespace == namespace && declaring.contains(&d.bundle_digest))
+            .cloned()
+            .collect();
+        for mut d in deployments {
+            let ids: Vec<(String, InstanceState)> = st
+                .instances
+                .values()
+                .filter(|i| i.namespace == d.namespace && i.deployment == d.name)
+                .filter(|i| !i.healthy)
+                .map(|i| (i.instance_id.clone(), i.state))
+                .collect();
+            if !ids.is_empty() {
+                tracing::info!(deployment = %d.key(), secret = %name, instances = ids.len(), "secret set: replacing the instances that started without it now");
+            }
+            for (id, state) in ids {
+                match state {
+                    InstanceState::Pending => {
+                        if let Some(mut rec) = st.instances.get(&id).cloned() {
+                            if rec.not_before_ms > now {
+                                rec.not_before_ms = 0;
+                                rec.message = format!("secret {name} set; waiting for placement");
+                                rec.updated_at_ms = now;
+                                self.save_instance(&mut st, rec)?;
+                            }
+                        }
+                    }
+                    InstanceState::Starting | InstanceState::Running | InstanceState::Unhealthy => {
+                        self.stop_instance(&mut st, &id, &format!("secret {name} set; replacing"))?;
+                    }
+                    InstanceState::Stopping | InstanceState::Lost => {}
+                }
+            }
+            if d.failures > 0 || d.backoff_until_ms > now {
+                d.failures = 0;
+                d.backoff_until_ms = 0;
+                self.save_deployment(&mut st, d)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The secrets of a namespace (names and times, never values).
+    pub fn list_secrets(&self, namespace: &str) -> Result<Vec<SecretMeta>> {
+        let namespace = namespace_or_default(namespace);
+        validate_name("namespace", &namespace)?;
+        self.secrets.list(&namespace)
+    }
+
+    /// Deletes a secret. Running instances keep the value they were started with.
+    pub async fn delete_secret(&self, namespace: &str, name: &str) -> Result<()> {
+        let namespace = namespace_or_default(namespace);
+        validate_name("namespace", &namespace)?;
+        secrets::validate_secret_name("name", name)?;
+        if !self.secrets.delete(&namespace, name)? {
+            return Err(HubError::not_found(format!(
+                "secret {name} not found in namespace {namespace}; list them with agen secrets ls"
+            )));
+        }
+        self.db.flush().await?;
+        tracing::info!(namespace = %namespace, secret = %name, "secret deleted");
+        Ok(())
+    }
+
     // ---------- reconcile ----------
 
     /// Runs until `shutdown`: liveness, placement, task dispatch.
@@ -972,7 +1138,25 @@ impl Core {
                     inst.state = InstanceState::Starting;
                     inst.message = format!("placed on nest {nest_name}");
                     inst.updated_at_ms = now;
-                    tracing::info!(instance = %inst.instance_id, nest = %nest_name, "placing instance");
+                    let platform_secrets = match self.placement_secrets(&inst) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            let message = format!("cannot place: {e}");
+                            tracing::error!(instance = %inst.instance_id, "{message}");
+                            let mut inst = st
+                                .instances
+                                .get(&inst.instance_id)
+                                .cloned()
+                                .unwrap_or(inst);
+                            if inst.message != message {
+                                inst.message = message;
+                                inst.updated_at_ms = now;
+                                self.save_instance(st, inst)?;
+                            }
+                            continue;
+                        }
+                    };
+                    tracing::info!(instance = %inst.instance_id, nest = %nest_name, secrets = ?platform_secrets, "placing instance");
                     st.live.send(
                         &nest_id,
                         ToNest::Place {
@@ -982,6 +1166,7 @@ impl Core {
                             bundle_digest: inst.bundle_digest.clone(),
                             generation: inst.generation,
                             concurrency: d.concurrency,
+                            platform_secrets,
                         },
                     );
                     self.save_instance(st, inst)?;

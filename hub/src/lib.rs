@@ -6,13 +6,14 @@
 //! `server/` (the gRPC edge; the only module that knows protobuf), `scheduler/` (pure placement
 //! decisions), `store/` (sled behind a small trait), [`nodes`] (Nest links and liveness),
 //! `fleet` (core state, deployments, instances, reconcile loop), `tasks` (queue, dispatch,
-//! run events, conversations).
+//! run events, conversations), [`secrets`] (the secret store, sealed at rest).
 //!
 //! Data dir (`--data-dir`, default `$AGEN_DATA_DIR/hub` else `~/.local/share/agen/hub`):
 //! `db/` (sled), `tls/ca.pem` + `tls/ca.key` (0600; created on first start, the server
 //! certificate is re-issued from them at every start), `admin-token` (0600; the bearer of
 //! `AgenService`), `join-token` (0600; `agen1.<sha256 of the CA cert DER>.<secret>`, the bearer
-//! of `NestService`).
+//! of `NestService`), `secret.key` (0600; created on first start, seals the values of the
+//! secret store kept in `db/`; losing it makes every stored secret unreadable).
 //!
 //! Invariants: the scheduler does no IO; every state change is in the store before anyone is
 //! told; TLS unless explicitly plaintext on loopback; every `AgenService` call carries the
@@ -24,6 +25,7 @@ pub mod fleet;
 pub mod model;
 pub mod nodes;
 pub mod scheduler;
+pub mod secrets;
 mod server;
 pub mod store;
 pub mod tasks;
@@ -151,7 +153,8 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
 
     let store = store::SledStore::open(&data_dir.join("db"))?;
     let db = store::Db::new(Arc::new(store));
-    let core = fleet::Core::open(opts.clone(), db)?;
+    let secret_key = secrets::SecretKey::load_or_create(&data_dir.join("secret.key"))?;
+    let core = fleet::Core::open(opts.clone(), db, secret_key)?;
 
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await

@@ -26,6 +26,8 @@ pub enum ToNest {
         bundle_digest: String,
         generation: u64,
         concurrency: u32,
+        /// Values of the bundle's `platform` secrets (`Debug` shows names only).
+        platform_secrets: crate::secrets::SecretValues,
     },
     Stop {
         instance_id: String,

@@ -6,6 +6,33 @@
 pub mod v1 {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("agen.v1");
+
+    // Secret values never show in `Debug` (logs, panics, test failures): names only.
+    impl std::fmt::Debug for SetSecretRequest {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("SetSecretRequest")
+                .field("namespace", &self.namespace)
+                .field("name", &self.name)
+                .field("value", &format_args!("[redacted; {} bytes]", self.value.len()))
+                .finish()
+        }
+    }
+
+    impl std::fmt::Debug for PlaceInstance {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            let mut secrets: Vec<&String> = self.platform_secrets.keys().collect();
+            secrets.sort();
+            f.debug_struct("PlaceInstance")
+                .field("instance_id", &self.instance_id)
+                .field("namespace", &self.namespace)
+                .field("deployment", &self.deployment)
+                .field("bundle_digest", &self.bundle_digest)
+                .field("generation", &self.generation)
+                .field("concurrency", &self.concurrency)
+                .field("platform_secrets", &secrets)
+                .finish()
+        }
+    }
 }
 
 /// Encoded `FileDescriptorSet` of every `agen.v1` proto, for gRPC server reflection.

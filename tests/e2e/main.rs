@@ -7,3 +7,4 @@ mod sql;
 mod runs;
 mod keen;
 mod workspace;
+mod secrets;

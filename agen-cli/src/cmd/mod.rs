@@ -14,6 +14,7 @@ pub mod nests;
 pub mod ps;
 pub mod query;
 pub mod run;
+pub mod secrets;
 pub mod submit;
 pub mod tasks;
 pub mod trace;

@@ -32,8 +32,8 @@ fn active_runs(core: &Core, instance_id: &str) -> u32 {
 }
 
 /// Checks an uploaded archive: unpacks it into a temporary folder and loads the bundle.
-/// Returns the agent's name.
-fn validate_bundle(bytes: &[u8]) -> Result<String, HubError> {
+/// Returns the agent's name and the secrets it declares with `source: platform`.
+fn validate_bundle(bytes: &[u8]) -> Result<(String, Vec<String>), HubError> {
     let tmp = tempfile::tempdir().map_err(HubError::io(
         std::env::temp_dir(),
         "cannot create a temporary folder",
@@ -43,7 +43,8 @@ fn validate_bundle(bytes: &[u8]) -> Result<String, HubError> {
         .map_err(|e| HubError::invalid(format!("bundle: {e}")))?;
     let bundle = agen_shared::bundle::Bundle::load(&dir)
         .map_err(|e| HubError::invalid(format!("bundle: {e}")))?;
-    Ok(bundle.agent.name)
+    let platform = crate::secrets::platform_secret_names(&bundle);
+    Ok((bundle.agent.name, platform))
 }
 
 #[tonic::async_trait]
@@ -108,9 +109,12 @@ impl AgenService for AgenApi {
         }
         let bytes = Arc::new(data);
         let checked = bytes.clone();
-        let agent_name = tokio::task::spawn_blocking(move || validate_bundle(&checked))
-            .await
-            .map_err(|e| HubError::Internal(format!("bundle validation panicked: {e}")))??;
+        let (agent_name, platform_secrets) =
+            tokio::task::spawn_blocking(move || validate_bundle(&checked))
+                .await
+                .map_err(|e| HubError::Internal(format!("bundle validation panicked: {e}")))??;
+        self.core
+            .remember_bundle_secrets(&digest, platform_secrets);
         let already_present = self.core.put_bundle(&digest, &bytes, &agent_name)?;
         self.core.db.flush().await.map_err(HubError::from)?;
         tracing::info!(%digest, size = bytes.len(), agent = %agent_name, "bundle stored");
@@ -397,5 +401,40 @@ impl AgenService for AgenApi {
             .into());
         }
         Err(HubError::not_found(format!("artifact {} not found", r.artifact_id)).into())
+    }
+
+    async fn set_secret(
+        &self,
+        request: Request<pb::SetSecretRequest>,
+    ) -> Result<Response<pb::SetSecretResponse>, Status> {
+        let r = request.into_inner();
+        let (meta, replaced) = self
+            .core
+            .set_secret(&r.namespace, &r.name, &r.value)
+            .await?;
+        Ok(Response::new(pb::SetSecretResponse {
+            secret: Some(convert::secret(&meta)),
+            replaced,
+        }))
+    }
+
+    async fn list_secrets(
+        &self,
+        request: Request<pb::ListSecretsRequest>,
+    ) -> Result<Response<pb::ListSecretsResponse>, Status> {
+        let r = request.into_inner();
+        let secrets = self.core.list_secrets(&r.namespace)?;
+        Ok(Response::new(pb::ListSecretsResponse {
+            secrets: secrets.iter().map(convert::secret).collect(),
+        }))
+    }
+
+    async fn delete_secret(
+        &self,
+        request: Request<pb::DeleteSecretRequest>,
+    ) -> Result<Response<pb::DeleteSecretResponse>, Status> {
+        let r = request.into_inner();
+        self.core.delete_secret(&r.namespace, &r.name).await?;
+        Ok(Response::new(pb::DeleteSecretResponse {}))
     }
 }

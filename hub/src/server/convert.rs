@@ -227,6 +227,7 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             bundle_digest,
             generation,
             concurrency,
+            platform_secrets,
         } => Msg::Place(pb::PlaceInstance {
             instance_id,
             namespace,
@@ -234,7 +235,7 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             bundle_digest,
             generation,
             concurrency,
-            platform_secrets: Default::default(),
+            platform_secrets: platform_secrets.0.into_iter().collect(),
         }),
         ToNest::Stop {
             instance_id,
@@ -284,4 +285,14 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
         }),
     };
     pb::HubMessage { msg: Some(msg) }
+}
+
+/// A secret's metadata (there is no field for its value).
+pub fn secret(m: &crate::secrets::SecretMeta) -> pb::Secret {
+    pb::Secret {
+        namespace: m.namespace.clone(),
+        name: m.name.clone(),
+        created_at_ms: m.created_at_ms,
+        updated_at_ms: m.updated_at_ms,
+    }
 }

@@ -2,7 +2,7 @@
 //! [`Db`], the typed layer the rest of the Hub uses (JSON records by table and key).
 //!
 //! Invariants: everything the Hub must not forget (deployments, bundles, Nests, instances,
-//! tasks, task events, run events, conversations, the request-id index) is written here before
+//! tasks, task events, run events, conversations, the request-id index, sealed secrets) is written here before
 //! it is acknowledged to anyone; run events are appended only if absent, and an event from an
 //! attempt older than the newest known attempt of its run is refused (fenced).
 
@@ -48,6 +48,8 @@ pub enum Table {
     Conversations,
     RequestIds,
     Counters,
+    /// Secret values, sealed (`secrets`): `namespace \0 name`.
+    Secrets,
 }
 
 impl Table {
@@ -65,6 +67,7 @@ impl Table {
             Table::Conversations => "conversations",
             Table::RequestIds => "request_ids",
             Table::Counters => "counters",
+            Table::Secrets => "secrets",
         }
     }
 }
