@@ -26,6 +26,9 @@ pub enum HubError {
     NotFound(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    /// A limit was reached (artifact size, namespace quota): says which and what to do.
+    #[error("{0}")]
+    ResourceExhausted(String),
     #[error("{0}")]
     Unauthenticated(String),
     #[error("{0}")]
@@ -61,6 +64,7 @@ impl From<HubError> for tonic::Status {
             HubError::InvalidArgument(_) => tonic::Status::invalid_argument(msg),
             HubError::NotFound(_) => tonic::Status::not_found(msg),
             HubError::FailedPrecondition(_) => tonic::Status::failed_precondition(msg),
+            HubError::ResourceExhausted(_) => tonic::Status::resource_exhausted(msg),
             HubError::Unauthenticated(_) => tonic::Status::unauthenticated(msg),
             HubError::Config(_) => tonic::Status::invalid_argument(msg),
             HubError::Io { .. }

@@ -19,6 +19,7 @@
 //! told; TLS unless explicitly plaintext on loopback; every `AgenService` call carries the
 //! admin token and every `NestService` call the join token; health and reflection need none.
 
+pub mod artifacts;
 pub mod config;
 pub mod error;
 pub mod fleet;

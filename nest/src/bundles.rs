@@ -88,6 +88,12 @@ impl BundleCache {
         Ok(path)
     }
 
+    /// A client of the Hub's `NestService` (connecting when there is none yet), for the
+    /// other by-digest transfers (artifacts).
+    pub async fn hub_client(&self) -> Result<crate::hub_link::HubClient> {
+        self.client.get_or_connect(&self.opts).await
+    }
+
     async fn fetch(&self, digest: &str) -> Result<Vec<u8>> {
         let err = |reason: String| NestError::Bundle {
             digest: digest.to_string(),

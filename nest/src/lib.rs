@@ -9,6 +9,7 @@
 //! Invariants: the Nest never opens the Hub's store; instances never hold Hub credentials and
 //! talk only to their Nest over a Unix socket; no child outlives the Nest.
 
+pub mod artifact_relay;
 pub mod builtin;
 pub mod bundles;
 pub mod config;

@@ -38,6 +38,18 @@ pub enum ToNest {
         run_id: String,
         attempt: u32,
     },
+    /// `save_artifact`: the Nest stores it at the Hub (`PutArtifact`, in the instance's
+    /// namespace) and answers [`ToInstance::ArtifactReply`] with the same `req`.
+    PutArtifact {
+        req: u64,
+        task_id: String,
+        name: String,
+        media_type: String,
+        content: String,
+    },
+    /// `read_artifact`: the Nest reads it from the Hub (`ReadArtifact`, in the instance's
+    /// namespace) and answers [`ToInstance::ArtifactReply`] with the content.
+    ReadArtifact { req: u64, id: String },
 }
 
 /// Nest → instance.
@@ -58,6 +70,17 @@ pub enum ToInstance {
         attempt: u32,
         acked_seq: u64,
         fenced: bool,
+    },
+    /// The answer to [`ToNest::PutArtifact`] (`artifact`) or [`ToNest::ReadArtifact`]
+    /// (`content`), or what went wrong (`error`, for the model).
+    ArtifactReply {
+        req: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        artifact: Option<crate::instance::artifacts::ArtifactMeta>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        content: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
     },
 }
 

@@ -379,11 +379,9 @@ impl AgenService for AgenApi {
         request: Request<pb::ListArtifactsRequest>,
     ) -> Result<Response<pb::ListArtifactsResponse>, Status> {
         let r = request.into_inner();
-        if !r.task_id.is_empty() {
-            self.core.get_task(&r.namespace, &r.task_id)?;
-        }
+        let list = self.core.list_artifacts(&r.namespace, &r.task_id)?;
         Ok(Response::new(pb::ListArtifactsResponse {
-            artifacts: Vec::new(),
+            artifacts: list.iter().map(convert::artifact).collect(),
         }))
     }
 
@@ -400,7 +398,11 @@ impl AgenService for AgenApi {
             )
             .into());
         }
-        Err(HubError::not_found(format!("artifact {} not found", r.artifact_id)).into())
+        let (rec, bytes) = self.core.artifact(&r.namespace, &r.artifact_id)?;
+        let chunks = convert::artifact_chunks(&rec, &bytes);
+        Ok(Response::new(Box::pin(futures::stream::iter(
+            chunks.into_iter().map(Ok),
+        ))))
     }
 
     async fn set_secret(

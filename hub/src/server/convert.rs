@@ -296,3 +296,35 @@ pub fn secret(m: &crate::secrets::SecretMeta) -> pb::Secret {
         updated_at_ms: m.updated_at_ms,
     }
 }
+
+pub fn artifact(a: &crate::artifacts::ArtifactRec) -> pb::Artifact {
+    pb::Artifact {
+        artifact_id: a.id.clone(),
+        name: a.name.clone(),
+        media_type: a.media_type.clone(),
+        size: a.size,
+        task_id: a.task_id.clone(),
+        created_at_ms: a.created_at_ms,
+        namespace: a.namespace.clone(),
+    }
+}
+
+/// An artifact's bytes as a `GetArtifact` / `ReadArtifact` stream: the first chunk carries
+/// the metadata; always at least one chunk.
+pub fn artifact_chunks(a: &crate::artifacts::ArtifactRec, bytes: &[u8]) -> Vec<pb::ArtifactChunk> {
+    const CHUNK: usize = 1024 * 1024;
+    let mut chunks: Vec<pb::ArtifactChunk> = bytes
+        .chunks(CHUNK)
+        .map(|c| pb::ArtifactChunk {
+            artifact: None,
+            data: c.to_vec(),
+        })
+        .collect();
+    if chunks.is_empty() {
+        chunks.push(pb::ArtifactChunk::default());
+    }
+    if let Some(first) = chunks.first_mut() {
+        first.artifact = Some(artifact(a));
+    }
+    chunks
+}

@@ -1,6 +1,7 @@
 //! `agen.v1.NestService`: one `Connect` stream per Nest (register first, then heartbeats,
 //! instance reports and run events in; placements, stops, runs and acks out) and
-//! `FetchBundle` (bundles by digest, in chunks, never inside the stream).
+//! `FetchBundle` (bundles by digest, in chunks, never inside the stream), `PutArtifact` /
+//! `ReadArtifact` (agents' artifacts, relayed by the Nest, also in chunks).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -93,6 +94,72 @@ impl NestService for NestApi {
         let out = tokio_stream::wrappers::UnboundedReceiverStream::new(rx)
             .map(|m| Ok(convert::to_nest(m)));
         Ok(Response::new(Box::pin(out)))
+    }
+
+    async fn put_artifact(
+        &self,
+        request: Request<Streaming<pb::ArtifactChunk>>,
+    ) -> Result<Response<pb::Artifact>, Status> {
+        let mut stream = request.into_inner();
+        let first = stream.message().await?.ok_or_else(|| {
+            HubError::invalid("put_artifact: expected at least one chunk carrying the artifact")
+        })?;
+        let meta = first.artifact.clone().ok_or_else(|| {
+            HubError::invalid("put_artifact: the first chunk must carry `artifact` (namespace, artifact_id, name, size)")
+        })?;
+        let max = crate::artifacts::MAX_ARTIFACT_BYTES;
+        if meta.size > max {
+            return Err(HubError::ResourceExhausted(format!(
+                "artifact {} is {} bytes, more than the limit of 25 MB per artifact; save it in smaller parts",
+                meta.name, meta.size
+            ))
+            .into());
+        }
+        let mut bytes = first.data;
+        while let Some(chunk) = stream.message().await? {
+            if (bytes.len() + chunk.data.len()) as u64 > max.min(meta.size) {
+                return Err(HubError::invalid(format!(
+                    "put_artifact: artifact {} sent more than its announced {} bytes (limit 25 MB)",
+                    meta.name, meta.size
+                ))
+                .into());
+            }
+            bytes.extend_from_slice(&chunk.data);
+        }
+        if bytes.len() as u64 != meta.size {
+            return Err(HubError::invalid(format!(
+                "put_artifact: artifact {} announced {} bytes but sent {}; send it again",
+                meta.name,
+                meta.size,
+                bytes.len()
+            ))
+            .into());
+        }
+        let rec = crate::artifacts::ArtifactRec {
+            namespace: meta.namespace,
+            id: meta.artifact_id,
+            name: meta.name,
+            media_type: meta.media_type,
+            size: meta.size,
+            task_id: meta.task_id,
+            created_at_ms: 0,
+        };
+        let stored = self.core.put_artifact(rec, bytes).await?;
+        Ok(Response::new(convert::artifact(&stored)))
+    }
+
+    type ReadArtifactStream = Stream_<pb::ArtifactChunk>;
+
+    async fn read_artifact(
+        &self,
+        request: Request<pb::GetArtifactRequest>,
+    ) -> Result<Response<Self::ReadArtifactStream>, Status> {
+        let r = request.into_inner();
+        let (rec, bytes) = self.core.artifact(&r.namespace, &r.artifact_id)?;
+        let chunks = convert::artifact_chunks(&rec, &bytes);
+        Ok(Response::new(Box::pin(futures::stream::iter(
+            chunks.into_iter().map(Ok),
+        ))))
     }
 
     type FetchBundleStream = Stream_<pb::BundleChunk>;

@@ -50,6 +50,12 @@ pub enum Table {
     Counters,
     /// Secret values, sealed (`secrets`): `namespace \0 name`.
     Secrets,
+    /// Artifact metadata (`artifacts`): `namespace \0 id`.
+    ArtifactMeta,
+    /// Artifact bytes, content-addressed per namespace: `namespace \0 id`.
+    ArtifactData,
+    /// Which tasks saved which artifact: `namespace \0 task \0 id`.
+    ArtifactTasks,
 }
 
 impl Table {
@@ -68,6 +74,9 @@ impl Table {
             Table::RequestIds => "request_ids",
             Table::Counters => "counters",
             Table::Secrets => "secrets",
+            Table::ArtifactMeta => "artifact_meta",
+            Table::ArtifactData => "artifact_data",
+            Table::ArtifactTasks => "artifact_tasks",
         }
     }
 }

@@ -11,6 +11,7 @@
 //! last event of every run is one `run.finished` (`{state, result, response_type, messages}`),
 //! sent `sync`.
 
+mod artifacts;
 mod sink;
 
 use std::collections::HashMap;
@@ -29,6 +30,7 @@ use crate::mcp::{LaunchContext, ToolHost};
 use crate::socket::{
     self, HostState, InstanceStatus, Placement, RunAssignment, ToInstance, ToNest,
 };
+pub use artifacts::NestArtifacts;
 pub use sink::NestSink;
 
 /// How long one tool server may take to start and list its tools.
@@ -66,6 +68,8 @@ struct Shared {
     to_nest: mpsc::UnboundedSender<ToNest>,
     status: Mutex<InstanceStatus>,
     runs: Mutex<HashMap<String, RunCtl>>,
+    /// `save_artifact` / `read_artifact` through the Nest.
+    artifacts: Arc<NestArtifacts>,
 }
 
 /// One run in this instance.
@@ -141,6 +145,7 @@ pub async fn run(args: HostArgs) -> Result<i32, HostError> {
         }
     });
     let shared = Arc::new(Shared {
+        artifacts: Arc::new(NestArtifacts::new(to_nest.clone())),
         to_nest,
         status: Mutex::new(InstanceStatus {
             state: HostState::Starting,
@@ -207,6 +212,19 @@ pub async fn run(args: HostArgs) -> Result<i32, HostError> {
                     }
                 }
             }
+            Ok(Some(ToInstance::ArtifactReply {
+                req,
+                artifact,
+                content,
+                error,
+            })) => shared.artifacts.deliver(
+                req,
+                artifacts::Reply {
+                    artifact,
+                    content,
+                    error,
+                },
+            ),
             Ok(Some(ToInstance::Placement(_) | ToInstance::Refused { .. })) => {}
             Ok(None) => break,
             Err(e) => {
@@ -328,7 +346,12 @@ async fn start(
     let harness = match http {
         Err(e) => Err(format!("cannot build the HTTP client: {e}")),
         Ok(http) => Harness::new(bundle, Arc::new(host.clone()), &placement.secrets, http)
-            .map(|h| Arc::new(h.with_progress(true)))
+            .map(|h| {
+                Arc::new(
+                    h.with_progress(true)
+                        .with_artifacts(shared.artifacts.clone()),
+                )
+            })
             .map_err(|e| e.to_string()),
     };
     if let Err(e) = &harness {

@@ -16,6 +16,7 @@
 //! `tool.completed`/`tool.failed` is durable before the model sees the result; a provider
 //! error ends the run `Failed` with `response_type: "error"` and is never retried as a recall.
 
+pub mod artifacts;
 mod harness;
 pub mod standalone;
 
@@ -28,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use harness::{
     model_config, Dialect, Harness, HarnessError, BUILTIN_FINISH, BUILTIN_LOAD_SKILL,
-    BUILTIN_REPORT_PROGRESS,
+    BUILTIN_READ_ARTIFACT, BUILTIN_REPORT_PROGRESS, BUILTIN_SAVE_ARTIFACT,
 };
 
 use crate::mcp::{CallError, ToolHost, ToolInfo, ToolOutput};
@@ -89,6 +90,9 @@ pub mod event {
     /// The arguments of a `report_progress` call (at most one event per 10 s; the latest
     /// held-back report is sent when due or at the run's end).
     pub const TASK_PROGRESS: &str = "task.progress";
+    /// `{"id" (sha256:<hex>), "name", "media_type", "size"}`: `save_artifact` stored an
+    /// artifact (or found the same bytes already stored).
+    pub const ARTIFACT_SAVED: &str = "artifact.saved";
     /// `{"state": "succeeded"|"failed"|"cancelled", "result", "response_type"}`; always the
     /// last event of a run, with `sync`.
     pub const RUN_FINISHED: &str = "run.finished";

@@ -6,6 +6,8 @@
 //! that cannot be resolved) exits 64, a failed or cancelled run 1, a successful run 0. Each
 //! run has its own sled database under the run-log folder (`$XDG_STATE_HOME/agen/runs/<run id>`,
 //! or `~/.local/state/agen/runs/<run id>`), so concurrent `agen run`s never contend for a lock.
+//! Artifacts go to files beside the run logs (`$XDG_STATE_HOME/agen/artifacts/standalone`, see
+//! [`super::artifacts::LocalArtifacts`]); when the run saved any, stderr says where.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,12 +20,15 @@ use anyhow::Context;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
+use super::artifacts::LocalArtifacts;
 use super::{model_config, Harness, RunEventSink, RunRequest, RunState, SinkError};
 use crate::mcp::{LaunchContext, ToolHost};
 use crate::model::provider_for;
 
 /// Exit code of a bad bundle or bad arguments.
 pub const EXIT_BAD_INPUT: i32 = 64;
+/// The namespace of standalone runs (and the folder of their artifacts).
+pub const STANDALONE_NAMESPACE: &str = "standalone";
 
 /// Runs `prompt` against the bundle in `dir` (`model` overrides its `model`); returns the
 /// process exit code.
@@ -95,8 +100,11 @@ pub async fn run_cli(dir: PathBuf, prompt: String, model: Option<String>) -> any
         .build()
         .context("while building the HTTP client")?;
     let provider = Arc::from(provider_for(config, http));
+    let artifacts = Arc::new(LocalArtifacts::new(super::artifacts::default_dir()));
     let harness = match Harness::with_provider(bundle.clone(), Arc::new(host.clone()), provider) {
-        Ok(h) => h.with_secret_values(&secrets),
+        Ok(h) => h
+            .with_secret_values(&secrets)
+            .with_artifacts(artifacts.clone()),
         Err(e) => {
             host.shutdown().await;
             eprintln!("error: {e}");
@@ -121,7 +129,7 @@ pub async fn run_cli(dir: PathBuf, prompt: String, model: Option<String>) -> any
         run_id: run_id.clone(),
         attempt: 1,
         task_id: run_id.clone(),
-        namespace: "standalone".into(),
+        namespace: STANDALONE_NAMESPACE.into(),
         deployment: bundle.agent.name.clone(),
         input: prompt,
         labels: BTreeMap::new(),
@@ -133,6 +141,13 @@ pub async fn run_cli(dir: PathBuf, prompt: String, model: Option<String>) -> any
     };
     let outcome = harness.run(req, sink.clone(), cancel).await;
     signals.abort();
+    let saved = sink.artifacts_saved.load(Ordering::SeqCst);
+    if saved > 0 {
+        eprintln!(
+            "{saved} artifact(s) saved in {}",
+            artifacts.namespace_dir(STANDALONE_NAMESPACE).display()
+        );
+    }
     host.shutdown().await;
     if let Err(e) = sink.db.flush_async().await {
         tracing::warn!("run log {}: flush failed: {e}", log_dir.display());
@@ -171,6 +186,8 @@ pub struct SledRunLog {
     events: sled::Tree,
     attempt: u32,
     seq: AtomicU64,
+    /// `artifact.saved` events seen (so `agen run` can say where artifacts went).
+    pub artifacts_saved: AtomicU64,
 }
 
 impl SledRunLog {
@@ -190,6 +207,7 @@ impl SledRunLog {
             events,
             attempt,
             seq: AtomicU64::new(0),
+            artifacts_saved: AtomicU64::new(0),
         })
     }
 
@@ -215,6 +233,9 @@ impl SledRunLog {
 impl RunEventSink for SledRunLog {
     async fn emit(&self, kind: &str, json: Value, sync: bool) -> Result<(), SinkError> {
         let seq = self.seq.fetch_add(1, Ordering::SeqCst);
+        if kind == super::event::ARTIFACT_SAVED {
+            self.artifacts_saved.fetch_add(1, Ordering::SeqCst);
+        }
         let mut key = self.attempt.to_be_bytes().to_vec();
         key.extend_from_slice(&seq.to_be_bytes());
         let record = json!({"kind": kind, "at": chrono::Utc::now().to_rfc3339(), "json": json});

@@ -1,0 +1,133 @@
+//! The fleet [`ArtifactStore`] of an instance: `save_artifact` / `read_artifact` go to the Nest
+//! over the socket ([`ToNest::PutArtifact`], [`ToNest::ReadArtifact`]); the Nest moves them to
+//! and from the Hub over their own RPCs and answers [`ToInstance::ArtifactReply`].
+//!
+//! Invariants: the instance never names the namespace (the Nest uses the instance's placement);
+//! every request gets exactly one answer or a timeout; an answer for an unknown request is
+//! ignored.
+//!
+//! [`ToInstance::ArtifactReply`]: crate::socket::ToInstance::ArtifactReply
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::instance::artifacts::{
+    check_size, id_hex, ArtifactError, ArtifactMeta, ArtifactStore, NewArtifact,
+};
+use crate::socket::ToNest;
+
+/// How long the Nest gets to store or fetch one artifact.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// What the Nest answered.
+#[derive(Debug, Default)]
+pub struct Reply {
+    pub artifact: Option<ArtifactMeta>,
+    pub content: Option<String>,
+    pub error: Option<String>,
+}
+
+/// See the module doc. Shared by the instance's runs.
+pub struct NestArtifacts {
+    to_nest: mpsc::UnboundedSender<ToNest>,
+    next: AtomicU64,
+    pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
+}
+
+impl NestArtifacts {
+    pub fn new(to_nest: mpsc::UnboundedSender<ToNest>) -> NestArtifacts {
+        NestArtifacts {
+            to_nest,
+            next: AtomicU64::new(1),
+            pending: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Hands the Nest's answer to the request waiting for it.
+    pub fn deliver(&self, req: u64, reply: Reply) {
+        let waiting = self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&req);
+        match waiting {
+            Some(tx) => {
+                let _ = tx.send(reply);
+            }
+            None => tracing::debug!(req, "artifact reply for no pending request; ignored"),
+        }
+    }
+
+    async fn ask(&self, make: impl FnOnce(u64) -> ToNest) -> Result<Reply, ArtifactError> {
+        let req = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(req, tx);
+        let forget = || {
+            self.pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&req);
+        };
+        if self.to_nest.send(make(req)).is_err() {
+            forget();
+            return Err(ArtifactError::Unavailable(
+                "the connection to the nest is closed".into(),
+            ));
+        }
+        match tokio::time::timeout(REPLY_TIMEOUT, rx).await {
+            Ok(Ok(reply)) => match reply.error {
+                Some(e) => Err(ArtifactError::Invalid(e)),
+                None => Ok(reply),
+            },
+            Ok(Err(_)) => Err(ArtifactError::Unavailable(
+                "the nest dropped the request".into(),
+            )),
+            Err(_) => {
+                forget();
+                Err(ArtifactError::Unavailable(format!(
+                    "the nest did not answer within {}s; try again later",
+                    REPLY_TIMEOUT.as_secs()
+                )))
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl ArtifactStore for NestArtifacts {
+    async fn save(&self, a: NewArtifact) -> Result<ArtifactMeta, ArtifactError> {
+        check_size(&a.name, a.content.len() as u64)?;
+        let content = String::from_utf8(a.content)
+            .map_err(|_| ArtifactError::Invalid("artifact content must be UTF-8 text".into()))?;
+        let reply = self
+            .ask(|req| ToNest::PutArtifact {
+                req,
+                task_id: a.task_id,
+                name: a.name,
+                media_type: a.media_type,
+                content,
+            })
+            .await?;
+        reply.artifact.ok_or_else(|| {
+            ArtifactError::Unavailable("the nest answered without the saved artifact".into())
+        })
+    }
+
+    async fn read(&self, _namespace: &str, id: &str) -> Result<Vec<u8>, ArtifactError> {
+        id_hex(id)?;
+        let reply = self
+            .ask(|req| ToNest::ReadArtifact {
+                req,
+                id: id.to_string(),
+            })
+            .await?;
+        Ok(reply.content.unwrap_or_default().into_bytes())
+    }
+}

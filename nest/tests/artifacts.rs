@@ -1,0 +1,258 @@
+//! The artifact built-ins in the harness, end to end inside one process: a real OpenAI client
+//! against the scripted fake model (on 127.0.0.1:0) calls `save_artifact` / `read_artifact`,
+//! which store into the standalone file store in a temp folder.
+//!
+//! What this shows: the id is `sha256:<hex>` of the content and saving the same bytes again
+//! gives the same id (one file); long artifacts are read in pages of 4000 characters by
+//! default, each page saying the next offset; the 25 MB limit and bad ids come back to the
+//! model as clear tool errors; the tools are offered without config, and `report_progress`
+//! only in a fleet.
+
+#![allow(clippy::unwrap_used)] // a test: a panic is a failure with its message
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use agen_nest::instance::artifacts::{artifact_id, LocalArtifacts, MAX_ARTIFACT_BYTES};
+use agen_nest::instance::{Harness, RunEventSink, RunOutcome, RunRequest, SinkError};
+use agen_nest::mcp::{LaunchContext, ToolHost};
+use agen_nest::model::fake::{FakeModel, Script, Step};
+use agen_shared::bundle::Bundle;
+use pretty_assertions::assert_eq;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Default)]
+struct MemorySink {
+    events: Mutex<Vec<(String, Value)>>,
+}
+
+#[async_trait::async_trait]
+impl RunEventSink for MemorySink {
+    async fn emit(&self, kind: &str, json: Value, _sync: bool) -> Result<(), SinkError> {
+        self.events.lock().unwrap().push((kind.to_string(), json));
+        Ok(())
+    }
+}
+
+impl MemorySink {
+    fn of_kind(&self, kind: &str) -> Vec<Value> {
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k == kind)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+}
+
+fn bundle(dir: &Path, base_url: &str) -> Arc<Bundle> {
+    let agent = dir.join("x-agen/agent.md");
+    std::fs::create_dir_all(agent.parent().unwrap()).unwrap();
+    std::fs::write(
+        &agent,
+        format!("---\nmodel: openai/m\nbaseUrl: {base_url}\n---\nYou are a test agent.\n"),
+    )
+    .unwrap();
+    Arc::new(Bundle::load(dir).unwrap())
+}
+
+fn request() -> RunRequest {
+    RunRequest {
+        run_id: "run-1".into(),
+        attempt: 1,
+        task_id: "task-1".into(),
+        namespace: "default".into(),
+        deployment: "helper".into(),
+        input: "write the report".into(),
+        conversation_id: "conv-1".into(),
+        root_run_id: "run-1".into(),
+        ..Default::default()
+    }
+}
+
+/// Runs `steps` with artifacts stored under `store_dir`; returns the outcome, the events and
+/// the fake model (for what it was sent).
+async fn run(
+    steps: Vec<Step>,
+    store_dir: &Path,
+    progress: bool,
+) -> (RunOutcome, Arc<MemorySink>, FakeModel) {
+    let model = FakeModel::start(Script::steps(steps), "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = bundle(dir.path(), &model.openai_base_url());
+    let host = ToolHost::start(&bundle, LaunchContext::new("/nonexistent/agen")).await;
+    let harness = Harness::new(
+        bundle,
+        Arc::new(host),
+        &BTreeMap::new(),
+        reqwest::Client::new(),
+    )
+    .unwrap()
+    .with_progress(progress)
+    .with_artifacts(Arc::new(LocalArtifacts::new(store_dir)));
+    let sink = Arc::new(MemorySink::default());
+    let outcome = harness
+        .run(request(), sink.clone(), CancellationToken::new())
+        .await;
+    (outcome, sink, model)
+}
+
+/// The tool results the model saw, in order.
+fn tool_results(outcome: &RunOutcome) -> Vec<String> {
+    outcome
+        .messages
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// 9,000 characters, some of them multi-byte, so pages are counted in characters.
+fn long_report() -> String {
+    (0..900).map(|i| format!("line {i:03}é\n")).collect()
+}
+
+#[tokio::test]
+async fn saved_artifacts_are_read_back_in_pages_and_the_same_bytes_keep_one_id() {
+    let report = long_report();
+    assert_eq!(report.chars().count(), 9000);
+    let id = artifact_id(report.as_bytes());
+    let store = tempfile::tempdir().unwrap();
+    let (outcome, sink, model) = run(
+        vec![
+            Step::call(
+                "save_artifact",
+                json!({"name": "weekly-report", "content": report, "mediaType": "text/markdown"}),
+            ),
+            Step::call(
+                "save_artifact",
+                json!({"name": "weekly-report-again", "content": report}),
+            ),
+            Step::call("read_artifact", json!({"id": id})),
+            Step::call("read_artifact", json!({"id": id, "offset": 4000})),
+            Step::call(
+                "read_artifact",
+                json!({"id": id, "offset": 8000, "length": 4000}),
+            ),
+            Step::reply("saved and read"),
+        ],
+        store.path(),
+        false,
+    )
+    .await;
+    assert_eq!(outcome.result, "saved and read");
+
+    let chars: Vec<char> = report.chars().collect();
+    let slice = |a: usize, b: usize| chars[a..b].iter().collect::<String>();
+    assert_eq!(
+        tool_results(&outcome),
+        vec![
+            id.clone(),
+            id.clone(),
+            format!(
+                "{}\n[characters 0..4000 of 9000; more follows: call read_artifact with offset 4000]",
+                slice(0, 4000)
+            ),
+            format!(
+                "{}\n[characters 4000..8000 of 9000; more follows: call read_artifact with offset 8000]",
+                slice(4000, 8000)
+            ),
+            format!(
+                "{}\n[characters 8000..9000 of 9000; end of artifact]",
+                slice(8000, 9000)
+            ),
+        ]
+    );
+
+    // One blob and its metadata: the second save was free.
+    let ns_dir = store.path().join("default");
+    let mut files: Vec<String> = std::fs::read_dir(&ns_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    let hex = id.trim_start_matches("sha256:");
+    assert_eq!(files, vec![hex.to_string(), format!("{hex}.json")]);
+    assert_eq!(std::fs::read(ns_dir.join(hex)).unwrap(), report.as_bytes());
+
+    let saved = sink.of_kind("artifact.saved");
+    assert_eq!(
+        saved[0],
+        json!({"id": id, "name": "weekly-report", "media_type": "text/markdown", "size": report.len()})
+    );
+    assert_eq!(saved.len(), 2, "each save is in the run log");
+
+    // Offered with no config at all; report_progress only in a fleet.
+    let offered: Vec<String> = model.requests()[0]["body"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(offered, vec!["finish", "save_artifact", "read_artifact"]);
+}
+
+/// The 25 MB limit is checked before anything is stored. (Through the fake model a 25 MB
+/// argument would be echoed back in the next request, past its body limit, so the store is
+/// called the way the harness calls it.)
+#[tokio::test]
+async fn an_artifact_over_25_mb_is_refused_with_a_clear_error() {
+    use agen_nest::instance::artifacts::{ArtifactStore, NewArtifact};
+    let store_dir = tempfile::tempdir().unwrap();
+    let store = LocalArtifacts::new(store_dir.path());
+    let err = store
+        .save(NewArtifact {
+            namespace: "default".into(),
+            task_id: "t".into(),
+            run_id: "r".into(),
+            name: "huge".into(),
+            media_type: "text/plain".into(),
+            content: vec![b'x'; MAX_ARTIFACT_BYTES as usize + 1],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "artifact huge is 25000001 bytes, more than the limit of 25 MB per artifact; save it in smaller parts or save a summary"
+    );
+    assert!(!store_dir.path().join("default").exists(), "nothing was stored");
+}
+
+#[tokio::test]
+async fn bad_arguments_and_bad_ids_are_clear_tool_errors_and_the_run_goes_on() {
+    let missing = artifact_id(b"never saved");
+    let store = tempfile::tempdir().unwrap();
+    let (outcome, _sink, _model) = run(
+        vec![
+            Step::calls(vec![
+                ("save_artifact", json!({"content": "no name"})),
+                ("read_artifact", json!({"id": "report.txt"})),
+                ("read_artifact", json!({"id": missing})),
+                ("read_artifact", json!({"id": missing, "offset": "soon"})),
+            ]),
+            Step::reply("gave up"),
+        ],
+        store.path(),
+        true,
+    )
+    .await;
+    assert_eq!(outcome.result, "gave up");
+    assert_eq!(
+        tool_results(&outcome),
+        vec![
+            "save_artifact needs `name`: a short name for the artifact, e.g. weekly-report".to_string(),
+            "read_artifact failed: artifact id \"report.txt\" is not valid: expected sha256:<64 lowercase hex digits>, as save_artifact returns".to_string(),
+            format!("read_artifact failed: artifact {missing} not found in this namespace; use an id that save_artifact returned"),
+            "read_artifact: `offset` must be a whole number of characters, got \"soon\"".to_string(),
+        ]
+    );
+    assert!(
+        !store.path().join("default").exists(),
+        "nothing was stored"
+    );
+}
