@@ -1232,4 +1232,67 @@ mod tests {
         check("a b", Err("not a valid name"));
         check(&"x".repeat(64), Err("up to 63"));
     }
+
+    /// A placement after a Hub restart (no bundle cache): the bundle is read from the store
+    /// and exactly its declared `platform` secrets of its own namespace are sent.
+    #[test]
+    fn a_placement_carries_only_the_declared_platform_secrets_of_its_namespace() {
+        use super::*;
+        use crate::store::SledStore;
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bundle = dir.path().join("bundle");
+        std::fs::create_dir_all(bundle.join("x-agen")).expect("mkdir");
+        std::fs::write(
+            bundle.join("x-agen/agent.md"),
+            "---\nname: t\nmodel: openai/gpt-4.1-mini\n---\nhi\n",
+        )
+        .expect("agent.md");
+        std::fs::write(
+            bundle.join("x-agen/secrets.json"),
+            r#"{"DB": {"source": "platform"}, "UNSET": {"source": "platform"}, "FROM_ENV": {"source": "env", "var": "X"}}"#,
+        )
+        .expect("secrets.json");
+        let bytes = agen_shared::bundle::pack(&bundle).expect("pack");
+        let digest = agen_shared::bundle::digest(&bytes);
+
+        let store = SledStore::open(&dir.path().join("db")).expect("sled");
+        let key = SecretKey::load_or_create(&dir.path().join("secret.key")).expect("key");
+        let core = Core::open(HubOptions::default(), Db::new(Arc::new(store)), key).expect("core");
+        core.put_bundle(&digest, &bytes, "t").expect("bundle");
+        for (ns, name, value) in [
+            ("default", "DB", "db-of-default"),
+            ("other", "DB", "db-of-other"),
+            ("default", "FROM_ENV", "not-a-platform-secret"),
+            ("default", "UNDECLARED", "never-sent"),
+        ] {
+            core.secrets.set(ns, name, value, 1).expect("set");
+        }
+        let inst = InstanceRec {
+            instance_id: "t-1".into(),
+            namespace: "default".into(),
+            deployment: "t".into(),
+            nest_id: String::new(),
+            nest_name: String::new(),
+            state: InstanceState::Pending,
+            healthy: false,
+            tools_loaded: 0,
+            servers_not_connected: Vec::new(),
+            bundle_digest: digest,
+            generation: 1,
+            message: String::new(),
+            restarts: 0,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            tools: Vec::new(),
+            not_before_ms: 0,
+            healthy_since_ms: 0,
+            replacement: false,
+        };
+        let values = core.placement_secrets(&inst).expect("values");
+        assert_eq!(
+            values.0.into_iter().collect::<Vec<_>>(),
+            vec![("DB".to_string(), "db-of-default".to_string())]
+        );
+    }
 }
