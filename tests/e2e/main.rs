@@ -2,6 +2,7 @@
 //! third-party MCP servers and clients (PyPI `mcp`, `mcp-server-time`, npm
 //! `@modelcontextprotocol/server-filesystem`), a real PostgreSQL, and the scripted fake model.
 //! Run through `tests/run.sh`, which installs the peers and builds the binary first.
+mod artifacts;
 mod fleet;
 mod sql;
 mod runs;
