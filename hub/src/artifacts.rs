@@ -58,7 +58,18 @@ impl Core {
     /// Stores `bytes` as artifact `rec` (its `id` must be the bytes' digest), or finds the same
     /// bytes already stored in the namespace (then only the task index grows). Returns what is
     /// stored.
-    pub async fn put_artifact(&self, mut rec: ArtifactRec, bytes: Vec<u8>) -> Result<ArtifactRec> {
+    pub async fn put_artifact(&self, rec: ArtifactRec, bytes: Vec<u8>) -> Result<ArtifactRec> {
+        self.put_artifact_within(rec, bytes, MAX_NAMESPACE_BYTES)
+            .await
+    }
+
+    /// [`Core::put_artifact`] with the namespace quota as a parameter (tests use a small one).
+    async fn put_artifact_within(
+        &self,
+        mut rec: ArtifactRec,
+        bytes: Vec<u8>,
+        quota: u64,
+    ) -> Result<ArtifactRec> {
         rec.namespace = namespace_or_default(&rec.namespace);
         crate::fleet::validate_name("namespace", &rec.namespace)?;
         if rec.name.trim().is_empty() {
@@ -93,10 +104,10 @@ impl Core {
             Some(existing) => existing,
             None => {
                 let used = self.artifact_bytes_used(&rec.namespace)?;
-                if used.saturating_add(rec.size) > MAX_NAMESPACE_BYTES {
+                if used.saturating_add(rec.size) > quota {
                     return Err(HubError::ResourceExhausted(format!(
-                        "namespace {} already holds {used} bytes of artifacts; {} more would pass the limit of 500 MB per namespace; save less or clean up old artifacts",
-                        rec.namespace, rec.size
+                        "namespace {} already holds {used} bytes of artifacts; {} more would pass the limit of {} MB per namespace; save less or clean up old artifacts",
+                        rec.namespace, rec.size, quota / 1_000_000
                     )));
                 }
                 self.db.raw().put(Table::ArtifactData, &meta_key, &bytes)?;
@@ -175,5 +186,86 @@ impl Core {
             .get(Table::ArtifactData, &k)?
             .ok_or_else(not_found)?;
         Ok((rec, bytes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::sync::Arc;
+
+    use pretty_assertions::assert_eq;
+
+    use super::*;
+    use crate::config::HubOptions;
+    use crate::secrets::SecretKey;
+    use crate::store::{Db, SledStore};
+
+    fn core(dir: &std::path::Path) -> Arc<Core> {
+        let store = SledStore::open(&dir.join("db")).unwrap();
+        let key = SecretKey::load_or_create(&dir.join("secret.key")).unwrap();
+        Core::open(HubOptions::default(), Db::new(Arc::new(store)), key).unwrap()
+    }
+
+    fn rec(ns: &str, name: &str) -> ArtifactRec {
+        ArtifactRec {
+            namespace: ns.into(),
+            id: String::new(),
+            name: name.into(),
+            media_type: "text/plain".into(),
+            size: 0,
+            task_id: String::new(),
+            created_at_ms: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_same_bytes_are_stored_once_per_namespace_and_read_back_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let core = core(dir.path());
+        let a = core.put_artifact(rec("default", "a"), b"hello".to_vec()).await.unwrap();
+        assert_eq!(a.id, agen_shared::bundle::digest(b"hello"));
+        let again = core.put_artifact(rec("default", "b"), b"hello".to_vec()).await.unwrap();
+        assert_eq!(again, a, "the first save's record is kept");
+        core.put_artifact(rec("other", "a"), b"hello".to_vec()).await.unwrap();
+        assert_eq!(core.list_artifacts("default", "").unwrap(), vec![a.clone()]);
+        assert_eq!(core.artifact("default", &a.id).unwrap().1, b"hello");
+        let missing = agen_shared::bundle::digest(b"nope");
+        let err = core.artifact("default", &missing).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("artifact {missing} not found in namespace default; list them with agen artifacts ls")
+        );
+        assert!(matches!(core.artifact("default", "../x"), Err(HubError::InvalidArgument(_))));
+    }
+
+    #[tokio::test]
+    async fn a_damaged_upload_and_the_limits_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let core = core(dir.path());
+        let mut wrong = rec("default", "a");
+        wrong.id = agen_shared::bundle::digest(b"other bytes");
+        assert!(matches!(
+            core.put_artifact(wrong, b"hello".to_vec()).await,
+            Err(HubError::InvalidArgument(_))
+        ));
+        let big = vec![0u8; MAX_ARTIFACT_BYTES as usize + 1];
+        assert!(matches!(
+            core.put_artifact(rec("default", "big"), big).await,
+            Err(HubError::ResourceExhausted(_))
+        ));
+
+        // The namespace quota counts distinct bytes only.
+        core.put_artifact_within(rec("default", "a"), vec![1; 600_000], 1_000_000).await.unwrap();
+        core.put_artifact_within(rec("default", "a2"), vec![1; 600_000], 1_000_000).await.unwrap();
+        let err = core
+            .put_artifact_within(rec("default", "b"), vec![2; 600_000], 1_000_000)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "namespace default already holds 600000 bytes of artifacts; 600000 more would pass the limit of 1 MB per namespace; save less or clean up old artifacts"
+        );
+        core.put_artifact_within(rec("other", "b"), vec![2; 600_000], 1_000_000).await.unwrap();
     }
 }
