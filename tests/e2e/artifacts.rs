@@ -164,3 +164,54 @@ fn the_same_bytes_from_another_task_keep_their_id_and_take_no_more_space() {
     assert_eq!(all.as_array().unwrap().len(), 1, "{all}");
     assert_eq!(all[0]["size"], json!(body.len()));
 }
+
+#[test]
+fn agen_run_keeps_artifacts_beside_its_run_log_says_where_and_offers_no_report_progress() {
+    let tmp = tempfile::tempdir().unwrap();
+    let body = "a standalone report";
+    let id = agen_shared::bundle::digest(body.as_bytes());
+    let mut script = json!({"steps": [
+        {"tool_calls": [{"name": "save_artifact", "arguments": {"name": "notes", "content": body}}]},
+        {"tool_calls": [{"name": "report_progress", "arguments": {"step": "nobody is watching"}}]},
+        {"reply_template": "{{last_tool_result}}"}
+    ]});
+    script["record"] = json!(tmp.path().join("model-requests.jsonl"));
+    let model = FakeModel::start(&tmp.path().join("model"), &script).unwrap();
+    let dir = tmp.path().join("bundle");
+    write_bundle(
+        &dir,
+        &[(
+            "x-agen/agent.md",
+            format!("---\nname: solo\nmodel: openai/fake-model\nbaseUrl: {}\n---\nYou write notes.\n", model.base_url()),
+        )],
+    )
+    .unwrap();
+    let state = tmp.path().join("state");
+    let out = std::process::Command::new(agen_tests::agen_bin())
+        .arg("run")
+        .arg(&dir)
+        .arg("take notes")
+        .env("XDG_STATE_HOME", &state)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "agen run: {stderr}");
+
+    // The artifact is a file named by its digest beside the run logs, and stderr says where.
+    let where_ = state.join("agen/artifacts/standalone");
+    let hex = id.trim_start_matches("sha256:");
+    assert_eq!(std::fs::read(where_.join(hex)).unwrap(), body.as_bytes());
+    assert!(stderr.contains(&where_.display().to_string()), "{stderr}");
+
+    // report_progress is fleet only: the model is told it does not exist, and the run goes on.
+    let answer = String::from_utf8_lossy(&out.stdout);
+    assert!(answer.contains("unknown tool `report_progress`"), "{answer}");
+    let first: Value = std::fs::read_to_string(tmp.path().join("model-requests.jsonl"))
+        .unwrap()
+        .lines()
+        .next()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .unwrap();
+    let offered: Vec<&str> = first["body"]["tools"].as_array().unwrap().iter().map(|t| t["function"]["name"].as_str().unwrap()).collect();
+    assert_eq!(offered, vec!["finish", "save_artifact", "read_artifact"]);
+}
