@@ -921,3 +921,79 @@ fn an_unreachable_postgres_is_a_tool_error_and_the_server_keeps_serving() {
         );
     }
 }
+
+/// Starts `agen mcp sql --timeout 30s` under the Python SDK, abandons a slow `sql` after 1 s (the
+/// SDK then sends `notifications/cancelled`), and times a quick follow-up `check` query; prints
+/// `{"abandoned_ms": …, "next_ms": …, "next": <text>, "next_is_error": …}`.
+const ABANDON_SCRIPT: &str = r#"
+import anyio, json, sys, time
+from mcp import ClientSession, StdioServerParameters, stdio_client
+agen, dsn, slow, check = sys.argv[1:5]
+async def main():
+    params = StdioServerParameters(command=agen, args=["mcp", "sql", "--dsn-env", "MYDSN", "--timeout", "30s"], env={"MYDSN": dsn})
+    async with stdio_client(params) as (r, w):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            t = time.monotonic()
+            with anyio.move_on_after(1):
+                await s.call_tool("query", {"sql": slow})
+            abandoned = time.monotonic() - t
+            t = time.monotonic()
+            res = await s.call_tool("query", {"sql": check})
+            print(json.dumps({"abandoned_ms": int(abandoned * 1000), "next_ms": int((time.monotonic() - t) * 1000),
+                              "next": res.content[0].text, "next_is_error": bool(res.is_error)}))
+anyio.run(main)
+"#;
+
+fn abandon_slow_query(dsn: &str, slow: &str, check: &str) -> Value {
+    let out = Command::new(Peers::python())
+        .arg("-c")
+        .arg(ABANDON_SCRIPT)
+        .arg(agen_bin())
+        .args([dsn, slow, check])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the python MCP client");
+    assert!(
+        out.status.success(),
+        "client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("client JSON")
+}
+
+#[test]
+fn a_cancelled_call_stops_its_query_in_both_engines() {
+    let pg = Postgres::start();
+    let report = abandon_slow_query(
+        &pg.dsn(),
+        "SELECT pg_sleep(20)",
+        "SELECT count(*) AS sleeping FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(20)'",
+    );
+    assert_eq!(report["next_is_error"], json!(false), "{report}");
+    assert!(
+        report["next_ms"].as_u64().expect("ms") < 5_000,
+        "the next call waited: {report}"
+    );
+    assert_eq!(
+        json_rows(report["next"].as_str().expect("text")),
+        vec![json!({"sleeping": 0})]
+    );
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = sqlite_fixture(dir.path());
+    let report = abandon_slow_query(
+        &db.to_string_lossy(),
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
+        "SELECT count(*) AS n FROM items",
+    );
+    assert_eq!(report["next_is_error"], json!(false), "{report}");
+    assert!(
+        report["next_ms"].as_u64().expect("ms") < 5_000,
+        "the next call waited: {report}"
+    );
+    assert_eq!(
+        json_rows(report["next"].as_str().expect("text")),
+        vec![json!({"n": 1500})]
+    );
+}

@@ -29,6 +29,9 @@ pub enum SqlError {
     /// The table given to `describe` does not exist.
     #[error("table `{0}` not found; `tables` lists the tables and views that exist")]
     NoSuchTable(String),
+    /// The MCP client cancelled the call.
+    #[error("the call was cancelled")]
+    Cancelled,
     /// The call's arguments are unusable.
     #[error("{0}")]
     BadArgument(String),

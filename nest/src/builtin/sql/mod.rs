@@ -29,6 +29,7 @@ use rmcp::model::{CallToolResult, ContentBlock};
 use rmcp::{tool, tool_handler, tool_router, ServerHandler, ServiceExt};
 use schemars::JsonSchema;
 use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
 
 pub use error::SqlError;
 use postgres::Postgres;
@@ -147,6 +148,18 @@ impl SqlServer {
     }
 }
 
+/// Runs `work` until the MCP request is cancelled; then drops it, which stops the database
+/// work too (the engines cancel or interrupt an abandoned call).
+async fn until_cancelled<T>(
+    ct: &CancellationToken,
+    work: impl std::future::Future<Output = Result<T, SqlError>>,
+) -> Result<T, SqlError> {
+    tokio::select! {
+        result = work => result,
+        () = ct.cancelled() => Err(SqlError::Cancelled),
+    }
+}
+
 fn ok(text: String) -> CallToolResult {
     CallToolResult::success(vec![ContentBlock::text(text)])
 }
@@ -169,11 +182,15 @@ impl SqlServer {
             open_world_hint = false
         )
     )]
-    async fn tables(&self) -> CallToolResult {
-        let result = match &*self.db {
-            Database::Postgres(pg) => pg.tables().await,
-            Database::Sqlite(lite) => lite.tables().await,
-        };
+    async fn tables(&self, ct: CancellationToken) -> CallToolResult {
+        let db = &*self.db;
+        let result = until_cancelled(&ct, async {
+            match db {
+                Database::Postgres(pg) => pg.tables().await,
+                Database::Sqlite(lite) => lite.tables().await,
+            }
+        })
+        .await;
         match result {
             Ok(tables) => ok(render_tables(&tables)),
             Err(e) => failed("tables", &e),
@@ -191,11 +208,19 @@ impl SqlServer {
             open_world_hint = false
         )
     )]
-    async fn describe(&self, Parameters(args): Parameters<DescribeArgs>) -> CallToolResult {
-        let result = match &*self.db {
-            Database::Postgres(pg) => pg.describe(&args.table).await,
-            Database::Sqlite(lite) => lite.describe(&args.table).await,
-        };
+    async fn describe(
+        &self,
+        Parameters(args): Parameters<DescribeArgs>,
+        ct: CancellationToken,
+    ) -> CallToolResult {
+        let db = &*self.db;
+        let result = until_cancelled(&ct, async {
+            match db {
+                Database::Postgres(pg) => pg.describe(&args.table).await,
+                Database::Sqlite(lite) => lite.describe(&args.table).await,
+            }
+        })
+        .await;
         match result {
             Ok((name, columns)) => ok(render_columns(&name, &columns)),
             Err(e) => failed("describe", &e),
@@ -214,15 +239,23 @@ impl SqlServer {
             open_world_hint = false
         )
     )]
-    async fn query(&self, Parameters(args): Parameters<QueryArgs>) -> CallToolResult {
+    async fn query(
+        &self,
+        Parameters(args): Parameters<QueryArgs>,
+        ct: CancellationToken,
+    ) -> CallToolResult {
         let (limit, note) = match row_limit(args.limit) {
             Ok(limit) => limit,
             Err(reason) => return failed("query", &SqlError::BadArgument(reason)),
         };
-        let result = match &*self.db {
-            Database::Postgres(pg) => pg.query(&args.sql, limit).await,
-            Database::Sqlite(lite) => lite.query(&args.sql, limit).await,
-        };
+        let db = &*self.db;
+        let result = until_cancelled(&ct, async {
+            match db {
+                Database::Postgres(pg) => pg.query(&args.sql, limit).await,
+                Database::Sqlite(lite) => lite.query(&args.sql, limit).await,
+            }
+        })
+        .await;
         match result {
             Ok(rows) => ok(render_rows(rows, limit, note)),
             Err(e) => failed("query", &e),

@@ -13,12 +13,14 @@
 //! - TLS follows libpq's `sslmode` (default `prefer`), through rustls (see `tls`).
 
 use std::error::Error as StdError;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{FromSql, Kind, Type};
-use tokio_postgres::{Client, Config, NoTls, Transaction};
+use tokio_postgres::{CancelToken, Client, Config, NoTls, Transaction};
 
 use super::error::{Result, SqlError};
 use super::guard::{self, Dialect};
@@ -35,6 +37,8 @@ pub struct Postgres {
     tls: Option<RustlsConnect>,
     timeout: Duration,
     client: tokio::sync::Mutex<Option<Client>>,
+    /// Set when a call was abandoned mid-query: the next call reconnects.
+    discard: Arc<AtomicBool>,
 }
 
 /// One unit of work done inside a read-only transaction.
@@ -77,6 +81,7 @@ impl Postgres {
             tls,
             timeout,
             client: tokio::sync::Mutex::new(None),
+            discard: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -115,7 +120,8 @@ impl Postgres {
     }
 
     async fn connected<'s>(&self, slot: &'s mut Option<Client>) -> Result<&'s mut Client> {
-        if slot.as_ref().is_some_and(|c| c.is_closed()) {
+        let abandoned = self.discard.swap(false, Ordering::SeqCst);
+        if abandoned || slot.as_ref().is_some_and(|c| c.is_closed()) {
             *slot = None;
         }
         if slot.is_none() {
@@ -148,12 +154,19 @@ impl Postgres {
     async fn run(&self, op: Op<'_>) -> Result<Output> {
         let mut slot = self.client.lock().await;
         let client = self.connected(&mut slot).await?;
-        let cancel = client.cancel_token();
+        // If this call is abandoned (the MCP client cancels it), the guard cancels the query
+        // on the server and has the next call start on a fresh connection.
+        let mut guard = CancelOnDrop {
+            token: Some(client.cancel_token()),
+            tls: self.tls.clone(),
+            discard: Arc::clone(&self.discard),
+        };
         let outcome = tokio::time::timeout(
             self.timeout + CLIENT_GRACE,
             run_in_transaction(client, op, self.timeout),
         )
         .await;
+        let cancel = guard.defuse();
         match outcome {
             Ok(Ok(output)) => Ok(output),
             Ok(Err(e)) => {
@@ -166,12 +179,8 @@ impl Postgres {
             }
             Err(_) => {
                 tracing::warn!(timeout = ?self.timeout, "postgres did not stop the query at its statement timeout; cancelling");
-                let cancelled = match &self.tls {
-                    None => cancel.cancel_query(NoTls).await,
-                    Some(tls) => cancel.cancel_query(tls.clone()).await,
-                };
-                if let Err(e) = cancelled {
-                    tracing::warn!(error = %e, "cancel request failed");
+                if let Some(token) = cancel {
+                    cancel_query(token, self.tls.clone()).await;
                 }
                 // The connection may still be busy with the cancelled query: start afresh.
                 *slot = None;
@@ -218,6 +227,45 @@ fn describe_error(e: &tokio_postgres::Error) -> String {
         text.push_str("; this server is read-only: only queries that read are allowed");
     }
     text
+}
+
+/// Cancels the query running on a connection's backend.
+async fn cancel_query(token: CancelToken, tls: Option<RustlsConnect>) {
+    let cancelled = match tls {
+        None => token.cancel_query(NoTls).await,
+        Some(tls) => token.cancel_query(tls).await,
+    };
+    if let Err(e) = cancelled {
+        tracing::warn!(error = %describe_error(&e), "postgres cancel request failed");
+    }
+}
+
+/// Armed while a call runs; dropped armed (the call's future was abandoned), it cancels the
+/// backend's query and marks the connection to be replaced, so a late cancel can never hit the
+/// next call's query.
+struct CancelOnDrop {
+    token: Option<CancelToken>,
+    tls: Option<RustlsConnect>,
+    discard: Arc<AtomicBool>,
+}
+
+impl CancelOnDrop {
+    fn defuse(&mut self) -> Option<CancelToken> {
+        self.token.take()
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(token) = self.token.take() else {
+            return;
+        };
+        self.discard.store(true, Ordering::SeqCst);
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            tracing::info!("sql call abandoned; cancelling its postgres query");
+            handle.spawn(cancel_query(token, self.tls.take()));
+        }
+    }
 }
 
 /// Logs how a connection ended; the client notices on its next call and reconnects.

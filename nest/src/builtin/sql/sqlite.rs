@@ -9,9 +9,10 @@
 //! - exactly one statement runs: the tail after the first statement must be empty, and the
 //!   statement must be one SQLite itself calls read-only (`sqlite3_stmt_readonly`);
 //! - every statement runs under a deadline enforced by a progress handler, so a runaway query is
-//!   interrupted at the timeout.
+//!   interrupted at the timeout, or as soon as its MCP request is cancelled.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,8 +31,65 @@ const PROGRESS_STEPS: i32 = 10_000;
 /// A SQLite database file, opened read-only.
 pub struct Sqlite {
     conn: Arc<Mutex<Connection>>,
-    deadline: Arc<Mutex<Option<Instant>>>,
+    watch: Arc<Watch>,
     timeout: Duration,
+}
+
+/// What the progress handler checks between VM steps: the running call's deadline, and whether
+/// that call was abandoned (its MCP request cancelled). Calls are numbered so that abandoning one
+/// can never interrupt the next.
+#[derive(Default)]
+struct Watch {
+    deadline: Mutex<Option<Instant>>,
+    /// The call running on the connection, 0 when idle.
+    running: AtomicU64,
+    /// The last call that was abandoned.
+    abandoned: AtomicU64,
+    next_id: AtomicU64,
+}
+
+impl Watch {
+    fn start(&self, id: u64, timeout: Duration) {
+        if let Ok(mut d) = self.deadline.lock() {
+            *d = Some(Instant::now() + timeout);
+        }
+        self.running.store(id, Ordering::SeqCst);
+    }
+
+    fn finish(&self) {
+        self.running.store(0, Ordering::SeqCst);
+        if let Ok(mut d) = self.deadline.lock() {
+            *d = None;
+        }
+    }
+
+    /// true interrupts the running statement.
+    fn should_interrupt(&self) -> bool {
+        let running = self.running.load(Ordering::SeqCst);
+        if running != 0 && running == self.abandoned.load(Ordering::SeqCst) {
+            return true;
+        }
+        self.deadline
+            .lock()
+            .map(|d| d.is_some_and(|at| Instant::now() >= at))
+            .unwrap_or(true)
+    }
+}
+
+/// Armed while a call waits for its blocking task; dropped armed, it marks the call abandoned.
+struct AbandonOnDrop {
+    watch: Arc<Watch>,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            tracing::info!("sql call abandoned; interrupting its sqlite statement");
+            self.watch.abandoned.store(self.id, Ordering::SeqCst);
+        }
+    }
 }
 
 /// Where the DSN points: a plain path, or a `file:` URI.
@@ -93,13 +151,13 @@ impl Sqlite {
             SqliteTarget::Uri(uri) => Connection::open_with_flags(Path::new(uri), flags),
         }
         .map_err(|e| SqlError::Config(format!("cannot open the SQLite database named by ${dsn_env}: {e}")))?;
-        let deadline = Arc::new(Mutex::new(None));
-        fence(&conn, timeout, Arc::clone(&deadline)).map_err(|e| {
+        let watch = Arc::new(Watch::default());
+        fence(&conn, timeout, Arc::clone(&watch)).map_err(|e| {
             SqlError::Config(format!("cannot make the SQLite database read-only: {e}"))
         })?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
-            deadline,
+            watch,
             timeout,
         })
     }
@@ -188,19 +246,8 @@ impl Sqlite {
     pub async fn query(&self, sql: &str, limit: usize) -> Result<QueryRows> {
         guard::screen(sql, Dialect::Sqlite)?;
         let sql = sql.to_owned();
-        let conn = Arc::clone(&self.conn);
-        let deadline = Arc::clone(&self.deadline);
-        let timeout = self.timeout;
-        let outcome = tokio::task::spawn_blocking(move || {
-            let conn = conn.lock().map_err(|_| QueryFailure::Poisoned)?;
-            arm(&deadline, timeout);
-            let result = run_query(&conn, &sql, limit);
-            disarm(&deadline);
-            result
-        })
-        .await
-        .map_err(|e| SqlError::Database(format!("internal error: the query task failed: {e}")))?;
-        outcome.map_err(|f| self.map_failure(f))
+        self.run_blocking(move |conn| run_query(conn, &sql, limit))
+            .await
     }
 
     /// Runs `work` on the connection in a blocking task, under the deadline.
@@ -209,18 +256,36 @@ impl Sqlite {
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
+        self.run_blocking(move |conn| work(conn).map_err(QueryFailure::Sqlite))
+            .await
+    }
+
+    /// Runs `work` in a blocking task holding the connection, watched by the progress handler:
+    /// interrupted at the timeout, or as soon as this call is abandoned.
+    async fn run_blocking<T, F>(&self, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> std::result::Result<T, QueryFailure> + Send + 'static,
+    {
+        let id = self.watch.next_id.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut abandon = AbandonOnDrop {
+            watch: Arc::clone(&self.watch),
+            id,
+            armed: true,
+        };
         let conn = Arc::clone(&self.conn);
-        let deadline = Arc::clone(&self.deadline);
+        let watch = Arc::clone(&self.watch);
         let timeout = self.timeout;
         let outcome = tokio::task::spawn_blocking(move || {
             let conn = conn.lock().map_err(|_| QueryFailure::Poisoned)?;
-            arm(&deadline, timeout);
-            let result = work(&conn).map_err(QueryFailure::Sqlite);
-            disarm(&deadline);
+            watch.start(id, timeout);
+            let result = work(&conn);
+            watch.finish();
             result
         })
-        .await
-        .map_err(|e| {
+        .await;
+        abandon.armed = false;
+        let outcome = outcome.map_err(|e| {
             SqlError::Database(format!("internal error: the database task failed: {e}"))
         })?;
         outcome.map_err(|f| self.map_failure(f))
@@ -260,24 +325,8 @@ fn unquote(s: &str) -> String {
     s.to_owned()
 }
 
-fn arm(deadline: &Mutex<Option<Instant>>, timeout: Duration) {
-    if let Ok(mut d) = deadline.lock() {
-        *d = Some(Instant::now() + timeout);
-    }
-}
-
-fn disarm(deadline: &Mutex<Option<Instant>>) {
-    if let Ok(mut d) = deadline.lock() {
-        *d = None;
-    }
-}
-
 /// Puts the fences up on a freshly opened connection.
-fn fence(
-    conn: &Connection,
-    timeout: Duration,
-    deadline: Arc<Mutex<Option<Instant>>>,
-) -> rusqlite::Result<()> {
+fn fence(conn: &Connection, timeout: Duration, watch: Arc<Watch>) -> rusqlite::Result<()> {
     conn.execute_batch("PRAGMA query_only = ON")?;
     conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
     conn.set_db_config(
@@ -292,16 +341,7 @@ fn fence(
     // Extension loading stays off (rusqlite is built without `load_extension`, so nothing
     // enables it), and the authorizer refuses the SQL function as well.
     conn.busy_timeout(timeout)?;
-    conn.progress_handler(
-        PROGRESS_STEPS,
-        Some(move || {
-            // true interrupts the running statement.
-            deadline
-                .lock()
-                .map(|d| d.is_some_and(|at| Instant::now() >= at))
-                .unwrap_or(true)
-        }),
-    );
+    conn.progress_handler(PROGRESS_STEPS, Some(move || watch.should_interrupt()));
     conn.authorizer(Some(authorize));
     Ok(())
 }
