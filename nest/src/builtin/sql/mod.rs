@@ -2,14 +2,17 @@
 //!
 //! Reading order: `guard` (the lexical screen every query passes first), `render` (what the
 //! tools return, and where results are cut), `postgres` and `sqlite` (the two engines and their
-//! own read-only fences; `tls` is the Postgres connection's rustls glue), then this file (the MCP server over stdio, through rmcp).
+//! own read-only fences; `tls` is the Postgres connection's rustls glue), then this file (the
+//! MCP server over stdio, through rmcp).
 //!
 //! Invariants:
 //! - the DSN comes only from the environment variable named by `--dsn-env`, and is never logged
 //!   or returned in a tool result;
 //! - every tool is marked `readOnlyHint`, and no tool can change the database: each engine
 //!   enforces read-only itself, and the screen only adds early, clear refusals;
-//! - a failing call is a tool result with `isError: true`, never a crash of the server;
+//! - a failing call is a tool result with `isError: true`, never a crash of the server (only
+//!   arguments of the wrong JSON shape are JSON-RPC invalid-params errors, as rmcp answers them);
+//! - a cancelled call (MCP `notifications/cancelled`) stops its database work;
 //! - stdout is the protocol: logs go to stderr through `tracing`.
 
 mod error;
