@@ -816,7 +816,9 @@ impl Core {
                     declaring.insert(digest);
                 }
                 Ok(_) => {}
-                Err(e) => tracing::warn!(%digest, error = %e, "cannot read the secrets a bundle declares"),
+                Err(e) => {
+                    tracing::warn!(%digest, error = %e, "cannot read the secrets a bundle declares")
+                }
             }
         }
         if declaring.is_empty() {
@@ -1143,11 +1145,8 @@ impl Core {
                         Err(e) => {
                             let message = format!("cannot place: {e}");
                             tracing::error!(instance = %inst.instance_id, "{message}");
-                            let mut inst = st
-                                .instances
-                                .get(&inst.instance_id)
-                                .cloned()
-                                .unwrap_or(inst);
+                            let mut inst =
+                                st.instances.get(&inst.instance_id).cloned().unwrap_or(inst);
                             if inst.message != message {
                                 inst.message = message;
                                 inst.updated_at_ms = now;

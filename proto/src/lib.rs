@@ -13,7 +13,10 @@ pub mod v1 {
             f.debug_struct("SetSecretRequest")
                 .field("namespace", &self.namespace)
                 .field("name", &self.name)
-                .field("value", &format_args!("[redacted; {} bytes]", self.value.len()))
+                .field(
+                    "value",
+                    &format_args!("[redacted; {} bytes]", self.value.len()),
+                )
                 .finish()
         }
     }
@@ -36,4 +39,5 @@ pub mod v1 {
 }
 
 /// Encoded `FileDescriptorSet` of every `agen.v1` proto, for gRPC server reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/agen_descriptor.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/agen_descriptor.bin"));

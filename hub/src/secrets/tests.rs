@@ -42,16 +42,22 @@ fn a_sealed_value_opens_only_with_its_key_and_its_name() {
 fn stored_secrets_round_trip_and_list_without_values() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = open(dir.path());
-    let (meta, replaced) = store.set("default", "DATABASE_URL", VALUE, 1000).expect("set");
+    let (meta, replaced) = store
+        .set("default", "DATABASE_URL", VALUE, 1000)
+        .expect("set");
     assert!(!replaced);
     assert_eq!(
         (meta.name.as_str(), meta.created_at_ms, meta.updated_at_ms),
         ("DATABASE_URL", 1000, 1000)
     );
-    let (meta, replaced) = store.set("default", "DATABASE_URL", "v2", 2000).expect("set");
+    let (meta, replaced) = store
+        .set("default", "DATABASE_URL", "v2", 2000)
+        .expect("set");
     assert!(replaced);
     assert_eq!((meta.created_at_ms, meta.updated_at_ms), (1000, 2000));
-    store.set("other", "DATABASE_URL", "other-ns", 3000).expect("set");
+    store
+        .set("other", "DATABASE_URL", "other-ns", 3000)
+        .expect("set");
 
     let wanted = ["DATABASE_URL".to_string(), "NOT_SET".to_string()];
     let values = store.values("default", wanted.iter()).expect("values");
@@ -68,7 +74,9 @@ fn stored_secrets_round_trip_and_list_without_values() {
     assert_eq!(listed, vec![("default".into(), "DATABASE_URL".into())]);
 
     assert!(store.delete("default", "DATABASE_URL").expect("delete"));
-    assert!(!store.delete("default", "DATABASE_URL").expect("delete again"));
+    assert!(!store
+        .delete("default", "DATABASE_URL")
+        .expect("delete again"));
     assert_eq!(store.list("default").expect("list").len(), 0);
     assert_eq!(store.list("other").expect("list").len(), 1);
 }
@@ -109,7 +117,8 @@ fn a_key_file_of_the_wrong_size_is_refused() {
     std::fs::write(&path, b"short").expect("write");
     let err = SecretKey::load_or_create(&path).expect_err("refused");
     assert!(
-        err.to_string().contains("expected a 32-byte key, found 5 bytes"),
+        err.to_string()
+            .contains("expected a 32-byte key, found 5 bytes"),
         "{err}"
     );
 }
@@ -143,7 +152,10 @@ fn names_and_values_are_checked() {
     check_value(b"", Err("value: expected a value, got nothing"));
     check_value(&[0xff, 0xfe], Err("value: expected UTF-8 text"));
     check_value(b"a\0b", Err("without NUL"));
-    check_value(&vec![b'x'; MAX_SECRET_BYTES], Ok(&"x".repeat(MAX_SECRET_BYTES)));
+    check_value(
+        &vec![b'x'; MAX_SECRET_BYTES],
+        Ok(&"x".repeat(MAX_SECRET_BYTES)),
+    );
     check_value(
         &vec![b'x'; MAX_SECRET_BYTES + 1],
         Err("value: 65537 bytes is over the 64 KiB secret limit"),

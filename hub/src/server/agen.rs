@@ -113,8 +113,7 @@ impl AgenService for AgenApi {
             tokio::task::spawn_blocking(move || validate_bundle(&checked))
                 .await
                 .map_err(|e| HubError::Internal(format!("bundle validation panicked: {e}")))??;
-        self.core
-            .remember_bundle_secrets(&digest, platform_secrets);
+        self.core.remember_bundle_secrets(&digest, platform_secrets);
         let already_present = self.core.put_bundle(&digest, &bytes, &agent_name)?;
         self.core.db.flush().await.map_err(HubError::from)?;
         tracing::info!(%digest, size = bytes.len(), agent = %agent_name, "bundle stored");
