@@ -64,9 +64,7 @@ pub enum Command {
 
 /// Runs the parsed command and returns the process exit code.
 pub fn main(cli: Cli) -> i32 {
-    // Both ring and aws-lc-rs end up in the dependency tree (tonic, reqwest, rmcp); pick one
-    // process-wide before any TLS config is built.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    agen_shared::tls::install_crypto_provider();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

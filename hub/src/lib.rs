@@ -124,6 +124,7 @@ pub fn notify_ready() {
 /// Starts a Hub: creates or loads its data dir (store, CA, tokens), binds, spawns serving and
 /// the reconcile loop, and returns once it is listening. It stops when `shutdown` is cancelled.
 pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubHandle> {
+    agen_shared::tls::install_crypto_provider();
     opts.validate()?;
     let data_dir = opts.data_dir.clone();
     std::fs::create_dir_all(&data_dir)

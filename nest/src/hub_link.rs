@@ -78,7 +78,7 @@ pub async fn client(opts: &NestOptions) -> Result<HubClient> {
     let endpoint = if hub.starts_with("https://") {
         // Several rustls providers are in the build graph: pick ring for the process (no-op
         // when one is installed already).
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        agen_shared::tls::install_crypto_provider();
         let ca = trusted_ca(opts, &hub).await?;
         endpoint
             .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))

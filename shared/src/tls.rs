@@ -78,6 +78,13 @@ fn gen_err(what: &'static str) -> impl FnOnce(rcgen::Error) -> TlsError {
 }
 
 /// Writes `data` to `path` with mode 0600 (atomically: temp file + rename).
+/// Selects ring as the process-wide rustls crypto provider unless one is installed already.
+/// Both ring and aws-lc-rs are in the dependency tree (tonic, reqwest, rmcp), and rustls
+/// refuses to guess; every entry point that builds a TLS config calls this first.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 pub fn write_private(path: &Path, data: &[u8]) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
