@@ -68,7 +68,7 @@ fn ours(list: &[Value]) -> Vec<Value> {
 fn a_platform_secret_reaches_the_tool_server_only_after_it_is_set_and_never_leaks() {
     let tmp = tempfile::tempdir().unwrap();
     let hub = HubProcess::start(tmp.path()).unwrap();
-    let _nest = hub.nest("solo", &[], &[]).unwrap();
+    let nest = hub.nest("solo", &[], &[]).unwrap();
     let db = tmp.path().join("private-orders-4f1c9e.db");
     sqlite_file(&db);
     let dsn = format!("sqlite://{}", db.display());
@@ -156,10 +156,15 @@ fn a_platform_secret_reaches_the_tool_server_only_after_it_is_set_and_never_leak
     assert!(!String::from_utf8_lossy(&trace.stdout).contains(&dsn));
     assert!(!done.to_string().contains(&dsn));
 
-    // The Hub's data dir holds the value sealed only.
-    let out = hub.cli(&["nests"]).unwrap();
-    assert!(out.status.success());
-    for f in files_under(&hub.dir.join("hub")) {
+    // The Hub's data dir holds the value sealed only; the Nest keeps it in memory only; no
+    // log shows it.
+    let mut files = files_under(&hub.dir.join("hub"));
+    files.extend(files_under(&nest.dir));
+    for log in ["hub.log", "nest-solo.log"] {
+        assert!(hub.dir.join(log).metadata().is_ok_and(|m| m.len() > 0), "{log} is written");
+        files.push(hub.dir.join(log));
+    }
+    for f in files {
         let bytes = std::fs::read(&f).unwrap_or_default();
         assert!(!bytes.windows(dsn.len()).any(|w| w == dsn.as_bytes()), "{} holds the secret value", f.display());
     }
