@@ -469,7 +469,7 @@ async fn an_unknown_tool_is_reported_to_the_model_not_fatal() {
     assert_eq!(outcome.state, RunState::Succeeded);
     assert_eq!(
         outcome.result,
-        "unknown tool `nope_missing`; the available tools are: finish"
+        "unknown tool `nope_missing`; the available tools are: finish, read_artifact, save_artifact"
     );
 }
 
