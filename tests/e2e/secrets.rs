@@ -114,18 +114,23 @@ fn a_platform_secret_reaches_the_tool_server_only_after_it_is_set_and_never_leak
         })
         .unwrap();
     assert!(ours(&list).iter().all(|i| i["healthy"] == false), "{list:?}");
+    // The Hub keeps replacing it, backing off longer each time.
+    hub.wait_instances("a replacement back-off of 8s", Duration::from_secs(60), |l| {
+        ours(l).iter().any(|i| i["message"].as_str().is_some_and(|m| m.starts_with("replacement back-off 8s") && m.contains("DATABASE_URL")))
+    })
+    .unwrap();
 
     // Set it, value on stdin: the instance is replaced and loads the sql tools.
     let out = cli_with_stdin(&hub, &["secrets", "set", "DATABASE_URL"], &format!("{dsn}\n"));
     assert!(out.status.success(), "secrets set: {}", String::from_utf8_lossy(&out.stderr));
     assert!(!String::from_utf8_lossy(&out.stdout).contains(&dsn));
+    // Well within the 8s back-off: setting the secret replaces the instance at once.
     let list = hub
-        .wait_instances("a healthy instance with the sql tools", Duration::from_secs(30), |l| {
+        .wait_instances("a healthy instance with the sql tools", Duration::from_secs(5), |l| {
             ours(l).iter().any(|i| i["state"] == "running" && i["healthy"] == true)
         })
         .unwrap();
     let healthy = ours(&list).into_iter().find(|i| i["healthy"] == true).unwrap();
-    // Promptly, not after the replacement back-off.
     assert!(hub.proc.log_text().contains("secret set: replacing the instances that started without it now"));
     let tools: Vec<&str> = healthy["tools"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
     for t in ["db.tables", "db.describe", "db.query"] {
