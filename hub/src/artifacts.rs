@@ -43,7 +43,9 @@ fn key(parts: &[&str]) -> Vec<u8> {
 
 fn check_id(id: &str) -> Result<()> {
     let ok = id.strip_prefix("sha256:").is_some_and(|h| {
-        h.len() == 64 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        h.len() == 64
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     });
     if ok {
         Ok(())
@@ -73,7 +75,9 @@ impl Core {
         rec.namespace = namespace_or_default(&rec.namespace);
         crate::fleet::validate_name("namespace", &rec.namespace)?;
         if rec.name.trim().is_empty() {
-            return Err(HubError::invalid("artifact name: expected a short name, got an empty string"));
+            return Err(HubError::invalid(
+                "artifact name: expected a short name, got an empty string",
+            ));
         }
         if bytes.len() as u64 > MAX_ARTIFACT_BYTES {
             return Err(HubError::ResourceExhausted(format!(
@@ -128,7 +132,8 @@ impl Core {
                 media_type: rec.media_type.clone(),
                 ..stored.clone()
             };
-            let bytes = serde_json::to_vec(&for_task).map_err(|e| HubError::Internal(e.to_string()))?;
+            let bytes =
+                serde_json::to_vec(&for_task).map_err(|e| HubError::Internal(e.to_string()))?;
             self.db
                 .raw()
                 .insert_if_absent(Table::ArtifactTasks, &task_key, &bytes)?;
@@ -223,11 +228,19 @@ mod tests {
     async fn the_same_bytes_are_stored_once_per_namespace_and_read_back_exactly() {
         let dir = tempfile::tempdir().unwrap();
         let core = core(dir.path());
-        let a = core.put_artifact(rec("default", "a"), b"hello".to_vec()).await.unwrap();
+        let a = core
+            .put_artifact(rec("default", "a"), b"hello".to_vec())
+            .await
+            .unwrap();
         assert_eq!(a.id, agen_shared::bundle::digest(b"hello"));
-        let again = core.put_artifact(rec("default", "b"), b"hello".to_vec()).await.unwrap();
+        let again = core
+            .put_artifact(rec("default", "b"), b"hello".to_vec())
+            .await
+            .unwrap();
         assert_eq!(again, a, "the first save's record is kept");
-        core.put_artifact(rec("other", "a"), b"hello".to_vec()).await.unwrap();
+        core.put_artifact(rec("other", "a"), b"hello".to_vec())
+            .await
+            .unwrap();
         assert_eq!(core.list_artifacts("default", "").unwrap(), vec![a.clone()]);
         assert_eq!(core.artifact("default", &a.id).unwrap().1, b"hello");
         let missing = agen_shared::bundle::digest(b"nope");
@@ -236,7 +249,10 @@ mod tests {
             err.to_string(),
             format!("artifact {missing} not found in namespace default; list them with agen artifacts ls")
         );
-        assert!(matches!(core.artifact("default", "../x"), Err(HubError::InvalidArgument(_))));
+        assert!(matches!(
+            core.artifact("default", "../x"),
+            Err(HubError::InvalidArgument(_))
+        ));
     }
 
     #[tokio::test]
@@ -256,8 +272,12 @@ mod tests {
         ));
 
         // The namespace quota counts distinct bytes only.
-        core.put_artifact_within(rec("default", "a"), vec![1; 600_000], 1_000_000).await.unwrap();
-        core.put_artifact_within(rec("default", "a2"), vec![1; 600_000], 1_000_000).await.unwrap();
+        core.put_artifact_within(rec("default", "a"), vec![1; 600_000], 1_000_000)
+            .await
+            .unwrap();
+        core.put_artifact_within(rec("default", "a2"), vec![1; 600_000], 1_000_000)
+            .await
+            .unwrap();
         let err = core
             .put_artifact_within(rec("default", "b"), vec![2; 600_000], 1_000_000)
             .await
@@ -266,6 +286,8 @@ mod tests {
             err.to_string(),
             "namespace default already holds 600000 bytes of artifacts; 600000 more would pass the limit of 1 MB per namespace; save less or clean up old artifacts"
         );
-        core.put_artifact_within(rec("other", "b"), vec![2; 600_000], 1_000_000).await.unwrap();
+        core.put_artifact_within(rec("other", "b"), vec![2; 600_000], 1_000_000)
+            .await
+            .unwrap();
     }
 }

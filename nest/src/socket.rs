@@ -49,7 +49,10 @@ pub enum ToNest {
     },
     /// `read_artifact`: the Nest reads it from the Hub (`ReadArtifact`, in the instance's
     /// namespace) and answers [`ToInstance::ArtifactReply`] with the content.
-    ReadArtifact { req: u64, id: String },
+    ReadArtifact {
+        req: u64,
+        id: String,
+    },
 }
 
 /// Nest → instance.

@@ -3,6 +3,8 @@
 //! then see it all through the CLI (`agen artifacts ls|get`, `agen query`), the bytes having
 //! gone instance → Nest (socket) → Hub (`PutArtifact`) and back (`ReadArtifact`).
 
+#![allow(clippy::unwrap_used)] // a test: a panic is a failure with its message
+
 use agen_tests::{write_bundle, FakeModel, HubProcess, NestProcess};
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
@@ -54,7 +56,7 @@ impl Fleet {
     fn last_tool_results(&self) -> Vec<String> {
         let path = self.hub.dir.join("model-requests.jsonl");
         let text = std::fs::read_to_string(path).unwrap_or_default();
-        let last: Value = text.lines().filter_map(|l| serde_json::from_str(l).ok()).last().expect("the model was asked");
+        let last: Value = text.lines().filter_map(|l| serde_json::from_str(l).ok()).next_back().expect("the model was asked");
         last["body"]["messages"]
             .as_array()
             .unwrap()

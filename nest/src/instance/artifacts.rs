@@ -165,10 +165,13 @@ fn meta_for(a: &NewArtifact, id: String) -> ArtifactMeta {
     }
 }
 
+/// One namespace's artifacts in memory, by id.
+type Namespace = HashMap<String, (ArtifactMeta, Vec<u8>)>;
+
 /// Artifacts in memory (embedded use and tests), with the same limits as the real stores.
 #[derive(Default)]
 pub struct MemoryArtifacts {
-    by_namespace: Mutex<HashMap<String, HashMap<String, (ArtifactMeta, Vec<u8>)>>>,
+    by_namespace: Mutex<HashMap<String, Namespace>>,
 }
 
 #[async_trait::async_trait]
@@ -234,7 +237,11 @@ impl LocalArtifacts {
                 }
             })
             .collect();
-        self.dir.join(if safe.is_empty() { "default".into() } else { safe })
+        self.dir.join(if safe.is_empty() {
+            "default".into()
+        } else {
+            safe
+        })
     }
 
     pub fn meta(&self, namespace: &str, id: &str) -> Result<Option<ArtifactMeta>, ArtifactError> {
@@ -242,9 +249,9 @@ impl LocalArtifacts {
             .namespace_dir(namespace)
             .join(format!("{}.json", id_hex(id)?));
         match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-                ArtifactError::Unavailable(format!("{}: {e}", path.display()))
-            }),
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| ArtifactError::Unavailable(format!("{}: {e}", path.display()))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io_err(&path, e)),
         }
@@ -366,7 +373,13 @@ mod tests {
     fn ids_are_checked_before_use() {
         let good = artifact_id(b"x");
         assert!(id_hex(&good).is_ok());
-        for bad in ["", "sha256:", "md5:00", "sha256:../../etc/passwd", &good.to_uppercase()] {
+        for bad in [
+            "",
+            "sha256:",
+            "md5:00",
+            "sha256:../../etc/passwd",
+            &good.to_uppercase(),
+        ] {
             assert_eq!(
                 id_hex(bad).map(str::to_string),
                 Err(ArtifactError::BadId(bad.to_string())),
@@ -388,7 +401,9 @@ mod tests {
             store.read("other", &a.id).await,
             Err(ArtifactError::NotFound(a.id.clone()))
         );
-        let files = std::fs::read_dir(store.namespace_dir("ns")).expect("dir").count();
+        let files = std::fs::read_dir(store.namespace_dir("ns"))
+            .expect("dir")
+            .count();
         assert_eq!(files, 2, "one blob and its metadata");
     }
 

@@ -1283,13 +1283,24 @@ impl Run<'_> {
             finish: None,
         };
         let args = &call.arguments;
-        let Some(name) = args.get("name").and_then(Value::as_str).filter(|n| !n.trim().is_empty()) else {
-            return answer("save_artifact needs `name`: a short name for the artifact, e.g. weekly-report".into(), true);
+        let Some(name) = args
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.trim().is_empty())
+        else {
+            return answer(
+                "save_artifact needs `name`: a short name for the artifact, e.g. weekly-report"
+                    .into(),
+                true,
+            );
         };
         let content = match args.get("content") {
             Some(Value::String(s)) => s.clone(),
             Some(Value::Null) | None => {
-                return answer("save_artifact needs `content`: the text to save".into(), true)
+                return answer(
+                    "save_artifact needs `content`: the text to save".into(),
+                    true,
+                )
             }
             Some(other) => other.to_string(),
         };
@@ -1340,7 +1351,10 @@ impl Run<'_> {
         };
         let args = &call.arguments;
         let Some(id) = args.get("id").and_then(Value::as_str) else {
-            return answer("read_artifact needs `id`: the sha256:<hex> id save_artifact returned".into(), true);
+            return answer(
+                "read_artifact needs `id`: the sha256:<hex> id save_artifact returned".into(),
+                true,
+            );
         };
         let number = |key: &str| -> Result<Option<usize>, String> {
             match args.get(key) {
@@ -1349,7 +1363,11 @@ impl Run<'_> {
                     .as_u64()
                     .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
                     .map(|n| Some(usize::try_from(n).unwrap_or(usize::MAX)))
-                    .ok_or_else(|| format!("read_artifact: `{key}` must be a whole number of characters, got {v}")),
+                    .ok_or_else(|| {
+                        format!(
+                            "read_artifact: `{key}` must be a whole number of characters, got {v}"
+                        )
+                    }),
             }
         };
         let (offset, length) = match (number("offset"), number("length")) {
