@@ -131,3 +131,89 @@ impl ArtifactStore for NestArtifacts {
         Ok(reply.content.unwrap_or_default().into_bytes())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    /// A Nest stand-in: answers each artifact request on the channel with `answer`.
+    fn nest(
+        mut rx: mpsc::UnboundedReceiver<ToNest>,
+        store: Arc<NestArtifacts>,
+        answer: impl Fn(ToNest) -> Reply + Send + 'static,
+    ) {
+        tokio::spawn(async move {
+            while let Some(msg) = rx.recv().await {
+                let req = match &msg {
+                    ToNest::PutArtifact { req, .. } | ToNest::ReadArtifact { req, .. } => *req,
+                    _ => continue,
+                };
+                store.deliver(req, answer(msg));
+            }
+        });
+    }
+
+    #[tokio::test]
+    async fn saves_and_reads_go_through_the_nest_and_its_errors_reach_the_model() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let store = Arc::new(NestArtifacts::new(tx));
+        nest(rx, store.clone(), |msg| match msg {
+            ToNest::PutArtifact {
+                task_id,
+                name,
+                media_type,
+                content,
+                ..
+            } => Reply {
+                artifact: Some(ArtifactMeta {
+                    id: crate::instance::artifacts::artifact_id(content.as_bytes()),
+                    name,
+                    media_type,
+                    size: content.len() as u64,
+                    task_id,
+                    created_at_ms: 1,
+                }),
+                ..Reply::default()
+            },
+            ToNest::ReadArtifact { id, .. } => Reply {
+                error: Some(format!("artifact {id} not found in namespace default")),
+                ..Reply::default()
+            },
+            _ => Reply::default(),
+        });
+        let meta = store
+            .save(NewArtifact {
+                namespace: "ignored: the nest uses the placement".into(),
+                task_id: "t".into(),
+                run_id: "r".into(),
+                name: "n".into(),
+                media_type: "text/plain".into(),
+                content: b"hi".to_vec(),
+            })
+            .await
+            .expect("saved");
+        assert_eq!(
+            (meta.id.as_str(), meta.size, meta.task_id.as_str()),
+            (
+                crate::instance::artifacts::artifact_id(b"hi").as_str(),
+                2,
+                "t"
+            )
+        );
+        let missing = crate::instance::artifacts::artifact_id(b"x");
+        assert_eq!(
+            store.read("default", &missing).await,
+            Err(ArtifactError::Invalid(format!(
+                "artifact {missing} not found in namespace default"
+            )))
+        );
+        assert_eq!(
+            store.read("default", "nope").await,
+            Err(ArtifactError::BadId("nope".into())),
+            "a bad id never reaches the nest"
+        );
+    }
+}
