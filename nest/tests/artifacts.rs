@@ -220,7 +220,10 @@ async fn an_artifact_over_25_mb_is_refused_with_a_clear_error() {
         err.to_string(),
         "artifact huge is 25000001 bytes, more than the limit of 25 MB per artifact; save it in smaller parts or save a summary"
     );
-    assert!(!store_dir.path().join("default").exists(), "nothing was stored");
+    assert!(
+        !store_dir.path().join("default").exists(),
+        "nothing was stored"
+    );
 }
 
 #[tokio::test]
@@ -251,8 +254,105 @@ async fn bad_arguments_and_bad_ids_are_clear_tool_errors_and_the_run_goes_on() {
             "read_artifact: `offset` must be a whole number of characters, got \"soon\"".to_string(),
         ]
     );
-    assert!(
-        !store.path().join("default").exists(),
-        "nothing was stored"
+    assert!(!store.path().join("default").exists(), "nothing was stored");
+}
+
+/// A long save is logged by id only (the run log and the conversation never carry the content
+/// twice), and a resumed run whose log holds only that id answers the call from the store.
+#[tokio::test]
+async fn long_saves_are_logged_by_id_and_a_resumed_run_finds_the_artifact() {
+    use agen_nest::instance::RunEventRecord;
+    let long = "a long chapter. ".repeat(4000);
+    let id = artifact_id(long.as_bytes());
+    let store = tempfile::tempdir().unwrap();
+    let steps = vec![
+        Step::call("save_artifact", json!({"name": "chapter", "content": long})),
+        Step::template("{{last_tool_result}}"),
+    ];
+    let (outcome, sink, _model) = run(steps.clone(), store.path(), false).await;
+    assert_eq!(outcome.result, id);
+
+    let reference = json!({"name": "chapter", "content_artifact": id, "content_bytes": long.len()});
+    let answered = sink.of_kind("model.answered");
+    assert_eq!(
+        answered[0]["message"]["tool_calls"][0]["arguments"],
+        reference
+    );
+    let assistant = outcome
+        .messages
+        .iter()
+        .find(|m| m["role"] == "assistant")
+        .unwrap();
+    assert_eq!(assistant["tool_calls"][0]["arguments"], reference);
+    assert_eq!(sink.of_kind("tool.completed")[0]["result"], json!(id));
+
+    // Resume as if the instance died right after the model answered (nothing after it is in
+    // the log): the call is answered from the store, not saved from a lost content.
+    let replay: Vec<RunEventRecord> = sink
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .take_while(|(k, _)| k != "tool.started")
+        .map(|(kind, json)| RunEventRecord {
+            kind: kind.clone(),
+            json: json.clone(),
+        })
+        .collect();
+    assert_eq!(replay.last().unwrap().kind, "model.answered");
+    let model = FakeModel::start(Script::steps(steps), "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = bundle(dir.path(), &model.openai_base_url());
+    let host = ToolHost::start(&bundle, LaunchContext::new("/nonexistent/agen")).await;
+    let harness = Harness::new(
+        bundle,
+        Arc::new(host),
+        &BTreeMap::new(),
+        reqwest::Client::new(),
+    )
+    .unwrap()
+    .with_artifacts(Arc::new(LocalArtifacts::new(store.path())));
+    let mut req = request();
+    req.attempt = 2;
+    req.replay = replay.clone();
+    let resumed = harness
+        .run(
+            req.clone(),
+            Arc::new(MemorySink::default()),
+            CancellationToken::new(),
+        )
+        .await;
+    assert_eq!(resumed.result, id);
+
+    // Against an empty store the content is gone, and the model is told to save again.
+    let empty = tempfile::tempdir().unwrap();
+    let model = FakeModel::start(
+        Script::steps(vec![Step::template("{{last_tool_result}}")]),
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let bundle = self::bundle(dir.path(), &model.openai_base_url());
+    let host = ToolHost::start(&bundle, LaunchContext::new("/nonexistent/agen")).await;
+    let harness = Harness::new(
+        bundle,
+        Arc::new(host),
+        &BTreeMap::new(),
+        reqwest::Client::new(),
+    )
+    .unwrap()
+    .with_artifacts(Arc::new(LocalArtifacts::new(empty.path())));
+    let lost = harness
+        .run(
+            req,
+            Arc::new(MemorySink::default()),
+            CancellationToken::new(),
+        )
+        .await;
+    assert_eq!(
+        lost.result,
+        "save_artifact was interrupted before its content was stored, and the run log keeps only its digest; call save_artifact again with the content"
     );
 }

@@ -26,6 +26,44 @@ pub const READ_DEFAULT_CHARS: usize = 4000;
 pub const READ_MAX_CHARS: usize = 100_000;
 /// The media type of an artifact saved without one.
 pub const DEFAULT_MEDIA_TYPE: &str = "text/plain; charset=utf-8";
+/// A `save_artifact` content longer than this is kept in run logs and conversation histories
+/// by its id only (see [`elide_saved_content`]).
+pub const INLINE_CONTENT_BYTES: usize = 32 * 1024;
+
+/// Replaces, in one assistant message (the JSON form of `crate::model::Message`), the long
+/// `content` of each `save_artifact` call by `content_artifact` (its id) and `content_bytes`,
+/// so run events and conversation histories never carry a big artifact twice (the Nest
+/// stream and the Hub's messages stay small). `save_artifact` called with such arguments (a
+/// resumed run) finds the artifact by that id.
+pub fn elide_saved_content(message: &mut serde_json::Value) {
+    let Some(calls) = message
+        .get_mut("tool_calls")
+        .and_then(serde_json::Value::as_array_mut)
+    else {
+        return;
+    };
+    for call in calls {
+        if call.get("name").and_then(serde_json::Value::as_str) != Some("save_artifact") {
+            continue;
+        }
+        let Some(args) = call
+            .get_mut("arguments")
+            .and_then(serde_json::Value::as_object_mut)
+        else {
+            continue;
+        };
+        let long = match args.get("content") {
+            Some(serde_json::Value::String(s)) if s.len() > INLINE_CONTENT_BYTES => s.clone(),
+            _ => continue,
+        };
+        args.remove("content");
+        args.insert(
+            "content_artifact".into(),
+            artifact_id(long.as_bytes()).into(),
+        );
+        args.insert("content_bytes".into(), long.len().into());
+    }
+}
 
 /// What is known about a stored artifact.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -366,6 +404,25 @@ mod tests {
             9,
             None,
             "[artifact sha256:x has 3 characters; offset 9 is past its end]",
+        );
+    }
+
+    #[test]
+    fn long_saved_content_is_kept_by_id_in_logs_and_histories() {
+        let long = "x".repeat(INLINE_CONTENT_BYTES + 1);
+        let mut m = serde_json::json!({"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "name": "save_artifact", "arguments": {"name": "big", "content": long}},
+            {"id": "c2", "name": "save_artifact", "arguments": {"name": "small", "content": "short"}},
+            {"id": "c3", "name": "other_tool", "arguments": {"content": long}}
+        ]});
+        elide_saved_content(&mut m);
+        assert_eq!(
+            m["tool_calls"],
+            serde_json::json!([
+                {"id": "c1", "name": "save_artifact", "arguments": {"name": "big", "content_artifact": artifact_id(long.as_bytes()), "content_bytes": long.len()}},
+                {"id": "c2", "name": "save_artifact", "arguments": {"name": "small", "content": "short"}},
+                {"id": "c3", "name": "other_tool", "arguments": {"content": long}}
+            ])
         );
     }
 

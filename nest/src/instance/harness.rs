@@ -462,10 +462,12 @@ impl<'h> Run<'h> {
         };
         let message = reply.message();
         self.push(message.clone());
+        let mut logged = message.to_json();
+        artifacts::elide_saved_content(&mut logged);
         let _ = self
             .emit(
                 event::MODEL_ANSWERED,
-                json!({"turn": turn, "message": message.to_json(), "usage": reply.usage, "stop_reason": reply.stop_reason}),
+                json!({"turn": turn, "message": logged, "usage": reply.usage, "stop_reason": reply.stop_reason}),
                 false,
             )
             .await;
@@ -1201,7 +1203,11 @@ impl<'h> Run<'h> {
         let _ = &self.caller_cancel;
         let messages = lock(&self.new_messages)
             .iter()
-            .map(Message::to_json)
+            .map(|m| {
+                let mut j = m.to_json();
+                artifacts::elide_saved_content(&mut j);
+                j
+            })
             .collect();
         RunOutcome {
             state,
@@ -1296,6 +1302,9 @@ impl Run<'_> {
         };
         let content = match args.get("content") {
             Some(Value::String(s)) => s.clone(),
+            None if args.get("content_artifact").is_some() => {
+                return self.saved_by_reference(call).await
+            }
             Some(Value::Null) | None => {
                 return answer(
                     "save_artifact needs `content`: the text to save".into(),
@@ -1314,6 +1323,13 @@ impl Run<'_> {
         if let Err(e) = artifacts::check_size(name, content.len() as u64) {
             return answer(e.to_string(), true);
         }
+        let _ = self
+            .emit(
+                event::TOOL_STARTED,
+                json!({"call_id": call.id, "tool": BUILTIN_SAVE_ARTIFACT, "model_name": BUILTIN_SAVE_ARTIFACT, "side_effect": false}),
+                false,
+            )
+            .await;
         self.activity(format!("saving artifact {name}")).await;
         let saved = self
             .h
@@ -1336,9 +1352,51 @@ impl Run<'_> {
                         false,
                     )
                     .await;
+                // Recorded, so a resumed run reuses the id instead of saving again (its log
+                // may hold the content by id only, see `elide_saved_content`).
+                let _ = self
+                    .emit(
+                        event::TOOL_COMPLETED,
+                        json!({"call_id": call.id, "tool": BUILTIN_SAVE_ARTIFACT, "result": meta.id, "is_error": false, "duration_ms": 0}),
+                        false,
+                    )
+                    .await;
                 answer(meta.id, false)
             }
-            Err(e) => answer(format!("save_artifact failed: {e}"), true),
+            Err(e) => {
+                let content = format!("save_artifact failed: {e}");
+                let _ = self
+                    .emit(
+                        event::TOOL_FAILED,
+                        json!({"call_id": call.id, "tool": BUILTIN_SAVE_ARTIFACT, "error": content, "reason": "failed", "duration_ms": 0}),
+                        false,
+                    )
+                    .await;
+                answer(content, true)
+            }
+        }
+    }
+
+    /// A `save_artifact` call whose content a resumed run's log holds by id only: the
+    /// artifact is either stored already (its id is the answer) or the content is gone.
+    async fn saved_by_reference(&self, call: &ToolCall) -> CallResult {
+        let id = call
+            .arguments
+            .get("content_artifact")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let (content, is_error) = match self.h.artifacts.read(&self.req.namespace, id).await {
+            Ok(_) => (id.to_string(), false),
+            Err(_) => (
+                "save_artifact was interrupted before its content was stored, and the run log keeps only its digest; call save_artifact again with the content".to_string(),
+                true,
+            ),
+        };
+        CallResult {
+            content,
+            is_error,
+            unreachable: false,
+            finish: None,
         }
     }
 
