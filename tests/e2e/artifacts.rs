@@ -143,18 +143,30 @@ fn an_agent_saves_reads_and_reports_progress_and_people_get_the_exact_bytes() {
     );
 }
 
+/// 1.5 MB: more than one 1 MiB chunk each way (PutArtifact, ReadArtifact, GetArtifact), and
+/// kept by id only in the run log and the conversation.
 #[test]
-fn the_same_bytes_from_another_task_keep_their_id_and_take_no_more_space() {
-    let body = "the same findings, word for word";
+fn big_artifacts_move_in_chunks_and_the_same_bytes_from_another_task_keep_their_id() {
+    let body: String = "the same findings, word for word\n".repeat(48_000);
+    assert!(body.len() > 1_500_000);
     let id = agen_shared::bundle::digest(body.as_bytes());
+    let tail_at = body.chars().count() - 10;
     let f = fleet(json!({"steps": [
         {"tool_calls": [{"name": "save_artifact", "arguments": {"name": "findings", "content": body}}]},
-        {"reply_template": "saved {{last_tool_result}}"}
+        {"tool_calls": [{"name": "read_artifact", "arguments": {"id": id, "offset": tail_at}}]},
+        {"reply_template": "{{last_tool_result}}"}
     ]}));
     let (first, t1) = f.run_task("save the findings");
     let (second, t2) = f.run_task("save the findings again");
-    assert_eq!(t1["outcome"]["result"], json!(format!("saved {id}")), "{t1}");
-    assert_eq!(t2["outcome"]["result"], json!(format!("saved {id}")), "{t2}");
+    let total = body.chars().count();
+    let tail: String = body.chars().skip(tail_at).collect();
+    assert_eq!(t1["outcome"]["result"], json!(format!("{tail}\n[characters {tail_at}..{total} of {total}; end of artifact]")), "{t1}");
+    assert_eq!(t2["outcome"]["result"], t1["outcome"]["result"]);
+    assert_eq!(
+        f.last_tool_results()[0],
+        id,
+        "the second save answered the same id"
+    );
 
     // Listed under each task that saved it, stored once in the namespace.
     for task in [&first, &second] {
@@ -165,6 +177,11 @@ fn the_same_bytes_from_another_task_keep_their_id_and_take_no_more_space() {
     let all = f.hub.cli_json(&["artifacts", "ls", "-o", "json"]).unwrap();
     assert_eq!(all.as_array().unwrap().len(), 1, "{all}");
     assert_eq!(all[0]["size"], json!(body.len()));
+
+    // People get the exact bytes, on stdout too.
+    let out = f.hub.cli(&["artifacts", "get", &id]).unwrap();
+    assert!(out.status.success(), "get: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stdout == body.as_bytes(), "the bytes differ");
 }
 
 #[test]
