@@ -4,11 +4,13 @@
 //!
 //! Invariants: the instance never names the namespace (the Nest uses the instance's placement);
 //! every request gets exactly one answer or a timeout; an answer for an unknown request is
-//! ignored.
+//! ignored. Artifacts are immutable (the id is the content's digest) and an instance has one
+//! namespace, so recently saved or read contents are kept in a small cache (at most
+//! [`CACHE_BYTES`]): paging through an artifact fetches it once.
 //!
 //! [`ToInstance::ArtifactReply`]: crate::socket::ToInstance::ArtifactReply
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -19,6 +21,9 @@ use crate::instance::artifacts::{
     check_size, id_hex, ArtifactError, ArtifactMeta, ArtifactStore, NewArtifact,
 };
 use crate::socket::ToNest;
+
+/// The most artifact bytes an instance keeps cached.
+pub const CACHE_BYTES: usize = 64 * 1024 * 1024;
 
 /// How long the Nest gets to store or fetch one artifact.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(300);
@@ -36,6 +41,38 @@ pub struct NestArtifacts {
     to_nest: mpsc::UnboundedSender<ToNest>,
     next: AtomicU64,
     pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
+    cache: Mutex<Cache>,
+}
+
+/// Contents by id, oldest first out.
+#[derive(Default)]
+struct Cache {
+    by_id: HashMap<String, std::sync::Arc<Vec<u8>>>,
+    order: VecDeque<String>,
+    bytes: usize,
+}
+
+impl Cache {
+    fn get(&self, id: &str) -> Option<std::sync::Arc<Vec<u8>>> {
+        self.by_id.get(id).cloned()
+    }
+
+    fn put(&mut self, id: String, content: Vec<u8>) {
+        if content.len() > CACHE_BYTES || self.by_id.contains_key(&id) {
+            return;
+        }
+        self.bytes += content.len();
+        self.order.push_back(id.clone());
+        self.by_id.insert(id, std::sync::Arc::new(content));
+        while self.bytes > CACHE_BYTES {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(c) = self.by_id.remove(&old) {
+                self.bytes -= c.len();
+            }
+        }
+    }
 }
 
 impl NestArtifacts {
@@ -44,7 +81,12 @@ impl NestArtifacts {
             to_nest,
             next: AtomicU64::new(1),
             pending: Mutex::new(HashMap::new()),
+            cache: Mutex::new(Cache::default()),
         }
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Hands the Nest's answer to the request waiting for it.
@@ -106,6 +148,7 @@ impl ArtifactStore for NestArtifacts {
         check_size(&a.name, a.content.len() as u64)?;
         let content = String::from_utf8(a.content)
             .map_err(|_| ArtifactError::Invalid("artifact content must be UTF-8 text".into()))?;
+        let cached = content.clone().into_bytes();
         let reply = self
             .ask(|req| ToNest::PutArtifact {
                 req,
@@ -115,20 +158,27 @@ impl ArtifactStore for NestArtifacts {
                 content,
             })
             .await?;
-        reply.artifact.ok_or_else(|| {
+        let meta = reply.artifact.ok_or_else(|| {
             ArtifactError::Unavailable("the nest answered without the saved artifact".into())
-        })
+        })?;
+        self.cache().put(meta.id.clone(), cached);
+        Ok(meta)
     }
 
     async fn read(&self, _namespace: &str, id: &str) -> Result<Vec<u8>, ArtifactError> {
         id_hex(id)?;
+        if let Some(content) = self.cache().get(id) {
+            return Ok(content.as_ref().clone());
+        }
         let reply = self
             .ask(|req| ToNest::ReadArtifact {
                 req,
                 id: id.to_string(),
             })
             .await?;
-        Ok(reply.content.unwrap_or_default().into_bytes())
+        let content = reply.content.unwrap_or_default().into_bytes();
+        self.cache().put(id.to_string(), content.clone());
+        Ok(content)
     }
 }
 
@@ -154,6 +204,24 @@ mod tests {
                 store.deliver(req, answer(msg));
             }
         });
+    }
+
+    #[test]
+    fn the_cache_forgets_the_oldest_past_its_budget() {
+        let mut c = Cache::default();
+        let third = CACHE_BYTES / 3 + 1;
+        for id in ["a", "b", "c"] {
+            c.put(id.into(), vec![0; third]);
+        }
+        assert_eq!(
+            (
+                c.get("a").is_some(),
+                c.get("b").is_some(),
+                c.get("c").is_some(),
+                c.bytes
+            ),
+            (false, true, true, 2 * third)
+        );
     }
 
     #[tokio::test]
@@ -202,6 +270,11 @@ mod tests {
                 2,
                 "t"
             )
+        );
+        assert_eq!(
+            store.read("default", &meta.id).await,
+            Ok(b"hi".to_vec()),
+            "what was just saved is read from the cache, not the nest"
         );
         let missing = crate::instance::artifacts::artifact_id(b"x");
         assert_eq!(
