@@ -2,6 +2,8 @@
 //! third-party MCP servers and clients (PyPI `mcp`, `mcp-server-time`, npm
 //! `@modelcontextprotocol/server-filesystem`), a real PostgreSQL, and the scripted fake model.
 //! Run through `tests/run.sh`, which installs the peers and builds the binary first.
+
+#![allow(clippy::unwrap_used)]
 mod artifacts;
 mod fleet;
 mod sql;
