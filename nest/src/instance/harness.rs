@@ -1064,16 +1064,21 @@ impl<'h> Run<'h> {
             .await;
         let duration_ms = started_at.elapsed().as_millis() as u64;
         let (kind, payload, out) = match result {
-            Ok(o) => (
+            Ok(o) => {
+                // A tool that echoes a secret (a header, a DSN) does not leak it into the run
+                // log, the trace or the model's context.
+                let text = redact_secrets(o.text, &self.h.secret_values);
+                (
                 event::TOOL_COMPLETED,
-                json!({"call_id": call.id, "tool": qualified, "result": o.text, "is_error": o.is_error, "duration_ms": duration_ms}),
+                json!({"call_id": call.id, "tool": qualified, "result": text, "is_error": o.is_error, "duration_ms": duration_ms}),
                 CallResult {
-                    content: o.text,
+                    content: text,
                     is_error: o.is_error,
                     unreachable: false,
                     finish: None,
                 },
-            ),
+                )
+            }
             Err(e) => {
                 let (reason, content) = match &e {
                     CallError::Timeout(d) => (
@@ -1260,6 +1265,18 @@ impl crate::keen::FlowAgent for FlowModel<'_, '_> {
             Err(e) => Ok((e.to_string(), "error".to_string())),
         }
     }
+}
+
+/// `text` with every secret value of the instance replaced by `[redacted]`. Values shorter than
+/// 4 characters are left alone: they would redact ordinary words.
+fn redact_secrets(text: String, secrets: &[String]) -> String {
+    let mut text = text;
+    for s in secrets.iter().filter(|s| s.len() >= 4) {
+        if text.contains(s.as_str()) {
+            text = text.replace(s.as_str(), "[redacted]");
+        }
+    }
+    text
 }
 
 /// Tool arguments as traces record them: secret values replaced by `[redacted]`, cut at 4 KiB.
@@ -1449,6 +1466,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tool_results_never_carry_a_secret_value() {
+        let secrets = vec!["postgres://app:pw@db/app".to_string(), "abc".to_string()];
+        assert_eq!(
+            redact_secrets("connected to postgres://app:pw@db/app as abc".into(), &secrets),
+            "connected to [redacted] as abc"
+        );
+    }
 
     #[test]
     fn traced_arguments_are_redacted_and_capped() {
