@@ -350,3 +350,17 @@ fn a_tool_server_that_fails_to_start_is_shown_with_its_stderr_and_replaced_with_
     })
     .unwrap();
 }
+
+#[test]
+fn an_unreachable_hub_is_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("client.toml");
+    let url = format!("http://127.0.0.1:{}", agen_tests::free_port());
+    let out = agen_tests::cli(&config, &["ps", "--hub", &url]).unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("cannot reach the Hub at {url}")), "{stderr}");
+    assert!(out.stdout.is_empty(), "errors go to stderr only");
+    let out = agen_tests::cli(&config, &["nests"]).unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no Hub to talk to"));
+}
