@@ -6,7 +6,10 @@
 //! in submission order (one at a time); an instance never runs more tasks than its deployment's
 //! concurrency; a run event is acknowledged only after a store flush that covers it; events of
 //! an attempt older than the run's newest are refused (`fenced`); a run that loses its instance
-//! is re-dispatched with the same run id and attempt + 1, with the earlier events to replay.
+//! is re-dispatched with the same run id and attempt + 1, with the earlier events to replay
+//! (its Nest was lost, or the Nest sent `run.interrupted` because the instance process died),
+//! at most `MAX_RUN_ATTEMPTS` attempts in all, and only onto an instance of the bundle digest
+//! the run started on (none left after a rollover: the task fails saying so).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -21,6 +24,10 @@ use crate::store::{task_event_key, Append, Table};
 
 /// How long a cancelled running task waits for its run to finish before it is cancelled anyway.
 const CANCEL_GRACE_MS: i64 = 5_000;
+/// A run interrupted this many times (instance or Nest died) fails instead of resuming again.
+pub const MAX_RUN_ATTEMPTS: u32 = 3;
+/// The event a Nest sends for a run whose instance process died: the run is re-dispatched.
+pub const RUN_INTERRUPTED: &str = "run.interrupted";
 
 /// A task event as it happens, with the task after it (for `WatchTask`).
 #[derive(Debug, Clone)]
@@ -376,22 +383,36 @@ impl Core {
             .map(|t| t.task_id.clone())
             .collect();
         for id in ids {
-            let Some(mut task) = st.tasks.get(&id).cloned() else {
-                continue;
-            };
-            if task.cancel_requested_at_ms > 0 {
-                let reason = task.cancel_reason.clone();
-                self.finish_task(st, task, TaskState::Cancelled, "", "text", &reason)?;
-                continue;
+            if let Some(task) = st.tasks.get(&id).cloned() {
+                self.requeue_task(st, task, why)?;
             }
-            tracing::warn!(task = %id, "re-queueing task: {why}");
-            task.state = TaskState::Queued;
-            task.instance_id.clear();
-            task.nest_name.clear();
-            task.activity = format!("re-queued: {why}");
-            self.emit_state(st, task)?;
         }
         Ok(())
+    }
+
+    /// Puts one interrupted run back in the queue: the next dispatch re-runs it with the same
+    /// run id, attempt + 1 and the earlier events to replay, on its bundle digest. A task whose
+    /// run was already tried [`MAX_RUN_ATTEMPTS`] times fails instead (no endless crash loop);
+    /// one being cancelled ends cancelled.
+    fn requeue_task(&self, st: &mut State, mut task: TaskRec, why: &str) -> Result<()> {
+        if task.cancel_requested_at_ms > 0 {
+            let reason = task.cancel_reason.clone();
+            return self.finish_task(st, task, TaskState::Cancelled, "", "text", &reason);
+        }
+        if task.attempt >= MAX_RUN_ATTEMPTS {
+            let error = format!(
+                "the run was interrupted {} times (last: {why}); giving up after {MAX_RUN_ATTEMPTS} attempts: look at the instance's log (agen logs) and submit the task again",
+                task.attempt
+            );
+            tracing::warn!(task = %task.task_id, "{error}");
+            return self.finish_task(st, task, TaskState::Failed, &error, "error", &error);
+        }
+        tracing::warn!(task = %task.task_id, attempt = task.attempt, "re-queueing task: {why}");
+        task.state = TaskState::Queued;
+        task.instance_id.clear();
+        task.nest_name.clear();
+        task.activity = format!("re-queued: {why}");
+        self.emit_state(st, task)
     }
 
     pub(crate) fn fail_tasks_of_deployment(
@@ -476,10 +497,31 @@ impl Core {
                 )?;
                 continue;
             };
+            // A resumed run stays on the bundle version it started on: it waits for an
+            // instance of that digest, and fails when the deployment has moved on and none
+            // is left (a rollover finished while the run was interrupted).
+            let pinned = (!task.bundle_digest.is_empty()).then(|| task.bundle_digest.clone());
+            if let Some(digest) = &pinned {
+                let any_left = st.instances.values().any(|i| {
+                    i.namespace == d.namespace
+                        && i.deployment == d.name
+                        && &i.bundle_digest == digest
+                        && !matches!(i.state, InstanceState::Lost | InstanceState::Stopping)
+                });
+                if !any_left && &d.bundle_digest != digest {
+                    let error = format!(
+                        "the run started on bundle {digest}, which no instance of deployment {} runs any more (it was redeployed as {}); a run resumes only on its own version: submit the task again",
+                        d.name, d.bundle_digest
+                    );
+                    self.finish_task(st, task, TaskState::Failed, &error, "error", &error)?;
+                    continue;
+                }
+            }
             let candidate = st
                 .instances
                 .values()
                 .filter(|i| i.namespace == d.namespace && i.deployment == d.name)
+                .filter(|i| pinned.as_ref().is_none_or(|p| &i.bundle_digest == p))
                 .filter(|i| {
                     i.state == InstanceState::Running
                         && i.healthy
@@ -488,8 +530,6 @@ impl Core {
                 .filter(|i| active.get(&i.instance_id).copied().unwrap_or(0) < d.concurrency)
                 .min_by_key(|i| {
                     (
-                        // A re-dispatched run stays on the bundle version it started on.
-                        !task.bundle_digest.is_empty() && i.bundle_digest != task.bundle_digest,
                         i.generation != d.generation,
                         active.get(&i.instance_id).copied().unwrap_or(0),
                         i.instance_id.clone(),
@@ -655,6 +695,13 @@ impl Core {
                 });
             }
             _ => {}
+        }
+        if e.kind == RUN_INTERRUPTED {
+            // The instance died mid-run: resume the run elsewhere (or on its restart).
+            self.emit(st, task.clone(), &e.kind, e.json.clone())?;
+            let task = st.tasks.get(&task.task_id).cloned().unwrap_or(task);
+            let why = str_field(&body, &["reason"]).unwrap_or("the instance process died");
+            return self.requeue_task(st, task, why);
         }
         if e.kind == "run.finished" {
             // The run event itself first, then the terminal state.

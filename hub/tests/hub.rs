@@ -1002,6 +1002,70 @@ async fn a_run_whose_nest_is_lost_is_redispatched_with_the_next_attempt_and_old_
 }
 
 #[tokio::test]
+async fn a_run_whose_instance_process_died_is_redispatched_until_three_attempts_then_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_hub, mut api, mut nest, place) = fleet_with_one_instance(dir.path(), 0).await;
+    let task = submit(&mut api, "job", "", "").await;
+    let mut runs = Vec::new();
+    for attempt in 1..=3u32 {
+        let run = nest
+            .next_matching(|m| match m {
+                Hub::AssignRun(r) => Some(r),
+                _ => None,
+            })
+            .await;
+        assert_eq!(
+            (run.run_id.as_str(), run.attempt, run.instance_id.as_str()),
+            (
+                runs.first()
+                    .map_or(run.run_id.as_str(), |r: &pb::AssignRun| r.run_id.as_str()),
+                attempt,
+                place.instance_id.as_str()
+            ),
+            "the same run, the next attempt"
+        );
+        if attempt > 1 {
+            let replay: serde_json::Value = serde_json::from_str(&run.replay_json).unwrap();
+            assert_eq!(replay[0]["kind"], "model.requested", "{replay}");
+        }
+        // The instance asks the model, then its process dies: the Nest says so.
+        let ack = send_events(
+            &mut nest,
+            &place.instance_id,
+            vec![
+                event(&run, 1, "model.requested", serde_json::json!({"turn": 1})),
+                event(
+                    &run,
+                    2,
+                    "run.interrupted",
+                    serde_json::json!({"reason": "the instance process was killed by SIGKILL during the run"}),
+                ),
+            ],
+        )
+        .await;
+        assert!(!ack.fenced);
+        runs.push(run);
+    }
+    // A late event of attempt 1 is fenced.
+    let ack = send_events(
+        &mut nest,
+        &place.instance_id,
+        vec![event(&runs[0], 3, "model.answered", serde_json::json!({}))],
+    )
+    .await;
+    assert!(ack.fenced);
+    // The third interruption is the last: the task fails and says why.
+    let t = get(&mut api, &task.task_id).await;
+    assert_eq!(task_state(&t), pb::TaskState::Failed);
+    assert_eq!(t.attempt, 3);
+    let error = t.outcome.unwrap().error;
+    assert!(
+        error.starts_with("the run was interrupted 3 times (last: the instance process was killed by SIGKILL during the run); giving up after 3 attempts"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
 async fn scaling_restarts_nothing_and_a_new_bundle_rolls_instances_over() {
     let dir = tempfile::tempdir().unwrap();
     let hub = TestHub::start(&dir.path().join("hub"), TTL).await;

@@ -96,6 +96,9 @@ pub mod event {
     /// `{"state": "succeeded"|"failed"|"cancelled", "result", "response_type"}`; always the
     /// last event of a run, with `sync`.
     pub const RUN_FINISHED: &str = "run.finished";
+    /// `{"reason"}`: sent by the Nest (not the harness) when the instance process died
+    /// mid-run; the Hub re-dispatches the run with attempt + 1. Replay ignores it.
+    pub const RUN_INTERRUPTED: &str = "run.interrupted";
 }
 
 /// Why an event could not be appended.

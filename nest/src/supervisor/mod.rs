@@ -34,6 +34,7 @@ use tokio_util::task::TaskTracker;
 use crate::bundles::BundleCache;
 use crate::config::NestOptions;
 use crate::hub_link::Outbox;
+use crate::instance::event::RUN_INTERRUPTED;
 use crate::socket::{self, HostState, Placement, RunAssignment, ToInstance, ToNest};
 use backoff::Backoff;
 use children::{ChildRecord, Children};
@@ -438,7 +439,7 @@ impl Supervisor {
                     tracing::warn!(instance = %id, "{msg}");
                     let lost_runs = self.drop_runs_of(&id);
                     for (run_id, track) in &lost_runs {
-                        self.fail_run(
+                        self.interrupt_run(
                             run_id,
                             track,
                             &format!("the instance process {how} during the run"),
@@ -538,6 +539,23 @@ impl Supervisor {
             at_ms: chrono::Utc::now().timestamp_millis(),
             kind: "run.finished".into(),
             json: json.to_string(),
+            sync: true,
+        };
+        self.outbox.push(&track.instance, event);
+    }
+
+    /// Reports a run whose instance process died: a final `run.interrupted` (`{reason}`) after
+    /// the last event the instance sent. The Hub re-dispatches the run (same run id, attempt
+    /// + 1, its events to replay), so the task resumes instead of failing.
+    fn interrupt_run(&self, run_id: &str, track: &RunTrack, why: &str) {
+        let event = agen_proto::v1::RunEvent {
+            run_id: run_id.to_string(),
+            attempt: track.attempt,
+            seq: track.last_seq + 1,
+            task_id: track.task_id.clone(),
+            at_ms: chrono::Utc::now().timestamp_millis(),
+            kind: RUN_INTERRUPTED.into(),
+            json: serde_json::json!({ "reason": why }).to_string(),
             sync: true,
         };
         self.outbox.push(&track.instance, event);

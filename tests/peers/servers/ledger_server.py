@@ -1,0 +1,62 @@
+"""A test MCP stdio server (PyPI `mcp`) for the effect ledger: one tool of each retry class.
+
+Every call appends one JSON line to the file named by the LEDGER_LOG environment variable
+when it starts (`{"tool": ..., "args": {...}}`), so a test can count how often each tool was
+really called across crashes and resumes.
+
+Tools:
+- `charge(amount, seconds=0)`: side-effecting (no readOnlyHint, no idempotentHint); sleeps
+  `seconds`, then says `charged <amount>`.
+- `put(key, value, seconds=0)`: idempotent (idempotentHint, not read-only); sleeps, says
+  `stored <key>`.
+- `lookup(key, seconds=0)`: read-only (readOnlyHint); sleeps, says `value of <key>`.
+"""
+
+import json
+import os
+import sys
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+from mcp_types import ToolAnnotations
+
+server = MCPServer("ledger")
+LOG = os.environ.get("LEDGER_LOG")
+
+
+def record(tool: str, **args) -> None:
+    if not LOG:
+        return
+    with open(LOG, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"tool": tool, "args": args}, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False))
+async def charge(amount: int, seconds: float = 0) -> str:
+    """Charges `amount` to the customer's card (a side effect)."""
+    record("charge", amount=amount, seconds=seconds)
+    await anyio.sleep(seconds)
+    return f"charged {amount}"
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=True))
+async def put(key: str, value: str, seconds: float = 0) -> str:
+    """Stores `value` under `key` (idempotent)."""
+    record("put", key=key, value=value, seconds=seconds)
+    await anyio.sleep(seconds)
+    return f"stored {key}"
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+async def lookup(key: str, seconds: float = 0) -> str:
+    """Reads the value of `key` (read-only)."""
+    record("lookup", key=key, seconds=seconds)
+    await anyio.sleep(seconds)
+    return f"value of {key}"
+
+
+if __name__ == "__main__":
+    print("ledger_server starting", file=sys.stderr)
+    server.run()
