@@ -46,28 +46,33 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     }
     let t0 = trace.spans.iter().map(|s| s.start_ms).min().unwrap_or(0);
     println!("trace {} (task {})", trace.trace_id, trace.task_id);
-    fn walk(children: &BTreeMap<&str, Vec<&pb::Span>>, parent: &str, depth: usize, t0: i64) {
+    let mut table = crate::view::table(&["SPAN", "START", "DURATION", "STATUS"]);
+    fn walk(
+        table: &mut comfy_table::Table,
+        children: &BTreeMap<&str, Vec<&pb::Span>>,
+        parent: &str,
+        depth: usize,
+        t0: i64,
+    ) {
         if let Some(list) = children.get(parent) {
             let mut list = list.clone();
             list.sort_by_key(|s| s.start_ms);
             for s in list {
-                let dur = (s.end_ms - s.start_ms).max(0);
-                println!(
-                    "{:indent$}{} {:>7}ms  +{}ms  {}",
-                    "",
-                    s.name,
-                    dur,
-                    s.start_ms - t0,
-                    s.status,
-                    indent = depth * 2
-                );
-                walk(children, &s.span_id, depth + 1, t0);
+                table.add_row(vec![
+                    format!("{}{}", "  ".repeat(depth), s.name),
+                    format!("+{}ms", s.start_ms - t0),
+                    format!("{}ms", (s.end_ms - s.start_ms).max(0)),
+                    s.status.clone(),
+                ]);
+                walk(table, children, &s.span_id, depth + 1, t0);
             }
         }
     }
-    walk(&children, "", 1, t0);
+    walk(&mut table, &children, "", 0, t0);
     if trace.spans.is_empty() {
-        println!("  (no spans yet)");
+        println!("(no spans yet)");
+    } else {
+        println!("{table}");
     }
     Ok(0)
 }
