@@ -70,6 +70,12 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         token: Some(hub.admin_token.clone()),
     };
     crate::cmd::write_client_config(&client_cfg, &data_dir)?;
+    // The contract: `<data-dir>/join-token` holds the token other Nests join with.
+    let join_file = data_dir.join("join-token");
+    std::fs::write(&join_file, format!("{}\n", hub.join_token))
+        .with_context(|| format!("cannot write {}", join_file.display()))?;
+    std::fs::set_permissions(&join_file, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .with_context(|| format!("cannot restrict {}", join_file.display()))?;
 
     let agen_bin = std::env::current_exe().context("cannot find the agen binary")?;
     let host = agen_nest::config::host_name();
