@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 mod artifacts;
+mod up;
 mod fleet;
 mod sql;
 mod runs;
