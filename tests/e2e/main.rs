@@ -12,3 +12,4 @@ mod runs;
 mod keen;
 mod workspace;
 mod secrets;
+mod resume;

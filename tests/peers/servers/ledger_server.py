@@ -2,11 +2,12 @@
 
 Every call appends one JSON line to the file named by the LEDGER_LOG environment variable
 when it starts (`{"tool": ..., "args": {...}}`), so a test can count how often each tool was
-really called across crashes and resumes.
+really called across crashes and resumes. `seconds` is slept only by the first call of a tool
+(the log has no earlier call of it), so a retried call after a resume answers at once.
 
 Tools:
 - `charge(amount, seconds=0)`: side-effecting (no readOnlyHint, no idempotentHint); sleeps
-  `seconds`, then says `charged <amount>`.
+  `seconds` (first call only), then says `charged <amount>`.
 - `put(key, value, seconds=0)`: idempotent (idempotentHint, not read-only); sleeps, says
   `stored <key>`.
 - `lookup(key, seconds=0)`: read-only (readOnlyHint); sleeps, says `value of <key>`.
@@ -24,6 +25,20 @@ server = MCPServer("ledger")
 LOG = os.environ.get("LEDGER_LOG")
 
 
+def first_call(tool: str) -> bool:
+    if not LOG or not os.path.exists(LOG):
+        return True
+    with open(LOG, encoding="utf-8") as f:
+        return not any(json.loads(line).get("tool") == tool for line in f if line.strip())
+
+
+async def record_and_wait(tool: str, seconds: float, **args) -> None:
+    first = first_call(tool)
+    record(tool, seconds=seconds, **args)
+    if first:
+        await anyio.sleep(seconds)
+
+
 def record(tool: str, **args) -> None:
     if not LOG:
         return
@@ -36,24 +51,21 @@ def record(tool: str, **args) -> None:
 @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False))
 async def charge(amount: int, seconds: float = 0) -> str:
     """Charges `amount` to the customer's card (a side effect)."""
-    record("charge", amount=amount, seconds=seconds)
-    await anyio.sleep(seconds)
+    await record_and_wait("charge", seconds, amount=amount)
     return f"charged {amount}"
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=True))
 async def put(key: str, value: str, seconds: float = 0) -> str:
     """Stores `value` under `key` (idempotent)."""
-    record("put", key=key, value=value, seconds=seconds)
-    await anyio.sleep(seconds)
+    await record_and_wait("put", seconds, key=key, value=value)
     return f"stored {key}"
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
 async def lookup(key: str, seconds: float = 0) -> str:
     """Reads the value of `key` (read-only)."""
-    record("lookup", key=key, seconds=seconds)
-    await anyio.sleep(seconds)
+    await record_and_wait("lookup", seconds, key=key)
     return f"value of {key}"
 
 
