@@ -247,7 +247,9 @@ fn bad_bundles_are_refused_before_anything_changes() {
     let tmp = tempfile::tempdir().unwrap();
     let hub = HubProcess::start(tmp.path()).unwrap();
     let agent = ("x-agen/agent.md", "---\nmodel: openai/gpt-4.1-mini\n---\nHi.\n".to_owned());
-    let cases: Vec<(&str, Vec<(&str, String)>, &str)> = vec![
+    // (case, bundle files, what the error must name)
+    type Case<'a> = (&'a str, Vec<(&'a str, String)>, &'a str);
+    let cases: Vec<Case> = vec![
         ("bad-json", vec![("mcp.json", "{\"mcpServers\": {".into()), agent.clone()], "mcp.json"),
         (
             "unknown-server-shape",

@@ -139,7 +139,6 @@ pub async fn deploy(
 /// Waits until every replica of `dep` runs its generation and is healthy.
 pub async fn wait_ready(hub: &mut Hub, dep: &pb::Deployment, timeout: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
-    let mut last = String::new();
     loop {
         let list = hub
             .client
@@ -160,7 +159,7 @@ pub async fn wait_ready(hub: &mut Hub, dep: &pb::Deployment, timeout: Duration) 
         if ready as u32 >= dep.replicas && old == 0 {
             return Ok(());
         }
-        last = list
+        let last = list
             .iter()
             .filter(|i| !i.message.is_empty())
             .map(|i| format!("{}: {}", i.instance_id, i.message))
@@ -177,6 +176,5 @@ pub async fn wait_ready(hub: &mut Hub, dep: &pb::Deployment, timeout: Duration) 
             );
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let _ = &last;
     }
 }

@@ -138,7 +138,7 @@ async fn watch_until_terminal(hub: &mut Hub, task: &str, bar: &ProgressBar) -> a
 }
 
 fn describe(t: &pb::Task) -> String {
-    let mut s = format!("{}", view::task_state(t.state));
+    let mut s = view::task_state(t.state).to_string();
     if !t.activity.is_empty() {
         s.push_str(": ");
         s.push_str(&t.activity);
