@@ -1039,6 +1039,9 @@ impl Core {
                 self.stop_instance(st, id, &format!("unhealthy: {reason}"))?;
             }
             for id in &plan.stop {
+                if Self::drains(st, &d, id) {
+                    continue;
+                }
                 self.stop_instance(st, id, "scaled down or rolled over")?;
             }
             if changed {
@@ -1080,6 +1083,27 @@ impl Core {
             }
         }
         Ok(())
+    }
+
+    /// Whether an instance of a bundle version its deployment moved away from keeps running
+    /// for now: a run that started on that version (running, or queued to resume after an
+    /// interruption) can only finish on it, so a rollover stops the instance once no such run
+    /// is left.
+    fn drains(st: &State, d: &DeploymentRec, id: &str) -> bool {
+        let Some(i) = st.instances.get(id) else {
+            return false;
+        };
+        if i.bundle_digest == d.bundle_digest
+            || !matches!(i.state, InstanceState::Running | InstanceState::Starting)
+        {
+            return false;
+        }
+        st.tasks.values().any(|t| {
+            !t.state.is_terminal()
+                && t.namespace == d.namespace
+                && t.deployment == d.name
+                && t.bundle_digest == i.bundle_digest
+        })
     }
 
     fn place_pending(&self, st: &mut State, now: i64) -> Result<()> {

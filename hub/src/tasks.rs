@@ -517,11 +517,23 @@ impl Core {
                     continue;
                 }
             }
+            // A new run goes to an instance of the deployed version when there is one, so
+            // instances of a version being rolled over drain.
+            let current_ready = st.instances.values().any(|i| {
+                i.namespace == d.namespace
+                    && i.deployment == d.name
+                    && i.bundle_digest == d.bundle_digest
+                    && i.state == InstanceState::Running
+                    && i.healthy
+            });
             let candidate = st
                 .instances
                 .values()
                 .filter(|i| i.namespace == d.namespace && i.deployment == d.name)
-                .filter(|i| pinned.as_ref().is_none_or(|p| &i.bundle_digest == p))
+                .filter(|i| match &pinned {
+                    Some(p) => &i.bundle_digest == p,
+                    None => !current_ready || i.bundle_digest == d.bundle_digest,
+                })
                 .filter(|i| {
                     i.state == InstanceState::Running
                         && i.healthy
@@ -658,7 +670,13 @@ impl Core {
                 }
             },
         };
-        if task.run_id != e.run_id || task.attempt != e.attempt || task.state.is_terminal() {
+        // A queued task's run was interrupted: late events of that attempt are kept in the log
+        // (the next attempt replays them) but no longer move the task.
+        if task.run_id != e.run_id
+            || task.attempt != e.attempt
+            || task.state.is_terminal()
+            || task.state == TaskState::Queued
+        {
             return Ok(());
         }
         let mut task = task;
@@ -741,9 +759,6 @@ impl Core {
                 }
             }
             return self.finish_task(st, task, state, &result, &response_type, &error);
-        }
-        if task.state == TaskState::Queued {
-            task.state = TaskState::Running;
         }
         self.emit(st, task, &e.kind, e.json.clone())
     }

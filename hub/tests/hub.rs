@@ -1006,28 +1006,22 @@ async fn a_run_whose_instance_process_died_is_redispatched_until_three_attempts_
     let dir = tempfile::tempdir().unwrap();
     let (_hub, mut api, mut nest, place) = fleet_with_one_instance(dir.path(), 0).await;
     let task = submit(&mut api, "job", "", "").await;
+    let first = nest
+        .next_matching(|m| match m {
+            Hub::AssignRun(r) => Some(r),
+            _ => None,
+        })
+        .await;
+    assert_eq!(
+        (first.attempt, first.instance_id.as_str()),
+        (1, place.instance_id.as_str())
+    );
     let mut runs = Vec::new();
     for attempt in 1..=3u32 {
-        let run = nest
-            .next_matching(|m| match m {
-                Hub::AssignRun(r) => Some(r),
-                _ => None,
-            })
-            .await;
-        assert_eq!(
-            (run.run_id.as_str(), run.attempt, run.instance_id.as_str()),
-            (
-                runs.first()
-                    .map_or(run.run_id.as_str(), |r: &pb::AssignRun| r.run_id.as_str()),
-                attempt,
-                place.instance_id.as_str()
-            ),
-            "the same run, the next attempt"
-        );
-        if attempt > 1 {
-            let replay: serde_json::Value = serde_json::from_str(&run.replay_json).unwrap();
-            assert_eq!(replay[0]["kind"], "model.requested", "{replay}");
-        }
+        let run = pb::AssignRun {
+            attempt,
+            ..first.clone()
+        };
         // The instance asks the model, then its process dies: the Nest says so.
         let ack = send_events(
             &mut nest,
@@ -1045,6 +1039,24 @@ async fn a_run_whose_instance_process_died_is_redispatched_until_three_attempts_
         .await;
         assert!(!ack.fenced);
         runs.push(run);
+        if attempt < 3 {
+            // The same run is dispatched again with the next attempt (the assignment may
+            // come before the ack, which `send_events` skips: look at the task).
+            eventually("the next attempt", Duration::from_secs(10), || {
+                let mut api = api.clone();
+                let id = task.task_id.clone();
+                let (run_id, instance_id) = (first.run_id.clone(), place.instance_id.clone());
+                async move {
+                    let t = get(&mut api, &id).await;
+                    (t.attempt == attempt + 1
+                        && task_state(&t) == pb::TaskState::Running
+                        && t.run_id == run_id
+                        && t.instance_id == instance_id)
+                        .then_some(())
+                }
+            })
+            .await;
+        }
     }
     // A late event of attempt 1 is fenced.
     let ack = send_events(
@@ -1061,6 +1073,85 @@ async fn a_run_whose_instance_process_died_is_redispatched_until_three_attempts_
     let error = t.outcome.unwrap().error;
     assert!(
         error.starts_with("the run was interrupted 3 times (last: the instance process was killed by SIGKILL during the run); giving up after 3 attempts"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_rollover_drains_a_running_run_and_a_resumed_run_stays_on_its_bundle_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = TestHub::start(&dir.path().join("hub"), Duration::from_secs(2)).await;
+    let mut api = hub.client().await;
+    let bundle = dir.path().join("hello");
+    write_bundle(&bundle, "version one");
+    let (mut a, _) = FakeNest::connect(&hub, "nest-a", &[], vec![]).await;
+    deploy(&mut api, &bundle, "hello", 1).await;
+    let old = a.accept_placement().await;
+    let task = submit(&mut api, "job", "", "").await;
+    let run1 = a
+        .next_matching(|m| match m {
+            Hub::AssignRun(r) => Some(r),
+            _ => None,
+        })
+        .await;
+    assert_eq!(run1.bundle_digest, old.bundle_digest);
+
+    // Version two rolls out while the run is in flight: the old instance is not stopped.
+    write_bundle(&bundle, "version two");
+    deploy(&mut api, &bundle, "hello", 1).await;
+    let new = a
+        .next_matching(|m| match m {
+            Hub::Place(p) => Some(p),
+            Hub::Stop(s) => panic!("the instance running a run was stopped: {s:?}"),
+            _ => None,
+        })
+        .await;
+    assert_ne!(new.bundle_digest, old.bundle_digest);
+    a.report_running(&new).await;
+
+    // The instance process dies: the run resumes on the old version, not the new instance.
+    send_events(
+        &mut a,
+        &old.instance_id,
+        vec![
+            event(&run1, 1, "model.requested", serde_json::json!({"turn": 1})),
+            event(&run1, 2, "run.interrupted", serde_json::json!({"reason": "killed"})),
+        ],
+    )
+    .await;
+    // (The assignment may come before the ack, which `send_events` skips: look at the task.)
+    let resumed = eventually("the run to resume", Duration::from_secs(10), || {
+        let mut api = api.clone();
+        let id = task.task_id.clone();
+        async move {
+            let t = get(&mut api, &id).await;
+            (t.attempt == 2 && task_state(&t) == pb::TaskState::Running).then_some(t)
+        }
+    })
+    .await;
+    assert_eq!(
+        (resumed.instance_id.as_str(), resumed.bundle_digest.as_str()),
+        (old.instance_id.as_str(), old.bundle_digest.as_str()),
+        "the resumed run is on the old version's instance, not the new one"
+    );
+
+    // The Nest dies: no instance of version one is left, so the run cannot resume.
+    a.go_silent();
+    let failed = eventually("the task to fail", Duration::from_secs(15), || {
+        let mut api = api.clone();
+        let id = task.task_id.clone();
+        async move {
+            let t = get(&mut api, &id).await;
+            (task_state(&t) == pb::TaskState::Failed).then_some(t)
+        }
+    })
+    .await;
+    let error = failed.outcome.unwrap().error;
+    assert!(
+        error.starts_with(&format!(
+            "the run started on bundle {}, which no instance of deployment hello runs any more (it was redeployed as {});",
+            old.bundle_digest, new.bundle_digest
+        )),
         "{error}"
     );
 }

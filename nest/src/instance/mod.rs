@@ -97,7 +97,8 @@ pub mod event {
     /// last event of a run, with `sync`.
     pub const RUN_FINISHED: &str = "run.finished";
     /// `{"reason"}`: sent by the Nest (not the harness) when the instance process died
-    /// mid-run; the Hub re-dispatches the run with attempt + 1. Replay ignores it.
+    /// mid-run, or was stopped, or is not on the Nest; the Hub re-dispatches the run with
+    /// attempt + 1. Replay ignores it.
     pub const RUN_INTERRUPTED: &str = "run.interrupted";
 }
 

@@ -266,7 +266,7 @@ impl Supervisor {
             drop(st);
             let why = format!("instance {id} is not running on nest {}", self.opts.name);
             tracing::warn!(run = %run_id, "{why}; the run fails");
-            self.fail_run(&run_id, &track, &why);
+            self.interrupt_run(&run_id, &track, &why);
             return;
         }
         st.runs.insert(run_id.clone(), track);
@@ -491,7 +491,7 @@ impl Supervisor {
         };
         drop(st);
         for (run_id, track) in &lost {
-            self.fail_run(
+            self.interrupt_run(
                 run_id,
                 track,
                 &format!("instance {id} was stopped during the run"),
@@ -526,27 +526,10 @@ impl Supervisor {
             .collect()
     }
 
-    /// Ends a run that its instance can no longer finish: a final `run.finished` (failed,
-    /// `response_type: error`) after the last event the instance sent, so the task does not
-    /// stay running forever.
-    fn fail_run(&self, run_id: &str, track: &RunTrack, why: &str) {
-        let json = serde_json::json!({"state": "failed", "result": why, "response_type": "error", "messages": []});
-        let event = agen_proto::v1::RunEvent {
-            run_id: run_id.to_string(),
-            attempt: track.attempt,
-            seq: track.last_seq + 1,
-            task_id: track.task_id.clone(),
-            at_ms: chrono::Utc::now().timestamp_millis(),
-            kind: "run.finished".into(),
-            json: json.to_string(),
-            sync: true,
-        };
-        self.outbox.push(&track.instance, event);
-    }
-
-    /// Reports a run whose instance process died: a final `run.interrupted` (`{reason}`) after
-    /// the last event the instance sent. The Hub re-dispatches the run (same run id, attempt
-    /// + 1, its events to replay), so the task resumes instead of failing.
+    /// Reports a run its instance can no longer finish (the process died, the instance was
+    /// stopped, or it is not here): a final `run.interrupted` (`{reason}`) after the last event
+    /// the instance sent. The Hub re-dispatches the run (same run id, attempt + 1, its events
+    /// to replay, at most 3 attempts), so the task resumes instead of failing or hanging.
     fn interrupt_run(&self, run_id: &str, track: &RunTrack, why: &str) {
         let event = agen_proto::v1::RunEvent {
             run_id: run_id.to_string(),
@@ -935,7 +918,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_run_for_an_instance_that_is_not_here_fails_with_a_final_event() {
+    async fn a_run_for_an_instance_that_is_not_here_is_reported_interrupted() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (sup, _) = supervisor(dir.path(), "/bin/false", 4);
         sup.assign(AssignRun {
@@ -956,12 +939,10 @@ mod tests {
                 ev.kind.as_str(),
                 ev.sync
             ),
-            ("r1", 2, 1, "run.finished", true)
+            ("r1", 2, 1, "run.interrupted", true)
         );
         let json: serde_json::Value = serde_json::from_str(&ev.json).expect("json");
-        assert_eq!(json["state"], "failed");
-        assert_eq!(json["response_type"], "error");
-        assert_eq!(json["result"], "instance nope is not running on nest n1");
+        assert_eq!(json["reason"], "instance nope is not running on nest n1");
     }
 
     #[test]
