@@ -1123,6 +1123,97 @@ async fn a_resumed_run_reuses_answered_turns_and_never_repeats_an_interrupted_si
     );
 }
 
+#[tokio::test]
+async fn a_resumed_keen_run_reuses_its_turns_and_results_and_never_repeats_a_side_effect() {
+    use agen_nest::instance::RunEventRecord;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("meta.jsonl");
+    let echo = |text: &str| {
+        format!("<SYSTEM CALL>\n!*action\nuse tool\n!*tool\nmeta_echo\n!*context\n{{\"text\": \"{text}\"}}\n</SYSTEM CALL>\n")
+    };
+    // Steps 0 and 1 would be the answered turns; a resume must not ask them again.
+    let model = fake(vec![
+        Step::reply("turn 1 asked again"),
+        Step::reply("turn 2 asked again"),
+        Step::template("Keen says: {{last_user}}"),
+    ])
+    .await;
+    let bundle = TestBundle::new(
+        "openai/m",
+        &model.openai_base_url(),
+        &[
+            mcp_json(json!({"meta": meta_server(&log)})),
+            (
+                "x-agen/harness.json",
+                json!({"toolProtocol": "keen"}).to_string(),
+            ),
+        ],
+    );
+    let agent = Agent::start(&bundle).await;
+    let ev = |kind: &str, json: Value| RunEventRecord {
+        kind: kind.into(),
+        json,
+    };
+    let mut req = request("charge twice");
+    req.attempt = 2;
+    req.replay = vec![
+        ev("model.requested", json!({"turn": 1})),
+        ev(
+            "model.answered",
+            json!({"turn": 1, "message": {"role": "assistant", "content": echo("first charge")}}),
+        ),
+        ev(
+            "tool.started",
+            json!({"call_id": "keen_1", "tool": "meta.echo", "side_effect": true}),
+        ),
+        ev(
+            "tool.completed",
+            json!({"call_id": "keen_1", "tool": "meta.echo", "result": "recorded result", "is_error": false}),
+        ),
+        ev("model.requested", json!({"turn": 2})),
+        ev(
+            "model.answered",
+            json!({"turn": 2, "message": {"role": "assistant", "content": echo("second charge")}}),
+        ),
+        ev(
+            "tool.started",
+            json!({"call_id": "keen_2", "tool": "meta.echo", "side_effect": true}),
+        ),
+    ];
+    let (outcome, sink) = agent.run(req).await;
+    assert_eq!(outcome.state, RunState::Succeeded, "{outcome:?}");
+    assert!(
+        outcome
+            .result
+            .starts_with("Keen says: <SYSTEM SCRIPT ERROR>\neffect_unknown: the call to meta_echo was interrupted"),
+        "{}",
+        outcome.result
+    );
+    let reqs = model.requests();
+    assert_eq!(reqs.len(), 1, "the answered turns are not asked again");
+    let users: Vec<String> = reqs[0]["body"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(users.len(), 3, "{users:?}");
+    assert_eq!(
+        users[1], "<SYSTEM RESPONSE>\nrecorded result\n</SYSTEM RESPONSE>",
+        "the recorded result is reused"
+    );
+    assert!(
+        !log.exists() || std::fs::read_to_string(&log).unwrap().is_empty(),
+        "no side-effecting call was repeated"
+    );
+    let unknown = sink.of_kind("tool.failed");
+    assert_eq!(
+        (unknown[0].0["reason"].clone(), unknown[0].1),
+        (json!("effect_unknown"), true)
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Progress (fleet runs)
 

@@ -296,6 +296,106 @@ fn object_schema(schema: &Value) -> Value {
     }
 }
 
+/// What the model is told about an interrupted side-effecting call that is not sent again.
+fn effect_unknown_message(tool: &str) -> String {
+    format!(
+        "effect_unknown: the call to {tool} was interrupted before its result was recorded; it may or may not have taken effect. Check before calling it again."
+    )
+}
+
+/// The log of earlier attempts of a Keen-dialect run, read for a resume.
+#[derive(Default)]
+struct KeenReplay {
+    /// Answered model turns by turn number.
+    turns: HashMap<u32, Message>,
+    /// Recorded call results by call id (`keen_<turn>`), as the model saw them.
+    results: HashMap<String, crate::keen::ToolResult>,
+    /// Calls whose start was recorded, with their `side_effect` flag.
+    started: HashMap<String, bool>,
+    /// The run's recorded end, when the log already holds one.
+    finished: Option<(RunState, String, &'static str)>,
+}
+
+impl KeenReplay {
+    fn from_events(events: &[super::RunEventRecord]) -> KeenReplay {
+        use crate::keen::ToolResult;
+        let mut out = KeenReplay::default();
+        let text = |j: &Value, key: &str| {
+            j.get(key)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        for ev in events {
+            let j = &ev.json;
+            let call_id = text(j, "call_id");
+            let keen_result = j.get("keen_result").and_then(Value::as_str);
+            match ev.kind.as_str() {
+                event::RUN_FINISHED => {
+                    let state = match j.get("state").and_then(Value::as_str) {
+                        Some("succeeded") => RunState::Succeeded,
+                        Some("cancelled") => RunState::Cancelled,
+                        _ => RunState::Failed,
+                    };
+                    let response_type = if text(j, "response_type") == "text" {
+                        "text"
+                    } else {
+                        "error"
+                    };
+                    out.finished = Some((state, text(j, "result"), response_type));
+                }
+                event::MODEL_ANSWERED => {
+                    let turn = j
+                        .get("turn")
+                        .and_then(Value::as_u64)
+                        .and_then(|t| u32::try_from(t).ok());
+                    let message = j
+                        .get("message")
+                        .cloned()
+                        .and_then(|m| serde_json::from_value::<Message>(m).ok());
+                    if let (Some(turn), Some(message)) = (turn, message) {
+                        out.turns.insert(turn, message);
+                    }
+                }
+                event::TOOL_STARTED => {
+                    let side_effect = j
+                        .get("side_effect")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(true);
+                    out.started.insert(call_id, side_effect);
+                }
+                event::TOOL_COMPLETED => {
+                    let body = text(j, "result");
+                    let is_error = j.get("is_error").and_then(Value::as_bool).unwrap_or(false);
+                    let r = match (keen_result, is_error) {
+                        (Some("flow_error"), _) => ToolResult::FlowError(body),
+                        (_, true) => ToolResult::ScriptError(body),
+                        (_, false) => ToolResult::Answer(body),
+                    };
+                    out.results.insert(call_id, r);
+                }
+                // A call cut off by a cancel or a crash has no real result.
+                event::TOOL_FAILED
+                    if j.get("reason").and_then(Value::as_str) != Some("cancelled") =>
+                {
+                    let r = match keen_result {
+                        Some("technical_error") => ToolResult::TechnicalError(text(j, "keen_text")),
+                        Some("no_response") => ToolResult::NoResponse(text(j, "error")),
+                        // A native call's failure: what the model was told.
+                        _ if text(j, "reason") == "timeout" => {
+                            ToolResult::TechnicalError(text(j, "error"))
+                        }
+                        _ => ToolResult::ScriptError(text(j, "error")),
+                    };
+                    out.results.insert(call_id, r);
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
 /// The result of one tool call, as the model will see it.
 struct CallResult {
     content: String,
@@ -643,10 +743,7 @@ impl<'h> Run<'h> {
                 } else if started.get(&call.id).copied().unwrap_or(false)
                     && !self.retry_safe(&call.name)
                 {
-                    let content = format!(
-                        "effect_unknown: the call to {} was interrupted before its result was recorded; it may or may not have taken effect. Check before calling it again.",
-                        call.name
-                    );
+                    let content = effect_unknown_message(&call.name);
                     let _ = self
                         .emit(event::TOOL_FAILED, json!({"call_id": call.id, "tool": call.name, "error": content, "reason": "effect_unknown", "duration_ms": 0}), true)
                         .await;
@@ -714,13 +811,36 @@ impl<'h> Run<'h> {
         };
         let mut ledger = KeenRun::new(limits.max_tool_calls);
         let max_turns = limits.max_turns.max(1);
+        // A resumed run replays the log: answered turns go through the same decisions (so the
+        // ledger of calls is rebuilt) without asking the model, recorded results are reused.
+        let mut replay = KeenReplay::from_events(&self.req.replay);
+        if let Some(end) = replay.finished.take() {
+            return end;
+        }
+        if let Some(last) = replay.turns.keys().max() {
+            self.activity(format!(
+                "resuming at turn {} (attempt {})",
+                last + 1,
+                self.req.attempt
+            ))
+            .await;
+        }
         for turn in 1..=max_turns {
-            let reply = match self.ask(turn, &system, &[]).await {
-                Ok(r) => r,
-                Err(end) => return end,
+            let reply_text = if let Some(message) = replay.turns.remove(&turn) {
+                let text = match &message {
+                    Message::Assistant { content, .. } => content.clone(),
+                    _ => String::new(),
+                };
+                self.push(message);
+                text
+            } else {
+                match self.ask(turn, &system, &[]).await {
+                    Ok(r) => r.text,
+                    Err(end) => return end,
+                }
             };
-            let dispatch = match ledger.decide(&parse_reply(&reply.text), &table) {
-                Decision::Answer => return (RunState::Succeeded, reply.text, "text"),
+            let dispatch = match ledger.decide(&parse_reply(&reply_text), &table) {
+                Decision::Answer => return (RunState::Succeeded, reply_text, "text"),
                 Decision::Stop { log } => {
                     tracing::warn!(run_id = %self.req.run_id, "{log}");
                     return (
@@ -737,8 +857,10 @@ impl<'h> Run<'h> {
                 Decision::Dispatch(d) => d,
             };
             let call_id = format!("keen_{turn}");
-            let result: ToolResult = match &dispatch.target {
-                ToolTarget::Native { arguments } => {
+            let replayed = self.keen_replayed(&mut replay, &call_id, &dispatch).await;
+            let result: ToolResult = match (replayed, &dispatch.target) {
+                (Some(r), _) => r,
+                (None, ToolTarget::Native { arguments }) => {
                     let call = ToolCall {
                         id: call_id,
                         name: dispatch.tool.clone(),
@@ -756,7 +878,7 @@ impl<'h> Run<'h> {
                         ToolResult::Answer(r.content)
                     }
                 }
-                ToolTarget::Script { entry } => {
+                (None, ToolTarget::Script { entry }) => {
                     let Some(keen) = keen else {
                         return (
                             RunState::Failed,
@@ -782,10 +904,13 @@ impl<'h> Run<'h> {
                         .await;
                     result
                 }
-                ToolTarget::Flow {
-                    controller,
-                    start_node,
-                } => {
+                (
+                    None,
+                    ToolTarget::Flow {
+                        controller,
+                        start_node,
+                    },
+                ) => {
                     let Some(keen) = keen else {
                         return (
                             RunState::Failed,
@@ -842,6 +967,30 @@ impl<'h> Run<'h> {
         self.max_turns_outcome()
     }
 
+    /// The result of a Keen call the log of an earlier attempt already settles: its recorded
+    /// result, or `effect_unknown` for an interrupted side-effecting native call (not sent
+    /// again). `None`: run the call (never started, or read-only, idempotent, script, flow).
+    async fn keen_replayed(
+        &self,
+        replay: &mut KeenReplay,
+        call_id: &str,
+        dispatch: &crate::keen::ToolDispatch,
+    ) -> Option<crate::keen::ToolResult> {
+        if let Some(r) = replay.results.remove(call_id) {
+            return Some(r);
+        }
+        let side_effect = replay.started.remove(call_id)?;
+        let native = matches!(dispatch.target, crate::keen::ToolTarget::Native { .. });
+        if !side_effect || !native || self.retry_safe(&dispatch.tool) {
+            return None;
+        }
+        let content = effect_unknown_message(&dispatch.tool);
+        let _ = self
+            .emit(event::TOOL_FAILED, json!({"call_id": call_id, "tool": dispatch.tool, "error": content, "reason": "effect_unknown", "duration_ms": 0}), true)
+            .await;
+        Some(crate::keen::ToolResult::ScriptError(content))
+    }
+
     async fn keen_tool_event(
         &self,
         call_id: &str,
@@ -856,13 +1005,21 @@ impl<'h> Run<'h> {
                 event::TOOL_COMPLETED,
                 json!({"call_id": call_id, "tool": tool, "result": text, "is_error": false, "duration_ms": duration_ms}),
             ),
-            ToolResult::ScriptError(text) | ToolResult::FlowError(text) => (
+            ToolResult::ScriptError(text) => (
                 event::TOOL_COMPLETED,
-                json!({"call_id": call_id, "tool": tool, "result": text, "is_error": true, "duration_ms": duration_ms}),
+                json!({"call_id": call_id, "tool": tool, "result": text, "is_error": true, "keen_result": "script_error", "duration_ms": duration_ms}),
             ),
-            other => (
+            ToolResult::FlowError(text) => (
+                event::TOOL_COMPLETED,
+                json!({"call_id": call_id, "tool": tool, "result": text, "is_error": true, "keen_result": "flow_error", "duration_ms": duration_ms}),
+            ),
+            ToolResult::TechnicalError(text) => (
                 event::TOOL_FAILED,
-                json!({"call_id": call_id, "tool": tool, "error": other.log_detail(), "reason": "failed", "duration_ms": duration_ms}),
+                json!({"call_id": call_id, "tool": tool, "error": result.log_detail(), "reason": "failed", "keen_result": "technical_error", "keen_text": text, "duration_ms": duration_ms}),
+            ),
+            ToolResult::NoResponse(_) => (
+                event::TOOL_FAILED,
+                json!({"call_id": call_id, "tool": tool, "error": result.log_detail(), "reason": "failed", "keen_result": "no_response", "duration_ms": duration_ms}),
             ),
         };
         let _ = self.emit(kind, payload, false).await;

@@ -54,9 +54,9 @@ pub struct RunRequest {
     /// Earlier messages of the conversation, in the JSON form of [`crate::model::Message`]
     /// (what earlier [`RunOutcome::messages`] held).
     pub history: Vec<Value>,
-    /// Events of earlier attempts of this run, in order; may be empty. The native dialect
-    /// resumes from them (answered turns are reused, recorded results too, an interrupted
-    /// side-effecting call becomes `effect_unknown`); the Keen dialect starts over.
+    /// Events of earlier attempts of this run, in order; may be empty. Both dialects resume
+    /// from them (answered turns are reused, recorded results too, an interrupted
+    /// side-effecting call becomes `effect_unknown`; Keen calls are keyed `keen_<turn>`).
     pub replay: Vec<RunEventRecord>,
 }
 
