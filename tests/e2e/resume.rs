@@ -27,6 +27,11 @@ struct Ledger {
 /// A Hub, `nests` Nests, the fake model following `steps`, and deployment `ledger` with one
 /// replica per Nest, all healthy.
 fn ledger(nests: &[&str], steps: Value) -> Ledger {
+    ledger_with(nests, steps, &[])
+}
+
+/// [`ledger`] with more bundle files (`x-agen/config.json`, `x-agen/harness.json`).
+fn ledger_with(nests: &[&str], steps: Value, extra: &[(&str, String)]) -> Ledger {
     let tmp = tempfile::tempdir().unwrap();
     let hub = HubProcess::start(tmp.path()).unwrap();
     let nest_procs: Vec<NestProcess> = nests.iter().map(|n| hub.nest(n, &[], &[]).unwrap()).collect();
@@ -48,6 +53,7 @@ fn ledger(nests: &[&str], steps: Value) -> Ledger {
         ],
     )
     .unwrap();
+    write_bundle(&dir, extra).unwrap();
     let replicas = nests.len().to_string();
     let out = hub.cli(&["deploy", dir.to_str().unwrap(), "--name", "ledger", "--replicas", &replicas]).unwrap();
     assert!(out.status.success(), "deploy: {}", String::from_utf8_lossy(&out.stderr));
@@ -229,6 +235,61 @@ fn a_completed_side_effecting_call_is_not_repeated_after_a_resume() {
     assert_eq!(l.requests_per_turn(), vec![1, 1, 1], "each turn asked once across both attempts");
 }
 
+/// Kills the `agen instance` process (SIGKILL, that process only) of the only Nest.
+fn kill_instance(l: &Ledger) {
+    let pids = instance_pids(&l.nests[0]);
+    assert_eq!(pids.len(), 1, "one agen instance process: {pids:?}");
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[0] as i32), nix::sys::signal::Signal::SIGKILL);
+}
+
+#[test]
+fn config_overrides_decide_what_an_interrupted_call_does() {
+    // `charge` declared idempotent is sent again; `lookup` declared side-effecting is not.
+    let steps = json!([
+        {"tool_calls": [
+            {"name": "ledger_charge", "arguments": {"amount": 9, "seconds": 60}},
+            {"name": "ledger_lookup", "arguments": {"key": "balance", "seconds": 60}}
+        ]},
+        {"reply": "done"}
+    ]);
+    let config = json!({"tools": {"ledger.charge": {"idempotent": true}, "ledger_lookup": {"sideEffect": true}}});
+    let l = ledger_with(&["solo"], steps, &[("x-agen/config.json", config.to_string())]);
+    let task = l.submit("charge 9 and look up the balance");
+    l.wait_calls("charge", 1);
+    l.wait_calls("lookup", 1);
+    kill_instance(&l);
+
+    let t = l.wait(&task);
+    assert_succeeded_on_attempt_2(&t);
+    assert_eq!((l.count("charge"), l.count("lookup")), (2, 1), "{:?}", l.calls());
+    let told = l.last_tool_results();
+    assert_eq!(told[0], "charged 9");
+    assert!(told[1].starts_with("effect_unknown: the call to ledger_lookup"), "{told:?}");
+}
+
+#[test]
+fn a_keen_dialect_run_resumes_without_repeating_a_side_effect() {
+    let call = "<SYSTEM CALL>\n!*action\nuse tool\n!*tool\nledger_charge\n!*context\n{\"amount\": 5, \"seconds\": 60}\n</SYSTEM CALL>\n";
+    let steps = json!([
+        {"reply": call},
+        {"reply_template": "Keen says: {{last_user}}"}
+    ]);
+    let l = ledger_with(&["solo"], steps, &[("x-agen/harness.json", json!({"toolProtocol": "keen"}).to_string())]);
+    let task = l.submit("charge 5");
+    l.wait_calls("charge", 1);
+    kill_instance(&l);
+
+    let t = l.wait(&task);
+    assert_succeeded_on_attempt_2(&t);
+    let result = t["outcome"]["result"].as_str().unwrap();
+    assert!(
+        result.starts_with("Keen says: <SYSTEM SCRIPT ERROR>\neffect_unknown: the call to ledger_charge was interrupted"),
+        "{result}"
+    );
+    assert_eq!(l.count("charge"), 1, "{:?}", l.calls());
+    assert_eq!(l.requests_per_turn(), vec![1, 1], "the answered turn is not asked again");
+}
+
 #[test]
 fn a_killed_instance_process_resumes_its_run_on_the_restarted_instance() {
     let steps = json!([
@@ -238,9 +299,7 @@ fn a_killed_instance_process_resumes_its_run_on_the_restarted_instance() {
     let l = ledger(&["solo"], steps);
     let task = l.submit("what is the balance?");
     l.wait_calls("lookup", 1);
-    let pids = instance_pids(&l.nests[0]);
-    assert_eq!(pids.len(), 1, "one agen instance process: {pids:?}");
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[0] as i32), nix::sys::signal::Signal::SIGKILL);
+    kill_instance(&l);
 
     let t = l.wait(&task);
     assert_succeeded_on_attempt_2(&t);
