@@ -1115,7 +1115,12 @@ async fn a_rollover_drains_a_running_run_and_a_resumed_run_stays_on_its_bundle_v
         &old.instance_id,
         vec![
             event(&run1, 1, "model.requested", serde_json::json!({"turn": 1})),
-            event(&run1, 2, "run.interrupted", serde_json::json!({"reason": "killed"})),
+            event(
+                &run1,
+                2,
+                "run.interrupted",
+                serde_json::json!({"reason": "killed"}),
+            ),
         ],
     )
     .await;
