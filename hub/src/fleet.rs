@@ -6,7 +6,9 @@
 //! state lock is never held across an `.await`; after a Hub boot nothing is placed until every
 //! previously known Nest has re-registered or a full ttl has passed (the reconcile window);
 //! replacing an unhealthy instance always creates a new instance id; a placement carries the
-//! values of exactly the `platform` secrets its bundle declares, from its own namespace.
+//! values of exactly the `platform` secrets its bundle declares, from its own namespace; a
+//! rollover does not stop an instance of the old bundle version while a run of that version
+//! is running or queued to resume (it drains; a run resumes only on its own version).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -12,7 +12,9 @@
 //! Invariants: an instance id is placed at most once while it lives here (a repeated
 //! `PlaceInstance`, e.g. after a reconnect, is a no-op), so nothing is duplicated; every
 //! spawned group is in `children.json` until it was killed; a stopped or shut-down instance is
-//! never restarted; runs assigned while an instance is (re)starting wait for its connection.
+//! never restarted; runs assigned while an instance is (re)starting wait for its connection;
+//! a run its instance can no longer finish (the process died, the instance was stopped or is
+//! not here) ends with one `run.interrupted` event, so the Hub resumes it (attempt + 1).
 
 pub mod backoff;
 pub mod children;
