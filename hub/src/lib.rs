@@ -221,7 +221,8 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     let router = builder.add_routes(routes);
 
     let reconciler = tokio::spawn(core.clone().run_reconciler(shutdown.child_token()));
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // Small replies (acks, task states) must not wait on the peer's delayed ACK.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let stop = shutdown.clone();
     let serving = tokio::spawn(async move {
         let closing = core.clone();

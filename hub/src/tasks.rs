@@ -401,7 +401,7 @@ impl Core {
         }
         if task.attempt >= MAX_RUN_ATTEMPTS {
             let error = format!(
-                "the run was interrupted {} times (last: {why}); giving up after {MAX_RUN_ATTEMPTS} attempts: look at the instance's log (agen logs) and submit the task again",
+                "the run was interrupted {} times (last: {why}); giving up after {MAX_RUN_ATTEMPTS} attempts: look at the Nest's log for the instance (journalctl -u agen-nest) and submit the task again",
                 task.attempt
             );
             tracing::warn!(task = %task.task_id, "{error}");

@@ -1,6 +1,12 @@
 //! The sled implementation of [`Store`]: one sled tree per table, in `<data-dir>/db`.
+//!
+//! Invariant: at most one flush runs at a time, on a blocking thread. sled 0.34's
+//! `flush_async` deadlocks when called from several tasks at once (spacejam/sled#1308), so
+//! flushes go through one gate; a caller whose writes a flush already covered returns without
+//! flushing again (group commit).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::future::BoxFuture;
 
@@ -8,6 +14,12 @@ use super::{Result, Store, StoreError, Table};
 
 pub struct SledStore {
     db: sled::Db,
+    /// One flush at a time.
+    flush_gate: tokio::sync::Mutex<()>,
+    /// Flush requests issued so far (a ticket per request).
+    flush_requests: AtomicU64,
+    /// Every request with a ticket up to this one is durable.
+    flushed_upto: AtomicU64,
 }
 
 impl SledStore {
@@ -20,7 +32,12 @@ impl SledStore {
                 path: dir.display().to_string(),
                 reason: format!("{e}; is another hub running with this --data-dir?"),
             })?;
-        Ok(SledStore { db })
+        Ok(SledStore {
+            db,
+            flush_gate: tokio::sync::Mutex::new(()),
+            flush_requests: AtomicU64::new(0),
+            flushed_upto: AtomicU64::new(0),
+        })
     }
 
     fn tree(&self, table: Table) -> Result<sled::Tree> {
@@ -93,10 +110,25 @@ impl Store for SledStore {
 
     fn flush(&self) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
-            self.db
-                .flush_async()
-                .await
-                .map_err(|e| err(Table::RunEvents, e))?;
+            // Our writes happened before we took a ticket.
+            let ticket = self.flush_requests.fetch_add(1, Ordering::SeqCst) + 1;
+            let _gate = self.flush_gate.lock().await;
+            if self.flushed_upto.load(Ordering::SeqCst) >= ticket {
+                return Ok(());
+            }
+            // Every request issued before this flush starts is covered by it.
+            let covers = self.flush_requests.load(Ordering::SeqCst);
+            let db = self.db.clone();
+            if tokio::runtime::Handle::try_current().is_ok() {
+                tokio::task::spawn_blocking(move || db.flush())
+                    .await
+                    .map_err(|e| err(Table::RunEvents, e))?
+                    .map_err(|e| err(Table::RunEvents, e))?;
+            } else {
+                // Outside a tokio runtime (tools, some tests) there is nobody to block.
+                db.flush().map_err(|e| err(Table::RunEvents, e))?;
+            }
+            self.flushed_upto.fetch_max(covers, Ordering::SeqCst);
             Ok(())
         })
     }
