@@ -29,7 +29,13 @@ pub struct ClientArgs {
     #[arg(long, env = "AGEN_CA_FILE", global = true)]
     pub ca_file: Option<PathBuf>,
     /// Output format: table (for people) or json (for scripts)
-    #[arg(short = 'o', long = "output", value_enum, default_value = "table", global = true)]
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_enum,
+        default_value = "table",
+        global = true
+    )]
     pub output: Output,
 }
 
@@ -67,17 +73,13 @@ impl ClientArgs {
     pub fn connect(&self) -> anyhow::Result<Hub> {
         let cfg_path = ClientConfig::default_path();
         let cfg = ClientConfig::load(&cfg_path)?;
-        let url = self
-            .hub
-            .clone()
-            .or(cfg.hub.clone())
-            .ok_or_else(|| {
-                anyhow!(
-                    "no Hub to talk to: pass --hub URL, set AGEN_HUB, or run `agen up` \
+        let url = self.hub.clone().or(cfg.hub.clone()).ok_or_else(|| {
+            anyhow!(
+                "no Hub to talk to: pass --hub URL, set AGEN_HUB, or run `agen up` \
                      (which writes {})",
-                    cfg_path.display()
-                )
-            })?;
+                cfg_path.display()
+            )
+        })?;
         let token = self.token.clone().or(cfg.token.clone());
         let ca_file = self.ca_file.clone().or(cfg.ca_file.clone());
         let channel = channel(&url, ca_file.as_deref())?;

@@ -65,7 +65,10 @@ pub enum Command {
 /// Runs the parsed command and returns the process exit code.
 pub fn main(cli: Cli) -> i32 {
     agen_shared::tls::install_crypto_provider();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -56,9 +56,9 @@ pub fn instance_state(s: i32) -> &'static str {
         pb::InstanceState::Stopping => "stopping",
         pb::InstanceState::Lost => "lost",
         // Pending placements are instances that are not started yet.
-        pb::InstanceState::Starting | pb::InstanceState::Pending | pb::InstanceState::Unspecified => {
-            "starting"
-        }
+        pb::InstanceState::Starting
+        | pb::InstanceState::Pending
+        | pb::InstanceState::Unspecified => "starting",
     }
 }
 

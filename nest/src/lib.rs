@@ -19,6 +19,6 @@ pub mod hub_link;
 pub mod instance;
 pub mod keen;
 pub mod mcp;
+pub mod model;
 pub mod socket;
 pub mod supervisor;
-pub mod model;

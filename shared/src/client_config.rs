@@ -24,11 +24,20 @@ pub struct ClientConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ClientConfigError {
     #[error("cannot read client config {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("client config {path} is not valid TOML with keys hub, ca_file, token: {source}")]
-    Parse { path: PathBuf, source: toml::de::Error },
+    Parse {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
     #[error("cannot write client config {path}: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 impl ClientConfig {

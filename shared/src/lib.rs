@@ -2,7 +2,7 @@
 //! config, TLS helpers and telemetry setup. Used by every other crate; knows no gRPC.
 
 pub mod bundle;
-pub mod duration;
 pub mod client_config;
+pub mod duration;
 pub mod telemetry;
 pub mod tls;

@@ -36,19 +36,47 @@ fn fleet(script: Value) -> Fleet {
         )],
     )
     .unwrap();
-    let out = hub.cli(&["deploy", dir.to_str().unwrap(), "--name", "writer", "--wait"]).unwrap();
-    assert!(out.status.success(), "deploy: {}", String::from_utf8_lossy(&out.stderr));
-    Fleet { hub, _nest: nest, _model: model, _tmp: tmp }
+    let out = hub
+        .cli(&[
+            "deploy",
+            dir.to_str().unwrap(),
+            "--name",
+            "writer",
+            "--wait",
+        ])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "deploy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Fleet {
+        hub,
+        _nest: nest,
+        _model: model,
+        _tmp: tmp,
+    }
 }
 
 impl Fleet {
     fn run_task(&self, input: &str) -> (String, Value) {
         let out = self.hub.cli(&["submit", "writer", input]).unwrap();
-        assert!(out.status.success(), "submit: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "submit: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let task = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-        let out = self.hub.cli(&["wait", &task, "-o", "json", "--timeout", "60s"]).unwrap();
-        let v: Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|_| panic!("wait printed no JSON: {}", String::from_utf8_lossy(&out.stderr)));
+        let out = self
+            .hub
+            .cli(&["wait", &task, "-o", "json", "--timeout", "60s"])
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+            panic!(
+                "wait printed no JSON: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
         (task, v)
     }
 
@@ -56,7 +84,11 @@ impl Fleet {
     fn last_tool_results(&self) -> Vec<String> {
         let path = self.hub.dir.join("model-requests.jsonl");
         let text = std::fs::read_to_string(path).unwrap_or_default();
-        let last: Value = text.lines().filter_map(|l| serde_json::from_str(l).ok()).next_back().expect("the model was asked");
+        let last: Value = text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .next_back()
+            .expect("the model was asked");
         last["body"]["messages"]
             .as_array()
             .unwrap()
@@ -110,21 +142,43 @@ fn an_agent_saves_reads_and_reports_progress_and_people_get_the_exact_bytes() {
     );
 
     // `agen artifacts ls TASK`: one artifact, whatever the number of saves.
-    let listed = f.hub.cli_json(&["artifacts", "ls", &task, "-o", "json"]).unwrap();
+    let listed = f
+        .hub
+        .cli_json(&["artifacts", "ls", &task, "-o", "json"])
+        .unwrap();
     let listed = listed.as_array().unwrap();
     assert_eq!(listed.len(), 1, "{listed:?}");
     let a = &listed[0];
     assert_eq!(
-        (a["id"].clone(), a["name"].clone(), a["media_type"].clone(), a["size"].clone(), a["task"].clone()),
-        (json!(id), json!("weekly-report"), json!("text/markdown"), json!(report.len()), json!(task))
+        (
+            a["id"].clone(),
+            a["name"].clone(),
+            a["media_type"].clone(),
+            a["size"].clone(),
+            a["task"].clone()
+        ),
+        (
+            json!(id),
+            json!("weekly-report"),
+            json!("text/markdown"),
+            json!(report.len()),
+            json!(task)
+        )
     );
     let all = f.hub.cli_json(&["artifacts", "ls", "-o", "json"]).unwrap();
     assert_eq!(all.as_array().unwrap().len(), 1, "{all}");
 
     // `agen artifacts get ID --out F`: the exact bytes.
     let out_file = f.hub.dir.join("report.md");
-    let out = f.hub.cli(&["artifacts", "get", &id, "--out", out_file.to_str().unwrap()]).unwrap();
-    assert!(out.status.success(), "get: {}", String::from_utf8_lossy(&out.stderr));
+    let out = f
+        .hub
+        .cli(&["artifacts", "get", &id, "--out", out_file.to_str().unwrap()])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "get: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(std::fs::read(&out_file).unwrap(), report.as_bytes());
 
     // An unknown id is an error that names it.
@@ -138,8 +192,20 @@ fn an_agent_saves_reads_and_reports_progress_and_people_get_the_exact_bytes() {
     let q = f.hub.cli_json(&["query", &task, "-o", "json"]).unwrap();
     let p = &q["progress"];
     assert_eq!(
-        (p["step"].clone(), p["done"].clone(), p["total"].clone(), p["note"].clone(), p["artifacts"].clone()),
-        (json!("report checked"), json!(2), json!(2), json!("all pages read"), json!([id]))
+        (
+            p["step"].clone(),
+            p["done"].clone(),
+            p["total"].clone(),
+            p["note"].clone(),
+            p["artifacts"].clone()
+        ),
+        (
+            json!("report checked"),
+            json!(2),
+            json!(2),
+            json!("all pages read"),
+            json!([id])
+        )
     );
 }
 
@@ -160,7 +226,13 @@ fn big_artifacts_move_in_chunks_and_the_same_bytes_from_another_task_keep_their_
     let (second, t2) = f.run_task("save the findings again");
     let total = body.chars().count();
     let tail: String = body.chars().skip(tail_at).collect();
-    assert_eq!(t1["outcome"]["result"], json!(format!("{tail}\n[characters {tail_at}..{total} of {total}; end of artifact]")), "{t1}");
+    assert_eq!(
+        t1["outcome"]["result"],
+        json!(format!(
+            "{tail}\n[characters {tail_at}..{total} of {total}; end of artifact]"
+        )),
+        "{t1}"
+    );
     assert_eq!(t2["outcome"]["result"], t1["outcome"]["result"]);
     assert_eq!(
         f.last_tool_results()[0],
@@ -170,8 +242,16 @@ fn big_artifacts_move_in_chunks_and_the_same_bytes_from_another_task_keep_their_
 
     // Listed under each task that saved it, stored once in the namespace.
     for task in [&first, &second] {
-        let listed = f.hub.cli_json(&["artifacts", "ls", task, "-o", "json"]).unwrap();
-        let ids: Vec<&str> = listed.as_array().unwrap().iter().map(|a| a["id"].as_str().unwrap()).collect();
+        let listed = f
+            .hub
+            .cli_json(&["artifacts", "ls", task, "-o", "json"])
+            .unwrap();
+        let ids: Vec<&str> = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["id"].as_str().unwrap())
+            .collect();
         assert_eq!(ids, vec![id.as_str()], "task {task}");
     }
     let all = f.hub.cli_json(&["artifacts", "ls", "-o", "json"]).unwrap();
@@ -180,7 +260,11 @@ fn big_artifacts_move_in_chunks_and_the_same_bytes_from_another_task_keep_their_
 
     // People get the exact bytes, on stdout too.
     let out = f.hub.cli(&["artifacts", "get", &id]).unwrap();
-    assert!(out.status.success(), "get: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "get: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.stdout == body.as_bytes(), "the bytes differ");
 }
 
@@ -201,7 +285,10 @@ fn agen_run_keeps_artifacts_beside_its_run_log_says_where_and_offers_no_report_p
         &dir,
         &[(
             "x-agen/agent.md",
-            format!("---\nname: solo\nmodel: openai/fake-model\nbaseUrl: {}\n---\nYou write notes.\n", model.base_url()),
+            format!(
+                "---\nname: solo\nmodel: openai/fake-model\nbaseUrl: {}\n---\nYou write notes.\n",
+                model.base_url()
+            ),
         )],
     )
     .unwrap();
@@ -224,13 +311,21 @@ fn agen_run_keeps_artifacts_beside_its_run_log_says_where_and_offers_no_report_p
 
     // report_progress is fleet only: the model is told it does not exist, and the run goes on.
     let answer = String::from_utf8_lossy(&out.stdout);
-    assert!(answer.contains("unknown tool `report_progress`"), "{answer}");
+    assert!(
+        answer.contains("unknown tool `report_progress`"),
+        "{answer}"
+    );
     let first: Value = std::fs::read_to_string(tmp.path().join("model-requests.jsonl"))
         .unwrap()
         .lines()
         .next()
         .map(|l| serde_json::from_str(l).unwrap())
         .unwrap();
-    let offered: Vec<&str> = first["body"]["tools"].as_array().unwrap().iter().map(|t| t["function"]["name"].as_str().unwrap()).collect();
+    let offered: Vec<&str> = first["body"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
     assert_eq!(offered, vec!["finish", "save_artifact", "read_artifact"]);
 }

@@ -31,21 +31,36 @@ fn three_server_bundle(dir: &Path) {
 }
 
 fn ids(list: &[Value]) -> BTreeSet<String> {
-    list.iter().filter_map(|i| i["instance"].as_str().map(str::to_owned)).collect()
+    list.iter()
+        .filter_map(|i| i["instance"].as_str().map(str::to_owned))
+        .collect()
 }
 
 fn healthy_running(list: &[Value], deployment: &str) -> Vec<Value> {
     list.iter()
-        .filter(|i| i["deployment"] == deployment && i["state"] == "running" && i["healthy"] == true)
+        .filter(|i| {
+            i["deployment"] == deployment && i["state"] == "running" && i["healthy"] == true
+        })
         .cloned()
         .collect()
 }
 
 fn deploy(hub: &HubProcess, dir: &Path, name: &str, replicas: u32) {
     let out = hub
-        .cli(&["deploy", dir.to_str().expect("utf-8 path"), "--name", name, "--replicas", &replicas.to_string()])
+        .cli(&[
+            "deploy",
+            dir.to_str().expect("utf-8 path"),
+            "--name",
+            name,
+            "--replicas",
+            &replicas.to_string(),
+        ])
         .expect("run agen deploy");
-    assert!(out.status.success(), "agen deploy failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "agen deploy failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -59,17 +74,36 @@ fn two_nests_run_two_healthy_replicas_with_real_tool_servers() {
     deploy(&hub, &bundle, "fleet", 2);
 
     let list = hub
-        .wait_instances("2 healthy replicas", Duration::from_secs(90), |l| healthy_running(l, "fleet").len() == 2)
+        .wait_instances("2 healthy replicas", Duration::from_secs(90), |l| {
+            healthy_running(l, "fleet").len() == 2
+        })
         .unwrap();
     let running = healthy_running(&list, "fleet");
     // Spread: one replica per Nest.
-    let nests: BTreeSet<_> = running.iter().map(|i| i["nest"].as_str().unwrap().to_owned()).collect();
-    assert_eq!(nests, BTreeSet::from(["nest-a".to_owned(), "nest-b".to_owned()]));
+    let nests: BTreeSet<_> = running
+        .iter()
+        .map(|i| i["nest"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        nests,
+        BTreeSet::from(["nest-a".to_owned(), "nest-b".to_owned()])
+    );
     for i in &running {
         assert_eq!(i["namespace"], "default");
         assert_eq!(i["servers_not_connected"], json!([]), "{i}");
-        let tools: Vec<&str> = i["tools"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
-        for t in ["time.get_current_time", "time.convert_time", "files.read_text_file", "workspace.read", "workspace.grep"] {
+        let tools: Vec<&str> = i["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        for t in [
+            "time.get_current_time",
+            "time.convert_time",
+            "files.read_text_file",
+            "workspace.read",
+            "workspace.grep",
+        ] {
             assert!(tools.contains(&t), "{t} missing from {tools:?}");
         }
         assert!(!tools.contains(&"workspace.run"), "--no-run leaves run out");
@@ -82,7 +116,10 @@ fn two_nests_run_two_healthy_replicas_with_real_tool_servers() {
     // People get a table, and the deployment list shows the replicas ready.
     let out = hub.cli(&["ps", "--all"]).unwrap();
     let table = String::from_utf8_lossy(&out.stdout);
-    assert!(table.contains("fleet") && table.contains("nest-a") && table.contains("running"), "{table}");
+    assert!(
+        table.contains("fleet") && table.contains("nest-a") && table.contains("running"),
+        "{table}"
+    );
     let deployments = hub.cli_json(&["ps", "-o", "json"]).unwrap();
     assert_eq!(deployments[0]["name"], "fleet");
     assert_eq!(deployments[0]["ready_replicas"], 2);
@@ -98,7 +135,9 @@ fn a_killed_nest_is_replaced_on_the_other_and_leaves_no_process() {
     three_server_bundle(&bundle);
     deploy(&hub, &bundle, "fleet", 2);
     let before = hub
-        .wait_instances("2 healthy replicas", Duration::from_secs(90), |l| healthy_running(l, "fleet").len() == 2)
+        .wait_instances("2 healthy replicas", Duration::from_secs(90), |l| {
+            healthy_running(l, "fleet").len() == 2
+        })
         .unwrap();
     let on_a: Vec<String> = before
         .iter()
@@ -107,7 +146,10 @@ fn a_killed_nest_is_replaced_on_the_other_and_leaves_no_process() {
         .collect();
     assert_eq!(on_a.len(), 1);
     let pids_before = a.descendants();
-    assert!(pids_before.len() >= 2, "instance and tool servers of nest-a: {pids_before:?}");
+    assert!(
+        pids_before.len() >= 2,
+        "instance and tool servers of nest-a: {pids_before:?}"
+    );
 
     a.proc.kill9();
     // TTL is 3 s: the replacement runs on nest-b within TTL + a few seconds.
@@ -117,12 +159,22 @@ fn a_killed_nest_is_replaced_on_the_other_and_leaves_no_process() {
             r.len() == 2 && r.iter().all(|i| i["nest"] == "nest-b")
         })
         .unwrap();
-    assert!(ids(&healthy_running(&after, "fleet")).is_disjoint(&on_a.iter().cloned().collect()), "a new instance id");
+    assert!(
+        ids(&healthy_running(&after, "fleet")).is_disjoint(&on_a.iter().cloned().collect()),
+        "a new instance id"
+    );
     let nests = hub.nests().unwrap();
-    assert!(nests.iter().any(|n| n["name"] == "nest-a" && n["state"] == "lost"), "{nests:?}");
-    wait_for("every process of the dead nest to exit", Duration::from_secs(10), || {
-        a.descendants().is_empty().then_some(())
-    })
+    assert!(
+        nests
+            .iter()
+            .any(|n| n["name"] == "nest-a" && n["state"] == "lost"),
+        "{nests:?}"
+    );
+    wait_for(
+        "every process of the dead nest to exit",
+        Duration::from_secs(10),
+        || a.descendants().is_empty().then_some(()),
+    )
     .unwrap_or_else(|e| panic!("{e}: left running: {:?}", a.descendants()));
 }
 
@@ -135,7 +187,9 @@ fn a_killed_tool_server_makes_its_instance_unhealthy_and_replaced() {
     three_server_bundle(&bundle);
     deploy(&hub, &bundle, "fleet", 1);
     let before = hub
-        .wait_instances("a healthy instance", Duration::from_secs(90), |l| healthy_running(l, "fleet").len() == 1)
+        .wait_instances("a healthy instance", Duration::from_secs(90), |l| {
+            healthy_running(l, "fleet").len() == 1
+        })
         .unwrap();
     let old = before[0]["instance"].as_str().unwrap().to_owned();
     let time_server = processes_under(&nest.dir)
@@ -146,7 +200,11 @@ fn a_killed_tool_server_makes_its_instance_unhealthy_and_replaced() {
                 .unwrap_or(false)
         })
         .expect("the time server runs under the nest");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(time_server as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(time_server as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
 
     let after = hub
         .wait_instances("a healthy replacement", Duration::from_secs(60), |l| {
@@ -167,7 +225,9 @@ fn a_hub_restart_loses_nothing_and_duplicates_nothing() {
     three_server_bundle(&bundle);
     deploy(&hub, &bundle, "fleet", 2);
     let before = hub
-        .wait_instances("2 healthy replicas", Duration::from_secs(90), |l| healthy_running(l, "fleet").len() == 2)
+        .wait_instances("2 healthy replicas", Duration::from_secs(90), |l| {
+            healthy_running(l, "fleet").len() == 2
+        })
         .unwrap();
 
     hub.restart().unwrap();
@@ -177,13 +237,24 @@ fn a_hub_restart_loses_nothing_and_duplicates_nothing() {
     })
     .unwrap();
     let deployments = hub.cli_json(&["ps", "-o", "json"]).unwrap();
-    assert_eq!(deployments.as_array().unwrap().len(), 1, "the deployment survived");
+    assert_eq!(
+        deployments.as_array().unwrap().len(),
+        1,
+        "the deployment survived"
+    );
     // Past the TTL, the same instances run: re-adopted, not duplicated.
     std::thread::sleep(Duration::from_secs(5));
     let after = hub
-        .wait_instances("the same 2 healthy replicas", Duration::from_secs(30), |l| healthy_running(l, "fleet").len() == 2)
+        .wait_instances(
+            "the same 2 healthy replicas",
+            Duration::from_secs(30),
+            |l| healthy_running(l, "fleet").len() == 2,
+        )
         .unwrap();
-    assert_eq!(ids(&healthy_running(&after, "fleet")), ids(&healthy_running(&before, "fleet")));
+    assert_eq!(
+        ids(&healthy_running(&after, "fleet")),
+        ids(&healthy_running(&before, "fleet"))
+    );
     assert_eq!(after.len(), 2, "no duplicate instance: {after:?}");
 }
 
@@ -192,7 +263,14 @@ fn tool_servers_see_a_cleared_environment_with_their_env_and_secrets() {
     let tmp = tempfile::tempdir().unwrap();
     let hub = HubProcess::start(tmp.path()).unwrap();
     let _nest = hub
-        .nest("solo", &[], &[("AGEN_TEST_CANARY", "must-not-leak"), ("SERVICE_TOKEN", "s3cret-value")])
+        .nest(
+            "solo",
+            &[],
+            &[
+                ("AGEN_TEST_CANARY", "must-not-leak"),
+                ("SERVICE_TOKEN", "s3cret-value"),
+            ],
+        )
         .unwrap();
     let bundle = tmp.path().join("bundle");
     let dump = tmp.path().join("env.json");
@@ -218,20 +296,35 @@ fn tool_servers_see_a_cleared_environment_with_their_env_and_secrets() {
         ],
     )
     .unwrap();
-    std::fs::set_permissions(bundle.join("envdump.py"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        bundle.join("envdump.py"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     deploy(&hub, &bundle, "envtest", 1);
-    hub.wait_instances("a healthy instance", Duration::from_secs(60), |l| healthy_running(l, "envtest").len() == 1)
-        .unwrap();
+    hub.wait_instances("a healthy instance", Duration::from_secs(60), |l| {
+        healthy_running(l, "envtest").len() == 1
+    })
+    .unwrap();
     let env: serde_json::Map<String, Value> =
-        serde_json::from_slice(&std::fs::read(&dump).expect("the server dumped its environment")).unwrap();
-    assert!(!env.contains_key("AGEN_TEST_CANARY"), "the Nest's environment leaked: {env:?}");
-    assert!(!env.contains_key("SERVICE_TOKEN"), "secrets arrive only where declared");
+        serde_json::from_slice(&std::fs::read(&dump).expect("the server dumped its environment"))
+            .unwrap();
+    assert!(
+        !env.contains_key("AGEN_TEST_CANARY"),
+        "the Nest's environment leaked: {env:?}"
+    );
+    assert!(
+        !env.contains_key("SERVICE_TOKEN"),
+        "secrets arrive only where declared"
+    );
     assert_eq!(env["GREETING"], "hi");
     assert_eq!(env["TOKEN"], "Bearer s3cret-value");
     assert_eq!(env["PYTHONUTF8"], "1");
     assert_eq!(env["PYTHONIOENCODING"], "utf-8");
     assert!(env["AGEN_BIN"].as_str().unwrap().ends_with("agen"));
-    let allow = ["PATH", "HOME", "TMPDIR", "TEMP", "TMP", "LANG", "TZ", "USER", "LOGNAME", "SHELL", "TERM"];
+    let allow = [
+        "PATH", "HOME", "TMPDIR", "TEMP", "TMP", "LANG", "TZ", "USER", "LOGNAME", "SHELL", "TERM",
+    ];
     for k in env.keys() {
         let ok = allow.contains(&k.as_str())
             || k.starts_with("LC_")
@@ -246,7 +339,10 @@ fn tool_servers_see_a_cleared_environment_with_their_env_and_secrets() {
 fn bad_bundles_are_refused_before_anything_changes() {
     let tmp = tempfile::tempdir().unwrap();
     let hub = HubProcess::start(tmp.path()).unwrap();
-    let agent = ("x-agen/agent.md", "---\nmodel: openai/gpt-4.1-mini\n---\nHi.\n".to_owned());
+    let agent = (
+        "x-agen/agent.md",
+        "---\nmodel: openai/gpt-4.1-mini\n---\nHi.\n".to_owned(),
+    );
     // (case, bundle files, what the error must name)
     type Case<'a> = (&'a str, Vec<(&'a str, String)>, &'a str);
     let cases: Vec<Case> = vec![
@@ -275,10 +371,15 @@ fn bad_bundles_are_refused_before_anything_changes() {
     for (name, files, expected) in cases {
         let dir = tmp.path().join(name);
         write_bundle(&dir, &files).unwrap();
-        let out = hub.cli(&["deploy", dir.to_str().unwrap(), "--name", name]).unwrap();
+        let out = hub
+            .cli(&["deploy", dir.to_str().unwrap(), "--name", name])
+            .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{name}: a bad bundle was accepted");
-        assert!(stderr.contains(expected), "{name}: error should name {expected:?}, got: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{name}: error should name {expected:?}, got: {stderr}"
+        );
     }
     let deployments = hub.cli_json(&["ps", "-o", "json"]).unwrap();
     assert_eq!(deployments, json!([]), "nothing was deployed");
@@ -293,19 +394,31 @@ fn redeploying_a_changed_bundle_rolls_instances_over() {
     three_server_bundle(&bundle);
     deploy(&hub, &bundle, "fleet", 2);
     let v1 = hub
-        .wait_instances("2 healthy replicas", Duration::from_secs(90), |l| healthy_running(l, "fleet").len() == 2)
+        .wait_instances("2 healthy replicas", Duration::from_secs(90), |l| {
+            healthy_running(l, "fleet").len() == 2
+        })
         .unwrap();
     let d1 = v1[0]["bundle_digest"].as_str().unwrap().to_owned();
 
     std::fs::write(bundle.join("data/readme.txt"), "version two\n").unwrap();
     deploy(&hub, &bundle, "fleet", 2);
     let v2 = hub
-        .wait_instances("2 healthy replicas of the new version, and nothing else", Duration::from_secs(90), |l| {
-            let r = healthy_running(l, "fleet");
-            r.len() == 2 && l.len() == 2 && r.iter().all(|i| i["bundle_digest"] != d1.as_str() && i["generation"] == 2)
-        })
+        .wait_instances(
+            "2 healthy replicas of the new version, and nothing else",
+            Duration::from_secs(90),
+            |l| {
+                let r = healthy_running(l, "fleet");
+                r.len() == 2
+                    && l.len() == 2
+                    && r.iter()
+                        .all(|i| i["bundle_digest"] != d1.as_str() && i["generation"] == 2)
+            },
+        )
         .unwrap();
-    assert!(ids(&v1).is_disjoint(&ids(&v2)), "new instances run the new version");
+    assert!(
+        ids(&v1).is_disjoint(&ids(&v2)),
+        "new instances run the new version"
+    );
     let deployments = hub.cli_json(&["ps", "-o", "json"]).unwrap();
     assert_eq!(deployments[0]["generation"], 2);
     assert_ne!(deployments[0]["bundle_digest"], d1.as_str());
@@ -336,19 +449,37 @@ fn a_tool_server_that_fails_to_start_is_shown_with_its_stderr_and_replaced_with_
     .unwrap();
     deploy(&hub, &bundle, "broken", 1);
     let list = hub
-        .wait_instances("the broken server to be reported", Duration::from_secs(60), |l| {
-            l.iter().any(|i| i["servers_not_connected"] == json!(["broken"]))
-        })
+        .wait_instances(
+            "the broken server to be reported",
+            Duration::from_secs(60),
+            |l| {
+                l.iter()
+                    .any(|i| i["servers_not_connected"] == json!(["broken"]))
+            },
+        )
         .unwrap();
-    let i = list.iter().find(|i| i["servers_not_connected"] == json!(["broken"])).unwrap();
+    let i = list
+        .iter()
+        .find(|i| i["servers_not_connected"] == json!(["broken"]))
+        .unwrap();
     assert_eq!(i["healthy"], false, "{i}");
-    assert!(i["server_errors"][0]["reason"].as_str().unwrap().contains("crm_marker"), "{i}");
+    assert!(
+        i["server_errors"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("crm_marker"),
+        "{i}"
+    );
     // People see why in `agen ps --all`.
     let table = String::from_utf8(hub.cli(&["ps", "--all"]).unwrap().stdout).unwrap();
-    assert!(table.contains("broken") && table.contains("crm_marker"), "{table}");
+    assert!(
+        table.contains("broken") && table.contains("crm_marker"),
+        "{table}"
+    );
     // Replacements keep failing, so they back off, and ps says so.
     hub.wait_instances("a back-off message", Duration::from_secs(60), |l| {
-        l.iter().any(|i| i["message"].as_str().unwrap_or("").contains("back-off"))
+        l.iter()
+            .any(|i| i["message"].as_str().unwrap_or("").contains("back-off"))
     })
     .unwrap();
 }
@@ -361,7 +492,10 @@ fn an_unreachable_hub_is_a_clear_error() {
     let out = agen_tests::cli(&config, &["ps", "--hub", &url]).unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(&format!("cannot reach the Hub at {url}")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot reach the Hub at {url}")),
+        "{stderr}"
+    );
     assert!(out.stdout.is_empty(), "errors go to stderr only");
     let out = agen_tests::cli(&config, &["nests"]).unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("no Hub to talk to"));

@@ -108,7 +108,10 @@ impl Standalone {
             .output()
             .unwrap();
         let _ = &self.model;
-        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
     }
 
     fn requests(&self) -> Vec<Value> {
@@ -123,24 +126,44 @@ impl Standalone {
     fn last_user(&self, i: usize) -> String {
         let reqs = self.requests();
         let msgs = reqs[i]["body"]["messages"].as_array().unwrap().clone();
-        msgs.iter().rev().find(|m| m["role"] == "user").map(|m| m["content"].as_str().unwrap_or("").to_owned()).unwrap_or_default()
+        msgs.iter()
+            .rev()
+            .find(|m| m["role"] == "user")
+            .map(|m| m["content"].as_str().unwrap_or("").to_owned())
+            .unwrap_or_default()
     }
 }
 
 #[test]
 fn a_script_tool_answers_in_a_system_response_and_no_native_tools_are_sent() {
-    let s = standalone(json!([{"reply": call("use tool", "ToolTimestampScript", "")}, {"reply": "It is 10:42."}]));
+    let s = standalone(
+        json!([{"reply": call("use tool", "ToolTimestampScript", "")}, {"reply": "It is 10:42."}]),
+    );
     let (code, out) = s.run("What time is it?");
     assert_eq!(code, 0, "{out}");
     assert_eq!(out.trim(), "It is 10:42.");
     let reqs = s.requests();
-    assert!(reqs[0]["body"].get("tools").is_none(), "keen mode sends no tools field");
+    assert!(
+        reqs[0]["body"].get("tools").is_none(),
+        "keen mode sends no tools field"
+    );
     let system = reqs[0]["body"]["messages"][0]["content"].as_str().unwrap();
-    for must in ["Your tools are:", "This tool is a script.", "This tool is a pipe.", "**Important:**", "**ERRORS:**", "time_get_current_time"] {
+    for must in [
+        "Your tools are:",
+        "This tool is a script.",
+        "This tool is a pipe.",
+        "**Important:**",
+        "**ERRORS:**",
+        "time_get_current_time",
+    ] {
         assert!(system.contains(must), "system prompt lacks {must:?}");
     }
     let answer = s.last_user(1);
-    assert!(answer.starts_with("<SYSTEM RESPONSE>") && answer.contains("The current timestamp is 2026-05-07T10:42:13Z"), "{answer}");
+    assert!(
+        answer.starts_with("<SYSTEM RESPONSE>")
+            && answer.contains("The current timestamp is 2026-05-07T10:42:13Z"),
+        "{answer}"
+    );
 }
 
 #[test]
@@ -156,17 +179,25 @@ fn soft_validation_coaches_a_corrected_retry_and_tool_status_error_is_a_script_e
     assert!(s.last_user(1).contains("You did not provide a sensorID"));
     assert!(s.last_user(2).contains("Sensor 100 reads 21 degrees."));
     let err = s.last_user(3);
-    assert!(err.starts_with("<SYSTEM SCRIPT ERROR>") && err.contains("Could not connect to sensor 300"), "{err}");
+    assert!(
+        err.starts_with("<SYSTEM SCRIPT ERROR>") && err.contains("Could not connect to sensor 300"),
+        "{err}"
+    );
 }
 
 #[test]
 fn a_failing_flow_node_is_a_flow_error_naming_the_node() {
-    let s = standalone(json!([{"reply": call("use tool flow", "ToolTimestamp", "")}, {"reply": "I could not get the timestamp."}]));
+    let s = standalone(
+        json!([{"reply": call("use tool flow", "ToolTimestamp", "")}, {"reply": "I could not get the timestamp."}]),
+    );
     let (code, _) = s.run("What time is it?");
     assert_eq!(code, 0);
     let err = s.last_user(1);
     assert!(err.starts_with("<SYSTEM FLOW ERROR>"), "{err}");
-    assert!(err.contains("ScriptNode \"compute-stamp\" threw:") && err.contains("now"), "{err}");
+    assert!(
+        err.contains("ScriptNode \"compute-stamp\" threw:") && err.contains("now"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -177,7 +208,10 @@ fn an_mcp_tool_is_called_through_the_text_protocol() {
     ]));
     assert_eq!(s.run("time?").0, 0);
     let r = s.last_user(1);
-    assert!(r.starts_with("<SYSTEM RESPONSE>") && r.contains("datetime"), "{r}");
+    assert!(
+        r.starts_with("<SYSTEM RESPONSE>") && r.contains("datetime"),
+        "{r}"
+    );
 }
 
 #[test]
@@ -214,7 +248,10 @@ fn attempts_run_out_and_the_model_is_told_attempts_0() {
     assert!(s.last_user(1).contains("The current timestamp is"));
     let second = s.last_user(2);
     assert!(second.contains("attempts 0"), "{second}");
-    assert!(!second.contains("The current timestamp is"), "a spent tool is not dispatched again");
+    assert!(
+        !second.contains("The current timestamp is"),
+        "a spent tool is not dispatched again"
+    );
 }
 
 #[test]
@@ -238,19 +275,41 @@ fn a_keen_agent_runs_on_the_fleet() {
     .unwrap();
     let bundle = tmp.path().join("bundle");
     keen_bundle(&bundle, &model);
-    let out = hub.cli(&["deploy", bundle.to_str().unwrap(), "--name", "keen", "--wait"]).unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = hub
+        .cli(&[
+            "deploy",
+            bundle.to_str().unwrap(),
+            "--name",
+            "keen",
+            "--wait",
+        ])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for _ in 0..2 {
         // The runaway script is stopped and the instance keeps serving the next task.
-        let out = hub.cli(&["submit", "keen", "go", "--wait", "-o", "json"]).unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = hub
+            .cli(&["submit", "keen", "go", "--wait", "-o", "json"])
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(stdout.contains("No tool response."), "{stdout}");
         // While it waits, `agen wait` shows which tool is being called, then that the agent is
         // reading its result.
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let calling = stderr.find("running script tool Spin").unwrap_or_else(|| panic!("{stderr}"));
-        let reading = stderr.find("reading the result of Spin").unwrap_or_else(|| panic!("{stderr}"));
+        let calling = stderr
+            .find("running script tool Spin")
+            .unwrap_or_else(|| panic!("{stderr}"));
+        let reading = stderr
+            .find("reading the result of Spin")
+            .unwrap_or_else(|| panic!("{stderr}"));
         assert!(calling < reading, "{stderr}");
     }
 }

@@ -5,11 +5,11 @@
 
 #![allow(clippy::unwrap_used)]
 mod artifacts;
-mod up;
 mod fleet;
-mod sql;
-mod runs;
 mod keen;
-mod workspace;
-mod secrets;
 mod resume;
+mod runs;
+mod secrets;
+mod sql;
+mod up;
+mod workspace;

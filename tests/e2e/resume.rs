@@ -34,7 +34,10 @@ fn ledger(nests: &[&str], steps: Value) -> Ledger {
 fn ledger_with(nests: &[&str], steps: Value, extra: &[(&str, String)]) -> Ledger {
     let tmp = tempfile::tempdir().unwrap();
     let hub = HubProcess::start(tmp.path()).unwrap();
-    let nest_procs: Vec<NestProcess> = nests.iter().map(|n| hub.nest(n, &[], &[]).unwrap()).collect();
+    let nest_procs: Vec<NestProcess> = nests
+        .iter()
+        .map(|n| hub.nest(n, &[], &[]).unwrap())
+        .collect();
     let script = json!({"steps": steps, "record": tmp.path().join("model-requests.jsonl")});
     let model = FakeModel::start(&tmp.path().join("model"), &script).unwrap();
     let log = tmp.path().join("ledger.jsonl");
@@ -55,20 +58,47 @@ fn ledger_with(nests: &[&str], steps: Value, extra: &[(&str, String)]) -> Ledger
     .unwrap();
     write_bundle(&dir, extra).unwrap();
     let replicas = nests.len().to_string();
-    let out = hub.cli(&["deploy", dir.to_str().unwrap(), "--name", "ledger", "--replicas", &replicas]).unwrap();
-    assert!(out.status.success(), "deploy: {}", String::from_utf8_lossy(&out.stderr));
+    let out = hub
+        .cli(&[
+            "deploy",
+            dir.to_str().unwrap(),
+            "--name",
+            "ledger",
+            "--replicas",
+            &replicas,
+        ])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "deploy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     hub.wait_instances("every replica healthy", Duration::from_secs(90), |l| {
-        l.iter().filter(|i| i["deployment"] == "ledger" && i["state"] == "running" && i["healthy"] == true).count()
+        l.iter()
+            .filter(|i| {
+                i["deployment"] == "ledger" && i["state"] == "running" && i["healthy"] == true
+            })
+            .count()
             == nests.len()
     })
     .unwrap();
-    Ledger { tmp, hub, nests: nest_procs, _model: model, log }
+    Ledger {
+        tmp,
+        hub,
+        nests: nest_procs,
+        _model: model,
+        log,
+    }
 }
 
 impl Ledger {
     fn submit(&self, input: &str) -> String {
         let out = self.hub.cli(&["submit", "ledger", input]).unwrap();
-        assert!(out.status.success(), "submit: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "submit: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap().trim().to_owned()
     }
 
@@ -77,9 +107,16 @@ impl Ledger {
     }
 
     fn wait(&self, task: &str) -> Value {
-        let out = self.hub.cli(&["wait", task, "-o", "json", "--timeout", "90s"]).unwrap();
+        let out = self
+            .hub
+            .cli(&["wait", task, "-o", "json", "--timeout", "90s"])
+            .unwrap();
         serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
-            panic!("wait printed no JSON: {}\nhub log:\n{}", String::from_utf8_lossy(&out.stderr), self.hub.proc.log_text())
+            panic!(
+                "wait printed no JSON: {}\nhub log:\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                self.hub.proc.log_text()
+            )
         })
     }
 
@@ -89,7 +126,12 @@ impl Ledger {
             .unwrap_or_default()
             .lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .map(|v| (v["tool"].as_str().unwrap_or_default().to_owned(), v["args"].clone()))
+            .map(|v| {
+                (
+                    v["tool"].as_str().unwrap_or_default().to_owned(),
+                    v["args"].clone(),
+                )
+            })
             .collect()
     }
 
@@ -99,8 +141,12 @@ impl Ledger {
 
     /// Waits until the ledger server received `n` calls of `tool`.
     fn wait_calls(&self, tool: &str, n: usize) {
-        wait_for(&format!("{n} call(s) of {tool}"), Duration::from_secs(60), || (self.count(tool) >= n).then_some(()))
-            .unwrap_or_else(|e| panic!("{e}; calls: {:?}", self.calls()));
+        wait_for(
+            &format!("{n} call(s) of {tool}"),
+            Duration::from_secs(60),
+            || (self.count(tool) >= n).then_some(()),
+        )
+        .unwrap_or_else(|e| panic!("{e}; calls: {:?}", self.calls()));
     }
 
     /// The chat requests the fake model answered.
@@ -137,14 +183,23 @@ impl Ledger {
             .unwrap()
             .iter()
             .filter(|m| m["role"] == "tool")
-            .map(|m| m["content"].as_str().map(str::to_owned).unwrap_or_else(|| m["content"].to_string()))
+            .map(|m| {
+                m["content"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| m["content"].to_string())
+            })
             .collect()
     }
 
     /// Kills the Nest that runs `task` (SIGKILL, the Nest process only) and returns its name.
     fn kill_nest_of(&mut self, task: &str) -> String {
         let nest = self.query(task)["nest"].as_str().unwrap().to_owned();
-        let n = self.nests.iter_mut().find(|n| n.name == nest).expect("the task runs on one of our nests");
+        let n = self
+            .nests
+            .iter_mut()
+            .find(|n| n.name == nest)
+            .expect("the task runs on one of our nests");
         n.proc.kill9();
         nest
     }
@@ -156,7 +211,9 @@ fn instance_pids(nest: &NestProcess) -> Vec<u32> {
         .into_iter()
         .filter(|pid| {
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            String::from_utf8_lossy(&cmd).replace('\0', " ").contains(" instance --socket ")
+            String::from_utf8_lossy(&cmd)
+                .replace('\0', " ")
+                .contains(" instance --socket ")
         })
         .collect()
 }
@@ -182,13 +239,30 @@ fn an_interrupted_side_effecting_call_is_not_repeated_and_the_model_is_told_effe
     assert_succeeded_on_attempt_2(&t);
     assert_eq!(t["run_id"], run_id, "the same run resumed");
     assert_ne!(t["nest"], killed.as_str(), "it resumed on the other nest");
-    assert_eq!(l.count("charge"), 1, "the charge was sent once: {:?}", l.calls());
+    assert_eq!(
+        l.count("charge"),
+        1,
+        "the charge was sent once: {:?}",
+        l.calls()
+    );
     let result = t["outcome"]["result"].as_str().unwrap();
-    assert!(result.starts_with("after the charge: effect_unknown: the call to ledger_charge was interrupted"), "{result}");
+    assert!(
+        result.starts_with(
+            "after the charge: effect_unknown: the call to ledger_charge was interrupted"
+        ),
+        "{result}"
+    );
     let told = l.last_tool_results();
     assert_eq!(told.len(), 1, "{told:?}");
-    assert!(told[0].starts_with("effect_unknown:"), "the model is told effect_unknown: {told:?}");
-    assert_eq!(l.requests_per_turn(), vec![1, 1], "the answered first turn is not asked again");
+    assert!(
+        told[0].starts_with("effect_unknown:"),
+        "the model is told effect_unknown: {told:?}"
+    );
+    assert_eq!(
+        l.requests_per_turn(),
+        vec![1, 1],
+        "the answered first turn is not asked again"
+    );
 }
 
 #[test]
@@ -209,8 +283,16 @@ fn interrupted_read_only_and_idempotent_calls_are_retried() {
     let t = l.wait(&task);
     assert_succeeded_on_attempt_2(&t);
     assert_eq!(t["outcome"]["result"], "done");
-    assert_eq!((l.count("lookup"), l.count("put")), (2, 2), "both were sent again: {:?}", l.calls());
-    assert_eq!(l.last_tool_results(), vec!["value of balance".to_owned(), "stored note".to_owned()]);
+    assert_eq!(
+        (l.count("lookup"), l.count("put")),
+        (2, 2),
+        "both were sent again: {:?}",
+        l.calls()
+    );
+    assert_eq!(
+        l.last_tool_results(),
+        vec!["value of balance".to_owned(), "stored note".to_owned()]
+    );
     assert_eq!(l.requests_per_turn(), vec![1, 1]);
 }
 
@@ -229,17 +311,36 @@ fn a_completed_side_effecting_call_is_not_repeated_after_a_resume() {
     let t = l.wait(&task);
     assert_succeeded_on_attempt_2(&t);
     assert_eq!(t["outcome"]["result"], "receipt: value of receipt");
-    assert_eq!(l.count("charge"), 1, "the completed charge is reused, not sent again: {:?}", l.calls());
-    assert_eq!(l.count("lookup"), 2, "the interrupted read-only lookup is retried");
-    assert_eq!(l.last_tool_results(), vec!["charged 7".to_owned(), "value of receipt".to_owned()]);
-    assert_eq!(l.requests_per_turn(), vec![1, 1, 1], "each turn asked once across both attempts");
+    assert_eq!(
+        l.count("charge"),
+        1,
+        "the completed charge is reused, not sent again: {:?}",
+        l.calls()
+    );
+    assert_eq!(
+        l.count("lookup"),
+        2,
+        "the interrupted read-only lookup is retried"
+    );
+    assert_eq!(
+        l.last_tool_results(),
+        vec!["charged 7".to_owned(), "value of receipt".to_owned()]
+    );
+    assert_eq!(
+        l.requests_per_turn(),
+        vec![1, 1, 1],
+        "each turn asked once across both attempts"
+    );
 }
 
 /// Kills the `agen instance` process (SIGKILL, that process only) of the only Nest.
 fn kill_instance(l: &Ledger) {
     let pids = instance_pids(&l.nests[0]);
     assert_eq!(pids.len(), 1, "one agen instance process: {pids:?}");
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[0] as i32), nix::sys::signal::Signal::SIGKILL);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pids[0] as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
 }
 
 #[test]
@@ -253,7 +354,11 @@ fn config_overrides_decide_what_an_interrupted_call_does() {
         {"reply": "done"}
     ]);
     let config = json!({"tools": {"ledger.charge": {"idempotent": true}, "ledger_lookup": {"sideEffect": true}}});
-    let l = ledger_with(&["solo"], steps, &[("x-agen/config.json", config.to_string())]);
+    let l = ledger_with(
+        &["solo"],
+        steps,
+        &[("x-agen/config.json", config.to_string())],
+    );
     let task = l.submit("charge 9 and look up the balance");
     l.wait_calls("charge", 1);
     l.wait_calls("lookup", 1);
@@ -261,10 +366,18 @@ fn config_overrides_decide_what_an_interrupted_call_does() {
 
     let t = l.wait(&task);
     assert_succeeded_on_attempt_2(&t);
-    assert_eq!((l.count("charge"), l.count("lookup")), (2, 1), "{:?}", l.calls());
+    assert_eq!(
+        (l.count("charge"), l.count("lookup")),
+        (2, 1),
+        "{:?}",
+        l.calls()
+    );
     let told = l.last_tool_results();
     assert_eq!(told[0], "charged 9");
-    assert!(told[1].starts_with("effect_unknown: the call to ledger_lookup"), "{told:?}");
+    assert!(
+        told[1].starts_with("effect_unknown: the call to ledger_lookup"),
+        "{told:?}"
+    );
 }
 
 #[test]
@@ -274,7 +387,14 @@ fn a_keen_dialect_run_resumes_without_repeating_a_side_effect() {
         {"reply": call},
         {"reply_template": "Keen says: {{last_user}}"}
     ]);
-    let l = ledger_with(&["solo"], steps, &[("x-agen/harness.json", json!({"toolProtocol": "keen"}).to_string())]);
+    let l = ledger_with(
+        &["solo"],
+        steps,
+        &[(
+            "x-agen/harness.json",
+            json!({"toolProtocol": "keen"}).to_string(),
+        )],
+    );
     let task = l.submit("charge 5");
     l.wait_calls("charge", 1);
     kill_instance(&l);
@@ -287,7 +407,11 @@ fn a_keen_dialect_run_resumes_without_repeating_a_side_effect() {
         "{result}"
     );
     assert_eq!(l.count("charge"), 1, "{:?}", l.calls());
-    assert_eq!(l.requests_per_turn(), vec![1, 1], "the answered turn is not asked again");
+    assert_eq!(
+        l.requests_per_turn(),
+        vec![1, 1],
+        "the answered turn is not asked again"
+    );
 }
 
 #[test]

@@ -5,7 +5,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use agen_tests::{agen_bin, mcp_json, wait_for, write_bundle, FakeModel, HubProcess, NestProcess, Peers};
+use agen_tests::{
+    agen_bin, mcp_json, wait_for, write_bundle, FakeModel, HubProcess, NestProcess, Peers,
+};
 use serde_json::{json, Value};
 
 /// A bundle whose model is the fake model and whose tools are `mcp-server-time` and our
@@ -49,9 +51,27 @@ fn fleet(script: Value, harness: Value) -> Fleet {
     let model = FakeModel::start(&tmp.path().join("model"), &script).unwrap();
     let dir = tmp.path().join("bundle");
     bundle(&dir, &model, harness);
-    let out = hub.cli(&["deploy", dir.to_str().unwrap(), "--name", "runner", "--wait"]).unwrap();
-    assert!(out.status.success(), "deploy: {}", String::from_utf8_lossy(&out.stderr));
-    Fleet { hub, _nest: nest, model, bundle: dir, _tmp: tmp }
+    let out = hub
+        .cli(&[
+            "deploy",
+            dir.to_str().unwrap(),
+            "--name",
+            "runner",
+            "--wait",
+        ])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "deploy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Fleet {
+        hub,
+        _nest: nest,
+        model,
+        bundle: dir,
+        _tmp: tmp,
+    }
 }
 
 impl Fleet {
@@ -59,15 +79,26 @@ impl Fleet {
         let mut all = vec!["submit", "runner"];
         all.extend_from_slice(args);
         let out = self.hub.cli(&all).unwrap();
-        assert!(out.status.success(), "submit: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "submit: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap().trim().to_owned()
     }
 
     /// `agen wait TASK -o json` → (exit code, task JSON).
     fn wait(&self, task: &str) -> (i32, Value) {
-        let out = self.hub.cli(&["wait", task, "-o", "json", "--timeout", "60s"]).unwrap();
-        let v: Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|_| panic!("wait printed no JSON: {}", String::from_utf8_lossy(&out.stderr)));
+        let out = self
+            .hub
+            .cli(&["wait", task, "-o", "json", "--timeout", "60s"])
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+            panic!(
+                "wait printed no JSON: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
         (out.status.code().unwrap_or(-1), v)
     }
 
@@ -99,7 +130,10 @@ fn a_task_uses_a_real_tool_and_answers_with_its_result() {
     assert_eq!(t["outcome"]["response_type"], "text");
     let result = t["outcome"]["result"].as_str().unwrap();
     assert!(result.starts_with("The time is"), "{result}");
-    assert!(result.contains("UTC") && result.contains("datetime"), "the tool's output is in the answer: {result}");
+    assert!(
+        result.contains("UTC") && result.contains("datetime"),
+        "the tool's output is in the answer: {result}"
+    );
 
     // `agen query` gives the same outcome without waiting.
     let q = f.hub.cli_json(&["query", &task, "-o", "json"]).unwrap();
@@ -121,15 +155,26 @@ fn a_task_uses_a_real_tool_and_answers_with_its_result() {
         .env("XDG_STATE_HOME", f.hub.dir.join("state"))
         .output()
         .unwrap();
-    assert!(out.status.success(), "agen run: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "agen run: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let standalone = String::from_utf8_lossy(&out.stdout);
-    assert!(standalone.starts_with("The time is") && standalone.contains("datetime"), "{standalone}");
+    assert!(
+        standalone.starts_with("The time is") && standalone.contains("datetime"),
+        "{standalone}"
+    );
 
     // Tasks list and trace.
     let tasks = f.hub.cli_json(&["tasks", "-o", "json"]).unwrap();
     assert_eq!(tasks[0]["task"], task.as_str());
     let trace = f.hub.cli(&["trace", &task]).unwrap();
-    assert!(trace.status.success(), "{}", String::from_utf8_lossy(&trace.stderr));
+    assert!(
+        trace.status.success(),
+        "{}",
+        String::from_utf8_lossy(&trace.stderr)
+    );
     let _ = &f.model;
 }
 
@@ -147,13 +192,20 @@ fn a_retried_submit_with_one_request_id_creates_one_task() {
 
 #[test]
 fn a_provider_error_fails_the_task_with_response_type_error_and_no_recall() {
-    let f = fleet(json!({"steps": [{"status": 401, "body": "{\"error\": {\"message\": \"invalid api key\"}}"}]}), json!({}));
+    let f = fleet(
+        json!({"steps": [{"status": 401, "body": "{\"error\": {\"message\": \"invalid api key\"}}"}]}),
+        json!({}),
+    );
     let task = f.submit(&["hello"]);
     let (code, t) = f.wait(&task);
     assert_ne!(code, 0, "agen wait exits non-zero when the task failed");
     assert_eq!(t["state"], "failed");
     assert_eq!(t["outcome"]["response_type"], "error");
-    assert_eq!(f.model_requests().len(), 1, "a 401 is neither retried nor recalled");
+    assert_eq!(
+        f.model_requests().len(),
+        1,
+        "a 401 is neither retried nor recalled"
+    );
 }
 
 #[test]
@@ -165,7 +217,10 @@ fn tasks_with_one_conversation_key_share_the_history() {
     let (code, t) = f.wait(&second);
     assert_eq!(code, 0);
     let result = t["outcome"]["result"].as_str().unwrap();
-    assert!(result.contains("my name is Ada") && result.contains("what is my name?"), "{result}");
+    assert!(
+        result.contains("my name is Ada") && result.contains("what is my name?"),
+        "{result}"
+    );
     // Another key starts afresh.
     let other = f.submit(&["hello", "--conversation", "c2"]);
     let (_, t) = f.wait(&other);
@@ -201,19 +256,29 @@ fn cancelling_a_running_task_stops_it_and_its_tool_call() {
     })
     .unwrap();
     let out = f.hub.cli(&["cancel", &task]).unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (code, t) = f.wait(&task);
     assert_ne!(code, 0);
     assert_eq!(t["state"], "cancelled");
-    wait_for("the tool's process to be gone", Duration::from_secs(15), || sleepers().is_empty().then_some(()))
-        .unwrap_or_else(|e| panic!("{e}: {:?}", sleepers()));
+    wait_for(
+        "the tool's process to be gone",
+        Duration::from_secs(15),
+        || sleepers().is_empty().then_some(()),
+    )
+    .unwrap_or_else(|e| panic!("{e}: {:?}", sleepers()));
 }
 
 /// Processes running `sleep 47.5` (the cancel test's tool call).
 fn sleepers() -> Vec<u32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
         let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
         if cmd.trim() == "sleep 47.5" {
@@ -225,7 +290,16 @@ fn sleepers() -> Vec<u32> {
 
 /// A Hub, a Nest and a fake model; deployment `meta` whose only tool server is our
 /// `meta_server.py` (records each call's `_meta` to `meta.jsonl`).
-fn meta_fleet(script: Value, harness: Value) -> (tempfile::TempDir, HubProcess, NestProcess, FakeModel, std::path::PathBuf) {
+fn meta_fleet(
+    script: Value,
+    harness: Value,
+) -> (
+    tempfile::TempDir,
+    HubProcess,
+    NestProcess,
+    FakeModel,
+    std::path::PathBuf,
+) {
     let tmp = tempfile::tempdir().unwrap();
     let hub = HubProcess::start(tmp.path()).unwrap();
     let nest = hub.nest("solo", &[], &[]).unwrap();
@@ -247,13 +321,23 @@ fn meta_fleet(script: Value, harness: Value) -> (tempfile::TempDir, HubProcess, 
         ],
     )
     .unwrap();
-    let out = hub.cli(&["deploy", dir.to_str().unwrap(), "--name", "meta", "--wait"]).unwrap();
-    assert!(out.status.success(), "deploy: {}", String::from_utf8_lossy(&out.stderr));
+    let out = hub
+        .cli(&["deploy", dir.to_str().unwrap(), "--name", "meta", "--wait"])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "deploy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     (tmp, hub, nest, model, log)
 }
 
 fn meta_events(log: &Path) -> Vec<Value> {
-    std::fs::read_to_string(log).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
 }
 
 #[test]
@@ -264,26 +348,46 @@ fn every_tool_call_carries_its_run_in_meta() {
     ]});
     let (_tmp, hub, _nest, _model, log) = meta_fleet(script, json!({}));
     let out = hub
-        .cli(&["submit", "meta", "go", "--conversation", "conv-key-1", "--label", "team=blue", "--label", "ticket=42"])
+        .cli(&[
+            "submit",
+            "meta",
+            "go",
+            "--conversation",
+            "conv-key-1",
+            "--label",
+            "team=blue",
+            "--label",
+            "ticket=42",
+        ])
         .unwrap();
     let task = String::from_utf8(out.stdout).unwrap().trim().to_owned();
     let t = hub.cli_json(&["wait", &task, "-o", "json"]).unwrap();
     assert_eq!(t["state"], "succeeded", "{t}");
-    let calls: Vec<Value> = meta_events(&log).into_iter().filter(|e| e["tool"] == "echo").collect();
+    let calls: Vec<Value> = meta_events(&log)
+        .into_iter()
+        .filter(|e| e["tool"] == "echo")
+        .collect();
     assert_eq!(calls.len(), 1, "{calls:?}");
     let meta = &calls[0]["meta"];
     assert_eq!(meta["agen/namespace"], "default");
     assert_eq!(meta["agen/deployment"], "meta");
     assert_eq!(meta["agen/taskId"], task.as_str());
     assert_eq!(meta["agen/runId"], t["run_id"]);
-    assert_eq!(meta["agen/rootRunId"], t["run_id"], "a top-level run is its own root");
+    assert_eq!(
+        meta["agen/rootRunId"], t["run_id"],
+        "a top-level run is its own root"
+    );
     assert_eq!(meta["agen/conversationId"], t["conversation_id"]);
     assert_eq!(meta["agen/conversationKey"], "conv-key-1");
     assert_eq!(meta["agen/labels"], json!({"team": "blue", "ticket": "42"}));
     let tp = meta["traceparent"].as_str().unwrap();
     let parts: Vec<&str> = tp.split('-').collect();
     assert_eq!(parts.len(), 4, "{tp}");
-    assert_eq!((parts[0], parts[1].len(), parts[2].len(), parts[3].len()), ("00", 32, 16, 2), "{tp}");
+    assert_eq!(
+        (parts[0], parts[1].len(), parts[2].len(), parts[3].len()),
+        ("00", 32, 16, 2),
+        "{tp}"
+    );
 }
 
 #[test]
@@ -299,14 +403,18 @@ fn parallel_tool_calls_overlap_and_keep_their_order_unless_turned_off() {
             ]},
             {"reply": "done"}
         ]});
-        let (_tmp, hub, _nest, _model, _log) = meta_fleet(script, json!({"parallelToolCalls": parallel}));
+        let (_tmp, hub, _nest, _model, _log) =
+            meta_fleet(script, json!({"parallelToolCalls": parallel}));
         let out = hub.cli(&["submit", "meta", "go"]).unwrap();
         let task = String::from_utf8(out.stdout).unwrap().trim().to_owned();
         let t = hub.cli_json(&["wait", &task, "-o", "json"]).unwrap();
         assert_eq!(t["state"], "succeeded");
         let ms = |k: &str| chrono_ms(t[k].as_str().unwrap());
         let took = ms("finished_at") - ms("started_at");
-        assert!(took >= min_ms && took <= max_ms, "parallel={parallel}: the run took {took} ms");
+        assert!(
+            took >= min_ms && took <= max_ms,
+            "parallel={parallel}: the run took {took} ms"
+        );
         // The model gets the results in the order it asked for them.
         let reqs: Vec<Value> = std::fs::read_to_string(&record)
             .unwrap()
@@ -322,14 +430,24 @@ fn parallel_tool_calls_overlap_and_keep_their_order_unless_turned_off() {
             .iter()
             .map(|c| &c["id"])
             .collect();
-        let answered: Vec<&Value> = msgs.iter().filter(|m| m["role"] == "tool").map(|m| &m["tool_call_id"]).collect();
+        let answered: Vec<&Value> = msgs
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| &m["tool_call_id"])
+            .collect();
         assert_eq!(asked, answered, "parallel={parallel}");
-        let texts: Vec<String> = msgs.iter().filter(|m| m["role"] == "tool").map(|m| m["content"].to_string()).collect();
+        let texts: Vec<String> = msgs
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| m["content"].to_string())
+            .collect();
         assert!(texts[1].contains("second"), "{texts:?}");
     }
 }
 
 /// Milliseconds since the epoch of an RFC 3339 time printed by the CLI.
 fn chrono_ms(s: &str) -> i64 {
-    chrono::DateTime::parse_from_rfc3339(s).expect("an RFC 3339 time").timestamp_millis()
+    chrono::DateTime::parse_from_rfc3339(s)
+        .expect("an RFC 3339 time")
+        .timestamp_millis()
 }

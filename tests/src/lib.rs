@@ -17,7 +17,10 @@ use serde_json::Value;
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ lives in the workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ lives in the workspace")
+        .to_path_buf()
 }
 
 /// `target/debug/agen` (or `$CARGO_TARGET_DIR/debug/agen`); `tests/run.sh` builds it first.
@@ -26,7 +29,11 @@ pub fn agen_bin() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"));
     let bin = target.join("debug").join("agen");
-    assert!(bin.exists(), "{} is missing: run `cargo build --bins` (tests/run.sh does)", bin.display());
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --bins` (tests/run.sh does)",
+        bin.display()
+    );
     bin
 }
 
@@ -40,19 +47,34 @@ impl Peers {
     /// The venv's python (PyPI `mcp` and `mcp-server-time` installed).
     pub fn python() -> PathBuf {
         let p = Self::dir().join("venv/bin/python");
-        assert!(p.exists(), "{} is missing: run tests/peers/install.sh (tests/run.sh does)", p.display());
+        assert!(
+            p.exists(),
+            "{} is missing: run tests/peers/install.sh (tests/run.sh does)",
+            p.display()
+        );
         p
     }
     /// The `mcp-server-time` console script of the venv.
     pub fn mcp_server_time() -> PathBuf {
         let p = Self::dir().join("venv/bin/mcp-server-time");
-        assert!(p.exists(), "{} is missing: run tests/peers/install.sh", p.display());
+        assert!(
+            p.exists(),
+            "{} is missing: run tests/peers/install.sh",
+            p.display()
+        );
         p
     }
     /// Entry point of an npm MCP server, e.g. `server-filesystem`.
     pub fn node_server(name: &str) -> PathBuf {
-        let p = Self::dir().join("node_modules/@modelcontextprotocol").join(name).join("dist/index.js");
-        assert!(p.exists(), "{} is missing: run tests/peers/install.sh", p.display());
+        let p = Self::dir()
+            .join("node_modules/@modelcontextprotocol")
+            .join(name)
+            .join("dist/index.js");
+        assert!(
+            p.exists(),
+            "{} is missing: run tests/peers/install.sh",
+            p.display()
+        );
         p
     }
     /// A script under `tests/peers/`.
@@ -70,7 +92,11 @@ pub fn free_port() -> u16 {
 }
 
 /// Polls `f` every 100 ms until it returns `Some`, or fails after `timeout` naming `what`.
-pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> anyhow::Result<T> {
+pub fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> Option<T>,
+) -> anyhow::Result<T> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = f() {
@@ -93,11 +119,21 @@ pub struct Proc {
 impl Proc {
     /// Spawns `cmd` in a new process group with stdout+stderr appended to `log`.
     pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> anyhow::Result<Proc> {
-        let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
         let err = out.try_clone()?;
-        cmd.stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
+        cmd.stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0);
         let child = cmd.spawn().with_context(|| format!("spawn {name}"))?;
-        Ok(Proc { child, name: name.into(), log: log.to_owned() })
+        Ok(Proc {
+            child,
+            name: name.into(),
+            log: log.to_owned(),
+        })
     }
 
     pub fn pid(&self) -> u32 {
@@ -157,11 +193,21 @@ impl HubProcess {
         let mut cmd = Command::new(agen_bin());
         cmd.args(["hub", "--data-dir"])
             .arg(dir.join("hub"))
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--nest-ttl", nest_ttl])
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--nest-ttl",
+                nest_ttl,
+            ])
             .env("AGEN_CONFIG", dir.join("client.toml"))
             .env("RUST_LOG", "info");
         let proc = Proc::spawn("hub", cmd, &dir.join("hub.log"))?;
-        let hub = HubProcess { proc, dir: dir.to_owned(), port, nest_ttl: nest_ttl.into() };
+        let hub = HubProcess {
+            proc,
+            dir: dir.to_owned(),
+            port,
+            nest_ttl: nest_ttl.into(),
+        };
         hub.wait_ready()?;
         Ok(hub)
     }
@@ -179,7 +225,10 @@ impl HubProcess {
             if !self.dir.join("client.toml").exists() {
                 return None;
             }
-            self.cli(&["nests", "-o", "json"]).ok().filter(|o| o.status.success()).map(|_| ())
+            self.cli(&["nests", "-o", "json"])
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|_| ())
         })
         .with_context(|| format!("hub log:\n{}", self.proc.log_text()))
     }
@@ -189,7 +238,9 @@ impl HubProcess {
     }
 
     pub fn join_token(&self) -> anyhow::Result<String> {
-        Ok(std::fs::read_to_string(self.dir.join("hub/join-token"))?.trim().to_owned())
+        Ok(std::fs::read_to_string(self.dir.join("hub/join-token"))?
+            .trim()
+            .to_owned())
     }
 
     /// The CLI against this Hub (its client config via `AGEN_CONFIG`).
@@ -208,8 +259,13 @@ impl HubProcess {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        serde_json::from_slice(&out.stdout)
-            .with_context(|| format!("agen {} printed no JSON: {}", args.join(" "), String::from_utf8_lossy(&out.stdout)))
+        serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "agen {} printed no JSON: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
     }
 
     /// `agen ps --all -o json`.
@@ -229,13 +285,27 @@ impl HubProcess {
     }
 
     /// Starts a Nest joined to this Hub.
-    pub fn nest(&self, name: &str, labels: &[&str], env: &[(&str, &str)]) -> anyhow::Result<NestProcess> {
+    pub fn nest(
+        &self,
+        name: &str,
+        labels: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<NestProcess> {
         let dir = self.dir.join("nests").join(name);
         std::fs::create_dir_all(&dir)?;
         let mut cmd = Command::new(agen_bin());
-        cmd.args(["nest", "--hub", &self.url(), "--join", &self.join_token()?, "--name", name, "--data-dir"])
-            .arg(&dir)
-            .env("RUST_LOG", "info");
+        cmd.args([
+            "nest",
+            "--hub",
+            &self.url(),
+            "--join",
+            &self.join_token()?,
+            "--name",
+            name,
+            "--data-dir",
+        ])
+        .arg(&dir)
+        .env("RUST_LOG", "info");
         for l in labels {
             cmd.args(["--label", l]);
         }
@@ -243,10 +313,22 @@ impl HubProcess {
             cmd.env(k, v);
         }
         let proc = Proc::spawn(name, cmd, &self.dir.join(format!("nest-{name}.log")))?;
-        let nest = NestProcess { proc, dir, name: name.into() };
-        wait_for(&format!("nest {name} to join"), Duration::from_secs(30), || {
-            self.nests().ok()?.iter().any(|n| n["name"] == name && n["state"] == "ready").then_some(())
-        })
+        let nest = NestProcess {
+            proc,
+            dir,
+            name: name.into(),
+        };
+        wait_for(
+            &format!("nest {name} to join"),
+            Duration::from_secs(30),
+            || {
+                self.nests()
+                    .ok()?
+                    .iter()
+                    .any(|n| n["name"] == name && n["state"] == "ready")
+                    .then_some(())
+            },
+        )
         .with_context(|| format!("nest log:\n{}", nest.proc.log_text()))?;
         Ok(nest)
     }
@@ -264,7 +346,12 @@ impl HubProcess {
             last = list.clone();
             f(&list).then_some(list)
         })
-        .with_context(|| format!("last instances: {}", serde_json::to_string_pretty(&last).unwrap_or_default()))
+        .with_context(|| {
+            format!(
+                "last instances: {}",
+                serde_json::to_string_pretty(&last).unwrap_or_default()
+            )
+        })
     }
 }
 
@@ -288,16 +375,25 @@ pub fn processes_under(dir: &Path) -> Vec<u32> {
     let dir_s = dir.to_string_lossy().into_owned();
     let me = std::process::id();
     let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir("/proc") else { return out };
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return out;
+    };
     for e in rd.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
         if pid == me {
             continue;
         }
         let base = e.path();
         // Zombies have no cwd and an empty cmdline; they are gone for our purposes.
         if let Ok(stat) = std::fs::read_to_string(base.join("stat")) {
-            if stat.rsplit(')').next().map(|r| r.trim_start().starts_with('Z')).unwrap_or(false) {
+            if stat
+                .rsplit(')')
+                .next()
+                .map(|r| r.trim_start().starts_with('Z'))
+                .unwrap_or(false)
+            {
                 continue;
             }
         }
@@ -337,10 +433,18 @@ impl FakeModel {
         let port_file = dir.join("fake-model.port");
         let _ = std::fs::remove_file(&port_file);
         let mut cmd = Command::new(agen_bin());
-        cmd.arg("fake-model").arg("--script").arg(&script_file).arg("--port-file").arg(&port_file);
+        cmd.arg("fake-model")
+            .arg("--script")
+            .arg(&script_file)
+            .arg("--port-file")
+            .arg(&port_file);
         let proc = Proc::spawn("fake-model", cmd, &dir.join("fake-model.log"))?;
         let port = wait_for("the fake model to listen", Duration::from_secs(20), || {
-            std::fs::read_to_string(&port_file).ok()?.trim().parse::<u16>().ok()
+            std::fs::read_to_string(&port_file)
+                .ok()?
+                .trim()
+                .parse::<u16>()
+                .ok()
         })
         .with_context(|| format!("fake model log:\n{}", proc.log_text()))?;
         Ok(FakeModel { proc, port })
@@ -366,6 +470,9 @@ pub fn write_bundle(dir: &Path, files: &[(&str, String)]) -> anyhow::Result<()> 
 
 /// `mcp.json` text from `(server name, spec)` pairs.
 pub fn mcp_json(servers: &[(&str, Value)]) -> String {
-    let map: BTreeMap<_, _> = servers.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    let map: BTreeMap<_, _> = servers
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
     serde_json::to_string_pretty(&serde_json::json!({ "mcpServers": map })).expect("json")
 }

@@ -37,7 +37,10 @@ pub async fn run(cmd: Command) -> anyhow::Result<i32> {
             let mut hub = client.connect()?;
             let list = hub
                 .client
-                .list_artifacts(pb::ListArtifactsRequest { namespace: hub.namespace.clone(), task_id: task.unwrap_or_default() })
+                .list_artifacts(pb::ListArtifactsRequest {
+                    namespace: hub.namespace.clone(),
+                    task_id: task.unwrap_or_default(),
+                })
                 .await
                 .map_err(|s| status_error(&hub, s))?
                 .into_inner()
@@ -62,7 +65,10 @@ pub async fn run(cmd: Command) -> anyhow::Result<i32> {
             let mut hub = client.connect()?;
             let mut stream = hub
                 .client
-                .get_artifact(pb::GetArtifactRequest { namespace: hub.namespace.clone(), artifact_id: id.clone() })
+                .get_artifact(pb::GetArtifactRequest {
+                    namespace: hub.namespace.clone(),
+                    artifact_id: id.clone(),
+                })
                 .await
                 .map_err(|s| status_error(&hub, s))?
                 .into_inner();
@@ -72,7 +78,8 @@ pub async fn run(cmd: Command) -> anyhow::Result<i32> {
                 data.extend_from_slice(&chunk.data);
             }
             match out {
-                Some(path) => std::fs::write(&path, &data).map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?,
+                Some(path) => std::fs::write(&path, &data)
+                    .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?,
                 None => std::io::stdout().write_all(&data)?,
             }
             Ok(0)

@@ -51,13 +51,24 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         }
     };
     let mut hub = args.client.connect()?;
-    let deployment = deploy(&mut hub, &args.dir, &args.name, args.replicas, args.concurrency, &args.selector).await?;
+    let deployment = deploy(
+        &mut hub,
+        &args.dir,
+        &args.name,
+        args.replicas,
+        args.concurrency,
+        &args.selector,
+    )
+    .await?;
     if args.wait {
         wait_ready(&mut hub, &deployment, args.timeout).await?;
     }
     let d = hub
         .client
-        .get_deployment(pb::GetDeploymentRequest { namespace: hub.namespace.clone(), name: args.name.clone() })
+        .get_deployment(pb::GetDeploymentRequest {
+            namespace: hub.namespace.clone(),
+            name: args.name.clone(),
+        })
         .await
         .map_err(|s| status_error(&hub, s))?
         .into_inner();
@@ -65,7 +76,11 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     match args.client.output {
         Output::Json => {
             let mut v = view::deployment_json(&dep);
-            v["instances"] = json!(d.instances.iter().map(view::instance_json).collect::<Vec<_>>());
+            v["instances"] = json!(d
+                .instances
+                .iter()
+                .map(view::instance_json)
+                .collect::<Vec<_>>());
             view::print_json(&v);
         }
         Output::Table => println!(
@@ -103,12 +118,17 @@ pub async fn deploy(
     selector: &[String],
 ) -> anyhow::Result<pb::Deployment> {
     validate(dir).with_context(|| format!("bundle {} is not valid", dir.display()))?;
-    let bytes = bundle::pack(dir).with_context(|| format!("cannot pack bundle {}", dir.display()))?;
+    let bytes =
+        bundle::pack(dir).with_context(|| format!("cannot pack bundle {}", dir.display()))?;
     let digest = bundle::digest(&bytes);
     let total = bytes.len() as u64;
     let mut chunks: Vec<pb::BundleChunk> = bytes
         .chunks(CHUNK)
-        .map(|c| pb::BundleChunk { digest: String::new(), total_size: 0, data: c.to_vec() })
+        .map(|c| pb::BundleChunk {
+            digest: String::new(),
+            total_size: 0,
+            data: c.to_vec(),
+        })
         .collect();
     if chunks.is_empty() {
         chunks.push(pb::BundleChunk::default());
@@ -137,7 +157,11 @@ pub async fn deploy(
 }
 
 /// Waits until every replica of `dep` runs its generation and is healthy.
-pub async fn wait_ready(hub: &mut Hub, dep: &pb::Deployment, timeout: Duration) -> anyhow::Result<()> {
+pub async fn wait_ready(
+    hub: &mut Hub,
+    dep: &pb::Deployment,
+    timeout: Duration,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
         let list = hub
@@ -153,9 +177,16 @@ pub async fn wait_ready(hub: &mut Hub, dep: &pb::Deployment, timeout: Duration) 
             .instances;
         let ready = list
             .iter()
-            .filter(|i| i.generation == dep.generation && i.healthy && view::instance_state(i.state) == "running")
+            .filter(|i| {
+                i.generation == dep.generation
+                    && i.healthy
+                    && view::instance_state(i.state) == "running"
+            })
             .count();
-        let old = list.iter().filter(|i| i.generation != dep.generation).count();
+        let old = list
+            .iter()
+            .filter(|i| i.generation != dep.generation)
+            .count();
         if ready as u32 >= dep.replicas && old == 0 {
             return Ok(());
         }
@@ -172,7 +203,11 @@ pub async fn wait_ready(hub: &mut Hub, dep: &pb::Deployment, timeout: Duration) 
                 dep.name,
                 dep.replicas,
                 timeout,
-                if last.is_empty() { String::new() } else { format!(" ({last})") }
+                if last.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({last})")
+                }
             );
         }
         tokio::time::sleep(Duration::from_millis(300)).await;

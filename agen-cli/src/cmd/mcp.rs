@@ -32,8 +32,7 @@ pub enum Command {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s)
-        .map_err(|e| format!("{e}: expected a duration such as 90s or 10m"))
+    humantime::parse_duration(s).map_err(|e| format!("{e}: expected a duration such as 90s or 10m"))
 }
 
 pub async fn run(cmd: Command) -> anyhow::Result<i32> {

@@ -35,15 +35,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// SIGINT/SIGTERM cancel `token` (graceful shutdown of daemons).
 pub fn cancel_on_signals(token: CancellationToken) {
     tokio::spawn(async move {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("cannot listen for SIGTERM: {e}");
-                let _ = tokio::signal::ctrl_c().await;
-                token.cancel();
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!("cannot listen for SIGTERM: {e}");
+                    let _ = tokio::signal::ctrl_c().await;
+                    token.cancel();
+                    return;
+                }
+            };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}

@@ -23,9 +23,19 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         .into_inner()
         .nests;
     match args.client.output {
-        Output::Json => view::print_json(&Value::Array(nests.iter().map(view::nest_json).collect())),
+        Output::Json => {
+            view::print_json(&Value::Array(nests.iter().map(view::nest_json).collect()))
+        }
         Output::Table => {
-            let mut t = view::table(&["NAME", "STATE", "INSTANCES", "LABELS", "LAST HEARTBEAT", "VERSION", "ID"]);
+            let mut t = view::table(&[
+                "NAME",
+                "STATE",
+                "INSTANCES",
+                "LABELS",
+                "LAST HEARTBEAT",
+                "VERSION",
+                "ID",
+            ]);
             for n in &nests {
                 let mut labels: Vec<_> = n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 labels.sort();
@@ -33,7 +43,11 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                     n.name.clone(),
                     view::nest_state(n.state).to_owned(),
                     format!("{}/{}", n.instances, n.capacity),
-                    if labels.is_empty() { "-".into() } else { labels.join(",") },
+                    if labels.is_empty() {
+                        "-".into()
+                    } else {
+                        labels.join(",")
+                    },
                     format!("{} ago", view::age(n.last_heartbeat_ms)),
                     n.version.clone(),
                     n.nest_id.clone(),

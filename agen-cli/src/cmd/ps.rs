@@ -35,28 +35,52 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             .into_inner()
             .instances;
         match args.client.output {
-            Output::Json => view::print_json(&Value::Array(instances.iter().map(view::instance_json).collect())),
+            Output::Json => view::print_json(&Value::Array(
+                instances.iter().map(view::instance_json).collect(),
+            )),
             Output::Table => {
                 let mut t = view::table(&[
-                    "NAMESPACE", "DEPLOYMENT", "INSTANCE", "NEST", "STATE", "HEALTHY", "TOOLS", "NOT CONNECTED", "MESSAGE",
+                    "NAMESPACE",
+                    "DEPLOYMENT",
+                    "INSTANCE",
+                    "NEST",
+                    "STATE",
+                    "HEALTHY",
+                    "TOOLS",
+                    "NOT CONNECTED",
+                    "MESSAGE",
                 ]);
                 for i in &instances {
                     let nc = i
                         .servers_not_connected
                         .iter()
-                        .map(|p| if p.reason.is_empty() { p.server.clone() } else { format!("{}: {}", p.server, first_line(&p.reason)) })
+                        .map(|p| {
+                            if p.reason.is_empty() {
+                                p.server.clone()
+                            } else {
+                                format!("{}: {}", p.server, first_line(&p.reason))
+                            }
+                        })
                         .collect::<Vec<_>>()
                         .join("\n");
                     t.add_row(vec![
                         i.namespace.clone(),
                         i.deployment.clone(),
                         i.instance_id.clone(),
-                        if i.nest_name.is_empty() { "-".into() } else { i.nest_name.clone() },
+                        if i.nest_name.is_empty() {
+                            "-".into()
+                        } else {
+                            i.nest_name.clone()
+                        },
                         view::instance_state(i.state).to_owned(),
                         if i.healthy { "yes".into() } else { "no".into() },
                         i.tools_loaded.to_string(),
                         if nc.is_empty() { "-".into() } else { nc },
-                        if i.message.is_empty() { "-".into() } else { i.message.clone() },
+                        if i.message.is_empty() {
+                            "-".into()
+                        } else {
+                            i.message.clone()
+                        },
                     ]);
                 }
                 if instances.is_empty() {
@@ -70,13 +94,18 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     }
     let deployments = hub
         .client
-        .list_deployments(pb::ListDeploymentsRequest { namespace: hub.namespace.clone(), all_namespaces: false })
+        .list_deployments(pb::ListDeploymentsRequest {
+            namespace: hub.namespace.clone(),
+            all_namespaces: false,
+        })
         .await
         .map_err(|s| status_error(&hub, s))?
         .into_inner()
         .deployments;
     match args.client.output {
-        Output::Json => view::print_json(&Value::Array(deployments.iter().map(view::deployment_json).collect())),
+        Output::Json => view::print_json(&Value::Array(
+            deployments.iter().map(view::deployment_json).collect(),
+        )),
         Output::Table => {
             let mut t = view::table(&["NAME", "AGENT", "READY", "GENERATION", "BUNDLE", "AGE"]);
             for d in &deployments {

@@ -18,7 +18,10 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     let mut hub = args.client.connect()?;
     let t = hub
         .client
-        .query_task(pb::QueryTaskRequest { namespace: hub.namespace.clone(), task_id: args.task.clone() })
+        .query_task(pb::QueryTaskRequest {
+            namespace: hub.namespace.clone(),
+            task_id: args.task.clone(),
+        })
         .await
         .map_err(|s| status_error(&hub, s))?
         .into_inner();
@@ -38,13 +41,24 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                     (Some(d), None) => format!(" ({d})"),
                     _ => String::new(),
                 };
-                println!("progress:    {}{count}{}", p.step, if p.note.is_empty() { String::new() } else { format!(" — {}", p.note) });
+                println!(
+                    "progress:    {}{count}{}",
+                    p.step,
+                    if p.note.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" — {}", p.note)
+                    }
+                );
             }
             if !t.instance_id.is_empty() {
                 println!("instance:    {} on {}", t.instance_id, t.nest_name);
             }
             if let Some(o) = v.get("outcome").filter(|o| !o.is_null()) {
-                println!("response:    {}", o["response_type"].as_str().unwrap_or("text"));
+                println!(
+                    "response:    {}",
+                    o["response_type"].as_str().unwrap_or("text")
+                );
                 println!("result:\n{}", o["result"].as_str().unwrap_or(""));
             }
         }

@@ -171,7 +171,9 @@ pub async fn run(cmd: Command) -> anyhow::Result<i32> {
             if client.output == Output::Table {
                 println!("secret {name} deleted from namespace {}", hub.namespace);
             } else {
-                view::print_json(&json!({"name": name, "namespace": hub.namespace, "deleted": true}));
+                view::print_json(
+                    &json!({"name": name, "namespace": hub.namespace, "deleted": true}),
+                );
             }
             Ok(0)
         }

@@ -32,7 +32,10 @@ pub struct Args {
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     let mut hub = args.client.connect()?;
     let labels = view::parse_labels(&args.labels)?;
-    let request_id = args.request_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let request_id = args
+        .request_id
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let req = pb::SubmitTaskRequest {
         namespace: hub.namespace.clone(),
         deployment: args.deployment.clone(),

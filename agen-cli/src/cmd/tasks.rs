@@ -38,15 +38,23 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         .into_inner()
         .tasks;
     match args.client.output {
-        Output::Json => view::print_json(&Value::Array(tasks.iter().map(view::task_json).collect())),
+        Output::Json => {
+            view::print_json(&Value::Array(tasks.iter().map(view::task_json).collect()))
+        }
         Output::Table => {
             let mut t = view::table(&["TASK", "DEPLOYMENT", "STATE", "ACTIVITY / RESULT", "AGE"]);
             for task in &tasks {
                 let what = match &task.outcome {
-                    Some(o) if view::task_terminal(task.state) => o.result.lines().next().unwrap_or("").to_owned(),
+                    Some(o) if view::task_terminal(task.state) => {
+                        o.result.lines().next().unwrap_or("").to_owned()
+                    }
                     _ => task.activity.clone(),
                 };
-                let what = if what.chars().count() > 60 { format!("{}…", what.chars().take(60).collect::<String>()) } else { what };
+                let what = if what.chars().count() > 60 {
+                    format!("{}…", what.chars().take(60).collect::<String>())
+                } else {
+                    what
+                };
                 t.add_row(vec![
                     task.task_id.clone(),
                     task.deployment.clone(),

@@ -21,7 +21,10 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     let mut hub = args.client.connect()?;
     let trace = hub
         .client
-        .get_trace(pb::GetTraceRequest { namespace: hub.namespace.clone(), task_id: args.task.clone() })
+        .get_trace(pb::GetTraceRequest {
+            namespace: hub.namespace.clone(),
+            task_id: args.task.clone(),
+        })
         .await
         .map_err(|s| status_error(&hub, s))?
         .into_inner();
@@ -37,12 +40,17 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 })
             })
             .collect();
-        crate::view::print_json(&json!({"task": trace.task_id, "trace_id": trace.trace_id, "spans": spans}));
+        crate::view::print_json(
+            &json!({"task": trace.task_id, "trace_id": trace.trace_id, "spans": spans}),
+        );
         return Ok(0);
     }
     let mut children: BTreeMap<&str, Vec<&pb::Span>> = BTreeMap::new();
     for s in &trace.spans {
-        children.entry(s.parent_span_id.as_str()).or_default().push(s);
+        children
+            .entry(s.parent_span_id.as_str())
+            .or_default()
+            .push(s);
     }
     let t0 = trace.spans.iter().map(|s| s.start_ms).min().unwrap_or(0);
     println!("trace {} (task {})", trace.trace_id, trace.task_id);

@@ -47,7 +47,8 @@ pub fn default_data_dir() -> PathBuf {
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     agen_shared::telemetry::init("info");
     let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
-    std::fs::create_dir_all(&data_dir).with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
     let shutdown = CancellationToken::new();
     crate::cmd::cancel_on_signals(shutdown.clone());
 
@@ -66,7 +67,11 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
 
     let client_cfg = ClientConfig {
         hub: Some(hub.url.clone()),
-        ca_file: if hub.url.starts_with("https://") { Some(hub.ca_file.clone()) } else { None },
+        ca_file: if hub.url.starts_with("https://") {
+            Some(hub.ca_file.clone())
+        } else {
+            None
+        },
         token: Some(hub.admin_token.clone()),
     };
     crate::cmd::write_client_config(&client_cfg, &data_dir)?;
@@ -74,14 +79,21 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     let join_file = data_dir.join("join-token");
     std::fs::write(&join_file, format!("{}\n", hub.join_token))
         .with_context(|| format!("cannot write {}", join_file.display()))?;
-    std::fs::set_permissions(&join_file, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .with_context(|| format!("cannot restrict {}", join_file.display()))?;
+    std::fs::set_permissions(
+        &join_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .with_context(|| format!("cannot restrict {}", join_file.display()))?;
 
     let agen_bin = std::env::current_exe().context("cannot find the agen binary")?;
     let host = agen_nest::config::host_name();
     let mut nests = Vec::new();
     for i in 1..=args.nests.max(1) {
-        let name = if i == 1 { host.clone() } else { format!("{host}-{i}") };
+        let name = if i == 1 {
+            host.clone()
+        } else {
+            format!("{host}-{i}")
+        };
         let mut opts = agen_nest::config::NestOptions::new(hub.url.clone(), hub.join_token.clone());
         opts.data_dir = data_dir.join("nests").join(format!("nest-{i}"));
         opts.name = name;
@@ -93,8 +105,16 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             }
         }));
     }
-    eprintln!("agen up: Hub at {} with {} local Nest(s); data in {}", hub.url, args.nests.max(1), data_dir.display());
-    eprintln!("more Nests can join with:\n  agen nest --hub {} --join {}", hub.url, hub.join_token);
+    eprintln!(
+        "agen up: Hub at {} with {} local Nest(s); data in {}",
+        hub.url,
+        args.nests.max(1),
+        data_dir.display()
+    );
+    eprintln!(
+        "more Nests can join with:\n  agen nest --hub {} --join {}",
+        hub.url, hub.join_token
+    );
 
     if !args.deploy.is_empty() {
         let client = ClientArgs {

@@ -29,7 +29,12 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
 }
 
 /// Follows `task` to its end and prints it; returns the exit code.
-pub async fn follow(hub: &mut Hub, task: &str, output: Output, timeout: Option<Duration>) -> anyhow::Result<i32> {
+pub async fn follow(
+    hub: &mut Hub,
+    task: &str,
+    output: Output,
+    timeout: Option<Duration>,
+) -> anyhow::Result<i32> {
     let bar = spinner();
     let fut = watch_until_terminal(hub, task, &bar);
     let result = match timeout {
@@ -68,7 +73,11 @@ pub fn print_outcome(t: &pb::Task, output: Output) {
                     if !o.result.is_empty() {
                         println!("{}", o.result);
                     }
-                    let why = if o.error.is_empty() { String::new() } else { format!(": {}", o.error) };
+                    let why = if o.error.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", o.error)
+                    };
                     eprintln!("task {} {state}{why}", t.task_id);
                 }
             }
@@ -78,20 +87,31 @@ pub fn print_outcome(t: &pb::Task, output: Output) {
 
 fn spinner() -> ProgressBar {
     let bar = ProgressBar::new_spinner();
-    bar.set_style(ProgressStyle::with_template("{spinner} {elapsed:>4} {msg}").unwrap_or_else(|_| ProgressStyle::default_spinner()));
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {elapsed:>4} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
     bar.enable_steady_tick(Duration::from_millis(120));
     bar
 }
 
 /// Streams the task's events (re-attaching if the stream drops) until the task is terminal.
-async fn watch_until_terminal(hub: &mut Hub, task: &str, bar: &ProgressBar) -> anyhow::Result<pb::Task> {
+async fn watch_until_terminal(
+    hub: &mut Hub,
+    task: &str,
+    bar: &ProgressBar,
+) -> anyhow::Result<pb::Task> {
     let mut from_seq = 0u64;
     let mut last_line = String::new();
     let mut failures = 0u32;
     loop {
         let stream = hub
             .client
-            .watch_task(pb::WatchTaskRequest { namespace: hub.namespace.clone(), task_id: task.to_owned(), from_seq })
+            .watch_task(pb::WatchTaskRequest {
+                namespace: hub.namespace.clone(),
+                task_id: task.to_owned(),
+                from_seq,
+            })
             .await;
         let mut stream = match stream {
             Ok(s) => s.into_inner(),
@@ -126,7 +146,10 @@ async fn watch_until_terminal(hub: &mut Hub, task: &str, bar: &ProgressBar) -> a
         // The stream ended without a terminal event: ask directly, then re-attach.
         let t = hub
             .client
-            .get_task(pb::GetTaskRequest { namespace: hub.namespace.clone(), task_id: task.to_owned() })
+            .get_task(pb::GetTaskRequest {
+                namespace: hub.namespace.clone(),
+                task_id: task.to_owned(),
+            })
             .await
             .map_err(|s| status_error(hub, s))?
             .into_inner();

@@ -962,7 +962,8 @@ impl<'h> Run<'h> {
                 &result,
                 dispatch.attempts_left,
             )));
-            *lock(&self.next_turn_activity) = Some(format!("reading the result of {}", dispatch.tool));
+            *lock(&self.next_turn_activity) =
+                Some(format!("reading the result of {}", dispatch.tool));
         }
         self.max_turns_outcome()
     }
@@ -1226,14 +1227,14 @@ impl<'h> Run<'h> {
                 // log, the trace or the model's context.
                 let text = redact_secrets(o.text, &self.h.secret_values);
                 (
-                event::TOOL_COMPLETED,
-                json!({"call_id": call.id, "tool": qualified, "result": text, "is_error": o.is_error, "duration_ms": duration_ms}),
-                CallResult {
-                    content: text,
-                    is_error: o.is_error,
-                    unreachable: false,
-                    finish: None,
-                },
+                    event::TOOL_COMPLETED,
+                    json!({"call_id": call.id, "tool": qualified, "result": text, "is_error": o.is_error, "duration_ms": duration_ms}),
+                    CallResult {
+                        content: text,
+                        is_error: o.is_error,
+                        unreachable: false,
+                        finish: None,
+                    },
                 )
             }
             Err(e) => {
@@ -1628,7 +1629,10 @@ mod tests {
     fn tool_results_never_carry_a_secret_value() {
         let secrets = vec!["postgres://app:pw@db/app".to_string(), "abc".to_string()];
         assert_eq!(
-            redact_secrets("connected to postgres://app:pw@db/app as abc".into(), &secrets),
+            redact_secrets(
+                "connected to postgres://app:pw@db/app as abc".into(),
+                &secrets
+            ),
             "connected to [redacted] as abc"
         );
     }
