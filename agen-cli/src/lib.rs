@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 
 /// Agen runs AI agents as a fleet: a Hub schedules agent deployments onto Nests.
 #[derive(Debug, Parser)]
-#[command(name = "agen", version, about, propagate_version = true)]
+#[command(name = "agen", version, propagate_version = true)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
