@@ -17,7 +17,9 @@
 //!
 //! Invariants: the scheduler does no IO; every state change is in the store before anyone is
 //! told; TLS unless explicitly plaintext on loopback; every `AgenService` call carries the
-//! admin token and every `NestService` call the join token; health and reflection need none.
+//! admin token and every `NestService` call the join token; on a TLS Hub every `NestService`
+//! call but `Join` also needs a client certificate issued by `Join` (the Hub identifies the
+//! Nest by it, never by what the Nest says); health and reflection need none.
 
 pub mod artifacts;
 pub mod config;
@@ -204,6 +206,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         core.clone(),
         admin_token.clone(),
         vec![join_token.clone(), join.secret.clone()],
+        (!opts.insecure_plaintext).then(|| Arc::new(hub_tls.clone())),
     )
     .await?;
     let mut builder = tonic::transport::Server::builder()
@@ -215,7 +218,14 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
             &hub_tls.server_key_pem,
         );
         builder = builder
-            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .tls_config(
+                tonic::transport::ServerTlsConfig::new()
+                    .identity(identity)
+                    // Nests present the certificate `Join` issued; CLI and automation clients
+                    // have none and authenticate with the admin token.
+                    .client_ca_root(tonic::transport::Certificate::from_pem(&hub_tls.ca_pem))
+                    .client_auth_optional(true),
+            )
             .map_err(|e| HubError::Serve(format!("tls: {e}")))?;
     }
     let router = builder.add_routes(routes);

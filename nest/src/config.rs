@@ -1,5 +1,6 @@
 //! The Nest's configuration ([`NestOptions`]), its error type ([`NestError`]) and the files it
-//! keeps in its data dir (`node-id`, `nest.sock`, `bundles/`, `children.json`, `hub-ca.pem`).
+//! keeps in its data dir (`node-id`, `nest.sock`, `bundles/`, `children.json`, `hub-ca.pem`,
+//! `nest.key` (0600) and `nest.crt`: the Nest's client certificate, issued by the Hub's `Join`).
 //!
 //! Invariants: the node id is created once and then read back on every start, so a Nest keeps
 //! its identity across restarts; nothing here binds a socket or talks to the network.
@@ -57,6 +58,14 @@ impl NestOptions {
     }
     pub fn ca_file(&self) -> PathBuf {
         self.data_dir.join("hub-ca.pem")
+    }
+    /// The Nest's client certificate (PEM), issued by the Hub's `Join`.
+    pub fn cert_file(&self) -> PathBuf {
+        self.data_dir.join("nest.crt")
+    }
+    /// The Nest's private key (PEM, mode 0600); never leaves this machine.
+    pub fn key_file(&self) -> PathBuf {
+        self.data_dir.join("nest.key")
     }
     /// The value of an environment variable of the Nest, from [`NestOptions::env`].
     pub fn env_var(&self, name: &str) -> Option<&str> {

@@ -7,7 +7,9 @@
 //! `bundles`); instances keep running across reconnects (the Hub re-adopts what `Register`
 //! lists); a run event stays in the [`Outbox`] until the Hub acks it and is resent after every
 //! reconnect (the Hub appends if absent, so a resend is harmless); the join token is the bearer
-//! of every call and is never logged.
+//! of every call and is never logged; against an `https://` Hub every call but `Join` presents
+//! the Nest's client certificate (`<data-dir>/nest.crt`, key `nest.key`), obtained by `Join`
+//! on first start and again whenever it no longer matches the Hub's CA or the node id.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -21,7 +23,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::config::{NestError, NestOptions, Result};
 use crate::supervisor::backoff::Backoff;
@@ -58,7 +60,8 @@ impl tonic::service::Interceptor for Bearer {
 
 /// Builds the client for `opts.hub`. For `https://` the Hub's CA is read from
 /// `<data-dir>/hub-ca.pem` when its hash matches the join token, otherwise fetched from the Hub
-/// pinned by that hash and stored. Connects lazily: no network IO besides the CA fetch.
+/// pinned by that hash and stored; then the Nest's certificate is read from `<data-dir>` or
+/// obtained by `Join`. Connects lazily: no network IO besides the CA fetch and `Join`.
 pub async fn client(opts: &NestOptions) -> Result<HubClient> {
     let hub = opts.hub.trim_end_matches('/').to_string();
     let bearer = format!("Bearer {}", opts.join_token.trim())
@@ -80,12 +83,19 @@ pub async fn client(opts: &NestOptions) -> Result<HubClient> {
         // when one is installed already).
         agen_shared::tls::install_crypto_provider();
         let ca = trusted_ca(opts, &hub).await?;
-        endpoint
-            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))
-            .map_err(|e| NestError::Trust {
-                url: hub.clone(),
-                reason: e.to_string(),
-            })?
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&ca));
+        let trust_err = |e: tonic::transport::Error| NestError::Trust {
+            url: hub.clone(),
+            reason: e.to_string(),
+        };
+        let joining = endpoint
+            .clone()
+            .tls_config(tls.clone())
+            .map_err(trust_err)?;
+        if let Some((cert, key)) = nest_identity(opts, &hub, &ca, joining, &bearer).await? {
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        endpoint.tls_config(tls).map_err(trust_err)?
     } else if hub.starts_with("http://") {
         endpoint
     } else {
@@ -98,6 +108,65 @@ pub async fn client(opts: &NestOptions) -> Result<HubClient> {
         endpoint.connect_lazy(),
         Bearer(bearer),
     ))
+}
+
+/// The Nest's certificate and key (PEM): the stored ones when they are current for this Hub's
+/// CA and node id, otherwise a new key and a certificate from `Join` (stored). `None` when the
+/// Hub predates `Join` (it knows the Nest by the join token alone).
+async fn nest_identity(
+    opts: &NestOptions,
+    hub: &str,
+    ca_pem: &str,
+    endpoint: Endpoint,
+    bearer: &tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+) -> Result<Option<(String, String)>> {
+    use agen_shared::tls;
+    let nest_id = crate::config::load_or_create_node_id(&opts.data_dir)?;
+    let (cert_path, key_path) = (opts.cert_file(), opts.key_file());
+    if let (Ok(cert), Ok(key)) = (
+        std::fs::read_to_string(&cert_path),
+        std::fs::read_to_string(&key_path),
+    ) {
+        if tls::nest_cert_is_current(&cert, ca_pem, &nest_id) {
+            return Ok(Some((cert, key)));
+        }
+        tracing::warn!(path = %cert_path.display(), "stored nest certificate is not valid for this hub and node id; joining again");
+    }
+    let trust = |reason: String| NestError::Trust {
+        url: hub.to_string(),
+        reason,
+    };
+    let (key, csr_pem) = tls::nest_key_and_csr(&nest_id).map_err(|e| trust(e.to_string()))?;
+    let mut joiner =
+        NestServiceClient::with_interceptor(endpoint.connect_lazy(), Bearer(bearer.clone()));
+    let request = agen_proto::v1::JoinRequest {
+        nest_id: nest_id.clone(),
+        name: opts.name.clone(),
+        csr_pem,
+    };
+    match joiner.join(request).await {
+        Ok(response) => {
+            let cert = response.into_inner().cert_pem;
+            if !tls::nest_cert_is_current(&cert, ca_pem, &nest_id) {
+                return Err(trust(format!(
+                    "join: the hub returned a certificate that is not for nest {nest_id} or not signed by the pinned CA"
+                )));
+            }
+            tls::write_private(&key_path, key.as_bytes()).map_err(|e| trust(e.to_string()))?;
+            tls::write_private(&cert_path, cert.as_bytes()).map_err(|e| trust(e.to_string()))?;
+            tracing::info!(nest_id = %nest_id, path = %cert_path.display(), "joined the hub: stored the nest certificate");
+            Ok(Some((cert, key)))
+        }
+        Err(status) if status.code() == tonic::Code::Unimplemented => {
+            tracing::warn!("the hub predates Join; connecting with the join token alone");
+            Ok(None)
+        }
+        Err(status) => Err(trust(format!(
+            "join failed ({:?}): {}",
+            status.code(),
+            status.message()
+        ))),
+    }
 }
 
 async fn trusted_ca(opts: &NestOptions, hub: &str) -> Result<String> {

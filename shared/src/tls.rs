@@ -8,6 +8,12 @@
 //! address) by the same CA key and distinguished name; [`fetch_pinned_ca`] accepts a server only
 //! if a certificate of its chain has the pinned hash AND the leaf verifies against that
 //! certificate as the only root.
+//!
+//! Nest certificates (mTLS): a Nest makes its own key and a CSR ([`nest_key_and_csr`]); the Hub
+//! signs it with its CA ([`HubTls::sign_nest_csr`]) for client authentication only, naming the
+//! nest id as the subject's common name and as the URI SAN `agen-nest://<nest id>`; the Hub
+//! reads the nest id back from a verified peer certificate with [`nest_id_of_cert`]. The Hub
+//! decides what a Nest certificate says: the CSR contributes only its public key.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -23,6 +29,12 @@ use sha2::{Digest, Sha256};
 /// Prefix of every join token (format version 1).
 pub const JOIN_TOKEN_PREFIX: &str = "agen1";
 
+/// URI SAN prefix naming the Nest a client certificate was issued to.
+pub const NEST_URI_PREFIX: &str = "agen-nest://";
+
+/// How long a Nest certificate is valid.
+pub const NEST_CERT_DAYS: i64 = 365;
+
 /// A TLS helper failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -32,6 +44,10 @@ pub enum TlsError {
         action: &'static str,
         source: std::io::Error,
     },
+    #[error("the certificate signing request is unusable: {0}; the nest makes it with `nest_key_and_csr`")]
+    BadCsr(String),
+    #[error("the client certificate is unusable: {0}; restart the nest to re-join")]
+    BadNestCert(String),
     #[error("cannot generate {what}: {reason}")]
     Generate { what: &'static str, reason: String },
     #[error("{what} is not a PEM certificate; expected `-----BEGIN CERTIFICATE-----`")]
@@ -59,6 +75,111 @@ pub struct HubTls {
     /// Server certificate chain: leaf then CA.
     pub server_chain_pem: String,
     pub server_key_pem: String,
+    /// The CA key, PEM (signs Nest certificates; never leaves the Hub).
+    ca_key_pem: String,
+}
+
+impl HubTls {
+    /// Signs a Nest's CSR: a client-auth certificate for `nest_id`, valid for
+    /// [`NEST_CERT_DAYS`], whose subject and SAN the Hub sets (only the CSR's key is used).
+    pub fn sign_nest_csr(&self, csr_pem: &str, nest_id: &str) -> Result<String> {
+        if nest_id.is_empty()
+            || !nest_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        {
+            return Err(TlsError::BadCsr(format!(
+                "nest id `{nest_id}` is empty or has characters other than letters, digits, -, _ and ."
+            )));
+        }
+        let mut csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| TlsError::BadCsr(e.to_string()))?;
+        let mut params = rcgen::CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, nest_id);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "agen nests");
+        let uri = format!("{NEST_URI_PREFIX}{nest_id}")
+            .try_into()
+            .map_err(|_| TlsError::BadCsr(format!("nest id `{nest_id}` cannot go in a URI")))?;
+        params.subject_alt_names = vec![rcgen::SanType::URI(uri)];
+        params.is_ca = rcgen::IsCa::ExplicitNoCa;
+        params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let now = time::OffsetDateTime::now_utc();
+        params.not_before = now - time::Duration::hours(1);
+        params.not_after = now + time::Duration::days(NEST_CERT_DAYS);
+        params.serial_number = Some(rcgen::SerialNumber::from_slice(&rand::random::<[u8; 16]>()));
+        csr.params = params;
+        let ca_key =
+            rcgen::KeyPair::from_pem(&self.ca_key_pem).map_err(gen_err("the CA signer key"))?;
+        let issuer = ca_params()
+            .self_signed(&ca_key)
+            .map_err(gen_err("the CA signer"))?;
+        let cert = csr
+            .signed_by(&issuer, &ca_key)
+            .map_err(gen_err("a nest certificate"))?;
+        Ok(cert.pem())
+    }
+}
+
+/// A fresh key (PEM) and a CSR (PEM) naming `nest_id`, for `NestService.Join`.
+pub fn nest_key_and_csr(nest_id: &str) -> Result<(String, String)> {
+    let key = rcgen::KeyPair::generate().map_err(gen_err("the nest key"))?;
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, nest_id);
+    let csr = params
+        .serialize_request(&key)
+        .map_err(gen_err("the nest certificate request"))?;
+    let csr_pem = csr.pem().map_err(gen_err("the nest certificate request"))?;
+    Ok((key.serialize_pem(), csr_pem))
+}
+
+/// The nest id a Nest certificate (DER) was issued to: its `agen-nest://` URI SAN.
+pub fn nest_id_of_cert(der: &[u8]) -> Result<String> {
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+    let (_, cert) = X509Certificate::from_der(der)
+        .map_err(|e| TlsError::BadNestCert(format!("not an X.509 certificate: {e}")))?;
+    let san = cert
+        .subject_alternative_name()
+        .map_err(|e| TlsError::BadNestCert(format!("bad subject alternative names: {e}")))?;
+    san.into_iter()
+        .flat_map(|s| s.value.general_names.iter())
+        .find_map(|n| match n {
+            GeneralName::URI(uri) => uri.strip_prefix(NEST_URI_PREFIX).map(str::to_string),
+            _ => None,
+        })
+        .filter(|id| !id.is_empty())
+        .ok_or_else(|| {
+            TlsError::BadNestCert(format!("it names no nest (no `{NEST_URI_PREFIX}<id>` SAN)"))
+        })
+}
+
+/// Whether `cert_pem` is a currently valid Nest certificate for `nest_id` signed by the CA in
+/// `ca_pem` (a Nest re-joins when not, e.g. after the Hub's CA changed).
+pub fn nest_cert_is_current(cert_pem: &str, ca_pem: &str, nest_id: &str) -> bool {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let (Some(cert_der), Some(ca_der)) = (
+        pem_certs(cert_pem).into_iter().next(),
+        pem_certs(ca_pem).into_iter().next(),
+    ) else {
+        return false;
+    };
+    let (Ok((_, cert)), Ok((_, ca))) = (
+        X509Certificate::from_der(&cert_der),
+        X509Certificate::from_der(&ca_der),
+    ) else {
+        return false;
+    };
+    cert.verify_signature(Some(ca.public_key())).is_ok()
+        && cert.validity().is_valid()
+        && nest_id_of_cert(&cert_der).ok().as_deref() == Some(nest_id)
 }
 
 fn io_err(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> TlsError {
@@ -191,6 +312,7 @@ pub fn load_or_create_hub_tls(dir: &Path, extra_names: &[String]) -> Result<HubT
         ca_pem,
         ca_sha256,
         server_key_pem: server_key.serialize_pem(),
+        ca_key_pem: ca_key.serialize_pem(),
     })
 }
 
@@ -501,6 +623,26 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_signed_nest_csr_names_the_nest_and_verifies_against_the_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        let tls = load_or_create_hub_tls(dir.path(), &[]).unwrap();
+        let (_key, csr) = nest_key_and_csr("nest-a").unwrap();
+        let cert = tls.sign_nest_csr(&csr, "nest-a").unwrap();
+        let der = pem_certs(&cert).remove(0);
+        assert_eq!(nest_id_of_cert(&der).unwrap(), "nest-a");
+        assert!(nest_cert_is_current(&cert, &tls.ca_pem, "nest-a"));
+        assert!(!nest_cert_is_current(&cert, &tls.ca_pem, "nest-b"));
+        let other = tempfile::tempdir().unwrap();
+        let other = load_or_create_hub_tls(other.path(), &[]).unwrap();
+        assert!(!nest_cert_is_current(&cert, &other.ca_pem, "nest-a"));
+        // The server certificate names no nest.
+        let server = pem_certs(&tls.server_chain_pem).remove(0);
+        assert!(nest_id_of_cert(&server).is_err());
+        assert!(tls.sign_nest_csr("garbage", "nest-a").is_err());
+        assert!(tls.sign_nest_csr(&csr, "a/b").is_err());
     }
 
     #[test]

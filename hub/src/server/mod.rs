@@ -1,5 +1,6 @@
-//! The gRPC edge: `AgenService` (admin token), `NestService` (join token), health and
-//! reflection (no token). Only this module knows protobuf.
+//! The gRPC edge: `AgenService` (admin token), `NestService` (join token; on a TLS Hub every
+//! call but `Join` also needs the Nest's client certificate), health and reflection (no token).
+//! Only this module knows protobuf.
 
 mod agen;
 pub mod auth;
@@ -23,13 +24,14 @@ pub async fn routes(
     core: Arc<Core>,
     admin_token: String,
     join_tokens: Vec<String>,
+    tls: Option<Arc<agen_shared::tls::HubTls>>,
 ) -> Result<Routes> {
     let admin = auth::BearerAuth::new(vec![admin_token], "admin token");
     let join = auth::BearerAuth::new(join_tokens, "join token");
     let agen_api = AgenServiceServer::new(agen::AgenApi { core: core.clone() })
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
-    let nest_api = NestServiceServer::new(nest::NestApi { core })
+    let nest_api = NestServiceServer::new(nest::NestApi { core, tls })
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
 

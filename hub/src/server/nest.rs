@@ -1,7 +1,12 @@
 //! `agen.v1.NestService`: one `Connect` stream per Nest (register first, then heartbeats,
 //! instance reports and run events in; placements, stops, runs and acks out) and
 //! `FetchBundle` (bundles by digest, in chunks, never inside the stream), `PutArtifact` /
-//! `ReadArtifact` (agents' artifacts, relayed by the Nest, also in chunks).
+//! `ReadArtifact` (agents' artifacts, relayed by the Nest, also in chunks), and `Join`, which
+//! signs a Nest's CSR with the Hub's CA.
+//!
+//! Invariants: on a TLS Hub every call but `Join` needs a client certificate the CA verified,
+//! and a Nest is who its certificate says (`Register.nest_id` must match it); a plaintext
+//! (loopback) Hub has no certificates and trusts the join token alone.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -20,6 +25,27 @@ const CHUNK: usize = 1024 * 1024;
 
 pub struct NestApi {
     pub core: Arc<Core>,
+    /// The Hub's TLS material (signs Nest certificates); `None` on a plaintext Hub.
+    pub tls: Option<Arc<agen_shared::tls::HubTls>>,
+}
+
+impl NestApi {
+    /// The nest id named by the caller's verified client certificate; `None` on a plaintext Hub
+    /// (no certificates there).
+    fn cert_nest_id<T>(&self, request: &Request<T>) -> Result<Option<String>, Status> {
+        if self.tls.is_none() {
+            return Ok(None);
+        }
+        let certs = request.peer_certs();
+        let Some(leaf) = certs.as_ref().and_then(|c| c.first()) else {
+            return Err(Status::unauthenticated(
+                "nest calls need the certificate from Join; restart the nest to re-join",
+            ));
+        };
+        agen_shared::tls::nest_id_of_cert(leaf.as_ref())
+            .map(Some)
+            .map_err(|e| Status::unauthenticated(e.to_string()))
+    }
 }
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -32,6 +58,7 @@ impl NestService for NestApi {
         &self,
         request: Request<Streaming<pb::NestMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
+        let cert_id = self.cert_nest_id(&request)?;
         let mut incoming = request.into_inner();
         let first = incoming
             .message()
@@ -40,6 +67,14 @@ impl NestService for NestApi {
         let Some(pb::nest_message::Msg::Register(register)) = first.msg else {
             return Err(HubError::invalid("connect: the first message must be Register").into());
         };
+        if let Some(cert_id) = cert_id {
+            if register.nest_id != cert_id {
+                return Err(Status::permission_denied(format!(
+                    "connect: Register names nest `{}` but the client certificate was issued to nest `{cert_id}`; a nest registers only as itself",
+                    register.nest_id
+                )));
+            }
+        }
         let reg = convert::registration(&register);
         let nest_id = reg.nest_id.clone();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -100,6 +135,7 @@ impl NestService for NestApi {
         &self,
         request: Request<Streaming<pb::ArtifactChunk>>,
     ) -> Result<Response<pb::Artifact>, Status> {
+        self.cert_nest_id(&request)?;
         let mut stream = request.into_inner();
         let first = stream.message().await?.ok_or_else(|| {
             HubError::invalid("put_artifact: expected at least one chunk carrying the artifact")
@@ -154,6 +190,7 @@ impl NestService for NestApi {
         &self,
         request: Request<pb::GetArtifactRequest>,
     ) -> Result<Response<Self::ReadArtifactStream>, Status> {
+        self.cert_nest_id(&request)?;
         let r = request.into_inner();
         let (rec, bytes) = self.core.artifact(&r.namespace, &r.artifact_id)?;
         let chunks = convert::artifact_chunks(&rec, &bytes);
@@ -168,6 +205,7 @@ impl NestService for NestApi {
         &self,
         request: Request<pb::FetchBundleRequest>,
     ) -> Result<Response<Self::FetchBundleStream>, Status> {
+        self.cert_nest_id(&request)?;
         let digest = request.into_inner().digest;
         if digest.is_empty() {
             return Err(HubError::invalid("digest: expected sha256:<hex> of a bundle").into());
@@ -195,5 +233,25 @@ impl NestService for NestApi {
         Ok(Response::new(Box::pin(futures::stream::iter(
             chunks.into_iter().map(Ok),
         ))))
+    }
+
+    async fn join(
+        &self,
+        request: Request<pb::JoinRequest>,
+    ) -> Result<Response<pb::JoinResponse>, Status> {
+        let Some(tls) = self.tls.as_ref() else {
+            return Err(Status::failed_precondition(
+                "join: a plaintext hub issues no certificates; connect with the join token alone",
+            ));
+        };
+        let r = request.into_inner();
+        let cert_pem = tls
+            .sign_nest_csr(&r.csr_pem, &r.nest_id)
+            .map_err(|e| HubError::invalid(format!("join: {e}")))?;
+        tracing::info!(nest_id = %r.nest_id, name = %r.name, "issued a nest certificate");
+        Ok(Response::new(pb::JoinResponse {
+            cert_pem,
+            ca_pem: tls.ca_pem.clone(),
+        }))
     }
 }

@@ -1,5 +1,6 @@
 //! Test harness for the Hub's wire protocol: an in-process Hub on 127.0.0.1:0 with TLS,
-//! authenticated clients built from the generated code, a hand-driven fake Nest stream, and
+//! authenticated clients built from the generated code (Nest clients with a certificate from
+//! `Join`, or without one), a hand-driven fake Nest stream, and
 //! polling helpers with deadlines (never fixed sleeps to wait for readiness).
 
 #![allow(dead_code)]
@@ -17,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 /// A Hub running in this process.
 pub struct TestHub {
@@ -75,14 +76,21 @@ impl TestHub {
     }
 
     pub async fn channel(&self) -> Channel {
+        self.channel_with(None).await
+    }
+
+    /// A channel presenting `identity` as the client certificate (none when `None`).
+    pub async fn channel_with(&self, identity: Option<Identity>) -> Channel {
         let ca = std::fs::read_to_string(&self.ca_file).expect("ca file");
+        let mut tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(ca))
+            .domain_name("localhost");
+        if let Some(identity) = identity {
+            tls = tls.identity(identity);
+        }
         Endpoint::from_shared(self.url.clone())
             .expect("hub url")
-            .tls_config(
-                ClientTlsConfig::new()
-                    .ca_certificate(Certificate::from_pem(ca))
-                    .domain_name("localhost"),
-            )
+            .tls_config(tls)
             .expect("tls config")
             .connect_timeout(Duration::from_secs(5))
             .connect()
@@ -94,8 +102,33 @@ impl TestHub {
         AgenServiceClient::with_interceptor(self.channel().await, Bearer::new(&self.admin_token))
     }
 
+    /// A Nest client with the join token but no client certificate (only `Join` works).
     pub async fn nest_client(&self) -> NestApi {
         NestServiceClient::with_interceptor(self.channel().await, Bearer::new(&self.join_token))
+    }
+
+    /// Joins as `nest_id`: returns the issued certificate and its key (PEM).
+    pub async fn join(&self, nest_id: &str) -> (String, String) {
+        let (key, csr_pem) = agen_shared::tls::nest_key_and_csr(nest_id).expect("key and csr");
+        let response = self
+            .nest_client()
+            .await
+            .join(pb::JoinRequest {
+                nest_id: nest_id.into(),
+                name: format!("{nest_id}-name"),
+                csr_pem,
+            })
+            .await
+            .expect("join")
+            .into_inner();
+        (response.cert_pem, key)
+    }
+
+    /// A Nest client presenting a certificate issued to `nest_id` by `Join`.
+    pub async fn nest_client_as(&self, nest_id: &str) -> NestApi {
+        let (cert, key) = self.join(nest_id).await;
+        let channel = self.channel_with(Some(Identity::from_pem(cert, key))).await;
+        NestServiceClient::with_interceptor(channel, Bearer::new(&self.join_token))
     }
 }
 
@@ -206,7 +239,7 @@ impl FakeNest {
         labels: &[(&str, &str)],
         running: Vec<pb::InstanceReport>,
     ) -> (FakeNest, pb::Registered) {
-        let mut client = hub.nest_client().await;
+        let mut client = hub.nest_client_as(nest_id).await;
         let (tx, rx) = mpsc::channel(64);
         tx.send(msg(pb::nest_message::Msg::Register(pb::Register {
             nest_id: nest_id.into(),
