@@ -45,6 +45,17 @@ fn healthy_running(list: &[Value], deployment: &str) -> Vec<Value> {
         .collect()
 }
 
+/// Deploys and waits until `replicas` instances of `name` run healthy; returns `agen ps --all`.
+fn deploy_healthy(hub: &HubProcess, dir: &Path, name: &str, replicas: usize) -> Vec<Value> {
+    deploy(hub, dir, name, replicas as u32);
+    hub.wait_instances(
+        &format!("{replicas} healthy replicas of {name}"),
+        Duration::from_secs(90),
+        |l| healthy_running(l, name).len() == replicas,
+    )
+    .unwrap()
+}
+
 fn deploy(hub: &HubProcess, dir: &Path, name: &str, replicas: u32) {
     let out = hub
         .cli(&[
@@ -133,12 +144,7 @@ fn a_killed_nest_is_replaced_on_the_other_and_leaves_no_process() {
     let _b = hub.nest("nest-b", &[], &[]).unwrap();
     let bundle = tmp.path().join("bundle");
     three_server_bundle(&bundle);
-    deploy(&hub, &bundle, "fleet", 2);
-    let before = hub
-        .wait_instances("2 healthy replicas", Duration::from_secs(90), |l| {
-            healthy_running(l, "fleet").len() == 2
-        })
-        .unwrap();
+    let before = deploy_healthy(&hub, &bundle, "fleet", 2);
     let on_a: Vec<String> = before
         .iter()
         .filter(|i| i["nest"] == "nest-a")
@@ -185,12 +191,7 @@ fn a_killed_tool_server_makes_its_instance_unhealthy_and_replaced() {
     let nest = hub.nest("solo", &[], &[]).unwrap();
     let bundle = tmp.path().join("bundle");
     three_server_bundle(&bundle);
-    deploy(&hub, &bundle, "fleet", 1);
-    let before = hub
-        .wait_instances("a healthy instance", Duration::from_secs(90), |l| {
-            healthy_running(l, "fleet").len() == 1
-        })
-        .unwrap();
+    let before = deploy_healthy(&hub, &bundle, "fleet", 1);
     let old = before[0]["instance"].as_str().unwrap().to_owned();
     let time_server = processes_under(&nest.dir)
         .into_iter()
@@ -223,12 +224,7 @@ fn a_hub_restart_loses_nothing_and_duplicates_nothing() {
     let _b = hub.nest("nest-b", &[], &[]).unwrap();
     let bundle = tmp.path().join("bundle");
     three_server_bundle(&bundle);
-    deploy(&hub, &bundle, "fleet", 2);
-    let before = hub
-        .wait_instances("2 healthy replicas", Duration::from_secs(90), |l| {
-            healthy_running(l, "fleet").len() == 2
-        })
-        .unwrap();
+    let before = deploy_healthy(&hub, &bundle, "fleet", 2);
 
     hub.restart().unwrap();
     wait_for("both nests to reconnect", Duration::from_secs(30), || {
@@ -392,12 +388,7 @@ fn redeploying_a_changed_bundle_rolls_instances_over() {
     let _a = hub.nest("nest-a", &[], &[]).unwrap();
     let bundle = tmp.path().join("bundle");
     three_server_bundle(&bundle);
-    deploy(&hub, &bundle, "fleet", 2);
-    let v1 = hub
-        .wait_instances("2 healthy replicas", Duration::from_secs(90), |l| {
-            healthy_running(l, "fleet").len() == 2
-        })
-        .unwrap();
+    let v1 = deploy_healthy(&hub, &bundle, "fleet", 2);
     let d1 = v1[0]["bundle_digest"].as_str().unwrap().to_owned();
 
     std::fs::write(bundle.join("data/readme.txt"), "version two\n").unwrap();
