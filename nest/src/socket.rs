@@ -79,7 +79,7 @@ pub enum ToInstance {
     ArtifactReply {
         req: u64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        artifact: Option<crate::instance::artifacts::ArtifactMeta>,
+        artifact: Option<agen_harness::artifacts::ArtifactMeta>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         content: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -36,8 +36,8 @@ use tokio_util::task::TaskTracker;
 use crate::bundles::BundleCache;
 use crate::config::NestOptions;
 use crate::hub_link::Outbox;
-use crate::instance::event::RUN_INTERRUPTED;
 use crate::socket::{self, HostState, Placement, RunAssignment, ToInstance, ToNest};
+use agen_harness::event::RUN_INTERRUPTED;
 use backoff::Backoff;
 use children::{ChildRecord, Children};
 

@@ -10,7 +10,6 @@
 //! conversation histories and run logs (`{"role": "assistant", "content": ..., "tool_calls": [...]}`).
 
 pub mod anthropic;
-pub mod fake;
 pub mod openai;
 
 use std::time::Duration;

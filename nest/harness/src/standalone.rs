@@ -7,7 +7,7 @@
 //! run has its own sled database under the run-log folder (`$XDG_STATE_HOME/agen/runs/<run id>`,
 //! or `~/.local/state/agen/runs/<run id>`), so concurrent `agen run`s never contend for a lock.
 //! Artifacts go to files beside the run logs (`$XDG_STATE_HOME/agen/artifacts/standalone`, see
-//! [`super::artifacts::LocalArtifacts`]); when the run saved any, stderr says where.
+//! [`crate::artifacts::LocalArtifacts`]); when the run saved any, stderr says where.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,10 +20,10 @@ use anyhow::Context;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::artifacts::LocalArtifacts;
-use super::{model_config, Harness, RunEventSink, RunRequest, RunState, SinkError};
+use crate::artifacts::LocalArtifacts;
 use crate::mcp::{LaunchContext, ToolHost};
 use crate::model::provider_for;
+use crate::run::{model_config, Harness, RunEventSink, RunRequest, RunState, SinkError};
 
 /// Exit code of a bad bundle or bad arguments.
 pub const EXIT_BAD_INPUT: i32 = 64;
@@ -100,7 +100,7 @@ pub async fn run_cli(dir: PathBuf, prompt: String, model: Option<String>) -> any
         .build()
         .context("while building the HTTP client")?;
     let provider = Arc::from(provider_for(config, http));
-    let artifacts = Arc::new(LocalArtifacts::new(super::artifacts::default_dir()));
+    let artifacts = Arc::new(LocalArtifacts::new(crate::artifacts::default_dir()));
     let harness = match Harness::with_provider(bundle.clone(), Arc::new(host.clone()), provider) {
         Ok(h) => h
             .with_secret_values(&secrets)

@@ -14,10 +14,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use agen_nest::instance::artifacts::{artifact_id, LocalArtifacts, MAX_ARTIFACT_BYTES};
-use agen_nest::instance::{Harness, RunEventSink, RunOutcome, RunRequest, SinkError};
-use agen_nest::mcp::{LaunchContext, ToolHost};
-use agen_nest::model::fake::{FakeModel, Script, Step};
+use agen_fake_model::{FakeModel, Script, Step};
+use agen_harness::artifacts::{artifact_id, LocalArtifacts, MAX_ARTIFACT_BYTES};
+use agen_harness::mcp::{LaunchContext, ToolHost};
+use agen_harness::{Harness, RunEventSink, RunOutcome, RunRequest, SinkError};
 use agen_shared::bundle::Bundle;
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
@@ -202,7 +202,7 @@ async fn saved_artifacts_are_read_back_in_pages_and_the_same_bytes_keep_one_id()
 /// called the way the harness calls it.)
 #[tokio::test]
 async fn an_artifact_over_25_mb_is_refused_with_a_clear_error() {
-    use agen_nest::instance::artifacts::{ArtifactStore, NewArtifact};
+    use agen_harness::artifacts::{ArtifactStore, NewArtifact};
     let store_dir = tempfile::tempdir().unwrap();
     let store = LocalArtifacts::new(store_dir.path());
     let err = store
@@ -261,7 +261,7 @@ async fn bad_arguments_and_bad_ids_are_clear_tool_errors_and_the_run_goes_on() {
 /// twice), and a resumed run whose log holds only that id answers the call from the store.
 #[tokio::test]
 async fn long_saves_are_logged_by_id_and_a_resumed_run_finds_the_artifact() {
-    use agen_nest::instance::RunEventRecord;
+    use agen_harness::RunEventRecord;
     let long = "a long chapter. ".repeat(4000);
     let id = artifact_id(long.as_bytes());
     let store = tempfile::tempdir().unwrap();

@@ -22,8 +22,8 @@ use agen_shared::bundle::{Bundle, ToolProtocol, AGENT_FILE};
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::artifacts::{self, ArtifactStore, MemoryArtifacts, NewArtifact};
 use super::{event, RunEventSink, RunOutcome, RunRequest, RunState, SinkError, ToolBackend};
+use crate::artifacts::{self, ArtifactStore, MemoryArtifacts, NewArtifact};
 use crate::mcp::{CallError, ToolInfo};
 use crate::model::{
     provider_for, Message, ModelConfig, ModelError, ModelProvider, ModelReply, ModelRequest,
@@ -1454,7 +1454,7 @@ fn traced_arguments(arguments: &Value, secrets: &[String]) -> Value {
     Value::String(format!("{}… (cut at 4 KiB)", &text[..cut]))
 }
 
-/// The artifact built-ins (see `super::artifacts`): never gated by config or permissions.
+/// The artifact built-ins (see `crate::artifacts`): never gated by config or permissions.
 impl Run<'_> {
     async fn save_artifact(&self, call: &ToolCall) -> CallResult {
         let answer = |content: String, is_error: bool| CallResult {

@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agen_nest::instance::{Harness, RunEventSink, RunOutcome, RunRequest, RunState, SinkError};
-use agen_nest::mcp::{LaunchContext, ToolHost};
-use agen_nest::model::fake::{FakeModel, Script, Step};
+use agen_fake_model::{FakeModel, Script, Step};
+use agen_harness::mcp::{LaunchContext, ToolHost};
+use agen_harness::{Harness, RunEventSink, RunOutcome, RunRequest, RunState, SinkError};
 use agen_shared::bundle::Bundle;
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
@@ -26,7 +26,8 @@ use tokio_util::sync::CancellationToken;
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .expect("nest/ has a parent")
+        .and_then(Path::parent)
+        .expect("nest/harness/ is two levels inside the repo")
         .to_path_buf()
 }
 
@@ -129,6 +130,11 @@ impl MemorySink {
 #[async_trait::async_trait]
 impl RunEventSink for MemorySink {
     async fn emit(&self, kind: &str, json: Value, sync: bool) -> Result<(), SinkError> {
+        if let Some(path) = std::env::var_os("AGEN_DUMP_RUN_LOG") {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new().append(true).create(true).open(path).unwrap();
+            writeln!(f, "{}", json!({"kind": kind, "json": json, "sync": sync})).unwrap();
+        }
         self.events
             .lock()
             .unwrap()
@@ -916,7 +922,7 @@ async fn a_second_run_of_a_conversation_sees_the_first_runs_history() {
 
 #[tokio::test]
 async fn the_sled_run_log_keeps_every_event_in_order() {
-    use agen_nest::instance::standalone::SledRunLog;
+    use agen_harness::standalone::SledRunLog;
     let model = fake(vec![Step::reply("logged")]).await;
     let bundle = TestBundle::new("openai/m", &model.openai_base_url(), &[]);
     let agent = Agent::start(&bundle).await;
@@ -953,10 +959,9 @@ async fn agen_run_exits_64_on_a_bad_bundle() {
         "---\nmodel: nobody/x\n---\nhi\n",
     )
     .unwrap();
-    let code =
-        agen_nest::instance::standalone::run_cli(dir.path().to_path_buf(), "hi".into(), None)
-            .await
-            .unwrap();
+    let code = agen_harness::standalone::run_cli(dir.path().to_path_buf(), "hi".into(), None)
+        .await
+        .unwrap();
     assert_eq!(code, 64);
     let platform = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(platform.path().join("x-agen")).unwrap();
@@ -970,10 +975,9 @@ async fn agen_run_exits_64_on_a_bad_bundle() {
         r#"{"KEY": {"source": "platform"}}"#,
     )
     .unwrap();
-    let code =
-        agen_nest::instance::standalone::run_cli(platform.path().to_path_buf(), "hi".into(), None)
-            .await
-            .unwrap();
+    let code = agen_harness::standalone::run_cli(platform.path().to_path_buf(), "hi".into(), None)
+        .await
+        .unwrap();
     assert_eq!(code, 64);
 }
 
@@ -1029,7 +1033,7 @@ async fn keen_mode_sends_no_tools_and_returns_results_as_system_responses() {
 
 #[tokio::test]
 async fn a_resumed_run_reuses_answered_turns_and_never_repeats_an_interrupted_side_effect() {
-    use agen_nest::instance::RunEventRecord;
+    use agen_harness::RunEventRecord;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("meta.jsonl");
     // Step 0 would be the first turn; a resume must not ask it again.
@@ -1125,7 +1129,7 @@ async fn a_resumed_run_reuses_answered_turns_and_never_repeats_an_interrupted_si
 
 #[tokio::test]
 async fn a_resumed_keen_run_reuses_its_turns_and_results_and_never_repeats_a_side_effect() {
-    use agen_nest::instance::RunEventRecord;
+    use agen_harness::RunEventRecord;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("meta.jsonl");
     let echo = |text: &str| {

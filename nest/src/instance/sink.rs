@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
-use crate::instance::{event, RunEventSink, SinkError};
 use crate::socket::{RunEventMsg, ToNest};
+use agen_harness::{event, RunEventSink, SinkError};
 
 pub struct NestSink {
     run_id: String,
