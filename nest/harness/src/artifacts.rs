@@ -16,6 +16,8 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::model::Message;
+
 /// At most this many bytes per artifact (25 MB).
 pub const MAX_ARTIFACT_BYTES: u64 = 25 * 1000 * 1000;
 /// At most this many bytes of artifacts per namespace (500 MB).
@@ -30,26 +32,25 @@ pub const DEFAULT_MEDIA_TYPE: &str = "text/plain; charset=utf-8";
 /// by its id only (see [`elide_saved_content`]).
 pub const INLINE_CONTENT_BYTES: usize = 32 * 1024;
 
-/// Replaces, in one assistant message (the JSON form of `crate::model::Message`), the long
+/// A copy of one assistant message with the long
 /// `content` of each `save_artifact` call by `content_artifact` (its id) and `content_bytes`,
 /// so run events and conversation histories never carry a big artifact twice (the Nest
 /// stream and the Hub's messages stay small). `save_artifact` called with such arguments (a
 /// resumed run) finds the artifact by that id.
-pub fn elide_saved_content(message: &mut serde_json::Value) {
-    let Some(calls) = message
-        .get_mut("tool_calls")
-        .and_then(serde_json::Value::as_array_mut)
+pub fn elide_saved_content(message: &Message) -> Message {
+    let Message::Assistant {
+        content,
+        tool_calls,
+    } = message
     else {
-        return;
+        return message.clone();
     };
-    for call in calls {
-        if call.get("name").and_then(serde_json::Value::as_str) != Some("save_artifact") {
+    let mut calls = tool_calls.clone();
+    for call in &mut calls {
+        if call.name != "save_artifact" {
             continue;
         }
-        let Some(args) = call
-            .get_mut("arguments")
-            .and_then(serde_json::Value::as_object_mut)
-        else {
+        let Some(args) = call.arguments.as_object_mut() else {
             continue;
         };
         let long = match args.get("content") {
@@ -62,6 +63,10 @@ pub fn elide_saved_content(message: &mut serde_json::Value) {
             artifact_id(long.as_bytes()).into(),
         );
         args.insert("content_bytes".into(), long.len().into());
+    }
+    Message::Assistant {
+        content: content.clone(),
+        tool_calls: calls,
     }
 }
 
@@ -410,12 +415,13 @@ mod tests {
     #[test]
     fn long_saved_content_is_kept_by_id_in_logs_and_histories() {
         let long = "x".repeat(INLINE_CONTENT_BYTES + 1);
-        let mut m = serde_json::json!({"role": "assistant", "content": "", "tool_calls": [
+        let m: Message = serde_json::from_value(serde_json::json!({"role": "assistant", "content": "", "tool_calls": [
             {"id": "c1", "name": "save_artifact", "arguments": {"name": "big", "content": long}},
             {"id": "c2", "name": "save_artifact", "arguments": {"name": "small", "content": "short"}},
             {"id": "c3", "name": "other_tool", "arguments": {"content": long}}
-        ]});
-        elide_saved_content(&mut m);
+        ]}))
+        .unwrap();
+        let m = elide_saved_content(&m).to_json();
         assert_eq!(
             m["tool_calls"],
             serde_json::json!([

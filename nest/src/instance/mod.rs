@@ -20,16 +20,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agen_shared::bundle::Bundle;
-use serde_json::{json, Value};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::socket::{
-    self, HostState, InstanceStatus, Placement, RunAssignment, ToInstance, ToNest,
-};
+use crate::socket::{self, HostState, InstanceStatus, Placement, RunOrder, ToInstance, ToNest};
 use agen_harness::mcp::{LaunchContext, ToolHost};
-use agen_harness::{Harness, RunEventRecord, RunRequest};
+use agen_harness::{Harness, RunAssignment};
+use agen_shared::run::{ResponseType, RunFinished, RunState};
 pub use artifacts::NestArtifacts;
 pub use sink::NestSink;
 
@@ -369,9 +367,10 @@ fn start_run(
     ready: &Ready,
     slots: &Arc<Semaphore>,
     placement: &Placement,
-    a: RunAssignment,
+    order: RunOrder,
 ) {
-    let run_id = a.run_id.clone();
+    let req = run_request(order, placement);
+    let run_id = req.run_id.to_string();
     let cancel = CancellationToken::new();
     let (acks, acks_rx) = watch::channel((0u64, false));
     {
@@ -383,7 +382,7 @@ fn start_run(
         runs.insert(
             run_id.clone(),
             RunCtl {
-                attempt: a.attempt,
+                attempt: req.attempt,
                 cancel: cancel.clone(),
                 acks,
             },
@@ -391,40 +390,45 @@ fn start_run(
     }
     shared.set_status(|_| {});
     let sink = Arc::new(NestSink::new(
-        a.run_id.clone(),
-        a.attempt,
-        a.task_id.clone(),
+        run_id.clone(),
+        req.attempt,
+        req.task_id.to_string(),
         shared.to_nest.clone(),
         acks_rx,
     ));
     let harness = ready.harness.clone();
     let (shared, slots) = (shared.clone(), slots.clone());
-    let req = run_request(a, placement);
     tokio::spawn(async move {
         let attempt = req.attempt;
         let finished = match harness {
-            Err(reason) => {
-                json!({"state": "failed", "result": reason, "response_type": "error", "messages": []})
-            }
+            Err(reason) => RunFinished {
+                state: RunState::Failed,
+                result: reason,
+                response_type: ResponseType::Error,
+                messages: Vec::new(),
+            },
             Ok(h) => {
                 let permit = tokio::select! {
                     p = slots.acquire_owned() => p.ok(),
                     _ = cancel.cancelled() => None,
                 };
                 match permit {
-                    None => {
-                        json!({"state": "cancelled", "result": "cancelled before it started", "response_type": "error", "messages": []})
-                    }
+                    None => RunFinished {
+                        state: RunState::Cancelled,
+                        result: "cancelled before it started".into(),
+                        response_type: ResponseType::Error,
+                        messages: Vec::new(),
+                    },
                     Some(_permit) => {
                         tracing::info!(run = %req.run_id, attempt, task = %req.task_id, "run started");
                         let outcome = h.run(req.clone(), sink.clone(), cancel.clone()).await;
                         tracing::info!(run = %req.run_id, state = outcome.state.as_str(), "run finished");
-                        json!({
-                            "state": outcome.state.as_str(),
-                            "result": outcome.result,
-                            "response_type": outcome.response_type,
-                            "messages": outcome.messages,
-                        })
+                        RunFinished {
+                            state: outcome.state,
+                            result: outcome.result,
+                            response_type: outcome.response_type,
+                            messages: outcome.messages,
+                        }
                     }
                 }
             }
@@ -442,96 +446,24 @@ fn start_run(
     });
 }
 
-fn run_request(a: RunAssignment, placement: &Placement) -> RunRequest {
-    let history = parse_array(&a.history_json, "history_json");
-    let replay = parse_array(&a.replay_json, "replay_json")
-        .into_iter()
-        .filter_map(replay_record)
-        .collect();
-    RunRequest {
-        root_run_id: if a.root_run_id.is_empty() {
-            a.run_id.clone()
-        } else {
-            a.root_run_id
-        },
-        run_id: a.run_id,
-        attempt: a.attempt.max(1),
-        task_id: a.task_id,
-        namespace: if a.namespace.is_empty() {
-            placement.namespace.clone()
-        } else {
-            a.namespace
-        },
-        deployment: if a.deployment.is_empty() {
-            placement.deployment.clone()
-        } else {
-            a.deployment
-        },
-        input: a.input,
-        labels: a.labels,
-        conversation_id: a.conversation_id,
-        conversation_key: a.conversation_key,
-        history,
-        replay,
+/// The run as the harness takes it: the Hub's order, with the placement's namespace and
+/// deployment where the order left them out.
+fn run_request(order: RunOrder, placement: &Placement) -> RunAssignment {
+    let mut run = order.run;
+    run.attempt = run.attempt.max(1);
+    if run.namespace.is_empty() {
+        run.namespace = placement.namespace.clone();
     }
-}
-
-fn parse_array(text: &str, what: &str) -> Vec<Value> {
-    if text.trim().is_empty() {
-        return Vec::new();
+    if run.deployment.is_empty() {
+        run.deployment = placement.deployment.clone();
     }
-    match serde_json::from_str::<Value>(text) {
-        Ok(Value::Array(v)) => v,
-        Ok(_) | Err(_) => {
-            tracing::warn!("{what} from the hub is not a JSON array; ignored");
-            Vec::new()
-        }
-    }
-}
-
-/// `{"kind", "json"}` where `json` is a value or a string holding JSON.
-fn replay_record(v: Value) -> Option<RunEventRecord> {
-    let kind = v.get("kind")?.as_str()?.to_string();
-    let json = match v.get("json") {
-        Some(Value::String(s)) => serde_json::from_str(s).unwrap_or(Value::String(s.clone())),
-        Some(other) => other.clone(),
-        None => Value::Null,
-    };
-    Some(RunEventRecord { kind, json })
+    run
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
-
-    #[test]
-    fn replay_accepts_json_values_and_json_strings() {
-        let got: Vec<RunEventRecord> = parse_array(
-            r#"[{"kind":"model.answered","json":{"turn":1}},{"kind":"log","json":"{\"a\":2}"},{"kind":"x","json":"plain"},{"nokind":1}]"#,
-            "replay_json",
-        )
-        .into_iter()
-        .filter_map(replay_record)
-        .collect();
-        assert_eq!(
-            got,
-            vec![
-                RunEventRecord {
-                    kind: "model.answered".into(),
-                    json: json!({"turn": 1})
-                },
-                RunEventRecord {
-                    kind: "log".into(),
-                    json: json!({"a": 2})
-                },
-                RunEventRecord {
-                    kind: "x".into(),
-                    json: json!("plain")
-                },
-            ]
-        );
-    }
 
     #[test]
     fn a_run_request_defaults_from_the_placement() {
@@ -546,23 +478,23 @@ mod tests {
             missing_secrets: vec![],
         };
         let r = run_request(
-            RunAssignment {
+            RunOrder::from(agen_proto::v1::AssignRun {
                 run_id: "r1".into(),
                 attempt: 0,
                 history_json: r#"[{"role":"user","content":"hi"}]"#.into(),
                 ..Default::default()
-            },
+            }),
             &p,
         );
         assert_eq!(
             (
-                r.root_run_id.as_str(),
+                r.root_run_id().as_str(),
                 r.attempt,
                 r.namespace.as_str(),
                 r.deployment.as_str()
             ),
             ("r1", 1, "ns", "dep")
         );
-        assert_eq!(r.history, vec![json!({"role": "user", "content": "hi"})]);
+        assert_eq!(r.history, vec![agen_shared::run::Message::user("hi")]);
     }
 }

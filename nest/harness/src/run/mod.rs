@@ -1,13 +1,19 @@
-//! The agent harness: runs one task's run inside an instance (or standalone): system prompt,
+//! The agent loop: runs one task's run inside an instance (or standalone): system prompt,
 //! model, tools (MCP + built-ins), the loop until the model answers or calls `finish`, and the
 //! run log events that make the run resumable.
 //!
 //! Public API (called by the `agen instance` process for each run the Hub assigns, and by
-//! [`standalone`] for `agen run`):
+//! [`crate::standalone`] for `agen run`):
 //! - [`Harness::new`] once per instance: bundle, tool backend (the instance's
 //!   [`crate::mcp::ToolHost`]), resolved secrets, an HTTP client;
-//! - [`Harness::run`] per run: a [`RunRequest`], a [`RunEventSink`] that appends the run's
+//! - [`Harness::run`] per run: a [`RunAssignment`], a [`RunEventSink`] that appends the run's
 //!   events to its log, and a cancellation token; returns the [`RunOutcome`].
+//!
+//! Files by concern: `harness` (the per-instance [`Harness`] and the tools it offers), `state`
+//! (one run's state, event emission, its end), `turn` (one model turn), `native` and `keen_loop`
+//! (the two dialects' loops), `replay` (reading earlier attempts' events, for both dialects),
+//! `tools` (routing a call, the [`ToolPolicy`], MCP calls and their `_meta`), `builtins` (the
+//! built-in tools), `redact` (secrets out of results and traces).
 //!
 //! Invariants: a run always ends with exactly one `run.finished` event and a [`RunOutcome`]
 //! (a model or tool failure never panics or escapes as an error); events hold deltas (one
@@ -15,90 +21,35 @@
 //! side-effecting tool, `tool.started` is durable before the call is sent and
 //! `tool.completed`/`tool.failed` is durable before the model sees the result; a provider
 //! error ends the run `Failed` with `response_type: "error"` and is never retried as a recall.
+//! Arrows run one way: the loops use `state`, `turn`, `tools`, `replay`; nothing here imports
+//! a loop.
 
+mod builtins;
 mod harness;
+mod keen_loop;
+mod native;
+mod redact;
+mod replay;
+mod state;
+mod tools;
+mod turn;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-pub use harness::{
-    model_config, Dialect, Harness, HarnessError, BUILTIN_FINISH, BUILTIN_LOAD_SKILL,
-    BUILTIN_READ_ARTIFACT, BUILTIN_REPORT_PROGRESS, BUILTIN_SAVE_ARTIFACT,
+pub use agen_shared::run::{
+    kind as event, Message, ResponseType, RunAssignment, RunEventBody, RunId, RunState, TaskId,
 };
+pub use builtins::{
+    BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_READ_ARTIFACT, BUILTIN_REPORT_PROGRESS,
+    BUILTIN_SAVE_ARTIFACT,
+};
+pub use harness::{model_config, Dialect, Harness, HarnessError};
+pub use tools::ToolPolicy;
 
 use crate::mcp::{CallError, ToolHost, ToolInfo, ToolOutput};
-
-/// One run to execute, as assigned by the Hub (or made up by `agen run`).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RunRequest {
-    pub run_id: String,
-    /// 1 for the first attempt; a resume elsewhere has a higher attempt.
-    pub attempt: u32,
-    pub task_id: String,
-    pub namespace: String,
-    pub deployment: String,
-    /// The task's input text (this run's user message).
-    pub input: String,
-    pub labels: BTreeMap<String, String>,
-    pub conversation_id: String,
-    /// The caller's key; empty when the task has none.
-    pub conversation_key: String,
-    /// The first run of the delegation tree (this run's id when it was not delegated).
-    pub root_run_id: String,
-    /// Earlier messages of the conversation, in the JSON form of [`crate::model::Message`]
-    /// (what earlier [`RunOutcome::messages`] held).
-    pub history: Vec<Value>,
-    /// Events of earlier attempts of this run, in order; may be empty. Both dialects resume
-    /// from them (answered turns are reused, recorded results too, an interrupted
-    /// side-effecting call becomes `effect_unknown`; Keen calls are keyed `keen_<turn>`).
-    pub replay: Vec<RunEventRecord>,
-}
-
-/// One event of a run log, as replayed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunEventRecord {
-    pub kind: String,
-    pub json: Value,
-}
-
-/// Event kinds the harness emits, and their JSON.
-pub mod event {
-    /// `{"turn": n}` (`{"flow_agent": true}` for a Keen flow's agent node): a model request is
-    /// about to be sent.
-    pub const MODEL_REQUESTED: &str = "model.requested";
-    /// `{"turn": n, "message": <the new assistant message>, "usage": {...}|null, "stop_reason"}`:
-    /// the turn's delta, never the whole context. A resume rebuilds the context from these.
-    pub const MODEL_ANSWERED: &str = "model.answered";
-    /// `{"call_id", "tool" (<server>.<tool>, or a Keen tool's name), "model_name", "side_effect",
-    /// "arguments"?}` (`arguments` only with `traceToolArguments`, secrets redacted, 4 KiB);
-    /// emitted with `sync` for a side-effecting tool, before the call is sent.
-    pub const TOOL_STARTED: &str = "tool.started";
-    /// `{"call_id", "tool", "result", "is_error", "duration_ms"}`; `sync` when side-effecting.
-    pub const TOOL_COMPLETED: &str = "tool.completed";
-    /// `{"call_id", "tool", "error" (what the model was told), "reason":
-    /// "timeout"|"cancelled"|"failed"|"unknown_tool"|"bad_arguments"|"limit"|"effect_unknown",
-    /// "duration_ms"}`; `sync` when side-effecting.
-    pub const TOOL_FAILED: &str = "tool.failed";
-    /// `{"activity": "calling time.get_current_time"}`: what the run is doing now.
-    pub const ACTIVITY: &str = "activity";
-    /// The arguments of a `report_progress` call (at most one event per 10 s; the latest
-    /// held-back report is sent when due or at the run's end).
-    pub const TASK_PROGRESS: &str = "task.progress";
-    /// `{"id" (sha256:<hex>), "name", "media_type", "size"}`: `save_artifact` stored an
-    /// artifact (or found the same bytes already stored).
-    pub const ARTIFACT_SAVED: &str = "artifact.saved";
-    /// `{"state": "succeeded"|"failed"|"cancelled", "result", "response_type"}`; always the
-    /// last event of a run, with `sync`.
-    pub const RUN_FINISHED: &str = "run.finished";
-    /// `{"reason"}`: sent by the Nest (not the harness) when the instance process died
-    /// mid-run, or was stopped, or is not on the Nest; the Hub re-dispatches the run with
-    /// attempt + 1. Replay ignores it.
-    pub const RUN_INTERRUPTED: &str = "run.interrupted";
-}
 
 /// Why an event could not be appended.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -113,41 +64,57 @@ pub enum SinkError {
 /// Where a run's events go: the Nest link (fleet) or a local sled log (standalone).
 #[async_trait::async_trait]
 pub trait RunEventSink: Send + Sync {
-    /// Appends one event (kinds in [`event`]); when `sync`, returns only after it is durable.
-    async fn emit(&self, kind: &str, json: Value, sync: bool) -> Result<(), SinkError>;
+    /// Appends one event; when `sync`, returns only after it is durable.
+    async fn emit(&self, body: RunEventBody, sync: bool) -> Result<(), SinkError>;
 }
 
-/// How a run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RunState {
-    Succeeded,
-    Failed,
-    Cancelled,
+/// How a run ends: its state, its result text and what that text is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunEnd {
+    pub state: RunState,
+    /// The final answer, or what went wrong.
+    pub result: String,
+    pub response_type: ResponseType,
 }
 
-impl RunState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunState::Succeeded => "succeeded",
-            RunState::Failed => "failed",
-            RunState::Cancelled => "cancelled",
+impl RunEnd {
+    /// The model's final answer.
+    pub fn answer(result: impl Into<String>) -> RunEnd {
+        RunEnd {
+            state: RunState::Succeeded,
+            result: result.into(),
+            response_type: ResponseType::Text,
+        }
+    }
+
+    /// The run failed: `why` says what went wrong and what to do.
+    pub fn failed(why: impl Into<String>) -> RunEnd {
+        RunEnd {
+            state: RunState::Failed,
+            result: why.into(),
+            response_type: ResponseType::Error,
+        }
+    }
+
+    pub fn cancelled(why: impl Into<String>) -> RunEnd {
+        RunEnd {
+            state: RunState::Cancelled,
+            result: why.into(),
+            response_type: ResponseType::Error,
         }
     }
 }
 
-/// The end of a run.
+/// The end of a run, with what it adds to its conversation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunOutcome {
     pub state: RunState,
     /// The final answer, or what went wrong.
     pub result: String,
-    /// `"text"` or `"error"`.
-    pub response_type: String,
+    pub response_type: ResponseType,
     /// This run's new conversation messages (its user input, the assistant's turns and the
-    /// tool results), in the JSON form of [`crate::model::Message`], to append to the
-    /// conversation.
-    pub messages: Vec<Value>,
+    /// tool results), to append to the conversation.
+    pub messages: Vec<Message>,
 }
 
 /// The tools a harness can call: implemented by [`crate::mcp::ToolHost`]; a trait so the
@@ -191,4 +158,8 @@ impl ToolBackend for ToolHost {
         )
         .await
     }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
