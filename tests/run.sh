@@ -25,6 +25,13 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
 fi
 ls -d /usr/lib/postgresql/*/bin | head -n1
 
+step "format and lints (cargo fmt --check, clippy -D warnings)"
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  rustup component add rustfmt clippy
+fi
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
 step "build (the agen binary the end-to-end tests start)"
 cargo build --workspace --bins --locked
 

@@ -388,6 +388,16 @@ fn every_tool_call_carries_its_run_in_meta() {
         ("00", 32, 16, 2),
         "{tp}"
     );
+    // The traceparent names this call's span in the trace GetTrace returns.
+    let trace = hub.cli_json(&["trace", &task, "-o", "json"]).unwrap();
+    assert_eq!(trace["trace_id"], parts[1], "{trace}");
+    let span = trace["spans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["span_id"] == parts[2])
+        .unwrap_or_else(|| panic!("no span {} in {trace}", parts[2]));
+    assert_eq!(span["name"], "tool meta.echo", "{span}");
 }
 
 #[test]

@@ -18,29 +18,15 @@ use super::{KeenError, KeenToolKind, Result};
 /// The registry file name at the bundle root.
 pub const REGISTRY_FILE: &str = "keen-tools.json";
 
-/// A script entry that fails the spec's path rules.
+/// A script entry that fails the spec's path rules; the message says which and what to write.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EntryError {
-    #[error("script entry is empty; expected a path like tools/my-tool.js")]
-    Empty,
-    #[error("script entry {0:?} must start with tools/")]
-    NotUnderTools(String),
-    #[error("script entry {0:?} must not contain ..")]
-    ParentSegment(String),
-}
+#[error("{0}")]
+pub struct EntryError(pub String);
 
-/// The spec's script path rule: non-empty, starts with `tools/`, no `..` anywhere.
+/// The spec's script path rule (non-empty, starts with `tools/`, no `..`, `/` separators, no
+/// NUL): the bundle format's own rule, so deploy, dispatch and the script engine agree.
 pub fn validate_script_entry(entry: &str) -> std::result::Result<(), EntryError> {
-    if entry.is_empty() {
-        return Err(EntryError::Empty);
-    }
-    if !entry.starts_with("tools/") {
-        return Err(EntryError::NotUnderTools(entry.to_string()));
-    }
-    if entry.contains("..") {
-        return Err(EntryError::ParentSegment(entry.to_string()));
-    }
-    Ok(())
+    agen_shared::bundle::validate_keen_script_entry(entry).map_err(EntryError)
 }
 
 /// The script root of a bundle: `src/scripts/` when it exists, else the bundle root.

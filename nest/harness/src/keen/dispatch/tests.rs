@@ -172,7 +172,7 @@ fn an_invalid_script_path_is_caught_before_dispatch() {
     let mut run = KeenRun::new(5);
     assert_general(
         decide(&mut run, &table, &block("use tool", "Evil", "")),
-        "keen: tool \"Evil\": script entry \"tools/../../etc/passwd\" must not contain ..",
+        "keen: tool \"Evil\": script entry `tools/../../etc/passwd` must not contain `..`",
     );
 }
 

@@ -68,7 +68,9 @@ fn flow_problems_name_the_file_and_node() {
     );
     check_invalid(
         r#"{"nodes": {"s": {"type": "start", "next": "x"}, "x": {"type": "script", "entry": "../x.js", "next": "e"}, "e": {"type": "end"}}}"#,
-        &[r#"flows/Next.json: node "x": entry: script entry "../x.js" must start with tools/"#],
+        &[
+            r#"flows/Next.json: node "x": entry: script entry `../x.js` must start with `tools/` (e.g. `tools/my-tool.js`)"#,
+        ],
     );
     check_invalid(
         r#"{"nodes": {"c": {"type": "condition", "key": "k", "equals": "v", "then": "e"}, "e": {"type": "end"}}}"#,

@@ -411,15 +411,15 @@ async fn script_tools_load_beneath_the_script_root() {
     for (entry, why) in [
         (
             "",
-            "script entry is empty; expected a path like tools/my-tool.js",
+            "script entry is empty; expected a path such as `tools/my-tool.js`",
         ),
         (
             "secret.js",
-            "script entry \"secret.js\" must start with tools/",
+            "script entry `secret.js` must start with `tools/` (e.g. `tools/my-tool.js`)",
         ),
         (
             "tools/../secret.js",
-            "script entry \"tools/../secret.js\" must not contain ..",
+            "script entry `tools/../secret.js` must not contain `..`",
         ),
     ] {
         assert_eq!(
