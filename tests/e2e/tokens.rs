@@ -250,6 +250,48 @@ fn a_namespace_token_reaches_only_its_namespace_and_only_as_far_as_its_role() {
         "namespace `b`",
     );
 
+    // A deployer of A deploys into A, but not a bundle that delegates into B.
+    let (_, deployer) = api_token(&hub, "a", "deployer", "a-deployer", &[]);
+    let delegating = tmp.path().join("delegating");
+    bundle(&delegating, "caller", &model);
+    std::fs::write(
+        delegating.join("x-agen/config.json"),
+        json!({"delegates": [{"deployment": "notes", "namespace": "b"}]}).to_string(),
+    )
+    .unwrap();
+    let out = as_token(
+        &hub,
+        &deployer,
+        &[
+            "deploy",
+            delegating.to_str().unwrap(),
+            "--name",
+            "caller",
+            "--namespace",
+            "a",
+        ],
+    );
+    refused(
+        &out,
+        "deploy delegating into b",
+        "delegates to deployment `notes` in namespace `b` needs role submitter",
+    );
+    ok(
+        &as_token(
+            &hub,
+            &deployer,
+            &[
+                "deploy",
+                dir.to_str().unwrap(),
+                "--name",
+                "notes2",
+                "--namespace",
+                "a",
+            ],
+        ),
+        "deployer deploy",
+    );
+
     // The submitter submits; the run works.
     let task_a = ok(
         &as_token(
@@ -280,7 +322,7 @@ fn a_namespace_token_reaches_only_its_namespace_and_only_as_far_as_its_role() {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(a_names, vec!["dash", "ci-bot", "a-admin"]);
+    assert_eq!(a_names, vec!["dash", "ci-bot", "a-admin", "a-deployer"]);
 
     // The audit log names who deployed, who submitted and who was refused.
     let audit = json_of(&hub.cli(&["audit", "-o", "json"]).unwrap(), "audit");

@@ -132,12 +132,11 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::CreateDeploymentRequest>,
     ) -> Result<Response<pb::Deployment>, Status> {
-        authorize(
-            &request,
-            &request.get_ref().namespace,
-            Action::Deploy,
-            &request.get_ref().name,
-        )?;
+        let r = request.get_ref();
+        let who = authorize(&request, &r.namespace, Action::Deploy, &r.name)?;
+        (self.access)
+            .check_delegates(&who, &r.namespace, &r.bundle_digest)
+            .await?;
         let r = request.into_inner();
         let rec = self
             .core

@@ -12,7 +12,7 @@ use crate::error::HubError;
 use crate::fleet::Core;
 use crate::tokens::audit::{AuditFilter, AuditRec};
 use crate::tokens::nests::{NestIdentities, NestIdentityRec};
-use crate::tokens::{NewToken, Principal, Role, TokenKind, TokenRec, Tokens};
+use crate::tokens::{Need, NewToken, Principal, Role, TokenKind, TokenRec, Tokens};
 
 /// Everything the access RPCs need.
 pub struct AccessApi {
@@ -63,6 +63,20 @@ fn nest_identity(n: &NestIdentityRec) -> pb::NestIdentity {
     }
 }
 
+/// The delegates an uploaded bundle declares.
+fn bundle_delegates(bytes: &[u8]) -> Result<Vec<agen_shared::bundle::Delegate>, HubError> {
+    let tmp = tempfile::tempdir().map_err(HubError::io(
+        std::env::temp_dir(),
+        "cannot create a temporary folder",
+    ))?;
+    let dir = tmp.path().join("bundle");
+    agen_shared::bundle::unpack(bytes, &dir)
+        .map_err(|e| HubError::invalid(format!("bundle: {e}")))?;
+    let bundle = agen_shared::bundle::Bundle::load(&dir)
+        .map_err(|e| HubError::invalid(format!("bundle: {e}")))?;
+    Ok(bundle.config.delegates)
+}
+
 fn kind_of(s: &str) -> Result<TokenKind, Status> {
     match s {
         "" | "api" => Ok(TokenKind::Api),
@@ -75,6 +89,40 @@ fn kind_of(s: &str) -> Result<TokenKind, Status> {
 }
 
 impl AccessApi {
+    /// A bundle may delegate into another namespace only if its deployer may submit there.
+    pub async fn check_delegates(
+        &self,
+        principal: &Principal,
+        namespace: &str,
+        digest: &str,
+    ) -> Result<(), Status> {
+        if *principal == Principal::ClusterAdmin {
+            return Ok(());
+        }
+        let Some(bytes) = self.core.bundle_bytes(digest)? else {
+            // CreateDeployment says that the bundle is missing.
+            return Ok(());
+        };
+        let delegates = tokio::task::spawn_blocking(move || bundle_delegates(&bytes))
+            .await
+            .map_err(|e| HubError::Internal(format!("bundle check panicked: {e}")))??;
+        let namespace = crate::fleet::namespace_or_default(namespace);
+        for d in delegates {
+            let Some(ns) = d.namespace.filter(|ns| *ns != namespace) else {
+                continue;
+            };
+            principal.allows(
+                Need::Role(Role::Submitter),
+                &ns,
+                &format!(
+                    "CreateDeployment: x-agen/config.json delegates to deployment `{}`",
+                    d.deployment
+                ),
+            )?;
+        }
+        Ok(())
+    }
+
     /// The action a change of token `rec` needs.
     fn authorize_change<T>(&self, req: &Request<T>, rec: &TokenRec) -> Result<Principal, Status> {
         match rec.kind {
