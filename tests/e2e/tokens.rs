@@ -523,27 +523,49 @@ fn revoked_and_expired_tokens_are_refused_at_once_even_on_a_running_watch() {
 /// Calls `NestService.Join` as a rogue would: the Hub's CA pinned, `token` as the bearer, a
 /// fresh key, and whatever nest id it likes.
 fn join(hub: &HubProcess, token: &str, nest_id: &str) -> Result<pb::JoinResponse, tonic::Status> {
+    join_with(hub, Some(token), nest_id, None)
+}
+
+/// `NestService.Join` with an optional bearer and, optionally, as the Nest whose data dir is
+/// `nest_dir` (its own key for the CSR and its certificate for mutual TLS).
+fn join_with(
+    hub: &HubProcess,
+    token: Option<&str>,
+    nest_id: &str,
+    nest_dir: Option<&Path>,
+) -> Result<pb::JoinResponse, tonic::Status> {
     use agen_proto::v1::nest_service_client::NestServiceClient;
-    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
     agen_shared::tls::install_crypto_provider();
     let ca = std::fs::read_to_string(hub.dir.join("hub/tls/ca.pem")).unwrap();
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+    let csr_pem = match nest_dir {
+        Some(dir) => {
+            let key = std::fs::read_to_string(dir.join("nest.key")).unwrap();
+            let cert = std::fs::read_to_string(dir.join("nest.crt")).unwrap();
+            tls = tls.identity(Identity::from_pem(cert, &key));
+            agen_shared::tls::nest_csr_for_key(&key, nest_id).unwrap()
+        }
+        None => agen_shared::tls::nest_key_and_csr(nest_id).unwrap().1,
+    };
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let channel = Endpoint::from_shared(hub.url())
             .unwrap()
-            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))
+            .tls_config(tls)
             .unwrap()
             .connect()
             .await
             .unwrap();
-        let (_key, csr_pem) = agen_shared::tls::nest_key_and_csr(nest_id).unwrap();
         let mut req = tonic::Request::new(pb::JoinRequest {
             nest_id: nest_id.into(),
             name: "rogue".into(),
             csr_pem,
         });
-        req.metadata_mut()
-            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        if let Some(token) = token {
+            req.metadata_mut()
+                .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        }
         NestServiceClient::new(channel)
             .join(req)
             .await
@@ -580,6 +602,18 @@ fn a_nest_is_who_its_key_says_and_join_tokens_and_nests_can_be_revoked() {
         err.message()
     );
     assert_eq!(nest_state(&hub, "victim"), "ready");
+    // Without a join token, a Join for a new id is refused; the Nest itself renews its own
+    // certificate with its own key and certificate, no token needed.
+    assert_eq!(
+        join_with(&hub, None, "fresh-0", None).unwrap_err().code(),
+        tonic::Code::Unauthenticated
+    );
+    let renewed = join_with(&hub, None, &victim_id, Some(&victim.dir)).unwrap();
+    assert!(agen_shared::tls::nest_cert_is_current(
+        &renewed.cert_pem,
+        &renewed.ca_pem,
+        &victim_id
+    ));
     // The bootstrap token still joins new Nests (no expiry, unlimited uses).
     join(&hub, &boot, "fresh-1").unwrap();
 

@@ -346,3 +346,28 @@ pub fn until_revoked<T: Send + 'static>(
     });
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_outcome_of_a_call_is_read_from_its_response_headers() {
+        let mut h = http::HeaderMap::new();
+        assert_eq!(outcome(&h), ("ok".into(), String::new()));
+        h.insert("grpc-status", http::HeaderValue::from_static("7"));
+        h.insert(
+            "grpc-message",
+            http::HeaderValue::from_static("needs role submitter in namespace %60a%60"),
+        );
+        assert_eq!(
+            outcome(&h),
+            (
+                "permission_denied".into(),
+                "needs role submitter in namespace `a`".into()
+            )
+        );
+        h.insert("grpc-status", http::HeaderValue::from_static("16"));
+        assert_eq!(outcome(&h).0, "unauthenticated");
+    }
+}

@@ -292,6 +292,14 @@ impl NestService for NestApi {
             .map_err(|e| HubError::invalid(format!("join: {e}")))?;
         let r = request.get_ref();
         let grant = self.nests.join_grant(&r.nest_id, &key)?;
+        // A Nest that joined before ids were bound is bound on its first call; until then it
+        // is known by its live link, which a Join never takes over either.
+        if grant == JoinGrant::Bind && self.core.lock().live.is_connected(&r.nest_id) {
+            return Err(Status::permission_denied(format!(
+                "join: nest id {} is connected to this hub right now; a join cannot take over a live nest",
+                r.nest_id
+            )));
+        }
         // Renewal with the Nest's own certificate needs no join token; anything else does.
         let renewing_itself = grant == JoinGrant::Renew
             && peer_nest(&request)?.is_some_and(|(id, k)| id == r.nest_id && k == key);
