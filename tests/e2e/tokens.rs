@@ -458,11 +458,14 @@ fn revoked_and_expired_tokens_are_refused_at_once_even_on_a_running_watch() {
     let task = submit(&hub, "a", "slow", "take your time");
 
     // Revoked while `agen wait` follows the task.
-    let (id, revoked) = api_token(&hub, "a", "viewer", "watcher", &[]);
+    let (id_revoked, revoked) = api_token(&hub, "a", "viewer", "watcher", &[]);
     let log = tmp.path().join("wait-revoked.log");
     let mut waiter = spawn_wait(&hub, &revoked, &task, &log);
     wait_attached(&log);
-    ok(&hub.cli(&["tokens", "revoke", &id]).unwrap(), "revoke");
+    ok(
+        &hub.cli(&["tokens", "revoke", &id_revoked]).unwrap(),
+        "revoke",
+    );
     let code = exits_within(&mut waiter, Duration::from_secs(10));
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(code, 5, "{text}");
@@ -517,6 +520,33 @@ fn revoked_and_expired_tokens_are_refused_at_once_even_on_a_running_watch() {
     ok(
         &hub.cli(&["cancel", &task, "--namespace", "a"]).unwrap(),
         "cancel",
+    );
+
+    // A Hub restart forgets none of it.
+    let mut hub = hub;
+    hub.restart().unwrap();
+    refused(
+        &as_token(&hub, &revoked, &["tasks", "--namespace", "a"]),
+        "revoked after restart",
+        "was revoked",
+    );
+    refused(
+        &as_token(&hub, &old, &["tasks", "--namespace", "a"]),
+        "old after restart",
+        "not a token",
+    );
+    ok(
+        &as_token(&hub, new, &["tasks", "--namespace", "a"]),
+        "rotated after restart",
+    );
+    let audit = json_of(&hub.cli(&["audit", "-o", "json"]).unwrap(), "audit");
+    assert!(
+        audit
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["call"] == "RevokeToken" && e["target"] == id_revoked.as_str()),
+        "{audit:#}"
     );
 }
 

@@ -231,6 +231,8 @@ where
                     &message,
                 ) {
                     tracing::error!(error = %e, %call, "cannot write the audit record");
+                } else if let Err(e) = db.flush().await {
+                    tracing::error!(error = %e, %call, "cannot make the audit record durable");
                 }
             }
             Ok(response)

@@ -2,7 +2,7 @@
 //! target, outcome), kept in the store in time order and written to the Hub's log as one
 //! structured line (`audit record`, target `agen_hub::audit`).
 //!
-//! Invariant: a record is in the store before the call's response leaves the Hub.
+//! Invariant: a record is durable (flushed) before the call's response leaves the Hub.
 
 use serde::{Deserialize, Serialize};
 
