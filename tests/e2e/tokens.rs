@@ -702,6 +702,15 @@ fn a_nest_is_who_its_key_says_and_join_tokens_and_nests_can_be_revoked() {
     )
     .unwrap();
     assert_ne!(nest_state(&hub, "rogue"), "ready");
+    let listed = hub.nests().unwrap();
+    let revoked_flag = |name: &str| {
+        listed
+            .iter()
+            .find(|n| n["name"] == name)
+            .map(|n| n["revoked"].clone())
+    };
+    assert_eq!(revoked_flag("rogue"), Some(json!(true)));
+    assert_eq!(revoked_flag("victim"), Some(json!(false)));
     assert_eq!(nest_state(&hub, "victim"), "ready");
     // Forgetting it lets its id join again (with a new key and a join token).
     let rogue_id = std::fs::read_to_string(rogue.dir.join("node-id"))

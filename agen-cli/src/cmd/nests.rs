@@ -83,7 +83,11 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 labels.sort();
                 t.add_row(vec![
                     n.name.clone(),
-                    view::nest_state(n.state).to_owned(),
+                    if n.revoked {
+                        format!("{} (revoked)", view::nest_state(n.state))
+                    } else {
+                        view::nest_state(n.state).to_owned()
+                    },
                     format!("{}/{}", n.instances, n.capacity),
                     if labels.is_empty() {
                         "-".into()

@@ -220,7 +220,10 @@ impl AgenService for AgenApi {
         Ok(Response::new(pb::ListNestsResponse {
             nests: nests
                 .iter()
-                .map(|(n, count)| convert::nest(n, *count))
+                .map(|(n, count)| pb::Nest {
+                    revoked: self.access.nests.is_revoked(&n.nest_id),
+                    ..convert::nest(n, *count)
+                })
                 .collect(),
         }))
     }
