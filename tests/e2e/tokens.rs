@@ -616,7 +616,7 @@ fn nest_state(hub: &HubProcess, name: &str) -> String {
 fn a_nest_is_who_its_key_says_and_join_tokens_and_nests_can_be_revoked() {
     let tmp = tempfile::tempdir().unwrap();
     let hub = HubProcess::start(tmp.path()).unwrap();
-    let victim = hub.nest("victim", &[], &[]).unwrap();
+    let mut victim = hub.nest("victim", &[], &[]).unwrap();
     let victim_id = std::fs::read_to_string(victim.dir.join("node-id"))
         .unwrap()
         .trim()
@@ -749,4 +749,29 @@ fn a_nest_is_who_its_key_says_and_join_tokens_and_nests_can_be_revoked() {
         assert!(!log.is_empty());
         assert!(!log.contains(&secret), "the join token is in a log");
     }
+
+    // A Nest with a certificate needs the join token no more: revoke it, and the Nest stays,
+    // and comes back after a restart.
+    let tokens = json_of(&hub.cli(&["tokens", "ls", "-o", "json"]).unwrap(), "ls");
+    let boot_id = tokens
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "join-token")
+        .map(|t| t["id"].as_str().unwrap().to_owned())
+        .unwrap();
+    ok(
+        &hub.cli(&["tokens", "revoke", &boot_id]).unwrap(),
+        "revoke boot",
+    );
+    assert_eq!(
+        join(&hub, &boot, "fresh-5").unwrap_err().code(),
+        tonic::Code::Unauthenticated
+    );
+    victim.proc.stop(Duration::from_secs(10));
+    wait_for("the victim to drop", Duration::from_secs(10), || {
+        (nest_state(&hub, "victim") != "ready").then_some(())
+    })
+    .unwrap();
+    let _victim = hub.nest("victim", &[], &[]).unwrap();
 }
