@@ -378,6 +378,10 @@ fn a_namespace_token_reaches_only_its_namespace_and_only_as_far_as_its_role() {
             && l.contains("outcome=ok")),
         "no audit line for the submit in the hub log"
     );
+    assert!(
+        !log.contains("served without an authorization check"),
+        "an AgenService call skipped authorize"
+    );
 }
 
 /// `text` without ANSI escape sequences (log lines may be coloured).

@@ -92,7 +92,15 @@ struct AuditNote {
 
 /// Shared between [`Audited`] and the handler of one call.
 #[derive(Clone, Default)]
-struct AuditSlot(Arc<Mutex<Option<AuditNote>>>);
+struct AuditSlot(Arc<Mutex<SlotState>>);
+
+#[derive(Default)]
+struct SlotState {
+    /// Whether the handler called [`authorize`] (or [`list_scope`]).
+    checked: bool,
+    /// What to record, for mutating calls.
+    note: Option<AuditNote>,
+}
 
 /// The caller of a request (set by [`ApiAuth`]).
 pub fn principal<T>(req: &Request<T>) -> Result<Principal, Status> {
@@ -117,10 +125,11 @@ pub fn authorize<T>(
         Need::Role(_) => namespace,
         Need::AnyNamespace(_) | Need::Cluster => String::new(),
     };
-    if action.mutating() {
-        if let Some(slot) = req.extensions().get::<AuditSlot>() {
-            if let Ok(mut s) = slot.0.lock() {
-                *s = Some(AuditNote {
+    if let Some(slot) = req.extensions().get::<AuditSlot>() {
+        if let Ok(mut s) = slot.0.lock() {
+            s.checked = true;
+            if action.mutating() {
+                s.note = Some(AuditNote {
                     principal: principal.clone(),
                     namespace: namespace.clone(),
                     target: target.to_string(),
@@ -147,7 +156,10 @@ pub fn list_scope<T>(
     all_namespaces: bool,
 ) -> Result<(String, bool), Status> {
     match principal(req)? {
-        Principal::ClusterAdmin => Ok((namespace.to_string(), all_namespaces)),
+        Principal::ClusterAdmin => {
+            authorize(req, namespace, Action::Read, "")?;
+            Ok((namespace.to_string(), all_namespaces))
+        }
         Principal::Api { namespace: own, .. } => {
             let ns = if all_namespaces {
                 own.as_str()
@@ -217,9 +229,16 @@ where
         let db = self.db.clone();
         Box::pin(async move {
             let response = inner.call(req).await?;
-            let note = slot.0.lock().ok().and_then(|mut s| s.take());
+            let (checked, note) = match slot.0.lock() {
+                Ok(mut s) => (s.checked, s.note.take()),
+                Err(_) => (true, None),
+            };
+            let (outcome, message) = outcome(response.headers());
+            if !checked && outcome == "ok" {
+                // A safety net for new RPCs: the check is the handler's first line.
+                tracing::error!(%call, "served without an authorization check: every AgenService handler must call server::auth::authorize first");
+            }
             if let Some(note) = note {
-                let (outcome, message) = outcome(response.headers());
                 if let Err(e) = crate::tokens::audit::record(
                     &db,
                     note.principal.token_id(),

@@ -174,8 +174,10 @@ impl AccessApi {
         let r = request.get_ref();
         let principal = auth::principal(&request)?;
         let only: Option<String> = match &principal {
-            Principal::ClusterAdmin if r.all_namespaces => None,
-            Principal::ClusterAdmin => Some(crate::fleet::namespace_or_default(&r.namespace)),
+            Principal::ClusterAdmin => {
+                auth::authorize(&request, "", Action::ClusterRead, "")?;
+                (!r.all_namespaces).then(|| crate::fleet::namespace_or_default(&r.namespace))
+            }
             Principal::Api { namespace, .. } => {
                 let ns = if r.all_namespaces {
                     namespace.clone()
@@ -232,8 +234,10 @@ impl AccessApi {
     ) -> Result<Response<pb::ListAuditResponse>, Status> {
         let r = request.get_ref();
         let namespace = match auth::principal(&request)? {
-            Principal::ClusterAdmin if r.all_namespaces => None,
-            Principal::ClusterAdmin => Some(crate::fleet::namespace_or_default(&r.namespace)),
+            Principal::ClusterAdmin => {
+                auth::authorize(&request, "", Action::ClusterRead, "")?;
+                (!r.all_namespaces).then(|| crate::fleet::namespace_or_default(&r.namespace))
+            }
             Principal::Api { namespace, .. } => {
                 let ns = if r.all_namespaces {
                     namespace
