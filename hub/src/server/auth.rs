@@ -234,6 +234,9 @@ where
                 Err(_) => (true, None),
             };
             let (outcome, message) = outcome(response.headers());
+            if !checked && outcome == "unauthenticated" {
+                tracing::warn!(%call, reason = %message, "refused a call without a valid token");
+            }
             if !checked && outcome == "ok" {
                 // A safety net for new RPCs: the check is the handler's first line.
                 tracing::error!(%call, "served without an authorization check: every AgenService handler must call server::auth::authorize first");
