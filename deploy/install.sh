@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs agen and its systemd units on this machine (run as root from the repo root).
 #   deploy/install.sh hub     # the Hub
-#   deploy/install.sh nest    # a Nest (then edit /etc/agen/nest.env)
+#   deploy/install.sh nest    # a Nest (then edit /etc/agen/nest.env and copy the join token to /etc/agen/join-token, mode 0600)
 set -euo pipefail
 role="${1:?usage: deploy/install.sh hub|nest}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

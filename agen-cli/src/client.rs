@@ -124,17 +124,43 @@ pub fn channel(url: &str, ca_file: Option<&std::path::Path>) -> anyhow::Result<C
     Ok(ep.connect_lazy())
 }
 
+/// An error that ends the command with a documented exit code (5: unauthenticated or
+/// permission denied).
+#[derive(Debug)]
+pub struct ExitError {
+    pub code: i32,
+    pub message: String,
+}
+
+impl std::fmt::Display for ExitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ExitError {}
+
+/// Exit code of an unauthenticated or refused call.
+pub const EXIT_PERMISSION: i32 = 5;
+
 /// Turns a gRPC status into an error a person can act on.
 pub fn status_error(hub: &Hub, s: tonic::Status) -> anyhow::Error {
     use tonic::Code;
     match s.code() {
+        Code::Unauthenticated => anyhow::Error::new(ExitError {
+            code: EXIT_PERMISSION,
+            message: format!(
+                "the Hub at {} refused the token: {} (set --token or AGEN_TOKEN, or check the client config)",
+                hub.url,
+                s.message()
+            ),
+        }),
+        Code::PermissionDenied => anyhow::Error::new(ExitError {
+            code: EXIT_PERMISSION,
+            message: format!("permission denied: {}", s.message()),
+        }),
         Code::Unavailable => anyhow!(
             "cannot reach the Hub at {}: {} (is `agen up` or `agen hub` running? set --hub or AGEN_HUB)",
-            hub.url,
-            s.message()
-        ),
-        Code::Unauthenticated => anyhow!(
-            "the Hub at {} refused the token: {} (set --token or AGEN_TOKEN, or check the client config)",
             hub.url,
             s.message()
         ),

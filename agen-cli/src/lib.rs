@@ -47,6 +47,11 @@ pub enum Command {
     /// Secrets with source platform: set (value from stdin), ls, rm
     #[command(subcommand)]
     Secrets(cmd::secrets::Command),
+    /// API tokens (a namespace and a role) and Nest join tokens: create, ls, rotate, revoke
+    #[command(subcommand)]
+    Tokens(cmd::tokens::Command),
+    /// The audit log: every mutating call with its token, namespace, target and outcome
+    Audit(cmd::audit::Args),
     /// Run a bundle standalone, with no Hub, and print the answer
     Run(cmd::run::Args),
     /// Agen's built-in MCP tool servers (stdio)
@@ -91,6 +96,8 @@ pub fn main(cli: Cli) -> i32 {
             Command::Trace(a) => cmd::trace::run(a).await,
             Command::Artifacts(c) => cmd::artifacts::run(c).await,
             Command::Secrets(c) => cmd::secrets::run(c).await,
+            Command::Tokens(c) => cmd::tokens::run(c).await,
+            Command::Audit(a) => cmd::audit::run(a).await,
             Command::Run(a) => cmd::run::run(a).await,
             Command::Mcp(c) => cmd::mcp::run(c).await,
             Command::Instance(a) => cmd::instance::run(a).await,
@@ -102,7 +109,9 @@ pub fn main(cli: Cli) -> i32 {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            1
+            e.downcast_ref::<client::ExitError>()
+                .map(|x| x.code)
+                .unwrap_or(1)
         }
     }
 }

@@ -137,6 +137,7 @@ pub fn nest_json(n: &pb::Nest) -> Value {
         "version": n.version,
         "last_heartbeat": time(n.last_heartbeat_ms),
         "registered_at": time(n.registered_at_ms),
+        "revoked": n.revoked,
     })
 }
 

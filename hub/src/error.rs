@@ -31,6 +31,9 @@ pub enum HubError {
     ResourceExhausted(String),
     #[error("{0}")]
     Unauthenticated(String),
+    /// The caller's token may not do this: names the role and namespace it would need.
+    #[error("{0}")]
+    PermissionDenied(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -66,6 +69,7 @@ impl From<HubError> for tonic::Status {
             HubError::FailedPrecondition(_) => tonic::Status::failed_precondition(msg),
             HubError::ResourceExhausted(_) => tonic::Status::resource_exhausted(msg),
             HubError::Unauthenticated(_) => tonic::Status::unauthenticated(msg),
+            HubError::PermissionDenied(_) => tonic::Status::permission_denied(msg),
             HubError::Config(_) => tonic::Status::invalid_argument(msg),
             HubError::Io { .. }
             | HubError::Tls(_)

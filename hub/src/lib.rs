@@ -10,16 +10,19 @@
 //!
 //! Data dir (`--data-dir`, default `$AGEN_DATA_DIR/hub` else `~/.local/share/agen/hub`):
 //! `db/` (sled), `tls/ca.pem` + `tls/ca.key` (0600; created on first start, the server
-//! certificate is re-issued from them at every start), `admin-token` (0600; the bearer of
-//! `AgenService`), `join-token` (0600; `agen1.<sha256 of the CA cert DER>.<secret>`, the bearer
-//! of `NestService`), `secret.key` (0600; created on first start, seals the values of the
-//! secret store kept in `db/`; losing it makes every stored secret unreadable).
+//! certificate is re-issued from them at every start), `admin-token` (0600; the cluster admin's
+//! bearer for `AgenService`), `join-token` (0600; `agen1.<sha256 of the CA cert DER>.<secret>`,
+//! a join token with no expiry and unlimited uses until revoked; only its hash is in `db/`),
+//! `secret.key` (0600; created on first start, seals the values of the secret store kept in
+//! `db/`; losing it makes every stored secret unreadable).
 //!
 //! Invariants: the scheduler does no IO; every state change is in the store before anyone is
-//! told; TLS unless explicitly plaintext on loopback; every `AgenService` call carries the
-//! admin token and every `NestService` call the join token; on a TLS Hub every `NestService`
-//! call but `Join` also needs a client certificate issued by `Join` (the Hub identifies the
-//! Nest by it, never by what the Nest says); health and reflection need none.
+//! told; TLS unless explicitly plaintext on loopback; every `AgenService` call carries a live
+//! token (the cluster admin's or an API token, [`tokens`]) and is authorized for its namespace
+//! and role, and every mutating one is audited; `NestService.Join` needs a live join token (or,
+//! to renew, the Nest's own certificate); on a TLS Hub every other `NestService` call needs a
+//! client certificate issued by `Join` whose key is the one its id is bound to (the Hub
+//! identifies the Nest by it, never by what the Nest says); health and reflection need none.
 
 pub mod artifacts;
 pub mod config;
@@ -32,6 +35,7 @@ pub mod secrets;
 mod server;
 pub mod store;
 pub mod tasks;
+pub mod tokens;
 pub mod trace;
 
 use std::net::SocketAddr;
@@ -71,11 +75,13 @@ pub struct HubHandle {
 }
 
 impl HubHandle {
-    /// The `agen nest` command that joins this Hub.
+    /// The `agen nest` command that joins this Hub: it reads the join token from its file, so
+    /// the secret is neither printed nor on a command line.
     pub fn nest_command(&self) -> String {
         format!(
-            "agen nest --hub {} --join {}",
-            self.nest_url, self.join_token
+            "agen nest --hub {} --join-file {}",
+            self.nest_url,
+            self.join_token_file.display()
         )
     }
 
@@ -159,6 +165,9 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     let store = store::SledStore::open(&data_dir.join("db"))?;
     let db = store::Db::new(Arc::new(store));
     let secret_key = secrets::SecretKey::load_or_create(&data_dir.join("secret.key"))?;
+    let tokens = tokens::Tokens::open(db.clone(), &admin_token)?;
+    tokens.ensure_bootstrap_join(&join_token)?;
+    let nest_identities = tokens::nests::NestIdentities::open(db.clone())?;
     let core = fleet::Core::open(opts.clone(), db, secret_key)?;
 
     let listener = tokio::net::TcpListener::bind(opts.listen)
@@ -205,9 +214,10 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
 
     let routes = server::routes(
         core.clone(),
-        admin_token.clone(),
-        vec![join_token.clone(), join.secret.clone()],
+        tokens,
+        nest_identities,
         (!opts.insecure_plaintext).then(|| Arc::new(hub_tls.clone())),
+        hub_tls.ca_sha256.clone(),
     )
     .await?;
     let mut builder = tonic::transport::Server::builder()

@@ -2,11 +2,37 @@
 //! keeps in its data dir (`node-id`, `nest.sock`, `bundles/`, `children.json`, `hub-ca.pem`,
 //! `nest.key` (0600) and `nest.crt`: the Nest's client certificate, issued by the Hub's `Join`).
 //!
+//! The join token comes from a file (`--join-file`, e.g. the Hub's `<data-dir>/join-token`) or
+//! the `AGEN_JOIN_TOKEN` environment variable ([`read_join_file`], [`JOIN_TOKEN_ENV`]), so that
+//! it is not on the Nest's command line.
+//!
 //! Invariants: the node id is created once and then read back on every start, so a Nest keeps
-//! its identity across restarts; nothing here binds a socket or talks to the network.
+//! its identity across restarts; nothing here binds a socket or talks to the network; the join
+//! token never reaches [`NestOptions::env`] (bundles' `source: env` secrets read that).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+/// The environment variable a Nest reads its join token from.
+pub const JOIN_TOKEN_ENV: &str = "AGEN_JOIN_TOKEN";
+
+/// Reads a join token from `path` (surrounding whitespace ignored).
+pub fn read_join_file(path: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        NestError::JoinToken(format!(
+            "cannot read --join-file {}: {e}; copy <hub data dir>/join-token there (mode 0600)",
+            path.display()
+        ))
+    })?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(NestError::JoinToken(format!(
+            "--join-file {} is empty; copy <hub data dir>/join-token there",
+            path.display()
+        )));
+    }
+    Ok(token.to_string())
+}
 
 /// Default number of instances a Nest runs at most.
 pub const DEFAULT_CAPACITY: u32 = 32;
@@ -33,7 +59,8 @@ pub struct NestOptions {
 
 impl NestOptions {
     /// Options with the documented defaults: data dir `~/.local/share/agen/nest`, name = host
-    /// name, capacity 32, the current executable, the process environment.
+    /// name, capacity 32, the current executable, the process environment (without the join
+    /// token).
     pub fn new(hub: impl Into<String>, join_token: impl Into<String>) -> NestOptions {
         NestOptions {
             hub: hub.into(),
@@ -43,7 +70,9 @@ impl NestOptions {
             labels: BTreeMap::new(),
             capacity: DEFAULT_CAPACITY,
             agen_bin: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("agen")),
-            env: std::env::vars().collect(),
+            env: std::env::vars()
+                .filter(|(k, _)| k != JOIN_TOKEN_ENV)
+                .collect(),
         }
     }
 
@@ -268,6 +297,21 @@ mod tests {
             " ",
             Err("the nest name is empty"),
         );
+    }
+
+    #[test]
+    fn a_join_file_is_read_trimmed_and_an_empty_one_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("join-token");
+        std::fs::write(&path, "agen1.x.y\n").expect("write");
+        assert_eq!(read_join_file(&path).expect("read"), "agen1.x.y");
+        std::fs::write(&path, " \n").expect("write");
+        let err = read_join_file(&path).expect_err("empty").to_string();
+        assert!(err.contains("is empty"), "{err}");
+        let err = read_join_file(&dir.path().join("missing"))
+            .expect_err("missing")
+            .to_string();
+        assert!(err.contains("cannot read --join-file"), "{err}");
     }
 
     #[test]

@@ -6,10 +6,12 @@
 //! Invariants: there is exactly one stream at a time; bundles never travel on it (see
 //! `bundles`); instances keep running across reconnects (the Hub re-adopts what `Register`
 //! lists); a run event stays in the [`Outbox`] until the Hub acks it and is resent after every
-//! reconnect (the Hub appends if absent, so a resend is harmless); the join token is the bearer
-//! of every call and is never logged; against an `https://` Hub every call but `Join` presents
-//! the Nest's client certificate (`<data-dir>/nest.crt`, key `nest.key`), obtained by `Join`
-//! on first start and again whenever it no longer matches the Hub's CA or the node id.
+//! reconnect (the Hub appends if absent, so a resend is harmless); the join token is never
+//! logged; against an `https://` Hub every call but `Join` presents the Nest's client
+//! certificate (`<data-dir>/nest.crt`, key `nest.key`), obtained by `Join` on first start and
+//! again whenever it no longer matches the Hub's CA or the node id, and once the Nest holds a
+//! certificate it never sends the join token again (it is the bearer only of `Join`, and of
+//! every call to a plaintext Hub, which has no certificates).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -29,7 +31,7 @@ use crate::config::{NestError, NestOptions, Result};
 use crate::supervisor::backoff::Backoff;
 use crate::supervisor::Supervisor;
 
-/// The Nest's gRPC client: every call carries `authorization: Bearer <join token>`.
+/// The Nest's gRPC client: its certificate (TLS) or the join token (plaintext) identifies it.
 pub type HubClient = NestServiceClient<InterceptedService<Channel, Bearer>>;
 
 /// Heartbeat interval until the Hub says otherwise.
@@ -44,16 +46,18 @@ const BATCH_MAX: usize = 256;
 /// How long to wait for `Registered` after opening the stream.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Adds the bearer token to every request.
+/// Adds the join token as the bearer of every request, when there is one to send.
 #[derive(Clone)]
-pub struct Bearer(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
+pub struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
 
 impl tonic::service::Interceptor for Bearer {
     fn call(
         &mut self,
         mut req: tonic::Request<()>,
     ) -> std::result::Result<tonic::Request<()>, tonic::Status> {
-        req.metadata_mut().insert("authorization", self.0.clone());
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
         Ok(req)
     }
 }
@@ -64,11 +68,12 @@ impl tonic::service::Interceptor for Bearer {
 /// obtained by `Join`. Connects lazily: no network IO besides the CA fetch and `Join`.
 pub async fn client(opts: &NestOptions) -> Result<HubClient> {
     let hub = opts.hub.trim_end_matches('/').to_string();
-    let bearer = format!("Bearer {}", opts.join_token.trim())
-        .parse()
-        .map_err(|_| {
-            NestError::JoinToken("it contains characters that cannot go in a header".into())
-        })?;
+    let bearer: tonic::metadata::MetadataValue<tonic::metadata::Ascii> =
+        format!("Bearer {}", opts.join_token.trim())
+            .parse()
+            .map_err(|_| {
+                NestError::JoinToken("it contains characters that cannot go in a header".into())
+            })?;
     let endpoint = Endpoint::from_shared(hub.clone())
         .map_err(|e| NestError::HubUrl {
             url: hub.clone(),
@@ -88,12 +93,15 @@ pub async fn client(opts: &NestOptions) -> Result<HubClient> {
             url: hub.clone(),
             reason: e.to_string(),
         };
-        let joining = endpoint
-            .clone()
-            .tls_config(tls.clone())
-            .map_err(trust_err)?;
-        if let Some((cert, key)) = nest_identity(opts, &hub, &ca, joining, &bearer).await? {
+        if let Some((cert, key)) =
+            nest_identity(opts, &hub, &ca, endpoint.clone(), tls.clone(), &bearer).await?
+        {
             tls = tls.identity(Identity::from_pem(cert, key));
+            // The certificate is the Nest's credential from now on.
+            return Ok(NestServiceClient::with_interceptor(
+                endpoint.tls_config(tls).map_err(trust_err)?.connect_lazy(),
+                Bearer(None),
+            ));
         }
         endpoint.tls_config(tls).map_err(trust_err)?
     } else if hub.starts_with("http://") {
@@ -106,39 +114,82 @@ pub async fn client(opts: &NestOptions) -> Result<HubClient> {
     };
     Ok(NestServiceClient::with_interceptor(
         endpoint.connect_lazy(),
-        Bearer(bearer),
+        Bearer(Some(bearer)),
     ))
 }
 
 /// The Nest's certificate and key (PEM): the stored ones when they are current for this Hub's
-/// CA and node id, otherwise a new key and a certificate from `Join` (stored). `None` when the
+/// CA and node id (renewed first, with the Nest's own certificate and key, once two thirds of
+/// their lifetime have passed), otherwise a certificate from `Join` with the join token for the
+/// Nest's key (kept when there is one: the Hub binds a nest id to its key). `None` when the
 /// Hub predates `Join` (it knows the Nest by the join token alone).
 async fn nest_identity(
     opts: &NestOptions,
     hub: &str,
     ca_pem: &str,
     endpoint: Endpoint,
+    tls_config: ClientTlsConfig,
     bearer: &tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
 ) -> Result<Option<(String, String)>> {
     use agen_shared::tls;
     let nest_id = crate::config::load_or_create_node_id(&opts.data_dir)?;
     let (cert_path, key_path) = (opts.cert_file(), opts.key_file());
-    if let (Ok(cert), Ok(key)) = (
-        std::fs::read_to_string(&cert_path),
-        std::fs::read_to_string(&key_path),
-    ) {
-        if tls::nest_cert_is_current(&cert, ca_pem, &nest_id) {
-            return Ok(Some((cert, key)));
-        }
-        tracing::warn!(path = %cert_path.display(), "stored nest certificate is not valid for this hub and node id; joining again");
-    }
     let trust = |reason: String| NestError::Trust {
         url: hub.to_string(),
         reason,
     };
-    let (key, csr_pem) = tls::nest_key_and_csr(&nest_id).map_err(|e| trust(e.to_string()))?;
+    let stored_key = std::fs::read_to_string(&key_path).ok();
+    if let (Ok(cert), Some(key)) = (std::fs::read_to_string(&cert_path), stored_key.clone()) {
+        if tls::nest_cert_is_current(&cert, ca_pem, &nest_id) {
+            let due = tls::nest_cert_renew_at(&cert).is_some_and(|at| now_ms() / 1000 >= at);
+            if !due {
+                return Ok(Some((cert, key)));
+            }
+            let own = endpoint
+                .clone()
+                .tls_config(tls_config.clone().identity(Identity::from_pem(&cert, &key)))
+                .map_err(|e| trust(e.to_string()))?;
+            let csr_pem =
+                tls::nest_csr_for_key(&key, &nest_id).map_err(|e| trust(e.to_string()))?;
+            let mut renewer = NestServiceClient::with_interceptor(own.connect_lazy(), Bearer(None));
+            let request = agen_proto::v1::JoinRequest {
+                nest_id: nest_id.clone(),
+                name: opts.name.clone(),
+                csr_pem,
+            };
+            match renewer.join(request).await {
+                Ok(r) => {
+                    let renewed = r.into_inner().cert_pem;
+                    if tls::nest_cert_is_current(&renewed, ca_pem, &nest_id) {
+                        tls::write_private(&cert_path, renewed.as_bytes())
+                            .map_err(|e| trust(e.to_string()))?;
+                        tracing::info!(nest_id = %nest_id, path = %cert_path.display(), "renewed the nest certificate");
+                        return Ok(Some((renewed, key)));
+                    }
+                    tracing::warn!(
+                        "the hub returned an unusable renewed certificate; keeping the current one"
+                    );
+                }
+                Err(status) => {
+                    tracing::warn!(code = ?status.code(), message = %status.message(), "cannot renew the nest certificate; keeping the current one");
+                }
+            }
+            return Ok(Some((cert, key)));
+        }
+        tracing::warn!(path = %cert_path.display(), "stored nest certificate is not valid for this hub and node id; joining again");
+    }
+    let (key, csr_pem) = match stored_key {
+        Some(key) => {
+            let csr = tls::nest_csr_for_key(&key, &nest_id).map_err(|e| trust(e.to_string()))?;
+            (key, csr)
+        }
+        None => tls::nest_key_and_csr(&nest_id).map_err(|e| trust(e.to_string()))?,
+    };
+    let joining = endpoint
+        .tls_config(tls_config)
+        .map_err(|e| trust(e.to_string()))?;
     let mut joiner =
-        NestServiceClient::with_interceptor(endpoint.connect_lazy(), Bearer(bearer.clone()));
+        NestServiceClient::with_interceptor(joining.connect_lazy(), Bearer(Some(bearer.clone())));
     let request = agen_proto::v1::JoinRequest {
         nest_id: nest_id.clone(),
         name: opts.name.clone(),
@@ -333,18 +384,24 @@ pub async fn run(mut ctx: LinkContext, client_slot: Arc<ClientSlot>, shutdown: C
     }
 }
 
-/// The Hub client, built on first use (an `https://` Hub needs its CA fetched first).
+/// The Hub client, built on first use (an `https://` Hub needs its CA fetched first) and again
+/// once its certificate is due for renewal, with the renewal time (unix seconds).
 #[derive(Default)]
-pub struct ClientSlot(tokio::sync::Mutex<Option<HubClient>>);
+pub struct ClientSlot(tokio::sync::Mutex<Option<(HubClient, Option<i64>)>>);
 
 impl ClientSlot {
     pub async fn get_or_connect(&self, opts: &NestOptions) -> Result<HubClient> {
         let mut slot = self.0.lock().await;
-        if let Some(c) = slot.as_ref() {
-            return Ok(c.clone());
+        if let Some((c, renew_at)) = slot.as_ref() {
+            if renew_at.is_none_or(|at| now_ms() / 1000 < at) {
+                return Ok(c.clone());
+            }
         }
         let c = client(opts).await?;
-        *slot = Some(c.clone());
+        let renew_at = std::fs::read_to_string(opts.cert_file())
+            .ok()
+            .and_then(|pem| agen_shared::tls::nest_cert_renew_at(&pem));
+        *slot = Some((c.clone(), renew_at));
         Ok(c)
     }
 }
@@ -482,7 +539,7 @@ fn status_text(s: &tonic::Status) -> String {
     match s.code() {
         tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
             format!(
-                "the hub refused the join token ({}); check --join",
+                "the hub refused this nest ({}); check the join token (--join-file) or ask the cluster admin",
                 s.message()
             )
         }

@@ -32,8 +32,9 @@ pub const JOIN_TOKEN_PREFIX: &str = "agen1";
 /// URI SAN prefix naming the Nest a client certificate was issued to.
 pub const NEST_URI_PREFIX: &str = "agen-nest://";
 
-/// How long a Nest certificate is valid.
-pub const NEST_CERT_DAYS: i64 = 365;
+/// How long a Nest certificate is valid. A Nest renews it with its own key once two thirds of
+/// that have passed ([`nest_cert_renew_at`]).
+pub const NEST_CERT_DAYS: i64 = 30;
 
 /// A TLS helper failed.
 #[derive(Debug, thiserror::Error)]
@@ -129,16 +130,38 @@ impl HubTls {
 /// A fresh key (PEM) and a CSR (PEM) naming `nest_id`, for `NestService.Join`.
 pub fn nest_key_and_csr(nest_id: &str) -> Result<(String, String)> {
     let key = rcgen::KeyPair::generate().map_err(gen_err("the nest key"))?;
+    let csr_pem = csr_for(&key, nest_id)?;
+    Ok((key.serialize_pem(), csr_pem))
+}
+
+/// A CSR (PEM) naming `nest_id` for the Nest's existing key (PEM): a re-join or renewal keeps
+/// the key the Hub bound the id to.
+pub fn nest_csr_for_key(key_pem: &str, nest_id: &str) -> Result<String> {
+    let key = rcgen::KeyPair::from_pem(key_pem).map_err(gen_err("the nest key from nest.key"))?;
+    csr_for(&key, nest_id)
+}
+
+/// When (unix seconds) a Nest certificate (PEM) is due for renewal: two thirds into its
+/// validity. `None` when it cannot be read.
+pub fn nest_cert_renew_at(cert_pem: &str) -> Option<i64> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let der = pem_certs(cert_pem).into_iter().next()?;
+    let (_, cert) = X509Certificate::from_der(&der).ok()?;
+    let from = cert.validity().not_before.timestamp();
+    let to = cert.validity().not_after.timestamp();
+    Some(from + (to - from) * 2 / 3)
+}
+
+fn csr_for(key: &rcgen::KeyPair, nest_id: &str) -> Result<String> {
     let mut params = rcgen::CertificateParams::default();
     params.distinguished_name = rcgen::DistinguishedName::new();
     params
         .distinguished_name
         .push(rcgen::DnType::CommonName, nest_id);
     let csr = params
-        .serialize_request(&key)
+        .serialize_request(key)
         .map_err(gen_err("the nest certificate request"))?;
-    let csr_pem = csr.pem().map_err(gen_err("the nest certificate request"))?;
-    Ok((key.serialize_pem(), csr_pem))
+    csr.pem().map_err(gen_err("the nest certificate request"))
 }
 
 /// The nest id a Nest certificate (DER) was issued to: its `agen-nest://` URI SAN.
@@ -159,6 +182,29 @@ pub fn nest_id_of_cert(der: &[u8]) -> Result<String> {
         .ok_or_else(|| {
             TlsError::BadNestCert(format!("it names no nest (no `{NEST_URI_PREFIX}<id>` SAN)"))
         })
+}
+
+/// sha256 hex of the public key (SubjectPublicKeyInfo DER) a certificate (DER) carries: what a
+/// Nest's id is bound to at the Hub.
+pub fn cert_key_sha256(der: &[u8]) -> Result<String> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let (_, cert) = X509Certificate::from_der(der)
+        .map_err(|e| TlsError::BadNestCert(format!("not an X.509 certificate: {e}")))?;
+    Ok(hex::encode(Sha256::digest(cert.public_key().raw)))
+}
+
+/// sha256 hex of the public key (SubjectPublicKeyInfo DER) of a PEM certificate signing
+/// request; equal to [`cert_key_sha256`] of the certificate signed from it.
+pub fn csr_key_sha256(csr_pem: &str) -> Result<String> {
+    use x509_parser::certification_request::X509CertificationRequest;
+    use x509_parser::prelude::FromDer;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(csr_pem.as_bytes())
+        .map_err(|e| TlsError::BadCsr(format!("not PEM: {e}")))?;
+    let (_, csr) = X509CertificationRequest::from_der(&pem.contents)
+        .map_err(|e| TlsError::BadCsr(format!("not a PKCS#10 request: {e}")))?;
+    Ok(hex::encode(Sha256::digest(
+        csr.certification_request_info.subject_pki.raw,
+    )))
 }
 
 /// Whether `cert_pem` is a currently valid Nest certificate for `nest_id` signed by the CA in
@@ -638,6 +684,24 @@ mod tests {
         let other = tempfile::tempdir().unwrap();
         let other = load_or_create_hub_tls(other.path(), &[]).unwrap();
         assert!(!nest_cert_is_current(&cert, &other.ca_pem, "nest-a"));
+        // The certificate carries the CSR's key, and nothing else does.
+        assert_eq!(
+            cert_key_sha256(&der).unwrap(),
+            csr_key_sha256(&csr).unwrap()
+        );
+        let (other_key, other_csr) = nest_key_and_csr("nest-a").unwrap();
+        // A CSR for an existing key carries that key.
+        assert_eq!(
+            csr_key_sha256(&nest_csr_for_key(&other_key, "nest-a").unwrap()).unwrap(),
+            csr_key_sha256(&other_csr).unwrap()
+        );
+        let renew_at = nest_cert_renew_at(&cert).unwrap();
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        assert!(renew_at > now + 19 * 86_400 && renew_at < now + 21 * 86_400);
+        assert_ne!(
+            cert_key_sha256(&der).unwrap(),
+            csr_key_sha256(&other_csr).unwrap()
+        );
         // The server certificate names no nest.
         let server = pem_certs(&tls.server_chain_pem).remove(0);
         assert!(nest_id_of_cert(&server).is_err());

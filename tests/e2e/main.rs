@@ -11,5 +11,6 @@ mod resume;
 mod runs;
 mod secrets;
 mod sql;
+mod tokens;
 mod up;
 mod workspace;

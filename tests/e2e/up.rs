@@ -43,6 +43,12 @@ fn agen_up_runs_a_hub_and_nests_with_the_example_deployed() {
     assert!(config.exists(), "client config written");
     let token = std::fs::read_to_string(data.join("join-token")).unwrap();
     assert!(token.trim().starts_with("agen1."), "{token}");
+    // It says how to join with the file, never the token itself.
+    assert!(up.log_text().contains("--join-file"), "{}", up.log_text());
+    assert!(
+        !up.log_text().contains(token.trim()),
+        "agen up printed the join token"
+    );
 
     let out = cli(&config, &["ps", "--all", "-o", "json"]).unwrap();
     let list: Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -2,6 +2,7 @@
 //! returning the exit code. Helpers shared by several commands live here.
 
 pub mod artifacts;
+pub mod audit;
 pub mod bench;
 pub mod cancel;
 pub mod deploy;
@@ -17,6 +18,7 @@ pub mod run;
 pub mod secrets;
 pub mod submit;
 pub mod tasks;
+pub mod tokens;
 pub mod trace;
 pub mod up;
 pub mod wait;

@@ -1,6 +1,7 @@
 //! `agen nest`: the node daemon. Parses flags into [`NestOptions`], wires SIGTERM/SIGINT to the
 //! shutdown token and calls `agen_nest::daemon::run`. Logs go to stderr; stdout stays empty.
-//! A bad flag exits 64.
+//! A bad flag exits 64. The join token comes from `--join-file`, else `AGEN_JOIN_TOKEN`, else
+//! `--join` (which warns: a command line is readable by every local user).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -15,9 +16,13 @@ pub struct Args {
     /// The Hub's URL, e.g. https://hub.example:7443
     #[arg(long, env = "AGEN_HUB")]
     pub hub: String,
-    /// The join token printed by `agen hub` (also in <hub data dir>/join-token)
-    #[arg(long = "join", env = "AGEN_JOIN_TOKEN", hide_env_values = true)]
-    pub join: String,
+    /// A file holding the join token, e.g. a copy of <hub data dir>/join-token (mode 0600)
+    #[arg(long = "join-file", value_name = "PATH")]
+    pub join_file: Option<PathBuf>,
+    /// The join token itself: visible to every local user in `ps`; prefer --join-file or
+    /// AGEN_JOIN_TOKEN
+    #[arg(long = "join", value_name = "TOKEN")]
+    pub join: Option<String>,
     /// Where the node id, the bundle cache and the instance socket live
     /// [default: ~/.local/share/agen/nest]
     #[arg(long)]
@@ -60,7 +65,14 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             return Ok(64);
         }
     };
-    let mut opts = NestOptions::new(args.hub, args.join);
+    let join = match join_token(args.join_file.as_deref(), args.join) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(64);
+        }
+    };
+    let mut opts = NestOptions::new(args.hub, join);
     opts.data_dir = args.data_dir.unwrap_or_else(default_data_dir);
     opts.name = args.name.unwrap_or_else(host_name);
     opts.labels = labels;
@@ -80,6 +92,31 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             eprintln!("error: {e}");
             Ok(if e.is_config() { 64 } else { 1 })
         }
+    }
+}
+
+/// The join token: `--join-file`, else `AGEN_JOIN_TOKEN`, else `--join` (with a warning).
+fn join_token(file: Option<&std::path::Path>, flag: Option<String>) -> anyhow::Result<String> {
+    if let Some(path) = file {
+        return Ok(agen_nest::config::read_join_file(path)?);
+    }
+    if let Some(t) = std::env::var(agen_nest::config::JOIN_TOKEN_ENV)
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+    {
+        return Ok(t.trim().to_string());
+    }
+    match flag {
+        Some(t) => {
+            tracing::warn!(
+                "--join puts the join token on the command line, where every local user can read it (ps, /proc); use --join-file PATH or AGEN_JOIN_TOKEN"
+            );
+            Ok(t)
+        }
+        None => anyhow::bail!(
+            "no join token: pass --join-file PATH (e.g. a copy of <hub data dir>/join-token) or set {}",
+            agen_nest::config::JOIN_TOKEN_ENV
+        ),
     }
 }
 

@@ -77,13 +77,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     crate::cmd::write_client_config(&client_cfg, &data_dir)?;
     // The contract: `<data-dir>/join-token` holds the token other Nests join with.
     let join_file = data_dir.join("join-token");
-    std::fs::write(&join_file, format!("{}\n", hub.join_token))
+    agen_shared::tls::write_private(&join_file, format!("{}\n", hub.join_token).as_bytes())
         .with_context(|| format!("cannot write {}", join_file.display()))?;
-    std::fs::set_permissions(
-        &join_file,
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )
-    .with_context(|| format!("cannot restrict {}", join_file.display()))?;
 
     let agen_bin = std::env::current_exe().context("cannot find the agen binary")?;
     let host = agen_nest::config::host_name();
@@ -111,9 +106,11 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         args.nests.max(1),
         data_dir.display()
     );
+    // The secret stays in the file (mode 0600): never printed, never on a command line.
     eprintln!(
-        "more Nests can join with:\n  agen nest --hub {} --join {}",
-        hub.url, hub.join_token
+        "more Nests can join with (copy the file to the other machine first):\n  agen nest --hub {} --join-file {}",
+        hub.url,
+        join_file.display()
     );
 
     if !args.deploy.is_empty() {

@@ -8,6 +8,7 @@ use agen_proto::v1::agen_service_server::AgenService;
 use futures::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::auth::{authorize, list_scope, Action};
 use super::convert;
 use crate::error::HubError;
 use crate::fleet::{Core, DeploymentSpec};
@@ -16,6 +17,8 @@ use crate::tasks::{TaskFilter, TaskSpec};
 
 pub struct AgenApi {
     pub core: Arc<Core>,
+    /// Tokens, audit log and Nest identities (their RPCs, and the token registry).
+    pub access: Arc<super::tokens::AccessApi>,
 }
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -53,6 +56,7 @@ impl AgenService for AgenApi {
         &self,
         request: Request<Streaming<pb::BundleChunk>>,
     ) -> Result<Response<pb::UploadBundleResponse>, Status> {
+        authorize(&request, "", Action::Upload, "")?;
         let mut stream = request.into_inner();
         let max = agen_shared::bundle::MAX_BUNDLE_BYTES;
         let first = stream.message().await?.ok_or_else(|| {
@@ -128,6 +132,11 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::CreateDeploymentRequest>,
     ) -> Result<Response<pb::Deployment>, Status> {
+        let r = request.get_ref();
+        let who = authorize(&request, &r.namespace, Action::Deploy, &r.name)?;
+        (self.access)
+            .check_delegates(&who, &r.namespace, &r.bundle_digest)
+            .await?;
         let r = request.into_inner();
         let rec = self
             .core
@@ -148,6 +157,7 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::GetDeploymentRequest>,
     ) -> Result<Response<pb::GetDeploymentResponse>, Status> {
+        authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
         let r = request.into_inner();
         let (view, instances) = self.core.get_deployment(&r.namespace, &r.name)?;
         Ok(Response::new(pb::GetDeploymentResponse {
@@ -163,8 +173,9 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::ListDeploymentsRequest>,
     ) -> Result<Response<pb::ListDeploymentsResponse>, Status> {
-        let r = request.into_inner();
-        let list = self.core.list_deployments(&r.namespace, r.all_namespaces);
+        let r = request.get_ref();
+        let (namespace, all) = list_scope(&request, &r.namespace, r.all_namespaces)?;
+        let list = self.core.list_deployments(&namespace, all);
         Ok(Response::new(pb::ListDeploymentsResponse {
             deployments: list.iter().map(convert::deployment).collect(),
         }))
@@ -174,6 +185,12 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::DeleteDeploymentRequest>,
     ) -> Result<Response<pb::DeleteDeploymentResponse>, Status> {
+        authorize(
+            &request,
+            &request.get_ref().namespace,
+            Action::Deploy,
+            &request.get_ref().name,
+        )?;
         let r = request.into_inner();
         self.core.delete_deployment(&r.namespace, &r.name).await?;
         Ok(Response::new(pb::DeleteDeploymentResponse {}))
@@ -183,10 +200,9 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::ListInstancesRequest>,
     ) -> Result<Response<pb::ListInstancesResponse>, Status> {
-        let r = request.into_inner();
-        let list = self
-            .core
-            .list_instances(&r.namespace, &r.deployment, r.all_namespaces);
+        let r = request.get_ref();
+        let (namespace, all) = list_scope(&request, &r.namespace, r.all_namespaces)?;
+        let list = self.core.list_instances(&namespace, &r.deployment, all);
         Ok(Response::new(pb::ListInstancesResponse {
             instances: list
                 .iter()
@@ -197,13 +213,17 @@ impl AgenService for AgenApi {
 
     async fn list_nests(
         &self,
-        _request: Request<pb::ListNestsRequest>,
+        request: Request<pb::ListNestsRequest>,
     ) -> Result<Response<pb::ListNestsResponse>, Status> {
+        authorize(&request, "", Action::ClusterRead, "")?;
         let nests = self.core.list_nests();
         Ok(Response::new(pb::ListNestsResponse {
             nests: nests
                 .iter()
-                .map(|(n, count)| convert::nest(n, *count))
+                .map(|(n, count)| pb::Nest {
+                    revoked: self.access.nests.is_revoked(&n.nest_id),
+                    ..convert::nest(n, *count)
+                })
                 .collect(),
         }))
     }
@@ -212,6 +232,12 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::SubmitTaskRequest>,
     ) -> Result<Response<pb::Task>, Status> {
+        authorize(
+            &request,
+            &request.get_ref().namespace,
+            Action::Submit,
+            &request.get_ref().deployment,
+        )?;
         let r = request.into_inner();
         let task = self
             .core
@@ -231,6 +257,7 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::GetTaskRequest>,
     ) -> Result<Response<pb::Task>, Status> {
+        authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
         let r = request.into_inner();
         Ok(Response::new(convert::task(
             &self.core.get_task(&r.namespace, &r.task_id)?,
@@ -241,6 +268,7 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::QueryTaskRequest>,
     ) -> Result<Response<pb::Task>, Status> {
+        authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
         let r = request.into_inner();
         Ok(Response::new(convert::task(
             &self.core.get_task(&r.namespace, &r.task_id)?,
@@ -253,6 +281,7 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::WatchTaskRequest>,
     ) -> Result<Response<Self::WatchTaskStream>, Status> {
+        let who = authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
         let r = request.into_inner();
         let core = self.core.clone();
         // Subscribe before reading the stored events, so nothing falls between the two.
@@ -326,8 +355,10 @@ impl AgenService for AgenApi {
                 }
             }
         });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
+        let events = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let tokens = self.access.tokens.clone();
+        Ok(Response::new(super::auth::until_revoked(
+            tokens, who, events,
         )))
     }
 
@@ -335,6 +366,12 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::CancelTaskRequest>,
     ) -> Result<Response<pb::Task>, Status> {
+        authorize(
+            &request,
+            &request.get_ref().namespace,
+            Action::Submit,
+            &request.get_ref().task_id,
+        )?;
         let r = request.into_inner();
         let task = self
             .core
@@ -347,6 +384,7 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::ListTasksRequest>,
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
+        authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
         let r = request.into_inner();
         let tasks = self.core.list_tasks(&TaskFilter {
             namespace: r.namespace,
@@ -364,6 +402,7 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::GetTraceRequest>,
     ) -> Result<Response<pb::Trace>, Status> {
+        authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
         let r = request.into_inner();
         let (task, spans) = self.core.trace(&r.namespace, &r.task_id)?;
         Ok(Response::new(pb::Trace {
@@ -377,6 +416,7 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::ListArtifactsRequest>,
     ) -> Result<Response<pb::ListArtifactsResponse>, Status> {
+        authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
         let r = request.into_inner();
         let list = self.core.list_artifacts(&r.namespace, &r.task_id)?;
         Ok(Response::new(pb::ListArtifactsResponse {
@@ -390,6 +430,7 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::GetArtifactRequest>,
     ) -> Result<Response<Self::GetArtifactStream>, Status> {
+        authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
         let r = request.into_inner();
         if r.artifact_id.is_empty() {
             return Err(HubError::invalid(
@@ -408,6 +449,12 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::SetSecretRequest>,
     ) -> Result<Response<pb::SetSecretResponse>, Status> {
+        authorize(
+            &request,
+            &request.get_ref().namespace,
+            Action::Deploy,
+            &request.get_ref().name,
+        )?;
         let r = request.into_inner();
         let (meta, replaced) = self
             .core
@@ -423,6 +470,7 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::ListSecretsRequest>,
     ) -> Result<Response<pb::ListSecretsResponse>, Status> {
+        authorize(&request, &request.get_ref().namespace, Action::Deploy, "")?;
         let r = request.into_inner();
         let secrets = self.core.list_secrets(&r.namespace)?;
         Ok(Response::new(pb::ListSecretsResponse {
@@ -434,8 +482,63 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::DeleteSecretRequest>,
     ) -> Result<Response<pb::DeleteSecretResponse>, Status> {
+        authorize(
+            &request,
+            &request.get_ref().namespace,
+            Action::Deploy,
+            &request.get_ref().name,
+        )?;
         let r = request.into_inner();
         self.core.delete_secret(&r.namespace, &r.name).await?;
         Ok(Response::new(pb::DeleteSecretResponse {}))
+    }
+
+    async fn create_token(
+        &self,
+        request: Request<pb::CreateTokenRequest>,
+    ) -> Result<Response<pb::CreateTokenResponse>, Status> {
+        self.access.create_token(request).await
+    }
+
+    async fn list_tokens(
+        &self,
+        request: Request<pb::ListTokensRequest>,
+    ) -> Result<Response<pb::ListTokensResponse>, Status> {
+        self.access.list_tokens(request).await
+    }
+
+    async fn revoke_token(
+        &self,
+        request: Request<pb::RevokeTokenRequest>,
+    ) -> Result<Response<pb::TokenInfo>, Status> {
+        self.access.revoke_token(request).await
+    }
+
+    async fn rotate_token(
+        &self,
+        request: Request<pb::RotateTokenRequest>,
+    ) -> Result<Response<pb::CreateTokenResponse>, Status> {
+        self.access.rotate_token(request).await
+    }
+
+    async fn list_audit(
+        &self,
+        request: Request<pb::ListAuditRequest>,
+    ) -> Result<Response<pb::ListAuditResponse>, Status> {
+        self.access.list_audit(request).await
+    }
+
+    async fn revoke_nest(
+        &self,
+        request: Request<pb::RevokeNestRequest>,
+    ) -> Result<Response<pb::NestIdentity>, Status> {
+        self.access.revoke_nest(request).await
+    }
+
+    async fn forget_nest(
+        &self,
+        request: Request<pb::ForgetNestRequest>,
+    ) -> Result<Response<pb::NestIdentity>, Status> {
+        self.access.forget_nest(request).await
     }
 }

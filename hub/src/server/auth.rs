@@ -1,55 +1,397 @@
-//! Bearer-token interceptors: the admin token for `AgenService`, the join token for
-//! `NestService`. Health and reflection are served without either.
+//! Authentication and authorization at the gRPC edge. [`ApiAuth`] (an interceptor) resolves the
+//! `AgenService` bearer to a [`Principal`] carried in the request's extensions; every handler
+//! then makes one [`authorize`] call naming its namespace and [`Action`]; [`Audited`] (a tower
+//! service around the whole `AgenService`) writes one audit record per mutating call with the
+//! call's outcome; [`until_revoked`] ends a server stream the moment its token is revoked or
+//! expires. `NestService` bearers (join tokens) are read with [`bearer`] and checked by the
+//! Nest handlers. Health and reflection are served without any of this.
 
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use futures::{Stream, StreamExt};
 use tonic::{Request, Status};
 
-/// Accepts requests whose `authorization` is `Bearer <one of the tokens>`.
-#[derive(Clone)]
-pub struct BearerAuth {
-    tokens: Vec<String>,
-    what: &'static str,
+use crate::error::HubError;
+use crate::store::Db;
+use crate::tokens::{Need, Principal, Role, Tokens};
+
+/// The bearer token of a request, if any.
+pub fn bearer<T>(req: &Request<T>) -> Option<String> {
+    let header = req.metadata().get("authorization")?.to_str().ok()?;
+    let token = header
+        .strip_prefix("Bearer ")
+        .or_else(|| header.strip_prefix("bearer "))?
+        .trim();
+    (!token.is_empty()).then(|| token.to_string())
 }
 
-impl BearerAuth {
-    /// `what` names the token in errors ("admin token", "join token").
-    pub fn new(tokens: Vec<String>, what: &'static str) -> BearerAuth {
-        BearerAuth { tokens, what }
+/// Resolves the bearer of every `AgenService` call to a [`Principal`] (or refuses it).
+#[derive(Clone)]
+pub struct ApiAuth {
+    pub tokens: Arc<Tokens>,
+}
+
+impl ApiAuth {
+    pub fn check(&self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        let Some(token) = bearer(&req) else {
+            return Err(Status::unauthenticated(
+                "missing `authorization: Bearer <token>`; pass --token / AGEN_TOKEN (agen hub writes the admin token into the client config and <data-dir>/admin-token)",
+            ));
+        };
+        let principal = self.tokens.resolve(&token).map_err(Status::from)?;
+        req.extensions_mut().insert(principal);
+        Ok(req)
+    }
+}
+
+/// What a call does, for authorization and the audit log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// list, get, watch, traces, artifacts.
+    Read,
+    /// submit, cancel.
+    Submit,
+    /// deploy, delete, secrets.
+    Deploy,
+    /// bundle uploads (no namespace): deployer somewhere.
+    Upload,
+    /// tokens and the audit log of a namespace.
+    Administer,
+    /// read what only the cluster admin may see (Nests).
+    ClusterRead,
+    /// change what only the cluster admin may change (Nests, join tokens).
+    ClusterWrite,
+}
+
+impl Action {
+    fn need(self) -> Need {
+        match self {
+            Action::Read => Need::Role(Role::Viewer),
+            Action::Submit => Need::Role(Role::Submitter),
+            Action::Deploy => Need::Role(Role::Deployer),
+            Action::Upload => Need::AnyNamespace(Role::Deployer),
+            Action::Administer => Need::Role(Role::Admin),
+            Action::ClusterRead | Action::ClusterWrite => Need::Cluster,
+        }
     }
 
-    pub fn check<T>(&self, req: Request<T>) -> Result<Request<T>, Status> {
-        let header = req
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok());
-        let Some(header) = header else {
-            return Err(Status::unauthenticated(format!(
-                "missing `authorization: Bearer <token>`; present the hub's {} (agen hub writes it into the client config and <data-dir>)",
-                self.what
-            )));
-        };
-        let token = header
-            .strip_prefix("Bearer ")
-            .or_else(|| header.strip_prefix("bearer "))
-            .unwrap_or("")
-            .trim();
-        if self
-            .tokens
-            .iter()
-            .any(|t| constant_time_eq(t.as_bytes(), token.as_bytes()))
-        {
-            Ok(req)
-        } else {
-            Err(Status::unauthenticated(format!(
-                "the bearer token is not this hub's {}; check --token / AGEN_TOKEN or the client config",
-                self.what
-            )))
+    fn mutating(self) -> bool {
+        !matches!(self, Action::Read | Action::ClusterRead)
+    }
+}
+
+/// What [`authorize`] leaves for [`Audited`] to record once the call has an outcome.
+#[derive(Debug, Clone)]
+struct AuditNote {
+    principal: Principal,
+    namespace: String,
+    target: String,
+}
+
+/// Shared between [`Audited`] and the handler of one call.
+#[derive(Clone, Default)]
+struct AuditSlot(Arc<Mutex<SlotState>>);
+
+#[derive(Default)]
+struct SlotState {
+    /// Whether the handler called [`authorize`] (or [`list_scope`]).
+    checked: bool,
+    /// What to record, for mutating calls.
+    note: Option<AuditNote>,
+}
+
+/// The caller of a request (set by [`ApiAuth`]).
+pub fn principal<T>(req: &Request<T>) -> Result<Principal, Status> {
+    req.extensions()
+        .get::<Principal>()
+        .cloned()
+        .ok_or_else(|| Status::unauthenticated("the request carries no authenticated token"))
+}
+
+/// The one authorization check of an `AgenService` handler: may the caller do `action` in
+/// `namespace` (empty = `default`)? Mutating calls are noted for the audit log, refused ones
+/// included; `target` names what the call is about (a deployment, a task, a token id).
+pub fn authorize<T>(
+    req: &Request<T>,
+    namespace: &str,
+    action: Action,
+    target: &str,
+) -> Result<Principal, Status> {
+    let principal = principal(req)?;
+    let namespace = crate::fleet::namespace_or_default(namespace);
+    let namespace = match action.need() {
+        Need::Role(_) => namespace,
+        Need::AnyNamespace(_) | Need::Cluster => String::new(),
+    };
+    if let Some(slot) = req.extensions().get::<AuditSlot>() {
+        if let Ok(mut s) = slot.0.lock() {
+            s.checked = true;
+            if action.mutating() {
+                s.note = Some(AuditNote {
+                    principal: principal.clone(),
+                    namespace: namespace.clone(),
+                    target: target.to_string(),
+                });
+            }
+        }
+    }
+    principal
+        .allows(
+            action.need(),
+            &namespace,
+            call_name(req).as_deref().unwrap_or("this call"),
+        )
+        .map_err(Status::from)?;
+    Ok(principal)
+}
+
+/// Like [`authorize`] for list calls that may span namespaces: the cluster admin gets what it
+/// asked for; a namespace token asking for every namespace gets its own namespace only.
+/// Returns `(namespace, all_namespaces)` to list with.
+pub fn list_scope<T>(
+    req: &Request<T>,
+    namespace: &str,
+    all_namespaces: bool,
+) -> Result<(String, bool), Status> {
+    match principal(req)? {
+        Principal::ClusterAdmin => {
+            authorize(req, namespace, Action::Read, "")?;
+            Ok((namespace.to_string(), all_namespaces))
+        }
+        Principal::Api { namespace: own, .. } => {
+            let ns = if all_namespaces {
+                own.as_str()
+            } else {
+                namespace
+            };
+            authorize(req, ns, Action::Read, "")?;
+            Ok((ns.to_string(), false))
         }
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
+/// The RPC name of a request (`SubmitTask`), from the `:path` tonic keeps in the extensions.
+fn call_name<T>(req: &Request<T>) -> Option<String> {
+    req.extensions().get::<CallName>().map(|c| c.0.clone())
+}
+
+#[derive(Debug, Clone)]
+struct CallName(String);
+
+/// Records an audit entry for every mutating `AgenService` call once its outcome is known.
+#[derive(Clone)]
+pub struct Audited<S> {
+    pub inner: S,
+    pub db: Db,
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for Audited<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+type BoxFuture<T, E> = Pin<Box<dyn std::future::Future<Output = Result<T, E>> + Send>>;
+
+impl<S, B, RB> tonic::codegen::Service<http::Request<B>> for Audited<S>
+where
+    S: tonic::codegen::Service<http::Request<B>, Response = http::Response<RB>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+    RB: Send + 'static,
+{
+    type Response = http::Response<RB>;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
     }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        let slot = AuditSlot::default();
+        let call = req
+            .uri()
+            .path()
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        req.extensions_mut().insert(slot.clone());
+        req.extensions_mut().insert(CallName(call.clone()));
+        // Take the service that was made ready; leave a fresh clone in its place.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let db = self.db.clone();
+        Box::pin(async move {
+            let response = inner.call(req).await?;
+            let (checked, note) = match slot.0.lock() {
+                Ok(mut s) => (s.checked, s.note.take()),
+                Err(_) => (true, None),
+            };
+            let (outcome, message) = outcome(response.headers());
+            if !checked && outcome == "unauthenticated" {
+                tracing::warn!(%call, reason = %message, "refused a call without a valid token");
+            }
+            if !checked && outcome == "ok" {
+                // A safety net for new RPCs: the check is the handler's first line.
+                tracing::error!(%call, "served without an authorization check: every AgenService handler must call server::auth::authorize first");
+            }
+            if let Some(note) = note {
+                if let Err(e) = crate::tokens::audit::record(
+                    &db,
+                    note.principal.token_id(),
+                    note.principal.token_name(),
+                    &note.namespace,
+                    &call,
+                    &note.target,
+                    &outcome,
+                    &message,
+                ) {
+                    tracing::error!(error = %e, %call, "cannot write the audit record");
+                } else if let Err(e) = db.flush().await {
+                    tracing::error!(error = %e, %call, "cannot make the audit record durable");
+                }
+            }
+            Ok(response)
+        })
+    }
+}
+
+/// The outcome of a unary call from its response headers: errors are trailers-only responses
+/// (`grpc-status` in the headers); a success sends its status in the trailers.
+fn outcome(headers: &http::HeaderMap) -> (String, String) {
+    let code = headers
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i32>().ok())
+        .unwrap_or(0);
+    if code == 0 {
+        return ("ok".into(), String::new());
+    }
+    let message = headers
+        .get("grpc-message")
+        .and_then(|v| v.to_str().ok())
+        .map(percent_decode)
+        .unwrap_or_default();
+    let name = format!("{:?}", tonic::Code::from_i32(code));
+    (snake(&name), message)
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn snake(camel: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in camel.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// Ends `stream` with `UNAUTHENTICATED` as soon as `principal`'s token is revoked or expires.
+pub fn until_revoked<T: Send + 'static>(
+    tokens: Arc<Tokens>,
+    principal: Principal,
+    stream: BoxStream<T>,
+) -> BoxStream<T> {
+    if principal == Principal::ClusterAdmin {
+        return stream;
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<T, Status>>(16);
+    tokio::spawn(async move {
+        let mut stream = stream;
+        let mut revocations = tokens.revocations();
+        let expiry = tokens.expires_at_ms(&principal).map(|at| {
+            let left = at - crate::model::now_ms();
+            std::time::Duration::from_millis(left.max(0) as u64)
+        });
+        let expired = async move {
+            match expiry {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(expired);
+        loop {
+            tokio::select! {
+                item = stream.next() => {
+                    let Some(item) = item else { return };
+                    if tx.send(item).await.is_err() {
+                        return;
+                    }
+                }
+                changed = revocations.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    if let Err(e) = tokens.still_valid(&principal) {
+                        let _ = tx.send(Err(Status::from(e))).await;
+                        return;
+                    }
+                }
+                _ = &mut expired => {
+                    let e = tokens.still_valid(&principal).err().unwrap_or_else(|| {
+                        HubError::Unauthenticated("the token expired".into())
+                    });
+                    let _ = tx.send(Err(Status::from(e))).await;
+                    return;
+                }
+            }
+        }
+    });
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_outcome_of_a_call_is_read_from_its_response_headers() {
+        let mut h = http::HeaderMap::new();
+        assert_eq!(outcome(&h), ("ok".into(), String::new()));
+        h.insert("grpc-status", http::HeaderValue::from_static("7"));
+        h.insert(
+            "grpc-message",
+            http::HeaderValue::from_static("needs role submitter in namespace %60a%60"),
+        );
+        assert_eq!(
+            outcome(&h),
+            (
+                "permission_denied".into(),
+                "needs role submitter in namespace `a`".into()
+            )
+        );
+        h.insert("grpc-status", http::HeaderValue::from_static("16"));
+        assert_eq!(outcome(&h).0, "unauthenticated");
+    }
 }

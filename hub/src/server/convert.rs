@@ -91,6 +91,8 @@ pub fn nest(n: &NestRec, instances: u32) -> pb::Nest {
         last_heartbeat_ms: n.last_heartbeat_ms,
         instances,
         registered_at_ms: n.registered_at_ms,
+        // Set by ListNests from the Nest identities.
+        revoked: false,
     }
 }
 

@@ -1,11 +1,13 @@
-//! The gRPC edge: `AgenService` (admin token), `NestService` (join token; on a TLS Hub every
-//! call but `Join` also needs the Nest's client certificate), health and reflection (no token).
-//! Only this module knows protobuf.
+//! The gRPC edge: `AgenService` (API tokens resolved to a principal, one authorization check
+//! per handler, an audit record per mutating call), `NestService` (a join token for `Join`; on
+//! a TLS Hub every other call needs the Nest's client certificate instead), health and
+//! reflection (no token). Only this module knows protobuf.
 
 mod agen;
 pub mod auth;
 mod convert;
 mod nest;
+mod tokens;
 
 use std::sync::Arc;
 
@@ -22,18 +24,35 @@ const MAX_MESSAGE: usize = 16 * 1024 * 1024;
 /// Builds every service of the Hub.
 pub async fn routes(
     core: Arc<Core>,
-    admin_token: String,
-    join_tokens: Vec<String>,
+    tokens: Arc<crate::tokens::Tokens>,
+    nests: Arc<crate::tokens::nests::NestIdentities>,
     tls: Option<Arc<agen_shared::tls::HubTls>>,
+    ca_sha256: String,
 ) -> Result<Routes> {
-    let admin = auth::BearerAuth::new(vec![admin_token], "admin token");
-    let join = auth::BearerAuth::new(join_tokens, "join token");
-    let agen_api = AgenServiceServer::new(agen::AgenApi { core: core.clone() })
-        .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE);
-    let nest_api = NestServiceServer::new(nest::NestApi { core, tls })
-        .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE);
+    let api_auth = auth::ApiAuth {
+        tokens: tokens.clone(),
+    };
+    let access = Arc::new(tokens::AccessApi {
+        core: core.clone(),
+        tokens: tokens.clone(),
+        nests: nests.clone(),
+        ca_sha256,
+    });
+    let agen_api = AgenServiceServer::new(agen::AgenApi {
+        core: core.clone(),
+        access,
+    })
+    .max_decoding_message_size(MAX_MESSAGE)
+    .max_encoding_message_size(MAX_MESSAGE);
+    let db = core.db.clone();
+    let nest_api = NestServiceServer::new(nest::NestApi {
+        core,
+        tls,
+        tokens,
+        nests,
+    })
+    .max_decoding_message_size(MAX_MESSAGE)
+    .max_encoding_message_size(MAX_MESSAGE);
 
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
@@ -55,14 +74,13 @@ pub async fn routes(
 
     let mut routes = Routes::builder();
     routes
-        .add_service(tonic::service::interceptor::InterceptedService::new(
-            agen_api,
-            move |r| admin.check(r),
-        ))
-        .add_service(tonic::service::interceptor::InterceptedService::new(
-            nest_api,
-            move |r| join.check(r),
-        ))
+        .add_service(auth::Audited {
+            inner: tonic::service::interceptor::InterceptedService::new(agen_api, move |r| {
+                api_auth.check(r)
+            }),
+            db,
+        })
+        .add_service(nest_api)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);

@@ -4,9 +4,13 @@
 //! `ReadArtifact` (agents' artifacts, relayed by the Nest, also in chunks), and `Join`, which
 //! signs a Nest's CSR with the Hub's CA.
 //!
-//! Invariants: on a TLS Hub every call but `Join` needs a client certificate the CA verified,
-//! and a Nest is who its certificate says (`Register.nest_id` must match it); a plaintext
-//! (loopback) Hub has no certificates and trusts the join token alone.
+//! Invariants: on a TLS Hub every call but `Join` needs a client certificate the CA verified
+//! whose key is the one its nest id is bound to, and a Nest is who its certificate says
+//! (`Register.nest_id` must match it); a revoked Nest is refused and its stream ended at once;
+//! `Join` needs a live join token (one use spent) to bind a new id, never takes over an id bound
+//! to another key, and renews a bound id's certificate for the same key (with the Nest's
+//! certificate or a join token); a plaintext (loopback) Hub has no certificates and trusts a
+//! live join token alone.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -19,6 +23,8 @@ use tonic::{Request, Response, Status, Streaming};
 use super::convert;
 use crate::error::HubError;
 use crate::fleet::Core;
+use crate::tokens::nests::{JoinGrant, NestIdentities};
+use crate::tokens::Tokens;
 
 /// Bundle bytes per `FetchBundle` chunk.
 const CHUNK: usize = 1024 * 1024;
@@ -27,24 +33,42 @@ pub struct NestApi {
     pub core: Arc<Core>,
     /// The Hub's TLS material (signs Nest certificates); `None` on a plaintext Hub.
     pub tls: Option<Arc<agen_shared::tls::HubTls>>,
+    /// Join tokens.
+    pub tokens: Arc<Tokens>,
+    /// Which key each nest id is bound to; revoked Nests.
+    pub nests: Arc<NestIdentities>,
+}
+
+/// The nest id and key sha256 of a request's verified client certificate, if it has one.
+fn peer_nest<T>(request: &Request<T>) -> Result<Option<(String, String)>, Status> {
+    let certs = request.peer_certs();
+    let Some(leaf) = certs.as_ref().and_then(|c| c.first()) else {
+        return Ok(None);
+    };
+    let id = agen_shared::tls::nest_id_of_cert(leaf.as_ref())
+        .map_err(|e| Status::unauthenticated(e.to_string()))?;
+    let key = agen_shared::tls::cert_key_sha256(leaf.as_ref())
+        .map_err(|e| Status::unauthenticated(e.to_string()))?;
+    Ok(Some((id, key)))
 }
 
 impl NestApi {
-    /// The nest id named by the caller's verified client certificate; `None` on a plaintext Hub
-    /// (no certificates there).
+    /// The nest id named by the caller's verified client certificate, checked against the key
+    /// its id is bound to and against revocation; `None` on a plaintext Hub, which checks the
+    /// join token instead (no certificates there).
     fn cert_nest_id<T>(&self, request: &Request<T>) -> Result<Option<String>, Status> {
         if self.tls.is_none() {
+            self.tokens
+                .check_join(super::auth::bearer(request).as_deref())?;
             return Ok(None);
         }
-        let certs = request.peer_certs();
-        let Some(leaf) = certs.as_ref().and_then(|c| c.first()) else {
+        let Some((id, key)) = peer_nest(request)? else {
             return Err(Status::unauthenticated(
                 "nest calls need the certificate from Join; restart the nest to re-join",
             ));
         };
-        agen_shared::tls::nest_id_of_cert(leaf.as_ref())
-            .map(Some)
-            .map_err(|e| Status::unauthenticated(e.to_string()))
+        self.nests.check_caller(&id, &key)?;
+        Ok(Some(id))
     }
 }
 
@@ -81,9 +105,27 @@ impl NestService for NestApi {
         let conn_id = self.core.register(reg, tx).await?;
 
         let core = self.core.clone();
+        let mut revocations = self.nests.revocations();
+        let identities = self.nests.clone();
+        let ended = tokio_util::sync::CancellationToken::new();
+        let end_stream = ended.clone();
+        // Bound at connect time (TLS Hubs); a forgotten identity ends the stream too.
+        let bound = self.nests.get(&nest_id).is_some();
         tokio::spawn(async move {
+            let _end = end_stream.drop_guard();
             loop {
-                let msg = match incoming.message().await {
+                let next = tokio::select! {
+                    m = incoming.message() => m,
+                    changed = revocations.changed() => {
+                        let gone = bound && identities.get(&nest_id).is_none();
+                        if changed.is_ok() && !identities.is_revoked(&nest_id) && !gone {
+                            continue;
+                        }
+                        tracing::warn!(nest_id = %nest_id, "nest revoked or forgotten: ending its stream");
+                        break;
+                    }
+                };
+                let msg = match next {
                     Ok(Some(m)) => m,
                     Ok(None) => break,
                     Err(e) => {
@@ -126,8 +168,10 @@ impl NestService for NestApi {
             core.disconnect(&nest_id, conn_id);
         });
 
+        // The outgoing half ends with the incoming one (a revoked Nest is cut off at once).
         let out = tokio_stream::wrappers::UnboundedReceiverStream::new(rx)
-            .map(|m| Ok(convert::to_nest(m)));
+            .map(|m| Ok(convert::to_nest(m)))
+            .take_until(ended.cancelled_owned());
         Ok(Response::new(Box::pin(out)))
     }
 
@@ -244,11 +288,47 @@ impl NestService for NestApi {
                 "join: a plaintext hub issues no certificates; connect with the join token alone",
             ));
         };
+        let key = agen_shared::tls::csr_key_sha256(&request.get_ref().csr_pem)
+            .map_err(|e| HubError::invalid(format!("join: {e}")))?;
+        let r = request.get_ref();
+        let grant = self.nests.join_grant(&r.nest_id, &key)?;
+        // A Nest that joined before ids were bound is bound on its first call; until then it
+        // is known by its live link, which a Join never takes over either.
+        if grant == JoinGrant::Bind && self.core.lock().live.is_connected(&r.nest_id) {
+            return Err(Status::permission_denied(format!(
+                "join: nest id {} is connected to this hub right now; a join cannot take over a live nest",
+                r.nest_id
+            )));
+        }
+        // Renewal with the Nest's own certificate needs no join token; anything else does.
+        let renewing_itself = grant == JoinGrant::Renew
+            && peer_nest(&request)?.is_some_and(|(id, k)| id == r.nest_id && k == key);
+        let join_token = if renewing_itself {
+            None
+        } else {
+            Some(
+                self.tokens
+                    .check_join(super::auth::bearer(&request).as_deref())?,
+            )
+        };
         let r = request.into_inner();
         let cert_pem = tls
             .sign_nest_csr(&r.csr_pem, &r.nest_id)
             .map_err(|e| HubError::invalid(format!("join: {e}")))?;
-        tracing::info!(nest_id = %r.nest_id, name = %r.name, "issued a nest certificate");
+        if let Some(t) = &join_token {
+            self.tokens.use_join(&t.id)?;
+        }
+        if grant == JoinGrant::Bind {
+            self.nests.bind(&r.nest_id, &r.name, &key)?;
+        }
+        self.core.db.flush().await.map_err(HubError::from)?;
+        tracing::info!(
+            nest_id = %r.nest_id,
+            name = %r.name,
+            renewal = grant == JoinGrant::Renew,
+            join_token = join_token.as_ref().map(|t| t.id.as_str()).unwrap_or("-"),
+            "issued a nest certificate"
+        );
         Ok(Response::new(pb::JoinResponse {
             cert_pem,
             ca_pem: tls.ca_pem.clone(),

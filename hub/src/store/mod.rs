@@ -2,7 +2,8 @@
 //! [`Db`], the typed layer the rest of the Hub uses (JSON records by table and key).
 //!
 //! Invariants: everything the Hub must not forget (deployments, bundles, Nests, instances,
-//! tasks, task events, run events, conversations, the request-id index, sealed secrets) is written here before
+//! tasks, task events, run events, conversations, the request-id index, sealed secrets, hashed
+//! tokens, the audit log, Nest identities) is written here before
 //! it is acknowledged to anyone; run events are appended only if absent, and an event from an
 //! attempt older than the newest known attempt of its run is refused (fenced).
 
@@ -56,6 +57,13 @@ pub enum Table {
     ArtifactData,
     /// Which tasks saved which artifact: `namespace \0 task \0 id`.
     ArtifactTasks,
+    /// API and join tokens by id; secrets only as sha256 (`tokens`).
+    Tokens,
+    /// The audit log: `at_ms(be) seq(be)` → one mutating call.
+    Audit,
+    /// Nest identities: `id \0 <nest id>` → the key it is bound to; `retired \0 <key sha256>`
+    /// → a key forgotten with its Nest (its certificate is refused for good).
+    NestIdentities,
 }
 
 impl Table {
@@ -77,6 +85,9 @@ impl Table {
             Table::ArtifactMeta => "artifact_meta",
             Table::ArtifactData => "artifact_data",
             Table::ArtifactTasks => "artifact_tasks",
+            Table::Tokens => "tokens",
+            Table::Audit => "audit",
+            Table::NestIdentities => "nest_identities",
         }
     }
 }
