@@ -18,6 +18,7 @@ use tokio::sync::{broadcast, Notify};
 
 use crate::config::HubOptions;
 use crate::error::{HubError, Result};
+use crate::leases::Requeue;
 use crate::model::*;
 use crate::nodes::{Liveness, NestTx, ToNest};
 use crate::scheduler::{self, InstView, NestView};
@@ -168,6 +169,16 @@ impl Core {
         self.wake.notify_one();
     }
 
+    /// Makes every earlier store write durable (group commit), then sends the Nest messages
+    /// that waited for it (run assignments: a Nest never hears of a run the store could
+    /// forget).
+    pub(crate) async fn commit(&self) -> Result<()> {
+        let upto = self.lock().live.mark();
+        self.db.flush().await?;
+        self.lock().live.release(upto);
+        Ok(())
+    }
+
     pub(crate) fn save_instance(&self, st: &mut State, rec: InstanceRec) -> Result<()> {
         self.db.put_json(Table::Instances, &rec.instance_id, &rec)?;
         st.instances.insert(rec.instance_id.clone(), rec);
@@ -312,7 +323,7 @@ impl Core {
             self.save_deployment(&mut st, rec.clone())?;
             rec
         };
-        self.db.flush().await?;
+        self.commit().await?;
         tracing::info!(deployment = %rec.key(), generation = rec.generation, digest = %rec.bundle_digest, "deployment saved");
         self.poke();
         Ok(rec)
@@ -433,7 +444,7 @@ impl Core {
             }
             self.fail_tasks_of_deployment(&mut st, &namespace, name)?;
         }
-        self.db.flush().await?;
+        self.commit().await?;
         tracing::info!(deployment = %format!("{namespace}/{name}"), "deployment deleted");
         self.poke();
         Ok(())
@@ -460,7 +471,14 @@ impl Core {
                 rec.message = reason.to_string();
                 rec.updated_at_ms = now_ms();
                 self.save_instance(st, rec)?;
-                self.requeue_tasks_of(st, id, &format!("instance {id} stopped: {reason}"))
+                // Replacing an unhealthy instance (a tool server died) is its own failure;
+                // any other stop is the Hub's choice and costs the run no attempt.
+                let cause = if reason.starts_with("unhealthy") {
+                    Requeue::InstanceFailed
+                } else {
+                    Requeue::NotCounted
+                };
+                self.requeue_tasks_of(st, id, &format!("instance {id} stopped: {reason}"), cause)
             }
         }
     }
@@ -594,10 +612,17 @@ impl Core {
                     .as_millis()
                     .min(u32::MAX as u128) as u32,
                 stop_instances: stop,
+                disconnect_grace_ms: self
+                    .opts
+                    .nest_disconnect_grace
+                    .as_millis()
+                    .min(u32::MAX as u128) as u32,
             });
+            // After `Registered`, so that a cancel reaches a registered Nest.
+            self.reconcile_runs(&mut st, &reg.nest_id, &reg.instances, now)?;
             conn_id
         };
-        self.db.flush().await?;
+        self.commit().await?;
         self.poke();
         Ok(conn_id)
     }
@@ -657,6 +682,7 @@ impl Core {
             for id in gone {
                 self.delete_instance(&mut st, &id)?;
             }
+            self.reconcile_runs(&mut st, nest_id, reports, now_ms())?;
         }
         if !reports.is_empty() {
             self.poke();
@@ -729,7 +755,12 @@ impl Core {
             rec.message = why.to_string();
             rec.updated_at_ms = now_ms();
             self.save_instance(st, rec)?;
-            self.requeue_tasks_of(st, id, &format!("instance {id} lost: {why}"))?;
+            self.requeue_tasks_of(
+                st,
+                id,
+                &format!("instance {id} lost: {why}"),
+                Requeue::InstanceFailed,
+            )?;
         }
         Ok(())
     }
@@ -794,7 +825,7 @@ impl Core {
         secrets::validate_secret_name("name", name)?;
         let value = secrets::validate_secret_value("value", value)?;
         let (meta, replaced) = self.secrets.set(&namespace, name, &value, now_ms())?;
-        self.db.flush().await?;
+        self.commit().await?;
         tracing::info!(namespace = %namespace, secret = %name, replaced, "secret set");
         self.restart_waiting_for(&namespace, name)?;
         self.poke();
@@ -889,7 +920,7 @@ impl Core {
                 "secret {name} not found in namespace {namespace}; list them with agen secrets ls"
             )));
         }
-        self.db.flush().await?;
+        self.commit().await?;
         tracing::info!(namespace = %namespace, secret = %name, "secret deleted");
         Ok(())
     }
@@ -903,7 +934,7 @@ impl Core {
             if let Err(e) = self.reconcile() {
                 tracing::error!(error = %e, "reconcile failed; retrying");
             }
-            if let Err(e) = self.db.flush().await {
+            if let Err(e) = self.commit().await {
                 tracing::error!(error = %e, "store flush failed");
             }
             tokio::select! {
@@ -931,22 +962,37 @@ impl Core {
 
     fn check_liveness(&self, st: &mut State) -> Result<()> {
         let lost_after = self.opts.lost_after();
-        let candidates: Vec<String> = st
+        let grace = self.opts.nest_disconnect_grace;
+        let candidates: Vec<(String, bool)> = st
             .nests
             .values()
             .filter(|n| n.state != NestState::Lost)
-            .filter(|n| st.live.silent_for(&n.nest_id) > lost_after)
-            .map(|n| n.nest_id.clone())
+            .filter_map(|n| {
+                let closed = st
+                    .live
+                    .disconnected_for(&n.nest_id)
+                    .is_some_and(|d| d > grace);
+                (closed || st.live.silent_for(&n.nest_id) > lost_after)
+                    .then(|| (n.nest_id.clone(), closed))
+            })
             .collect();
-        for nest_id in candidates {
+        for (nest_id, closed) in candidates {
             let Some(mut n) = st.nests.get(&nest_id).cloned() else {
                 continue;
             };
-            let why = format!(
-                "nest {} lost: no heartbeat for {}s",
-                n.name,
-                lost_after.as_secs_f32().round()
-            );
+            let why = if closed {
+                format!(
+                    "nest {} lost: its stream closed and it did not reconnect within {}s",
+                    n.name,
+                    grace.as_secs_f32()
+                )
+            } else {
+                format!(
+                    "nest {} lost: no heartbeat for {}s",
+                    n.name,
+                    lost_after.as_secs_f32().round()
+                )
+            };
             tracing::warn!(nest = %n.name, nest_id = %nest_id, "{why}");
             n.state = NestState::Lost;
             self.save_nest(st, n)?;

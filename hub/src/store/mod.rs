@@ -3,8 +3,8 @@
 //!
 //! Invariants: everything the Hub must not forget (deployments, bundles, Nests, instances,
 //! tasks, task events, run events, conversations, the request-id index, sealed secrets) is written here before
-//! it is acknowledged to anyone; run events are appended only if absent, and an event from an
-//! attempt older than the newest known attempt of its run is refused (fenced).
+//! it is acknowledged to anyone; run events are appended only if absent, and only for the
+//! attempt the Hub issued last for their run (any other attempt is refused: fenced).
 
 mod sled_store;
 
@@ -170,14 +170,13 @@ impl Db {
         )
     }
 
-    /// Appends a run event keyed (run_id, attempt, seq) if absent; fences older attempts.
+    /// Appends a run event keyed (run_id, attempt, seq) if absent. Only the newest attempt the
+    /// Hub issued ([`Db::set_run_attempt`], written before the run is sent) may append: an
+    /// older one is fenced, and one above it (never issued) is refused the same way and never
+    /// moves the fence.
     pub fn append_run_event(&self, ev: &RunEventRec) -> Result<Append> {
-        let newest = self.run_attempt(&ev.run_id)?;
-        if ev.attempt < newest {
+        if ev.attempt != self.run_attempt(&ev.run_id)? {
             return Ok(Append::Fenced);
-        }
-        if ev.attempt > newest {
-            self.set_run_attempt(&ev.run_id, ev.attempt)?;
         }
         let bytes = serde_json::to_vec(ev).map_err(|e| StoreError::Op {
             table: Table::RunEvents.name(),
