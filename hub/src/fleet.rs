@@ -73,6 +73,8 @@ pub struct Core {
     pub(crate) updates: broadcast::Sender<TaskUpdate>,
     /// Cancelled when the Hub stops: long-lived streams (watchers) end.
     pub(crate) stopping: tokio_util::sync::CancellationToken,
+    /// Whether the store can write (gRPC health follows it).
+    pub(crate) store_ok: tokio::sync::watch::Sender<bool>,
     /// Values of `platform` secrets, sealed.
     secrets: SecretStore,
     /// The `platform` secrets each bundle declares, by digest (read from the bundle once).
@@ -153,6 +155,7 @@ impl Core {
             wake: Notify::new(),
             updates,
             stopping: tokio_util::sync::CancellationToken::new(),
+            store_ok: tokio::sync::watch::Sender::new(true),
             secrets: SecretStore::new(db.clone(), secret_key),
             db,
             bundle_secrets: Mutex::new(HashMap::new()),
@@ -927,10 +930,72 @@ impl Core {
 
     // ---------- reconcile ----------
 
-    /// Runs until `shutdown`: liveness, placement, task dispatch.
+    /// While the store cannot write: health says NOT_SERVING, and once a second the store
+    /// is reopened in place; when that works the state is reloaded from what is durable
+    /// (nothing acknowledged is lost; what was not acknowledged may be) and serving resumes.
+    async fn heal_store(self: &Arc<Self>, last_try: &mut Option<Instant>) {
+        let Some(why) = self.db.broken() else {
+            return;
+        };
+        self.store_ok
+            .send_if_modified(|ok| std::mem::replace(ok, false));
+        if last_try.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1)) {
+            return;
+        }
+        *last_try = Some(Instant::now());
+        let db = self.db.clone();
+        match tokio::task::spawn_blocking(move || db.heal()).await {
+            Ok(Ok(true)) => match self.reload() {
+                Ok(dropped) => {
+                    tracing::info!(was = %why, dropped_messages = dropped, "hub store recovered: it writes again; state reloaded, serving");
+                    self.store_ok
+                        .send_if_modified(|ok| !std::mem::replace(ok, true));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "hub store reopened but the state cannot be reloaded")
+                }
+            },
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "hub store still cannot write; retrying in 1s")
+            }
+            Err(e) => tracing::error!(error = %e, "hub store heal task failed"),
+        }
+    }
+
+    /// Replaces the in-memory records with the durable ones (after the store was reopened).
+    /// Returns how many held Nest messages were dropped (their writes may not be durable).
+    fn reload(&self) -> Result<usize> {
+        let deployments: Vec<DeploymentRec> = self.db.list_json(Table::Deployments, b"")?;
+        let nests: Vec<NestRec> = self.db.list_json(Table::Nests, b"")?;
+        let instances: Vec<InstanceRec> = self.db.list_json(Table::Instances, b"")?;
+        let tasks: Vec<TaskRec> = self.db.list_json(Table::Tasks, b"")?;
+        let mut st = self.lock();
+        let dropped = st.live.drop_held();
+        st.deployments = deployments.into_iter().map(|d| (d.key(), d)).collect();
+        st.nests = nests
+            .into_iter()
+            .map(|mut n| {
+                if st.live.is_connected(&n.nest_id) {
+                    n.state = NestState::Ready;
+                }
+                (n.nest_id.clone(), n)
+            })
+            .collect();
+        st.instances = instances
+            .into_iter()
+            .map(|i| (i.instance_id.clone(), i))
+            .collect();
+        st.tasks = tasks.into_iter().map(|t| (t.task_id.clone(), t)).collect();
+        Ok(dropped)
+    }
+
+    /// Runs until `shutdown`: liveness, placement, task dispatch, store healing.
     pub async fn run_reconciler(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
         let tick = std::time::Duration::from_millis(250);
+        let mut last_heal: Option<Instant> = None;
         loop {
+            self.heal_store(&mut last_heal).await;
             if let Err(e) = self.reconcile() {
                 tracing::error!(error = %e, "reconcile failed; retrying");
             }

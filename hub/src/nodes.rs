@@ -202,6 +202,13 @@ impl Liveness {
         }
     }
 
+    /// Forgets every held message (the store was reopened: what they announce may be gone).
+    pub fn drop_held(&mut self) -> usize {
+        let n = self.held.len();
+        self.held.clear();
+        n
+    }
+
     /// Number of messages waiting for a flush.
     pub fn held(&self) -> usize {
         self.held.len()

@@ -17,7 +17,8 @@ use serde_json::{json, Value};
 const HUB_KILLS: usize = 12;
 
 pub struct Fleet {
-    pub _tmp: tempfile::TempDir,
+    pub _tmp: Option<tempfile::TempDir>,
+    pub root: PathBuf,
     pub hub: HubProcess,
     pub nests: Vec<NestProcess>,
     _model: FakeModel,
@@ -36,18 +37,33 @@ pub fn fleet(
     reply_delay_ms: u64,
 ) -> Fleet {
     let tmp = tempfile::tempdir().unwrap();
-    let hub = HubProcess::start(tmp.path()).unwrap();
+    let dir = tmp.path().to_owned();
+    let mut f = fleet_in(dir, nests, replicas, concurrency, seconds, reply_delay_ms);
+    f._tmp = Some(tmp);
+    f
+}
+
+/// [`fleet`] in `root` (the Hub's data dir is `root/hub`).
+pub fn fleet_in(
+    root: PathBuf,
+    nests: &[&str],
+    replicas: u32,
+    concurrency: u32,
+    seconds: f64,
+    reply_delay_ms: u64,
+) -> Fleet {
+    let hub = HubProcess::start(&root).unwrap();
     let nest_procs: Vec<NestProcess> = nests
         .iter()
         .map(|n| hub.nest(n, &[], &[]).unwrap())
         .collect();
-    let script = json!({"record": tmp.path().join("model-requests.jsonl"), "steps": [
+    let script = json!({"record": root.join("model-requests.jsonl"), "steps": [
         {"tool_calls": [{"name": "pay_charge", "arguments": {"amount": 5, "seconds": seconds}}]},
         {"reply_template": "paid: {{last_tool_result}}", "delay_ms": reply_delay_ms}
     ]});
-    let model = FakeModel::start(&tmp.path().join("model"), &script).unwrap();
-    let log = tmp.path().join("charges.jsonl");
-    let dir = tmp.path().join("bundle");
+    let model = FakeModel::start(&root.join("model"), &script).unwrap();
+    let log = root.join("charges.jsonl");
+    let dir = root.join("bundle");
     write_bundle(
         &dir,
         &[
@@ -93,7 +109,8 @@ pub fn fleet(
     })
     .unwrap();
     Fleet {
-        _tmp: tmp,
+        _tmp: None,
+        root,
         hub,
         nests: nest_procs,
         _model: model,
@@ -201,7 +218,7 @@ impl Fleet {
 
     /// How many requests the fake model received.
     pub fn model_requests(&self) -> usize {
-        std::fs::read_to_string(self._tmp.path().join("model-requests.jsonl"))
+        std::fs::read_to_string(self.root.join("model-requests.jsonl"))
             .unwrap_or_default()
             .lines()
             .count()
@@ -457,4 +474,137 @@ fn a_paused_nest_fences_itself_and_its_run_resumes_elsewhere_without_a_second_ch
     assert_safe(&f, &c);
     assert_eq!(c.succeeded, 1, "{c:?}");
     assert_eq!(c.charged_1, 1, "the charge ran once: {c:?}");
+}
+
+/// A small tmpfs mounted for the test (root only), unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &std::path::Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(dir.to_owned()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+impl Submitter {
+    /// The Hub's overall gRPC health (`""`): SERVING or not.
+    fn serving(&self, hub: &HubProcess) -> Option<bool> {
+        let ca = std::fs::read_to_string(hub.dir.join("hub/tls/ca.pem")).ok()?;
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+            .domain_name("localhost");
+        self.rt.block_on(async {
+            let channel = tonic::transport::Endpoint::from_shared(hub.url())
+                .ok()?
+                .tls_config(tls)
+                .ok()?
+                .connect()
+                .await
+                .ok()?;
+            let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+            let status = health
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .status;
+            Some(status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32)
+        })
+    }
+
+    fn try_submit(
+        &self,
+        api: &mut Api,
+        bearer: &str,
+        input: &str,
+    ) -> Result<String, tonic::Status> {
+        let mut req = tonic::Request::new(agen_proto::v1::SubmitTaskRequest {
+            namespace: "default".into(),
+            deployment: "charge".into(),
+            input: input.into(),
+            ..Default::default()
+        });
+        req.metadata_mut()
+            .insert("authorization", bearer.parse().unwrap());
+        self.rt
+            .block_on(api.submit_task(req))
+            .map(|r| r.into_inner().task_id)
+    }
+}
+
+/// Fills the file system of `dir` with `file` until it is full.
+fn fill(file: &std::path::Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(file).unwrap();
+    let chunk = vec![0u8; 256 * 1024];
+    while f.write_all(&chunk).is_ok() {}
+    let _ = f.sync_all();
+}
+
+#[test]
+fn a_full_disk_turns_the_hub_not_serving_and_it_heals_by_itself_without_losing_a_task() {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(_mount) = Tmpfs::mount(&tmp.path().join("fleet/hub"), "64m") else {
+        panic!("cannot mount a tmpfs (root is needed)");
+    };
+    let f = fleet_in(tmp.path().join("fleet"), &["nest-a"], 1, 4, 0.1, 0);
+    let s = Submitter::new();
+    let (mut api, bearer) = s.connect(&f.hub);
+    let mut acknowledged = vec![s.submit(&mut api, &bearer, "before the disk fills")];
+
+    fill(&f.hub.dir.join("hub/filler"));
+    // Writes fail with UNAVAILABLE naming the store error, and health says NOT_SERVING.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refused = loop {
+        match s.try_submit(&mut api, &bearer, "while the disk is full") {
+            Ok(id) => acknowledged.push(id),
+            Err(status) => break status,
+        }
+        assert!(Instant::now() < deadline, "no write failed on a full disk");
+    };
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.message().contains("hub store"),
+        "{}",
+        refused.message()
+    );
+    wait_for("health NOT_SERVING", Duration::from_secs(10), || {
+        (s.serving(&f.hub) == Some(false)).then_some(())
+    })
+    .unwrap();
+
+    // Space is back: serving again within 10 s, by itself, and it says so.
+    std::fs::remove_file(f.hub.dir.join("hub/filler")).unwrap();
+    let freed = Instant::now();
+    wait_for("health SERVING again", Duration::from_secs(10), || {
+        (s.serving(&f.hub) == Some(true)).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}; hub log:\n{}", tail(&f.hub_log(), 40)));
+    eprintln!("serving again {:?} after space was freed", freed.elapsed());
+    assert!(f.hub_log().contains("hub store recovered"));
+    acknowledged.push(s.submit(&mut api, &bearer, "after the disk was freed"));
+
+    let c = f.settle(&acknowledged, Duration::from_secs(60));
+    assert_safe(&f, &c);
+    assert_eq!(c.terminal, c.acknowledged, "{c:?}");
 }

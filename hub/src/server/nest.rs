@@ -129,7 +129,12 @@ impl NestService for NestApi {
                                 }
                                 Ok(())
                             }
-                            Err(e) => Err(e),
+                            Err(e) => {
+                                // Not stored, not acked: end the stream so that the Nest
+                                // reconnects and resends them once the store can write.
+                                tracing::warn!(nest_id = %nest_id, error = %e, "run events not stored; closing the nest stream so that it resends them");
+                                break;
+                            }
                         }
                     }
                     Some(pb::nest_message::Msg::Register(_)) => {

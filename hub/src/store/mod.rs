@@ -94,6 +94,11 @@ pub trait Store: Send + Sync + 'static {
     fn increment(&self, counter: &str) -> Result<u64>;
     /// Makes every earlier write durable (one flush covers many writes: group commit).
     fn flush(&self) -> BoxFuture<'_, Result<()>>;
+    /// Why the store cannot write now (`None` while it can).
+    fn broken(&self) -> Option<String>;
+    /// Tries to make a broken store write again (reopening it in place). `Ok(true)` when it
+    /// healed now, `Ok(false)` when it was not broken; an error says why it still cannot.
+    fn heal(&self) -> Result<bool>;
 }
 
 /// What appending a run event did.
@@ -150,6 +155,16 @@ impl Db {
 
     pub async fn flush(&self) -> Result<()> {
         self.inner.flush().await
+    }
+
+    /// Why the store cannot write now (`None` while it can).
+    pub fn broken(&self) -> Option<String> {
+        self.inner.broken()
+    }
+
+    /// See [`Store::heal`].
+    pub fn heal(&self) -> Result<bool> {
+        self.inner.heal()
     }
 
     /// The newest attempt the Hub has started for `run_id` (0 when none).
