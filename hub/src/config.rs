@@ -27,6 +27,12 @@ pub struct HubOptions {
     /// `127.0.0.1`, the listen address and, when listening on all addresses, this machine's
     /// host name and primary address.
     pub tls_names: Vec<String>,
+    /// A Nest whose stream closed is lost after this long unless it reconnects (its runs
+    /// resume elsewhere at once); a Nest that has not heard from the Hub for this minus one
+    /// second cancels its runs by itself.
+    pub nest_disconnect_grace: Duration,
+    /// A dispatched run the Hub has not heard from within this long is re-dispatched.
+    pub run_start_deadline: Duration,
 }
 
 impl Default for HubOptions {
@@ -38,6 +44,8 @@ impl Default for HubOptions {
             nest_ttl: Duration::from_secs(10),
             heartbeat_interval: Duration::from_secs(2),
             tls_names: Vec::new(),
+            nest_disconnect_grace: Duration::from_secs(3),
+            run_start_deadline: Duration::from_secs(30),
         }
     }
 }
@@ -74,6 +82,18 @@ impl HubOptions {
             return Err(HubError::Config(format!(
                 "heartbeat interval {:?} must be above zero and at most the nest ttl {:?}",
                 self.heartbeat_interval, self.nest_ttl
+            )));
+        }
+        if self.nest_disconnect_grace < Duration::from_millis(1500) {
+            return Err(HubError::Config(format!(
+                "nest disconnect grace {:?} is too short; expected at least 1.5s (default 3s): a Nest cancels its runs one second before it",
+                self.nest_disconnect_grace
+            )));
+        }
+        if self.run_start_deadline < Duration::from_secs(1) {
+            return Err(HubError::Config(format!(
+                "run start deadline {:?} is too short; expected at least 1s (default 30s)",
+                self.run_start_deadline
             )));
         }
         Ok(())

@@ -71,6 +71,13 @@ impl From<HubError> for tonic::Status {
             HubError::Unauthenticated(_) => tonic::Status::unauthenticated(msg),
             HubError::PermissionDenied(_) => tonic::Status::permission_denied(msg),
             HubError::Config(_) => tonic::Status::invalid_argument(msg),
+            // The store cannot write (a full disk): the Hub heals by itself; retry later.
+            HubError::Store(StoreError::Op { .. } | StoreError::Open { .. }) => {
+                tracing::warn!(error = %msg, "request refused: the store cannot write");
+                tonic::Status::unavailable(format!(
+                    "{msg}; the hub serves again by itself once its store can write (free space in its --data-dir)"
+                ))
+            }
             HubError::Io { .. }
             | HubError::Tls(_)
             | HubError::Store(_)

@@ -18,6 +18,7 @@ use tokio::sync::{broadcast, Notify};
 
 use crate::config::HubOptions;
 use crate::error::{HubError, Result};
+use crate::leases::Requeue;
 use crate::model::*;
 use crate::nodes::{Liveness, NestTx, ToNest};
 use crate::scheduler::{self, InstView, NestView};
@@ -72,6 +73,8 @@ pub struct Core {
     pub(crate) updates: broadcast::Sender<TaskUpdate>,
     /// Cancelled when the Hub stops: long-lived streams (watchers) end.
     pub(crate) stopping: tokio_util::sync::CancellationToken,
+    /// Whether the store can write (gRPC health follows it).
+    pub(crate) store_ok: tokio::sync::watch::Sender<bool>,
     /// Values of `platform` secrets, sealed.
     secrets: SecretStore,
     /// The `platform` secrets each bundle declares, by digest (read from the bundle once).
@@ -152,6 +155,7 @@ impl Core {
             wake: Notify::new(),
             updates,
             stopping: tokio_util::sync::CancellationToken::new(),
+            store_ok: tokio::sync::watch::Sender::new(true),
             secrets: SecretStore::new(db.clone(), secret_key),
             db,
             bundle_secrets: Mutex::new(HashMap::new()),
@@ -166,6 +170,16 @@ impl Core {
     /// Asks the reconcile loop to run now.
     pub fn poke(&self) {
         self.wake.notify_one();
+    }
+
+    /// Makes every earlier store write durable (group commit), then sends the Nest messages
+    /// that waited for it (run assignments: a Nest never hears of a run the store could
+    /// forget).
+    pub(crate) async fn commit(&self) -> Result<()> {
+        let upto = self.lock().live.mark();
+        self.db.flush().await?;
+        self.lock().live.release(upto);
+        Ok(())
     }
 
     pub(crate) fn save_instance(&self, st: &mut State, rec: InstanceRec) -> Result<()> {
@@ -312,7 +326,7 @@ impl Core {
             self.save_deployment(&mut st, rec.clone())?;
             rec
         };
-        self.db.flush().await?;
+        self.commit().await?;
         tracing::info!(deployment = %rec.key(), generation = rec.generation, digest = %rec.bundle_digest, "deployment saved");
         self.poke();
         Ok(rec)
@@ -433,7 +447,7 @@ impl Core {
             }
             self.fail_tasks_of_deployment(&mut st, &namespace, name)?;
         }
-        self.db.flush().await?;
+        self.commit().await?;
         tracing::info!(deployment = %format!("{namespace}/{name}"), "deployment deleted");
         self.poke();
         Ok(())
@@ -460,7 +474,14 @@ impl Core {
                 rec.message = reason.to_string();
                 rec.updated_at_ms = now_ms();
                 self.save_instance(st, rec)?;
-                self.requeue_tasks_of(st, id, &format!("instance {id} stopped: {reason}"))
+                // Replacing an unhealthy instance (a tool server died) is its own failure;
+                // any other stop is the Hub's choice and costs the run no attempt.
+                let cause = if reason.starts_with("unhealthy") {
+                    Requeue::InstanceFailed
+                } else {
+                    Requeue::NotCounted
+                };
+                self.requeue_tasks_of(st, id, &format!("instance {id} stopped: {reason}"), cause)
             }
         }
     }
@@ -594,10 +615,17 @@ impl Core {
                     .as_millis()
                     .min(u32::MAX as u128) as u32,
                 stop_instances: stop,
+                disconnect_grace_ms: self
+                    .opts
+                    .nest_disconnect_grace
+                    .as_millis()
+                    .min(u32::MAX as u128) as u32,
             });
+            // After `Registered`, so that a cancel reaches a registered Nest.
+            self.reconcile_runs(&mut st, &reg.nest_id, &reg.instances, now)?;
             conn_id
         };
-        self.db.flush().await?;
+        self.commit().await?;
         self.poke();
         Ok(conn_id)
     }
@@ -657,6 +685,7 @@ impl Core {
             for id in gone {
                 self.delete_instance(&mut st, &id)?;
             }
+            self.reconcile_runs(&mut st, nest_id, reports, now_ms())?;
         }
         if !reports.is_empty() {
             self.poke();
@@ -729,7 +758,12 @@ impl Core {
             rec.message = why.to_string();
             rec.updated_at_ms = now_ms();
             self.save_instance(st, rec)?;
-            self.requeue_tasks_of(st, id, &format!("instance {id} lost: {why}"))?;
+            self.requeue_tasks_of(
+                st,
+                id,
+                &format!("instance {id} lost: {why}"),
+                Requeue::InstanceFailed,
+            )?;
         }
         Ok(())
     }
@@ -794,7 +828,7 @@ impl Core {
         secrets::validate_secret_name("name", name)?;
         let value = secrets::validate_secret_value("value", value)?;
         let (meta, replaced) = self.secrets.set(&namespace, name, &value, now_ms())?;
-        self.db.flush().await?;
+        self.commit().await?;
         tracing::info!(namespace = %namespace, secret = %name, replaced, "secret set");
         self.restart_waiting_for(&namespace, name)?;
         self.poke();
@@ -889,21 +923,83 @@ impl Core {
                 "secret {name} not found in namespace {namespace}; list them with agen secrets ls"
             )));
         }
-        self.db.flush().await?;
+        self.commit().await?;
         tracing::info!(namespace = %namespace, secret = %name, "secret deleted");
         Ok(())
     }
 
     // ---------- reconcile ----------
 
-    /// Runs until `shutdown`: liveness, placement, task dispatch.
+    /// While the store cannot write: health says NOT_SERVING, and once a second the store
+    /// is reopened in place; when that works the state is reloaded from what is durable
+    /// (nothing acknowledged is lost; what was not acknowledged may be) and serving resumes.
+    async fn heal_store(self: &Arc<Self>, last_try: &mut Option<Instant>) {
+        let Some(why) = self.db.broken() else {
+            return;
+        };
+        self.store_ok
+            .send_if_modified(|ok| std::mem::replace(ok, false));
+        if last_try.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1)) {
+            return;
+        }
+        *last_try = Some(Instant::now());
+        let db = self.db.clone();
+        match tokio::task::spawn_blocking(move || db.heal()).await {
+            Ok(Ok(true)) => match self.reload() {
+                Ok(dropped) => {
+                    tracing::info!(was = %why, dropped_messages = dropped, "hub store recovered: it writes again; state reloaded, serving");
+                    self.store_ok
+                        .send_if_modified(|ok| !std::mem::replace(ok, true));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "hub store reopened but the state cannot be reloaded")
+                }
+            },
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "hub store still cannot write; retrying in 1s")
+            }
+            Err(e) => tracing::error!(error = %e, "hub store heal task failed"),
+        }
+    }
+
+    /// Replaces the in-memory records with the durable ones (after the store was reopened).
+    /// Returns how many held Nest messages were dropped (their writes may not be durable).
+    fn reload(&self) -> Result<usize> {
+        let deployments: Vec<DeploymentRec> = self.db.list_json(Table::Deployments, b"")?;
+        let nests: Vec<NestRec> = self.db.list_json(Table::Nests, b"")?;
+        let instances: Vec<InstanceRec> = self.db.list_json(Table::Instances, b"")?;
+        let tasks: Vec<TaskRec> = self.db.list_json(Table::Tasks, b"")?;
+        let mut st = self.lock();
+        let dropped = st.live.drop_held();
+        st.deployments = deployments.into_iter().map(|d| (d.key(), d)).collect();
+        st.nests = nests
+            .into_iter()
+            .map(|mut n| {
+                if st.live.is_connected(&n.nest_id) {
+                    n.state = NestState::Ready;
+                }
+                (n.nest_id.clone(), n)
+            })
+            .collect();
+        st.instances = instances
+            .into_iter()
+            .map(|i| (i.instance_id.clone(), i))
+            .collect();
+        st.tasks = tasks.into_iter().map(|t| (t.task_id.clone(), t)).collect();
+        Ok(dropped)
+    }
+
+    /// Runs until `shutdown`: liveness, placement, task dispatch, store healing.
     pub async fn run_reconciler(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
         let tick = std::time::Duration::from_millis(250);
+        let mut last_heal: Option<Instant> = None;
         loop {
+            self.heal_store(&mut last_heal).await;
             if let Err(e) = self.reconcile() {
                 tracing::error!(error = %e, "reconcile failed; retrying");
             }
-            if let Err(e) = self.db.flush().await {
+            if let Err(e) = self.commit().await {
                 tracing::error!(error = %e, "store flush failed");
             }
             tokio::select! {
@@ -931,22 +1027,37 @@ impl Core {
 
     fn check_liveness(&self, st: &mut State) -> Result<()> {
         let lost_after = self.opts.lost_after();
-        let candidates: Vec<String> = st
+        let grace = self.opts.nest_disconnect_grace;
+        let candidates: Vec<(String, bool)> = st
             .nests
             .values()
             .filter(|n| n.state != NestState::Lost)
-            .filter(|n| st.live.silent_for(&n.nest_id) > lost_after)
-            .map(|n| n.nest_id.clone())
+            .filter_map(|n| {
+                let closed = st
+                    .live
+                    .disconnected_for(&n.nest_id)
+                    .is_some_and(|d| d > grace);
+                (closed || st.live.silent_for(&n.nest_id) > lost_after)
+                    .then(|| (n.nest_id.clone(), closed))
+            })
             .collect();
-        for nest_id in candidates {
+        for (nest_id, closed) in candidates {
             let Some(mut n) = st.nests.get(&nest_id).cloned() else {
                 continue;
             };
-            let why = format!(
-                "nest {} lost: no heartbeat for {}s",
-                n.name,
-                lost_after.as_secs_f32().round()
-            );
+            let why = if closed {
+                format!(
+                    "nest {} lost: its stream closed and it did not reconnect within {}s",
+                    n.name,
+                    grace.as_secs_f32()
+                )
+            } else {
+                format!(
+                    "nest {} lost: no heartbeat for {}s",
+                    n.name,
+                    lost_after.as_secs_f32().round()
+                )
+            };
             tracing::warn!(nest = %n.name, nest_id = %nest_id, "{why}");
             n.state = NestState::Lost;
             self.save_nest(st, n)?;

@@ -6,7 +6,8 @@
 //! `server/` (the gRPC edge; the only module that knows protobuf), `scheduler/` (pure placement
 //! decisions), `store/` (sled behind a small trait), [`nodes`] (Nest links and liveness),
 //! `fleet` (core state, deployments, instances, reconcile loop), `tasks` (queue, dispatch,
-//! run events, conversations), [`secrets`] (the secret store, sealed at rest).
+//! run events, conversations), `leases` (who may run a task now: ownership of run events,
+//! reconciliation with what Nests run, start deadlines), [`secrets`] (the secret store, sealed at rest).
 //!
 //! Data dir (`--data-dir`, default `$AGEN_DATA_DIR/hub` else `~/.local/share/agen/hub`):
 //! `db/` (sled), `tls/ca.pem` + `tls/ca.key` (0600; created on first start, the server
@@ -28,6 +29,7 @@ pub mod artifacts;
 pub mod config;
 pub mod error;
 pub mod fleet;
+pub mod leases;
 pub mod model;
 pub mod nodes;
 pub mod scheduler;

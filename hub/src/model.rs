@@ -145,6 +145,8 @@ pub struct InstanceReport {
     pub message: String,
     pub restarts: u32,
     pub tools: Vec<String>,
+    /// The runs the Nest has handed to this instance, as (run id, attempt).
+    pub runs: Vec<(String, u32)>,
 }
 
 /// A Nest's `Register` in domain form.
@@ -247,6 +249,36 @@ pub struct TaskRec {
     pub cancel_requested_at_ms: i64,
     #[serde(default)]
     pub cancel_reason: String,
+    /// The durable record of the attempt the Hub issued last (the fence and the owner).
+    #[serde(default)]
+    pub lease: LeaseRec,
+}
+
+/// Who may run a task now: the attempt the Hub issued last, to which Nest and instance. It is
+/// in the store before `AssignRun` leaves the Hub; events, progress and `RunDone` are believed
+/// only from this Nest and instance, for this run id and attempt. Attempts are issued per task
+/// and never reused, whatever the run id.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LeaseRec {
+    /// The Nest the current attempt was sent to (by certificate id).
+    pub nest_id: String,
+    /// The instance the current attempt was sent to (kept while the task waits to resume).
+    pub instance_id: String,
+    /// When the current attempt was sent.
+    pub assigned_at_ms: i64,
+    /// Whether the Hub has heard from the current attempt (an event).
+    pub started: bool,
+    /// Set when the task went back to the queue: the attempt is fenced at once, nothing more
+    /// of it is stored (the next attempt replays what was).
+    pub revoked: bool,
+    /// Since when reconciliation finds the assigned instance not running it (0: it does).
+    pub missing_since_ms: i64,
+    /// Attempts ended by the run's own instance failing (these count against `maxAttempts`).
+    pub failures: u32,
+    /// The instance that last failed this task: a retry avoids it while another is available.
+    pub avoid_instance: String,
+    /// No re-dispatch before this time (back-off after an instance failure).
+    pub not_before_ms: i64,
 }
 
 /// One stored step of a task (`TaskEvent` on the wire).

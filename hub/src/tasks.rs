@@ -4,12 +4,15 @@
 //!
 //! Invariants: a task is stored before `SubmitTask` answers; a conversation's tasks run strictly
 //! in submission order (one at a time); an instance never runs more tasks than its deployment's
-//! concurrency; a run event is acknowledged only after a store flush that covers it; events of
-//! an attempt older than the run's newest are refused (`fenced`); a run that loses its instance
-//! is re-dispatched with the same run id and attempt + 1, with the earlier events to replay
-//! (its Nest was lost, or the Nest sent `run.interrupted` because the instance process died),
-//! at most `MAX_RUN_ATTEMPTS` attempts in all, and only onto an instance of the bundle digest
-//! the run started on (none left after a rollover: the task fails saying so).
+//! concurrency; a run's assignment (its lease: run id, attempt, Nest, instance) is in the store
+//! before `AssignRun` leaves the Hub; a run event is acknowledged only after a store flush that
+//! covers it, and stored only when it comes from the lease's Nest and instance for its run and
+//! attempt (see `leases`); a run that loses its instance is re-dispatched with the same run id
+//! and the next attempt, with the earlier events to replay (its Nest was lost, the Nest sent
+//! `run.interrupted`, or reconciliation found it not running), onto another instance when one
+//! is free, only onto an instance of the bundle digest the run started on (none left after a
+//! rollover: the task fails saying so), and fails after `DEFAULT_MAX_ATTEMPTS` attempts ended
+//! by its own instance failing.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -18,6 +21,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{HubError, Result};
 use crate::fleet::{namespace_or_default, validate_name, Core, State};
+use crate::leases::{self, Requeue};
 use crate::model::*;
 use crate::nodes::{RunAssignment, ToNest};
 use crate::store::{task_event_key, Append, Table};
@@ -25,9 +29,7 @@ pub use crate::trace::{build_spans, SpanRec};
 
 /// How long a cancelled running task waits for its run to finish before it is cancelled anyway.
 const CANCEL_GRACE_MS: i64 = 5_000;
-/// A run interrupted this many times (instance or Nest died) fails instead of resuming again.
-pub const MAX_RUN_ATTEMPTS: u32 = 3;
-/// The event a Nest sends for a run whose instance process died: the run is re-dispatched.
+/// The event a Nest sends for a run its instance can no longer finish: the run is re-dispatched.
 pub const RUN_INTERRUPTED: &str = "run.interrupted";
 
 /// A task event as it happens, with the task after it (for `WatchTask`).
@@ -207,6 +209,7 @@ impl Core {
                 next_event_seq: 1,
                 cancel_requested_at_ms: 0,
                 cancel_reason: String::new(),
+                lease: LeaseRec::default(),
             };
             if !spec.client_request_id.is_empty() {
                 self.db.put_json(
@@ -218,7 +221,7 @@ impl Core {
             self.emit_state(&mut st, task.clone())?;
             st.tasks.get(&task.task_id).cloned().unwrap_or(task)
         };
-        self.db.flush().await?;
+        self.commit().await?;
         tracing::info!(task = %task.task_id, deployment = %format!("{}/{}", task.namespace, task.deployment), "task queued");
         self.poke();
         Ok(task)
@@ -323,7 +326,7 @@ impl Core {
             }
             st.tasks.get(task_id).cloned().unwrap_or(task)
         };
-        self.db.flush().await?;
+        self.commit().await?;
         self.poke();
         Ok(out)
     }
@@ -360,6 +363,7 @@ impl Core {
         st: &mut State,
         instance_id: &str,
         why: &str,
+        cause: Requeue,
     ) -> Result<()> {
         let ids: Vec<String> = st
             .tasks
@@ -373,33 +377,50 @@ impl Core {
             .collect();
         for id in ids {
             if let Some(task) = st.tasks.get(&id).cloned() {
-                self.requeue_task(st, task, why)?;
+                self.requeue_task(st, task, why, cause)?;
             }
         }
         Ok(())
     }
 
     /// Puts one interrupted run back in the queue: the next dispatch re-runs it with the same
-    /// run id, attempt + 1 and the earlier events to replay, on its bundle digest. A task whose
-    /// run was already tried [`MAX_RUN_ATTEMPTS`] times fails instead (no endless crash loop);
-    /// one being cancelled ends cancelled.
-    fn requeue_task(&self, st: &mut State, mut task: TaskRec, why: &str) -> Result<()> {
+    /// run id, the next attempt and the earlier events to replay, on its bundle digest. When
+    /// its own instance failed it (`Requeue::InstanceFailed`) the failure is counted, the retry
+    /// backs off and avoids that instance, and a task with [`leases::DEFAULT_MAX_ATTEMPTS`]
+    /// such failures fails instead (no endless crash loop); one being cancelled ends cancelled.
+    pub(crate) fn requeue_task(
+        &self,
+        st: &mut State,
+        mut task: TaskRec,
+        why: &str,
+        cause: Requeue,
+    ) -> Result<()> {
         if task.cancel_requested_at_ms > 0 {
             let reason = task.cancel_reason.clone();
             return self.finish_task(st, task, TaskState::Cancelled, "", "text", &reason);
         }
-        if task.attempt >= MAX_RUN_ATTEMPTS {
-            let error = format!(
-                "the run was interrupted {} times (last: {why}); giving up after {MAX_RUN_ATTEMPTS} attempts: look at the Nest's log for the instance (journalctl -u agen-nest) and submit the task again",
-                task.attempt
-            );
-            tracing::warn!(task = %task.task_id, "{error}");
-            return self.finish_task(st, task, TaskState::Failed, &error, "error", &error);
+        let now = now_ms();
+        if cause == Requeue::InstanceFailed {
+            task.lease.failures += 1;
+            task.lease.avoid_instance = task.lease.instance_id.clone();
+            task.lease.not_before_ms = now + leases::retry_backoff_ms(task.lease.failures);
+            let max = leases::DEFAULT_MAX_ATTEMPTS;
+            if task.lease.failures >= max {
+                let error = format!(
+                    "the run's instance failed {} times (last: {why}); giving up after {max} failed attempts: look at the Nest's log for the instance (journalctl -u agen-nest) and submit the task again",
+                    task.lease.failures
+                );
+                tracing::warn!(task = %task.task_id, "{error}");
+                return self.finish_task(st, task, TaskState::Failed, &error, "error", &error);
+            }
         }
-        tracing::warn!(task = %task.task_id, attempt = task.attempt, "re-queueing task: {why}");
+        tracing::warn!(task = %task.task_id, attempt = task.attempt, failures = task.lease.failures, "re-queueing task: {why}");
         task.state = TaskState::Queued;
         task.instance_id.clear();
         task.nest_name.clear();
+        task.lease.started = false;
+        task.lease.missing_since_ms = 0;
+        task.lease.revoked = true;
         task.activity = format!("re-queued: {why}");
         self.emit_state(st, task)
     }
@@ -435,6 +456,7 @@ impl Core {
 
     /// Dispatches queued tasks to instances with a free slot; expires cancel graces.
     pub(crate) fn dispatch_tasks(&self, st: &mut State, now: i64) -> Result<()> {
+        self.expire_unstarted(st, now)?;
         // Running tasks whose cancel grace ran out are cancelled without their run.
         let expired: Vec<String> = st
             .tasks
@@ -472,6 +494,9 @@ impl Core {
             };
             let first_of_conversation = busy_conversations.insert(task.conversation_id.clone());
             if task.state != TaskState::Queued || !first_of_conversation {
+                continue;
+            }
+            if task.lease.not_before_ms > now {
                 continue;
             }
             let key = deployment_key(&task.namespace, &task.deployment);
@@ -515,7 +540,7 @@ impl Core {
                     && i.state == InstanceState::Running
                     && i.healthy
             });
-            let candidate = st
+            let candidates: Vec<&InstanceRec> = st
                 .instances
                 .values()
                 .filter(|i| i.namespace == d.namespace && i.deployment == d.name)
@@ -529,6 +554,13 @@ impl Core {
                         && st.live.is_connected(&i.nest_id)
                 })
                 .filter(|i| active.get(&i.instance_id).copied().unwrap_or(0) < d.concurrency)
+                .collect();
+            // A retry goes to another instance than the one that just failed it, if any.
+            let avoid = &task.lease.avoid_instance;
+            let others = candidates.iter().any(|i| &i.instance_id != avoid);
+            let candidate = candidates
+                .into_iter()
+                .filter(|i| !others || &i.instance_id != avoid)
                 .min_by_key(|i| {
                     (
                         i.generation != d.generation,
@@ -554,8 +586,15 @@ impl Core {
         if task.run_id.is_empty() {
             task.run_id = format!("run-{}", uuid::Uuid::now_v7().simple());
         }
+        // Attempts are the task's, never reused: the fence of the run moves with them.
         task.attempt += 1;
         self.db.set_run_attempt(&task.run_id, task.attempt)?;
+        task.lease.nest_id = inst.nest_id.clone();
+        task.lease.instance_id = inst.instance_id.clone();
+        task.lease.assigned_at_ms = now;
+        task.lease.started = false;
+        task.lease.missing_since_ms = 0;
+        task.lease.revoked = false;
         let history: ConversationRec = self
             .db
             .get_json(Table::Conversations, &task.conversation_id)?
@@ -600,18 +639,36 @@ impl Core {
             replay_json,
         };
         tracing::info!(task = %task.task_id, run = %task.run_id, attempt = task.attempt, instance = %inst.instance_id, "dispatching run");
+        // Held until the flush that makes this lease durable (`Core::commit`).
         st.live
-            .send(&inst.nest_id, ToNest::AssignRun(Box::new(assignment)));
+            .send_durable(&inst.nest_id, ToNest::AssignRun(Box::new(assignment)));
         self.emit_state(st, task)
     }
 
-    /// Stores a batch of run events (append-if-absent, fenced), updates tasks, flushes once,
-    /// and returns the acknowledgements to send back (one per run attempt).
-    pub async fn run_events(&self, events: Vec<IncomingRunEvent>) -> Result<Vec<ToNest>> {
+    /// Stores a batch of run events that `nest_id` relayed from `instance_id`
+    /// (append-if-absent, fenced), updates tasks, flushes once, and returns the
+    /// acknowledgements to send back (one per run attempt). An event not from the lease's Nest
+    /// and instance, for its run and attempt, is refused: never stored, it moves nothing, and
+    /// its ack says `fenced` so that the sender stops.
+    pub async fn run_events(
+        &self,
+        nest_id: &str,
+        instance_id: &str,
+        events: Vec<IncomingRunEvent>,
+    ) -> Result<Vec<ToNest>> {
         let mut acks: BTreeMap<(String, u32), (u64, bool)> = BTreeMap::new();
         {
             let mut st = self.lock();
+            let mut refused: Option<(usize, String)> = None;
             for e in events {
+                if let Err(why) = leases::owner_check(&st, nest_id, instance_id, &e) {
+                    acks.entry((e.run_id.clone(), e.attempt))
+                        .or_insert((0, false))
+                        .1 = true;
+                    let r = refused.get_or_insert((0, why));
+                    r.0 += 1;
+                    continue;
+                }
                 let rec = RunEventRec {
                     run_id: e.run_id.clone(),
                     attempt: e.attempt,
@@ -634,8 +691,16 @@ impl Core {
                     }
                 }
             }
+            if let Some((n, why)) = refused {
+                tracing::warn!(
+                    nest_id,
+                    instance = instance_id,
+                    refused = n,
+                    "run events refused: {why}"
+                );
+            }
         }
-        self.db.flush().await?;
+        self.commit().await?;
         self.poke();
         Ok(acks
             .into_iter()
@@ -649,15 +714,8 @@ impl Core {
     }
 
     fn apply_run_event(&self, st: &mut State, e: &RunEventRec) -> Result<()> {
-        let task = match st.tasks.get(&e.task_id) {
-            Some(t) => t.clone(),
-            None => match st.tasks.values().find(|t| t.run_id == e.run_id) {
-                Some(t) => t.clone(),
-                None => {
-                    tracing::warn!(run = %e.run_id, task = %e.task_id, "run event for an unknown task; stored, not applied");
-                    return Ok(());
-                }
-            },
+        let Some(task) = st.tasks.get(&e.task_id).cloned() else {
+            return Ok(());
         };
         // A queued task's run was interrupted: late events of that attempt are kept in the log
         // (the next attempt replays them) but no longer move the task.
@@ -669,6 +727,8 @@ impl Core {
             return Ok(());
         }
         let mut task = task;
+        task.lease.started = true;
+        task.lease.missing_since_ms = 0;
         let body: Value = serde_json::from_str(&e.json).unwrap_or(Value::Null);
         match e.kind.as_str() {
             "activity" => {
@@ -704,11 +764,23 @@ impl Core {
             _ => {}
         }
         if e.kind == RUN_INTERRUPTED {
-            // The instance died mid-run: resume the run elsewhere (or on its restart).
+            // The instance cannot finish the run: resume it elsewhere (or on its restart). When
+            // the instance itself failed it is marked unhealthy first, so that the retry does
+            // not go back to it before it says it is well again.
+            let interrupted: leases::Interrupted =
+                serde_json::from_str(&e.json).unwrap_or_default();
+            let cause = interrupted.requeue();
+            if cause == Requeue::InstanceFailed {
+                self.instance_failed(st, &task.lease.instance_id, &interrupted.reason)?;
+            }
             self.emit(st, task.clone(), &e.kind, e.json.clone())?;
             let task = st.tasks.get(&task.task_id).cloned().unwrap_or(task);
-            let why = str_field(&body, &["reason"]).unwrap_or("the instance process died");
-            return self.requeue_task(st, task, why);
+            let why = if interrupted.reason.is_empty() {
+                "the instance process died"
+            } else {
+                interrupted.reason.as_str()
+            };
+            return self.requeue_task(st, task, why, cause);
         }
         if e.kind == "run.finished" {
             // The run event itself first, then the terminal state.

@@ -195,6 +195,7 @@ mod tests {
             next_event_seq: 1,
             cancel_requested_at_ms: 0,
             cancel_reason: String::new(),
+            lease: crate::model::LeaseRec::default(),
         }
     }
 

@@ -1002,7 +1002,7 @@ async fn a_run_whose_nest_is_lost_is_redispatched_with_the_next_attempt_and_old_
 }
 
 #[tokio::test]
-async fn a_run_whose_instance_process_died_is_redispatched_until_three_attempts_then_fails() {
+async fn a_run_whose_instance_process_died_is_redispatched_until_five_attempts_then_fails() {
     let dir = tempfile::tempdir().unwrap();
     let (_hub, mut api, mut nest, place) = fleet_with_one_instance(dir.path(), 0).await;
     let task = submit(&mut api, "job", "", "").await;
@@ -1017,7 +1017,7 @@ async fn a_run_whose_instance_process_died_is_redispatched_until_three_attempts_
         (1, place.instance_id.as_str())
     );
     let mut runs = Vec::new();
-    for attempt in 1..=3u32 {
+    for attempt in 1..=5u32 {
         let run = pb::AssignRun {
             attempt,
             ..first.clone()
@@ -1039,7 +1039,7 @@ async fn a_run_whose_instance_process_died_is_redispatched_until_three_attempts_
         .await;
         assert!(!ack.fenced);
         runs.push(run);
-        if attempt < 3 {
+        if attempt < 5 {
             // The same run is dispatched again with the next attempt (the assignment may
             // come before the ack, which `send_events` skips: look at the task).
             eventually("the next attempt", Duration::from_secs(10), || {
@@ -1066,13 +1066,13 @@ async fn a_run_whose_instance_process_died_is_redispatched_until_three_attempts_
     )
     .await;
     assert!(ack.fenced);
-    // The third interruption is the last: the task fails and says why.
+    // The fifth failure is the last (`limits.maxAttempts` 5): the task fails and says why.
     let t = get(&mut api, &task.task_id).await;
     assert_eq!(task_state(&t), pb::TaskState::Failed);
-    assert_eq!(t.attempt, 3);
+    assert_eq!(t.attempt, 5);
     let error = t.outcome.unwrap().error;
     assert!(
-        error.starts_with("the run was interrupted 3 times (last: the instance process was killed by SIGKILL during the run); giving up after 3 attempts"),
+        error.starts_with("the run's instance failed 5 times (last: the instance process was killed by SIGKILL during the run); giving up after 5 failed attempts"),
         "{error}"
     );
 }

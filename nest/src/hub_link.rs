@@ -12,8 +12,12 @@
 //! again whenever it no longer matches the Hub's CA or the node id, and once the Nest holds a
 //! certificate it never sends the join token again (it is the bearer only of `Join`, and of
 //! every call to a plaintext Hub, which has no certificates).
+//! A Nest that has heard nothing from the Hub (pings, acks, anything) for the Hub's announced
+//! disconnect grace minus one second cancels every run it holds ([`Supervisor::fence_all`])
+//! before the Hub, which loses it after the grace, re-dispatches them.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -342,6 +346,47 @@ impl Outbox {
     }
 }
 
+/// When the link last heard from the Hub, and the disconnect grace the Hub announced.
+#[derive(Default)]
+pub struct HubSilence {
+    last_heard_ms: AtomicI64,
+    grace_ms: AtomicU64,
+}
+
+impl HubSilence {
+    fn heard(&self) {
+        self.last_heard_ms.store(now_ms(), Ordering::SeqCst);
+    }
+
+    /// How long the Nest may go without a word from the Hub before it fences itself (`None`
+    /// until a Hub announced its grace).
+    fn limit(&self) -> Option<Duration> {
+        match self.grace_ms.load(Ordering::SeqCst) {
+            0 => None,
+            g => Some(Duration::from_millis(g.saturating_sub(1000).max(500))),
+        }
+    }
+
+    /// Fences every run whenever the Hub has been silent past the limit, until `shutdown`.
+    async fn watch(self: Arc<Self>, sup: Arc<Supervisor>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.cancelled() => return,
+            }
+            let Some(limit) = self.limit() else { continue };
+            let silent = now_ms() - self.last_heard_ms.load(Ordering::SeqCst);
+            if silent > limit.as_millis() as i64 {
+                sup.fence_all(&format!(
+                    "no word from the hub for {:.1}s (the hub re-dispatches runs after its disconnect grace)",
+                    silent as f64 / 1000.0
+                ));
+            }
+        }
+    }
+}
+
 /// What the link needs from the rest of the Nest.
 pub struct LinkContext {
     pub opts: Arc<NestOptions>,
@@ -356,6 +401,12 @@ pub struct LinkContext {
 /// and start again.
 pub async fn run(mut ctx: LinkContext, client_slot: Arc<ClientSlot>, shutdown: CancellationToken) {
     let mut backoff = Backoff::new(RECONNECT_BASE, RECONNECT_CAP);
+    let silence = Arc::new(HubSilence::default());
+    tokio::spawn(
+        silence
+            .clone()
+            .watch(ctx.supervisor.clone(), shutdown.clone()),
+    );
     loop {
         if shutdown.is_cancelled() {
             return;
@@ -371,7 +422,7 @@ pub async fn run(mut ctx: LinkContext, client_slot: Arc<ClientSlot>, shutdown: C
                 continue;
             }
         };
-        match session(&mut ctx, client, &shutdown, &mut backoff).await {
+        match session(&mut ctx, client, &shutdown, &mut backoff, &silence).await {
             Ok(()) => return,
             Err(reason) => {
                 let delay = backoff.next_delay();
@@ -424,6 +475,7 @@ async fn session(
     mut client: HubClient,
     shutdown: &CancellationToken,
     backoff: &mut Backoff,
+    silence: &HubSilence,
 ) -> std::result::Result<(), String> {
     let sup = ctx.supervisor.clone();
     let (tx, rx) = mpsc::channel::<NestMessage>(512);
@@ -461,6 +513,10 @@ async fn session(
         None => return Err("the hub closed the stream before Registered".into()),
     };
     backoff.reset();
+    silence.heard();
+    silence
+        .grace_ms
+        .store(u64::from(registered.disconnect_grace_ms), Ordering::SeqCst);
     let interval = match registered.heartbeat_interval_ms {
         0 => DEFAULT_HEARTBEAT,
         ms => Duration::from_millis(u64::from(ms)),
@@ -510,8 +566,11 @@ async fn session(
             }
             m = inbound.message() => {
                 match m {
-                    Ok(Some(HubMessage { msg: Some(msg) })) => handle(ctx, msg),
-                    Ok(Some(HubMessage { msg: None })) => {}
+                    Ok(Some(HubMessage { msg: Some(msg) })) => {
+                        silence.heard();
+                        handle(ctx, msg);
+                    }
+                    Ok(Some(HubMessage { msg: None })) => silence.heard(),
                     Ok(None) => return Err("the hub closed the stream".into()),
                     Err(s) => return Err(status_text(&s)),
                 }
@@ -528,6 +587,7 @@ fn handle(ctx: &LinkContext, msg: HubMsg) {
         HubMsg::Stop(s) => sup.stop(&s.instance_id, &s.reason),
         HubMsg::AssignRun(a) => sup.assign(a),
         HubMsg::CancelRun(c) => sup.cancel(&c.run_id, &c.instance_id, &c.reason),
+        HubMsg::Ping(_) => {}
         HubMsg::Ack(a) => {
             ctx.outbox.ack(&a.run_id, a.attempt, a.acked_seq, a.fenced);
             sup.deliver_ack(&a.run_id, a.attempt, a.acked_seq, a.fenced);

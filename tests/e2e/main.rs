@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 mod artifacts;
+mod chaos;
 mod fleet;
 mod keen;
 mod resume;

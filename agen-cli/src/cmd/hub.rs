@@ -33,6 +33,12 @@ pub struct Args {
     /// TLS certificate (repeatable)
     #[arg(long = "tls-name", value_name = "NAME")]
     pub tls_names: Vec<String>,
+    /// How long a Nest whose stream closed may take to reconnect before its runs resume elsewhere
+    #[arg(long, default_value = "3s", value_parser = crate::cmd::parse_duration)]
+    pub nest_disconnect_grace: Duration,
+    /// How long a dispatched run may take to start before it is dispatched again
+    #[arg(long, default_value = "30s", value_parser = crate::cmd::parse_duration)]
+    pub run_start_deadline: Duration,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
@@ -48,6 +54,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         nest_ttl: args.nest_ttl,
         heartbeat_interval: args.heartbeat_interval.min(args.nest_ttl),
         tls_names: args.tls_names.clone(),
+        nest_disconnect_grace: args.nest_disconnect_grace,
+        run_start_deadline: args.run_start_deadline,
     };
     if let Err(e) = opts.validate() {
         eprintln!("error: {e}");

@@ -184,6 +184,11 @@ pub fn instance_report(r: &pb::InstanceReport) -> InstanceReport {
         message: r.message.clone(),
         restarts: r.restarts,
         tools: r.tools.clone(),
+        runs: r
+            .run_attempts
+            .iter()
+            .map(|a| (a.run_id.clone(), a.attempt))
+            .collect(),
     }
 }
 
@@ -217,10 +222,15 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             nest_id,
             heartbeat_interval_ms,
             stop_instances,
+            disconnect_grace_ms,
         } => Msg::Registered(pb::Registered {
             nest_id,
             heartbeat_interval_ms,
             stop_instances,
+            disconnect_grace_ms,
+        }),
+        ToNest::Ping => Msg::Ping(pb::HubPing {
+            at_ms: crate::model::now_ms(),
         }),
         ToNest::Place {
             instance_id,

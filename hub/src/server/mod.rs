@@ -46,7 +46,7 @@ pub async fn routes(
     .max_encoding_message_size(MAX_MESSAGE);
     let db = core.db.clone();
     let nest_api = NestServiceServer::new(nest::NestApi {
-        core,
+        core: core.clone(),
         tls,
         tokens,
         nests,
@@ -61,6 +61,24 @@ pub async fn routes(
     health_reporter
         .set_serving::<NestServiceServer<nest::NestApi>>()
         .await;
+    // Health follows the store: NOT_SERVING while it cannot write.
+    let mut store_ok = core.store_ok.subscribe();
+    tokio::spawn(async move {
+        while store_ok.changed().await.is_ok() {
+            let status = if *store_ok.borrow_and_update() {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            for service in [
+                "",
+                <AgenServiceServer<agen::AgenApi> as tonic::server::NamedService>::NAME,
+                <NestServiceServer<nest::NestApi> as tonic::server::NamedService>::NAME,
+            ] {
+                health_reporter.set_service_status(service, status).await;
+            }
+        }
+    });
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(agen_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)

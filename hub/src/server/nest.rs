@@ -102,7 +102,26 @@ impl NestService for NestApi {
         let reg = convert::registration(&register);
         let nest_id = reg.nest_id.clone();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let conn_id = self.core.register(reg, tx).await?;
+        let conn_id = self.core.register(reg, tx.clone()).await?;
+        // Pings keep the Nest's self-fence from firing while the link is up.
+        // They stop with the link, so that a dropped link ends the outbound stream.
+        let every = self.core.opts.nest_disconnect_grace / 6;
+        let (pinger, ping_nest) = (self.core.clone(), nest_id.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = pinger.stopping.cancelled() => return,
+                }
+                if !pinger.lock().live.is_current(&ping_nest, conn_id)
+                    || tx.send(crate::nodes::ToNest::Ping).is_err()
+                {
+                    return;
+                }
+            }
+        });
 
         let core = self.core.clone();
         let mut revocations = self.nests.revocations();
@@ -144,15 +163,20 @@ impl NestService for NestApi {
                     }
                     Some(pb::nest_message::Msg::RunEvents(batch)) => {
                         let events = batch.events.iter().map(convert::run_event).collect();
-                        match core.run_events(events).await {
+                        match core.run_events(&nest_id, &batch.instance_id, events).await {
                             Ok(acks) => {
-                                let st = core.lock();
+                                let mut st = core.lock();
                                 for ack in acks {
                                     st.live.send(&nest_id, ack);
                                 }
                                 Ok(())
                             }
-                            Err(e) => Err(e),
+                            Err(e) => {
+                                // Not stored, not acked: end the stream so that the Nest
+                                // reconnects and resends them once the store can write.
+                                tracing::warn!(nest_id = %nest_id, error = %e, "run events not stored; closing the nest stream so that it resends them");
+                                break;
+                            }
                         }
                     }
                     Some(pb::nest_message::Msg::Register(_)) => {

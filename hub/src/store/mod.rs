@@ -3,9 +3,9 @@
 //!
 //! Invariants: everything the Hub must not forget (deployments, bundles, Nests, instances,
 //! tasks, task events, run events, conversations, the request-id index, sealed secrets, hashed
-//! tokens, the audit log, Nest identities) is written here before
-//! it is acknowledged to anyone; run events are appended only if absent, and an event from an
-//! attempt older than the newest known attempt of its run is refused (fenced).
+//! tokens, the audit log, Nest identities, run leases) is written here before
+//! it is acknowledged to anyone; run events are appended only if absent, and only for the
+//! attempt the Hub issued last for their run (any other attempt is refused: fenced).
 
 mod sled_store;
 
@@ -105,6 +105,11 @@ pub trait Store: Send + Sync + 'static {
     fn increment(&self, counter: &str) -> Result<u64>;
     /// Makes every earlier write durable (one flush covers many writes: group commit).
     fn flush(&self) -> BoxFuture<'_, Result<()>>;
+    /// Why the store cannot write now (`None` while it can).
+    fn broken(&self) -> Option<String>;
+    /// Tries to make a broken store write again (reopening it in place). `Ok(true)` when it
+    /// healed now, `Ok(false)` when it was not broken; an error says why it still cannot.
+    fn heal(&self) -> Result<bool>;
 }
 
 /// What appending a run event did.
@@ -163,6 +168,16 @@ impl Db {
         self.inner.flush().await
     }
 
+    /// Why the store cannot write now (`None` while it can).
+    pub fn broken(&self) -> Option<String> {
+        self.inner.broken()
+    }
+
+    /// See [`Store::heal`].
+    pub fn heal(&self) -> Result<bool> {
+        self.inner.heal()
+    }
+
     /// The newest attempt the Hub has started for `run_id` (0 when none).
     pub fn run_attempt(&self, run_id: &str) -> Result<u32> {
         Ok(self
@@ -181,14 +196,13 @@ impl Db {
         )
     }
 
-    /// Appends a run event keyed (run_id, attempt, seq) if absent; fences older attempts.
+    /// Appends a run event keyed (run_id, attempt, seq) if absent. Only the newest attempt the
+    /// Hub issued ([`Db::set_run_attempt`], written before the run is sent) may append: an
+    /// older one is fenced, and one above it (never issued) is refused the same way and never
+    /// moves the fence.
     pub fn append_run_event(&self, ev: &RunEventRec) -> Result<Append> {
-        let newest = self.run_attempt(&ev.run_id)?;
-        if ev.attempt < newest {
+        if ev.attempt != self.run_attempt(&ev.run_id)? {
             return Ok(Append::Fenced);
-        }
-        if ev.attempt > newest {
-            self.set_run_attempt(&ev.run_id, ev.attempt)?;
         }
         let bytes = serde_json::to_vec(ev).map_err(|e| StoreError::Op {
             table: Table::RunEvents.name(),

@@ -3,17 +3,24 @@
 //! Invariant: at most one flush runs at a time, on a blocking thread. sled 0.34's
 //! `flush_async` deadlocks when called from several tasks at once (spacejam/sled#1308), so
 //! flushes go through one gate; a caller whose writes a flush already covered returns without
-//! flushing again (group commit).
+//! flushing again (group commit). sled keeps its first IO error for ever (a full disk), so the
+//! first failed operation marks the store broken ([`Store::broken`]) and [`Store::heal`]
+//! reopens the database in place once a probe write and flush succeed again.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
 
 use futures::future::BoxFuture;
 
 use super::{Result, Store, StoreError, Table};
 
 pub struct SledStore {
-    db: sled::Db,
+    path: PathBuf,
+    /// `None` only while it is being reopened.
+    db: RwLock<Option<sled::Db>>,
+    /// Why the store cannot write (the first error since it last worked).
+    broken: Mutex<Option<String>>,
     /// One flush at a time.
     flush_gate: tokio::sync::Mutex<()>,
     /// Flush requests issued so far (a ticket per request).
@@ -25,31 +32,56 @@ pub struct SledStore {
 impl SledStore {
     /// Opens (or creates) the database in `dir`.
     pub fn open(dir: &Path) -> Result<SledStore> {
-        let db = sled::Config::new()
-            .path(dir)
-            .open()
-            .map_err(|e| StoreError::Open {
-                path: dir.display().to_string(),
-                reason: format!("{e}; is another hub running with this --data-dir?"),
-            })?;
+        let db = open_db(dir)?;
         Ok(SledStore {
-            db,
+            path: dir.to_path_buf(),
+            db: RwLock::new(Some(db)),
+            broken: Mutex::new(None),
             flush_gate: tokio::sync::Mutex::new(()),
             flush_requests: AtomicU64::new(0),
             flushed_upto: AtomicU64::new(0),
         })
     }
 
+    fn db(&self) -> Result<sled::Db> {
+        self.db
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| StoreError::Op {
+                table: "all",
+                reason: "the store is being reopened after an IO error; retry in a moment".into(),
+            })
+    }
+
     fn tree(&self, table: Table) -> Result<sled::Tree> {
-        self.db.open_tree(table.name()).map_err(|e| err(table, e))
+        let db = self.db()?;
+        db.open_tree(table.name()).map_err(|e| self.err(table, e))
+    }
+
+    /// An operation failed: the store is broken until [`Store::heal`] succeeds.
+    fn err(&self, table: Table, e: impl std::fmt::Display) -> StoreError {
+        let e = StoreError::Op {
+            table: table.name(),
+            reason: e.to_string(),
+        };
+        let mut broken = self.broken.lock().unwrap_or_else(|p| p.into_inner());
+        if broken.is_none() {
+            tracing::error!(error = %e, "the hub store cannot write; serving NOT_SERVING until it can");
+            *broken = Some(e.to_string());
+        }
+        e
     }
 }
 
-fn err(table: Table, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Op {
-        table: table.name(),
-        reason: e.to_string(),
-    }
+fn open_db(dir: &Path) -> Result<sled::Db> {
+    sled::Config::new()
+        .path(dir)
+        .open()
+        .map_err(|e| StoreError::Open {
+            path: dir.display().to_string(),
+            reason: format!("{e}; is another hub running with this --data-dir?"),
+        })
 }
 
 impl Store for SledStore {
@@ -57,19 +89,21 @@ impl Store for SledStore {
         Ok(self
             .tree(table)?
             .get(key)
-            .map_err(|e| err(table, e))?
+            .map_err(|e| self.err(table, e))?
             .map(|v| v.to_vec()))
     }
 
     fn put(&self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
         self.tree(table)?
             .insert(key, value)
-            .map_err(|e| err(table, e))?;
+            .map_err(|e| self.err(table, e))?;
         Ok(())
     }
 
     fn remove(&self, table: Table, key: &[u8]) -> Result<()> {
-        self.tree(table)?.remove(key).map_err(|e| err(table, e))?;
+        self.tree(table)?
+            .remove(key)
+            .map_err(|e| self.err(table, e))?;
         Ok(())
     }
 
@@ -78,7 +112,7 @@ impl Store for SledStore {
             .scan_prefix(prefix)
             .map(|r| {
                 r.map(|(k, v)| (k.to_vec(), v.to_vec()))
-                    .map_err(|e| err(table, e))
+                    .map_err(|e| self.err(table, e))
             })
             .collect()
     }
@@ -87,7 +121,7 @@ impl Store for SledStore {
         let res = self
             .tree(table)?
             .compare_and_swap(key, None as Option<&[u8]>, Some(value))
-            .map_err(|e| err(table, e))?;
+            .map_err(|e| self.err(table, e))?;
         Ok(res.is_ok())
     }
 
@@ -101,7 +135,7 @@ impl Store for SledStore {
                     .unwrap_or(0);
                 Some((n + 1).to_be_bytes().to_vec())
             })
-            .map_err(|e| err(Table::Counters, e))?;
+            .map_err(|e| self.err(Table::Counters, e))?;
         Ok(new
             .and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok())
             .map(u64::from_be_bytes)
@@ -118,18 +152,62 @@ impl Store for SledStore {
             }
             // Every request issued before this flush starts is covered by it.
             let covers = self.flush_requests.load(Ordering::SeqCst);
-            let db = self.db.clone();
+            let db = self.db()?;
             if tokio::runtime::Handle::try_current().is_ok() {
                 tokio::task::spawn_blocking(move || db.flush())
                     .await
-                    .map_err(|e| err(Table::RunEvents, e))?
-                    .map_err(|e| err(Table::RunEvents, e))?;
+                    .map_err(|e| self.err(Table::RunEvents, e))?
+                    .map_err(|e| self.err(Table::RunEvents, e))?;
             } else {
                 // Outside a tokio runtime (tools, some tests) there is nobody to block.
-                db.flush().map_err(|e| err(Table::RunEvents, e))?;
+                db.flush().map_err(|e| self.err(Table::RunEvents, e))?;
             }
             self.flushed_upto.fetch_max(covers, Ordering::SeqCst);
             Ok(())
         })
+    }
+
+    fn broken(&self) -> Option<String> {
+        self.broken
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn heal(&self) -> Result<bool> {
+        if self.broken().is_none() {
+            return Ok(false);
+        }
+        // Only the flush gate's holder flushes; reopening waits for no one else.
+        let mut slot = self.db.write().unwrap_or_else(|p| p.into_inner());
+        // The old handle goes first: it holds the database's file lock.
+        drop(slot.take());
+        let reopened = open_db(&self.path).and_then(|db| {
+            let probe = db
+                .insert("store_probe", &crate::model::now_ms().to_be_bytes())
+                .and_then(|_| db.flush());
+            match probe {
+                Ok(_) => Ok(db),
+                Err(e) => Err(StoreError::Op {
+                    table: "all",
+                    reason: e.to_string(),
+                }),
+            }
+        });
+        match reopened {
+            Ok(db) => {
+                *slot = Some(db);
+                drop(slot);
+                *self.broken.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                Ok(true)
+            }
+            Err(e) => {
+                // Keep a handle so that reads go on working while the disk is full.
+                if let Ok(db) = open_db(&self.path) {
+                    *slot = Some(db);
+                }
+                Err(e)
+            }
+        }
     }
 }

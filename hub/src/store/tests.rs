@@ -61,6 +61,13 @@ async fn run_events_are_appended_once_and_older_attempts_are_fenced() {
         db.append_run_event(&ev(1, 2, "model.answered")).unwrap(),
         Append::Appended
     );
+    // An attempt the Hub never issued is refused and does not raise the fence.
+    assert_eq!(
+        db.append_run_event(&ev(u32::MAX, 1, "run.finished"))
+            .unwrap(),
+        Append::Fenced
+    );
+    assert_eq!(db.run_attempt("run-1").unwrap(), 1);
     // The run is re-dispatched as attempt 2: attempt 1 is fenced from then on.
     db.set_run_attempt("run-1", 2).unwrap();
     assert_eq!(

@@ -39,6 +39,7 @@ pub fn options(data_dir: &Path, ttl: Duration) -> HubOptions {
         nest_ttl: ttl,
         heartbeat_interval: Duration::from_millis(200),
         tls_names: Vec::new(),
+        ..HubOptions::default()
     }
 }
 
@@ -291,14 +292,36 @@ impl FakeNest {
         (nest, registered)
     }
 
-    /// The next Hub message (10 s deadline).
+    /// The next Hub message (10 s deadline), skipping pings. A run assignment is remembered
+    /// in the heartbeats (`run_attempts` of its instance), as a real Nest reports it, until
+    /// the test sends its `run.finished` or `run.interrupted`.
     pub async fn next(&mut self) -> pb::hub_message::Msg {
-        let m = tokio::time::timeout(Duration::from_secs(10), self.rx.message())
-            .await
-            .expect("a message from the hub within 10s")
-            .expect("hub stream healthy")
-            .expect("hub stream open");
-        m.msg.expect("message has a body")
+        loop {
+            let m = tokio::time::timeout(Duration::from_secs(10), self.rx.message())
+                .await
+                .expect("a message from the hub within 10s")
+                .expect("hub stream healthy")
+                .expect("hub stream open");
+            let m = m.msg.expect("message has a body");
+            match &m {
+                pb::hub_message::Msg::Ping(_) => continue,
+                pb::hub_message::Msg::AssignRun(a) => {
+                    if let Ok(mut running) = self.running.lock() {
+                        for r in running.iter_mut() {
+                            r.run_attempts.retain(|x| x.run_id != a.run_id);
+                            if r.instance_id == a.instance_id {
+                                r.run_attempts.push(pb::ActiveRun {
+                                    run_id: a.run_id.clone(),
+                                    attempt: a.attempt,
+                                });
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+            return m;
+        }
     }
 
     /// Stops heartbeating (as a frozen or dead Nest would).
@@ -335,6 +358,7 @@ impl FakeNest {
             pid: 42,
             active_runs: vec![],
             tools: vec!["time.get_current_time".into(), "time.convert_time".into()],
+            run_attempts: vec![],
         };
         if let Ok(mut running) = self.running.lock() {
             running.retain(|r| r.instance_id != report.instance_id);
@@ -344,6 +368,17 @@ impl FakeNest {
     }
 
     pub async fn send(&self, m: pb::nest_message::Msg) {
+        if let pb::nest_message::Msg::RunEvents(batch) = &m {
+            for e in &batch.events {
+                if e.kind == "run.finished" || e.kind == "run.interrupted" {
+                    if let Ok(mut running) = self.running.lock() {
+                        for r in running.iter_mut() {
+                            r.run_attempts.retain(|x| x.run_id != e.run_id);
+                        }
+                    }
+                }
+            }
+        }
         self.tx.send(msg(m)).await.expect("nest stream open");
     }
 

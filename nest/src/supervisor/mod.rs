@@ -14,7 +14,12 @@
 //! spawned group is in `children.json` until it was killed; a stopped or shut-down instance is
 //! never restarted; runs assigned while an instance is (re)starting wait for its connection;
 //! a run its instance can no longer finish (the process died, the instance was stopped or is
-//! not here) ends with one `run.interrupted` event, so the Hub resumes it (attempt + 1).
+//! not here) ends with one `run.interrupted` event (with its `cause`), so the Hub resumes it;
+//! a run event is relayed only from the instance the run was handed to, for that attempt
+//! (anything else is answered `fenced` and dropped); every report lists the runs handed to the
+//! instance with their attempts (`run_attempts`), which the Hub reconciles with its leases;
+//! [`Supervisor::fence_all`] (the Hub has been silent too long) cancels every run at once and
+//! relays nothing more of them.
 
 pub mod backoff;
 pub mod children;
@@ -26,7 +31,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agen_proto::v1::{AssignRun, InstanceReport, InstanceState, PlaceInstance, ServerProblem};
+use agen_proto::v1::{
+    ActiveRun, AssignRun, InstanceReport, InstanceState, PlaceInstance, ServerProblem,
+};
 use agen_shared::bundle::{referenced_secrets, Bundle, SecretSource};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, Notify};
@@ -71,6 +78,9 @@ struct State {
     instances: BTreeMap<String, Entry>,
     /// Runs handed to instances, by run id.
     runs: HashMap<String, RunTrack>,
+    /// A newer attempt of a run whose older attempt still ends on the same instance: handed
+    /// over once that one is done (an instance runs one attempt of a run at a time).
+    deferred: HashMap<String, ToInstance>,
     /// Instances whose report changed since the link last looked.
     changed: BTreeSet<String>,
     /// Final reports of instances that are gone, not yet sent.
@@ -135,10 +145,10 @@ impl Supervisor {
 
     /// Reports of every instance this Nest runs.
     pub fn snapshot(&self) -> Vec<InstanceReport> {
-        self.lock()
-            .instances
+        let st = self.lock();
+        st.instances
             .values()
-            .map(|e| e.report.clone())
+            .map(|e| with_runs(&st, e.report.clone()))
             .collect()
     }
 
@@ -153,7 +163,11 @@ impl Supervisor {
         let ids = std::mem::take(&mut st.changed);
         let mut out: Vec<InstanceReport> = ids
             .iter()
-            .filter_map(|id| st.instances.get(id).map(|e| e.report.clone()))
+            .filter_map(|id| {
+                st.instances
+                    .get(id)
+                    .map(|e| with_runs(&st, e.report.clone()))
+            })
             .collect();
         out.extend(std::mem::take(&mut st.gone).into_values());
         out
@@ -253,6 +267,9 @@ impl Supervisor {
     }
 
     /// Forwards a run assignment to its instance (queued while the instance is not connected).
+    /// A newer attempt of a run this Nest still holds replaces the older one: the older one
+    /// is cancelled and relays nothing more; on the same instance the newer one is handed over
+    /// once the older one is done.
     pub fn assign(&self, a: AssignRun) {
         let id = a.instance_id.clone();
         let run_id = a.run_id.clone();
@@ -268,15 +285,70 @@ impl Supervisor {
             drop(st);
             let why = format!("instance {id} is not running on nest {}", self.opts.name);
             tracing::warn!(run = %run_id, "{why}; the run fails");
-            self.interrupt_run(&run_id, &track, &why);
+            self.interrupt_run(&run_id, &track, "not_here", &why);
             return;
         }
+        let older = st
+            .runs
+            .get(&run_id)
+            .map(|t| (t.instance.clone(), t.attempt));
+        if let Some((_, attempt)) = &older {
+            if *attempt >= track.attempt {
+                tracing::debug!(run = %run_id, attempt = track.attempt, "an attempt this old or older is already here; assignment ignored");
+                return;
+            }
+        }
         st.runs.insert(run_id.clone(), track);
+        if let Some((old_instance, old_attempt)) = older {
+            tracing::info!(run = %run_id, old_attempt, "a newer attempt replaces the one still here");
+            if let Some(e) = st.instances.get_mut(&old_instance) {
+                fence_on(
+                    e,
+                    &run_id,
+                    old_attempt,
+                    "a newer attempt of the run was assigned",
+                );
+            }
+            if old_instance == id {
+                st.deferred.insert(run_id, msg);
+                st.changed.insert(id);
+                return;
+            }
+        }
         if let Some(e) = st.instances.get_mut(&id) {
             e.report.active_runs.push(run_id.clone());
             send_or_queue(e, msg);
         }
         st.changed.insert(id);
+    }
+
+    /// The Hub has been silent too long: every run here is cancelled at once and relays
+    /// nothing more, and each ends with a `run.interrupted` (cause `nest_fenced`) that the
+    /// Hub receives when the link is back (if it has not re-dispatched the run already).
+    /// Returns how many runs were fenced.
+    pub fn fence_all(&self, why: &str) -> usize {
+        let runs: Vec<(String, RunTrack)> = {
+            let mut st = self.lock();
+            let runs: Vec<(String, RunTrack)> = st.runs.drain().collect();
+            st.deferred.clear();
+            for (run_id, t) in &runs {
+                if let Some(e) = st.instances.get_mut(&t.instance) {
+                    fence_on(e, run_id, t.attempt, why);
+                    e.report.active_runs.retain(|r| r != run_id);
+                }
+            }
+            let ids: Vec<String> = runs.iter().map(|(_, t)| t.instance.clone()).collect();
+            st.changed.extend(ids);
+            runs
+        };
+        for (run_id, track) in &runs {
+            self.interrupt_run(run_id, track, "nest_fenced", why);
+        }
+        if !runs.is_empty() {
+            tracing::warn!(runs = runs.len(), "{why}: cancelled every run here");
+            self.changed.notify_one();
+        }
+        runs.len()
     }
 
     /// Cancels a run (the instance cancels its token: model request and tool calls stop).
@@ -444,6 +516,7 @@ impl Supervisor {
                         self.interrupt_run(
                             run_id,
                             track,
+                            "instance_died",
                             &format!("the instance process {how} during the run"),
                         );
                     }
@@ -496,6 +569,7 @@ impl Supervisor {
             self.interrupt_run(
                 run_id,
                 track,
+                "instance_stopped",
                 &format!("instance {id} was stopped during the run"),
             );
         }
@@ -523,6 +597,9 @@ impl Supervisor {
             .filter(|(_, t)| t.instance == id)
             .map(|(r, _)| r.clone())
             .collect();
+        for r in &ids {
+            st.deferred.remove(r);
+        }
         ids.into_iter()
             .filter_map(|r| st.runs.remove(&r).map(|t| (r, t)))
             .collect()
@@ -532,7 +609,7 @@ impl Supervisor {
     /// stopped, or it is not here): a final `run.interrupted` (`{reason}`) after the last event
     /// the instance sent. The Hub re-dispatches the run (same run id, attempt + 1, its events
     /// to replay, at most 3 attempts), so the task resumes instead of failing or hanging.
-    fn interrupt_run(&self, run_id: &str, track: &RunTrack, why: &str) {
+    fn interrupt_run(&self, run_id: &str, track: &RunTrack, cause: &str, why: &str) {
         let event = agen_proto::v1::RunEvent {
             run_id: run_id.to_string(),
             attempt: track.attempt,
@@ -542,6 +619,7 @@ impl Supervisor {
             kind: agen_shared::run::kind::RUN_INTERRUPTED.into(),
             json: RunEventBody::RunInterrupted(RunInterrupted {
                 reason: why.to_string(),
+                cause: cause.to_string(),
             })
             .to_json_string(),
             sync: true,
@@ -689,12 +767,28 @@ impl Supervisor {
             ToNest::Event(e) => {
                 {
                     let mut st = self.lock();
-                    if let Some(t) = st
+                    match st
                         .runs
                         .get_mut(&e.run_id)
                         .filter(|t| t.instance == id && t.attempt == e.attempt)
                     {
-                        t.last_seq = t.last_seq.max(e.seq);
+                        Some(t) => t.last_seq = t.last_seq.max(e.seq),
+                        None => {
+                            // Not a run this instance holds (fenced, replaced, or never
+                            // handed to it): dropped, and the instance is told to stop.
+                            tracing::debug!(instance = %id, run = %e.run_id, attempt = e.attempt, "dropping an event of a run the instance does not hold");
+                            if let Some(entry) = st.instances.get(id) {
+                                if let Some((_, tx)) = &entry.conn {
+                                    let _ = tx.send(ToInstance::Ack {
+                                        run_id: e.run_id.clone(),
+                                        attempt: e.attempt,
+                                        acked_seq: 0,
+                                        fenced: true,
+                                    });
+                                }
+                            }
+                            return;
+                        }
                     }
                 }
                 self.outbox.push(id, e.into());
@@ -714,19 +808,70 @@ impl Supervisor {
                     crate::artifact_relay::relay(self.bundles.clone(), namespace, tx, msg);
                 }
             }
-            ToNest::RunDone { run_id, .. } => {
+            ToNest::RunDone { run_id, attempt } => {
                 let mut st = self.lock();
-                if st.runs.get(&run_id).map(|t| t.instance.as_str()) == Some(id) {
+                if st
+                    .runs
+                    .get(&run_id)
+                    .is_some_and(|t| t.instance == id && t.attempt == attempt)
+                {
                     st.runs.remove(&run_id);
                 }
                 if let Some(e) = st.instances.get_mut(id) {
                     e.report.active_runs.retain(|r| *r != run_id);
+                }
+                let newer = st
+                    .runs
+                    .get(&run_id)
+                    .is_some_and(|t| t.instance == id && t.attempt > attempt);
+                if newer {
+                    if let Some(msg) = st.deferred.remove(&run_id) {
+                        if let Some(e) = st.instances.get_mut(id) {
+                            e.report.active_runs.push(run_id.clone());
+                            send_or_queue(e, msg);
+                        }
+                    }
                 }
                 st.changed.insert(id.to_string());
                 drop(st);
                 self.changed.notify_one();
             }
         }
+    }
+}
+
+/// A report with the runs handed to its instance (and their attempts).
+fn with_runs(st: &State, mut report: InstanceReport) -> InstanceReport {
+    report.run_attempts = st
+        .runs
+        .iter()
+        .filter(|(_, t)| t.instance == report.instance_id)
+        .map(|(run_id, t)| ActiveRun {
+            run_id: run_id.clone(),
+            attempt: t.attempt,
+        })
+        .collect();
+    report.run_attempts.sort_by(|a, b| a.run_id.cmp(&b.run_id));
+    report
+}
+
+/// Tells the instance of `e` to stop an attempt at once: cancelled, and fenced so that it
+/// waits for no ack.
+fn fence_on(e: &mut Entry, run_id: &str, attempt: u32, why: &str) {
+    send_or_queue(
+        e,
+        ToInstance::Cancel {
+            run_id: run_id.to_string(),
+            reason: why.to_string(),
+        },
+    );
+    if let Some((_, tx)) = &e.conn {
+        let _ = tx.send(ToInstance::Ack {
+            run_id: run_id.to_string(),
+            attempt,
+            acked_seq: 0,
+            fenced: true,
+        });
     }
 }
 

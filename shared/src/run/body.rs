@@ -303,6 +303,10 @@ pub struct RunFinished {
 pub struct RunInterrupted {
     #[serde(default)]
     pub reason: String,
+    /// Why, for the Hub's attempt accounting (`instance_failed`, `nest_fenced`, …; see the
+    /// Hub's leases).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cause: String,
 }
 
 fn yes() -> bool {
