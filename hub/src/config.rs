@@ -1,5 +1,5 @@
 //! Hub options ([`HubOptions`]) and their validation: where state lives, where to listen, TLS
-//! or (loopback only) plaintext, and the liveness timings of Nests.
+//! or (loopback only) plaintext, the liveness timings of Nests and the table of input limits.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,6 +27,8 @@ pub struct HubOptions {
     /// `127.0.0.1`, the listen address and, when listening on all addresses, this machine's
     /// host name and primary address.
     pub tls_names: Vec<String>,
+    /// The table of input limits (see [`crate::limits`]).
+    pub limits: crate::limits::Limits,
 }
 
 impl Default for HubOptions {
@@ -38,6 +40,7 @@ impl Default for HubOptions {
             nest_ttl: Duration::from_secs(10),
             heartbeat_interval: Duration::from_secs(2),
             tls_names: Vec::new(),
+            limits: crate::limits::Limits::default(),
         }
     }
 }
@@ -76,7 +79,7 @@ impl HubOptions {
                 self.heartbeat_interval, self.nest_ttl
             )));
         }
-        Ok(())
+        self.limits.validate()
     }
 
     /// Every name the server certificate carries besides `localhost` and `127.0.0.1`.

@@ -78,27 +78,7 @@ pub struct Core {
     bundle_secrets: Mutex<HashMap<String, Arc<Vec<String>>>>,
 }
 
-pub(crate) fn validate_name(field: &str, value: &str) -> Result<()> {
-    if value.is_empty() {
-        return Err(HubError::invalid(format!(
-            "{field}: expected a name, got an empty string"
-        )));
-    }
-    let ok = value.len() <= 63
-        && value.chars().all(|c| {
-            c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_' || c == '.'
-        })
-        && value
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphanumeric());
-    if !ok {
-        return Err(HubError::invalid(format!(
-            "{field}: `{value}` is not a valid name; expected up to 63 lowercase letters, digits, `-`, `_` or `.`, starting with a letter or digit"
-        )));
-    }
-    Ok(())
-}
+pub(crate) use crate::limits::validate_name;
 
 pub(crate) fn namespace_or_default(ns: &str) -> String {
     if ns.is_empty() {
@@ -1236,28 +1216,6 @@ fn apply_report(rec: &mut InstanceRec, r: &InstanceReport) {
 
 #[cfg(test)]
 mod tests {
-    use super::validate_name;
-
-    #[test]
-    fn names_are_short_lowercase_words() {
-        fn check(name: &str, expected: Result<(), &str>) {
-            let got = validate_name("name", name).map_err(|e| e.to_string());
-            match (got, expected) {
-                (Ok(()), Ok(())) => {}
-                (Err(e), Err(part)) => assert!(e.contains(part), "{name}: {e}"),
-                (got, expected) => panic!("{name}: got {got:?}, expected {expected:?}"),
-            }
-        }
-        check("hello", Ok(()));
-        check("a-b_c.d9", Ok(()));
-        check("9lives", Ok(()));
-        check("", Err("name: expected a name, got an empty string"));
-        check("Hello", Err("`Hello` is not a valid name"));
-        check("-x", Err("starting with a letter or digit"));
-        check("a b", Err("not a valid name"));
-        check(&"x".repeat(64), Err("up to 63"));
-    }
-
     /// A placement after a Hub restart (no bundle cache): the bundle is read from the store
     /// and exactly its declared `platform` secrets of its own namespace are sent.
     #[test]

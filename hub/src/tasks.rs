@@ -26,6 +26,8 @@ use crate::store::{task_event_key, Append, Table};
 const CANCEL_GRACE_MS: i64 = 5_000;
 /// A run interrupted this many times (instance or Nest died) fails instead of resuming again.
 pub const MAX_RUN_ATTEMPTS: u32 = 3;
+/// The longest client request id.
+pub const MAX_CLIENT_REQUEST_ID_BYTES: usize = 200;
 /// The event a Nest sends for a run whose instance process died: the run is re-dispatched.
 pub const RUN_INTERRUPTED: &str = "run.interrupted";
 
@@ -162,11 +164,11 @@ impl Core {
                 "input: expected the task's text, got an empty string",
             ));
         }
-        if spec.client_request_id.len() > 200 {
-            return Err(HubError::invalid(
-                "client_request_id: expected at most 200 characters",
-            ));
-        }
+        crate::limits::check_bytes(
+            "client_request_id",
+            &spec.client_request_id,
+            MAX_CLIENT_REQUEST_ID_BYTES,
+        )?;
         let task = {
             let mut st = self.lock();
             if !st

@@ -8,9 +8,10 @@ use agen_proto::v1::agen_service_server::AgenService;
 use futures::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::convert;
+use super::{convert, malformed};
 use crate::error::HubError;
 use crate::fleet::{Core, DeploymentSpec};
+use crate::limits::{self, check_id};
 use crate::model::TaskState;
 use crate::tasks::{TaskFilter, TaskSpec};
 
@@ -19,6 +20,20 @@ pub struct AgenApi {
 }
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// A namespace in a request: empty (the default) or a valid name.
+fn check_namespace(ns: &str) -> Result<(), HubError> {
+    if ns.is_empty() {
+        return Ok(());
+    }
+    limits::validate_name("namespace", ns)
+}
+
+/// The namespace and task id every per-task request carries.
+fn check_task_ref(ns: &str, task_id: &str) -> Result<(), HubError> {
+    check_namespace(ns)?;
+    check_id("task_id", task_id)
+}
 
 fn active_runs(core: &Core, instance_id: &str) -> u32 {
     let st = core.lock();
@@ -55,14 +70,15 @@ impl AgenService for AgenApi {
     ) -> Result<Response<pb::UploadBundleResponse>, Status> {
         let mut stream = request.into_inner();
         let max = agen_shared::bundle::MAX_BUNDLE_BYTES;
-        let first = stream.message().await?.ok_or_else(|| {
+        let first = malformed::next(&mut stream).await?.ok_or_else(|| {
             HubError::invalid("upload: expected at least one chunk carrying digest and total_size")
         })?;
         let digest = first.digest.clone();
         let hex = digest.strip_prefix("sha256:").unwrap_or("");
         if hex.len() != 64 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
             return Err(HubError::invalid(format!(
-                "digest: `{digest}` is not a bundle digest; expected sha256:<64 hex digits> in the first chunk"
+                "digest: `{}` is not a bundle digest; expected sha256:<64 hex digits> in the first chunk",
+                limits::prefix(&digest)
             ))
             .into());
         }
@@ -82,7 +98,7 @@ impl AgenService for AgenApi {
             }));
         }
         let mut data = first.data;
-        while let Some(chunk) = stream.message().await? {
+        while let Some(chunk) = malformed::next(&mut stream).await? {
             if data.len() + chunk.data.len() > first.total_size as usize {
                 return Err(HubError::invalid(format!(
                     "upload: more bytes than total_size {} announced in the first chunk",
@@ -129,6 +145,11 @@ impl AgenService for AgenApi {
         request: Request<pb::CreateDeploymentRequest>,
     ) -> Result<Response<pb::Deployment>, Status> {
         let r = request.into_inner();
+        check_namespace(&r.namespace)?;
+        limits::validate_name("name", &r.name)?;
+        check_id("bundle_digest", &r.bundle_digest)?;
+        let selector = r.selector.into_iter().collect();
+        self.core.opts.limits.check_labels("selector", &selector)?;
         let rec = self
             .core
             .create_deployment(DeploymentSpec {
@@ -136,7 +157,7 @@ impl AgenService for AgenApi {
                 name: r.name,
                 bundle_digest: r.bundle_digest,
                 replicas: r.replicas,
-                selector: r.selector.into_iter().collect(),
+                selector,
                 concurrency: r.concurrency,
             })
             .await?;
@@ -149,6 +170,7 @@ impl AgenService for AgenApi {
         request: Request<pb::GetDeploymentRequest>,
     ) -> Result<Response<pb::GetDeploymentResponse>, Status> {
         let r = request.into_inner();
+        check_namespace(&r.namespace)?;
         let (view, instances) = self.core.get_deployment(&r.namespace, &r.name)?;
         Ok(Response::new(pb::GetDeploymentResponse {
             deployment: Some(convert::deployment(&view)),
@@ -175,6 +197,7 @@ impl AgenService for AgenApi {
         request: Request<pb::DeleteDeploymentRequest>,
     ) -> Result<Response<pb::DeleteDeploymentResponse>, Status> {
         let r = request.into_inner();
+        check_namespace(&r.namespace)?;
         self.core.delete_deployment(&r.namespace, &r.name).await?;
         Ok(Response::new(pb::DeleteDeploymentResponse {}))
     }
@@ -213,13 +236,26 @@ impl AgenService for AgenApi {
         request: Request<pb::SubmitTaskRequest>,
     ) -> Result<Response<pb::Task>, Status> {
         let r = request.into_inner();
+        // Every field is checked before anything is stored: nothing is half-applied.
+        let lim = &self.core.opts.limits;
+        check_namespace(&r.namespace)?;
+        limits::validate_name("deployment", &r.deployment)?;
+        lim.check_input(&r.input)?;
+        let labels = r.labels.into_iter().collect();
+        lim.check_labels("labels", &labels)?;
+        lim.check_conversation_key(&r.conversation_key)?;
+        limits::check_bytes(
+            "client_request_id",
+            &r.client_request_id,
+            crate::tasks::MAX_CLIENT_REQUEST_ID_BYTES,
+        )?;
         let task = self
             .core
             .submit_task(TaskSpec {
                 namespace: r.namespace,
                 deployment: r.deployment,
                 input: r.input,
-                labels: r.labels.into_iter().collect(),
+                labels,
                 conversation_key: r.conversation_key,
                 client_request_id: r.client_request_id,
             })
@@ -232,6 +268,7 @@ impl AgenService for AgenApi {
         request: Request<pb::GetTaskRequest>,
     ) -> Result<Response<pb::Task>, Status> {
         let r = request.into_inner();
+        check_task_ref(&r.namespace, &r.task_id)?;
         Ok(Response::new(convert::task(
             &self.core.get_task(&r.namespace, &r.task_id)?,
         )))
@@ -242,6 +279,7 @@ impl AgenService for AgenApi {
         request: Request<pb::QueryTaskRequest>,
     ) -> Result<Response<pb::Task>, Status> {
         let r = request.into_inner();
+        check_task_ref(&r.namespace, &r.task_id)?;
         Ok(Response::new(convert::task(
             &self.core.get_task(&r.namespace, &r.task_id)?,
         )))
@@ -254,6 +292,7 @@ impl AgenService for AgenApi {
         request: Request<pb::WatchTaskRequest>,
     ) -> Result<Response<Self::WatchTaskStream>, Status> {
         let r = request.into_inner();
+        check_task_ref(&r.namespace, &r.task_id)?;
         let core = self.core.clone();
         // Subscribe before reading the stored events, so nothing falls between the two.
         let mut live = core.subscribe();
@@ -336,6 +375,8 @@ impl AgenService for AgenApi {
         request: Request<pb::CancelTaskRequest>,
     ) -> Result<Response<pb::Task>, Status> {
         let r = request.into_inner();
+        check_task_ref(&r.namespace, &r.task_id)?;
+        limits::check_bytes("reason", &r.reason, limits::MAX_REASON_BYTES)?;
         let task = self
             .core
             .cancel_task(&r.namespace, &r.task_id, &r.reason)
@@ -365,6 +406,7 @@ impl AgenService for AgenApi {
         request: Request<pb::GetTraceRequest>,
     ) -> Result<Response<pb::Trace>, Status> {
         let r = request.into_inner();
+        check_task_ref(&r.namespace, &r.task_id)?;
         let (task, spans) = self.core.trace(&r.namespace, &r.task_id)?;
         Ok(Response::new(pb::Trace {
             task_id: task.task_id.clone(),
@@ -378,6 +420,8 @@ impl AgenService for AgenApi {
         request: Request<pb::ListArtifactsRequest>,
     ) -> Result<Response<pb::ListArtifactsResponse>, Status> {
         let r = request.into_inner();
+        check_namespace(&r.namespace)?;
+        check_id("task_id", &r.task_id)?;
         let list = self.core.list_artifacts(&r.namespace, &r.task_id)?;
         Ok(Response::new(pb::ListArtifactsResponse {
             artifacts: list.iter().map(convert::artifact).collect(),
@@ -397,6 +441,8 @@ impl AgenService for AgenApi {
             )
             .into());
         }
+        check_namespace(&r.namespace)?;
+        check_id("artifact_id", &r.artifact_id)?;
         let (rec, bytes) = self.core.artifact(&r.namespace, &r.artifact_id)?;
         let chunks = convert::artifact_chunks(&rec, &bytes);
         Ok(Response::new(Box::pin(futures::stream::iter(
@@ -409,6 +455,12 @@ impl AgenService for AgenApi {
         request: Request<pb::SetSecretRequest>,
     ) -> Result<Response<pb::SetSecretResponse>, Status> {
         let r = request.into_inner();
+        check_namespace(&r.namespace)?;
+        if r.value.len() > limits::MAX_SECRET_VALUE_BYTES {
+            return Err(
+                limits::over_limit("value", r.value.len(), limits::MAX_SECRET_VALUE_BYTES).into(),
+            );
+        }
         let (meta, replaced) = self
             .core
             .set_secret(&r.namespace, &r.name, &r.value)

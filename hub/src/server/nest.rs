@@ -16,7 +16,7 @@ use agen_proto::v1::nest_service_server::NestService;
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::convert;
+use super::{convert, malformed};
 use crate::error::HubError;
 use crate::fleet::Core;
 
@@ -60,8 +60,7 @@ impl NestService for NestApi {
     ) -> Result<Response<Self::ConnectStream>, Status> {
         let cert_id = self.cert_nest_id(&request)?;
         let mut incoming = request.into_inner();
-        let first = incoming
-            .message()
+        let first = malformed::next(&mut incoming)
             .await?
             .ok_or_else(|| HubError::invalid("connect: the stream ended before Register"))?;
         let Some(pb::nest_message::Msg::Register(register)) = first.msg else {
@@ -76,6 +75,12 @@ impl NestService for NestApi {
             }
         }
         let reg = convert::registration(&register);
+        crate::limits::check_id("register.nest_id", &reg.nest_id)?;
+        crate::limits::check_bytes("register.name", &reg.name, 255)?;
+        self.core
+            .opts
+            .limits
+            .check_labels("register.labels", &reg.labels)?;
         let nest_id = reg.nest_id.clone();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let conn_id = self.core.register(reg, tx).await?;
@@ -83,7 +88,7 @@ impl NestService for NestApi {
         let core = self.core.clone();
         tokio::spawn(async move {
             loop {
-                let msg = match incoming.message().await {
+                let msg = match malformed::next(&mut incoming).await {
                     Ok(Some(m)) => m,
                     Ok(None) => break,
                     Err(e) => {
@@ -137,7 +142,7 @@ impl NestService for NestApi {
     ) -> Result<Response<pb::Artifact>, Status> {
         self.cert_nest_id(&request)?;
         let mut stream = request.into_inner();
-        let first = stream.message().await?.ok_or_else(|| {
+        let first = malformed::next(&mut stream).await?.ok_or_else(|| {
             HubError::invalid("put_artifact: expected at least one chunk carrying the artifact")
         })?;
         let meta = first.artifact.clone().ok_or_else(|| {
@@ -152,7 +157,7 @@ impl NestService for NestApi {
             .into());
         }
         let mut bytes = first.data;
-        while let Some(chunk) = stream.message().await? {
+        while let Some(chunk) = malformed::next(&mut stream).await? {
             if (bytes.len() + chunk.data.len()) as u64 > max.min(meta.size) {
                 return Err(HubError::invalid(format!(
                     "put_artifact: artifact {} sent more than its announced {} bytes (limit 25 MB)",

@@ -39,6 +39,7 @@ pub fn options(data_dir: &Path, ttl: Duration) -> HubOptions {
         nest_ttl: ttl,
         heartbeat_interval: Duration::from_millis(200),
         tls_names: Vec::new(),
+        ..HubOptions::default()
     }
 }
 
