@@ -389,15 +389,32 @@ impl AgenService for AgenApi {
         request: Request<pb::ListTasksRequest>,
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
         let r = request.into_inner();
-        let tasks = self.core.list_tasks(&TaskFilter {
+        check_namespace(&r.namespace)?;
+        if !r.deployment.is_empty() {
+            limits::validate_name("deployment", &r.deployment)?;
+        }
+        self.core
+            .opts
+            .limits
+            .check_conversation_key(&r.conversation_key)?;
+        let page = self.core.list_tasks(&TaskFilter {
             namespace: r.namespace,
             deployment: r.deployment,
             state: r.state,
             conversation_key: r.conversation_key,
-            limit: r.limit,
+            page_size: if r.page_size == 0 {
+                r.limit
+            } else {
+                r.page_size
+            },
+            before_seq: convert::parse_page_token(&r.page_token)?,
         })?;
         Ok(Response::new(pb::ListTasksResponse {
-            tasks: tasks.iter().map(convert::task).collect(),
+            tasks: page.tasks.iter().map(convert::task_summary).collect(),
+            next_page_token: page
+                .next_before_seq
+                .map(convert::page_token)
+                .unwrap_or_default(),
         }))
     }
 
