@@ -919,7 +919,7 @@ impl Core {
             .map(|n| n.nest_id.clone())
             .collect();
         for nest_id in candidates {
-            let Some(mut n) = st.nests.get(&nest_id).cloned() else {
+            let Some(n) = st.nests.get(&nest_id) else {
                 continue;
             };
             let why = format!(
@@ -927,11 +927,31 @@ impl Core {
                 n.name,
                 lost_after.as_secs_f32().round()
             );
+            self.lose_nest(st, &nest_id, &why)?;
+        }
+        // A Nest that stopped reading its stream was disconnected by its bounded queue: it is
+        // lost now, and its runs are handed over, rather than buffered for.
+        for (nest_id, reason) in st.live.take_overflowed() {
+            let Some(n) = st.nests.get(&nest_id) else {
+                continue;
+            };
+            let why = format!("nest {} disconnected: {reason}", n.name);
+            self.lose_nest(st, &nest_id, &why)?;
+        }
+        Ok(())
+    }
+
+    /// Marks a Nest lost: its link ends, its instances are lost and their runs re-queued.
+    fn lose_nest(&self, st: &mut State, nest_id: &str, why: &str) -> Result<()> {
+        {
+            let Some(mut n) = st.nests.get(nest_id).cloned() else {
+                return Ok(());
+            };
             tracing::warn!(nest = %n.name, nest_id = %nest_id, "{why}");
             n.state = NestState::Lost;
             self.save_nest(st, n)?;
-            st.live.drop_link(&nest_id);
-            st.awaiting.remove(&nest_id);
+            st.live.drop_link(nest_id);
+            st.awaiting.remove(nest_id);
             let ids: Vec<String> = st
                 .instances
                 .values()
@@ -947,7 +967,7 @@ impl Core {
                 if stopping {
                     self.delete_instance(st, &id)?;
                 } else {
-                    self.mark_lost(st, &id, &why)?;
+                    self.mark_lost(st, &id, why)?;
                 }
             }
         }

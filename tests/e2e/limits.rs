@@ -588,3 +588,251 @@ fn the_cli_reports_a_refused_label_with_the_contract_text() {
     let tasks: Value = hub.cli_json(&["tasks", "-o", "json"]).unwrap();
     assert_eq!(tasks, json!([]));
 }
+
+/// The Hub's RSS in bytes (`VmRSS` of its process).
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// A Nest that registers with a real certificate, takes one placement, reports the instance
+/// running and healthy (and keeps heartbeating), but never reads its stream again.
+#[test]
+fn a_nest_that_stops_reading_is_disconnected_and_its_runs_handed_over_while_hub_memory_stays_bounded(
+) {
+    use agen_proto::v1::nest_service_client::NestServiceClient;
+    use tonic::transport::Identity;
+
+    const TASKS: usize = 40;
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start_with_args(
+        tmp.path(),
+        free_port(),
+        "30s",
+        &["--nest-queue-bytes", "8MiB"],
+    )
+    .unwrap();
+    let model = FakeModel::start(&tmp.path().join("model"), &json!([{"reply": "ok"}])).unwrap();
+    let dir = tmp.path().join("bundle");
+    bundle(&dir, &model);
+    let join = hub.join_token().unwrap();
+    let join_bearer = Bearer(format!("Bearer {join}").parse().unwrap());
+    let ca = std::fs::read_to_string(hub.dir.join("hub/tls/ca.pem")).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (handed_over, rss_before, rss_after) = rt.block_on(async {
+        // Join: a certificate for our own key, as a real Nest gets one.
+        let nest_id = "rogue-nest-1";
+        let (key_pem, csr_pem) = agen_shared::tls::nest_key_and_csr(nest_id).unwrap();
+        let mut joiner =
+            NestServiceClient::with_interceptor(channel(&hub).await, join_bearer.clone());
+        let cert_pem = joiner
+            .join(pb::JoinRequest {
+                nest_id: nest_id.into(),
+                name: "rogue".into(),
+                csr_pem,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .cert_pem;
+        let ch = Endpoint::from_shared(hub.url())
+            .unwrap()
+            .tls_config(
+                ClientTlsConfig::new()
+                    .ca_certificate(Certificate::from_pem(&ca))
+                    .domain_name("localhost")
+                    .identity(Identity::from_pem(cert_pem, key_pem)),
+            )
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut nest = NestServiceClient::with_interceptor(ch, join_bearer)
+            .max_decoding_message_size(agen_proto::MAX_MESSAGE_BYTES);
+        let (out_tx, out_rx) = tokio::sync::mpsc::channel::<pb::NestMessage>(16);
+        let msg = |m| pb::NestMessage { msg: Some(m) };
+        out_tx
+            .send(msg(pb::nest_message::Msg::Register(pb::Register {
+                nest_id: nest_id.into(),
+                name: "rogue".into(),
+                capacity: 32,
+                version: "rogue".into(),
+                ..Default::default()
+            })))
+            .await
+            .unwrap();
+        let mut inbound = nest
+            .connect(tokio_stream::wrappers::ReceiverStream::new(out_rx))
+            .await
+            .unwrap()
+            .into_inner();
+
+        let out = hub
+            .cli(&[
+                "deploy",
+                dir.to_str().unwrap(),
+                "--name",
+                "runner",
+                "--replicas",
+                "1",
+                "--concurrency",
+                "1000",
+            ])
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let place = loop {
+            let m = tokio::time::timeout(Duration::from_secs(30), inbound.message())
+                .await
+                .expect("a placement within 30 s")
+                .unwrap()
+                .expect("the stream stays open");
+            if let Some(pb::hub_message::Msg::Place(p)) = m.msg {
+                break p;
+            }
+        };
+        let report = pb::InstanceReport {
+            instance_id: place.instance_id.clone(),
+            namespace: place.namespace.clone(),
+            deployment: place.deployment.clone(),
+            bundle_digest: place.bundle_digest.clone(),
+            generation: place.generation,
+            state: pb::InstanceState::Running as i32,
+            healthy: true,
+            ..Default::default()
+        };
+        // Heartbeats go on (the Nest is not silent); its stream is never read again.
+        let beats = tokio::spawn(async move {
+            loop {
+                let beat = msg(pb::nest_message::Msg::Heartbeat(pb::Heartbeat {
+                    at_ms: 0,
+                    instances: vec![report.clone()],
+                }));
+                if out_tx.send(beat).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        });
+        let mut api = api(&hub).await;
+        // Wait until the Hub sees the instance healthy.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let d = api
+                .get_deployment(pb::GetDeploymentRequest {
+                    namespace: String::new(),
+                    name: "runner".into(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            if d.instances.iter().any(|i| i.healthy) {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "never healthy: {d:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let rss_before = rss_bytes(hub.proc.pid());
+        let mut ids = Vec::new();
+        for i in 0..TASKS {
+            let input = format!("{i:04}{}", "m".repeat(MIB - 4));
+            ids.push(
+                api.submit_task(submit(input))
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .task_id,
+            );
+        }
+        // The Nest is disconnected (lost) without waiting for its 30 s ttl.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let nests = api
+                .list_nests(pb::ListNestsRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .nests;
+            if nests
+                .iter()
+                .any(|n| n.name == "rogue" && n.state == pb::NestState::Lost as i32)
+            {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the rogue nest is still connected: {nests:?}\nhub log:\n{}",
+                hub.proc.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Every run it was given is handed back: nothing stays running on it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let handed_over = loop {
+            let mut running = 0;
+            let mut dispatched = 0;
+            for id in &ids {
+                let t = api
+                    .get_task(pb::GetTaskRequest {
+                        namespace: String::new(),
+                        task_id: id.clone(),
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                if t.state == pb::TaskState::Running as i32 {
+                    running += 1;
+                }
+                if t.attempt > 0 {
+                    dispatched += 1;
+                }
+            }
+            if running == 0 {
+                break dispatched;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{running} tasks still running on a disconnected nest"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let rss_after = rss_bytes(hub.proc.pid());
+        beats.abort();
+        drop(inbound);
+        (handed_over, rss_before, rss_after)
+    });
+    let log = hub.proc.log_text();
+    assert!(
+        log.contains("stopped reading its stream"),
+        "hub log:\n{log}"
+    );
+    assert!(
+        handed_over > 0,
+        "some runs were dispatched to the rogue nest"
+    );
+    // 40 MiB of inputs are stored; the queue to the Nest held at most 8 MiB of them (an
+    // unbounded queue would have held every assignment).
+    let grown = rss_after.saturating_sub(rss_before);
+    eprintln!(
+        "hub rss {} MiB -> {} MiB; {handed_over} runs handed over",
+        rss_before >> 20,
+        rss_after >> 20
+    );
+    assert!(
+        grown < 400 * MIB as u64,
+        "the hub grew by {} MiB",
+        grown >> 20
+    );
+}

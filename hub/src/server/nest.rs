@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use agen_proto::v1 as pb;
 use agen_proto::v1::nest_service_server::NestService;
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{convert, malformed};
@@ -82,13 +82,21 @@ impl NestService for NestApi {
             .limits
             .check_labels("register.labels", &reg.labels)?;
         let nest_id = reg.nest_id.clone();
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, rx) = crate::nodes::nest_queue(self.core.opts.limits.nest_queue_bytes);
+        let overflow = rx.overflow.clone();
         let conn_id = self.core.register(reg, tx).await?;
 
         let core = self.core.clone();
+        let stop_reading = overflow.clone();
         tokio::spawn(async move {
             loop {
-                let msg = match malformed::next(&mut incoming).await {
+                let next = tokio::select! {
+                    biased;
+                    // The Nest stopped reading: its link is ended, so is this half.
+                    _ = stop_reading.cancelled() => break,
+                    n = malformed::next(&mut incoming) => n,
+                };
+                let msg = match next {
                     Ok(Some(m)) => m,
                     Ok(None) => break,
                     Err(e) => {
@@ -109,7 +117,7 @@ impl NestService for NestApi {
                         let events = batch.events.iter().map(convert::run_event).collect();
                         match core.run_events(events).await {
                             Ok(acks) => {
-                                let st = core.lock();
+                                let mut st = core.lock();
                                 for ack in acks {
                                     st.live.send(&nest_id, ack);
                                 }
@@ -131,8 +139,24 @@ impl NestService for NestApi {
             core.disconnect(&nest_id, conn_id);
         });
 
-        let out = tokio_stream::wrappers::UnboundedReceiverStream::new(rx)
-            .map(|m| Ok(convert::to_nest(m)));
+        // Messages leave the queue only as fast as the Nest reads them (HTTP/2 flow control);
+        // an overflowed queue ends the stream with a status saying why.
+        let out = futures::stream::unfold(Some(rx), move |state| {
+            let overflow = overflow.clone();
+            async move {
+                let mut rx = state?;
+                match rx.recv().await {
+                    Some(m) => Some((Ok(convert::to_nest(m)), Some(rx))),
+                    None if overflow.is_cancelled() => Some((
+                        Err(Status::resource_exhausted(
+                            "nest queue: the nest stopped reading its stream and was disconnected; its runs were handed over",
+                        )),
+                        None,
+                    )),
+                    None => None,
+                }
+            }
+        });
         Ok(Response::new(Box::pin(out)))
     }
 
