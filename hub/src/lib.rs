@@ -34,6 +34,7 @@ pub mod secrets;
 mod server;
 pub mod store;
 pub mod tasks;
+pub mod trace;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

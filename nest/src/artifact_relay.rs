@@ -13,8 +13,8 @@ use agen_proto::v1 as pb;
 use tokio::sync::mpsc;
 
 use crate::bundles::BundleCache;
-use crate::instance::artifacts::{artifact_id, ArtifactMeta, MAX_ARTIFACT_BYTES};
 use crate::socket::{ToInstance, ToNest};
+use agen_harness::artifacts::{artifact_id, ArtifactMeta, MAX_ARTIFACT_BYTES};
 
 /// Bytes per `PutArtifact` chunk.
 const CHUNK: usize = 1024 * 1024;

@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use agen_shared::run::{wire, RunAssignment, RunEventBody};
 use futures::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -63,7 +64,7 @@ pub enum ToInstance {
     Refused {
         reason: String,
     },
-    Run(RunAssignment),
+    Run(RunOrder),
     Cancel {
         run_id: String,
         reason: String,
@@ -79,7 +80,7 @@ pub enum ToInstance {
     ArtifactReply {
         req: u64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        artifact: Option<crate::instance::artifacts::ArtifactMeta>,
+        artifact: Option<agen_harness::artifacts::ArtifactMeta>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         content: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -148,47 +149,37 @@ impl std::fmt::Debug for Placement {
     }
 }
 
-/// One run to execute (the Hub's `AssignRun`).
+/// One run to execute (the Hub's `AssignRun`): the run, and the bundle version it must run on.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct RunAssignment {
-    pub run_id: String,
-    pub attempt: u32,
-    pub task_id: String,
-    pub namespace: String,
-    pub deployment: String,
-    pub input: String,
-    pub labels: BTreeMap<String, String>,
-    pub conversation_id: String,
-    pub conversation_key: String,
-    pub root_run_id: String,
+pub struct RunOrder {
     pub bundle_digest: String,
-    /// JSON array of earlier model messages of the conversation ("" = none).
-    pub history_json: String,
-    /// JSON array of events of earlier attempts ("" = none).
-    pub replay_json: String,
+    pub run: RunAssignment,
 }
 
-impl From<agen_proto::v1::AssignRun> for RunAssignment {
+impl From<agen_proto::v1::AssignRun> for RunOrder {
     fn from(a: agen_proto::v1::AssignRun) -> Self {
-        RunAssignment {
-            run_id: a.run_id,
-            attempt: a.attempt,
-            task_id: a.task_id,
-            namespace: a.namespace,
-            deployment: a.deployment,
-            input: a.input,
-            labels: a.labels.into_iter().collect(),
-            conversation_id: a.conversation_id,
-            conversation_key: a.conversation_key,
-            root_run_id: a.root_run_id,
+        RunOrder {
             bundle_digest: a.bundle_digest,
-            history_json: a.history_json,
-            replay_json: a.replay_json,
+            run: RunAssignment {
+                run_id: a.run_id.into(),
+                attempt: a.attempt,
+                task_id: a.task_id.into(),
+                namespace: a.namespace,
+                deployment: a.deployment,
+                input: a.input,
+                labels: a.labels.into_iter().collect(),
+                conversation_id: a.conversation_id,
+                conversation_key: a.conversation_key,
+                root_run_id: a.root_run_id.into(),
+                history: wire::history(&a.history_json),
+                replay: wire::replay(&a.replay_json),
+            },
         }
     }
 }
 
-/// One run event, keyed `(run_id, attempt, seq)`.
+/// One run event, keyed `(run_id, attempt, seq)`; on the socket as one JSON line with the
+/// body's `kind` and `json` beside the key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunEventMsg {
     pub run_id: String,
@@ -196,8 +187,8 @@ pub struct RunEventMsg {
     pub seq: u64,
     pub task_id: String,
     pub at_ms: i64,
-    pub kind: String,
-    pub json: String,
+    #[serde(flatten)]
+    pub body: RunEventBody,
     pub sync: bool,
 }
 
@@ -209,8 +200,8 @@ impl From<RunEventMsg> for agen_proto::v1::RunEvent {
             seq: e.seq,
             task_id: e.task_id,
             at_ms: e.at_ms,
-            kind: e.kind,
-            json: e.json,
+            kind: e.body.kind().to_string(),
+            json: e.body.to_json_string(),
             sync: e.sync,
         }
     }
@@ -343,15 +334,19 @@ mod tests {
             }),
         );
         check_to_nest(
-            r#"{"type":"event","run_id":"r","attempt":1,"seq":3,"task_id":"t","at_ms":5,"kind":"run.finished","json":"{}","sync":true}"#,
+            r#"{"type":"event","run_id":"r","attempt":1,"seq":3,"task_id":"t","at_ms":5,"kind":"run.finished","json":{"state":"succeeded","result":"ok","response_type":"text"},"sync":true}"#,
             ToNest::Event(RunEventMsg {
                 run_id: "r".into(),
                 attempt: 1,
                 seq: 3,
                 task_id: "t".into(),
                 at_ms: 5,
-                kind: "run.finished".into(),
-                json: "{}".into(),
+                body: RunEventBody::RunFinished(agen_shared::run::RunFinished {
+                    state: agen_shared::run::RunState::Succeeded,
+                    result: "ok".into(),
+                    response_type: agen_shared::run::ResponseType::Text,
+                    messages: vec![],
+                }),
                 sync: true,
             }),
         );

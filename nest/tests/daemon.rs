@@ -9,9 +9,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use agen_fake_model::{FakeModel, Script, Step};
 use agen_hub::{HubHandle, HubOptions};
 use agen_nest::config::NestOptions;
-use agen_nest::model::fake::{FakeModel, Script, Step};
 use agen_proto::v1 as pb;
 use agen_proto::v1::agen_service_client::AgenServiceClient;
 use serde_json::json;

@@ -4,5 +4,6 @@
 pub mod bundle;
 pub mod client_config;
 pub mod duration;
+pub mod run;
 pub mod telemetry;
 pub mod tls;

@@ -6,7 +6,7 @@
 //! clients and reports throughput, end-to-end latency percentiles (submit → terminal, seen by
 //! the client through `WatchTask`) and the ratio of a tool call's time inside a run (the
 //! `tool.started` → `tool.completed` span of the run log, from `GetTrace`) to the same call
-//! made directly through [`agen_nest::mcp::ToolHost::call`].
+//! made directly through [`agen_harness::mcp::ToolHost::call`].
 //!
 //! Invariants: nothing here runs in `cargo test`; the fleet, its instances and tool servers
 //! stop before the command returns, and the temporary folder is removed (unless `--keep`);
@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agen_nest::model::fake::{FakeModel, Script, Step};
+use agen_fake_model::{FakeModel, Script, Step};
 use agen_proto::v1 as pb;
 use anyhow::{bail, Context};
 use futures::StreamExt;
@@ -449,7 +449,7 @@ fn write_bundle(dir: &Path, base_url: &str, workspace: &Path) -> anyhow::Result<
     Ok(())
 }
 
-/// Times `n` sequential calls of `tool` made directly through a [`agen_nest::mcp::ToolHost`]
+/// Times `n` sequential calls of `tool` made directly through a [`agen_harness::mcp::ToolHost`]
 /// (with a `_meta` like the harness sends); milliseconds per call.
 async fn raw_tool_calls(
     bundle_dir: &Path,
@@ -459,9 +459,11 @@ async fn raw_tool_calls(
 ) -> anyhow::Result<Vec<f64>> {
     let bundle = agen_shared::bundle::Bundle::load(bundle_dir)
         .context("the benchmark bundle is not valid")?;
-    let host =
-        agen_nest::mcp::ToolHost::start(&bundle, agen_nest::mcp::LaunchContext::new(agen_bin))
-            .await;
+    let host = agen_harness::mcp::ToolHost::start(
+        &bundle,
+        agen_harness::mcp::LaunchContext::new(agen_bin),
+    )
+    .await;
     let status = host.status();
     if let Some(p) = status.not_connected.first() {
         host.shutdown().await;

@@ -103,7 +103,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
 pub fn validate(dir: &std::path::Path) -> anyhow::Result<bundle::Bundle> {
     let loaded = bundle::Bundle::load(dir)?;
     if loaded.has_keen_tools {
-        agen_nest::keen::KeenBundle::load(dir)?;
+        agen_harness::keen::KeenBundle::load(dir)?;
     }
     Ok(loaded)
 }

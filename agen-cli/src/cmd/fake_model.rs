@@ -19,6 +19,6 @@ pub struct Args {
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     agen_shared::telemetry::init("info");
-    agen_nest::model::fake::serve_cli(args.script, args.listen, args.port_file).await?;
+    agen_fake_model::serve_cli(args.script, args.listen, args.port_file).await?;
     Ok(0)
 }

@@ -1,9 +1,9 @@
 //! `agen instance` (hidden): one agent instance, started by a Nest. Everything happens in
-//! `agen_nest::host`; stdout is unused, logs go to stderr (the Nest forwards them).
+//! `agen_nest::instance`; stdout is unused, logs go to stderr (the Nest forwards them).
 
 use std::path::PathBuf;
 
-use agen_nest::host::{self, HostArgs};
+use agen_nest::instance::{self, InstanceArgs};
 use anyhow::Context;
 
 /// Arguments of `agen instance`.
@@ -22,7 +22,7 @@ pub struct Args {
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     agen_shared::telemetry::init("info");
     let agen_bin = std::env::current_exe().context("while finding the agen binary for AGEN_BIN")?;
-    let code = host::run(HostArgs {
+    let code = instance::run(InstanceArgs {
         socket: args.socket,
         instance_id: args.instance_id,
         bundle_dir: args.bundle_dir,

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use agen_nest::builtin::{sql, workspace};
+use agen_mcp_servers::{sql, workspace};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {

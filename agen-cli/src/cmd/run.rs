@@ -15,5 +15,5 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
-    agen_nest::instance::standalone::run_cli(args.dir, args.prompt, args.model).await
+    agen_harness::standalone::run_cli(args.dir, args.prompt, args.model).await
 }

@@ -427,7 +427,7 @@ impl AgenService for AgenApi {
         let (task, spans) = self.core.trace(&r.namespace, &r.task_id)?;
         Ok(Response::new(pb::Trace {
             task_id: task.task_id.clone(),
-            trace_id: task.run_id.clone(),
+            trace_id: crate::trace::trace_id(&task),
             spans: spans.iter().map(convert::span).collect(),
         }))
     }

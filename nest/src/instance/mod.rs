@@ -1,196 +1,500 @@
-//! The agent harness: runs one task's run inside an instance (or standalone): system prompt,
-//! model, tools (MCP + built-ins), the loop until the model answers or calls `finish`, and the
-//! run log events that make the run resumable.
+//! The `agen instance` process: one running copy of a deployment. It connects to its Nest's
+//! Unix socket, says hello, gets its placement (deployment, concurrency, resolved secrets),
+//! loads the bundle, starts the tool servers ([`ToolHost`]), reports its state, runs the
+//! harness for every run the Nest forwards, and streams each run's events back.
 //!
-//! Public API (called by the `agen instance` process for each run the Hub assigns, and by
-//! [`standalone`] for `agen run`):
-//! - [`Harness::new`] once per instance: bundle, tool backend (the instance's
-//!   [`crate::mcp::ToolHost`]), resolved secrets, an HTTP client;
-//! - [`Harness::run`] per run: a [`RunRequest`], a [`RunEventSink`] that appends the run's
-//!   events to its log, and a cancellation token; returns the [`RunOutcome`].
-//!
-//! Invariants: a run always ends with exactly one `run.finished` event and a [`RunOutcome`]
-//! (a model or tool failure never panics or escapes as an error); events hold deltas (one
-//! turn's new assistant message, one tool's result), never the whole context; for a
-//! side-effecting tool, `tool.started` is durable before the call is sent and
-//! `tool.completed`/`tool.failed` is durable before the model sees the result; a provider
-//! error ends the run `Failed` with `response_type: "error"` and is never retried as a recall.
+//! Invariants: the instance never holds Hub credentials (the Nest is its only peer); it exits
+//! when its socket to the Nest closes (and the kernel kills it if the Nest dies: PDEATHSIG set
+//! by the Nest); when a tool server dies it reports itself unhealthy (the Hub replaces it) and
+//! never restarts the server itself; at most `concurrency` runs execute at once; event seqs
+//! start at 1 per `(run_id, attempt)`; a `sync` event returns only after the Hub acked it; the
+//! last event of every run is one `run.finished` (`{state, result, response_type, messages}`),
+//! sent `sync`.
 
-pub mod artifacts;
-mod harness;
-pub mod standalone;
+mod artifacts;
+mod sink;
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use agen_shared::bundle::Bundle;
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-pub use harness::{
-    model_config, Dialect, Harness, HarnessError, BUILTIN_FINISH, BUILTIN_LOAD_SKILL,
-    BUILTIN_READ_ARTIFACT, BUILTIN_REPORT_PROGRESS, BUILTIN_SAVE_ARTIFACT,
-};
+use crate::socket::{self, HostState, InstanceStatus, Placement, RunOrder, ToInstance, ToNest};
+use agen_harness::mcp::{LaunchContext, ToolHost};
+use agen_harness::{Harness, RunAssignment};
+use agen_shared::run::{ResponseType, RunFinished, RunState};
+pub use artifacts::NestArtifacts;
+pub use sink::NestSink;
 
-use crate::mcp::{CallError, ToolHost, ToolInfo, ToolOutput};
+/// How long one tool server may take to start and list its tools.
+const SERVER_START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// One run to execute, as assigned by the Hub (or made up by `agen run`).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RunRequest {
-    pub run_id: String,
-    /// 1 for the first attempt; a resume elsewhere has a higher attempt.
-    pub attempt: u32,
-    pub task_id: String,
-    pub namespace: String,
-    pub deployment: String,
-    /// The task's input text (this run's user message).
-    pub input: String,
-    pub labels: BTreeMap<String, String>,
-    pub conversation_id: String,
-    /// The caller's key; empty when the task has none.
-    pub conversation_key: String,
-    /// The first run of the delegation tree (this run's id when it was not delegated).
-    pub root_run_id: String,
-    /// Earlier messages of the conversation, in the JSON form of [`crate::model::Message`]
-    /// (what earlier [`RunOutcome::messages`] held).
-    pub history: Vec<Value>,
-    /// Events of earlier attempts of this run, in order; may be empty. Both dialects resume
-    /// from them (answered turns are reused, recorded results too, an interrupted
-    /// side-effecting call becomes `effect_unknown`; Keen calls are keyed `keen_<turn>`).
-    pub replay: Vec<RunEventRecord>,
+/// Arguments of `agen instance` (given by the Nest).
+#[derive(Debug, Clone)]
+pub struct InstanceArgs {
+    pub socket: PathBuf,
+    pub instance_id: String,
+    pub bundle_dir: PathBuf,
+    /// The agen binary (`AGEN_BIN` for tool servers).
+    pub agen_bin: PathBuf,
 }
 
-/// One event of a run log, as replayed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunEventRecord {
-    pub kind: String,
-    pub json: Value,
+/// Why the instance could not even talk to its Nest.
+#[derive(Debug, thiserror::Error)]
+pub enum InstanceError {
+    #[error("cannot connect to the nest socket {}: {source}", path.display())]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Socket(#[from] socket::SocketError),
+    #[error("the nest refused instance {id}: {reason}")]
+    Refused { id: String, reason: String },
+    #[error("the nest closed the socket before sending the placement of instance {0}")]
+    NoPlacement(String),
 }
 
-/// Event kinds the harness emits, and their JSON.
-pub mod event {
-    /// `{"turn": n}` (`{"flow_agent": true}` for a Keen flow's agent node): a model request is
-    /// about to be sent.
-    pub const MODEL_REQUESTED: &str = "model.requested";
-    /// `{"turn": n, "message": <the new assistant message>, "usage": {...}|null, "stop_reason"}`:
-    /// the turn's delta, never the whole context. A resume rebuilds the context from these.
-    pub const MODEL_ANSWERED: &str = "model.answered";
-    /// `{"call_id", "tool" (<server>.<tool>, or a Keen tool's name), "model_name", "side_effect",
-    /// "arguments"?}` (`arguments` only with `traceToolArguments`, secrets redacted, 4 KiB);
-    /// emitted with `sync` for a side-effecting tool, before the call is sent.
-    pub const TOOL_STARTED: &str = "tool.started";
-    /// `{"call_id", "tool", "result", "is_error", "duration_ms"}`; `sync` when side-effecting.
-    pub const TOOL_COMPLETED: &str = "tool.completed";
-    /// `{"call_id", "tool", "error" (what the model was told), "reason":
-    /// "timeout"|"cancelled"|"failed"|"unknown_tool"|"bad_arguments"|"limit"|"effect_unknown",
-    /// "duration_ms"}`; `sync` when side-effecting.
-    pub const TOOL_FAILED: &str = "tool.failed";
-    /// `{"activity": "calling time.get_current_time"}`: what the run is doing now.
-    pub const ACTIVITY: &str = "activity";
-    /// The arguments of a `report_progress` call (at most one event per 10 s; the latest
-    /// held-back report is sent when due or at the run's end).
-    pub const TASK_PROGRESS: &str = "task.progress";
-    /// `{"id" (sha256:<hex>), "name", "media_type", "size"}`: `save_artifact` stored an
-    /// artifact (or found the same bytes already stored).
-    pub const ARTIFACT_SAVED: &str = "artifact.saved";
-    /// `{"state": "succeeded"|"failed"|"cancelled", "result", "response_type"}`; always the
-    /// last event of a run, with `sync`.
-    pub const RUN_FINISHED: &str = "run.finished";
-    /// `{"reason"}`: sent by the Nest (not the harness) when the instance process died
-    /// mid-run, or was stopped, or is not on the Nest; the Hub re-dispatches the run with
-    /// attempt + 1. Replay ignores it.
-    pub const RUN_INTERRUPTED: &str = "run.interrupted";
+/// State shared by the instance's tasks.
+struct Shared {
+    to_nest: mpsc::UnboundedSender<ToNest>,
+    status: Mutex<InstanceStatus>,
+    runs: Mutex<HashMap<String, RunCtl>>,
+    /// `save_artifact` / `read_artifact` through the Nest.
+    artifacts: Arc<NestArtifacts>,
 }
 
-/// Why an event could not be appended.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum SinkError {
-    /// This attempt was superseded by a newer one: the run must stop at once.
-    #[error("run attempt is fenced off by a newer attempt")]
-    Fenced,
-    #[error("run log unavailable: {0}")]
-    Unavailable(String),
+/// One run in this instance.
+struct RunCtl {
+    attempt: u32,
+    cancel: CancellationToken,
+    /// `(acked_seq, fenced)` as the Hub last said.
+    acks: watch::Sender<(u64, bool)>,
 }
 
-/// Where a run's events go: the Nest link (fleet) or a local sled log (standalone).
-#[async_trait::async_trait]
-pub trait RunEventSink: Send + Sync {
-    /// Appends one event (kinds in [`event`]); when `sync`, returns only after it is durable.
-    async fn emit(&self, kind: &str, json: Value, sync: bool) -> Result<(), SinkError>;
+impl Shared {
+    fn set_status(&self, f: impl FnOnce(&mut InstanceStatus)) {
+        let snapshot = {
+            let mut st = self.status.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut st);
+            st.active_runs = self.active_runs();
+            st.clone()
+        };
+        let _ = self.to_nest.send(ToNest::Status(snapshot));
+    }
+
+    fn active_runs(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        v.sort();
+        v
+    }
 }
 
-/// How a run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RunState {
-    Succeeded,
-    Failed,
-    Cancelled,
-}
+/// Runs the instance until the Nest closes the socket. Returns the exit code.
+pub async fn run(args: InstanceArgs) -> Result<i32, InstanceError> {
+    let stream =
+        UnixStream::connect(&args.socket)
+            .await
+            .map_err(|source| InstanceError::Connect {
+                path: args.socket.clone(),
+                source,
+            })?;
+    let (mut reader, mut writer) = socket::split::<ToInstance, ToNest>(stream);
+    writer
+        .send(&ToNest::Hello {
+            instance_id: args.instance_id.clone(),
+            pid: std::process::id(),
+        })
+        .await?;
+    let placement = match reader.next().await? {
+        Some(ToInstance::Placement(p)) => p,
+        Some(ToInstance::Refused { reason }) => {
+            return Err(InstanceError::Refused {
+                id: args.instance_id,
+                reason,
+            })
+        }
+        Some(other) => {
+            tracing::warn!("expected a placement first, got {other:?}");
+            return Err(InstanceError::NoPlacement(args.instance_id));
+        }
+        None => return Err(InstanceError::NoPlacement(args.instance_id)),
+    };
+    tracing::info!(instance = %placement.instance_id, namespace = %placement.namespace, deployment = %placement.deployment, "instance starting");
 
-impl RunState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunState::Succeeded => "succeeded",
-            RunState::Failed => "failed",
-            RunState::Cancelled => "cancelled",
+    let (to_nest, mut out_rx) = mpsc::unbounded_channel::<ToNest>();
+    let writer_task = tokio::spawn(async move {
+        while let Some(m) = out_rx.recv().await {
+            if let Err(e) = writer.send(&m).await {
+                tracing::warn!("{e}");
+                break;
+            }
+        }
+    });
+    let shared = Arc::new(Shared {
+        artifacts: Arc::new(NestArtifacts::new(to_nest.clone())),
+        to_nest,
+        status: Mutex::new(InstanceStatus {
+            state: HostState::Starting,
+            tools_loaded: 0,
+            servers_not_connected: vec![],
+            tools: vec![],
+            message: "starting tool servers".into(),
+            active_runs: vec![],
+            server_pids: Default::default(),
+        }),
+        runs: Mutex::new(HashMap::new()),
+    });
+    shared.set_status(|_| {});
+
+    let closed = CancellationToken::new();
+    let ready = start(&args, &placement, &shared, &closed).await;
+    let slots = Arc::new(Semaphore::new(placement.concurrency.max(1) as usize));
+
+    // SIGTERM (the Nest stopping this instance) ends it like a closed socket: tool servers
+    // are shut down before exiting.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let terminated = async move {
+        match term.as_mut() {
+            Some(t) => {
+                t.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::pin!(terminated);
+
+    // Serve the Nest until it closes the socket.
+    loop {
+        let msg = tokio::select! {
+            m = reader.next() => m,
+            _ = &mut terminated => {
+                tracing::info!("SIGTERM: instance stopping");
+                break;
+            }
+        };
+        match msg {
+            Ok(Some(ToInstance::Run(a))) => start_run(&shared, &ready, &slots, &placement, a),
+            Ok(Some(ToInstance::Cancel { run_id, reason })) => {
+                let runs = shared.runs.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(r) = runs.get(&run_id) {
+                    tracing::info!(run = %run_id, reason, "run cancelled");
+                    r.cancel.cancel();
+                }
+            }
+            Ok(Some(ToInstance::Ack {
+                run_id,
+                attempt,
+                acked_seq,
+                fenced,
+            })) => {
+                let runs = shared.runs.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(r) = runs.get(&run_id).filter(|r| r.attempt == attempt) {
+                    r.acks.send_modify(|(a, f)| {
+                        *a = (*a).max(acked_seq);
+                        *f |= fenced;
+                    });
+                    if fenced {
+                        r.cancel.cancel();
+                    }
+                }
+            }
+            Ok(Some(ToInstance::ArtifactReply {
+                req,
+                artifact,
+                content,
+                error,
+            })) => shared.artifacts.deliver(
+                req,
+                artifacts::Reply {
+                    artifact,
+                    content,
+                    error,
+                },
+            ),
+            Ok(Some(ToInstance::Placement(_) | ToInstance::Refused { .. })) => {}
+            Ok(None) => break,
+            Err(e) => {
+                tracing::warn!("{e}");
+                break;
+            }
         }
     }
-}
-
-/// The end of a run.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RunOutcome {
-    pub state: RunState,
-    /// The final answer, or what went wrong.
-    pub result: String,
-    /// `"text"` or `"error"`.
-    pub response_type: String,
-    /// This run's new conversation messages (its user input, the assistant's turns and the
-    /// tool results), in the JSON form of [`crate::model::Message`], to append to the
-    /// conversation.
-    pub messages: Vec<Value>,
-}
-
-/// The tools a harness can call: implemented by [`crate::mcp::ToolHost`]; a trait so the
-/// harness does not depend on how servers are launched.
-#[async_trait::async_trait]
-pub trait ToolBackend: Send + Sync {
-    /// The MCP tools that loaded.
-    fn tools(&self) -> Vec<ToolInfo>;
-    /// Calls `<server>.<tool>` with `arguments` and `meta` (sent as `_meta`), within `timeout`;
-    /// `cancel` aborts the call (MCP cancel notification).
-    async fn call_tool(
-        &self,
-        tool: &ToolInfo,
-        arguments: serde_json::Map<String, Value>,
-        meta: serde_json::Map<String, Value>,
-        timeout: Duration,
-        cancel: CancellationToken,
-    ) -> Result<ToolOutput, CallError>;
-}
-
-#[async_trait::async_trait]
-impl ToolBackend for ToolHost {
-    fn tools(&self) -> Vec<ToolInfo> {
-        ToolHost::tools(self)
+    tracing::info!("instance exiting");
+    closed.cancel();
+    for r in shared
+        .runs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+    {
+        r.cancel.cancel();
     }
+    if let Some(h) = &ready.host {
+        let _ = tokio::time::timeout(Duration::from_secs(4), h.shutdown()).await;
+    }
+    writer_task.abort();
+    Ok(0)
+}
 
-    async fn call_tool(
-        &self,
-        tool: &ToolInfo,
-        arguments: serde_json::Map<String, Value>,
-        meta: serde_json::Map<String, Value>,
-        timeout: Duration,
-        cancel: CancellationToken,
-    ) -> Result<ToolOutput, CallError> {
-        self.call(
-            &tool.qualified_name(),
-            Value::Object(arguments),
-            meta,
-            timeout,
-            cancel,
-        )
-        .await
+/// What a started instance has: its tool servers and its harness (or why there is none).
+struct Ready {
+    host: Option<ToolHost>,
+    harness: Result<Arc<Harness>, String>,
+}
+
+/// Loads the bundle, checks secrets, starts the tool servers and reports the result.
+async fn start(
+    args: &InstanceArgs,
+    placement: &Placement,
+    shared: &Arc<Shared>,
+    closed: &CancellationToken,
+) -> Ready {
+    let unhealthy = |message: String| {
+        tracing::warn!("{message}");
+        shared.set_status(|s| {
+            s.state = HostState::Unhealthy;
+            s.message = message.clone();
+        });
+        Ready {
+            host: None,
+            harness: Err(message),
+        }
+    };
+    let dir = args.bundle_dir.clone();
+    let bundle = match tokio::task::spawn_blocking(move || Bundle::load(&dir)).await {
+        Ok(Ok(b)) => Arc::new(b),
+        Ok(Err(e)) => return unhealthy(format!("bundle: {e}")),
+        Err(e) => return unhealthy(format!("bundle: cannot load: {e}")),
+    };
+    if !placement.missing_secrets.is_empty() {
+        return unhealthy(placement.missing_secrets.join("; "));
+    }
+    let mut launch = LaunchContext::new(args.agen_bin.clone());
+    launch.secrets = placement.secrets.clone();
+    launch.start_timeout = SERVER_START_TIMEOUT;
+    let host = ToolHost::start(&bundle, launch).await;
+    let status = host.status();
+    let tools: Vec<String> = host.tools().iter().map(|t| t.qualified_name()).collect();
+    let problems: Vec<(String, String)> = status
+        .not_connected
+        .iter()
+        .map(|p| (p.server.clone(), p.reason.clone()))
+        .collect();
+    let message = match problems.first() {
+        None => format!("{} tools loaded", status.tools_loaded),
+        Some((server, reason)) => format!("tool server {server} is not connected: {reason}"),
+    };
+    shared.set_status(|s| {
+        s.state = if problems.is_empty() {
+            HostState::Running
+        } else {
+            HostState::Unhealthy
+        };
+        s.tools_loaded = status.tools_loaded;
+        s.servers_not_connected = problems.clone();
+        s.tools = tools;
+        s.message = message.clone();
+        s.server_pids = host.server_pids();
+    });
+    tracing::info!(
+        tools_loaded = status.tools_loaded,
+        not_connected = problems.len(),
+        "{message}"
+    );
+
+    // A tool server that dies makes the instance unhealthy; the Hub replaces it.
+    let (watch_host, watch_shared, watch_closed) = (host.clone(), shared.clone(), closed.clone());
+    tokio::spawn(async move {
+        let problem = tokio::select! {
+            p = watch_host.died() => p,
+            _ = watch_closed.cancelled() => return,
+        };
+        let message = format!("tool server {} died: {}", problem.server, problem.reason);
+        tracing::warn!("{message}");
+        let status = watch_host.status();
+        watch_shared.set_status(|s| {
+            s.state = HostState::Unhealthy;
+            s.tools_loaded = status.tools_loaded;
+            s.servers_not_connected = status
+                .not_connected
+                .iter()
+                .map(|p| (p.server.clone(), p.reason.clone()))
+                .collect();
+            s.server_pids = watch_host.server_pids();
+            s.message = message;
+        });
+    });
+
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(600))
+        .build();
+    let harness = match http {
+        Err(e) => Err(format!("cannot build the HTTP client: {e}")),
+        Ok(http) => Harness::new(bundle, Arc::new(host.clone()), &placement.secrets, http)
+            .map(|h| {
+                Arc::new(
+                    h.with_progress(true)
+                        .with_artifacts(shared.artifacts.clone()),
+                )
+            })
+            .map_err(|e| e.to_string()),
+    };
+    if let Err(e) = &harness {
+        tracing::warn!("runs will fail: {e}");
+    }
+    Ready {
+        host: Some(host),
+        harness,
+    }
+}
+
+fn start_run(
+    shared: &Arc<Shared>,
+    ready: &Ready,
+    slots: &Arc<Semaphore>,
+    placement: &Placement,
+    order: RunOrder,
+) {
+    let req = run_request(order, placement);
+    let run_id = req.run_id.to_string();
+    let cancel = CancellationToken::new();
+    let (acks, acks_rx) = watch::channel((0u64, false));
+    {
+        let mut runs = shared.runs.lock().unwrap_or_else(|p| p.into_inner());
+        if runs.contains_key(&run_id) {
+            tracing::debug!(run = %run_id, "run already in progress here; assignment ignored");
+            return;
+        }
+        runs.insert(
+            run_id.clone(),
+            RunCtl {
+                attempt: req.attempt,
+                cancel: cancel.clone(),
+                acks,
+            },
+        );
+    }
+    shared.set_status(|_| {});
+    let sink = Arc::new(NestSink::new(
+        run_id.clone(),
+        req.attempt,
+        req.task_id.to_string(),
+        shared.to_nest.clone(),
+        acks_rx,
+    ));
+    let harness = ready.harness.clone();
+    let (shared, slots) = (shared.clone(), slots.clone());
+    tokio::spawn(async move {
+        let attempt = req.attempt;
+        let finished = match harness {
+            Err(reason) => RunFinished {
+                state: RunState::Failed,
+                result: reason,
+                response_type: ResponseType::Error,
+                messages: Vec::new(),
+            },
+            Ok(h) => {
+                let permit = tokio::select! {
+                    p = slots.acquire_owned() => p.ok(),
+                    _ = cancel.cancelled() => None,
+                };
+                match permit {
+                    None => RunFinished {
+                        state: RunState::Cancelled,
+                        result: "cancelled before it started".into(),
+                        response_type: ResponseType::Error,
+                        messages: Vec::new(),
+                    },
+                    Some(_permit) => {
+                        tracing::info!(run = %req.run_id, attempt, task = %req.task_id, "run started");
+                        let outcome = h.run(req.clone(), sink.clone(), cancel.clone()).await;
+                        tracing::info!(run = %req.run_id, state = outcome.state.as_str(), "run finished");
+                        RunFinished {
+                            state: outcome.state,
+                            result: outcome.result,
+                            response_type: outcome.response_type,
+                            messages: outcome.messages,
+                        }
+                    }
+                }
+            }
+        };
+        if let Err(e) = sink.finish(finished).await {
+            tracing::warn!(run = %run_id, "run.finished not acknowledged: {e}");
+        }
+        shared
+            .runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&run_id);
+        let _ = shared.to_nest.send(ToNest::RunDone { run_id, attempt });
+        shared.set_status(|_| {});
+    });
+}
+
+/// The run as the harness takes it: the Hub's order, with the placement's namespace and
+/// deployment where the order left them out.
+fn run_request(order: RunOrder, placement: &Placement) -> RunAssignment {
+    let mut run = order.run;
+    run.attempt = run.attempt.max(1);
+    if run.namespace.is_empty() {
+        run.namespace = placement.namespace.clone();
+    }
+    if run.deployment.is_empty() {
+        run.deployment = placement.deployment.clone();
+    }
+    run
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn a_run_request_defaults_from_the_placement() {
+        let p = Placement {
+            instance_id: "i".into(),
+            namespace: "ns".into(),
+            deployment: "dep".into(),
+            bundle_digest: String::new(),
+            generation: 1,
+            concurrency: 1,
+            secrets: Default::default(),
+            missing_secrets: vec![],
+        };
+        let r = run_request(
+            RunOrder::from(agen_proto::v1::AssignRun {
+                run_id: "r1".into(),
+                attempt: 0,
+                history_json: r#"[{"role":"user","content":"hi"}]"#.into(),
+                ..Default::default()
+            }),
+            &p,
+        );
+        assert_eq!(
+            (
+                r.root_run_id().as_str(),
+                r.attempt,
+                r.namespace.as_str(),
+                r.deployment.as_str()
+            ),
+            ("r1", 1, "ns", "dep")
+        );
+        assert_eq!(r.history, vec![agen_shared::run::Message::user("hi")]);
     }
 }

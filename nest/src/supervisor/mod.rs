@@ -36,8 +36,8 @@ use tokio_util::task::TaskTracker;
 use crate::bundles::BundleCache;
 use crate::config::NestOptions;
 use crate::hub_link::Outbox;
-use crate::instance::event::RUN_INTERRUPTED;
-use crate::socket::{self, HostState, Placement, RunAssignment, ToInstance, ToNest};
+use crate::socket::{self, HostState, Placement, RunOrder, ToInstance, ToNest};
+use agen_shared::run::{RunEventBody, RunInterrupted};
 use backoff::Backoff;
 use children::{ChildRecord, Children};
 
@@ -262,7 +262,7 @@ impl Supervisor {
             task_id: a.task_id.clone(),
             last_seq: 0,
         };
-        let msg = ToInstance::Run(RunAssignment::from(a));
+        let msg = ToInstance::Run(RunOrder::from(a));
         let mut st = self.lock();
         if !st.instances.contains_key(&id) {
             drop(st);
@@ -539,8 +539,11 @@ impl Supervisor {
             seq: track.last_seq + 1,
             task_id: track.task_id.clone(),
             at_ms: chrono::Utc::now().timestamp_millis(),
-            kind: RUN_INTERRUPTED.into(),
-            json: serde_json::json!({ "reason": why }).to_string(),
+            kind: agen_shared::run::kind::RUN_INTERRUPTED.into(),
+            json: RunEventBody::RunInterrupted(RunInterrupted {
+                reason: why.to_string(),
+            })
+            .to_json_string(),
             sync: true,
         };
         self.outbox.push(&track.instance, event);

@@ -3,7 +3,7 @@
 //! lists their tools as `<server>.<tool>`, calls them with `_meta`, a timeout and cancellation,
 //! and notices when a server dies.
 //!
-//! Public API (used by `host` — the `agen instance` process — and by `instance`, the harness):
+//! Public API (used by `agen_nest::instance` — the `agen instance` process — and by `run`, the harness loop):
 //! - [`ToolHost::start`] starts every server of a bundle (in parallel, each with a start deadline)
 //!   and never fails as a whole: a server that does not start is reported in
 //!   [`ToolHost::status`] with the first lines of its stderr.

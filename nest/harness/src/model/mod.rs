@@ -1,7 +1,7 @@
 //! Model providers: the provider-neutral message model, the [`ModelProvider`] trait and its
 //! real HTTP clients (OpenAI-compatible Chat Completions in [`openai`], Anthropic Messages in
-//! [`anthropic`]), the bounded retry policy they share, and the scripted fake model ([`fake`])
-//! that tests and demos serve over the same HTTP APIs.
+//! [`anthropic`]), the bounded retry policy they share, (the scripted fake model that tests and
+//! demos serve over the same HTTP APIs is the `agen-fake-model` crate).
 //!
 //! Invariants: a provider retries only what may succeed on a second try (429, 5xx, connect and
 //! timeout errors) and at most [`RetryPolicy::max_tries`] times; a 4xx such as 401 is never
@@ -10,7 +10,6 @@
 //! conversation histories and run logs (`{"role": "assistant", "content": ..., "tool_calls": [...]}`).
 
 pub mod anthropic;
-pub mod fake;
 pub mod openai;
 
 use std::time::Duration;
@@ -20,63 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-/// One message of a conversation, provider-neutral. The JSON form is what conversation
-/// histories and run logs hold.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "role", rename_all = "lowercase")]
-pub enum Message {
-    /// Instructions; usually only in [`ModelRequest::system`], kept here for completeness.
-    System {
-        content: String,
-    },
-    User {
-        content: String,
-    },
-    Assistant {
-        #[serde(default)]
-        content: String,
-        #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        tool_calls: Vec<ToolCall>,
-    },
-    /// The result of one tool call, answering the assistant's call `call_id`.
-    Tool {
-        call_id: String,
-        /// The model-facing tool name (`<server>_<tool>` or a built-in).
-        name: String,
-        content: String,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        is_error: bool,
-    },
-}
-
-impl Message {
-    pub fn user(content: impl Into<String>) -> Message {
-        Message::User {
-            content: content.into(),
-        }
-    }
-    pub fn assistant(content: impl Into<String>) -> Message {
-        Message::Assistant {
-            content: content.into(),
-            tool_calls: Vec::new(),
-        }
-    }
-    pub fn to_json(&self) -> Value {
-        serde_json::to_value(self).unwrap_or(Value::Null)
-    }
-}
-
-/// A tool call asked for by the model.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ToolCall {
-    /// The provider's call id (made up when the provider gives none).
-    pub id: String,
-    /// The model-facing tool name.
-    pub name: String,
-    /// The arguments as parsed JSON (an object, or the raw text as a string when the model
-    /// sent arguments that are not JSON).
-    pub arguments: Value,
-}
+pub use agen_shared::run::{Message, ToolCall, Usage};
 
 /// A tool offered to the model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -96,13 +39,6 @@ pub struct ModelRequest {
     pub tools: Vec<ToolSpec>,
     /// Whether the model may ask for several tools in one turn.
     pub parallel_tool_calls: bool,
-}
-
-/// Token counts, when the provider reports them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    pub input_tokens: u64,
-    pub output_tokens: u64,
 }
 
 /// The model's answer to one request.

@@ -14,10 +14,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use agen_nest::instance::artifacts::{artifact_id, LocalArtifacts, MAX_ARTIFACT_BYTES};
-use agen_nest::instance::{Harness, RunEventSink, RunOutcome, RunRequest, SinkError};
-use agen_nest::mcp::{LaunchContext, ToolHost};
-use agen_nest::model::fake::{FakeModel, Script, Step};
+use agen_fake_model::{FakeModel, Script, Step};
+use agen_harness::artifacts::{artifact_id, LocalArtifacts, MAX_ARTIFACT_BYTES};
+use agen_harness::mcp::{LaunchContext, ToolHost};
+use agen_harness::{
+    Harness, RunAssignment as RunRequest, RunEventBody, RunEventSink, RunOutcome, SinkError,
+};
 use agen_shared::bundle::Bundle;
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
@@ -30,8 +32,11 @@ struct MemorySink {
 
 #[async_trait::async_trait]
 impl RunEventSink for MemorySink {
-    async fn emit(&self, kind: &str, json: Value, _sync: bool) -> Result<(), SinkError> {
-        self.events.lock().unwrap().push((kind.to_string(), json));
+    async fn emit(&self, body: RunEventBody, _sync: bool) -> Result<(), SinkError> {
+        self.events
+            .lock()
+            .unwrap()
+            .push((body.kind().to_string(), body.to_json()));
         Ok(())
     }
 }
@@ -107,6 +112,7 @@ fn tool_results(outcome: &RunOutcome) -> Vec<String> {
     outcome
         .messages
         .iter()
+        .map(|m| m.to_json())
         .filter(|m| m["role"] == "tool")
         .map(|m| m["content"].as_str().unwrap().to_string())
         .collect()
@@ -202,7 +208,7 @@ async fn saved_artifacts_are_read_back_in_pages_and_the_same_bytes_keep_one_id()
 /// called the way the harness calls it.)
 #[tokio::test]
 async fn an_artifact_over_25_mb_is_refused_with_a_clear_error() {
-    use agen_nest::instance::artifacts::{ArtifactStore, NewArtifact};
+    use agen_harness::artifacts::{ArtifactStore, NewArtifact};
     let store_dir = tempfile::tempdir().unwrap();
     let store = LocalArtifacts::new(store_dir.path());
     let err = store
@@ -261,7 +267,6 @@ async fn bad_arguments_and_bad_ids_are_clear_tool_errors_and_the_run_goes_on() {
 /// twice), and a resumed run whose log holds only that id answers the call from the store.
 #[tokio::test]
 async fn long_saves_are_logged_by_id_and_a_resumed_run_finds_the_artifact() {
-    use agen_nest::instance::RunEventRecord;
     let long = "a long chapter. ".repeat(4000);
     let id = artifact_id(long.as_bytes());
     let store = tempfile::tempdir().unwrap();
@@ -281,6 +286,7 @@ async fn long_saves_are_logged_by_id_and_a_resumed_run_finds_the_artifact() {
     let assistant = outcome
         .messages
         .iter()
+        .map(|m| m.to_json())
         .find(|m| m["role"] == "assistant")
         .unwrap();
     assert_eq!(assistant["tool_calls"][0]["arguments"], reference);
@@ -288,18 +294,15 @@ async fn long_saves_are_logged_by_id_and_a_resumed_run_finds_the_artifact() {
 
     // Resume as if the instance died right after the model answered (nothing after it is in
     // the log): the call is answered from the store, not saved from a lost content.
-    let replay: Vec<RunEventRecord> = sink
+    let replay: Vec<RunEventBody> = sink
         .events
         .lock()
         .unwrap()
         .iter()
         .take_while(|(k, _)| k != "tool.started")
-        .map(|(kind, json)| RunEventRecord {
-            kind: kind.clone(),
-            json: json.clone(),
-        })
+        .map(|(kind, json)| RunEventBody::from_parts(kind, json.clone()).unwrap())
         .collect();
-    assert_eq!(replay.last().unwrap().kind, "model.answered");
+    assert_eq!(replay.last().unwrap().kind(), "model.answered");
     let model = FakeModel::start(Script::steps(steps), "127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use agen_nest::mcp::{CallError, LaunchContext, ServerProblem, ToolHost};
+use agen_harness::mcp::{CallError, LaunchContext, ServerProblem, ToolHost};
 use agen_shared::bundle::Bundle;
 use pretty_assertions::assert_eq;
 use serde_json::{json, Map, Value};
@@ -19,7 +19,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .expect("nest/ is inside the repo")
+        .and_then(Path::parent)
+        .expect("nest/harness/ is two levels inside the repo")
         .to_path_buf()
 }
 
@@ -102,7 +103,7 @@ async fn call(
     host: &ToolHost,
     name: &str,
     args: Value,
-) -> Result<agen_nest::mcp::ToolOutput, CallError> {
+) -> Result<agen_harness::mcp::ToolOutput, CallError> {
     host.call(
         name,
         args,
@@ -299,7 +300,7 @@ async fn command_servers_get_a_cleared_environment_and_run_in_the_bundle() {
     let unexpected: Vec<&String> = env
         .keys()
         .filter(|k| {
-            !(agen_nest::mcp::ALLOWED_ENV.contains(&k.as_str())
+            !(agen_harness::mcp::ALLOWED_ENV.contains(&k.as_str())
                 || k.starts_with("LC_")
                 || expected_keys.contains(&k.as_str()))
         })

@@ -12,9 +12,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agen_nest::instance::{Harness, RunEventSink, RunOutcome, RunRequest, RunState, SinkError};
-use agen_nest::mcp::{LaunchContext, ToolHost};
-use agen_nest::model::fake::{FakeModel, Script, Step};
+use agen_fake_model::{FakeModel, Script, Step};
+use agen_harness::mcp::{LaunchContext, ToolHost};
+use agen_harness::{
+    Harness, RunAssignment as RunRequest, RunEventBody, RunEventSink, RunOutcome, RunState,
+    SinkError,
+};
 use agen_shared::bundle::Bundle;
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
@@ -26,7 +29,8 @@ use tokio_util::sync::CancellationToken;
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .expect("nest/ has a parent")
+        .and_then(Path::parent)
+        .expect("nest/harness/ is two levels inside the repo")
         .to_path_buf()
 }
 
@@ -128,7 +132,8 @@ impl MemorySink {
 
 #[async_trait::async_trait]
 impl RunEventSink for MemorySink {
-    async fn emit(&self, kind: &str, json: Value, sync: bool) -> Result<(), SinkError> {
+    async fn emit(&self, body: RunEventBody, sync: bool) -> Result<(), SinkError> {
+        let (kind, json) = (body.kind().to_string(), body.to_json());
         self.events
             .lock()
             .unwrap()
@@ -206,6 +211,7 @@ fn tool_messages(outcome: &RunOutcome) -> Vec<(String, String)> {
     outcome
         .messages
         .iter()
+        .map(|m| m.to_json())
         .filter(|m| m["role"] == "tool")
         .map(|m| {
             (
@@ -290,10 +296,10 @@ async fn scripted_model_calls_the_time_server_and_answers_with_its_result() {
     );
 
     // The run's new messages: the user input, the call, its result, the answer.
-    let roles: Vec<&str> = outcome
+    let roles: Vec<String> = outcome
         .messages
         .iter()
-        .map(|m| m["role"].as_str().unwrap())
+        .map(|m| m.to_json()["role"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(roles, vec!["user", "assistant", "tool", "assistant"]);
 
@@ -895,7 +901,11 @@ async fn a_second_run_of_a_conversation_sees_the_first_runs_history() {
     let agent = Agent::start(&bundle).await;
     let (first, _) = agent.run(request("my name is Ada")).await;
     assert_eq!(
-        first.messages,
+        first
+            .messages
+            .iter()
+            .map(|m| m.to_json())
+            .collect::<Vec<_>>(),
         vec![
             json!({"role": "user", "content": "my name is Ada"}),
             json!({"role": "assistant", "content": "nice to meet you"})
@@ -916,7 +926,7 @@ async fn a_second_run_of_a_conversation_sees_the_first_runs_history() {
 
 #[tokio::test]
 async fn the_sled_run_log_keeps_every_event_in_order() {
-    use agen_nest::instance::standalone::SledRunLog;
+    use agen_harness::standalone::SledRunLog;
     let model = fake(vec![Step::reply("logged")]).await;
     let bundle = TestBundle::new("openai/m", &model.openai_base_url(), &[]);
     let agent = Agent::start(&bundle).await;
@@ -931,7 +941,7 @@ async fn the_sled_run_log_keeps_every_event_in_order() {
     let events = SledRunLog::read_all(&dir.path().join("run-1")).unwrap();
     let kinds: Vec<&str> = events
         .iter()
-        .map(|(k, _)| k.as_str())
+        .map(|e| e.kind())
         .filter(|k| *k != "activity")
         .collect();
     assert_eq!(
@@ -939,7 +949,7 @@ async fn the_sled_run_log_keeps_every_event_in_order() {
         vec!["model.requested", "model.answered", "run.finished"]
     );
     assert_eq!(
-        events.last().unwrap().1,
+        events.last().unwrap().to_json(),
         json!({"state": "succeeded", "result": "logged", "response_type": "text"})
     );
 }
@@ -953,10 +963,9 @@ async fn agen_run_exits_64_on_a_bad_bundle() {
         "---\nmodel: nobody/x\n---\nhi\n",
     )
     .unwrap();
-    let code =
-        agen_nest::instance::standalone::run_cli(dir.path().to_path_buf(), "hi".into(), None)
-            .await
-            .unwrap();
+    let code = agen_harness::standalone::run_cli(dir.path().to_path_buf(), "hi".into(), None)
+        .await
+        .unwrap();
     assert_eq!(code, 64);
     let platform = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(platform.path().join("x-agen")).unwrap();
@@ -970,10 +979,9 @@ async fn agen_run_exits_64_on_a_bad_bundle() {
         r#"{"KEY": {"source": "platform"}}"#,
     )
     .unwrap();
-    let code =
-        agen_nest::instance::standalone::run_cli(platform.path().to_path_buf(), "hi".into(), None)
-            .await
-            .unwrap();
+    let code = agen_harness::standalone::run_cli(platform.path().to_path_buf(), "hi".into(), None)
+        .await
+        .unwrap();
     assert_eq!(code, 64);
 }
 
@@ -1029,7 +1037,6 @@ async fn keen_mode_sends_no_tools_and_returns_results_as_system_responses() {
 
 #[tokio::test]
 async fn a_resumed_run_reuses_answered_turns_and_never_repeats_an_interrupted_side_effect() {
-    use agen_nest::instance::RunEventRecord;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("meta.jsonl");
     // Step 0 would be the first turn; a resume must not ask it again.
@@ -1046,10 +1053,7 @@ async fn a_resumed_run_reuses_answered_turns_and_never_repeats_an_interrupted_si
         )],
     );
     let agent = Agent::start(&bundle).await;
-    let ev = |kind: &str, json: Value| RunEventRecord {
-        kind: kind.into(),
-        json,
-    };
+    let ev = |kind: &str, json: Value| RunEventBody::from_parts(kind, json).unwrap();
     let mut req = request("do three things");
     req.attempt = 2;
     req.replay = vec![
@@ -1125,7 +1129,6 @@ async fn a_resumed_run_reuses_answered_turns_and_never_repeats_an_interrupted_si
 
 #[tokio::test]
 async fn a_resumed_keen_run_reuses_its_turns_and_results_and_never_repeats_a_side_effect() {
-    use agen_nest::instance::RunEventRecord;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("meta.jsonl");
     let echo = |text: &str| {
@@ -1150,10 +1153,7 @@ async fn a_resumed_keen_run_reuses_its_turns_and_results_and_never_repeats_a_sid
         ],
     );
     let agent = Agent::start(&bundle).await;
-    let ev = |kind: &str, json: Value| RunEventRecord {
-        kind: kind.into(),
-        json,
-    };
+    let ev = |kind: &str, json: Value| RunEventBody::from_parts(kind, json).unwrap();
     let mut req = request("charge twice");
     req.attempt = 2;
     req.replay = vec![
@@ -1281,8 +1281,8 @@ struct LosesResults;
 
 #[async_trait::async_trait]
 impl RunEventSink for LosesResults {
-    async fn emit(&self, kind: &str, _json: Value, sync: bool) -> Result<(), SinkError> {
-        if sync && kind == "tool.completed" {
+    async fn emit(&self, body: RunEventBody, sync: bool) -> Result<(), SinkError> {
+        if sync && body.kind() == "tool.completed" {
             return Err(SinkError::Unavailable("disk full".into()));
         }
         Ok(())

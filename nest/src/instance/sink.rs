@@ -8,11 +8,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde_json::Value;
+use agen_shared::run::RunFinished;
 use tokio::sync::{mpsc, watch};
 
-use crate::instance::{event, RunEventSink, SinkError};
 use crate::socket::{RunEventMsg, ToNest};
+use agen_harness::{RunEventBody, RunEventSink, SinkError};
 
 pub struct NestSink {
     run_id: String,
@@ -42,11 +42,11 @@ impl NestSink {
     }
 
     /// Sends the final `run.finished` (sync) and waits for its ack.
-    pub async fn finish(&self, json: Value) -> Result<(), SinkError> {
-        self.send(event::RUN_FINISHED, json, true).await
+    pub async fn finish(&self, finished: RunFinished) -> Result<(), SinkError> {
+        self.send(RunEventBody::RunFinished(finished), true).await
     }
 
-    async fn send(&self, kind: &str, json: Value, sync: bool) -> Result<(), SinkError> {
+    async fn send(&self, body: RunEventBody, sync: bool) -> Result<(), SinkError> {
         if self.acks.borrow().1 {
             return Err(SinkError::Fenced);
         }
@@ -57,8 +57,7 @@ impl NestSink {
             seq,
             task_id: self.task_id.clone(),
             at_ms: chrono::Utc::now().timestamp_millis(),
-            kind: kind.to_string(),
-            json: json.to_string(),
+            body,
             sync,
         };
         self.to_nest
@@ -89,12 +88,12 @@ impl NestSink {
 
 #[async_trait::async_trait]
 impl RunEventSink for NestSink {
-    async fn emit(&self, kind: &str, json: Value, sync: bool) -> Result<(), SinkError> {
-        if kind == event::RUN_FINISHED {
-            // The host sends the final one, with the run's messages.
+    async fn emit(&self, body: RunEventBody, sync: bool) -> Result<(), SinkError> {
+        if matches!(body, RunEventBody::RunFinished(_)) {
+            // The instance sends the final one, with the run's messages.
             return Ok(());
         }
-        self.send(kind, json, sync).await
+        self.send(body, sync).await
     }
 }
 
@@ -103,6 +102,10 @@ mod tests {
     use super::*;
     use serde_json::json;
     use std::sync::Arc;
+
+    fn body(kind: &str, json: serde_json::Value) -> RunEventBody {
+        RunEventBody::from_parts(kind, json).unwrap()
+    }
 
     fn sink() -> (
         Arc<NestSink>,
@@ -120,7 +123,7 @@ mod tests {
 
     fn seq_kind(m: ToNest) -> (u64, String, bool) {
         match m {
-            ToNest::Event(e) => (e.seq, e.kind, e.sync),
+            ToNest::Event(e) => (e.seq, e.body.kind().to_string(), e.sync),
             other => panic!("expected an event, got {other:?}"),
         }
     }
@@ -128,15 +131,21 @@ mod tests {
     #[tokio::test]
     async fn events_are_numbered_from_one_and_sync_waits_for_the_ack() {
         let (s, mut rx, acks) = sink();
-        s.emit("model.requested", json!({"turn": 1}), false)
+        s.emit(body("model.requested", json!({"turn": 1})), false)
             .await
             .expect("async emit");
-        s.emit("run.finished", json!({}), true)
+        s.emit(body("run.finished", json!({"state": "succeeded"})), true)
             .await
             .expect("held back");
         let waiting = tokio::spawn({
             let s = s.clone();
-            async move { s.emit("tool.started", json!({}), true).await }
+            async move {
+                s.emit(
+                    body("tool.started", json!({"call_id": "c", "tool": "t"})),
+                    true,
+                )
+                .await
+            }
         });
         assert_eq!(
             seq_kind(rx.recv().await.expect("event")),
@@ -158,7 +167,7 @@ mod tests {
         waiting.await.expect("join").expect("acked");
         drop(acks);
         let err = s
-            .finish(json!({"state": "succeeded"}))
+            .finish(serde_json::from_value(json!({"state": "succeeded"})).unwrap())
             .await
             .expect_err("no ack can come any more");
         assert!(matches!(err, SinkError::Unavailable(_)), "{err}");
@@ -169,11 +178,15 @@ mod tests {
         let (s, _rx, acks) = sink();
         acks.send_replace((0, true));
         assert!(matches!(
-            s.emit("tool.started", json!({}), true).await,
+            s.emit(
+                body("tool.started", json!({"call_id": "c", "tool": "t"})),
+                true
+            )
+            .await,
             Err(SinkError::Fenced)
         ));
         assert!(matches!(
-            s.emit("log", json!({}), false).await,
+            s.emit(body("log", json!({})), false).await,
             Err(SinkError::Fenced)
         ));
     }

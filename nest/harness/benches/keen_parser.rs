@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use agen_nest::keen::parser::{parse_reply, Mistake, ParsedReply};
+use agen_harness::keen::parser::{parse_reply, Mistake, ParsedReply};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
 /// What a case must parse to.

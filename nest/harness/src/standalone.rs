@@ -7,7 +7,7 @@
 //! run has its own sled database under the run-log folder (`$XDG_STATE_HOME/agen/runs/<run id>`,
 //! or `~/.local/state/agen/runs/<run id>`), so concurrent `agen run`s never contend for a lock.
 //! Artifacts go to files beside the run logs (`$XDG_STATE_HOME/agen/artifacts/standalone`, see
-//! [`super::artifacts::LocalArtifacts`]); when the run saved any, stderr says where.
+//! [`crate::artifacts::LocalArtifacts`]); when the run saved any, stderr says where.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,13 +17,14 @@ use std::time::Duration;
 
 use agen_shared::bundle::{referenced_secrets, Bundle, ModelRef, Provider, SecretSource};
 use anyhow::Context;
-use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::artifacts::LocalArtifacts;
-use super::{model_config, Harness, RunEventSink, RunRequest, RunState, SinkError};
+use crate::artifacts::LocalArtifacts;
 use crate::mcp::{LaunchContext, ToolHost};
 use crate::model::provider_for;
+use crate::run::{
+    model_config, Harness, RunAssignment, RunEventBody, RunEventSink, RunState, SinkError,
+};
 
 /// Exit code of a bad bundle or bad arguments.
 pub const EXIT_BAD_INPUT: i32 = 64;
@@ -100,7 +101,7 @@ pub async fn run_cli(dir: PathBuf, prompt: String, model: Option<String>) -> any
         .build()
         .context("while building the HTTP client")?;
     let provider = Arc::from(provider_for(config, http));
-    let artifacts = Arc::new(LocalArtifacts::new(super::artifacts::default_dir()));
+    let artifacts = Arc::new(LocalArtifacts::new(crate::artifacts::default_dir()));
     let harness = match Harness::with_provider(bundle.clone(), Arc::new(host.clone()), provider) {
         Ok(h) => h
             .with_secret_values(&secrets)
@@ -125,17 +126,17 @@ pub async fn run_cli(dir: PathBuf, prompt: String, model: Option<String>) -> any
             on_signal.cancel();
         }
     });
-    let req = RunRequest {
-        run_id: run_id.clone(),
+    let req = RunAssignment {
+        run_id: run_id.clone().into(),
         attempt: 1,
-        task_id: run_id.clone(),
+        task_id: run_id.clone().into(),
         namespace: STANDALONE_NAMESPACE.into(),
         deployment: bundle.agent.name.clone(),
         input: prompt,
         labels: BTreeMap::new(),
         conversation_id: run_id.clone(),
         conversation_key: String::new(),
-        root_run_id: run_id.clone(),
+        root_run_id: run_id.clone().into(),
         history: Vec::new(),
         replay: Vec::new(),
     };
@@ -180,7 +181,7 @@ pub fn runs_dir() -> PathBuf {
 }
 
 /// A run log in a local sled database: tree `events`, key `(attempt, seq)` big-endian, value
-/// `{"kind", "at", "json"}`.
+/// `{"kind", "at", "json"}` (a [`RunEventBody`] in its serialised form, plus the time).
 pub struct SledRunLog {
     db: sled::Db,
     events: sled::Tree,
@@ -211,19 +212,16 @@ impl SledRunLog {
         })
     }
 
-    /// Every event in order, as `(kind, json)`.
-    pub fn read_all(dir: &Path) -> anyhow::Result<Vec<(String, Value)>> {
+    /// Every event in order.
+    pub fn read_all(dir: &Path) -> anyhow::Result<Vec<RunEventBody>> {
         let db = sled::open(dir)
             .with_context(|| format!("while opening the run log {}", dir.display()))?;
         let events = db.open_tree("events")?;
         let mut out = Vec::new();
         for kv in events.iter() {
             let (_, v) = kv?;
-            let v: Value = serde_json::from_slice(&v)?;
-            out.push((
-                v["kind"].as_str().unwrap_or_default().to_string(),
-                v["json"].clone(),
-            ));
+            let record: LoggedEvent = serde_json::from_slice(&v)?;
+            out.push(record.body);
         }
         Ok(out)
     }
@@ -231,14 +229,17 @@ impl SledRunLog {
 
 #[async_trait::async_trait]
 impl RunEventSink for SledRunLog {
-    async fn emit(&self, kind: &str, json: Value, sync: bool) -> Result<(), SinkError> {
+    async fn emit(&self, body: RunEventBody, sync: bool) -> Result<(), SinkError> {
         let seq = self.seq.fetch_add(1, Ordering::SeqCst);
-        if kind == super::event::ARTIFACT_SAVED {
+        if matches!(body, RunEventBody::ArtifactSaved(_)) {
             self.artifacts_saved.fetch_add(1, Ordering::SeqCst);
         }
         let mut key = self.attempt.to_be_bytes().to_vec();
         key.extend_from_slice(&seq.to_be_bytes());
-        let record = json!({"kind": kind, "at": chrono::Utc::now().to_rfc3339(), "json": json});
+        let record = LoggedEvent {
+            at: chrono::Utc::now().to_rfc3339(),
+            body,
+        };
         let bytes =
             serde_json::to_vec(&record).map_err(|e| SinkError::Unavailable(e.to_string()))?;
         self.events
@@ -253,4 +254,13 @@ impl RunEventSink for SledRunLog {
         }
         Ok(())
     }
+}
+
+/// One record of a [`SledRunLog`]: `{"kind", "json", "at"}`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct LoggedEvent {
+    #[serde(default)]
+    at: String,
+    #[serde(flatten)]
+    body: RunEventBody,
 }

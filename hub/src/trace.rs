@@ -1,0 +1,269 @@
+//! A task's trace, built from its run log: a root span for the run, one span per model turn
+//! (`model.requested` → `model.answered`) and one per tool call (`tool.started` →
+//! `tool.completed`/`tool.failed`, matched by call id). Ids are W3C and derived exactly as the
+//! harness derives them (`agen_shared::run::trace`), so the `traceparent` a tool server received
+//! names its span here.
+
+use std::collections::BTreeMap;
+
+use agen_shared::run::{trace, RunEventBody};
+
+use crate::model::{RunEventRec, TaskRec};
+
+/// One span of a trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpanRec {
+    pub span_id: String,
+    pub parent_span_id: String,
+    pub name: String,
+    pub start_ms: i64,
+    pub end_ms: i64,
+    pub status: String,
+    pub attributes: BTreeMap<String, String>,
+}
+
+/// The run's trace id (every attempt is in one trace).
+pub fn trace_id(task: &TaskRec) -> String {
+    trace::trace_id(&task.run_id)
+}
+
+/// Builds the spans of `task` from its run events, in log order.
+pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
+    let root_id = trace::run_span_id(&task.run_id, 0);
+    let end = if task.finished_at_ms > 0 {
+        task.finished_at_ms
+    } else {
+        events.last().map(|e| e.at_ms).unwrap_or(0)
+    };
+    let mut spans = vec![SpanRec {
+        span_id: root_id.clone(),
+        parent_span_id: String::new(),
+        name: format!("task {}", task.deployment),
+        start_ms: if task.started_at_ms > 0 {
+            task.started_at_ms
+        } else {
+            task.created_at_ms
+        },
+        end_ms: end,
+        status: task.state.as_str().to_string(),
+        attributes: BTreeMap::from([
+            ("task_id".to_string(), task.task_id.clone()),
+            ("run_id".to_string(), task.run_id.clone()),
+            ("attempt".to_string(), task.attempt.to_string()),
+        ]),
+    }];
+    let mut open_model: Option<usize> = None;
+    let mut open_tools: Vec<(String, usize)> = Vec::new();
+    let mut turn = 0;
+    for e in events {
+        match RunEventBody::from_wire_lossy(&e.kind, &e.json) {
+            RunEventBody::ModelRequested(r) => {
+                turn += 1;
+                let key = r
+                    .turn
+                    .map(|t| t.to_string())
+                    .unwrap_or_else(|| format!("seq-{}", e.seq));
+                spans.push(SpanRec {
+                    span_id: trace::model_span_id(&e.run_id, e.attempt, &key),
+                    parent_span_id: root_id.clone(),
+                    name: if r.flow_agent {
+                        "flow agent".to_string()
+                    } else {
+                        format!("model turn {turn}")
+                    },
+                    start_ms: e.at_ms,
+                    end_ms: 0,
+                    status: "running".into(),
+                    attributes: BTreeMap::from([("attempt".to_string(), e.attempt.to_string())]),
+                });
+                open_model = Some(spans.len() - 1);
+            }
+            RunEventBody::ModelAnswered(a) => {
+                if let Some(i) = open_model.take() {
+                    spans[i].end_ms = e.at_ms;
+                    spans[i].status = if a.error.is_some() { "error" } else { "ok" }.into();
+                    if let Some(u) = a.usage {
+                        spans[i]
+                            .attributes
+                            .insert("input_tokens".into(), u.input_tokens.to_string());
+                        spans[i]
+                            .attributes
+                            .insert("output_tokens".into(), u.output_tokens.to_string());
+                    }
+                }
+            }
+            RunEventBody::ToolStarted(s) => {
+                let mut attributes = BTreeMap::from([
+                    ("tool".to_string(), s.tool.clone()),
+                    ("call_id".to_string(), s.call_id.clone()),
+                    ("attempt".to_string(), e.attempt.to_string()),
+                ]);
+                if let Some(args) = &s.arguments {
+                    attributes.insert("arguments".into(), args.to_string());
+                }
+                spans.push(SpanRec {
+                    span_id: s
+                        .span_id
+                        .clone()
+                        .unwrap_or_else(|| trace::tool_span_id(&e.run_id, e.attempt, &s.call_id)),
+                    parent_span_id: root_id.clone(),
+                    name: format!("tool {}", s.tool),
+                    start_ms: e.at_ms,
+                    end_ms: 0,
+                    status: "running".into(),
+                    attributes,
+                });
+                open_tools.push((s.call_id, spans.len() - 1));
+            }
+            RunEventBody::ToolCompleted(c) => {
+                close_tool(&mut spans, &mut open_tools, &c.call_id, e.at_ms, c.is_error)
+            }
+            RunEventBody::ToolFailed(f) => {
+                close_tool(&mut spans, &mut open_tools, &f.call_id, e.at_ms, true)
+            }
+            _ => {}
+        }
+    }
+    for s in spans.iter_mut() {
+        if s.end_ms == 0 {
+            s.end_ms = end.max(s.start_ms);
+            if s.status == "running" && task.state.is_terminal() {
+                s.status = "unfinished".into();
+            }
+        }
+    }
+    spans
+}
+
+fn close_tool(
+    spans: &mut [SpanRec],
+    open: &mut Vec<(String, usize)>,
+    call_id: &str,
+    at_ms: i64,
+    error: bool,
+) {
+    if let Some(p) = open.iter().position(|(k, _)| k == call_id) {
+        let (_, i) = open.remove(p);
+        spans[i].end_ms = at_ms;
+        spans[i].status = if error { "error" } else { "ok" }.into();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pretty_assertions::assert_eq;
+
+    use super::*;
+    use crate::model::TaskState;
+
+    fn ev(seq: u64, kind: &str, json: serde_json::Value) -> RunEventRec {
+        RunEventRec {
+            run_id: "run-1".into(),
+            attempt: 1,
+            seq,
+            task_id: "task-1".into(),
+            at_ms: seq as i64 * 10,
+            kind: kind.into(),
+            json: json.to_string(),
+        }
+    }
+
+    fn task() -> TaskRec {
+        TaskRec {
+            task_id: "task-1".into(),
+            namespace: "default".into(),
+            deployment: "hello".into(),
+            input: "hi".into(),
+            labels: BTreeMap::new(),
+            conversation_key: String::new(),
+            conversation_id: "c".into(),
+            state: TaskState::Failed,
+            activity: String::new(),
+            progress: None,
+            outcome: None,
+            run_id: "run-1".into(),
+            attempt: 1,
+            instance_id: String::new(),
+            bundle_digest: String::new(),
+            client_request_id: String::new(),
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            started_at_ms: 5,
+            finished_at_ms: 100,
+            nest_name: String::new(),
+            seq: 1,
+            next_event_seq: 1,
+            cancel_requested_at_ms: 0,
+            cancel_reason: String::new(),
+        }
+    }
+
+    #[test]
+    fn spans_pair_model_turns_and_tool_calls_by_call_id() {
+        let events = [
+            ev(1, "model.requested", serde_json::json!({"turn": 1})),
+            ev(2, "model.answered", serde_json::json!({"turn": 1})),
+            ev(
+                3,
+                "tool.started",
+                serde_json::json!({"call_id": "a", "tool": "time.now"}),
+            ),
+            ev(
+                4,
+                "tool.started",
+                serde_json::json!({"call_id": "b", "tool": "files.read"}),
+            ),
+            ev(
+                5,
+                "tool.failed",
+                serde_json::json!({"call_id": "b", "tool": "files.read"}),
+            ),
+            ev(
+                6,
+                "tool.completed",
+                serde_json::json!({"call_id": "a", "tool": "time.now"}),
+            ),
+            ev(
+                7,
+                "tool.started",
+                serde_json::json!({"call_id": "c", "tool": "x.y"}),
+            ),
+            ev(
+                8,
+                "tool.completed",
+                serde_json::json!({"call_id": "c", "tool": "x.y", "is_error": true}),
+            ),
+            ev(9, "model.requested", serde_json::json!({"turn": 2})),
+        ];
+        let got: Vec<(String, i64, i64, String)> = build_spans(&task(), &events)
+            .into_iter()
+            .map(|s| (s.name, s.start_ms, s.end_ms, s.status))
+            .collect();
+        let expected = [
+            ("task hello", 5, 100, "failed"),
+            ("model turn 1", 10, 20, "ok"),
+            ("tool time.now", 30, 60, "ok"),
+            ("tool files.read", 40, 50, "error"),
+            ("tool x.y", 70, 80, "error"),
+            ("model turn 2", 90, 100, "unfinished"),
+        ];
+        let expected: Vec<(String, i64, i64, String)> = expected
+            .iter()
+            .map(|(n, a, b, s)| (n.to_string(), *a, *b, s.to_string()))
+            .collect();
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn a_tool_span_is_the_one_its_traceparent_named() {
+        let events = [ev(
+            1,
+            "tool.started",
+            serde_json::json!({"call_id": "a", "tool": "time.now"}),
+        )];
+        let spans = build_spans(&task(), &events);
+        assert_eq!(spans[1].span_id, trace::tool_span_id("run-1", 1, "a"));
+        assert_eq!(spans[1].parent_span_id, spans[0].span_id);
+        assert_eq!(trace_id(&task()).len(), 32);
+    }
+}

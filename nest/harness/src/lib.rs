@@ -1,0 +1,20 @@
+//! The Agen harness: the agent loop as a library, used by the `agen instance` process (fleet),
+//! by `agen run` (standalone) and by programs that embed an agent.
+//!
+//! Reading order: `run` (the loop: a [`Harness`] per instance, [`Harness::run`] per run, the
+//! [`RunEventSink`] and [`ToolBackend`] seams), `model` (provider clients over real HTTP), `mcp`
+//! (the tool-server host: launch rules, listing, calls with `_meta`), `keen` (the Keen text
+//! dialect and its script/flow tools), `artifacts` (the built-in artifact tools' stores),
+//! `standalone` (`agen run` with a local run log).
+//!
+//! Invariants: the harness knows neither how its events are stored nor how its tool servers
+//! were started beyond the traits it is given; no gRPC and no Hub types here.
+
+pub mod artifacts;
+pub mod keen;
+pub mod mcp;
+pub mod model;
+pub mod run;
+pub mod standalone;
+
+pub use run::*;

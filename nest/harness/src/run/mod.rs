@@ -1,0 +1,165 @@
+//! The agent loop: runs one task's run inside an instance (or standalone): system prompt,
+//! model, tools (MCP + built-ins), the loop until the model answers or calls `finish`, and the
+//! run log events that make the run resumable.
+//!
+//! Public API (called by the `agen instance` process for each run the Hub assigns, and by
+//! [`crate::standalone`] for `agen run`):
+//! - [`Harness::new`] once per instance: bundle, tool backend (the instance's
+//!   [`crate::mcp::ToolHost`]), resolved secrets, an HTTP client;
+//! - [`Harness::run`] per run: a [`RunAssignment`], a [`RunEventSink`] that appends the run's
+//!   events to its log, and a cancellation token; returns the [`RunOutcome`].
+//!
+//! Files by concern: `harness` (the per-instance [`Harness`] and the tools it offers), `state`
+//! (one run's state, event emission, its end), `turn` (one model turn), `native` and `keen_loop`
+//! (the two dialects' loops), `replay` (reading earlier attempts' events, for both dialects),
+//! `tools` (routing a call, the [`ToolPolicy`], MCP calls and their `_meta`), `builtins` (the
+//! built-in tools), `redact` (secrets out of results and traces).
+//!
+//! Invariants: a run always ends with exactly one `run.finished` event and a [`RunOutcome`]
+//! (a model or tool failure never panics or escapes as an error); events hold deltas (one
+//! turn's new assistant message, one tool's result), never the whole context; for a
+//! side-effecting tool, `tool.started` is durable before the call is sent and
+//! `tool.completed`/`tool.failed` is durable before the model sees the result; a provider
+//! error ends the run `Failed` with `response_type: "error"` and is never retried as a recall.
+//! Arrows run one way: the loops use `state`, `turn`, `tools`, `replay`; nothing here imports
+//! a loop.
+
+mod builtins;
+mod harness;
+mod keen_loop;
+mod native;
+mod redact;
+mod replay;
+mod state;
+mod tools;
+mod turn;
+
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+pub use agen_shared::run::{
+    kind as event, Message, ResponseType, RunAssignment, RunEventBody, RunId, RunState, TaskId,
+};
+pub use builtins::{
+    BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_READ_ARTIFACT, BUILTIN_REPORT_PROGRESS,
+    BUILTIN_SAVE_ARTIFACT,
+};
+pub use harness::{model_config, Dialect, Harness, HarnessError};
+pub use tools::ToolPolicy;
+
+use crate::mcp::{CallError, ToolHost, ToolInfo, ToolOutput};
+
+/// Why an event could not be appended.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SinkError {
+    /// This attempt was superseded by a newer one: the run must stop at once.
+    #[error("run attempt is fenced off by a newer attempt")]
+    Fenced,
+    #[error("run log unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Where a run's events go: the Nest link (fleet) or a local sled log (standalone).
+#[async_trait::async_trait]
+pub trait RunEventSink: Send + Sync {
+    /// Appends one event; when `sync`, returns only after it is durable.
+    async fn emit(&self, body: RunEventBody, sync: bool) -> Result<(), SinkError>;
+}
+
+/// How a run ends: its state, its result text and what that text is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunEnd {
+    pub state: RunState,
+    /// The final answer, or what went wrong.
+    pub result: String,
+    pub response_type: ResponseType,
+}
+
+impl RunEnd {
+    /// The model's final answer.
+    pub fn answer(result: impl Into<String>) -> RunEnd {
+        RunEnd {
+            state: RunState::Succeeded,
+            result: result.into(),
+            response_type: ResponseType::Text,
+        }
+    }
+
+    /// The run failed: `why` says what went wrong and what to do.
+    pub fn failed(why: impl Into<String>) -> RunEnd {
+        RunEnd {
+            state: RunState::Failed,
+            result: why.into(),
+            response_type: ResponseType::Error,
+        }
+    }
+
+    pub fn cancelled(why: impl Into<String>) -> RunEnd {
+        RunEnd {
+            state: RunState::Cancelled,
+            result: why.into(),
+            response_type: ResponseType::Error,
+        }
+    }
+}
+
+/// The end of a run, with what it adds to its conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunOutcome {
+    pub state: RunState,
+    /// The final answer, or what went wrong.
+    pub result: String,
+    pub response_type: ResponseType,
+    /// This run's new conversation messages (its user input, the assistant's turns and the
+    /// tool results), to append to the conversation.
+    pub messages: Vec<Message>,
+}
+
+/// The tools a harness can call: implemented by [`crate::mcp::ToolHost`]; a trait so the
+/// harness does not depend on how servers are launched.
+#[async_trait::async_trait]
+pub trait ToolBackend: Send + Sync {
+    /// The MCP tools that loaded.
+    fn tools(&self) -> Vec<ToolInfo>;
+    /// Calls `<server>.<tool>` with `arguments` and `meta` (sent as `_meta`), within `timeout`;
+    /// `cancel` aborts the call (MCP cancel notification).
+    async fn call_tool(
+        &self,
+        tool: &ToolInfo,
+        arguments: serde_json::Map<String, Value>,
+        meta: serde_json::Map<String, Value>,
+        timeout: Duration,
+        cancel: CancellationToken,
+    ) -> Result<ToolOutput, CallError>;
+}
+
+#[async_trait::async_trait]
+impl ToolBackend for ToolHost {
+    fn tools(&self) -> Vec<ToolInfo> {
+        ToolHost::tools(self)
+    }
+
+    async fn call_tool(
+        &self,
+        tool: &ToolInfo,
+        arguments: serde_json::Map<String, Value>,
+        meta: serde_json::Map<String, Value>,
+        timeout: Duration,
+        cancel: CancellationToken,
+    ) -> Result<ToolOutput, CallError> {
+        self.call(
+            &tool.qualified_name(),
+            Value::Object(arguments),
+            meta,
+            timeout,
+            cancel,
+        )
+        .await
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,130 @@
+//! The native dialect's loop: tools in the request, `tool_calls` in the reply, results as tool
+//! messages in the order the calls were asked; and its resume from the log of earlier attempts.
+
+use agen_shared::run::{ToolFailed, ToolFailure};
+
+use super::replay::{effect_unknown_message, Replay};
+use super::state::Run;
+use super::{Message, RunEnd, RunEventBody};
+
+impl Run<'_> {
+    pub(super) async fn native_loop(&self) -> RunEnd {
+        let tools = self.h.tool_specs();
+        let max_turns = self.h.bundle.harness.limits.max_turns.max(1);
+        let first_turn = match self.replay_native().await {
+            Ok(t) => t,
+            Err(end) => return end,
+        };
+        for turn in first_turn..=max_turns {
+            let reply = match self.ask(turn, &self.h.system_prompt, &tools).await {
+                Ok(r) => r,
+                Err(end) => return end,
+            };
+            if reply.tool_calls.is_empty() {
+                return RunEnd::answer(reply.text);
+            }
+            let results = self.run_calls(&reply.tool_calls).await;
+            let mut finish = None;
+            for (call, r) in reply.tool_calls.iter().zip(results) {
+                if finish.is_none() {
+                    finish = r.finish.clone();
+                }
+                self.push(Message::Tool {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    content: r.content,
+                    is_error: r.is_error,
+                });
+            }
+            if self.cancel.is_cancelled() {
+                return self.cancelled_end();
+            }
+            if let Some(result) = finish {
+                return RunEnd::answer(result);
+            }
+        }
+        self.max_turns_end()
+    }
+
+    /// Rebuilds the context from the events of earlier attempts: answered turns are not asked
+    /// again, recorded results are reused, an interrupted side-effecting call is reported to
+    /// the model as `effect_unknown`, and an interrupted read-only or idempotent call (or one
+    /// never sent) is run again. Returns the next turn, or the run's end when the log already
+    /// holds it.
+    async fn replay_native(&self) -> Result<u32, RunEnd> {
+        if self.req.replay.is_empty() {
+            return Ok(1);
+        }
+        let replay = Replay::from_events(&self.req.replay);
+        if let Some(end) = replay.finished {
+            return Err(end);
+        }
+        let Some(last_turn) = replay.turns.keys().next_back().copied() else {
+            return Ok(1);
+        };
+        self.activity(format!(
+            "resuming at turn {} (attempt {})",
+            last_turn + 1,
+            self.req.attempt
+        ))
+        .await;
+        for message in replay.turns.into_values() {
+            let calls = match &message {
+                Message::Assistant { tool_calls, .. } => tool_calls.clone(),
+                _ => Vec::new(),
+            };
+            let answer = match &message {
+                Message::Assistant {
+                    content,
+                    tool_calls,
+                } if tool_calls.is_empty() => Some(content.clone()),
+                _ => None,
+            };
+            self.push(message);
+            if let Some(text) = answer {
+                return Err(RunEnd::answer(text));
+            }
+            let mut finish = None;
+            for call in &calls {
+                let (content, is_error) = if let Some(r) = replay.results.get(&call.id) {
+                    (r.text.clone(), r.is_error)
+                } else if replay.started.get(&call.id).copied().unwrap_or(false)
+                    && !self.policy_of_model_name(&call.name).retry_safe()
+                {
+                    let content = effect_unknown_message(&call.name);
+                    let _ = self
+                        .emit(
+                            RunEventBody::ToolFailed(ToolFailed {
+                                call_id: call.id.clone(),
+                                tool: call.name.clone(),
+                                error: content.clone(),
+                                reason: ToolFailure::EffectUnknown,
+                                duration_ms: 0,
+                                keen_result: None,
+                                keen_text: None,
+                            }),
+                            true,
+                        )
+                        .await;
+                    (content, true)
+                } else {
+                    let r = self.run_call(call).await;
+                    if finish.is_none() {
+                        finish = r.finish.clone();
+                    }
+                    (r.content, r.is_error)
+                };
+                self.push(Message::Tool {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    content,
+                    is_error,
+                });
+            }
+            if let Some(result) = finish {
+                return Err(RunEnd::answer(result));
+            }
+        }
+        Ok(last_turn + 1)
+    }
+}

@@ -1,0 +1,348 @@
+//! Tool routing: one call goes to a built-in or to its MCP server; the [`ToolPolicy`] decides
+//! whether a tool is side-effecting and whether an interrupted call may be sent again; MCP calls
+//! carry `_meta` and their results go through secret redaction before anyone sees them.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use agen_shared::bundle::Bundle;
+use agen_shared::run::{trace, ToolCompleted, ToolFailed, ToolFailure, ToolStarted};
+use serde_json::{Map, Value};
+
+use super::builtins::{
+    BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_READ_ARTIFACT, BUILTIN_REPORT_PROGRESS,
+    BUILTIN_SAVE_ARTIFACT,
+};
+use super::redact::{redact_secrets, traced_arguments};
+use super::state::Run;
+use super::{RunEventBody, SinkError};
+use crate::mcp::{CallError, ToolInfo};
+use crate::model::ToolCall;
+
+/// What the ledger needs to know of a tool: the one place this is decided (server hints,
+/// overridden by `x-agen/config.json` `tools.<name>.sideEffect` / `.idempotent`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToolPolicy {
+    /// "started" must be durable before the call is sent; never repeated blindly.
+    pub side_effect: bool,
+    /// Sending it twice does no more than sending it once.
+    pub idempotent: bool,
+}
+
+impl ToolPolicy {
+    /// Built-ins, Keen scripts (no IO) and tools the harness does not know are never
+    /// side-effecting for the ledger.
+    pub const HARMLESS: ToolPolicy = ToolPolicy {
+        side_effect: false,
+        idempotent: true,
+    };
+
+    /// The policy of an MCP tool of `bundle`.
+    pub fn of(bundle: &Bundle, tool: &ToolInfo) -> ToolPolicy {
+        let over = bundle.config.tool_override(&tool.qualified_name());
+        ToolPolicy {
+            side_effect: over.and_then(|o| o.side_effect).unwrap_or(!tool.read_only),
+            idempotent: over.and_then(|o| o.idempotent).unwrap_or(tool.idempotent),
+        }
+    }
+
+    /// Whether an interrupted call may simply be sent again.
+    pub fn retry_safe(self) -> bool {
+        !self.side_effect || self.idempotent
+    }
+}
+
+/// The result of one tool call, as the model will see it.
+pub(super) struct CallResult {
+    pub content: String,
+    pub is_error: bool,
+    /// The tool could not be reached or did not answer (timeout, cancel, server gone).
+    pub unreachable: bool,
+    /// `finish` was called with this result.
+    pub finish: Option<String>,
+}
+
+impl CallResult {
+    pub fn ok(content: impl Into<String>) -> CallResult {
+        CallResult {
+            content: content.into(),
+            is_error: false,
+            unreachable: false,
+            finish: None,
+        }
+    }
+
+    pub fn error(content: impl Into<String>) -> CallResult {
+        CallResult {
+            content: content.into(),
+            is_error: true,
+            unreachable: false,
+            finish: None,
+        }
+    }
+}
+
+impl Run<'_> {
+    /// The policy of the tool the model calls `model_name`.
+    pub(super) fn policy_of_model_name(&self, model_name: &str) -> ToolPolicy {
+        match self.h.mcp_tools.get(model_name) {
+            Some(tool) => ToolPolicy::of(&self.h.bundle, tool),
+            None => ToolPolicy::HARMLESS,
+        }
+    }
+
+    /// Runs one turn's calls, concurrently unless `parallelToolCalls` is false; results in
+    /// the order asked.
+    pub(super) async fn run_calls(&self, calls: &[ToolCall]) -> Vec<CallResult> {
+        if self.h.bundle.harness.parallel_tool_calls && calls.len() > 1 {
+            futures::future::join_all(calls.iter().map(|c| self.run_call(c))).await
+        } else {
+            let mut out = Vec::with_capacity(calls.len());
+            for c in calls {
+                out.push(self.run_call(c).await);
+            }
+            out
+        }
+    }
+
+    pub(super) async fn run_call(&self, call: &ToolCall) -> CallResult {
+        if self.cancel.is_cancelled() {
+            return CallResult::error(format!(
+                "tool {} was not run: the run was cancelled",
+                call.name
+            ));
+        }
+        match call.name.as_str() {
+            BUILTIN_FINISH => self.finish_call(call),
+            BUILTIN_LOAD_SKILL if !self.h.bundle.skills.is_empty() => self.load_skill(call).await,
+            BUILTIN_REPORT_PROGRESS if self.h.progress => self.report_progress(call).await,
+            BUILTIN_SAVE_ARTIFACT => self.save_artifact(call).await,
+            BUILTIN_READ_ARTIFACT => self.read_artifact(call).await,
+            name => match self.h.mcp_tools.get(name) {
+                Some(tool) => self.call_mcp(call, tool).await,
+                None => {
+                    let mut names: Vec<String> =
+                        self.h.tool_specs().into_iter().map(|s| s.name).collect();
+                    names.sort();
+                    let content = format!(
+                        "unknown tool `{name}`; the available tools are: {}",
+                        names.join(", ")
+                    );
+                    let _ = self
+                        .emit(
+                            self.failed(call, name, &content, ToolFailure::UnknownTool, 0),
+                            false,
+                        )
+                        .await;
+                    CallResult::error(content)
+                }
+            },
+        }
+    }
+
+    /// A `tool.failed` event for `call`.
+    pub(super) fn failed(
+        &self,
+        call: &ToolCall,
+        tool: &str,
+        error: &str,
+        reason: ToolFailure,
+        duration_ms: u64,
+    ) -> RunEventBody {
+        RunEventBody::ToolFailed(ToolFailed {
+            call_id: call.id.clone(),
+            tool: tool.to_string(),
+            error: error.to_string(),
+            reason,
+            duration_ms,
+            keen_result: None,
+            keen_text: None,
+        })
+    }
+
+    /// A `tool.started` event for `call` (its span id is the one `_meta.traceparent` names).
+    pub(super) fn started(&self, call: &ToolCall, tool: &str, side_effect: bool) -> ToolStarted {
+        ToolStarted {
+            call_id: call.id.clone(),
+            tool: tool.to_string(),
+            model_name: Some(call.name.clone()),
+            side_effect,
+            arguments: None,
+            keen_kind: None,
+            span_id: Some(self.span_of(&call.id)),
+        }
+    }
+
+    fn span_of(&self, call_id: &str) -> String {
+        trace::tool_span_id(self.req.run_id.as_str(), self.req.attempt, call_id)
+    }
+
+    async fn call_mcp(&self, call: &ToolCall, tool: &ToolInfo) -> CallResult {
+        let qualified = tool.qualified_name();
+        let started_at = Instant::now();
+        let side_effect = ToolPolicy::of(&self.h.bundle, tool).side_effect;
+
+        let arguments = match &call.arguments {
+            Value::Object(o) => o.clone(),
+            other => {
+                let content = format!(
+                    "the arguments of {} must be a JSON object, got: {other}",
+                    call.name
+                );
+                let _ = self
+                    .emit(
+                        self.failed(call, &qualified, &content, ToolFailure::BadArguments, 0),
+                        false,
+                    )
+                    .await;
+                return CallResult::error(content);
+            }
+        };
+        let limit = self.h.bundle.harness.limits.max_tool_calls;
+        let n = self.tool_calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if n > limit {
+            let content = format!("the run's limit of {limit} tool calls is spent (limits.maxToolCalls); {} was not called; answer with what you have", call.name);
+            let _ = self
+                .emit(
+                    self.failed(call, &qualified, &content, ToolFailure::Limit, 0),
+                    false,
+                )
+                .await;
+            return CallResult::error(content);
+        }
+
+        let mut started = self.started(call, &qualified, side_effect);
+        if self.h.bundle.harness.trace_tool_arguments {
+            // Traces show arguments only when the bundle asks (they may hold personal data);
+            // a resume reads them from the model.answered message instead.
+            started.arguments = Some(traced_arguments(&call.arguments, &self.h.secret_values));
+        }
+        if let Err(e) = self
+            .emit(RunEventBody::ToolStarted(started), side_effect)
+            .await
+        {
+            // A side-effecting call is never sent before its start is durable.
+            return CallResult::error(format!("tool {qualified} was not called: {e}"));
+        }
+        self.activity(format!("calling {qualified}")).await;
+
+        let timeout = self.h.bundle.harness.limits.tool_timeout;
+        let result = self
+            .h
+            .tools
+            .call_tool(
+                tool,
+                arguments,
+                self.meta(&call.id),
+                timeout,
+                self.cancel.clone(),
+            )
+            .await;
+        let duration_ms = started_at.elapsed().as_millis() as u64;
+        let (body, out) = match result {
+            Ok(o) => {
+                // A tool that echoes a secret (a header, a DSN) does not leak it into the run
+                // log, the trace or the model's context.
+                let text = redact_secrets(o.text, &self.h.secret_values);
+                (
+                    RunEventBody::ToolCompleted(ToolCompleted {
+                        call_id: call.id.clone(),
+                        tool: qualified.clone(),
+                        result: text.clone(),
+                        is_error: o.is_error,
+                        duration_ms,
+                        keen_result: None,
+                    }),
+                    CallResult {
+                        content: text,
+                        is_error: o.is_error,
+                        unreachable: false,
+                        finish: None,
+                    },
+                )
+            }
+            Err(e) => {
+                let (reason, content) = match &e {
+                    CallError::Timeout(d) => (
+                        ToolFailure::Timeout,
+                        format!(
+                            "tool {qualified} timed out after {} and was cancelled",
+                            agen_shared::duration::format_duration(*d)
+                        ),
+                    ),
+                    CallError::Cancelled => (
+                        ToolFailure::Cancelled,
+                        format!("tool {qualified} was cancelled with the run"),
+                    ),
+                    CallError::NotConnected(server) => (
+                        ToolFailure::Failed,
+                        format!(
+                            "tool {qualified} cannot run: its server {server} is not connected"
+                        ),
+                    ),
+                    CallError::UnknownTool(_) => (
+                        ToolFailure::UnknownTool,
+                        format!("tool {qualified} is not available on its server"),
+                    ),
+                    CallError::Failed { message, .. } => (
+                        ToolFailure::Failed,
+                        format!("tool {qualified} failed: {message}"),
+                    ),
+                    other => (
+                        ToolFailure::Failed,
+                        format!("tool {qualified} failed: {other}"),
+                    ),
+                };
+                let content = redact_secrets(content, &self.h.secret_values);
+                let unreachable = matches!(reason, ToolFailure::Timeout | ToolFailure::Cancelled)
+                    || matches!(e, CallError::NotConnected(_));
+                (
+                    self.failed(call, &qualified, &content, reason, duration_ms),
+                    CallResult {
+                        content,
+                        is_error: true,
+                        unreachable,
+                        finish: None,
+                    },
+                )
+            }
+        };
+        if let Err(e) = self.emit(body, side_effect).await {
+            tracing::warn!(run_id = %self.req.run_id, tool = %qualified, "tool result not durable: {e}");
+            // The model must not act on a side-effecting result the ledger does not hold.
+            if matches!(e, SinkError::Fenced) {
+                self.cancel.cancel();
+            } else {
+                self.lose_log(format!(
+                    "the run stopped: the result of {qualified} could not be recorded in the run log ({e})"
+                ));
+            }
+        }
+        out
+    }
+
+    /// `_meta` of an MCP call: the work it belongs to and the call's span in the run's trace.
+    fn meta(&self, call_id: &str) -> Map<String, Value> {
+        let r = self.req;
+        let labels: Map<String, Value> = r
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
+        let text = |s: &str| Value::String(s.to_string());
+        let mut m = Map::new();
+        m.insert("agen/namespace".into(), text(&r.namespace));
+        m.insert("agen/deployment".into(), text(&r.deployment));
+        m.insert("agen/taskId".into(), text(r.task_id.as_str()));
+        m.insert("agen/runId".into(), text(r.run_id.as_str()));
+        m.insert("agen/rootRunId".into(), text(r.root_run_id().as_str()));
+        m.insert("agen/conversationId".into(), text(&r.conversation_id));
+        m.insert("agen/conversationKey".into(), text(&r.conversation_key));
+        m.insert("agen/labels".into(), Value::Object(labels));
+        m.insert(
+            "traceparent".into(),
+            text(&trace::traceparent(&self.trace_id, &self.span_of(call_id))),
+        );
+        m
+    }
+}

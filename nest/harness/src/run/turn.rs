@@ -1,0 +1,129 @@
+//! One model turn: `model.requested`, the request, `model.answered` with the turn's new
+//! assistant message (never the whole context); and the model as a Keen flow's `agent` nodes
+//! see it.
+
+use agen_shared::run::{ModelAnswered, ModelRequested};
+
+use super::state::Run;
+use super::{lock, Message, RunEnd, RunEventBody};
+use crate::artifacts;
+use crate::model::{ModelError, ModelReply, ModelRequest, ToolSpec};
+
+impl Run<'_> {
+    /// Asks the model one turn; the reply's assistant message is added to the context.
+    /// `Err` is the run's end (error or cancel).
+    pub(super) async fn ask(
+        &self,
+        turn: u32,
+        system: &str,
+        tools: &[ToolSpec],
+    ) -> Result<ModelReply, RunEnd> {
+        if self.cancel.is_cancelled() {
+            return Err(self.cancelled_end());
+        }
+        self.flush_progress(false).await;
+        let _ = self
+            .emit(
+                RunEventBody::ModelRequested(ModelRequested {
+                    turn: Some(turn),
+                    flow_agent: false,
+                }),
+                false,
+            )
+            .await;
+        let activity = lock(&self.next_turn_activity)
+            .take()
+            .unwrap_or_else(|| format!("waiting for the model ({})", self.h.provider.describe()));
+        self.activity(activity).await;
+        let request = ModelRequest {
+            system: system.to_string(),
+            messages: lock(&self.context).clone(),
+            tools: tools.to_vec(),
+            parallel_tool_calls: self.h.bundle.harness.parallel_tool_calls,
+        };
+        let reply = match self.h.provider.complete(&request, &self.cancel).await {
+            Ok(r) => r,
+            Err(ModelError::Cancelled) => return Err(self.cancelled_end()),
+            Err(e) => {
+                tracing::warn!(run_id = %self.req.run_id, "model error ends the run: {e}");
+                return Err(RunEnd::failed(e.to_string()));
+            }
+        };
+        let message = reply.message();
+        self.push(message.clone());
+        let _ = self
+            .emit(
+                RunEventBody::ModelAnswered(ModelAnswered {
+                    turn: Some(turn),
+                    flow_agent: false,
+                    message: Some(artifacts::elide_saved_content(&message)),
+                    usage: reply.usage,
+                    stop_reason: reply.stop_reason.clone(),
+                    error: None,
+                }),
+                false,
+            )
+            .await;
+        Ok(reply)
+    }
+}
+
+/// The bundle's model as a Keen flow's `agent` nodes see it: one request with the agent's
+/// system prompt and the node's prompt (plus the flow's context), logged like any model turn.
+pub(super) struct FlowModel<'r, 'h> {
+    pub(super) run: &'r Run<'h>,
+}
+
+#[async_trait::async_trait]
+impl crate::keen::FlowAgent for FlowModel<'_, '_> {
+    async fn ask(&self, prompt: &str, context: &str) -> Result<(String, String), String> {
+        let text = if context.trim().is_empty() {
+            prompt.to_string()
+        } else {
+            format!("{prompt}\n\n{context}")
+        };
+        let request = ModelRequest {
+            system: self.run.h.system_prompt.clone(),
+            messages: vec![Message::user(text)],
+            tools: Vec::new(),
+            parallel_tool_calls: false,
+        };
+        let _ = self
+            .run
+            .emit(
+                RunEventBody::ModelRequested(ModelRequested {
+                    turn: None,
+                    flow_agent: true,
+                }),
+                false,
+            )
+            .await;
+        match self
+            .run
+            .h
+            .provider
+            .complete(&request, &self.run.cancel)
+            .await
+        {
+            Ok(reply) => {
+                let _ = self
+                    .run
+                    .emit(
+                        RunEventBody::ModelAnswered(ModelAnswered {
+                            turn: None,
+                            flow_agent: true,
+                            message: Some(reply.message()),
+                            usage: reply.usage,
+                            stop_reason: None,
+                            error: None,
+                        }),
+                        false,
+                    )
+                    .await;
+                Ok((reply.text, "text".to_string()))
+            }
+            Err(ModelError::Cancelled) => Err("the run was cancelled".to_string()),
+            Err(e) => Ok((e.to_string(), "error".to_string())),
+        }
+    }
+}

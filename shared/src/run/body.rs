@@ -1,0 +1,447 @@
+//! [`RunEventBody`]: one variant per run-event kind, with typed fields, and its wire form
+//! (kind + JSON object).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::{Message, Usage};
+
+/// Kind names, as they appear on the wire and in the store.
+pub mod kind {
+    pub const MODEL_REQUESTED: &str = "model.requested";
+    pub const MODEL_ANSWERED: &str = "model.answered";
+    pub const TOOL_STARTED: &str = "tool.started";
+    pub const TOOL_COMPLETED: &str = "tool.completed";
+    pub const TOOL_FAILED: &str = "tool.failed";
+    pub const ACTIVITY: &str = "activity";
+    pub const TASK_PROGRESS: &str = "task.progress";
+    pub const ARTIFACT_SAVED: &str = "artifact.saved";
+    pub const RUN_FINISHED: &str = "run.finished";
+    pub const RUN_INTERRUPTED: &str = "run.interrupted";
+}
+
+/// What happened, one variant per kind.
+///
+/// Serialised as `{"kind": …, "json": {fields}}`, the shape run logs have always had.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "json")]
+pub enum RunEventBody {
+    /// A model request is about to be sent.
+    #[serde(rename = "model.requested")]
+    ModelRequested(ModelRequested),
+    /// The turn's delta (the new assistant message), never the whole context.
+    #[serde(rename = "model.answered")]
+    ModelAnswered(ModelAnswered),
+    /// A tool call is about to be sent; for a side-effecting tool this is durable first.
+    #[serde(rename = "tool.started")]
+    ToolStarted(ToolStarted),
+    #[serde(rename = "tool.completed")]
+    ToolCompleted(ToolCompleted),
+    #[serde(rename = "tool.failed")]
+    ToolFailed(ToolFailed),
+    /// What the run is doing now.
+    #[serde(rename = "activity")]
+    Activity(Activity),
+    /// A `report_progress` call (at most one event per 10 s).
+    #[serde(rename = "task.progress")]
+    TaskProgress(Progress),
+    /// `save_artifact` stored an artifact (or found the same bytes already stored).
+    #[serde(rename = "artifact.saved")]
+    ArtifactSaved(ArtifactSaved),
+    /// Always the last event of a run.
+    #[serde(rename = "run.finished")]
+    RunFinished(RunFinished),
+    /// Sent by the Nest (not the harness) when the instance died mid-run, was stopped, or is
+    /// not on the Nest; the Hub re-dispatches the run with a new attempt. Replay ignores it.
+    #[serde(rename = "run.interrupted")]
+    RunInterrupted(RunInterrupted),
+    /// A kind this version does not know (a newer peer's, or a diagnostic such as `log`):
+    /// stored and shown, ignored by replay and by the task's state.
+    #[serde(untagged)]
+    Unknown(UnknownEvent),
+}
+
+/// An event of a kind this version does not read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UnknownEvent {
+    pub kind: String,
+    #[serde(default)]
+    pub json: Value,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelRequested {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<u32>,
+    /// A Keen flow's agent node, not a turn of the run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub flow_agent: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelAnswered {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<u32>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub flow_agent: bool,
+    /// The new assistant message; `None` in a log that lost it (replay asks again).
+    #[serde(default, deserialize_with = "lenient")]
+    pub message: Option<Message>,
+    #[serde(default)]
+    pub usage: Option<Usage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
+    /// The provider's error, when the turn failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// How a Keen-dialect call was dispatched, when it was not an MCP tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeenToolKind {
+    Script,
+    Flow,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolStarted {
+    pub call_id: String,
+    /// `<server>.<tool>`, a built-in's name, or a Keen tool's registered name.
+    pub tool: String,
+    /// The name the model used (`<server>_<tool>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_name: Option<String>,
+    /// An absent flag reads as side-effecting: the safe side for a resume.
+    #[serde(default = "yes")]
+    pub side_effect: bool,
+    /// Only with `traceToolArguments`: secrets redacted, each argument cut to 4 KiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<Value>,
+    /// On the wire as `kind` inside the fields (the event's own kind is outside them).
+    #[serde(default, rename = "kind", skip_serializing_if = "Option::is_none")]
+    pub keen_kind: Option<KeenToolKind>,
+    /// W3C span id of this call (16 hex), as sent in `_meta.traceparent`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span_id: Option<String>,
+}
+
+/// The exact Keen result a call's record stands for, so a resume gives the model the same text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeenResult {
+    ScriptError,
+    FlowError,
+    TechnicalError,
+    NoResponse,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCompleted {
+    pub call_id: String,
+    pub tool: String,
+    #[serde(default)]
+    pub result: String,
+    #[serde(default)]
+    pub is_error: bool,
+    #[serde(default)]
+    pub duration_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keen_result: Option<KeenResult>,
+}
+
+/// Why a tool call produced no result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolFailure {
+    Timeout,
+    Cancelled,
+    Failed,
+    UnknownTool,
+    BadArguments,
+    Limit,
+    EffectUnknown,
+    /// A reason this version does not know.
+    #[serde(other)]
+    Other,
+}
+
+impl ToolFailure {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolFailure::Timeout => "timeout",
+            ToolFailure::Cancelled => "cancelled",
+            ToolFailure::Failed => "failed",
+            ToolFailure::UnknownTool => "unknown_tool",
+            ToolFailure::BadArguments => "bad_arguments",
+            ToolFailure::Limit => "limit",
+            ToolFailure::EffectUnknown => "effect_unknown",
+            ToolFailure::Other => "other",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolFailed {
+    pub call_id: String,
+    pub tool: String,
+    /// What the model was told.
+    #[serde(default)]
+    pub error: String,
+    #[serde(default = "failed")]
+    pub reason: ToolFailure,
+    #[serde(default)]
+    pub duration_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keen_result: Option<KeenResult>,
+    /// For a Keen technical error: the text the model was shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keen_text: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Activity {
+    #[serde(default)]
+    pub activity: String,
+}
+
+/// A progress report, as `report_progress` takes it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    #[serde(default)]
+    pub step: String,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
+    pub done: Option<u64>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
+    pub total: Option<u64>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
+    pub note: Option<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "lenient_vec"
+    )]
+    pub artifacts: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ArtifactSaved {
+    pub id: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub media_type: String,
+    #[serde(default)]
+    pub size: u64,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunState {
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl RunState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Succeeded => "succeeded",
+            RunState::Failed => "failed",
+            RunState::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// What a run's result text is: the answer, or what went wrong.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResponseType {
+    #[default]
+    Text,
+    Error,
+    /// Anything else in an old log reads as an error.
+    #[serde(other)]
+    Unknown,
+}
+
+impl ResponseType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResponseType::Text => "text",
+            ResponseType::Error | ResponseType::Unknown => "error",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunFinished {
+    pub state: RunState,
+    #[serde(default)]
+    pub result: String,
+    #[serde(default)]
+    pub response_type: ResponseType,
+    /// This run's new conversation messages; added by the instance to the final event.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub messages: Vec<Message>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunInterrupted {
+    #[serde(default)]
+    pub reason: String,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn failed() -> ToolFailure {
+    ToolFailure::Failed
+}
+
+/// Reads a field as `None` when it has the wrong shape (old logs, model-given progress).
+fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    let v = Value::deserialize(d)?;
+    Ok(serde_json::from_value(v).ok())
+}
+
+fn lenient_vec<'de, D>(d: D) -> Result<Vec<String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let v = Value::deserialize(d)?;
+    Ok(match v {
+        Value::Array(items) => items
+            .into_iter()
+            .filter_map(|i| i.as_str().map(str::to_string))
+            .collect(),
+        _ => Vec::new(),
+    })
+}
+
+/// A body that could not be read as its kind.
+#[derive(Debug, thiserror::Error)]
+#[error("run event {kind}: {detail}")]
+pub struct BodyError {
+    pub kind: String,
+    pub detail: String,
+}
+
+impl RunEventBody {
+    /// The wire kind.
+    pub fn kind(&self) -> &str {
+        match self {
+            RunEventBody::ModelRequested(_) => kind::MODEL_REQUESTED,
+            RunEventBody::ModelAnswered(_) => kind::MODEL_ANSWERED,
+            RunEventBody::ToolStarted(_) => kind::TOOL_STARTED,
+            RunEventBody::ToolCompleted(_) => kind::TOOL_COMPLETED,
+            RunEventBody::ToolFailed(_) => kind::TOOL_FAILED,
+            RunEventBody::Activity(_) => kind::ACTIVITY,
+            RunEventBody::TaskProgress(_) => kind::TASK_PROGRESS,
+            RunEventBody::ArtifactSaved(_) => kind::ARTIFACT_SAVED,
+            RunEventBody::RunFinished(_) => kind::RUN_FINISHED,
+            RunEventBody::RunInterrupted(_) => kind::RUN_INTERRUPTED,
+            RunEventBody::Unknown(u) => &u.kind,
+        }
+    }
+
+    /// The wire fields (the `json` part).
+    pub fn to_json(&self) -> Value {
+        if let RunEventBody::Unknown(u) = self {
+            return u.json.clone();
+        }
+        match serde_json::to_value(self) {
+            Ok(Value::Object(mut m)) => m.remove("json").unwrap_or(Value::Object(Map::new())),
+            _ => Value::Object(Map::new()),
+        }
+    }
+
+    /// The wire fields as JSON text.
+    pub fn to_json_string(&self) -> String {
+        self.to_json().to_string()
+    }
+
+    /// Reads a body from its wire parts. An unknown kind is kept as [`RunEventBody::Unknown`];
+    /// a known kind whose fields do not fit is an error naming the kind.
+    pub fn from_parts(kind: &str, json: Value) -> Result<RunEventBody, BodyError> {
+        let known = KNOWN.contains(&kind);
+        let json = match json {
+            Value::Null if known => Value::Object(Map::new()),
+            other => other,
+        };
+        let mut m = Map::new();
+        m.insert("kind".into(), Value::String(kind.to_string()));
+        m.insert("json".into(), json);
+        let body: RunEventBody =
+            serde_json::from_value(Value::Object(m)).map_err(|e| BodyError {
+                kind: kind.to_string(),
+                detail: e.to_string(),
+            })?;
+        if known && matches!(body, RunEventBody::Unknown(_)) {
+            return Err(BodyError {
+                kind: kind.to_string(),
+                detail: format!(
+                    "its fields are not those of {kind} (see agen_shared::run::RunEventBody)"
+                ),
+            });
+        }
+        Ok(body)
+    }
+
+    /// [`RunEventBody::from_parts`] from JSON text.
+    pub fn from_wire(kind: &str, json: &str) -> Result<RunEventBody, BodyError> {
+        let value = if json.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(json).map_err(|e| BodyError {
+                kind: kind.to_string(),
+                detail: format!("not JSON: {e}"),
+            })?
+        };
+        RunEventBody::from_parts(kind, value)
+    }
+}
+
+const KNOWN: &[&str] = &[
+    kind::MODEL_REQUESTED,
+    kind::MODEL_ANSWERED,
+    kind::TOOL_STARTED,
+    kind::TOOL_COMPLETED,
+    kind::TOOL_FAILED,
+    kind::ACTIVITY,
+    kind::TASK_PROGRESS,
+    kind::ARTIFACT_SAVED,
+    kind::RUN_FINISHED,
+    kind::RUN_INTERRUPTED,
+];
+
+/// A stored body that must be readable: a wrong-shaped known kind reads as `Unknown` so that
+/// one bad event never makes a whole log unreadable.
+impl RunEventBody {
+    pub fn from_wire_lossy(kind: &str, json: &str) -> RunEventBody {
+        RunEventBody::from_wire(kind, json).unwrap_or_else(|_| {
+            RunEventBody::Unknown(UnknownEvent {
+                kind: kind.to_string(),
+                json: serde_json::from_str(json).unwrap_or(Value::Null),
+            })
+        })
+    }
+}
