@@ -836,3 +836,144 @@ fn a_nest_that_stops_reading_is_disconnected_and_its_runs_handed_over_while_hub_
         grown >> 20
     );
 }
+
+/// The text of the last tool message in a recorded model request.
+fn last_tool_message(request: &Value) -> String {
+    let messages = request["body"]["messages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let tool = messages
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "tool")
+        .cloned()
+        .unwrap_or(Value::Null);
+    match &tool["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
+/// Deploys `name` (a bundle with the `big` tool server and its own fake model, which calls
+/// `big(bytes)` once and then answers), runs one task to its end, and returns the task id and
+/// the model requests recorded.
+fn run_big_tool(hub: &HubProcess, root: &Path, name: &str, bytes: usize) -> (String, Vec<Value>) {
+    let record = root.join(format!("{name}-requests.jsonl"));
+    let model = FakeModel::start(
+        &root.join(format!("{name}-model")),
+        &json!({"record": record, "steps": [
+            {"tool_calls": [{"name": "big_big", "arguments": {"bytes": bytes}}]},
+            {"reply": "done"}
+        ]}),
+    )
+    .unwrap();
+    let dir = root.join(format!("{name}-bundle"));
+    write_bundle(
+        &dir,
+        &[
+            (
+                "mcp.json",
+                mcp_json(&[(
+                    "big",
+                    json!({"command": agen_tests::Peers::python(), "args": [agen_tests::Peers::script("servers/big_server.py")]}),
+                )]),
+            ),
+            (
+                "x-agen/agent.md",
+                format!(
+                    "---\nname: {name}\nmodel: openai/fake-model\nbaseUrl: {}\n---\nYou answer.\n",
+                    model.base_url()
+                ),
+            ),
+        ],
+    )
+    .unwrap();
+    let out = hub
+        .cli(&["deploy", dir.to_str().unwrap(), "--name", name, "--wait"])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "deploy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = hub.cli(&["submit", name, "fetch it"]).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let task = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let out = hub
+        .cli(&["wait", &task, "-o", "json", "--timeout", "120s"])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "wait: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let requests = std::fs::read_to_string(&record)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    (task, requests)
+}
+
+#[test]
+fn a_tool_result_over_1_mib_is_cut_for_the_model_and_kept_whole_as_an_artifact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let _nest = hub.nest("solo", &[], &[]).unwrap();
+
+    // At the limit: the whole result, no note, no artifact.
+    let (task, requests) = run_big_tool(&hub, tmp.path(), "at-limit", MIB);
+    assert_eq!(requests.len(), 2);
+    let at = last_tool_message(&requests[1]);
+    assert_eq!(at.len(), MIB);
+    assert!(at.ends_with("END"));
+    let arts = hub
+        .cli_json(&["artifacts", "ls", &task, "-o", "json"])
+        .unwrap();
+    assert_eq!(arts, json!([]));
+
+    // One byte past it: the first 1 MiB and a note saying how long it was and where the rest is.
+    let (task, requests) = run_big_tool(&hub, tmp.path(), "past-limit", MIB + 1);
+    assert_eq!(requests.len(), 2);
+    let past = last_tool_message(&requests[1]);
+    let (kept, note) = past.split_once("\n\n[tool result cut: ").expect("a note");
+    assert_eq!(kept.len(), MIB);
+    assert!(
+        note.starts_with("it was 1048577 bytes, over the limit of 1048576 bytes")
+            && note.contains("read_artifact(id: \"sha256:")
+            && note.contains("offset: 1048576)"),
+        "{note}"
+    );
+    // Kept whole as an artifact of the task.
+    let arts = hub
+        .cli_json(&["artifacts", "ls", &task, "-o", "json"])
+        .unwrap();
+    let arts = arts.as_array().unwrap();
+    assert_eq!(arts.len(), 1, "{arts:?}");
+    assert_eq!(arts[0]["size"], MIB + 1);
+    let id = arts[0]["id"].as_str().unwrap().to_string();
+    assert!(note.contains(&id), "{note}");
+    let file = tmp.path().join("whole.txt");
+    let out = hub
+        .cli(&["artifacts", "get", &id, "--out", file.to_str().unwrap()])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let whole = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(whole.len(), MIB + 1);
+    assert!(whole.ends_with("END") && whole.starts_with(kept));
+}
