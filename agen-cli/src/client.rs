@@ -92,7 +92,8 @@ impl ClientArgs {
             None => None,
         };
         let client = AgenServiceClient::with_interceptor(channel, Bearer(bearer))
-            .max_decoding_message_size(64 << 20);
+            .max_decoding_message_size(agen_proto::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(agen_proto::MAX_MESSAGE_BYTES);
         Ok(Hub {
             client,
             url,

@@ -171,6 +171,8 @@ pub fn task_json(t: &pb::Task) -> Value {
         "deployment": t.deployment,
         "state": task_state(t.state),
         "input": t.input,
+        "input_bytes": t.input_bytes,
+        "summary": t.summary,
         "labels": t.labels,
         "conversation_key": if t.conversation_key.is_empty() { Value::Null } else { Value::String(t.conversation_key.clone()) },
         "conversation_id": if t.conversation_id.is_empty() { Value::Null } else { Value::String(t.conversation_id.clone()) },

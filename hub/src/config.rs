@@ -1,5 +1,5 @@
 //! Hub options ([`HubOptions`]) and their validation: where state lives, where to listen, TLS
-//! or (loopback only) plaintext, and the liveness timings of Nests.
+//! or (loopback only) plaintext, the liveness timings of Nests and the table of input limits.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -33,6 +33,8 @@ pub struct HubOptions {
     pub nest_disconnect_grace: Duration,
     /// A dispatched run the Hub has not heard from within this long is re-dispatched.
     pub run_start_deadline: Duration,
+    /// The table of input limits (see [`crate::limits`]).
+    pub limits: crate::limits::Limits,
 }
 
 impl Default for HubOptions {
@@ -46,6 +48,7 @@ impl Default for HubOptions {
             tls_names: Vec::new(),
             nest_disconnect_grace: Duration::from_secs(3),
             run_start_deadline: Duration::from_secs(30),
+            limits: crate::limits::Limits::default(),
         }
     }
 }
@@ -96,7 +99,7 @@ impl HubOptions {
                 self.run_start_deadline
             )));
         }
-        Ok(())
+        self.limits.validate()
     }
 
     /// Every name the server certificate carries besides `localhost` and `127.0.0.1`.

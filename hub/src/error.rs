@@ -62,7 +62,8 @@ impl HubError {
 
 impl From<HubError> for tonic::Status {
     fn from(e: HubError) -> Self {
-        let msg = e.to_string();
+        // No status ever carries more than a bounded message (a client rejects huge ones).
+        let msg = crate::limits::cut(&e.to_string(), crate::limits::MAX_STATUS_MESSAGE_BYTES);
         match e {
             HubError::InvalidArgument(_) => tonic::Status::invalid_argument(msg),
             HubError::NotFound(_) => tonic::Status::not_found(msg),

@@ -81,27 +81,7 @@ pub struct Core {
     bundle_secrets: Mutex<HashMap<String, Arc<Vec<String>>>>,
 }
 
-pub(crate) fn validate_name(field: &str, value: &str) -> Result<()> {
-    if value.is_empty() {
-        return Err(HubError::invalid(format!(
-            "{field}: expected a name, got an empty string"
-        )));
-    }
-    let ok = value.len() <= 63
-        && value.chars().all(|c| {
-            c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_' || c == '.'
-        })
-        && value
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphanumeric());
-    if !ok {
-        return Err(HubError::invalid(format!(
-            "{field}: `{value}` is not a valid name; expected up to 63 lowercase letters, digits, `-`, `_` or `.`, starting with a letter or digit"
-        )));
-    }
-    Ok(())
-}
+pub(crate) use crate::limits::validate_name;
 
 pub(crate) fn namespace_or_default(ns: &str) -> String {
     if ns.is_empty() {
@@ -1042,7 +1022,7 @@ impl Core {
             })
             .collect();
         for (nest_id, closed) in candidates {
-            let Some(mut n) = st.nests.get(&nest_id).cloned() else {
+            let Some(n) = st.nests.get(&nest_id) else {
                 continue;
             };
             let why = if closed {
@@ -1058,11 +1038,31 @@ impl Core {
                     lost_after.as_secs_f32().round()
                 )
             };
+            self.lose_nest(st, &nest_id, &why)?;
+        }
+        // A Nest that stopped reading its stream was disconnected by its bounded queue: it is
+        // lost now, and its runs are handed over, rather than buffered for.
+        for (nest_id, reason) in st.live.take_overflowed() {
+            let Some(n) = st.nests.get(&nest_id) else {
+                continue;
+            };
+            let why = format!("nest {} disconnected: {reason}", n.name);
+            self.lose_nest(st, &nest_id, &why)?;
+        }
+        Ok(())
+    }
+
+    /// Marks a Nest lost: its link ends, its instances are lost and their runs re-queued.
+    fn lose_nest(&self, st: &mut State, nest_id: &str, why: &str) -> Result<()> {
+        {
+            let Some(mut n) = st.nests.get(nest_id).cloned() else {
+                return Ok(());
+            };
             tracing::warn!(nest = %n.name, nest_id = %nest_id, "{why}");
             n.state = NestState::Lost;
             self.save_nest(st, n)?;
-            st.live.drop_link(&nest_id);
-            st.awaiting.remove(&nest_id);
+            st.live.drop_link(nest_id);
+            st.awaiting.remove(nest_id);
             let ids: Vec<String> = st
                 .instances
                 .values()
@@ -1078,7 +1078,7 @@ impl Core {
                 if stopping {
                     self.delete_instance(st, &id)?;
                 } else {
-                    self.mark_lost(st, &id, &why)?;
+                    self.mark_lost(st, &id, why)?;
                 }
             }
         }
@@ -1347,28 +1347,6 @@ fn apply_report(rec: &mut InstanceRec, r: &InstanceReport) {
 
 #[cfg(test)]
 mod tests {
-    use super::validate_name;
-
-    #[test]
-    fn names_are_short_lowercase_words() {
-        fn check(name: &str, expected: Result<(), &str>) {
-            let got = validate_name("name", name).map_err(|e| e.to_string());
-            match (got, expected) {
-                (Ok(()), Ok(())) => {}
-                (Err(e), Err(part)) => assert!(e.contains(part), "{name}: {e}"),
-                (got, expected) => panic!("{name}: got {got:?}, expected {expected:?}"),
-            }
-        }
-        check("hello", Ok(()));
-        check("a-b_c.d9", Ok(()));
-        check("9lives", Ok(()));
-        check("", Err("name: expected a name, got an empty string"));
-        check("Hello", Err("`Hello` is not a valid name"));
-        check("-x", Err("starting with a letter or digit"));
-        check("a b", Err("not a valid name"));
-        check(&"x".repeat(64), Err("up to 63"));
-    }
-
     /// A placement after a Hub restart (no bundle cache): the bundle is read from the store
     /// and exactly its declared `platform` secrets of its own namespace are sent.
     #[test]

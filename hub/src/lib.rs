@@ -5,6 +5,7 @@
 //! Reading order: [`config`] (options), [`error`] (one error type, one mapping to gRPC status),
 //! `server/` (the gRPC edge; the only module that knows protobuf), `scheduler/` (pure placement
 //! decisions), `store/` (sled behind a small trait), [`nodes`] (Nest links and liveness),
+//! [`limits`] (the table of input limits and its checks),
 //! `fleet` (core state, deployments, instances, reconcile loop), `tasks` (queue, dispatch,
 //! run events, conversations), `leases` (who may run a task now: ownership of run events,
 //! reconciliation with what Nests run, start deadlines), [`secrets`] (the secret store, sealed at rest).
@@ -30,6 +31,7 @@ pub mod config;
 pub mod error;
 pub mod fleet;
 pub mod leases;
+pub mod limits;
 pub mod model;
 pub mod nodes;
 pub mod scheduler;
@@ -241,7 +243,9 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
             )
             .map_err(|e| HubError::Serve(format!("tls: {e}")))?;
     }
-    let router = builder.add_routes(routes);
+    let router = builder
+        .layer(server::malformed_request_layer::<tonic::body::Body>())
+        .add_routes(routes);
 
     let reconciler = tokio::spawn(core.clone().run_reconciler(shutdown.child_token()));
     // Small replies (acks, task states) must not wait on the peer's delayed ACK.

@@ -5,15 +5,24 @@
 //! Invariants: a Nest has at most one live link; a link is identified by a connection id so
 //! that the end of an old stream never removes a newer one; a Nest is lost only after
 //! `nest_ttl` + one heartbeat interval of silence, counted from Hub boot at the earliest, or
-//! `nest_disconnect_grace` after its stream closed (unless it reconnected); a message sent
+//! `nest_disconnect_grace` after its stream closed (unless it reconnected), or at once when it
+//! stops reading its stream: what the Hub queues for one Nest is bounded (bytes and messages,
+//! [`nest_queue`]); a send that would pass the bound ends the link instead of buffering, and the
+//! Nest is reported by [`Liveness::take_overflowed`] (its runs are handed over). A message sent
 //! with [`Liveness::send_durable`] (a run assignment) is held until a store flush that covers
 //! the writes before it has finished ([`Liveness::release`]), and any later message to the
 //! same Nest queues behind it, so a Nest never hears of a run the store does not know.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// The most messages queued for one Nest (besides the byte budget).
+pub const MAX_QUEUED_MESSAGES: usize = 4096;
 
 /// A message for one Nest.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,7 +82,142 @@ pub struct RunAssignment {
     pub replay_json: String,
 }
 
-pub type NestTx = mpsc::UnboundedSender<ToNest>;
+impl ToNest {
+    /// About how many bytes this message takes on the wire.
+    pub fn approx_bytes(&self) -> usize {
+        let strings = |v: &[&str]| v.iter().map(|s| s.len()).sum::<usize>();
+        256 + match self {
+            ToNest::Ping => 0,
+            ToNest::Registered { stop_instances, .. } => {
+                stop_instances.iter().map(|s| s.len() + 4).sum()
+            }
+            ToNest::Place {
+                platform_secrets, ..
+            } => platform_secrets
+                .0
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 8)
+                .sum(),
+            ToNest::Stop { reason, .. } | ToNest::CancelRun { reason, .. } => reason.len(),
+            ToNest::AssignRun(a) => {
+                strings(&[
+                    &a.input,
+                    &a.history_json,
+                    &a.replay_json,
+                    &a.conversation_key,
+                ]) + a
+                    .labels
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len() + 8)
+                    .sum::<usize>()
+            }
+            ToNest::Ack { run_id, .. } => run_id.len(),
+        }
+    }
+}
+
+/// Why a message could not be queued for a Nest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendError {
+    /// The stream is gone.
+    Closed,
+    /// The Nest is not reading: the bound was reached and the link is ended.
+    Overflow,
+}
+
+/// The sending half of a Nest's queue: bounded by bytes and messages.
+#[derive(Debug, Clone)]
+pub struct NestTx {
+    tx: mpsc::Sender<ToNest>,
+    queued: Arc<AtomicUsize>,
+    budget: usize,
+    overflow: CancellationToken,
+}
+
+/// The receiving half, read by the Nest's outbound stream.
+#[derive(Debug)]
+pub struct NestRx {
+    rx: mpsc::Receiver<ToNest>,
+    queued: Arc<AtomicUsize>,
+    /// Cancelled when the queue overflowed: the stream ends and the link is closed.
+    pub overflow: CancellationToken,
+}
+
+/// A queue for one Nest holding at most `budget_bytes` (one message of any size always fits
+/// an empty queue) and [`MAX_QUEUED_MESSAGES`] messages.
+pub fn nest_queue(budget_bytes: usize) -> (NestTx, NestRx) {
+    let (tx, rx) = mpsc::channel(MAX_QUEUED_MESSAGES);
+    let queued = Arc::new(AtomicUsize::new(0));
+    let overflow = CancellationToken::new();
+    (
+        NestTx {
+            tx,
+            queued: queued.clone(),
+            budget: budget_bytes,
+            overflow: overflow.clone(),
+        },
+        NestRx {
+            rx,
+            queued,
+            overflow,
+        },
+    )
+}
+
+impl NestTx {
+    /// Queues `msg`, or ends the link when the Nest has stopped reading.
+    pub fn send(&self, msg: ToNest) -> Result<(), SendError> {
+        if self.overflow.is_cancelled() {
+            return Err(SendError::Overflow);
+        }
+        let size = msg.approx_bytes();
+        let before = self.queued.fetch_add(size, Ordering::SeqCst);
+        if before > 0 && before + size > self.budget {
+            self.queued.fetch_sub(size, Ordering::SeqCst);
+            self.overflow.cancel();
+            return Err(SendError::Overflow);
+        }
+        match self.tx.try_send(msg) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.queued.fetch_sub(size, Ordering::SeqCst);
+                match e {
+                    mpsc::error::TrySendError::Full(_) => {
+                        self.overflow.cancel();
+                        Err(SendError::Overflow)
+                    }
+                    mpsc::error::TrySendError::Closed(_) => Err(SendError::Closed),
+                }
+            }
+        }
+    }
+
+    /// Bytes queued and not yet taken by the stream.
+    pub fn queued_bytes(&self) -> usize {
+        self.queued.load(Ordering::SeqCst)
+    }
+}
+
+impl NestRx {
+    /// The next message for the stream; `None` when the queue is closed or overflowed.
+    pub async fn recv(&mut self) -> Option<ToNest> {
+        let msg = tokio::select! {
+            biased;
+            _ = self.overflow.cancelled() => return None,
+            m = self.rx.recv() => m?,
+        };
+        self.queued.fetch_sub(msg.approx_bytes(), Ordering::SeqCst);
+        Some(msg)
+    }
+
+    /// The next message if one is queued now (tests).
+    #[cfg(test)]
+    pub fn try_recv(&mut self) -> Option<ToNest> {
+        let msg = self.rx.try_recv().ok()?;
+        self.queued.fetch_sub(msg.approx_bytes(), Ordering::SeqCst);
+        Some(msg)
+    }
+}
 
 struct Link {
     conn_id: u64,
@@ -90,6 +234,8 @@ pub struct Liveness {
     /// Messages waiting for a store flush, with the ticket each was held under.
     held: VecDeque<(u64, String, ToNest)>,
     next_ticket: u64,
+    /// Nests whose queue overflowed (link ended), with why, for the core to hand over.
+    overflowed: Vec<(String, String)>,
 }
 
 impl Liveness {
@@ -103,6 +249,7 @@ impl Liveness {
             next_conn: 1,
             held: VecDeque::new(),
             next_ticket: 0,
+            overflowed: Vec::new(),
         }
     }
 
@@ -171,11 +318,32 @@ impl Liveness {
         self.send_now(nest_id, msg)
     }
 
-    fn send_now(&self, nest_id: &str, msg: ToNest) -> bool {
-        match self.links.get(nest_id) {
-            Some(link) => link.tx.send(msg).is_ok(),
-            None => false,
+    /// Sends at once. A Nest that stopped reading (its queue is full) loses its link here and
+    /// is reported by [`Liveness::take_overflowed`].
+    fn send_now(&mut self, nest_id: &str, msg: ToNest) -> bool {
+        let Some(link) = self.links.get(nest_id) else {
+            return false;
+        };
+        match link.tx.send(msg) {
+            Ok(()) => true,
+            Err(SendError::Closed) => false,
+            Err(SendError::Overflow) => {
+                let why = format!(
+                    "it stopped reading its stream ({} bytes queued, the limit is {}; --nest-queue-bytes)",
+                    link.tx.queued_bytes(),
+                    link.tx.budget
+                );
+                tracing::warn!(nest_id, "disconnecting a nest: {why}");
+                self.links.remove(nest_id);
+                self.overflowed.push((nest_id.to_string(), why));
+                false
+            }
         }
+    }
+
+    /// Nests disconnected because they stopped reading, since the last call.
+    pub fn take_overflowed(&mut self) -> Vec<(String, String)> {
+        std::mem::take(&mut self.overflowed)
     }
 
     /// Holds `msg` until [`Liveness::release`] is called with a mark taken after it: the
@@ -230,7 +398,14 @@ impl Liveness {
 mod tests {
     use super::*;
 
-    fn stop(id: &str) -> ToNest {
+    fn stop(reason_bytes: usize) -> ToNest {
+        ToNest::Stop {
+            instance_id: "i".into(),
+            reason: "r".repeat(reason_bytes),
+        }
+    }
+
+    fn stop_named(id: &str) -> ToNest {
         ToNest::Stop {
             instance_id: id.into(),
             reason: String::new(),
@@ -240,22 +415,51 @@ mod tests {
     #[test]
     fn a_held_message_leaves_only_after_a_flush_that_covers_it_and_later_ones_queue_behind() {
         let mut live = Liveness::new([]);
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = nest_queue(1 << 20);
         live.connect("n1", tx);
-        live.send_durable("n1", stop("assign"));
-        live.send("n1", stop("after"));
+        live.send_durable("n1", stop_named("assign"));
+        live.send("n1", stop_named("after"));
         let upto = live.mark();
-        live.send_durable("n1", stop("later"));
-        assert!(rx.try_recv().is_err(), "nothing leaves before the flush");
+        live.send_durable("n1", stop_named("later"));
+        assert!(rx.try_recv().is_none(), "nothing leaves before the flush");
         live.release(upto);
-        assert_eq!(rx.try_recv().ok(), Some(stop("assign")));
-        assert_eq!(rx.try_recv().ok(), Some(stop("after")));
+        assert_eq!(rx.try_recv(), Some(stop_named("assign")));
+        assert_eq!(rx.try_recv(), Some(stop_named("after")));
         assert!(
-            rx.try_recv().is_err(),
+            rx.try_recv().is_none(),
             "a write after the mark waits for the next flush"
         );
         live.release(live.mark());
-        assert_eq!(rx.try_recv().ok(), Some(stop("later")));
+        assert_eq!(rx.try_recv(), Some(stop_named("later")));
         assert_eq!(live.held(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_nest_that_stops_reading_loses_its_link_instead_of_filling_the_hub() {
+        let (tx, mut rx) = nest_queue(10_000);
+        let mut live = Liveness::new([]);
+        live.connect("n1", tx);
+        // One message of any size fits an empty queue; reading makes room again.
+        assert!(live.send("n1", stop(50_000)));
+        assert!(rx.recv().await.is_some());
+        let mut sent = 0;
+        while live.send("n1", stop(1000)) {
+            sent += 1;
+            assert!(sent < 100, "the queue is bounded");
+        }
+        // 1256 bytes each: 7 fit in 10 000.
+        assert_eq!(sent, 7);
+        assert!(!live.is_connected("n1"));
+        let overflowed = live.take_overflowed();
+        assert_eq!(overflowed.len(), 1);
+        assert_eq!(overflowed[0].0, "n1");
+        assert!(
+            overflowed[0].1.contains("stopped reading"),
+            "{overflowed:?}"
+        );
+        assert!(live.take_overflowed().is_empty());
+        // The stream ends without handing out what was queued.
+        assert!(rx.recv().await.is_none());
+        assert!(rx.overflow.is_cancelled());
     }
 }

@@ -29,6 +29,8 @@ pub use crate::trace::{build_spans, SpanRec};
 
 /// How long a cancelled running task waits for its run to finish before it is cancelled anyway.
 const CANCEL_GRACE_MS: i64 = 5_000;
+/// The longest client request id.
+pub const MAX_CLIENT_REQUEST_ID_BYTES: usize = 200;
 /// The event a Nest sends for a run its instance can no longer finish: the run is re-dispatched.
 pub const RUN_INTERRUPTED: &str = "run.interrupted";
 
@@ -51,14 +53,44 @@ pub struct TaskSpec {
     pub client_request_id: String,
 }
 
-/// `ListTasks` filters.
+/// `ListTasks` filters and the page wanted.
 #[derive(Debug, Clone, Default)]
 pub struct TaskFilter {
     pub namespace: String,
     pub deployment: String,
     pub state: String,
     pub conversation_key: String,
-    pub limit: u32,
+    /// Tasks per page: 0 is [`DEFAULT_PAGE_SIZE`]; at most [`MAX_PAGE_SIZE`].
+    pub page_size: u32,
+    /// Only tasks submitted before the task with this submission seq (the page token).
+    pub before_seq: Option<u64>,
+}
+
+/// Tasks per `ListTasks` page unless asked otherwise.
+pub const DEFAULT_PAGE_SIZE: u32 = 100;
+/// The most tasks one `ListTasks` page holds.
+pub const MAX_PAGE_SIZE: u32 = 1000;
+/// A page also ends once its summaries reach about this many bytes.
+pub const MAX_PAGE_BYTES: usize = 4 * 1024 * 1024;
+/// How much of a task's input a summary carries.
+pub const SUMMARY_INPUT_BYTES: usize = 256;
+/// How much of a task's result a summary carries.
+pub const SUMMARY_RESULT_BYTES: usize = 1024;
+
+/// A task as `ListTasks` shows it: input and result cut to a prefix.
+#[derive(Debug, Clone)]
+pub struct TaskSummary {
+    pub task: TaskRec,
+    /// Size of the whole input.
+    pub input_bytes: u64,
+}
+
+/// One page of `ListTasks`, newest first.
+#[derive(Debug, Clone)]
+pub struct TaskPage {
+    pub tasks: Vec<TaskSummary>,
+    /// The seq to continue before (the next page token); `None` on the last page.
+    pub next_before_seq: Option<u64>,
 }
 
 /// One run event as a Nest sends it.
@@ -84,6 +116,65 @@ fn conversation_id_for(namespace: &str, deployment: &str, key: &str) -> String {
     h.update([0]);
     h.update(key.as_bytes());
     format!("conv-{}", &hex::encode(h.finalize())[..32])
+}
+
+/// A task with its input and result cut to a prefix; the big strings are never copied whole.
+fn summarize(t: &TaskRec) -> TaskSummary {
+    let cut = crate::limits::cut;
+    let task = TaskRec {
+        task_id: t.task_id.clone(),
+        namespace: t.namespace.clone(),
+        deployment: t.deployment.clone(),
+        input: cut(&t.input, SUMMARY_INPUT_BYTES),
+        labels: t.labels.clone(),
+        conversation_key: t.conversation_key.clone(),
+        conversation_id: t.conversation_id.clone(),
+        state: t.state,
+        activity: cut(&t.activity, SUMMARY_RESULT_BYTES),
+        progress: t.progress.clone(),
+        outcome: t.outcome.as_ref().map(|o| OutcomeRec {
+            result: cut(&o.result, SUMMARY_RESULT_BYTES),
+            response_type: o.response_type.clone(),
+            error: cut(&o.error, SUMMARY_RESULT_BYTES),
+        }),
+        run_id: t.run_id.clone(),
+        attempt: t.attempt,
+        instance_id: t.instance_id.clone(),
+        bundle_digest: t.bundle_digest.clone(),
+        client_request_id: t.client_request_id.clone(),
+        created_at_ms: t.created_at_ms,
+        updated_at_ms: t.updated_at_ms,
+        started_at_ms: t.started_at_ms,
+        finished_at_ms: t.finished_at_ms,
+        nest_name: t.nest_name.clone(),
+        seq: t.seq,
+        next_event_seq: t.next_event_seq,
+        cancel_requested_at_ms: t.cancel_requested_at_ms,
+        cancel_reason: cut(&t.cancel_reason, SUMMARY_RESULT_BYTES),
+        lease: t.lease.clone(),
+    };
+    TaskSummary {
+        task,
+        input_bytes: t.input.len() as u64,
+    }
+}
+
+/// About how many bytes a summary takes on the wire.
+fn summary_size(t: &TaskRec) -> usize {
+    let labels: usize = t.labels.iter().map(|(k, v)| k.len() + v.len() + 8).sum();
+    let progress = t.progress.as_ref().map_or(0, |p| {
+        p.step.len() + p.note.len() + p.artifacts.iter().map(|a| a.len() + 4).sum::<usize>()
+    });
+    let outcome = t.outcome.as_ref().map_or(0, |o| {
+        o.result.len() + o.error.len() + o.response_type.len()
+    });
+    512 + t.input.len()
+        + labels
+        + progress
+        + outcome
+        + t.activity.len()
+        + t.conversation_key.len()
+        + t.client_request_id.len()
 }
 
 fn request_key(namespace: &str, id: &str) -> String {
@@ -153,11 +244,11 @@ impl Core {
                 "input: expected the task's text, got an empty string",
             ));
         }
-        if spec.client_request_id.len() > 200 {
-            return Err(HubError::invalid(
-                "client_request_id: expected at most 200 characters",
-            ));
-        }
+        crate::limits::check_bytes(
+            "client_request_id",
+            &spec.client_request_id,
+            MAX_CLIENT_REQUEST_ID_BYTES,
+        )?;
         let task = {
             let mut st = self.lock();
             if !st
@@ -176,6 +267,19 @@ impl Core {
                         return Ok(t.clone());
                     }
                 }
+            }
+            if !spec.conversation_key.is_empty() {
+                // The history quota: a conversation over it takes no more tasks (its next run
+                // would carry the whole history).
+                let id = conversation_id_for(&namespace, &spec.deployment, &spec.conversation_key);
+                let held = self
+                    .db
+                    .raw()
+                    .get(Table::Conversations, id.as_bytes())?
+                    .map_or(0, |b| b.len());
+                self.opts
+                    .limits
+                    .check_history(&spec.conversation_key, held)?;
             }
             let now = now_ms();
             let seq = self.db.raw().increment("task_seq")?;
@@ -244,7 +348,8 @@ impl Core {
             })
     }
 
-    pub fn list_tasks(&self, f: &TaskFilter) -> Result<Vec<TaskRec>> {
+    /// One page of tasks, newest first, as summaries (no task's whole input is copied).
+    pub fn list_tasks(&self, f: &TaskFilter) -> Result<TaskPage> {
         let namespace = namespace_or_default(&f.namespace);
         let state = if f.state.is_empty() {
             None
@@ -252,24 +357,46 @@ impl Core {
             Some(TaskState::parse(&f.state).ok_or_else(|| {
                 HubError::invalid(format!(
                     "state: `{}` is not a task state; expected one of queued, running, waiting, succeeded, failed, cancelled",
-                    f.state
+                    crate::limits::prefix(&f.state)
                 ))
             })?)
         };
+        let page_size = match f.page_size {
+            0 => DEFAULT_PAGE_SIZE,
+            n => n.min(MAX_PAGE_SIZE),
+        } as usize;
         let st = self.lock();
-        let mut out: Vec<TaskRec> = st
+        let mut matching: Vec<(u64, &TaskRec)> = st
             .tasks
             .values()
             .filter(|t| t.namespace == namespace)
             .filter(|t| f.deployment.is_empty() || t.deployment == f.deployment)
             .filter(|t| state.is_none_or(|s| t.state == s))
             .filter(|t| f.conversation_key.is_empty() || t.conversation_key == f.conversation_key)
-            .cloned()
+            .filter(|t| f.before_seq.is_none_or(|before| t.seq < before))
+            .map(|t| (t.seq, t))
             .collect();
-        out.sort_by_key(|t| std::cmp::Reverse(t.seq));
-        let limit = if f.limit == 0 { 100 } else { f.limit as usize };
-        out.truncate(limit);
-        Ok(out)
+        matching.sort_by_key(|(seq, _)| std::cmp::Reverse(*seq));
+        let mut tasks = Vec::new();
+        let mut bytes = 0usize;
+        for (_, t) in &matching {
+            let summary = summarize(t);
+            bytes += summary_size(&summary.task);
+            if !tasks.is_empty() && bytes > MAX_PAGE_BYTES {
+                break;
+            }
+            tasks.push(summary);
+            if tasks.len() == page_size {
+                break;
+            }
+        }
+        let next_before_seq = (tasks.len() < matching.len())
+            .then(|| tasks.last().map(|s| s.task.seq))
+            .flatten();
+        Ok(TaskPage {
+            tasks,
+            next_before_seq,
+        })
     }
 
     /// Cancels a task: a queued one at once, a running one through its Nest (with a grace).

@@ -116,10 +116,12 @@ pub async fn client(opts: &NestOptions) -> Result<HubClient> {
             reason: "no http:// or https:// scheme".into(),
         });
     };
-    Ok(NestServiceClient::with_interceptor(
-        endpoint.connect_lazy(),
-        Bearer(Some(bearer)),
-    ))
+    // The same message limit as the Hub's, both ways: the Hub refuses over-limit fields itself.
+    Ok(
+        NestServiceClient::with_interceptor(endpoint.connect_lazy(), Bearer(Some(bearer)))
+            .max_decoding_message_size(agen_proto::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(agen_proto::MAX_MESSAGE_BYTES),
+    )
 }
 
 /// The Nest's certificate and key (PEM): the stored ones when they are current for this Hub's

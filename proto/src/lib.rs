@@ -38,6 +38,11 @@ pub mod v1 {
     }
 }
 
+/// The gRPC message limit on every Agen link, at both ends (Hub server, Nest client, CLI): above
+/// every field limit of the Hub's limit table, so that an over-limit field is refused by Agen with
+/// a message instead of breaking a stream.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
 /// Encoded `FileDescriptorSet` of every `agen.v1` proto, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/agen_descriptor.bin"));

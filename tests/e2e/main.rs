@@ -8,6 +8,7 @@ mod artifacts;
 mod chaos;
 mod fleet;
 mod keen;
+mod limits;
 mod resume;
 mod runs;
 mod secrets;

@@ -180,6 +180,8 @@ pub struct HubProcess {
     pub dir: PathBuf,
     pub port: u16,
     pub nest_ttl: String,
+    /// More `agen hub` flags this Hub was started with (kept across restarts).
+    pub extra_args: Vec<String>,
 }
 
 impl HubProcess {
@@ -189,6 +191,16 @@ impl HubProcess {
     }
 
     pub fn start_on(dir: &Path, port: u16, nest_ttl: &str) -> anyhow::Result<HubProcess> {
+        Self::start_with_args(dir, port, nest_ttl, &[])
+    }
+
+    /// Starts a Hub with more `agen hub` flags (limits, …).
+    pub fn start_with_args(
+        dir: &Path,
+        port: u16,
+        nest_ttl: &str,
+        extra_args: &[&str],
+    ) -> anyhow::Result<HubProcess> {
         std::fs::create_dir_all(dir)?;
         let mut cmd = Command::new(agen_bin());
         cmd.args(["hub", "--data-dir"])
@@ -199,6 +211,7 @@ impl HubProcess {
                 "--nest-ttl",
                 nest_ttl,
             ])
+            .args(extra_args)
             .env("AGEN_CONFIG", dir.join("client.toml"))
             .env("RUST_LOG", "info");
         let proc = Proc::spawn("hub", cmd, &dir.join("hub.log"))?;
@@ -207,6 +220,7 @@ impl HubProcess {
             dir: dir.to_owned(),
             port,
             nest_ttl: nest_ttl.into(),
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
         };
         hub.wait_ready()?;
         Ok(hub)
@@ -215,7 +229,8 @@ impl HubProcess {
     /// Kills the Hub (SIGKILL) and starts it again on the same port and data dir.
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.proc.kill9();
-        let fresh = Self::start_on(&self.dir, self.port, &self.nest_ttl.clone())?;
+        let extra: Vec<&str> = self.extra_args.iter().map(String::as_str).collect();
+        let fresh = Self::start_with_args(&self.dir, self.port, &self.nest_ttl.clone(), &extra)?;
         *self = fresh;
         Ok(())
     }

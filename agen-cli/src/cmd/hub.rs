@@ -39,6 +39,38 @@ pub struct Args {
     /// How long a dispatched run may take to start before it is dispatched again
     #[arg(long, default_value = "30s", value_parser = crate::cmd::parse_duration)]
     pub run_start_deadline: Duration,
+    /// Longest task input (bytes, or with KiB/MiB)
+    #[arg(long, default_value = "1MiB", value_parser = agen_hub::limits::parse_size)]
+    pub max_input_bytes: usize,
+    /// Most labels on a task, a Nest or a deployment selector
+    #[arg(long, default_value_t = 64)]
+    pub max_labels: usize,
+    /// Longest label value (bytes, or with KiB/MiB)
+    #[arg(long, default_value = "1KiB", value_parser = agen_hub::limits::parse_size)]
+    pub max_label_value_bytes: usize,
+    /// Longest conversation key (bytes)
+    #[arg(long, default_value = "256", value_parser = agen_hub::limits::parse_size)]
+    pub max_conversation_key_bytes: usize,
+    /// History quota of one conversation: a submit to a conversation over it is refused
+    #[arg(long, default_value = "32MiB", value_parser = agen_hub::limits::parse_size)]
+    pub max_history_bytes: usize,
+    /// Bytes queued for one Nest before it counts as not reading and is disconnected
+    #[arg(long, default_value = "64MiB", value_parser = agen_hub::limits::parse_size)]
+    pub nest_queue_bytes: usize,
+}
+
+impl Args {
+    /// The limit table these flags set.
+    pub fn limits(&self) -> agen_hub::limits::Limits {
+        agen_hub::limits::Limits {
+            input_bytes: self.max_input_bytes,
+            labels: self.max_labels,
+            label_value_bytes: self.max_label_value_bytes,
+            conversation_key_bytes: self.max_conversation_key_bytes,
+            history_bytes: self.max_history_bytes,
+            nest_queue_bytes: self.nest_queue_bytes,
+        }
+    }
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
@@ -56,6 +88,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         tls_names: args.tls_names.clone(),
         nest_disconnect_grace: args.nest_disconnect_grace,
         run_start_deadline: args.run_start_deadline,
+        limits: args.limits(),
     };
     if let Err(e) = opts.validate() {
         eprintln!("error: {e}");

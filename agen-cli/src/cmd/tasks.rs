@@ -1,10 +1,14 @@
-//! `agen tasks`: recent tasks, newest first, filtered by deployment and state.
+//! `agen tasks`: recent tasks, newest first, filtered by deployment and state, fetched page
+//! by page (`ListTasks` answers summaries: inputs and results cut to a prefix).
 
 use agen_proto::v1 as pb;
 use serde_json::Value;
 
 use crate::client::{status_error, ClientArgs, Output};
 use crate::view;
+
+/// Tasks asked for per `ListTasks` call.
+const PAGE_SIZE: usize = 100;
 
 /// Arguments of `agen tasks`.
 #[derive(Debug, clap::Args)]
@@ -15,7 +19,7 @@ pub struct Args {
     /// Only tasks in this state (queued|running|waiting|succeeded|failed|cancelled)
     #[arg(long)]
     pub state: Option<String>,
-    /// At most this many tasks
+    /// At most this many tasks (0: all of them)
     #[arg(long, default_value_t = 100)]
     pub limit: u32,
     #[command(flatten)]
@@ -24,19 +28,35 @@ pub struct Args {
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     let mut hub = args.client.connect()?;
-    let tasks = hub
-        .client
-        .list_tasks(pb::ListTasksRequest {
-            namespace: hub.namespace.clone(),
-            deployment: args.deployment.clone().unwrap_or_default(),
-            state: args.state.clone().unwrap_or_default(),
-            limit: args.limit,
-            conversation_key: String::new(),
-        })
-        .await
-        .map_err(|s| status_error(&hub, s))?
-        .into_inner()
-        .tasks;
+    let wanted = if args.limit == 0 {
+        usize::MAX
+    } else {
+        args.limit as usize
+    };
+    let mut tasks: Vec<pb::Task> = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let left = wanted - tasks.len();
+        let page = hub
+            .client
+            .list_tasks(pb::ListTasksRequest {
+                namespace: hub.namespace.clone(),
+                deployment: args.deployment.clone().unwrap_or_default(),
+                state: args.state.clone().unwrap_or_default(),
+                page_size: left.min(PAGE_SIZE) as u32,
+                page_token: page_token.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|s| status_error(&hub, s))?
+            .into_inner();
+        tasks.extend(page.tasks);
+        if page.next_page_token.is_empty() || tasks.len() >= wanted {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    tasks.truncate(wanted);
     match args.client.output {
         Output::Json => {
             view::print_json(&Value::Array(tasks.iter().map(view::task_json).collect()))

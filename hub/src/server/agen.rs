@@ -9,9 +9,10 @@ use futures::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::auth::{authorize, list_scope, Action};
-use super::convert;
+use super::{convert, malformed};
 use crate::error::HubError;
 use crate::fleet::{Core, DeploymentSpec};
+use crate::limits::{self, check_id};
 use crate::model::TaskState;
 use crate::tasks::{TaskFilter, TaskSpec};
 
@@ -22,6 +23,20 @@ pub struct AgenApi {
 }
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// A namespace in a request: empty (the default) or a valid name.
+fn check_namespace(ns: &str) -> Result<(), HubError> {
+    if ns.is_empty() {
+        return Ok(());
+    }
+    limits::validate_name("namespace", ns)
+}
+
+/// The namespace and task id every per-task request carries.
+fn check_task_ref(ns: &str, task_id: &str) -> Result<(), HubError> {
+    check_namespace(ns)?;
+    check_id("task_id", task_id)
+}
 
 fn active_runs(core: &Core, instance_id: &str) -> u32 {
     let st = core.lock();
@@ -59,14 +74,15 @@ impl AgenService for AgenApi {
         authorize(&request, "", Action::Upload, "")?;
         let mut stream = request.into_inner();
         let max = agen_shared::bundle::MAX_BUNDLE_BYTES;
-        let first = stream.message().await?.ok_or_else(|| {
+        let first = malformed::next(&mut stream).await?.ok_or_else(|| {
             HubError::invalid("upload: expected at least one chunk carrying digest and total_size")
         })?;
         let digest = first.digest.clone();
         let hex = digest.strip_prefix("sha256:").unwrap_or("");
         if hex.len() != 64 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
             return Err(HubError::invalid(format!(
-                "digest: `{digest}` is not a bundle digest; expected sha256:<64 hex digits> in the first chunk"
+                "digest: `{}` is not a bundle digest; expected sha256:<64 hex digits> in the first chunk",
+                limits::prefix(&digest)
             ))
             .into());
         }
@@ -86,7 +102,7 @@ impl AgenService for AgenApi {
             }));
         }
         let mut data = first.data;
-        while let Some(chunk) = stream.message().await? {
+        while let Some(chunk) = malformed::next(&mut stream).await? {
             if data.len() + chunk.data.len() > first.total_size as usize {
                 return Err(HubError::invalid(format!(
                     "upload: more bytes than total_size {} announced in the first chunk",
@@ -138,6 +154,11 @@ impl AgenService for AgenApi {
             .check_delegates(&who, &r.namespace, &r.bundle_digest)
             .await?;
         let r = request.into_inner();
+        check_namespace(&r.namespace)?;
+        limits::validate_name("name", &r.name)?;
+        check_id("bundle_digest", &r.bundle_digest)?;
+        let selector = r.selector.into_iter().collect();
+        self.core.opts.limits.check_labels("selector", &selector)?;
         let rec = self
             .core
             .create_deployment(DeploymentSpec {
@@ -145,7 +166,7 @@ impl AgenService for AgenApi {
                 name: r.name,
                 bundle_digest: r.bundle_digest,
                 replicas: r.replicas,
-                selector: r.selector.into_iter().collect(),
+                selector,
                 concurrency: r.concurrency,
             })
             .await?;
@@ -159,6 +180,7 @@ impl AgenService for AgenApi {
     ) -> Result<Response<pb::GetDeploymentResponse>, Status> {
         authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
         let r = request.into_inner();
+        check_namespace(&r.namespace)?;
         let (view, instances) = self.core.get_deployment(&r.namespace, &r.name)?;
         Ok(Response::new(pb::GetDeploymentResponse {
             deployment: Some(convert::deployment(&view)),
@@ -192,6 +214,7 @@ impl AgenService for AgenApi {
             &request.get_ref().name,
         )?;
         let r = request.into_inner();
+        check_namespace(&r.namespace)?;
         self.core.delete_deployment(&r.namespace, &r.name).await?;
         Ok(Response::new(pb::DeleteDeploymentResponse {}))
     }
@@ -239,13 +262,26 @@ impl AgenService for AgenApi {
             &request.get_ref().deployment,
         )?;
         let r = request.into_inner();
+        // Every field is checked before anything is stored: nothing is half-applied.
+        let lim = &self.core.opts.limits;
+        check_namespace(&r.namespace)?;
+        limits::validate_name("deployment", &r.deployment)?;
+        lim.check_input(&r.input)?;
+        let labels = r.labels.into_iter().collect();
+        lim.check_labels("labels", &labels)?;
+        lim.check_conversation_key(&r.conversation_key)?;
+        limits::check_bytes(
+            "client_request_id",
+            &r.client_request_id,
+            crate::tasks::MAX_CLIENT_REQUEST_ID_BYTES,
+        )?;
         let task = self
             .core
             .submit_task(TaskSpec {
                 namespace: r.namespace,
                 deployment: r.deployment,
                 input: r.input,
-                labels: r.labels.into_iter().collect(),
+                labels,
                 conversation_key: r.conversation_key,
                 client_request_id: r.client_request_id,
             })
@@ -259,6 +295,7 @@ impl AgenService for AgenApi {
     ) -> Result<Response<pb::Task>, Status> {
         authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
         let r = request.into_inner();
+        check_task_ref(&r.namespace, &r.task_id)?;
         Ok(Response::new(convert::task(
             &self.core.get_task(&r.namespace, &r.task_id)?,
         )))
@@ -270,6 +307,7 @@ impl AgenService for AgenApi {
     ) -> Result<Response<pb::Task>, Status> {
         authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
         let r = request.into_inner();
+        check_task_ref(&r.namespace, &r.task_id)?;
         Ok(Response::new(convert::task(
             &self.core.get_task(&r.namespace, &r.task_id)?,
         )))
@@ -283,6 +321,7 @@ impl AgenService for AgenApi {
     ) -> Result<Response<Self::WatchTaskStream>, Status> {
         let who = authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
         let r = request.into_inner();
+        check_task_ref(&r.namespace, &r.task_id)?;
         let core = self.core.clone();
         // Subscribe before reading the stored events, so nothing falls between the two.
         let mut live = core.subscribe();
@@ -373,6 +412,8 @@ impl AgenService for AgenApi {
             &request.get_ref().task_id,
         )?;
         let r = request.into_inner();
+        check_task_ref(&r.namespace, &r.task_id)?;
+        limits::check_bytes("reason", &r.reason, limits::MAX_REASON_BYTES)?;
         let task = self
             .core
             .cancel_task(&r.namespace, &r.task_id, &r.reason)
@@ -386,15 +427,32 @@ impl AgenService for AgenApi {
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
         authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
         let r = request.into_inner();
-        let tasks = self.core.list_tasks(&TaskFilter {
+        check_namespace(&r.namespace)?;
+        if !r.deployment.is_empty() {
+            limits::validate_name("deployment", &r.deployment)?;
+        }
+        self.core
+            .opts
+            .limits
+            .check_conversation_key(&r.conversation_key)?;
+        let page = self.core.list_tasks(&TaskFilter {
             namespace: r.namespace,
             deployment: r.deployment,
             state: r.state,
             conversation_key: r.conversation_key,
-            limit: r.limit,
+            page_size: if r.page_size == 0 {
+                r.limit
+            } else {
+                r.page_size
+            },
+            before_seq: convert::parse_page_token(&r.page_token)?,
         })?;
         Ok(Response::new(pb::ListTasksResponse {
-            tasks: tasks.iter().map(convert::task).collect(),
+            tasks: page.tasks.iter().map(convert::task_summary).collect(),
+            next_page_token: page
+                .next_before_seq
+                .map(convert::page_token)
+                .unwrap_or_default(),
         }))
     }
 
@@ -404,6 +462,7 @@ impl AgenService for AgenApi {
     ) -> Result<Response<pb::Trace>, Status> {
         authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
         let r = request.into_inner();
+        check_task_ref(&r.namespace, &r.task_id)?;
         let (task, spans) = self.core.trace(&r.namespace, &r.task_id)?;
         Ok(Response::new(pb::Trace {
             task_id: task.task_id.clone(),
@@ -418,6 +477,8 @@ impl AgenService for AgenApi {
     ) -> Result<Response<pb::ListArtifactsResponse>, Status> {
         authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
         let r = request.into_inner();
+        check_namespace(&r.namespace)?;
+        check_id("task_id", &r.task_id)?;
         let list = self.core.list_artifacts(&r.namespace, &r.task_id)?;
         Ok(Response::new(pb::ListArtifactsResponse {
             artifacts: list.iter().map(convert::artifact).collect(),
@@ -438,6 +499,8 @@ impl AgenService for AgenApi {
             )
             .into());
         }
+        check_namespace(&r.namespace)?;
+        check_id("artifact_id", &r.artifact_id)?;
         let (rec, bytes) = self.core.artifact(&r.namespace, &r.artifact_id)?;
         let chunks = convert::artifact_chunks(&rec, &bytes);
         Ok(Response::new(Box::pin(futures::stream::iter(
@@ -456,6 +519,12 @@ impl AgenService for AgenApi {
             &request.get_ref().name,
         )?;
         let r = request.into_inner();
+        check_namespace(&r.namespace)?;
+        if r.value.len() > limits::MAX_SECRET_VALUE_BYTES {
+            return Err(
+                limits::over_limit("value", r.value.len(), limits::MAX_SECRET_VALUE_BYTES).into(),
+            );
+        }
         let (meta, replaced) = self
             .core
             .set_secret(&r.namespace, &r.name, &r.value)

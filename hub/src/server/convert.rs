@@ -2,10 +2,11 @@
 
 use agen_proto::v1 as pb;
 
+use crate::error::HubError;
 use crate::fleet::DeploymentView;
 use crate::model::*;
 use crate::nodes::ToNest;
-use crate::tasks::{IncomingRunEvent, SpanRec};
+use crate::tasks::{IncomingRunEvent, SpanRec, TaskSummary};
 
 pub fn deployment(d: &DeploymentView) -> pb::Deployment {
     let r = &d.rec;
@@ -141,7 +142,40 @@ pub fn task(t: &TaskRec) -> pb::Task {
         started_at_ms: t.started_at_ms,
         finished_at_ms: t.finished_at_ms,
         nest_name: t.nest_name.clone(),
+        input_bytes: t.input.len() as u64,
+        summary: false,
     }
+}
+
+/// A task as `ListTasks` shows it (input and result cut to a prefix).
+pub fn task_summary(s: &TaskSummary) -> pb::Task {
+    pb::Task {
+        input_bytes: s.input_bytes,
+        summary: true,
+        ..task(&s.task)
+    }
+}
+
+/// The `ListTasks` page token that continues before the task with submission seq `seq`.
+pub fn page_token(seq: u64) -> String {
+    format!("tasks-before.{seq}")
+}
+
+/// The seq a page token continues before; empty is the first page.
+pub fn parse_page_token(token: &str) -> Result<Option<u64>, HubError> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    token
+        .strip_prefix("tasks-before.")
+        .and_then(|n| n.parse().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            HubError::invalid(format!(
+                "page_token: `{}` is not a token from ListTasks; pass next_page_token of the previous page as it came",
+                crate::limits::prefix(token)
+            ))
+        })
 }
 
 pub fn task_event(e: &TaskEventRec, t: &TaskRec) -> pb::TaskEvent {

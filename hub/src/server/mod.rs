@@ -6,8 +6,11 @@
 mod agen;
 pub mod auth;
 mod convert;
+mod malformed;
 mod nest;
 mod tokens;
+
+pub use malformed::layer as malformed_request_layer;
 
 use std::sync::Arc;
 
@@ -18,8 +21,8 @@ use tonic::service::Routes;
 use crate::error::{HubError, Result};
 use crate::fleet::Core;
 
-/// Largest gRPC message accepted (bundle chunks are far smaller).
-const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+/// Largest gRPC message accepted and sent (above every field limit of the limit table).
+const MAX_MESSAGE: usize = crate::limits::MAX_MESSAGE_BYTES;
 
 /// Builds every service of the Hub.
 pub async fn routes(

@@ -20,7 +20,7 @@ use agen_proto::v1::nest_service_server::NestService;
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::convert;
+use super::{convert, malformed};
 use crate::error::HubError;
 use crate::fleet::Core;
 use crate::tokens::nests::{JoinGrant, NestIdentities};
@@ -84,8 +84,7 @@ impl NestService for NestApi {
     ) -> Result<Response<Self::ConnectStream>, Status> {
         let cert_id = self.cert_nest_id(&request)?;
         let mut incoming = request.into_inner();
-        let first = incoming
-            .message()
+        let first = malformed::next(&mut incoming)
             .await?
             .ok_or_else(|| HubError::invalid("connect: the stream ended before Register"))?;
         let Some(pb::nest_message::Msg::Register(register)) = first.msg else {
@@ -100,8 +99,15 @@ impl NestService for NestApi {
             }
         }
         let reg = convert::registration(&register);
+        crate::limits::check_id("register.nest_id", &reg.nest_id)?;
+        crate::limits::check_bytes("register.name", &reg.name, 255)?;
+        self.core
+            .opts
+            .limits
+            .check_labels("register.labels", &reg.labels)?;
         let nest_id = reg.nest_id.clone();
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, rx) = crate::nodes::nest_queue(self.core.opts.limits.nest_queue_bytes);
+        let overflow = rx.overflow.clone();
         let conn_id = self.core.register(reg, tx.clone()).await?;
         // Pings keep the Nest's self-fence from firing while the link is up.
         // They stop with the link, so that a dropped link ends the outbound stream.
@@ -130,11 +136,15 @@ impl NestService for NestApi {
         let end_stream = ended.clone();
         // Bound at connect time (TLS Hubs); a forgotten identity ends the stream too.
         let bound = self.nests.get(&nest_id).is_some();
+        let stop_reading = overflow.clone();
         tokio::spawn(async move {
             let _end = end_stream.drop_guard();
             loop {
                 let next = tokio::select! {
-                    m = incoming.message() => m,
+                    biased;
+                    // The Nest stopped reading: its link is ended, so is this half.
+                    _ = stop_reading.cancelled() => break,
+                    n = malformed::next(&mut incoming) => n,
                     changed = revocations.changed() => {
                         let gone = bound && identities.get(&nest_id).is_none();
                         if changed.is_ok() && !identities.is_revoked(&nest_id) && !gone {
@@ -192,10 +202,25 @@ impl NestService for NestApi {
             core.disconnect(&nest_id, conn_id);
         });
 
-        // The outgoing half ends with the incoming one (a revoked Nest is cut off at once).
-        let out = tokio_stream::wrappers::UnboundedReceiverStream::new(rx)
-            .map(|m| Ok(convert::to_nest(m)))
-            .take_until(ended.cancelled_owned());
+        // Messages leave the queue only as fast as the Nest reads them (HTTP/2 flow control);
+        // an overflowed queue ends the stream with a status saying why.
+        let out = futures::stream::unfold(Some(rx), move |state| {
+            let overflow = overflow.clone();
+            async move {
+                let mut rx = state?;
+                match rx.recv().await {
+                    Some(m) => Some((Ok(convert::to_nest(m)), Some(rx))),
+                    None if overflow.is_cancelled() => Some((
+                        Err(Status::resource_exhausted(
+                            "nest queue: the nest stopped reading its stream and was disconnected; its runs were handed over",
+                        )),
+                        None,
+                    )),
+                    None => None,
+                }
+            }
+        })
+        .take_until(ended.cancelled_owned());
         Ok(Response::new(Box::pin(out)))
     }
 
@@ -205,7 +230,7 @@ impl NestService for NestApi {
     ) -> Result<Response<pb::Artifact>, Status> {
         self.cert_nest_id(&request)?;
         let mut stream = request.into_inner();
-        let first = stream.message().await?.ok_or_else(|| {
+        let first = malformed::next(&mut stream).await?.ok_or_else(|| {
             HubError::invalid("put_artifact: expected at least one chunk carrying the artifact")
         })?;
         let meta = first.artifact.clone().ok_or_else(|| {
@@ -220,7 +245,7 @@ impl NestService for NestApi {
             .into());
         }
         let mut bytes = first.data;
-        while let Some(chunk) = stream.message().await? {
+        while let Some(chunk) = malformed::next(&mut stream).await? {
             if (bytes.len() + chunk.data.len()) as u64 > max.min(meta.size) {
                 return Err(HubError::invalid(format!(
                     "put_artifact: artifact {} sent more than its announced {} bytes (limit 25 MB)",

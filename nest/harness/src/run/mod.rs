@@ -25,6 +25,7 @@
 //! a loop.
 
 mod builtins;
+mod cut;
 mod harness;
 mod keen_loop;
 mod native;

@@ -244,6 +244,7 @@ impl Run<'_> {
                 // A tool that echoes a secret (a header, a DSN) does not leak it into the run
                 // log, the trace or the model's context.
                 let text = redact_secrets(o.text, &self.h.secret_values);
+                let text = self.bounded_tool_result(&qualified, text).await;
                 (
                     RunEventBody::ToolCompleted(ToolCompleted {
                         call_id: call.id.clone(),
