@@ -79,6 +79,8 @@ pub struct Core {
     secrets: SecretStore,
     /// The `platform` secrets each bundle declares, by digest (read from the bundle once).
     bundle_secrets: Mutex<HashMap<String, Arc<Vec<String>>>>,
+    /// `limits.maxAttempts` of each bundle, by digest (read from the bundle once).
+    bundle_max_attempts: Mutex<HashMap<String, u32>>,
 }
 
 pub(crate) use crate::limits::validate_name;
@@ -139,6 +141,7 @@ impl Core {
             secrets: SecretStore::new(db.clone(), secret_key),
             db,
             bundle_secrets: Mutex::new(HashMap::new()),
+            bundle_max_attempts: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -769,6 +772,13 @@ impl Core {
         {
             return Ok(names.clone());
         }
+        self.load_stored_bundle(digest)?;
+        self.declared_platform_secrets(digest)
+    }
+
+    /// Reads a stored bundle once and caches what the Hub needs of it (its `platform` secrets
+    /// and `limits.maxAttempts`).
+    fn load_stored_bundle(&self, digest: &str) -> Result<()> {
         let bytes = self.bundle_bytes(digest)?.ok_or_else(|| {
             HubError::FailedPrecondition(format!(
                 "bundle {digest} is not stored on the hub; deploy it again"
@@ -784,7 +794,29 @@ impl Core {
             .map_err(|e| HubError::Internal(format!("stored bundle {digest}: {e}")))?;
         let names = secrets::platform_secret_names(&bundle);
         self.remember_bundle_secrets(digest, names);
-        self.declared_platform_secrets(digest)
+        self.bundle_max_attempts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(digest.to_string(), bundle.harness.limits.max_attempts);
+        Ok(())
+    }
+
+    /// `limits.maxAttempts` of the bundle `digest` (the default when it cannot be read).
+    pub(crate) fn max_attempts(&self, digest: &str) -> u32 {
+        let cached = self
+            .bundle_max_attempts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(digest)
+            .copied();
+        if let Some(n) = cached {
+            return n;
+        }
+        if let Err(e) = self.load_stored_bundle(digest) {
+            tracing::warn!(%digest, error = %e, "cannot read limits.maxAttempts; using the default");
+            return crate::leases::DEFAULT_MAX_ATTEMPTS;
+        }
+        self.max_attempts(digest)
     }
 
     /// The values an instance's placement carries: its bundle's `platform` secrets that are set

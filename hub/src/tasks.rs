@@ -11,7 +11,7 @@
 //! and the next attempt, with the earlier events to replay (its Nest was lost, the Nest sent
 //! `run.interrupted`, or reconciliation found it not running), onto another instance when one
 //! is free, only onto an instance of the bundle digest the run started on (none left after a
-//! rollover: the task fails saying so), and fails after `DEFAULT_MAX_ATTEMPTS` attempts ended
+//! rollover: the task fails saying so), and fails after `limits.maxAttempts` attempts ended
 //! by its own instance failing.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -513,8 +513,8 @@ impl Core {
     /// Puts one interrupted run back in the queue: the next dispatch re-runs it with the same
     /// run id, the next attempt and the earlier events to replay, on its bundle digest. When
     /// its own instance failed it (`Requeue::InstanceFailed`) the failure is counted, the retry
-    /// backs off and avoids that instance, and a task with [`leases::DEFAULT_MAX_ATTEMPTS`]
-    /// such failures fails instead (no endless crash loop); one being cancelled ends cancelled.
+    /// backs off and avoids that instance, and a task with `limits.maxAttempts` (bundle
+    /// `x-agen/harness.json`, default 5) such failures fails instead (no endless crash loop); one being cancelled ends cancelled.
     pub(crate) fn requeue_task(
         &self,
         st: &mut State,
@@ -531,7 +531,11 @@ impl Core {
             task.lease.failures += 1;
             task.lease.avoid_instance = task.lease.instance_id.clone();
             task.lease.not_before_ms = now + leases::retry_backoff_ms(task.lease.failures);
-            let max = leases::DEFAULT_MAX_ATTEMPTS;
+            let max = if task.bundle_digest.is_empty() {
+                leases::DEFAULT_MAX_ATTEMPTS
+            } else {
+                self.max_attempts(&task.bundle_digest)
+            };
             if task.lease.failures >= max {
                 let error = format!(
                     "the run's instance failed {} times (last: {why}); giving up after {max} failed attempts: look at the Nest's log for the instance (journalctl -u agen-nest) and submit the task again",

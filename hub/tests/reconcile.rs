@@ -16,10 +16,22 @@ async fn one_instance(
     opts: agen_hub::HubOptions,
     dir: &std::path::Path,
 ) -> (TestHub, Api, FakeNest, pb::PlaceInstance) {
+    one_instance_with(opts, dir, None).await
+}
+
+/// [`one_instance`] whose bundle has this `x-agen/harness.json`.
+async fn one_instance_with(
+    opts: agen_hub::HubOptions,
+    dir: &std::path::Path,
+    harness: Option<&str>,
+) -> (TestHub, Api, FakeNest, pb::PlaceInstance) {
     let hub = TestHub::start_with(opts).await;
     let mut api = hub.client().await;
     let bundle = dir.join("hello");
     write_bundle(&bundle, "hi");
+    if let Some(h) = harness {
+        std::fs::write(bundle.join("x-agen/harness.json"), h).expect("write harness.json");
+    }
     let (mut nest, _) = FakeNest::connect(&hub, "nest-a", &[], vec![]).await;
     let up = upload(&mut api, &bundle).await.expect("upload");
     api.create_deployment(pb::CreateDeploymentRequest {
@@ -129,4 +141,52 @@ async fn a_run_that_does_not_start_within_the_deadline_is_dispatched_again() {
         .unwrap()
         .into_inner();
     assert_eq!(t.attempt, 2);
+}
+
+#[tokio::test]
+async fn the_bundles_max_attempts_bounds_the_instance_failures_a_run_survives() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = options(&dir.path().join("hub"), Duration::from_secs(10));
+    let (_hub, mut api, mut nest, place) =
+        one_instance_with(opts, dir.path(), Some(r#"{"limits": {"maxAttempts": 2}}"#)).await;
+    let task = submit(&mut api).await;
+    for attempt in 1..=2u32 {
+        let run = next_assign(&mut nest).await;
+        assert_eq!(run.attempt, attempt);
+        nest.send(pb::nest_message::Msg::RunEvents(pb::RunEvents {
+            instance_id: place.instance_id.clone(),
+            events: vec![pb::RunEvent {
+                run_id: run.run_id.clone(),
+                attempt,
+                seq: 1,
+                task_id: run.task_id.clone(),
+                at_ms: 1,
+                kind: "run.interrupted".into(),
+                json: serde_json::json!({"reason": "the instance process died", "cause": "instance_died"}).to_string(),
+                sync: true,
+            }],
+        }))
+        .await;
+    }
+    let t = eventually("the task to fail", Duration::from_secs(10), || {
+        let mut api = api.clone();
+        let id = task.task_id.clone();
+        async move {
+            let t = api
+                .get_task(pb::GetTaskRequest {
+                    namespace: "default".into(),
+                    task_id: id,
+                })
+                .await
+                .ok()?
+                .into_inner();
+            (task_state(&t) == pb::TaskState::Failed).then_some(t)
+        }
+    })
+    .await;
+    let error = t.outcome.unwrap().error;
+    assert!(
+        error.contains("giving up after 2 failed attempts"),
+        "{error}"
+    );
 }

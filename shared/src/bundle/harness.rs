@@ -51,6 +51,9 @@ pub struct Limits {
     pub script_timeout: Duration,
     /// `scriptMemoryMb` (default 64): memory limit of one Keen script tool call, in MiB.
     pub script_memory_mb: u32,
+    /// `maxAttempts` (default 5): attempts a run may lose to its own instance failing (process
+    /// or tool-server death, start deadline) before its task fails; the Hub enforces it.
+    pub max_attempts: u32,
 }
 
 impl Default for Limits {
@@ -61,6 +64,7 @@ impl Default for Limits {
             max_tool_calls: 200,
             script_timeout: Duration::from_secs(5),
             script_memory_mb: 64,
+            max_attempts: 5,
         }
     }
 }
@@ -128,6 +132,7 @@ pub(crate) fn parse(v: &Value) -> Result<HarnessConfig> {
             "maxToolCalls",
             "scriptTimeout",
             "scriptMemoryMb",
+            "maxAttempts",
         ])?;
         let duration = |key: &str| -> Result<Option<Duration>> {
             match l.opt_str(key)? {
@@ -165,6 +170,9 @@ pub(crate) fn parse(v: &Value) -> Result<HarnessConfig> {
         }
         if let Some(n) = positive("scriptMemoryMb")? {
             limits.script_memory_mb = n;
+        }
+        if let Some(n) = positive("maxAttempts")? {
+            limits.max_attempts = n;
         }
     }
     Ok(h)
