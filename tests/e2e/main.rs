@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 mod artifacts;
 mod fleet;
+mod hostile_bundle;
 mod keen;
 mod resume;
 mod runs;
