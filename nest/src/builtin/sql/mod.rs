@@ -17,10 +17,12 @@
 
 mod error;
 pub mod guard;
+mod pg_bounds;
 mod postgres;
 pub mod render;
 mod sqlite;
 mod tls;
+mod unicode_ident;
 
 use std::sync::Arc;
 use std::time::Duration;
