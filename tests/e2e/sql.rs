@@ -1164,3 +1164,61 @@ fn postgres_side_effects_that_outlive_a_call_are_refused_or_reset_and_huge_cells
         "{stderr}"
     );
 }
+
+#[test]
+fn huge_sqlite_values_fail_at_once_within_the_timeout_and_memory_stays_bounded() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = sqlite_fixture(dir.path());
+    let attempts = [
+        "SELECT randomblob(300000000)",
+        "SELECT length(randomblob(300000000))",
+        "SELECT zeroblob(300000000)",
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 40) \
+         SELECT length(group_concat(randomblob(10000000))) FROM c",
+    ];
+    let mut calls: Vec<Value> = attempts.iter().map(|sql| query(sql)).collect();
+    // printf() past the cap answers NULL at once rather than failing.
+    calls.push(query(
+        "SELECT printf('%.*c', 300000000, 'x') IS NULL AS capped",
+    ));
+    // A value under the cap is served, and cut before it is copied out.
+    calls.push(query("SELECT randomblob(8000000) AS b, 'ok' AS status"));
+    let (report, peak_kib, _) = drive_measured(&db.to_string_lossy(), &Value::Array(calls), "3s");
+    let results = report["results"].as_array().expect("results");
+    let mut unbounded = Vec::new();
+    for (i, sql) in attempts.iter().enumerate() {
+        let text = results[i]["text"].as_str().unwrap_or_default();
+        let ms = results[i]["elapsed_ms"].as_u64().unwrap_or(u64::MAX);
+        if results[i]["is_error"] != json!(true) || ms > 4_000 {
+            unbounded.push(format!("{sql}: {ms} ms: {text:.200}"));
+        }
+    }
+    let capped = results[attempts.len()]["text"].as_str().unwrap_or_default();
+    assert_eq!(json_rows(capped), vec![json!({"capped": 1})], "{capped}");
+    let last = results[attempts.len() + 1]["text"]
+        .as_str()
+        .unwrap_or_default();
+    let rows = json_rows(last);
+    assert_eq!(unbounded, Vec::<String>::new());
+    assert!(
+        results[0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("select a part of large values with substr()"),
+        "{}",
+        results[0]["text"]
+    );
+    assert_eq!(rows[0]["status"], json!("ok"), "{last:.300}");
+    assert!(
+        rows[0]["b"]
+            .as_str()
+            .expect("b")
+            .ends_with("[cut: 8000000 bytes]"),
+        "{last:.300}"
+    );
+    assert!(
+        peak_kib < 400 * 1024,
+        "the server peaked at {} MiB",
+        peak_kib / 1024
+    );
+}

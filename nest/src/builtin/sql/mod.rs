@@ -21,6 +21,7 @@ mod pg_bounds;
 mod postgres;
 pub mod render;
 mod sqlite;
+mod sqlite_bounds;
 mod tls;
 mod unicode_ident;
 
