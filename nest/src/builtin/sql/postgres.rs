@@ -96,7 +96,6 @@ impl Postgres {
         match pg_bounds::role_powers(client).await {
             Ok(powers) => {
                 if let Some(warning) = pg_bounds::role_warning(&powers) {
-                    tracing::warn!("{warning}");
                     eprintln!("agen mcp sql: warning: {warning}");
                 }
             }
