@@ -7,6 +7,7 @@
 mod artifacts;
 mod fleet;
 mod hostile_bundle;
+mod hostile_keen;
 mod keen;
 mod resume;
 mod runs;

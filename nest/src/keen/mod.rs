@@ -57,6 +57,7 @@ pub mod parser;
 pub mod prompt;
 pub mod registry;
 pub mod script;
+pub mod script_child;
 
 pub use dispatch::{
     recall_prompt, Decision, KeenRun, ToolDispatch, ToolResult, ToolTable, ToolTarget,
