@@ -13,6 +13,8 @@ mod archive;
 mod config;
 mod error;
 mod front_matter;
+#[cfg(test)]
+mod fuzz_tests;
 mod harness;
 #[cfg(test)]
 mod hostile_tests;
