@@ -53,6 +53,8 @@
 
 pub mod dispatch;
 pub mod flow;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod parser;
 pub mod prompt;
 pub mod registry;

@@ -17,6 +17,8 @@
 
 mod error;
 pub mod guard;
+#[cfg(test)]
+mod guard_fuzz;
 mod pg_bounds;
 mod postgres;
 pub mod render;
