@@ -65,10 +65,22 @@ pub enum Command {
     /// A scripted fake model over the OpenAI/Anthropic HTTP APIs, for tests and demos
     #[command(hide = true, name = "fake-model")]
     FakeModel(cmd::fake_model::Args),
+    /// One Keen script run in a killable child (started by an instance; JSON on stdin/stdout)
+    #[command(hide = true, name = "keen-script")]
+    KeenScript,
 }
 
 /// Runs the parsed command and returns the process exit code.
 pub fn main(cli: Cli) -> i32 {
+    if let Command::KeenScript = cli.command {
+        // No async runtime: the child only runs the script, under its rlimits.
+        agen_shared::telemetry::init("info");
+        return agen_harness::keen::script_child::serve_stdio();
+    }
+    // Keen script tools run in children of this binary, killed at their deadline.
+    if let Ok(me) = std::env::current_exe() {
+        agen_harness::keen::script_child::set_runner(me);
+    }
     agen_shared::tls::install_crypto_provider();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -103,6 +115,7 @@ pub fn main(cli: Cli) -> i32 {
             Command::Instance(a) => cmd::instance::run(a).await,
             Command::FakeModel(a) => cmd::fake_model::run(a).await,
             Command::Bench(a) => cmd::bench::run(a).await,
+            Command::KeenScript => Ok(agen_harness::keen::script_child::serve_stdio()),
         }
     });
     match result {

@@ -7,6 +7,8 @@
 mod artifacts;
 mod chaos;
 mod fleet;
+mod hostile_bundle;
+mod hostile_keen;
 mod keen;
 mod limits;
 mod resume;

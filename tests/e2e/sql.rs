@@ -1005,3 +1005,220 @@ fn a_cancelled_call_stops_its_query_in_both_engines() {
         vec![json!({"n": 1500})]
     );
 }
+
+/// Runs the server like [`drive`], with `--timeout` `timeout`, under a wrapper that records the
+/// server's peak resident memory (KiB) and its stderr. Returns (report, peak KiB, stderr).
+fn drive_measured(dsn: &str, calls: &Value, timeout: &str) -> (Value, u64, String) {
+    const WRAP: &str = "import resource, subprocess, sys\n\
+        err = open(sys.argv[1], 'wb')\n\
+        p = subprocess.run(sys.argv[3:], stderr=err)\n\
+        open(sys.argv[2], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))\n\
+        sys.exit(p.returncode)\n";
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (err_file, rss_file) = (dir.path().join("stderr"), dir.path().join("rss"));
+    let out = Command::new(Peers::python())
+        .arg(Peers::script("mcp_client.py"))
+        .args(["--env", &format!("MYDSN={dsn}"), "--timeout", "120", "--"])
+        .arg(Peers::python())
+        .args(["-c", WRAP])
+        .arg(&err_file)
+        .arg(&rss_file)
+        .arg(agen_bin())
+        .args(["mcp", "sql", "--dsn-env", "MYDSN", "--timeout", timeout])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(calls.to_string().as_bytes())?;
+            child.wait_with_output()
+        })
+        .expect("run the python MCP client");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the MCP session failed: {stderr}");
+    let report = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("client output is not JSON ({e}): {stderr}"));
+    let rss = std::fs::read_to_string(&rss_file)
+        .expect("peak rss")
+        .trim()
+        .parse()
+        .expect("rss number");
+    (
+        report,
+        rss,
+        std::fs::read_to_string(&err_file).unwrap_or_default(),
+    )
+}
+
+#[test]
+fn postgres_side_effects_that_outlive_a_call_are_refused_or_reset_and_huge_cells_are_cut_in_the_database(
+) {
+    let pg = Postgres::start();
+    // A function the database's owner wrote, which the screen cannot see into: the reset after
+    // each call must still release its session lock.
+    pg.psql(
+        "shop",
+        "CREATE FUNCTION lock_it() RETURNS void LANGUAGE sql AS 'SELECT pg_advisory_lock(42)'",
+    );
+    // Another backend the agent will try to end.
+    let mut other = Command::new("runuser")
+        .args(["-u", "postgres", "--"])
+        .arg(Path::new(PG_BIN).join("psql"))
+        .args([
+            "-X",
+            "-q",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &pg.port.to_string(),
+            "-U",
+            "postgres",
+            "-d",
+            "shop",
+        ])
+        .args(["-c", "SELECT pg_sleep(60) AS victim"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the other backend");
+    let victim_sql =
+        "SELECT pid FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60) AS victim'";
+    let victim = agen_tests::wait_for("the other backend", Duration::from_secs(20), || {
+        Some(pg.psql("shop", victim_sql)).filter(|p| !p.is_empty())
+    })
+    .expect("victim pid");
+    let before = pg.fingerprint();
+    let refused = [
+        format!("SELECT pg_terminate_backend({victim})"),
+        format!(r#"SELECT U&"\0070g_terminate_backend"({victim})"#),
+        format!(r#"SELECT U&"!0070g_cancel_backend" UESCAPE '!' ({victim})"#),
+        format!(r#"SELECT pg_catalog."pg_terminate_backend"({victim})"#),
+        r#"SELECT U&"\0070g_advisory_lock"(7)"#.to_owned(),
+        "SELECT pg_advisory_lock(7)".to_owned(),
+        "SELECT pg_try_advisory_lock(7)".to_owned(),
+        "SELECT dblink_exec('dbname=shop', 'DELETE FROM items')".to_owned(),
+        r#"SELECT U&"dbl\0069nk_exec"('dbname=shop', 'DELETE FROM items')"#.to_owned(),
+        "SELECT pg_reload_conf()".to_owned(),
+        "SELECT set_config('statement_timeout', '0', false)".to_owned(),
+    ];
+    let mut calls: Vec<Value> = refused.iter().map(|sql| query(sql)).collect();
+    calls.push(query("SELECT lock_it()"));
+    calls.push(query(
+        "SELECT count(*) AS locks FROM pg_locks WHERE locktype = 'advisory'",
+    ));
+    calls.push(query(
+        "SELECT repeat('a', 100000000) AS a, repeat('b', 100000000) AS b, repeat('c', 100000000) AS c, 1 AS n",
+    ));
+    calls.push(query(
+        "SELECT ARRAY[repeat('z', 20000)] AS arr, '{\"k\": 1}'::jsonb AS small",
+    ));
+    let (report, peak_kib, stderr) = drive_measured(&pg.dsn(), &Value::Array(calls), "20s");
+    let results = report["results"].as_array().expect("results");
+    let text = |i: usize| results[i]["text"].as_str().unwrap_or_default().to_owned();
+    let mut passed = Vec::new();
+    for (i, sql) in refused.iter().enumerate() {
+        if results[i]["is_error"] != json!(true) || !text(i).contains("is refused") {
+            passed.push(format!("{sql}: {}", text(i)));
+        }
+    }
+    let n = refused.len();
+    assert_eq!(results[n]["is_error"], json!(false), "{}", text(n));
+    assert_eq!(
+        json_rows(&text(n + 1)),
+        vec![json!({"locks": 0})],
+        "a session lock outlived its call"
+    );
+    let huge = json_rows(&text(n + 2));
+    assert_eq!(results[n + 2]["is_error"], json!(false), "{}", text(n + 2));
+    let a = huge[0]["a"].as_str().expect("a").to_owned();
+    assert!(a.starts_with(&"a".repeat(950)), "{a:.80}");
+    assert!(a.contains("[cut in the database: "), "{}", &a[950..]);
+    assert_eq!(huge[0]["n"], json!(1));
+    let small = json_rows(&text(n + 3));
+    assert_eq!(small[0]["small"], json!({"k": 1}));
+    assert!(small[0]["arr"]
+        .as_str()
+        .expect("arr")
+        .contains("[cut in the database"));
+    // Nothing reached another backend or the data.
+    let victim_alive = pg.psql("shop", victim_sql);
+    let _ = other.kill();
+    let _ = other.wait();
+    assert_eq!(passed, Vec::<String>::new());
+    assert_eq!(victim_alive, victim, "the other backend was ended");
+    assert_eq!(pg.fingerprint(), before, "the data changed");
+    // 300 MB of cells were asked for; the server held a few KB of them.
+    assert!(
+        peak_kib < 200 * 1024,
+        "the server peaked at {} MiB",
+        peak_kib / 1024
+    );
+    // The test DSN is the superuser: the server says so at start.
+    assert!(
+        stderr.contains("warning: the DSN's role is a superuser")
+            && stderr.contains("the guide recommends connecting as a role that may only read"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn huge_sqlite_values_fail_at_once_within_the_timeout_and_memory_stays_bounded() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = sqlite_fixture(dir.path());
+    let attempts = [
+        "SELECT randomblob(300000000)",
+        "SELECT length(randomblob(300000000))",
+        "SELECT zeroblob(300000000)",
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 40) \
+         SELECT length(group_concat(randomblob(10000000))) FROM c",
+    ];
+    let mut calls: Vec<Value> = attempts.iter().map(|sql| query(sql)).collect();
+    // printf() past the cap answers NULL at once rather than failing.
+    calls.push(query(
+        "SELECT printf('%.*c', 300000000, 'x') IS NULL AS capped",
+    ));
+    // A value under the cap is served, and cut before it is copied out.
+    calls.push(query("SELECT randomblob(8000000) AS b, 'ok' AS status"));
+    let (report, peak_kib, _) = drive_measured(&db.to_string_lossy(), &Value::Array(calls), "3s");
+    let results = report["results"].as_array().expect("results");
+    let mut unbounded = Vec::new();
+    for (i, sql) in attempts.iter().enumerate() {
+        let text = results[i]["text"].as_str().unwrap_or_default();
+        let ms = results[i]["elapsed_ms"].as_u64().unwrap_or(u64::MAX);
+        if results[i]["is_error"] != json!(true) || ms > 4_000 {
+            unbounded.push(format!("{sql}: {ms} ms: {text:.200}"));
+        }
+    }
+    let capped = results[attempts.len()]["text"].as_str().unwrap_or_default();
+    assert_eq!(json_rows(capped), vec![json!({"capped": 1})], "{capped}");
+    let last = results[attempts.len() + 1]["text"]
+        .as_str()
+        .unwrap_or_default();
+    let rows = json_rows(last);
+    assert_eq!(unbounded, Vec::<String>::new());
+    assert!(
+        results[0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("select a part of large values with substr()"),
+        "{}",
+        results[0]["text"]
+    );
+    assert_eq!(rows[0]["status"], json!("ok"), "{last:.300}");
+    assert!(
+        rows[0]["b"]
+            .as_str()
+            .expect("b")
+            .ends_with("[cut: 8000000 bytes]"),
+        "{last:.300}"
+    );
+    assert!(
+        peak_kib < 400 * 1024,
+        "the server peaked at {} MiB",
+        peak_kib / 1024
+    );
+}

@@ -348,3 +348,71 @@ async fn background_processes_stop_when_the_session_ends() {
         pid.trim()
     );
 }
+
+#[tokio::test]
+async fn a_no_run_server_refuses_git_config_and_hooks_and_bounds_a_catastrophic_grep() {
+    let (tmp, root) = workspace();
+    let git = std::process::Command::new("git")
+        .args(["init", "-q"])
+        .current_dir(&root)
+        .status()
+        .expect("git init");
+    assert!(git.success());
+    let config_before = std::fs::read_to_string(root.join(".git/config")).expect("config");
+    // 10 MB of word characters without a non-word one: the worst case for `\w{300}\W`.
+    let line = "a".repeat(32 * 1024 - 1) + "\n";
+    std::fs::write(root.join("big.txt"), line.repeat(300)).expect("big file");
+    let pwned = tmp.path().join("pwned");
+    let hook = format!("#!/bin/sh\ntouch {}\n", pwned.display());
+    let calls = json!([
+        {"name": "write", "arguments": {"path": ".git/config", "content": format!("[core]\n\tfsmonitor = touch {}\n", pwned.display())}},
+        {"name": "edit", "arguments": {"path": ".git/config", "old_string": "[core]", "new_string": format!("[core]\n\tfsmonitor = touch {}", pwned.display())}},
+        {"name": "write", "arguments": {"path": ".git/hooks/post-checkout", "content": hook}},
+        {"name": "write", "arguments": {"path": ".git/hooks/fsmonitor-watchman", "content": hook}},
+        {"name": "grep", "arguments": {"pattern": r"\w{300}\W"}},
+        {"name": "grep", "arguments": {"pattern": r"(a|aa|aaa){1,100}b"}},
+        {"name": "read", "arguments": {"path": "src/main.rs"}},
+    ]);
+    let report = drive(&root, &["--no-run"], calls).await;
+    let mut written = Vec::new();
+    for i in 0..4 {
+        let (text, is_error) = result(&report, i);
+        if !is_error || !text.contains("is inside a `.git` folder") {
+            written.push(format!("call {i}: {text}"));
+        }
+    }
+    let mut slow = Vec::new();
+    for i in [4, 5] {
+        let ms = report["results"][i]["elapsed_ms"]
+            .as_u64()
+            .unwrap_or(u64::MAX);
+        if ms > 13_000 {
+            slow.push(format!("grep {i} took {ms} ms"));
+        }
+    }
+    let (read, read_error) = result(&report, 6);
+    // The person's next `git status` in the folder runs nothing the agent wrote.
+    let status = std::process::Command::new("git")
+        .args(["status", "--short"])
+        .current_dir(&root)
+        .output()
+        .expect("git status");
+    assert_eq!(written, Vec::<String>::new());
+    assert_eq!(slow, Vec::<String>::new());
+    assert!(!read_error, "{read}");
+    assert!(status.status.success());
+    assert_eq!(
+        std::fs::read_to_string(root.join(".git/config")).expect("config"),
+        config_before
+    );
+    assert!(!pwned.exists(), "a command the agent wrote ran");
+    let hooks: Vec<_> = std::fs::read_dir(root.join(".git/hooks"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        !hooks
+            .iter()
+            .any(|h| h == "post-checkout" || h == "fsmonitor-watchman"),
+        "{hooks:?}"
+    );
+}

@@ -19,6 +19,10 @@ pub enum Command {
         /// Default time limit of a run call (e.g. 2m, 90s)
         #[arg(long, default_value = "2m", value_parser = parse_duration)]
         run_timeout: Duration,
+        /// Let write and edit change files under .git/ (refused by default: git runs commands
+        /// from its config and hooks)
+        #[arg(long)]
+        allow_git_writes: bool,
     },
     /// Read-only SQL: tables, describe, query (Postgres URL or SQLite file)
     Sql {
@@ -42,11 +46,13 @@ pub async fn run(cmd: Command) -> anyhow::Result<i32> {
             root,
             no_run,
             run_timeout,
+            allow_git_writes,
         } => {
             workspace::serve_stdio(workspace::WorkspaceOptions {
                 root,
                 no_run,
                 run_timeout,
+                allow_git_writes,
             })
             .await?
         }

@@ -8,7 +8,8 @@
 //!
 //! Invariants: `pack` skips `.git`, `target`, `node_modules`, `.venv`, `__pycache__` at any
 //! depth and refuses symlinks that leave the bundle; `unpack` refuses absolute paths, `..`,
-//! duplicate paths, symlinks that leave the target and archives over [`MAX_BUNDLE_BYTES`], and
+//! duplicate paths, symlinks that do not resolve (through every other link of the archive) to a
+//! file or folder inside it (see `links`), and archives over [`MAX_BUNDLE_BYTES`], and
 //! writes into a temporary sibling folder that is renamed into place only when complete.
 
 use std::collections::BTreeSet;
@@ -66,6 +67,11 @@ pub fn pack(dir: &Path) -> Result<Vec<u8>> {
     let mut total = 0usize;
     collect(dir, "", &mut entries, &mut total)?;
     entries.sort_by(|a, b| a.path.cmp(&b.path));
+    super::links::check_links(&entries).map_err(|m| {
+        BundleError::Archive(format!(
+            "{m}; a link must lead to a file or folder inside the bundle: copy the file into the bundle instead"
+        ))
+    })?;
     encode(&entries)
 }
 
@@ -298,6 +304,11 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<ArchiveEntry>> {
             prefix = parent;
         }
     }
+    super::links::check_links(&entries).map_err(|m| {
+        BundleError::Archive(format!(
+            "{m}; a link must lead to a file or folder inside the bundle"
+        ))
+    })?;
     Ok(entries)
 }
 

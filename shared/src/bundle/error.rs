@@ -64,6 +64,10 @@ pub enum BundleError {
         reason: String,
     },
 
+    /// A file is unsafe or too large to read (a device, a link leading outside, over the cap).
+    #[error("{file}: {message}")]
+    File { file: String, message: String },
+
     /// The archive form of a bundle is corrupt, unsafe or too large.
     #[error("bundle archive: {0}")]
     Archive(String),
@@ -74,6 +78,13 @@ impl BundleError {
         BundleError::Invalid {
             file: file.to_string(),
             field: field.to_string(),
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn file(file: &str, message: impl Into<String>) -> Self {
+        BundleError::File {
+            file: file.to_string(),
             message: message.into(),
         }
     }

@@ -16,15 +16,13 @@ pub(crate) fn read_optional(dir: &Path, file: &str) -> Result<Option<Value>> {
     }
 }
 
-/// Reads `dir/file` as UTF-8 text if it exists.
+/// Reads `dir/file` as UTF-8 text if it exists (beneath `dir`, bounded: see `read`).
 pub(crate) fn read_text_optional(dir: &Path, file: &str) -> Result<Option<String>> {
-    let path = dir.join(file);
-    match std::fs::read(&path) {
-        Ok(bytes) => String::from_utf8(bytes)
+    match super::read::read_bounded(dir, file)? {
+        Some(bytes) => String::from_utf8(bytes)
             .map(|s| Some(s.strip_prefix('\u{feff}').map(str::to_string).unwrap_or(s)))
             .map_err(|_| BundleError::invalid(file, "", "expected UTF-8 text")),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(BundleError::io(file, "cannot read", e)),
+        None => Ok(None),
     }
 }
 

@@ -13,10 +13,16 @@ mod archive;
 mod config;
 mod error;
 mod front_matter;
+#[cfg(test)]
+mod fuzz_tests;
 mod harness;
+#[cfg(test)]
+mod hostile_tests;
 mod json;
 mod keen;
+mod links;
 mod mcp;
+mod read;
 mod secrets;
 mod skills;
 #[cfg(test)]
@@ -41,6 +47,7 @@ pub use keen::{
     FLOWS_DIR, KEEN_TOOLS_FILE,
 };
 pub use mcp::{valid_server_name, McpConfig, ServerSpec, MCP_FILE};
+pub use read::MAX_FILE_BYTES;
 pub use secrets::{
     secret_refs, substitute_secrets, valid_secret_name, SecretDecls, SecretSource, SubstituteError,
     SECRETS_FILE,

@@ -559,7 +559,7 @@ fn pack_is_deterministic_skips_build_folders_and_round_trips() {
             std::fs::Permissions::from_mode(0o750),
         )
         .unwrap();
-        std::os::unix::fs::symlink("../server.py", root.join("skills/s/link.py")).unwrap();
+        std::os::unix::fs::symlink("../../server.py", root.join("skills/s/link.py")).unwrap();
     }
     let bytes = pack(a.path()).unwrap();
     assert_eq!(bytes, pack(b.path()).unwrap());
@@ -593,7 +593,7 @@ fn pack_is_deterministic_skips_build_folders_and_round_trips() {
     assert_eq!(mode(&into.join("mcp.json")), 0o644);
     assert_eq!(
         std::fs::read_link(into.join("skills/s/link.py")).unwrap(),
-        Path::new("../server.py")
+        Path::new("../../server.py")
     );
     // The unpacked folder packs to the same bytes, and nothing temporary is left beside it.
     assert_eq!(pack(&into).unwrap(), bytes);

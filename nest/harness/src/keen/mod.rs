@@ -53,10 +53,13 @@
 
 pub mod dispatch;
 pub mod flow;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod parser;
 pub mod prompt;
 pub mod registry;
 pub mod script;
+pub mod script_child;
 
 pub use dispatch::{
     recall_prompt, Decision, KeenRun, ToolDispatch, ToolResult, ToolTable, ToolTarget,

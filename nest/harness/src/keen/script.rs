@@ -8,7 +8,11 @@
 //!   `tracing` (the instance log) under target `keen::script`;
 //! - limits: wall-clock deadline via the interrupt handler (default 5 s), heap via
 //!   `set_memory_limit` (default 64 MiB), native stack via `set_max_stack_size`;
-//! - [`run_script`] runs on a blocking thread so the async runtime keeps serving;
+//! - [`run_script`] runs in a child process killed at the deadline when the `agen` binary set a
+//!   runner (see `script_child`: native loops, regex backtracking and engine crashes stay in
+//!   the child), else on a blocking thread so the async runtime keeps serving;
+//! - values read back from `dictionary` are at most 64 deep, 200,000 values and 4 Mi
+//!   characters, checked without recursion before they are serialised;
 //! - the entry path is checked again here with [`validate_script_entry`] and must resolve
 //!   beneath the script root (symlinks included).
 //!
@@ -52,8 +56,8 @@ impl Default for ScriptLimits {
     }
 }
 
-/// How a script run ended.
-#[derive(Debug, Clone, PartialEq)]
+/// How a script run ended (also the answer of a script child process, see `script_child`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum ScriptOutcome {
     /// `exec` returned (or its promise resolved).
     Ok {
@@ -153,13 +157,17 @@ async fn load_entry(script_root: &Path, entry: &str) -> Result<String, String> {
         .map_err(|e| format!("script {entry}: {e}"))
 }
 
-/// Runs `source` on a blocking thread. `label` names the script in logs and messages.
+/// Runs `source` in a script child process when the `agen` binary set a runner (see
+/// `script_child`), else on a blocking thread. `label` names the script in logs and messages.
 pub async fn run_script(
     source: String,
     label: String,
     dictionary: Json,
     limits: ScriptLimits,
 ) -> ScriptOutcome {
+    if let Some(runner) = super::script_child::runner() {
+        return super::script_child::run_in_child(runner, source, label, dictionary, &limits).await;
+    }
     let task = tokio::task::spawn_blocking(move || {
         run_script_blocking(&source, &label, dictionary, &limits)
     });
@@ -268,7 +276,25 @@ const DRIVER: &str = r#"(function (factory, props, dictionary) {
   return Promise.resolve(exec.call(exp, props, dictionary));
 })"#;
 
+/// Reads the answer back. Values are checked first, without recursion, to be at most
+/// `MAX_DEPTH` deep and `MAX_NODES` values large, so serialising them can overflow no stack;
+/// a dictionary that is not is an error naming the limit.
 const COLLECT: &str = r#"(function (d) {
+  const MAX_DEPTH = 64, MAX_NODES = 200000, MAX_CHARS = 4194304;
+  const stack = [[d, 1]];
+  const seen = new Set();
+  let nodes = 0;
+  while (stack.length > 0) {
+    const [v, depth] = stack.pop();
+    if (v === null || typeof v !== 'object') continue;
+    if (seen.has(v)) continue;
+    seen.add(v);
+    if (depth > MAX_DEPTH) throw new RangeError('dictionary holds a value nested deeper than ' + MAX_DEPTH + ' levels; keep values in dictionary shallow (flatten them, or store them as strings)');
+    const keys = Object.keys(v);
+    nodes += keys.length;
+    if (nodes > MAX_NODES) throw new RangeError('dictionary holds more than ' + MAX_NODES + ' values; keep only what the next step needs');
+    for (const k of keys) stack.push([v[k], depth + 1]);
+  }
   let result = null;
   const r = d.result;
   if (typeof r === 'string') result = r;
@@ -278,6 +304,9 @@ const COLLECT: &str = r#"(function (d) {
   }
   let dict = null;
   try { dict = JSON.stringify(d); } catch (e) { dict = null; }
+  if ((typeof result === 'string' && result.length > MAX_CHARS) || (typeof dict === 'string' && dict.length > MAX_CHARS)) {
+    throw new RangeError('dictionary.result or dictionary is larger than ' + MAX_CHARS + ' characters; return a summary instead');
+  }
   return JSON.stringify({ result: result, toolError: d.toolStatus === 'error', dictionary: dict === undefined ? null : dict });
 })"#;
 

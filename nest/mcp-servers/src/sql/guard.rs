@@ -14,6 +14,8 @@
 
 use std::fmt;
 
+use super::unicode_ident;
+
 /// The SQL dialect whose lexical rules the scanner follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {
@@ -42,6 +44,8 @@ pub enum Refusal {
     Unterminated {
         what: &'static str,
     },
+    /// A `U&"…"` identifier or its `UESCAPE` that cannot be decoded.
+    BadUnicodeEscape,
 }
 
 impl fmt::Display for Refusal {
@@ -73,6 +77,10 @@ impl fmt::Display for Refusal {
             Refusal::Unterminated { what } => {
                 write!(f, "the query has an unterminated {what}; check the quoting")
             }
+            Refusal::BadUnicodeEscape => write!(
+                f,
+                "the query has a U&\"…\" identifier whose escapes cannot be read; write the name plainly"
+            ),
         }
     }
 }
@@ -140,6 +148,19 @@ const POSTGRES_REFUSED_FUNCTIONS: &[&str] = &[
     "pg_import_system_collations",
     "query_to_xml*",
     "query_to_json*",
+    "pg_signal_backend",
+    "pg_read_file",
+    "pg_read_binary_file",
+    "pg_ls_*",
+    "pg_stat_file",
+    "pg_log_backend_memory_contexts",
+    "pg_wal_replay_*",
+    "pg_backup_*",
+    "pg_start_backup",
+    "pg_stop_backup",
+    "pg_sequence_*",
+    "txid_current*",
+    "pg_current_xact_id*",
 ];
 
 /// SQLite functions refused wherever they appear (the authorizer refuses them too).
@@ -296,10 +317,42 @@ fn matches_any(name: &str, patterns: &[&str]) -> bool {
 
 /// Splits `sql` into significant tokens, following `dialect`'s quoting and comment rules.
 fn tokenize(sql: &str, dialect: Dialect) -> Result<Vec<Token>, Refusal> {
+    tokenize_with_ends(sql, dialect).map(|(tokens, _)| tokens)
+}
+
+/// The statement of `sql` without what trails its last significant token (`;`, comments,
+/// whitespace), so it can be wrapped in a subquery. `sql` must have passed [`screen`].
+pub fn statement_text(sql: &str, dialect: Dialect) -> Result<&str, Refusal> {
+    let (tokens, ends) = tokenize_with_ends(sql, dialect)?;
+    let last = tokens
+        .iter()
+        .zip(&ends)
+        .rev()
+        .find(|(t, _)| **t != Token::Semicolon)
+        .map(|(_, end)| *end)
+        .ok_or(Refusal::Empty)?;
+    let byte = sql.char_indices().nth(last).map_or(sql.len(), |(b, _)| b);
+    Ok(&sql[..byte])
+}
+
+/// The first keyword of `sql`, lowercased (after any opening parentheses), if it has one.
+pub fn first_keyword(sql: &str, dialect: Dialect) -> Option<String> {
+    let tokens = tokenize(sql, dialect).ok()?;
+    tokens.into_iter().find_map(|t| match t {
+        Token::OpenParen => None,
+        Token::Word(w) => Some(Some(w)),
+        _ => Some(None),
+    })?
+}
+
+/// [`tokenize`], with the char index where each token ends.
+fn tokenize_with_ends(sql: &str, dialect: Dialect) -> Result<(Vec<Token>, Vec<usize>), Refusal> {
     let chars: Vec<char> = sql.chars().collect();
     let mut tokens = Vec::new();
+    let mut ends = Vec::new();
     let mut i = 0;
     while i < chars.len() {
+        let before = tokens.len();
         let c = chars[i];
         let next = chars.get(i + 1).copied();
         if c.is_whitespace() {
@@ -344,6 +397,18 @@ fn tokenize(sql: &str, dialect: Dialect) -> Result<Vec<Token>, Refusal> {
                     tokens.push(Token::Other('$'));
                 }
             }
+        } else if dialect == Dialect::Postgres
+            && (c == 'u' || c == 'U')
+            && next == Some('&')
+            && chars.get(i + 2) == Some(&'"')
+            && !previous_is_word_char(&chars, i)
+        {
+            // U&"\0070g_advisory_lock": screen the name the server will see.
+            let (raw, end) = read_quoted_identifier(&chars, i + 2, '"')?;
+            let (escape, end) = uescape_clause(&chars, end)?;
+            let word = unicode_ident::decode(&raw, escape).ok_or(Refusal::BadUnicodeEscape)?;
+            tokens.push(Token::Word(word.to_lowercase()));
+            i = end;
         } else if is_word_start(c) {
             let start = i;
             while i < chars.len() && is_word_char(chars[i]) {
@@ -366,8 +431,40 @@ fn tokenize(sql: &str, dialect: Dialect) -> Result<Vec<Token>, Refusal> {
             });
             i += 1;
         }
+        if tokens.len() > before {
+            ends.push(i);
+        }
     }
-    Ok(tokens)
+    Ok((tokens, ends))
+}
+
+/// After a `U&"…"` ending at `end`: an optional `UESCAPE 'c'` (whitespace and comments
+/// allowed around it). Returns the escape character and where the clause ends.
+fn uescape_clause(chars: &[char], end: usize) -> Result<(char, usize), Refusal> {
+    let skip = |mut i: usize| -> Result<usize, Refusal> {
+        loop {
+            match (chars.get(i), chars.get(i + 1)) {
+                (Some(c), _) if c.is_whitespace() => i += 1,
+                (Some('-'), Some('-')) => {
+                    while i < chars.len() && chars[i] != '\n' {
+                        i += 1;
+                    }
+                }
+                (Some('/'), Some('*')) => i = skip_block_comment(chars, i, Dialect::Postgres)?,
+                _ => return Ok(i),
+            }
+        }
+    };
+    let i = skip(end)?;
+    let word: String = chars.iter().skip(i).take(7).collect();
+    if !word.eq_ignore_ascii_case("uescape") || chars.get(i + 7).is_some_and(|c| is_word_char(*c)) {
+        return Ok(('\\', end));
+    }
+    let j = skip(i + 7)?;
+    match (chars.get(j), chars.get(j + 1), chars.get(j + 2)) {
+        (Some('\''), Some(&e), Some('\'')) if unicode_ident::valid_escape(e) => Ok((e, j + 3)),
+        _ => Err(Refusal::BadUnicodeEscape),
+    }
 }
 
 fn is_word_start(c: char) -> bool {
@@ -622,6 +719,54 @@ mod tests {
             function("pg_terminate_backend"),
         );
         check(pg, "SELECT lo_import('/etc/passwd')", function("lo_import"));
+        // Quoted and Unicode identifiers are decoded before they are judged.
+        check(
+            pg,
+            r#"SELECT U&"\0070g_advisory_lock"(1)"#,
+            function("pg_advisory_lock"),
+        );
+        check(
+            pg,
+            r#"SELECT u&"\+000070g_terminate_backend" (1)"#,
+            function("pg_terminate_backend"),
+        );
+        check(
+            pg,
+            r#"SELECT U&"!0070g_advisory_lock" UESCAPE '!' (1)"#,
+            function("pg_advisory_lock"),
+        );
+        check(
+            pg,
+            r#"SELECT U&"!0070g_try_advisory_lock" /* c */ uescape /* c */ '!'(1)"#,
+            function("pg_try_advisory_lock"),
+        );
+        check(
+            pg,
+            r#"SELECT pg_catalog."pg_advisory_lock"(1)"#,
+            function("pg_advisory_lock"),
+        );
+        check(
+            pg,
+            r#"SELECT "PG_CANCEL_BACKEND"(1)"#,
+            function("pg_cancel_backend"),
+        );
+        check(pg, r#"SELECT U&"d\0062link"('x', 'y')"#, function("dblink"));
+        check(pg, "SELECT pg_reload_conf()", function("pg_reload_conf"));
+        check(
+            pg,
+            "SELECT * FROM dblink('dbname=x', 'select 1') AS t(a int)",
+            function("dblink"),
+        );
+        check(
+            pg,
+            r#"SELECT U&"\00zzpg"(1)"#,
+            Err(Refusal::BadUnicodeEscape),
+        );
+        check(
+            pg,
+            r#"SELECT U&"x" UESCAPE '+'"#,
+            Err(Refusal::BadUnicodeEscape),
+        );
         check(
             pg,
             "SELECT 1 /* unterminated",

@@ -17,10 +17,15 @@
 
 mod error;
 pub mod guard;
+#[cfg(test)]
+mod guard_fuzz;
+mod pg_bounds;
 mod postgres;
 pub mod render;
 mod sqlite;
+mod sqlite_bounds;
 mod tls;
+mod unicode_ident;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -9,6 +9,8 @@
 //! - the timeout is a `SET LOCAL` inside that transaction (as is `standard_conforming_strings
 //!   = on`, so the server reads string literals exactly as the screen in `guard` did), and a client-side deadline (the
 //!   timeout plus a grace) cancels the query and drops the connection if the server does not;
+//! - after every call the session is reset with `DISCARD ALL` (or the connection dropped), and
+//!   large cells are cut in the database (see `pg_bounds`);
 //! - the DSN is never logged or returned: errors name the variable, not its value;
 //! - TLS follows libpq's `sslmode` (default `prefer`), through rustls (see `tls`).
 
@@ -24,6 +26,7 @@ use tokio_postgres::{CancelToken, Client, Config, NoTls, Transaction};
 
 use super::error::{Result, SqlError};
 use super::guard::{self, Dialect};
+use super::pg_bounds;
 use super::render::{ColumnInfo, QueryRows, TableInfo};
 use super::tls::{self, Roots, RustlsConnect, Verify};
 
@@ -86,9 +89,21 @@ impl Postgres {
     }
 
     /// Connects now, so that a bad DSN shows at start (the server still starts if it fails).
+    /// Also warns on stderr when the DSN's role can do more than read.
     pub async fn warm_up(&self) -> Result<()> {
         let mut slot = self.client.lock().await;
-        self.connected(&mut slot).await.map(|_| ())
+        let client = self.connected(&mut slot).await?;
+        match pg_bounds::role_powers(client).await {
+            Ok(powers) => {
+                if let Some(warning) = pg_bounds::role_warning(&powers) {
+                    eprintln!("agen mcp sql: warning: {warning}");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %describe_error(&e), "cannot check what the DSN's role may do")
+            }
+        }
+        Ok(())
     }
 
     pub async fn tables(&self) -> Result<Vec<TableInfo>> {
@@ -167,16 +182,27 @@ impl Postgres {
         )
         .await;
         let cancel = guard.defuse();
+        if outcome.is_ok() {
+            // Nothing a call did may outlive it (a session advisory lock survives even a failed
+            // statement): reset the session, or drop the connection if that fails.
+            let reset = match slot.as_ref() {
+                Some(c) if !c.is_closed() => {
+                    tokio::time::timeout(self.timeout + CLIENT_GRACE, pg_bounds::reset_session(c))
+                        .await
+                        .is_ok_and(|r| r.is_ok())
+                }
+                _ => false,
+            };
+            if !reset {
+                tracing::info!(
+                    "postgres session could not be reset after a call; reconnecting next time"
+                );
+                *slot = None;
+            }
+        }
         match outcome {
             Ok(Ok(output)) => Ok(output),
-            Ok(Err(e)) => {
-                let closed = e.is_closed();
-                let err = self.map_failure(e);
-                if closed || slot.as_ref().is_some_and(|c| c.is_closed()) {
-                    *slot = None;
-                }
-                Err(err)
-            }
+            Ok(Err(e)) => Err(self.map_failure(e)),
             Err(_) => {
                 tracing::warn!(timeout = ?self.timeout, "postgres did not stop the query at its statement timeout; cancelling");
                 if let Some(token) = cancel {
@@ -391,12 +417,6 @@ impl From<tokio_postgres::Error> for PgFailure {
     }
 }
 
-impl PgFailure {
-    fn is_closed(&self) -> bool {
-        matches!(self, PgFailure::Db(e) if e.is_closed())
-    }
-}
-
 impl Postgres {
     fn map_failure(&self, f: PgFailure) -> SqlError {
         match f {
@@ -532,24 +552,98 @@ async fn query(
         .iter()
         .map(|c| c.name().to_owned())
         .collect();
+    // Large cells are cut in the database: run the query wrapped (see `pg_bounds`).
+    let wrappable =
+        guard::first_keyword(sql, Dialect::Postgres).is_some_and(|k| pg_bounds::wrappable(&k));
+    let (statement, slots) = if wrappable && !columns.is_empty() {
+        let types: Vec<Type> = statement
+            .columns()
+            .iter()
+            .map(|c| c.type_().clone())
+            .collect();
+        let text =
+            guard::statement_text(sql, Dialect::Postgres).map_err(|e| PgFailure::Own(e.into()))?;
+        let (wrapped, slots) = pg_bounds::wrap(text, &types);
+        let statement = tx.prepare(&wrapped).await.map_err(|e| {
+            PgFailure::Own(SqlError::BadArgument(format!(
+                "the query cannot be run as a subquery, which this server does to cut large values in the \
+                 database ({}); write it as one plain SELECT",
+                describe_error(&e)
+            )))
+        })?;
+        (statement, slots)
+    } else {
+        let slots = vec![pg_bounds::Slot::Plain; columns.len()];
+        (statement, slots)
+    };
     let portal = tx.bind(&statement, &[]).await?;
-    let max_rows = i32::try_from(limit + 1).unwrap_or(i32::MAX);
-    let fetched = tx.query_portal(&portal, max_rows).await?;
-    let more = fetched.len() > limit;
-    let mut rows = Vec::with_capacity(fetched.len().min(limit));
-    for row in fetched.into_iter().take(limit) {
-        let mut cells = Vec::with_capacity(columns.len());
-        for i in 0..row.len() {
-            let cell: Option<PgCell> = row.try_get(i)?;
-            cells.push(cell.map_or(Value::Null, |c| c.0));
+    let mut rows = Vec::new();
+    let mut held = 0usize;
+    let mut more = false;
+    'fetch: loop {
+        let batch = tx.query_portal(&portal, pg_bounds::FETCH_BATCH).await?;
+        let last = batch.len() < pg_bounds::FETCH_BATCH as usize;
+        for row in batch {
+            if rows.len() == limit || held > pg_bounds::MAX_FETCH_BYTES {
+                more = true;
+                break 'fetch;
+            }
+            let cells = read_row(&row, &slots)?;
+            held += cells.iter().map(approx_bytes).sum::<usize>();
+            rows.push(cells);
         }
-        rows.push(cells);
+        if last {
+            break;
+        }
     }
     Ok(QueryRows {
         columns,
         rows,
         more,
     })
+}
+
+/// One row of a (possibly wrapped) query back into the user's columns.
+fn read_row(
+    row: &tokio_postgres::Row,
+    slots: &[pg_bounds::Slot],
+) -> std::result::Result<Vec<Value>, PgFailure> {
+    let mut cells = Vec::with_capacity(slots.len());
+    let mut at = 0;
+    for slot in slots {
+        match slot {
+            pg_bounds::Slot::Plain => {
+                let cell: Option<PgCell> = row.try_get(at)?;
+                cells.push(cell.map_or(Value::Null, |c| c.0));
+                at += 1;
+            }
+            pg_bounds::Slot::Cut => {
+                let cut: Option<String> = row.try_get(at + 1)?;
+                let stored: Option<i64> = row.try_get(at + 2)?;
+                match cut {
+                    Some(head) => cells.push(Value::String(pg_bounds::cut_marker(
+                        &head,
+                        stored.unwrap_or_default(),
+                    ))),
+                    None => {
+                        let cell: Option<PgCell> = row.try_get(at)?;
+                        cells.push(cell.map_or(Value::Null, |c| c.0));
+                    }
+                }
+                at += 3;
+            }
+        }
+    }
+    Ok(cells)
+}
+
+/// About how many bytes a decoded cell holds.
+fn approx_bytes(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.len(),
+        Value::Array(_) | Value::Object(_) => v.to_string().len(),
+        _ => 8,
+    }
 }
 
 /// Any Postgres value, decoded from the binary wire format into JSON.

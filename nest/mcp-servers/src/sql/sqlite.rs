@@ -8,6 +8,8 @@
 //!   introspection list, no `load_extension` (extension loading is also off at the C level);
 //! - exactly one statement runs: the tail after the first statement must be empty, and the
 //!   statement must be one SQLite itself calls read-only (`sqlite3_stmt_readonly`);
+//! - one value is at most 16 MiB and SQLite's heap at most 256 MiB (see `sqlite_bounds`), so
+//!   a single huge `randomblob()` fails at once rather than outrunning the deadline;
 //! - every statement runs under a deadline enforced by a progress handler, so a runaway query is
 //!   interrupted at the timeout, or as soon as its MCP request is cancelled.
 
@@ -19,14 +21,16 @@ use std::time::{Duration, Instant};
 use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
 use rusqlite::types::ValueRef;
 use rusqlite::{Batch, Connection, OpenFlags};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::error::{Result, SqlError};
 use super::guard::{self, Dialect};
 use super::render::{ColumnInfo, QueryRows, TableInfo};
+use super::sqlite_bounds;
 
-/// Progress-handler granularity: SQLite VM instructions between deadline checks.
-const PROGRESS_STEPS: i32 = 10_000;
+/// Progress-handler granularity: SQLite VM instructions between deadline checks. Small, since
+/// one instruction can be expensive (a 10 MB `randomblob()`), and a check is only a clock read.
+const PROGRESS_STEPS: i32 = 32;
 
 /// A SQLite database file, opened read-only.
 pub struct Sqlite {
@@ -151,6 +155,7 @@ impl Sqlite {
             SqliteTarget::Uri(uri) => Connection::open_with_flags(Path::new(uri), flags),
         }
         .map_err(|e| SqlError::Config(format!("cannot open the SQLite database named by ${dsn_env}: {e}")))?;
+        sqlite_bounds::bound(&conn);
         let watch = Arc::new(Watch::default());
         fence(&conn, timeout, Arc::clone(&watch)).map_err(|e| {
             SqlError::Config(format!("cannot make the SQLite database read-only: {e}"))
@@ -306,6 +311,18 @@ impl Sqlite {
                     msg.unwrap_or_else(|| "not authorized".into())
                 ))
             }
+            QueryFailure::Sqlite(rusqlite::Error::SqliteFailure(e, msg))
+                if matches!(
+                    e.code,
+                    rusqlite::ErrorCode::TooBig | rusqlite::ErrorCode::OutOfMemory
+                ) =>
+            {
+                SqlError::Database(format!(
+                    "{}: {}",
+                    msg.unwrap_or_else(|| e.to_string()),
+                    sqlite_bounds::too_big()
+                ))
+            }
             QueryFailure::Sqlite(e) => SqlError::Database(e.to_string()),
             QueryFailure::Own(e) => e,
             QueryFailure::Poisoned => SqlError::Database(
@@ -427,20 +444,14 @@ fn run_query(
 }
 
 fn cell(value: ValueRef<'_>) -> Value {
-    match value {
-        ValueRef::Null => Value::Null,
-        ValueRef::Integer(i) => json!(i),
-        ValueRef::Real(f) => serde_json::Number::from_f64(f)
-            .map_or_else(|| Value::String(f.to_string()), Value::Number),
-        ValueRef::Text(t) => Value::String(String::from_utf8_lossy(t).into_owned()),
-        ValueRef::Blob(b) => Value::String(format!("x'{}'", hex::encode(b))),
-    }
+    sqlite_bounds::cell(value)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
+    use serde_json::json;
 
     #[test]
     fn dsns_name_a_file_or_a_uri() {

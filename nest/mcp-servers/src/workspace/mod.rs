@@ -11,6 +11,8 @@
 //!   model can act on; protocol errors are only for requests that cannot be routed;
 //! - `read`, `list` and `grep` carry `readOnlyHint: true`; `edit`, `write` and `run` do not;
 //! - with `--no-run`, `run` is neither listed nor callable;
+//! - `write` and `edit` refuse paths inside a `.git` folder unless `--allow-git-writes`
+//!   (see [`git_guard`]), and their descriptions say so;
 //! - background processes a `run` leaves behind are killed (their process group) when the server
 //!   stops, so nothing it started outlives it (on a run timeout they are killed at once);
 //! - stdout is the protocol: logs go to stderr through `tracing`.
@@ -18,6 +20,10 @@
 mod confine;
 mod error;
 mod files;
+mod git_guard;
+mod grep_limits;
+#[cfg(test)]
+mod hostile_tests;
 mod run;
 mod search;
 #[cfg(test)]
@@ -42,7 +48,9 @@ pub use error::WorkspaceError;
 pub use files::{
     EditArgs, ReadArgs, WriteArgs, DEFAULT_READ_LINES, MAX_LINE_CHARS, MAX_READ_LINES,
 };
+pub use grep_limits::{GREP_DEADLINE, GREP_REGEX_SIZE_LIMIT};
 pub use run::{RunArgs, MAX_RUN_TIMEOUT, OUTPUT_TAIL_CHARS};
+pub use search::MAX_GREP_LINE_BYTES;
 pub use search::{GrepArgs, ListArgs, SKIPPED_DIRS};
 
 /// The default of `--run-timeout`.
@@ -54,6 +62,8 @@ pub struct WorkspaceOptions {
     pub root: PathBuf,
     pub no_run: bool,
     pub run_timeout: Duration,
+    /// Allow `write`/`edit` under `.git/` (refused by default: see `git_guard`).
+    pub allow_git_writes: bool,
 }
 
 /// Serves the workspace tools over stdio until the client closes the stream.
@@ -86,6 +96,7 @@ pub struct WorkspaceServer {
 struct Inner {
     root: confine::Root,
     no_run: bool,
+    allow_git_writes: bool,
     run_timeout: Duration,
     tools: Vec<Tool>,
     /// Process groups of background processes that `run` calls left running.
@@ -96,11 +107,12 @@ impl WorkspaceServer {
     /// Opens the root; fails when it is not an existing folder.
     pub fn new(opts: &WorkspaceOptions) -> Result<Self, WorkspaceError> {
         let root = confine::Root::open(&opts.root)?;
-        let tools = tool_definitions(opts.no_run, opts.run_timeout);
+        let tools = tool_definitions(opts.no_run, opts.run_timeout, opts.allow_git_writes);
         Ok(WorkspaceServer {
             inner: Arc::new(Inner {
                 root,
                 no_run: opts.no_run,
+                allow_git_writes: opts.allow_git_writes,
                 run_timeout: opts.run_timeout,
                 tools,
                 leftovers: std::sync::Mutex::new(Vec::new()),
@@ -135,10 +147,19 @@ impl WorkspaceServer {
         let inner = self.inner.clone();
         match name {
             "read" => blocking(parse::<ReadArgs>(name, arguments)?, move |a| files::read(&inner.root, &a)).await,
-            "write" => blocking(parse::<WriteArgs>(name, arguments)?, move |a| files::write(&inner.root, &a)).await,
-            "edit" => blocking(parse::<EditArgs>(name, arguments)?, move |a| files::edit(&inner.root, &a)).await,
+            "write" => blocking(parse::<WriteArgs>(name, arguments)?, move |a| {
+                git_guard::check(&inner.root, &a.path, inner.allow_git_writes)?;
+                files::write(&inner.root, &a)
+            }).await,
+            "edit" => blocking(parse::<EditArgs>(name, arguments)?, move |a| {
+                git_guard::check(&inner.root, &a.path, inner.allow_git_writes)?;
+                files::edit(&inner.root, &a)
+            }).await,
             "list" => blocking(parse::<ListArgs>(name, arguments)?, move |a| search::list(&inner.root, &a)).await,
-            "grep" => blocking(parse::<GrepArgs>(name, arguments)?, move |a| search::grep(&inner.root, &a)).await,
+            "grep" => {
+                let stop = grep_limits::Stop::new(grep_limits::GREP_DEADLINE, cancel);
+                blocking(parse::<GrepArgs>(name, arguments)?, move |a| search::grep_until(&inner.root, &a, stop)).await
+            }
             "run" if !inner.no_run => {
                 let args = parse::<RunArgs>(name, arguments)?;
                 let timeout = run::effective_timeout(args.timeout, inner.run_timeout)?;
@@ -184,7 +205,12 @@ async fn blocking<A: Send + 'static>(
 }
 
 /// The tool list: names, descriptions, argument schemas and annotations.
-fn tool_definitions(no_run: bool, run_timeout: Duration) -> Vec<Tool> {
+fn tool_definitions(no_run: bool, run_timeout: Duration, allow_git_writes: bool) -> Vec<Tool> {
+    let git = if allow_git_writes {
+        ""
+    } else {
+        " Files inside a `.git` folder cannot be written or edited (git runs commands from its config and hooks)."
+    };
     let read_only = |title: &str| {
         ToolAnnotations::with_title(title)
             .read_only(true)
@@ -209,18 +235,20 @@ fn tool_definitions(no_run: bool, run_timeout: Duration) -> Vec<Tool> {
         tool::<GrepArgs>(
             "grep",
             format!(
-                "Search file contents with a regular expression; prints matching lines as `path:line: text`. `path` limits the search to a folder or file, `glob` to matching files (`*.rs`). Binary files and these folders are skipped: {skipped}."
+                "Search file contents with a regular expression; prints matching lines as `path:line: text`. `path` limits the search to a folder or file, `glob` to matching files (`*.rs`). Binary files and these folders are skipped: {skipped}. Only the first {} KiB of a line is searched, and a search stops after {}.",
+                MAX_GREP_LINE_BYTES / 1024,
+                humantime::format_duration(GREP_DEADLINE)
             ),
             read_only("Search files"),
         ),
         tool::<EditArgs>(
             "edit",
-            "Replace one exact piece of text in a file. `old_string` must occur exactly once (copy it from `read` output without the line numbers, whitespace included) unless `replace_all` is true.".to_string(),
+            format!("Replace one exact piece of text in a file. `old_string` must occur exactly once (copy it from `read` output without the line numbers, whitespace included) unless `replace_all` is true.{git}"),
             ToolAnnotations::with_title("Edit file").read_only(false).destructive(true).idempotent(false).open_world(false),
         ),
         tool::<WriteArgs>(
             "write",
-            "Create a file or replace a whole file with `content`; missing folders are created. Prefer `edit` for changes to an existing file.".to_string(),
+            format!("Create a file or replace a whole file with `content`; missing folders are created. Prefer `edit` for changes to an existing file.{git}"),
             ToolAnnotations::with_title("Write file").read_only(false).destructive(true).idempotent(true).open_world(false),
         ),
     ];

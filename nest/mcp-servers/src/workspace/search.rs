@@ -30,6 +30,7 @@ use serde::Deserialize;
 use super::confine::{openat2_retrying, RelPath, Root};
 use super::error::{Result, WorkspaceError};
 use super::files::{cut_line, read_line_capped, SNIFF_BYTES};
+use super::grep_limits::{Stop, GREP_REGEX_SIZE_LIMIT};
 
 /// Folders `list` and `grep` do not walk into (unless named as the starting point).
 pub const SKIPPED_DIRS: &[&str] = &[
@@ -63,7 +64,7 @@ pub const MAX_GREP_CHARS: usize = 30_000;
 /// Matching lines are cut at this many characters in `grep` output.
 pub const MAX_GREP_LINE_CHARS: usize = 500;
 /// `grep` matches only the first this many bytes of a line.
-pub const MAX_GREP_LINE_BYTES: usize = 1024 * 1024;
+pub const MAX_GREP_LINE_BYTES: usize = 32 * 1024;
 /// `grep` skips files larger than this.
 pub const MAX_GREP_FILE_BYTES: u64 = 20 * 1024 * 1024;
 /// A walk stops after looking at this many entries.
@@ -394,17 +395,24 @@ struct GrepState {
     lines: Vec<String>,
     chars: usize,
     truncated: bool,
+    stop: Stop,
+    /// Why the search stopped early (deadline, cancel).
+    stopped: Option<String>,
 }
 
 /// `grep`: lines matching a regular expression, as `path:line: text`.
-pub fn grep(root: &Root, args: &GrepArgs) -> Result<String> {
+/// `grep`, stopping when `stop` says so (see `grep_limits`).
+pub(crate) fn grep_until(root: &Root, args: &GrepArgs, stop: Stop) -> Result<String> {
     let regex = RegexBuilder::new(&args.pattern)
-        .size_limit(16 * 1024 * 1024)
+        .size_limit(GREP_REGEX_SIZE_LIMIT)
+        .dfa_size_limit(2 * GREP_REGEX_SIZE_LIMIT)
         .build()
         .map_err(|e| {
             WorkspaceError::Invalid(format!(
-                "`{}` is not a valid regular expression: {e}",
-                args.pattern
+                "`{}` is not a valid regular expression or is too large once compiled (limit {} KiB): {e}; \
+                 use a simpler pattern (a smaller repetition count such as {{1,50}}, or `[a-z]` instead of \\w)",
+                args.pattern,
+                GREP_REGEX_SIZE_LIMIT / 1024
             ))
         })?;
     let filter = match args
@@ -434,6 +442,8 @@ pub fn grep(root: &Root, args: &GrepArgs) -> Result<String> {
         lines: Vec::new(),
         chars: 0,
         truncated: false,
+        stop,
+        stopped: None,
     };
     let mut walker = Walker::new(root);
     if meta.is_file() {
@@ -483,7 +493,7 @@ pub fn grep(root: &Root, args: &GrepArgs) -> Result<String> {
                 }
                 Err(why) => walker.note(format!("skipped `{}`: {why}", child.shown())),
             }
-            if state.truncated {
+            if state.truncated || state.stopped.is_some() {
                 Flow::Stop
             } else {
                 Flow::Continue
@@ -503,6 +513,9 @@ pub fn grep(root: &Root, args: &GrepArgs) -> Result<String> {
             "\n(output cut at {} matching lines; narrow the search with `path`, `glob` or a more specific pattern)",
             state.lines.len()
         ));
+    }
+    if let Some(why) = &state.stopped {
+        out.push_str(&format!("\n(search incomplete: {why})"));
     }
     out.push_str(&walker.notes_text());
     Ok(out)
@@ -552,6 +565,10 @@ fn grep_file(file: File, rel: &RelPath, regex: &Regex, state: &mut GrepState) ->
             Err(e) => return Some(format!("stopped reading `{shown}` at line {number}: {e}")),
         };
         number += 1;
+        if let Some(why) = state.stop.reason() {
+            state.stopped = Some(why);
+            return None;
+        }
         let text = String::from_utf8_lossy(&line);
         if regex.is_match(&text) {
             if state.lines.len() >= MAX_GREP_MATCHES || state.chars >= MAX_GREP_CHARS {

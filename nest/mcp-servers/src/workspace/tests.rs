@@ -71,6 +71,7 @@ impl Fixture {
             root: root.clone(),
             no_run: false,
             run_timeout: Duration::from_secs(120),
+            allow_git_writes: false,
         })
         .expect("server opens the root");
         Fixture {
@@ -963,6 +964,7 @@ fn no_run_leaves_run_out() {
         root: tmp.path().to_path_buf(),
         no_run: true,
         run_timeout: Duration::from_secs(120),
+        allow_git_writes: false,
     })
     .expect("server");
     let names: Vec<&str> = server.tools().iter().map(|t| t.name.as_ref()).collect();
@@ -988,6 +990,7 @@ fn tools_carry_schemas_and_read_only_annotations() {
         root: tmp.path().to_path_buf(),
         no_run: false,
         run_timeout: Duration::from_secs(120),
+        allow_git_writes: false,
     })
     .expect("server");
     /// (name, argument names, required arguments, readOnlyHint)
@@ -1064,6 +1067,7 @@ fn a_missing_root_is_a_clear_startup_error() {
         root: Path::new("/definitely/not/here").to_path_buf(),
         no_run: false,
         run_timeout: Duration::from_secs(120),
+        allow_git_writes: false,
     })
     .err()
     .expect("missing root fails");

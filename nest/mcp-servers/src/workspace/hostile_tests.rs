@@ -1,0 +1,166 @@
+//! Attack tests of the workspace server: writes into `.git` (config, hooks, through a symlink,
+//! nested repositories), and catastrophic `grep` patterns bounded in time and stopped on cancel.
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use super::{WorkspaceOptions, WorkspaceServer, GREP_DEADLINE};
+
+fn server(root: &std::path::Path, allow_git_writes: bool) -> WorkspaceServer {
+    WorkspaceServer::new(&WorkspaceOptions {
+        root: root.to_path_buf(),
+        no_run: true,
+        run_timeout: Duration::from_secs(10),
+        allow_git_writes,
+    })
+    .expect("server opens the root")
+}
+
+fn call(
+    server: &WorkspaceServer,
+    tool: &str,
+    args: Value,
+    cancel: CancellationToken,
+) -> Result<String, String> {
+    let Value::Object(args) = args else {
+        panic!("arguments must be an object")
+    };
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(server.call(tool, args, cancel))
+        .map_err(|e| e.to_string())
+}
+
+/// A folder with a git repository's `.git`, a nested one, and a symlink to `.git`.
+fn repo() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let root = tmp.path();
+    for dir in [".git/hooks", "vendor/lib/.git", "src"] {
+        fs::create_dir_all(root.join(dir)).expect("mkdir");
+    }
+    fs::write(root.join(".git/config"), "[core]\n\tbare = false\n").expect("config");
+    fs::write(root.join("src/main.rs"), "fn main() {}\n").expect("main");
+    symlink(".git", root.join("docs")).expect("symlink");
+    tmp
+}
+
+#[test]
+#[rustfmt::skip] // one attack per line reads as a table
+fn writes_and_edits_under_dot_git_are_refused_unless_allowed() {
+    let tmp = repo();
+    let s = server(tmp.path(), false);
+    let cancel = CancellationToken::new;
+    let attacks = [
+        ("write", json!({"path": ".git/config", "content": "[core]\n\tfsmonitor = touch /tmp/pwned\n"})),
+        ("write", json!({"path": ".git/hooks/pre-commit", "content": "#!/bin/sh\ntouch /tmp/pwned\n"})),
+        ("write", json!({"path": ".git/hooks/new/deeper", "content": "x"})),
+        ("write", json!({"path": "./src/../.git/config", "content": "x"})),
+        ("write", json!({"path": ".GIT/config", "content": "x"})),
+        ("write", json!({"path": "docs/config", "content": "x"})),
+        ("write", json!({"path": "docs/hooks/post-checkout", "content": "x"})),
+        ("write", json!({"path": "vendor/lib/.git/config", "content": "x"})),
+        ("write", json!({"path": format!("{}/.git/config", tmp.path().display()), "content": "x"})),
+        ("edit", json!({"path": ".git/config", "old_string": "bare = false", "new_string": "fsmonitor = touch /tmp/pwned"})),
+        ("edit", json!({"path": "docs/config", "old_string": "bare = false", "new_string": "x"})),
+    ];
+    let mut written = Vec::new();
+    for (tool, args) in &attacks {
+        match call(&s, tool, args.clone(), cancel()) {
+            Err(e) if e.contains("is inside a `.git` folder; writes and edits there are refused") => {}
+            other => written.push(format!("{tool} {args}: {other:?}")),
+        }
+    }
+    assert_eq!(written, Vec::<String>::new());
+    assert_eq!(fs::read_to_string(tmp.path().join(".git/config")).unwrap(), "[core]\n\tbare = false\n");
+    assert!(!tmp.path().join(".git/hooks/pre-commit").exists());
+    // Files beside it are fine: `.gitignore`, `.github/`, a folder named `git`.
+    for path in [".gitignore", ".github/workflows/ci.yml", "git/notes.txt", "src/.git-keep"] {
+        call(&s, "write", json!({"path": path, "content": "ok"}), cancel()).unwrap_or_else(|e| panic!("{path}: {e}"));
+    }
+    // The descriptions say so.
+    for tool in s.tools().iter().filter(|t| t.name == "write" || t.name == "edit") {
+        assert!(tool.description.as_deref().unwrap_or_default().contains("inside a `.git` folder cannot be written"), "{}", tool.name);
+    }
+    // With --allow-git-writes the operator has chosen otherwise.
+    let allowed = server(tmp.path(), true);
+    call(&allowed, "write", json!({"path": ".git/hooks/pre-commit", "content": "#!/bin/sh\n"}), cancel()).unwrap();
+    assert!(tmp.path().join(".git/hooks/pre-commit").exists());
+}
+
+/// A 10 MB file (32 KiB lines) of word characters with no non-word character: the worst case for `\w{300}\W`.
+fn big_word_file() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let line = "a".repeat(32 * 1024 - 1) + "\n";
+    fs::write(tmp.path().join("big.txt"), line.repeat(300)).expect("big file");
+    tmp
+}
+
+#[test]
+fn a_catastrophic_grep_pattern_is_refused_or_stopped_at_its_deadline() {
+    let tmp = big_word_file();
+    let s = server(tmp.path(), false);
+    let mut slow = Vec::new();
+    for pattern in [
+        r"\w{300}\W",
+        r"(\w+\s?){1,40}\W",
+        r"(a|aa|aaa){1,100}b",
+        r"[\p{L}\p{N}]{200}\W",
+    ] {
+        let started = Instant::now();
+        let out = call(
+            &s,
+            "grep",
+            json!({"pattern": pattern}),
+            CancellationToken::new(),
+        );
+        let took = started.elapsed();
+        let bounded = match &out {
+            Err(e) => e.contains("too large once compiled"),
+            Ok(text) => text.contains("no matches") || text.contains("search incomplete"),
+        };
+        if took > GREP_DEADLINE + Duration::from_secs(3) || !bounded {
+            slow.push(format!("{pattern}: {took:?}: {out:.200?}"));
+        }
+    }
+    assert_eq!(slow, Vec::<String>::new());
+}
+
+#[test]
+fn a_cancelled_grep_stops_searching() {
+    let tmp = big_word_file();
+    let s = server(tmp.path(), false);
+    let cancel = CancellationToken::new();
+    let canceller = {
+        let cancel = cancel.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            cancel.cancel();
+            Instant::now()
+        })
+    };
+    // A pattern that compiles and is slow on every line.
+    let out = call(
+        &s,
+        "grep",
+        json!({"pattern": r"(a|aa|aaa){1,100}b"}),
+        cancel,
+    );
+    let returned = Instant::now();
+    let cancelled_at = canceller.join().expect("canceller");
+    let late = returned.saturating_duration_since(cancelled_at);
+    assert!(
+        late < Duration::from_secs(2),
+        "grep went on for {late:?} after the cancel: {out:.200?}"
+    );
+    let out = out.expect("a stopped grep is an answer");
+    assert!(
+        out.contains("(search incomplete: the call was cancelled)"),
+        "{out:.300}"
+    );
+}
