@@ -45,10 +45,16 @@ pub fn default_data_dir() -> PathBuf {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
+    // Everything the Hub, the Nests and their children create is private to this user.
+    agen_shared::private::restrict_umask();
     agen_shared::telemetry::init("info");
     let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
-    std::fs::create_dir_all(&data_dir)
-        .with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
+    agen_shared::private::prepare_data_dir(&data_dir).with_context(|| {
+        format!(
+            "cannot create or make private data dir {}",
+            data_dir.display()
+        )
+    })?;
     let shutdown = CancellationToken::new();
     crate::cmd::cancel_on_signals(shutdown.clone());
 
@@ -77,13 +83,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     crate::cmd::write_client_config(&client_cfg, &data_dir)?;
     // The contract: `<data-dir>/join-token` holds the token other Nests join with.
     let join_file = data_dir.join("join-token");
-    std::fs::write(&join_file, format!("{}\n", hub.join_token))
+    agen_shared::tls::write_private(&join_file, format!("{}\n", hub.join_token).as_bytes())
         .with_context(|| format!("cannot write {}", join_file.display()))?;
-    std::fs::set_permissions(
-        &join_file,
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )
-    .with_context(|| format!("cannot restrict {}", join_file.display()))?;
 
     let agen_bin = std::env::current_exe().context("cannot find the agen binary")?;
     let host = agen_nest::config::host_name();
