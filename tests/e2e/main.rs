@@ -7,6 +7,7 @@
 mod artifacts;
 mod fleet;
 mod keen;
+mod privacy;
 mod resume;
 mod runs;
 mod secrets;
