@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use agen_tests::{agen_bin, free_port, mcp_json, wait_for, workspace_root, write_bundle};
+use agen_tests::{agen_bin, cli, free_port, mcp_json, wait_for, workspace_root, write_bundle};
 use agen_tests::{FakeModel, HubProcess, Peers, Proc};
 use serde_json::{json, Value};
 
@@ -55,12 +55,19 @@ fn start_up(data: &Path, config: &Path, log: &Path) -> Proc {
     .env("AGEN_CONFIG", config)
     .env("RUST_LOG", "info");
     let up = Proc::spawn("agen up", cmd, log).unwrap();
+    // Asked of the Hub (a restart's own table may still show the instance it had before).
     wait_for(
-        "agen up to deploy the example",
+        "agen up to run the example",
         Duration::from_secs(90),
         || {
-            let log = up.log_text();
-            (log.contains("hello") && log.contains("running")).then_some(())
+            let out = cli(config, &["ps", "--all", "-o", "json"]).ok()?;
+            let list: Value = serde_json::from_slice(&out.stdout).ok()?;
+            list.as_array()?
+                .iter()
+                .any(|i| {
+                    i["deployment"] == "hello" && i["state"] == "running" && i["healthy"] == true
+                })
+                .then_some(())
         },
     )
     .unwrap_or_else(|e| panic!("{e}\n{}", up.log_text()));
