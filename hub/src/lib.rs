@@ -18,6 +18,10 @@
 //! `secret.key` (0600; created on first start, seals the values of the secret store kept in
 //! `db/`; losing it makes every stored secret unreadable).
 //!
+//! Everything in it is private to the Hub's user: folders 0700, files 0600, created that way
+//! (`agen hub` and `agen up` also set umask 077, which covers sled's own files); a start on a
+//! data dir with looser modes tightens them and logs each one.
+//!
 //! Invariants: the scheduler does no IO; every state change is in the store before anyone is
 //! told; TLS unless explicitly plaintext on loopback; every `AgenService` call carries a live
 //! token (the cluster admin's or an API token, [`tokens`]) and is authorized for its namespace
@@ -140,8 +144,11 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     agen_shared::tls::install_crypto_provider();
     opts.validate()?;
     let data_dir = opts.data_dir.clone();
-    std::fs::create_dir_all(&data_dir)
-        .map_err(HubError::io(&data_dir, "cannot create the hub data dir"))?;
+    // 0700 from the start; a data dir left readable by others is tightened (and logged).
+    agen_shared::private::prepare_data_dir(&data_dir).map_err(HubError::io(
+        &data_dir,
+        "cannot create or make private the hub data dir",
+    ))?;
 
     let admin_file = data_dir.join("admin-token");
     let admin_token = load_or_create_token(&admin_file, tls::random_secret)?;

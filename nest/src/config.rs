@@ -1,6 +1,8 @@
 //! The Nest's configuration ([`NestOptions`]), its error type ([`NestError`]) and the files it
 //! keeps in its data dir (`node-id`, `nest.sock`, `bundles/`, `children.json`, `hub-ca.pem`,
 //! `nest.key` (0600) and `nest.crt`: the Nest's client certificate, issued by the Hub's `Join`).
+//! The data dir is private to the Nest's user: 0700, files 0600 (`agen nest`/`agen up` set
+//! umask 077, and the files here are created with that mode); a looser one is tightened at start.
 //!
 //! The join token comes from a file (`--join-file`, e.g. the Hub's `<data-dir>/join-token`) or
 //! the `AGEN_JOIN_TOKEN` environment variable ([`read_join_file`], [`JOIN_TOKEN_ENV`]), so that
@@ -228,20 +230,20 @@ pub fn load_or_create_node_id(data_dir: &Path) -> Result<String> {
     }
     let id = uuid::Uuid::new_v4().to_string();
     let tmp = data_dir.join(".node-id.tmp");
-    std::fs::write(&tmp, format!("{id}\n")).map_err(err("cannot write"))?;
+    agen_shared::private::write_file(&tmp, format!("{id}\n").as_bytes())
+        .map_err(err("cannot write"))?;
     std::fs::rename(&tmp, &path).map_err(err("cannot write"))?;
     Ok(id)
 }
 
-/// Creates the data dir (mode 0700) if needed.
+/// Creates the data dir (mode 0700) if needed; one that others can read into is tightened
+/// (folders 0700, files without group/other bits) and each change is logged.
 pub fn prepare_data_dir(data_dir: &Path) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(data_dir).map_err(|source| NestError::DataDir {
+    agen_shared::private::prepare_data_dir(data_dir).map_err(|source| NestError::DataDir {
         path: data_dir.to_path_buf(),
-        action: "cannot create",
+        action: "cannot create or make private",
         source,
     })?;
-    let _ = std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o700));
     Ok(())
 }
 

@@ -244,7 +244,6 @@ fn gen_err(what: &'static str) -> impl FnOnce(rcgen::Error) -> TlsError {
     }
 }
 
-/// Writes `data` to `path` with mode 0600 (atomically: temp file + rename).
 /// Selects ring as the process-wide rustls crypto provider unless one is installed already.
 /// Both ring and aws-lc-rs are in the dependency tree (tonic, reqwest, rmcp), and rustls
 /// refuses to guess; every entry point that builds a TLS config calls this first.
@@ -252,11 +251,13 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// Writes `data` to `path` with mode 0600 (atomically: temp file + rename); missing parent
+/// folders are created 0700.
 pub fn write_private(path: &Path, data: &[u8]) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(io_err(parent, "cannot create folder"))?;
+        crate::private::create_dir_all(parent).map_err(io_err(parent, "cannot create folder"))?;
     }
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::OpenOptions::new()
@@ -306,11 +307,10 @@ pub fn load_or_create_hub_tls(dir: &Path, extra_names: &[String]) -> Result<HubT
             .self_signed(&key)
             .map_err(gen_err("the CA certificate"))?;
         write_private(&key_file, key.serialize_pem().as_bytes())?;
+        // The CA certificate is public, but it lives in the Hub's private data dir like
+        // everything else there (0600); clients get it from the client config's `ca_file`
+        // (same user) or by the join token's pin (`fetch_pinned_ca`).
         write_private(&ca_file, ca.pem().as_bytes())?;
-        // The CA certificate is public: clients and Nests of other users read it.
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&ca_file, std::fs::Permissions::from_mode(0o644))
-            .map_err(io_err(&ca_file, "cannot make the CA certificate readable"))?;
         key
     };
     let ca_pem = std::fs::read_to_string(&ca_file)

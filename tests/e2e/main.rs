@@ -11,6 +11,7 @@ mod hostile_bundle;
 mod hostile_keen;
 mod keen;
 mod limits;
+mod privacy;
 mod resume;
 mod runs;
 mod secrets;

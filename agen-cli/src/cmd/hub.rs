@@ -74,6 +74,8 @@ impl Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
+    // Everything this daemon and its children create is private to its user (umask 077).
+    agen_shared::private::restrict_umask();
     agen_shared::telemetry::init("info");
     let data_dir = args
         .data_dir

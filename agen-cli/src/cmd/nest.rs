@@ -57,6 +57,8 @@ pub fn parse_labels(labels: &[String]) -> Result<BTreeMap<String, String>, Strin
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
+    // Everything this daemon and its children create is private to its user (umask 077).
+    agen_shared::private::restrict_umask();
     agen_shared::telemetry::init("info");
     let labels = match parse_labels(&args.labels) {
         Ok(l) => l,

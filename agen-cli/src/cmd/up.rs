@@ -45,10 +45,16 @@ pub fn default_data_dir() -> PathBuf {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
+    // Everything the Hub, the Nests and their children create is private to this user.
+    agen_shared::private::restrict_umask();
     agen_shared::telemetry::init("info");
     let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
-    std::fs::create_dir_all(&data_dir)
-        .with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
+    agen_shared::private::prepare_data_dir(&data_dir).with_context(|| {
+        format!(
+            "cannot create or make private data dir {}",
+            data_dir.display()
+        )
+    })?;
     let shutdown = CancellationToken::new();
     crate::cmd::cancel_on_signals(shutdown.clone());
 

@@ -32,6 +32,11 @@ pub struct SledStore {
 impl SledStore {
     /// Opens (or creates) the database in `dir`.
     pub fn open(dir: &Path) -> Result<SledStore> {
+        // Created 0700 before sled writes into it: the store holds task inputs and results.
+        agen_shared::private::create_dir_all(dir).map_err(|e| StoreError::Open {
+            path: dir.display().to_string(),
+            reason: format!("cannot create the folder: {e}"),
+        })?;
         let db = open_db(dir)?;
         Ok(SledStore {
             path: dir.to_path_buf(),

@@ -4,7 +4,8 @@
 //! Reading order: `run` (the loop: a [`Harness`] per instance, [`Harness::run`] per run, the
 //! [`RunEventSink`] and [`ToolBackend`] seams), `model` (provider clients over real HTTP), `mcp`
 //! (the tool-server host: launch rules, listing, calls with `_meta`), `keen` (the Keen text
-//! dialect and its script/flow tools), `artifacts` (the built-in artifact tools' stores),
+//! dialect and its script/flow tools), `redact` (secret values and their quoted forms out of
+//! results, errors, traces and tool-server stderr), `artifacts` (the built-in artifact tools' stores),
 //! `standalone` (`agen run` with a local run log).
 //!
 //! Invariants: the harness knows neither how its events are stored nor how its tool servers
@@ -14,6 +15,7 @@ pub mod artifacts;
 pub mod keen;
 pub mod mcp;
 pub mod model;
+pub mod redact;
 pub mod run;
 pub mod standalone;
 

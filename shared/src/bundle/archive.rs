@@ -407,8 +407,8 @@ fn write_all(entries: &[ArchiveEntry], root: &Path) -> Result<()> {
         if let Some(dir) = dest.parent() {
             std::fs::create_dir_all(dir).map_err(io(&e.path, "cannot create folder"))?;
         }
-        std::fs::write(&dest, &e.data).map_err(io(&e.path, "cannot write"))?;
-        set_mode(&dest, e.kind == EntryKind::Executable).map_err(io(&e.path, "cannot set mode"))?;
+        write_new(&dest, &e.data, e.kind == EntryKind::Executable)
+            .map_err(io(&e.path, "cannot write"))?;
     }
     for e in entries.iter().filter(|e| e.kind == EntryKind::Symlink) {
         let dest = join_checked(root, &e.path);
@@ -432,18 +432,23 @@ fn join_checked(root: &Path, rel: &str) -> PathBuf {
     p
 }
 
+/// Creates `path` (it must not exist) with mode 0755 or 0644 *under the process umask*, so a
+/// daemon's umask 077 makes its bundle cache private (0700/0600) by construction.
 #[cfg(unix)]
-fn set_mode(path: &Path, exec: bool) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(
-        path,
-        std::fs::Permissions::from_mode(if exec { 0o755 } else { 0o644 }),
-    )
+fn write_new(path: &Path, data: &[u8], exec: bool) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(if exec { 0o755 } else { 0o644 })
+        .open(path)?;
+    f.write_all(data)
 }
 
 #[cfg(not(unix))]
-fn set_mode(_path: &Path, _exec: bool) -> std::io::Result<()> {
-    Ok(())
+fn write_new(path: &Path, data: &[u8], _exec: bool) -> std::io::Result<()> {
+    std::fs::write(path, data)
 }
 
 #[cfg(unix)]

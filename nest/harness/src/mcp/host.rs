@@ -30,6 +30,7 @@ use super::launch::{self, describe_exit, ProcessGroup};
 use super::output::tool_output;
 use super::stderr::StderrCapture;
 use super::{CallError, HostStatus, LaunchContext, ServerProblem, ToolInfo, ToolOutput};
+use crate::redact::Redactor;
 
 /// How long a server gets to exit after its stdin closes, and again after SIGTERM.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
@@ -57,6 +58,8 @@ struct Shared {
     problems: Mutex<Vec<ServerProblem>>,
     /// The first server death.
     died: watch::Sender<Option<ServerProblem>>,
+    /// Secret values out of every reason and stderr line before anyone sees them.
+    redactor: Redactor,
 }
 
 /// One server that started.
@@ -90,6 +93,7 @@ impl ToolHost {
         ctx: LaunchContext,
     ) -> ToolHost {
         let shutdown = CancellationToken::new();
+        let redactor = Redactor::of_secrets(&ctx.secrets);
         let host_env: Vec<(String, String)> = match &ctx.host_env {
             Some(env) => env.clone(),
             None => std::env::vars().collect(),
@@ -98,9 +102,11 @@ impl ToolHost {
         // the spawning thread.
         let starts = servers.iter().map(|(name, spec)| {
             let ct = shutdown.child_token();
-            let (ctx, host_env) = (&ctx, &host_env);
+            let (ctx, host_env, redactor) = (&ctx, &host_env, &redactor);
             async move {
-                let result = start_one(name, spec, bundle_dir, ctx, host_env, ct).await;
+                let result = start_one(name, spec, bundle_dir, ctx, host_env, redactor, ct)
+                    .await
+                    .map_err(|reason| redactor.redact(&reason));
                 (name.clone(), result)
             }
         });
@@ -110,6 +116,7 @@ impl ToolHost {
         let shared = Arc::new(Shared {
             problems: Mutex::new(Vec::new()),
             died,
+            redactor: redactor.clone(),
         });
         let mut connected = BTreeMap::new();
         let mut monitors = Vec::new();
@@ -225,11 +232,16 @@ impl ToolHost {
             _ = conn.gone.cancelled() => Err(CallError::NotConnected(conn.name.clone())),
             result = request => match result {
                 Ok(result) => Ok(tool_output(&result)),
-                Err(ServiceError::McpError(e)) => {
-                    Err(CallError::Failed { server: conn.name.clone(), message: e.message.to_string() })
-                }
+                // A server's JSON-RPC error may quote what it was given (a DSN, a header).
+                Err(ServiceError::McpError(e)) => Err(CallError::Failed {
+                    server: conn.name.clone(),
+                    message: self.inner.shared.redactor.redact(&e.message),
+                }),
                 Err(ServiceError::TransportClosed) => Err(CallError::NotConnected(conn.name.clone())),
-                Err(e) => Err(CallError::Failed { server: conn.name.clone(), message: error_chain(&e) }),
+                Err(e) => Err(CallError::Failed {
+                    server: conn.name.clone(),
+                    message: self.inner.shared.redactor.redact(&error_chain(&e)),
+                }),
             },
             _ = tokio::time::sleep(timeout) => Err(CallError::Timeout(timeout)),
         }
@@ -382,11 +394,16 @@ async fn start_one(
     bundle_dir: &Path,
     ctx: &LaunchContext,
     host_env: &[(String, String)],
+    redactor: &Redactor,
     ct: CancellationToken,
 ) -> Result<Started, String> {
     match spec {
         ServerSpec::Command { command, args, env } => {
-            start_command(name, command, args, env, bundle_dir, ctx, host_env, ct).await
+            let stderr = |s| StderrCapture::start(name, s, redactor.clone());
+            start_command(
+                name, command, args, env, bundle_dir, ctx, host_env, stderr, ct,
+            )
+            .await
         }
         ServerSpec::Url { url, headers } => start_url(url, headers, ctx, ct).await,
     }
@@ -401,6 +418,7 @@ async fn start_command(
     bundle_dir: &Path,
     ctx: &LaunchContext,
     host_env: &[(String, String)],
+    capture: impl FnOnce(tokio::process::ChildStderr) -> StderrCapture,
     ct: CancellationToken,
 ) -> Result<Started, String> {
     let env = launch::server_env(host_env, own_env, ctx)?;
@@ -417,7 +435,7 @@ async fn start_command(
     else {
         return Err("could not open the server's stdin, stdout and stderr".into());
     };
-    let mut stderr = StderrCapture::start(name, stderr);
+    let mut stderr = capture(stderr);
     let Some(process) = ProcessGroup::watch(child) else {
         return Err("the server exited before it could be watched".into());
     };
@@ -586,7 +604,7 @@ async fn monitor(
     stderr.drain(STDERR_DRAIN).await;
     let problem = ServerProblem {
         server: conn.name.clone(),
-        reason: with_output(reason, &stderr.tail()),
+        reason: shared.redactor.redact(&with_output(reason, &stderr.tail())),
     };
     tracing::error!(server = %problem.server, "tool server died: {}", problem.reason);
     lock(&shared.problems).push(problem.clone());

@@ -1,6 +1,7 @@
-//! A command server's stderr: every line goes to `tracing` with the server's name; the first
-//! lines (the "head", for "why did it not start") and the last lines (the "tail", for "why did
-//! it die") are kept, bounded in lines and bytes.
+//! A command server's stderr: every line, with the instance's secret values redacted first,
+//! goes to `tracing` with the server's name; the first lines (the "head", for "why did it not start") and the last lines (the "tail", for "why did
+//! it die") are kept, bounded in lines and bytes. Invariant: no line is logged or kept before
+//! it went through the [`Redactor`] (these lines reach `agen ps`, the Nest's log and the Hub).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -8,6 +9,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::task::JoinHandle;
+
+use crate::redact::Redactor;
 
 /// Lines kept at the head and at the tail.
 const KEEP_LINES: usize = 20;
@@ -36,6 +39,7 @@ impl StderrCapture {
     pub(crate) fn start(
         server: &str,
         stream: impl AsyncRead + Unpin + Send + 'static,
+        redactor: Redactor,
     ) -> StderrCapture {
         let log = Arc::new(Mutex::new(Log::default()));
         let server = server.to_string();
@@ -49,9 +53,9 @@ impl StderrCapture {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {
                         let line = String::from_utf8_lossy(&buf);
-                        let line = line.trim_end_matches(['\n', '\r']);
+                        let line = redactor.redact(line.trim_end_matches(['\n', '\r']));
                         tracing::info!(target: "agen::mcp::server", server = %server, "{line}");
-                        push(&sink, line);
+                        push(&sink, &line);
                     }
                 }
             }
@@ -146,7 +150,11 @@ mod tests {
     use super::*;
 
     async fn capture(text: &str) -> StderrCapture {
-        let mut c = StderrCapture::start("t", std::io::Cursor::new(text.as_bytes().to_vec()));
+        let mut c = StderrCapture::start(
+            "t",
+            std::io::Cursor::new(text.as_bytes().to_vec()),
+            Redactor::new(["hunter2-secret"]),
+        );
         c.drain(Duration::from_secs(5)).await;
         c
     }
@@ -166,6 +174,15 @@ mod tests {
         assert!(head.starts_with("line 1\nline 2\n"), "{head}");
         assert!(head.ends_with("… (10 more lines) …\nline 30"), "{head}");
         assert!(c.tail().starts_with("line 11\n"), "{}", c.tail());
+    }
+
+    #[tokio::test]
+    async fn secret_values_are_redacted_before_they_are_kept() {
+        let c = capture("connecting with hunter2-secret\n{\"pw\": \"hunter2-secret\"}\n").await;
+        assert_eq!(
+            c.head(),
+            "connecting with [redacted]\n{\"pw\": \"[redacted]\"}"
+        );
     }
 
     #[tokio::test]

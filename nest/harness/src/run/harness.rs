@@ -16,6 +16,7 @@ use super::{RunAssignment, RunEventSink, RunOutcome, ToolBackend};
 use crate::artifacts::{ArtifactStore, MemoryArtifacts};
 use crate::mcp::ToolInfo;
 use crate::model::{provider_for, ModelConfig, ModelProvider, ToolSpec};
+use crate::redact::Redactor;
 
 /// How the model calls tools: the seam where the Keen text protocol plugs in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,8 +67,8 @@ pub struct Harness {
     pub(super) mcp_tools: BTreeMap<String, ToolInfo>,
     /// Whether `report_progress` is offered (fleet only).
     pub(super) progress: bool,
-    /// Secret values, redacted from traced tool arguments.
-    pub(super) secret_values: Vec<String>,
+    /// Every form of every secret value: out of tool results, errors and traced arguments.
+    pub(super) redactor: Redactor,
     /// The bundle's Keen tools (`keen-tools.json`, flows) when the dialect is Keen.
     pub(super) keen: Option<Arc<crate::keen::KeenBundle>>,
     /// Where `save_artifact` / `read_artifact` keep artifacts.
@@ -88,9 +89,10 @@ impl Harness {
         Ok(Harness::with_provider(bundle, tools, provider)?.with_secret_values(secrets))
     }
 
-    /// Secret values to redact from traced tool arguments (`traceToolArguments`).
+    /// Secret values (and their JSON-, URL- and shell-quoted forms) to redact from tool results,
+    /// tool errors and traced tool arguments.
     pub fn with_secret_values(mut self, secrets: &BTreeMap<String, String>) -> Harness {
-        self.secret_values = secrets.values().filter(|v| v.len() >= 4).cloned().collect();
+        self.redactor = Redactor::of_secrets(secrets);
         self
     }
 
@@ -136,7 +138,7 @@ impl Harness {
             system_prompt,
             mcp_tools,
             progress: false,
-            secret_values: Vec::new(),
+            redactor: Redactor::default(),
             keen,
             artifacts: Arc::new(MemoryArtifacts::default()),
         })

@@ -13,7 +13,7 @@
 //! (one run's state, event emission, its end), `turn` (one model turn), `native` and `keen_loop`
 //! (the two dialects' loops), `replay` (reading earlier attempts' events, for both dialects),
 //! `tools` (routing a call, the [`ToolPolicy`], MCP calls and their `_meta`), `builtins` (the
-//! built-in tools), `redact` (secrets out of results and traces).
+//! built-in tools); secrets are taken out of results, errors and traces by [`crate::redact`].
 //!
 //! Invariants: a run always ends with exactly one `run.finished` event and a [`RunOutcome`]
 //! (a model or tool failure never panics or escapes as an error); events hold deltas (one
@@ -29,7 +29,6 @@ mod cut;
 mod harness;
 mod keen_loop;
 mod native;
-mod redact;
 mod replay;
 mod state;
 mod tools;

@@ -13,11 +13,11 @@ use super::builtins::{
     BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_READ_ARTIFACT, BUILTIN_REPORT_PROGRESS,
     BUILTIN_SAVE_ARTIFACT,
 };
-use super::redact::{redact_secrets, traced_arguments};
 use super::state::Run;
 use super::{RunEventBody, SinkError};
 use crate::mcp::{CallError, ToolInfo};
 use crate::model::ToolCall;
+use crate::redact::traced_arguments;
 
 /// What the ledger needs to know of a tool: the one place this is decided (server hints,
 /// overridden by `x-agen/config.json` `tools.<name>.sideEffect` / `.idempotent`).
@@ -215,7 +215,7 @@ impl Run<'_> {
         if self.h.bundle.harness.trace_tool_arguments {
             // Traces show arguments only when the bundle asks (they may hold personal data);
             // a resume reads them from the model.answered message instead.
-            started.arguments = Some(traced_arguments(&call.arguments, &self.h.secret_values));
+            started.arguments = Some(traced_arguments(&call.arguments, &self.h.redactor));
         }
         if let Err(e) = self
             .emit(RunEventBody::ToolStarted(started), side_effect)
@@ -243,7 +243,7 @@ impl Run<'_> {
             Ok(o) => {
                 // A tool that echoes a secret (a header, a DSN) does not leak it into the run
                 // log, the trace or the model's context.
-                let text = redact_secrets(o.text, &self.h.secret_values);
+                let text = self.h.redactor.redact(&o.text);
                 let text = self.bounded_tool_result(&qualified, text).await;
                 (
                     RunEventBody::ToolCompleted(ToolCompleted {
@@ -294,7 +294,7 @@ impl Run<'_> {
                         format!("tool {qualified} failed: {other}"),
                     ),
                 };
-                let content = redact_secrets(content, &self.h.secret_values);
+                let content = self.h.redactor.redact(&content);
                 let unreachable = matches!(reason, ToolFailure::Timeout | ToolFailure::Cancelled)
                     || matches!(e, CallError::NotConnected(_));
                 (
