@@ -7,6 +7,7 @@
 mod artifacts;
 mod fleet;
 mod keen;
+mod permissions;
 mod resume;
 mod runs;
 mod secrets;

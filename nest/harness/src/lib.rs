@@ -16,5 +16,6 @@ pub mod mcp;
 pub mod model;
 pub mod run;
 pub mod standalone;
+pub mod terminal;
 
 pub use run::*;
