@@ -49,6 +49,8 @@ pub enum Command {
     Secrets(cmd::secrets::Command),
     /// Run a bundle standalone, with no Hub, and print the answer
     Run(cmd::run::Args),
+    /// Write a new bundle from a template (basic, coder, ci-fixer); --list lists them
+    Init(cmd::init::Args),
     /// Agen's built-in MCP tool servers (stdio)
     #[command(subcommand)]
     Mcp(cmd::mcp::Command),
@@ -92,6 +94,7 @@ pub fn main(cli: Cli) -> i32 {
             Command::Artifacts(c) => cmd::artifacts::run(c).await,
             Command::Secrets(c) => cmd::secrets::run(c).await,
             Command::Run(a) => cmd::run::run(a).await,
+            Command::Init(a) => cmd::init::run(a).await,
             Command::Mcp(c) => cmd::mcp::run(c).await,
             Command::Instance(a) => cmd::instance::run(a).await,
             Command::FakeModel(a) => cmd::fake_model::run(a).await,

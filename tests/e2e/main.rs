@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 mod artifacts;
 mod fleet;
+mod init;
 mod keen;
 mod permissions;
 mod resume;
