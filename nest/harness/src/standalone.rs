@@ -158,6 +158,7 @@ pub async fn run_cli_with(
         root_run_id: run_id.clone().into(),
         history: Vec::new(),
         replay: Vec::new(),
+        tool_overrides: Default::default(),
     };
     let outcome = harness.run(req, sink.clone(), cancel).await;
     signals.abort();

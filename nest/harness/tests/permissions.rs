@@ -17,7 +17,7 @@ use agen_harness::{
     ApproveAll, Approver, Harness, RunAssignment, RunEventBody, RunEventSink, RunOutcome, RunState,
     SinkError,
 };
-use agen_shared::bundle::Bundle;
+use agen_shared::bundle::{Bundle, Permissions};
 use agen_shared::run::ToolFailure;
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
@@ -83,6 +83,7 @@ fn request() -> RunAssignment {
         root_run_id: "run-1".into(),
         history: Vec::new(),
         replay: Vec::new(),
+        tool_overrides: Default::default(),
     }
 }
 
@@ -157,6 +158,17 @@ async fn run_with(
     steps: Vec<Step>,
     approver: Option<Arc<dyn Approver>>,
 ) -> Ran {
+    run_full(permissions, keen, steps, approver, Permissions::default()).await
+}
+
+/// [`run_with`] for a task with tool `overrides`.
+async fn run_full(
+    permissions: Value,
+    keen: bool,
+    steps: Vec<Step>,
+    approver: Option<Arc<dyn Approver>>,
+    overrides: Permissions,
+) -> Ran {
     let model = FakeModel::start(Script::steps(steps), "127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
@@ -188,8 +200,12 @@ async fn run_with(
         None => harness,
     };
     let sink = Arc::new(MemorySink::default());
+    let req = RunAssignment {
+        tool_overrides: overrides,
+        ..request()
+    };
     let outcome = harness
-        .run(request(), sink.clone(), CancellationToken::new())
+        .run(req, sink.clone(), CancellationToken::new())
         .await;
     let calls = std::fs::read_to_string(&log).unwrap_or_default();
     Ran {
@@ -530,4 +546,62 @@ async fn a_turn_with_an_ask_call_runs_its_calls_one_at_a_time_in_order() {
         "one at a time, in the order asked"
     );
     assert_eq!(ran.sink.failures(), vec![]);
+}
+
+#[tokio::test]
+async fn task_overrides_narrow_the_bundle_and_never_widen_it() {
+    let steps = || {
+        vec![
+            Step::call("m_echo", json!({"text": "hi"})),
+            Step::template("saw: {{last_tool_result}}"),
+        ]
+    };
+    // An override deny closes a tool the bundle allows.
+    let deny = Permissions {
+        deny: vec!["m_echo".into()],
+        ..Permissions::default()
+    };
+    let ran = run_full(json!({}), false, steps(), None, deny).await;
+    assert!(!offered_native(&ran.requests).contains(&"m_echo".to_string()));
+    assert_eq!(ran.echo_runs, 0);
+    assert!(
+        ran.outcome
+            .result
+            .starts_with("saw: tool m_echo was not run: this task's tool overrides deny it"),
+        "{}",
+        ran.outcome.result
+    );
+    // An override allow list is intersected with the bundle's.
+    let allow = Permissions {
+        allow: vec!["m.slow".into()],
+        ..Permissions::default()
+    };
+    let ran = run_full(json!({}), false, steps(), None, allow).await;
+    assert_eq!(
+        offered_native(&ran.requests),
+        with_builtins_native(&["m_slow"])
+    );
+    assert_eq!(ran.echo_runs, 0);
+    // An override allow of a tool the bundle denies has no effect.
+    let widen = Permissions {
+        allow: vec!["m.echo".into()],
+        ..Permissions::default()
+    };
+    let ran = run_full(json!({"deny": ["m.echo"]}), false, steps(), None, widen).await;
+    assert!(!offered_native(&ran.requests).contains(&"m_echo".to_string()));
+    assert_eq!(ran.echo_runs, 0);
+    assert!(
+        ran.outcome
+            .result
+            .contains("the bundle's permissions deny it"),
+        "{}",
+        ran.outcome.result
+    );
+}
+
+/// Native order: MCP tools, then finish, save_artifact, read_artifact (no skill offered).
+fn with_builtins_native(mcp: &[&str]) -> Vec<String> {
+    let mut all: Vec<String> = mcp.iter().map(|s| s.to_string()).collect();
+    all.extend(["finish", "save_artifact", "read_artifact"].map(String::from));
+    all
 }

@@ -49,9 +49,18 @@ fn decide(p: &Permissions, gated: Option<String>) -> Permission {
 }
 
 impl Run<'_> {
-    /// This run's decision for the tool the model calls `model_name`.
+    /// This run's decision for the tool the model calls `model_name`: the bundle's, narrowed
+    /// by the task's tool overrides.
     pub(super) fn permission(&self, model_name: &str) -> Permission {
-        self.h.bundle_permission(model_name)
+        match self.h.gated_name(model_name) {
+            Some(name) => self
+                .h
+                .bundle
+                .config
+                .permissions
+                .decide_narrowed(&self.req.tool_overrides, &name),
+            None => Permission::Allow,
+        }
     }
 
     /// Whether this run offers the tool the model calls `model_name` (it is not denied).
@@ -89,8 +98,13 @@ impl Run<'_> {
             .h
             .gated_name(&call.name)
             .unwrap_or_else(|| call.name.clone());
+        let by = if self.h.bundle_permission(&call.name) == Permission::Deny {
+            "the bundle's permissions deny it (x-agen/config.json `permissions`)"
+        } else {
+            "this task's tool overrides deny it"
+        };
         let content = format!(
-            "tool {} was not run: the bundle's permissions deny it (x-agen/config.json `permissions`); do not call it again, answer with the tools you have",
+            "tool {} was not run: {by}; do not call it again, answer with the tools you have",
             call.name
         );
         let _ = self
