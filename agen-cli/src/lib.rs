@@ -54,6 +54,8 @@ pub enum Command {
     Audit(cmd::audit::Args),
     /// Run a bundle standalone, with no Hub, and print the answer
     Run(cmd::run::Args),
+    /// Write a new bundle from a template (basic, coder, ci-fixer); --list lists them
+    Init(cmd::init::Args),
     /// Agen's built-in MCP tool servers (stdio)
     #[command(subcommand)]
     Mcp(cmd::mcp::Command),
@@ -111,6 +113,7 @@ pub fn main(cli: Cli) -> i32 {
             Command::Tokens(c) => cmd::tokens::run(c).await,
             Command::Audit(a) => cmd::audit::run(a).await,
             Command::Run(a) => cmd::run::run(a).await,
+            Command::Init(a) => cmd::init::run(a).await,
             Command::Mcp(c) => cmd::mcp::run(c).await,
             Command::Instance(a) => cmd::instance::run(a).await,
             Command::FakeModel(a) => cmd::fake_model::run(a).await,

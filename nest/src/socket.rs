@@ -173,6 +173,7 @@ impl From<agen_proto::v1::AssignRun> for RunOrder {
                 root_run_id: a.root_run_id.into(),
                 history: wire::history(&a.history_json),
                 replay: wire::replay(&a.replay_json),
+                tool_overrides: Default::default(),
             },
         }
     }

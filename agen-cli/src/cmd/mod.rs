@@ -8,6 +8,7 @@ pub mod cancel;
 pub mod deploy;
 pub mod fake_model;
 pub mod hub;
+pub mod init;
 pub mod instance;
 pub mod mcp;
 pub mod nest;

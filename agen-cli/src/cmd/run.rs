@@ -12,8 +12,12 @@ pub struct Args {
     /// Override the model of x-agen/agent.md (`<provider>/<model>`)
     #[arg(long)]
     pub model: Option<String>,
+    /// Approve every call that needs approval (`permissions.ask`) without asking
+    #[arg(long)]
+    pub approve_all: bool,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
-    agen_harness::standalone::run_cli(args.dir, args.prompt, args.model).await
+    agen_harness::standalone::run_cli_with(args.dir, args.prompt, args.model, args.approve_all)
+        .await
 }

@@ -18,5 +18,6 @@ pub mod model;
 pub mod redact;
 pub mod run;
 pub mod standalone;
+pub mod terminal;
 
 pub use run::*;

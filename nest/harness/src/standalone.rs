@@ -25,6 +25,7 @@ use crate::model::provider_for;
 use crate::run::{
     model_config, Harness, RunAssignment, RunEventBody, RunEventSink, RunState, SinkError,
 };
+use crate::terminal::TerminalApprover;
 
 /// Exit code of a bad bundle or bad arguments.
 pub const EXIT_BAD_INPUT: i32 = 64;
@@ -34,6 +35,17 @@ pub const STANDALONE_NAMESPACE: &str = "standalone";
 /// Runs `prompt` against the bundle in `dir` (`model` overrides its `model`); returns the
 /// process exit code.
 pub async fn run_cli(dir: PathBuf, prompt: String, model: Option<String>) -> anyhow::Result<i32> {
+    run_cli_with(dir, prompt, model, false).await
+}
+
+/// [`run_cli`]; `approve_all` approves every call that needs approval without asking (and
+/// says so at start); otherwise they are asked on the terminal ([`TerminalApprover`]).
+pub async fn run_cli_with(
+    dir: PathBuf,
+    prompt: String,
+    model: Option<String>,
+    approve_all: bool,
+) -> anyhow::Result<i32> {
     let mut bundle = match Bundle::load(&dir) {
         Ok(b) => b,
         Err(e) => {
@@ -102,10 +114,17 @@ pub async fn run_cli(dir: PathBuf, prompt: String, model: Option<String>) -> any
         .context("while building the HTTP client")?;
     let provider = Arc::from(provider_for(config, http));
     let artifacts = Arc::new(LocalArtifacts::new(crate::artifacts::default_dir()));
+    let approver: Arc<dyn crate::run::Approver> = if approve_all {
+        eprintln!("agen run: --approve-all: every call that needs approval (permissions.ask) is approved without asking");
+        Arc::new(crate::run::ApproveAll)
+    } else {
+        Arc::new(TerminalApprover::default())
+    };
     let harness = match Harness::with_provider(bundle.clone(), Arc::new(host.clone()), provider) {
         Ok(h) => h
             .with_secret_values(&secrets)
-            .with_artifacts(artifacts.clone()),
+            .with_artifacts(artifacts.clone())
+            .with_approver(approver),
         Err(e) => {
             host.shutdown().await;
             eprintln!("error: {e}");
@@ -139,6 +158,7 @@ pub async fn run_cli(dir: PathBuf, prompt: String, model: Option<String>) -> any
         root_run_id: run_id.clone().into(),
         history: Vec::new(),
         replay: Vec::new(),
+        tool_overrides: Default::default(),
     };
     let outcome = harness.run(req, sink.clone(), cancel).await;
     signals.abort();

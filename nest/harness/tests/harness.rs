@@ -197,6 +197,7 @@ fn request(input: &str) -> RunRequest {
         root_run_id: "run-1".into(),
         history: Vec::new(),
         replay: Vec::new(),
+        tool_overrides: Default::default(),
     }
 }
 

@@ -81,6 +81,47 @@ impl Permissions {
     }
 }
 
+impl Permissions {
+    /// The decision for `tool` when a task's `overrides` narrow these permissions: the stricter
+    /// of the two decisions (deny beats ask beats allow), so an override adds deny and ask
+    /// patterns and its `allow` list is intersected with this one; it never widens.
+    pub fn decide_narrowed(&self, overrides: &Permissions, tool: &str) -> Permission {
+        let rank = |p: Permission| match p {
+            Permission::Allow => 0,
+            Permission::Ask => 1,
+            Permission::Deny => 2,
+        };
+        let (a, b) = (self.decide(tool), overrides.decide(tool));
+        if rank(b) > rank(a) {
+            b
+        } else {
+            a
+        }
+    }
+
+    /// The `allow` patterns of `overrides` that try to widen these permissions (they name a
+    /// tool these deny or ask for, or fall outside a non-empty `allow` list): each has no effect.
+    pub fn widening(&self, overrides: &Permissions) -> Vec<String> {
+        overrides
+            .allow
+            .iter()
+            .filter(|p| {
+                self.decide(p) != Permission::Allow
+                    || self
+                        .deny
+                        .iter()
+                        .chain(&self.ask)
+                        .any(|q| glob_match(&model_name(p), &model_name(q)))
+            })
+            .map(|p| {
+                format!(
+                    "tool override allow `{p}` has no effect: a task's overrides only narrow the bundle's permissions"
+                )
+            })
+            .collect()
+    }
+}
+
 impl AgentConfig {
     /// The override for the tool `<server>.<tool>`, whichever form the bundle wrote its key in.
     pub fn tool_override(&self, tool: &str) -> Option<&ToolOverride> {
@@ -305,6 +346,45 @@ mod tests {
         check("workspace.write", Permission::Deny);
         assert_eq!(
             Permissions::default().decide("anything.at_all"),
+            Permission::Allow
+        );
+    }
+
+    #[test]
+    fn task_overrides_only_narrow() {
+        let bundle = Permissions {
+            allow: vec![],
+            ask: vec!["ws.run".into()],
+            deny: vec!["ws.rm".into()],
+        };
+        let task = Permissions {
+            allow: vec!["ws.read".into(), "ws.run".into(), "ws_rm".into()],
+            ask: vec!["ws.write".into()],
+            deny: vec!["ws.grep".into()],
+        };
+        let check = |tool: &str, expected: Permission| {
+            assert_eq!(bundle.decide_narrowed(&task, tool), expected, "{tool}")
+        };
+        check("ws.read", Permission::Allow);
+        check("ws.run", Permission::Ask);
+        check("ws.rm", Permission::Deny);
+        check("ws.write", Permission::Ask);
+        check("ws.grep", Permission::Deny);
+        check("ws.list", Permission::Deny);
+        assert_eq!(
+            bundle.widening(&task).len(),
+            2,
+            "ws.run and ws_rm try to widen: {:?}",
+            bundle.widening(&task)
+        );
+        let star = Permissions {
+            allow: vec!["*".into()],
+            ..Permissions::default()
+        };
+        assert_eq!(bundle.widening(&star).len(), 1);
+        assert_eq!(Permissions::default().widening(&star), Vec::<String>::new());
+        assert_eq!(
+            bundle.decide_narrowed(&Permissions::default(), "ws.list"),
             Permission::Allow
         );
     }

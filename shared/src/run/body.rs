@@ -161,6 +161,8 @@ pub enum ToolFailure {
     BadArguments,
     Limit,
     EffectUnknown,
+    /// The bundle's permissions (or the task's overrides) deny the tool; it was never sent.
+    Denied,
     /// A reason this version does not know.
     #[serde(other)]
     Other,
@@ -176,6 +178,7 @@ impl ToolFailure {
             ToolFailure::BadArguments => "bad_arguments",
             ToolFailure::Limit => "limit",
             ToolFailure::EffectUnknown => "effect_unknown",
+            ToolFailure::Denied => "denied",
             ToolFailure::Other => "other",
         }
     }

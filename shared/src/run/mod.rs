@@ -73,6 +73,10 @@ pub struct RunAssignment {
     /// Events of earlier attempts of this run, in order; may be empty.
     #[serde(default)]
     pub replay: Vec<RunEventBody>,
+    /// The task's tool overrides (`agen submit --allow-tool/--ask-tool/--deny-tool`): they only
+    /// narrow the bundle's permissions (see [`crate::bundle::Permissions::decide_narrowed`]).
+    #[serde(default)]
+    pub tool_overrides: crate::bundle::Permissions,
 }
 
 impl RunAssignment {

@@ -129,6 +129,11 @@ impl ToolTable {
         });
     }
 
+    /// Keeps only the tools `keep` accepts by name (permissions: a denied tool is not offered).
+    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.tools.retain(|t| keep(&t.spec.name));
+    }
+
     /// The tool with this exact name.
     pub fn get(&self, name: &str) -> Option<&OfferedTool> {
         self.tools.iter().find(|t| t.spec.name == name)

@@ -10,6 +10,7 @@ use agen_shared::bundle::{Bundle, ToolProtocol, AGENT_FILE};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
+use super::approval::{Approver, NoApprover};
 use super::builtins::{self, BUILTIN_NAMES};
 use super::state::Run;
 use super::{RunAssignment, RunEventSink, RunOutcome, ToolBackend};
@@ -73,6 +74,8 @@ pub struct Harness {
     pub(super) keen: Option<Arc<crate::keen::KeenBundle>>,
     /// Where `save_artifact` / `read_artifact` keep artifacts.
     pub(super) artifacts: Arc<dyn ArtifactStore>,
+    /// Who decides calls to tools in `permissions.ask`.
+    pub(super) approver: Arc<dyn Approver>,
 }
 
 impl Harness {
@@ -141,12 +144,19 @@ impl Harness {
             redactor: Redactor::default(),
             keen,
             artifacts: Arc::new(MemoryArtifacts::default()),
+            approver: Arc::new(NoApprover::fleet()),
         })
     }
 
     /// Where artifacts go: the Nest (fleet), local files (`agen run`); in memory by default.
     pub fn with_artifacts(mut self, artifacts: Arc<dyn ArtifactStore>) -> Harness {
         self.artifacts = artifacts;
+        self
+    }
+
+    /// Who decides calls to tools in `permissions.ask` (default: no one, they are denied).
+    pub fn with_approver(mut self, approver: Arc<dyn Approver>) -> Harness {
+        self.approver = approver;
         self
     }
 
@@ -170,8 +180,16 @@ impl Harness {
         self.provider.describe()
     }
 
-    /// The tools offered to the model, MCP tools first (sorted), then built-ins.
+    /// The tools offered to the model, MCP tools first (sorted), then built-ins; the tools the
+    /// bundle's permissions deny are left out.
     pub fn tool_specs(&self) -> Vec<ToolSpec> {
+        let mut specs = self.all_tool_specs();
+        specs.retain(|s| self.bundle_permission(&s.name) != agen_shared::bundle::Permission::Deny);
+        specs
+    }
+
+    /// Every tool the harness has, permitted or not.
+    pub(super) fn all_tool_specs(&self) -> Vec<ToolSpec> {
         let mut specs: Vec<ToolSpec> = self
             .mcp_tools
             .iter()

@@ -27,7 +27,8 @@ impl Run<'_> {
 
         let keen = self.h.keen.as_deref();
         let mut table = ToolTable::from_bundle(keen);
-        for spec in self.h.tool_specs() {
+        table.retain(|name| self.offers(name));
+        for spec in self.offered_specs() {
             table.add_native(
                 &spec.name,
                 &spec.description,
@@ -76,7 +77,34 @@ impl Run<'_> {
                     Err(end) => return end,
                 }
             };
-            let dispatch = match ledger.decide(&parse_reply(&reply_text), &table) {
+            let parsed = parse_reply(&reply_text);
+            if let crate::keen::ParsedReply::Call(call) = &parsed {
+                if !self.offers(&call.tool) {
+                    let refusal = self
+                        .refuse_denied_keen(&format!("keen_{turn}"), &call.tool)
+                        .await;
+                    self.push(Message::user(recall_prompt(
+                        &ToolResult::ScriptError(refusal),
+                        None,
+                    )));
+                    continue;
+                }
+                if self.is_keen_tool(&call.tool) && self.needs_approval(&call.tool) {
+                    let asked = ToolCall {
+                        id: format!("keen_{turn}"),
+                        name: call.tool.clone(),
+                        arguments: Value::String(call.context.clone()),
+                    };
+                    if let Some(refusal) = self.approve(&asked).await {
+                        self.push(Message::user(recall_prompt(
+                            &ToolResult::ScriptError(refusal),
+                            None,
+                        )));
+                        continue;
+                    }
+                }
+            }
+            let dispatch = match ledger.decide(&parsed, &table) {
                 Decision::Answer => return RunEnd::answer(reply_text),
                 Decision::Stop { log } => {
                     tracing::warn!(run_id = %self.req.run_id, "{log}");

@@ -13,7 +13,8 @@
 //! (one run's state, event emission, its end), `turn` (one model turn), `native` and `keen_loop`
 //! (the two dialects' loops), `replay` (reading earlier attempts' events, for both dialects),
 //! `tools` (routing a call, the [`ToolPolicy`], MCP calls and their `_meta`), `builtins` (the
-//! built-in tools); secrets are taken out of results, errors and traces by [`crate::redact`].
+//! built-in tools), `gate` (permissions: what is offered, what is refused), `approval` (who
+//! decides `ask` calls); secrets are taken out of results, errors and traces by [`crate::redact`].
 //!
 //! Invariants: a run always ends with exactly one `run.finished` event and a [`RunOutcome`]
 //! (a model or tool failure never panics or escapes as an error); events hold deltas (one
@@ -24,8 +25,10 @@
 //! Arrows run one way: the loops use `state`, `turn`, `tools`, `replay`; nothing here imports
 //! a loop.
 
+mod approval;
 mod builtins;
 mod cut;
+mod gate;
 mod harness;
 mod keen_loop;
 mod native;
@@ -42,6 +45,7 @@ use tokio_util::sync::CancellationToken;
 pub use agen_shared::run::{
     kind as event, Message, ResponseType, RunAssignment, RunEventBody, RunId, RunState, TaskId,
 };
+pub use approval::{ApprovalDecision, ApprovalRequest, ApproveAll, Approver, NoApprover};
 pub use builtins::{
     BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_READ_ARTIFACT, BUILTIN_REPORT_PROGRESS,
     BUILTIN_SAVE_ARTIFACT,

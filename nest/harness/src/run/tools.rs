@@ -94,7 +94,9 @@ impl Run<'_> {
     /// Runs one turn's calls, concurrently unless `parallelToolCalls` is false; results in
     /// the order asked.
     pub(super) async fn run_calls(&self, calls: &[ToolCall]) -> Vec<CallResult> {
-        if self.h.bundle.harness.parallel_tool_calls && calls.len() > 1 {
+        // A turn with a call that needs approval runs its calls one at a time, in order.
+        let asks = calls.iter().any(|c| self.needs_approval(&c.name));
+        if self.h.bundle.harness.parallel_tool_calls && calls.len() > 1 && !asks {
             futures::future::join_all(calls.iter().map(|c| self.run_call(c))).await
         } else {
             let mut out = Vec::with_capacity(calls.len());
@@ -112,6 +114,14 @@ impl Run<'_> {
                 call.name
             ));
         }
+        if !self.offers(&call.name) {
+            return CallResult::error(self.refuse_denied(call).await);
+        }
+        if self.needs_approval(&call.name) {
+            if let Some(refusal) = self.approve(call).await {
+                return CallResult::error(refusal);
+            }
+        }
         match call.name.as_str() {
             BUILTIN_FINISH => self.finish_call(call),
             BUILTIN_LOAD_SKILL if !self.h.bundle.skills.is_empty() => self.load_skill(call).await,
@@ -122,7 +132,7 @@ impl Run<'_> {
                 Some(tool) => self.call_mcp(call, tool).await,
                 None => {
                     let mut names: Vec<String> =
-                        self.h.tool_specs().into_iter().map(|s| s.name).collect();
+                        self.offered_specs().into_iter().map(|s| s.name).collect();
                     names.sort();
                     let content = format!(
                         "unknown tool `{name}`; the available tools are: {}",
