@@ -296,7 +296,11 @@ fn bad_secret_names_and_empty_values_are_refused_with_the_field_named() {
     let big = "x".repeat(64 * 1024 + 1);
     let out = cli_with_stdin(&hub, &["secrets", "set", "BIG"], &big);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("over the 64 KiB secret limit"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("65537 bytes is over the limit of 65536 bytes"),
+        "{stderr}"
+    );
 
     let out = Command::new(agen_bin())
         .args([

@@ -108,9 +108,24 @@ impl TestHub {
         NestServiceClient::with_interceptor(self.channel().await, Bearer::new(&self.join_token))
     }
 
-    /// Joins as `nest_id`: returns the issued certificate and its key (PEM).
+    /// Joins as `nest_id`: returns the issued certificate and its key (PEM). A Nest keeps its
+    /// key across reconnects and Hub restarts (the Hub binds an id to the key it first joined
+    /// with), so one test process uses one key per nest id.
     pub async fn join(&self, nest_id: &str) -> (String, String) {
-        let (key, csr_pem) = agen_shared::tls::nest_key_and_csr(nest_id).expect("key and csr");
+        static KEYS: std::sync::Mutex<Option<std::collections::HashMap<String, String>>> =
+            std::sync::Mutex::new(None);
+        let key = KEYS
+            .lock()
+            .unwrap()
+            .get_or_insert_with(Default::default)
+            .entry(nest_id.to_string())
+            .or_insert_with(|| {
+                agen_shared::tls::nest_key_and_csr(nest_id)
+                    .expect("key and csr")
+                    .0
+            })
+            .clone();
+        let csr_pem = agen_shared::tls::nest_csr_for_key(&key, nest_id).expect("csr");
         let response = self
             .nest_client()
             .await

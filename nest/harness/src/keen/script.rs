@@ -226,6 +226,9 @@ pub fn run_script_blocking(
             deadline,
         )
     });
+    // When QuickJS runs out of memory it sometimes cannot even allocate the error and throws
+    // `null`; a script whose source never names `null` cannot have thrown it itself.
+    let null_is_oom = !source.contains("null");
     drop(context);
     drop(runtime);
     match outcome {
@@ -233,6 +236,7 @@ pub fn run_script_blocking(
         _ if timed_out.load(Ordering::SeqCst) => ScriptOutcome::TimedOut,
         Step::Done(o) => o,
         Step::Failed(msg) if is_oom(&msg) => ScriptOutcome::OutOfMemory,
+        Step::Failed(msg) if null_is_oom && msg == "uncaught null" => ScriptOutcome::OutOfMemory,
         Step::Failed(msg) => ScriptOutcome::Threw(msg),
     }
 }
