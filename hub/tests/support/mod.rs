@@ -116,7 +116,7 @@ impl TestHub {
             std::sync::Mutex::new(None);
         let key = KEYS
             .lock()
-            .unwrap()
+            .expect("the key table is never poisoned: nothing panics while holding it")
             .get_or_insert_with(Default::default)
             .entry(nest_id.to_string())
             .or_insert_with(|| {
