@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use agen_proto::v1::agen_service_client::AgenServiceClient;
 use agen_shared::client_config::ClientConfig;
-use anyhow::{anyhow, Context};
+use anyhow::Context;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
@@ -28,7 +28,7 @@ pub struct ClientArgs {
     /// PEM file of the CA that signs the Hub's certificate (default: the client config's `ca_file`)
     #[arg(long, env = "AGEN_CA_FILE", global = true)]
     pub ca_file: Option<PathBuf>,
-    /// Output format: table (for people) or json (for scripts)
+    /// Output format: table (for people), json or yaml (for scripts)
     #[arg(
         short = 'o',
         long = "output",
@@ -44,6 +44,7 @@ pub struct ClientArgs {
 pub enum Output {
     Table,
     Json,
+    Yaml,
 }
 
 /// Adds `authorization: Bearer <token>` to every request.
@@ -74,10 +75,13 @@ impl ClientArgs {
         let cfg_path = ClientConfig::default_path();
         let cfg = ClientConfig::load(&cfg_path)?;
         let url = self.hub.clone().or(cfg.hub.clone()).ok_or_else(|| {
-            anyhow!(
-                "no Hub to talk to: pass --hub URL, set AGEN_HUB, or run `agen up` \
+            crate::exit::coded(
+                crate::exit::code::UNAVAILABLE,
+                format!(
+                    "no Hub to talk to: pass --hub URL, set AGEN_HUB, or run `agen up` \
                      (which writes {})",
-                cfg_path.display()
+                    cfg_path.display()
+                ),
             )
         })?;
         let token = self.token.clone().or(cfg.token.clone());
@@ -124,20 +128,27 @@ pub fn channel(url: &str, ca_file: Option<&std::path::Path>) -> anyhow::Result<C
     Ok(ep.connect_lazy())
 }
 
-/// Turns a gRPC status into an error a person can act on.
+/// Turns a gRPC status into an error a person can act on; it keeps the status, so the exit
+/// code follows it (`exit::of_error`).
 pub fn status_error(hub: &Hub, s: tonic::Status) -> anyhow::Error {
     use tonic::Code;
-    match s.code() {
-        Code::Unavailable => anyhow!(
+    let message = match s.code() {
+        Code::Unavailable => format!(
             "cannot reach the Hub at {}: {} (is `agen up` or `agen hub` running? set --hub or AGEN_HUB)",
             hub.url,
             s.message()
         ),
-        Code::Unauthenticated => anyhow!(
+        Code::Unauthenticated => format!(
             "the Hub at {} refused the token: {} (set --token or AGEN_TOKEN, or check the client config)",
             hub.url,
             s.message()
         ),
-        _ => anyhow!("{}", s.message()),
-    }
+        Code::PermissionDenied => format!(
+            "the Hub at {} does not allow this with this token: {}",
+            hub.url,
+            s.message()
+        ),
+        _ => s.message().to_string(),
+    };
+    crate::exit::coded(crate::exit::of_status(s.code()), message)
 }

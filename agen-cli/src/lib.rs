@@ -3,13 +3,16 @@
 
 pub mod client;
 pub mod cmd;
+pub mod exit;
+pub mod out;
+pub mod table;
 pub mod view;
 
 use clap::{Parser, Subcommand};
 
 /// Agen runs AI agents as a fleet: a Hub schedules agent deployments onto Nests.
 #[derive(Debug, Parser)]
-#[command(name = "agen", version, propagate_version = true)]
+#[command(name = "agen", version, propagate_version = true, after_help = exit::HELP)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -47,6 +50,8 @@ pub enum Command {
     /// Secrets with source platform: set (value from stdin), ls, rm
     #[command(subcommand)]
     Secrets(cmd::secrets::Command),
+    /// Shell completions: `agen completions bash > /etc/bash_completion.d/agen`
+    Completions(cmd::completions::Args),
     /// Run a bundle standalone, with no Hub, and print the answer
     Run(cmd::run::Args),
     /// Agen's built-in MCP tool servers (stdio)
@@ -91,6 +96,7 @@ pub fn main(cli: Cli) -> i32 {
             Command::Trace(a) => cmd::trace::run(a).await,
             Command::Artifacts(c) => cmd::artifacts::run(c).await,
             Command::Secrets(c) => cmd::secrets::run(c).await,
+            Command::Completions(a) => cmd::completions::run(a),
             Command::Run(a) => cmd::run::run(a).await,
             Command::Mcp(c) => cmd::mcp::run(c).await,
             Command::Instance(a) => cmd::instance::run(a).await,
@@ -102,7 +108,7 @@ pub fn main(cli: Cli) -> i32 {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            1
+            exit::of_error(&e)
         }
     }
 }

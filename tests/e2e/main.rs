@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 mod artifacts;
+mod cli;
 mod fleet;
 mod keen;
 mod resume;

@@ -46,8 +46,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     let loaded = match validate(&args.dir) {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("error: bundle {} is not valid: {e}", args.dir.display());
-            return Ok(64);
+            eprintln!("error: bundle {} is not valid: {e:#}", args.dir.display());
+            return Ok(crate::exit::code::USAGE);
         }
     };
     let mut hub = args.client.connect()?;
@@ -74,16 +74,16 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         .into_inner();
     let dep = d.deployment.unwrap_or(deployment);
     match args.client.output {
-        Output::Json => {
+        Output::Json | Output::Yaml => {
             let mut v = view::deployment_json(&dep);
             v["instances"] = json!(d
                 .instances
                 .iter()
                 .map(view::instance_json)
                 .collect::<Vec<_>>());
-            view::print_json(&v);
+            view::print_value(args.client.output, &v);
         }
-        Output::Table => println!(
+        Output::Table => crate::outln!(
             "deployed {}/{} ({} {}, generation {}, {}/{} ready) from {}",
             dep.namespace,
             dep.name,

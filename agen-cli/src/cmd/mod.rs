@@ -4,6 +4,7 @@
 pub mod artifacts;
 pub mod bench;
 pub mod cancel;
+pub mod completions;
 pub mod deploy;
 pub mod fake_model;
 pub mod hub;

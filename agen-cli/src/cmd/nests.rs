@@ -23,9 +23,10 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         .into_inner()
         .nests;
     match args.client.output {
-        Output::Json => {
-            view::print_json(&Value::Array(nests.iter().map(view::nest_json).collect()))
-        }
+        Output::Json | Output::Yaml => view::print_value(
+            args.client.output,
+            &Value::Array(nests.iter().map(view::nest_json).collect()),
+        ),
         Output::Table => {
             let mut t = view::table(&[
                 "NAME",
@@ -35,7 +36,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 "LAST HEARTBEAT",
                 "VERSION",
                 "ID",
-            ]);
+            ])
+            .keep(&["STATE", "ID"]);
             for n in &nests {
                 let mut labels: Vec<_> = n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 labels.sort();
@@ -54,9 +56,9 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 ]);
             }
             if nests.is_empty() {
-                println!("no nests have joined this Hub");
+                crate::outln!("no nests have joined this Hub");
             } else {
-                println!("{t}");
+                crate::outln!("{t}");
             }
         }
     }
