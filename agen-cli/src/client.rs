@@ -47,17 +47,39 @@ pub enum Output {
     Yaml,
 }
 
-/// Adds `authorization: Bearer <token>` to every request.
+/// Adds `authorization: Bearer <token>` to every request, and `agen-client: user@host` (who
+/// made a change, for `agen history`; informative, never trusted for access).
 #[derive(Clone)]
-pub struct Bearer(Option<MetadataValue<tonic::metadata::Ascii>>);
+pub struct Bearer(
+    Option<MetadataValue<tonic::metadata::Ascii>>,
+    Option<MetadataValue<tonic::metadata::Ascii>>,
+);
 
 impl tonic::service::Interceptor for Bearer {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(v) = &self.0 {
             req.metadata_mut().insert("authorization", v.clone());
         }
+        if let Some(v) = &self.1 {
+            req.metadata_mut().insert("agen-client", v.clone());
+        }
         Ok(req)
     }
+}
+
+/// `user@host` of this process, when both are known and printable.
+fn client_identity() -> Option<MetadataValue<tonic::metadata::Ascii>> {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .or_else(|| {
+            nix::unistd::User::from_uid(nix::unistd::getuid())
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+        })?;
+    let host = nix::unistd::gethostname().ok()?.into_string().ok()?;
+    format!("{user}@{host}").parse().ok()
 }
 
 pub type Client = AgenServiceClient<InterceptedService<Channel, Bearer>>;
@@ -95,8 +117,9 @@ impl ClientArgs {
             ),
             None => None,
         };
-        let client = AgenServiceClient::with_interceptor(channel, Bearer(bearer))
-            .max_decoding_message_size(64 << 20);
+        let client =
+            AgenServiceClient::with_interceptor(channel, Bearer(bearer, client_identity()))
+                .max_decoding_message_size(64 << 20);
         Ok(Hub {
             client,
             url,

@@ -30,6 +30,14 @@ pub enum Command {
     Deploy(cmd::deploy::Args),
     /// Deployments; --all: every instance with its health and tools
     Ps(cmd::ps::Args),
+    /// Delete a deployment: its instances stop, its queued tasks fail
+    Rm(cmd::rm::Args),
+    /// Set a deployment's replica count (no bundle folder needed)
+    Scale(cmd::scale::Args),
+    /// A deployment's generations: bundle digest, time, replicas, who deployed
+    History(cmd::history::Args),
+    /// Make a new generation from an old one (default: the previous bundle)
+    Rollback(cmd::rollback::Args),
     /// Nests (nodes): liveness and capacity
     Nests(cmd::nests::Args),
     /// Submit a task to a deployment; prints the task id
@@ -87,6 +95,10 @@ pub fn main(cli: Cli) -> i32 {
             Command::Nest(a) => cmd::nest::run(a).await,
             Command::Deploy(a) => cmd::deploy::run(a).await,
             Command::Ps(a) => cmd::ps::run(a).await,
+            Command::Rm(a) => cmd::rm::run(a).await,
+            Command::Scale(a) => cmd::scale::run(a).await,
+            Command::History(a) => cmd::history::run(a).await,
+            Command::Rollback(a) => cmd::rollback::run(a).await,
             Command::Nests(a) => cmd::nests::run(a).await,
             Command::Submit(a) => cmd::submit::run(a).await,
             Command::Wait(a) => cmd::wait::run(a).await,

@@ -56,6 +56,7 @@ pub fn instance_state(s: i32) -> &'static str {
         pb::InstanceState::Running => "running",
         pb::InstanceState::Unhealthy => "unhealthy",
         pb::InstanceState::Stopping => "stopping",
+        pb::InstanceState::Stopped => "stopped",
         pb::InstanceState::Lost => "lost",
         // Pending placements are instances that are not started yet.
         pb::InstanceState::Pending => "pending",

@@ -5,7 +5,8 @@
 //! Reading order: [`config`] (options), [`error`] (one error type, one mapping to gRPC status),
 //! `server/` (the gRPC edge; the only module that knows protobuf), `scheduler/` (pure placement
 //! decisions), `store/` (sled behind a small trait), [`nodes`] (Nest links and liveness),
-//! `fleet` (core state, deployments, instances, reconcile loop), `tasks` (queue, dispatch,
+//! `fleet` (core state, deployments, instances, reconcile loop), [`lifecycle`] (deployment
+//! history, scale, rollback, removal), `tasks` (queue, dispatch,
 //! run events, conversations), [`secrets`] (the secret store, sealed at rest).
 //!
 //! Data dir (`--data-dir`, default `$AGEN_DATA_DIR/hub` else `~/.local/share/agen/hub`):
@@ -25,6 +26,7 @@ pub mod artifacts;
 pub mod config;
 pub mod error;
 pub mod fleet;
+pub mod lifecycle;
 pub mod model;
 pub mod nodes;
 pub mod scheduler;

@@ -119,6 +119,12 @@ fn every_exit_code_of_the_contract_is_what_scripts_get() {
         run(&hub, &["wait", "t-does-not-exist"]),
         4,
     );
+    check("rm an unknown deployment", run(&hub, &["rm", "ghost"]), 4);
+    check(
+        "history of an unknown deployment",
+        run(&hub, &["history", "ghost"]),
+        4,
+    );
     // 5 unauthenticated
     check(
         "a wrong token",
@@ -278,7 +284,7 @@ fn submit_json_is_an_object_yaml_works_and_completions_exist_for_three_shells() 
         let (c, script, err) = run(&hub, &["completions", shell]);
         assert_eq!(c, 0, "{shell}: {err}");
         assert!(script.contains(marker), "{shell} script lacks {marker:?}");
-        for sub in ["deploy", "submit", "wait"] {
+        for sub in ["deploy", "rollback", "history", "scale"] {
             assert!(script.contains(sub), "{shell} completes {sub}");
         }
     }

@@ -8,6 +8,7 @@ mod artifacts;
 mod cli;
 mod fleet;
 mod keen;
+mod lifecycle;
 mod resume;
 mod runs;
 mod secrets;

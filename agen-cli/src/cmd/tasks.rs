@@ -32,6 +32,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             state: args.state.clone().unwrap_or_default(),
             limit: args.limit,
             conversation_key: String::new(),
+            ..Default::default()
         })
         .await
         .map_err(|s| status_error(&hub, s))?

@@ -147,10 +147,9 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
 async fn deploy_all(client: ClientArgs, dirs: Vec<PathBuf>) -> anyhow::Result<()> {
     let mut hub = client.connect()?;
     for dir in dirs {
-        let name = std::fs::canonicalize(&dir)
-            .ok()
-            .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .unwrap_or_else(|| "agent".into());
+        let name = crate::cmd::deploy::validate(&dir)
+            .map(|b| crate::cmd::deploy::default_name(&b))
+            .with_context(|| format!("bundle {} is not valid", dir.display()))?;
         let dep = crate::cmd::deploy::deploy(&mut hub, &dir, &name, 1, 1, &[]).await?;
         crate::cmd::deploy::wait_ready(&mut hub, &dep, Duration::from_secs(120)).await?;
         eprintln!("agen up: deployed {} from {}", name, dir.display());

@@ -128,18 +128,17 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::CreateDeploymentRequest>,
     ) -> Result<Response<pb::Deployment>, Status> {
+        let who = super::lifecycle::caller(&request);
         let r = request.into_inner();
-        let rec = self
-            .core
-            .create_deployment(DeploymentSpec {
-                namespace: r.namespace,
-                name: r.name,
-                bundle_digest: r.bundle_digest,
-                replicas: r.replicas,
-                selector: r.selector.into_iter().collect(),
-                concurrency: r.concurrency,
-            })
-            .await?;
+        let spec = DeploymentSpec {
+            namespace: r.namespace,
+            name: r.name,
+            bundle_digest: r.bundle_digest,
+            replicas: r.replicas,
+            selector: r.selector.into_iter().collect(),
+            concurrency: r.concurrency,
+        };
+        let rec = self.core.deploy_as(spec, &who, "deploy").await?;
         let (view, _) = self.core.get_deployment(&rec.namespace, &rec.name)?;
         Ok(Response::new(convert::deployment(&view)))
     }
@@ -174,8 +173,11 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::DeleteDeploymentRequest>,
     ) -> Result<Response<pb::DeleteDeploymentResponse>, Status> {
+        let who = super::lifecycle::caller(&request);
         let r = request.into_inner();
-        self.core.delete_deployment(&r.namespace, &r.name).await?;
+        self.core
+            .remove_deployment(&r.namespace, &r.name, &who)
+            .await?;
         Ok(Response::new(pb::DeleteDeploymentResponse {}))
     }
 
@@ -437,5 +439,26 @@ impl AgenService for AgenApi {
         let r = request.into_inner();
         self.core.delete_secret(&r.namespace, &r.name).await?;
         Ok(Response::new(pb::DeleteSecretResponse {}))
+    }
+
+    async fn scale_deployment(
+        &self,
+        request: Request<pb::ScaleDeploymentRequest>,
+    ) -> Result<Response<pb::Deployment>, Status> {
+        super::lifecycle::scale(&self.core, request).await
+    }
+
+    async fn list_deployment_history(
+        &self,
+        request: Request<pb::ListDeploymentHistoryRequest>,
+    ) -> Result<Response<pb::ListDeploymentHistoryResponse>, Status> {
+        super::lifecycle::history(&self.core, request)
+    }
+
+    async fn rollback_deployment(
+        &self,
+        request: Request<pb::RollbackDeploymentRequest>,
+    ) -> Result<Response<pb::Deployment>, Status> {
+        super::lifecycle::rollback(&self.core, request).await
     }
 }

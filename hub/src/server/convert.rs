@@ -42,7 +42,7 @@ fn instance_state_from(v: i32) -> Option<InstanceState> {
         pb::InstanceState::Starting => InstanceState::Starting,
         pb::InstanceState::Running => InstanceState::Running,
         pb::InstanceState::Unhealthy => InstanceState::Unhealthy,
-        pb::InstanceState::Stopping => InstanceState::Stopping,
+        pb::InstanceState::Stopping | pb::InstanceState::Stopped => InstanceState::Stopping,
         pb::InstanceState::Lost => InstanceState::Lost,
     })
 }

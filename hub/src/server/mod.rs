@@ -5,6 +5,7 @@
 mod agen;
 pub mod auth;
 mod convert;
+mod lifecycle;
 mod nest;
 
 use std::sync::Arc;

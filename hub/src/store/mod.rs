@@ -56,6 +56,8 @@ pub enum Table {
     ArtifactData,
     /// Which tasks saved which artifact: `namespace \0 task \0 id`.
     ArtifactTasks,
+    /// Every generation of every deployment: `namespace/name \0 generation(be)`.
+    DeploymentHistory,
 }
 
 impl Table {
@@ -77,6 +79,7 @@ impl Table {
             Table::ArtifactMeta => "artifact_meta",
             Table::ArtifactData => "artifact_data",
             Table::ArtifactTasks => "artifact_tasks",
+            Table::DeploymentHistory => "deployment_history",
         }
     }
 }
