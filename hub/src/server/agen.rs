@@ -265,7 +265,7 @@ impl AgenService for AgenApi {
         tokio::spawn(async move {
             let mut last = r.from_seq.saturating_sub(1);
             for e in &stored {
-                // Replayed events carry the task as it is now.
+                // Replayed events carry the task as it was after each of them.
                 if tx.send(Ok(convert::task_event(e, &task))).await.is_err() {
                     return;
                 }
@@ -353,7 +353,7 @@ impl AgenService for AgenApi {
         let tasks = self.core.list_tasks(&TaskFilter {
             namespace: r.namespace,
             deployment: r.deployment,
-            state: r.state,
+            state: convert::task_state_filter(r.task_state, r.state),
             conversation_key: r.conversation_key,
             limit: r.limit,
         })?;

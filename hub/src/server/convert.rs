@@ -94,6 +94,23 @@ pub fn nest(n: &NestRec, instances: u32) -> pb::Nest {
     }
 }
 
+/// The state filter of `ListTasks`: the `task_state` enum when set, else the deprecated
+/// `state` string (checked by the core either way). An unknown enum value is passed on as a
+/// name the core refuses with a clear message.
+pub fn task_state_filter(task_state: i32, state: String) -> String {
+    let from_enum = match pb::TaskState::try_from(task_state) {
+        Ok(pb::TaskState::Unspecified) => return state,
+        Ok(pb::TaskState::Queued) => TaskState::Queued,
+        Ok(pb::TaskState::Running) => TaskState::Running,
+        Ok(pb::TaskState::Waiting) => TaskState::Waiting,
+        Ok(pb::TaskState::Succeeded) => TaskState::Succeeded,
+        Ok(pb::TaskState::Failed) => TaskState::Failed,
+        Ok(pb::TaskState::Cancelled) => TaskState::Cancelled,
+        Err(_) => return format!("task_state {task_state}"),
+    };
+    from_enum.as_str().to_string()
+}
+
 fn task_state(s: TaskState) -> pb::TaskState {
     match s {
         TaskState::Queued => pb::TaskState::Queued,
@@ -142,13 +159,16 @@ pub fn task(t: &TaskRec) -> pb::Task {
     }
 }
 
+/// A task event with the task as it was right after it (its snapshot over `t`, the task now;
+/// events stored before snapshots were kept carry `t` itself).
 pub fn task_event(e: &TaskEventRec, t: &TaskRec) -> pb::TaskEvent {
+    let then = e.snapshot.as_ref().map(|s| s.over(t));
     pb::TaskEvent {
         seq: e.seq,
         at_ms: e.at_ms,
         kind: e.kind.clone(),
         json: e.json.clone(),
-        task: Some(task(t)),
+        task: Some(task(then.as_ref().unwrap_or(t))),
     }
 }
 

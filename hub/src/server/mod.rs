@@ -30,6 +30,8 @@ pub async fn routes(
     let admin = auth::BearerAuth::new(vec![admin_token], "admin token");
     let join = auth::BearerAuth::new(join_tokens, "join token");
     let agen_api = AgenServiceServer::new(agen::AgenApi { core: core.clone() })
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+        .send_compressed(tonic::codec::CompressionEncoding::Gzip)
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
     let nest_api = NestServiceServer::new(nest::NestApi { core, tls })
