@@ -575,15 +575,17 @@ impl Core {
                     .instances
                     .get(&id)
                     .is_some_and(|i| i.state == InstanceState::Stopping);
-                if is_stopping {
-                    self.delete_instance(&mut st, &id)?;
-                } else {
+                if !is_stopping {
+                    // Its runs go back to the queue; the record itself is debris (the Nest
+                    // restarted without it), so the reconcile loop replaces it instead of
+                    // showing it as lost.
                     self.mark_lost(
                         &mut st,
                         &id,
                         &format!("nest {nest_name} re-registered without it"),
                     )?;
                 }
+                self.delete_instance(&mut st, &id)?;
             }
             tracing::info!(nest = %nest_name, nest_id = %reg.nest_id, adopted = reg.instances.len() - stop.len(), stopped = stop.len(), "nest registered");
             let _ = tx.send(ToNest::Registered {

@@ -1,10 +1,12 @@
 //! Day-2 operations (issue 21): deployment lifecycle (`agen deploy` named after the bundle,
-//! `scale`, `history`, `rollback`, `rm`) on a real Hub and Nest.
+//! `scale`, `history`, `rollback`, `rm`) on a real Hub and Nest, and restarts of `agen up`
+//! that leave no debris behind.
 
 use std::path::Path;
-use std::time::Duration;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
-use agen_tests::{mcp_json, write_bundle, HubProcess};
+use agen_tests::{agen_bin, cli, free_port, mcp_json, wait_for, write_bundle, HubProcess, Proc};
 use serde_json::Value;
 
 /// A bundle with no tool servers (instances start in a moment); `prompt` makes versions.
@@ -181,4 +183,140 @@ fn deploy_scale_history_rollback_and_rm_without_the_bundle_folder() {
         .filter(|i| i["state"] == "lost")
         .count();
     assert_eq!(lost, 0);
+}
+
+/// Waits until the Nest has re-registered and an instance started by this run of `agen up`
+/// (created after `since`) is running: the fleet is really up, not just its stored records.
+fn wait_for_fresh_instance(config: &Path, since: chrono::DateTime<chrono::Utc>) {
+    let json = |args: &[&str]| -> Option<Vec<Value>> {
+        let out = cli(config, args).ok()?;
+        serde_json::from_slice::<Value>(&out.stdout)
+            .ok()?
+            .as_array()
+            .cloned()
+    };
+    wait_for(
+        "a fresh running instance on a ready Nest",
+        Duration::from_secs(60),
+        || {
+            let nests = json(&["nests", "-o", "json"])?;
+            if !nests.iter().all(|n| n["state"] == "ready") {
+                return None;
+            }
+            json(&["ps", "--all", "-o", "json"])?
+                .iter()
+                .any(|i| {
+                    i["state"] == "running"
+                        && i["created_at"]
+                            .as_str()
+                            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                            .is_some_and(|t| t >= since)
+                })
+                .then_some(())
+        },
+    )
+    .unwrap();
+}
+
+/// `agen up --deploy DIR` on a fixed port and data dir, its log appended to `log`.
+fn start_up(data: &Path, config: &Path, port: u16, dir: &Path, log: &Path) -> Proc {
+    let mut cmd = Command::new(agen_bin());
+    cmd.args(["up", "--listen", &format!("127.0.0.1:{port}"), "--deploy"])
+        .arg(dir)
+        .arg("--data-dir")
+        .arg(data)
+        .env("AGEN_CONFIG", config)
+        .env("RUST_LOG", "info");
+    Proc::spawn("agen up", cmd, log).unwrap()
+}
+
+#[test]
+fn restarting_agen_up_three_times_leaves_no_lost_instances_and_rollouts_finish_in_seconds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let config = tmp.path().join("config.toml");
+    let log = tmp.path().join("up.log");
+    let dir = tmp.path().join("debris");
+    bundle(&dir, "Version one.");
+    let port = free_port();
+    let deployed = |n: usize| {
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        (log.matches("agen up: deployed life-agent").count() >= n).then_some(())
+    };
+    for round in 1..=3 {
+        let since = chrono::Utc::now();
+        let mut up = start_up(&data, &config, port, &dir, &log);
+        wait_for(
+            &format!("agen up (start {round}) to deploy"),
+            Duration::from_secs(90),
+            || deployed(round),
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", up.log_text()));
+        wait_for_fresh_instance(&config, since);
+        up.stop(Duration::from_secs(25));
+    }
+    let up = start_up(&data, &config, port, &dir, &log);
+    wait_for(
+        "agen up (start 4) to deploy",
+        Duration::from_secs(90),
+        || deployed(4),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", up.log_text()));
+
+    let states = |list: &[Value]| -> Vec<String> {
+        list.iter()
+            .map(|i| i["state"].as_str().unwrap_or("").to_owned())
+            .collect()
+    };
+    let ps = |args: &[&str]| -> Value {
+        let out = cli(&config, args).unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let list = ps(&["ps", "--all", "-o", "json"]);
+    let list = list.as_array().unwrap();
+    assert_eq!(
+        states(list).iter().filter(|s| *s == "lost").count(),
+        0,
+        "no lost instance after three restarts: {list:?}"
+    );
+
+    // A rollout of a new version finishes in seconds, not after a 120 s timeout.
+    bundle(&dir, "Version two.");
+    let started = Instant::now();
+    let out = cli(
+        &config,
+        &[
+            "deploy",
+            dir.to_str().unwrap(),
+            "--wait",
+            "--timeout",
+            "45s",
+        ],
+    )
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "rollout after restarts: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(45), "the rollout took {took:?}");
+    let list = ps(&["ps", "--all", "-o", "json"]);
+    let list = list.as_array().unwrap();
+    let of_it: Vec<&Value> = list
+        .iter()
+        .filter(|i| i["deployment"] == "life-agent")
+        .collect();
+    let running = of_it.iter().filter(|i| i["state"] == "running").count();
+    let lost = states(list).iter().filter(|s| *s == "lost").count();
+    assert_eq!((running, lost), (1, 0), "{list:?}");
+    let nests = ps(&["nests", "-o", "json"]);
+    let nests = nests.as_array().unwrap();
+    assert_eq!(nests.len(), 1, "one Nest, not one per restart: {nests:?}");
+    assert_eq!(nests[0]["state"], "ready");
 }
