@@ -445,7 +445,9 @@ impl Core {
             return Ok(());
         };
         match rec.state {
-            InstanceState::Pending | InstanceState::Lost => self.delete_instance(st, id),
+            InstanceState::Pending | InstanceState::Lost | InstanceState::Stopped => {
+                self.delete_instance(st, id)
+            }
             InstanceState::Stopping => Ok(()),
             _ => {
                 st.live.send(
@@ -571,10 +573,9 @@ impl Core {
                 .map(|i| i.instance_id.clone())
                 .collect();
             for id in gone {
-                let is_stopping = st
-                    .instances
-                    .get(&id)
-                    .is_some_and(|i| i.state == InstanceState::Stopping);
+                let is_stopping = st.instances.get(&id).is_some_and(|i| {
+                    matches!(i.state, InstanceState::Stopping | InstanceState::Stopped)
+                });
                 if !is_stopping {
                     // Its runs go back to the queue; the record itself is debris (the Nest
                     // restarted without it), so the reconcile loop replaces it instead of
@@ -862,7 +863,7 @@ impl Core {
                     InstanceState::Starting | InstanceState::Running | InstanceState::Unhealthy => {
                         self.stop_instance(&mut st, &id, &format!("secret {name} set; replacing"))?;
                     }
-                    InstanceState::Stopping | InstanceState::Lost => {}
+                    InstanceState::Stopping | InstanceState::Stopped | InstanceState::Lost => {}
                 }
             }
             if d.failures > 0 || d.backoff_until_ms > now {
@@ -958,7 +959,12 @@ impl Core {
                 .instances
                 .values()
                 .filter(|i| i.nest_id == nest_id)
-                .filter(|i| !matches!(i.state, InstanceState::Lost | InstanceState::Pending))
+                .filter(|i| {
+                    !matches!(
+                        i.state,
+                        InstanceState::Lost | InstanceState::Pending | InstanceState::Stopped
+                    )
+                })
                 .map(|i| i.instance_id.clone())
                 .collect();
             for id in ids {
@@ -981,7 +987,9 @@ impl Core {
             .instances
             .values()
             .filter(|i| match i.state {
-                InstanceState::Lost => now - i.updated_at_ms > LOST_RETENTION_MS,
+                InstanceState::Lost | InstanceState::Stopped => {
+                    now - i.updated_at_ms > LOST_RETENTION_MS
+                }
                 InstanceState::Stopping => now - i.updated_at_ms > STOPPING_RETENTION_MS,
                 _ => false,
             })

@@ -1,6 +1,7 @@
-//! Deployment lifecycle on top of `fleet`: every generation is recorded as a revision (bundle
-//! digest, replicas, selector, concurrency, time, who, what made it), scaling without a
-//! bundle, rollback (a new generation from an old revision), and removal with its history.
+//! Deployment and node lifecycle on top of `fleet`: every generation is recorded as a
+//! revision (bundle digest, replicas, selector, concurrency, time, who, what made it), scaling
+//! without a bundle, rollback (a new generation from an old revision), removal with its
+//! history; and a Nest that leaves on purpose (its instances end as stopped, not lost).
 //!
 //! Invariants: a revision is written before the call that made its generation returns; a
 //! rollback never reuses a generation number (it makes a new one); scaling changes only the
@@ -10,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{HubError, Result};
 use crate::fleet::{namespace_or_default, validate_name, Core, DeploymentSpec};
-use crate::model::{deployment_key, now_ms, DeploymentRec};
+use crate::model::{deployment_key, now_ms, DeploymentRec, InstanceState, NestState};
 use crate::store::Table;
 
 /// One generation of a deployment as it was made (store table `deployment_history`).
@@ -224,6 +225,57 @@ impl Core {
         }
         self.db.flush().await?;
         tracing::info!(deployment = %deployment_key(&namespace, name), %who, "deployment removed");
+        Ok(())
+    }
+
+    /// A Nest says it is stopping on purpose: its instances end as `stopped` (their runs go
+    /// back to the queue at once, to be handed over), the Nest shows as disconnected, and its
+    /// link is closed (which ends its stream).
+    pub async fn nest_leaving(&self, nest_id: &str, conn_id: u64, reason: &str) -> Result<()> {
+        {
+            let mut st = self.lock();
+            if !st.live.is_current(nest_id, conn_id) {
+                return Ok(());
+            }
+            let now = now_ms();
+            let name = st
+                .nests
+                .get(nest_id)
+                .map(|n| n.name.clone())
+                .unwrap_or_else(|| nest_id.to_string());
+            let why = if reason.is_empty() {
+                format!("nest {name} stopped")
+            } else {
+                format!("nest {name} stopped: {reason}")
+            };
+            let ids: Vec<String> = st
+                .instances
+                .values()
+                .filter(|i| i.nest_id == nest_id)
+                .filter(|i| !matches!(i.state, InstanceState::Pending | InstanceState::Lost))
+                .map(|i| i.instance_id.clone())
+                .collect();
+            for id in &ids {
+                if let Some(mut rec) = st.instances.get(id).cloned() {
+                    rec.state = InstanceState::Stopped;
+                    rec.healthy = false;
+                    rec.healthy_since_ms = 0;
+                    rec.message = why.clone();
+                    rec.updated_at_ms = now;
+                    self.save_instance(&mut st, rec)?;
+                    self.requeue_tasks_of(&mut st, id, &format!("instance {id}: {why}"))?;
+                }
+            }
+            if let Some(mut n) = st.nests.get(nest_id).cloned() {
+                n.state = NestState::Disconnected;
+                self.db.put_json(Table::Nests, nest_id, &n)?;
+                st.nests.insert(nest_id.to_string(), n);
+            }
+            st.live.drop_link(nest_id);
+            tracing::info!(nest = %name, nest_id, instances = ids.len(), "nest left gracefully");
+        }
+        self.db.flush().await?;
+        self.poke();
         Ok(())
     }
 }

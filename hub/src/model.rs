@@ -83,6 +83,8 @@ pub enum InstanceState {
     Running,
     Unhealthy,
     Stopping,
+    /// Ended on purpose (its Nest left gracefully); hidden after a while.
+    Stopped,
     Lost,
 }
 
@@ -94,6 +96,7 @@ impl InstanceState {
             InstanceState::Running => "running",
             InstanceState::Unhealthy => "unhealthy",
             InstanceState::Stopping => "stopping",
+            InstanceState::Stopped => "stopped",
             InstanceState::Lost => "lost",
         }
     }

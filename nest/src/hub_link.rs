@@ -18,7 +18,7 @@ use std::time::Duration;
 use agen_proto::v1::hub_message::Msg as HubMsg;
 use agen_proto::v1::nest_message::Msg as NestMsg;
 use agen_proto::v1::nest_service_client::NestServiceClient;
-use agen_proto::v1::{Heartbeat, HubMessage, NestMessage, Register, RunEvent, RunEvents};
+use agen_proto::v1::{Heartbeat, HubMessage, Leaving, NestMessage, Register, RunEvent, RunEvents};
 use tokio::sync::{mpsc, Notify};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -43,6 +43,8 @@ const BATCH_WINDOW: Duration = Duration::from_millis(5);
 const BATCH_MAX: usize = 256;
 /// How long to wait for `Registered` after opening the stream.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a stopping Nest waits for the Hub to confirm `Leaving`.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Adds the bearer token to every request.
 #[derive(Clone)]
@@ -430,7 +432,10 @@ async fn session(
     };
     loop {
         tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
+            _ = shutdown.cancelled() => {
+                leave(&tx, &mut inbound).await;
+                return Ok(());
+            }
             _ = heartbeat.tick() => {
                 send(NestMsg::Heartbeat(Heartbeat { at_ms: now_ms(), instances: sup.snapshot() })).await?;
             }
@@ -460,6 +465,30 @@ async fn session(
                 }
             }
         }
+    }
+}
+
+/// Tells the Hub this Nest is stopping on purpose (its instances end as stopped, their runs
+/// are handed over at once) and waits briefly for the Hub to end the stream, so the message
+/// is not lost with the connection.
+async fn leave(tx: &mpsc::Sender<NestMessage>, inbound: &mut tonic::Streaming<HubMessage>) {
+    let leaving = NestMessage {
+        msg: Some(NestMsg::Leaving(Leaving {
+            reason: "shutting down".into(),
+        })),
+    };
+    if tx.send(leaving).await.is_err() {
+        return;
+    }
+    let drained = tokio::time::timeout(LEAVE_TIMEOUT, async {
+        while let Ok(Some(_)) = inbound.message().await {}
+    })
+    .await;
+    match drained {
+        Ok(()) => tracing::info!("told the hub this nest is leaving"),
+        Err(_) => tracing::warn!(
+            "the hub did not confirm that this nest is leaving within {LEAVE_TIMEOUT:?}"
+        ),
     }
 }
 

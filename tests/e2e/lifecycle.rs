@@ -320,3 +320,39 @@ fn restarting_agen_up_three_times_leaves_no_lost_instances_and_rollouts_finish_i
     assert_eq!(nests.len(), 1, "one Nest, not one per restart: {nests:?}");
     assert_eq!(nests[0]["state"], "ready");
 }
+
+#[test]
+fn a_nest_that_stops_gracefully_leaves_its_instances_stopped_not_lost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let mut nest = hub.nest("leaver", &[], &[]).unwrap();
+    let dir = tmp.path().join("bundle");
+    bundle(&dir, "Version one.");
+    ok(&hub, &["deploy", dir.to_str().unwrap(), "--wait"]);
+    let id = running_of(&hub, "life-agent")[0]["instance"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    nest.proc.stop(Duration::from_secs(25));
+    // Well within the Nest ttl (3 s in the harness): the Hub was told, not left to guess.
+    let list = hub
+        .wait_instances(
+            "the instance of the stopped nest to show as stopped",
+            Duration::from_secs(10),
+            |l| {
+                l.iter()
+                    .any(|i| i["instance"] == id.as_str() && i["state"] == "stopped")
+            },
+        )
+        .unwrap();
+    let lost = list.iter().filter(|i| i["state"] == "lost").count();
+    assert_eq!(lost, 0, "{list:?}");
+    assert!(
+        nest.proc
+            .log_text()
+            .contains("told the hub this nest is leaving"),
+        "{}",
+        nest.proc.log_text()
+    );
+}

@@ -31,6 +31,7 @@ fn instance_state(s: InstanceState) -> pb::InstanceState {
         InstanceState::Running => pb::InstanceState::Running,
         InstanceState::Unhealthy => pb::InstanceState::Unhealthy,
         InstanceState::Stopping => pb::InstanceState::Stopping,
+        InstanceState::Stopped => pb::InstanceState::Stopped,
         InstanceState::Lost => pb::InstanceState::Lost,
     }
 }
@@ -42,7 +43,8 @@ fn instance_state_from(v: i32) -> Option<InstanceState> {
         pb::InstanceState::Starting => InstanceState::Starting,
         pb::InstanceState::Running => InstanceState::Running,
         pb::InstanceState::Unhealthy => InstanceState::Unhealthy,
-        pb::InstanceState::Stopping | pb::InstanceState::Stopped => InstanceState::Stopping,
+        pb::InstanceState::Stopping => InstanceState::Stopping,
+        pb::InstanceState::Stopped => InstanceState::Stopped,
         pb::InstanceState::Lost => InstanceState::Lost,
     })
 }
