@@ -515,13 +515,10 @@ impl Core {
                 .get(&reg.nest_id)
                 .map(|n| n.registered_at_ms)
                 .unwrap_or(now);
+            let name = Self::nest_name_for(&st, &reg)?;
             let nest = NestRec {
                 nest_id: reg.nest_id.clone(),
-                name: if reg.name.is_empty() {
-                    reg.nest_id.clone()
-                } else {
-                    reg.name.clone()
-                },
+                name,
                 labels: reg.labels.clone(),
                 capacity: if reg.capacity == 0 { 32 } else { reg.capacity },
                 version: reg.version.clone(),

@@ -10,8 +10,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{HubError, Result};
+use crate::fleet::State;
 use crate::fleet::{namespace_or_default, validate_name, Core, DeploymentSpec};
-use crate::model::{deployment_key, now_ms, DeploymentRec, InstanceState, NestState};
+use crate::model::{deployment_key, now_ms, DeploymentRec, InstanceState, NestState, Registration};
 use crate::store::Table;
 
 /// One generation of a deployment as it was made (store table `deployment_history`).
@@ -277,5 +278,44 @@ impl Core {
         self.db.flush().await?;
         self.poke();
         Ok(())
+    }
+
+    /// The name a registering Nest gets. A name given with `--name` is refused while another
+    /// live (not lost) Nest holds it; a default name (the host name) falls back to
+    /// `<host>-<hex>` when another live Nest holds it; a Nest keeps the name it has.
+    pub(crate) fn nest_name_for(st: &State, reg: &Registration) -> Result<String> {
+        if reg.name.is_empty() {
+            return Ok(reg.nest_id.clone());
+        }
+        let holder = |name: &str| {
+            st.nests
+                .values()
+                .find(|n| n.nest_id != reg.nest_id && n.name == name && n.state != NestState::Lost)
+        };
+        let refuse = |name: &str, other: &crate::model::NestRec| {
+            HubError::FailedPrecondition(format!(
+                "nest name `{name}` is held by the live nest {} (state {:?}); start this nest with another --name, or stop the other one first",
+                other.nest_id, other.state
+            ))
+        };
+        if reg.fallback_name.is_empty() {
+            return match holder(&reg.name) {
+                Some(other) => Err(refuse(&reg.name, other)),
+                None => Ok(reg.name.clone()),
+            };
+        }
+        if let Some(stored) = st.nests.get(&reg.nest_id) {
+            let ours = stored.name == reg.name || stored.name == reg.fallback_name;
+            if ours && holder(&stored.name).is_none() {
+                return Ok(stored.name.clone());
+            }
+        }
+        if holder(&reg.name).is_none() {
+            return Ok(reg.name.clone());
+        }
+        match holder(&reg.fallback_name) {
+            None => Ok(reg.fallback_name.clone()),
+            Some(other) => Err(refuse(&reg.fallback_name, other)),
+        }
     }
 }

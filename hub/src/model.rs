@@ -159,6 +159,9 @@ pub struct Registration {
     pub capacity: u32,
     pub version: String,
     pub instances: Vec<InstanceReport>,
+    /// The name to take when `name` (a default) is held by another live Nest; empty when
+    /// `name` was given explicitly.
+    pub fallback_name: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -379,6 +379,7 @@ async fn session(
         capacity: ctx.opts.capacity,
         version: env!("CARGO_PKG_VERSION").to_string(),
         instances: sup.snapshot(),
+        fallback_name: ctx.opts.fallback_name.clone(),
     };
     // Reports queued while disconnected are covered by `Register.instances`.
     let _ = sup.take_changed();

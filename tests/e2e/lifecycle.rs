@@ -356,3 +356,75 @@ fn a_nest_that_stops_gracefully_leaves_its_instances_stopped_not_lost() {
         nest.proc.log_text()
     );
 }
+
+/// `agen nest` joined to `hub` with its data in `dir`, named `name` (or by default).
+fn spawn_nest(hub: &HubProcess, dir: &Path, name: Option<&str>) -> Proc {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut cmd = Command::new(agen_bin());
+    cmd.args([
+        "nest",
+        "--hub",
+        &hub.url(),
+        "--join",
+        &hub.join_token().unwrap(),
+    ])
+    .arg("--data-dir")
+    .arg(dir)
+    .env("RUST_LOG", "info");
+    if let Some(n) = name {
+        cmd.args(["--name", n]);
+    }
+    let log = dir.with_extension("log");
+    Proc::spawn("nest", cmd, &log).unwrap()
+}
+
+#[test]
+fn nests_on_one_host_are_named_host_then_host_hash_and_a_held_name_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let host = nix::unistd::gethostname().unwrap().into_string().unwrap();
+    let a_dir = tmp.path().join("nest-a");
+    let b_dir = tmp.path().join("nest-b");
+    let _a = spawn_nest(&hub, &a_dir, None);
+    wait_for("the first nest", Duration::from_secs(30), || {
+        hub.nests()
+            .ok()?
+            .iter()
+            .any(|n| n["name"] == host.as_str())
+            .then_some(())
+    })
+    .unwrap();
+    let _b = spawn_nest(&hub, &b_dir, None);
+    let expected_b = {
+        use sha2::Digest;
+        let d = sha2::Sha256::digest(b_dir.as_os_str().as_encoded_bytes());
+        format!("{host}-{}", &hex::encode(d)[..6])
+    };
+    wait_for("the second nest", Duration::from_secs(30), || {
+        hub.nests()
+            .ok()?
+            .iter()
+            .any(|n| n["name"] == expected_b.as_str() && n["state"] == "ready")
+            .then_some(())
+    })
+    .unwrap();
+
+    // An explicit name held by a live Nest is refused, and says so.
+    let c = spawn_nest(&hub, &tmp.path().join("nest-c"), Some(&host));
+    wait_for(
+        "the refusal in the third nest's log",
+        Duration::from_secs(30),
+        || {
+            c.log_text()
+                .contains("is held by the live nest")
+                .then_some(())
+        },
+    )
+    .unwrap();
+    let nests = hub.nests().unwrap();
+    let mut names: Vec<&str> = nests.iter().filter_map(|n| n["name"].as_str()).collect();
+    names.sort();
+    let mut want = vec![host.as_str(), expected_b.as_str()];
+    want.sort();
+    assert_eq!(names, want, "{nests:?}");
+}

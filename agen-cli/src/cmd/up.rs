@@ -89,13 +89,13 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     let host = agen_nest::config::host_name();
     let mut nests = Vec::new();
     for i in 1..=args.nests.max(1) {
+        let mut opts = agen_nest::config::NestOptions::new(hub.url.clone(), hub.join_token.clone());
+        opts.data_dir = data_dir.join("nests").join(format!("nest-{i}"));
         let name = if i == 1 {
             host.clone()
         } else {
-            format!("{host}-{i}")
+            agen_nest::config::fallback_name(&opts.data_dir)
         };
-        let mut opts = agen_nest::config::NestOptions::new(hub.url.clone(), hub.join_token.clone());
-        opts.data_dir = data_dir.join("nests").join(format!("nest-{i}"));
         opts.name = name;
         opts.agen_bin = agen_bin.clone();
         let token = shutdown.child_token();

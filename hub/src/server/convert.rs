@@ -215,6 +215,7 @@ pub fn registration(r: &pb::Register) -> Registration {
         capacity: r.capacity,
         version: r.version.clone(),
         instances: r.instances.iter().map(instance_report).collect(),
+        fallback_name: r.fallback_name.clone(),
     }
 }
 
