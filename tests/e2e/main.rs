@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 mod artifacts;
 mod cli;
+mod deploy;
 mod fleet;
 mod keen;
 mod lifecycle;
