@@ -139,6 +139,7 @@ pub fn nest_json(n: &pb::Nest) -> Value {
         "version": n.version,
         "last_heartbeat": time(n.last_heartbeat_ms),
         "registered_at": time(n.registered_at_ms),
+        "cordoned": n.cordoned,
     })
 }
 

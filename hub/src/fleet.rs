@@ -440,7 +440,7 @@ impl Core {
     }
 
     /// Stops an instance: a pending one is simply forgotten, a placed one is asked to stop.
-    fn stop_instance(&self, st: &mut State, id: &str, reason: &str) -> Result<()> {
+    pub(crate) fn stop_instance(&self, st: &mut State, id: &str, reason: &str) -> Result<()> {
         let Some(mut rec) = st.instances.get(id).cloned() else {
             return Ok(());
         };
@@ -516,6 +516,7 @@ impl Core {
                 .map(|n| n.registered_at_ms)
                 .unwrap_or(now);
             let name = Self::nest_name_for(&st, &reg)?;
+            let cordoned = st.nests.get(&reg.nest_id).is_some_and(|n| n.cordoned);
             let nest = NestRec {
                 nest_id: reg.nest_id.clone(),
                 name,
@@ -525,6 +526,7 @@ impl Core {
                 state: NestState::Ready,
                 last_heartbeat_ms: now,
                 registered_at_ms,
+                cordoned,
             };
             let nest_name = nest.name.clone();
             self.save_nest(&mut st, nest)?;
@@ -1154,7 +1156,9 @@ impl Core {
                         nest_id: n.nest_id.clone(),
                         labels: n.labels.clone(),
                         capacity: n.capacity,
-                        ready: n.state == NestState::Ready && st.live.is_connected(&n.nest_id),
+                        ready: n.state == NestState::Ready
+                            && !n.cordoned
+                            && st.live.is_connected(&n.nest_id),
                         total,
                         of_deployment,
                     }

@@ -24,6 +24,7 @@
 
 pub mod artifacts;
 pub mod config;
+pub mod cordon;
 pub mod error;
 pub mod fleet;
 pub mod lifecycle;

@@ -72,6 +72,9 @@ pub struct NestRec {
     pub state: NestState,
     pub last_heartbeat_ms: i64,
     pub registered_at_ms: i64,
+    /// No new placements (cordon, drain); kept across re-registrations.
+    #[serde(default)]
+    pub cordoned: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -428,3 +428,68 @@ fn nests_on_one_host_are_named_host_then_host_hash_and_a_held_name_is_refused() 
     want.sort();
     assert_eq!(names, want, "{nests:?}");
 }
+
+#[test]
+fn cordon_keeps_placements_off_a_nest_and_drain_moves_its_instances_away() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let _a = hub.nest("nest-a", &[], &[]).unwrap();
+    let _b = hub.nest("nest-b", &[], &[]).unwrap();
+    ok(&hub, &["nests", "cordon", "nest-b"]);
+    let cordoned: Vec<(String, bool)> = hub
+        .nests()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["name"].as_str().unwrap().to_owned(),
+                n["cordoned"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert!(cordoned.contains(&("nest-b".into(), true)), "{cordoned:?}");
+    assert!(cordoned.contains(&("nest-a".into(), false)), "{cordoned:?}");
+    let table = ok(&hub, &["nests"]);
+    assert!(table.contains("ready,cordoned"), "{table}");
+
+    // Spread would put one replica on each Nest: the cordon keeps both on nest-a.
+    let dir = tmp.path().join("bundle");
+    bundle(&dir, "Version one.");
+    ok(
+        &hub,
+        &["deploy", dir.to_str().unwrap(), "--replicas", "2", "--wait"],
+    );
+    let on = |nest: &str| {
+        running_of(&hub, "life-agent")
+            .iter()
+            .filter(|i| i["nest"] == nest)
+            .count()
+    };
+    assert_eq!((on("nest-a"), on("nest-b")), (2, 0));
+
+    // Drain nest-a: its instances move to nest-b (uncordoned again).
+    ok(&hub, &["nests", "uncordon", "nest-b"]);
+    ok(&hub, &["nests", "drain", "nest-a"]);
+    hub.wait_instances(
+        "both replicas running on nest-b",
+        Duration::from_secs(60),
+        |l| {
+            let running_b = l
+                .iter()
+                .filter(|i| i["nest"] == "nest-b" && i["state"] == "running")
+                .count();
+            let left_on_a = l.iter().filter(|i| i["nest"] == "nest-a").count();
+            running_b == 2 && left_on_a == 0
+        },
+    )
+    .unwrap();
+    let a = hub
+        .nests()
+        .unwrap()
+        .into_iter()
+        .find(|n| n["name"] == "nest-a")
+        .unwrap();
+    assert_eq!(a["cordoned"], true, "a drained nest stays cordoned: {a}");
+    let out = hub.cli(&["nests", "drain", "no-such-nest"]).unwrap();
+    assert_eq!(out.status.code(), Some(4));
+}

@@ -1,4 +1,5 @@
-//! `agen nests`: nodes, their liveness and capacity.
+//! `agen nests`: nodes, their liveness and capacity; `agen nests cordon|uncordon|drain NEST`:
+//! no new placements, placements again, or cordon and move its instances away now.
 
 use agen_proto::v1 as pb;
 use serde_json::Value;
@@ -9,12 +10,53 @@ use crate::view;
 /// Arguments of `agen nests`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    #[command(subcommand)]
+    pub action: Option<Action>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
 
+/// What `agen nests` does to one Nest (without one: lists them).
+#[derive(Debug, clap::Subcommand)]
+pub enum Action {
+    /// No new placements on NEST (what runs there keeps running)
+    Cordon {
+        /// The Nest's name or id
+        nest: String,
+    },
+    /// Placements on NEST again
+    Uncordon {
+        /// The Nest's name or id
+        nest: String,
+    },
+    /// Cordon NEST and move its instances to other Nests now (their runs are handed over)
+    Drain {
+        /// The Nest's name or id
+        nest: String,
+    },
+}
+
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     let mut hub = args.client.connect()?;
+    if let Some(action) = args.action {
+        let (verb, nest) = match &action {
+            Action::Cordon { nest } => ("cordoned", nest.clone()),
+            Action::Uncordon { nest } => ("uncordoned", nest.clone()),
+            Action::Drain { nest } => ("drained", nest.clone()),
+        };
+        let req = pb::NestRequest { nest };
+        let result = match action {
+            Action::Cordon { .. } => hub.client.cordon_nest(req).await,
+            Action::Uncordon { .. } => hub.client.uncordon_nest(req).await,
+            Action::Drain { .. } => hub.client.drain_nest(req).await,
+        };
+        let n = result.map_err(|s| status_error(&hub, s))?.into_inner();
+        match args.client.output {
+            Output::Table => crate::outln!("nest {} {verb}", n.name),
+            output => view::print_value(output, &view::nest_json(&n)),
+        }
+        return Ok(0);
+    }
     let nests = hub
         .client
         .list_nests(pb::ListNestsRequest {})
@@ -43,7 +85,11 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 labels.sort();
                 t.add_row(vec![
                     n.name.clone(),
-                    view::nest_state(n.state).to_owned(),
+                    if n.cordoned {
+                        format!("{},cordoned", view::nest_state(n.state))
+                    } else {
+                        view::nest_state(n.state).to_owned()
+                    },
                     format!("{}/{}", n.instances, n.capacity),
                     if labels.is_empty() {
                         "-".into()

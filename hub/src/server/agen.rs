@@ -461,4 +461,25 @@ impl AgenService for AgenApi {
     ) -> Result<Response<pb::Deployment>, Status> {
         super::lifecycle::rollback(&self.core, request).await
     }
+
+    async fn cordon_nest(
+        &self,
+        request: Request<pb::NestRequest>,
+    ) -> Result<Response<pb::Nest>, Status> {
+        super::lifecycle::cordon(&self.core, request).await
+    }
+
+    async fn uncordon_nest(
+        &self,
+        request: Request<pb::NestRequest>,
+    ) -> Result<Response<pb::Nest>, Status> {
+        super::lifecycle::uncordon(&self.core, request).await
+    }
+
+    async fn drain_nest(
+        &self,
+        request: Request<pb::NestRequest>,
+    ) -> Result<Response<pb::Nest>, Status> {
+        super::lifecycle::drain(&self.core, request).await
+    }
 }

@@ -93,6 +93,7 @@ pub fn nest(n: &NestRec, instances: u32) -> pb::Nest {
         last_heartbeat_ms: n.last_heartbeat_ms,
         instances,
         registered_at_ms: n.registered_at_ms,
+        cordoned: n.cordoned,
     }
 }
 

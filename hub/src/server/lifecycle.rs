@@ -86,3 +86,36 @@ pub async fn rollback(
         .await?;
     Ok(Response::new(view(core, &rec.namespace, &rec.name)?))
 }
+
+/// The Nest as `ListNests` shows it (with its instance count).
+fn nest_view(core: &Core, nest_id: &str) -> Result<pb::Nest, Status> {
+    core.list_nests()
+        .iter()
+        .find(|(n, _)| n.nest_id == nest_id)
+        .map(|(n, count)| convert::nest(n, *count))
+        .ok_or_else(|| Status::not_found(format!("nest {nest_id} not found")))
+}
+
+pub async fn cordon(
+    core: &Core,
+    request: Request<pb::NestRequest>,
+) -> Result<Response<pb::Nest>, Status> {
+    let n = core.cordon_nest(&request.into_inner().nest).await?;
+    Ok(Response::new(nest_view(core, &n.nest_id)?))
+}
+
+pub async fn uncordon(
+    core: &Core,
+    request: Request<pb::NestRequest>,
+) -> Result<Response<pb::Nest>, Status> {
+    let n = core.uncordon_nest(&request.into_inner().nest).await?;
+    Ok(Response::new(nest_view(core, &n.nest_id)?))
+}
+
+pub async fn drain(
+    core: &Core,
+    request: Request<pb::NestRequest>,
+) -> Result<Response<pb::Nest>, Status> {
+    let (n, _) = core.drain_nest(&request.into_inner().nest).await?;
+    Ok(Response::new(nest_view(core, &n.nest_id)?))
+}
