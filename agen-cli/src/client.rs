@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use agen_proto::v1::agen_service_client::AgenServiceClient;
 use agen_shared::client_config::ClientConfig;
-use anyhow::{anyhow, Context};
+use anyhow::Context;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
@@ -28,7 +28,7 @@ pub struct ClientArgs {
     /// PEM file of the CA that signs the Hub's certificate (default: the client config's `ca_file`)
     #[arg(long, env = "AGEN_CA_FILE", global = true)]
     pub ca_file: Option<PathBuf>,
-    /// Output format: table (for people) or json (for scripts)
+    /// Output format: table (for people), json or yaml (for scripts)
     #[arg(
         short = 'o',
         long = "output",
@@ -44,19 +44,42 @@ pub struct ClientArgs {
 pub enum Output {
     Table,
     Json,
+    Yaml,
 }
 
-/// Adds `authorization: Bearer <token>` to every request.
+/// Adds `authorization: Bearer <token>` to every request, and `agen-client: user@host` (who
+/// made a change, for `agen history`; informative, never trusted for access).
 #[derive(Clone)]
-pub struct Bearer(Option<MetadataValue<tonic::metadata::Ascii>>);
+pub struct Bearer(
+    Option<MetadataValue<tonic::metadata::Ascii>>,
+    Option<MetadataValue<tonic::metadata::Ascii>>,
+);
 
 impl tonic::service::Interceptor for Bearer {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(v) = &self.0 {
             req.metadata_mut().insert("authorization", v.clone());
         }
+        if let Some(v) = &self.1 {
+            req.metadata_mut().insert("agen-client", v.clone());
+        }
         Ok(req)
     }
+}
+
+/// `user@host` of this process, when both are known and printable.
+fn client_identity() -> Option<MetadataValue<tonic::metadata::Ascii>> {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .or_else(|| {
+            nix::unistd::User::from_uid(nix::unistd::getuid())
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+        })?;
+    let host = nix::unistd::gethostname().ok()?.into_string().ok()?;
+    format!("{user}@{host}").parse().ok()
 }
 
 pub type Client = AgenServiceClient<InterceptedService<Channel, Bearer>>;
@@ -74,10 +97,13 @@ impl ClientArgs {
         let cfg_path = ClientConfig::default_path();
         let cfg = ClientConfig::load(&cfg_path)?;
         let url = self.hub.clone().or(cfg.hub.clone()).ok_or_else(|| {
-            anyhow!(
-                "no Hub to talk to: pass --hub URL, set AGEN_HUB, or run `agen up` \
+            crate::exit::coded(
+                crate::exit::code::UNAVAILABLE,
+                format!(
+                    "no Hub to talk to: pass --hub URL, set AGEN_HUB, or run `agen up` \
                      (which writes {})",
-                cfg_path.display()
+                    cfg_path.display()
+                ),
             )
         })?;
         let token = self.token.clone().or(cfg.token.clone());
@@ -91,9 +117,10 @@ impl ClientArgs {
             ),
             None => None,
         };
-        let client = AgenServiceClient::with_interceptor(channel, Bearer(bearer))
-            .max_decoding_message_size(agen_proto::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(agen_proto::MAX_MESSAGE_BYTES);
+        let client =
+            AgenServiceClient::with_interceptor(channel, Bearer(bearer, client_identity()))
+                .max_decoding_message_size(agen_proto::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(agen_proto::MAX_MESSAGE_BYTES);
         Ok(Hub {
             client,
             url,
@@ -125,46 +152,23 @@ pub fn channel(url: &str, ca_file: Option<&std::path::Path>) -> anyhow::Result<C
     Ok(ep.connect_lazy())
 }
 
-/// An error that ends the command with a documented exit code (5: unauthenticated or
-/// permission denied).
-#[derive(Debug)]
-pub struct ExitError {
-    pub code: i32,
-    pub message: String,
-}
-
-impl std::fmt::Display for ExitError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for ExitError {}
-
-/// Exit code of an unauthenticated or refused call.
-pub const EXIT_PERMISSION: i32 = 5;
-
-/// Turns a gRPC status into an error a person can act on.
+/// Turns a gRPC status into an error a person can act on; it keeps the status, so the exit
+/// code follows it (`exit::of_error`).
 pub fn status_error(hub: &Hub, s: tonic::Status) -> anyhow::Error {
     use tonic::Code;
-    match s.code() {
-        Code::Unauthenticated => anyhow::Error::new(ExitError {
-            code: EXIT_PERMISSION,
-            message: format!(
-                "the Hub at {} refused the token: {} (set --token or AGEN_TOKEN, or check the client config)",
-                hub.url,
-                s.message()
-            ),
-        }),
-        Code::PermissionDenied => anyhow::Error::new(ExitError {
-            code: EXIT_PERMISSION,
-            message: format!("permission denied: {}", s.message()),
-        }),
-        Code::Unavailable => anyhow!(
+    let message = match s.code() {
+        Code::Unavailable => format!(
             "cannot reach the Hub at {}: {} (is `agen up` or `agen hub` running? set --hub or AGEN_HUB)",
             hub.url,
             s.message()
         ),
-        _ => anyhow!("{}", s.message()),
-    }
+        Code::Unauthenticated => format!(
+            "the Hub at {} refused the token: {} (set --token or AGEN_TOKEN, or check the client config)",
+            hub.url,
+            s.message()
+        ),
+        Code::PermissionDenied => format!("permission denied: {}", s.message()),
+        _ => s.message().to_string(),
+    };
+    crate::exit::coded(crate::exit::of_status(s.code()), message)
 }

@@ -3,13 +3,16 @@
 
 pub mod client;
 pub mod cmd;
+pub mod exit;
+pub mod out;
+pub mod table;
 pub mod view;
 
 use clap::{Parser, Subcommand};
 
 /// Agen runs AI agents as a fleet: a Hub schedules agent deployments onto Nests.
 #[derive(Debug, Parser)]
-#[command(name = "agen", version, propagate_version = true)]
+#[command(name = "agen", version, propagate_version = true, after_help = exit::HELP)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -27,6 +30,14 @@ pub enum Command {
     Deploy(cmd::deploy::Args),
     /// Deployments; --all: every instance with its health and tools
     Ps(cmd::ps::Args),
+    /// Delete a deployment: its instances stop, its queued tasks fail
+    Rm(cmd::rm::Args),
+    /// Set a deployment's replica count (no bundle folder needed)
+    Scale(cmd::scale::Args),
+    /// A deployment's generations: bundle digest, time, replicas, who deployed
+    History(cmd::history::Args),
+    /// Make a new generation from an old one (default: the previous bundle)
+    Rollback(cmd::rollback::Args),
     /// Nests (nodes): liveness and capacity
     Nests(cmd::nests::Args),
     /// Submit a task to a deployment; prints the task id
@@ -52,6 +63,8 @@ pub enum Command {
     Tokens(cmd::tokens::Command),
     /// The audit log: every mutating call with its token, namespace, target and outcome
     Audit(cmd::audit::Args),
+    /// Shell completions: `agen completions bash > /etc/bash_completion.d/agen`
+    Completions(cmd::completions::Args),
     /// Run a bundle standalone, with no Hub, and print the answer
     Run(cmd::run::Args),
     /// Write a new bundle from a template (basic, coder, ci-fixer); --list lists them
@@ -101,6 +114,10 @@ pub fn main(cli: Cli) -> i32 {
             Command::Nest(a) => cmd::nest::run(a).await,
             Command::Deploy(a) => cmd::deploy::run(a).await,
             Command::Ps(a) => cmd::ps::run(a).await,
+            Command::Rm(a) => cmd::rm::run(a).await,
+            Command::Scale(a) => cmd::scale::run(a).await,
+            Command::History(a) => cmd::history::run(a).await,
+            Command::Rollback(a) => cmd::rollback::run(a).await,
             Command::Nests(a) => cmd::nests::run(a).await,
             Command::Submit(a) => cmd::submit::run(a).await,
             Command::Wait(a) => cmd::wait::run(a).await,
@@ -112,6 +129,7 @@ pub fn main(cli: Cli) -> i32 {
             Command::Secrets(c) => cmd::secrets::run(c).await,
             Command::Tokens(c) => cmd::tokens::run(c).await,
             Command::Audit(a) => cmd::audit::run(a).await,
+            Command::Completions(a) => cmd::completions::run(a),
             Command::Run(a) => cmd::run::run(a).await,
             Command::Init(a) => cmd::init::run(a).await,
             Command::Mcp(c) => cmd::mcp::run(c).await,
@@ -125,9 +143,7 @@ pub fn main(cli: Cli) -> i32 {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            e.downcast_ref::<client::ExitError>()
-                .map(|x| x.code)
-                .unwrap_or(1)
+            exit::of_error(&e)
         }
     }
 }

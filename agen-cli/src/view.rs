@@ -2,23 +2,25 @@
 //! The JSON shapes are contracts (DESIGN.md "Contracts → CLI"); add keys, never rename them.
 
 use agen_proto::v1 as pb;
-use comfy_table::{presets::UTF8_BORDERS_ONLY, ContentArrangement, Table};
 use serde_json::{json, Value};
 
-/// A new table in the house style.
-pub fn table(header: &[&str]) -> Table {
-    let mut t = Table::new();
-    t.load_preset(UTF8_BORDERS_ONLY)
-        .set_content_arrangement(ContentArrangement::Dynamic)
-        .set_header(header.iter().copied());
-    t
+use crate::client::Output;
+
+pub use crate::table::{table, Table};
+
+/// Prints a value for scripts: pretty JSON or YAML.
+pub fn print_value(output: Output, v: &Value) {
+    match output {
+        Output::Yaml => {
+            let text = serde_yaml::to_string(v).unwrap_or_else(|_| v.to_string());
+            crate::out::line(text.trim_end());
+        }
+        Output::Json | Output::Table => print_json(v),
+    }
 }
 
 pub fn print_json(v: &Value) {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
-    );
+    crate::out::line(&serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string()));
 }
 
 pub fn time(ms: i64) -> Value {
@@ -54,11 +56,11 @@ pub fn instance_state(s: i32) -> &'static str {
         pb::InstanceState::Running => "running",
         pb::InstanceState::Unhealthy => "unhealthy",
         pb::InstanceState::Stopping => "stopping",
+        pb::InstanceState::Stopped => "stopped",
         pb::InstanceState::Lost => "lost",
         // Pending placements are instances that are not started yet.
-        pb::InstanceState::Starting
-        | pb::InstanceState::Pending
-        | pb::InstanceState::Unspecified => "starting",
+        pb::InstanceState::Pending => "pending",
+        pb::InstanceState::Starting | pb::InstanceState::Unspecified => "starting",
     }
 }
 
@@ -138,6 +140,7 @@ pub fn nest_json(n: &pb::Nest) -> Value {
         "last_heartbeat": time(n.last_heartbeat_ms),
         "registered_at": time(n.registered_at_ms),
         "revoked": n.revoked,
+        "cordoned": n.cordoned,
     })
 }
 

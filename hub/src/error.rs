@@ -24,6 +24,9 @@ pub enum HubError {
     InvalidArgument(String),
     #[error("{0}")]
     NotFound(String),
+    /// The thing exists already with other contents (a reused client request id).
+    #[error("{0}")]
+    AlreadyExists(String),
     #[error("{0}")]
     FailedPrecondition(String),
     /// A limit was reached (artifact size, namespace quota): says which and what to do.
@@ -67,6 +70,7 @@ impl From<HubError> for tonic::Status {
         match e {
             HubError::InvalidArgument(_) => tonic::Status::invalid_argument(msg),
             HubError::NotFound(_) => tonic::Status::not_found(msg),
+            HubError::AlreadyExists(_) => tonic::Status::already_exists(msg),
             HubError::FailedPrecondition(_) => tonic::Status::failed_precondition(msg),
             HubError::ResourceExhausted(_) => tonic::Status::resource_exhausted(msg),
             HubError::Unauthenticated(_) => tonic::Status::unauthenticated(msg),

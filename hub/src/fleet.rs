@@ -437,12 +437,14 @@ impl Core {
     }
 
     /// Stops an instance: a pending one is simply forgotten, a placed one is asked to stop.
-    fn stop_instance(&self, st: &mut State, id: &str, reason: &str) -> Result<()> {
+    pub(crate) fn stop_instance(&self, st: &mut State, id: &str, reason: &str) -> Result<()> {
         let Some(mut rec) = st.instances.get(id).cloned() else {
             return Ok(());
         };
         match rec.state {
-            InstanceState::Pending | InstanceState::Lost => self.delete_instance(st, id),
+            InstanceState::Pending | InstanceState::Lost | InstanceState::Stopped => {
+                self.delete_instance(st, id)
+            }
             InstanceState::Stopping => Ok(()),
             _ => {
                 st.live.send(
@@ -517,19 +519,18 @@ impl Core {
                 .get(&reg.nest_id)
                 .map(|n| n.registered_at_ms)
                 .unwrap_or(now);
+            let name = Self::nest_name_for(&st, &reg)?;
+            let cordoned = st.nests.get(&reg.nest_id).is_some_and(|n| n.cordoned);
             let nest = NestRec {
                 nest_id: reg.nest_id.clone(),
-                name: if reg.name.is_empty() {
-                    reg.nest_id.clone()
-                } else {
-                    reg.name.clone()
-                },
+                name,
                 labels: reg.labels.clone(),
                 capacity: if reg.capacity == 0 { 32 } else { reg.capacity },
                 version: reg.version.clone(),
                 state: NestState::Ready,
                 last_heartbeat_ms: now,
                 registered_at_ms,
+                cordoned,
             };
             let nest_name = nest.name.clone();
             self.save_nest(&mut st, nest)?;
@@ -575,19 +576,20 @@ impl Core {
                 .map(|i| i.instance_id.clone())
                 .collect();
             for id in gone {
-                let is_stopping = st
-                    .instances
-                    .get(&id)
-                    .is_some_and(|i| i.state == InstanceState::Stopping);
-                if is_stopping {
-                    self.delete_instance(&mut st, &id)?;
-                } else {
+                let is_stopping = st.instances.get(&id).is_some_and(|i| {
+                    matches!(i.state, InstanceState::Stopping | InstanceState::Stopped)
+                });
+                if !is_stopping {
+                    // Its runs go back to the queue; the record itself is debris (the Nest
+                    // restarted without it), so the reconcile loop replaces it instead of
+                    // showing it as lost.
                     self.mark_lost(
                         &mut st,
                         &id,
                         &format!("nest {nest_name} re-registered without it"),
                     )?;
                 }
+                self.delete_instance(&mut st, &id)?;
             }
             tracing::info!(nest = %nest_name, nest_id = %reg.nest_id, adopted = reg.instances.len() - stop.len(), stopped = stop.len(), "nest registered");
             let _ = tx.send(ToNest::Registered {
@@ -906,7 +908,7 @@ impl Core {
                     InstanceState::Starting | InstanceState::Running | InstanceState::Unhealthy => {
                         self.stop_instance(&mut st, &id, &format!("secret {name} set; replacing"))?;
                     }
-                    InstanceState::Stopping | InstanceState::Lost => {}
+                    InstanceState::Stopping | InstanceState::Stopped | InstanceState::Lost => {}
                 }
             }
             if d.failures > 0 || d.backoff_until_ms > now {
@@ -1099,7 +1101,12 @@ impl Core {
                 .instances
                 .values()
                 .filter(|i| i.nest_id == nest_id)
-                .filter(|i| !matches!(i.state, InstanceState::Lost | InstanceState::Pending))
+                .filter(|i| {
+                    !matches!(
+                        i.state,
+                        InstanceState::Lost | InstanceState::Pending | InstanceState::Stopped
+                    )
+                })
                 .map(|i| i.instance_id.clone())
                 .collect();
             for id in ids {
@@ -1122,7 +1129,9 @@ impl Core {
             .instances
             .values()
             .filter(|i| match i.state {
-                InstanceState::Lost => now - i.updated_at_ms > LOST_RETENTION_MS,
+                InstanceState::Lost | InstanceState::Stopped => {
+                    now - i.updated_at_ms > LOST_RETENTION_MS
+                }
                 InstanceState::Stopping => now - i.updated_at_ms > STOPPING_RETENTION_MS,
                 _ => false,
             })
@@ -1290,7 +1299,9 @@ impl Core {
                         nest_id: n.nest_id.clone(),
                         labels: n.labels.clone(),
                         capacity: n.capacity,
-                        ready: n.state == NestState::Ready && st.live.is_connected(&n.nest_id),
+                        ready: n.state == NestState::Ready
+                            && !n.cordoned
+                            && st.live.is_connected(&n.nest_id),
                         total,
                         of_deployment,
                     }

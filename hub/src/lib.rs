@@ -6,9 +6,10 @@
 //! `server/` (the gRPC edge; the only module that knows protobuf), `scheduler/` (pure placement
 //! decisions), `store/` (sled behind a small trait), [`nodes`] (Nest links and liveness),
 //! [`limits`] (the table of input limits and its checks),
-//! `fleet` (core state, deployments, instances, reconcile loop), `tasks` (queue, dispatch,
-//! run events, conversations), `leases` (who may run a task now: ownership of run events,
-//! reconciliation with what Nests run, start deadlines), [`secrets`] (the secret store, sealed at rest).
+//! `fleet` (core state, deployments, instances, reconcile loop), [`lifecycle`] (deployment
+//! history, scale, rollback, removal), `tasks` (queue, dispatch, run events, conversations),
+//! `leases` (who may run a task now: ownership of run events, reconciliation with what Nests
+//! run, start deadlines), [`secrets`] (the secret store, sealed at rest).
 //!
 //! Data dir (`--data-dir`, default `$AGEN_DATA_DIR/hub` else `~/.local/share/agen/hub`):
 //! `db/` (sled), `tls/ca.pem` + `tls/ca.key` (0600; created on first start, the server
@@ -32,9 +33,11 @@
 
 pub mod artifacts;
 pub mod config;
+pub mod cordon;
 pub mod error;
 pub mod fleet;
 pub mod leases;
+pub mod lifecycle;
 pub mod limits;
 pub mod model;
 pub mod nodes;

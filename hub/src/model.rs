@@ -72,6 +72,9 @@ pub struct NestRec {
     pub state: NestState,
     pub last_heartbeat_ms: i64,
     pub registered_at_ms: i64,
+    /// No new placements (cordon, drain); kept across re-registrations.
+    #[serde(default)]
+    pub cordoned: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,6 +86,8 @@ pub enum InstanceState {
     Running,
     Unhealthy,
     Stopping,
+    /// Ended on purpose (its Nest left gracefully); hidden after a while.
+    Stopped,
     Lost,
 }
 
@@ -94,6 +99,7 @@ impl InstanceState {
             InstanceState::Running => "running",
             InstanceState::Unhealthy => "unhealthy",
             InstanceState::Stopping => "stopping",
+            InstanceState::Stopped => "stopped",
             InstanceState::Lost => "lost",
         }
     }
@@ -158,6 +164,9 @@ pub struct Registration {
     pub capacity: u32,
     pub version: String,
     pub instances: Vec<InstanceReport>,
+    /// The name to take when `name` (a default) is held by another live Nest; empty when
+    /// `name` was given explicitly.
+    pub fallback_name: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -288,6 +297,66 @@ pub struct TaskEventRec {
     pub at_ms: i64,
     pub kind: String,
     pub json: String,
+    /// What of the task this event left behind, so a replay shows the task as it was then
+    /// (absent on events stored before snapshots were kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<TaskSnapshot>,
+}
+
+/// The fields of a task that change while it runs (the rest never change after submit), as
+/// they were right after one task event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskSnapshot {
+    pub state: TaskState,
+    pub activity: String,
+    pub progress: Option<ProgressRec>,
+    pub outcome: Option<OutcomeRec>,
+    pub run_id: String,
+    pub attempt: u32,
+    pub instance_id: String,
+    pub nest_name: String,
+    pub bundle_digest: String,
+    pub updated_at_ms: i64,
+    pub started_at_ms: i64,
+    pub finished_at_ms: i64,
+}
+
+impl TaskSnapshot {
+    pub fn of(t: &TaskRec) -> TaskSnapshot {
+        TaskSnapshot {
+            state: t.state,
+            activity: t.activity.clone(),
+            progress: t.progress.clone(),
+            outcome: t.outcome.clone(),
+            run_id: t.run_id.clone(),
+            attempt: t.attempt,
+            instance_id: t.instance_id.clone(),
+            nest_name: t.nest_name.clone(),
+            bundle_digest: t.bundle_digest.clone(),
+            updated_at_ms: t.updated_at_ms,
+            started_at_ms: t.started_at_ms,
+            finished_at_ms: t.finished_at_ms,
+        }
+    }
+
+    /// `task` (as it is now) as it was at this snapshot.
+    pub fn over(&self, task: &TaskRec) -> TaskRec {
+        TaskRec {
+            state: self.state,
+            activity: self.activity.clone(),
+            progress: self.progress.clone(),
+            outcome: self.outcome.clone(),
+            run_id: self.run_id.clone(),
+            attempt: self.attempt,
+            instance_id: self.instance_id.clone(),
+            nest_name: self.nest_name.clone(),
+            bundle_digest: self.bundle_digest.clone(),
+            updated_at_ms: self.updated_at_ms,
+            started_at_ms: self.started_at_ms,
+            finished_at_ms: self.finished_at_ms,
+            ..task.clone()
+        }
+    }
 }
 
 /// One run event, keyed (run_id, attempt, seq).

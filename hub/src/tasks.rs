@@ -177,6 +177,14 @@ fn summary_size(t: &TaskRec) -> usize {
         + t.client_request_id.len()
 }
 
+/// Whether a retried submit asks for the same task as the one its request id made.
+fn same_submission(t: &TaskRec, spec: &TaskSpec) -> bool {
+    t.deployment == spec.deployment
+        && t.input == spec.input
+        && t.labels == spec.labels
+        && t.conversation_key == spec.conversation_key
+}
+
 fn request_key(namespace: &str, id: &str) -> String {
     format!("{namespace}\u{0}{id}")
 }
@@ -196,14 +204,15 @@ impl Core {
     fn emit(&self, st: &mut State, mut task: TaskRec, kind: &str, json: String) -> Result<()> {
         let now = now_ms();
         task.next_event_seq = task.next_event_seq.max(1);
+        task.updated_at_ms = now;
         let event = TaskEventRec {
             seq: task.next_event_seq,
             at_ms: now,
             kind: kind.to_string(),
             json,
+            snapshot: Some(TaskSnapshot::of(&task)),
         };
         task.next_event_seq += 1;
-        task.updated_at_ms = now;
         let bytes = serde_json::to_vec(&event).map_err(|e| HubError::Internal(e.to_string()))?;
         self.db.raw().put(
             Table::TaskEvents,
@@ -264,6 +273,12 @@ impl Core {
                 let key = request_key(&namespace, &spec.client_request_id);
                 if let Some(id) = self.db.get_json::<String>(Table::RequestIds, &key)? {
                     if let Some(t) = st.tasks.get(&id) {
+                        if !same_submission(t, &spec) {
+                            return Err(HubError::AlreadyExists(format!(
+                                "client_request_id: `{}` was used for task {} with another deployment, input, labels or conversation key; use a new request id for a new task",
+                                spec.client_request_id, t.task_id
+                            )));
+                        }
                         return Ok(t.clone());
                     }
                 }

@@ -22,6 +22,7 @@ fn register(nest_id: &str) -> pb::NestMessage {
         capacity: 0,
         version: "test".into(),
         instances: vec![],
+        fallback_name: String::new(),
     }))
 }
 

@@ -50,6 +50,10 @@ pub struct NestOptions {
     pub data_dir: PathBuf,
     /// Shown by `agen nests`; defaults to the host name.
     pub name: String,
+    /// With a default `name`: the name the Hub gives this Nest when another live Nest holds the
+    /// host name (`<host>-<6 hex of sha256(data dir)>`, see [`fallback_name`]). Empty when the
+    /// name was given explicitly.
+    pub fallback_name: String,
     pub labels: BTreeMap<String, String>,
     /// Maximum number of instances.
     pub capacity: u32,
@@ -69,6 +73,7 @@ impl NestOptions {
             join_token: join_token.into(),
             data_dir: default_data_dir(),
             name: host_name(),
+            fallback_name: String::new(),
             labels: BTreeMap::new(),
             capacity: DEFAULT_CAPACITY,
             agen_bin: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("agen")),
@@ -117,6 +122,14 @@ pub fn default_data_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("."));
     home.join(".local/share/agen/nest")
+}
+
+/// `<host>-<first 6 hex digits of sha256(data dir)>`: the name of a Nest that is not the first
+/// on its host (stable for a data dir).
+pub fn fallback_name(data_dir: &std::path::Path) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(data_dir.as_os_str().as_encoded_bytes());
+    format!("{}-{}", host_name(), &hex::encode(digest)[..6])
 }
 
 /// The machine's host name, or `nest` when it cannot be read.

@@ -24,7 +24,7 @@ use std::time::Duration;
 use agen_proto::v1::hub_message::Msg as HubMsg;
 use agen_proto::v1::nest_message::Msg as NestMsg;
 use agen_proto::v1::nest_service_client::NestServiceClient;
-use agen_proto::v1::{Heartbeat, HubMessage, NestMessage, Register, RunEvent, RunEvents};
+use agen_proto::v1::{Heartbeat, HubMessage, Leaving, NestMessage, Register, RunEvent, RunEvents};
 use tokio::sync::{mpsc, Notify};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -49,6 +49,8 @@ const BATCH_WINDOW: Duration = Duration::from_millis(5);
 const BATCH_MAX: usize = 256;
 /// How long to wait for `Registered` after opening the stream.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a stopping Nest waits for the Hub to confirm `Leaving`.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Adds the join token as the bearer of every request, when there is one to send.
 #[derive(Clone)]
@@ -488,6 +490,7 @@ async fn session(
         capacity: ctx.opts.capacity,
         version: env!("CARGO_PKG_VERSION").to_string(),
         instances: sup.snapshot(),
+        fallback_name: ctx.opts.fallback_name.clone(),
     };
     // Reports queued while disconnected are covered by `Register.instances`.
     let _ = sup.take_changed();
@@ -545,7 +548,10 @@ async fn session(
     };
     loop {
         tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
+            _ = shutdown.cancelled() => {
+                leave(&tx, &mut inbound).await;
+                return Ok(());
+            }
             _ = heartbeat.tick() => {
                 send(NestMsg::Heartbeat(Heartbeat { at_ms: now_ms(), instances: sup.snapshot() })).await?;
             }
@@ -578,6 +584,30 @@ async fn session(
                 }
             }
         }
+    }
+}
+
+/// Tells the Hub this Nest is stopping on purpose (its instances end as stopped, their runs
+/// are handed over at once) and waits briefly for the Hub to end the stream, so the message
+/// is not lost with the connection.
+async fn leave(tx: &mpsc::Sender<NestMessage>, inbound: &mut tonic::Streaming<HubMessage>) {
+    let leaving = NestMessage {
+        msg: Some(NestMsg::Leaving(Leaving {
+            reason: "shutting down".into(),
+        })),
+    };
+    if tx.send(leaving).await.is_err() {
+        return;
+    }
+    let drained = tokio::time::timeout(LEAVE_TIMEOUT, async {
+        while let Ok(Some(_)) = inbound.message().await {}
+    })
+    .await;
+    match drained {
+        Ok(()) => tracing::info!("told the hub this nest is leaving"),
+        Err(_) => tracing::warn!(
+            "the hub did not confirm that this nest is leaving within {LEAVE_TIMEOUT:?}"
+        ),
     }
 }
 

@@ -6,11 +6,14 @@
 #![allow(clippy::unwrap_used)]
 mod artifacts;
 mod chaos;
+mod cli;
+mod deploy;
 mod fleet;
 mod hostile_bundle;
 mod hostile_keen;
 mod init;
 mod keen;
+mod lifecycle;
 mod limits;
 mod permissions;
 mod privacy;

@@ -46,17 +46,17 @@ pub async fn run(cmd: Command) -> anyhow::Result<i32> {
                 .into_inner()
                 .artifacts;
             match client.output {
-                Output::Json => view::print_json(&Value::Array(
+                Output::Json | Output::Yaml => view::print_value(client.output, &Value::Array(
                     list.iter()
                         .map(|a| json!({"id": a.artifact_id, "name": a.name, "media_type": a.media_type, "size": a.size, "task": a.task_id, "created_at": view::time(a.created_at_ms)}))
                         .collect(),
                 )),
                 Output::Table => {
-                    let mut t = view::table(&["ID", "NAME", "TYPE", "SIZE", "TASK", "AGE"]);
+                    let mut t = view::table(&["ID", "NAME", "TYPE", "SIZE", "TASK", "AGE"]).keep(&["TASK"]);
                     for a in &list {
                         t.add_row(vec![a.artifact_id.clone(), a.name.clone(), a.media_type.clone(), a.size.to_string(), a.task_id.clone(), view::age(a.created_at_ms)]);
                     }
-                    if list.is_empty() { println!("no artifacts") } else { println!("{t}") }
+                    if list.is_empty() { crate::outln!("no artifacts") } else { crate::outln!("{t}") }
                 }
             }
             Ok(0)

@@ -58,7 +58,10 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         .into_inner()
         .entries;
     match args.client.output {
-        Output::Json => view::print_json(&Value::Array(entries.iter().map(entry_json).collect())),
+        Output::Json | Output::Yaml => view::print_value(
+            args.client.output,
+            &Value::Array(entries.iter().map(entry_json).collect()),
+        ),
         Output::Table => {
             let mut t = view::table(&["TIME", "TOKEN", "NAMESPACE", "CALL", "TARGET", "OUTCOME"]);
             for e in &entries {

@@ -214,7 +214,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     drop(tmp);
     let report = result?;
     match args.output {
-        Output::Json => view::print_json(&report),
+        Output::Json | Output::Yaml => view::print_value(args.output, &report),
         Output::Table => print_table(&report),
     }
     // A benchmark whose tasks failed measured something else: say so in the exit code.
@@ -764,7 +764,7 @@ fn print_table(r: &Value) {
         Some(x) => format!("{x:.2}"),
         None => v.to_string(),
     };
-    println!(
+    crate::outln!(
         "agen bench ({} build, {} cores, load {}, {}): {} tasks, {} clients, {} replica(s) x {} task(s) at a time, {} call(s) of {} per task",
         r["build"].as_str().unwrap_or(""),
         r["cores"],
@@ -777,7 +777,7 @@ fn print_table(r: &Value) {
         r["tool_calls_per_task"],
         r["tool"].as_str().unwrap_or("")
     );
-    println!(
+    crate::outln!(
         "succeeded {} failed {} in {} s: {} tasks/s",
         r["succeeded"],
         r["failed"],
@@ -785,7 +785,7 @@ fn print_table(r: &Value) {
         f(&r["throughput_tasks_per_s"])
     );
     for e in r["failures"].as_array().into_iter().flatten() {
-        println!("  failure: {}", e.as_str().unwrap_or(""));
+        crate::outln!("  failure: {}", e.as_str().unwrap_or(""));
     }
     let mut t = view::table(&["ms", "n", "mean", "p50", "p90", "p99", "max"]);
     let mut row = |name: &str, s: &Value| {
@@ -815,15 +815,15 @@ fn print_table(r: &Value) {
         "tool call, in run (span)",
         &r["tool_call"]["in_run_span_ms"],
     );
-    println!("{t}");
+    crate::outln!("{t}");
     let tc = &r["tool_call"];
-    println!(
+    crate::outln!(
         "tool call in a run / raw MCP call: {}x (overhead {} ms per call, ms-resolution spans)",
         f(&tc["ratio_in_run_to_raw"]),
         f(&tc["overhead_ms"])
     );
     if !tc["in_run_round_ms"].is_null() {
-        println!(
+        crate::outln!(
             "one tool round in a run (task with tools - task without, per call; includes a model turn): {} ms = {}x the raw call",
             f(&tc["in_run_round_ms"]),
             f(&tc["ratio_round_to_raw"])

@@ -27,8 +27,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         .map_err(|s| status_error(&hub, s))?
         .into_inner();
     match args.client.output {
-        Output::Json => view::print_json(&view::task_json(&t)),
-        Output::Table => println!("task {} {}", t.task_id, view::task_state(t.state)),
+        Output::Json | Output::Yaml => view::print_value(args.client.output, &view::task_json(&t)),
+        Output::Table => crate::outln!("task {} {}", t.task_id, view::task_state(t.state)),
     }
     Ok(0)
 }

@@ -1,5 +1,6 @@
-//! `agen deploy DIR --name NAME`: validates the bundle locally (a bad bundle changes nothing),
-//! uploads it content-addressed, then creates or rolls the deployment.
+//! `agen deploy DIR [--name NAME]`: validates the bundle locally (a bad bundle changes
+//! nothing), uploads it content-addressed, then creates or rolls the deployment (named after
+//! the bundle's agent unless `--name` says otherwise, as `agen up --deploy` does).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -17,9 +18,9 @@ use crate::view;
 pub struct Args {
     /// The bundle folder
     pub dir: PathBuf,
-    /// Deployment name
+    /// Deployment name (default: the bundle's name: `name` in x-agen/agent.md, else the folder's)
     #[arg(long)]
-    pub name: String,
+    pub name: Option<String>,
     /// Number of instances
     #[arg(long, default_value_t = 1)]
     pub replicas: u32,
@@ -46,15 +47,16 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     let loaded = match validate(&args.dir) {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("error: bundle {} is not valid: {e}", args.dir.display());
-            return Ok(64);
+            eprintln!("error: bundle {} is not valid: {e:#}", args.dir.display());
+            return Ok(crate::exit::code::USAGE);
         }
     };
+    let name = args.name.clone().unwrap_or_else(|| default_name(&loaded));
     let mut hub = args.client.connect()?;
     let deployment = deploy(
         &mut hub,
         &args.dir,
-        &args.name,
+        &name,
         args.replicas,
         args.concurrency,
         &args.selector,
@@ -67,23 +69,23 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         .client
         .get_deployment(pb::GetDeploymentRequest {
             namespace: hub.namespace.clone(),
-            name: args.name.clone(),
+            name: name.clone(),
         })
         .await
         .map_err(|s| status_error(&hub, s))?
         .into_inner();
     let dep = d.deployment.unwrap_or(deployment);
     match args.client.output {
-        Output::Json => {
+        Output::Json | Output::Yaml => {
             let mut v = view::deployment_json(&dep);
             v["instances"] = json!(d
                 .instances
                 .iter()
                 .map(view::instance_json)
                 .collect::<Vec<_>>());
-            view::print_json(&v);
+            view::print_value(args.client.output, &v);
         }
-        Output::Table => println!(
+        Output::Table => crate::outln!(
             "deployed {}/{} ({} {}, generation {}, {}/{} ready) from {}",
             dep.namespace,
             dep.name,
@@ -96,6 +98,11 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         ),
     }
     Ok(0)
+}
+
+/// The deployment name a bundle gets when none is given: its agent's name, lowercased.
+pub fn default_name(b: &bundle::Bundle) -> String {
+    b.agent.name.to_lowercase()
 }
 
 /// Every check a bundle gets before it leaves this machine: the bundle format (agen-shared)
@@ -183,9 +190,12 @@ pub async fn wait_ready(
                     && view::instance_state(i.state) == "running"
             })
             .count();
+        // Only live instances of older generations hold a rollout up: lost and stopped ones
+        // are history, not work.
         let old = list
             .iter()
             .filter(|i| i.generation != dep.generation)
+            .filter(|i| !matches!(view::instance_state(i.state), "lost" | "stopped"))
             .count();
         if ready as u32 >= dep.replicas && old == 0 {
             return Ok(());

@@ -18,7 +18,7 @@ pub struct Args {
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// Address to listen on
-    #[arg(long, default_value = agen_hub::config::DEFAULT_LISTEN)]
+    #[arg(long, env = "AGEN_HUB_LISTEN", default_value = agen_hub::config::DEFAULT_LISTEN)]
     pub listen: SocketAddr,
     /// Serve plaintext gRPC instead of TLS (only on a loopback address)
     #[arg(long)]

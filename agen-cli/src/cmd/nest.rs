@@ -27,7 +27,8 @@ pub struct Args {
     /// [default: ~/.local/share/agen/nest]
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
-    /// The Nest's name in `agen nests` [default: the host name]
+    /// The Nest's name in `agen nests` [default: the host name for the first Nest on a host,
+    /// `<host>-<6 hex of sha256(data dir)>` for others]
     #[arg(long)]
     pub name: Option<String>,
     /// A label for placement selectors (repeatable)
@@ -76,7 +77,13 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     };
     let mut opts = NestOptions::new(args.hub, join);
     opts.data_dir = args.data_dir.unwrap_or_else(default_data_dir);
-    opts.name = args.name.unwrap_or_else(host_name);
+    match args.name {
+        Some(name) => opts.name = name,
+        None => {
+            opts.name = host_name();
+            opts.fallback_name = agen_nest::config::fallback_name(&opts.data_dir);
+        }
+    }
     opts.labels = labels;
     opts.capacity = args.capacity;
     opts.agen_bin =

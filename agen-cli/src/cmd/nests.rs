@@ -1,6 +1,8 @@
-//! `agen nests`: nodes, their liveness and capacity; `agen nests revoke|forget NEST` (name or
-//! id, cluster admin): revoke disconnects a Nest and refuses it from then on; forget drops its
-//! identity (its certificate is refused for good) so that its id may join again.
+//! `agen nests`: nodes, their liveness and capacity; `agen nests cordon|uncordon|drain NEST`:
+//! no new placements, placements again, or cordon and move its instances away now;
+//! `agen nests revoke|forget NEST` (cluster admin): revoke disconnects a Nest and refuses it
+//! from then on; forget drops its identity (its certificate is refused for good) so that its
+//! id may join again. NEST is a name or an id.
 
 use agen_proto::v1 as pb;
 use serde_json::Value;
@@ -17,8 +19,24 @@ pub struct Args {
     pub client: ClientArgs,
 }
 
+/// What `agen nests` does to one Nest (without one: lists them).
 #[derive(Debug, clap::Subcommand)]
 pub enum Action {
+    /// No new placements on NEST (what runs there keeps running)
+    Cordon {
+        /// The Nest's name or id
+        nest: String,
+    },
+    /// Placements on NEST again
+    Uncordon {
+        /// The Nest's name or id
+        nest: String,
+    },
+    /// Cordon NEST and move its instances to other Nests now (their runs are handed over)
+    Drain {
+        /// The Nest's name or id
+        nest: String,
+    },
     /// Disconnect a Nest and refuse it from now on (its instances are replaced elsewhere)
     Revoke {
         /// The Nest's name or id
@@ -43,17 +61,21 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 "forgotten",
                 hub.client.forget_nest(pb::ForgetNestRequest { nest }).await,
             ),
+            lifecycle => return nest_lifecycle(&mut hub, lifecycle, args.client.output).await,
         };
         let id = result.map_err(|s| status_error(&hub, s))?.into_inner();
         match args.client.output {
-            Output::Json => view::print_json(&serde_json::json!({
-                "nest_id": id.nest_id,
-                "name": id.name,
-                "key_sha256": id.key_sha256,
-                "joined_at": view::time(id.joined_at_ms),
-                "revoked_at": view::time(id.revoked_at_ms),
-            })),
-            Output::Table => println!("nest {} ({}) {verb}", id.name, id.nest_id),
+            Output::Table => crate::outln!("nest {} ({}) {verb}", id.name, id.nest_id),
+            output => view::print_value(
+                output,
+                &serde_json::json!({
+                    "nest_id": id.nest_id,
+                    "name": id.name,
+                    "key_sha256": id.key_sha256,
+                    "joined_at": view::time(id.joined_at_ms),
+                    "revoked_at": view::time(id.revoked_at_ms),
+                }),
+            ),
         }
         return Ok(0);
     }
@@ -65,9 +87,10 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         .into_inner()
         .nests;
     match args.client.output {
-        Output::Json => {
-            view::print_json(&Value::Array(nests.iter().map(view::nest_json).collect()))
-        }
+        Output::Json | Output::Yaml => view::print_value(
+            args.client.output,
+            &Value::Array(nests.iter().map(view::nest_json).collect()),
+        ),
         Output::Table => {
             let mut t = view::table(&[
                 "NAME",
@@ -77,7 +100,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 "LAST HEARTBEAT",
                 "VERSION",
                 "ID",
-            ]);
+            ])
+            .keep(&["STATE", "ID"]);
             for n in &nests {
                 let mut labels: Vec<_> = n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 labels.sort();
@@ -85,6 +109,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                     n.name.clone(),
                     if n.revoked {
                         format!("{} (revoked)", view::nest_state(n.state))
+                    } else if n.cordoned {
+                        format!("{},cordoned", view::nest_state(n.state))
                     } else {
                         view::nest_state(n.state).to_owned()
                     },
@@ -100,11 +126,40 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 ]);
             }
             if nests.is_empty() {
-                println!("no nests have joined this Hub");
+                crate::outln!("no nests have joined this Hub");
             } else {
-                println!("{t}");
+                crate::outln!("{t}");
             }
         }
+    }
+    Ok(0)
+}
+
+/// `agen nests cordon|uncordon|drain NEST`.
+async fn nest_lifecycle(
+    hub: &mut crate::client::Hub,
+    action: Action,
+    output: Output,
+) -> anyhow::Result<i32> {
+    let (verb, nest) = match &action {
+        Action::Cordon { nest } => ("cordoned", nest.clone()),
+        Action::Uncordon { nest } => ("uncordoned", nest.clone()),
+        Action::Drain { nest } => ("drained", nest.clone()),
+        Action::Revoke { nest } | Action::Forget { nest } => ("", nest.clone()),
+    };
+    let req = pb::NestRequest { nest };
+    let result = match action {
+        Action::Cordon { .. } => hub.client.cordon_nest(req).await,
+        Action::Uncordon { .. } => hub.client.uncordon_nest(req).await,
+        Action::Drain { .. } => hub.client.drain_nest(req).await,
+        Action::Revoke { .. } | Action::Forget { .. } => {
+            anyhow::bail!("revoke and forget are not lifecycle actions")
+        }
+    };
+    let n = result.map_err(|s| status_error(hub, s))?.into_inner();
+    match output {
+        Output::Table => crate::outln!("nest {} {verb}", n.name),
+        output => view::print_value(output, &view::nest_json(&n)),
     }
     Ok(0)
 }

@@ -35,9 +35,10 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             .into_inner()
             .instances;
         match args.client.output {
-            Output::Json => view::print_json(&Value::Array(
-                instances.iter().map(view::instance_json).collect(),
-            )),
+            Output::Json | Output::Yaml => view::print_value(
+                args.client.output,
+                &Value::Array(instances.iter().map(view::instance_json).collect()),
+            ),
             Output::Table => {
                 let mut t = view::table(&[
                     "NAMESPACE",
@@ -49,7 +50,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                     "TOOLS",
                     "NOT CONNECTED",
                     "MESSAGE",
-                ]);
+                ])
+                .keep(&["DEPLOYMENT", "INSTANCE", "NEST", "STATE"]);
                 for i in &instances {
                     let nc = i
                         .servers_not_connected
@@ -84,9 +86,9 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                     ]);
                 }
                 if instances.is_empty() {
-                    println!("no instances");
+                    crate::outln!("no instances");
                 } else {
-                    println!("{t}");
+                    crate::outln!("{t}");
                 }
             }
         }
@@ -103,9 +105,10 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         .into_inner()
         .deployments;
     match args.client.output {
-        Output::Json => view::print_json(&Value::Array(
-            deployments.iter().map(view::deployment_json).collect(),
-        )),
+        Output::Json | Output::Yaml => view::print_value(
+            args.client.output,
+            &Value::Array(deployments.iter().map(view::deployment_json).collect()),
+        ),
         Output::Table => {
             let mut t = view::table(&["NAME", "AGENT", "READY", "GENERATION", "BUNDLE", "AGE"]);
             for d in &deployments {
@@ -119,9 +122,9 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 ]);
             }
             if deployments.is_empty() {
-                println!("no deployments in namespace {}", hub.namespace);
+                crate::outln!("no deployments in namespace {}", hub.namespace);
             } else {
-                println!("{t}");
+                crate::outln!("{t}");
             }
         }
     }

@@ -26,14 +26,14 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         .map_err(|s| status_error(&hub, s))?
         .into_inner();
     match args.client.output {
-        Output::Json => view::print_json(&view::task_json(&t)),
+        Output::Json | Output::Yaml => view::print_value(args.client.output, &view::task_json(&t)),
         Output::Table => {
             let v = view::task_json(&t);
-            println!("task:        {}", t.task_id);
-            println!("deployment:  {}/{}", t.namespace, t.deployment);
-            println!("state:       {}", view::task_state(t.state));
+            crate::outln!("task:        {}", t.task_id);
+            crate::outln!("deployment:  {}/{}", t.namespace, t.deployment);
+            crate::outln!("state:       {}", view::task_state(t.state));
             if !t.activity.is_empty() {
-                println!("activity:    {}", t.activity);
+                crate::outln!("activity:    {}", t.activity);
             }
             if let Some(p) = &t.progress {
                 let count = match (p.done, p.total) {
@@ -41,7 +41,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                     (Some(d), None) => format!(" ({d})"),
                     _ => String::new(),
                 };
-                println!(
+                crate::outln!(
                     "progress:    {}{count}{}",
                     p.step,
                     if p.note.is_empty() {
@@ -52,14 +52,14 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 );
             }
             if !t.instance_id.is_empty() {
-                println!("instance:    {} on {}", t.instance_id, t.nest_name);
+                crate::outln!("instance:    {} on {}", t.instance_id, t.nest_name);
             }
             if let Some(o) = v.get("outcome").filter(|o| !o.is_null()) {
-                println!(
+                crate::outln!(
                     "response:    {}",
                     o["response_type"].as_str().unwrap_or("text")
                 );
-                println!("result:\n{}", o["result"].as_str().unwrap_or(""));
+                crate::outln!("result:\n{}", o["result"].as_str().unwrap_or(""));
             }
         }
     }

@@ -114,10 +114,12 @@ pub async fn run(cmd: Command) -> anyhow::Result<i32> {
                 .into_inner();
             let secret = resp.secret.unwrap_or_default();
             match client.output {
-                Output::Json => view::print_json(&secret_json(&secret)),
+                Output::Json | Output::Yaml => {
+                    view::print_value(client.output, &secret_json(&secret))
+                }
                 Output::Table => {
                     let verb = if resp.replaced { "updated" } else { "set" };
-                    println!("secret {name} {verb} in namespace {}", secret.namespace);
+                    crate::outln!("secret {name} {verb} in namespace {}", secret.namespace);
                 }
             }
             Ok(0)
@@ -134,9 +136,10 @@ pub async fn run(cmd: Command) -> anyhow::Result<i32> {
                 .into_inner()
                 .secrets;
             match client.output {
-                Output::Json => {
-                    view::print_json(&Value::Array(secrets.iter().map(secret_json).collect()))
-                }
+                Output::Json | Output::Yaml => view::print_value(
+                    client.output,
+                    &Value::Array(secrets.iter().map(secret_json).collect()),
+                ),
                 Output::Table => {
                     let mut t = view::table(&["NAME", "NAMESPACE", "CREATED", "UPDATED"]);
                     for s in &secrets {
@@ -148,12 +151,12 @@ pub async fn run(cmd: Command) -> anyhow::Result<i32> {
                         ]);
                     }
                     if secrets.is_empty() {
-                        println!(
+                        crate::outln!(
                             "no secrets in namespace {}; set one with agen secrets set NAME",
                             hub.namespace
                         );
                     } else {
-                        println!("{t}");
+                        crate::outln!("{t}");
                     }
                 }
             }
@@ -169,9 +172,10 @@ pub async fn run(cmd: Command) -> anyhow::Result<i32> {
                 .await
                 .map_err(|s| status_error(&hub, s))?;
             if client.output == Output::Table {
-                println!("secret {name} deleted from namespace {}", hub.namespace);
+                crate::outln!("secret {name} deleted from namespace {}", hub.namespace);
             } else {
-                view::print_json(
+                view::print_value(
+                    client.output,
                     &json!({"name": name, "namespace": hub.namespace, "deleted": true}),
                 );
             }

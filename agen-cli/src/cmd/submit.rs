@@ -1,9 +1,10 @@
-//! `agen submit DEPLOYMENT INPUT`: queues a task and prints its id alone on stdout
-//! (`--wait` then waits like `agen wait`).
+//! `agen submit DEPLOYMENT INPUT`: queues a task and prints its id alone on stdout, or the
+//! task as an object with `-o json|yaml` (`--wait` then waits like `agen wait` and prints the
+//! ended task instead).
 
 use agen_proto::v1 as pb;
 
-use crate::client::{status_error, ClientArgs};
+use crate::client::{status_error, ClientArgs, Output};
 use crate::view;
 
 /// Arguments of `agen submit`.
@@ -56,9 +57,15 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             Err(s) => return Err(status_error(&hub, s)),
         }
     };
-    println!("{}", task.task_id);
     if args.wait {
+        if args.client.output == Output::Table {
+            crate::outln!("{}", task.task_id);
+        }
         return crate::cmd::wait::follow(&mut hub, &task.task_id, args.client.output, None).await;
+    }
+    match args.client.output {
+        Output::Table => crate::outln!("{}", task.task_id),
+        output => view::print_value(output, &view::task_json(&task)),
     }
     Ok(0)
 }

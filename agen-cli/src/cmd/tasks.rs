@@ -58,11 +58,13 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     }
     tasks.truncate(wanted);
     match args.client.output {
-        Output::Json => {
-            view::print_json(&Value::Array(tasks.iter().map(view::task_json).collect()))
-        }
+        Output::Json | Output::Yaml => view::print_value(
+            args.client.output,
+            &Value::Array(tasks.iter().map(view::task_json).collect()),
+        ),
         Output::Table => {
-            let mut t = view::table(&["TASK", "DEPLOYMENT", "STATE", "ACTIVITY / RESULT", "AGE"]);
+            let mut t = view::table(&["TASK", "DEPLOYMENT", "STATE", "ACTIVITY / RESULT", "AGE"])
+                .keep(&["DEPLOYMENT", "STATE"]);
             for task in &tasks {
                 let what = match &task.outcome {
                     Some(o) if view::task_terminal(task.state) => {
@@ -84,9 +86,9 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 ]);
             }
             if tasks.is_empty() {
-                println!("no tasks");
+                crate::outln!("no tasks");
             } else {
-                println!("{t}");
+                crate::outln!("{t}");
             }
         }
     }

@@ -97,10 +97,10 @@ fn when(ms: i64) -> String {
 
 fn print_secret(output: Output, resp: &pb::CreateTokenResponse) {
     match output {
-        Output::Json => {
+        Output::Json | Output::Yaml => {
             let mut v = resp.token.as_ref().map(token_json).unwrap_or(json!({}));
             v["secret"] = json!(resp.secret);
-            view::print_json(&v);
+            view::print_value(output, &v);
         }
         Output::Table => {
             if let Some(t) = &resp.token {
@@ -160,9 +160,10 @@ pub async fn run(cmd: Command) -> anyhow::Result<i32> {
                 .into_inner()
                 .tokens;
             match client.output {
-                Output::Json => {
-                    view::print_json(&Value::Array(tokens.iter().map(token_json).collect()))
-                }
+                Output::Json | Output::Yaml => view::print_value(
+                    client.output,
+                    &Value::Array(tokens.iter().map(token_json).collect()),
+                ),
                 Output::Table => {
                     let mut t = view::table(&[
                         "ID",
@@ -237,8 +238,8 @@ pub async fn run(cmd: Command) -> anyhow::Result<i32> {
                 .map_err(|s| status_error(&hub, s))?
                 .into_inner();
             match client.output {
-                Output::Json => view::print_json(&token_json(&t)),
-                Output::Table => println!("token {} ({}) revoked", t.id, t.name),
+                Output::Table => crate::outln!("token {} ({}) revoked", t.id, t.name),
+                output => view::print_value(output, &token_json(&t)),
             }
         }
     }

@@ -28,7 +28,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         .await
         .map_err(|s| status_error(&hub, s))?
         .into_inner();
-    if args.client.output == Output::Json {
+    if args.client.output != Output::Table {
         let spans: Vec<_> = trace
             .spans
             .iter()
@@ -40,7 +40,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 })
             })
             .collect();
-        crate::view::print_json(
+        crate::view::print_value(
+            args.client.output,
             &json!({"task": trace.task_id, "trace_id": trace.trace_id, "spans": spans}),
         );
         return Ok(0);
@@ -53,10 +54,10 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             .push(s);
     }
     let t0 = trace.spans.iter().map(|s| s.start_ms).min().unwrap_or(0);
-    println!("trace {} (task {})", trace.trace_id, trace.task_id);
+    crate::outln!("trace {} (task {})", trace.trace_id, trace.task_id);
     let mut table = crate::view::table(&["SPAN", "START", "DURATION", "STATUS"]);
     fn walk(
-        table: &mut comfy_table::Table,
+        table: &mut crate::view::Table,
         children: &BTreeMap<&str, Vec<&pb::Span>>,
         parent: &str,
         depth: usize,
@@ -78,9 +79,9 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     }
     walk(&mut table, &children, "", 0, t0);
     if trace.spans.is_empty() {
-        println!("(no spans yet)");
+        crate::outln!("(no spans yet)");
     } else {
-        println!("{table}");
+        crate::outln!("{table}");
     }
     Ok(0)
 }

@@ -90,13 +90,13 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     let host = agen_nest::config::host_name();
     let mut nests = Vec::new();
     for i in 1..=args.nests.max(1) {
+        let mut opts = agen_nest::config::NestOptions::new(hub.url.clone(), hub.join_token.clone());
+        opts.data_dir = data_dir.join("nests").join(format!("nest-{i}"));
         let name = if i == 1 {
             host.clone()
         } else {
-            format!("{host}-{i}")
+            agen_nest::config::fallback_name(&opts.data_dir)
         };
-        let mut opts = agen_nest::config::NestOptions::new(hub.url.clone(), hub.join_token.clone());
-        opts.data_dir = data_dir.join("nests").join(format!("nest-{i}"));
         opts.name = name;
         opts.agen_bin = agen_bin.clone();
         let token = shutdown.child_token();
@@ -150,10 +150,9 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
 async fn deploy_all(client: ClientArgs, dirs: Vec<PathBuf>) -> anyhow::Result<()> {
     let mut hub = client.connect()?;
     for dir in dirs {
-        let name = std::fs::canonicalize(&dir)
-            .ok()
-            .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .unwrap_or_else(|| "agent".into());
+        let name = crate::cmd::deploy::validate(&dir)
+            .map(|b| crate::cmd::deploy::default_name(&b))
+            .with_context(|| format!("bundle {} is not valid", dir.display()))?;
         let dep = crate::cmd::deploy::deploy(&mut hub, &dir, &name, 1, 1, &[]).await?;
         crate::cmd::deploy::wait_ready(&mut hub, &dep, Duration::from_secs(120)).await?;
         eprintln!("agen up: deployed {} from {}", name, dir.display());

@@ -1,6 +1,6 @@
 //! `agen wait TASK`: follows a task until it ends, showing what the run is doing on stderr,
 //! then prints the answer (or the task as JSON). Exit 0 when it succeeded, 1 when it failed,
-//! 2 when it was cancelled, 124 on `--timeout`.
+//! 3 when it was cancelled, 7 on `--timeout` (`crate::exit`).
 
 use std::time::Duration;
 
@@ -9,14 +9,14 @@ use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::client::{status_error, ClientArgs, Hub, Output};
-use crate::view;
+use crate::{exit, view};
 
 /// Arguments of `agen wait`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The task id
     pub task: String,
-    /// Give up after this long (exit 124)
+    /// Give up after this long (exit 7)
     #[arg(long, value_parser = crate::cmd::parse_duration)]
     pub timeout: Option<Duration>,
     #[command(flatten)]
@@ -43,7 +43,7 @@ pub async fn follow(
             Err(_) => {
                 bar.finish_and_clear();
                 eprintln!("task {task} did not end within {t:?}");
-                return Ok(124);
+                return Ok(exit::code::WAIT_TIMEOUT);
             }
         },
         None => fut.await,
@@ -56,22 +56,22 @@ pub async fn follow(
 
 pub fn exit_code(t: &pb::Task) -> i32 {
     match view::task_state(t.state) {
-        "succeeded" => 0,
-        "cancelled" => 2,
-        _ => 1,
+        "succeeded" => exit::code::OK,
+        "cancelled" => exit::code::CANCELLED,
+        _ => exit::code::FAILED,
     }
 }
 
 pub fn print_outcome(t: &pb::Task, output: Output) {
     match output {
-        Output::Json => view::print_json(&view::task_json(t)),
+        Output::Json | Output::Yaml => view::print_value(output, &view::task_json(t)),
         Output::Table => {
             let o = t.outcome.clone().unwrap_or_default();
             match view::task_state(t.state) {
-                "succeeded" => println!("{}", o.result),
+                "succeeded" => crate::outln!("{}", o.result),
                 state => {
                     if !o.result.is_empty() {
-                        println!("{}", o.result);
+                        crate::outln!("{}", o.result);
                     }
                     let why = if o.error.is_empty() {
                         String::new()

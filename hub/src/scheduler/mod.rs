@@ -123,7 +123,7 @@ pub fn plan(replicas: u32, generation: u64, instances: &[InstView]) -> Plan {
     let mut old: Vec<&InstView> = Vec::new();
     for i in instances {
         match i.state {
-            InstanceState::Lost | InstanceState::Stopping => {}
+            InstanceState::Lost | InstanceState::Stopping | InstanceState::Stopped => {}
             InstanceState::Unhealthy => out.replace.push(i.instance_id.clone()),
             _ if i.generation == generation => current.push(i),
             // An old-generation placement that never started is of no use.

@@ -153,23 +153,22 @@ impl AgenService for AgenApi {
         (self.access)
             .check_delegates(&who, &r.namespace, &r.bundle_digest)
             .await?;
+        let by = super::lifecycle::caller(&request, &who);
         let r = request.into_inner();
         check_namespace(&r.namespace)?;
         limits::validate_name("name", &r.name)?;
         check_id("bundle_digest", &r.bundle_digest)?;
         let selector = r.selector.into_iter().collect();
         self.core.opts.limits.check_labels("selector", &selector)?;
-        let rec = self
-            .core
-            .create_deployment(DeploymentSpec {
-                namespace: r.namespace,
-                name: r.name,
-                bundle_digest: r.bundle_digest,
-                replicas: r.replicas,
-                selector,
-                concurrency: r.concurrency,
-            })
-            .await?;
+        let spec = DeploymentSpec {
+            namespace: r.namespace,
+            name: r.name,
+            bundle_digest: r.bundle_digest,
+            replicas: r.replicas,
+            selector,
+            concurrency: r.concurrency,
+        };
+        let rec = self.core.deploy_as(spec, &by, "deploy").await?;
         let (view, _) = self.core.get_deployment(&rec.namespace, &rec.name)?;
         Ok(Response::new(convert::deployment(&view)))
     }
@@ -207,15 +206,18 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::DeleteDeploymentRequest>,
     ) -> Result<Response<pb::DeleteDeploymentResponse>, Status> {
-        authorize(
+        let who = authorize(
             &request,
             &request.get_ref().namespace,
             Action::Deploy,
             &request.get_ref().name,
         )?;
+        let by = super::lifecycle::caller(&request, &who);
         let r = request.into_inner();
         check_namespace(&r.namespace)?;
-        self.core.delete_deployment(&r.namespace, &r.name).await?;
+        self.core
+            .remove_deployment(&r.namespace, &r.name, &by)
+            .await?;
         Ok(Response::new(pb::DeleteDeploymentResponse {}))
     }
 
@@ -331,7 +333,7 @@ impl AgenService for AgenApi {
         tokio::spawn(async move {
             let mut last = r.from_seq.saturating_sub(1);
             for e in &stored {
-                // Replayed events carry the task as it is now.
+                // Replayed events carry the task as it was after each of them.
                 if tx.send(Ok(convert::task_event(e, &task))).await.is_err() {
                     return;
                 }
@@ -438,7 +440,7 @@ impl AgenService for AgenApi {
         let page = self.core.list_tasks(&TaskFilter {
             namespace: r.namespace,
             deployment: r.deployment,
-            state: r.state,
+            state: convert::task_state_filter(r.task_state, r.state),
             conversation_key: r.conversation_key,
             page_size: if r.page_size == 0 {
                 r.limit
@@ -609,5 +611,47 @@ impl AgenService for AgenApi {
         request: Request<pb::ForgetNestRequest>,
     ) -> Result<Response<pb::NestIdentity>, Status> {
         self.access.forget_nest(request).await
+    }
+
+    async fn scale_deployment(
+        &self,
+        request: Request<pb::ScaleDeploymentRequest>,
+    ) -> Result<Response<pb::Deployment>, Status> {
+        super::lifecycle::scale(&self.core, request).await
+    }
+
+    async fn list_deployment_history(
+        &self,
+        request: Request<pb::ListDeploymentHistoryRequest>,
+    ) -> Result<Response<pb::ListDeploymentHistoryResponse>, Status> {
+        super::lifecycle::history(&self.core, request)
+    }
+
+    async fn rollback_deployment(
+        &self,
+        request: Request<pb::RollbackDeploymentRequest>,
+    ) -> Result<Response<pb::Deployment>, Status> {
+        super::lifecycle::rollback(&self.core, request).await
+    }
+
+    async fn cordon_nest(
+        &self,
+        request: Request<pb::NestRequest>,
+    ) -> Result<Response<pb::Nest>, Status> {
+        super::lifecycle::cordon(&self.core, request).await
+    }
+
+    async fn uncordon_nest(
+        &self,
+        request: Request<pb::NestRequest>,
+    ) -> Result<Response<pb::Nest>, Status> {
+        super::lifecycle::uncordon(&self.core, request).await
+    }
+
+    async fn drain_nest(
+        &self,
+        request: Request<pb::NestRequest>,
+    ) -> Result<Response<pb::Nest>, Status> {
+        super::lifecycle::drain(&self.core, request).await
     }
 }

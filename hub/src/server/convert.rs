@@ -32,6 +32,7 @@ fn instance_state(s: InstanceState) -> pb::InstanceState {
         InstanceState::Running => pb::InstanceState::Running,
         InstanceState::Unhealthy => pb::InstanceState::Unhealthy,
         InstanceState::Stopping => pb::InstanceState::Stopping,
+        InstanceState::Stopped => pb::InstanceState::Stopped,
         InstanceState::Lost => pb::InstanceState::Lost,
     }
 }
@@ -44,6 +45,7 @@ fn instance_state_from(v: i32) -> Option<InstanceState> {
         pb::InstanceState::Running => InstanceState::Running,
         pb::InstanceState::Unhealthy => InstanceState::Unhealthy,
         pb::InstanceState::Stopping => InstanceState::Stopping,
+        pb::InstanceState::Stopped => InstanceState::Stopped,
         pb::InstanceState::Lost => InstanceState::Lost,
     })
 }
@@ -94,7 +96,25 @@ pub fn nest(n: &NestRec, instances: u32) -> pb::Nest {
         registered_at_ms: n.registered_at_ms,
         // Set by ListNests from the Nest identities.
         revoked: false,
+        cordoned: n.cordoned,
     }
+}
+
+/// The state filter of `ListTasks`: the `task_state` enum when set, else the deprecated
+/// `state` string (checked by the core either way). An unknown enum value is passed on as a
+/// name the core refuses with a clear message.
+pub fn task_state_filter(task_state: i32, state: String) -> String {
+    let from_enum = match pb::TaskState::try_from(task_state) {
+        Ok(pb::TaskState::Unspecified) => return state,
+        Ok(pb::TaskState::Queued) => TaskState::Queued,
+        Ok(pb::TaskState::Running) => TaskState::Running,
+        Ok(pb::TaskState::Waiting) => TaskState::Waiting,
+        Ok(pb::TaskState::Succeeded) => TaskState::Succeeded,
+        Ok(pb::TaskState::Failed) => TaskState::Failed,
+        Ok(pb::TaskState::Cancelled) => TaskState::Cancelled,
+        Err(_) => return format!("task_state {task_state}"),
+    };
+    from_enum.as_str().to_string()
 }
 
 fn task_state(s: TaskState) -> pb::TaskState {
@@ -178,13 +198,16 @@ pub fn parse_page_token(token: &str) -> Result<Option<u64>, HubError> {
         })
 }
 
+/// A task event with the task as it was right after it (its snapshot over `t`, the task now;
+/// events stored before snapshots were kept carry `t` itself).
 pub fn task_event(e: &TaskEventRec, t: &TaskRec) -> pb::TaskEvent {
+    let then = e.snapshot.as_ref().map(|s| s.over(t));
     pb::TaskEvent {
         seq: e.seq,
         at_ms: e.at_ms,
         kind: e.kind.clone(),
         json: e.json.clone(),
-        task: Some(task(t)),
+        task: Some(task(then.as_ref().unwrap_or(t))),
     }
 }
 
@@ -234,6 +257,7 @@ pub fn registration(r: &pb::Register) -> Registration {
         capacity: r.capacity,
         version: r.version.clone(),
         instances: r.instances.iter().map(instance_report).collect(),
+        fallback_name: r.fallback_name.clone(),
     }
 }
 

@@ -6,6 +6,7 @@
 mod agen;
 pub mod auth;
 mod convert;
+mod lifecycle;
 mod malformed;
 mod nest;
 mod tokens;
@@ -45,6 +46,8 @@ pub async fn routes(
         core: core.clone(),
         access,
     })
+    .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+    .send_compressed(tonic::codec::CompressionEncoding::Gzip)
     .max_decoding_message_size(MAX_MESSAGE)
     .max_encoding_message_size(MAX_MESSAGE);
     let db = core.db.clone();

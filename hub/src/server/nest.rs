@@ -189,6 +189,12 @@ impl NestService for NestApi {
                             }
                         }
                     }
+                    Some(pb::nest_message::Msg::Leaving(l)) => {
+                        if let Err(e) = core.nest_leaving(&nest_id, conn_id, &l.reason).await {
+                            tracing::error!(nest_id = %nest_id, error = %e, "cannot record a nest leaving");
+                        }
+                        break;
+                    }
                     Some(pb::nest_message::Msg::Register(_)) => {
                         tracing::warn!(nest_id = %nest_id, "ignoring a second Register on one stream; reconnect to re-register");
                         Ok(())

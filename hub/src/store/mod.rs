@@ -64,6 +64,8 @@ pub enum Table {
     /// Nest identities: `id \0 <nest id>` → the key it is bound to; `retired \0 <key sha256>`
     /// → a key forgotten with its Nest (its certificate is refused for good).
     NestIdentities,
+    /// Every generation of every deployment: `namespace/name \0 generation(be)`.
+    DeploymentHistory,
 }
 
 impl Table {
@@ -88,6 +90,7 @@ impl Table {
             Table::Tokens => "tokens",
             Table::Audit => "audit",
             Table::NestIdentities => "nest_identities",
+            Table::DeploymentHistory => "deployment_history",
         }
     }
 }

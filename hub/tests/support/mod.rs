@@ -267,6 +267,7 @@ impl FakeNest {
             capacity: 0,
             version: "test".into(),
             instances: running.clone(),
+            fallback_name: String::new(),
         })))
         .await
         .expect("queue register");

@@ -1,0 +1,28 @@
+//! Standard output of client commands. A closed pipe (`agen tasks | head -1`) is not an
+//! error: the reader has what it wanted, so the process ends quietly with exit 0.
+
+use std::io::Write;
+
+/// Writes `text` and a newline to stdout; on a closed pipe exits 0 at once.
+pub fn line(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let result = out
+        .write_all(text.as_bytes())
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    if let Err(e) = result {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        // Anything else (a full disk behind a redirect) is reported once and ends the command.
+        eprintln!("error: cannot write to standard output: {e}");
+        std::process::exit(crate::exit::code::FAILED);
+    }
+}
+
+/// `println!` for command output: a closed pipe ends the process with exit 0.
+#[macro_export]
+macro_rules! outln {
+    () => { $crate::out::line("") };
+    ($($arg:tt)*) => { $crate::out::line(&format!($($arg)*)) };
+}
