@@ -4,24 +4,40 @@
 //!
 //! Invariants: an artifact's key is `(namespace, sha256:<hex> of its bytes)`, checked against
 //! the bytes before anything is stored, so the same bytes in one namespace are stored once and
-//! saving them again spends no quota; no artifact is larger than [`MAX_ARTIFACT_BYTES`] and no
-//! namespace holds more than [`MAX_NAMESPACE_BYTES`] (checked under one lock, so concurrent
-//! saves cannot pass it together); an artifact is durable (flushed) before its save is answered.
+//! saving them again spends no quota; no artifact is larger than [`MAX_ARTIFACT_BYTES`], no
+//! namespace holds more than `limits.artifact_namespace_bytes` and all of them together no more
+//! than `limits.artifact_total_bytes` (checked under [`Core::artifact_usage`], so concurrent
+//! saves cannot pass a quota together); an artifact is durable (flushed) before its save is
+//! answered. A Nest saves only for a task it runs now and only into that task's namespace, and
+//! reads only in a namespace where it runs a task now ([`Core::check_nest_artifact_put`],
+//! [`Core::check_nest_artifact_read`]), so no namespace comes into being by an artifact.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{HubError, Result};
 use crate::fleet::{namespace_or_default, Core};
+use crate::model::TaskState;
 use crate::store::Table;
 
 /// At most this many bytes per artifact (25 MB).
 pub const MAX_ARTIFACT_BYTES: u64 = 25 * 1000 * 1000;
-/// At most this many bytes of artifacts per namespace (500 MB).
-pub const MAX_NAMESPACE_BYTES: u64 = 500 * 1000 * 1000;
 
-/// Serialises saves so the quota check and the write are one step.
-static SAVE_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Artifact bytes stored, per namespace and in all; `None` until first counted from the store.
+pub(crate) type UsageLock = tokio::sync::Mutex<Option<Usage>>;
+
+#[derive(Debug, Default)]
+pub(crate) struct Usage {
+    by_namespace: std::collections::HashMap<String, u64>,
+    total: u64,
+}
+
+/// The two quotas a save is checked against.
+#[derive(Debug, Clone, Copy)]
+struct Quotas {
+    namespace: u64,
+    total: u64,
+}
 
 /// A stored artifact's metadata.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,16 +77,67 @@ impl Core {
     /// bytes already stored in the namespace (then only the task index grows). Returns what is
     /// stored.
     pub async fn put_artifact(&self, rec: ArtifactRec, bytes: Vec<u8>) -> Result<ArtifactRec> {
-        self.put_artifact_within(rec, bytes, MAX_NAMESPACE_BYTES)
-            .await
+        let quotas = Quotas {
+            namespace: self.opts.limits.artifact_namespace_bytes,
+            total: self.opts.limits.artifact_total_bytes,
+        };
+        self.put_artifact_within(rec, bytes, quotas).await
     }
 
-    /// [`Core::put_artifact`] with the namespace quota as a parameter (tests use a small one).
+    /// Refuses a Nest's save unless it runs `task_id` now (the current, unrevoked attempt was
+    /// sent to it) and the task is in `namespace`. `nest_id` is `None` only on a plaintext
+    /// loopback Hub, where Nests have no certificate: any Nest running the task may save.
+    pub fn check_nest_artifact_put(
+        &self,
+        nest_id: Option<&str>,
+        namespace: &str,
+        task_id: &str,
+    ) -> Result<()> {
+        let namespace = namespace_or_default(namespace);
+        let st = self.lock();
+        let runs_it = st.tasks.get(task_id).is_some_and(|t| {
+            t.namespace == namespace
+                && t.state == TaskState::Running
+                && !t.lease.revoked
+                && nest_id.is_none_or(|n| t.lease.nest_id == n)
+        });
+        if runs_it {
+            Ok(())
+        } else {
+            Err(HubError::PermissionDenied(format!(
+                "artifact for task `{}` in namespace {namespace}: this nest does not run that task now; a nest saves artifacts only for the runs the hub assigned it",
+                crate::limits::prefix(task_id)
+            )))
+        }
+    }
+
+    /// Refuses a Nest's read unless it runs a task of `namespace` now (see
+    /// [`Core::check_nest_artifact_put`] for `None`).
+    pub fn check_nest_artifact_read(&self, nest_id: Option<&str>, namespace: &str) -> Result<()> {
+        let namespace = namespace_or_default(namespace);
+        let st = self.lock();
+        let runs_there = st.tasks.values().any(|t| {
+            t.namespace == namespace
+                && t.state == TaskState::Running
+                && !t.lease.revoked
+                && nest_id.is_none_or(|n| t.lease.nest_id == n)
+        });
+        if runs_there {
+            Ok(())
+        } else {
+            Err(HubError::PermissionDenied(format!(
+                "artifacts of namespace {}: this nest runs no task there now; a nest reads artifacts only for the runs the hub assigned it",
+                crate::limits::prefix(&namespace)
+            )))
+        }
+    }
+
+    /// [`Core::put_artifact`] with the quotas as a parameter (tests use small ones).
     async fn put_artifact_within(
         &self,
         mut rec: ArtifactRec,
         bytes: Vec<u8>,
-        quota: u64,
+        quotas: Quotas,
     ) -> Result<ArtifactRec> {
         rec.namespace = namespace_or_default(&rec.namespace);
         crate::fleet::validate_name("namespace", &rec.namespace)?;
@@ -99,7 +166,13 @@ impl Core {
         if rec.media_type.is_empty() {
             rec.media_type = "application/octet-stream".into();
         }
-        let _guard = SAVE_LOCK.lock().await;
+        let mut usage = self.artifact_usage.lock().await;
+        if usage.is_none() {
+            *usage = Some(self.count_artifact_bytes()?);
+        }
+        let Some(usage) = usage.as_mut() else {
+            return Err(HubError::Internal("artifact usage was not counted".into()));
+        };
         let meta_key = key(&[&rec.namespace, &rec.id]);
         let stored = match self
             .db
@@ -107,11 +180,17 @@ impl Core {
         {
             Some(existing) => existing,
             None => {
-                let used = self.artifact_bytes_used(&rec.namespace)?;
-                if used.saturating_add(rec.size) > quota {
+                let used = usage.by_namespace.get(&rec.namespace).copied().unwrap_or(0);
+                if used.saturating_add(rec.size) > quotas.namespace {
                     return Err(HubError::ResourceExhausted(format!(
                         "namespace {} already holds {used} bytes of artifacts; {} more would pass the limit of {} MB per namespace; save less or clean up old artifacts",
-                        rec.namespace, rec.size, quota / 1_000_000
+                        rec.namespace, rec.size, quotas.namespace / 1_000_000
+                    )));
+                }
+                if usage.total.saturating_add(rec.size) > quotas.total {
+                    return Err(HubError::ResourceExhausted(format!(
+                        "the hub already holds {} bytes of artifacts in all namespaces; {} more would pass its limit of {} MB (agen hub --max-artifact-total-bytes); save less or clean up old artifacts",
+                        usage.total, rec.size, quotas.total / 1_000_000
                     )));
                 }
                 self.db.raw().put(Table::ArtifactData, &meta_key, &bytes)?;
@@ -120,6 +199,8 @@ impl Core {
                     &String::from_utf8_lossy(&meta_key),
                     &rec,
                 )?;
+                *usage.by_namespace.entry(rec.namespace.clone()).or_default() += rec.size;
+                usage.total += rec.size;
                 rec.clone()
             }
         };
@@ -142,16 +223,14 @@ impl Core {
         Ok(stored)
     }
 
-    /// Bytes of artifacts stored in `namespace`.
-    fn artifact_bytes_used(&self, namespace: &str) -> Result<u64> {
-        let mut prefix = namespace.as_bytes().to_vec();
-        prefix.push(0);
-        Ok(self
-            .db
-            .list_json::<ArtifactRec>(Table::ArtifactMeta, &prefix)?
-            .iter()
-            .map(|a| a.size)
-            .sum())
+    /// Bytes of artifacts stored, per namespace and in all, counted from the store.
+    fn count_artifact_bytes(&self) -> Result<Usage> {
+        let mut usage = Usage::default();
+        for a in self.db.list_json::<ArtifactRec>(Table::ArtifactMeta, b"")? {
+            *usage.by_namespace.entry(a.namespace).or_default() += a.size;
+            usage.total += a.size;
+        }
+        Ok(usage)
     }
 
     /// The artifacts of `namespace`, or those `task_id` saved, oldest first.
@@ -272,22 +351,44 @@ mod tests {
         ));
 
         // The namespace quota counts distinct bytes only.
-        core.put_artifact_within(rec("default", "a"), vec![1; 600_000], 1_000_000)
+        let quotas = Quotas {
+            namespace: 1_000_000,
+            total: 1_500_000,
+        };
+        core.put_artifact_within(rec("default", "a"), vec![1; 600_000], quotas)
             .await
             .unwrap();
-        core.put_artifact_within(rec("default", "a2"), vec![1; 600_000], 1_000_000)
+        core.put_artifact_within(rec("default", "a2"), vec![1; 600_000], quotas)
             .await
             .unwrap();
         let err = core
-            .put_artifact_within(rec("default", "b"), vec![2; 600_000], 1_000_000)
+            .put_artifact_within(rec("default", "b"), vec![2; 600_000], quotas)
             .await
             .unwrap_err();
         assert_eq!(
             err.to_string(),
             "namespace default already holds 600000 bytes of artifacts; 600000 more would pass the limit of 1 MB per namespace; save less or clean up old artifacts"
         );
-        core.put_artifact_within(rec("other", "b"), vec![2; 600_000], 1_000_000)
+        core.put_artifact_within(rec("other", "b"), vec![2; 600_000], quotas)
             .await
             .unwrap();
+
+        // All namespaces together: 1.2 MB stored, 0.6 MB more would pass 1.5 MB.
+        let err = core
+            .put_artifact_within(rec("third", "c"), vec![3; 600_000], quotas)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the hub already holds 1200000 bytes of artifacts in all namespaces; 600000 more would pass its limit of 1 MB (agen hub --max-artifact-total-bytes); save less or clean up old artifacts"
+        );
+        // A Hub that starts again counts what is stored.
+        drop(core);
+        let core = super::tests::core(dir.path());
+        let err = core
+            .put_artifact_within(rec("third", "c"), vec![3; 600_000], quotas)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, HubError::ResourceExhausted(_)), "{err}");
     }
 }

@@ -81,6 +81,9 @@ pub struct Core {
     bundle_secrets: Mutex<HashMap<String, Arc<Vec<String>>>>,
     /// `limits.maxAttempts` of each bundle, by digest (read from the bundle once).
     bundle_max_attempts: Mutex<HashMap<String, u32>>,
+    /// Artifact bytes stored per namespace and in all, counted once from the store; holding it
+    /// makes a quota check and its write one step.
+    pub(crate) artifact_usage: crate::artifacts::UsageLock,
 }
 
 pub(crate) use crate::limits::validate_name;
@@ -139,6 +142,7 @@ impl Core {
             stopping: tokio_util::sync::CancellationToken::new(),
             store_ok: tokio::sync::watch::Sender::new(true),
             secrets: SecretStore::new(db.clone(), secret_key),
+            artifact_usage: Default::default(),
             db,
             bundle_secrets: Mutex::new(HashMap::new()),
             bundle_max_attempts: Mutex::new(HashMap::new()),

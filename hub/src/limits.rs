@@ -49,6 +49,10 @@ pub struct Limits {
     /// Bytes queued at the Hub for one Nest before the Nest counts as not reading its stream
     /// and is disconnected (its runs handed over).
     pub nest_queue_bytes: usize,
+    /// Artifact bytes stored per namespace (distinct contents).
+    pub artifact_namespace_bytes: u64,
+    /// Artifact bytes stored in all namespaces together.
+    pub artifact_total_bytes: u64,
 }
 
 impl Default for Limits {
@@ -60,6 +64,8 @@ impl Default for Limits {
             conversation_key_bytes: 256,
             history_bytes: 32 * MIB,
             nest_queue_bytes: 64 * MIB,
+            artifact_namespace_bytes: 500 * 1000 * 1000,
+            artifact_total_bytes: 10 * 1000 * 1000 * 1000,
         }
     }
 }
@@ -263,9 +269,12 @@ pub fn parse_size(s: &str) -> std::result::Result<usize, String> {
         "KiB" | "K" | "k" => KIB,
         "MiB" | "M" => MIB,
         "GiB" | "G" => 1024 * MIB,
+        "KB" => 1000,
+        "MB" => 1000 * 1000,
+        "GB" => 1000 * 1000 * 1000,
         other => {
             return Err(format!(
-                "`{}` is not a size unit; expected B, KiB, MiB or GiB",
+                "`{}` is not a size unit; expected B, KiB, MiB, GiB, KB, MB or GB",
                 cut(other, 16)
             ))
         }

@@ -211,3 +211,177 @@ async fn a_second_nest_with_its_own_certificate_cannot_move_a_run_it_was_not_ass
         .into_inner();
     assert!(format!("{trace:?}").contains("model turn 1"));
 }
+
+/// Uploads `content` as artifact `name` of `task_id` in `namespace`, as a Nest relays a save.
+async fn put_artifact(
+    nest: &mut NestApi,
+    namespace: &str,
+    task_id: &str,
+    name: &str,
+    content: &[u8],
+) -> Result<pb::Artifact, tonic::Status> {
+    let chunk = pb::ArtifactChunk {
+        artifact: Some(pb::Artifact {
+            artifact_id: agen_shared::bundle::digest(content),
+            name: name.into(),
+            media_type: "text/plain".into(),
+            size: content.len() as u64,
+            task_id: task_id.into(),
+            created_at_ms: 0,
+            namespace: namespace.into(),
+        }),
+        data: content.to_vec(),
+    };
+    nest.put_artifact(futures::stream::iter(vec![chunk]))
+        .await
+        .map(|r| r.into_inner())
+}
+
+async fn read_artifact(
+    nest: &mut NestApi,
+    namespace: &str,
+    id: &str,
+) -> Result<Vec<u8>, tonic::Status> {
+    let mut stream = nest
+        .read_artifact(pb::GetArtifactRequest {
+            namespace: namespace.into(),
+            artifact_id: id.into(),
+        })
+        .await?
+        .into_inner();
+    let mut bytes = Vec::new();
+    while let Some(c) = stream.message().await? {
+        bytes.extend_from_slice(&c.data);
+    }
+    Ok(bytes)
+}
+
+#[tokio::test]
+async fn a_nest_saves_and_reads_artifacts_only_for_the_runs_it_was_assigned() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = TestHub::start(&dir.path().join("hub"), Duration::from_secs(10)).await;
+    let mut api = hub.client().await;
+    let bundle = dir.path().join("hello");
+    write_bundle(&bundle, "hi");
+    let (mut victim, _) = FakeNest::connect(&hub, "nest-victim", &[], vec![]).await;
+    deploy(&mut api, &bundle, "hello", 1).await;
+    let place = victim.accept_placement().await;
+    let task = api
+        .submit_task(pb::SubmitTaskRequest {
+            namespace: "default".into(),
+            deployment: "hello".into(),
+            input: "write a report".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("submit")
+        .into_inner();
+    let run = victim
+        .next_matching(|m| match m {
+            Hub::AssignRun(r) => Some(r),
+            _ => None,
+        })
+        .await;
+    let mut victim_api = hub.nest_client_as("nest-victim").await;
+    let saved = put_artifact(
+        &mut victim_api,
+        "default",
+        &task.task_id,
+        "report.md",
+        b"ok",
+    )
+    .await
+    .expect("the assigned nest saves for its run");
+
+    // The attacker: a Nest of its own with a valid certificate, running nothing.
+    let (_rogue, _) = FakeNest::connect(&hub, "nest-rogue", &[], vec![]).await;
+    let mut rogue = hub.nest_client_as("nest-rogue").await;
+    let mut refused = 0;
+    let mut denied = |r: Result<(), tonic::Status>, what: &str| match r {
+        Err(s) if s.code() == tonic::Code::PermissionDenied => refused += 1,
+        other => panic!("{what}: expected PERMISSION_DENIED, got {other:?}"),
+    };
+    denied(
+        put_artifact(&mut rogue, "default", &task.task_id, "x.md", b"pwned")
+            .await
+            .map(drop),
+        "into the victim's task",
+    );
+    denied(
+        put_artifact(&mut rogue, "fresh-ns", "task-ghost", "x.md", b"fill")
+            .await
+            .map(drop),
+        "into a namespace nothing was deployed to",
+    );
+    denied(
+        read_artifact(&mut rogue, "default", &saved.artifact_id)
+            .await
+            .map(drop),
+        "reading the victim's namespace",
+    );
+    denied(
+        put_artifact(&mut victim_api, "other", &task.task_id, "x.md", b"moved")
+            .await
+            .map(drop),
+        "the right nest, another namespace",
+    );
+    assert_eq!(refused, 4, "every foreign save and read is refused");
+
+    // The victim keeps working: it reads its own artifact.
+    assert_eq!(
+        read_artifact(&mut victim_api, "default", &saved.artifact_id)
+            .await
+            .expect("the assigned nest reads in its run's namespace"),
+        b"ok"
+    );
+    let listed = |ns: &str| {
+        let mut api = api.clone();
+        let ns = ns.to_string();
+        async move {
+            api.list_artifacts(pb::ListArtifactsRequest {
+                namespace: ns,
+                ..Default::default()
+            })
+            .await
+            .expect("list")
+            .into_inner()
+            .artifacts
+            .len()
+        }
+    };
+    assert_eq!(
+        (
+            listed("default").await,
+            listed("fresh-ns").await,
+            listed("other").await
+        ),
+        (1, 0, 0),
+        "only the victim's artifact was stored"
+    );
+
+    // Once its run is over, even the victim's Nest may no longer save for it.
+    let ack = send(
+        &mut victim,
+        &place.instance_id,
+        vec![event(
+            &run,
+            1,
+            "run.finished",
+            serde_json::json!({"state": "succeeded", "result": "done", "response_type": "text"}),
+        )],
+    )
+    .await;
+    assert!(!ack.fenced);
+    let late = put_artifact(
+        &mut victim_api,
+        "default",
+        &task.task_id,
+        "late.md",
+        b"late",
+    )
+    .await;
+    assert_eq!(
+        late.map(|_| ()).map_err(|s| s.code()),
+        Err(tonic::Code::PermissionDenied)
+    );
+}

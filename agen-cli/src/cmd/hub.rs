@@ -57,6 +57,12 @@ pub struct Args {
     /// Bytes queued for one Nest before it counts as not reading and is disconnected
     #[arg(long, default_value = "64MiB", value_parser = agen_hub::limits::parse_size)]
     pub nest_queue_bytes: usize,
+    /// Artifact storage quota of one namespace (distinct contents)
+    #[arg(long, default_value = "500MB", value_parser = agen_hub::limits::parse_size)]
+    pub max_artifact_namespace_bytes: usize,
+    /// Artifact storage of all namespaces together
+    #[arg(long, default_value = "10GB", value_parser = agen_hub::limits::parse_size)]
+    pub max_artifact_total_bytes: usize,
 }
 
 impl Args {
@@ -69,6 +75,8 @@ impl Args {
             conversation_key_bytes: self.max_conversation_key_bytes,
             history_bytes: self.max_history_bytes,
             nest_queue_bytes: self.nest_queue_bytes,
+            artifact_namespace_bytes: self.max_artifact_namespace_bytes as u64,
+            artifact_total_bytes: self.max_artifact_total_bytes as u64,
         }
     }
 }

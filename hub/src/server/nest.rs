@@ -234,7 +234,7 @@ impl NestService for NestApi {
         &self,
         request: Request<Streaming<pb::ArtifactChunk>>,
     ) -> Result<Response<pb::Artifact>, Status> {
-        self.cert_nest_id(&request)?;
+        let nest_id = self.cert_nest_id(&request)?;
         let mut stream = request.into_inner();
         let first = malformed::next(&mut stream).await?.ok_or_else(|| {
             HubError::invalid("put_artifact: expected at least one chunk carrying the artifact")
@@ -242,6 +242,8 @@ impl NestService for NestApi {
         let meta = first.artifact.clone().ok_or_else(|| {
             HubError::invalid("put_artifact: the first chunk must carry `artifact` (namespace, artifact_id, name, size)")
         })?;
+        self.core
+            .check_nest_artifact_put(nest_id.as_deref(), &meta.namespace, &meta.task_id)?;
         let max = crate::artifacts::MAX_ARTIFACT_BYTES;
         if meta.size > max {
             return Err(HubError::ResourceExhausted(format!(
@@ -289,8 +291,10 @@ impl NestService for NestApi {
         &self,
         request: Request<pb::GetArtifactRequest>,
     ) -> Result<Response<Self::ReadArtifactStream>, Status> {
-        self.cert_nest_id(&request)?;
+        let nest_id = self.cert_nest_id(&request)?;
         let r = request.into_inner();
+        self.core
+            .check_nest_artifact_read(nest_id.as_deref(), &r.namespace)?;
         let (rec, bytes) = self.core.artifact(&r.namespace, &r.artifact_id)?;
         let chunks = convert::artifact_chunks(&rec, &bytes);
         Ok(Response::new(Box::pin(futures::stream::iter(
