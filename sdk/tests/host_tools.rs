@@ -340,3 +340,71 @@ async fn a_host_tool_name_that_clashes_is_refused_with_the_name() {
         .unwrap();
     assert!(err.to_string().contains("twice"), "{err}");
 }
+
+/// A host tool written as a trait impl, with a hand-given spec.
+struct Refund {
+    calls: Arc<AtomicU32>,
+}
+
+#[agen::async_trait]
+impl agen::HostTool for Refund {
+    fn spec(&self) -> agen::HostToolSpec {
+        agen::HostToolSpec {
+            name: "refund".into(),
+            description: "Refunds an order".into(),
+            input_schema: agen::schema_of::<City>(),
+            read_only: false,
+            idempotent: true,
+        }
+    }
+
+    async fn call(&self, _arguments: Value, cx: ToolContext) -> Result<String, agen::ToolError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Ok(format!("refunded in run {}", cx.meta.run_id))
+    }
+}
+
+#[tokio::test]
+async fn an_ask_host_tool_waits_for_the_approver_and_is_denied_without_one() {
+    let steps = || {
+        vec![
+            Step::call("refund", json!({"city": "x"})),
+            Step::template("{{last_tool_result}}"),
+        ]
+    };
+    let calls = Arc::new(AtomicU32::new(0));
+
+    let model = fake(steps()).await;
+    let approved = agent_on(&model)
+        .ask("refund")
+        .approver(Arc::new(agen::ApproveAll))
+        .tool(Refund {
+            calls: calls.clone(),
+        })
+        .build()
+        .await
+        .unwrap();
+    let out = approved
+        .run_with("Refund it", RunOptions::new().run_id("r-1"))
+        .await
+        .unwrap();
+    assert_eq!(out.result, "refunded in run r-1");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    let model = fake(steps()).await;
+    let unattended = agent_on(&model)
+        .ask("refund")
+        .tool(Refund {
+            calls: calls.clone(),
+        })
+        .build()
+        .await
+        .unwrap();
+    let out = unattended.run("Refund it").await.unwrap();
+    assert!(
+        out.result.contains("needs approval and was denied"),
+        "{}",
+        out.result
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agen_shared::bundle::{Bundle, ModelRef};
+use agen_shared::bundle::{check_tool_pattern, Bundle, ModelRef};
 use serde_json::{json, Map, Value};
 
 use super::{Agent, AgentError, Inner, EMBEDDED_NAMESPACE};
@@ -50,6 +50,51 @@ pub struct AgentBuilder {
     approver: Option<Arc<dyn Approver>>,
     provider: Option<Arc<dyn ModelProvider>>,
     agen_bin: Option<PathBuf>,
+    settings: Settings,
+}
+
+/// Settings given in code on top of the definition (bundle or code), checked like the files'.
+#[derive(Debug, Clone, Default)]
+struct Settings {
+    parallel_tool_calls: Option<bool>,
+    max_turns: Option<u32>,
+    tool_timeout: Option<Duration>,
+    allow: Vec<String>,
+    ask: Vec<String>,
+    deny: Vec<String>,
+}
+
+impl Settings {
+    fn apply(&self, bundle: &mut Bundle) -> Result<(), AgentError> {
+        if let Some(p) = self.parallel_tool_calls {
+            bundle.harness.parallel_tool_calls = p;
+        }
+        if let Some(n) = self.max_turns {
+            if n == 0 {
+                return Err(AgentError::Invalid(
+                    "max_turns: 0; expected at least 1 model turn per run".into(),
+                ));
+            }
+            bundle.harness.limits.max_turns = n;
+        }
+        if let Some(t) = self.tool_timeout {
+            bundle.harness.limits.tool_timeout = t;
+        }
+        let p = &mut bundle.config.permissions;
+        for (list, into, what) in [
+            (&self.allow, &mut p.allow, "allow"),
+            (&self.ask, &mut p.ask, "ask"),
+            (&self.deny, &mut p.deny, "deny"),
+        ] {
+            for pattern in list {
+                check_tool_pattern(pattern).map_err(|e| {
+                    AgentError::Invalid(format!("permissions {what} `{pattern}`: {e}"))
+                })?;
+                into.push(pattern.clone());
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Agent {
@@ -79,6 +124,7 @@ impl AgentBuilder {
             approver: None,
             provider: None,
             agen_bin: None,
+            settings: Settings::default(),
         }
     }
 
@@ -191,6 +237,42 @@ impl AgentBuilder {
         self
     }
 
+    /// Runs the calls of one turn at the same time (`parallelToolCalls`, default true).
+    pub fn parallel_tool_calls(mut self, on: bool) -> AgentBuilder {
+        self.settings.parallel_tool_calls = Some(on);
+        self
+    }
+
+    /// Model turns per run (`limits.maxTurns`, default 50).
+    pub fn max_turns(mut self, turns: u32) -> AgentBuilder {
+        self.settings.max_turns = Some(turns);
+        self
+    }
+
+    /// How long one tool call may take (`limits.toolTimeout`, default 10 minutes).
+    pub fn tool_timeout(mut self, timeout: Duration) -> AgentBuilder {
+        self.settings.tool_timeout = Some(timeout);
+        self
+    }
+
+    /// Adds a `permissions.allow` pattern (a non-empty allow list closes every other tool).
+    pub fn allow(mut self, pattern: impl Into<String>) -> AgentBuilder {
+        self.settings.allow.push(pattern.into());
+        self
+    }
+
+    /// Adds a `permissions.ask` pattern: calls wait for the [`AgentBuilder::approver`].
+    pub fn ask(mut self, pattern: impl Into<String>) -> AgentBuilder {
+        self.settings.ask.push(pattern.into());
+        self
+    }
+
+    /// Adds a `permissions.deny` pattern: matching tools are not offered and never called.
+    pub fn deny(mut self, pattern: impl Into<String>) -> AgentBuilder {
+        self.settings.deny.push(pattern.into());
+        self
+    }
+
     /// The folder a code-built agent's command MCP servers run in (default: this process's
     /// working folder).
     pub fn dir(mut self, dir: impl Into<PathBuf>) -> AgentBuilder {
@@ -280,6 +362,7 @@ impl AgentBuilder {
                 bundle.agent.base_url = Some(u.clone());
             }
         }
+        self.settings.apply(&mut bundle)?;
         let (secrets, mut config) =
             crate::standalone::resolve_local(&bundle).map_err(AgentError::Invalid)?;
         if let Some(k) = &self.api_key {
