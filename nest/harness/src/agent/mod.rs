@@ -9,7 +9,7 @@
 //! ([`AgentBuilder::artifacts_dir`], [`Agent::read_artifact`]).
 //!
 //! Files by concern: `builder` (definitions, validation, start), `tool` (closure tools and
-//! derived schemas), `stream` (the run's sink and stream), `log` (run folders, conversations).
+//! derived schemas), `delegate` (an agent as another agent's tool), `stream` (the run's sink and stream), `log` (run folders, conversations).
 //!
 //! Invariants: an embedded run is a [`Harness::run`] like any other (no second loop here); with
 //! a run log, a run's assignment and every event are in its folder before they matter to the
@@ -18,6 +18,7 @@
 //! No gRPC, no Hub and no Nest here.
 
 mod builder;
+mod delegate;
 mod log;
 mod stream;
 mod tool;
@@ -103,6 +104,8 @@ pub struct RunOptions {
     conversation: Option<String>,
     labels: BTreeMap<String, String>,
     run_id: Option<String>,
+    /// The root of the delegation tree, when this run is another agent's delegate call.
+    root_run_id: Option<String>,
 }
 
 impl RunOptions {
@@ -242,7 +245,11 @@ impl Agent {
             labels: options.labels.clone(),
             conversation_id,
             conversation_key: key,
-            root_run_id: run_id.clone().into(),
+            root_run_id: options
+                .root_run_id
+                .clone()
+                .unwrap_or_else(|| run_id.clone())
+                .into(),
             history,
             replay: Vec::new(),
             tool_overrides: Default::default(),

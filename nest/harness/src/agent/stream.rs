@@ -83,15 +83,20 @@ impl RunStream {
         self.cancel.cancel();
     }
 
-    /// Waits for the run's end (events not read yet are dropped).
+    /// Waits for the run's end (events not read yet are dropped). Dropping this future before
+    /// the end cancels the run.
     pub async fn outcome(mut self) -> Result<Outcome, AgentError> {
         let Some(task) = self.task.take() else {
             return Err(AgentError::Run("the outcome was already taken".into()));
         };
-        match task.await {
+        // Dropping this future before the end cancels the run, as dropping the stream does.
+        let guard = self.cancel.clone().drop_guard();
+        let out = match task.await {
             Ok(r) => r,
             Err(e) => Err(AgentError::Run(format!("the run's task ended: {e}"))),
-        }
+        };
+        guard.disarm();
+        out
     }
 }
 
