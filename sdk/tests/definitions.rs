@@ -158,3 +158,74 @@ async fn a_bad_definition_in_code_gets_the_message_agen_deploy_gives() {
         "{in_code}"
     );
 }
+
+/// `target/<profile>/agen`, built by `cargo build --bins`.
+fn agen_bin() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("agen");
+    assert!(
+        bin.exists(),
+        "{} is missing; run `cargo build --bins` first",
+        bin.display()
+    );
+    bin
+}
+
+#[tokio::test]
+async fn a_code_built_agents_mcp_server_and_host_tool_answer_in_one_turn() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    write(&root, "notes.txt", "the key is under the mat");
+    let model = FakeModel::start(
+        Script::steps(vec![
+            Step::calls(vec![
+                ("files_read", json!({"path": "notes.txt"})),
+                ("shout", json!({"text": "found it"})),
+            ]),
+            Step::template("{{last_tool_result}}"),
+        ]),
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let agent = Agent::builder()
+        .model("openai/fake")
+        .base_url(model.openai_base_url())
+        .api_key("k")
+        .agen_bin(agen_bin())
+        .mcp_server(
+            "files",
+            json!({"command": "agen", "args": ["mcp", "workspace", "--root", root.to_str().unwrap(), "--no-run"]}),
+        )
+        .tool(echo())
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(
+        agent.servers_not_connected(),
+        Vec::<(String, String)>::new()
+    );
+    assert!(agent.tool_names().contains(&"files_read".to_string()));
+
+    let mut stream = agent.run_stream("Read the notes").unwrap();
+    let mut results = Vec::new();
+    while let Some(ev) = futures::StreamExt::next(&mut stream).await {
+        if let agen::RunEventBody::ToolCompleted(c) = ev {
+            results.push((
+                c.tool,
+                c.result.contains("under the mat") || c.result == "FOUND IT",
+            ));
+        }
+    }
+    let out = stream.outcome().await.unwrap();
+    results.sort();
+    assert_eq!(
+        results,
+        vec![
+            ("files.read".to_string(), true),
+            ("shout".to_string(), true)
+        ]
+    );
+    assert_eq!(out.result, "FOUND IT");
+    agent.shutdown().await;
+}

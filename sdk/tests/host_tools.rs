@@ -408,3 +408,32 @@ async fn an_ask_host_tool_waits_for_the_approver_and_is_denied_without_one() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn a_host_tool_is_called_through_the_keen_text_protocol_too() {
+    let call = "I'll look.\n\n<SYSTEM CALL>\n!*action\nuse tool\n!*tool\nweather\n!*context\n{\"city\": \"Rome\"}\n</SYSTEM CALL>\n";
+    let model = fake(vec![Step::reply(call), Step::template("{{last_user}}")]).await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let agent = agent_on(&model)
+        .harness_json(json!({"toolProtocol": "keen"}))
+        .tool(weather(seen.clone()))
+        .build()
+        .await
+        .unwrap();
+    let out = agent.run("Weather in Rome?").await.unwrap();
+
+    assert_eq!(seen.lock().unwrap().len(), 1, "{}", out.result);
+    assert!(
+        out.result.starts_with("<SYSTEM RESPONSE>")
+            && out.result.contains("sunny and 21 C in Rome"),
+        "{}",
+        out.result
+    );
+    // No native tools were sent; the tools section in the system prompt names the host tool.
+    let first = &model.requests()[0]["body"];
+    assert!(first.get("tools").is_none_or(|t| t.is_null()));
+    assert!(first["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .contains("weather"));
+}
