@@ -437,3 +437,58 @@ async fn a_host_tool_is_called_through_the_keen_text_protocol_too() {
         .unwrap()
         .contains("weather"));
 }
+
+#[tokio::test]
+async fn a_host_tool_that_panics_or_overruns_its_timeout_is_a_tool_failure_not_a_crash() {
+    let model = fake(vec![
+        Step::calls(vec![("boom", json!({})), ("stuck", json!({}))]),
+        Step::reply("carried on"),
+    ])
+    .await;
+    let boom = Tool::new("boom", "Panics")
+        .read_only()
+        .json_handler(|_a: Value, _cx| async move {
+            if true {
+                panic!("host tool bug");
+            }
+            Ok::<_, String>(String::new())
+        });
+    let stuck = Tool::new("stuck", "Never answers")
+        .read_only()
+        .json_handler(|_a: Value, _cx| async move {
+            tokio::time::sleep(Duration::from_secs(300)).await;
+            Ok::<_, String>(String::new())
+        });
+    let agent = agent_on(&model)
+        .tool_timeout(Duration::from_millis(300))
+        .tool(boom)
+        .tool(stuck)
+        .build()
+        .await
+        .unwrap();
+    let mut stream = agent.run_stream("go").unwrap();
+    let mut failed = Vec::new();
+    while let Some(ev) = stream.next().await {
+        if let RunEventBody::ToolFailed(f) = ev {
+            failed.push((f.tool, f.reason, f.error));
+        }
+    }
+    let out = stream.outcome().await.unwrap();
+    failed.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        failed,
+        vec![
+            (
+                "boom".to_string(),
+                ToolFailure::Failed,
+                "tool boom failed: the host tool panicked".to_string()
+            ),
+            (
+                "stuck".to_string(),
+                ToolFailure::Timeout,
+                "tool stuck timed out after 300ms and was cancelled".to_string()
+            ),
+        ]
+    );
+    assert_eq!(out.result, "carried on");
+}
