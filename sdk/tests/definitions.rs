@@ -229,3 +229,36 @@ async fn a_code_built_agents_mcp_server_and_host_tool_answer_in_one_turn() {
     assert_eq!(out.result, "FOUND IT");
     agent.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_code_only_setter_on_a_bundle_agent_is_refused_not_ignored() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("b");
+    write(
+        &dir,
+        "x-agen/agent.md",
+        "---\nmodel: openai/m\n---\nYou help.\n",
+    );
+    let err = Agent::from_bundle(&dir)
+        .system_prompt("something else")
+        .build()
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string()
+            .starts_with("AgentBuilder::system_prompt is for agents built in code"),
+        "{err}"
+    );
+    let err = Agent::builder()
+        .model("openai/m")
+        .harness_json(json!([1]))
+        .build()
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        err.to_string(),
+        "AgentBuilder::harness_json: expected a JSON object (the file's content), got [1]"
+    );
+}

@@ -51,6 +51,8 @@ pub struct AgentBuilder {
     provider: Option<Arc<dyn ModelProvider>>,
     agen_bin: Option<PathBuf>,
     settings: Settings,
+    /// Setters that do not apply to this kind of definition (refused by `build`).
+    misused: Vec<String>,
 }
 
 /// Settings given in code on top of the definition (bundle or code), checked like the files'.
@@ -125,25 +127,47 @@ impl AgentBuilder {
             provider: None,
             agen_bin: None,
             settings: Settings::default(),
+            misused: Vec::new(),
         }
     }
 
-    fn code(&mut self) -> Option<&mut CodeBundle> {
+    /// The code definition, for a setter named `what`; on a bundle agent the misuse is kept
+    /// and [`AgentBuilder::build`] refuses it.
+    fn code(&mut self, what: &str) -> Option<&mut CodeBundle> {
         match &mut self.source {
             Source::Code(c) => Some(c),
-            Source::Folder(_) => None,
+            Source::Folder(dir) => {
+                let dir = dir.display().to_string();
+                self.misused.push(format!(
+                    "AgentBuilder::{what} is for agents built in code (Agent::builder()); the agent from {dir} takes it from its bundle files"
+                ));
+                None
+            }
+        }
+    }
+
+    /// `value` as a JSON object for the setter `what` (anything else is kept as a misuse).
+    fn object(&mut self, what: &str, value: Value) -> Option<Map<String, Value>> {
+        match value {
+            Value::Object(o) => Some(o),
+            other => {
+                self.misused.push(format!(
+                    "AgentBuilder::{what}: expected a JSON object (the file's content), got {other}"
+                ));
+                None
+            }
         }
     }
 
     fn front(mut self, key: &str, value: Value) -> AgentBuilder {
-        if let Some(c) = self.code() {
+        if let Some(c) = self.code(key) {
             c.front_matter.insert(key.to_string(), value);
         }
         self
     }
 
-    /// The agent's name (a code-built agent's default is `agent`); ignored for a bundle,
-    /// whose `x-agen/agent.md` says it.
+    /// The agent's name (a code-built agent's default is `agent`; a bundle's is in its
+    /// `x-agen/agent.md`).
     pub fn name(self, name: impl Into<String>) -> AgentBuilder {
         self.front("name", Value::String(name.into()))
     }
@@ -170,7 +194,7 @@ impl AgentBuilder {
 
     /// The system prompt (the body of `x-agen/agent.md`).
     pub fn system_prompt(mut self, prompt: impl Into<String>) -> AgentBuilder {
-        if let Some(c) = self.code() {
+        if let Some(c) = self.code("system_prompt") {
             c.system_prompt = prompt.into();
         }
         self
@@ -183,7 +207,7 @@ impl AgentBuilder {
         description: impl Into<String>,
         body: impl Into<String>,
     ) -> AgentBuilder {
-        if let Some(c) = self.code() {
+        if let Some(c) = self.code("skill") {
             c.skills
                 .push((name.into(), description.into(), body.into()));
         }
@@ -192,7 +216,7 @@ impl AgentBuilder {
 
     /// Puts a skill in the system prompt from the start (`preloadSkills`).
     pub fn preload_skill(mut self, name: impl Into<String>) -> AgentBuilder {
-        if let Some(c) = self.code() {
+        if let Some(c) = self.code("preload_skill") {
             let list = c
                 .front_matter
                 .entry("preloadSkills")
@@ -207,7 +231,7 @@ impl AgentBuilder {
     /// An MCP server, exactly as an entry of `mcp.json` `mcpServers`:
     /// `{"command", "args", "env"}` or `{"url", "headers"}`.
     pub fn mcp_server(mut self, name: impl Into<String>, server: Value) -> AgentBuilder {
-        if let Some(c) = self.code() {
+        if let Some(c) = self.code("mcp_server") {
             c.mcp_servers.insert(name.into(), server);
         }
         self
@@ -215,24 +239,30 @@ impl AgentBuilder {
 
     /// `x-agen/config.json` (tool overrides, permissions, delegates) as JSON.
     pub fn config_json(mut self, config: Value) -> AgentBuilder {
-        if let (Some(c), Value::Object(o)) = (self.code(), config) {
-            c.config = o;
+        if let Some(o) = self.object("config_json", config) {
+            if let Some(c) = self.code("config_json") {
+                c.config = o;
+            }
         }
         self
     }
 
     /// `x-agen/harness.json` (parallelToolCalls, limits, toolProtocol, …) as JSON.
     pub fn harness_json(mut self, harness: Value) -> AgentBuilder {
-        if let (Some(c), Value::Object(o)) = (self.code(), harness) {
-            c.harness = o;
+        if let Some(o) = self.object("harness_json", harness) {
+            if let Some(c) = self.code("harness_json") {
+                c.harness = o;
+            }
         }
         self
     }
 
     /// `x-agen/secrets.json` as JSON (only `env` sources: an embedded agent has no Hub).
     pub fn secrets_json(mut self, secrets: Value) -> AgentBuilder {
-        if let (Some(c), Value::Object(o)) = (self.code(), secrets) {
-            c.secrets = o;
+        if let Some(o) = self.object("secrets_json", secrets) {
+            if let Some(c) = self.code("secrets_json") {
+                c.secrets = o;
+            }
         }
         self
     }
@@ -325,6 +355,9 @@ impl AgentBuilder {
 
     /// Loads and validates the definition, starts its MCP servers and builds the agent.
     pub async fn build(self) -> Result<Agent, AgentError> {
+        if let Some(m) = self.misused.first() {
+            return Err(AgentError::Invalid(m.clone()));
+        }
         let mut bundle = match &self.source {
             Source::Folder(dir) => Bundle::load(dir)?,
             Source::Code(code) => {

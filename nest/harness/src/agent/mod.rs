@@ -266,7 +266,8 @@ impl Agent {
             }
             None => None,
         };
-        let cancel = options.cancel.unwrap_or_default();
+        // A token of the run's own: dropping its stream cancels this run, not the caller's token.
+        let cancel = options.cancel.unwrap_or_default().child_token();
         Ok(self.start(req, sink, Tally::default(), cancel))
     }
 

@@ -49,17 +49,19 @@ pub(super) struct Tee {
 #[async_trait::async_trait]
 impl RunEventSink for Tee {
     async fn emit(&self, body: RunEventBody, sync: bool) -> Result<(), SinkError> {
-        // The log first: an event the caller saw is in the log too.
-        if let Some(log) = &self.log {
-            log.emit(body.clone(), sync).await?;
-        }
+        // The log first: an event the caller saw is in the log too (a waited-for one only
+        // once it is durable).
+        let logged = match &self.log {
+            Some(log) => log.emit(body.clone(), sync).await,
+            None => Ok(()),
+        };
         self.tally
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .add(&body);
         // A caller that stopped reading does not stop the run.
         let _ = self.tx.send(body);
-        Ok(())
+        logged
     }
 }
 
