@@ -6,11 +6,13 @@
 //! (the tool-server host: launch rules, listing, calls with `_meta`), `keen` (the Keen text
 //! dialect and its script/flow tools), `redact` (secret values and their quoted forms out of
 //! results, errors, traces and tool-server stderr), `artifacts` (the built-in artifact tools' stores),
-//! `standalone` (`agen run` with a local run log).
+//! `standalone` (`agen run` with a local run log), `agent` (the embedded SDK's [`agent::Agent`]:
+//! the same loop inside a host program, with host tools).
 //!
 //! Invariants: the harness knows neither how its events are stored nor how its tool servers
 //! were started beyond the traits it is given; no gRPC and no Hub types here.
 
+pub mod agent;
 pub mod artifacts;
 pub mod keen;
 pub mod mcp;

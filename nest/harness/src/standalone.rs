@@ -62,38 +62,13 @@ pub async fn run_cli_with(
             }
         }
     }
-    if let Some((name, used_in)) = referenced_secrets(&bundle)
-        .into_iter()
-        .find(|(name, _)| matches!(bundle.secrets.get(name), Some(SecretSource::Platform)))
-    {
-        eprintln!(
-            "error: x-agen/secrets.json: secret {name} (used in {used_in}) has source platform, which needs a Hub; \
-             use {{\"source\": \"env\", \"var\": \"{name}\"}} for agen run"
-        );
-        return Ok(EXIT_BAD_INPUT);
-    }
-    let secrets = match bundle.secret_values(|var| std::env::var(var).ok(), |_| None) {
-        Ok(s) => s,
+    let (secrets, config) = match resolve_local(&bundle) {
+        Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");
             return Ok(EXIT_BAD_INPUT);
         }
     };
-    let mut config = match model_config(&bundle, &secrets) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return Ok(EXIT_BAD_INPUT);
-        }
-    };
-    if config.api_key.is_none() {
-        // What a user of the providers' own tools expects.
-        let var = match config.model.provider {
-            Provider::OpenAi => "OPENAI_API_KEY",
-            Provider::Anthropic => "ANTHROPIC_API_KEY",
-        };
-        config.api_key = std::env::var(var).ok().filter(|k| !k.is_empty());
-    }
     let bundle = Arc::new(bundle);
 
     let agen_bin = std::env::current_exe().context("while finding the agen binary for AGEN_BIN")?;
@@ -189,6 +164,37 @@ pub async fn run_cli_with(
     }
 }
 
+/// What a run without a Hub needs of a loaded bundle: the values of its secrets (each
+/// `env`-sourced one from this process's environment; a `platform` one is an error that says
+/// what to write instead) and its model client settings (the API key from `OPENAI_API_KEY` /
+/// `ANTHROPIC_API_KEY` when the bundle gives none). Shared by `agen run` and embedded agents.
+pub fn resolve_local(
+    bundle: &Bundle,
+) -> Result<(BTreeMap<String, String>, crate::model::ModelConfig), String> {
+    if let Some((name, used_in)) = referenced_secrets(bundle)
+        .into_iter()
+        .find(|(name, _)| matches!(bundle.secrets.get(name), Some(SecretSource::Platform)))
+    {
+        return Err(format!(
+            "x-agen/secrets.json: secret {name} (used in {used_in}) has source platform, which needs a Hub; \
+             use {{\"source\": \"env\", \"var\": \"{name}\"}} to run without one"
+        ));
+    }
+    let secrets = bundle
+        .secret_values(|var| std::env::var(var).ok(), |_| None)
+        .map_err(|e| e.to_string())?;
+    let mut config = model_config(bundle, &secrets).map_err(|e| e.to_string())?;
+    if config.api_key.is_none() {
+        // What a user of the providers' own tools expects.
+        let var = match config.model.provider {
+            Provider::OpenAi => "OPENAI_API_KEY",
+            Provider::Anthropic => "ANTHROPIC_API_KEY",
+        };
+        config.api_key = std::env::var(var).ok().filter(|k| !k.is_empty());
+    }
+    Ok((secrets, config))
+}
+
 /// `$XDG_STATE_HOME/agen/runs`, else `~/.local/state/agen/runs`, else a temp folder.
 pub fn runs_dir() -> PathBuf {
     if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
@@ -199,6 +205,12 @@ pub fn runs_dir() -> PathBuf {
     }
     std::env::temp_dir().join("agen/runs")
 }
+
+/// A run log's kept assignment and its events, each with the attempt that wrote it.
+pub type LoggedRun = (Option<RunAssignment>, Vec<(u32, RunEventBody)>);
+
+/// Where a [`SledRunLog`] keeps the run's assignment.
+const ASSIGNMENT_KEY: &str = "assignment";
 
 /// A run log in a local sled database: tree `events`, key `(attempt, seq)` big-endian, value
 /// `{"kind", "at", "json"}` (a [`RunEventBody`] in its serialised form, plus the time).
@@ -230,6 +242,55 @@ impl SledRunLog {
             seq: AtomicU64::new(0),
             artifacts_saved: AtomicU64::new(0),
         })
+    }
+
+    /// Keeps the run's assignment (without its replay) so the run can be resumed from this log
+    /// alone; durable on return.
+    pub fn put_assignment(&self, req: &RunAssignment) -> anyhow::Result<()> {
+        let mut kept = req.clone();
+        kept.replay.clear();
+        let bytes = serde_json::to_vec(&kept).context("while encoding the run's assignment")?;
+        self.db
+            .insert(ASSIGNMENT_KEY, bytes)
+            .context("while writing the run's assignment to the run log")?;
+        self.db
+            .flush()
+            .context("while flushing the run's assignment to the run log")?;
+        Ok(())
+    }
+
+    /// The kept assignment and every event with the attempt that wrote it, in order.
+    pub fn read_with_attempts(dir: &Path) -> anyhow::Result<LoggedRun> {
+        let db = sled::open(dir)
+            .with_context(|| format!("while opening the run log {}", dir.display()))?;
+        let assignment = match db.get(ASSIGNMENT_KEY)? {
+            Some(v) => Some(serde_json::from_slice(&v).with_context(|| {
+                format!("while reading the run's assignment in {}", dir.display())
+            })?),
+            None => None,
+        };
+        let events = db.open_tree("events")?;
+        let mut out = Vec::new();
+        for kv in events.iter() {
+            let (k, v) = kv?;
+            let attempt = k
+                .get(..4)
+                .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                .map(u32::from_be_bytes)
+                .unwrap_or(0);
+            let record: LoggedEvent = serde_json::from_slice(&v)?;
+            out.push((attempt, record.body));
+        }
+        Ok((assignment, out))
+    }
+
+    /// Flushes everything appended so far.
+    pub async fn flush(&self) -> Result<(), SinkError> {
+        self.db
+            .flush_async()
+            .await
+            .map(|_| ())
+            .map_err(|e| SinkError::Unavailable(e.to_string()))
     }
 
     /// Every event in order.

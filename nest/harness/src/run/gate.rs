@@ -25,6 +25,9 @@ impl Harness {
         if let Some(tool) = self.mcp_tools.get(model_name) {
             return Some(tool.qualified_name());
         }
+        if self.host_tools.contains_key(model_name) {
+            return Some(model_name.to_string());
+        }
         if model_name == BUILTIN_LOAD_SKILL && !self.bundle.skills.is_empty() {
             return Some(model_name.to_string());
         }
@@ -77,6 +80,7 @@ impl Run<'_> {
     /// not through [`Run::run_call`]).
     pub(super) fn is_keen_tool(&self, model_name: &str) -> bool {
         !self.h.mcp_tools.contains_key(model_name)
+            && !self.h.host_tools.contains_key(model_name)
             && self
                 .h
                 .keen

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::approval::{Approver, NoApprover};
 use super::builtins::{self, BUILTIN_NAMES};
+use super::host::{check_host_tool_name, HostTool, Registered};
 use super::state::Run;
 use super::{RunAssignment, RunEventSink, RunOutcome, ToolBackend};
 use crate::artifacts::{ArtifactStore, MemoryArtifacts};
@@ -37,6 +38,8 @@ pub enum HarnessError {
     ApiKey(String),
     #[error("{0}")]
     Keen(String),
+    #[error("{0}")]
+    HostTool(String),
     #[error("tool name {0} is used twice (an MCP tool clashes with another tool or a built-in); rename the server in mcp.json")]
     DuplicateTool(String),
 }
@@ -66,6 +69,8 @@ pub struct Harness {
     pub(super) system_prompt: String,
     /// MCP tools by the name the model sees.
     pub(super) mcp_tools: BTreeMap<String, ToolInfo>,
+    /// Tools of the embedding program by name (see [`super::host`]).
+    pub(super) host_tools: BTreeMap<String, Registered>,
     /// Whether `report_progress` is offered (fleet only).
     pub(super) progress: bool,
     /// Every form of every secret value: out of tool results, errors and traced arguments.
@@ -140,12 +145,31 @@ impl Harness {
             dialect,
             system_prompt,
             mcp_tools,
+            host_tools: BTreeMap::new(),
             progress: false,
             redactor: Redactor::default(),
             keen,
             artifacts: Arc::new(MemoryArtifacts::default()),
             approver: Arc::new(NoApprover::fleet()),
         })
+    }
+
+    /// Adds tools written in the embedding program (see [`super::host`]); they are offered
+    /// beside the MCP tools. A name that is not valid or is taken is an error naming it.
+    pub fn with_host_tools(
+        mut self,
+        tools: impl IntoIterator<Item = Arc<dyn HostTool>>,
+    ) -> Result<Harness, HarnessError> {
+        for tool in tools {
+            let spec = tool.spec();
+            check_host_tool_name(&spec.name).map_err(|e| HarnessError::HostTool(e.to_string()))?;
+            if self.mcp_tools.contains_key(&spec.name) || self.host_tools.contains_key(&spec.name) {
+                return Err(HarnessError::DuplicateTool(spec.name));
+            }
+            self.host_tools
+                .insert(spec.name.clone(), Registered { spec, tool });
+        }
+        Ok(self)
     }
 
     /// Where artifacts go: the Nest (fleet), local files (`agen run`); in memory by default.
@@ -199,6 +223,11 @@ impl Harness {
                 parameters: object_schema(&t.input_schema),
             })
             .collect();
+        specs.extend(self.host_tools.values().map(|t| ToolSpec {
+            name: t.spec.name.clone(),
+            description: t.spec.description.clone(),
+            parameters: object_schema(&t.spec.input_schema),
+        }));
         specs.extend(builtins::specs(self));
         specs
     }

@@ -1,5 +1,5 @@
 //! The agent loop: runs one task's run inside an instance (or standalone): system prompt,
-//! model, tools (MCP + built-ins), the loop until the model answers or calls `finish`, and the
+//! model, tools (MCP, host tools of an embedding program, built-ins), the loop until the model answers or calls `finish`, and the
 //! run log events that make the run resumable.
 //!
 //! Public API (called by the `agen instance` process for each run the Hub assigns, and by
@@ -30,6 +30,7 @@ mod builtins;
 mod cut;
 mod gate;
 mod harness;
+mod host;
 mod keen_loop;
 mod native;
 mod replay;
@@ -51,6 +52,9 @@ pub use builtins::{
     BUILTIN_SAVE_ARTIFACT,
 };
 pub use harness::{model_config, Dialect, Harness, HarnessError};
+pub use host::{
+    check_host_tool_name, CallMeta, HostTool, HostToolError, HostToolSpec, ToolContext, ToolError,
+};
 pub use tools::ToolPolicy;
 
 use crate::mcp::{CallError, ToolHost, ToolInfo, ToolOutput};
@@ -121,8 +125,10 @@ pub struct RunOutcome {
     pub messages: Vec<Message>,
 }
 
-/// The tools a harness can call: implemented by [`crate::mcp::ToolHost`]; a trait so the
-/// harness does not depend on how servers are launched.
+/// The MCP tools a harness can call: implemented by [`crate::mcp::ToolHost`]; a trait so the
+/// harness does not depend on how servers are launched. Tools written in the embedding program
+/// are not MCP tools and do not go through here: they are [`HostTool`]s
+/// ([`Harness::with_host_tools`]).
 #[async_trait::async_trait]
 pub trait ToolBackend: Send + Sync {
     /// The MCP tools that loaded.
@@ -164,6 +170,6 @@ impl ToolBackend for ToolHost {
     }
 }
 
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }

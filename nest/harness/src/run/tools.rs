@@ -1,18 +1,19 @@
-//! Tool routing: one call goes to a built-in or to its MCP server; the [`ToolPolicy`] decides
-//! whether a tool is side-effecting and whether an interrupted call may be sent again; MCP calls
-//! carry `_meta` and their results go through secret redaction before anyone sees them.
+//! Tool routing: one call goes to a built-in, to its MCP server or to a host tool; the
+//! [`ToolPolicy`] decides whether a tool is side-effecting and whether an interrupted call may be
+//! sent again; MCP and host calls carry `_meta` and their results go through secret redaction.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use agen_shared::bundle::Bundle;
 use agen_shared::run::{trace, ToolCompleted, ToolFailed, ToolFailure, ToolStarted};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::builtins::{
     BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_READ_ARTIFACT, BUILTIN_REPORT_PROGRESS,
     BUILTIN_SAVE_ARTIFACT,
 };
+use super::host::{self, CallMeta, Registered, ToolContext};
 use super::state::Run;
 use super::{RunEventBody, SinkError};
 use crate::mcp::{CallError, ToolInfo};
@@ -36,6 +37,15 @@ impl ToolPolicy {
         side_effect: false,
         idempotent: true,
     };
+
+    /// The policy of a host tool of `bundle`: its hints, overridden by `tools.<name>`.
+    pub fn of_host(bundle: &Bundle, spec: &super::HostToolSpec) -> ToolPolicy {
+        let over = bundle.config.tool_override(&spec.name);
+        ToolPolicy {
+            side_effect: over.and_then(|o| o.side_effect).unwrap_or(!spec.read_only),
+            idempotent: over.and_then(|o| o.idempotent).unwrap_or(spec.idempotent),
+        }
+    }
 
     /// The policy of an MCP tool of `bundle`.
     pub fn of(bundle: &Bundle, tool: &ToolInfo) -> ToolPolicy {
@@ -85,6 +95,9 @@ impl CallResult {
 impl Run<'_> {
     /// The policy of the tool the model calls `model_name`.
     pub(super) fn policy_of_model_name(&self, model_name: &str) -> ToolPolicy {
+        if let Some(tool) = self.h.host_tools.get(model_name) {
+            return ToolPolicy::of_host(&self.h.bundle, &tool.spec);
+        }
         match self.h.mcp_tools.get(model_name) {
             Some(tool) => ToolPolicy::of(&self.h.bundle, tool),
             None => ToolPolicy::HARMLESS,
@@ -128,9 +141,10 @@ impl Run<'_> {
             BUILTIN_REPORT_PROGRESS if self.h.progress => self.report_progress(call).await,
             BUILTIN_SAVE_ARTIFACT => self.save_artifact(call).await,
             BUILTIN_READ_ARTIFACT => self.read_artifact(call).await,
-            name => match self.h.mcp_tools.get(name) {
-                Some(tool) => self.call_mcp(call, tool).await,
-                None => {
+            name => match (self.h.host_tools.get(name), self.h.mcp_tools.get(name)) {
+                (Some(tool), _) => self.call_tool(call, Target::Host(tool)).await,
+                (None, Some(tool)) => self.call_tool(call, Target::Mcp(tool)).await,
+                (None, None) => {
                     let mut names: Vec<String> =
                         self.offered_specs().into_iter().map(|s| s.name).collect();
                     names.sort();
@@ -187,10 +201,21 @@ impl Run<'_> {
         trace::tool_span_id(self.req.run_id.as_str(), self.req.attempt, call_id)
     }
 
-    async fn call_mcp(&self, call: &ToolCall, tool: &ToolInfo) -> CallResult {
-        let qualified = tool.qualified_name();
+    /// Calls an MCP or a host tool through the ledger: the call-count limit, `tool.started`
+    /// (durable first when side-effecting), the call with `_meta`, a timeout and the run's
+    /// cancel, redaction, and the recorded result.
+    async fn call_tool(&self, call: &ToolCall, target: Target<'_>) -> CallResult {
+        let (qualified, side_effect) = match target {
+            Target::Mcp(tool) => (
+                tool.qualified_name(),
+                ToolPolicy::of(&self.h.bundle, tool).side_effect,
+            ),
+            Target::Host(tool) => (
+                tool.spec.name.clone(),
+                ToolPolicy::of_host(&self.h.bundle, &tool.spec).side_effect,
+            ),
+        };
         let started_at = Instant::now();
-        let side_effect = ToolPolicy::of(&self.h.bundle, tool).side_effect;
 
         let arguments = match &call.arguments {
             Value::Object(o) => o.clone(),
@@ -237,17 +262,28 @@ impl Run<'_> {
         self.activity(format!("calling {qualified}")).await;
 
         let timeout = self.h.bundle.harness.limits.tool_timeout;
-        let result = self
-            .h
-            .tools
-            .call_tool(
-                tool,
-                arguments,
-                self.meta(&call.id),
-                timeout,
-                self.cancel.clone(),
-            )
-            .await;
+        let result = match target {
+            Target::Mcp(tool) => {
+                self.h
+                    .tools
+                    .call_tool(
+                        tool,
+                        arguments,
+                        self.call_meta(&call.id).to_map(),
+                        timeout,
+                        self.cancel.clone(),
+                    )
+                    .await
+            }
+            Target::Host(tool) => {
+                let cx = ToolContext {
+                    call_id: call.id.clone(),
+                    meta: self.call_meta(&call.id),
+                    cancel: self.cancel.child_token(),
+                };
+                host::call(tool, arguments, cx, timeout).await
+            }
+        };
         let duration_ms = started_at.elapsed().as_millis() as u64;
         let (body, out) = match result {
             Ok(o) => {
@@ -332,28 +368,26 @@ impl Run<'_> {
         out
     }
 
-    /// `_meta` of an MCP call: the work it belongs to and the call's span in the run's trace.
-    fn meta(&self, call_id: &str) -> Map<String, Value> {
+    /// `_meta` of a call: the work it belongs to and the call's span in the run's trace.
+    fn call_meta(&self, call_id: &str) -> CallMeta {
         let r = self.req;
-        let labels: Map<String, Value> = r
-            .labels
-            .iter()
-            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-            .collect();
-        let text = |s: &str| Value::String(s.to_string());
-        let mut m = Map::new();
-        m.insert("agen/namespace".into(), text(&r.namespace));
-        m.insert("agen/deployment".into(), text(&r.deployment));
-        m.insert("agen/taskId".into(), text(r.task_id.as_str()));
-        m.insert("agen/runId".into(), text(r.run_id.as_str()));
-        m.insert("agen/rootRunId".into(), text(r.root_run_id().as_str()));
-        m.insert("agen/conversationId".into(), text(&r.conversation_id));
-        m.insert("agen/conversationKey".into(), text(&r.conversation_key));
-        m.insert("agen/labels".into(), Value::Object(labels));
-        m.insert(
-            "traceparent".into(),
-            text(&trace::traceparent(&self.trace_id, &self.span_of(call_id))),
-        );
-        m
+        CallMeta {
+            namespace: r.namespace.clone(),
+            deployment: r.deployment.clone(),
+            task_id: r.task_id.to_string(),
+            run_id: r.run_id.to_string(),
+            root_run_id: r.root_run_id().to_string(),
+            conversation_id: r.conversation_id.clone(),
+            conversation_key: r.conversation_key.clone(),
+            labels: r.labels.clone(),
+            traceparent: trace::traceparent(&self.trace_id, &self.span_of(call_id)),
+        }
     }
+}
+
+/// What a ledgered call goes to.
+#[derive(Clone, Copy)]
+enum Target<'a> {
+    Mcp(&'a ToolInfo),
+    Host(&'a Registered),
 }
