@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::error::{BundleError, Result};
-use super::json::{self, kind, Obj};
+use super::json;
 
 pub const KEEN_TOOLS_FILE: &str = "keen-tools.json";
 pub const FLOWS_DIR: &str = "flows";
@@ -41,6 +41,33 @@ pub enum KeenToolKind {
         controller: String,
         start_node: String,
     },
+}
+
+/// What a registered tool runs, as `keen-tools.json` writes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KeenToolEntry {
+    /// `tools/….js` beneath the script root.
+    Script { path: String },
+    /// `<Controller>-<StartNode>`, split at the first `-`.
+    Flow {
+        controller: String,
+        start_node: String,
+    },
+}
+
+/// One `keen-tools.json` entry checked for its shape only ([`parse_keen_registry`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegisteredTool {
+    pub name: String,
+    pub entry: KeenToolEntry,
+    pub attempts: Option<u32>,
+    pub description: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum EntryKind {
+    Script,
+    Flow,
 }
 
 /// Where script entries (`tools/x.js`) are resolved: `src/scripts/` when the bundle has that
@@ -89,81 +116,233 @@ pub(crate) fn load(dir: &Path) -> Result<Option<Vec<KeenTool>>> {
     let Some(v) = json::read_optional(dir, KEEN_TOOLS_FILE)? else {
         return Ok(None);
     };
-    let Value::Array(items) = &v else {
-        return Err(BundleError::invalid(
-            KEEN_TOOLS_FILE,
-            "(top level)",
-            format!("expected an array of tools such as [{{\"name\": ..., \"type\": \"script\", \"entry\": \"tools/x.js\"}}], got {}", kind(&v)),
-        ));
-    };
+    let registered =
+        parse_keen_registry_value(KEEN_TOOLS_FILE, &v).map_err(|problems| BundleError::File {
+            file: KEEN_TOOLS_FILE.to_string(),
+            message: problems
+                .iter()
+                .map(|p| p.strip_prefix("keen-tools.json: ").unwrap_or(p))
+                .collect::<Vec<_>>()
+                .join("; "),
+        })?;
     let script_root = keen_script_root(dir);
-    let mut seen = BTreeSet::new();
     let mut tools = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let o = Obj::new(
-            KEEN_TOOLS_FILE,
-            &format!("[{i}]"),
-            item,
-            "an object with name, type, entry",
-        )?;
-        o.only_keys(&["name", "type", "entry", "attempts", "description"])?;
-        let name = o.opt_str("name")?.unwrap_or_default();
-        if name.trim().is_empty() {
-            return Err(o.err(
-                "name",
-                "missing or empty; expected the name the agent uses in `!*tool`",
-            ));
-        }
-        if !seen.insert(name.clone()) {
-            return Err(o.err(
-                "name",
-                format!("tool `{name}` is registered twice; expected unique names"),
-            ));
-        }
-        let entry = o.opt_str("entry")?.unwrap_or_default();
-        let kind = match o.opt_str("type")?.as_deref() {
-            Some("script") => {
-                validate_keen_script_entry(&entry).map_err(|m| o.err("entry", m))?;
-                let path = script_root.join(&entry);
+    for (i, t) in registered.into_iter().enumerate() {
+        let at = |m: String| BundleError::invalid(KEEN_TOOLS_FILE, &format!("[{i}].entry"), m);
+        let kind = match &t.entry {
+            KeenToolEntry::Script { path: entry } => {
+                let path = script_root.join(entry);
                 if !path.is_file() {
                     let shown = path
                         .strip_prefix(dir)
                         .unwrap_or(&path)
                         .display()
                         .to_string();
-                    return Err(o.err(
-                        "entry",
-                        format!("script `{entry}` not found; expected a file at {shown}"),
-                    ));
+                    return Err(at(format!(
+                        "script `{entry}` not found; expected a file at {shown}"
+                    )));
                 }
                 KeenToolKind::Script { path }
             }
-            Some("flow") => {
-                let (controller, start) =
-                    split_flow_entry(&entry).map_err(|m| o.err("entry", m))?;
-                check_flow_node(dir, controller, start).map_err(|m| o.err("entry", m))?;
+            KeenToolEntry::Flow {
+                controller,
+                start_node,
+            } => {
+                check_flow_node(dir, controller, start_node).map_err(at)?;
                 KeenToolKind::Flow {
-                    controller: controller.to_string(),
-                    start_node: start.to_string(),
+                    controller: controller.clone(),
+                    start_node: start_node.clone(),
                 }
             }
-            Some(other) => {
-                return Err(o.err(
-                    "type",
-                    format!("expected \"script\" or \"flow\", got \"{other}\""),
-                ))
-            }
-            None => return Err(o.err("type", "missing; expected \"script\" or \"flow\"")),
+        };
+        let entry = match &t.entry {
+            KeenToolEntry::Script { path } => path.clone(),
+            KeenToolEntry::Flow {
+                controller,
+                start_node,
+            } => format!("{controller}-{start_node}"),
         };
         tools.push(KeenTool {
-            name,
+            name: t.name,
             kind,
             entry,
-            attempts: o.opt_u32("attempts")?,
-            description: o.opt_str("description")?,
+            attempts: t.attempts,
+            description: t.description,
         });
     }
     Ok(Some(tools))
+}
+
+/// Parses `keen-tools.json` text without touching the file system (names, types, entry shapes,
+/// attempts): the one reading of the registry, used at deploy ([`load`], which then checks the
+/// files it names) and by the Keen engine. `file` labels the problems, all of which are
+/// returned at once.
+pub fn parse_keen_registry(
+    file: &str,
+    text: &str,
+) -> std::result::Result<Vec<RegisteredTool>, Vec<String>> {
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| vec![format!("{file}: not valid JSON: {e}")])?;
+    parse_keen_registry_value(file, &value)
+}
+
+/// [`parse_keen_registry`] of JSON already read.
+pub fn parse_keen_registry_value(
+    file: &str,
+    value: &Value,
+) -> std::result::Result<Vec<RegisteredTool>, Vec<String>> {
+    let Value::Array(items) = value else {
+        return Err(vec![format!(
+            "{file}: expected a JSON array of tools like [{{\"name\": \"ToolTimestamp\", \"type\": \"script\", \"entry\": \"tools/stamp.js\"}}]"
+        )]);
+    };
+    let mut problems = Vec::new();
+    let mut tools = Vec::new();
+    let mut names = BTreeSet::new();
+    for (i, item) in items.iter().enumerate() {
+        let at = |field: &str| format!("{file}: [{i}].{field}");
+        let Value::Object(obj) = item else {
+            problems.push(format!(
+                "{file}: [{i}]: expected an object with name, type and entry"
+            ));
+            continue;
+        };
+        for key in obj.keys() {
+            if !matches!(
+                key.as_str(),
+                "name" | "type" | "entry" | "attempts" | "description"
+            ) {
+                problems.push(format!(
+                    "{}: unknown field; expected name, type, entry, attempts or description",
+                    at(key)
+                ));
+            }
+        }
+        let name = match obj.get("name") {
+            Some(Value::String(s))
+                if !s.trim().is_empty() && s.trim() == s && !s.contains('\n') =>
+            {
+                Some(s.clone())
+            }
+            Some(Value::String(_)) => {
+                problems.push(format!(
+                    "{}: must be a non-empty single line without surrounding spaces",
+                    at("name")
+                ));
+                None
+            }
+            Some(_) => {
+                problems.push(format!("{}: expected a string", at("name")));
+                None
+            }
+            None => {
+                problems.push(format!("{}: missing; expected the tool's name", at("name")));
+                None
+            }
+        };
+        if let Some(n) = &name {
+            if !names.insert(n.clone()) {
+                problems.push(format!(
+                    "{}: duplicate tool name {n:?}; names must be unique",
+                    at("name")
+                ));
+            }
+        }
+        let kind = match obj.get("type") {
+            Some(Value::String(t)) if t == "script" => Some(EntryKind::Script),
+            Some(Value::String(t)) if t == "flow" => Some(EntryKind::Flow),
+            Some(other) => {
+                let got = match other {
+                    Value::String(t) => format!("\"{}\"", t.chars().take(40).collect::<String>()),
+                    v => json::kind(v).to_string(),
+                };
+                problems.push(format!(
+                    "{}: expected \"script\" or \"flow\", got {got}",
+                    at("type")
+                ));
+                None
+            }
+            None => {
+                problems.push(format!(
+                    "{}: missing; expected \"script\" or \"flow\"",
+                    at("type")
+                ));
+                None
+            }
+        };
+        let entry = match (obj.get("entry"), kind) {
+            (Some(Value::String(e)), Some(EntryKind::Script)) => {
+                match validate_keen_script_entry(e) {
+                    Ok(()) => Some(KeenToolEntry::Script { path: e.clone() }),
+                    Err(err) => {
+                        problems.push(format!("{}: {err}", at("entry")));
+                        None
+                    }
+                }
+            }
+            // The type is wrong: already reported, the entry cannot be judged.
+            (Some(Value::String(_)), None) => None,
+            (Some(Value::String(e)), Some(_)) => match split_flow_entry(e) {
+                Ok((c, s)) if is_safe_controller(c) => Some(KeenToolEntry::Flow {
+                    controller: c.to_string(),
+                    start_node: s.to_string(),
+                }),
+                _ => {
+                    problems.push(format!(
+                        "{}: flow entry {e:?} must be <Controller>-<StartNode>, e.g. \"Next-ToolCall\" (a controller name without / or .)",
+                        at("entry")
+                    ));
+                    None
+                }
+            },
+            (Some(_), _) => {
+                problems.push(format!("{}: expected a string", at("entry")));
+                None
+            }
+            (None, _) => {
+                problems.push(format!(
+                    "{}: missing; expected tools/<file>.js for a script or <Controller>-<StartNode> for a flow",
+                    at("entry")
+                ));
+                None
+            }
+        };
+        let attempts = match obj.get("attempts") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+                Some(n) => Some(n),
+                None => {
+                    problems.push(format!("{}: expected a whole number >= 0", at("attempts")));
+                    None
+                }
+            },
+        };
+        let description = match obj.get("description") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => {
+                problems.push(format!("{}: expected a string", at("description")));
+                None
+            }
+        };
+        if let (Some(name), Some(_), Some(entry)) = (name, kind, entry) {
+            tools.push(RegisteredTool {
+                name,
+                entry,
+                attempts,
+                description,
+            });
+        }
+    }
+    if problems.is_empty() {
+        Ok(tools)
+    } else {
+        Err(problems)
+    }
+}
+
+fn is_safe_controller(c: &str) -> bool {
+    !c.contains(['/', '\\', '.']) && !c.trim().is_empty()
 }
 
 /// `flows/<controller>.json` exists, is JSON with a `nodes` object, and has `start`.

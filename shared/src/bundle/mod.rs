@@ -43,8 +43,9 @@ pub use config::{
 pub use error::{BundleError, Result};
 pub use harness::{HarnessConfig, Limits, ToolProtocol, HARNESS_FILE};
 pub use keen::{
-    keen_script_root, split_flow_entry, validate_keen_script_entry, KeenTool, KeenToolKind,
-    FLOWS_DIR, KEEN_TOOLS_FILE,
+    keen_script_root, parse_keen_registry, parse_keen_registry_value, split_flow_entry,
+    validate_keen_script_entry, KeenTool, KeenToolEntry, KeenToolKind, RegisteredTool, FLOWS_DIR,
+    KEEN_TOOLS_FILE,
 };
 pub use mcp::{valid_server_name, McpConfig, ServerSpec, MCP_FILE};
 pub use read::MAX_FILE_BYTES;

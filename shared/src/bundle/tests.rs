@@ -448,7 +448,7 @@ fn broken_bundles_each_yield_their_specific_error() {
     check(&[("skills/pricing/SKILL.md", "---\nname: prices\ndescription: d\n---\n")], "skills/pricing/SKILL.md: name: is `prices` but the folder is `pricing`; expected them to be equal");
 
     // keen-tools.json.
-    check(&[(KEEN_TOOLS_FILE, r#"{"name": "A"}"#)], "keen-tools.json: (top level): expected an array of tools");
+    check(&[(KEEN_TOOLS_FILE, r#"{"name": "A"}"#)], "keen-tools.json: expected a JSON array of tools");
     check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "scripts/a.js"}]"#)], "keen-tools.json: [0].entry: script entry `scripts/a.js` must start with `tools/`");
     check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "tools/../a.js"}]"#)], "keen-tools.json: [0].entry: script entry `tools/../a.js` must not contain `..`");
     check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "tools/a.js"}]"#)], "keen-tools.json: [0].entry: script `tools/a.js` not found; expected a file at tools/a.js");
@@ -457,14 +457,14 @@ fn broken_bundles_each_yield_their_specific_error() {
         "keen-tools.json: [0].entry: script `tools/a.js` not found; expected a file at src/scripts/tools/a.js",
     );
     check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "js", "entry": "tools/a.js"}]"#)], "keen-tools.json: [0].type: expected \"script\" or \"flow\", got \"js\"");
-    check(&[(KEEN_TOOLS_FILE, r#"[{"type": "flow", "entry": "A-B"}]"#)], "keen-tools.json: [0].name: missing or empty");
-    check(&[("tools/a.js", ""), (KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "tools/a.js"}, {"name": "A", "type": "script", "entry": "tools/a.js"}]"#)], "keen-tools.json: [1].name: tool `A` is registered twice");
-    check(&[("tools/a.js", ""), (KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "tools/a.js", "attempts": "5"}]"#)], "keen-tools.json: [0].attempts: expected a whole number, got a string");
-    check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "flow", "entry": "NextToolCall"}]"#)], "keen-tools.json: [0].entry: flow entry `NextToolCall`: expected `<Controller>-<StartNode>`");
+    check(&[(KEEN_TOOLS_FILE, r#"[{"type": "flow", "entry": "A-B"}]"#)], "keen-tools.json: [0].name: missing; expected the tool's name");
+    check(&[("tools/a.js", ""), (KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "tools/a.js"}, {"name": "A", "type": "script", "entry": "tools/a.js"}]"#)], "keen-tools.json: [1].name: duplicate tool name \"A\"; names must be unique");
+    check(&[("tools/a.js", ""), (KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "tools/a.js", "attempts": "5"}]"#)], "keen-tools.json: [0].attempts: expected a whole number >= 0");
+    check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "flow", "entry": "NextToolCall"}]"#)], "keen-tools.json: [0].entry: flow entry \"NextToolCall\" must be <Controller>-<StartNode>");
     check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "flow", "entry": "Next-ToolCall"}]"#)], "keen-tools.json: [0].entry: flow `Next` not found; expected a file flows/Next.json");
     check(&[("flows/Next.json", r#"{"nodes": {"Start": {}}}"#), (KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "flow", "entry": "Next-ToolCall"}]"#)], "keen-tools.json: [0].entry: flows/Next.json has no node `ToolCall`");
     check(&[("flows/Next.json", r#"{"nodes": "#), (KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "flow", "entry": "Next-ToolCall"}]"#)], "keen-tools.json: [0].entry: flows/Next.json: invalid JSON at line 1");
-    check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "flow", "entry": "Next-ToolCall", "retries": 1}]"#)], "keen-tools.json: [0].retries: unknown key; expected one of: name, type, entry, attempts, description");
+    check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "flow", "entry": "Next-ToolCall", "retries": 1}]"#)], "keen-tools.json: [0].retries: unknown field; expected name, type, entry, attempts or description");
 }
 
 #[test]

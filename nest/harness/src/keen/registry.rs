@@ -7,10 +7,8 @@
 //! start node exist. [`validate_script_entry`] is the one path check used at deploy, before
 //! dispatch and by the script engine.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-
-use serde_json::Value;
 
 use super::flow::{parse_flow, Flow, FlowNode};
 use super::{KeenError, KeenToolKind, Result};
@@ -39,17 +37,8 @@ pub fn script_root(bundle_dir: &Path) -> PathBuf {
     }
 }
 
-/// What a registered tool runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ToolEntry {
-    /// `tools/….js` beneath the script root.
-    Script { path: String },
-    /// `<Controller>-<StartNode>`, split at the first `-`.
-    Flow {
-        controller: String,
-        start_node: String,
-    },
-}
+/// What a registered tool runs (the bundle format's type).
+pub use agen_shared::bundle::KeenToolEntry as ToolEntry;
 
 /// One validated `keen-tools.json` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,159 +53,24 @@ pub struct KeenTool {
     pub description: Option<String>,
 }
 
-/// Splits a flow entry `<Controller>-<StartNode>` at the first `-`.
-pub fn split_flow_entry(entry: &str) -> Option<(&str, &str)> {
-    let (controller, start) = entry.split_once('-')?;
-    if controller.is_empty() || start.is_empty() {
-        return None;
-    }
-    Some((controller, start))
-}
-
-/// Parses `keen-tools.json` text without touching the file system (names, types, entry shapes,
-/// attempts). `file` labels the problems.
+/// Parses `keen-tools.json` text without touching the file system: the bundle format's one
+/// reading of the registry ([`agen_shared::bundle::parse_keen_registry`]), as engine tools.
 pub fn parse_registry(file: &str, text: &str) -> Result<Vec<KeenTool>> {
-    let value: Value = serde_json::from_str(text)
-        .map_err(|e| KeenError::Invalid(vec![format!("{file}: not valid JSON: {e}")]))?;
-    let Value::Array(items) = value else {
-        return Err(KeenError::Invalid(vec![format!(
-            "{file}: expected a JSON array of tools like [{{\"name\": \"ToolTimestamp\", \"type\": \"script\", \"entry\": \"tools/stamp.js\"}}]"
-        )]));
-    };
-    let mut problems = Vec::new();
-    let mut tools = Vec::new();
-    let mut names = HashSet::new();
-    for (i, item) in items.iter().enumerate() {
-        let at = |field: &str| format!("{file}: [{i}].{field}");
-        let Value::Object(obj) = item else {
-            problems.push(format!(
-                "{file}: [{i}]: expected an object with name, type and entry"
-            ));
-            continue;
-        };
-        for key in obj.keys() {
-            if !matches!(
-                key.as_str(),
-                "name" | "type" | "entry" | "attempts" | "description"
-            ) {
-                problems.push(format!(
-                    "{}: unknown field; expected name, type, entry, attempts or description",
-                    at(key)
-                ));
-            }
-        }
-        let name = match obj.get("name") {
-            Some(Value::String(s))
-                if !s.trim().is_empty() && s.trim() == s && !s.contains('\n') =>
-            {
-                Some(s.clone())
-            }
-            Some(Value::String(_)) => {
-                problems.push(format!(
-                    "{}: must be a non-empty single line without surrounding spaces",
-                    at("name")
-                ));
-                None
-            }
-            Some(_) => {
-                problems.push(format!("{}: expected a string", at("name")));
-                None
-            }
-            None => {
-                problems.push(format!("{}: missing; expected the tool's name", at("name")));
-                None
-            }
-        };
-        if let Some(n) = &name {
-            if !names.insert(n.clone()) {
-                problems.push(format!(
-                    "{}: duplicate tool name {n:?}; names must be unique",
-                    at("name")
-                ));
-            }
-        }
-        let kind = match obj.get("type").and_then(Value::as_str) {
-            Some("script") => Some(KeenToolKind::Script),
-            Some("flow") => Some(KeenToolKind::Flow),
-            _ => {
-                problems.push(format!("{}: expected \"script\" or \"flow\"", at("type")));
-                None
-            }
-        };
-        let entry = match (obj.get("entry"), kind) {
-            (Some(Value::String(e)), Some(KeenToolKind::Script)) => {
-                match validate_script_entry(e) {
-                    Ok(()) => Some(ToolEntry::Script { path: e.clone() }),
-                    Err(err) => {
-                        problems.push(format!("{}: {err}", at("entry")));
-                        None
-                    }
-                }
-            }
-            // The type is wrong: already reported, the entry cannot be judged.
-            (Some(Value::String(_)), None) => None,
-            (Some(Value::String(e)), Some(_)) => match split_flow_entry(e) {
-                Some((c, s)) if is_safe_controller(c) => Some(ToolEntry::Flow {
-                    controller: c.to_string(),
-                    start_node: s.to_string(),
-                }),
-                _ => {
-                    problems.push(format!(
-                        "{}: flow entry {e:?} must be <Controller>-<StartNode>, e.g. \"Next-ToolCall\" (a controller name without / or .)",
-                        at("entry")
-                    ));
-                    None
-                }
+    let registered =
+        agen_shared::bundle::parse_keen_registry(file, text).map_err(KeenError::Invalid)?;
+    Ok(registered
+        .into_iter()
+        .map(|t| KeenTool {
+            name: t.name,
+            kind: match t.entry {
+                ToolEntry::Script { .. } => KeenToolKind::Script,
+                ToolEntry::Flow { .. } => KeenToolKind::Flow,
             },
-            (Some(_), _) => {
-                problems.push(format!("{}: expected a string", at("entry")));
-                None
-            }
-            (None, _) => {
-                problems.push(format!(
-                    "{}: missing; expected tools/<file>.js for a script or <Controller>-<StartNode> for a flow",
-                    at("entry")
-                ));
-                None
-            }
-        };
-        let attempts = match obj.get("attempts") {
-            None | Some(Value::Null) => None,
-            Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
-                Some(n) => Some(n),
-                None => {
-                    problems.push(format!("{}: expected a whole number >= 0", at("attempts")));
-                    None
-                }
-            },
-        };
-        let description = match obj.get("description") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(_) => {
-                problems.push(format!("{}: expected a string", at("description")));
-                None
-            }
-        };
-        if let (Some(name), Some(kind), Some(entry)) = (name, kind, entry) {
-            tools.push(KeenTool {
-                name,
-                kind,
-                entry,
-                attempts,
-                description,
-            });
-        }
-    }
-    if problems.is_empty() {
-        Ok(tools)
-    } else {
-        Err(KeenError::Invalid(problems))
-    }
-}
-
-fn is_safe_controller(c: &str) -> bool {
-    !c.contains(['/', '\\', '.']) && !c.trim().is_empty()
+            entry: t.entry,
+            attempts: t.attempts,
+            description: t.description,
+        })
+        .collect())
 }
 
 /// The validated Keen parts of a bundle.

@@ -3,6 +3,11 @@
 use super::*;
 use pretty_assertions::assert_eq;
 
+/// The bundle format's split, as the engine reads it.
+fn split_flow_entry(entry: &str) -> Option<(&str, &str)> {
+    agen_shared::bundle::split_flow_entry(entry).ok()
+}
+
 #[track_caller]
 fn check_entry(entry: &str, expected: std::result::Result<(), &str>) {
     assert_eq!(
@@ -141,7 +146,7 @@ fn registry_problems_name_the_index_field_and_expectation() {
         r#"[{"name": "A", "type": "pipe", "entry": "tools/a.js", "attempts": -1, "atempts": 2}]"#,
         &[
             "keen-tools.json: [0].atempts: unknown field; expected name, type, entry, attempts or description",
-            "keen-tools.json: [0].type: expected \"script\" or \"flow\"",
+            "keen-tools.json: [0].type: expected \"script\" or \"flow\", got \"pipe\"",
             "keen-tools.json: [0].attempts: expected a whole number >= 0",
         ],
     );
