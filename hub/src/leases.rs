@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use serde::Deserialize;
+use agen_shared::run::RunInterrupted;
 
 use crate::error::Result;
 use crate::fleet::{Core, State};
@@ -42,23 +42,13 @@ pub fn retry_backoff_ms(failures: u32) -> i64 {
     (250_i64 << failures.min(6)).min(5_000)
 }
 
-/// The body of a `run.interrupted` event (sent by the Nest).
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct Interrupted {
-    #[serde(default)]
-    pub reason: String,
-    /// `instance_died`, `instance_stopped`, `not_here`, `nest_fenced` (absent: an older Nest,
-    /// which sent it only when the instance died or was stopped).
-    #[serde(default)]
-    pub cause: String,
-}
-
-impl Interrupted {
-    pub fn requeue(&self) -> Requeue {
-        match self.cause.as_str() {
-            "instance_died" | "" => Requeue::InstanceFailed,
-            _ => Requeue::NotCounted,
-        }
+/// How an interrupted run counts: `instance_died` (or no cause: an older Nest, which sent
+/// `run.interrupted` only when the instance died or was stopped) is the instance's failure;
+/// `instance_stopped`, `not_here`, `nest_fenced` and the rest are not.
+pub fn requeue_cause(i: &RunInterrupted) -> Requeue {
+    match i.cause.as_str() {
+        "instance_died" | "" => Requeue::InstanceFailed,
+        _ => Requeue::NotCounted,
     }
 }
 

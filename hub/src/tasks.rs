@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use agen_shared::run::{kind, RunEventBody, RunState};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -31,8 +32,21 @@ pub use crate::trace::{build_spans, SpanRec};
 const CANCEL_GRACE_MS: i64 = 5_000;
 /// The longest client request id.
 pub const MAX_CLIENT_REQUEST_ID_BYTES: usize = 200;
-/// The event a Nest sends for a run its instance can no longer finish: the run is re-dispatched.
-pub const RUN_INTERRUPTED: &str = "run.interrupted";
+
+/// The body of a `task.state` event: the state, what the task is doing, and its outcome once
+/// it has one.
+#[derive(serde::Serialize)]
+struct TaskStateEvent<'a> {
+    state: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    message: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_type: Option<&'a str>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    error: &'a str,
+}
 
 /// A task event as it happens, with the task after it (for `WatchTask`).
 #[derive(Debug, Clone)]
@@ -189,10 +203,6 @@ fn request_key(namespace: &str, id: &str) -> String {
     format!("{namespace}\u{0}{id}")
 }
 
-fn str_field<'a>(v: &'a Value, keys: &[&str]) -> Option<&'a str> {
-    keys.iter().find_map(|k| v.get(*k).and_then(Value::as_str))
-}
-
 impl Core {
     fn save_task(&self, st: &mut State, task: TaskRec) -> Result<()> {
         self.db.put_json(Table::Tasks, &task.task_id, &task)?;
@@ -229,18 +239,15 @@ impl Core {
     }
 
     fn emit_state(&self, st: &mut State, task: TaskRec) -> Result<()> {
-        let mut body = serde_json::json!({"state": task.state.as_str()});
-        if !task.activity.is_empty() {
-            body["message"] = Value::String(task.activity.clone());
-        }
-        if let Some(o) = &task.outcome {
-            body["result"] = Value::String(o.result.clone());
-            body["response_type"] = Value::String(o.response_type.clone());
-            if !o.error.is_empty() {
-                body["error"] = Value::String(o.error.clone());
-            }
-        }
-        self.emit(st, task, "task.state", body.to_string())
+        let body = TaskStateEvent {
+            state: task.state.as_str(),
+            message: &task.activity,
+            result: task.outcome.as_ref().map(|o| o.result.as_str()),
+            response_type: task.outcome.as_ref().map(|o| o.response_type.as_str()),
+            error: task.outcome.as_ref().map_or("", |o| o.error.as_str()),
+        };
+        let json = serde_json::to_string(&body).map_err(|e| HubError::Internal(e.to_string()))?;
+        self.emit(st, task, "task.state", json)
     }
 
     /// Queues a task; a retried submit with the same client request id returns the first task.
@@ -875,97 +882,78 @@ impl Core {
         let mut task = task;
         task.lease.started = true;
         task.lease.missing_since_ms = 0;
-        let body: Value = serde_json::from_str(&e.json).unwrap_or(Value::Null);
-        match e.kind.as_str() {
-            "activity" => {
-                task.activity = str_field(&body, &["activity", "text", "message"])
-                    .map(str::to_string)
-                    .or_else(|| body.as_str().map(str::to_string))
-                    .unwrap_or_else(|| e.json.clone());
-            }
-            "model.requested" => task.activity = "waiting for the model".into(),
-            "model.answered" => task.activity = "thinking".into(),
-            "tool.started" => {
-                let tool = str_field(&body, &["tool", "name", "tool_name"]).unwrap_or("a tool");
-                task.activity = format!("calling {tool}");
-            }
-            "task.progress" => {
+        let body = RunEventBody::from_wire(&e.kind, &e.json);
+        match &body {
+            Ok(RunEventBody::Activity(a)) => task.activity = a.activity.clone(),
+            Ok(RunEventBody::ModelRequested(_)) => task.activity = "waiting for the model".into(),
+            Ok(RunEventBody::ModelAnswered(_)) => task.activity = "thinking".into(),
+            Ok(RunEventBody::ToolStarted(t)) => task.activity = format!("calling {}", t.tool),
+            Ok(RunEventBody::TaskProgress(p)) => {
                 task.progress = Some(ProgressRec {
-                    step: str_field(&body, &["step"]).unwrap_or_default().to_string(),
-                    done: body.get("done").and_then(Value::as_u64),
-                    total: body.get("total").and_then(Value::as_u64),
-                    note: str_field(&body, &["note"]).unwrap_or_default().to_string(),
-                    artifacts: body
-                        .get("artifacts")
-                        .and_then(Value::as_array)
-                        .map(|a| {
-                            a.iter()
-                                .filter_map(|v| v.as_str().map(str::to_string))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
+                    step: p.step.clone(),
+                    done: p.done,
+                    total: p.total,
+                    note: p.note.clone().unwrap_or_default(),
+                    artifacts: p.artifacts.clone(),
                     updated_at_ms: e.at_ms,
                 });
             }
-            _ => {}
-        }
-        if e.kind == RUN_INTERRUPTED {
-            // The instance cannot finish the run: resume it elsewhere (or on its restart). When
-            // the instance itself failed it is marked unhealthy first, so that the retry does
-            // not go back to it before it says it is well again.
-            let interrupted: leases::Interrupted =
-                serde_json::from_str(&e.json).unwrap_or_default();
-            let cause = interrupted.requeue();
-            if cause == Requeue::InstanceFailed {
-                self.instance_failed(st, &task.lease.instance_id, &interrupted.reason)?;
-            }
-            self.emit(st, task.clone(), &e.kind, e.json.clone())?;
-            let task = st.tasks.get(&task.task_id).cloned().unwrap_or(task);
-            let why = if interrupted.reason.is_empty() {
-                "the instance process died"
-            } else {
-                interrupted.reason.as_str()
-            };
-            return self.requeue_task(st, task, why, cause);
-        }
-        if e.kind == "run.finished" {
-            // The run event itself first, then the terminal state.
-            self.emit(st, task.clone(), &e.kind, e.json.clone())?;
-            let task = st.tasks.get(&task.task_id).cloned().unwrap_or(task);
-            let state = match (
-                str_field(&body, &["state"]),
-                task.cancel_requested_at_ms > 0,
-            ) {
-                (Some("cancelled"), _) | (_, true) => TaskState::Cancelled,
-                (Some("succeeded"), false) => TaskState::Succeeded,
-                _ => TaskState::Failed,
-            };
-            let result = str_field(&body, &["result"])
-                .unwrap_or_default()
-                .to_string();
-            let response_type = str_field(&body, &["response_type", "responseType"])
-                .unwrap_or(if state == TaskState::Failed {
-                    "error"
+            Ok(RunEventBody::RunInterrupted(interrupted)) => {
+                // The instance cannot finish the run: resume it elsewhere (or on its restart).
+                // When the instance itself failed it is marked unhealthy first, so that the
+                // retry does not go back to it before it says it is well again.
+                let cause = leases::requeue_cause(interrupted);
+                if cause == Requeue::InstanceFailed {
+                    self.instance_failed(st, &task.lease.instance_id, &interrupted.reason)?;
+                }
+                self.emit(st, task.clone(), &e.kind, e.json.clone())?;
+                let task = st.tasks.get(&task.task_id).cloned().unwrap_or(task);
+                let why = if interrupted.reason.is_empty() {
+                    "the instance process died"
                 } else {
-                    "text"
-                })
-                .to_string();
-            let mut error = str_field(&body, &["error"]).unwrap_or_default().to_string();
-            if state == TaskState::Cancelled && error.is_empty() {
-                error = task.cancel_reason.clone();
+                    interrupted.reason.as_str()
+                };
+                return self.requeue_task(st, task, why, cause);
             }
-            if let Some(messages) = body.get("messages").and_then(Value::as_array) {
-                if !messages.is_empty() && !task.conversation_id.is_empty() {
+            Ok(RunEventBody::RunFinished(f)) => {
+                // The run event itself first, then the terminal state.
+                self.emit(st, task.clone(), &e.kind, e.json.clone())?;
+                let task = st.tasks.get(&task.task_id).cloned().unwrap_or(task);
+                let state = match (f.state, task.cancel_requested_at_ms > 0) {
+                    (RunState::Cancelled, _) | (_, true) => TaskState::Cancelled,
+                    (RunState::Succeeded, false) => TaskState::Succeeded,
+                    (RunState::Failed, false) => TaskState::Failed,
+                };
+                let error = if state == TaskState::Cancelled {
+                    task.cancel_reason.clone()
+                } else {
+                    String::new()
+                };
+                if !f.messages.is_empty() && !task.conversation_id.is_empty() {
                     let mut conv: ConversationRec = self
                         .db
                         .get_json(Table::Conversations, &task.conversation_id)?
                         .unwrap_or_default();
-                    conv.messages.extend(messages.iter().cloned());
+                    for m in &f.messages {
+                        conv.messages.push(
+                            serde_json::to_value(m)
+                                .map_err(|e| HubError::Internal(e.to_string()))?,
+                        );
+                    }
                     self.db
                         .put_json(Table::Conversations, &task.conversation_id, &conv)?;
                 }
+                let response_type = f.response_type.as_str();
+                return self.finish_task(st, task, state, &f.result, response_type, &error);
             }
-            return self.finish_task(st, task, state, &result, &response_type, &error);
+            Err(wrong) if e.kind == kind::RUN_FINISHED => {
+                // The owner's last word cannot be read: the run is over all the same.
+                self.emit(st, task.clone(), &e.kind, e.json.clone())?;
+                let task = st.tasks.get(&task.task_id).cloned().unwrap_or(task);
+                let error = format!("the run's run.finished event could not be read: {wrong}");
+                return self.finish_task(st, task, TaskState::Failed, &error, "error", &error);
+            }
+            _ => {}
         }
         self.emit(st, task, &e.kind, e.json.clone())
     }

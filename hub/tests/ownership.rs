@@ -385,3 +385,57 @@ async fn a_nest_saves_and_reads_artifacts_only_for_the_runs_it_was_assigned() {
         Err(tonic::Code::PermissionDenied)
     );
 }
+
+#[tokio::test]
+async fn a_run_finished_the_hub_cannot_read_ends_the_task_failed_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = TestHub::start(&dir.path().join("hub"), Duration::from_secs(10)).await;
+    let mut api = hub.client().await;
+    let bundle = dir.path().join("hello");
+    write_bundle(&bundle, "hi");
+    let (mut nest, _) = FakeNest::connect(&hub, "nest-a", &[], vec![]).await;
+    deploy(&mut api, &bundle, "hello", 1).await;
+    let place = nest.accept_placement().await;
+    let task = api
+        .submit_task(pb::SubmitTaskRequest {
+            namespace: "default".into(),
+            deployment: "hello".into(),
+            input: "hi".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("submit")
+        .into_inner();
+    let run = nest
+        .next_matching(|m| match m {
+            Hub::AssignRun(r) => Some(r),
+            _ => None,
+        })
+        .await;
+    // Its own run, a state that is not one.
+    let ack = send(
+        &mut nest,
+        &place.instance_id,
+        vec![event(
+            &run,
+            1,
+            "run.finished",
+            serde_json::json!({"state": "half-done", "result": 7}),
+        )],
+    )
+    .await;
+    assert_eq!((ack.acked_seq, ack.fenced), (1, false));
+    let t = get(&mut api, &task.task_id).await;
+    assert_eq!(
+        task_state(&t),
+        pb::TaskState::Failed,
+        "the run is over, never stuck"
+    );
+    let outcome = t.outcome.expect("an outcome");
+    assert!(
+        outcome
+            .error
+            .starts_with("the run's run.finished event could not be read"),
+        "{outcome:?}"
+    );
+}
