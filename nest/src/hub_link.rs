@@ -43,7 +43,7 @@ const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(2);
 /// Reconnect back-off bounds (the cap is small so that tests recover quickly).
 const RECONNECT_BASE: Duration = Duration::from_millis(200);
 const RECONNECT_CAP: Duration = Duration::from_secs(5);
-/// Events are gathered this long before a batch is sent.
+/// Events nobody waits for are gathered this long before a batch is sent.
 const BATCH_WINDOW: Duration = Duration::from_millis(5);
 /// Events per `RunEvents` message at most.
 const BATCH_MAX: usize = 256;
@@ -259,6 +259,8 @@ async fn trusted_ca(opts: &NestOptions, hub: &str) -> Result<String> {
 pub struct Outbox {
     state: Mutex<OutboxState>,
     notify: Notify,
+    /// Woken when a waited-for event is queued (it ends a batching window early).
+    urgent_notify: Notify,
 }
 
 #[derive(Default)]
@@ -266,6 +268,8 @@ struct OutboxState {
     unacked: BTreeMap<(String, u32), BTreeMap<u64, (String, RunEvent)>>,
     /// Keys of events not yet sent on the current stream, in order.
     unsent: VecDeque<(String, u32, u64)>,
+    /// Whether an unsent event is waited for (`sync`): then the batch goes at once.
+    urgent: bool,
 }
 
 impl Outbox {
@@ -276,8 +280,13 @@ impl Outbox {
             let key = (event.run_id.clone(), event.attempt);
             let seq = event.seq;
             let slot = st.unacked.entry(key.clone()).or_default();
+            let sync = event.sync;
             if slot.insert(seq, (instance_id.to_string(), event)).is_none() {
                 st.unsent.push_back((key.0, key.1, seq));
+                st.urgent |= sync;
+            }
+            if sync {
+                self.urgent_notify.notify_one();
             }
         }
         self.notify.notify_one();
@@ -318,6 +327,7 @@ impl Outbox {
     /// Up to `max` events to send, grouped as `RunEvents` per instance (in order).
     pub fn take_batch(&self, max: usize) -> Vec<RunEvents> {
         let mut st = self.lock();
+        st.urgent = false;
         let mut out: Vec<RunEvents> = Vec::new();
         let mut n = 0;
         while n < max {
@@ -338,6 +348,11 @@ impl Outbox {
             n += 1;
         }
         out
+    }
+
+    /// Whether an event someone waits for is queued (no batching window then).
+    pub fn urgent(&self) -> bool {
+        self.lock().urgent
     }
 
     /// Number of events waiting for an ack.
@@ -561,7 +576,14 @@ async fn session(
                 }
             }
             _ = ctx.outbox.notify.notified() => {
-                tokio::time::sleep(BATCH_WINDOW).await;
+                // Batching is for events nobody waits for; a waited-for one goes at once, and
+                // with it every earlier event of the queue (order is the ledger's guarantee).
+                if !ctx.outbox.urgent() {
+                    tokio::select! {
+                        _ = tokio::time::sleep(BATCH_WINDOW) => {}
+                        _ = ctx.outbox.urgent_notify.notified() => {}
+                    }
+                }
                 loop {
                     let batch = ctx.outbox.take_batch(BATCH_MAX);
                     if batch.is_empty() {

@@ -7,6 +7,7 @@
 //! it is acknowledged to anyone; run events are appended only if absent, and only for the
 //! attempt the Hub issued last for their run (any other attempt is refused: fenced).
 
+mod group_commit;
 mod sled_store;
 
 use futures::future::BoxFuture;
@@ -125,15 +126,24 @@ pub enum Append {
     Fenced,
 }
 
-/// Typed access to a [`Store`].
+/// Typed access to a [`Store`], with group commit ([`Db::flush`]).
 #[derive(Clone)]
 pub struct Db {
     inner: std::sync::Arc<dyn Store>,
+    commit: std::sync::Arc<group_commit::GroupCommit>,
 }
 
 impl Db {
     pub fn new(inner: std::sync::Arc<dyn Store>) -> Db {
-        Db { inner }
+        Db {
+            inner,
+            commit: Default::default(),
+        }
+    }
+
+    /// Flushes the store has done (one fsync each), for metrics and benchmarks.
+    pub fn flushes(&self) -> u64 {
+        self.commit.flushes()
     }
 
     pub fn raw(&self) -> &dyn Store {
@@ -167,8 +177,10 @@ impl Db {
             .collect()
     }
 
+    /// Makes every write done before this call durable. Callers that arrive while a flush is
+    /// in flight share the next one (group commit: one fsync serves many runs).
     pub async fn flush(&self) -> Result<()> {
-        self.inner.flush().await
+        self.commit.flush(self.inner.as_ref()).await
     }
 
     /// Why the store cannot write now (`None` while it can).

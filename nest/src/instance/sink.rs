@@ -2,11 +2,13 @@
 //! `(run_id, attempt)` from 1, sends them to the Nest over the instance socket, and for a
 //! `sync` event waits until the Hub acknowledged that seq (relayed by the Nest).
 //!
-//! Invariants: seqs are gap-free and increase in emit order; a fenced attempt fails every
+//! Invariants: seqs are gap-free and increase in emit order, and events reach the socket in seq
+//! order (a seq is taken and its event queued under one lock, so parallel tool calls cannot
+//! overtake each other): the Hub's cumulative ack of seq N then means every event up to N is
+//! durable, which is what lets a side effect's "completed" be streamed rather than waited
+//! for (see the harness's `run::tools`); a fenced attempt fails every
 //! later emit with [`SinkError::Fenced`]; the harness's own `run.finished` is held back: the
 //! host sends the one final `run.finished` (with the run's messages) through [`NestSink::finish`].
-
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use agen_shared::run::RunFinished;
 use tokio::sync::{mpsc, watch};
@@ -18,7 +20,8 @@ pub struct NestSink {
     run_id: String,
     attempt: u32,
     task_id: String,
-    seq: AtomicU64,
+    /// The last seq handed out; held while its event is queued.
+    seq: std::sync::Mutex<u64>,
     to_nest: mpsc::UnboundedSender<ToNest>,
     acks: watch::Receiver<(u64, bool)>,
 }
@@ -35,7 +38,7 @@ impl NestSink {
             run_id,
             attempt,
             task_id,
-            seq: AtomicU64::new(0),
+            seq: std::sync::Mutex::new(0),
             to_nest,
             acks,
         }
@@ -50,19 +53,24 @@ impl NestSink {
         if self.acks.borrow().1 {
             return Err(SinkError::Fenced);
         }
-        let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
-        let msg = RunEventMsg {
-            run_id: self.run_id.clone(),
-            attempt: self.attempt,
-            seq,
-            task_id: self.task_id.clone(),
-            at_ms: chrono::Utc::now().timestamp_millis(),
-            body,
-            sync,
+        let seq = {
+            let mut last = self.seq.lock().unwrap_or_else(|p| p.into_inner());
+            let seq = *last + 1;
+            let msg = RunEventMsg {
+                run_id: self.run_id.clone(),
+                attempt: self.attempt,
+                seq,
+                task_id: self.task_id.clone(),
+                at_ms: chrono::Utc::now().timestamp_millis(),
+                body,
+                sync,
+            };
+            self.to_nest
+                .send(ToNest::Event(msg))
+                .map_err(|_| SinkError::Unavailable("the nest connection is closed".into()))?;
+            *last = seq;
+            seq
         };
-        self.to_nest
-            .send(ToNest::Event(msg))
-            .map_err(|_| SinkError::Unavailable("the nest connection is closed".into()))?;
         if !sync {
             return Ok(());
         }

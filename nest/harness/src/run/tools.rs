@@ -1,6 +1,15 @@
 //! Tool routing: one call goes to a built-in, to its MCP server or to a host tool; the
 //! [`ToolPolicy`] decides whether a tool is side-effecting and whether an interrupted call may be
 //! sent again; MCP and host calls carry `_meta` and their results go through secret redaction.
+//!
+//! The ledger costs one durable wait per side effect: its "started" is acknowledged durable
+//! before the call is sent; its "completed" (or "failed") is streamed. Why that is enough: a
+//! run's events keep their seq order on every hop (the sink queues them in seq order, the Nest
+//! relays and resends them in order, the Hub appends them in order and acks cumulatively), so an
+//! ack of any later event — the next "started", `run.finished` — covers the "completed" before
+//! it, and everything the model did with the result comes after it in the log. A crash before
+//! the "completed" is durable leaves the "started" alone: the call is `effect_unknown` on
+//! resume and is never sent again.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -354,7 +363,12 @@ impl Run<'_> {
                 )
             }
         };
-        if let Err(e) = self.emit(body, side_effect).await {
+        // "completed" is streamed, never waited for: the sink keeps a run's events in seq order
+        // on every hop and the Hub acks cumulatively, so nothing after it (the next model turn,
+        // the next side effect's "started", which is waited for, or run.finished) can be
+        // durable unless it is. A crash before it is durable leaves "started" alone in the
+        // ledger: the call is effect_unknown on resume, never repeated.
+        if let Err(e) = self.emit(body, false).await {
             tracing::warn!(run_id = %self.req.run_id, tool = %qualified, "tool result not durable: {e}");
             // The model must not act on a side-effecting result the ledger does not hold.
             if matches!(e, SinkError::Fenced) {
