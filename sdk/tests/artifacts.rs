@@ -84,3 +84,62 @@ fn walk(dir: &std::path::Path) -> Vec<String> {
     }
     out
 }
+
+/// A Keen script tool's result over the recorded limit (1 MiB) is cut for the model with a note,
+/// and kept whole as an artifact, as an MCP tool's is.
+#[tokio::test]
+async fn a_keen_script_result_over_one_mib_is_cut_for_the_model_and_kept_whole() {
+    let call = "<SYSTEM CALL>\n!*action\nuse tool\n!*tool\nBig\n!*context\n{}\n</SYSTEM CALL>\n";
+    let model = FakeModel::start(
+        Script::steps(vec![Step::reply(call), Step::template("{{last_user}}")]),
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let files = [
+        (
+            "x-agen/agent.md",
+            format!(
+                "---\nmodel: openai/fake\nbaseUrl: {}\n---\nYou use tools.\n",
+                model.openai_base_url()
+            ),
+        ),
+        (
+            "x-agen/harness.json",
+            json!({"toolProtocol": "keen"}).to_string(),
+        ),
+        (
+            "keen-tools.json",
+            json!([{"name": "Big", "type": "script", "entry": "tools/big.js"}]).to_string(),
+        ),
+        (
+            "tools/big.js",
+            "module.exports = { exec(props, dictionary) { dictionary.result = 'x'.repeat(1572864); } };\n".into(),
+        ),
+    ];
+    for (name, text) in files {
+        let path = dir.path().join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    let agent = Agent::from_bundle(dir.path())
+        .api_key("k")
+        .build()
+        .await
+        .unwrap();
+    let out = agent.run("Make it big").await.unwrap();
+
+    assert!(
+        out.result.len() < 1024 * 1024 + 4096,
+        "the model saw {} bytes",
+        out.result.len()
+    );
+    assert!(
+        out.result.contains("1572864"),
+        "the note says how long it was"
+    );
+    assert_eq!(out.artifacts.len(), 1, "the whole result is kept");
+    let whole = agent.read_artifact(&out.artifacts[0].id).await.unwrap();
+    assert_eq!(whole.len(), 1572864);
+}

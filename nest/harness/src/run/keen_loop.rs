@@ -159,7 +159,9 @@ impl Run<'_> {
                         &script_limits,
                     )
                     .await;
-                    let result = ToolResult::from(outcome);
+                    let result = self
+                        .bounded_keen_result(&dispatch.tool, ToolResult::from(outcome))
+                        .await;
                     self.keen_tool_event(&call_id, &dispatch.tool, &result, started)
                         .await;
                     result
@@ -206,6 +208,7 @@ impl Run<'_> {
                             dispatch.tool
                         )),
                     };
+                    let result = self.bounded_keen_result(&dispatch.tool, result).await;
                     self.keen_tool_event(&call_id, &dispatch.tool, &result, started)
                         .await;
                     result
@@ -260,6 +263,29 @@ impl Run<'_> {
             )
             .await;
         Some(crate::keen::ToolResult::ScriptError(content))
+    }
+
+    /// A script's or flow's result within the recorded tool result limit (see `cut`), like an
+    /// MCP tool's.
+    async fn bounded_keen_result(
+        &self,
+        tool: &str,
+        result: crate::keen::ToolResult,
+    ) -> crate::keen::ToolResult {
+        use crate::keen::ToolResult;
+        match result {
+            ToolResult::Answer(t) => ToolResult::Answer(self.bounded_tool_result(tool, t).await),
+            ToolResult::ScriptError(t) => {
+                ToolResult::ScriptError(self.bounded_tool_result(tool, t).await)
+            }
+            ToolResult::FlowError(t) => {
+                ToolResult::FlowError(self.bounded_tool_result(tool, t).await)
+            }
+            ToolResult::TechnicalError(t) => {
+                ToolResult::TechnicalError(self.bounded_tool_result(tool, t).await)
+            }
+            ToolResult::NoResponse(t) => ToolResult::NoResponse(t),
+        }
     }
 
     async fn keen_tool_event(
