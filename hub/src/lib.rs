@@ -8,6 +8,7 @@
 //! [`limits`] (the table of input limits and its checks),
 //! `fleet` (core state, deployments, instances, reconcile loop), [`lifecycle`] (deployment
 //! history, scale, rollback, removal), `tasks` (queue, dispatch, run events, conversations),
+//! [`logs`] (log requests in flight between `ReadLogs` and the Nests' `SendLogs`),
 //! `leases` (who may run a task now: ownership of run events, reconciliation with what Nests
 //! run, start deadlines), [`secrets`] (the secret store, sealed at rest).
 //!
@@ -39,6 +40,7 @@ pub mod fleet;
 pub mod leases;
 pub mod lifecycle;
 pub mod limits;
+pub mod logs;
 pub mod model;
 pub mod nodes;
 pub mod scheduler;

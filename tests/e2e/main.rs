@@ -15,6 +15,7 @@ mod init;
 mod keen;
 mod lifecycle;
 mod limits;
+mod logs;
 mod permissions;
 mod privacy;
 mod resume;

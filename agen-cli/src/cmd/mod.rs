@@ -12,6 +12,7 @@ pub mod history;
 pub mod hub;
 pub mod init;
 pub mod instance;
+pub mod logs;
 pub mod mcp;
 pub mod nest;
 pub mod nests;
