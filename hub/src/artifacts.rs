@@ -143,7 +143,7 @@ impl Core {
     }
 
     /// Bytes of artifacts stored in `namespace`.
-    fn artifact_bytes_used(&self, namespace: &str) -> Result<u64> {
+    pub(crate) fn artifact_bytes_used(&self, namespace: &str) -> Result<u64> {
         let mut prefix = namespace.as_bytes().to_vec();
         prefix.push(0);
         Ok(self

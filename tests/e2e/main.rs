@@ -16,6 +16,7 @@ mod keen;
 mod lifecycle;
 mod limits;
 mod logs;
+mod metrics;
 mod permissions;
 mod privacy;
 mod resume;

@@ -17,6 +17,9 @@ pub struct Args {
     /// Log format on stderr: text (colour only on a terminal; syslog priorities under systemd) or json
     #[arg(long, env = "AGEN_LOG_FORMAT", default_value = "text")]
     pub log_format: agen_shared::telemetry::LogFormat,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// Where the Hub keeps its state, CA and tokens [default: $AGEN_DATA_DIR/hub, else ~/.local/share/agen/hub]
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -94,6 +97,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         nest_disconnect_grace: args.nest_disconnect_grace,
         run_start_deadline: args.run_start_deadline,
         limits: args.limits(),
+        metrics_listen: args.metrics_listen,
     };
     if let Err(e) = opts.validate() {
         eprintln!("error: {e}");

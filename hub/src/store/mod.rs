@@ -168,7 +168,10 @@ impl Db {
     }
 
     pub async fn flush(&self) -> Result<()> {
-        self.inner.flush().await
+        let started = std::time::Instant::now();
+        let result = self.inner.flush().await;
+        crate::metrics::store_flushed(started.elapsed());
+        result
     }
 
     /// Why the store cannot write now (`None` while it can).
