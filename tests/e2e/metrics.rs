@@ -46,7 +46,15 @@ fn a_prometheus_scrape_parses_and_its_series_move_as_a_task_runs() {
         &["--metrics-listen", &format!("127.0.0.1:{metrics_port}")],
     )
     .unwrap();
-    let _nest = hub.nest("metered", &[], &[]).unwrap();
+    let nest_metrics_port = free_port();
+    let nest_metrics = format!("127.0.0.1:{nest_metrics_port}");
+    let _nest = hub
+        .nest(
+            "metered",
+            &[],
+            &[("AGEN_NEST_METRICS_LISTEN", &nest_metrics)],
+        )
+        .unwrap();
     let model = FakeModel::start(
         &tmp.path().join("model"),
         &json!({"steps": [
@@ -83,6 +91,26 @@ fn a_prometheus_scrape_parses_and_its_series_move_as_a_task_runs() {
             .any(|i| i["deployment"] == "metered" && i["healthy"] == true)
     })
     .unwrap();
+
+    // The Nest's own: its instance running, no restarts, nothing waiting for the Hub.
+    let nest = scrape(nest_metrics_port);
+    assert_eq!(
+        sum(&nest, "agen_nest_instances", &[("state", "running")]),
+        1.0,
+        "{nest}"
+    );
+    assert_eq!(
+        sum(
+            &nest,
+            "agen_instance_restarts_total",
+            &[("deployment", "metered")]
+        ),
+        0.0
+    );
+    assert!(
+        nest["families"]["agen_nest_run_events_pending"] == "gauge",
+        "{nest}"
+    );
 
     let before = scrape(metrics_port);
     assert!(

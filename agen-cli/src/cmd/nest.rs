@@ -16,6 +16,9 @@ pub struct Args {
     /// Log format on stderr: text (colour only on a terminal; syslog priorities under systemd) or json
     #[arg(long, env = "AGEN_LOG_FORMAT", default_value = "text")]
     pub log_format: agen_shared::telemetry::LogFormat,
+    /// Serve this Nest's Prometheus metrics at http://ADDR/metrics
+    #[arg(long, value_name = "ADDR", env = "AGEN_NEST_METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// The Hub's URL, e.g. https://hub.example:7443
     #[arg(long, env = "AGEN_HUB")]
     pub hub: String,
@@ -89,6 +92,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     }
     opts.labels = labels;
     opts.capacity = args.capacity;
+    opts.metrics_listen = args.metrics_listen;
     opts.agen_bin =
         std::env::current_exe().context("while finding the agen binary to run instances with")?;
     if let Err(e) = opts.validate() {
