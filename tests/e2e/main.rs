@@ -24,5 +24,6 @@ mod runs;
 mod secrets;
 mod sql;
 mod tokens;
+mod trace_events;
 mod up;
 mod workspace;

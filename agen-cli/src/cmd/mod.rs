@@ -27,6 +27,7 @@ pub mod submit;
 pub mod tasks;
 pub mod tokens;
 pub mod trace;
+pub mod trace_events;
 pub mod up;
 pub mod wait;
 
