@@ -52,6 +52,8 @@ pub enum Command {
     Tasks(cmd::tasks::Args),
     /// A task's trace: model turns and tool calls with durations
     Trace(cmd::trace::Args),
+    /// The stderr of an instance or of one of its tool servers (-f follows)
+    Logs(cmd::logs::Args),
     /// Artifacts saved by agents
     #[command(subcommand)]
     Artifacts(cmd::artifacts::Command),
@@ -125,6 +127,7 @@ pub fn main(cli: Cli) -> i32 {
             Command::Cancel(a) => cmd::cancel::run(a).await,
             Command::Tasks(a) => cmd::tasks::run(a).await,
             Command::Trace(a) => cmd::trace::run(a).await,
+            Command::Logs(a) => cmd::logs::run(a).await,
             Command::Artifacts(c) => cmd::artifacts::run(c).await,
             Command::Secrets(c) => cmd::secrets::run(c).await,
             Command::Tokens(c) => cmd::tokens::run(c).await,

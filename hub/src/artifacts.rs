@@ -233,6 +233,18 @@ impl Core {
         Ok(usage)
     }
 
+    /// Bytes of artifacts stored in `namespace`.
+    pub(crate) fn artifact_bytes_used(&self, namespace: &str) -> Result<u64> {
+        let mut prefix = namespace.as_bytes().to_vec();
+        prefix.push(0);
+        Ok(self
+            .db
+            .list_json::<ArtifactRec>(Table::ArtifactMeta, &prefix)?
+            .iter()
+            .map(|a| a.size)
+            .sum())
+    }
+
     /// The artifacts of `namespace`, or those `task_id` saved, oldest first.
     pub fn list_artifacts(&self, namespace: &str, task_id: &str) -> Result<Vec<ArtifactRec>> {
         let namespace = namespace_or_default(namespace);

@@ -35,6 +35,8 @@ pub struct HubOptions {
     pub run_start_deadline: Duration,
     /// The table of input limits (see [`crate::limits`]).
     pub limits: crate::limits::Limits,
+    /// Where to serve Prometheus metrics (`GET /metrics`); `None`: not served.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Default for HubOptions {
@@ -49,6 +51,7 @@ impl Default for HubOptions {
             nest_disconnect_grace: Duration::from_secs(3),
             run_start_deadline: Duration::from_secs(30),
             limits: crate::limits::Limits::default(),
+            metrics_listen: None,
         }
     }
 }

@@ -8,6 +8,7 @@
 //! [`limits`] (the table of input limits and its checks),
 //! `fleet` (core state, deployments, instances, reconcile loop), [`lifecycle`] (deployment
 //! history, scale, rollback, removal), `tasks` (queue, dispatch, run events, conversations),
+//! [`metrics`] (Prometheus metrics, `--metrics-listen`), [`logs`] (log requests in flight between `ReadLogs` and the Nests' `SendLogs`),
 //! `leases` (who may run a task now: ownership of run events, reconciliation with what Nests
 //! run, start deadlines), [`secrets`] (the secret store, sealed at rest).
 //!
@@ -39,6 +40,8 @@ pub mod fleet;
 pub mod leases;
 pub mod lifecycle;
 pub mod limits;
+pub mod logs;
+pub mod metrics;
 pub mod model;
 pub mod nodes;
 pub mod scheduler;
@@ -81,6 +84,8 @@ pub struct HubHandle {
     pub nest_url: String,
     /// Whether the Hub serves plaintext.
     pub plaintext: bool,
+    /// Where metrics are served (`--metrics-listen`, port 0 resolved).
+    pub metrics_addr: Option<SocketAddr>,
     serving: tokio::task::JoinHandle<Result<()>>,
     shutdown: CancellationToken,
 }
@@ -257,6 +262,32 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         .layer(server::malformed_request_layer::<tonic::body::Body>())
         .add_routes(routes);
 
+    let metrics_addr = match opts.metrics_listen {
+        Some(at) => {
+            let metrics = metrics::HubMetrics::new();
+            metrics.follow(core.clone());
+            let listener = tokio::net::TcpListener::bind(at).await.map_err(|e| {
+                HubError::Config(format!(
+                    "cannot listen on {at} for metrics: {e}; pick another --metrics-listen address"
+                ))
+            })?;
+            let bound = listener
+                .local_addr()
+                .map_err(|e| HubError::Serve(format!("cannot read the metrics address: {e}")))?;
+            let render_core = core.clone();
+            let render: agen_shared::metrics_http::Render =
+                Arc::new(move || metrics.render(&render_core));
+            let stop = shutdown.clone();
+            tokio::spawn(agen_shared::metrics_http::serve(
+                listener,
+                render,
+                async move { stop.cancelled().await },
+            ));
+            tracing::info!(addr = %bound, "serving metrics at /metrics");
+            Some(bound)
+        }
+        None => None,
+    };
     let reconciler = tokio::spawn(core.clone().run_reconciler(shutdown.child_token()));
     // Small replies (acks, task states) must not wait on the peer's delayed ACK.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
@@ -297,6 +328,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         join_token,
         join_token_file,
         plaintext: opts.insecure_plaintext,
+        metrics_addr,
         serving,
         shutdown,
     })

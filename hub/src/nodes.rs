@@ -61,6 +61,15 @@ pub enum ToNest {
         acked_seq: u64,
         fenced: bool,
     },
+    /// Asks for an instance's kept logs; answered over `SendLogs` ([`crate::logs`]).
+    LogRequest {
+        request_id: String,
+        instance_id: String,
+        server: String,
+        since_ms: i64,
+        tail: u32,
+        follow: bool,
+    },
 }
 
 /// Everything an instance needs to execute one run.
@@ -112,6 +121,11 @@ impl ToNest {
                     .sum::<usize>()
             }
             ToNest::Ack { run_id, .. } => run_id.len(),
+            ToNest::LogRequest {
+                instance_id,
+                server,
+                ..
+            } => instance_id.len() + server.len(),
         }
     }
 }

@@ -61,6 +61,8 @@ pub struct NestOptions {
     pub agen_bin: PathBuf,
     /// The Nest's environment, for secrets with `source: env`.
     pub env: Vec<(String, String)>,
+    /// Where to serve Prometheus metrics (`GET /metrics`); `None`: not served.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl NestOptions {
@@ -80,6 +82,7 @@ impl NestOptions {
             env: std::env::vars()
                 .filter(|(k, _)| k != JOIN_TOKEN_ENV)
                 .collect(),
+            metrics_listen: None,
         }
     }
 

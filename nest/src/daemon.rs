@@ -49,6 +49,24 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         own.child_token(),
     );
     let serve = tokio::spawn(supervisor.clone().serve(listener));
+    if let Some(at) = opts.metrics_listen {
+        let metrics_listener = tokio::net::TcpListener::bind(at).await.map_err(|e| {
+            NestError::Config(format!(
+                "cannot listen on {at} for metrics: {e}; pick another --metrics-listen address"
+            ))
+        })?;
+        let metrics = crate::metrics::NestMetrics::new();
+        let (sup, out) = (supervisor.clone(), outbox.clone());
+        let render: agen_shared::metrics_http::Render =
+            Arc::new(move || metrics.render(&sup, &out));
+        let stop = own.clone();
+        tokio::spawn(agen_shared::metrics_http::serve(
+            metrics_listener,
+            render,
+            async move { stop.cancelled().await },
+        ));
+        tracing::info!(addr = %at, "serving metrics at /metrics");
+    }
 
     tracing::info!(nest_id = %nest_id, name = %opts.name, hub = %opts.hub, data_dir = %opts.data_dir.display(), capacity = opts.capacity, "nest starting");
     let ctx = LinkContext {

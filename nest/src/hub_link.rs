@@ -642,6 +642,7 @@ fn handle(ctx: &LinkContext, msg: HubMsg) {
         HubMsg::AssignRun(a) => sup.assign(a),
         HubMsg::CancelRun(c) => sup.cancel(&c.run_id, &c.instance_id, &c.reason),
         HubMsg::Ping(_) => {}
+        HubMsg::LogRequest(r) => sup.answer_logs(r),
         HubMsg::Ack(a) => {
             ctx.outbox.ack(&a.run_id, a.attempt, a.acked_seq, a.fenced);
             sup.deliver_ack(&a.run_id, a.attempt, a.acked_seq, a.fenced);

@@ -4,6 +4,7 @@
 pub mod bundle;
 pub mod client_config;
 pub mod duration;
+pub mod metrics_http;
 pub mod private;
 pub mod run;
 pub mod telemetry;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the third-party MCP peers the end-to-end tests run, pinned, inside the build tree:
-#   target/peers/venv           PyPI mcp (official SDK, used as a client too) + mcp-server-time
+#   target/peers/venv           PyPI mcp (official SDK, used as a client too) + mcp-server-time,
+#                               prometheus-client (its text parser reads /metrics scrapes)
 #   target/peers/node_modules   npm @modelcontextprotocol/server-filesystem, server-everything
 # Skips what is already installed at the pinned versions. Safe to run repeatedly.
 set -euo pipefail
@@ -19,7 +20,7 @@ fi
 
 echo "peers: installing Python peers into $peers/venv"
 [ -x "$peers/venv/bin/python" ] || python3 -m venv "$peers/venv"
-"$peers/venv/bin/pip" install --quiet --disable-pip-version-check -r "$here/requirements.txt"
+"$peers/venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$here/requirements.txt"
 
 echo "peers: installing npm peers into $peers/node_modules"
 cp "$here/package.json" "$here/package-lock.json" "$peers/"

@@ -14,6 +14,12 @@ use tokio_util::sync::CancellationToken;
 /// Arguments of `agen hub`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    /// Log format on stderr: text (colour only on a terminal; syslog priorities under systemd) or json
+    #[arg(long, env = "AGEN_LOG_FORMAT", default_value = "text")]
+    pub log_format: agen_shared::telemetry::LogFormat,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// Where the Hub keeps its state, CA and tokens [default: $AGEN_DATA_DIR/hub, else ~/.local/share/agen/hub]
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -84,7 +90,7 @@ impl Args {
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     // Everything this daemon and its children create is private to its user (umask 077).
     agen_shared::private::restrict_umask();
-    agen_shared::telemetry::init("info");
+    agen_shared::telemetry::init_with("info", args.log_format);
     let data_dir = args
         .data_dir
         .clone()
@@ -99,6 +105,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         nest_disconnect_grace: args.nest_disconnect_grace,
         run_start_deadline: args.run_start_deadline,
         limits: args.limits(),
+        metrics_listen: args.metrics_listen,
     };
     if let Err(e) = opts.validate() {
         eprintln!("error: {e}");

@@ -12,6 +12,7 @@ pub mod history;
 pub mod hub;
 pub mod init;
 pub mod instance;
+pub mod logs;
 pub mod mcp;
 pub mod nest;
 pub mod nests;
@@ -26,6 +27,7 @@ pub mod submit;
 pub mod tasks;
 pub mod tokens;
 pub mod trace;
+pub mod trace_events;
 pub mod up;
 pub mod wait;
 

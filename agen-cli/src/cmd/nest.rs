@@ -13,6 +13,12 @@ use tokio_util::sync::CancellationToken;
 /// Arguments of `agen nest`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    /// Log format on stderr: text (colour only on a terminal; syslog priorities under systemd) or json
+    #[arg(long, env = "AGEN_LOG_FORMAT", default_value = "text")]
+    pub log_format: agen_shared::telemetry::LogFormat,
+    /// Serve this Nest's Prometheus metrics at http://ADDR/metrics
+    #[arg(long, value_name = "ADDR", env = "AGEN_NEST_METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// The Hub's URL, e.g. https://hub.example:7443
     #[arg(long, env = "AGEN_HUB")]
     pub hub: String,
@@ -60,7 +66,7 @@ pub fn parse_labels(labels: &[String]) -> Result<BTreeMap<String, String>, Strin
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     // Everything this daemon and its children create is private to its user (umask 077).
     agen_shared::private::restrict_umask();
-    agen_shared::telemetry::init("info");
+    agen_shared::telemetry::init_with("info", args.log_format);
     let labels = match parse_labels(&args.labels) {
         Ok(l) => l,
         Err(e) => {
@@ -86,6 +92,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     }
     opts.labels = labels;
     opts.capacity = args.capacity;
+    opts.metrics_listen = args.metrics_listen;
     opts.agen_bin =
         std::env::current_exe().context("while finding the agen binary to run instances with")?;
     if let Err(e) = opts.validate() {

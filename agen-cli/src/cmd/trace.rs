@@ -13,12 +13,19 @@ use crate::client::{status_error, ClientArgs, Output};
 pub struct Args {
     /// The task id
     pub task: String,
+    /// The task's whole history instead: each event with each turn's tokens, each tool's
+    /// arguments and result, retries, approvals (follows a task still running)
+    #[arg(long)]
+    pub events: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     let mut hub = args.client.connect()?;
+    if args.events {
+        return super::trace_events::print(&mut hub, &args.task).await;
+    }
     let trace = hub
         .client
         .get_trace(pb::GetTraceRequest {

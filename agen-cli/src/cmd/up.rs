@@ -15,6 +15,9 @@ use crate::client::{ClientArgs, Output};
 /// Arguments of `agen up`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    /// Log format on stderr: text (colour only on a terminal; syslog priorities under systemd) or json
+    #[arg(long, env = "AGEN_LOG_FORMAT", default_value = "text")]
+    pub log_format: agen_shared::telemetry::LogFormat,
     /// Where the Hub and the Nests keep their state
     #[arg(long, env = "AGEN_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
@@ -47,7 +50,7 @@ pub fn default_data_dir() -> PathBuf {
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     // Everything the Hub, the Nests and their children create is private to this user.
     agen_shared::private::restrict_umask();
-    agen_shared::telemetry::init("info");
+    agen_shared::telemetry::init_with("info", args.log_format);
     let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
     agen_shared::private::prepare_data_dir(&data_dir).with_context(|| {
         format!(

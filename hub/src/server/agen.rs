@@ -20,6 +20,8 @@ pub struct AgenApi {
     pub core: Arc<Core>,
     /// Tokens, audit log and Nest identities (their RPCs, and the token registry).
     pub access: Arc<super::tokens::AccessApi>,
+    /// Log requests waiting for their Nests' `SendLogs`.
+    pub logs: Arc<crate::logs::LogRequests>,
 }
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -653,5 +655,15 @@ impl AgenService for AgenApi {
         request: Request<pb::NestRequest>,
     ) -> Result<Response<pb::Nest>, Status> {
         super::lifecycle::drain(&self.core, request).await
+    }
+
+    type ReadLogsStream = Stream_<pb::LogLine>;
+
+    async fn read_logs(
+        &self,
+        request: Request<pb::ReadLogsRequest>,
+    ) -> Result<Response<Self::ReadLogsStream>, Status> {
+        let tokens = self.access.tokens.clone();
+        super::logs::read(&self.core, &self.logs, tokens, request).map(Response::new)
     }
 }

@@ -287,6 +287,21 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             stop_instances,
             disconnect_grace_ms,
         }),
+        ToNest::LogRequest {
+            request_id,
+            instance_id,
+            server,
+            since_ms,
+            tail,
+            follow,
+        } => Msg::LogRequest(pb::LogRequest {
+            request_id,
+            instance_id,
+            server,
+            since_ms,
+            tail,
+            follow,
+        }),
         ToNest::Ping => Msg::Ping(pb::HubPing {
             at_ms: crate::model::now_ms(),
         }),
@@ -397,4 +412,26 @@ pub fn artifact_chunks(a: &crate::artifacts::ArtifactRec, bytes: &[u8]) -> Vec<p
         first.artifact = Some(artifact(a));
     }
     chunks
+}
+
+pub fn log_line(l: crate::logs::LogLineRec) -> pb::LogLine {
+    pb::LogLine {
+        instance_id: l.instance_id,
+        server: l.server,
+        at_ms: l.at_ms,
+        level: l.level,
+        text: l.text,
+        nest: l.nest,
+    }
+}
+
+pub fn log_line_rec(l: pb::LogLine) -> crate::logs::LogLineRec {
+    crate::logs::LogLineRec {
+        instance_id: l.instance_id,
+        server: l.server,
+        at_ms: l.at_ms,
+        level: l.level,
+        text: l.text,
+        nest: l.nest,
+    }
 }

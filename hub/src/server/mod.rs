@@ -7,6 +7,7 @@ mod agen;
 pub mod auth;
 mod convert;
 mod lifecycle;
+mod logs;
 mod malformed;
 mod nest;
 mod tokens;
@@ -42,9 +43,11 @@ pub async fn routes(
         nests: nests.clone(),
         ca_sha256,
     });
+    let log_requests = crate::logs::LogRequests::new();
     let agen_api = AgenServiceServer::new(agen::AgenApi {
         core: core.clone(),
         access,
+        logs: log_requests.clone(),
     })
     .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
     .send_compressed(tonic::codec::CompressionEncoding::Gzip)
@@ -56,6 +59,7 @@ pub async fn routes(
         tls,
         tokens,
         nests,
+        logs: log_requests,
     })
     .max_decoding_message_size(MAX_MESSAGE)
     .max_encoding_message_size(MAX_MESSAGE);

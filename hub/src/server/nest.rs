@@ -37,6 +37,8 @@ pub struct NestApi {
     pub tokens: Arc<Tokens>,
     /// Which key each nest id is bound to; revoked Nests.
     pub nests: Arc<NestIdentities>,
+    /// Log requests waiting for a Nest's `SendLogs`.
+    pub logs: Arc<crate::logs::LogRequests>,
 }
 
 /// The nest id and key sha256 of a request's verified client certificate, if it has one.
@@ -336,6 +338,16 @@ impl NestService for NestApi {
         Ok(Response::new(Box::pin(futures::stream::iter(
             chunks.into_iter().map(Ok),
         ))))
+    }
+
+    async fn send_logs(
+        &self,
+        request: Request<Streaming<pb::LogChunk>>,
+    ) -> Result<Response<pb::SendLogsResponse>, Status> {
+        let nest_id = self.cert_nest_id(&request)?;
+        let mut stream = request.into_inner();
+        super::logs::answer(&self.logs, nest_id.as_deref(), &mut stream).await?;
+        Ok(Response::new(pb::SendLogsResponse {}))
     }
 
     async fn join(

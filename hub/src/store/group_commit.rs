@@ -30,7 +30,9 @@ impl GroupCommit {
             return Ok(());
         }
         let upto = self.tickets.load(Ordering::SeqCst);
+        let started = std::time::Instant::now();
         store.flush().await?;
+        crate::metrics::store_flushed(started.elapsed());
         self.flushes.fetch_add(1, Ordering::Relaxed);
         self.durable.fetch_max(upto, Ordering::SeqCst);
         Ok(())

@@ -71,6 +71,8 @@ pub struct Supervisor {
     tracker: TaskTracker,
     shutdown: CancellationToken,
     next_conn: AtomicU64,
+    /// Each instance's and tool server's stderr, kept for `agen logs`.
+    logs: crate::logs::LogStore,
 }
 
 #[derive(Default)]
@@ -116,7 +118,6 @@ impl Supervisor {
         shutdown: CancellationToken,
     ) -> Arc<Supervisor> {
         Arc::new(Supervisor {
-            opts,
             children,
             bundles,
             outbox,
@@ -125,7 +126,29 @@ impl Supervisor {
             tracker: TaskTracker::new(),
             shutdown,
             next_conn: AtomicU64::new(1),
+            logs: crate::logs::LogStore::new(opts.data_dir.join("logs")),
+            opts,
         })
+    }
+
+    /// The kept logs of this Nest's instances.
+    pub fn logs(&self) -> &crate::logs::LogStore {
+        &self.logs
+    }
+
+    /// Answers a `LogRequest` of the Hub over `SendLogs` (in the background).
+    pub fn answer_logs(&self, req: agen_proto::v1::LogRequest) {
+        let (logs, bundles, stop) = (
+            self.logs.clone(),
+            self.bundles.clone(),
+            self.shutdown.clone(),
+        );
+        tokio::spawn(async move {
+            match bundles.hub_client().await {
+                Ok(client) => crate::logs::serve::answer(logs, client, req, stop),
+                Err(e) => tracing::warn!("cannot answer a log request: {e}"),
+            }
+        });
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -425,9 +448,22 @@ impl Supervisor {
                 return;
             }
         };
-        if let Some(e) = self.lock().instances.get_mut(&id) {
+        let place = self.lock().instances.get_mut(&id).map(|e| {
             e.bundle_dir = Some(bundle_dir.clone());
-        }
+            e.place.clone()
+        });
+        // The instance's secrets, so that its log lines are redacted of them.
+        let (opts, dir) = (self.opts.clone(), bundle_dir.clone());
+        let secrets = match place {
+            Some(p) => {
+                tokio::task::spawn_blocking(move || build_placement(&p, &dir, &opts).secrets)
+                    .await
+                    .unwrap_or_default()
+            }
+            None => BTreeMap::new(),
+        };
+        self.logs
+            .start_instance(&id, agen_harness::redact::Redactor::of_secrets(&secrets));
         let mut backoff = Backoff::new(RESTART_BASE, RESTART_CAP);
         let socket_path = self.opts.socket_path();
         loop {
@@ -448,6 +484,7 @@ impl Supervisor {
                 &id,
                 &bundle_dir,
                 &self.opts.env,
+                self.logs.clone(),
             ) {
                 Ok(c) => c,
                 Err(e) => {
@@ -540,6 +577,7 @@ impl Supervisor {
                 }
             }
         }
+        self.logs.close_instance(&id);
         self.forget(&id);
     }
 

@@ -4,7 +4,9 @@
 //! `PR_SET_PDEATHSIG(SIGKILL)`, so it dies with the Nest even on `kill -9`; the spawn happens on
 //! the calling (async worker) thread, never in `spawn_blocking` (PDEATHSIG fires when the
 //! spawning *thread* exits); the instance gets a cleared environment (allowlist only), so it
-//! never sees Hub credentials; its stderr goes to `tracing` tagged with the instance id.
+//! never sees Hub credentials; its stderr (JSON lines, `AGEN_LOG_FORMAT=json`) goes to the
+//! instance's log files ([`crate::logs`]: its own lines and each tool server's apart) and to
+//! `tracing`, tagged once with the instance id (and the server's name for a server's line).
 
 use std::path::Path;
 use std::process::Stdio;
@@ -43,6 +45,7 @@ pub fn spawn_instance(
     instance_id: &str,
     bundle_dir: &Path,
     env: &[(String, String)],
+    logs: crate::logs::LogStore,
 ) -> std::io::Result<Child> {
     let mut cmd = Command::new(agen_bin);
     cmd.arg("instance")
@@ -60,6 +63,7 @@ pub fn spawn_instance(
                 .map(|(k, v)| (k.as_str(), v.as_str())),
         )
         .env("NO_COLOR", "1")
+        .env(agen_shared::telemetry::LOG_FORMAT_ENV, "json")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -72,17 +76,44 @@ pub fn spawn_instance(
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                let (level, text) = split_log_line(&line);
-                match level {
-                    "ERROR" => tracing::error!(instance = %id, "{text}"),
-                    "WARN" => tracing::warn!(instance = %id, "{text}"),
-                    "DEBUG" | "TRACE" => tracing::debug!(instance = %id, "{text}"),
-                    _ => tracing::info!(instance = %id, "{text}"),
-                }
+                relay_line(&logs, &id, &line);
             }
         });
     }
     Ok(child)
+}
+
+/// One stderr line of instance `id`: into its log file (the server's, for a tool server's
+/// line) and re-logged at its level, with the instance id once.
+fn relay_line(logs: &crate::logs::LogStore, id: &str, line: &str) {
+    let parsed = crate::logs::parse_instance_line(line);
+    let (level, text) = if parsed.level.is_empty() {
+        let (level, text) = split_log_line(line);
+        (level.to_string(), text.to_string())
+    } else {
+        (parsed.level.clone(), parsed.text.clone())
+    };
+    let source = match &parsed.server {
+        Some(s) => crate::logs::Source::Server(s.clone()),
+        None => crate::logs::Source::Instance,
+    };
+    logs.append(id, &source, &level, &text);
+    let server = parsed.server.as_deref().unwrap_or("");
+    macro_rules! relog {
+        ($lvl:ident) => {
+            if server.is_empty() {
+                tracing::$lvl!(instance = %id, "{text}")
+            } else {
+                tracing::$lvl!(instance = %id, server = %server, "{text}")
+            }
+        };
+    }
+    match level.as_str() {
+        "ERROR" => relog!(error),
+        "WARN" => relog!(warn),
+        "DEBUG" | "TRACE" => relog!(debug),
+        _ => relog!(info),
+    }
 }
 
 /// `2026-11-30T04:45:42.476957Z  WARN text` (an instance's own tracing line) → `("WARN", "text")`,

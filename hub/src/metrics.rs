@@ -1,0 +1,432 @@
+//! The Hub's Prometheus metrics (`--metrics-listen ADDR`, `GET /metrics`): counters and
+//! histograms fed by the task updates every watcher sees (task states, model turns, tool
+//! calls, run events), the store's flushes, and gauges read from the core state at scrape
+//! time (queue depth, Nest heartbeat age, instance restarts, artifact bytes).
+//!
+//! Invariants: metrics never block or fail the Hub (a lagging subscriber loses counts and says
+//! so, it never slows a writer); label values come from names the Hub already validated
+//! (namespace, deployment, tool, model, nest), never from free text.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use agen_shared::run::RunEventBody;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::fleet::Core;
+use crate::tasks::TaskUpdate;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaskLabels {
+    namespace: String,
+    deployment: String,
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeploymentLabels {
+    namespace: String,
+    deployment: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabels {
+    deployment: String,
+    model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TokenLabels {
+    deployment: String,
+    model: String,
+    r#type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolStatusLabels {
+    deployment: String,
+    tool: String,
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabels {
+    deployment: String,
+    tool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OnlyDeployment {
+    deployment: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NestLabel {
+    nest: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NamespaceLabel {
+    namespace: String,
+}
+
+type Hist<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn seconds_histogram() -> Histogram {
+    // 5 ms … ~164 s.
+    Histogram::new(exponential_buckets(0.005, 2.0, 16))
+}
+
+/// The store's flushes (fsyncs), counted wherever a store flushes (one process may hold
+/// several Hubs in tests; they share these).
+static STORE_FSYNCS: LazyLock<Counter> = LazyLock::new(Counter::default);
+static STORE_FSYNC_SECONDS: LazyLock<Histogram> = LazyLock::new(seconds_histogram);
+
+/// Records one store flush that took `took`.
+pub fn store_flushed(took: Duration) {
+    STORE_FSYNCS.inc();
+    STORE_FSYNC_SECONDS.observe(took.as_secs_f64());
+}
+
+/// Every metric of one Hub.
+pub struct HubMetrics {
+    registry: Registry,
+    tasks: Family<TaskLabels, Counter>,
+    queue_depth: Family<DeploymentLabels, Gauge>,
+    dispatch_latency: Histogram,
+    task_duration: Hist<DeploymentLabels>,
+    model_duration: Hist<ModelLabels>,
+    model_tokens: Family<TokenLabels, Counter>,
+    tool_calls: Family<ToolStatusLabels, Counter>,
+    tool_duration: Hist<ToolLabels>,
+    restarts: Family<OnlyDeployment, Counter>,
+    heartbeat_age: Family<NestLabel, Gauge<f64, AtomicU64>>,
+    run_events: Counter,
+    artifact_bytes: Family<NamespaceLabel, Gauge>,
+    /// What the event loop remembers between events.
+    open: Mutex<Open>,
+}
+
+#[derive(Default)]
+struct Open {
+    /// `model.requested` time by (task, attempt).
+    model_requested: HashMap<(String, u32), i64>,
+    /// Tasks already dispatched once (the dispatch latency is the first start's).
+    dispatched: HashSet<String>,
+    /// The model each bundle's agent uses, by digest.
+    models: HashMap<String, String>,
+}
+
+impl HubMetrics {
+    pub fn new() -> Arc<HubMetrics> {
+        let mut registry = Registry::default();
+        let m = HubMetrics {
+            tasks: Family::default(),
+            queue_depth: Family::default(),
+            dispatch_latency: seconds_histogram(),
+            task_duration: Family::new_with_constructor(seconds_histogram),
+            model_duration: Family::new_with_constructor(seconds_histogram),
+            model_tokens: Family::default(),
+            tool_calls: Family::default(),
+            tool_duration: Family::new_with_constructor(seconds_histogram),
+            restarts: Family::default(),
+            heartbeat_age: Family::default(),
+            run_events: Counter::default(),
+            artifact_bytes: Family::default(),
+            open: Mutex::new(Open::default()),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "agen_tasks",
+            "Tasks that entered each state",
+            m.tasks.clone(),
+        );
+        registry.register(
+            "agen_queue_depth",
+            "Tasks queued, waiting for an instance",
+            m.queue_depth.clone(),
+        );
+        registry.register(
+            "agen_dispatch_latency_seconds",
+            "From submit to the first start of a run",
+            m.dispatch_latency.clone(),
+        );
+        registry.register(
+            "agen_task_duration_seconds",
+            "From submit to a terminal state",
+            m.task_duration.clone(),
+        );
+        registry.register(
+            "agen_model_request_duration_seconds",
+            "One model turn, requested to answered",
+            m.model_duration.clone(),
+        );
+        registry.register(
+            "agen_model_tokens",
+            "Model tokens by type (input, output)",
+            m.model_tokens.clone(),
+        );
+        registry.register(
+            "agen_tool_calls",
+            "Tool calls by status (ok, error, failed)",
+            m.tool_calls.clone(),
+        );
+        registry.register(
+            "agen_tool_call_duration_seconds",
+            "One tool call",
+            m.tool_duration.clone(),
+        );
+        registry.register(
+            "agen_instance_restarts",
+            "Instance process restarts reported by Nests",
+            m.restarts.clone(),
+        );
+        registry.register(
+            "agen_nest_heartbeat_age_seconds",
+            "Time since each Nest was last heard from",
+            m.heartbeat_age.clone(),
+        );
+        registry.register(
+            "agen_run_events_appended",
+            "Run events stored",
+            m.run_events.clone(),
+        );
+        registry.register(
+            "agen_store_fsyncs",
+            "Store flushes to disk",
+            STORE_FSYNCS.clone(),
+        );
+        registry.register(
+            "agen_store_fsync_duration_seconds",
+            "One store flush",
+            STORE_FSYNC_SECONDS.clone(),
+        );
+        registry.register(
+            "agen_artifact_bytes",
+            "Artifact bytes stored per namespace",
+            m.artifact_bytes.clone(),
+        );
+        Arc::new(HubMetrics { registry, ..m })
+    }
+
+    fn open(&self) -> std::sync::MutexGuard<'_, Open> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Follows the core's task updates until the Hub stops.
+    pub fn follow(self: &Arc<Self>, core: Arc<Core>) {
+        let me = self.clone();
+        let mut updates = core.subscribe();
+        tokio::spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    n = updates.recv() => n,
+                    _ = core.stopping.cancelled() => return,
+                };
+                match next {
+                    Ok(u) => me.on_update(&core, &u),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!(
+                            missed = n,
+                            "metrics fell behind the task updates; {n} events are not counted"
+                        );
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+    }
+
+    fn on_update(&self, core: &Core, u: &TaskUpdate) {
+        let task = &u.task;
+        let (ns, dep) = (task.namespace.clone(), task.deployment.clone());
+        let at = u.event.at_ms;
+        let secs = |from: i64| ((at - from).max(0) as f64) / 1000.0;
+        if u.event.kind == "task.state" {
+            let state = task.state.as_str().to_string();
+            self.tasks
+                .get_or_create(&TaskLabels {
+                    namespace: ns.clone(),
+                    deployment: dep.clone(),
+                    state,
+                })
+                .inc();
+            let mut open = self.open();
+            if task.state == crate::model::TaskState::Running
+                && open.dispatched.insert(task.task_id.clone())
+            {
+                self.dispatch_latency.observe(secs(task.created_at_ms));
+            }
+            if task.state.is_terminal() {
+                open.dispatched.remove(&task.task_id);
+                open.model_requested.retain(|(t, _), _| t != &task.task_id);
+                self.task_duration
+                    .get_or_create(&DeploymentLabels {
+                        namespace: ns,
+                        deployment: dep,
+                    })
+                    .observe(secs(task.created_at_ms));
+            }
+            return;
+        }
+        if u.event.kind.starts_with("task.") && u.event.kind != "task.progress" {
+            return;
+        }
+        self.run_events.inc();
+        match RunEventBody::from_wire_lossy(&u.event.kind, &u.event.json) {
+            RunEventBody::ModelRequested(_) => {
+                self.open()
+                    .model_requested
+                    .insert((task.task_id.clone(), task.attempt), at);
+            }
+            RunEventBody::ModelAnswered(a) => {
+                let model = self.model_of(core, &task.bundle_digest);
+                let requested = self
+                    .open()
+                    .model_requested
+                    .remove(&(task.task_id.clone(), task.attempt));
+                if let Some(from) = requested {
+                    self.model_duration
+                        .get_or_create(&ModelLabels {
+                            deployment: dep.clone(),
+                            model: model.clone(),
+                        })
+                        .observe(secs(from));
+                }
+                if let Some(usage) = a.usage {
+                    for (kind, n) in [
+                        ("input", usage.input_tokens),
+                        ("output", usage.output_tokens),
+                    ] {
+                        self.model_tokens
+                            .get_or_create(&TokenLabels {
+                                deployment: dep.clone(),
+                                model: model.clone(),
+                                r#type: kind.into(),
+                            })
+                            .inc_by(n);
+                    }
+                }
+            }
+            RunEventBody::ToolCompleted(c) => {
+                let status = if c.is_error { "error" } else { "ok" };
+                self.tool(&dep, &c.tool, status, c.duration_ms);
+            }
+            RunEventBody::ToolFailed(f) => self.tool(&dep, &f.tool, "failed", f.duration_ms),
+            _ => {}
+        }
+    }
+
+    fn tool(&self, dep: &str, tool: &str, status: &str, duration_ms: u64) {
+        self.tool_calls
+            .get_or_create(&ToolStatusLabels {
+                deployment: dep.into(),
+                tool: tool.into(),
+                status: status.into(),
+            })
+            .inc();
+        self.tool_duration
+            .get_or_create(&ToolLabels {
+                deployment: dep.into(),
+                tool: tool.into(),
+            })
+            .observe(duration_ms as f64 / 1000.0);
+    }
+
+    /// The model name (without the provider) of the bundle `digest`'s agent, read once.
+    fn model_of(&self, core: &Core, digest: &str) -> String {
+        if let Some(m) = self.open().models.get(digest) {
+            return m.clone();
+        }
+        let model = read_model(core, digest).unwrap_or_default();
+        self.open().models.insert(digest.to_string(), model.clone());
+        model
+    }
+
+    /// The Prometheus text of every metric, with the gauges read now.
+    pub fn render(&self, core: &Core) -> String {
+        self.queue_depth.clear();
+        self.heartbeat_age.clear();
+        let mut namespaces = HashSet::new();
+        {
+            let st = core.lock();
+            for t in st.tasks.values() {
+                namespaces.insert(t.namespace.clone());
+                if t.state == crate::model::TaskState::Queued {
+                    self.queue_depth
+                        .get_or_create(&DeploymentLabels {
+                            namespace: t.namespace.clone(),
+                            deployment: t.deployment.clone(),
+                        })
+                        .inc();
+                }
+            }
+            for d in st.deployments.values() {
+                namespaces.insert(d.namespace.clone());
+                // Every deployment has a queue depth, 0 included.
+                let _ = self.queue_depth.get_or_create(&DeploymentLabels {
+                    namespace: d.namespace.clone(),
+                    deployment: d.name.clone(),
+                });
+            }
+            let mut restarts: HashMap<String, u64> = HashMap::new();
+            for i in st.instances.values() {
+                *restarts.entry(i.deployment.clone()).or_default() += u64::from(i.restarts);
+            }
+            for (deployment, total) in restarts {
+                let c = self.restarts.get_or_create(&OnlyDeployment { deployment });
+                let seen = c.get();
+                if total > seen {
+                    c.inc_by(total - seen);
+                }
+            }
+            for n in st.nests.values() {
+                self.heartbeat_age
+                    .get_or_create(&NestLabel {
+                        nest: n.name.clone(),
+                    })
+                    .set(st.live.silent_for(&n.nest_id).as_secs_f64());
+            }
+        }
+        for namespace in namespaces {
+            if let Ok(bytes) = core.artifact_bytes_used(&namespace) {
+                self.artifact_bytes
+                    .get_or_create(&NamespaceLabel { namespace })
+                    .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            }
+        }
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::warn!("cannot encode the metrics: {e}");
+        }
+        out
+    }
+}
+
+fn read_model(core: &Core, digest: &str) -> Option<String> {
+    let bytes = core.bundle_bytes(digest).ok()??;
+    let tmp = tempfile::tempdir().ok()?;
+    let dir = tmp.path().join("bundle");
+    agen_shared::bundle::unpack(&bytes, &dir).ok()?;
+    let bundle = agen_shared::bundle::Bundle::load(&dir).ok()?;
+    Some(bundle.agent.model?.model)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_flushes_are_counted() {
+        let before = STORE_FSYNCS.get();
+        store_flushed(Duration::from_millis(3));
+        assert!(STORE_FSYNCS.get() > before);
+    }
+}

@@ -1,0 +1,93 @@
+//! The Nest's own Prometheus metrics (`agen nest --metrics-listen ADDR`, `GET /metrics`), read
+//! from the supervisor and the Hub link at scrape time: instances by state, instance restarts
+//! per deployment, run events waiting for the Hub's ack.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use agen_proto::v1::InstanceState;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::hub_link::Outbox;
+use crate::supervisor::Supervisor;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeploymentLabel {
+    deployment: String,
+}
+
+/// Every metric of one Nest.
+pub struct NestMetrics {
+    registry: Registry,
+    instances: Family<StateLabel, Gauge>,
+    restarts: Family<DeploymentLabel, Counter>,
+    pending: Gauge,
+}
+
+impl NestMetrics {
+    pub fn new() -> Arc<NestMetrics> {
+        let mut registry = Registry::default();
+        let instances = Family::<StateLabel, Gauge>::default();
+        let restarts = Family::<DeploymentLabel, Counter>::default();
+        let pending = Gauge::default();
+        registry.register(
+            "agen_nest_instances",
+            "Instances on this Nest by state",
+            instances.clone(),
+        );
+        registry.register(
+            "agen_instance_restarts",
+            "Instance process restarts on this Nest",
+            restarts.clone(),
+        );
+        registry.register(
+            "agen_nest_run_events_pending",
+            "Run events not yet acknowledged by the Hub",
+            pending.clone(),
+        );
+        Arc::new(NestMetrics {
+            registry,
+            instances,
+            restarts,
+            pending,
+        })
+    }
+
+    /// The Prometheus text of every metric, read now.
+    pub fn render(&self, supervisor: &Supervisor, outbox: &Outbox) -> String {
+        self.instances.clear();
+        let mut restarts: BTreeMap<String, u64> = BTreeMap::new();
+        for r in supervisor.snapshot() {
+            let state = InstanceState::try_from(r.state)
+                .unwrap_or(InstanceState::Unspecified)
+                .as_str_name()
+                .trim_start_matches("INSTANCE_STATE_")
+                .to_ascii_lowercase();
+            self.instances.get_or_create(&StateLabel { state }).inc();
+            *restarts.entry(r.deployment.clone()).or_default() += u64::from(r.restarts);
+        }
+        for (deployment, total) in restarts {
+            let c = self.restarts.get_or_create(&DeploymentLabel { deployment });
+            let seen = c.get();
+            if total > seen {
+                c.inc_by(total - seen);
+            }
+        }
+        self.pending
+            .set(i64::try_from(outbox.pending()).unwrap_or(i64::MAX));
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::warn!("cannot encode the metrics: {e}");
+        }
+        out
+    }
+}
