@@ -2,7 +2,7 @@
 //!
 //! Reading order: `config`, `daemon` (the Nest's `run`), `hub_link` (the one outbound stream to
 //! the Hub, reconnects), `supervisor` (instance processes, restart policy, process-group guards),
-//! `bundles` (cache by digest), `artifact_relay` (artifact transfers), `socket` (the Nest ⇄
+//! `bundles` (cache by digest), `artifact_relay` (artifact transfers), `child_relay` (delegate calls' child tasks), `socket` (the Nest ⇄
 //! instance protocol), `instance` (the `agen instance` process: bundle, tool servers, runs through
 //! the harness crate `agen-harness`).
 //!
@@ -11,6 +11,7 @@
 
 pub mod artifact_relay;
 pub mod bundles;
+pub mod child_relay;
 pub mod config;
 pub mod daemon;
 pub mod hub_link;

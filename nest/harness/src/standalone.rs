@@ -156,6 +156,7 @@ pub async fn run_cli_with(
         conversation_id: run_id.clone(),
         conversation_key: String::new(),
         root_run_id: run_id.clone().into(),
+        delegation_depth: 0,
         history: Vec::new(),
         replay: Vec::new(),
         tool_overrides: Default::default(),

@@ -13,6 +13,7 @@ use super::builtins::{
     BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_READ_ARTIFACT, BUILTIN_REPORT_PROGRESS,
     BUILTIN_SAVE_ARTIFACT,
 };
+use super::delegate::BUILTIN_CALL_AGENT;
 use super::state::Run;
 use super::{RunEventBody, SinkError};
 use crate::mcp::{CallError, ToolInfo};
@@ -34,6 +35,14 @@ impl ToolPolicy {
     /// side-effecting for the ledger.
     pub const HARMLESS: ToolPolicy = ToolPolicy {
         side_effect: false,
+        idempotent: true,
+    };
+
+    /// `call_agent`/`start_agent`: the start of a child is durable before it is asked for, and
+    /// sending the call again finds the same child (its client request id is the call's
+    /// idempotency key), so an interrupted call is waited for again, never `effect_unknown`.
+    pub const DELEGATE: ToolPolicy = ToolPolicy {
+        side_effect: true,
         idempotent: true,
     };
 
@@ -87,6 +96,7 @@ impl Run<'_> {
     pub(super) fn policy_of_model_name(&self, model_name: &str) -> ToolPolicy {
         match self.h.mcp_tools.get(model_name) {
             Some(tool) => ToolPolicy::of(&self.h.bundle, tool),
+            None if self.h.is_delegate_tool(model_name) => ToolPolicy::DELEGATE,
             None => ToolPolicy::HARMLESS,
         }
     }
@@ -128,6 +138,9 @@ impl Run<'_> {
             BUILTIN_REPORT_PROGRESS if self.h.progress => self.report_progress(call).await,
             BUILTIN_SAVE_ARTIFACT => self.save_artifact(call).await,
             BUILTIN_READ_ARTIFACT => self.read_artifact(call).await,
+            name if self.h.is_delegate_tool(name) => {
+                self.delegate_call(call, name == BUILTIN_CALL_AGENT).await
+            }
             name => match self.h.mcp_tools.get(name) {
                 Some(tool) => self.call_mcp(call, tool).await,
                 None => {
