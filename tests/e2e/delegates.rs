@@ -437,3 +437,45 @@ fn a_hub_killed_while_the_child_runs_loses_neither_the_child_nor_the_result() {
         .count();
     assert_eq!(started, 1, "the child's tool ran once");
 }
+
+#[test]
+fn the_callers_tool_timeout_cancels_the_child_and_names_it() {
+    let t = tree(
+        json!([call_agent("helper", "take forever"), {"reply_template": "{{last_tool_result}}"}]),
+        Some(json!([
+            {"tool_calls": [{"name": "meta_slow", "arguments": {"seconds": 60}}]},
+            {"reply": "never"}
+        ])),
+        json!({"delegates": ["helper"]}),
+        json!({"limits": {"toolTimeout": "4s"}}),
+        1,
+    );
+    let task = t.submit("caller", "ask the helper");
+    let done = t.wait(&task);
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let child = t.children(&task).remove(0);
+    let child_id = child["task"].as_str().unwrap();
+    assert_eq!(
+        done["outcome"]["result"],
+        format!("call_agent: task {child_id} on helper did not finish within 4s (limits.toolTimeout) and was cancelled")
+    );
+    assert_eq!(t.wait(child_id)["state"], "cancelled");
+}
+
+#[test]
+fn permissions_apply_to_call_agent_by_name() {
+    let t = tree(
+        json!([call_agent("helper", "hi"), {"reply_template": "{{last_tool_result}}"}]),
+        None,
+        json!({"delegates": ["helper"], "permissions": {"deny": ["call_agent"]}}),
+        json!({}),
+        1,
+    );
+    let task = t.submit("caller", "ask the helper");
+    let done = t.wait(&task);
+    assert_eq!(
+        done["outcome"]["result"],
+        "tool call_agent was not run: the bundle's permissions deny it (x-agen/config.json `permissions`); do not call it again, answer with the tools you have"
+    );
+    assert!(t.children(&task).is_empty(), "nothing was started");
+}
