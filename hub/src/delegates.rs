@@ -43,6 +43,8 @@ pub struct ChildSpec {
     pub input: String,
     pub conversation_key: String,
     pub idempotency_key: String,
+    /// The call's span in the parent's trace.
+    pub parent_span_id: String,
 }
 
 /// How a child ended (or that it has not yet).
@@ -153,6 +155,7 @@ impl Core {
                     parent_task_id: parent.task_id.clone(),
                     root_run_id,
                     delegation_depth: parent.delegation_depth + 1,
+                    parent_span_id: spec.parent_span_id,
                 }),
             })
             .await?;

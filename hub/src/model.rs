@@ -270,6 +270,9 @@ pub struct TaskRec {
     /// Delegate calls above this task (0 for a submitted task).
     #[serde(default)]
     pub delegation_depth: u32,
+    /// The delegate call's span in the parent's trace (the child's root span nests under it).
+    #[serde(default)]
+    pub parent_span_id: String,
 }
 
 /// Who may run a task now: the attempt the Hub issued last, to which Nest and instance. It is

@@ -61,6 +61,8 @@ pub struct ChildOf {
     pub parent_task_id: String,
     pub root_run_id: String,
     pub delegation_depth: u32,
+    /// The delegate call's span in the parent's trace.
+    pub parent_span_id: String,
 }
 
 /// `ListTasks` filters and the page wanted.
@@ -167,6 +169,7 @@ fn summarize(t: &TaskRec) -> TaskSummary {
         parent_task_id: t.parent_task_id.clone(),
         root_run_id: t.root_run_id.clone(),
         delegation_depth: t.delegation_depth,
+        parent_span_id: t.parent_span_id.clone(),
     };
     TaskSummary {
         task,
@@ -355,6 +358,11 @@ impl Core {
                     .map(|p| p.root_run_id.clone())
                     .unwrap_or_default(),
                 delegation_depth: spec.parent.as_ref().map_or(0, |p| p.delegation_depth),
+                parent_span_id: spec
+                    .parent
+                    .as_ref()
+                    .map(|p| p.parent_span_id.clone())
+                    .unwrap_or_default(),
             };
             if !spec.client_request_id.is_empty() {
                 self.db.put_json(
@@ -1037,6 +1045,36 @@ impl Core {
         } else {
             self.db.run_events(&task.run_id)?
         };
-        Ok((task.clone(), build_spans(&task, &events)))
+        let mut spans = build_spans(&task, &events);
+        // The delegation subtree: each child's spans under its call_agent span.
+        let mut todo = vec![task.task_id.clone()];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(parent) = todo.pop() {
+            if !seen.insert(parent.clone()) {
+                continue;
+            }
+            let children: Vec<TaskRec> = {
+                let st = self.lock();
+                st.tasks
+                    .values()
+                    .filter(|t| t.parent_task_id == parent)
+                    .cloned()
+                    .collect()
+            };
+            for child in children {
+                let events = if child.run_id.is_empty() {
+                    Vec::new()
+                } else {
+                    self.db.run_events(&child.run_id)?
+                };
+                let mut child_spans = build_spans(&child, &events);
+                if let Some(root) = child_spans.first_mut() {
+                    root.parent_span_id = child.parent_span_id.clone();
+                }
+                spans.extend(child_spans);
+                todo.push(child.task_id);
+            }
+        }
+        Ok((task.clone(), spans))
     }
 }

@@ -199,6 +199,7 @@ mod tests {
             parent_task_id: String::new(),
             root_run_id: String::new(),
             delegation_depth: 0,
+            parent_span_id: String::new(),
         }
     }
 

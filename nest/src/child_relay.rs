@@ -70,6 +70,7 @@ async fn ask(
                     input: c.input,
                     conversation_key: c.conversation_key,
                     idempotency_key: c.idempotency_key,
+                    parent_span_id: c.parent_span_id,
                 })
                 .await
                 .map_err(status)?

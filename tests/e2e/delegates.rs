@@ -234,6 +234,30 @@ fn call_agent_runs_the_delegate_as_a_child_task_and_returns_its_result() {
     assert_eq!(meta["agen/deployment"], "helper", "{meta}");
     assert_ne!(meta["agen/runId"], root, "the child has a run of its own");
 
+    // The trace nests the child's run under the caller's call_agent span, and the child's
+    // tool call under the child's run.
+    let trace = t.hub.cli_json(&["trace", &task, "-o", "json"]).unwrap();
+    let spans = trace["spans"].as_array().unwrap();
+    let by_name = |name: &str| {
+        spans
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("no span {name}: {trace}"))
+    };
+    let call = by_name("tool call_agent");
+    let child_root = by_name("task helper");
+    assert_eq!(child_root["parent_span_id"], call["span_id"], "{trace}");
+    assert_eq!(
+        by_name("tool meta.echo")["parent_span_id"],
+        child_root["span_id"],
+        "{trace}"
+    );
+    let traceparent = meta["traceparent"].as_str().unwrap();
+    assert!(
+        traceparent.contains(by_name("tool meta.echo")["span_id"].as_str().unwrap()),
+        "{traceparent}"
+    );
+
     // agen query shows both ends of the edge.
     assert_eq!(t.query(&task)["children"], json!([child_id]));
     let q = t.query(child_id);

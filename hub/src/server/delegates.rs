@@ -45,6 +45,7 @@ pub(super) async fn start_child(
         .opts
         .limits
         .check_conversation_key(&r.conversation_key)?;
+    limits::check_bytes("parent_span_id", &r.parent_span_id, 64)?;
     limits::check_bytes(
         "idempotency_key",
         &r.idempotency_key,
@@ -60,6 +61,7 @@ pub(super) async fn start_child(
                 input: r.input,
                 conversation_key: r.conversation_key,
                 idempotency_key: r.idempotency_key,
+                parent_span_id: r.parent_span_id,
             },
         )
         .await?;

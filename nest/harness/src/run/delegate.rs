@@ -44,6 +44,9 @@ pub struct ChildRequest {
     pub conversation_key: String,
     /// The call's `agen/idempotencyKey`: the child's client request id.
     pub idempotency_key: String,
+    /// The call's span in the caller's trace: the child's spans nest under it.
+    #[serde(default)]
+    pub parent_span_id: String,
 }
 
 /// How a child task ended.
@@ -221,6 +224,7 @@ impl Run<'_> {
                 .unwrap_or_default()
                 .to_string(),
             idempotency_key: self.idempotency_key(&call.id),
+            parent_span_id: self.span_of(&call.id),
         };
         self.activity(format!("starting a task on {agent}")).await;
         let task_id = match delegator.start(self.req, child).await {

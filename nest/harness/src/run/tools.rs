@@ -196,7 +196,7 @@ impl Run<'_> {
         }
     }
 
-    fn span_of(&self, call_id: &str) -> String {
+    pub(super) fn span_of(&self, call_id: &str) -> String {
         trace::tool_span_id(self.req.run_id.as_str(), self.req.attempt, call_id)
     }
 
