@@ -503,3 +503,105 @@ fn permissions_apply_to_call_agent_by_name() {
     );
     assert!(t.children(&task).is_empty(), "nothing was started");
 }
+
+/// `agen run DIR PROMPT` with stdin not a terminal: (exit code, stdout, stderr).
+fn agen_run(dir: &Path, state: &Path, prompt: &str) -> (i32, String, String) {
+    let out = std::process::Command::new(agen_tests::agen_bin())
+        .args(["run", dir.to_str().unwrap(), prompt])
+        .env("XDG_STATE_HOME", state)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("agen run starts");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn agen_run_runs_a_local_bundle_delegate_in_process_and_a_fleet_one_says_it_needs_a_fleet() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = tmp.path().join("meta.jsonl");
+    let helper_model = FakeModel::start(
+        &tmp.path().join("model-helper"),
+        &json!({"steps": [
+            {"tool_calls": [{"name": "meta_echo", "arguments": {"text": "local hello"}}]},
+            {"reply_template": "helper says {{last_tool_result}}"}
+        ]}),
+    )
+    .unwrap();
+    let caller_model = FakeModel::start(
+        &tmp.path().join("model-caller"),
+        &json!({"steps": [
+            {"tool_calls": [
+                {"name": "call_agent", "arguments": {"agent": "helper", "input": "say hello"}, "id": "c1"},
+                {"name": "call_agent", "arguments": {"agent": "remote", "input": "say hello"}, "id": "c2"}
+            ]},
+            {"reply_template": "caller got: {{last_tool_result}}"}
+        ], "record": tmp.path().join("caller-requests.jsonl")}),
+    )
+    .unwrap();
+    let agent = |m: &FakeModel, name: &str| {
+        format!(
+            "---\nmodel: openai/fake-model\nbaseUrl: {}\n---\nYou are {name}.\n",
+            m.base_url()
+        )
+    };
+    write_bundle(
+        &tmp.path().join("helper"),
+        &[
+            ("x-agen/agent.md", agent(&helper_model, "helper")),
+            (
+                "mcp.json",
+                mcp_json(&[(
+                    "meta",
+                    json!({"command": Peers::python(), "args": [Peers::script("servers/meta_server.py")], "env": {"META_LOG": log}}),
+                )]),
+            ),
+        ],
+    )
+    .unwrap();
+    let caller = tmp.path().join("caller");
+    write_bundle(
+        &caller,
+        &[
+            ("x-agen/agent.md", agent(&caller_model, "caller")),
+            (
+                "x-agen/config.json",
+                json!({"delegates": [{"deployment": "helper", "bundle": "../helper"}, "remote"]})
+                    .to_string(),
+            ),
+            (
+                "x-agen/harness.json",
+                json!({"parallelToolCalls": false}).to_string(),
+            ),
+        ],
+    )
+    .unwrap();
+    let (code, stdout, stderr) = agen_run(&caller, &tmp.path().join("state"), "ask the helper");
+    assert_eq!(code, 0, "stderr: {stderr}");
+    assert!(
+        stdout.starts_with("caller got: call_agent: could not start a task on remote: delegate `remote` needs a fleet"),
+        "{stdout}"
+    );
+    let told: Vec<Value> = meta_events(&tmp.path().join("caller-requests.jsonl"));
+    let last = told.last().unwrap();
+    let results: Vec<&Value> = last["body"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| &m["content"])
+        .collect();
+    assert_eq!(results[0], "helper says local hello", "{results:?}");
+
+    let calls = meta_events(&log);
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let meta = &calls[0]["meta"];
+    assert_ne!(
+        meta["agen/runId"], meta["agen/rootRunId"],
+        "a child run: {meta}"
+    );
+    assert_eq!(meta["agen/deployment"], "helper", "{meta}");
+}

@@ -13,6 +13,7 @@
 
 pub mod artifacts;
 pub mod keen;
+pub mod local_delegates;
 pub mod mcp;
 pub mod model;
 pub mod redact;

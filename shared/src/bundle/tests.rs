@@ -153,11 +153,13 @@ fn a_complete_bundle_parses_into_its_whole_value() {
                     deployment: "researcher".into(),
                     namespace: None,
                     description: None,
+                    bundle: None,
                 },
                 Delegate {
                     deployment: "writer".into(),
                     namespace: Some("docs".into()),
                     description: Some("writes".into()),
+                    bundle: None,
                 },
             ],
             tools: [
