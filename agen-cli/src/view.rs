@@ -187,6 +187,8 @@ pub fn task_json(t: &pb::Task) -> Value {
         "instance": t.instance_id,
         "nest": t.nest_name,
         "bundle_digest": t.bundle_digest,
+        "parent_task": if t.parent_task_id.is_empty() { Value::Null } else { Value::String(t.parent_task_id.clone()) },
+        "root_run_id": if t.root_run_id.is_empty() { Value::Null } else { Value::String(t.root_run_id.clone()) },
         "created_at": time(t.created_at_ms),
         "started_at": time(t.started_at_ms),
         "finished_at": time(t.finished_at_ms),

@@ -35,6 +35,7 @@
 pub mod artifacts;
 pub mod config;
 pub mod cordon;
+pub mod delegates;
 pub mod error;
 pub mod fleet;
 pub mod leases;

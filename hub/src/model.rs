@@ -261,6 +261,18 @@ pub struct TaskRec {
     /// The durable record of the attempt the Hub issued last (the fence and the owner).
     #[serde(default)]
     pub lease: LeaseRec,
+    /// The task whose `call_agent`/`start_agent` made this one (empty for a submitted task).
+    #[serde(default)]
+    pub parent_task_id: String,
+    /// The first run of the delegation tree (empty: this task's own run).
+    #[serde(default)]
+    pub root_run_id: String,
+    /// Delegate calls above this task (0 for a submitted task).
+    #[serde(default)]
+    pub delegation_depth: u32,
+    /// The delegate call's span in the parent's trace (the child's root span nests under it).
+    #[serde(default)]
+    pub parent_span_id: String,
 }
 
 /// Who may run a task now: the attempt the Hub issued last, to which Nest and instance. It is

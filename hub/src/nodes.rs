@@ -86,6 +86,7 @@ pub struct RunAssignment {
     pub conversation_id: String,
     pub conversation_key: String,
     pub root_run_id: String,
+    pub delegation_depth: u32,
     pub bundle_digest: String,
     pub history_json: String,
     pub replay_json: String,

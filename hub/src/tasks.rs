@@ -65,6 +65,18 @@ pub struct TaskSpec {
     pub labels: BTreeMap<String, String>,
     pub conversation_key: String,
     pub client_request_id: String,
+    /// Set for a delegate call's child task (see `delegates.rs`).
+    pub parent: Option<ChildOf>,
+}
+
+/// Where a child task sits in its delegation tree.
+#[derive(Debug, Clone, Default)]
+pub struct ChildOf {
+    pub parent_task_id: String,
+    pub root_run_id: String,
+    pub delegation_depth: u32,
+    /// The delegate call's span in the parent's trace.
+    pub parent_span_id: String,
 }
 
 /// `ListTasks` filters and the page wanted.
@@ -74,6 +86,8 @@ pub struct TaskFilter {
     pub deployment: String,
     pub state: String,
     pub conversation_key: String,
+    /// Only the children of this task (empty: any).
+    pub parent_task_id: String,
     /// Tasks per page: 0 is [`DEFAULT_PAGE_SIZE`]; at most [`MAX_PAGE_SIZE`].
     pub page_size: u32,
     /// Only tasks submitted before the task with this submission seq (the page token).
@@ -166,6 +180,10 @@ fn summarize(t: &TaskRec) -> TaskSummary {
         cancel_requested_at_ms: t.cancel_requested_at_ms,
         cancel_reason: cut(&t.cancel_reason, SUMMARY_RESULT_BYTES),
         lease: t.lease.clone(),
+        parent_task_id: t.parent_task_id.clone(),
+        root_run_id: t.root_run_id.clone(),
+        delegation_depth: t.delegation_depth,
+        parent_span_id: t.parent_span_id.clone(),
     };
     TaskSummary {
         task,
@@ -336,6 +354,22 @@ impl Core {
                 cancel_requested_at_ms: 0,
                 cancel_reason: String::new(),
                 lease: LeaseRec::default(),
+                parent_task_id: spec
+                    .parent
+                    .as_ref()
+                    .map(|p| p.parent_task_id.clone())
+                    .unwrap_or_default(),
+                root_run_id: spec
+                    .parent
+                    .as_ref()
+                    .map(|p| p.root_run_id.clone())
+                    .unwrap_or_default(),
+                delegation_depth: spec.parent.as_ref().map_or(0, |p| p.delegation_depth),
+                parent_span_id: spec
+                    .parent
+                    .as_ref()
+                    .map(|p| p.parent_span_id.clone())
+                    .unwrap_or_default(),
             };
             if !spec.client_request_id.is_empty() {
                 self.db.put_json(
@@ -395,6 +429,7 @@ impl Core {
             .filter(|t| f.deployment.is_empty() || t.deployment == f.deployment)
             .filter(|t| state.is_none_or(|s| t.state == s))
             .filter(|t| f.conversation_key.is_empty() || t.conversation_key == f.conversation_key)
+            .filter(|t| f.parent_task_id.is_empty() || t.parent_task_id == f.parent_task_id)
             .filter(|t| f.before_seq.is_none_or(|before| t.seq < before))
             .map(|t| (t.seq, t))
             .collect();
@@ -436,41 +471,21 @@ impl Core {
         };
         let out = {
             let mut st = self.lock();
-            let Some(mut task) = st.tasks.get(&task.task_id).cloned() else {
+            if !st.tasks.contains_key(&task.task_id) {
                 return Err(HubError::not_found(format!("task {task_id} not found")));
-            };
-            match task.state {
-                s if s.is_terminal() => return Ok(task),
-                TaskState::Queued => {
-                    self.finish_task(
-                        &mut st,
-                        task.clone(),
-                        TaskState::Cancelled,
-                        "",
-                        "text",
-                        reason,
-                    )?;
-                }
-                _ => {
-                    if task.cancel_requested_at_ms == 0 {
-                        task.cancel_requested_at_ms = now_ms();
-                        task.cancel_reason = reason.to_string();
-                        task.activity = format!("cancelling: {reason}");
-                        let nest_id = st
-                            .instances
-                            .get(&task.instance_id)
-                            .map(|i| i.nest_id.clone())
-                            .unwrap_or_default();
-                        st.live.send(
-                            &nest_id,
-                            ToNest::CancelRun {
-                                run_id: task.run_id.clone(),
-                                instance_id: task.instance_id.clone(),
-                                reason: reason.to_string(),
-                            },
-                        );
-                        self.save_task(&mut st, task.clone())?;
-                    }
+            }
+            // Cancelling a task cancels its delegation subtree (call_agent/start_agent children).
+            let mut todo = vec![(task.task_id.clone(), reason.to_string())];
+            while let Some((id, why)) = todo.pop() {
+                self.cancel_one(&mut st, &id, &why)?;
+                let children: Vec<String> = st
+                    .tasks
+                    .values()
+                    .filter(|t| t.parent_task_id == id && !t.state.is_terminal())
+                    .map(|t| t.task_id.clone())
+                    .collect();
+                for child in children {
+                    todo.push((child, format!("its parent task {id} was cancelled")));
                 }
             }
             st.tasks.get(task_id).cloned().unwrap_or(task)
@@ -478,6 +493,41 @@ impl Core {
         self.commit().await?;
         self.poke();
         Ok(out)
+    }
+
+    /// Cancels one task: a queued one at once, a running one through its Nest (with a grace).
+    fn cancel_one(&self, st: &mut State, task_id: &str, reason: &str) -> Result<()> {
+        let Some(mut task) = st.tasks.get(task_id).cloned() else {
+            return Ok(());
+        };
+        match task.state {
+            s if s.is_terminal() => {}
+            TaskState::Queued => {
+                self.finish_task(st, task, TaskState::Cancelled, "", "text", reason)?;
+            }
+            _ => {
+                if task.cancel_requested_at_ms == 0 {
+                    task.cancel_requested_at_ms = now_ms();
+                    task.cancel_reason = reason.to_string();
+                    task.activity = format!("cancelling: {reason}");
+                    let nest_id = st
+                        .instances
+                        .get(&task.instance_id)
+                        .map(|i| i.nest_id.clone())
+                        .unwrap_or_default();
+                    st.live.send(
+                        &nest_id,
+                        ToNest::CancelRun {
+                            run_id: task.run_id.clone(),
+                            instance_id: task.instance_id.clone(),
+                            reason: reason.to_string(),
+                        },
+                    );
+                    self.save_task(st, task)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn finish_task(
@@ -786,7 +836,12 @@ impl Core {
             labels: task.labels.clone(),
             conversation_id: task.conversation_id.clone(),
             conversation_key: task.conversation_key.clone(),
-            root_run_id: task.run_id.clone(),
+            root_run_id: if task.root_run_id.is_empty() {
+                task.run_id.clone()
+            } else {
+                task.root_run_id.clone()
+            },
+            delegation_depth: task.delegation_depth,
             bundle_digest: inst.bundle_digest.clone(),
             history_json: Value::Array(history.messages).to_string(),
             replay_json,
@@ -978,6 +1033,36 @@ impl Core {
         } else {
             self.db.run_events(&task.run_id)?
         };
-        Ok((task.clone(), build_spans(&task, &events)))
+        let mut spans = build_spans(&task, &events);
+        // The delegation subtree: each child's spans under its call_agent span.
+        let mut todo = vec![task.task_id.clone()];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(parent) = todo.pop() {
+            if !seen.insert(parent.clone()) {
+                continue;
+            }
+            let children: Vec<TaskRec> = {
+                let st = self.lock();
+                st.tasks
+                    .values()
+                    .filter(|t| t.parent_task_id == parent)
+                    .cloned()
+                    .collect()
+            };
+            for child in children {
+                let events = if child.run_id.is_empty() {
+                    Vec::new()
+                } else {
+                    self.db.run_events(&child.run_id)?
+                };
+                let mut child_spans = build_spans(&child, &events);
+                if let Some(root) = child_spans.first_mut() {
+                    root.parent_span_id = child.parent_span_id.clone();
+                }
+                spans.extend(child_spans);
+                todo.push(child.task_id);
+            }
+        }
+        Ok((task.clone(), spans))
     }
 }

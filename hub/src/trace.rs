@@ -196,6 +196,10 @@ mod tests {
             cancel_requested_at_ms: 0,
             cancel_reason: String::new(),
             lease: crate::model::LeaseRec::default(),
+            parent_task_id: String::new(),
+            root_run_id: String::new(),
+            delegation_depth: 0,
+            parent_span_id: String::new(),
         }
     }
 

@@ -2,9 +2,9 @@
 //!
 //! Reading order: `config`, `daemon` (the Nest's `run`), `hub_link` (the one outbound stream to
 //! the Hub, reconnects), `supervisor` (instance processes, restart policy, process-group guards),
-//! `bundles` (cache by digest), `artifact_relay` (artifact transfers), `logs` (instances' and
-//! tool servers' stderr, kept in rotated files and served to `agen logs`), `metrics`
-//! (`--metrics-listen`), `socket` (the Nest ⇄
+//! `bundles` (cache by digest), `artifact_relay` (artifact transfers), `child_relay` (delegate
+//! calls' child tasks), `logs` (instances' and tool servers' stderr, kept in rotated files and
+//! served to `agen logs`), `metrics` (`--metrics-listen`), `socket` (the Nest ⇄
 //! instance protocol), `instance` (the `agen instance` process: bundle, tool servers, runs through
 //! the harness crate `agen-harness`).
 //!
@@ -13,6 +13,7 @@
 
 pub mod artifact_relay;
 pub mod bundles;
+pub mod child_relay;
 pub mod config;
 pub mod daemon;
 pub mod hub_link;

@@ -54,6 +54,49 @@ pub enum ToNest {
         req: u64,
         id: String,
     },
+    /// A delegate call of one of the instance's runs (`call_agent` / `start_agent`): the
+    /// Nest asks the Hub (`NestService/StartChild`, `WaitChild`, `CancelChild`) and answers
+    /// [`ToInstance::ChildReply`] with the same `req`.
+    Child(ChildCall),
+}
+
+/// One request about a run's child task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChildCall {
+    pub req: u64,
+    /// The parent run (it must be one the instance holds, at this attempt).
+    pub task_id: String,
+    pub run_id: String,
+    pub attempt: u32,
+    pub op: ChildOp,
+}
+
+/// What to do about the child.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ChildOp {
+    Start(agen_harness::run::ChildRequest),
+    Wait {
+        child_task_id: String,
+        wait_ms: u64,
+    },
+    Cancel {
+        child_task_id: String,
+        reason: String,
+    },
+}
+
+/// The answer to a [`ChildCall`]: the child's task id (`Start`), its end when it ended
+/// (`Wait`), or what went wrong.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChildReply {
+    pub req: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<agen_harness::run::ChildEnd>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Nest → instance.
@@ -86,6 +129,7 @@ pub enum ToInstance {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
     },
+    ChildReply(ChildReply),
 }
 
 /// Lifecycle state as the instance sees it.
@@ -171,6 +215,7 @@ impl From<agen_proto::v1::AssignRun> for RunOrder {
                 conversation_id: a.conversation_id,
                 conversation_key: a.conversation_key,
                 root_run_id: a.root_run_id.into(),
+                delegation_depth: a.delegation_depth,
                 history: wire::history(&a.history_json),
                 replay: wire::replay(&a.replay_json),
                 tool_overrides: Default::default(),

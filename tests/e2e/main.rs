@@ -7,6 +7,7 @@
 mod artifacts;
 mod chaos;
 mod cli;
+mod delegates;
 mod deploy;
 mod fleet;
 mod hostile_bundle;

@@ -1,4 +1,6 @@
-//! `agen query TASK`: the task's state, progress, current activity and outcome, without waiting.
+//! `agen query TASK`: the task's state, progress, current activity and outcome, without waiting;
+//! its parent and children when delegates made a tree (`children`: the task ids of its
+//! call_agent/start_agent tasks, from `ListTasks` by parent).
 
 use agen_proto::v1 as pb;
 
@@ -25,10 +27,28 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         .await
         .map_err(|s| status_error(&hub, s))?
         .into_inner();
+    let children: Vec<pb::Task> = hub
+        .client
+        .list_tasks(pb::ListTasksRequest {
+            namespace: hub.namespace.clone(),
+            parent_task_id: t.task_id.clone(),
+            page_size: 1000,
+            ..Default::default()
+        })
+        .await
+        .map_err(|s| status_error(&hub, s))?
+        .into_inner()
+        .tasks;
+    let mut v = view::task_json(&t);
+    v["children"] = serde_json::Value::Array(
+        children
+            .iter()
+            .map(|c| serde_json::Value::String(c.task_id.clone()))
+            .collect(),
+    );
     match args.client.output {
-        Output::Json | Output::Yaml => view::print_value(args.client.output, &view::task_json(&t)),
+        Output::Json | Output::Yaml => view::print_value(args.client.output, &v),
         Output::Table => {
-            let v = view::task_json(&t);
             crate::outln!("task:        {}", t.task_id);
             crate::outln!("deployment:  {}/{}", t.namespace, t.deployment);
             crate::outln!("state:       {}", view::task_state(t.state));
@@ -53,6 +73,17 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             }
             if !t.instance_id.is_empty() {
                 crate::outln!("instance:    {} on {}", t.instance_id, t.nest_name);
+            }
+            if !t.parent_task_id.is_empty() {
+                crate::outln!("parent:      {}", t.parent_task_id);
+            }
+            for c in &children {
+                crate::outln!(
+                    "child:       {} ({}, {})",
+                    c.task_id,
+                    c.deployment,
+                    view::task_state(c.state)
+                );
             }
             if let Some(o) = v.get("outcome").filter(|o| !o.is_null()) {
                 crate::outln!(

@@ -1,4 +1,4 @@
-//! `agen tasks`: recent tasks, newest first, filtered by deployment and state, fetched page
+//! `agen tasks`: recent tasks, newest first, filtered by deployment, state and parent, fetched page
 //! by page (`ListTasks` answers summaries: inputs and results cut to a prefix).
 
 use agen_proto::v1 as pb;
@@ -19,6 +19,9 @@ pub struct Args {
     /// Only tasks in this state (queued|running|waiting|succeeded|failed|cancelled)
     #[arg(long)]
     pub state: Option<String>,
+    /// Only the children of this task (its call_agent/start_agent tasks)
+    #[arg(long)]
+    pub parent: Option<String>,
     /// At most this many tasks (0: all of them)
     #[arg(long, default_value_t = 100)]
     pub limit: u32,
@@ -45,6 +48,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 state: args.state.clone().unwrap_or_default(),
                 page_size: left.min(PAGE_SIZE) as u32,
                 page_token: page_token.clone(),
+                parent_task_id: args.parent.clone().unwrap_or_default(),
                 ..Default::default()
             })
             .await

@@ -288,6 +288,7 @@ impl AgenService for AgenApi {
                 labels,
                 conversation_key: r.conversation_key,
                 client_request_id: r.client_request_id,
+                parent: None,
             })
             .await?;
         Ok(Response::new(convert::task(&task)))
@@ -435,6 +436,7 @@ impl AgenService for AgenApi {
         if !r.deployment.is_empty() {
             limits::validate_name("deployment", &r.deployment)?;
         }
+        limits::check_id("parent_task_id", &r.parent_task_id)?;
         self.core
             .opts
             .limits
@@ -444,6 +446,7 @@ impl AgenService for AgenApi {
             deployment: r.deployment,
             state: convert::task_state_filter(r.task_state, r.state),
             conversation_key: r.conversation_key,
+            parent_task_id: r.parent_task_id,
             page_size: if r.page_size == 0 {
                 r.limit
             } else {

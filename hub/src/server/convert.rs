@@ -117,7 +117,7 @@ pub fn task_state_filter(task_state: i32, state: String) -> String {
     from_enum.as_str().to_string()
 }
 
-fn task_state(s: TaskState) -> pb::TaskState {
+pub(super) fn task_state(s: TaskState) -> pb::TaskState {
     match s {
         TaskState::Queued => pb::TaskState::Queued,
         TaskState::Running => pb::TaskState::Running,
@@ -164,6 +164,12 @@ pub fn task(t: &TaskRec) -> pb::Task {
         nest_name: t.nest_name.clone(),
         input_bytes: t.input.len() as u64,
         summary: false,
+        parent_task_id: t.parent_task_id.clone(),
+        root_run_id: if t.root_run_id.is_empty() {
+            t.run_id.clone()
+        } else {
+            t.root_run_id.clone()
+        },
     }
 }
 
@@ -343,6 +349,7 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
                 conversation_id: a.conversation_id,
                 conversation_key: a.conversation_key,
                 root_run_id: a.root_run_id,
+                delegation_depth: a.delegation_depth,
                 bundle_digest: a.bundle_digest,
                 history_json: a.history_json,
                 replay_json: a.replay_json,

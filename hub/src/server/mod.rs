@@ -6,6 +6,7 @@
 mod agen;
 pub mod auth;
 mod convert;
+mod delegates;
 mod lifecycle;
 mod logs;
 mod malformed;

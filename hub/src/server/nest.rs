@@ -58,7 +58,7 @@ impl NestApi {
     /// The nest id named by the caller's verified client certificate, checked against the key
     /// its id is bound to and against revocation; `None` on a plaintext Hub, which checks the
     /// join token instead (no certificates there).
-    fn cert_nest_id<T>(&self, request: &Request<T>) -> Result<Option<String>, Status> {
+    pub(super) fn cert_nest_id<T>(&self, request: &Request<T>) -> Result<Option<String>, Status> {
         if self.tls.is_none() {
             self.tokens
                 .check_join(super::auth::bearer(request).as_deref())?;
@@ -404,5 +404,26 @@ impl NestService for NestApi {
             cert_pem,
             ca_pem: tls.ca_pem.clone(),
         }))
+    }
+
+    async fn start_child(
+        &self,
+        request: Request<pb::StartChildRequest>,
+    ) -> Result<Response<pb::StartChildResponse>, Status> {
+        super::delegates::start_child(self, request).await
+    }
+
+    async fn wait_child(
+        &self,
+        request: Request<pb::WaitChildRequest>,
+    ) -> Result<Response<pb::WaitChildResponse>, Status> {
+        super::delegates::wait_child(self, request).await
+    }
+
+    async fn cancel_child(
+        &self,
+        request: Request<pb::CancelChildRequest>,
+    ) -> Result<Response<pb::CancelChildResponse>, Status> {
+        super::delegates::cancel_child(self, request).await
     }
 }

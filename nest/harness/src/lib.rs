@@ -15,6 +15,7 @@
 pub mod agent;
 pub mod artifacts;
 pub mod keen;
+pub mod local_delegates;
 pub mod mcp;
 pub mod model;
 pub mod redact;

@@ -20,6 +20,7 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::artifacts::LocalArtifacts;
+use crate::local_delegates::LocalDelegator;
 use crate::mcp::{LaunchContext, ToolHost};
 use crate::model::provider_for;
 use crate::run::{
@@ -46,62 +47,17 @@ pub async fn run_cli_with(
     model: Option<String>,
     approve_all: bool,
 ) -> anyhow::Result<i32> {
-    let mut bundle = match Bundle::load(&dir) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return Ok(EXIT_BAD_INPUT);
-        }
-    };
-    if let Some(m) = model {
-        match ModelRef::parse(&m) {
-            Ok(r) => bundle.agent.model = Some(r),
-            Err(e) => {
-                eprintln!("error: --model: {e}");
-                return Ok(EXIT_BAD_INPUT);
-            }
-        }
-    }
-    let (secrets, config) = match resolve_local(&bundle) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return Ok(EXIT_BAD_INPUT);
-        }
-    };
-    let bundle = Arc::new(bundle);
-
-    let agen_bin = std::env::current_exe().context("while finding the agen binary for AGEN_BIN")?;
-    let mut launch = LaunchContext::new(agen_bin);
-    launch.secrets = secrets.clone();
-    let host = ToolHost::start(&bundle, launch).await;
-    for p in host.status().not_connected {
-        eprintln!(
-            "warning: tool server {} is not connected: {}",
-            p.server, p.reason
-        );
-    }
-
-    let http = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10))
-        .timeout(Duration::from_secs(600))
-        .build()
-        .context("while building the HTTP client")?;
-    let provider = Arc::from(provider_for(config, http));
     let artifacts = Arc::new(LocalArtifacts::new(crate::artifacts::default_dir()));
-    let approver: Arc<dyn crate::run::Approver> = if approve_all {
+    if approve_all {
         eprintln!("agen run: --approve-all: every call that needs approval (permissions.ask) is approved without asking");
-        Arc::new(crate::run::ApproveAll)
-    } else {
-        Arc::new(TerminalApprover::default())
-    };
-    let harness = match Harness::with_provider(bundle.clone(), Arc::new(host.clone()), provider) {
-        Ok(h) => h
-            .with_secret_values(&secrets)
-            .with_artifacts(artifacts.clone())
-            .with_approver(approver),
+    }
+    let Prepared {
+        bundle,
+        harness,
+        host,
+    } = match prepare(&dir, model, approve_all, artifacts.clone()).await {
+        Ok(p) => p,
         Err(e) => {
-            host.shutdown().await;
             eprintln!("error: {e}");
             return Ok(EXIT_BAD_INPUT);
         }
@@ -131,6 +87,7 @@ pub async fn run_cli_with(
         conversation_id: run_id.clone(),
         conversation_key: String::new(),
         root_run_id: run_id.clone().into(),
+        delegation_depth: 0,
         history: Vec::new(),
         replay: Vec::new(),
         tool_overrides: Default::default(),
@@ -162,6 +119,85 @@ pub async fn run_cli_with(
             Ok(1)
         }
     }
+}
+
+/// A bundle ready to run in-process: the root of `agen run`, or one of its local delegates.
+pub(crate) struct Prepared {
+    pub bundle: Arc<Bundle>,
+    pub harness: Arc<Harness>,
+    pub host: ToolHost,
+}
+
+/// Loads and validates the bundle in `dir` (`model` overrides its `model`), resolves its `env`
+/// secrets, starts its tool servers and builds its harness (terminal approvals unless
+/// `approve_all`; local delegates through a [`LocalDelegator`]). The error is the user's.
+pub(crate) async fn prepare(
+    dir: &Path,
+    model: Option<String>,
+    approve_all: bool,
+    artifacts: Arc<LocalArtifacts>,
+) -> Result<Prepared, String> {
+    let mut bundle = match Bundle::load(dir) {
+        Ok(b) => b,
+        Err(e) => {
+            return Err(e.to_string());
+        }
+    };
+    if let Some(m) = model {
+        match ModelRef::parse(&m) {
+            Ok(r) => bundle.agent.model = Some(r),
+            Err(e) => {
+                return Err(format!("--model: {e}"));
+            }
+        }
+    }
+    let (secrets, config) = resolve_local(&bundle)?;
+    let bundle = Arc::new(bundle);
+
+    let agen_bin = std::env::current_exe()
+        .map_err(|e| format!("cannot find the agen binary for AGEN_BIN: {e}"))?;
+    let mut launch = LaunchContext::new(agen_bin);
+    launch.secrets = secrets.clone();
+    let host = ToolHost::start(&bundle, launch).await;
+    for p in host.status().not_connected {
+        eprintln!(
+            "warning: tool server {} is not connected: {}",
+            p.server, p.reason
+        );
+    }
+
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(600))
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+    let provider = Arc::from(provider_for(config, http));
+    let approver: Arc<dyn crate::run::Approver> = if approve_all {
+        Arc::new(crate::run::ApproveAll)
+    } else {
+        Arc::new(TerminalApprover::default())
+    };
+    let harness = match Harness::with_provider(bundle.clone(), Arc::new(host.clone()), provider) {
+        Ok(h) => h
+            .with_secret_values(&secrets)
+            .with_artifacts(artifacts.clone())
+            .with_approver(approver)
+            .with_delegator(Arc::new(LocalDelegator::new(
+                dir.to_path_buf(),
+                bundle.config.delegates.clone(),
+                approve_all,
+                artifacts,
+            ))),
+        Err(e) => {
+            host.shutdown().await;
+            return Err(e.to_string());
+        }
+    };
+    Ok(Prepared {
+        bundle,
+        harness: Arc::new(harness),
+        host,
+    })
 }
 
 /// What a run without a Hub needs of a loaded bundle: the values of its secrets (each

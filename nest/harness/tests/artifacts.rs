@@ -74,6 +74,7 @@ fn request() -> RunRequest {
         input: "write the report".into(),
         conversation_id: "conv-1".into(),
         root_run_id: "run-1".into(),
+        delegation_depth: 0,
         ..Default::default()
     }
 }

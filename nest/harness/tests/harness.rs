@@ -195,6 +195,7 @@ fn request(input: &str) -> RunRequest {
         conversation_id: "conv-1".into(),
         conversation_key: String::new(),
         root_run_id: "run-1".into(),
+        delegation_depth: 0,
         history: Vec::new(),
         replay: Vec::new(),
         tool_overrides: Default::default(),

@@ -12,6 +12,7 @@
 //! sent `sync`.
 
 mod artifacts;
+mod delegates;
 mod sink;
 
 use std::collections::HashMap;
@@ -68,6 +69,8 @@ struct Shared {
     runs: Mutex<HashMap<String, RunCtl>>,
     /// `save_artifact` / `read_artifact` through the Nest.
     artifacts: Arc<NestArtifacts>,
+    /// `call_agent` / `start_agent` children through the Nest.
+    delegates: Arc<delegates::NestDelegator>,
 }
 
 /// One run in this instance.
@@ -145,6 +148,7 @@ pub async fn run(args: InstanceArgs) -> Result<i32, InstanceError> {
     });
     let shared = Arc::new(Shared {
         artifacts: Arc::new(NestArtifacts::new(to_nest.clone())),
+        delegates: Arc::new(delegates::NestDelegator::new(to_nest.clone())),
         to_nest,
         status: Mutex::new(InstanceStatus {
             state: HostState::Starting,
@@ -224,6 +228,7 @@ pub async fn run(args: InstanceArgs) -> Result<i32, InstanceError> {
                     error,
                 },
             ),
+            Ok(Some(ToInstance::ChildReply(reply))) => shared.delegates.deliver(reply),
             Ok(Some(ToInstance::Placement(_) | ToInstance::Refused { .. })) => {}
             Ok(None) => break,
             Err(e) => {
@@ -348,7 +353,8 @@ async fn start(
             .map(|h| {
                 Arc::new(
                     h.with_progress(true)
-                        .with_artifacts(shared.artifacts.clone()),
+                        .with_artifacts(shared.artifacts.clone())
+                        .with_delegator(shared.delegates.clone()),
                 )
             })
             .map_err(|e| e.to_string()),

@@ -846,6 +846,36 @@ impl Supervisor {
                     crate::artifact_relay::relay(self.bundles.clone(), namespace, tx, msg);
                 }
             }
+            ToNest::Child(call) => {
+                // Only for a run this instance holds, at this attempt.
+                let target = {
+                    let st = self.lock();
+                    let holds = st
+                        .runs
+                        .get(&call.run_id)
+                        .is_some_and(|t| t.instance == id && t.attempt == call.attempt);
+                    st.instances
+                        .get(id)
+                        .and_then(|e| e.conn.as_ref().map(|(_, tx)| tx.clone()))
+                        .map(|tx| (holds, tx))
+                };
+                match target {
+                    Some((true, tx)) => {
+                        crate::child_relay::relay(self.bundles.clone(), id.to_string(), tx, call)
+                    }
+                    Some((false, tx)) => {
+                        let _ = tx.send(ToInstance::ChildReply(crate::socket::ChildReply {
+                            req: call.req,
+                            error: Some(format!(
+                                "run {} attempt {} is not held by this instance",
+                                call.run_id, call.attempt
+                            )),
+                            ..Default::default()
+                        }));
+                    }
+                    None => {}
+                }
+            }
             ToNest::RunDone { run_id, attempt } => {
                 let mut st = self.lock();
                 if st

@@ -34,6 +34,10 @@ pub struct Delegate {
     pub namespace: Option<String>,
     /// Shown to the model in `call_agent`'s description.
     pub description: Option<String>,
+    /// A local bundle folder (relative to this bundle) that `agen run` runs the delegate from
+    /// in-process; a fleet ignores it.
+    #[serde(default)]
+    pub bundle: Option<String>,
 }
 
 /// What the bundle says about a tool, overriding its server's hints.
@@ -280,11 +284,11 @@ fn parse_delegate(path: &str, v: &Value) -> Result<Delegate> {
     match v {
         Value::String(name) => {
             check_name(path, name)?;
-            Ok(Delegate { deployment: name.clone(), namespace: None, description: None })
+            Ok(Delegate { deployment: name.clone(), namespace: None, description: None, bundle: None })
         }
         Value::Object(_) => {
             let o = Obj::new(CONFIG_FILE, path, v, "an object")?;
-            o.only_keys(&["deployment", "namespace", "description"])?;
+            o.only_keys(&["deployment", "namespace", "description", "bundle"])?;
             let deployment = o
                 .opt_str("deployment")?
                 .ok_or_else(|| o.err("deployment", "missing; expected the deployment's name"))?;
@@ -293,7 +297,7 @@ fn parse_delegate(path: &str, v: &Value) -> Result<Delegate> {
             if let Some(ns) = &namespace {
                 check_name(&o.field("namespace"), ns)?;
             }
-            Ok(Delegate { deployment, namespace, description: o.opt_str("description")? })
+            Ok(Delegate { deployment, namespace, description: o.opt_str("description")?, bundle: o.opt_str("bundle")? })
         }
         other => Err(BundleError::invalid(
             CONFIG_FILE,

@@ -54,6 +54,9 @@ pub struct Limits {
     /// `maxAttempts` (default 5): attempts a run may lose to its own instance failing (process
     /// or tool-server death, start deadline) before its task fails; the Hub enforces it.
     pub max_attempts: u32,
+    /// `maxDelegationDepth` (default 5): how deep a tree of `call_agent`/`start_agent` children
+    /// under this agent's runs may grow; a call past it is a tool error.
+    pub max_delegation_depth: u32,
 }
 
 impl Default for Limits {
@@ -65,6 +68,7 @@ impl Default for Limits {
             script_timeout: Duration::from_secs(5),
             script_memory_mb: 64,
             max_attempts: 5,
+            max_delegation_depth: 5,
         }
     }
 }
@@ -133,6 +137,7 @@ pub(crate) fn parse(v: &Value) -> Result<HarnessConfig> {
             "scriptTimeout",
             "scriptMemoryMb",
             "maxAttempts",
+            "maxDelegationDepth",
         ])?;
         let duration = |key: &str| -> Result<Option<Duration>> {
             match l.opt_str(key)? {
@@ -173,6 +178,9 @@ pub(crate) fn parse(v: &Value) -> Result<HarnessConfig> {
         }
         if let Some(n) = positive("maxAttempts")? {
             limits.max_attempts = n;
+        }
+        if let Some(n) = positive("maxDelegationDepth")? {
+            limits.max_delegation_depth = n;
         }
     }
     Ok(h)

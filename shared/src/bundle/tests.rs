@@ -153,11 +153,13 @@ fn a_complete_bundle_parses_into_its_whole_value() {
                     deployment: "researcher".into(),
                     namespace: None,
                     description: None,
+                    bundle: None,
                 },
                 Delegate {
                     deployment: "writer".into(),
                     namespace: Some("docs".into()),
                     description: Some("writes".into()),
+                    bundle: None,
                 },
             ],
             tools: [
@@ -212,6 +214,7 @@ fn a_complete_bundle_parses_into_its_whole_value() {
                 script_timeout: Duration::from_millis(500),
                 script_memory_mb: 32,
                 max_attempts: 5,
+                max_delegation_depth: 5,
             },
         },
         skills: vec![Skill {
@@ -420,7 +423,7 @@ fn broken_bundles_each_yield_their_specific_error() {
     check(&[(HARNESS_FILE, r#"{"limits": {"scriptTimeout": "0s"}}"#)], "x-agen/harness.json: limits.scriptTimeout: expected a duration above zero");
     check(&[(HARNESS_FILE, r#"{"limits": {"maxTurns": -1}}"#)], "x-agen/harness.json: limits.maxTurns: expected a whole number from 0 to 4294967295, got -1");
     check(&[(HARNESS_FILE, r#"{"limits": {"maxTurns": 0}}"#)], "x-agen/harness.json: limits.maxTurns: expected a whole number of at least 1, got 0");
-    check(&[(HARNESS_FILE, r#"{"limits": {"maxturns": 5}}"#)], "x-agen/harness.json: limits.maxturns: unknown key; expected one of: toolTimeout, maxTurns, maxToolCalls, scriptTimeout, scriptMemoryMb, maxAttempts");
+    check(&[(HARNESS_FILE, r#"{"limits": {"maxturns": 5}}"#)], "x-agen/harness.json: limits.maxturns: unknown key; expected one of: toolTimeout, maxTurns, maxToolCalls, scriptTimeout, scriptMemoryMb, maxAttempts, maxDelegationDepth");
     check(&[(HARNESS_FILE, r#"{"parallelToolcalls": false}"#)], "x-agen/harness.json: parallelToolcalls: unknown key; expected one of: parallelToolCalls, traceToolArguments, toolProtocol, limits");
     check(&[(HARNESS_FILE, r#"{"parallelToolCalls": "no"}"#)], "x-agen/harness.json: parallelToolCalls: expected true or false, got a string");
     check(&[(HARNESS_FILE, r#"{"toolProtocol": "xml"}"#)], "x-agen/harness.json: toolProtocol: expected \"native\" or \"keen\", got \"xml\"");

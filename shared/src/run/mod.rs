@@ -67,6 +67,10 @@ pub struct RunAssignment {
     /// The first run of the delegation tree (this run's id when it was not delegated).
     #[serde(default)]
     pub root_run_id: RunId,
+    /// How many delegate calls above this run (0 for a task a client submitted); a
+    /// `call_agent`/`start_agent` child runs at this depth + 1.
+    #[serde(default)]
+    pub delegation_depth: u32,
     /// Earlier messages of the conversation.
     #[serde(default)]
     pub history: Vec<Message>,

@@ -250,6 +250,9 @@ impl Agent {
                 .clone()
                 .unwrap_or_else(|| run_id.clone())
                 .into(),
+            // An embedded delegate (`Agent::as_tool`) is bounded by not calling itself, not by
+            // the fleet's depth count.
+            delegation_depth: 0,
             history,
             replay: Vec::new(),
             tool_overrides: Default::default(),

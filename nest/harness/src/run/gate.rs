@@ -1,7 +1,7 @@
 //! Permissions at the point of use: which tools a run offers and whether a call may go out.
 //! The bundle's `x-agen/config.json` `permissions` decide ([`Permissions::decide`]): MCP tools
 //! by `<server>.<tool>` (either name form), Keen `keen-tools.json` tools by their registered
-//! name, `load_skill` by its name. `finish`, `save_artifact`, `read_artifact` and
+//! name, `load_skill`, `call_agent` and `start_agent` by their names. `finish`, `save_artifact`, `read_artifact` and
 //! `report_progress` are never gated.
 //!
 //! Invariant: a denied tool is never offered (native `tools`, the Keen tools section) and a call
@@ -29,6 +29,9 @@ impl Harness {
             return Some(model_name.to_string());
         }
         if model_name == BUILTIN_LOAD_SKILL && !self.bundle.skills.is_empty() {
+            return Some(model_name.to_string());
+        }
+        if self.is_delegate_tool(model_name) {
             return Some(model_name.to_string());
         }
         let keen = self.keen.as_deref()?;

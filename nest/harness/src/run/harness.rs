@@ -81,6 +81,8 @@ pub struct Harness {
     pub(super) artifacts: Arc<dyn ArtifactStore>,
     /// Who decides calls to tools in `permissions.ask`.
     pub(super) approver: Arc<dyn Approver>,
+    /// Who runs `call_agent`/`start_agent` children (none: delegate calls need a fleet).
+    pub(super) delegator: Option<Arc<dyn super::Delegator>>,
 }
 
 impl Harness {
@@ -113,7 +115,10 @@ impl Harness {
         let mut mcp_tools = BTreeMap::new();
         for t in tools.tools() {
             let name = t.model_name();
-            if BUILTIN_NAMES.contains(&name.as_str()) || mcp_tools.contains_key(&name) {
+            if BUILTIN_NAMES.contains(&name.as_str())
+                || [super::BUILTIN_CALL_AGENT, super::BUILTIN_START_AGENT].contains(&name.as_str())
+                || mcp_tools.contains_key(&name)
+            {
                 return Err(HarnessError::DuplicateTool(name));
             }
             mcp_tools.insert(name, t);
@@ -151,6 +156,7 @@ impl Harness {
             keen,
             artifacts: Arc::new(MemoryArtifacts::default()),
             approver: Arc::new(NoApprover::fleet()),
+            delegator: None,
         })
     }
 
@@ -181,6 +187,12 @@ impl Harness {
     /// Who decides calls to tools in `permissions.ask` (default: no one, they are denied).
     pub fn with_approver(mut self, approver: Arc<dyn Approver>) -> Harness {
         self.approver = approver;
+        self
+    }
+
+    /// Who runs the children of `call_agent`/`start_agent` (the fleet instance's Nest).
+    pub fn with_delegator(mut self, delegator: Arc<dyn super::Delegator>) -> Harness {
+        self.delegator = Some(delegator);
         self
     }
 
@@ -229,6 +241,7 @@ impl Harness {
             parameters: object_schema(&t.spec.input_schema),
         }));
         specs.extend(builtins::specs(self));
+        specs.extend(super::delegate::specs(self));
         specs
     }
 

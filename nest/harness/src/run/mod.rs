@@ -13,7 +13,7 @@
 //! (one run's state, event emission, its end), `turn` (one model turn), `native` and `keen_loop`
 //! (the two dialects' loops), `replay` (reading earlier attempts' events, for both dialects),
 //! `tools` (routing a call, the [`ToolPolicy`], MCP calls and their `_meta`), `builtins` (the
-//! built-in tools), `gate` (permissions: what is offered, what is refused), `approval` (who
+//! built-in tools), `delegate` (`call_agent`/`start_agent`: child tasks through a [`Delegator`]), `gate` (permissions: what is offered, what is refused), `approval` (who
 //! decides `ask` calls); secrets are taken out of results, errors and traces by [`crate::redact`].
 //!
 //! Invariants: a run always ends with exactly one `run.finished` event and a [`RunOutcome`]
@@ -28,6 +28,7 @@
 mod approval;
 mod builtins;
 mod cut;
+mod delegate;
 mod gate;
 mod harness;
 mod host;
@@ -51,6 +52,7 @@ pub use builtins::{
     BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_READ_ARTIFACT, BUILTIN_REPORT_PROGRESS,
     BUILTIN_SAVE_ARTIFACT,
 };
+pub use delegate::{ChildEnd, ChildRequest, Delegator, BUILTIN_CALL_AGENT, BUILTIN_START_AGENT};
 pub use harness::{model_config, Dialect, Harness, HarnessError};
 pub use host::{
     check_host_tool_name, CallMeta, HostTool, HostToolError, HostToolSpec, ToolContext, ToolError,

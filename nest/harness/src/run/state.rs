@@ -69,6 +69,23 @@ impl<'h> Run<'h> {
         }
     }
 
+    /// The position of call `call_id` among this run's tool calls, from 0 (the same on every
+    /// resume: replay pushes the same turns in the same order); `None` for a call that is not
+    /// in an assistant message (a Keen call, whose id already names its turn).
+    pub(super) fn call_position(&self, call_id: &str) -> Option<usize> {
+        let mut before = 0;
+        let mut found = None;
+        for m in lock(&self.new_messages).iter() {
+            if let Message::Assistant { tool_calls, .. } = m {
+                if let Some(i) = tool_calls.iter().position(|c| c.id == call_id) {
+                    found = Some(before + i);
+                }
+                before += tool_calls.len();
+            }
+        }
+        found
+    }
+
     pub(super) fn push(&self, m: Message) {
         lock(&self.context).push(m.clone());
         lock(&self.new_messages).push(m);

@@ -22,6 +22,7 @@ use super::builtins::{
     BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_READ_ARTIFACT, BUILTIN_REPORT_PROGRESS,
     BUILTIN_SAVE_ARTIFACT,
 };
+use super::delegate::BUILTIN_CALL_AGENT;
 use super::host::{self, CallMeta, Registered, ToolContext};
 use super::state::Run;
 use super::{RunEventBody, SinkError};
@@ -55,6 +56,14 @@ impl ToolPolicy {
             idempotent: over.and_then(|o| o.idempotent).unwrap_or(spec.idempotent),
         }
     }
+
+    /// `call_agent`/`start_agent`: the start of a child is durable before it is asked for, and
+    /// sending the call again finds the same child (its client request id is the call's
+    /// idempotency key), so an interrupted call is waited for again, never `effect_unknown`.
+    pub const DELEGATE: ToolPolicy = ToolPolicy {
+        side_effect: true,
+        idempotent: true,
+    };
 
     /// The policy of an MCP tool of `bundle`.
     pub fn of(bundle: &Bundle, tool: &ToolInfo) -> ToolPolicy {
@@ -109,6 +118,7 @@ impl Run<'_> {
         }
         match self.h.mcp_tools.get(model_name) {
             Some(tool) => ToolPolicy::of(&self.h.bundle, tool),
+            None if self.h.is_delegate_tool(model_name) => ToolPolicy::DELEGATE,
             None => ToolPolicy::HARMLESS,
         }
     }
@@ -150,6 +160,9 @@ impl Run<'_> {
             BUILTIN_REPORT_PROGRESS if self.h.progress => self.report_progress(call).await,
             BUILTIN_SAVE_ARTIFACT => self.save_artifact(call).await,
             BUILTIN_READ_ARTIFACT => self.read_artifact(call).await,
+            name if self.h.is_delegate_tool(name) => {
+                self.delegate_call(call, name == BUILTIN_CALL_AGENT).await
+            }
             name => match (self.h.host_tools.get(name), self.h.mcp_tools.get(name)) {
                 (Some(tool), _) => self.call_tool(call, Target::Host(tool)).await,
                 (None, Some(tool)) => self.call_tool(call, Target::Mcp(tool)).await,
@@ -206,7 +219,7 @@ impl Run<'_> {
         }
     }
 
-    fn span_of(&self, call_id: &str) -> String {
+    pub(super) fn span_of(&self, call_id: &str) -> String {
         trace::tool_span_id(self.req.run_id.as_str(), self.req.attempt, call_id)
     }
 

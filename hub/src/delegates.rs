@@ -1,0 +1,250 @@
+//! Delegate calls (`call_agent` / `start_agent`): a run's child tasks. A Nest asks on behalf
+//! of a run it holds the lease of ([`Parent`]); the Hub makes the child with the call's
+//! idempotency key as its client request id, so a resumed call finds the same child and never
+//! starts a second one; it tells the caller when the child ends and cancels it on request.
+//!
+//! Invariants: only the lease holder of the parent run (Nest, instance, run id, current
+//! attempt) may start, wait for or cancel its children; a child goes only to a deployment the
+//! parent's bundle lists in `delegates` (the bundle the run is pinned to), in the delegate's
+//! namespace or the parent's; a child records its parent, the root run of its tree and its
+//! depth.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use agen_shared::bundle::Delegate;
+
+use crate::error::{HubError, Result};
+use crate::fleet::{namespace_or_default, Core};
+use crate::model::{TaskRec, TaskState};
+use crate::tasks::{ChildOf, TaskSpec};
+
+/// The longest a single `WaitChild` holds the call open.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// The run asking, as its Nest names it.
+#[derive(Debug, Clone)]
+pub struct Parent {
+    pub task_id: String,
+    pub run_id: String,
+    pub attempt: u32,
+    pub instance_id: String,
+    /// The calling Nest by certificate; `None` on a plaintext Hub.
+    pub nest_id: Option<String>,
+}
+
+/// A child task to start.
+#[derive(Debug, Clone)]
+pub struct ChildSpec {
+    /// Empty: the parent's namespace.
+    pub namespace: String,
+    pub deployment: String,
+    pub input: String,
+    pub conversation_key: String,
+    pub idempotency_key: String,
+    /// The call's span in the parent's trace.
+    pub parent_span_id: String,
+}
+
+/// How a child ended (or that it has not yet).
+#[derive(Debug, Clone)]
+pub struct ChildEnd {
+    pub done: bool,
+    pub state: TaskState,
+    pub result: String,
+    pub response_type: String,
+    pub artifacts: Vec<String>,
+}
+
+/// Delegates by bundle digest (a digest names one content, so this never goes stale).
+fn delegates_cache() -> &'static Mutex<HashMap<String, Vec<Delegate>>> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Vec<Delegate>>>> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+impl Core {
+    /// The parent task, when `p` holds its lease now.
+    fn leased_parent(&self, p: &Parent) -> Result<TaskRec> {
+        let st = self.lock();
+        let Some(task) = st.tasks.get(&p.task_id) else {
+            return Err(HubError::not_found(format!(
+                "parent task {} is unknown to the hub",
+                p.task_id
+            )));
+        };
+        let holds = task.run_id == p.run_id
+            && !task.run_id.is_empty()
+            && task.attempt == p.attempt
+            && !task.lease.revoked
+            && task.lease.instance_id == p.instance_id
+            && p.nest_id.as_ref().is_none_or(|n| *n == task.lease.nest_id)
+            && matches!(task.state, TaskState::Running | TaskState::Waiting);
+        if !holds {
+            return Err(HubError::PermissionDenied(format!(
+                "run {} attempt {} of task {} is not the run this nest and instance hold; only the run's current attempt may delegate",
+                p.run_id, p.attempt, p.task_id
+            )));
+        }
+        Ok(task.clone())
+    }
+
+    /// The delegates of the bundle `digest`.
+    async fn delegates_of(&self, digest: &str) -> Result<Vec<Delegate>> {
+        if let Some(d) = delegates_cache()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(digest)
+        {
+            return Ok(d.clone());
+        }
+        let Some(bytes) = self.bundle_bytes(digest)? else {
+            return Err(HubError::not_found(format!(
+                "bundle {digest} of the parent run is not in the hub's store"
+            )));
+        };
+        let delegates = tokio::task::spawn_blocking(move || bundle_delegates(&bytes))
+            .await
+            .map_err(|e| HubError::Internal(format!("bundle check panicked: {e}")))??;
+        delegates_cache()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(digest.to_string(), delegates.clone());
+        Ok(delegates)
+    }
+
+    /// Starts (or finds again, by its idempotency key) the child task of a delegate call.
+    pub async fn start_child(&self, p: &Parent, spec: ChildSpec) -> Result<TaskRec> {
+        let parent = self.leased_parent(p)?;
+        let delegates = self.delegates_of(&parent.bundle_digest).await?;
+        let parent_ns = namespace_or_default(&parent.namespace);
+        let namespace = if spec.namespace.is_empty() {
+            parent_ns.clone()
+        } else {
+            spec.namespace.clone()
+        };
+        let listed = delegates.iter().any(|d| {
+            d.deployment == spec.deployment
+                && d.namespace.clone().unwrap_or_else(|| parent_ns.clone()) == namespace
+        });
+        if !listed {
+            return Err(HubError::PermissionDenied(format!(
+                "deployment {namespace}/{} is not a delegate of deployment {}/{} (x-agen/config.json delegates)",
+                spec.deployment, parent.namespace, parent.deployment
+            )));
+        }
+        if spec.idempotency_key.is_empty() {
+            return Err(HubError::invalid(
+                "idempotency_key: expected the call's agen/idempotencyKey, got an empty string",
+            ));
+        }
+        let root_run_id = if parent.root_run_id.is_empty() {
+            parent.run_id.clone()
+        } else {
+            parent.root_run_id.clone()
+        };
+        let child = self
+            .submit_task(TaskSpec {
+                namespace,
+                deployment: spec.deployment,
+                input: spec.input,
+                labels: Default::default(),
+                conversation_key: spec.conversation_key,
+                client_request_id: spec.idempotency_key,
+                parent: Some(ChildOf {
+                    parent_task_id: parent.task_id.clone(),
+                    root_run_id,
+                    delegation_depth: parent.delegation_depth + 1,
+                    parent_span_id: spec.parent_span_id,
+                }),
+            })
+            .await?;
+        if child.parent_task_id != parent.task_id {
+            return Err(HubError::AlreadyExists(format!(
+                "idempotency_key: already used for task {}, which is not a child of task {}",
+                child.task_id, parent.task_id
+            )));
+        }
+        Ok(child)
+    }
+
+    /// The child `child_id` of the run `p`, checked.
+    fn child_of(&self, p: &Parent, child_id: &str) -> Result<TaskRec> {
+        let parent = self.leased_parent(p)?;
+        let st = self.lock();
+        match st.tasks.get(child_id) {
+            Some(c) if c.parent_task_id == parent.task_id => Ok(c.clone()),
+            _ => Err(HubError::not_found(format!(
+                "task {child_id} is not a child of task {}",
+                parent.task_id
+            ))),
+        }
+    }
+
+    /// Waits up to `wait` (at most [`MAX_WAIT`]) for the child to end.
+    pub async fn wait_child(&self, p: &Parent, child_id: &str, wait: Duration) -> Result<ChildEnd> {
+        let mut updates = self.subscribe();
+        let mut child = self.child_of(p, child_id)?;
+        let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
+        while !child.state.is_terminal() {
+            match tokio::time::timeout_at(deadline, updates.recv()).await {
+                Err(_) => break,
+                Ok(Ok(u)) if u.task_id == child_id => child = u.task,
+                Ok(Ok(_)) => {}
+                Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {
+                    child = self.child_of(p, child_id)?;
+                }
+                Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => break,
+            }
+        }
+        if !child.state.is_terminal() {
+            return Ok(ChildEnd {
+                done: false,
+                state: child.state,
+                result: String::new(),
+                response_type: String::new(),
+                artifacts: Vec::new(),
+            });
+        }
+        let artifacts = self
+            .list_artifacts(&child.namespace, &child.task_id)?
+            .into_iter()
+            .map(|a| a.id)
+            .collect();
+        let outcome = child.outcome.clone().unwrap_or_default();
+        let result = if outcome.result.is_empty() {
+            outcome.error
+        } else {
+            outcome.result
+        };
+        Ok(ChildEnd {
+            done: true,
+            state: child.state,
+            result,
+            response_type: outcome.response_type,
+            artifacts,
+        })
+    }
+
+    /// Cancels a child of the run `p` (with its own subtree).
+    pub async fn cancel_child(&self, p: &Parent, child_id: &str, reason: &str) -> Result<()> {
+        let child = self.child_of(p, child_id)?;
+        self.cancel_task(&child.namespace, &child.task_id, reason)
+            .await?;
+        Ok(())
+    }
+}
+
+/// The delegates an uploaded bundle declares.
+pub(crate) fn bundle_delegates(bytes: &[u8]) -> Result<Vec<Delegate>> {
+    let tmp = tempfile::tempdir().map_err(HubError::io(
+        std::env::temp_dir(),
+        "cannot create a temporary folder",
+    ))?;
+    let dir = tmp.path().join("bundle");
+    agen_shared::bundle::unpack(bytes, &dir)
+        .map_err(|e| HubError::invalid(format!("bundle: {e}")))?;
+    let bundle = agen_shared::bundle::Bundle::load(&dir)
+        .map_err(|e| HubError::invalid(format!("bundle: {e}")))?;
+    Ok(bundle.config.delegates)
+}

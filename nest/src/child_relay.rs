@@ -1,0 +1,121 @@
+//! The Nest's delegate relay: a run's `call_agent` / `start_agent` (socket message
+//! [`ToNest::Child`]) becomes the Hub's `NestService/StartChild`, `WaitChild` or `CancelChild`
+//! (unary calls beside the `Connect` stream, so a long wait never delays a heartbeat).
+//!
+//! Invariants: only a run the asking instance holds, at its current attempt, may ask
+//! (checked by the supervisor before the relay; the Hub checks the lease again); the instance
+//! id is the Nest's own record, never the instance's word; every request is answered with
+//! exactly one [`ChildReply`].
+//!
+//! [`ToNest::Child`]: crate::socket::ToNest::Child
+
+use std::sync::Arc;
+
+use agen_harness::run::{ChildEnd, RunState};
+use agen_proto::v1 as pb;
+use tokio::sync::mpsc;
+
+use crate::bundles::BundleCache;
+use crate::socket::{ChildCall, ChildOp, ChildReply, ToInstance};
+
+/// Serves one child request of instance `instance_id` in the background; the answer goes to
+/// `reply` (the instance's connection).
+pub fn relay(
+    bundles: Arc<BundleCache>,
+    instance_id: String,
+    reply: mpsc::UnboundedSender<ToInstance>,
+    call: ChildCall,
+) {
+    tokio::spawn(async move {
+        let req = call.req;
+        let answer = match ask(&bundles, &instance_id, call).await {
+            Ok(r) => r,
+            Err(error) => {
+                tracing::info!(instance = %instance_id, "child request failed: {error}");
+                ChildReply {
+                    req,
+                    error: Some(error),
+                    ..Default::default()
+                }
+            }
+        };
+        let _ = reply.send(ToInstance::ChildReply(answer));
+    });
+}
+
+async fn ask(
+    bundles: &BundleCache,
+    instance_id: &str,
+    call: ChildCall,
+) -> Result<ChildReply, String> {
+    let mut client = bundles.hub_client().await.map_err(|e| e.to_string())?;
+    let parent = Some(pb::ChildParent {
+        task_id: call.task_id,
+        run_id: call.run_id,
+        attempt: call.attempt,
+        instance_id: instance_id.to_string(),
+    });
+    let status = |s: tonic::Status| format!("the hub refused: {}", s.message());
+    let mut out = ChildReply {
+        req: call.req,
+        ..Default::default()
+    };
+    match call.op {
+        ChildOp::Start(c) => {
+            let r = client
+                .start_child(pb::StartChildRequest {
+                    parent,
+                    namespace: c.namespace.unwrap_or_default(),
+                    deployment: c.deployment,
+                    input: c.input,
+                    conversation_key: c.conversation_key,
+                    idempotency_key: c.idempotency_key,
+                    parent_span_id: c.parent_span_id,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            out.task_id = Some(r.task_id);
+        }
+        ChildOp::Wait {
+            child_task_id,
+            wait_ms,
+        } => {
+            let r = client
+                .wait_child(pb::WaitChildRequest {
+                    parent,
+                    child_task_id,
+                    wait_ms,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            if r.done {
+                let state = match pb::TaskState::try_from(r.state) {
+                    Ok(pb::TaskState::Succeeded) => RunState::Succeeded,
+                    Ok(pb::TaskState::Cancelled) => RunState::Cancelled,
+                    _ => RunState::Failed,
+                };
+                out.end = Some(ChildEnd {
+                    state,
+                    result: r.result,
+                    artifacts: r.artifacts,
+                });
+            }
+        }
+        ChildOp::Cancel {
+            child_task_id,
+            reason,
+        } => {
+            client
+                .cancel_child(pb::CancelChildRequest {
+                    parent,
+                    child_task_id,
+                    reason,
+                })
+                .await
+                .map_err(status)?;
+        }
+    }
+    Ok(out)
+}
