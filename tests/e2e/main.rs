@@ -11,6 +11,7 @@ mod deploy;
 mod fleet;
 mod hostile_bundle;
 mod hostile_keen;
+mod identity;
 mod init;
 mod keen;
 mod lifecycle;

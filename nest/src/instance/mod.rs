@@ -12,6 +12,7 @@
 //! sent `sync`.
 
 mod artifacts;
+mod bootstrap;
 mod sink;
 
 use std::collections::HashMap;
@@ -24,24 +25,42 @@ use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::socket::{self, HostState, InstanceStatus, Placement, RunOrder, ToInstance, ToNest};
+use crate::socket::{
+    self, HostState, InstanceStatus, Placement, RunOrder, SpawnSecret, ToInstance, ToNest,
+};
 use agen_harness::mcp::{LaunchContext, ToolHost};
 use agen_harness::{Harness, RunAssignment};
 use agen_shared::run::{ResponseType, RunFinished, RunState};
 pub use artifacts::NestArtifacts;
+pub use bootstrap::BootstrapError;
 pub use sink::NestSink;
 
 /// How long one tool server may take to start and list its tools.
 const SERVER_START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Arguments of `agen instance` (given by the Nest).
+/// Arguments of `agen instance` (given by the Nest through the bootstrap fd).
 #[derive(Debug, Clone)]
 pub struct InstanceArgs {
     pub socket: PathBuf,
     pub instance_id: String,
     pub bundle_dir: PathBuf,
+    pub secret: SpawnSecret,
     /// The agen binary (`AGEN_BIN` for tool servers).
     pub agen_bin: PathBuf,
+}
+
+impl InstanceArgs {
+    /// Reads (and closes) the bootstrap the Nest left on the inherited fd.
+    pub fn from_inherited_fd(agen_bin: PathBuf) -> Result<InstanceArgs, BootstrapError> {
+        let b = bootstrap::read_inherited()?;
+        Ok(InstanceArgs {
+            socket: b.socket,
+            instance_id: b.instance_id,
+            bundle_dir: b.bundle_dir,
+            secret: b.secret,
+            agen_bin,
+        })
+    }
 }
 
 /// Why the instance could not even talk to its Nest.
@@ -116,6 +135,7 @@ pub async fn run(args: InstanceArgs) -> Result<i32, InstanceError> {
         .send(&ToNest::Hello {
             instance_id: args.instance_id.clone(),
             pid: std::process::id(),
+            secret: args.secret.clone(),
         })
         .await?;
     let placement = match reader.next().await? {

@@ -4,8 +4,13 @@
 //! `PR_SET_PDEATHSIG(SIGKILL)`, so it dies with the Nest even on `kill -9`; the spawn happens on
 //! the calling (async worker) thread, never in `spawn_blocking` (PDEATHSIG fires when the
 //! spawning *thread* exits); the instance gets a cleared environment (allowlist only), so it
-//! never sees Hub credentials; its stderr goes to `tracing` tagged with the instance id.
+//! never sees Hub credentials; its stderr goes to `tracing` tagged with the instance id; its
+//! command line is `agen instance` alone: the socket path, its id, its bundle dir and its
+//! per-spawn secret come through the bootstrap pipe on fd [`BOOTSTRAP_FD`], written and closed
+//! by the Nest before the spawn (so it never blocks and the instance reads it to EOF).
 
+use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -14,6 +19,8 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+
+use crate::socket::{Bootstrap, BOOTSTRAP_FD, BOOTSTRAP_FD_ENV};
 
 /// Variables an instance inherits from the Nest (the tool-server allowlist plus logging).
 pub const ENV_ALLOWLIST: [&str; 13] = [
@@ -36,23 +43,22 @@ fn allowed(name: &str) -> bool {
     ENV_ALLOWLIST.contains(&name) || name.starts_with("LC_")
 }
 
-/// Starts `<agen_bin> instance --socket S --instance-id ID --bundle-dir DIR`.
+/// Starts `<agen_bin> instance` with `boot` on its bootstrap fd.
 pub fn spawn_instance(
     agen_bin: &Path,
-    socket: &Path,
-    instance_id: &str,
-    bundle_dir: &Path,
+    boot: &Bootstrap,
     env: &[(String, String)],
 ) -> std::io::Result<Child> {
+    let line = serde_json::to_vec(boot).map_err(std::io::Error::other)?;
+    // Both ends are close-on-exec; only the dup2 below puts the read end into the instance.
+    let (reader, mut writer) = std::io::pipe()?;
+    // A bootstrap is a few hundred bytes, far below the pipe's buffer: this never blocks.
+    writer.write_all(&line)?;
+    drop(writer);
+    let instance_id = boot.instance_id.as_str();
     let mut cmd = Command::new(agen_bin);
     cmd.arg("instance")
-        .arg("--socket")
-        .arg(socket)
-        .arg("--instance-id")
-        .arg(instance_id)
-        .arg("--bundle-dir")
-        .arg(bundle_dir)
-        .current_dir(bundle_dir)
+        .current_dir(&boot.bundle_dir)
         .env_clear()
         .envs(
             env.iter()
@@ -60,13 +66,16 @@ pub fn spawn_instance(
                 .map(|(k, v)| (k.as_str(), v.as_str())),
         )
         .env("NO_COLOR", "1")
+        .env(BOOTSTRAP_FD_ENV, BOOTSTRAP_FD.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
     set_parent_death_signal(&mut cmd);
+    put_on_fd(&mut cmd, reader.as_raw_fd(), BOOTSTRAP_FD);
     let mut child = cmd.spawn()?;
+    drop(reader);
     if let Some(stderr) = child.stderr.take() {
         let id = instance_id.to_string();
         tokio::spawn(async move {
@@ -127,6 +136,26 @@ fn set_parent_death_signal(cmd: &mut Command) {
                 return Err(std::io::Error::other(
                     "the nest exited while starting the instance",
                 ));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Makes `fd` (close-on-exec in the Nest) the child's `target` fd, inherited by exec.
+#[allow(unsafe_code)]
+fn put_on_fd(cmd: &mut Command, fd: i32, target: i32) {
+    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
+    // functions (dup2, fcntl); it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if fd == target {
+                // dup2 onto itself keeps close-on-exec: clear it instead.
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(fd, target) != target {
+                return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
