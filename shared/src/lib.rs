@@ -5,6 +5,8 @@ pub mod bundle;
 pub mod client_config;
 pub mod duration;
 pub mod private;
+#[cfg(target_os = "linux")]
+pub mod process;
 pub mod run;
 pub mod telemetry;
 pub mod tls;

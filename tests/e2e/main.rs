@@ -18,6 +18,7 @@ mod lifecycle;
 mod limits;
 mod permissions;
 mod privacy;
+mod privsep;
 mod resume;
 mod runs;
 mod secrets;

@@ -5,7 +5,8 @@
 //!
 //! Invariants: the instance never holds Hub credentials (the Nest is its only peer); it exits
 //! when its socket to the Nest closes (and the kernel kills it if the Nest dies: PDEATHSIG set
-//! by the Nest); when a tool server dies it reports itself unhealthy (the Hub replaces it) and
+//! by the Nest); it is the subreaper of its descendants and kills every one of them before it
+//! exits; when a tool server dies it reports itself unhealthy (the Hub replaces it) and
 //! never restarts the server itself; at most `concurrency` runs execute at once; event seqs
 //! start at 1 per `(run_id, attempt)`; a `sync` event returns only after the Hub acked it; the
 //! last event of every run is one `run.finished` (`{state, result, response_type, messages}`),
@@ -123,6 +124,11 @@ impl Shared {
 
 /// Runs the instance until the Nest closes the socket. Returns the exit code.
 pub async fn run(args: InstanceArgs) -> Result<i32, InstanceError> {
+    // Orphans of tool servers (`setsid cmd &`, double forks) stay below this process, so they
+    // can be found and killed when it stops.
+    if let Err(e) = agen_shared::process::become_subreaper() {
+        tracing::warn!("cannot become the subreaper of the tool servers: {e}; a tool server's double-forked children may outlive this instance");
+    }
     let stream =
         UnixStream::connect(&args.socket)
             .await
@@ -264,6 +270,14 @@ pub async fn run(args: InstanceArgs) -> Result<i32, InstanceError> {
     }
     if let Some(h) = &ready.host {
         let _ = tokio::time::timeout(Duration::from_secs(4), h.shutdown()).await;
+    }
+    // No child left behind: whatever the servers left running (in any group or session).
+    let left = agen_shared::process::kill_tree(std::process::id()).len();
+    if left > 0 {
+        tracing::info!(
+            killed = left,
+            "killed processes the tool servers left behind"
+        );
     }
     writer_task.abort();
     Ok(0)

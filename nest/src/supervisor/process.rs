@@ -1,7 +1,10 @@
-//! Spawning one instance process and killing its process group.
+//! Spawning one instance process and killing its process group and every descendant (through
+//! the one process module, `agen_shared::process`).
 //!
 //! Invariants: every instance runs in its own process group (`process_group(0)`) with
-//! `PR_SET_PDEATHSIG(SIGKILL)`, so it dies with the Nest even on `kill -9`; the spawn happens on
+//! `PR_SET_PDEATHSIG(SIGKILL)`, so it dies with the Nest even on `kill -9`; an instance is a
+//! subreaper, so on a stop that needs SIGKILL every descendant (`setsid`/double-forked ones
+//! included) is killed while the instance still holds them; the spawn happens on
 //! the calling (async worker) thread, never in `spawn_blocking` (PDEATHSIG fires when the
 //! spawning *thread* exits); the instance gets a cleared environment (allowlist only), so it
 //! never sees Hub credentials; its stderr goes to `tracing` tagged with the instance id; its
@@ -15,8 +18,8 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
+use agen_shared::process as group;
+use nix::sys::signal::Signal;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -70,9 +73,8 @@ pub fn spawn_instance(
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true);
-    set_parent_death_signal(&mut cmd);
+    group::own_group_dying_with_parent(cmd.as_std_mut(), Some(std::process::id()));
     put_on_fd(&mut cmd, reader.as_raw_fd(), BOOTSTRAP_FD);
     let mut child = cmd.spawn()?;
     drop(reader);
@@ -114,34 +116,6 @@ fn split_log_line(line: &str) -> (&str, &str) {
     }
 }
 
-#[allow(unsafe_code)]
-fn set_parent_death_signal(cmd: &mut Command) {
-    let parent = std::process::id();
-    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
-    // functions (prctl, getppid); it allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The Nest may have died between fork and prctl: then no signal would ever come.
-            if u32::try_from(libc::getppid()).ok() != Some(parent) {
-                return Err(std::io::Error::other(
-                    "the nest exited while starting the instance",
-                ));
-            }
-            Ok(())
-        });
-    }
-}
-
 /// Makes `fd` (close-on-exec in the Nest) the child's `target` fd, inherited by exec.
 #[allow(unsafe_code)]
 fn put_on_fd(cmd: &mut Command, fd: i32, target: i32) {
@@ -164,16 +138,29 @@ fn put_on_fd(cmd: &mut Command, fd: i32, target: i32) {
 
 /// Sends `sig` to the group `pgid`; a group that is already gone is not an error.
 pub fn signal_group(pgid: i32, sig: Signal) {
-    if pgid > 1 {
-        let _ = killpg(Pid::from_raw(pgid), sig);
-    }
+    group::signal_group(pgid, sig);
 }
 
-/// Stops the group: SIGTERM, then SIGKILL after `grace` (or at once when the leader exited),
-/// and reaps the leader. Returns whether it exited within the grace.
+/// Stops the group: SIGTERM (the instance then stops its tool servers and kills what is left
+/// of its descendants itself), then after `grace` every descendant of the still-unreaped leader
+/// and the group get SIGKILL, and the leader is reaped. Returns whether it exited within the
+/// grace.
 pub async fn stop_group(child: &mut Child, pgid: i32, grace: Duration) -> bool {
     signal_group(pgid, Signal::SIGTERM);
     let graceful = tokio::time::timeout(grace, child.wait()).await.is_ok();
+    if !graceful {
+        // Not reaped yet, so its pid is still its own and its orphans are still under it.
+        if let Ok(pid) = u32::try_from(pgid) {
+            let n = group::kill_tree(pid).len();
+            if n > 0 {
+                tracing::info!(
+                    pid,
+                    killed = n,
+                    "killed the descendants of an instance that ignored SIGTERM"
+                );
+            }
+        }
+    }
     // Whatever is left in the group (a tool server that ignored SIGTERM) goes now.
     signal_group(pgid, Signal::SIGKILL);
     if !graceful {
@@ -258,7 +245,7 @@ mod tests {
             "the leader ignores SIGTERM, so SIGKILL was needed"
         );
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while nix::sys::signal::kill(Pid::from_raw(grandchild), None).is_ok() {
+        while nix::sys::signal::kill(nix::unistd::Pid::from_raw(grandchild), None).is_ok() {
             // A zombie until init reaps it; /proc shows state Z.
             let stat =
                 std::fs::read_to_string(format!("/proc/{grandchild}/stat")).unwrap_or_default();
