@@ -12,12 +12,17 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 /// How many freeze-and-kill rounds [`kill_tree`] makes at most.
 const KILL_ROUNDS: usize = 50;
+
+/// Children this process spawned and waits for itself, as `(pid, start time)`: the
+/// [`reap_adopted`] reaper leaves them to their owner. The start time tells a reused pid apart.
+static MANAGED: Mutex<Vec<(u32, u64)>> = Mutex::new(Vec::new());
 
 /// Puts the command's child in a process group of its own and has the kernel SIGKILL it when
 /// the thread that spawned it exits (`PR_SET_PDEATHSIG`). With `parent`, the spawn fails when
@@ -58,6 +63,64 @@ pub fn signal_group(pgid: i32, sig: Signal) -> bool {
 /// Whether the group `pgid` still has a member (zombies count until reaped).
 pub fn group_alive(pgid: i32) -> bool {
     pgid > 1 && killpg(Pid::from_raw(pgid), None).is_ok()
+}
+
+/// The start time field of `/proc/<pid>/stat` (clock ticks since boot).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22; after the ')' the fields start at field 3.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
+/// Spawns a child its caller will wait for itself (a tokio or std `Child`), holding off
+/// [`reap_adopted`] until it is registered, so the reaper never takes its exit status.
+pub fn spawn_managed<T>(
+    spawn: impl FnOnce() -> std::io::Result<T>,
+    pid_of: impl FnOnce(&T) -> Option<u32>,
+) -> std::io::Result<T> {
+    let mut managed = MANAGED.lock().unwrap_or_else(|p| p.into_inner());
+    let child = spawn()?;
+    if let Some(pid) = pid_of(&child) {
+        if let Some(t) = start_time(pid) {
+            managed.push((pid, t));
+        }
+    }
+    Ok(child)
+}
+
+/// Reaps the exited children this process adopted as a subreaper (orphans of its
+/// descendants), never one spawned through [`spawn_managed`]. Returns how many it reaped.
+pub fn reap_adopted() -> usize {
+    let me = std::process::id();
+    let mut managed = MANAGED.lock().unwrap_or_else(|p| p.into_inner());
+    // An owner reaped its child: the entry is stale once the pid is gone or reused.
+    managed.retain(|(pid, t)| start_time(*pid) == Some(*t));
+    let mut zombies = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Some((ppid, 'Z')) = stat_of(pid) {
+                if ppid == me && !managed.iter().any(|(p, _)| *p == pid) {
+                    zombies.push(pid);
+                }
+            }
+        }
+    }
+    let mut reaped = 0;
+    for pid in zombies {
+        let flags = Some(nix::sys::wait::WaitPidFlag::WNOHANG);
+        if nix::sys::wait::waitpid(Pid::from_raw(pid as i32), flags).is_ok() {
+            reaped += 1;
+        }
+    }
+    reaped
 }
 
 /// One line of `/proc/<pid>/stat`: `(ppid, state)`.
@@ -215,7 +278,8 @@ mod tests {
             pidfile.display()
         ));
         own_group_dying_with_parent(&mut cmd, None);
-        let mut child = cmd.spawn().expect("spawn sh");
+        // Managed: the reaper test in this binary must leave it to us.
+        let mut child = spawn_managed(|| cmd.spawn(), |c| Some(c.id())).expect("spawn sh");
         let deadline = Instant::now() + Duration::from_secs(10);
         let escapee = loop {
             if let Some(p) = std::fs::read_to_string(&pidfile)
@@ -241,6 +305,57 @@ mod tests {
         let _ = child.wait();
         wait_gone(escapee);
         assert!(descendants(child.id()).is_empty());
+    }
+
+    #[test]
+    fn the_reaper_takes_adopted_orphans_but_never_a_managed_child() {
+        // This test process becomes a subreaper: only this test's children are affected.
+        become_subreaper().expect("subreaper");
+        let mut managed = spawn_managed(
+            || std::process::Command::new("true").spawn(),
+            |c| Some(c.id()),
+        )
+        .expect("spawn true");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pidfile = dir.path().join("orphan.pid");
+        // A double fork: the orphan is re-parented to us and exits at once.
+        let mut sh = std::process::Command::new("sh");
+        sh.arg("-c").arg(format!(
+            "(sh -c 'echo $$ > {}; exit 0' &)",
+            pidfile.display()
+        ));
+        let mut sh = spawn_managed(|| sh.spawn(), |c| Some(c.id())).expect("sh");
+        assert!(sh.wait().expect("sh").success());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let orphan = loop {
+            let pid = std::fs::read_to_string(&pidfile)
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok());
+            if let Some(p) = pid.filter(|p| matches!(stat_of(*p), Some((_, 'Z')) | None)) {
+                break p;
+            }
+            assert!(Instant::now() < deadline, "no orphan zombie appeared");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // The managed child is a zombie too by now; its owner still gets its status.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !matches!(stat_of(managed.id()), Some((_, 'Z'))) {
+            assert!(Instant::now() < deadline, "`true` never exited");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stat_of(orphan).is_some() {
+            reap_adopted();
+            assert!(
+                Instant::now() < deadline,
+                "orphan {orphan} was never reaped"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(managed
+            .wait()
+            .expect("the owner reaps its own child")
+            .success());
     }
 
     #[test]

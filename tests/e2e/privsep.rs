@@ -100,6 +100,13 @@ fn a_setsid_child_of_run_is_gone_after_the_timeout_and_a_double_forked_one_when_
         "setsid child {p1} survived the run timeout: {:?}",
         stat(p1)
     );
+    // And it does not linger as a zombie of the instance that adopted it: it is reaped.
+    wait_for(
+        "the killed child to be reaped",
+        Duration::from_secs(15),
+        || stat(p1).is_none().then_some(()),
+    )
+    .unwrap_or_else(|e| panic!("{e}: {:?}", stat(p1)));
 
     // The double-forked one was left running by a shell that exited by itself, and the
     // instance (a subreaper) adopted it instead of init.

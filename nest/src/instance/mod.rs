@@ -126,8 +126,11 @@ impl Shared {
 pub async fn run(args: InstanceArgs) -> Result<i32, InstanceError> {
     // Orphans of tool servers (`setsid cmd &`, double forks) stay below this process, so they
     // can be found and killed when it stops.
-    if let Err(e) = agen_shared::process::become_subreaper() {
-        tracing::warn!("cannot become the subreaper of the tool servers: {e}; a tool server's double-forked children may outlive this instance");
+    match agen_shared::process::become_subreaper() {
+        Ok(()) => {
+            tokio::spawn(reap_adopted_orphans());
+        }
+        Err(e) => tracing::warn!("cannot become the subreaper of the tool servers: {e}; a tool server's double-forked children may outlive this instance"),
     }
     let stream =
         UnixStream::connect(&args.socket)
@@ -281,6 +284,26 @@ pub async fn run(args: InstanceArgs) -> Result<i32, InstanceError> {
     }
     writer_task.abort();
     Ok(0)
+}
+
+/// Reaps the orphans this instance adopted (as a subreaper) once they exit, on every SIGCHLD
+/// and at least every 10 s, so they never pile up as zombies.
+async fn reap_adopted_orphans() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut chld = signal(SignalKind::child()).ok();
+    loop {
+        let tick = tokio::time::sleep(Duration::from_secs(10));
+        match chld.as_mut() {
+            Some(s) => {
+                tokio::select! { _ = s.recv() => {}, _ = tick => {} }
+            }
+            None => tick.await,
+        }
+        let n = agen_shared::process::reap_adopted();
+        if n > 0 {
+            tracing::debug!(reaped = n, "reaped exited orphans of tool servers");
+        }
+    }
 }
 
 /// What a started instance has: its tool servers and its harness (or why there is none).

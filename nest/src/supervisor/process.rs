@@ -76,7 +76,7 @@ pub fn spawn_instance(
         .kill_on_drop(true);
     group::own_group_dying_with_parent(cmd.as_std_mut(), Some(std::process::id()));
     put_on_fd(&mut cmd, reader.as_raw_fd(), BOOTSTRAP_FD);
-    let mut child = cmd.spawn()?;
+    let mut child = group::spawn_managed(|| cmd.spawn(), |c| c.id())?;
     drop(reader);
     if let Some(stderr) = child.stderr.take() {
         let id = instance_id.to_string();

@@ -191,7 +191,7 @@ pub async fn run(
         .stderr(Stdio::from(writer_err))
         .process_group(0)
         .kill_on_drop(true);
-    let spawned = cmd.spawn();
+    let spawned = procs::spawn_managed(|| cmd.spawn(), |c| c.id());
     // Close our copies of the pipe's write end so the reader sees EOF when the group is done.
     drop(cmd);
     let mut child = spawned.map_err(|e| WorkspaceError::io("starting `sh -c` for", command, e))?;
