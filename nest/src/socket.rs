@@ -1,14 +1,21 @@
 //! The Nest⇄instance protocol over the Nest's Unix socket (`<data-dir>/nest.sock`, mode 0600):
 //! newline-delimited JSON, one message per line.
 //!
-//! Conversation: the instance connects and sends [`ToNest::Hello`] with its id; the Nest answers
-//! [`ToInstance::Placement`] (namespace, deployment, bundle, concurrency, resolved secrets) or
-//! [`ToInstance::Refused`]. Then the instance reports [`ToNest::Status`] on every change and
+//! Bootstrap: the Nest starts `agen instance` with no arguments; the instance reads one
+//! [`Bootstrap`] (socket path, instance id, bundle dir, per-spawn secret) from the inherited fd
+//! named by [`BOOTSTRAP_FD_ENV`] (a pipe the Nest wrote and closed) and closes it, so none of these
+//! is on a command line, in an environment, or inherited by tool servers.
+//!
+//! Conversation: the instance connects and sends [`ToNest::Hello`] with its id and its secret;
+//! the Nest checks the secret together with the peer's `SO_PEERCRED` pid (the pid it spawned) and
+//! that this is the first hello of that spawn, then answers [`ToInstance::Placement`] (namespace,
+//! deployment, bundle, concurrency, resolved secrets) or [`ToInstance::Refused`]. Then the instance reports [`ToNest::Status`] on every change and
 //! streams [`ToNest::Event`]s of its runs; the Nest sends [`ToInstance::Run`],
 //! [`ToInstance::Cancel`] and [`ToInstance::Ack`].
 //!
 //! Invariants: this is the only channel an instance has: it never sees Hub credentials; secret
-//! values travel only in `Placement` and are never logged (`Debug` redacts them); a line longer
+//! values travel only in `Placement` and are never logged (`Debug` redacts them, and the spawn
+//! secret's too); a hello that fails the check never touches the live connection; a line longer
 //! than [`MAX_LINE`] is a protocol error, not an allocation.
 
 use std::collections::BTreeMap;
@@ -24,13 +31,71 @@ use tokio_util::codec::{FramedRead, FramedWrite, LinesCodec};
 /// The longest line either side accepts (conversation histories can be large).
 pub const MAX_LINE: usize = 64 * 1024 * 1024;
 
+/// The variable naming the fd an instance reads its [`Bootstrap`] from (its value is only a
+/// number: nothing secret).
+pub const BOOTSTRAP_FD_ENV: &str = "AGEN_NEST_FD";
+/// The fd number the Nest puts the bootstrap pipe on in the instance.
+pub const BOOTSTRAP_FD: i32 = 3;
+/// The longest bootstrap an instance reads.
+pub const MAX_BOOTSTRAP: u64 = 64 * 1024;
+
+/// A per-spawn secret. `Debug` never shows it; comparison takes the same time wherever the
+/// first difference is.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SpawnSecret(String);
+
+impl SpawnSecret {
+    /// 32 random bytes, hex.
+    pub fn generate() -> SpawnSecret {
+        use rand::RngCore;
+        let mut bytes = [0u8; 32];
+        rand::rngs::OsRng.fill_bytes(&mut bytes);
+        SpawnSecret(hex::encode(bytes))
+    }
+
+    /// Constant-time equality (lengths are public: every secret has the same length).
+    pub fn matches(&self, other: &SpawnSecret) -> bool {
+        let (a, b) = (self.0.as_bytes(), other.0.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+
+    #[cfg(test)]
+    pub fn from_test(s: &str) -> SpawnSecret {
+        SpawnSecret(s.to_string())
+    }
+}
+
+impl PartialEq for SpawnSecret {
+    fn eq(&self, other: &Self) -> bool {
+        self.matches(other)
+    }
+}
+
+impl std::fmt::Debug for SpawnSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SpawnSecret(..)")
+    }
+}
+
+/// What the Nest hands a freshly spawned instance through its bootstrap fd.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Bootstrap {
+    pub socket: std::path::PathBuf,
+    pub instance_id: String,
+    pub bundle_dir: std::path::PathBuf,
+    pub secret: SpawnSecret,
+}
+
 /// Instance → Nest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ToNest {
+    /// The first message; `secret` is the spawn's [`Bootstrap::secret`].
     Hello {
         instance_id: String,
         pid: u32,
+        secret: SpawnSecret,
     },
     Status(InstanceStatus),
     Event(RunEventMsg),
@@ -354,10 +419,11 @@ mod tests {
     #[test]
     fn instance_messages_have_a_stable_wire_form() {
         check_to_nest(
-            r#"{"type":"hello","instance_id":"i-1","pid":42}"#,
+            r#"{"type":"hello","instance_id":"i-1","pid":42,"secret":"00ff"}"#,
             ToNest::Hello {
                 instance_id: "i-1".into(),
                 pid: 42,
+                secret: SpawnSecret::from_test("00ff"),
             },
         );
         check_to_nest(
@@ -396,6 +462,30 @@ mod tests {
                 sync: true,
             }),
         );
+    }
+
+    #[test]
+    fn a_spawn_secret_never_shows_and_compares_whole() {
+        let s = SpawnSecret::generate();
+        assert_eq!(s.0.len(), 64);
+        assert!(!format!("{s:?}").contains(&s.0));
+        let hello = ToNest::Hello {
+            instance_id: "i".into(),
+            pid: 1,
+            secret: s.clone(),
+        };
+        assert!(!format!("{hello:?}").contains(&s.0));
+        assert!(s.matches(&s.clone()));
+        assert!(!s.matches(&SpawnSecret::generate()));
+        assert!(!s.matches(&SpawnSecret::from_test(&s.0[..63])));
+        assert!(!s.matches(&SpawnSecret::from_test("")));
+    }
+
+    #[test]
+    fn a_hello_without_a_secret_does_not_decode() {
+        let err = decode::<ToNest>(r#"{"type":"hello","instance_id":"i-1","pid":42}"#)
+            .expect_err("no secret");
+        assert!(err.to_string().contains("missing field `secret`"), "{err}");
     }
 
     #[test]
@@ -441,6 +531,7 @@ mod tests {
                 w.send(&ToNest::Hello {
                     instance_id: "i".into(),
                     pid: 1,
+                    secret: SpawnSecret::from_test("s"),
                 })
                 .await
                 .expect("send");
@@ -453,7 +544,8 @@ mod tests {
             r.next().await.expect("read"),
             Some(ToNest::Hello {
                 instance_id: "i".into(),
-                pid: 1
+                pid: 1,
+                secret: SpawnSecret::from_test("s"),
             })
         );
         w.send(&ToInstance::Refused {

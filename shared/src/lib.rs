@@ -6,6 +6,8 @@ pub mod client_config;
 pub mod duration;
 pub mod metrics_http;
 pub mod private;
+#[cfg(target_os = "linux")]
+pub mod process;
 pub mod run;
 pub mod telemetry;
 pub mod tls;

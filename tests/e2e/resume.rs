@@ -210,10 +210,9 @@ fn instance_pids(nest: &NestProcess) -> Vec<u32> {
     nest.descendants()
         .into_iter()
         .filter(|pid| {
+            // `agen instance` (no arguments: its identity comes on an inherited fd).
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            String::from_utf8_lossy(&cmd)
-                .replace('\0', " ")
-                .contains(" instance --socket ")
+            String::from_utf8_lossy(&cmd).split('\0').nth(1) == Some("instance")
         })
         .collect()
 }

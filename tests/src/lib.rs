@@ -378,8 +378,9 @@ pub struct NestProcess {
 }
 
 impl NestProcess {
-    /// Pids of every process that belongs to this Nest: instances (their command line names
-    /// the Nest's data dir) and tool servers (their working directory is a bundle in it).
+    /// Pids of every process that belongs to this Nest (the Nest itself included: its command
+    /// line names its data dir): instances and tool servers (their working directory is a
+    /// bundle in it).
     pub fn descendants(&self) -> Vec<u32> {
         processes_under(&self.dir)
     }

@@ -5,13 +5,15 @@
 //!
 //! Invariants: the instance never holds Hub credentials (the Nest is its only peer); it exits
 //! when its socket to the Nest closes (and the kernel kills it if the Nest dies: PDEATHSIG set
-//! by the Nest); when a tool server dies it reports itself unhealthy (the Hub replaces it) and
+//! by the Nest); it is the subreaper of its descendants and kills every one of them before it
+//! exits; when a tool server dies it reports itself unhealthy (the Hub replaces it) and
 //! never restarts the server itself; at most `concurrency` runs execute at once; event seqs
 //! start at 1 per `(run_id, attempt)`; a `sync` event returns only after the Hub acked it; the
 //! last event of every run is one `run.finished` (`{state, result, response_type, messages}`),
 //! sent `sync`.
 
 mod artifacts;
+mod bootstrap;
 mod delegates;
 mod sink;
 
@@ -25,24 +27,42 @@ use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::socket::{self, HostState, InstanceStatus, Placement, RunOrder, ToInstance, ToNest};
+use crate::socket::{
+    self, HostState, InstanceStatus, Placement, RunOrder, SpawnSecret, ToInstance, ToNest,
+};
 use agen_harness::mcp::{LaunchContext, ToolHost};
 use agen_harness::{Harness, RunAssignment};
 use agen_shared::run::{ResponseType, RunFinished, RunState};
 pub use artifacts::NestArtifacts;
+pub use bootstrap::BootstrapError;
 pub use sink::NestSink;
 
 /// How long one tool server may take to start and list its tools.
 const SERVER_START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Arguments of `agen instance` (given by the Nest).
+/// Arguments of `agen instance` (given by the Nest through the bootstrap fd).
 #[derive(Debug, Clone)]
 pub struct InstanceArgs {
     pub socket: PathBuf,
     pub instance_id: String,
     pub bundle_dir: PathBuf,
+    pub secret: SpawnSecret,
     /// The agen binary (`AGEN_BIN` for tool servers).
     pub agen_bin: PathBuf,
+}
+
+impl InstanceArgs {
+    /// Reads (and closes) the bootstrap the Nest left on the inherited fd.
+    pub fn from_inherited_fd(agen_bin: PathBuf) -> Result<InstanceArgs, BootstrapError> {
+        let b = bootstrap::read_inherited()?;
+        Ok(InstanceArgs {
+            socket: b.socket,
+            instance_id: b.instance_id,
+            bundle_dir: b.bundle_dir,
+            secret: b.secret,
+            agen_bin,
+        })
+    }
 }
 
 /// Why the instance could not even talk to its Nest.
@@ -107,6 +127,14 @@ impl Shared {
 
 /// Runs the instance until the Nest closes the socket. Returns the exit code.
 pub async fn run(args: InstanceArgs) -> Result<i32, InstanceError> {
+    // Orphans of tool servers (`setsid cmd &`, double forks) stay below this process, so they
+    // can be found and killed when it stops.
+    match agen_shared::process::become_subreaper() {
+        Ok(()) => {
+            tokio::spawn(reap_adopted_orphans());
+        }
+        Err(e) => tracing::warn!("cannot become the subreaper of the tool servers: {e}; a tool server's double-forked children may outlive this instance"),
+    }
     let stream =
         UnixStream::connect(&args.socket)
             .await
@@ -119,6 +147,7 @@ pub async fn run(args: InstanceArgs) -> Result<i32, InstanceError> {
         .send(&ToNest::Hello {
             instance_id: args.instance_id.clone(),
             pid: std::process::id(),
+            secret: args.secret.clone(),
         })
         .await?;
     let placement = match reader.next().await? {
@@ -250,8 +279,36 @@ pub async fn run(args: InstanceArgs) -> Result<i32, InstanceError> {
     if let Some(h) = &ready.host {
         let _ = tokio::time::timeout(Duration::from_secs(4), h.shutdown()).await;
     }
+    // No child left behind: whatever the servers left running (in any group or session).
+    let left = agen_shared::process::kill_tree(std::process::id()).len();
+    if left > 0 {
+        tracing::info!(
+            killed = left,
+            "killed processes the tool servers left behind"
+        );
+    }
     writer_task.abort();
     Ok(0)
+}
+
+/// Reaps the orphans this instance adopted (as a subreaper) once they exit, on every SIGCHLD
+/// and at least every 10 s, so they never pile up as zombies.
+async fn reap_adopted_orphans() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut chld = signal(SignalKind::child()).ok();
+    loop {
+        let tick = tokio::time::sleep(Duration::from_secs(10));
+        match chld.as_mut() {
+            Some(s) => {
+                tokio::select! { _ = s.recv() => {}, _ = tick => {} }
+            }
+            None => tick.await,
+        }
+        let n = agen_shared::process::reap_adopted();
+        if n > 0 {
+            tracing::debug!(reaped = n, "reaped exited orphans of tool servers");
+        }
+    }
 }
 
 /// What a started instance has: its tool servers and its harness (or why there is none).

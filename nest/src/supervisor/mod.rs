@@ -1,6 +1,9 @@
 //! The instance supervisor: the instances this Nest runs, their processes, their Unix-socket
 //! connections and their reports.
 //!
+//! An instance proves who it is with its spawn's secret and pid (see [`identity`]); a hello that
+//! fails is refused and logged and never replaces the live connection.
+//!
 //! For each placement it fetches the bundle (see `bundles`), spawns `agen instance` in its own
 //! process group (see [`process`]), records the group in `children.json` (see [`children`]),
 //! restarts the process with exponential back-off when it dies, and on stop kills the whole
@@ -23,6 +26,7 @@
 
 pub mod backoff;
 pub mod children;
+pub mod identity;
 pub mod process;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -106,6 +110,8 @@ struct Entry {
     conn: Option<(u64, mpsc::UnboundedSender<ToInstance>)>,
     /// Messages for the instance while it has no connection (run assignments).
     queued: Vec<ToInstance>,
+    /// The credential of the current spawn (none between spawns).
+    cred: Option<identity::SpawnCred>,
     stop: CancellationToken,
 }
 
@@ -241,6 +247,7 @@ impl Supervisor {
                     report,
                     conn: None,
                     queued: Vec::new(),
+                    cred: None,
                     stop: stop.clone(),
                 },
             );
@@ -477,16 +484,31 @@ impl Supervisor {
                     r.message = "starting".into();
                 }
             });
+            let boot = socket::Bootstrap {
+                socket: socket_path.clone(),
+                instance_id: id.clone(),
+                bundle_dir: bundle_dir.clone(),
+                secret: socket::SpawnSecret::generate(),
+            };
             // Spawned right here, on an async worker thread (see `process`).
             let mut child = match process::spawn_instance(
                 &self.opts.agen_bin,
-                &socket_path,
-                &id,
-                &bundle_dir,
+                &boot,
                 &self.opts.env,
                 self.logs.clone(),
             ) {
-                Ok(c) => c,
+                Ok(c) => {
+                    // Recorded before any await: the instance cannot say hello before this.
+                    let pid = c.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+                    if let Some(e) = self.lock().instances.get_mut(&id) {
+                        e.cred = Some(identity::SpawnCred {
+                            secret: boot.secret.clone(),
+                            pid,
+                            used: false,
+                        });
+                    }
+                    c
+                }
                 Err(e) => {
                     let delay = backoff.next_delay();
                     let msg = format!(
@@ -518,6 +540,10 @@ impl Supervisor {
                 s = child.wait() => Some(s),
                 _ = stop.cancelled() => None,
             };
+            // That spawn's credential dies with it.
+            if let Some(e) = self.lock().instances.get_mut(&id) {
+                e.cred = None;
+            }
             match status {
                 None => {
                     let graceful = process::stop_group(&mut child, pgid, STOP_GRACE).await;
@@ -687,10 +713,16 @@ impl Supervisor {
     }
 
     async fn connection(self: Arc<Self>, stream: UnixStream) {
+        // The kernel's word for who is on the other end, not the pid the hello claims.
+        let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid());
         let (mut reader, mut writer) = socket::split::<ToNest, ToInstance>(stream);
         let hello = tokio::time::timeout(HELLO_TIMEOUT, reader.next()).await;
-        let (id, pid) = match hello {
-            Ok(Ok(Some(ToNest::Hello { instance_id, pid }))) => (instance_id, pid),
+        let (id, pid, secret) = match hello {
+            Ok(Ok(Some(ToNest::Hello {
+                instance_id,
+                pid,
+                secret,
+            }))) => (instance_id, pid, secret),
             Ok(Ok(Some(other))) => {
                 tracing::warn!("nest socket: expected hello first, got {other:?}");
                 return;
@@ -702,18 +734,28 @@ impl Supervisor {
             Ok(Ok(None)) | Err(_) => return,
         };
         let found = {
-            let st = self.lock();
-            st.instances
-                .get(&id)
-                .map(|e| (e.place.clone(), e.bundle_dir.clone()))
+            let mut st = self.lock();
+            match st.instances.get_mut(&id) {
+                None => Err(identity::HelloRefusal::NotPlaced { id: id.clone() }),
+                Some(e) => identity::check(&id, e.cred.as_mut(), &secret, peer_pid)
+                    .map(|()| (e.place.clone(), e.bundle_dir.clone())),
+            }
         };
-        let Some((place, Some(bundle_dir))) = found else {
-            let _ = writer
-                .send(&ToInstance::Refused {
-                    reason: format!("instance {id} is not placed on this nest"),
-                })
-                .await;
-            return;
+        let (place, bundle_dir) = match found {
+            Ok((place, Some(dir))) => (place, dir),
+            Ok((_, None)) => {
+                // Cannot happen (an instance is spawned only once its bundle is here).
+                return;
+            }
+            Err(refusal) => {
+                tracing::warn!(instance = %id, claimed_pid = pid, "nest socket: {refusal}");
+                let _ = writer
+                    .send(&ToInstance::Refused {
+                        reason: refusal.to_string(),
+                    })
+                    .await;
+                return;
+            }
         };
         let opts = self.opts.clone();
         let placement =
@@ -1204,5 +1246,108 @@ mod tests {
             vec!["secret UNSET used in mcp.json mcpServers.s.env.C has no value: environment variable NOPE is not set on nest n1; set it in the nest's environment".to_string()]
         );
         assert_eq!(got.concurrency, 1);
+    }
+
+    /// Says hello as `id` with `secret` on a fresh connection to the Nest socket.
+    async fn hello(
+        path: &std::path::Path,
+        id: &str,
+        secret: socket::SpawnSecret,
+    ) -> (
+        socket::Reader<ToInstance>,
+        socket::Writer<ToNest>,
+        Option<ToInstance>,
+    ) {
+        let stream = UnixStream::connect(path).await.expect("connect");
+        let (mut r, mut w) = socket::split::<ToInstance, ToNest>(stream);
+        w.send(&ToNest::Hello {
+            instance_id: id.into(),
+            pid: 1,
+            secret,
+        })
+        .await
+        .expect("send hello");
+        let first = tokio::time::timeout(Duration::from_secs(10), r.next())
+            .await
+            .expect("an answer in time")
+            .expect("a readable answer");
+        (r, w, first)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_second_hello_for_a_live_instance_is_refused_and_the_first_connection_keeps_working()
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        // An "agen" that starts and never connects: the test plays the instance.
+        let bin = dir.path().join("fake-agen");
+        std::fs::write(&bin, "#!/bin/sh\nexec sleep 300\n").expect("write script");
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let (sup, digest) = supervisor(dir.path(), bin.to_str().expect("utf-8"), 4);
+        let path = sup.opts.socket_path();
+        let listener = socket::listen(&path).expect("listen");
+        tokio::spawn(sup.clone().serve(listener));
+        sup.place(PlaceInstance {
+            instance_id: "i1".into(),
+            namespace: "ns".into(),
+            deployment: "d".into(),
+            bundle_digest: digest,
+            ..Default::default()
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let secret = loop {
+            let cred = sup
+                .lock()
+                .instances
+                .get_mut("i1")
+                .and_then(|e| e.cred.as_mut())
+                .map(|c| {
+                    // The spawned pid stands for this test process, which plays the instance.
+                    c.pid = i32::try_from(std::process::id()).expect("pid fits");
+                    c.secret.clone()
+                });
+            if let Some(s) = cred {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "the instance was never spawned");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+
+        let (mut real, _real_w, first) = hello(&path, "i1", secret.clone()).await;
+        assert!(
+            matches!(first, Some(ToInstance::Placement(ref p)) if p.instance_id == "i1"),
+            "{first:?}"
+        );
+        // A replay of the very same hello (right secret, right pid) and a guessed secret.
+        for (secret, expected) in [
+            (secret.clone(), "already said hello"),
+            (socket::SpawnSecret::generate(), "wrong spawn secret"),
+        ] {
+            let (_, _, answer) = hello(&path, "i1", secret).await;
+            match answer {
+                Some(ToInstance::Refused { reason }) => {
+                    assert!(reason.contains(expected), "{reason}")
+                }
+                other => panic!("expected a refusal, got {other:?}"),
+            }
+        }
+        // The real connection is still the instance's: a run reaches it.
+        sup.assign(AssignRun {
+            run_id: "r1".into(),
+            attempt: 1,
+            task_id: "t1".into(),
+            instance_id: "i1".into(),
+            ..Default::default()
+        });
+        let got = tokio::time::timeout(Duration::from_secs(10), real.next())
+            .await
+            .expect("the run in time")
+            .expect("readable");
+        assert!(
+            matches!(got, Some(ToInstance::Run(ref o)) if o.run.run_id.as_str() == "r1"),
+            "{got:?}"
+        );
+        sup.stop("i1", "done");
+        wait_for(&sup, "i1 to be forgotten", |s| s.is_empty()).await;
     }
 }

@@ -1,21 +1,31 @@
-//! Spawning one instance process and killing its process group.
+//! Spawning one instance process and killing its process group and every descendant (through
+//! the one process module, `agen_shared::process`).
 //!
 //! Invariants: every instance runs in its own process group (`process_group(0)`) with
-//! `PR_SET_PDEATHSIG(SIGKILL)`, so it dies with the Nest even on `kill -9`; the spawn happens on
+//! `PR_SET_PDEATHSIG(SIGKILL)`, so it dies with the Nest even on `kill -9`; an instance is a
+//! subreaper, so on a stop that needs SIGKILL every descendant (`setsid`/double-forked ones
+//! included) is killed while the instance still holds them; the spawn happens on
 //! the calling (async worker) thread, never in `spawn_blocking` (PDEATHSIG fires when the
 //! spawning *thread* exits); the instance gets a cleared environment (allowlist only), so it
 //! never sees Hub credentials; its stderr (JSON lines, `AGEN_LOG_FORMAT=json`) goes to the
 //! instance's log files ([`crate::logs`]: its own lines and each tool server's apart) and to
-//! `tracing`, tagged once with the instance id (and the server's name for a server's line).
+//! `tracing`, tagged once with the instance id (and the server's name for a server's line); its
+//! command line is `agen instance` alone: the socket path, its id, its bundle dir and its
+//! per-spawn secret come through the bootstrap pipe on fd [`BOOTSTRAP_FD`], written and closed
+//! by the Nest before the spawn (so it never blocks and the instance reads it to EOF).
 
+use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
+use agen_shared::process as group;
+use nix::sys::signal::Signal;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+
+use crate::socket::{Bootstrap, BOOTSTRAP_FD, BOOTSTRAP_FD_ENV};
 
 /// Variables an instance inherits from the Nest (the tool-server allowlist plus logging).
 pub const ENV_ALLOWLIST: [&str; 13] = [
@@ -38,24 +48,23 @@ fn allowed(name: &str) -> bool {
     ENV_ALLOWLIST.contains(&name) || name.starts_with("LC_")
 }
 
-/// Starts `<agen_bin> instance --socket S --instance-id ID --bundle-dir DIR`.
+/// Starts `<agen_bin> instance` with `boot` on its bootstrap fd.
 pub fn spawn_instance(
     agen_bin: &Path,
-    socket: &Path,
-    instance_id: &str,
-    bundle_dir: &Path,
+    boot: &Bootstrap,
     env: &[(String, String)],
     logs: crate::logs::LogStore,
 ) -> std::io::Result<Child> {
+    let line = serde_json::to_vec(boot).map_err(std::io::Error::other)?;
+    // Both ends are close-on-exec; only the dup2 below puts the read end into the instance.
+    let (reader, mut writer) = std::io::pipe()?;
+    // A bootstrap is a few hundred bytes, far below the pipe's buffer: this never blocks.
+    writer.write_all(&line)?;
+    drop(writer);
+    let instance_id = boot.instance_id.as_str();
     let mut cmd = Command::new(agen_bin);
     cmd.arg("instance")
-        .arg("--socket")
-        .arg(socket)
-        .arg("--instance-id")
-        .arg(instance_id)
-        .arg("--bundle-dir")
-        .arg(bundle_dir)
-        .current_dir(bundle_dir)
+        .current_dir(&boot.bundle_dir)
         .env_clear()
         .envs(
             env.iter()
@@ -64,13 +73,15 @@ pub fn spawn_instance(
         )
         .env("NO_COLOR", "1")
         .env(agen_shared::telemetry::LOG_FORMAT_ENV, "json")
+        .env(BOOTSTRAP_FD_ENV, BOOTSTRAP_FD.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true);
-    set_parent_death_signal(&mut cmd);
-    let mut child = cmd.spawn()?;
+    group::own_group_dying_with_parent(cmd.as_std_mut(), Some(std::process::id()));
+    put_on_fd(&mut cmd, reader.as_raw_fd(), BOOTSTRAP_FD);
+    let mut child = group::spawn_managed(|| cmd.spawn(), |c| c.id())?;
+    drop(reader);
     if let Some(stderr) = child.stderr.take() {
         let id = instance_id.to_string();
         tokio::spawn(async move {
@@ -136,28 +147,20 @@ fn split_log_line(line: &str) -> (&str, &str) {
     }
 }
 
+/// Makes `fd` (close-on-exec in the Nest) the child's `target` fd, inherited by exec.
 #[allow(unsafe_code)]
-fn set_parent_death_signal(cmd: &mut Command) {
-    let parent = std::process::id();
+fn put_on_fd(cmd: &mut Command, fd: i32, target: i32) {
     // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
-    // functions (prctl, getppid); it allocates nothing.
+    // functions (dup2, fcntl); it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
-            {
+            if fd == target {
+                // dup2 onto itself keeps close-on-exec: clear it instead.
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(fd, target) != target {
                 return Err(std::io::Error::last_os_error());
-            }
-            // The Nest may have died between fork and prctl: then no signal would ever come.
-            if u32::try_from(libc::getppid()).ok() != Some(parent) {
-                return Err(std::io::Error::other(
-                    "the nest exited while starting the instance",
-                ));
             }
             Ok(())
         });
@@ -166,16 +169,29 @@ fn set_parent_death_signal(cmd: &mut Command) {
 
 /// Sends `sig` to the group `pgid`; a group that is already gone is not an error.
 pub fn signal_group(pgid: i32, sig: Signal) {
-    if pgid > 1 {
-        let _ = killpg(Pid::from_raw(pgid), sig);
-    }
+    group::signal_group(pgid, sig);
 }
 
-/// Stops the group: SIGTERM, then SIGKILL after `grace` (or at once when the leader exited),
-/// and reaps the leader. Returns whether it exited within the grace.
+/// Stops the group: SIGTERM (the instance then stops its tool servers and kills what is left
+/// of its descendants itself), then after `grace` every descendant of the still-unreaped leader
+/// and the group get SIGKILL, and the leader is reaped. Returns whether it exited within the
+/// grace.
 pub async fn stop_group(child: &mut Child, pgid: i32, grace: Duration) -> bool {
     signal_group(pgid, Signal::SIGTERM);
     let graceful = tokio::time::timeout(grace, child.wait()).await.is_ok();
+    if !graceful {
+        // Not reaped yet, so its pid is still its own and its orphans are still under it.
+        if let Ok(pid) = u32::try_from(pgid) {
+            let n = group::kill_tree(pid).len();
+            if n > 0 {
+                tracing::info!(
+                    pid,
+                    killed = n,
+                    "killed the descendants of an instance that ignored SIGTERM"
+                );
+            }
+        }
+    }
     // Whatever is left in the group (a tool server that ignored SIGTERM) goes now.
     signal_group(pgid, Signal::SIGKILL);
     if !graceful {
@@ -260,7 +276,7 @@ mod tests {
             "the leader ignores SIGTERM, so SIGKILL was needed"
         );
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while nix::sys::signal::kill(Pid::from_raw(grandchild), None).is_ok() {
+        while nix::sys::signal::kill(nix::unistd::Pid::from_raw(grandchild), None).is_ok() {
             // A zombie until init reaps it; /proc shows state Z.
             let stat =
                 std::fs::read_to_string(format!("/proc/{grandchild}/stat")).unwrap_or_default();

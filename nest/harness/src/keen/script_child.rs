@@ -153,7 +153,8 @@ pub async fn run_in_child(
             Ok(())
         });
     }
-    let mut child = match cmd.spawn() {
+    // Managed: an instance's reaper of adopted orphans must leave this child to us.
+    let mut child = match agen_shared::process::spawn_managed(|| cmd.spawn(), |c| c.id()) {
         Ok(c) => c,
         Err(e) => {
             return ScriptOutcome::Threw(format!(

@@ -427,8 +427,8 @@ async fn start_command(
         .find(|(k, _)| k == "PATH")
         .map(|(_, v)| v.as_str());
     let program = launch::resolve_program(command, bundle_dir, path, &ctx.agen_bin)?;
-    let mut child = launch::command(&program, args, bundle_dir, &env)
-        .spawn()
+    let mut cmd = launch::command(&program, args, bundle_dir, &env);
+    let mut child = agen_shared::process::spawn_managed(|| cmd.spawn(), |c| c.id())
         .map_err(|e| format!("could not start {}: {e}", program.display()))?;
     let (Some(stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())

@@ -12,10 +12,12 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use agen_shared::bundle::{substitute_secrets, SubstituteError};
+use agen_shared::process::GroupGuard;
+use nix::sys::signal::Signal;
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
@@ -135,41 +137,35 @@ pub(crate) fn command(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true);
-    #[allow(unsafe_code)]
-    // SAFETY: the closure runs in the forked child before exec and calls only `prctl`, which
-    // is async-signal-safe; it allocates nothing and takes no locks.
-    unsafe {
-        cmd.pre_exec(|| {
-            // The kernel SIGKILLs the server when the thread that spawned it exits, so a server
-            // never outlives a crashed host. The host spawns from async tasks on runtime threads.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    // The kernel SIGKILLs the server when the thread that spawned it exits, so a server never
+    // outlives a crashed host. The host spawns from async tasks on runtime threads.
+    agen_shared::process::own_group_dying_with_parent(cmd.as_std_mut(), None);
     cmd
 }
 
 /// A spawned server's process group: its leader's exit status as it becomes known, and
-/// SIGTERM/SIGKILL of the whole group. Dropping it SIGKILLs the group.
+/// SIGTERM/SIGKILL of the whole group (and of every descendant while the leader is not reaped).
+/// Dropping it SIGKILLs them.
 pub(crate) struct ProcessGroup {
     pgid: i32,
     exit: watch::Receiver<Option<ExitStatus>>,
-    /// The group was SIGKILLed already; a later kill could hit a reused process group id.
-    killed: AtomicBool,
+    /// Kills once (a later kill could hit a reused process group id).
+    guard: Arc<GroupGuard>,
 }
 
 impl ProcessGroup {
     /// Takes over `child` (spawned with `process_group(0)`); a task reaps it.
     pub(crate) fn watch(child: Child) -> Option<ProcessGroup> {
-        let pgid = i32::try_from(child.id()?).ok()?;
+        let pid = child.id()?;
+        let pgid = i32::try_from(pid).ok()?;
         let (tx, rx) = watch::channel(None);
+        let guard = Arc::new(GroupGuard::new(pid));
         let mut child = child;
+        let reaper_guard = guard.clone();
         tokio::spawn(async move {
             let status = child.wait().await;
+            reaper_guard.leader_reaped();
             match status {
                 Ok(status) => {
                     let _ = tx.send(Some(status));
@@ -180,7 +176,7 @@ impl ProcessGroup {
         Some(ProcessGroup {
             pgid,
             exit: rx,
-            killed: AtomicBool::new(false),
+            guard,
         })
     }
 
@@ -210,27 +206,21 @@ impl ProcessGroup {
     /// SIGTERM to the group, up to `grace` for the leader to exit, then SIGKILL to the group.
     pub(crate) async fn terminate(&self, grace: Duration) {
         if self.status().is_none() {
-            self.signal(libc::SIGTERM);
+            self.signal(Signal::SIGTERM);
             let _ = tokio::time::timeout(grace, self.exited()).await;
         }
         // Also reaches children the server left behind after its leader exited.
         self.kill();
     }
 
-    /// SIGKILL to the group now.
+    /// SIGKILL to the leader's descendants (while it is not reaped) and the group, now.
     pub(crate) fn kill(&self) {
-        if !self.killed.swap(true, Ordering::SeqCst) {
-            self.signal(libc::SIGKILL);
-        }
+        let _ = self.guard.kill();
     }
 
-    fn signal(&self, sig: libc::c_int) {
-        // killpg on a group with no members fails with ESRCH: nothing left to stop.
-        #[allow(unsafe_code)]
-        // SAFETY: killpg has no memory-safety preconditions.
-        unsafe {
-            libc::killpg(self.pgid, sig);
-        }
+    fn signal(&self, sig: Signal) {
+        // A group with no members left: nothing to stop.
+        self.guard.signal(sig);
     }
 }
 

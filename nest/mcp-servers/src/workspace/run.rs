@@ -3,9 +3,10 @@
 //! Invariants:
 //! - stdout and stderr go to one pipe (so their order is kept); only the last
 //!   [`OUTPUT_TAIL_CHARS`] characters are kept in memory, however much is printed.
-//! - On a timeout, a cancelled call or a dropped call, the whole process group gets SIGKILL
-//!   (children that trap or ignore SIGTERM included) and is reaped before the reply is built:
-//!   the reply never races the kill.
+//! - On a timeout, a cancelled call or a dropped call, the whole process group and every
+//!   descendant of the shell (ones that `setsid` into a group of their own included) get SIGKILL
+//!   (children that trap or ignore SIGTERM included) and are reaped before the reply is built:
+//!   the reply never races the kill. Groups and trees are killed by `agen_shared::process`.
 //! - When the shell exits by itself, background processes it left behind are not killed; the
 //!   output is read until they close it or for [`DRAIN_GRACE`] at most, and their group is
 //!   reported ([`RunOutcome::leftover_group`]) so the server can kill it when it exits.
@@ -15,8 +16,8 @@ use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
+use agen_shared::process::{self as procs, GroupGuard};
+use nix::sys::signal::Signal;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use tokio::io::AsyncReadExt;
@@ -128,25 +129,6 @@ pub fn effective_timeout(requested: Option<u64>, default: Duration) -> Result<Du
     }
 }
 
-/// Kills a process group with SIGKILL when dropped, unless it is known to be gone.
-struct GroupGuard {
-    pgid: Option<Pid>,
-}
-
-impl GroupGuard {
-    fn kill(&mut self) {
-        if let Some(pgid) = self.pgid.take() {
-            let _ = killpg(pgid, Signal::SIGKILL);
-        }
-    }
-}
-
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 /// Keeps the last bytes of a stream and counts the characters that went by.
 struct Tail {
     bytes: std::collections::VecDeque<u8>,
@@ -209,16 +191,11 @@ pub async fn run(
         .stderr(Stdio::from(writer_err))
         .process_group(0)
         .kill_on_drop(true);
-    let spawned = cmd.spawn();
+    let spawned = procs::spawn_managed(|| cmd.spawn(), |c| c.id());
     // Close our copies of the pipe's write end so the reader sees EOF when the group is done.
     drop(cmd);
     let mut child = spawned.map_err(|e| WorkspaceError::io("starting `sh -c` for", command, e))?;
-    let mut group = GroupGuard {
-        pgid: child
-            .id()
-            .and_then(|id| i32::try_from(id).ok())
-            .map(Pid::from_raw),
-    };
+    let group = child.id().map(GroupGuard::new);
 
     let mut tail = Tail {
         bytes: std::collections::VecDeque::new(),
@@ -234,6 +211,9 @@ pub async fn run(
     let end = loop {
         tokio::select! {
             status = child.wait() => {
+                if let Some(g) = &group {
+                    g.leader_reaped();
+                }
                 let status = status.map_err(|e| WorkspaceError::io("waiting for", command, e))?;
                 break exit_end(status);
             }
@@ -242,11 +222,11 @@ pub async fn run(
                 Ok(n) => tail.push(&buf[..n]),
             },
             () = &mut deadline => {
-                kill_group(&mut group, &mut child).await;
+                kill_group(group.as_ref(), &mut child).await;
                 break RunEnd::TimedOut(timeout);
             }
             () = cancel.cancelled() => {
-                kill_group(&mut group, &mut child).await;
+                kill_group(group.as_ref(), &mut child).await;
                 break RunEnd::Cancelled;
             }
         }
@@ -271,9 +251,10 @@ pub async fn run(
     let mut leftover_group = None;
     if matches!(end, RunEnd::Exited(_) | RunEnd::Signalled(_)) {
         // The shell ended by itself: its background processes are left alone for now.
-        if let Some(pgid) = group.pgid.take() {
-            if killpg(pgid, None).is_ok() {
-                leftover_group = Some(pgid.as_raw());
+        if let Some(g) = &group {
+            g.disarm();
+            if procs::group_alive(g.pgid()) {
+                leftover_group = Some(g.pgid());
             }
         }
     }
@@ -299,21 +280,25 @@ fn exit_end(status: ExitStatus) -> RunEnd {
 /// SIGKILLs process groups left running by earlier calls (when the server exits).
 pub fn kill_groups(groups: &[i32]) {
     for &pgid in groups {
-        if killpg(Pid::from_raw(pgid), Signal::SIGKILL).is_ok() {
+        if procs::signal_group(pgid, Signal::SIGKILL) {
             tracing::debug!(pgid, "killed background processes of an earlier run");
         }
     }
 }
 
-/// SIGKILLs the whole group, reaps the shell and waits (bounded) until no member is left.
-async fn kill_group(group: &mut GroupGuard, child: &mut tokio::process::Child) {
-    let pgid = group.pgid;
-    group.kill();
+/// SIGKILLs the shell's descendants and its group, reaps the shell and waits (bounded) until no
+/// member is left.
+async fn kill_group(group: Option<&GroupGuard>, child: &mut tokio::process::Child) {
+    // The shell is not reaped yet: its tree (setsid children included) is still under it.
+    let tree = group.map(GroupGuard::kill).unwrap_or_default();
     let _ = child.wait().await;
-    if let Some(pgid) = pgid {
+    if let Some(g) = group {
+        g.leader_reaped();
         let deadline = Instant::now() + Duration::from_secs(2);
-        // Members re-parented to init are reaped by it; poll until the group is empty.
-        while killpg(pgid, None).is_ok() && Instant::now() < deadline {
+        // Members re-parented to a reaper are reaped by it; poll until all are dead.
+        while (procs::group_alive(g.pgid()) || !tree.iter().all(|p| procs::is_dead(*p)))
+            && Instant::now() < deadline
+        {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }

@@ -881,6 +881,25 @@ fn run_timeout_kills_the_whole_group_before_replying() {
 }
 
 #[test]
+fn run_timeout_kills_a_child_that_setsid_out_of_the_group() {
+    let f = Fixture::new();
+    let script = "setsid sh -c 'echo $$ > esc.pid; exec sleep 300' & sleep 60";
+    let got = f
+        .call("run", json!({"command": script, "timeout": 1}))
+        .expect_err("timed out");
+    assert!(got.starts_with("timed out after 1s"), "{got}");
+    let pid: i32 = fs::read_to_string(f.root().join("esc.pid"))
+        .expect("pid file")
+        .trim()
+        .parse()
+        .expect("pid");
+    assert!(
+        process_is_gone(pid),
+        "setsid child {pid} survived the timeout"
+    );
+}
+
+#[test]
 fn background_processes_left_by_run_are_stopped_with_the_server() {
     let f = Fixture::new();
     let got = f

@@ -1,0 +1,153 @@
+//! Who may say hello as an instance: the per-spawn credential the Nest keeps for each instance
+//! process it started, and the check a hello must pass before it gets a placement.
+//!
+//! Invariants: a hello is believed only when it carries the secret of the current spawn, comes
+//! from the pid the Nest spawned (`SO_PEERCRED`, not the pid the message claims), and is the
+//! first hello of that spawn; the check never changes anything but the spawn's `used` mark.
+
+use crate::socket::SpawnSecret;
+
+/// The credential of one spawn of an instance process.
+#[derive(Debug, Clone)]
+pub struct SpawnCred {
+    pub secret: SpawnSecret,
+    /// The pid the Nest spawned.
+    pub pid: i32,
+    /// A hello of this spawn was already accepted.
+    pub used: bool,
+}
+
+/// Why a hello was refused (shown to the peer and logged; never contains a secret).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HelloRefusal {
+    #[error("instance {id} is not placed on this nest")]
+    NotPlaced { id: String },
+    #[error("instance {id} has no running process on this nest")]
+    NotSpawned { id: String },
+    #[error("hello as instance {id} refused: the peer process ({peer}) is not the one the nest started for it")]
+    WrongPeer { id: String, peer: String },
+    #[error("hello as instance {id} refused: wrong spawn secret (peer pid {peer})")]
+    WrongSecret { id: String, peer: i32 },
+    #[error("hello as instance {id} refused: that instance already said hello (peer pid {peer}); its connection stays")]
+    Repeated { id: String, peer: i32 },
+}
+
+/// Checks a hello for instance `id` carrying `secret` from a peer whose kernel-reported pid is
+/// `peer_pid`, against the spawn's credential; on success marks the spawn used.
+pub fn check(
+    id: &str,
+    cred: Option<&mut SpawnCred>,
+    secret: &SpawnSecret,
+    peer_pid: Option<i32>,
+) -> Result<(), HelloRefusal> {
+    let Some(cred) = cred else {
+        return Err(HelloRefusal::NotSpawned { id: id.into() });
+    };
+    let Some(peer) = peer_pid.filter(|p| *p == cred.pid) else {
+        return Err(HelloRefusal::WrongPeer {
+            id: id.into(),
+            peer: peer_pid.map_or_else(|| "pid unknown".into(), |p| format!("pid {p}")),
+        });
+    };
+    if !cred.secret.matches(secret) {
+        return Err(HelloRefusal::WrongSecret {
+            id: id.into(),
+            peer,
+        });
+    }
+    if cred.used {
+        return Err(HelloRefusal::Repeated {
+            id: id.into(),
+            peer,
+        });
+    }
+    cred.used = true;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[track_caller]
+    fn check_one(
+        cred: Option<SpawnCred>,
+        secret: &str,
+        peer: Option<i32>,
+        expected: Result<(), HelloRefusal>,
+    ) {
+        let mut cred = cred;
+        let got = check("i-1", cred.as_mut(), &SpawnSecret::from_test(secret), peer);
+        assert_eq!(got, expected);
+        if let Some(msg) = got.err().map(|e| e.to_string()) {
+            assert!(!msg.contains("s3cret"), "{msg}");
+        }
+    }
+
+    fn cred(used: bool) -> Option<SpawnCred> {
+        Some(SpawnCred {
+            secret: SpawnSecret::from_test("s3cret"),
+            pid: 100,
+            used,
+        })
+    }
+
+    #[test]
+    fn only_the_first_hello_of_the_spawned_pid_with_its_secret_passes() {
+        check_one(cred(false), "s3cret", Some(100), Ok(()));
+        check_one(
+            cred(true),
+            "s3cret",
+            Some(100),
+            Err(HelloRefusal::Repeated {
+                id: "i-1".into(),
+                peer: 100,
+            }),
+        );
+        check_one(
+            cred(false),
+            "guess",
+            Some(100),
+            Err(HelloRefusal::WrongSecret {
+                id: "i-1".into(),
+                peer: 100,
+            }),
+        );
+        check_one(
+            cred(false),
+            "s3cret",
+            Some(101),
+            Err(HelloRefusal::WrongPeer {
+                id: "i-1".into(),
+                peer: "pid 101".into(),
+            }),
+        );
+        check_one(
+            cred(false),
+            "s3cret",
+            None,
+            Err(HelloRefusal::WrongPeer {
+                id: "i-1".into(),
+                peer: "pid unknown".into(),
+            }),
+        );
+        check_one(
+            None,
+            "s3cret",
+            Some(100),
+            Err(HelloRefusal::NotSpawned { id: "i-1".into() }),
+        );
+    }
+
+    #[test]
+    fn a_passed_check_marks_the_spawn_used() {
+        let mut c = cred(false);
+        let s = SpawnSecret::from_test("s3cret");
+        assert_eq!(check("i-1", c.as_mut(), &s, Some(100)), Ok(()));
+        assert!(matches!(
+            check("i-1", c.as_mut(), &s, Some(100)),
+            Err(HelloRefusal::Repeated { .. })
+        ));
+    }
+}
