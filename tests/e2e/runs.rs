@@ -400,6 +400,32 @@ fn every_tool_call_carries_its_run_in_meta() {
     assert_eq!(span["name"], "tool meta.echo", "{span}");
 }
 
+/// `agen/idempotencyKey` on side-effecting calls (a tool without hints is side-effecting): the run
+/// id and the call's position in the run, different for every call.
+#[test]
+fn side_effecting_calls_carry_an_idempotency_key_of_their_run_and_position() {
+    let script = json!({"steps": [
+        {"tool_calls": [{"name": "meta_echo", "arguments": {"text": "a"}}]},
+        {"tool_calls": [{"name": "meta_echo", "arguments": {"text": "b"}}]},
+        {"reply": "done"}
+    ]});
+    let (_tmp, hub, _nest, _model, log) = meta_fleet(script, json!({}));
+    let out = hub.cli(&["submit", "meta", "go"]).unwrap();
+    let task = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let t = hub.cli_json(&["wait", &task, "-o", "json"]).unwrap();
+    assert_eq!(t["state"], "succeeded", "{t}");
+    let run = t["run_id"].as_str().unwrap();
+    let keys: Vec<Value> = meta_events(&log)
+        .into_iter()
+        .filter(|e| e["tool"] == "echo")
+        .map(|e| e["meta"]["agen/idempotencyKey"].clone())
+        .collect();
+    assert_eq!(
+        keys,
+        vec![json!(format!("{run}:0")), json!(format!("{run}:1"))]
+    );
+}
+
 #[test]
 fn parallel_tool_calls_overlap_and_keep_their_order_unless_turned_off() {
     for (parallel, min_ms, max_ms) in [(true, 1400, 2900), (false, 2900, 8000)] {

@@ -47,6 +47,10 @@ pub struct CallMeta {
     pub labels: std::collections::BTreeMap<String, String>,
     /// W3C `traceparent` of this call's span.
     pub traceparent: String,
+    /// `agen/idempotencyKey`, on side-effecting calls only: the run id and the call's position
+    /// in the run, the same on every resume and attempt of this call and different for every
+    /// other call, so a tool can deduplicate what Agen could not know (an `effect_unknown`).
+    pub idempotency_key: Option<String>,
 }
 
 impl CallMeta {
@@ -68,6 +72,9 @@ impl CallMeta {
         m.insert("agen/conversationKey".into(), text(&self.conversation_key));
         m.insert("agen/labels".into(), Value::Object(labels));
         m.insert("traceparent".into(), text(&self.traceparent));
+        if let Some(key) = &self.idempotency_key {
+            m.insert("agen/idempotencyKey".into(), text(key));
+        }
         m
     }
 }

@@ -291,7 +291,7 @@ impl Run<'_> {
                     .call_tool(
                         tool,
                         arguments,
-                        self.call_meta(&call.id).to_map(),
+                        self.call_meta(&call.id, side_effect).to_map(),
                         timeout,
                         self.cancel.clone(),
                     )
@@ -300,7 +300,7 @@ impl Run<'_> {
             Target::Host(tool) => {
                 let cx = ToolContext {
                     call_id: call.id.clone(),
-                    meta: self.call_meta(&call.id),
+                    meta: self.call_meta(&call.id, side_effect),
                     cancel: self.cancel.child_token(),
                 };
                 host::call(tool, arguments, cx, timeout).await
@@ -396,7 +396,7 @@ impl Run<'_> {
     }
 
     /// `_meta` of a call: the work it belongs to and the call's span in the run's trace.
-    fn call_meta(&self, call_id: &str) -> CallMeta {
+    fn call_meta(&self, call_id: &str, side_effect: bool) -> CallMeta {
         let r = self.req;
         CallMeta {
             namespace: r.namespace.clone(),
@@ -408,6 +408,7 @@ impl Run<'_> {
             conversation_key: r.conversation_key.clone(),
             labels: r.labels.clone(),
             traceparent: trace::traceparent(&self.trace_id, &self.span_of(call_id)),
+            idempotency_key: side_effect.then(|| self.idempotency_key(call_id)),
         }
     }
 }
