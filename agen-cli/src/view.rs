@@ -189,6 +189,8 @@ pub fn task_json(t: &pb::Task) -> Value {
         "bundle_digest": t.bundle_digest,
         "parent_task": if t.parent_task_id.is_empty() { Value::Null } else { Value::String(t.parent_task_id.clone()) },
         "root_run_id": if t.root_run_id.is_empty() { Value::Null } else { Value::String(t.root_run_id.clone()) },
+        "tool_overrides": t.tool_overrides.as_ref().map_or(Value::Null, |o| json!({"allow": o.allow, "ask": o.ask, "deny": o.deny})),
+        "warnings": t.warnings,
         "created_at": time(t.created_at_ms),
         "started_at": time(t.started_at_ms),
         "finished_at": time(t.finished_at_ms),

@@ -157,6 +157,8 @@ impl Core {
                     delegation_depth: parent.delegation_depth + 1,
                     parent_span_id: spec.parent_span_id,
                 }),
+                // A child runs under its own bundle's permissions.
+                tool_overrides: Default::default(),
             })
             .await?;
         if child.parent_task_id != parent.task_id {

@@ -81,6 +81,8 @@ pub struct Core {
     bundle_secrets: Mutex<HashMap<String, Arc<Vec<String>>>>,
     /// `limits.maxAttempts` of each bundle, by digest (read from the bundle once).
     bundle_max_attempts: Mutex<HashMap<String, u32>>,
+    /// `permissions` of each bundle's `x-agen/config.json`, by digest (read once).
+    pub(crate) bundle_permissions: Mutex<HashMap<String, agen_shared::bundle::Permissions>>,
     /// Artifact bytes stored per namespace and in all, counted once from the store; holding it
     /// makes a quota check and its write one step.
     pub(crate) artifact_usage: crate::artifacts::UsageLock,
@@ -143,6 +145,7 @@ impl Core {
             store_ok: tokio::sync::watch::Sender::new(true),
             secrets: SecretStore::new(db.clone(), secret_key),
             artifact_usage: Default::default(),
+            bundle_permissions: Default::default(),
             db,
             bundle_secrets: Mutex::new(HashMap::new()),
             bundle_max_attempts: Mutex::new(HashMap::new()),
@@ -784,7 +787,7 @@ impl Core {
 
     /// Reads a stored bundle once and caches what the Hub needs of it (its `platform` secrets
     /// and `limits.maxAttempts`).
-    fn load_stored_bundle(&self, digest: &str) -> Result<()> {
+    pub(crate) fn load_stored_bundle(&self, digest: &str) -> Result<()> {
         let bytes = self.bundle_bytes(digest)?.ok_or_else(|| {
             HubError::FailedPrecondition(format!(
                 "bundle {digest} is not stored on the hub; deploy it again"
@@ -804,6 +807,10 @@ impl Core {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(digest.to_string(), bundle.harness.limits.max_attempts);
+        self.bundle_permissions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(digest.to_string(), bundle.config.permissions.clone());
         Ok(())
     }
 

@@ -45,6 +45,7 @@ pub mod logs;
 pub mod metrics;
 pub mod model;
 pub mod nodes;
+mod overrides;
 pub mod scheduler;
 pub mod secrets;
 mod server;

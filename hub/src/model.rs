@@ -273,6 +273,12 @@ pub struct TaskRec {
     /// The delegate call's span in the parent's trace (the child's root span nests under it).
     #[serde(default)]
     pub parent_span_id: String,
+    /// The submit's narrowing of the bundle's permissions, sent with every attempt.
+    #[serde(default)]
+    pub tool_overrides: agen_shared::bundle::Permissions,
+    /// What the Hub noticed at submit but did not refuse (an override that tried to widen).
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 /// Who may run a task now: the attempt the Hub issued last, to which Nest and instance. It is

@@ -90,6 +90,7 @@ pub struct RunAssignment {
     pub bundle_digest: String,
     pub history_json: String,
     pub replay_json: String,
+    pub tool_overrides: agen_shared::bundle::Permissions,
 }
 
 impl ToNest {

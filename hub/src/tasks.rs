@@ -67,6 +67,8 @@ pub struct TaskSpec {
     pub client_request_id: String,
     /// Set for a delegate call's child task (see `delegates.rs`).
     pub parent: Option<ChildOf>,
+    /// Narrows the bundle's permissions for this task (see `SubmitTaskRequest.tool_overrides`).
+    pub tool_overrides: agen_shared::bundle::Permissions,
 }
 
 /// Where a child task sits in its delegation tree.
@@ -180,6 +182,8 @@ fn summarize(t: &TaskRec) -> TaskSummary {
         cancel_requested_at_ms: t.cancel_requested_at_ms,
         cancel_reason: cut(&t.cancel_reason, SUMMARY_RESULT_BYTES),
         lease: t.lease.clone(),
+        tool_overrides: t.tool_overrides.clone(),
+        warnings: t.warnings.clone(),
         parent_task_id: t.parent_task_id.clone(),
         root_run_id: t.root_run_id.clone(),
         delegation_depth: t.delegation_depth,
@@ -283,6 +287,8 @@ impl Core {
             &spec.client_request_id,
             MAX_CLIENT_REQUEST_ID_BYTES,
         )?;
+        // Before the state lock: it may read the bundle.
+        let warnings = self.override_warnings(&namespace, &spec);
         let task = {
             let mut st = self.lock();
             if !st
@@ -354,6 +360,8 @@ impl Core {
                 cancel_requested_at_ms: 0,
                 cancel_reason: String::new(),
                 lease: LeaseRec::default(),
+                tool_overrides: spec.tool_overrides.clone(),
+                warnings,
                 parent_task_id: spec
                     .parent
                     .as_ref()
@@ -845,6 +853,7 @@ impl Core {
             bundle_digest: inst.bundle_digest.clone(),
             history_json: Value::Array(history.messages).to_string(),
             replay_json,
+            tool_overrides: task.tool_overrides.clone(),
         };
         tracing::info!(task = %task.task_id, run = %task.run_id, attempt = task.attempt, instance = %inst.instance_id, "dispatching run");
         // Held until the flush that makes this lease durable (`Core::commit`).

@@ -200,6 +200,8 @@ mod tests {
             root_run_id: String::new(),
             delegation_depth: 0,
             parent_span_id: String::new(),
+            tool_overrides: Default::default(),
+            warnings: Vec::new(),
         }
     }
 

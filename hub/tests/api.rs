@@ -36,6 +36,7 @@ fn submit_request(input: &str, request_id: &str) -> pb::SubmitTaskRequest {
         labels: Default::default(),
         conversation_key: String::new(),
         client_request_id: request_id.into(),
+        ..Default::default()
     }
 }
 

@@ -655,6 +655,7 @@ async fn submit(api: &mut Api, input: &str, conversation: &str, request_id: &str
         labels: [("team".to_string(), "a".to_string())].into(),
         conversation_key: conversation.into(),
         client_request_id: request_id.into(),
+        ..Default::default()
     })
     .await
     .expect("submit task")

@@ -283,7 +283,14 @@ impl From<agen_proto::v1::AssignRun> for RunOrder {
                 delegation_depth: a.delegation_depth,
                 history: wire::history(&a.history_json),
                 replay: wire::replay(&a.replay_json),
-                tool_overrides: Default::default(),
+                tool_overrides: a
+                    .tool_overrides
+                    .map(|o| agen_shared::bundle::Permissions {
+                        allow: o.allow,
+                        ask: o.ask,
+                        deny: o.deny,
+                    })
+                    .unwrap_or_default(),
             },
         }
     }

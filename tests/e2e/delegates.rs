@@ -385,12 +385,16 @@ fn a_call_past_max_delegation_depth_is_a_tool_error() {
     );
 }
 
-/// The pid of the `agen instance` process of instance `id` on `nest`.
-fn instance_pid(nest: &NestProcess, id: &str) -> Option<u32> {
+/// The pid of the `agen instance` process on `nest` that runs bundle `digest` (an instance's
+/// identity is never on its command line; it runs in its bundle's folder,
+/// `<nest data>/bundles/<hex>/`).
+fn instance_pid(nest: &NestProcess, digest: &str) -> Option<u32> {
+    let hex = digest.strip_prefix("sha256:").unwrap_or(digest).to_owned();
     nest.descendants().into_iter().find(|pid| {
         let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        cmd.contains(" instance --socket ") && cmd.contains(id)
+        let is_instance = String::from_utf8_lossy(&cmd).split('\0').nth(1) == Some("instance");
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default();
+        is_instance && cwd.to_string_lossy().contains(&hex)
     })
 }
 
@@ -406,8 +410,8 @@ fn a_killed_caller_resumes_and_gets_the_result_of_the_same_child() {
     let task = t.submit("caller", "ask the helper");
     let child = t.wait_child(&task);
     t.wait_meta("slow", "started");
-    let instance = t.query(&task)["instance"].as_str().unwrap().to_owned();
-    let pid = instance_pid(&t.nest, &instance).expect("the caller's instance runs");
+    let digest = t.query(&task)["bundle_digest"].as_str().unwrap().to_owned();
+    let pid = instance_pid(&t.nest, &digest).expect("the caller's instance runs");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
         nix::sys::signal::Signal::SIGKILL,

@@ -123,6 +123,74 @@ fn a_denied_workspace_run_is_not_offered_and_never_runs_on_a_real_fleet() {
     );
 }
 
+/// A task's overrides only narrow (issue 15 item 5): `--deny-tool ws.run` on a bundle that allows
+/// everything keeps `ws_run` from the model and from running for that task alone; an
+/// `--allow-tool` naming a tool the bundle denies is reported as a warning and changes nothing.
+#[test]
+fn a_tasks_tool_overrides_narrow_the_bundle_and_a_widening_is_only_a_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let _nest = hub.nest("solo", &[], &[]).unwrap();
+    let marker = tmp.path().join("run-executions.txt");
+    let requests = tmp.path().join("model-requests.jsonl");
+    let script = json!({"record": requests, "steps": [
+        {"tool_calls": [{"name": "ws_run", "arguments": {"command": format!("echo ran >> {}", marker.display())}}]},
+        {"reply_template": "saw: {{last_tool_result}}"}
+    ]});
+    let model = FakeModel::start(&tmp.path().join("model"), &script).unwrap();
+    for (name, permissions) in [("open", json!({})), ("closed", json!({"deny": ["ws.run"]}))] {
+        let dir = tmp.path().join(name);
+        bundle(&dir, name, &model, permissions);
+        let out = hub
+            .cli(&["deploy", dir.to_str().unwrap(), "--name", name, "--wait"])
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "deploy {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let submit = |deployment: &str, flags: &[&str]| {
+        let mut args = vec!["submit", deployment, "go", "--wait", "-o", "json"];
+        args.extend_from_slice(flags);
+        let out = hub.cli(&args).unwrap();
+        let t: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|_| panic!("submit: {}", String::from_utf8_lossy(&out.stderr)));
+        (t, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+
+    let (narrowed, _) = submit("open", &["--deny-tool", "ws.run"]);
+    assert_eq!(narrowed["state"], "succeeded", "{narrowed}");
+    assert!(
+        narrowed["outcome"]["result"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not run"),
+        "{narrowed}"
+    );
+    assert!(!offered_to(&requests, "open").iter().any(|t| t == "ws_run"));
+    assert_eq!(narrowed["tool_overrides"]["deny"], json!(["ws.run"]));
+    assert_eq!(executions(&marker), 0, "the task's deny held");
+
+    let (widened, stderr) = submit("closed", &["--allow-tool", "ws.run"]);
+    assert_eq!(widened["state"], "succeeded", "{widened}");
+    let warnings = widened["warnings"].as_array().cloned().unwrap_or_default();
+    assert_eq!(warnings.len(), 1, "{widened}");
+    assert!(
+        warnings[0].as_str().unwrap().contains("only narrow"),
+        "{warnings:?}"
+    );
+    assert!(
+        stderr.contains("warning: tool override allow `ws.run` has no effect"),
+        "{stderr}"
+    );
+    assert_eq!(
+        executions(&marker),
+        0,
+        "an override cannot open what the bundle denies"
+    );
+}
+
 /// Runs `agen run DIR go EXTRA...` under a pseudo-terminal (python's `pty`), answering
 /// `answer` to the first `[y/N]`; returns (exit code, everything the terminal showed).
 fn agen_run_in_pty(dir: &Path, state: &Path, extra: &[&str], answer: &str) -> (i32, String) {

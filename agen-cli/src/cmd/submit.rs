@@ -26,6 +26,16 @@ pub struct Args {
     /// Wait for the outcome (exit code as `agen wait`)
     #[arg(long)]
     pub wait: bool,
+    /// Allow only tools matching this pattern for this task, within the bundle's permissions
+    /// (repeatable; `<server>.<tool>`, `<server>_<tool>` or `*`; overrides only narrow)
+    #[arg(long = "allow-tool", value_name = "PATTERN")]
+    pub allow_tools: Vec<String>,
+    /// Ask a person before calls of tools matching this pattern (repeatable)
+    #[arg(long = "ask-tool", value_name = "PATTERN")]
+    pub ask_tools: Vec<String>,
+    /// Deny tools matching this pattern for this task (repeatable)
+    #[arg(long = "deny-tool", value_name = "PATTERN")]
+    pub deny_tools: Vec<String>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -44,6 +54,11 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         labels,
         conversation_key: args.conversation.clone().unwrap_or_default(),
         client_request_id: request_id,
+        tool_overrides: Some(pb::ToolOverrides {
+            allow: args.allow_tools.clone(),
+            ask: args.ask_tools.clone(),
+            deny: args.deny_tools.clone(),
+        }),
     };
     // Retrying with the same request id is safe: the Hub creates one task.
     let mut tries = 0;
@@ -57,6 +72,9 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             Err(s) => return Err(status_error(&hub, s)),
         }
     };
+    for w in &task.warnings {
+        eprintln!("warning: {w}");
+    }
     if args.wait {
         if args.client.output == Output::Table {
             crate::outln!("{}", task.task_id);

@@ -279,6 +279,7 @@ impl AgenService for AgenApi {
             &r.client_request_id,
             crate::tasks::MAX_CLIENT_REQUEST_ID_BYTES,
         )?;
+        let tool_overrides = convert::tool_overrides(r.tool_overrides.unwrap_or_default())?;
         let task = self
             .core
             .submit_task(TaskSpec {
@@ -289,6 +290,7 @@ impl AgenService for AgenApi {
                 conversation_key: r.conversation_key,
                 client_request_id: r.client_request_id,
                 parent: None,
+                tool_overrides,
             })
             .await?;
         Ok(Response::new(convert::task(&task)))

@@ -165,6 +165,8 @@ pub fn task(t: &TaskRec) -> pb::Task {
         input_bytes: t.input.len() as u64,
         summary: false,
         parent_task_id: t.parent_task_id.clone(),
+        tool_overrides: Some(to_pb_overrides(&t.tool_overrides)),
+        warnings: t.warnings.clone(),
         root_run_id: if t.root_run_id.is_empty() {
             t.run_id.clone()
         } else {
@@ -353,6 +355,7 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
                 bundle_digest: a.bundle_digest,
                 history_json: a.history_json,
                 replay_json: a.replay_json,
+                tool_overrides: Some(to_pb_overrides(&a.tool_overrides)),
             })
         }
         ToNest::CancelRun {
@@ -440,5 +443,44 @@ pub fn log_line_rec(l: pb::LogLine) -> crate::logs::LogLineRec {
         level: l.level,
         text: l.text,
         nest: l.nest,
+    }
+}
+
+/// Most patterns in each list of a task's tool overrides.
+const MAX_OVERRIDE_PATTERNS: usize = 64;
+/// Longest tool pattern.
+const MAX_PATTERN_BYTES: usize = 256;
+
+/// A submit's tool overrides, checked: at most 64 patterns per list, each 1–256 bytes.
+pub fn tool_overrides(o: pb::ToolOverrides) -> Result<agen_shared::bundle::Permissions, HubError> {
+    for (list, patterns) in [("allow", &o.allow), ("ask", &o.ask), ("deny", &o.deny)] {
+        let field = format!("tool_overrides.{list}");
+        if patterns.len() > MAX_OVERRIDE_PATTERNS {
+            return Err(HubError::invalid(format!(
+                "{field}: {} patterns is over the limit of {MAX_OVERRIDE_PATTERNS}",
+                patterns.len()
+            )));
+        }
+        for p in patterns {
+            crate::limits::check_bytes(&field, p, MAX_PATTERN_BYTES)?;
+            if p.trim().is_empty() {
+                return Err(HubError::invalid(format!(
+                    "{field}: an empty pattern; expected `<server>.<tool>`, `<server>_<tool>` or `*`"
+                )));
+            }
+        }
+    }
+    Ok(agen_shared::bundle::Permissions {
+        allow: o.allow,
+        ask: o.ask,
+        deny: o.deny,
+    })
+}
+
+fn to_pb_overrides(p: &agen_shared::bundle::Permissions) -> pb::ToolOverrides {
+    pb::ToolOverrides {
+        allow: p.allow.clone(),
+        ask: p.ask.clone(),
+        deny: p.deny.clone(),
     }
 }

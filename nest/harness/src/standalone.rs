@@ -371,6 +371,10 @@ impl RunEventSink for SledRunLog {
         }
         Ok(())
     }
+
+    fn durable_results(&self) -> bool {
+        true
+    }
 }
 
 /// One record of a [`SledRunLog`]: `{"kind", "json", "at"}`.

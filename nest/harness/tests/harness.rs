@@ -732,6 +732,12 @@ async fn every_mcp_call_carries_the_meta_keys() {
             .unwrap_or_else(|| panic!("traceparent {tp} is W3C"));
         traces.push(caps[1].to_string());
         spans.push(caps[2].to_string());
+        // A side-effecting call (echo has no hints) carries its idempotency key.
+        let key = meta
+            .remove("agen/idempotencyKey")
+            .and_then(|v| v.as_str().map(str::to_string))
+            .expect("agen/idempotencyKey on a side-effecting call");
+        assert!(key.starts_with("run-7:"), "{key}");
         // Servers may add their own keys (e.g. a progress token); ours are all there and right.
         let ours: serde_json::Map<String, Value> = meta
             .into_iter()
@@ -1284,7 +1290,10 @@ struct LosesResults;
 #[async_trait::async_trait]
 impl RunEventSink for LosesResults {
     async fn emit(&self, body: RunEventBody, sync: bool) -> Result<(), SinkError> {
-        if sync && body.kind() == "tool.completed" {
+        // Refused whether or not it is waited for: a sink that knows it cannot take a side
+        // effect's result says so, and the run must stop.
+        let _ = sync;
+        if body.kind() == "tool.completed" {
             return Err(SinkError::Unavailable("disk full".into()));
         }
         Ok(())

@@ -63,6 +63,10 @@ impl RunEventSink for Tee {
         let _ = self.tx.send(body);
         logged
     }
+
+    fn durable_results(&self) -> bool {
+        self.log.is_some()
+    }
 }
 
 /// A run in progress: a [`futures::Stream`] of its typed events as they happen (the last is

@@ -76,6 +76,14 @@ pub enum SinkError {
 pub trait RunEventSink: Send + Sync {
     /// Appends one event; when `sync`, returns only after it is durable.
     async fn emit(&self, body: RunEventBody, sync: bool) -> Result<(), SinkError>;
+
+    /// Whether a side effect's result is made durable before the model sees it. A local log
+    /// says yes (it costs one fsync, and a crash then never turns a finished call into
+    /// `effect_unknown`); the fleet's sink says no: there a result is streamed and the ledger
+    /// is kept by the order of the run's events (see `run::tools`), one wait per side effect.
+    fn durable_results(&self) -> bool {
+        false
+    }
 }
 
 /// How a run ends: its state, its result text and what that text is.

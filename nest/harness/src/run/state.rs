@@ -113,6 +113,24 @@ impl<'h> Run<'h> {
         }
     }
 
+    /// Streams a side effect's result: sent without waiting for its ack (the order of the
+    /// run's events keeps the ledger; see `run::tools`) unless the sink makes results durable
+    /// first ([`super::RunEventSink::durable_results`]); a sink that already knows it cannot
+    /// take the event (a closed connection, a local log that cannot write) says so, and the
+    /// caller must stop the run before the model acts on the result.
+    pub(super) async fn emit_streamed(&self, body: RunEventBody) -> Result<(), SinkError> {
+        let sync = self.sink.durable_results();
+        match self.sink.emit(body, sync).await {
+            Ok(()) => Ok(()),
+            Err(SinkError::Fenced) => {
+                self.fenced.store(true, Ordering::SeqCst);
+                self.cancel.cancel();
+                Err(SinkError::Fenced)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Records that a side-effecting result could not be made durable: the run stops before
     /// the model can act on it.
     pub(super) fn lose_log(&self, why: String) {

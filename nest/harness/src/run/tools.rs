@@ -381,7 +381,12 @@ impl Run<'_> {
         // the next side effect's "started", which is waited for, or run.finished) can be
         // durable unless it is. A crash before it is durable leaves "started" alone in the
         // ledger: the call is effect_unknown on resume, never repeated.
-        if let Err(e) = self.emit(body, false).await {
+        let recorded = if side_effect {
+            self.emit_streamed(body).await
+        } else {
+            self.emit(body, false).await
+        };
+        if let Err(e) = recorded {
             tracing::warn!(run_id = %self.req.run_id, tool = %qualified, "tool result not durable: {e}");
             // The model must not act on a side-effecting result the ledger does not hold.
             if matches!(e, SinkError::Fenced) {
