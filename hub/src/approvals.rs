@@ -148,8 +148,27 @@ impl Core {
         Ok(())
     }
 
-    /// The run recorded a decision: the task runs again.
-    pub(crate) fn approval_decided(&self, task: &mut TaskRec, decided: &ApprovalDecided) {
+    /// The run recorded a decision: the task runs again. A decision the Hub did not make
+    /// (`approvalTimeout`) is recorded too, so the call is no longer pending.
+    pub(crate) fn approval_decided(
+        &self,
+        task: &mut TaskRec,
+        decided: &ApprovalDecided,
+    ) -> Result<()> {
+        let mut rec = self.approvals_of(&task.task_id)?;
+        if let Some(c) = rec
+            .calls
+            .iter_mut()
+            .find(|c| c.call_id == decided.call_id && c.decision.is_none())
+        {
+            c.decision = Some(DecisionRec {
+                approved: decided.approved,
+                reason: decided.reason.clone(),
+                by: decided.by.clone(),
+                at_ms: now_ms(),
+            });
+            self.db.put_json(Table::Approvals, &task.task_id, &rec)?;
+        }
         if task.state == TaskState::Waiting {
             task.state = TaskState::Running;
         }
@@ -158,6 +177,7 @@ impl Core {
         } else {
             "denied: telling the model".into()
         };
+        Ok(())
     }
 
     /// Pending approvals of a namespace's live tasks (oldest first), optionally of one

@@ -946,7 +946,7 @@ impl Core {
             Ok(RunEventBody::ApprovalRequested(asked)) => {
                 self.approval_requested(st, &mut task, asked)?
             }
-            Ok(RunEventBody::ApprovalDecided(d)) => self.approval_decided(&mut task, d),
+            Ok(RunEventBody::ApprovalDecided(d)) => self.approval_decided(&mut task, d)?,
             Ok(RunEventBody::TaskProgress(p)) => {
                 task.progress = Some(ProgressRec {
                     step: p.step.clone(),

@@ -11,9 +11,15 @@ use serde_json::{json, Value};
 
 /// A deployment `name` on `agen mcp workspace` with `ws.run` in `ask`.
 fn deploy_asker(hub: &HubProcess, dir: &Path, name: &str, model: &FakeModel) {
+    deploy_asker_with(hub, dir, name, model, json!({}));
+}
+
+/// [`deploy_asker`] with `x-agen/harness.json`.
+fn deploy_asker_with(hub: &HubProcess, dir: &Path, name: &str, model: &FakeModel, harness: Value) {
     write_bundle(
         dir,
         &[
+            ("x-agen/harness.json", harness.to_string()),
             (
                 "mcp.json",
                 mcp_json(&[("ws", json!({"command": "agen", "args": ["mcp", "workspace", "--root", "."]}))]),
@@ -229,4 +235,63 @@ fn an_instance_killed_while_its_run_waits_asks_again_and_runs_the_call_once() {
     let done = wait_task(&hub, &task);
     assert_eq!(done["state"], "succeeded", "{done}");
     assert_eq!(executions(&marker), 1, "the call ran exactly once");
+}
+
+#[test]
+fn always_approves_the_tool_for_the_rest_of_the_task_and_the_timeout_denies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let _nest = hub.nest("solo", &[], &[]).unwrap();
+    let marker = tmp.path().join("run-executions.txt");
+    let run = json!({"name": "ws_run", "arguments": {"command": format!("echo ran >> {}", marker.display())}});
+    let script = json!({"steps": [
+        {"tool_calls": [run]},
+        {"tool_calls": [run]},
+        {"reply_template": "saw: {{last_tool_result}}"}
+    ]});
+    let model = FakeModel::start(&tmp.path().join("model"), &script).unwrap();
+    deploy_asker(&hub, &tmp.path().join("always"), "always", &model);
+
+    let task = submit(&hub, "always");
+    pending_of(&hub, &task);
+    let out = decide(&hub, &["approve", &task, "--always"]);
+    assert!(
+        out.status.success(),
+        "approve --always: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done = wait_task(&hub, &task);
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(executions(&marker), 2, "the second call needed no approval");
+
+    // A 2 s approvalTimeout denies an undecided call with a reason saying so.
+    let model = FakeModel::start(
+        &tmp.path().join("model2"),
+        &json!({"steps": [
+            {"tool_calls": [run]},
+            {"reply_template": "saw: {{last_tool_result}}"}
+        ]}),
+    )
+    .unwrap();
+    deploy_asker_with(
+        &hub,
+        &tmp.path().join("hurried"),
+        "hurried",
+        &model,
+        json!({"limits": {"approvalTimeout": "2s"}}),
+    );
+    let task = submit(&hub, "hurried");
+    pending_of(&hub, &task);
+    let done = wait_task(&hub, &task);
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let result = done["outcome"]["result"].as_str().unwrap_or_default();
+    assert!(
+        result.contains("no one decided within limits.approvalTimeout (2s)"),
+        "{result}"
+    );
+    assert_eq!(executions(&marker), 2, "a timed-out call never runs");
+    let left = hub.cli_json(&["approvals", "-o", "json"]).unwrap();
+    assert_eq!(left, json!([]), "a timed-out call is no longer pending");
+    let out = decide(&hub, &["approve", &task]);
+    assert!(!out.status.success(), "a timed-out task's call was decided");
 }
