@@ -50,6 +50,12 @@ pub enum Command {
     Cancel(cmd::cancel::Args),
     /// List tasks
     Tasks(cmd::tasks::Args),
+    /// Pending approvals of `ask` calls
+    Approvals(cmd::approvals::ListArgs),
+    /// Approve a pending `ask` call (--always: later calls of the tool in the task too)
+    Approve(cmd::approvals::ApproveArgs),
+    /// Deny a pending `ask` call; the model is told the reason
+    Deny(cmd::approvals::DenyArgs),
     /// A task's trace: model turns and tool calls with durations
     Trace(cmd::trace::Args),
     /// The stderr of an instance or of one of its tool servers (-f follows)
@@ -126,6 +132,9 @@ pub fn main(cli: Cli) -> i32 {
             Command::Query(a) => cmd::query::run(a).await,
             Command::Cancel(a) => cmd::cancel::run(a).await,
             Command::Tasks(a) => cmd::tasks::run(a).await,
+            Command::Approvals(a) => cmd::approvals::list(a).await,
+            Command::Approve(a) => cmd::approvals::approve(a).await,
+            Command::Deny(a) => cmd::approvals::deny(a).await,
             Command::Trace(a) => cmd::trace::run(a).await,
             Command::Logs(a) => cmd::logs::run(a).await,
             Command::Artifacts(c) => cmd::artifacts::run(c).await,

@@ -32,6 +32,7 @@
 //! client certificate issued by `Join` whose key is the one its id is bound to (the Hub
 //! identifies the Nest by it, never by what the Nest says); health and reflection need none.
 
+pub mod approvals;
 pub mod artifacts;
 pub mod config;
 pub mod cordon;

@@ -53,6 +53,15 @@ pub enum ToNest {
         instance_id: String,
         reason: String,
     },
+    /// A decision about an `ask` call of a run on the Nest.
+    ApprovalDecided {
+        run_id: String,
+        instance_id: String,
+        call_id: String,
+        approved: bool,
+        reason: String,
+        by: String,
+    },
     /// Keeps the Nest's self-fence timer from firing (see `HubPing` in nest.proto).
     Ping,
     Ack {
@@ -110,6 +119,7 @@ impl ToNest {
                 .map(|(k, v)| k.len() + v.len() + 8)
                 .sum(),
             ToNest::Stop { reason, .. } | ToNest::CancelRun { reason, .. } => reason.len(),
+            ToNest::ApprovalDecided { reason, by, .. } => reason.len() + by.len(),
             ToNest::AssignRun(a) => {
                 strings(&[
                     &a.input,

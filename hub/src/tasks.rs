@@ -952,6 +952,10 @@ impl Core {
             Ok(RunEventBody::ModelRequested(_)) => task.activity = "waiting for the model".into(),
             Ok(RunEventBody::ModelAnswered(_)) => task.activity = "thinking".into(),
             Ok(RunEventBody::ToolStarted(t)) => task.activity = format!("calling {}", t.tool),
+            Ok(RunEventBody::ApprovalRequested(asked)) => {
+                self.approval_requested(st, &mut task, asked)?
+            }
+            Ok(RunEventBody::ApprovalDecided(d)) => self.approval_decided(&mut task, d)?,
             Ok(RunEventBody::TaskProgress(p)) => {
                 task.progress = Some(ProgressRec {
                     step: p.step.clone(),

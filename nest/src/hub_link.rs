@@ -643,6 +643,16 @@ fn handle(ctx: &LinkContext, msg: HubMsg) {
         HubMsg::CancelRun(c) => sup.cancel(&c.run_id, &c.instance_id, &c.reason),
         HubMsg::Ping(_) => {}
         HubMsg::LogRequest(r) => sup.answer_logs(r),
+        HubMsg::ApprovalDecided(d) => sup.deliver_approval(
+            &d.run_id,
+            &d.instance_id,
+            agen_shared::run::ApprovalDecided {
+                call_id: d.call_id,
+                approved: d.approved,
+                reason: d.reason,
+                by: d.by,
+            },
+        ),
         HubMsg::Ack(a) => {
             ctx.outbox.ack(&a.run_id, a.attempt, a.acked_seq, a.fenced);
             sup.deliver_ack(&a.run_id, a.attempt, a.acked_seq, a.fenced);

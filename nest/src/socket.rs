@@ -195,6 +195,11 @@ pub enum ToInstance {
         error: Option<String>,
     },
     ChildReply(ChildReply),
+    /// The Hub's decision about an `ask` call of one of the instance's runs.
+    ApprovalDecided {
+        run_id: String,
+        decided: agen_shared::run::ApprovalDecided,
+    },
 }
 
 /// Lifecycle state as the instance sees it.

@@ -39,7 +39,22 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         .map_err(|s| status_error(&hub, s))?
         .into_inner()
         .tasks;
+    let approvals: Vec<serde_json::Value> = hub
+        .client
+        .list_approvals(pb::ListApprovalsRequest {
+            namespace: hub.namespace.clone(),
+            deployment: t.deployment.clone(),
+        })
+        .await
+        .map_err(|s| status_error(&hub, s))?
+        .into_inner()
+        .approvals
+        .iter()
+        .filter(|a| a.task_id == t.task_id)
+        .map(crate::cmd::approvals::approval_json)
+        .collect();
     let mut v = view::task_json(&t);
+    v["approvals"] = serde_json::Value::Array(approvals);
     v["children"] = serde_json::Value::Array(
         children
             .iter()

@@ -136,6 +136,25 @@ pub fn describe(kind: &str, json: &str) -> String {
         RunEventBody::RunInterrupted(i) => {
             format!("{} ({}): a new attempt resumes the run", i.reason, i.cause)
         }
+        RunEventBody::ApprovalRequested(a) => {
+            format!(
+                "{} {} asks: {}",
+                a.tool,
+                a.call_id,
+                cut(&compact(&a.arguments))
+            )
+        }
+        RunEventBody::ApprovalDecided(d) => format!(
+            "{} {} by {}{}",
+            d.call_id,
+            if d.approved { "approved" } else { "denied" },
+            d.by,
+            if d.reason.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", cut(&d.reason))
+            }
+        ),
         RunEventBody::Unknown(u) => cut(&compact(&u.json)),
     }
 }

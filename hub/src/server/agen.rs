@@ -671,4 +671,18 @@ impl AgenService for AgenApi {
         let tokens = self.access.tokens.clone();
         super::logs::read(&self.core, &self.logs, tokens, request).map(Response::new)
     }
+
+    async fn list_approvals(
+        &self,
+        request: Request<pb::ListApprovalsRequest>,
+    ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
+        super::approvals::list(&self.core, request).await
+    }
+
+    async fn decide_approval(
+        &self,
+        request: Request<pb::DecideApprovalRequest>,
+    ) -> Result<Response<pb::DecideApprovalResponse>, Status> {
+        super::approvals::decide(&self.core, request).await
+    }
 }

@@ -367,6 +367,21 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             instance_id,
             reason,
         }),
+        ToNest::ApprovalDecided {
+            run_id,
+            instance_id,
+            call_id,
+            approved,
+            reason,
+            by,
+        } => Msg::ApprovalDecided(pb::ApprovalDecision {
+            run_id,
+            instance_id,
+            call_id,
+            approved,
+            reason,
+            by,
+        }),
         ToNest::Ack {
             run_id,
             attempt,

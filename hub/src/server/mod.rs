@@ -4,6 +4,7 @@
 //! reflection (no token). Only this module knows protobuf.
 
 mod agen;
+mod approvals;
 pub mod auth;
 mod convert;
 mod delegates;

@@ -67,6 +67,8 @@ pub enum Table {
     NestIdentities,
     /// Every generation of every deployment: `namespace/name \0 generation(be)`.
     DeploymentHistory,
+    /// The approvals of a task (`approvals`): task id → asked and decided `ask` calls.
+    Approvals,
 }
 
 impl Table {
@@ -92,6 +94,7 @@ impl Table {
             Table::Audit => "audit",
             Table::NestIdentities => "nest_identities",
             Table::DeploymentHistory => "deployment_history",
+            Table::Approvals => "approvals",
         }
     }
 }

@@ -12,6 +12,7 @@
 //! last event of every run is one `run.finished` (`{state, result, response_type, messages}`),
 //! sent `sync`.
 
+mod approvals;
 mod artifacts;
 mod bootstrap;
 mod delegates;
@@ -91,6 +92,7 @@ struct Shared {
     artifacts: Arc<NestArtifacts>,
     /// `call_agent` / `start_agent` children through the Nest.
     delegates: Arc<delegates::NestDelegator>,
+    approver: Arc<approvals::HubApprover>,
 }
 
 /// One run in this instance.
@@ -178,6 +180,7 @@ pub async fn run(args: InstanceArgs) -> Result<i32, InstanceError> {
     let shared = Arc::new(Shared {
         artifacts: Arc::new(NestArtifacts::new(to_nest.clone())),
         delegates: Arc::new(delegates::NestDelegator::new(to_nest.clone())),
+        approver: Arc::new(approvals::HubApprover::default()),
         to_nest,
         status: Mutex::new(InstanceStatus {
             state: HostState::Starting,
@@ -258,6 +261,9 @@ pub async fn run(args: InstanceArgs) -> Result<i32, InstanceError> {
                 },
             ),
             Ok(Some(ToInstance::ChildReply(reply))) => shared.delegates.deliver(reply),
+            Ok(Some(ToInstance::ApprovalDecided { run_id, decided })) => {
+                shared.approver.deliver(&run_id, decided)
+            }
             Ok(Some(ToInstance::Placement(_) | ToInstance::Refused { .. })) => {}
             Ok(None) => break,
             Err(e) => {
@@ -411,7 +417,8 @@ async fn start(
                 Arc::new(
                     h.with_progress(true)
                         .with_artifacts(shared.artifacts.clone())
-                        .with_delegator(shared.delegates.clone()),
+                        .with_delegator(shared.delegates.clone())
+                        .with_approver(shared.approver.clone()),
                 )
             })
             .map_err(|e| e.to_string()),

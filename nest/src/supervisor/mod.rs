@@ -400,6 +400,31 @@ impl Supervisor {
         }
     }
 
+    /// Relays the Hub's decision about an `ask` call to the instance running the run (queued
+    /// while the instance is not connected).
+    pub fn deliver_approval(
+        &self,
+        run_id: &str,
+        instance_id: &str,
+        decided: agen_shared::run::ApprovalDecided,
+    ) {
+        let mut st = self.lock();
+        let id = st
+            .runs
+            .get(run_id)
+            .map(|t| t.instance.clone())
+            .unwrap_or_else(|| instance_id.to_string());
+        if let Some(e) = st.instances.get_mut(&id) {
+            send_or_queue(
+                e,
+                ToInstance::ApprovalDecided {
+                    run_id: run_id.to_string(),
+                    decided,
+                },
+            );
+        }
+    }
+
     /// Relays the Hub's ack of a run's events to the instance running it.
     pub fn deliver_ack(&self, run_id: &str, attempt: u32, acked_seq: u64, fenced: bool) {
         let st = self.lock();

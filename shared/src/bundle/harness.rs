@@ -57,6 +57,9 @@ pub struct Limits {
     /// `maxDelegationDepth` (default 5): how deep a tree of `call_agent`/`start_agent` children
     /// under this agent's runs may grow; a call past it is a tool error.
     pub max_delegation_depth: u32,
+    /// `approvalTimeout` (default 24h): how long an `ask` call waits for a person before it is
+    /// denied with a reason saying so.
+    pub approval_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -69,6 +72,7 @@ impl Default for Limits {
             script_memory_mb: 64,
             max_attempts: 5,
             max_delegation_depth: 5,
+            approval_timeout: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -138,6 +142,7 @@ pub(crate) fn parse(v: &Value) -> Result<HarnessConfig> {
             "scriptMemoryMb",
             "maxAttempts",
             "maxDelegationDepth",
+            "approvalTimeout",
         ])?;
         let duration = |key: &str| -> Result<Option<Duration>> {
             match l.opt_str(key)? {
@@ -181,6 +186,9 @@ pub(crate) fn parse(v: &Value) -> Result<HarnessConfig> {
         }
         if let Some(n) = positive("maxDelegationDepth")? {
             limits.max_delegation_depth = n;
+        }
+        if let Some(d) = duration("approvalTimeout")? {
+            limits.approval_timeout = d;
         }
     }
     Ok(h)

@@ -215,6 +215,7 @@ fn a_complete_bundle_parses_into_its_whole_value() {
                 script_memory_mb: 32,
                 max_attempts: 5,
                 max_delegation_depth: 5,
+                approval_timeout: Duration::from_secs(24 * 3600),
             },
         },
         skills: vec![Skill {

@@ -18,6 +18,8 @@ pub mod kind {
     pub const ARTIFACT_SAVED: &str = "artifact.saved";
     pub const RUN_FINISHED: &str = "run.finished";
     pub const RUN_INTERRUPTED: &str = "run.interrupted";
+    pub const APPROVAL_REQUESTED: &str = "approval.requested";
+    pub const APPROVAL_DECIDED: &str = "approval.decided";
 }
 
 /// What happened, one variant per kind.
@@ -55,10 +57,39 @@ pub enum RunEventBody {
     /// not on the Nest; the Hub re-dispatches the run with a new attempt. Replay ignores it.
     #[serde(rename = "run.interrupted")]
     RunInterrupted(RunInterrupted),
+    /// An `ask` call waits for a person (durable before the run waits).
+    #[serde(rename = "approval.requested")]
+    ApprovalRequested(ApprovalRequested),
+    /// A person (or the approval timeout, or `--always`) decided an `ask` call.
+    #[serde(rename = "approval.decided")]
+    ApprovalDecided(ApprovalDecided),
     /// A kind this version does not know (a newer peer's, or a diagnostic such as `log`):
     /// stored and shown, ignored by replay and by the task's state.
     #[serde(untagged)]
     Unknown(UnknownEvent),
+}
+
+/// `approval.requested`: the call waits for a decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRequested {
+    pub call_id: String,
+    /// `<server>.<tool>`, or the Keen / built-in name.
+    pub tool: String,
+    /// The call's arguments as a JSON object, secrets redacted, cut at 64 KiB.
+    #[serde(default)]
+    pub arguments: Value,
+}
+
+/// `approval.decided`: what was decided about a call, and by whom.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalDecided {
+    pub call_id: String,
+    pub approved: bool,
+    #[serde(default)]
+    pub reason: String,
+    /// The deciding token's name, or what decided (`approvalTimeout`).
+    #[serde(default)]
+    pub by: String,
 }
 
 /// An event of a kind this version does not read.
@@ -366,6 +397,8 @@ impl RunEventBody {
             RunEventBody::ArtifactSaved(_) => kind::ARTIFACT_SAVED,
             RunEventBody::RunFinished(_) => kind::RUN_FINISHED,
             RunEventBody::RunInterrupted(_) => kind::RUN_INTERRUPTED,
+            RunEventBody::ApprovalRequested(_) => kind::APPROVAL_REQUESTED,
+            RunEventBody::ApprovalDecided(_) => kind::APPROVAL_DECIDED,
             RunEventBody::Unknown(u) => &u.kind,
         }
     }
@@ -438,6 +471,8 @@ const KNOWN: &[&str] = &[
     kind::ARTIFACT_SAVED,
     kind::RUN_FINISHED,
     kind::RUN_INTERRUPTED,
+    kind::APPROVAL_REQUESTED,
+    kind::APPROVAL_DECIDED,
 ];
 
 /// A stored body that must be readable: a wrong-shaped known kind reads as `Unknown` so that

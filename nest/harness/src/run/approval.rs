@@ -2,19 +2,33 @@
 //! run's [`Approver`] decides. `agen run` asks on its terminal ([`crate::standalone`]); a
 //! harness with no approver denies every such call and says why.
 //!
+//! Before the approver is asked, `approval.requested` is made durable; its answer is recorded
+//! as `approval.decided`. A resumed run whose log holds a decision for the call uses it; one
+//! whose log holds only the request asks again (the Hub answers at once when it already holds
+//! the decision). `limits.approvalTimeout` denies an undecided call.
+//!
 //! Invariant: an `ask` call is sent only after an approver said yes; a denied one is recorded
 //! as `tool.failed` (`denied`) with the reason and never reaches its server.
 
-use agen_shared::run::ToolFailure;
-use serde_json::Value;
+use agen_shared::duration::format_duration;
+use agen_shared::run::{ApprovalDecided, ApprovalRequested, RunEventBody, ToolFailure};
+use serde_json::{Map, Value};
 
 use super::state::Run;
 use crate::model::ToolCall;
-use crate::redact::traced_arguments;
+use crate::redact::Redactor;
+
+/// `by` of a decision made by `limits.approvalTimeout`.
+pub const BY_TIMEOUT: &str = "approvalTimeout";
+
+/// The most bytes of arguments an `approval.requested` carries.
+const MAX_ARGUMENTS: usize = 64 * 1024;
 
 /// One call waiting for a decision.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApprovalRequest {
+    /// The run the call belongs to.
+    pub run_id: String,
     pub call_id: String,
     /// `<server>.<tool>`, or the Keen / built-in name.
     pub tool: String,
@@ -34,15 +48,68 @@ pub enum ApprovalDecision {
 #[async_trait::async_trait]
 pub trait Approver: Send + Sync {
     async fn decide(&self, request: &ApprovalRequest) -> ApprovalDecision;
+
+    /// The decision as it is recorded (`approval.decided`). An approver that knows who decided
+    /// (the fleet's) says so in `by`; the default leaves `by` empty and the model is told the
+    /// reason as it is.
+    async fn decide_recorded(&self, request: &ApprovalRequest) -> ApprovalDecided {
+        let (approved, reason) = match self.decide(request).await {
+            ApprovalDecision::Approved => (true, String::new()),
+            ApprovalDecision::Denied(reason) => (false, reason),
+        };
+        ApprovalDecided {
+            call_id: request.call_id.clone(),
+            approved,
+            reason,
+            by: String::new(),
+        }
+    }
+}
+
+/// What the model is told of a denial: a person's reason is marked as one.
+pub fn denial_text(d: &ApprovalDecided) -> String {
+    if d.by.is_empty() || d.by == BY_TIMEOUT {
+        d.reason.clone()
+    } else if d.reason.is_empty() {
+        "denied by a person (no reason given)".to_string()
+    } else {
+        format!("denied by a person: {}", d.reason)
+    }
+}
+
+/// A call's arguments as an approval shows them: a JSON object, secrets redacted, cut at
+/// 64 KiB (a cut or non-object value is shown as `{"text": …}`).
+fn approval_arguments(arguments: &Value, redactor: &Redactor) -> Value {
+    let redacted = redactor.redact_json(arguments);
+    let text = redacted.to_string();
+    if text.len() <= MAX_ARGUMENTS {
+        if redacted.is_object() {
+            return redacted;
+        }
+        let mut m = Map::new();
+        m.insert("text".into(), redacted);
+        return Value::Object(m);
+    }
+    let mut cut = MAX_ARGUMENTS;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let mut m = Map::new();
+    m.insert(
+        "text".into(),
+        Value::String(format!("{}… (cut at 64 KiB)", &text[..cut])),
+    );
+    Value::Object(m)
 }
 
 /// Denies every call with one reason (no one is there to approve).
 pub struct NoApprover(pub String);
 
 impl NoApprover {
-    /// The default of a harness that was given no approver (fleet runs in this version).
+    /// The default of a harness that was given no approver (fleet instances give theirs one
+    /// that waits for the Hub).
     pub fn fleet() -> NoApprover {
-        NoApprover("no one to approve: fleet approvals are not available yet; move the tool from `ask` to `allow` in x-agen/config.json `permissions` if it may run unattended".into())
+        NoApprover("no one to approve: this harness was given no approver; move the tool from `ask` to `allow` in x-agen/config.json `permissions` if it may run unattended".into())
     }
 }
 
@@ -64,6 +131,14 @@ impl Approver for ApproveAll {
 }
 
 impl Run<'_> {
+    /// The decision an earlier attempt recorded for `call_id`, if any.
+    fn recorded_decision(&self, call_id: &str) -> Option<ApprovalDecided> {
+        self.req.replay.iter().rev().find_map(|ev| match ev {
+            RunEventBody::ApprovalDecided(d) if d.call_id == call_id => Some(d.clone()),
+            _ => None,
+        })
+    }
+
     /// Asks the approver about an `ask` call; `Some(refusal)` (recorded as `tool.failed`
     /// `denied`) when it may not be sent.
     pub(super) async fn approve(&self, call: &ToolCall) -> Option<String> {
@@ -71,28 +146,75 @@ impl Run<'_> {
             .h
             .gated_name(&call.name)
             .unwrap_or_else(|| call.name.clone());
-        let request = ApprovalRequest {
-            call_id: call.id.clone(),
-            tool: tool.clone(),
-            arguments: traced_arguments(&call.arguments, &self.h.redactor),
+        let decided = match self.recorded_decision(&call.id) {
+            Some(d) => d,
+            None => match self.ask_approver(call, &tool).await {
+                Ok(d) => d,
+                Err(refusal) => return Some(refusal),
+            },
         };
+        if decided.approved {
+            return None;
+        }
+        let content = format!(
+            "tool {} was not run: it needs approval and was denied: {}",
+            call.name,
+            denial_text(&decided)
+        );
+        let _ = self
+            .emit(
+                self.failed(call, &tool, &content, ToolFailure::Denied, 0),
+                false,
+            )
+            .await;
+        Some(content)
+    }
+
+    /// Records the request durably, waits for the approver (at most `approvalTimeout`) and
+    /// records its decision. `Err` when the call may not go out and nothing is decided (the
+    /// request could not be recorded, or the run was cancelled while waiting).
+    async fn ask_approver(&self, call: &ToolCall, tool: &str) -> Result<ApprovalDecided, String> {
+        let request = ApprovalRequest {
+            run_id: self.req.run_id.to_string(),
+            call_id: call.id.clone(),
+            tool: tool.to_string(),
+            arguments: approval_arguments(&call.arguments, &self.h.redactor),
+        };
+        let asked = RunEventBody::ApprovalRequested(ApprovalRequested {
+            call_id: request.call_id.clone(),
+            tool: request.tool.clone(),
+            arguments: request.arguments.clone(),
+        });
+        if let Err(e) = self.emit(asked, true).await {
+            return Err(format!(
+                "tool {} was not run: its approval request could not be recorded: {e}",
+                call.name
+            ));
+        }
         self.activity(format!("waiting for approval of {tool}"))
             .await;
-        match self.h.approver.decide(&request).await {
-            ApprovalDecision::Approved => None,
-            ApprovalDecision::Denied(reason) => {
-                let content = format!(
-                    "tool {} was not run: it needs approval and was denied: {reason}",
+        let timeout = self.h.bundle.harness.limits.approval_timeout;
+        let decided = tokio::select! {
+            d = self.h.approver.decide_recorded(&request) => d,
+            _ = tokio::time::sleep(timeout) => ApprovalDecided {
+                call_id: request.call_id.clone(),
+                approved: false,
+                reason: format!(
+                    "no one decided within limits.approvalTimeout ({}); the call was denied",
+                    format_duration(timeout)
+                ),
+                by: BY_TIMEOUT.into(),
+            },
+            _ = self.cancel.cancelled() => {
+                return Err(format!(
+                    "tool {} was not run: the run was cancelled while it waited for approval",
                     call.name
-                );
-                let _ = self
-                    .emit(
-                        self.failed(call, &tool, &content, ToolFailure::Denied, 0),
-                        false,
-                    )
-                    .await;
-                Some(content)
+                ));
             }
-        }
+        };
+        let _ = self
+            .emit(RunEventBody::ApprovalDecided(decided.clone()), true)
+            .await;
+        Ok(decided)
     }
 }

@@ -47,7 +47,9 @@ use tokio_util::sync::CancellationToken;
 pub use agen_shared::run::{
     kind as event, Message, ResponseType, RunAssignment, RunEventBody, RunId, RunState, TaskId,
 };
-pub use approval::{ApprovalDecision, ApprovalRequest, ApproveAll, Approver, NoApprover};
+pub use approval::{
+    denial_text, ApprovalDecision, ApprovalRequest, ApproveAll, Approver, NoApprover, BY_TIMEOUT,
+};
 pub use builtins::{
     BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_READ_ARTIFACT, BUILTIN_REPORT_PROGRESS,
     BUILTIN_SAVE_ARTIFACT,

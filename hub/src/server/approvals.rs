@@ -1,0 +1,85 @@
+//! `ListApprovals` and `DecideApproval` on AgenService: protobuf in and out, authorization
+//! (Read to list, Submit to decide), and `by` as the token's name.
+
+use agen_proto::v1 as pb;
+use tonic::{Request, Response, Status};
+
+use super::auth::{authorize, Action};
+use crate::approvals::{ApprovalRec, Decide};
+use crate::fleet::Core;
+use crate::limits;
+
+fn check_namespace(ns: &str) -> Result<(), Status> {
+    if ns.is_empty() {
+        return Ok(());
+    }
+    limits::validate_name("namespace", ns).map_err(Status::from)
+}
+
+fn approval(task_id: &str, deployment: &str, c: &ApprovalRec) -> pb::Approval {
+    pb::Approval {
+        task_id: task_id.to_string(),
+        deployment: deployment.to_string(),
+        call_id: c.call_id.clone(),
+        tool: c.tool.clone(),
+        arguments_json: c.arguments.to_string(),
+        asked_at_ms: c.asked_at_ms,
+    }
+}
+
+pub async fn list(
+    core: &Core,
+    request: Request<pb::ListApprovalsRequest>,
+) -> Result<Response<pb::ListApprovalsResponse>, Status> {
+    authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
+    let r = request.into_inner();
+    check_namespace(&r.namespace)?;
+    if !r.deployment.is_empty() {
+        limits::validate_name("deployment", &r.deployment)?;
+    }
+    let approvals = core
+        .list_approvals(&r.namespace, &r.deployment)?
+        .iter()
+        .map(|p| approval(&p.task_id, &p.deployment, &p.call))
+        .collect();
+    Ok(Response::new(pb::ListApprovalsResponse { approvals }))
+}
+
+pub async fn decide(
+    core: &Core,
+    request: Request<pb::DecideApprovalRequest>,
+) -> Result<Response<pb::DecideApprovalResponse>, Status> {
+    let who = {
+        let r = request.get_ref();
+        authorize(&request, &r.namespace, Action::Submit, &r.task_id)?
+    };
+    let by = super::lifecycle::caller(&request, &who);
+    let r = request.into_inner();
+    check_namespace(&r.namespace)?;
+    limits::check_id("task_id", &r.task_id)?;
+    limits::check_bytes("call_id", &r.call_id, limits::MAX_REASON_BYTES)?;
+    limits::check_bytes("reason", &r.reason, limits::MAX_REASON_BYTES)?;
+    let task = core.get_task(&r.namespace, &r.task_id)?;
+    let call = core
+        .decide_approval(Decide {
+            namespace: &r.namespace,
+            task_id: &r.task_id,
+            call_id: &r.call_id,
+            approved: r.approved,
+            reason: &r.reason,
+            always: r.always,
+            by: &by,
+        })
+        .await?;
+    let (approved, reason, by) = call
+        .decision
+        .as_ref()
+        .map(|d| (d.approved, d.reason.clone(), d.by.clone()))
+        .unwrap_or((r.approved, r.reason.clone(), by));
+    Ok(Response::new(pb::DecideApprovalResponse {
+        approval: Some(approval(&task.task_id, &task.deployment, &call)),
+        approved,
+        reason,
+        by,
+    }))
+}

@@ -1,0 +1,82 @@
+//! The fleet [`Approver`] of an instance: an `ask` call waits in place until the Hub's decision
+//! arrives over the socket ([`ToInstance::ApprovalDecided`]); the harness has already recorded
+//! `approval.requested` durably, which is what makes the Hub ask a person.
+//!
+//! Invariants: a decision is handed to the call it names (run id and call id) exactly once; a
+//! decision that arrives before the call waits for it (the Hub answers at once when it already
+//! holds one) is kept until the call asks.
+//!
+//! [`ToInstance::ApprovalDecided`]: crate::socket::ToInstance::ApprovalDecided
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use agen_harness::run::{ApprovalDecision, ApprovalRequest, Approver};
+use agen_shared::run::ApprovalDecided;
+use tokio::sync::oneshot;
+
+/// One call: (run id, call id).
+type Key = (String, String);
+
+/// See the module doc. Shared by the instance's runs.
+#[derive(Default)]
+pub struct HubApprover {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    waiting: HashMap<Key, oneshot::Sender<ApprovalDecided>>,
+    early: HashMap<Key, ApprovalDecided>,
+}
+
+impl HubApprover {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hands the Hub's decision to the call waiting for it (or keeps it for that call).
+    pub fn deliver(&self, run_id: &str, decided: ApprovalDecided) {
+        let key = (run_id.to_string(), decided.call_id.clone());
+        let mut inner = self.lock();
+        match inner.waiting.remove(&key) {
+            Some(tx) => {
+                let _ = tx.send(decided);
+            }
+            None => {
+                inner.early.insert(key, decided);
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Approver for HubApprover {
+    async fn decide(&self, request: &ApprovalRequest) -> ApprovalDecision {
+        let d = self.decide_recorded(request).await;
+        if d.approved {
+            ApprovalDecision::Approved
+        } else {
+            ApprovalDecision::Denied(agen_harness::run::denial_text(&d))
+        }
+    }
+
+    async fn decide_recorded(&self, request: &ApprovalRequest) -> ApprovalDecided {
+        let key = (request.run_id.clone(), request.call_id.clone());
+        let rx = {
+            let mut inner = self.lock();
+            if let Some(d) = inner.early.remove(&key) {
+                return d;
+            }
+            let (tx, rx) = oneshot::channel();
+            inner.waiting.insert(key.clone(), tx);
+            rx
+        };
+        match rx.await {
+            Ok(d) => d,
+            // The approver was dropped (the instance is going away): the run is cancelled
+            // with it; this call stays undecided and is asked again on the resume.
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
