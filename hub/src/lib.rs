@@ -45,6 +45,7 @@ pub mod logs;
 pub mod metrics;
 pub mod model;
 pub mod nodes;
+pub mod otlp;
 pub mod scheduler;
 pub mod secrets;
 mod server;
@@ -289,6 +290,9 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         }
         None => None,
     };
+    if let Some(otlp) = opts.otlp.clone() {
+        otlp::follow(otlp, core.clone())?;
+    }
     let reconciler = tokio::spawn(core.clone().run_reconciler(shutdown.child_token()));
     // Small replies (acks, task states) must not wait on the peer's delayed ACK.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));

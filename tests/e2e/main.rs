@@ -19,6 +19,7 @@ mod lifecycle;
 mod limits;
 mod logs;
 mod metrics;
+mod otlp;
 mod permissions;
 mod privacy;
 mod privsep;
