@@ -157,6 +157,7 @@ impl Core {
                     delegation_depth: parent.delegation_depth + 1,
                     parent_span_id: spec.parent_span_id,
                 }),
+                traceparent: String::new(),
             })
             .await?;
         if child.parent_task_id != parent.task_id {

@@ -273,6 +273,10 @@ pub struct TaskRec {
     /// The delegate call's span in the parent's trace (the child's root span nests under it).
     #[serde(default)]
     pub parent_span_id: String,
+    /// The caller's W3C traceparent given to SubmitTask (validated); empty when none. The run's
+    /// trace uses its trace id and the run span nests under its span.
+    #[serde(default)]
+    pub traceparent: String,
 }
 
 /// Who may run a task now: the attempt the Hub issued last, to which Nest and instance. It is

@@ -67,6 +67,8 @@ pub struct TaskSpec {
     pub client_request_id: String,
     /// Set for a delegate call's child task (see `delegates.rs`).
     pub parent: Option<ChildOf>,
+    /// The caller's W3C traceparent (checked by [`crate::trace::parse_traceparent`]); empty: none.
+    pub traceparent: String,
 }
 
 /// Where a child task sits in its delegation tree.
@@ -184,6 +186,7 @@ fn summarize(t: &TaskRec) -> TaskSummary {
         root_run_id: t.root_run_id.clone(),
         delegation_depth: t.delegation_depth,
         parent_span_id: t.parent_span_id.clone(),
+        traceparent: t.traceparent.clone(),
     };
     TaskSummary {
         task,
@@ -370,6 +373,7 @@ impl Core {
                     .as_ref()
                     .map(|p| p.parent_span_id.clone())
                     .unwrap_or_default(),
+                traceparent: spec.traceparent.clone(),
             };
             if !spec.client_request_id.is_empty() {
                 self.db.put_json(
@@ -842,6 +846,7 @@ impl Core {
                 task.root_run_id.clone()
             },
             delegation_depth: task.delegation_depth,
+            trace_id: crate::trace::trace_id(&task),
             bundle_digest: inst.bundle_digest.clone(),
             history_json: Value::Array(history.messages).to_string(),
             replay_json,

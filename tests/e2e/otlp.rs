@@ -199,3 +199,70 @@ fn a_finished_task_is_exported_over_otlp_with_its_trace_ids_and_genai_attributes
         )
     );
 }
+
+#[test]
+fn a_callers_traceparent_makes_the_run_a_child_of_its_trace() {
+    let script = json!({"steps": [
+        {"tool_calls": [{"name": "meta_echo", "arguments": {"text": "hi"}}]},
+        {"reply": "done"}
+    ]});
+    let f = fleet(script, json!({}));
+    let (caller_trace, caller_span) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let tp = format!("00-{caller_trace}-{caller_span}-01");
+    let out = f
+        .hub
+        .cli(&["submit", "meta", "go", "--traceparent", &tp])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let task = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let t = f.hub.cli_json(&["wait", &task, "-o", "json"]).unwrap();
+    assert_eq!(t["state"], "succeeded", "{t}");
+    let trace = f.hub.cli_json(&["trace", &task, "-o", "json"]).unwrap();
+    assert_eq!(trace["trace_id"], caller_trace, "{trace}");
+    let want = trace["spans"].as_array().unwrap().len();
+    let spans = wait_for("the exported trace", Duration::from_secs(30), || {
+        let got = lines(&f.spans);
+        (got.len() >= want).then_some(got)
+    })
+    .unwrap();
+    assert!(
+        spans.iter().all(|s| s["trace_id"] == caller_trace),
+        "{spans:?}"
+    );
+    let root = spans
+        .iter()
+        .find(|s| attr(s, "gen_ai.operation.name") == "invoke_agent")
+        .unwrap();
+    assert_eq!(root["parent_span_id"], caller_span, "{root}");
+    let tool = spans
+        .iter()
+        .find(|s| attr(s, "gen_ai.operation.name") == "execute_tool")
+        .unwrap();
+    assert_eq!(tool["parent_span_id"], root["span_id"], "{tool}");
+    let calls: Vec<Value> = lines(&f.meta_log)
+        .into_iter()
+        .filter(|e| e["tool"] == "echo")
+        .collect();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(
+        calls[0]["meta"]["traceparent"],
+        format!("00-{caller_trace}-{}-01", tool["span_id"].as_str().unwrap())
+    );
+    // A malformed traceparent is refused with the field named, and creates no task.
+    let bad = f
+        .hub
+        .cli(&["submit", "meta", "go", "--traceparent", "00-nothex-01"])
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("traceparent"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    let tasks = f.hub.cli_json(&["tasks", "-o", "json"]).unwrap();
+    assert_eq!(tasks.as_array().map(Vec::len), Some(1), "{tasks}");
+}

@@ -619,6 +619,7 @@ async fn one_task(hub: &mut Hub, deployment: &str, i: usize) -> anyhow::Result<p
             labels: Default::default(),
             conversation_key: String::new(),
             client_request_id: uuid::Uuid::new_v4().to_string(),
+            traceparent: String::new(),
         })
         .await
         .map_err(|s| status_error(hub, s))?
