@@ -180,6 +180,10 @@ fn a_finished_task_is_exported_over_otlp_with_its_trace_ids_and_genai_attributes
         "{tool}"
     );
     assert_eq!(tool["status"]["code"], 1, "{tool}");
+    // traceToolArguments: the span carries them.
+    let args: Value =
+        serde_json::from_str(attr(tool, "gen_ai.tool.call.arguments").as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"text": "hi"}), "{tool}");
     // The tool server was told this span.
     let calls: Vec<Value> = lines(&f.meta_log)
         .into_iter()
