@@ -37,6 +37,99 @@ pub struct HubOptions {
     pub limits: crate::limits::Limits,
     /// Where to serve Prometheus metrics (`GET /metrics`); `None`: not served.
     pub metrics_listen: Option<SocketAddr>,
+    /// Where to export each finished task's trace over OTLP; `None`: not exported.
+    pub otlp: Option<OtlpOptions>,
+}
+
+/// How the Hub speaks OTLP (`OTEL_EXPORTER_OTLP_PROTOCOL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    /// `grpc` (the default): `TraceService/Export` over HTTP/2.
+    Grpc,
+    /// `http/protobuf`: `POST` of the protobuf body to `…/v1/traces`.
+    HttpProtobuf,
+}
+
+/// Where and how finished tasks' traces are exported (see [`crate::otlp`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtlpOptions {
+    /// gRPC: the collector's base URL; HTTP: the full URL of the traces resource.
+    pub endpoint: String,
+    pub protocol: OtlpProtocol,
+    /// Sent with every export (`OTEL_EXPORTER_OTLP_HEADERS`: `key=value,key2=value2`).
+    pub headers: Vec<(String, String)>,
+}
+
+impl OtlpOptions {
+    /// The export settings from `--otlp-endpoint` (`flag`, which wins) and the standard
+    /// `OTEL_EXPORTER_OTLP_{TRACES_,}{ENDPOINT,PROTOCOL,HEADERS}` variables read by `env`;
+    /// `None` when no endpoint is set.
+    pub fn resolve(
+        flag: Option<&str>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<OtlpOptions>> {
+        let var = |k: &str| {
+            env(k)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        let protocol = match var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            .or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL"))
+            .as_deref()
+        {
+            None | Some("grpc") => OtlpProtocol::Grpc,
+            Some("http/protobuf") => OtlpProtocol::HttpProtobuf,
+            Some(other) => {
+                return Err(HubError::Config(format!(
+                    "OTEL_EXPORTER_OTLP_PROTOCOL: expected grpc or http/protobuf, got {other:?}; unset it for grpc"
+                )))
+            }
+        };
+        // A signal-specific endpoint is used as given; a base one gets `/v1/traces` over HTTP.
+        let (endpoint, base) = match (
+            flag.map(str::trim).filter(|f| !f.is_empty()),
+            var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+        ) {
+            (Some(f), _) => (f.to_string(), true),
+            (None, Some(t)) => (t, false),
+            (None, None) => match var("OTEL_EXPORTER_OTLP_ENDPOINT") {
+                Some(e) => (e, true),
+                None => return Ok(None),
+            },
+        };
+        if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+            return Err(HubError::Config(format!(
+                "OTLP endpoint {endpoint:?}: expected an http:// or https:// URL such as http://127.0.0.1:4317"
+            )));
+        }
+        if protocol == OtlpProtocol::Grpc && endpoint.starts_with("https://") {
+            return Err(HubError::Config(format!(
+                "OTLP endpoint {endpoint:?}: OTLP/gRPC over TLS is not supported yet; use an http:// collector address or OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf for https"
+            )));
+        }
+        let endpoint = if protocol == OtlpProtocol::HttpProtobuf && base {
+            format!("{}/v1/traces", endpoint.trim_end_matches('/'))
+        } else {
+            endpoint
+        };
+        let mut headers = Vec::new();
+        let raw = var("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+            .or_else(|| var("OTEL_EXPORTER_OTLP_HEADERS"))
+            .unwrap_or_default();
+        for pair in raw.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let Some((k, v)) = pair.split_once('=') else {
+                return Err(HubError::Config(format!(
+                    "OTEL_EXPORTER_OTLP_HEADERS: expected key=value pairs separated by commas, got {pair:?}"
+                )));
+            };
+            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+        }
+        Ok(Some(OtlpOptions {
+            endpoint,
+            protocol,
+            headers,
+        }))
+    }
 }
 
 impl Default for HubOptions {
@@ -52,6 +145,7 @@ impl Default for HubOptions {
             run_start_deadline: Duration::from_secs(30),
             limits: crate::limits::Limits::default(),
             metrics_listen: None,
+            otlp: None,
         }
     }
 }
@@ -131,5 +225,68 @@ impl HubOptions {
     /// A Nest silent for longer than this is lost.
     pub fn lost_after(&self) -> Duration {
         self.nest_ttl + self.heartbeat_interval
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn otlp_settings_follow_the_flag_then_the_standard_variables() {
+        assert_eq!(OtlpOptions::resolve(None, env(&[])).unwrap(), None);
+        let o = OtlpOptions::resolve(
+            Some("http://c:4317"),
+            env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://x:1")]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (o.endpoint.as_str(), o.protocol),
+            ("http://c:4317", OtlpProtocol::Grpc)
+        );
+        let vars = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318/"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "Authorization=Bearer t, x-team=blue",
+            ),
+        ];
+        let o = OtlpOptions::resolve(None, env(&vars)).unwrap().unwrap();
+        assert_eq!(o.endpoint, "http://c:4318/v1/traces");
+        assert_eq!(o.protocol, OtlpProtocol::HttpProtobuf);
+        assert_eq!(
+            o.headers,
+            vec![
+                ("authorization".to_string(), "Bearer t".to_string()),
+                ("x-team".to_string(), "blue".to_string())
+            ]
+        );
+        let o = OtlpOptions::resolve(
+            None,
+            env(&[
+                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c:4318/custom"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(o.endpoint, "http://c:4318/custom");
+        assert!(OtlpOptions::resolve(Some("c:4317"), env(&[])).is_err());
+        assert!(OtlpOptions::resolve(Some("https://c:4317"), env(&[])).is_err());
+        assert!(OtlpOptions::resolve(
+            Some("http://c:4317"),
+            env(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")])
+        )
+        .is_err());
     }
 }

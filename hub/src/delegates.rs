@@ -159,6 +159,7 @@ impl Core {
                 }),
                 // A child runs under its own bundle's permissions.
                 tool_overrides: Default::default(),
+                traceparent: String::new(),
             })
             .await?;
         if child.parent_task_id != parent.task_id {

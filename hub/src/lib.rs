@@ -46,6 +46,7 @@ pub mod logs;
 pub mod metrics;
 pub mod model;
 pub mod nodes;
+pub mod otlp;
 mod overrides;
 pub mod scheduler;
 pub mod secrets;
@@ -291,6 +292,9 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         }
         None => None,
     };
+    if let Some(otlp) = opts.otlp.clone() {
+        otlp::follow(otlp, core.clone())?;
+    }
     let reconciler = tokio::spawn(core.clone().run_reconciler(shutdown.child_token()));
     // Small replies (acks, task states) must not wait on the peer's delayed ACK.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));

@@ -411,12 +411,17 @@ impl HubMetrics {
 }
 
 fn read_model(core: &Core, digest: &str) -> Option<String> {
+    Some(bundle_model(core, digest)?.model)
+}
+
+/// The model the agent of bundle `digest` uses (provider and name), when it names one.
+pub(crate) fn bundle_model(core: &Core, digest: &str) -> Option<agen_shared::bundle::ModelRef> {
     let bytes = core.bundle_bytes(digest).ok()??;
     let tmp = tempfile::tempdir().ok()?;
     let dir = tmp.path().join("bundle");
     agen_shared::bundle::unpack(&bytes, &dir).ok()?;
     let bundle = agen_shared::bundle::Bundle::load(&dir).ok()?;
-    Some(bundle.agent.model?.model)
+    bundle.agent.model
 }
 
 #[cfg(test)]

@@ -279,6 +279,10 @@ pub struct TaskRec {
     /// What the Hub noticed at submit but did not refuse (an override that tried to widen).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// The caller's W3C traceparent given to SubmitTask (validated); empty when none. The run's
+    /// trace uses its trace id and the run span nests under its span.
+    #[serde(default)]
+    pub traceparent: String,
 }
 
 /// Who may run a task now: the attempt the Hub issued last, to which Nest and instance. It is

@@ -96,6 +96,8 @@ pub struct RunAssignment {
     pub conversation_key: String,
     pub root_run_id: String,
     pub delegation_depth: u32,
+    /// The run's trace id (the caller's when it gave a traceparent).
+    pub trace_id: String,
     pub bundle_digest: String,
     pub history_json: String,
     pub replay_json: String,

@@ -69,6 +69,8 @@ pub struct TaskSpec {
     pub parent: Option<ChildOf>,
     /// Narrows the bundle's permissions for this task (see `SubmitTaskRequest.tool_overrides`).
     pub tool_overrides: agen_shared::bundle::Permissions,
+    /// The caller's W3C traceparent (checked by [`crate::trace::parse_traceparent`]); empty: none.
+    pub traceparent: String,
 }
 
 /// Where a child task sits in its delegation tree.
@@ -188,6 +190,7 @@ fn summarize(t: &TaskRec) -> TaskSummary {
         root_run_id: t.root_run_id.clone(),
         delegation_depth: t.delegation_depth,
         parent_span_id: t.parent_span_id.clone(),
+        traceparent: t.traceparent.clone(),
     };
     TaskSummary {
         task,
@@ -378,6 +381,7 @@ impl Core {
                     .as_ref()
                     .map(|p| p.parent_span_id.clone())
                     .unwrap_or_default(),
+                traceparent: spec.traceparent.clone(),
             };
             if !spec.client_request_id.is_empty() {
                 self.db.put_json(
@@ -850,6 +854,7 @@ impl Core {
                 task.root_run_id.clone()
             },
             delegation_depth: task.delegation_depth,
+            trace_id: crate::trace::trace_id(&task),
             bundle_digest: inst.bundle_digest.clone(),
             history_json: Value::Array(history.messages).to_string(),
             replay_json,

@@ -22,9 +22,38 @@ pub struct SpanRec {
     pub attributes: BTreeMap<String, String>,
 }
 
-/// The run's trace id (every attempt is in one trace).
+/// The run's trace id (every attempt is in one trace): the caller's when it submitted the task
+/// with a traceparent, else derived from the run id.
 pub fn trace_id(task: &TaskRec) -> String {
-    trace::trace_id(&task.run_id)
+    match parse_traceparent(&task.traceparent) {
+        Some((trace_id, _)) => trace_id,
+        None => trace::trace_id(&task.run_id),
+    }
+}
+
+/// The trace id and span id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`, lower
+/// case, ids not all zeros); `None` when it is not one.
+pub fn parse_traceparent(s: &str) -> Option<(String, String)> {
+    let parts: Vec<&str> = s.trim().split('-').collect();
+    let hex = |p: &str, n: usize| {
+        p.len() == n
+            && p.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    match parts.as_slice() {
+        [v, t, p, f]
+            if hex(v, 2)
+                && *v != "ff"
+                && hex(t, 32)
+                && hex(p, 16)
+                && hex(f, 2)
+                && t.bytes().any(|b| b != b'0')
+                && p.bytes().any(|b| b != b'0') =>
+        {
+            Some((t.to_string(), p.to_string()))
+        }
+        _ => None,
+    }
 }
 
 /// Builds the spans of `task` from its run events, in log order.
@@ -37,7 +66,9 @@ pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
     };
     let mut spans = vec![SpanRec {
         span_id: root_id.clone(),
-        parent_span_id: String::new(),
+        parent_span_id: parse_traceparent(&task.traceparent)
+            .map(|(_, span)| span)
+            .unwrap_or_default(),
         name: format!("task {}", task.deployment),
         start_ms: if task.started_at_ms > 0 {
             task.started_at_ms
@@ -202,6 +233,7 @@ mod tests {
             parent_span_id: String::new(),
             tool_overrides: Default::default(),
             warnings: Vec::new(),
+            traceparent: String::new(),
         }
     }
 
@@ -272,5 +304,23 @@ mod tests {
         assert_eq!(spans[1].span_id, trace::tool_span_id("run-1", 1, "a"));
         assert_eq!(spans[1].parent_span_id, spans[0].span_id);
         assert_eq!(trace_id(&task()).len(), 32);
+    }
+
+    #[test]
+    fn a_callers_traceparent_names_the_trace_and_the_run_spans_parent() {
+        let mut t = task();
+        t.traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into();
+        assert_eq!(trace_id(&t), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(build_spans(&t, &[])[0].parent_span_id, "00f067aa0ba902b7");
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        ] {
+            assert_eq!(parse_traceparent(bad), None, "{bad}");
+        }
     }
 }

@@ -30,6 +30,7 @@ fn event(run: &pb::AssignRun, seq: u64, kind: &str, json: serde_json::Value) -> 
 
 fn submit_request(input: &str, request_id: &str) -> pb::SubmitTaskRequest {
     pb::SubmitTaskRequest {
+        traceparent: String::new(),
         namespace: "default".into(),
         deployment: "hello".into(),
         input: input.into(),

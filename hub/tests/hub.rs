@@ -649,6 +649,7 @@ async fn send_events(
 
 async fn submit(api: &mut Api, input: &str, conversation: &str, request_id: &str) -> pb::Task {
     api.submit_task(pb::SubmitTaskRequest {
+        traceparent: String::new(),
         namespace: "default".into(),
         deployment: "hello".into(),
         input: input.into(),

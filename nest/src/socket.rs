@@ -167,6 +167,8 @@ pub struct ChildReply {
 /// Nest → instance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+// One `Run` per run, sent once: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum ToInstance {
     Placement(Placement),
     Refused {
@@ -286,6 +288,7 @@ impl From<agen_proto::v1::AssignRun> for RunOrder {
                 conversation_key: a.conversation_key,
                 root_run_id: a.root_run_id.into(),
                 delegation_depth: a.delegation_depth,
+                trace_id: a.trace_id,
                 history: wire::history(&a.history_json),
                 replay: wire::replay(&a.replay_json),
                 tool_overrides: a

@@ -20,6 +20,7 @@ mod lifecycle;
 mod limits;
 mod logs;
 mod metrics;
+mod otlp;
 mod permissions;
 mod privacy;
 mod privsep;

@@ -20,6 +20,11 @@ pub struct Args {
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Export each finished task's trace over OTLP to this collector URL (e.g.
+    /// http://127.0.0.1:4317); also OTEL_EXPORTER_OTLP_{TRACES_,}ENDPOINT, _PROTOCOL
+    /// (grpc or http/protobuf) and _HEADERS
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
     /// Where the Hub keeps its state, CA and tokens [default: $AGEN_DATA_DIR/hub, else ~/.local/share/agen/hub]
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -106,6 +111,15 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         run_start_deadline: args.run_start_deadline,
         limits: args.limits(),
         metrics_listen: args.metrics_listen,
+        otlp: match agen_hub::config::OtlpOptions::resolve(args.otlp_endpoint.as_deref(), |k| {
+            std::env::var(k).ok()
+        }) {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return Ok(64);
+            }
+        },
     };
     if let Err(e) = opts.validate() {
         eprintln!("error: {e}");

@@ -23,6 +23,9 @@ pub struct Args {
     /// Idempotency key: a retried submit with the same id returns the same task (default: random)
     #[arg(long)]
     pub request_id: Option<String>,
+    /// Make the run's trace a child of this W3C traceparent (00-<trace id>-<span id>-<flags>)
+    #[arg(long, env = "TRACEPARENT")]
+    pub traceparent: Option<String>,
     /// Wait for the outcome (exit code as `agen wait`)
     #[arg(long)]
     pub wait: bool,
@@ -59,6 +62,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             ask: args.ask_tools.clone(),
             deny: args.deny_tools.clone(),
         }),
+        traceparent: args.traceparent.clone().unwrap_or_default(),
     };
     // Retrying with the same request id is safe: the Hub creates one task.
     let mut tries = 0;

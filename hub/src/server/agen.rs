@@ -265,9 +265,31 @@ impl AgenService for AgenApi {
             Action::Submit,
             &request.get_ref().deployment,
         )?;
+        // The caller's trace: the field, else the W3C `traceparent` metadata header.
+        let header = request
+            .metadata()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
         let r = request.into_inner();
         // Every field is checked before anything is stored: nothing is half-applied.
         let lim = &self.core.opts.limits;
+        let traceparent = if r.traceparent.is_empty() {
+            // An invalid header is ignored (W3C: a vendor must not fail the request on it).
+            match crate::trace::parse_traceparent(&header) {
+                Some(_) => header.trim().to_string(),
+                None => String::new(),
+            }
+        } else if crate::trace::parse_traceparent(&r.traceparent).is_some() {
+            r.traceparent.trim().to_string()
+        } else {
+            return Err(HubError::invalid(format!(
+                "traceparent: expected a W3C traceparent such as 00-<32 hex trace id>-<16 hex span id>-01, got {:?}",
+                crate::limits::cut(&r.traceparent, 80)
+            ))
+            .into());
+        };
         check_namespace(&r.namespace)?;
         limits::validate_name("deployment", &r.deployment)?;
         lim.check_input(&r.input)?;
@@ -291,6 +313,7 @@ impl AgenService for AgenApi {
                 client_request_id: r.client_request_id,
                 parent: None,
                 tool_overrides,
+                traceparent,
             })
             .await?;
         Ok(Response::new(convert::task(&task)))

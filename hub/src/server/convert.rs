@@ -352,6 +352,7 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
                 conversation_key: a.conversation_key,
                 root_run_id: a.root_run_id,
                 delegation_depth: a.delegation_depth,
+                trace_id: a.trace_id,
                 bundle_digest: a.bundle_digest,
                 history_json: a.history_json,
                 replay_json: a.replay_json,

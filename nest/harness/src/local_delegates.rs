@@ -92,6 +92,7 @@ impl Delegator for LocalDelegator {
         let log_dir = runs_dir().join(&run_id);
         let sink = Arc::new(SledRunLog::open(&log_dir, &run_id, 1).map_err(|e| format!("{e:#}"))?);
         let req = RunAssignment {
+            trace_id: String::new(),
             run_id: run_id.clone().into(),
             attempt: 1,
             task_id: run_id.clone().into(),

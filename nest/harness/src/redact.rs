@@ -200,11 +200,22 @@ fn shell_escape_with(s: &str, needs: impl Fn(char) -> bool) -> String {
 
 /// Tool arguments as traces record them: secret values replaced by `[redacted]`, cut at 4 KiB.
 pub(crate) fn traced_arguments(arguments: &Value, redactor: &Redactor) -> Value {
+    match redactor.redact_json(arguments) {
+        // Each argument is capped by itself: one long text does not hide the others.
+        Value::Object(map) => Value::Object(map.into_iter().map(|(k, v)| (k, cap(v))).collect()),
+        other => cap(other),
+    }
+}
+
+/// `v` when its JSON is at most 4 KiB, else its JSON cut there (on a character boundary).
+fn cap(v: Value) -> Value {
     const MAX: usize = 4096;
-    let redacted = redactor.redact_json(arguments);
-    let text = redacted.to_string();
+    let text = match &v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
     if text.len() <= MAX {
-        return redacted;
+        return v;
     }
     let mut cut = MAX;
     while !text.is_char_boundary(cut) {
@@ -336,8 +347,12 @@ mod tests {
             ),
             json!({"auth": "Bearer [redacted]", "n": 1, "q": ["[redacted]"]})
         );
-        let long = traced_arguments(&json!({"text": "é".repeat(5000)}), &r);
-        let text = long.as_str().expect("cut arguments are a string");
+        let long = traced_arguments(&json!({"text": "é".repeat(5000), "path": "/a"}), &r);
+        assert_eq!(
+            long["path"], "/a",
+            "each argument is capped by itself: {long}"
+        );
+        let text = long["text"].as_str().expect("a cut argument is a string");
         assert!(
             text.ends_with("… (cut at 4 KiB)") && text.len() < 4200,
             "{}",

@@ -77,6 +77,7 @@ pub async fn run_cli_with(
         }
     });
     let req = RunAssignment {
+        trace_id: String::new(),
         run_id: run_id.clone().into(),
         attempt: 1,
         task_id: run_id.clone().into(),

@@ -185,6 +185,7 @@ impl Agent {
 
 fn request(input: &str) -> RunRequest {
     RunRequest {
+        trace_id: String::new(),
         run_id: "run-1".into(),
         attempt: 1,
         task_id: "task-1".into(),

@@ -84,6 +84,7 @@ fn request() -> RunAssignment {
         delegation_depth: 0,
         history: Vec::new(),
         replay: Vec::new(),
+        trace_id: String::new(),
         tool_overrides: Default::default(),
     }
 }

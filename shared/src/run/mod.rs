@@ -81,6 +81,10 @@ pub struct RunAssignment {
     /// narrow the bundle's permissions (see [`crate::bundle::Permissions::decide_narrowed`]).
     #[serde(default)]
     pub tool_overrides: crate::bundle::Permissions,
+    /// The run's W3C trace id when the Hub set one (a caller's traceparent); empty: derived
+    /// from the run id (`trace::trace_id`).
+    #[serde(default)]
+    pub trace_id: String,
 }
 
 impl RunAssignment {

@@ -236,6 +236,7 @@ impl Agent {
             )
         };
         let req = RunAssignment {
+            trace_id: String::new(),
             run_id: run_id.clone().into(),
             attempt: 1,
             task_id: run_id.clone().into(),

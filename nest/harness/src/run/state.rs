@@ -60,7 +60,11 @@ impl<'h> Run<'h> {
             cancel: caller_cancel.child_token(),
             fenced: AtomicBool::new(false),
             log_lost: Mutex::new(None),
-            trace_id: trace::trace_id(req.run_id.as_str()),
+            trace_id: if req.trace_id.is_empty() {
+                trace::trace_id(req.run_id.as_str())
+            } else {
+                req.trace_id.clone()
+            },
             context: Mutex::new(context),
             new_messages: Mutex::new(vec![user]),
             tool_calls: AtomicU32::new(0),

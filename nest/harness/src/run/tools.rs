@@ -213,7 +213,13 @@ impl Run<'_> {
             tool: tool.to_string(),
             model_name: Some(call.name.clone()),
             side_effect,
-            arguments: None,
+            // Every call (built-ins too) records its arguments when the bundle asks.
+            arguments: self
+                .h
+                .bundle
+                .harness
+                .trace_tool_arguments
+                .then(|| traced_arguments(&call.arguments, &self.h.redactor)),
             keen_kind: None,
             span_id: Some(self.span_of(&call.id)),
         }
