@@ -15,19 +15,6 @@ use support::*;
 
 const TTL: Duration = Duration::from_secs(10);
 
-fn event(run: &pb::AssignRun, seq: u64, kind: &str, json: serde_json::Value) -> pb::RunEvent {
-    pb::RunEvent {
-        run_id: run.run_id.clone(),
-        attempt: run.attempt,
-        seq,
-        task_id: run.task_id.clone(),
-        at_ms: 1_000 + seq as i64,
-        kind: kind.into(),
-        json: json.to_string(),
-        sync: false,
-    }
-}
-
 fn submit_request(input: &str, request_id: &str) -> pb::SubmitTaskRequest {
     pb::SubmitTaskRequest {
         traceparent: String::new(),

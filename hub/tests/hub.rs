@@ -617,36 +617,6 @@ async fn fleet_with_one_instance(
     (hub, api, nest, place)
 }
 
-fn event(run: &pb::AssignRun, seq: u64, kind: &str, json: serde_json::Value) -> pb::RunEvent {
-    pb::RunEvent {
-        run_id: run.run_id.clone(),
-        attempt: run.attempt,
-        seq,
-        task_id: run.task_id.clone(),
-        at_ms: 1_000 + seq as i64,
-        kind: kind.into(),
-        json: json.to_string(),
-        sync: false,
-    }
-}
-
-async fn send_events(
-    nest: &mut FakeNest,
-    instance_id: &str,
-    events: Vec<pb::RunEvent>,
-) -> pb::RunEventsAck {
-    nest.send(Nest::RunEvents(pb::RunEvents {
-        instance_id: instance_id.into(),
-        events,
-    }))
-    .await;
-    nest.next_matching(|m| match m {
-        Hub::Ack(a) => Some(a),
-        _ => None,
-    })
-    .await
-}
-
 async fn submit(api: &mut Api, input: &str, conversation: &str, request_id: &str) -> pb::Task {
     api.submit_task(pb::SubmitTaskRequest {
         traceparent: String::new(),
@@ -660,16 +630,6 @@ async fn submit(api: &mut Api, input: &str, conversation: &str, request_id: &str
     })
     .await
     .expect("submit task")
-    .into_inner()
-}
-
-async fn get(api: &mut Api, task_id: &str) -> pb::Task {
-    api.get_task(pb::GetTaskRequest {
-        namespace: "default".into(),
-        task_id: task_id.into(),
-    })
-    .await
-    .expect("get task")
     .into_inner()
 }
 

@@ -11,49 +11,8 @@ use std::time::Duration;
 
 use agen_proto::v1 as pb;
 use pb::hub_message::Msg as Hub;
-use pb::nest_message::Msg as Nest;
 use pretty_assertions::assert_eq;
 use support::*;
-
-fn event(run: &pb::AssignRun, seq: u64, kind: &str, json: serde_json::Value) -> pb::RunEvent {
-    pb::RunEvent {
-        run_id: run.run_id.clone(),
-        attempt: run.attempt,
-        seq,
-        task_id: run.task_id.clone(),
-        at_ms: 1_000 + seq as i64,
-        kind: kind.into(),
-        json: json.to_string(),
-        sync: true,
-    }
-}
-
-async fn send(
-    nest: &mut FakeNest,
-    instance_id: &str,
-    events: Vec<pb::RunEvent>,
-) -> pb::RunEventsAck {
-    nest.send(Nest::RunEvents(pb::RunEvents {
-        instance_id: instance_id.into(),
-        events,
-    }))
-    .await;
-    nest.next_matching(|m| match m {
-        Hub::Ack(a) => Some(a),
-        _ => None,
-    })
-    .await
-}
-
-async fn get(api: &mut Api, task_id: &str) -> pb::Task {
-    api.get_task(pb::GetTaskRequest {
-        namespace: "default".into(),
-        task_id: task_id.into(),
-    })
-    .await
-    .expect("get task")
-    .into_inner()
-}
 
 #[tokio::test]
 async fn a_second_nest_with_its_own_certificate_cannot_move_a_run_it_was_not_assigned() {
@@ -91,7 +50,7 @@ async fn a_second_nest_with_its_own_certificate_cannot_move_a_run_it_was_not_ass
             _ => None,
         })
         .await;
-    let ack = send(
+    let ack = send_events(
         &mut victim,
         &place.instance_id,
         vec![event(&run, 1, "model.requested", serde_json::json!({}))],
@@ -105,7 +64,7 @@ async fn a_second_nest_with_its_own_certificate_cannot_move_a_run_it_was_not_ass
         serde_json::json!({"state": "succeeded", "result": "pwned", "response_type": "text"});
     let mut refused = 0;
     // 1. The victim's run, attempt and instance, from the wrong Nest.
-    let ack = send(
+    let ack = send_events(
         &mut rogue,
         &place.instance_id,
         vec![event(&run, 2, "run.finished", pwned.clone())],
@@ -117,7 +76,7 @@ async fn a_second_nest_with_its_own_certificate_cannot_move_a_run_it_was_not_ass
         attempt: u32::MAX,
         ..run.clone()
     };
-    let ack = send(
+    let ack = send_events(
         &mut rogue,
         &place.instance_id,
         vec![event(&high, 1, "run.finished", pwned.clone())],
@@ -125,7 +84,7 @@ async fn a_second_nest_with_its_own_certificate_cannot_move_a_run_it_was_not_ass
     .await;
     refused += usize::from(ack.fenced);
     // 3. The same from the victim's own Nest: still not the assigned attempt.
-    let ack = send(
+    let ack = send_events(
         &mut victim,
         &place.instance_id,
         vec![event(&high, 2, "run.finished", pwned.clone())],
@@ -133,7 +92,7 @@ async fn a_second_nest_with_its_own_certificate_cannot_move_a_run_it_was_not_ass
     .await;
     refused += usize::from(ack.fenced);
     // 4. The right Nest, from an instance the run was not assigned to.
-    let ack = send(
+    let ack = send_events(
         &mut victim,
         "some-other-instance",
         vec![event(&run, 2, "run.finished", pwned.clone())],
@@ -146,7 +105,7 @@ async fn a_second_nest_with_its_own_certificate_cannot_move_a_run_it_was_not_ass
         run_id: "run-ghost".into(),
         ..run.clone()
     };
-    let ack = send(
+    let ack = send_events(
         &mut rogue,
         &place.instance_id,
         vec![event(&ghost, 1, "model.requested", serde_json::json!({}))],
@@ -163,7 +122,7 @@ async fn a_second_nest_with_its_own_certificate_cannot_move_a_run_it_was_not_ass
     );
 
     // The victim's own run finishes normally: its fence was not raised.
-    let ack = send(
+    let ack = send_events(
         &mut victim,
         &place.instance_id,
         vec![event(
@@ -360,7 +319,7 @@ async fn a_nest_saves_and_reads_artifacts_only_for_the_runs_it_was_assigned() {
     );
 
     // Once its run is over, even the victim's Nest may no longer save for it.
-    let ack = send(
+    let ack = send_events(
         &mut victim,
         &place.instance_id,
         vec![event(
@@ -413,7 +372,7 @@ async fn a_run_finished_the_hub_cannot_read_ends_the_task_failed_and_says_why() 
         })
         .await;
     // Its own run, a state that is not one.
-    let ack = send(
+    let ack = send_events(
         &mut nest,
         &place.instance_id,
         vec![event(

@@ -449,3 +449,47 @@ pub fn state(i: &pb::Instance) -> pb::InstanceState {
 pub fn task_state(t: &pb::Task) -> pb::TaskState {
     pb::TaskState::try_from(t.state).unwrap_or(pb::TaskState::Unspecified)
 }
+
+/// A run event of `run` as a Nest relays it (the Hub acks every event alike; `sync` is the
+/// instance's business).
+pub fn event(run: &pb::AssignRun, seq: u64, kind: &str, json: serde_json::Value) -> pb::RunEvent {
+    pb::RunEvent {
+        run_id: run.run_id.clone(),
+        attempt: run.attempt,
+        seq,
+        task_id: run.task_id.clone(),
+        at_ms: 1_000 + seq as i64,
+        kind: kind.into(),
+        json: json.to_string(),
+        sync: false,
+    }
+}
+
+/// Sends `events` from `instance_id` on `nest`'s stream and returns the Hub's ack.
+pub async fn send_events(
+    nest: &mut FakeNest,
+    instance_id: &str,
+    events: Vec<pb::RunEvent>,
+) -> pb::RunEventsAck {
+    nest.send(pb::nest_message::Msg::RunEvents(pb::RunEvents {
+        instance_id: instance_id.into(),
+        events,
+    }))
+    .await;
+    nest.next_matching(|m| match m {
+        pb::hub_message::Msg::Ack(a) => Some(a),
+        _ => None,
+    })
+    .await
+}
+
+/// Task `task_id` of namespace `default`.
+pub async fn get(api: &mut Api, task_id: &str) -> pb::Task {
+    api.get_task(pb::GetTaskRequest {
+        namespace: "default".into(),
+        task_id: task_id.into(),
+    })
+    .await
+    .expect("get task")
+    .into_inner()
+}
