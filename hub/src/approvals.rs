@@ -219,15 +219,18 @@ impl Core {
         let out = {
             let mut st = self.lock();
             let task = st.tasks.get(&task.task_id).cloned().unwrap_or(task);
-            if task.state.is_terminal() {
-                return Err(HubError::FailedPrecondition(format!(
-                    "task {} is {}: it has no pending approval",
-                    task.task_id,
-                    task.state.as_str()
-                )));
-            }
             let mut rec = self.approvals_of(&task.task_id)?;
-            let i = pick(&task.task_id, &rec, d.call_id)?;
+            // A decided call says so whatever its task did since (it may have finished at once).
+            let i = match pick(&task.task_id, &rec, d.call_id) {
+                Ok(_) if task.state.is_terminal() => {
+                    return Err(HubError::FailedPrecondition(format!(
+                        "task {} is {}: it has no pending approval",
+                        task.task_id,
+                        task.state.as_str()
+                    )))
+                }
+                picked => picked?,
+            };
             let decision = DecisionRec {
                 approved: d.approved,
                 reason: d.reason.to_string(),
