@@ -336,7 +336,8 @@ fn a_completed_side_effecting_call_is_not_repeated_after_a_resume() {
 /// is streamed, not waited for, so the instance may die after the call ran and before its
 /// result is durable. The tool server SIGKILLs its instance 0–8 ms after answering, four times;
 /// every task must end succeeded with the charge executed exactly once (its result either kept
-/// or reported as effect_unknown), none lost, none stuck.
+/// or reported as effect_unknown), none lost, none stuck, and at least one kill must land inside
+/// its run (a run may finish within the longer delays; that trial still counts its executions).
 #[test]
 fn an_instance_killed_between_a_side_effect_and_its_completion_never_repeats_it() {
     let steps = json!([
@@ -345,7 +346,7 @@ fn an_instance_killed_between_a_side_effect_and_its_completion_never_repeats_it(
     ]);
     let l = ledger(&["nest-a"], steps);
     let trials = 4;
-    let (mut once, mut twice, mut kept, mut unknown, mut stuck) = (0, 0, 0, 0, 0);
+    let (mut once, mut twice, mut kept, mut unknown, mut stuck, mut crashed) = (0, 0, 0, 0, 0, 0);
     for i in 0..trials {
         let before = l.count("charge");
         let task = l.submit(&format!("charge 5, trial {i}"));
@@ -370,15 +371,16 @@ fn an_instance_killed_between_a_side_effect_and_its_completion_never_repeats_it(
         } else {
             panic!("trial {i}: unexpected result {result:?}");
         }
-        assert!(
-            t["attempt"].as_u64().unwrap_or(0) >= 2,
-            "the instance died: {t}"
-        );
+        // The kill lands 0–8 ms after the answer; a run that finished sooner was not crashed.
+        if t["attempt"].as_u64().unwrap_or(0) >= 2 {
+            crashed += 1;
+        }
     }
     eprintln!(
-        "crash window: {trials} trials, executed once {once}, twice+ {twice}, stuck {stuck}; result kept {kept}, effect_unknown {unknown}"
+        "crash window: {trials} trials, crashed inside the run {crashed}, executed once {once}, twice+ {twice}, stuck {stuck}; result kept {kept}, effect_unknown {unknown}"
     );
     assert_eq!((once, twice, stuck), (trials, 0, 0));
+    assert!(crashed >= 1, "no trial crashed the instance inside its run");
 }
 
 /// Kills the `agen instance` process (SIGKILL, that process only) of the only Nest.
