@@ -6,11 +6,11 @@
 //! `server/` (the gRPC edge; the only module that knows protobuf), `scheduler/` (pure placement
 //! decisions), `store/` (sled behind a small trait), [`nodes`] (Nest links and liveness),
 //! [`limits`] (the table of input limits and its checks),
-//! `fleet` (core state, deployments, instances, reconcile loop), [`lifecycle`] (deployment
-//! history, scale, rollback, removal), `tasks` (queue, dispatch, run events, conversations),
+//! [`core`] (the state behind one lock and its behaviour by concern: bundles, deployments,
+//! nests and liveness, reconcile, tasks (submit, dispatch, events, outcome, query), leases,
+//! lifecycle, cordon, approvals, delegates, artifacts),
 //! [`metrics`] (Prometheus metrics, `--metrics-listen`), [`logs`] (log requests in flight between `ReadLogs` and the Nests' `SendLogs`),
-//! `leases` (who may run a task now: ownership of run events, reconciliation with what Nests
-//! run, start deadlines), [`secrets`] (the secret store, sealed at rest).
+//! [`secrets`] (the secret store, sealed at rest).
 //!
 //! Data dir (`--data-dir`, default `$AGEN_DATA_DIR/hub` else `~/.local/share/agen/hub`):
 //! `db/` (sled), `tls/ca.pem` + `tls/ca.key` (0600; created on first start, the server
@@ -32,27 +32,19 @@
 //! client certificate issued by `Join` whose key is the one its id is bound to (the Hub
 //! identifies the Nest by it, never by what the Nest says); health and reflection need none.
 
-pub mod approvals;
-pub mod artifacts;
 pub mod config;
-pub mod cordon;
-pub mod delegates;
+pub mod core;
 pub mod error;
-pub mod fleet;
-pub mod leases;
-pub mod lifecycle;
 pub mod limits;
 pub mod logs;
 pub mod metrics;
 pub mod model;
 pub mod nodes;
 pub mod otlp;
-mod overrides;
 pub mod scheduler;
 pub mod secrets;
 mod server;
 pub mod store;
-pub mod tasks;
 pub mod tokens;
 pub mod trace;
 
@@ -191,7 +183,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     let tokens = tokens::Tokens::open(db.clone(), &admin_token)?;
     tokens.ensure_bootstrap_join(&join_token)?;
     let nest_identities = tokens::nests::NestIdentities::open(db.clone())?;
-    let core = fleet::Core::open(opts.clone(), db, secret_key)?;
+    let core = core::Core::open(opts.clone(), db, secret_key)?;
 
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await

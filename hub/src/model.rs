@@ -398,3 +398,11 @@ pub struct RunEventRec {
 pub struct ConversationRec {
     pub messages: Vec<serde_json::Value>,
 }
+
+/// A task event as it happens, with the task after it (for `WatchTask`).
+#[derive(Debug, Clone)]
+pub struct TaskUpdate {
+    pub task_id: String,
+    pub event: TaskEventRec,
+    pub task: TaskRec,
+}

@@ -15,8 +15,8 @@ use prost::Message;
 use tokio::sync::mpsc;
 
 use crate::config::{OtlpOptions, OtlpProtocol};
+use crate::core::Core;
 use crate::error::{HubError, Result};
-use crate::fleet::Core;
 use crate::model::TaskRec;
 use crate::trace::SpanRec;
 

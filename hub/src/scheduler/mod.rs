@@ -5,6 +5,9 @@
 //! - [`plan`]: what to create and stop for one deployment (replica count, roll-over to a new
 //!   generation, unhealthy instances).
 //! - [`backoff`]: replacement back-off 1s, 2s, 4s … capped at 60s.
+//! - [`dispatch::choose`]: which instance runs a queued task now.
+
+pub mod dispatch;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

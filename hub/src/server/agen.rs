@@ -10,11 +10,11 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::auth::{authorize, list_scope, Action};
 use super::{convert, malformed};
+use crate::core::tasks::{TaskFilter, TaskSpec};
+use crate::core::{Core, DeploymentSpec};
 use crate::error::HubError;
-use crate::fleet::{Core, DeploymentSpec};
 use crate::limits::{self, check_id};
 use crate::model::TaskState;
-use crate::tasks::{TaskFilter, TaskSpec};
 
 pub struct AgenApi {
     pub core: Arc<Core>,
@@ -38,17 +38,6 @@ fn check_namespace(ns: &str) -> Result<(), HubError> {
 fn check_task_ref(ns: &str, task_id: &str) -> Result<(), HubError> {
     check_namespace(ns)?;
     check_id("task_id", task_id)
-}
-
-fn active_runs(core: &Core, instance_id: &str) -> u32 {
-    let st = core.lock();
-    st.tasks
-        .values()
-        .filter(|t| {
-            t.instance_id == instance_id
-                && matches!(t.state, TaskState::Running | TaskState::Waiting)
-        })
-        .count() as u32
 }
 
 /// Checks an uploaded archive: unpacks it into a temporary folder and loads the bundle.
@@ -187,7 +176,7 @@ impl AgenService for AgenApi {
             deployment: Some(convert::deployment(&view)),
             instances: instances
                 .iter()
-                .map(|i| convert::instance(i, active_runs(&self.core, &i.instance_id)))
+                .map(|i| convert::instance(i, self.core.active_runs(&i.instance_id)))
                 .collect(),
         }))
     }
@@ -233,7 +222,7 @@ impl AgenService for AgenApi {
         Ok(Response::new(pb::ListInstancesResponse {
             instances: list
                 .iter()
-                .map(|i| convert::instance(i, active_runs(&self.core, &i.instance_id)))
+                .map(|i| convert::instance(i, self.core.active_runs(&i.instance_id)))
                 .collect(),
         }))
     }
@@ -299,7 +288,7 @@ impl AgenService for AgenApi {
         limits::check_bytes(
             "client_request_id",
             &r.client_request_id,
-            crate::tasks::MAX_CLIENT_REQUEST_ID_BYTES,
+            crate::core::tasks::MAX_CLIENT_REQUEST_ID_BYTES,
         )?;
         let tool_overrides = convert::tool_overrides(r.tool_overrides.unwrap_or_default())?;
         let task = self

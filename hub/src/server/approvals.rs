@@ -5,8 +5,8 @@ use agen_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use super::auth::{authorize, Action};
-use crate::approvals::{ApprovalRec, Decide};
-use crate::fleet::Core;
+use crate::core::approvals::{ApprovalRec, Decide};
+use crate::core::Core;
 use crate::limits;
 
 fn check_namespace(ns: &str) -> Result<(), Status> {

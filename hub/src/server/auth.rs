@@ -120,7 +120,7 @@ pub fn authorize<T>(
     target: &str,
 ) -> Result<Principal, Status> {
     let principal = principal(req)?;
-    let namespace = crate::fleet::namespace_or_default(namespace);
+    let namespace = crate::core::namespace_or_default(namespace);
     let namespace = match action.need() {
         Need::Role(_) => namespace,
         Need::AnyNamespace(_) | Need::Cluster => String::new(),

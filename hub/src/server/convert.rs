@@ -2,11 +2,12 @@
 
 use agen_proto::v1 as pb;
 
+use crate::core::tasks::{IncomingRunEvent, TaskSummary};
+use crate::core::DeploymentView;
 use crate::error::HubError;
-use crate::fleet::DeploymentView;
 use crate::model::*;
 use crate::nodes::ToNest;
-use crate::tasks::{IncomingRunEvent, SpanRec, TaskSummary};
+use crate::trace::SpanRec;
 
 pub fn deployment(d: &DeploymentView) -> pb::Deployment {
     let r = &d.rec;
@@ -408,7 +409,7 @@ pub fn secret(m: &crate::secrets::SecretMeta) -> pb::Secret {
     }
 }
 
-pub fn artifact(a: &crate::artifacts::ArtifactRec) -> pb::Artifact {
+pub fn artifact(a: &crate::core::artifacts::ArtifactRec) -> pb::Artifact {
     pb::Artifact {
         artifact_id: a.id.clone(),
         name: a.name.clone(),
@@ -422,7 +423,10 @@ pub fn artifact(a: &crate::artifacts::ArtifactRec) -> pb::Artifact {
 
 /// An artifact's bytes as a `GetArtifact` / `ReadArtifact` stream: the first chunk carries
 /// the metadata; always at least one chunk.
-pub fn artifact_chunks(a: &crate::artifacts::ArtifactRec, bytes: &[u8]) -> Vec<pb::ArtifactChunk> {
+pub fn artifact_chunks(
+    a: &crate::core::artifacts::ArtifactRec,
+    bytes: &[u8],
+) -> Vec<pb::ArtifactChunk> {
     const CHUNK: usize = 1024 * 1024;
     let mut chunks: Vec<pb::ArtifactChunk> = bytes
         .chunks(CHUNK)

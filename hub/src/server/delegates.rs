@@ -1,5 +1,5 @@
 //! `NestService` `StartChild` / `WaitChild` / `CancelChild`: the gRPC edge of delegate calls
-//! (protobuf ⇄ [`crate::delegates`]). The calling Nest is named by its certificate; the core
+//! (protobuf ⇄ [`crate::core::delegates`]). The calling Nest is named by its certificate; the core
 //! checks that it holds the parent run's lease.
 
 use std::time::Duration;
@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 
 use super::convert;
 use super::nest::NestApi;
-use crate::delegates::{ChildSpec, Parent};
+use crate::core::delegates::{ChildSpec, Parent};
 use crate::error::HubError;
 use crate::limits::{self, check_id};
 
@@ -49,7 +49,7 @@ pub(super) async fn start_child(
     limits::check_bytes(
         "idempotency_key",
         &r.idempotency_key,
-        crate::tasks::MAX_CLIENT_REQUEST_ID_BYTES,
+        crate::core::tasks::MAX_CLIENT_REQUEST_ID_BYTES,
     )?;
     let child = api
         .core

@@ -6,8 +6,8 @@ use tonic::{Request, Response, Status};
 
 use super::auth::{authorize, Action};
 use super::convert;
-use crate::fleet::Core;
-use crate::lifecycle::RevisionRec;
+use crate::core::lifecycle::RevisionRec;
+use crate::core::Core;
 use crate::tokens::Principal;
 
 /// Longest client-supplied user@host kept in the history.

@@ -15,8 +15,8 @@ use tonic::{Request, Status, Streaming};
 
 use super::auth::{authorize, until_revoked, Action};
 use super::{convert, malformed};
+use crate::core::Core;
 use crate::error::HubError;
-use crate::fleet::Core;
 use crate::logs::{DeliverError, LogItem, LogRequests};
 use crate::nodes::ToNest;
 use crate::tokens::Tokens;
@@ -44,7 +44,7 @@ pub fn read(
         )
         .into());
     }
-    let ns = crate::fleet::namespace_or_default(&r.namespace);
+    let ns = crate::core::namespace_or_default(&r.namespace);
     let all = core.list_instances(&ns, "", false);
     let mut targets: Vec<_> = all
         .iter()
@@ -98,7 +98,7 @@ pub fn read(
             tail: r.tail,
             follow: r.follow,
         };
-        if core.lock().live.send(&inst.nest_id, msg) {
+        if core.send_to_nest(&inst.nest_id, msg) {
             sent += 1;
         } else {
             requests.cancel(&id);

@@ -22,8 +22,8 @@ use agen_proto::v1::agen_service_server::AgenServiceServer;
 use agen_proto::v1::nest_service_server::NestServiceServer;
 use tonic::service::Routes;
 
+use crate::core::Core;
 use crate::error::{HubError, Result};
-use crate::fleet::Core;
 
 /// Largest gRPC message accepted and sent (above every field limit of the limit table).
 const MAX_MESSAGE: usize = crate::limits::MAX_MESSAGE_BYTES;

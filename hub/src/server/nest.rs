@@ -21,8 +21,8 @@ use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{convert, malformed};
+use crate::core::Core;
 use crate::error::HubError;
-use crate::fleet::Core;
 use crate::tokens::nests::{JoinGrant, NestIdentities};
 use crate::tokens::Tokens;
 
@@ -123,7 +123,7 @@ impl NestService for NestApi {
                     _ = tick.tick() => {}
                     _ = pinger.stopping.cancelled() => return,
                 }
-                if !pinger.lock().live.is_current(&ping_nest, conn_id)
+                if !pinger.link_is_current(&ping_nest, conn_id)
                     || tx.send(crate::nodes::ToNest::Ping).is_err()
                 {
                     return;
@@ -177,10 +177,7 @@ impl NestService for NestApi {
                         let events = batch.events.iter().map(convert::run_event).collect();
                         match core.run_events(&nest_id, &batch.instance_id, events).await {
                             Ok(acks) => {
-                                let mut st = core.lock();
-                                for ack in acks {
-                                    st.live.send(&nest_id, ack);
-                                }
+                                core.send_all_to_nest(&nest_id, acks);
                                 Ok(())
                             }
                             Err(e) => {
@@ -246,7 +243,7 @@ impl NestService for NestApi {
         })?;
         self.core
             .check_nest_artifact_put(nest_id.as_deref(), &meta.namespace, &meta.task_id)?;
-        let max = crate::artifacts::MAX_ARTIFACT_BYTES;
+        let max = crate::core::artifacts::MAX_ARTIFACT_BYTES;
         if meta.size > max {
             return Err(HubError::ResourceExhausted(format!(
                 "artifact {} is {} bytes, more than the limit of 25 MB per artifact; save it in smaller parts",
@@ -274,7 +271,7 @@ impl NestService for NestApi {
             ))
             .into());
         }
-        let rec = crate::artifacts::ArtifactRec {
+        let rec = crate::core::artifacts::ArtifactRec {
             namespace: meta.namespace,
             id: meta.artifact_id,
             name: meta.name,
@@ -365,7 +362,7 @@ impl NestService for NestApi {
         let grant = self.nests.join_grant(&r.nest_id, &key)?;
         // A Nest that joined before ids were bound is bound on its first call; until then it
         // is known by its live link, which a Join never takes over either.
-        if grant == JoinGrant::Bind && self.core.lock().live.is_connected(&r.nest_id) {
+        if grant == JoinGrant::Bind && self.core.nest_connected(&r.nest_id) {
             return Err(Status::permission_denied(format!(
                 "join: nest id {} is connected to this hub right now; a join cannot take over a live nest",
                 r.nest_id

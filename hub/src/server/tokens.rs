@@ -8,8 +8,8 @@ use agen_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use super::auth::{self, Action};
+use crate::core::Core;
 use crate::error::HubError;
-use crate::fleet::Core;
 use crate::tokens::audit::{AuditFilter, AuditRec};
 use crate::tokens::nests::{NestIdentities, NestIdentityRec};
 use crate::tokens::{Need, NewToken, Principal, Role, TokenKind, TokenRec, Tokens};
@@ -106,7 +106,7 @@ impl AccessApi {
         let delegates = tokio::task::spawn_blocking(move || bundle_delegates(&bytes))
             .await
             .map_err(|e| HubError::Internal(format!("bundle check panicked: {e}")))??;
-        let namespace = crate::fleet::namespace_or_default(namespace);
+        let namespace = crate::core::namespace_or_default(namespace);
         for d in delegates {
             let Some(ns) = d.namespace.filter(|ns| *ns != namespace) else {
                 continue;
@@ -145,7 +145,7 @@ impl AccessApi {
         let r = request.into_inner();
         let new = NewToken {
             kind: Some(kind),
-            namespace: crate::fleet::namespace_or_default(&r.namespace),
+            namespace: crate::core::namespace_or_default(&r.namespace),
             role: if r.role.is_empty() && kind == TokenKind::Join {
                 None
             } else {
@@ -176,7 +176,7 @@ impl AccessApi {
         let only: Option<String> = match &principal {
             Principal::ClusterAdmin => {
                 auth::authorize(&request, "", Action::ClusterRead, "")?;
-                (!r.all_namespaces).then(|| crate::fleet::namespace_or_default(&r.namespace))
+                (!r.all_namespaces).then(|| crate::core::namespace_or_default(&r.namespace))
             }
             Principal::Api { namespace, .. } => {
                 let ns = if r.all_namespaces {
@@ -185,7 +185,7 @@ impl AccessApi {
                     r.namespace.clone()
                 };
                 auth::authorize(&request, &ns, Action::Administer, "")?;
-                Some(crate::fleet::namespace_or_default(&ns))
+                Some(crate::core::namespace_or_default(&ns))
             }
         };
         let tokens = self
@@ -236,7 +236,7 @@ impl AccessApi {
         let namespace = match auth::principal(&request)? {
             Principal::ClusterAdmin => {
                 auth::authorize(&request, "", Action::ClusterRead, "")?;
-                (!r.all_namespaces).then(|| crate::fleet::namespace_or_default(&r.namespace))
+                (!r.all_namespaces).then(|| crate::core::namespace_or_default(&r.namespace))
             }
             Principal::Api { namespace, .. } => {
                 let ns = if r.all_namespaces {
@@ -245,7 +245,7 @@ impl AccessApi {
                     r.namespace.clone()
                 };
                 auth::authorize(&request, &ns, Action::Administer, "")?;
-                Some(crate::fleet::namespace_or_default(&ns))
+                Some(crate::core::namespace_or_default(&ns))
             }
         };
         let entries = crate::tokens::audit::list(

@@ -5,8 +5,8 @@
 //! Invariant: a cordoned Nest gets no placement until it is uncordoned, across its
 //! re-registrations and Hub restarts (the flag is in its stored record).
 
+use crate::core::{Core, State};
 use crate::error::{HubError, Result};
-use crate::fleet::{Core, State};
 use crate::model::{InstanceState, NestRec};
 use crate::store::Table;
 

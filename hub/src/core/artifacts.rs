@@ -15,8 +15,8 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::core::{namespace_or_default, Core};
 use crate::error::{HubError, Result};
-use crate::fleet::{namespace_or_default, Core};
 use crate::model::TaskState;
 use crate::store::Table;
 
@@ -140,7 +140,7 @@ impl Core {
         quotas: Quotas,
     ) -> Result<ArtifactRec> {
         rec.namespace = namespace_or_default(&rec.namespace);
-        crate::fleet::validate_name("namespace", &rec.namespace)?;
+        crate::core::validate_name("namespace", &rec.namespace)?;
         if rec.name.trim().is_empty() {
             return Err(HubError::invalid(
                 "artifact name: expected a short name, got an empty string",

@@ -9,10 +9,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::core::leases::Requeue;
+use crate::core::State;
+use crate::core::{namespace_or_default, validate_name, Core, DeploymentSpec};
 use crate::error::{HubError, Result};
-use crate::fleet::State;
-use crate::fleet::{namespace_or_default, validate_name, Core, DeploymentSpec};
-use crate::leases::Requeue;
 use crate::model::{deployment_key, now_ms, DeploymentRec, InstanceState, NestState, Registration};
 use crate::store::Table;
 

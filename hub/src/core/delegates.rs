@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use agen_shared::bundle::Delegate;
 
+use crate::core::tasks::{ChildOf, TaskSpec};
+use crate::core::{namespace_or_default, Core};
 use crate::error::{HubError, Result};
-use crate::fleet::{namespace_or_default, Core};
 use crate::model::{TaskRec, TaskState};
-use crate::tasks::{ChildOf, TaskSpec};
 
 /// The longest a single `WaitChild` holds the call open.
 pub const MAX_WAIT: Duration = Duration::from_secs(60);

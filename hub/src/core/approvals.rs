@@ -12,8 +12,8 @@ use agen_shared::run::{ApprovalDecided, ApprovalRequested};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::core::{Core, State};
 use crate::error::{HubError, Result};
-use crate::fleet::{Core, State};
 use crate::model::{now_ms, TaskRec, TaskState};
 use crate::nodes::ToNest;
 use crate::store::Table;
@@ -187,7 +187,7 @@ impl Core {
         namespace: &str,
         deployment: &str,
     ) -> Result<Vec<PendingApproval>> {
-        let namespace = crate::fleet::namespace_or_default(namespace);
+        let namespace = crate::core::namespace_or_default(namespace);
         let tasks: Vec<(String, String)> = {
             let st = self.lock();
             st.tasks

@@ -14,11 +14,11 @@ use std::collections::HashMap;
 
 use agen_shared::run::RunInterrupted;
 
+use crate::core::tasks::IncomingRunEvent;
+use crate::core::{Core, State};
 use crate::error::Result;
-use crate::fleet::{Core, State};
 use crate::model::*;
 use crate::nodes::ToNest;
-use crate::tasks::IncomingRunEvent;
 
 /// Attempts a run may lose to its own instance failing before the task fails
 /// (`limits.maxAttempts`).

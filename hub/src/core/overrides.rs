@@ -4,9 +4,9 @@
 
 use agen_shared::bundle::Permissions;
 
-use crate::fleet::Core;
+use crate::core::tasks::TaskSpec;
+use crate::core::Core;
 use crate::model::deployment_key;
-use crate::tasks::TaskSpec;
 
 impl Core {
     /// The warnings of a submit's overrides against the deployment's current bundle (none when

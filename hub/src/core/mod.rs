@@ -1,0 +1,198 @@
+//! The Hub's core: one `Core` (the state behind one lock, the store, the secret store) and its
+//! behaviour split by concern into the modules below. `server/` calls `Core` methods and never
+//! touches the lock; only the modules of `core` do.
+//!
+//! Modules: [`bundles`] (stored bundles and what is read from them once), [`deployments`]
+//! (desired state and instances), [`nests`] (register, heartbeat, reports, liveness: where a
+//! Nest is declared lost), [`platform_secrets`] (the secret store as placements see it),
+//! [`reconcile`] (the loop that keeps every deployment at its replica count), [`tasks`]
+//! (submit, dispatch, run events, outcomes, queries).
+//!
+//! Invariants: every change is written to the store before it is visible to callers; the
+//! state lock is never held across an `.await`; after a Hub boot nothing is placed until every
+//! previously known Nest has re-registered or a full ttl has passed (the reconcile window);
+//! replacing an unhealthy instance always creates a new instance id; a placement carries the
+//! values of exactly the `platform` secrets its bundle declares, from its own namespace; a
+//! rollover does not stop an instance of the old bundle version while a run of that version
+//! is running or queued to resume (it drains; a run resumes only on its own version).
+
+pub mod approvals;
+pub mod artifacts;
+pub mod bundles;
+pub mod cordon;
+pub mod delegates;
+pub mod deployments;
+pub mod leases;
+pub mod lifecycle;
+pub mod nests;
+mod overrides;
+pub mod platform_secrets;
+pub mod reconcile;
+pub mod tasks;
+
+pub use deployments::DeploymentSpec;
+pub use deployments::DeploymentView;
+pub use deployments::MAX_REPLICAS;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use tokio::sync::{broadcast, Notify};
+
+use crate::config::HubOptions;
+use crate::error::Result;
+use crate::model::TaskUpdate;
+use crate::nodes::Liveness;
+use crate::secrets::{SecretKey, SecretStore};
+use crate::store::{Db, Table};
+
+use crate::model::*;
+
+pub(crate) struct State {
+    pub deployments: BTreeMap<String, DeploymentRec>,
+    pub nests: BTreeMap<String, NestRec>,
+    pub instances: BTreeMap<String, InstanceRec>,
+    pub tasks: HashMap<String, TaskRec>,
+    pub live: Liveness,
+    pub boot: Instant,
+    /// Nests known (not lost) at boot that have not re-registered yet.
+    pub awaiting: HashSet<String>,
+}
+
+/// The Hub's state and behaviour, shared by the gRPC services and the reconcile loop.
+pub struct Core {
+    pub opts: HubOptions,
+    pub(crate) db: Db,
+    state: Mutex<State>,
+    pub(crate) wake: Notify,
+    pub(crate) updates: broadcast::Sender<TaskUpdate>,
+    /// Cancelled when the Hub stops: long-lived streams (watchers) end.
+    pub(crate) stopping: tokio_util::sync::CancellationToken,
+    /// Whether the store can write (gRPC health follows it).
+    pub(crate) store_ok: tokio::sync::watch::Sender<bool>,
+    /// Values of `platform` secrets, sealed.
+    secrets: SecretStore,
+    /// The `platform` secrets each bundle declares, by digest (read from the bundle once).
+    bundle_secrets: Mutex<HashMap<String, Arc<Vec<String>>>>,
+    /// `limits.maxAttempts` of each bundle, by digest (read from the bundle once).
+    bundle_max_attempts: Mutex<HashMap<String, u32>>,
+    /// `permissions` of each bundle's `x-agen/config.json`, by digest (read once).
+    pub(crate) bundle_permissions: Mutex<HashMap<String, agen_shared::bundle::Permissions>>,
+    /// Artifact bytes stored per namespace and in all, counted once from the store; holding it
+    /// makes a quota check and its write one step.
+    pub(crate) artifact_usage: crate::core::artifacts::UsageLock,
+}
+
+pub(crate) use crate::limits::validate_name;
+
+pub(crate) fn namespace_or_default(ns: &str) -> String {
+    if ns.is_empty() {
+        "default".to_string()
+    } else {
+        ns.to_string()
+    }
+}
+
+fn short_id() -> String {
+    hex::encode(rand::random::<[u8; 4]>())
+}
+
+impl Core {
+    /// Loads every record from the store; Nests start disconnected with fresh liveness clocks.
+    pub fn open(opts: HubOptions, db: Db, secret_key: SecretKey) -> Result<Arc<Core>> {
+        let deployments: Vec<DeploymentRec> = db.list_json(Table::Deployments, b"")?;
+        let mut nests: Vec<NestRec> = db.list_json(Table::Nests, b"")?;
+        let instances: Vec<InstanceRec> = db.list_json(Table::Instances, b"")?;
+        let tasks: Vec<TaskRec> = db.list_json(Table::Tasks, b"")?;
+        let mut awaiting = HashSet::new();
+        for n in nests.iter_mut() {
+            if n.state != NestState::Lost {
+                n.state = NestState::Disconnected;
+                awaiting.insert(n.nest_id.clone());
+            }
+        }
+        let live = Liveness::new(awaiting.iter().cloned());
+        let (updates, _) = broadcast::channel(4096);
+        tracing::info!(
+            deployments = deployments.len(),
+            nests = nests.len(),
+            instances = instances.len(),
+            tasks = tasks.len(),
+            "hub state loaded"
+        );
+        Ok(Arc::new(Core {
+            opts,
+            state: Mutex::new(State {
+                deployments: deployments.into_iter().map(|d| (d.key(), d)).collect(),
+                nests: nests.into_iter().map(|n| (n.nest_id.clone(), n)).collect(),
+                instances: instances
+                    .into_iter()
+                    .map(|i| (i.instance_id.clone(), i))
+                    .collect(),
+                tasks: tasks.into_iter().map(|t| (t.task_id.clone(), t)).collect(),
+                live,
+                boot: Instant::now(),
+                awaiting,
+            }),
+            wake: Notify::new(),
+            updates,
+            stopping: tokio_util::sync::CancellationToken::new(),
+            store_ok: tokio::sync::watch::Sender::new(true),
+            secrets: SecretStore::new(db.clone(), secret_key),
+            artifact_usage: Default::default(),
+            bundle_permissions: Default::default(),
+            db,
+            bundle_secrets: Mutex::new(HashMap::new()),
+            bundle_max_attempts: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves consistent-enough state: keep serving.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Asks the reconcile loop to run now.
+    pub fn poke(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Makes every earlier store write durable (group commit), then sends the Nest messages
+    /// that waited for it (run assignments: a Nest never hears of a run the store could
+    /// forget).
+    pub(crate) async fn commit(&self) -> Result<()> {
+        let upto = self.lock().live.mark();
+        self.db.flush().await?;
+        self.lock().live.release(upto);
+        Ok(())
+    }
+
+    pub(crate) fn save_instance(&self, st: &mut State, rec: InstanceRec) -> Result<()> {
+        self.db.put_json(Table::Instances, &rec.instance_id, &rec)?;
+        st.instances.insert(rec.instance_id.clone(), rec);
+        Ok(())
+    }
+
+    pub(in crate::core) fn delete_instance(&self, st: &mut State, id: &str) -> Result<()> {
+        self.db.remove(Table::Instances, id)?;
+        st.instances.remove(id);
+        Ok(())
+    }
+
+    pub(in crate::core) fn save_deployment(
+        &self,
+        st: &mut State,
+        rec: DeploymentRec,
+    ) -> Result<()> {
+        self.db.put_json(Table::Deployments, &rec.key(), &rec)?;
+        st.deployments.insert(rec.key(), rec);
+        Ok(())
+    }
+
+    pub(in crate::core) fn save_nest(&self, st: &mut State, rec: NestRec) -> Result<()> {
+        self.db.put_json(Table::Nests, &rec.nest_id, &rec)?;
+        st.nests.insert(rec.nest_id.clone(), rec);
+        Ok(())
+    }
+}

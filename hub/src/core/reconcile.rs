@@ -1,0 +1,358 @@
+//! The reconcile loop: every tick it checks liveness, forgets stale instances, plans each
+//! deployment's replicas (the pure `scheduler` decides placement), places pending instances,
+//! dispatches queued tasks, and heals a store that failed.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::core::{short_id, Core, State};
+use crate::error::Result;
+use crate::nodes::ToNest;
+use crate::scheduler;
+use crate::scheduler::{InstView, NestView};
+use crate::store::Table;
+
+use crate::model::*;
+
+/// An instance healthy for this long resets its deployment's failure count.
+const STABLE_MS: i64 = 30_000;
+/// Lost instances stay visible this long.
+const LOST_RETENTION_MS: i64 = 10 * 60_000;
+/// A stopping instance the Nest never confirms is forgotten after this long.
+const STOPPING_RETENTION_MS: i64 = 60_000;
+
+impl Core {
+    /// While the store cannot write: health says NOT_SERVING, and once a second the store
+    /// is reopened in place; when that works the state is reloaded from what is durable
+    /// (nothing acknowledged is lost; what was not acknowledged may be) and serving resumes.
+    pub(in crate::core) async fn heal_store(self: &Arc<Self>, last_try: &mut Option<Instant>) {
+        let Some(why) = self.db.broken() else {
+            return;
+        };
+        self.store_ok
+            .send_if_modified(|ok| std::mem::replace(ok, false));
+        if last_try.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1)) {
+            return;
+        }
+        *last_try = Some(Instant::now());
+        let db = self.db.clone();
+        match tokio::task::spawn_blocking(move || db.heal()).await {
+            Ok(Ok(true)) => match self.reload() {
+                Ok(dropped) => {
+                    tracing::info!(was = %why, dropped_messages = dropped, "hub store recovered: it writes again; state reloaded, serving");
+                    self.store_ok
+                        .send_if_modified(|ok| !std::mem::replace(ok, true));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "hub store reopened but the state cannot be reloaded")
+                }
+            },
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "hub store still cannot write; retrying in 1s")
+            }
+            Err(e) => tracing::error!(error = %e, "hub store heal task failed"),
+        }
+    }
+
+    /// Replaces the in-memory records with the durable ones (after the store was reopened).
+    /// Returns how many held Nest messages were dropped (their writes may not be durable).
+    pub(in crate::core) fn reload(&self) -> Result<usize> {
+        let deployments: Vec<DeploymentRec> = self.db.list_json(Table::Deployments, b"")?;
+        let nests: Vec<NestRec> = self.db.list_json(Table::Nests, b"")?;
+        let instances: Vec<InstanceRec> = self.db.list_json(Table::Instances, b"")?;
+        let tasks: Vec<TaskRec> = self.db.list_json(Table::Tasks, b"")?;
+        let mut st = self.lock();
+        let dropped = st.live.drop_held();
+        st.deployments = deployments.into_iter().map(|d| (d.key(), d)).collect();
+        st.nests = nests
+            .into_iter()
+            .map(|mut n| {
+                if st.live.is_connected(&n.nest_id) {
+                    n.state = NestState::Ready;
+                }
+                (n.nest_id.clone(), n)
+            })
+            .collect();
+        st.instances = instances
+            .into_iter()
+            .map(|i| (i.instance_id.clone(), i))
+            .collect();
+        st.tasks = tasks.into_iter().map(|t| (t.task_id.clone(), t)).collect();
+        Ok(dropped)
+    }
+
+    /// Runs until `shutdown`: liveness, placement, task dispatch, store healing.
+    pub async fn run_reconciler(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
+        let tick = std::time::Duration::from_millis(250);
+        let mut last_heal: Option<Instant> = None;
+        loop {
+            self.heal_store(&mut last_heal).await;
+            if let Err(e) = self.reconcile() {
+                tracing::error!(error = %e, "reconcile failed; retrying");
+            }
+            if let Err(e) = self.commit().await {
+                tracing::error!(error = %e, "store flush failed");
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(tick) => {}
+            }
+        }
+    }
+
+    /// One reconcile pass (no IO other than store writes and queued Nest messages).
+    pub fn reconcile(&self) -> Result<()> {
+        let mut st = self.lock();
+        let now = now_ms();
+        self.check_liveness(&mut st)?;
+        self.forget_stale(&mut st, now)?;
+        let window = st.boot.elapsed() < self.opts.lost_after() && !st.awaiting.is_empty();
+        if !window {
+            self.plan_deployments(&mut st, now)?;
+            self.place_pending(&mut st, now)?;
+        }
+        self.dispatch_tasks(&mut st, now)?;
+        Ok(())
+    }
+
+    pub(in crate::core) fn forget_stale(&self, st: &mut State, now: i64) -> Result<()> {
+        let stale: Vec<String> = st
+            .instances
+            .values()
+            .filter(|i| match i.state {
+                InstanceState::Lost | InstanceState::Stopped => {
+                    now - i.updated_at_ms > LOST_RETENTION_MS
+                }
+                InstanceState::Stopping => now - i.updated_at_ms > STOPPING_RETENTION_MS,
+                _ => false,
+            })
+            .map(|i| i.instance_id.clone())
+            .collect();
+        for id in stale {
+            self.delete_instance(st, &id)?;
+        }
+        Ok(())
+    }
+
+    pub(in crate::core) fn plan_deployments(&self, st: &mut State, now: i64) -> Result<()> {
+        let deployments: Vec<DeploymentRec> = st.deployments.values().cloned().collect();
+        for mut d in deployments {
+            let mine: Vec<&InstanceRec> = st
+                .instances
+                .values()
+                .filter(|i| i.namespace == d.namespace && i.deployment == d.name)
+                .collect();
+            let stable = mine.iter().any(|i| {
+                i.generation == d.generation
+                    && i.healthy_since_ms > 0
+                    && now - i.healthy_since_ms >= STABLE_MS
+            });
+            let views: Vec<InstView> = mine
+                .iter()
+                .map(|i| InstView {
+                    instance_id: i.instance_id.clone(),
+                    generation: i.generation,
+                    state: i.state,
+                    healthy: i.healthy,
+                    created_at_ms: i.created_at_ms,
+                })
+                .collect();
+            let plan = scheduler::plan(d.replicas, d.generation, &views);
+            let mut changed = false;
+            if stable && d.failures > 0 {
+                d.failures = 0;
+                d.last_failure.clear();
+                changed = true;
+            }
+            for id in &plan.replace {
+                let reason = st
+                    .instances
+                    .get(id)
+                    .map(|i| i.message.clone())
+                    .unwrap_or_default();
+                let reason = if reason.is_empty() {
+                    "instance unhealthy".to_string()
+                } else {
+                    reason
+                };
+                d.failures += 1;
+                let wait = scheduler::backoff(d.failures);
+                d.backoff_until_ms = now + wait.as_millis() as i64;
+                d.last_failure = reason.clone();
+                changed = true;
+                tracing::warn!(deployment = %d.key(), instance = %id, failures = d.failures, "replacing unhealthy instance: {reason}");
+                self.stop_instance(st, id, &format!("unhealthy: {reason}"))?;
+            }
+            for id in &plan.stop {
+                if Self::drains(st, &d, id) {
+                    continue;
+                }
+                self.stop_instance(st, id, "scaled down or rolled over")?;
+            }
+            if changed {
+                self.save_deployment(st, d.clone())?;
+            }
+            for _ in 0..plan.create {
+                let replacement = d.failures > 0;
+                let message = if replacement && d.backoff_until_ms > now {
+                    format!(
+                        "replacement back-off {}s: {}",
+                        scheduler::backoff(d.failures).as_secs(),
+                        d.last_failure
+                    )
+                } else {
+                    "waiting for placement".to_string()
+                };
+                let rec = InstanceRec {
+                    instance_id: format!("{}-{}", d.name, short_id()),
+                    namespace: d.namespace.clone(),
+                    deployment: d.name.clone(),
+                    nest_id: String::new(),
+                    nest_name: String::new(),
+                    state: InstanceState::Pending,
+                    healthy: false,
+                    tools_loaded: 0,
+                    servers_not_connected: Vec::new(),
+                    bundle_digest: d.bundle_digest.clone(),
+                    generation: d.generation,
+                    message,
+                    restarts: 0,
+                    created_at_ms: now,
+                    updated_at_ms: now,
+                    tools: Vec::new(),
+                    not_before_ms: if replacement { d.backoff_until_ms } else { 0 },
+                    healthy_since_ms: 0,
+                    replacement,
+                };
+                self.save_instance(st, rec)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether an instance of a bundle version its deployment moved away from keeps running
+    /// for now: a run that started on that version (running, or queued to resume after an
+    /// interruption) can only finish on it, so a rollover stops the instance once no such run
+    /// is left.
+    pub(in crate::core) fn drains(st: &State, d: &DeploymentRec, id: &str) -> bool {
+        let Some(i) = st.instances.get(id) else {
+            return false;
+        };
+        if i.bundle_digest == d.bundle_digest
+            || !matches!(i.state, InstanceState::Running | InstanceState::Starting)
+        {
+            return false;
+        }
+        st.tasks.values().any(|t| {
+            !t.state.is_terminal()
+                && t.namespace == d.namespace
+                && t.deployment == d.name
+                && t.bundle_digest == i.bundle_digest
+        })
+    }
+
+    pub(in crate::core) fn place_pending(&self, st: &mut State, now: i64) -> Result<()> {
+        let mut pending: Vec<InstanceRec> = st
+            .instances
+            .values()
+            .filter(|i| i.state == InstanceState::Pending)
+            .cloned()
+            .collect();
+        pending.sort_by_key(|i| i.created_at_ms);
+        for mut inst in pending {
+            let Some(d) = st
+                .deployments
+                .get(&deployment_key(&inst.namespace, &inst.deployment))
+                .cloned()
+            else {
+                self.delete_instance(st, &inst.instance_id)?;
+                continue;
+            };
+            if inst.not_before_ms > now {
+                continue;
+            }
+            let views: Vec<NestView> = st
+                .nests
+                .values()
+                .map(|n| {
+                    let placed = st.instances.values().filter(|i| {
+                        i.nest_id == n.nest_id
+                            && !matches!(i.state, InstanceState::Lost | InstanceState::Pending)
+                    });
+                    let (mut total, mut of_deployment) = (0, 0);
+                    for i in placed {
+                        total += 1;
+                        if i.namespace == d.namespace && i.deployment == d.name {
+                            of_deployment += 1;
+                        }
+                    }
+                    NestView {
+                        nest_id: n.nest_id.clone(),
+                        labels: n.labels.clone(),
+                        capacity: n.capacity,
+                        ready: n.state == NestState::Ready
+                            && !n.cordoned
+                            && st.live.is_connected(&n.nest_id),
+                        total,
+                        of_deployment,
+                    }
+                })
+                .collect();
+            match scheduler::pick_nest(&views, &d.selector) {
+                Ok(nest) => {
+                    let nest_id = nest.nest_id.clone();
+                    let nest_name = st
+                        .nests
+                        .get(&nest_id)
+                        .map(|n| n.name.clone())
+                        .unwrap_or_default();
+                    inst.nest_id = nest_id.clone();
+                    inst.nest_name = nest_name.clone();
+                    inst.state = InstanceState::Starting;
+                    inst.message = format!("placed on nest {nest_name}");
+                    inst.updated_at_ms = now;
+                    let platform_secrets = match self.placement_secrets(&inst) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            let message = format!("cannot place: {e}");
+                            tracing::error!(instance = %inst.instance_id, "{message}");
+                            let mut inst =
+                                st.instances.get(&inst.instance_id).cloned().unwrap_or(inst);
+                            if inst.message != message {
+                                inst.message = message;
+                                inst.updated_at_ms = now;
+                                self.save_instance(st, inst)?;
+                            }
+                            continue;
+                        }
+                    };
+                    tracing::info!(instance = %inst.instance_id, nest = %nest_name, secrets = ?platform_secrets, "placing instance");
+                    st.live.send(
+                        &nest_id,
+                        ToNest::Place {
+                            instance_id: inst.instance_id.clone(),
+                            namespace: inst.namespace.clone(),
+                            deployment: inst.deployment.clone(),
+                            bundle_digest: inst.bundle_digest.clone(),
+                            generation: inst.generation,
+                            concurrency: d.concurrency,
+                            platform_secrets,
+                        },
+                    );
+                    self.save_instance(st, inst)?;
+                }
+                Err(why) => {
+                    let message = why.describe(&d.selector);
+                    if inst.message != message {
+                        inst.message = message;
+                        inst.updated_at_ms = now;
+                        self.save_instance(st, inst)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

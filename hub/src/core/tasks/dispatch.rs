@@ -1,0 +1,190 @@
+//! Dispatch: queued tasks onto instances with a free slot (the choice comes from the pure
+//! `scheduler`), each run's lease stored before its `AssignRun` leaves.
+
+use std::collections::{HashMap, HashSet};
+
+use serde_json::Value;
+
+use crate::core::{Core, State};
+use crate::error::Result;
+use crate::nodes::{RunAssignment, ToNest};
+use crate::scheduler::dispatch::{choose, Ask, Choice, SlotView};
+use crate::store::Table;
+
+use super::outcome::CANCEL_GRACE_MS;
+use super::*;
+
+impl Core {
+    /// Dispatches queued tasks to instances with a free slot; expires cancel graces.
+    pub(crate) fn dispatch_tasks(&self, st: &mut State, now: i64) -> Result<()> {
+        self.expire_unstarted(st, now)?;
+        // Running tasks whose cancel grace ran out are cancelled without their run.
+        let expired: Vec<String> = st
+            .tasks
+            .values()
+            .filter(|t| !t.state.is_terminal() && t.cancel_requested_at_ms > 0)
+            .filter(|t| now - t.cancel_requested_at_ms > CANCEL_GRACE_MS)
+            .map(|t| t.task_id.clone())
+            .collect();
+        for id in expired {
+            if let Some(task) = st.tasks.get(&id).cloned() {
+                let reason = task.cancel_reason.clone();
+                self.finish_task(st, task, TaskState::Cancelled, "", "text", &reason)?;
+            }
+        }
+
+        let mut active: HashMap<String, u32> = HashMap::new();
+        for t in st.tasks.values() {
+            if matches!(t.state, TaskState::Running | TaskState::Waiting)
+                && !t.instance_id.is_empty()
+            {
+                *active.entry(t.instance_id.clone()).or_default() += 1;
+            }
+        }
+        let mut order: Vec<(u64, String)> = st
+            .tasks
+            .values()
+            .filter(|t| !t.state.is_terminal())
+            .map(|t| (t.seq, t.task_id.clone()))
+            .collect();
+        order.sort();
+        let mut busy_conversations: HashSet<String> = HashSet::new();
+        for (_, id) in order {
+            let Some(task) = st.tasks.get(&id).cloned() else {
+                continue;
+            };
+            let first_of_conversation = busy_conversations.insert(task.conversation_id.clone());
+            if task.state != TaskState::Queued || !first_of_conversation {
+                continue;
+            }
+            if task.lease.not_before_ms > now {
+                continue;
+            }
+            let key = deployment_key(&task.namespace, &task.deployment);
+            let Some(d) = st.deployments.get(&key).cloned() else {
+                self.finish_task(
+                    st,
+                    task,
+                    TaskState::Failed,
+                    "",
+                    "error",
+                    "deployment deleted before the task ran",
+                )?;
+                continue;
+            };
+            let slots: Vec<SlotView<'_>> = st
+                .instances
+                .values()
+                .filter(|i| i.namespace == d.namespace && i.deployment == d.name)
+                .map(|i| SlotView {
+                    instance_id: &i.instance_id,
+                    bundle_digest: &i.bundle_digest,
+                    generation: i.generation,
+                    ready: i.state == InstanceState::Running && i.healthy,
+                    connected: st.live.is_connected(&i.nest_id),
+                    alive: !matches!(i.state, InstanceState::Lost | InstanceState::Stopping),
+                    active_runs: active.get(&i.instance_id).copied().unwrap_or(0),
+                })
+                .collect();
+            let ask = Ask {
+                digest: &d.bundle_digest,
+                generation: d.generation,
+                concurrency: d.concurrency,
+                pinned: (!task.bundle_digest.is_empty()).then_some(task.bundle_digest.as_str()),
+                avoid: &task.lease.avoid_instance,
+            };
+            let candidate = match choose(&ask, &slots) {
+                Choice::Run(id) => st.instances.get(id).cloned(),
+                Choice::Wait => None,
+                Choice::VersionGone => {
+                    let error = format!(
+                        "the run started on bundle {}, which no instance of deployment {} runs any more (it was redeployed as {}); a run resumes only on its own version: submit the task again",
+                        task.bundle_digest, d.name, d.bundle_digest
+                    );
+                    self.finish_task(st, task, TaskState::Failed, &error, "error", &error)?;
+                    continue;
+                }
+            };
+            let Some(inst) = candidate else { continue };
+            *active.entry(inst.instance_id.clone()).or_default() += 1;
+            self.assign(st, task, &inst, now)?;
+        }
+        Ok(())
+    }
+
+    pub(in crate::core) fn assign(
+        &self,
+        st: &mut State,
+        mut task: TaskRec,
+        inst: &InstanceRec,
+        now: i64,
+    ) -> Result<()> {
+        if task.run_id.is_empty() {
+            task.run_id = format!("run-{}", uuid::Uuid::now_v7().simple());
+        }
+        // Attempts are the task's, never reused: the fence of the run moves with them.
+        task.attempt += 1;
+        self.db.set_run_attempt(&task.run_id, task.attempt)?;
+        task.lease.nest_id = inst.nest_id.clone();
+        task.lease.instance_id = inst.instance_id.clone();
+        task.lease.assigned_at_ms = now;
+        task.lease.started = false;
+        task.lease.missing_since_ms = 0;
+        task.lease.revoked = false;
+        let history: ConversationRec = self
+            .db
+            .get_json(Table::Conversations, &task.conversation_id)?
+            .unwrap_or_default();
+        let replay_json = if task.attempt > 1 {
+            let events: Vec<Value> = self
+                .db
+                .run_events(&task.run_id)?
+                .into_iter()
+                .filter(|e| e.attempt < task.attempt)
+                .map(|e| {
+                    serde_json::json!({"attempt": e.attempt, "seq": e.seq, "at_ms": e.at_ms, "kind": e.kind,
+                        "json": serde_json::from_str::<Value>(&e.json).unwrap_or(Value::String(e.json.clone()))})
+                })
+                .collect();
+            Value::Array(events).to_string()
+        } else {
+            String::new()
+        };
+        task.state = TaskState::Running;
+        task.instance_id = inst.instance_id.clone();
+        task.nest_name = inst.nest_name.clone();
+        task.bundle_digest = inst.bundle_digest.clone();
+        if task.started_at_ms == 0 {
+            task.started_at_ms = now;
+        }
+        task.activity = format!("starting on instance {}", inst.instance_id);
+        let assignment = RunAssignment {
+            run_id: task.run_id.clone(),
+            attempt: task.attempt,
+            task_id: task.task_id.clone(),
+            instance_id: inst.instance_id.clone(),
+            namespace: task.namespace.clone(),
+            deployment: task.deployment.clone(),
+            input: task.input.clone(),
+            labels: task.labels.clone(),
+            conversation_id: task.conversation_id.clone(),
+            conversation_key: task.conversation_key.clone(),
+            root_run_id: if task.root_run_id.is_empty() {
+                task.run_id.clone()
+            } else {
+                task.root_run_id.clone()
+            },
+            delegation_depth: task.delegation_depth,
+            trace_id: crate::trace::trace_id(&task),
+            bundle_digest: inst.bundle_digest.clone(),
+            history_json: Value::Array(history.messages).to_string(),
+            replay_json,
+            tool_overrides: task.tool_overrides.clone(),
+        };
+        tracing::info!(task = %task.task_id, run = %task.run_id, attempt = task.attempt, instance = %inst.instance_id, "dispatching run");
+        // Held until the flush that makes this lease durable (`Core::commit`).
+        st.live
+            .send_durable(&inst.nest_id, ToNest::AssignRun(Box::new(assignment)));
+        self.emit_state(st, task)
+    }
+}

@@ -1,0 +1,180 @@
+//! Run events from Nests: fenced by the lease, appended if absent, then applied to the task.
+
+use std::collections::BTreeMap;
+
+use agen_shared::run::{kind, RunEventBody, RunState};
+
+use crate::core::leases;
+use crate::core::leases::Requeue;
+use crate::core::{Core, State};
+use crate::error::{HubError, Result};
+use crate::nodes::ToNest;
+use crate::store::{Append, Table};
+
+use super::*;
+
+impl Core {
+    /// Stores a batch of run events that `nest_id` relayed from `instance_id`
+    /// (append-if-absent, fenced), updates tasks, flushes once, and returns the
+    /// acknowledgements to send back (one per run attempt). An event not from the lease's Nest
+    /// and instance, for its run and attempt, is refused: never stored, it moves nothing, and
+    /// its ack says `fenced` so that the sender stops.
+    pub async fn run_events(
+        &self,
+        nest_id: &str,
+        instance_id: &str,
+        events: Vec<IncomingRunEvent>,
+    ) -> Result<Vec<ToNest>> {
+        let mut acks: BTreeMap<(String, u32), (u64, bool)> = BTreeMap::new();
+        {
+            let mut st = self.lock();
+            let mut refused: Option<(usize, String)> = None;
+            for e in events {
+                if let Err(why) = leases::owner_check(&st, nest_id, instance_id, &e) {
+                    acks.entry((e.run_id.clone(), e.attempt))
+                        .or_insert((0, false))
+                        .1 = true;
+                    let r = refused.get_or_insert((0, why));
+                    r.0 += 1;
+                    continue;
+                }
+                let rec = RunEventRec {
+                    run_id: e.run_id.clone(),
+                    attempt: e.attempt,
+                    seq: e.seq,
+                    task_id: e.task_id.clone(),
+                    at_ms: if e.at_ms == 0 { now_ms() } else { e.at_ms },
+                    kind: e.kind.clone(),
+                    json: e.json.clone(),
+                };
+                let outcome = self.db.append_run_event(&rec)?;
+                let entry = acks
+                    .entry((e.run_id.clone(), e.attempt))
+                    .or_insert((0, false));
+                match outcome {
+                    Append::Fenced => entry.1 = true,
+                    Append::Duplicate => entry.0 = entry.0.max(e.seq),
+                    Append::Appended => {
+                        entry.0 = entry.0.max(e.seq);
+                        self.apply_run_event(&mut st, &rec)?;
+                    }
+                }
+            }
+            if let Some((n, why)) = refused {
+                tracing::warn!(
+                    nest_id,
+                    instance = instance_id,
+                    refused = n,
+                    "run events refused: {why}"
+                );
+            }
+        }
+        self.commit().await?;
+        self.poke();
+        Ok(acks
+            .into_iter()
+            .map(|((run_id, attempt), (acked_seq, fenced))| ToNest::Ack {
+                run_id,
+                attempt,
+                acked_seq,
+                fenced,
+            })
+            .collect())
+    }
+
+    pub(in crate::core) fn apply_run_event(&self, st: &mut State, e: &RunEventRec) -> Result<()> {
+        let Some(task) = st.tasks.get(&e.task_id).cloned() else {
+            return Ok(());
+        };
+        // A queued task's run was interrupted: late events of that attempt are kept in the log
+        // (the next attempt replays them) but no longer move the task.
+        if task.run_id != e.run_id
+            || task.attempt != e.attempt
+            || task.state.is_terminal()
+            || task.state == TaskState::Queued
+        {
+            return Ok(());
+        }
+        let mut task = task;
+        task.lease.started = true;
+        task.lease.missing_since_ms = 0;
+        let body = RunEventBody::from_wire(&e.kind, &e.json);
+        match &body {
+            Ok(RunEventBody::Activity(a)) => task.activity = a.activity.clone(),
+            Ok(RunEventBody::ModelRequested(_)) => task.activity = "waiting for the model".into(),
+            Ok(RunEventBody::ModelAnswered(_)) => task.activity = "thinking".into(),
+            Ok(RunEventBody::ToolStarted(t)) => task.activity = format!("calling {}", t.tool),
+            Ok(RunEventBody::ApprovalRequested(asked)) => {
+                self.approval_requested(st, &mut task, asked)?
+            }
+            Ok(RunEventBody::ApprovalDecided(d)) => self.approval_decided(&mut task, d)?,
+            Ok(RunEventBody::TaskProgress(p)) => {
+                task.progress = Some(ProgressRec {
+                    step: p.step.clone(),
+                    done: p.done,
+                    total: p.total,
+                    note: p.note.clone().unwrap_or_default(),
+                    artifacts: p.artifacts.clone(),
+                    updated_at_ms: e.at_ms,
+                });
+            }
+            Ok(RunEventBody::RunInterrupted(interrupted)) => {
+                // The instance cannot finish the run: resume it elsewhere (or on its restart).
+                // When the instance itself failed it is marked unhealthy first, so that the
+                // retry does not go back to it before it says it is well again.
+                let cause = leases::requeue_cause(interrupted);
+                if cause == Requeue::InstanceFailed {
+                    self.instance_failed(st, &task.lease.instance_id, &interrupted.reason)?;
+                }
+                self.emit(st, task.clone(), &e.kind, e.json.clone())?;
+                let task = st.tasks.get(&task.task_id).cloned().unwrap_or(task);
+                let why = if interrupted.reason.is_empty() {
+                    "the instance process died"
+                } else {
+                    interrupted.reason.as_str()
+                };
+                return self.requeue_task(st, task, why, cause);
+            }
+            Ok(RunEventBody::RunFinished(f)) => {
+                // The run event itself first, then the terminal state.
+                self.emit(st, task.clone(), &e.kind, e.json.clone())?;
+                let task = st.tasks.get(&task.task_id).cloned().unwrap_or(task);
+                let state = match (f.state, task.cancel_requested_at_ms > 0) {
+                    (RunState::Cancelled, _) | (_, true) => TaskState::Cancelled,
+                    (RunState::Succeeded, false) => TaskState::Succeeded,
+                    (RunState::Failed, false) => TaskState::Failed,
+                };
+                let error = if state == TaskState::Cancelled {
+                    task.cancel_reason.clone()
+                } else {
+                    String::new()
+                };
+                if !f.messages.is_empty() && !task.conversation_id.is_empty() {
+                    let mut conv: ConversationRec = self
+                        .db
+                        .get_json(Table::Conversations, &task.conversation_id)?
+                        .unwrap_or_default();
+                    for m in &f.messages {
+                        conv.messages.push(
+                            serde_json::to_value(m)
+                                .map_err(|e| HubError::Internal(e.to_string()))?,
+                        );
+                    }
+                    self.db
+                        .put_json(Table::Conversations, &task.conversation_id, &conv)?;
+                }
+                let response_type = f.response_type.as_str();
+                return self.finish_task(st, task, state, &f.result, response_type, &error);
+            }
+            Err(wrong) if e.kind == kind::RUN_FINISHED => {
+                // The owner's last word cannot be read: the run is over all the same.
+                self.emit(st, task.clone(), &e.kind, e.json.clone())?;
+                let task = st.tasks.get(&task.task_id).cloned().unwrap_or(task);
+                let error = format!("the run's run.finished event could not be read: {wrong}");
+                return self.finish_task(st, task, TaskState::Failed, &error, "error", &error);
+            }
+            _ => {}
+        }
+        self.emit(st, task, &e.kind, e.json.clone())
+    }
+}

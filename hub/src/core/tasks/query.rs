@@ -1,0 +1,199 @@
+//! Reading tasks: one, a page of summaries, the event history, the live feed and the trace.
+
+use crate::core::{namespace_or_default, Core};
+use crate::error::{HubError, Result};
+use crate::model::TaskUpdate;
+use crate::store::Table;
+use crate::trace::{build_spans, SpanRec};
+
+use super::*;
+
+impl Core {
+    pub fn get_task(&self, namespace: &str, task_id: &str) -> Result<TaskRec> {
+        let namespace = namespace_or_default(namespace);
+        if task_id.is_empty() {
+            return Err(HubError::invalid(
+                "task_id: expected a task id, got an empty string",
+            ));
+        }
+        let st = self.lock();
+        st.tasks
+            .get(task_id)
+            .filter(|t| t.namespace == namespace)
+            .cloned()
+            .ok_or_else(|| {
+                HubError::not_found(format!("task {task_id} not found in namespace {namespace}"))
+            })
+    }
+
+    /// One page of tasks, newest first, as summaries (no task's whole input is copied).
+    pub fn list_tasks(&self, f: &TaskFilter) -> Result<TaskPage> {
+        let namespace = namespace_or_default(&f.namespace);
+        let state = if f.state.is_empty() {
+            None
+        } else {
+            Some(TaskState::parse(&f.state).ok_or_else(|| {
+                HubError::invalid(format!(
+                    "state: `{}` is not a task state; expected one of queued, running, waiting, succeeded, failed, cancelled",
+                    crate::limits::prefix(&f.state)
+                ))
+            })?)
+        };
+        let page_size = match f.page_size {
+            0 => DEFAULT_PAGE_SIZE,
+            n => n.min(MAX_PAGE_SIZE),
+        } as usize;
+        let st = self.lock();
+        let mut matching: Vec<(u64, &TaskRec)> = st
+            .tasks
+            .values()
+            .filter(|t| t.namespace == namespace)
+            .filter(|t| f.deployment.is_empty() || t.deployment == f.deployment)
+            .filter(|t| state.is_none_or(|s| t.state == s))
+            .filter(|t| f.conversation_key.is_empty() || t.conversation_key == f.conversation_key)
+            .filter(|t| f.parent_task_id.is_empty() || t.parent_task_id == f.parent_task_id)
+            .filter(|t| f.before_seq.is_none_or(|before| t.seq < before))
+            .map(|t| (t.seq, t))
+            .collect();
+        matching.sort_by_key(|(seq, _)| std::cmp::Reverse(*seq));
+        let mut tasks = Vec::new();
+        let mut bytes = 0usize;
+        for (_, t) in &matching {
+            let summary = summarize(t);
+            bytes += summary_size(&summary.task);
+            if !tasks.is_empty() && bytes > MAX_PAGE_BYTES {
+                break;
+            }
+            tasks.push(summary);
+            if tasks.len() == page_size {
+                break;
+            }
+        }
+        let next_before_seq = (tasks.len() < matching.len())
+            .then(|| tasks.last().map(|s| s.task.seq))
+            .flatten();
+        Ok(TaskPage {
+            tasks,
+            next_before_seq,
+        })
+    }
+
+    /// Stored events of a task with seq >= `from_seq`.
+    pub fn task_events(&self, task_id: &str, from_seq: u64) -> Result<Vec<TaskEventRec>> {
+        let mut prefix = task_id.as_bytes().to_vec();
+        prefix.push(0);
+        let all: Vec<TaskEventRec> = self.db.list_json(Table::TaskEvents, &prefix)?;
+        Ok(all.into_iter().filter(|e| e.seq >= from_seq).collect())
+    }
+
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<TaskUpdate> {
+        self.updates.subscribe()
+    }
+
+    /// The spans of a task's run: one per model turn and one per tool call.
+    pub fn trace(&self, namespace: &str, task_id: &str) -> Result<(TaskRec, Vec<SpanRec>)> {
+        let task = self.get_task(namespace, task_id)?;
+        let events = if task.run_id.is_empty() {
+            Vec::new()
+        } else {
+            self.db.run_events(&task.run_id)?
+        };
+        let mut spans = build_spans(&task, &events);
+        // The delegation subtree: each child's spans under its call_agent span.
+        let mut todo = vec![task.task_id.clone()];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(parent) = todo.pop() {
+            if !seen.insert(parent.clone()) {
+                continue;
+            }
+            let children: Vec<TaskRec> = {
+                let st = self.lock();
+                st.tasks
+                    .values()
+                    .filter(|t| t.parent_task_id == parent)
+                    .cloned()
+                    .collect()
+            };
+            for child in children {
+                let events = if child.run_id.is_empty() {
+                    Vec::new()
+                } else {
+                    self.db.run_events(&child.run_id)?
+                };
+                let mut child_spans = build_spans(&child, &events);
+                if let Some(root) = child_spans.first_mut() {
+                    root.parent_span_id = child.parent_span_id.clone();
+                }
+                spans.extend(child_spans);
+                todo.push(child.task_id);
+            }
+        }
+        Ok((task.clone(), spans))
+    }
+}
+
+/// A task with its input and result cut to a prefix; the big strings are never copied whole.
+fn summarize(t: &TaskRec) -> TaskSummary {
+    let cut = crate::limits::cut;
+    let task = TaskRec {
+        task_id: t.task_id.clone(),
+        namespace: t.namespace.clone(),
+        deployment: t.deployment.clone(),
+        input: cut(&t.input, SUMMARY_INPUT_BYTES),
+        labels: t.labels.clone(),
+        conversation_key: t.conversation_key.clone(),
+        conversation_id: t.conversation_id.clone(),
+        state: t.state,
+        activity: cut(&t.activity, SUMMARY_RESULT_BYTES),
+        progress: t.progress.clone(),
+        outcome: t.outcome.as_ref().map(|o| OutcomeRec {
+            result: cut(&o.result, SUMMARY_RESULT_BYTES),
+            response_type: o.response_type.clone(),
+            error: cut(&o.error, SUMMARY_RESULT_BYTES),
+        }),
+        run_id: t.run_id.clone(),
+        attempt: t.attempt,
+        instance_id: t.instance_id.clone(),
+        bundle_digest: t.bundle_digest.clone(),
+        client_request_id: t.client_request_id.clone(),
+        created_at_ms: t.created_at_ms,
+        updated_at_ms: t.updated_at_ms,
+        started_at_ms: t.started_at_ms,
+        finished_at_ms: t.finished_at_ms,
+        nest_name: t.nest_name.clone(),
+        seq: t.seq,
+        next_event_seq: t.next_event_seq,
+        cancel_requested_at_ms: t.cancel_requested_at_ms,
+        cancel_reason: cut(&t.cancel_reason, SUMMARY_RESULT_BYTES),
+        lease: t.lease.clone(),
+        tool_overrides: t.tool_overrides.clone(),
+        warnings: t.warnings.clone(),
+        parent_task_id: t.parent_task_id.clone(),
+        root_run_id: t.root_run_id.clone(),
+        delegation_depth: t.delegation_depth,
+        parent_span_id: t.parent_span_id.clone(),
+        traceparent: t.traceparent.clone(),
+    };
+    TaskSummary {
+        task,
+        input_bytes: t.input.len() as u64,
+    }
+}
+
+/// About how many bytes a summary takes on the wire.
+fn summary_size(t: &TaskRec) -> usize {
+    let labels: usize = t.labels.iter().map(|(k, v)| k.len() + v.len() + 8).sum();
+    let progress = t.progress.as_ref().map_or(0, |p| {
+        p.step.len() + p.note.len() + p.artifacts.iter().map(|a| a.len() + 4).sum::<usize>()
+    });
+    let outcome = t.outcome.as_ref().map_or(0, |o| {
+        o.result.len() + o.error.len() + o.response_type.len()
+    });
+    512 + t.input.len()
+        + labels
+        + progress
+        + outcome
+        + t.activity.len()
+        + t.conversation_key.len()
+        + t.client_request_id.len()
+}

@@ -1,0 +1,160 @@
+//! Submitting a task: idempotent by client request id, conversations by key.
+
+use sha2::{Digest, Sha256};
+
+use crate::core::{namespace_or_default, validate_name, Core};
+use crate::error::{HubError, Result};
+use crate::store::Table;
+
+use super::*;
+
+impl Core {
+    /// Queues a task; a retried submit with the same client request id returns the first task.
+    pub async fn submit_task(&self, spec: TaskSpec) -> Result<TaskRec> {
+        let namespace = namespace_or_default(&spec.namespace);
+        validate_name("namespace", &namespace)?;
+        validate_name("deployment", &spec.deployment)?;
+        if spec.input.trim().is_empty() {
+            return Err(HubError::invalid(
+                "input: expected the task's text, got an empty string",
+            ));
+        }
+        crate::limits::check_bytes(
+            "client_request_id",
+            &spec.client_request_id,
+            MAX_CLIENT_REQUEST_ID_BYTES,
+        )?;
+        // Before the state lock: it may read the bundle.
+        let warnings = self.override_warnings(&namespace, &spec);
+        let task = {
+            let mut st = self.lock();
+            if !st
+                .deployments
+                .contains_key(&deployment_key(&namespace, &spec.deployment))
+            {
+                return Err(HubError::not_found(format!(
+                    "deployment {namespace}/{} not found",
+                    spec.deployment
+                )));
+            }
+            if !spec.client_request_id.is_empty() {
+                let key = request_key(&namespace, &spec.client_request_id);
+                if let Some(id) = self.db.get_json::<String>(Table::RequestIds, &key)? {
+                    if let Some(t) = st.tasks.get(&id) {
+                        if !same_submission(t, &spec) {
+                            return Err(HubError::AlreadyExists(format!(
+                                "client_request_id: `{}` was used for task {} with another deployment, input, labels or conversation key; use a new request id for a new task",
+                                spec.client_request_id, t.task_id
+                            )));
+                        }
+                        return Ok(t.clone());
+                    }
+                }
+            }
+            if !spec.conversation_key.is_empty() {
+                // The history quota: a conversation over it takes no more tasks (its next run
+                // would carry the whole history).
+                let id = conversation_id_for(&namespace, &spec.deployment, &spec.conversation_key);
+                let held = self
+                    .db
+                    .raw()
+                    .get(Table::Conversations, id.as_bytes())?
+                    .map_or(0, |b| b.len());
+                self.opts
+                    .limits
+                    .check_history(&spec.conversation_key, held)?;
+            }
+            let now = now_ms();
+            let seq = self.db.raw().increment("task_seq")?;
+            let task = TaskRec {
+                task_id: format!("task-{}", uuid::Uuid::now_v7().simple()),
+                namespace: namespace.clone(),
+                deployment: spec.deployment.clone(),
+                input: spec.input.clone(),
+                labels: spec.labels.clone(),
+                conversation_key: spec.conversation_key.clone(),
+                conversation_id: conversation_id_for(
+                    &namespace,
+                    &spec.deployment,
+                    &spec.conversation_key,
+                ),
+                state: TaskState::Queued,
+                activity: "queued".into(),
+                progress: None,
+                outcome: None,
+                run_id: String::new(),
+                attempt: 0,
+                instance_id: String::new(),
+                bundle_digest: String::new(),
+                client_request_id: spec.client_request_id.clone(),
+                created_at_ms: now,
+                updated_at_ms: now,
+                started_at_ms: 0,
+                finished_at_ms: 0,
+                nest_name: String::new(),
+                seq,
+                next_event_seq: 1,
+                cancel_requested_at_ms: 0,
+                cancel_reason: String::new(),
+                lease: LeaseRec::default(),
+                tool_overrides: spec.tool_overrides.clone(),
+                warnings,
+                parent_task_id: spec
+                    .parent
+                    .as_ref()
+                    .map(|p| p.parent_task_id.clone())
+                    .unwrap_or_default(),
+                root_run_id: spec
+                    .parent
+                    .as_ref()
+                    .map(|p| p.root_run_id.clone())
+                    .unwrap_or_default(),
+                delegation_depth: spec.parent.as_ref().map_or(0, |p| p.delegation_depth),
+                parent_span_id: spec
+                    .parent
+                    .as_ref()
+                    .map(|p| p.parent_span_id.clone())
+                    .unwrap_or_default(),
+                traceparent: spec.traceparent.clone(),
+            };
+            if !spec.client_request_id.is_empty() {
+                self.db.put_json(
+                    Table::RequestIds,
+                    &request_key(&namespace, &spec.client_request_id),
+                    &task.task_id,
+                )?;
+            }
+            self.emit_state(&mut st, task.clone())?;
+            st.tasks.get(&task.task_id).cloned().unwrap_or(task)
+        };
+        self.commit().await?;
+        tracing::info!(task = %task.task_id, deployment = %format!("{}/{}", task.namespace, task.deployment), "task queued");
+        self.poke();
+        Ok(task)
+    }
+}
+
+fn conversation_id_for(namespace: &str, deployment: &str, key: &str) -> String {
+    if key.is_empty() {
+        return format!("conv-{}", uuid::Uuid::now_v7().simple());
+    }
+    let mut h = Sha256::new();
+    h.update(namespace.as_bytes());
+    h.update([0]);
+    h.update(deployment.as_bytes());
+    h.update([0]);
+    h.update(key.as_bytes());
+    format!("conv-{}", &hex::encode(h.finalize())[..32])
+}
+
+/// Whether a retried submit asks for the same task as the one its request id made.
+fn same_submission(t: &TaskRec, spec: &TaskSpec) -> bool {
+    t.deployment == spec.deployment
+        && t.input == spec.input
+        && t.labels == spec.labels
+        && t.conversation_key == spec.conversation_key
+}
+
+fn request_key(namespace: &str, id: &str) -> String {
+    format!("{namespace}\u{0}{id}")
+}
