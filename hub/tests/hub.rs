@@ -1209,3 +1209,115 @@ async fn scaling_restarts_nothing_and_a_new_bundle_rolls_instances_over() {
     .await;
     assert_eq!(list.len(), 2);
 }
+
+/// Every seq and kind a task's stored history has, read through `WatchTask` from the start.
+async fn history(api: &mut Api, task_id: &str) -> Vec<(u64, String)> {
+    let mut watch = api
+        .watch_task(pb::WatchTaskRequest {
+            namespace: "default".into(),
+            task_id: task_id.into(),
+            from_seq: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut out = Vec::new();
+    while let Ok(Ok(Some(e))) =
+        tokio::time::timeout(Duration::from_millis(500), watch.message()).await
+    {
+        out.push((e.seq, e.kind));
+    }
+    out
+}
+
+/// Hot run events (model, tool, progress of a started run) are written once, with their task
+/// event, and the task record is not rewritten for each: a Hub restart derives what the task is
+/// doing from its newest event, and the events written after it never overwrite one before.
+#[tokio::test]
+async fn a_hub_restart_derives_a_running_task_from_its_hot_events_and_loses_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut hub, mut api, mut nest, place) = fleet_with_one_instance(dir.path(), 0).await;
+    let task = submit(&mut api, "look it up", "", "").await;
+    let run = nest
+        .next_matching(|m| match m {
+            Hub::AssignRun(r) => Some(r),
+            _ => None,
+        })
+        .await;
+    let ack = send_events(
+        &mut nest,
+        &place.instance_id,
+        vec![
+            event(&run, 1, "model.requested", serde_json::json!({})),
+            event(&run, 2, "model.answered", serde_json::json!({})),
+            event(
+                &run,
+                3,
+                "tool.started",
+                serde_json::json!({"tool": "time.now", "call_id": "c1"}),
+            ),
+            event(
+                &run,
+                4,
+                "task.progress",
+                serde_json::json!({"step": "halfway", "done": 1, "total": 2}),
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(ack.acked_seq, 4);
+    let before = history(&mut api, &task.task_id).await;
+    drop(nest);
+    hub.stop().await;
+
+    let hub2 = TestHub::start_with(options(&dir.path().join("hub"), TTL)).await;
+    let mut api = hub2.client().await;
+    let t = get(&mut api, &task.task_id).await;
+    assert_eq!(task_state(&t), pb::TaskState::Running);
+    assert_eq!(
+        t.progress
+            .as_ref()
+            .map(|p| (p.step.as_str(), p.done, p.total)),
+        Some(("halfway", Some(1), Some(2)))
+    );
+    assert_eq!(history(&mut api, &task.task_id).await, before);
+
+    // A new event after the restart takes the next seq: nothing stored is overwritten.
+    api.cancel_task(pb::CancelTaskRequest {
+        namespace: "default".into(),
+        task_id: task.task_id.clone(),
+        reason: "enough".into(),
+    })
+    .await
+    .unwrap();
+    // Its Nest is gone: the cancel grace runs out and the task ends cancelled with a new event.
+    let n = before.len();
+    let after = eventually("the cancel's event", Duration::from_secs(15), || {
+        let mut api = api.clone();
+        let id = task.task_id.clone();
+        async move {
+            let h = history(&mut api, &id).await;
+            (h.len() > n).then_some(h)
+        }
+    })
+    .await;
+    assert_eq!(&after[..n], &before[..], "earlier events unchanged");
+    let seqs: Vec<u64> = after.iter().map(|(s, _)| *s).collect();
+    assert_eq!(
+        seqs,
+        (1..=after.len() as u64).collect::<Vec<_>>(),
+        "{after:?}"
+    );
+    let kinds: Vec<&str> = before.iter().map(|(_, k)| k.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "task.state",
+            "task.state",
+            "model.requested",
+            "model.answered",
+            "tool.started",
+            "task.progress"
+        ]
+    );
+}

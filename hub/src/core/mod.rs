@@ -104,7 +104,10 @@ impl Core {
         let deployments: Vec<DeploymentRec> = db.list_json(Table::Deployments, b"")?;
         let mut nests: Vec<NestRec> = db.list_json(Table::Nests, b"")?;
         let instances: Vec<InstanceRec> = db.list_json(Table::Instances, b"")?;
-        let tasks: Vec<TaskRec> = db.list_json(Table::Tasks, b"")?;
+        let mut tasks: Vec<TaskRec> = db.list_json(Table::Tasks, b"")?;
+        for t in tasks.iter_mut().filter(|t| !t.state.is_terminal()) {
+            catch_up_from_events(&db, t)?;
+        }
         let mut awaiting = HashSet::new();
         for n in nests.iter_mut() {
             if n.state != NestState::Lost {
@@ -195,4 +198,24 @@ impl Core {
         st.nests.insert(rec.nest_id.clone(), rec);
         Ok(())
     }
+}
+
+/// Brings a task record up to its newest task event: hot run events (activity, model, tool,
+/// progress) are written as task events only, so the stored record may lag behind them.
+pub(in crate::core) fn catch_up_from_events(db: &Db, task: &mut TaskRec) -> Result<()> {
+    let Some(last) = db.last_task_event(&task.task_id)? else {
+        return Ok(());
+    };
+    if last.seq < task.next_event_seq {
+        return Ok(());
+    }
+    if let Some(snap) = &last.snapshot {
+        if snap.run_id == task.run_id && snap.attempt == task.attempt && snap.state == task.state {
+            task.activity = snap.activity.clone();
+            task.progress = snap.progress.clone();
+            task.updated_at_ms = snap.updated_at_ms;
+        }
+    }
+    task.next_event_seq = last.seq + 1;
+    Ok(())
 }

@@ -61,7 +61,10 @@ impl Core {
         let deployments: Vec<DeploymentRec> = self.db.list_json(Table::Deployments, b"")?;
         let nests: Vec<NestRec> = self.db.list_json(Table::Nests, b"")?;
         let instances: Vec<InstanceRec> = self.db.list_json(Table::Instances, b"")?;
-        let tasks: Vec<TaskRec> = self.db.list_json(Table::Tasks, b"")?;
+        let mut tasks: Vec<TaskRec> = self.db.list_json(Table::Tasks, b"")?;
+        for t in tasks.iter_mut().filter(|t| !t.state.is_terminal()) {
+            super::catch_up_from_events(&self.db, t)?;
+        }
         let mut st = self.lock();
         let dropped = st.live.drop_held();
         st.deployments = deployments.into_iter().map(|d| (d.key(), d)).collect();

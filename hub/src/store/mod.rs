@@ -108,6 +108,17 @@ pub trait Store: Send + Sync + 'static {
     fn scan(&self, table: Table, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
     /// Writes only if `key` is absent; returns whether it wrote.
     fn insert_if_absent(&self, table: Table, key: &[u8], value: &[u8]) -> Result<bool>;
+    /// Writes `key` if absent and, in the same atomic write, `also` (table, key, value); writes
+    /// neither when `key` is present. Returns whether it wrote.
+    fn insert_if_absent_with(
+        &self,
+        table: Table,
+        key: &[u8],
+        value: &[u8],
+        also: (Table, &[u8], &[u8]),
+    ) -> Result<bool>;
+    /// The entry with the greatest key that starts with `prefix`.
+    fn last(&self, table: Table, prefix: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>>;
     /// Atomically increments a counter and returns the new value.
     fn increment(&self, counter: &str) -> Result<u64>;
     /// Makes every earlier write durable (one flush covers many writes: group commit).
@@ -234,6 +245,45 @@ impl Db {
             Ok(Append::Appended)
         } else {
             Ok(Append::Duplicate)
+        }
+    }
+
+    /// The hot path of a run event: appends it (if absent) and its task event in one atomic
+    /// write. The caller has checked that `ev.attempt` is the run's current attempt (the lease),
+    /// so the fence needs no read here.
+    pub fn append_run_event_with_task_event(
+        &self,
+        ev: &RunEventRec,
+        task_event: &crate::model::TaskEventRec,
+    ) -> Result<Append> {
+        let encode = |table: Table, e: serde_json::Error| StoreError::Op {
+            table: table.name(),
+            reason: e.to_string(),
+        };
+        let bytes = serde_json::to_vec(ev).map_err(|e| encode(Table::RunEvents, e))?;
+        let task_bytes =
+            serde_json::to_vec(task_event).map_err(|e| encode(Table::TaskEvents, e))?;
+        let task_key = task_event_key(&ev.task_id, task_event.seq);
+        let wrote = self.inner.insert_if_absent_with(
+            Table::RunEvents,
+            &run_event_key(&ev.run_id, ev.attempt, ev.seq),
+            &bytes,
+            (Table::TaskEvents, &task_key, &task_bytes),
+        )?;
+        Ok(if wrote {
+            Append::Appended
+        } else {
+            Append::Duplicate
+        })
+    }
+
+    /// The newest stored event of a task (`None` when it has none).
+    pub fn last_task_event(&self, task_id: &str) -> Result<Option<crate::model::TaskEventRec>> {
+        let mut prefix = task_id.as_bytes().to_vec();
+        prefix.push(0);
+        match self.inner.last(Table::TaskEvents, &prefix)? {
+            Some((k, v)) => Ok(Some(decode(Table::TaskEvents, &k, &v)?)),
+            None => Ok(None),
         }
     }
 

@@ -130,6 +130,38 @@ impl Store for SledStore {
         Ok(res.is_ok())
     }
 
+    fn insert_if_absent_with(
+        &self,
+        table: Table,
+        key: &[u8],
+        value: &[u8],
+        also: (Table, &[u8], &[u8]),
+    ) -> Result<bool> {
+        use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
+        let (first, second) = (self.tree(table)?, self.tree(also.0)?);
+        let res = (&first, &second).transaction(|(t1, t2)| {
+            if t1.get(key)?.is_some() {
+                return Ok(false);
+            }
+            t1.insert(key, value)?;
+            t2.insert(also.1, also.2)?;
+            Ok::<_, ConflictableTransactionError<()>>(true)
+        });
+        match res {
+            Ok(wrote) => Ok(wrote),
+            Err(TransactionError::Storage(e)) => Err(self.err(table, e)),
+            Err(TransactionError::Abort(())) => Err(self.err(table, "transaction aborted")),
+        }
+    }
+
+    fn last(&self, table: Table, prefix: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        match self.tree(table)?.scan_prefix(prefix).next_back() {
+            Some(Ok((k, v))) => Ok(Some((k.to_vec(), v.to_vec()))),
+            Some(Err(e)) => Err(self.err(table, e)),
+            None => Ok(None),
+        }
+    }
+
     fn increment(&self, counter: &str) -> Result<u64> {
         let tree = self.tree(Table::Counters)?;
         let new = tree

@@ -93,3 +93,35 @@ async fn run_events_are_appended_once_and_older_attempts_are_fenced() {
         Append::Fenced
     );
 }
+
+#[tokio::test]
+async fn a_run_event_and_its_task_event_are_written_together_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    db.set_run_attempt("run-1", 1).unwrap();
+    let e = ev(1, 1, "activity");
+    let te = crate::model::TaskEventRec {
+        seq: 7,
+        at_ms: 1,
+        kind: "activity".into(),
+        json: "{}".into(),
+        snapshot: None,
+    };
+    assert_eq!(
+        db.append_run_event_with_task_event(&e, &te).unwrap(),
+        Append::Appended
+    );
+    let mut again = te.clone();
+    again.seq = 8;
+    assert_eq!(
+        db.append_run_event_with_task_event(&e, &again).unwrap(),
+        Append::Duplicate,
+        "a resent event writes nothing, not even its task event"
+    );
+    let last = db
+        .last_task_event(&e.task_id)
+        .unwrap()
+        .expect("a task event");
+    assert_eq!(last.seq, 7);
+    assert_eq!(db.run_events("run-1").unwrap().len(), 1);
+}
