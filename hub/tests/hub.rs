@@ -1219,7 +1219,7 @@ async fn history(api: &mut Api, task_id: &str) -> Vec<(u64, String)> {
             from_seq: 0,
         })
         .await
-        .unwrap()
+        .expect("watch task")
         .into_inner();
     let mut out = Vec::new();
     while let Ok(Ok(Some(e))) =
