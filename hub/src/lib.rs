@@ -271,10 +271,10 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
                 .local_addr()
                 .map_err(|e| HubError::Serve(format!("cannot read the metrics address: {e}")))?;
             let render_core = core.clone();
-            let render: agen_shared::metrics_http::Render =
+            let render: agen_net::metrics_http::Render =
                 Arc::new(move || metrics.render(&render_core));
             let stop = shutdown.clone();
-            tokio::spawn(agen_shared::metrics_http::serve(
+            tokio::spawn(agen_net::metrics_http::serve(
                 listener,
                 render,
                 async move { stop.cancelled().await },

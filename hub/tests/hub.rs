@@ -119,7 +119,7 @@ async fn join_token_pins_the_hub_ca() {
             .trim(),
         hub.join_token
     );
-    let pem = agen_shared::tls::fetch_pinned_ca(&hub.url, &token.ca_sha256)
+    let pem = agen_nest::hub_client::fetch_pinned_ca(&hub.url, &token.ca_sha256)
         .await
         .unwrap();
     assert_eq!(

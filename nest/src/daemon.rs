@@ -57,10 +57,9 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         })?;
         let metrics = crate::metrics::NestMetrics::new();
         let (sup, out) = (supervisor.clone(), outbox.clone());
-        let render: agen_shared::metrics_http::Render =
-            Arc::new(move || metrics.render(&sup, &out));
+        let render: agen_net::metrics_http::Render = Arc::new(move || metrics.render(&sup, &out));
         let stop = own.clone();
-        tokio::spawn(agen_shared::metrics_http::serve(
+        tokio::spawn(agen_net::metrics_http::serve(
             metrics_listener,
             render,
             async move { stop.cancelled().await },

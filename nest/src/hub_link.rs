@@ -239,7 +239,7 @@ async fn trusted_ca(opts: &NestOptions, hub: &str) -> Result<String> {
         }
         tracing::warn!(path = %path.display(), "stored hub CA does not match the join token; fetching it again");
     }
-    let pem = tls::fetch_pinned_ca(hub, &token.ca_sha256)
+    let pem = crate::hub_client::fetch_pinned_ca(hub, &token.ca_sha256)
         .await
         .map_err(|e| NestError::Trust {
             url: hub.to_string(),

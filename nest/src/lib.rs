@@ -16,6 +16,7 @@ pub mod bundles;
 pub mod child_relay;
 pub mod config;
 pub mod daemon;
+pub mod hub_client;
 pub mod hub_link;
 pub mod instance;
 pub mod logs;

@@ -4,7 +4,6 @@
 pub mod bundle;
 pub mod client_config;
 pub mod duration;
-pub mod metrics_http;
 pub mod private;
 #[cfg(target_os = "linux")]
 pub mod process;

@@ -461,7 +461,7 @@ impl fmt::Display for JoinToken {
 }
 
 /// Splits `https://host:port[/...]` into host and port (default 443).
-fn host_port(url: &str) -> Result<(String, u16)> {
+pub fn host_port(url: &str) -> Result<(String, u16)> {
     let rest = url
         .strip_prefix("https://")
         .ok_or_else(|| TlsError::BadUrl(url.to_string()))?;
@@ -488,14 +488,16 @@ fn host_port(url: &str) -> Result<(String, u16)> {
     }
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+/// The rustls crypto provider every Agen TLS endpoint uses (ring).
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
 /// Accepts a chain only if one of its certificates hashes to the pin and the leaf verifies
 /// against that certificate as the only root; remembers the pinned certificate.
 #[derive(Debug)]
-struct PinVerifier {
+#[doc(hidden)]
+pub struct PinVerifier {
     expected: String,
     captured: Mutex<Option<Vec<u8>>>,
     provider: Arc<rustls::crypto::CryptoProvider>,
@@ -573,13 +575,27 @@ impl ServerCertVerifier for PinVerifier {
     }
 }
 
-/// Connects to `hub_url` (`https://HOST:PORT`), accepts the TLS handshake only if the Hub
-/// presents a certificate whose sha256 is `expected_sha256` (and a leaf signed by it), and
-/// returns that certificate as PEM. The Nest stores it and uses it as its trust root.
-pub async fn fetch_pinned_ca(hub_url: &str, expected_sha256: &str) -> Result<String> {
-    let (host, port) = host_port(hub_url)?;
-    let server_name =
-        ServerName::try_from(host.clone()).map_err(|_| TlsError::BadUrl(hub_url.to_string()))?;
+/// What a pinned handshake captured: the Hub's CA certificate, once the handshake accepted it.
+pub struct PinnedCa(Arc<PinVerifier>);
+
+impl PinnedCa {
+    /// The pinned CA as PEM, when a handshake presented it.
+    pub fn take_pem(&self) -> Option<String> {
+        self.0
+            .captured
+            .lock()
+            .ok()
+            .and_then(|mut c| c.take())
+            .map(|der| der_to_pem(&der))
+    }
+}
+
+/// A client TLS configuration (ALPN h2) that accepts a Hub only if it presents a certificate
+/// whose sha256 is `expected_sha256` (and a leaf signed by it); after the handshake
+/// [`PinnedCa::take_pem`] gives that certificate, which the Nest stores as its trust root. The
+/// connection itself is the Nest's (`agen_nest::hub_client::fetch_pinned_ca`): this crate does
+/// no network IO.
+pub fn pinned_ca_client(expected_sha256: &str) -> Result<(rustls::ClientConfig, PinnedCa)> {
     let provider = provider();
     let verifier = Arc::new(PinVerifier {
         expected: expected_sha256.to_ascii_lowercase(),
@@ -589,44 +605,14 @@ pub async fn fetch_pinned_ca(hub_url: &str, expected_sha256: &str) -> Result<Str
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Connect {
-            url: hub_url.to_string(),
+            url: String::new(),
             reason: e.to_string(),
         })?
         .dangerous()
         .with_custom_certificate_verifier(verifier.clone())
         .with_no_client_auth();
     config.alpn_protocols = vec![b"h2".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let connect_err = |reason: String| TlsError::Connect {
-        url: hub_url.to_string(),
-        reason,
-    };
-    let tcp = tokio::time::timeout(
-        std::time::Duration::from_secs(10),
-        tokio::net::TcpStream::connect((host.as_str(), port)),
-    )
-    .await
-    .map_err(|_| connect_err("timed out after 10s".into()))?
-    .map_err(|e| connect_err(e.to_string()))?;
-    let handshake = tokio::time::timeout(
-        std::time::Duration::from_secs(10),
-        connector.connect(server_name, tcp),
-    )
-    .await;
-    let captured = verifier.captured.lock().ok().and_then(|mut c| c.take());
-    match (handshake, captured) {
-        (Ok(Ok(_stream)), Some(der)) => Ok(der_to_pem(&der)),
-        (Ok(Err(e)), _) if e.to_string().contains("join token") => Err(TlsError::Mismatch {
-            url: hub_url.to_string(),
-            expected: expected_sha256.to_string(),
-        }),
-        (Ok(Err(e)), _) => Err(connect_err(format!("tls handshake failed: {e}"))),
-        (Err(_), _) => Err(connect_err("tls handshake timed out after 10s".into())),
-        (Ok(Ok(_)), None) => Err(TlsError::Mismatch {
-            url: hub_url.to_string(),
-            expected: expected_sha256.to_string(),
-        }),
-    }
+    Ok((config, PinnedCa(verifier)))
 }
 
 #[cfg(test)]
@@ -721,50 +707,5 @@ mod tests {
         );
         assert_eq!(host_port("https://[::1]:9").unwrap(), ("::1".into(), 9));
         assert!(host_port("http://x:1").is_err());
-    }
-
-    async fn serve_tls(tls: &HubTls) -> std::net::SocketAddr {
-        let certs: Vec<CertificateDer<'static>> = pem_certs(&tls.server_chain_pem)
-            .into_iter()
-            .map(CertificateDer::from)
-            .collect();
-        let key = rustls_pemfile::private_key(&mut std::io::BufReader::new(
-            tls.server_key_pem.as_bytes(),
-        ))
-        .unwrap()
-        .unwrap();
-        let config = rustls::ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(certs, key)
-            .unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            while let Ok((tcp, _)) = listener.accept().await {
-                let acceptor = acceptor.clone();
-                tokio::spawn(async move {
-                    let _ = acceptor.accept(tcp).await;
-                });
-            }
-        });
-        addr
-    }
-
-    #[tokio::test]
-    async fn fetch_pinned_ca_returns_the_ca_only_when_the_pin_matches() {
-        let dir = tempfile::tempdir().unwrap();
-        let tls = load_or_create_hub_tls(dir.path(), &[]).unwrap();
-        let addr = serve_tls(&tls).await;
-        let url = format!("https://127.0.0.1:{}", addr.port());
-        let pem = fetch_pinned_ca(&url, &tls.ca_sha256).await.unwrap();
-        assert_eq!(ca_pem_sha256(&pem).unwrap(), tls.ca_sha256);
-
-        let other = tempfile::tempdir().unwrap();
-        let wrong = load_or_create_hub_tls(other.path(), &[]).unwrap();
-        let err = fetch_pinned_ca(&url, &wrong.ca_sha256).await.unwrap_err();
-        assert!(err.to_string().contains("did not present the CA"), "{err}");
     }
 }

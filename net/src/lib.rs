@@ -1,0 +1,4 @@
+//! Network code the Hub and Nest daemons share, kept out of `agen-shared` (which has no
+//! network code and no async runtime): the `/metrics` HTTP listener.
+
+pub mod metrics_http;
