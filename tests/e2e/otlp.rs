@@ -1,6 +1,7 @@
 //! OpenTelemetry export (issue 22): a Hub started with `--otlp-endpoint` sends each finished
-//! task's trace to a real OTLP receiver (PyPI `grpcio` + `opentelemetry-proto`), over gRPC and
-//! over HTTP (`OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf`), with the ids `agen trace` shows,
+//! task's trace to a real OTLP receiver (PyPI `grpcio` + `opentelemetry-proto`), over gRPC,
+//! over HTTP (`OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf`) and over TLS verified with a test CA
+//! (`OTEL_EXPORTER_OTLP_CERTIFICATE`), with the ids `agen trace` shows,
 //! the GenAI attributes, the tool span the MCP server's `_meta` `traceparent` named, a caller's
 //! `traceparent` (the field and the gRPC metadata header) adopted, and `traceToolArguments`
 //! arguments of a built-in call (each cut at 4 KiB by itself, secrets redacted).
@@ -506,4 +507,159 @@ fn a_builtin_calls_arguments_are_recorded_each_cut_at_4_kib_and_redacted() {
         leaks += text.matches(SECRET).count();
     }
     assert_eq!(leaks, 0, "the secret leaked into a trace");
+}
+
+/// A test CA in `dir` and a server certificate it signed for `127.0.0.1` / `localhost`:
+/// (the CA's PEM file, the server chain's, the server key's).
+fn test_ca(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let tls = agen_shared::tls::load_or_create_hub_tls(dir, &[]).unwrap();
+    let chain = dir.join("server-chain.pem");
+    let key = dir.join("server.key");
+    std::fs::write(&chain, &tls.server_chain_pem).unwrap();
+    std::fs::write(&key, &tls.server_key_pem).unwrap();
+    (tls.ca_file, chain, key)
+}
+
+#[test]
+fn otlp_over_tls_grpc_and_http_trust_the_configured_ca_and_only_it() {
+    let mut certs = None;
+    let f = fleet_with(echo_script(), json!({}), |dir| {
+        let (ca, chain, key) = test_ca(&dir.join("otlp-ca"));
+        certs = Some((dir.to_owned(), ca.clone(), chain.clone(), key.clone()));
+        Setup {
+            receiver: vec![
+                "--tls".into(),
+                chain.to_string_lossy().into_owned(),
+                key.to_string_lossy().into_owned(),
+            ],
+            tls: true,
+            hub_env: vec![(
+                "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE".into(),
+                ca.to_string_lossy().into_owned(),
+            )],
+            ..Setup::default()
+        }
+    });
+    let task = submit(&f, &[]);
+    let spans = assert_exported_echo_run(&f, &task);
+    assert!(spans.iter().all(|s| s["transport"] == "grpc"), "{spans:?}");
+
+    // Without the CA file the system roots are used, and they do not trust the test CA: the
+    // export is refused (a warning naming the task), nothing arrives, the task is unharmed.
+    let mut f = f;
+    f.hub.extra_env.clear();
+    f.hub.restart().unwrap();
+    wait_for("the nest back", Duration::from_secs(30), || {
+        f.hub
+            .nests()
+            .ok()?
+            .iter()
+            .any(|n| n["name"] == "solo" && n["state"] == "ready")
+            .then_some(())
+    })
+    .unwrap();
+    let untrusted = submit(&f, &[]);
+    let warning = wait_for(
+        "the refused export's warning",
+        Duration::from_secs(30),
+        || {
+            f.hub
+                .proc
+                .log_text()
+                .lines()
+                .find(|l| l.contains(&format!("OTLP export of task {untrusted}")))
+                .map(str::to_owned)
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}; hub log:\n{}", f.hub.proc.log_text()));
+    assert!(
+        warning.contains("certificate") && warning.contains("OTEL_EXPORTER_OTLP_CERTIFICATE"),
+        "the warning says why and what to set: {warning}"
+    );
+    let arrived = lines(&f.spans)
+        .iter()
+        .filter(|s| attr(s, "agen.task_id") == untrusted.as_str())
+        .count();
+    assert_eq!(
+        arrived, 0,
+        "spans exported to a collector the Hub must not trust"
+    );
+
+    // OTLP/HTTP to an https:// receiver: the same CA file is what reqwest trusts.
+    let (dir, ca, chain, key) = certs.unwrap();
+    let http_dir = dir.join("otlp-https");
+    std::fs::create_dir_all(&http_dir).unwrap();
+    let tls_args = [
+        "--http".to_string(),
+        "--tls".into(),
+        chain.to_string_lossy().into_owned(),
+        key.to_string_lossy().into_owned(),
+    ];
+    let (_https_receiver, https_spans, port) = receiver(&http_dir, &tls_args);
+    f.hub.extra_args = vec![
+        "--otlp-endpoint".into(),
+        format!("https://127.0.0.1:{port}"),
+    ];
+    f.hub.extra_env = vec![
+        ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "http/protobuf".into()),
+        (
+            "OTEL_EXPORTER_OTLP_CERTIFICATE".into(),
+            ca.to_string_lossy().into_owned(),
+        ),
+    ];
+    f.hub.restart().unwrap();
+    wait_for("the nest back", Duration::from_secs(30), || {
+        f.hub
+            .nests()
+            .ok()?
+            .iter()
+            .any(|n| n["name"] == "solo" && n["state"] == "ready")
+            .then_some(())
+    })
+    .unwrap();
+    let over_https = submit(&f, &[]);
+    let want = f
+        .hub
+        .cli_json(&["trace", &over_https, "-o", "json"])
+        .unwrap()["spans"]
+        .as_array()
+        .unwrap()
+        .len();
+    let got = wait_for("the trace over https", Duration::from_secs(30), || {
+        let got: Vec<Value> = lines(&https_spans)
+            .into_iter()
+            .filter(|s| attr(s, "agen.task_id") == over_https.as_str())
+            .collect();
+        (got.len() >= want).then_some(got)
+    })
+    .unwrap_or_else(|e| panic!("{e}; hub log:\n{}", f.hub.proc.log_text()));
+    assert!(
+        got.iter()
+            .all(|s| s["transport"] == "http" && s["path"] == "/v1/traces"),
+        "{got:?}"
+    );
+
+    // A CA file that cannot be read stops the Hub at start, naming the file.
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-ca.pem");
+    let mut cmd = Command::new(agen_tests::agen_bin());
+    cmd.args(["hub", "--data-dir"])
+        .arg(dir.path().join("hub"))
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--otlp-endpoint", "https://127.0.0.1:4317"])
+        .env("OTEL_EXPORTER_OTLP_CERTIFICATE", &missing)
+        .env("AGEN_CONFIG", dir.path().join("client.toml"));
+    let mut hub = Proc::spawn("bad-hub", cmd, &dir.path().join("hub.log")).unwrap();
+    let status = wait_for(
+        "the hub to refuse to start",
+        Duration::from_secs(30),
+        || hub.child.try_wait().ok().flatten(),
+    )
+    .unwrap();
+    assert!(!status.success());
+    let log = hub.log_text();
+    assert!(
+        log.contains("no-such-ca.pem") && log.contains("OTEL_EXPORTER_OTLP_CERTIFICATE"),
+        "{log}"
+    );
 }
