@@ -302,6 +302,8 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             since_ms,
             tail,
             follow,
+            namespace,
+            search,
         } => Msg::LogRequest(pb::LogRequest {
             request_id,
             instance_id,
@@ -309,6 +311,8 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             since_ms,
             tail,
             follow,
+            namespace,
+            search,
         }),
         ToNest::Ping => Msg::Ping(pb::HubPing {
             at_ms: crate::model::now_ms(),
