@@ -110,6 +110,8 @@ impl LogStore {
         }
         let file = dir.join(OWNER_FILE);
         match serde_json::to_vec(owner) {
+            // No placement known (the instance is going): nothing to record, nothing claimed.
+            _ if owner.namespace.is_empty() => {}
             Ok(json) => {
                 if let Err(e) = agen_shared::tls::write_private(&file, &json) {
                     tracing::warn!(instance = %instance, "cannot record the owner of its logs in {}: {e}; they are served only while the Hub lists the instance", file.display());
@@ -310,6 +312,8 @@ mod tests {
         store.start_instance("i-1", &owner, Redactor::new(["hunter2-secret"]));
         assert_eq!(store.owner("i-1"), Some(owner));
         assert_eq!(store.owner("i-2"), None);
+        store.start_instance("i-3", &LogOwner::default(), Redactor::new(["x"]));
+        assert_eq!(store.owner("i-3"), None, "an unknown owner is not recorded");
         let src = Source::Server("crm".into());
         store.append("i-1", &src, "INFO", "token hunter2-secret here");
         let path = store.path("i-1", &src);
