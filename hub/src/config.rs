@@ -58,6 +58,9 @@ pub struct OtlpOptions {
     pub protocol: OtlpProtocol,
     /// Sent with every export (`OTEL_EXPORTER_OTLP_HEADERS`: `key=value,key2=value2`).
     pub headers: Vec<(String, String)>,
+    /// A PEM file of the CA certificates an `https://` endpoint is verified with, instead of
+    /// the system roots (`OTEL_EXPORTER_OTLP_{TRACES_,}CERTIFICATE`); `None`: the system roots.
+    pub certificate: Option<PathBuf>,
 }
 
 impl OtlpOptions {
@@ -102,11 +105,6 @@ impl OtlpOptions {
                 "OTLP endpoint {endpoint:?}: expected an http:// or https:// URL such as http://127.0.0.1:4317"
             )));
         }
-        if protocol == OtlpProtocol::Grpc && endpoint.starts_with("https://") {
-            return Err(HubError::Config(format!(
-                "OTLP endpoint {endpoint:?}: OTLP/gRPC over TLS is not supported yet; use an http:// collector address or OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf for https"
-            )));
-        }
         let endpoint = if protocol == OtlpProtocol::HttpProtobuf && base {
             format!("{}/v1/traces", endpoint.trim_end_matches('/'))
         } else {
@@ -124,10 +122,14 @@ impl OtlpOptions {
             };
             headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
         }
+        let certificate = var("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE")
+            .or_else(|| var("OTEL_EXPORTER_OTLP_CERTIFICATE"))
+            .map(PathBuf::from);
         Ok(Some(OtlpOptions {
             endpoint,
             protocol,
             headers,
+            certificate,
         }))
     }
 }
@@ -282,7 +284,26 @@ mod tests {
         .unwrap();
         assert_eq!(o.endpoint, "http://c:4318/custom");
         assert!(OtlpOptions::resolve(Some("c:4317"), env(&[])).is_err());
-        assert!(OtlpOptions::resolve(Some("https://c:4317"), env(&[])).is_err());
+        let o = OtlpOptions::resolve(
+            Some("https://c:4317"),
+            env(&[
+                ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/base-ca.pem"),
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+                    "/etc/traces-ca.pem",
+                ),
+            ]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (o.endpoint.as_str(), o.protocol, o.certificate),
+            (
+                "https://c:4317",
+                OtlpProtocol::Grpc,
+                Some(PathBuf::from("/etc/traces-ca.pem"))
+            )
+        );
         assert!(OtlpOptions::resolve(
             Some("http://c:4317"),
             env(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")])

@@ -31,10 +31,18 @@ pub struct LogLineRec {
 #[derive(Debug, Clone, PartialEq)]
 pub enum LogItem {
     Line(LogLineRec),
+    /// A Nest started answering: it keeps logs of the instance (its lines follow).
+    Found {
+        instance_id: String,
+        nest: String,
+    },
     /// One instance's logs cannot be read (the Nest's reason).
     Failed {
         instance_id: String,
+        nest: String,
         message: String,
+        /// The Nest keeps no logs of the instance (a searched Nest that never had it).
+        not_kept: bool,
     },
 }
 
@@ -76,13 +84,26 @@ impl Answer {
         self.tx.send(LogItem::Line(line)).await.is_ok()
     }
 
-    /// The Nest cannot serve the request.
-    pub async fn failed(&self, message: String) {
+    /// The Nest keeps the instance's logs and starts sending them.
+    pub async fn found(&self) -> bool {
+        self.tx
+            .send(LogItem::Found {
+                instance_id: self.instance_id.clone(),
+                nest: self.nest_name.clone(),
+            })
+            .await
+            .is_ok()
+    }
+
+    /// The Nest cannot serve the request (`not_kept`: it has no logs of the instance).
+    pub async fn failed(&self, message: String, not_kept: bool) {
         let _ = self
             .tx
             .send(LogItem::Failed {
                 instance_id: self.instance_id.clone(),
+                nest: self.nest_name.clone(),
                 message,
+                not_kept,
             })
             .await;
     }
@@ -136,6 +157,8 @@ impl LogRequests {
                     .tx
                     .send(LogItem::Failed {
                         instance_id: p.instance_id.clone(),
+                        nest: p.nest_name.clone(),
+                        not_kept: false,
                         message: format!(
                             "nest {} did not answer the log request for instance {} within {}s; check that it is connected (`agen nests`)",
                             p.nest_name,

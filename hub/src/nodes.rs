@@ -78,6 +78,10 @@ pub enum ToNest {
         since_ms: i64,
         tail: u32,
         follow: bool,
+        /// The reader's namespace: the Nest serves only logs kept for an instance of it.
+        namespace: String,
+        /// The Hub no longer lists the instance: a Nest without its logs says `not_kept`.
+        search: bool,
     },
 }
 

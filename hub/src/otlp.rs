@@ -1,11 +1,13 @@
 //! OpenTelemetry export: when a top-level task reaches a terminal state the Hub sends its trace
 //! (the spans [`crate::trace`] builds, with the ids `GetTrace` shows) to an OTLP collector, over
 //! gRPC (`TraceService/Export`) or HTTP (`POST …/v1/traces`), as one `ResourceSpans` of
-//! `service.name=agen-hub` with the GenAI semantic-convention attributes. Export runs in the
+//! `service.name=agen-hub` with the GenAI semantic-convention attributes; an `https://`
+//! endpoint is verified with the system roots or the CA file [`roots`] loads. Export runs in the
 //! background behind a bounded queue: it never blocks a task, and a failed or dropped export
 //! is logged at warn.
 
 mod pb;
+mod roots;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,7 +83,12 @@ pub fn follow(opts: OtlpOptions, core: Arc<Core>) -> Result<()> {
             match tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(request)).await {
                 Ok(Ok(())) => tracing::debug!(task = %task_id, "trace exported over OTLP"),
                 Ok(Err(e)) => {
-                    tracing::warn!(task = %task_id, endpoint = %exporter.endpoint, "OTLP export of task {task_id} to {} failed: {e}; check --otlp-endpoint and that the collector is up", exporter.endpoint)
+                    let tls = if exporter.endpoint.starts_with("https://") {
+                        " (and that OTEL_EXPORTER_OTLP_CERTIFICATE names its CA when the system roots do not trust it)"
+                    } else {
+                        ""
+                    };
+                    tracing::warn!(task = %task_id, endpoint = %exporter.endpoint, "OTLP export of task {task_id} to {} failed: {e}; check --otlp-endpoint and that the collector is up{tls}", exporter.endpoint)
                 }
                 Err(_) => {
                     tracing::warn!(task = %task_id, endpoint = %exporter.endpoint, "OTLP export of task {task_id} to {} timed out after {EXPORT_TIMEOUT:?}", exporter.endpoint)
@@ -114,9 +121,17 @@ enum Transport {
 
 impl Exporter {
     fn new(opts: &OtlpOptions) -> Result<Exporter> {
+        let roots = if opts.endpoint.starts_with("https://") {
+            Some(roots::load(opts.certificate.as_deref())?)
+        } else {
+            if let Some(c) = &opts.certificate {
+                tracing::warn!(certificate = %c.display(), "OTEL_EXPORTER_OTLP_CERTIFICATE is set but the OTLP endpoint {} is plain http://; the certificate is not used (use https:// to verify the collector)", opts.endpoint);
+            }
+            None
+        };
         let transport = match opts.protocol {
             OtlpProtocol::Grpc => {
-                let channel = tonic::transport::Endpoint::from_shared(opts.endpoint.clone())
+                let mut endpoint = tonic::transport::Endpoint::from_shared(opts.endpoint.clone())
                     .map_err(|e| {
                         HubError::Config(format!(
                             "OTLP endpoint {:?}: {e}; expected a URL such as http://127.0.0.1:4317",
@@ -124,16 +139,42 @@ impl Exporter {
                         ))
                     })?
                     .connect_timeout(Duration::from_secs(5))
-                    .timeout(EXPORT_TIMEOUT)
-                    .connect_lazy();
-                Transport::Grpc(channel)
+                    .timeout(EXPORT_TIMEOUT);
+                if let Some(roots) = &roots {
+                    let tls = tonic::transport::ClientTlsConfig::new().ca_certificates(
+                        roots.iter().map(|der| {
+                            tonic::transport::Certificate::from_pem(agen_shared::tls::der_to_pem(
+                                der,
+                            ))
+                        }),
+                    );
+                    endpoint = endpoint.tls_config(tls).map_err(|e| {
+                        HubError::Config(format!(
+                            "OTLP endpoint {:?}: TLS settings: {e}",
+                            opts.endpoint
+                        ))
+                    })?;
+                }
+                Transport::Grpc(endpoint.connect_lazy())
             }
-            OtlpProtocol::HttpProtobuf => Transport::Http(
-                reqwest::Client::builder()
-                    .timeout(EXPORT_TIMEOUT)
-                    .build()
-                    .map_err(|e| HubError::Config(format!("OTLP HTTP client: {e}")))?,
-            ),
+            OtlpProtocol::HttpProtobuf => {
+                let mut builder = reqwest::Client::builder().timeout(EXPORT_TIMEOUT);
+                if let Some(roots) = &roots {
+                    // The same roots as gRPC, not reqwest's bundled ones.
+                    builder = builder.tls_built_in_root_certs(false);
+                    for der in roots {
+                        match reqwest::Certificate::from_der(der) {
+                            Ok(c) => builder = builder.add_root_certificate(c),
+                            Err(e) => tracing::debug!("an OTLP root certificate is skipped: {e}"),
+                        }
+                    }
+                }
+                Transport::Http(
+                    builder
+                        .build()
+                        .map_err(|e| HubError::Config(format!("OTLP HTTP client: {e}")))?,
+                )
+            }
         };
         Ok(Exporter {
             endpoint: opts.endpoint.clone(),

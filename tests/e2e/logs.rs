@@ -2,7 +2,8 @@
 //! on every call) and an instance's own stderr, read through the Hub from the Nest that keeps
 //! them; `-f` shows a line written after it started; a secret the server prints is redacted
 //! in what `agen logs` shows and in the Nest's files; daemon logs carry no ANSI codes and
-//! no rmcp noise at the default level.
+//! no rmcp noise at the default level. An instance the Hub no longer lists (its deployment
+//! removed) is still found by id on the Nest that kept its logs, only in its namespace.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -281,4 +282,158 @@ fn walkdir(root: &std::path::Path) -> Vec<std::path::PathBuf> {
         out.push(p);
     }
     out
+}
+
+/// `agen logs OUT` of `args`, and its stderr.
+fn logs(hub: &HubProcess, args: &[&str]) -> (std::process::Output, String) {
+    let mut all = vec!["logs"];
+    all.extend_from_slice(args);
+    let out = hub.cli(&all).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, err)
+}
+
+#[test]
+fn agen_logs_finds_a_removed_instance_on_the_nest_that_kept_it_and_only_in_its_namespace() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let secret = [("NOISY_VALUE", SECRET)];
+    let north = hub.nest("north", &[], &secret).unwrap();
+    let mut south = hub.nest("south", &[], &secret).unwrap();
+    let python = Peers::python().to_string_lossy().into_owned();
+    let bundle = tmp.path().join("gone");
+    write_bundle(
+        &bundle,
+        &[
+            ("server.py", NOISY_SERVER.to_string()),
+            (
+                "mcp.json",
+                mcp_json(&[(
+                    "noisy",
+                    json!({"command": python, "args": ["server.py"], "env": {"NOISY": "${NOISY}"}}),
+                )]),
+            ),
+            (
+                "x-agen/secrets.json",
+                json!({"NOISY": {"source": "env", "var": "NOISY_VALUE"}}).to_string(),
+            ),
+            (
+                "x-agen/agent.md",
+                // Never called: the instance only has to start its tool server.
+                "---\nname: gone\nmodel: openai/fake-model\nbaseUrl: http://127.0.0.1:9/v1\n---\nYou shout.\n".to_string(),
+            ),
+        ],
+    )
+    .unwrap();
+    let out = hub
+        .cli(&["deploy", bundle.to_str().unwrap(), "--name", "gone"])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "deploy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list = hub
+        .wait_instances("gone running", Duration::from_secs(60), |l| {
+            l.iter()
+                .any(|i| i["deployment"] == "gone" && i["healthy"] == true)
+        })
+        .unwrap();
+    let inst = list.iter().find(|i| i["deployment"] == "gone").unwrap();
+    let instance = inst["instance"].as_str().unwrap().to_string();
+    let holder = inst["nest"].as_str().unwrap().to_string();
+    let other = if holder == "north" { "south" } else { "north" };
+    wait_for(
+        "the server's start marker while the Hub lists it",
+        Duration::from_secs(30),
+        || {
+            let (out, _) = logs(&hub, &[&instance, "--server", "noisy", "-o", "json"]);
+            texts(&lines_of(&out))
+                .iter()
+                .any(|t| t == "noisy-start-marker")
+                .then_some(())
+        },
+    )
+    .unwrap();
+
+    // The deployment goes: the Hub forgets the instance, its Nest keeps the files.
+    let out = hub.cli(&["rm", "gone"]).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    hub.wait_instances("the instance forgotten", Duration::from_secs(60), |l| {
+        !l.iter().any(|i| i["instance"] == instance.as_str())
+    })
+    .unwrap();
+
+    // Found by id on the Nest that kept it, redacted as ever.
+    let (out, err) = logs(&hub, &[&instance, "--server", "noisy", "-o", "json"]);
+    assert!(out.status.success(), "{err}");
+    let lines = lines_of(&out);
+    let t = texts(&lines);
+    assert!(t.contains(&"noisy-start-marker".to_string()), "{t:?}");
+    assert!(
+        t.contains(&"connecting with [redacted]".to_string()),
+        "{t:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["instance"] == instance.as_str() && l["nest"] == holder.as_str()),
+        "{lines:?}"
+    );
+    let (out, err) = logs(&hub, &[&instance, "-o", "json"]);
+    assert!(out.status.success(), "{err}");
+    let own = texts(&lines_of(&out));
+    assert!(
+        own.iter().any(|t| t.starts_with("instance starting")),
+        "{own:?}"
+    );
+
+    // Not on the other Nest, and not to a reader of another namespace (nothing of it shown).
+    let (out, err) = logs(&hub, &[&instance, "--nest", other]);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains(&format!("searched: {other})")), "{err}");
+    let (out, err) = logs(
+        &hub,
+        &[&instance, "--server", "noisy", "--namespace", "elsewhere"],
+    );
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(err.contains("namespace elsewhere"), "{err}");
+
+    // An id no Nest kept: where it was looked for, and why it may be gone.
+    let (out, err) = logs(&hub, &["gone-00000000"]);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(
+        err.contains("gone-00000000") && err.contains("north") && err.contains("south"),
+        "{err}"
+    );
+    assert!(err.contains("last 64 instances"), "{err}");
+
+    // A Nest that is not connected is named as not searched; the holder still answers.
+    south.proc.kill9();
+    let err = wait_for(
+        "south named as not searched",
+        Duration::from_secs(30),
+        || {
+            let (_, err) = logs(&hub, &["gone-00000000"]);
+            err.contains("not connected, not searched: south")
+                .then_some(err)
+        },
+    )
+    .unwrap();
+    assert!(err.contains("searched: north"), "{err}");
+    if holder == "north" {
+        let (out, err) = logs(&hub, &[&instance, "--server", "noisy"]);
+        assert!(out.status.success(), "{err}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("noisy-start-marker"));
+    }
+    drop(north);
 }

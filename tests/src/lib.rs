@@ -182,6 +182,8 @@ pub struct HubProcess {
     pub nest_ttl: String,
     /// More `agen hub` flags this Hub was started with (kept across restarts).
     pub extra_args: Vec<String>,
+    /// More environment variables of the Hub process (kept across restarts).
+    pub extra_env: Vec<(String, String)>,
 }
 
 impl HubProcess {
@@ -201,6 +203,17 @@ impl HubProcess {
         nest_ttl: &str,
         extra_args: &[&str],
     ) -> anyhow::Result<HubProcess> {
+        Self::start_with_env(dir, port, nest_ttl, extra_args, &[])
+    }
+
+    /// Starts a Hub with more `agen hub` flags and environment variables (`OTEL_*`, …).
+    pub fn start_with_env(
+        dir: &Path,
+        port: u16,
+        nest_ttl: &str,
+        extra_args: &[&str],
+        extra_env: &[(&str, &str)],
+    ) -> anyhow::Result<HubProcess> {
         std::fs::create_dir_all(dir)?;
         let mut cmd = Command::new(agen_bin());
         cmd.args(["hub", "--data-dir"])
@@ -213,7 +226,8 @@ impl HubProcess {
             ])
             .args(extra_args)
             .env("AGEN_CONFIG", dir.join("client.toml"))
-            .env("RUST_LOG", "info");
+            .env("RUST_LOG", "info")
+            .envs(extra_env.iter().copied());
         let proc = Proc::spawn("hub", cmd, &dir.join("hub.log"))?;
         let hub = HubProcess {
             proc,
@@ -221,6 +235,10 @@ impl HubProcess {
             port,
             nest_ttl: nest_ttl.into(),
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            extra_env: extra_env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         hub.wait_ready()?;
         Ok(hub)
@@ -230,7 +248,13 @@ impl HubProcess {
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.proc.kill9();
         let extra: Vec<&str> = self.extra_args.iter().map(String::as_str).collect();
-        let fresh = Self::start_with_args(&self.dir, self.port, &self.nest_ttl.clone(), &extra)?;
+        let env: Vec<(&str, &str)> = self
+            .extra_env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let fresh =
+            Self::start_with_env(&self.dir, self.port, &self.nest_ttl.clone(), &extra, &env)?;
         *self = fresh;
         Ok(())
     }

@@ -22,7 +22,7 @@ pub struct Args {
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Export each finished task's trace over OTLP to this collector URL (e.g.
     /// http://127.0.0.1:4317); also OTEL_EXPORTER_OTLP_{TRACES_,}ENDPOINT, _PROTOCOL
-    /// (grpc or http/protobuf) and _HEADERS
+    /// (grpc or http/protobuf), _HEADERS and _CERTIFICATE (the CA file of an https:// collector)
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
     /// Where the Hub keeps its state, CA and tokens [default: $AGEN_DATA_DIR/hub, else ~/.local/share/agen/hub]

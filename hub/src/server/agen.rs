@@ -681,7 +681,9 @@ impl AgenService for AgenApi {
         request: Request<pb::ReadLogsRequest>,
     ) -> Result<Response<Self::ReadLogsStream>, Status> {
         let tokens = self.access.tokens.clone();
-        super::logs::read(&self.core, &self.logs, tokens, request).map(Response::new)
+        super::logs::read(&self.core, &self.logs, tokens, request)
+            .await
+            .map(Response::new)
     }
 
     async fn list_approvals(

@@ -303,6 +303,8 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             since_ms,
             tail,
             follow,
+            namespace,
+            search,
         } => Msg::LogRequest(pb::LogRequest {
             request_id,
             instance_id,
@@ -310,6 +312,8 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             since_ms,
             tail,
             follow,
+            namespace,
+            search,
         }),
         ToNest::Ping => Msg::Ping(pb::HubPing {
             at_ms: crate::model::now_ms(),

@@ -1,7 +1,9 @@
 //! The Nest's log files: each instance's stderr and each of its tool servers' stderr, kept in
 //! bounded, rotated files under `<data-dir>/logs/<instance>/` (`instance.log`,
-//! `server.<name>.log`, each with one older `.1`), one JSON [`StoredLine`] per line; served to
-//! the Hub's `ReadLogs` through `NestService.SendLogs` ([`serve`]), never the Connect stream.
+//! `server.<name>.log`, each with one older `.1`), one JSON [`StoredLine`] per line, with the
+//! instance's namespace and deployment in `owner.json` ([`LogOwner`]); served to the Hub's
+//! `ReadLogs` through `NestService.SendLogs` ([`serve`]), never the Connect stream, also after
+//! the Hub forgot the instance (removed, replaced) but only to readers of its namespace.
 //!
 //! Invariants: every line is redacted of the instance's secret values before it is written
 //! (tool-server lines were already redacted by the instance; the Nest redacts again); files
@@ -39,6 +41,15 @@ pub struct StoredLine {
     pub level: String,
     pub text: String,
 }
+
+/// Whose logs a folder holds, written when the instance starts (`owner.json`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogOwner {
+    pub namespace: String,
+    pub deployment: String,
+}
+
+const OWNER_FILE: &str = "owner.json";
 
 /// Which stream of an instance.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -90,12 +101,25 @@ impl LogStore {
         self.root.join(safe_name(instance))
     }
 
-    /// Starts (or restarts) an instance's logs: its secrets for redaction, and room made by
-    /// removing the oldest folders beyond [`MAX_INSTANCE_DIRS`].
-    pub fn start_instance(&self, instance: &str, redactor: Redactor) {
+    /// Starts (or restarts) an instance's logs: its owner recorded, its secrets for
+    /// redaction, and room made by removing the oldest folders beyond [`MAX_INSTANCE_DIRS`].
+    pub fn start_instance(&self, instance: &str, owner: &LogOwner, redactor: Redactor) {
         let dir = self.dir(instance);
         if let Err(e) = agen_shared::private::create_dir_all(&dir) {
             tracing::warn!(instance = %instance, "cannot create the log folder {}: {e}", dir.display());
+        }
+        let file = dir.join(OWNER_FILE);
+        match serde_json::to_vec(owner) {
+            // No placement known (the instance is going): nothing to record, nothing claimed.
+            _ if owner.namespace.is_empty() => {}
+            Ok(json) => {
+                if let Err(e) = agen_shared::tls::write_private(&file, &json) {
+                    tracing::warn!(instance = %instance, "cannot record the owner of its logs in {}: {e}; they are served only while the Hub lists the instance", file.display());
+                }
+            }
+            Err(e) => {
+                tracing::warn!(instance = %instance, "cannot encode the owner of its logs: {e}")
+            }
         }
         self.lock().redactors.insert(instance.to_string(), redactor);
         self.prune(&dir);
@@ -161,6 +185,13 @@ impl LogStore {
     /// Whether this Nest keeps logs of `instance`.
     pub fn knows(&self, instance: &str) -> bool {
         self.dir(instance).is_dir()
+    }
+
+    /// Whose logs the folder of `instance` holds (`None`: no folder, or kept before owners
+    /// were recorded).
+    pub fn owner(&self, instance: &str) -> Option<LogOwner> {
+        let text = std::fs::read(self.dir(instance).join(OWNER_FILE)).ok()?;
+        serde_json::from_slice(&text).ok()
     }
 
     /// Wakes on every write.
@@ -274,7 +305,15 @@ mod tests {
     fn lines_are_redacted_kept_private_and_rotated_within_the_bound() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = LogStore::new(dir.path().join("logs"));
-        store.start_instance("i-1", Redactor::new(["hunter2-secret"]));
+        let owner = LogOwner {
+            namespace: "team-a".into(),
+            deployment: "crm-bot".into(),
+        };
+        store.start_instance("i-1", &owner, Redactor::new(["hunter2-secret"]));
+        assert_eq!(store.owner("i-1"), Some(owner));
+        assert_eq!(store.owner("i-2"), None);
+        store.start_instance("i-3", &LogOwner::default(), Redactor::new(["x"]));
+        assert_eq!(store.owner("i-3"), None, "an unknown owner is not recorded");
         let src = Source::Server("crm".into());
         store.append("i-1", &src, "INFO", "token hunter2-secret here");
         let path = store.path("i-1", &src);

@@ -1,5 +1,6 @@
 //! Answers one `LogRequest` of the Hub: the kept lines (filtered by `since_ms`, the last
-//! `tail`), then, when following, each new line as it is written, all over one
+//! `tail`) when this Nest keeps the instance's logs for the request's namespace (else
+//! `not_kept`, saying nothing of other namespaces), then, when following, each new line as it is written, all over one
 //! `NestService.SendLogs` call (never the Connect stream). Ends when the Hub ends the call
 //! (its reader went away) or the Nest stops.
 
@@ -45,14 +46,22 @@ async fn produce(
         request_id: req.request_id.clone(),
         lines,
         error,
+        not_kept: false,
     };
-    if !store.knows(&req.instance_id) {
-        let _ = tx
-            .send(chunk(
-                Vec::new(),
-                format!("this nest keeps no logs of instance {}", req.instance_id),
-            ))
-            .await;
+    if !serves(&store, &req) {
+        let mut refused = chunk(
+            Vec::new(),
+            if req.namespace.is_empty() {
+                format!("this nest keeps no logs of instance {}", req.instance_id)
+            } else {
+                format!(
+                    "this nest keeps no logs of instance {} in namespace {}",
+                    req.instance_id, req.namespace
+                )
+            },
+        );
+        refused.not_kept = true;
+        let _ = tx.send(refused).await;
         return;
     }
     let source = if req.server.is_empty() {
@@ -148,6 +157,19 @@ async fn produce(
                 return;
             }
         }
+    }
+}
+
+/// Whether this Nest serves `req`: it keeps logs of the instance, recorded for the request's
+/// namespace. Logs kept before owners were recorded are served only while the Hub lists the
+/// instance (not to a search, which cannot prove their namespace).
+fn serves(store: &LogStore, req: &pb::LogRequest) -> bool {
+    if !store.knows(&req.instance_id) {
+        return false;
+    }
+    match store.owner(&req.instance_id) {
+        Some(owner) => req.namespace.is_empty() || owner.namespace == req.namespace,
+        None => !req.search,
     }
 }
 

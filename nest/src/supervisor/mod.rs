@@ -486,6 +486,10 @@ impl Supervisor {
         });
         // The instance's secrets, so that its log lines are redacted of them.
         let (opts, dir) = (self.opts.clone(), bundle_dir.clone());
+        let owner = place.as_ref().map(|p| crate::logs::LogOwner {
+            namespace: p.namespace.clone(),
+            deployment: p.deployment.clone(),
+        });
         let secrets = match place {
             Some(p) => {
                 tokio::task::spawn_blocking(move || build_placement(&p, &dir, &opts).secrets)
@@ -494,8 +498,11 @@ impl Supervisor {
             }
             None => BTreeMap::new(),
         };
-        self.logs
-            .start_instance(&id, agen_harness::redact::Redactor::of_secrets(&secrets));
+        self.logs.start_instance(
+            &id,
+            &owner.unwrap_or_default(),
+            agen_harness::redact::Redactor::of_secrets(&secrets),
+        );
         let mut backoff = Backoff::new(RESTART_BASE, RESTART_CAP);
         let socket_path = self.opts.socket_path();
         loop {
