@@ -26,6 +26,8 @@ struct RemoteAgent {
     port: u16,
     /// One line per SendMessage received: its messageId.
     log: PathBuf,
+    /// One line per CancelTask received: its task id.
+    cancels: PathBuf,
 }
 
 impl RemoteAgent {
@@ -33,12 +35,15 @@ impl RemoteAgent {
         std::fs::create_dir_all(dir).unwrap();
         let port_file = dir.join("port");
         let log = dir.join("messages.log");
+        let cancels = dir.join("cancels.log");
         let mut cmd = std::process::Command::new(Peers::python());
         cmd.arg(Peers::script("servers/a2a_agent.py"))
             .arg("--port-file")
             .arg(&port_file)
             .arg("--log")
             .arg(&log)
+            .arg("--cancel-log")
+            .arg(&cancels)
             .args(["--token", TOKEN, "--sleep", &sleep_s.to_string()]);
         let proc = Proc::spawn("a2a-agent", cmd, &dir.join("agent.log")).unwrap();
         let port = wait_for("the a2a agent to listen", Duration::from_secs(30), || {
@@ -53,6 +58,7 @@ impl RemoteAgent {
             _proc: proc,
             port,
             log,
+            cancels,
         }
     }
 
@@ -61,17 +67,25 @@ impl RemoteAgent {
     }
 
     fn message_ids(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        lines(&self.log)
+    }
+
+    fn cancelled_tasks(&self) -> Vec<String> {
+        lines(&self.cancels)
     }
 }
 
-/// The caller's bundle: `delegates` as given, secrets `REMOTE_TOKEN` and `WRONG_TOKEN` from the
-/// environment.
-fn caller_bundle(dir: &Path, model: &FakeModel, delegates: Value) {
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The caller's bundle: `delegates` and `harness.json` as given, secrets `REMOTE_TOKEN` and
+/// `WRONG_TOKEN` from the environment.
+fn caller_bundle(dir: &Path, model: &FakeModel, delegates: Value, harness: Value) {
     write_bundle(
         dir,
         &[
@@ -91,10 +105,7 @@ fn caller_bundle(dir: &Path, model: &FakeModel, delegates: Value) {
                 json!({"REMOTE_TOKEN": {"source": "env"}, "WRONG_TOKEN": {"source": "env"}})
                     .to_string(),
             ),
-            (
-                "x-agen/harness.json",
-                json!({"parallelToolCalls": false}).to_string(),
-            ),
+            ("x-agen/harness.json", harness.to_string()),
         ],
     )
     .unwrap();
@@ -117,7 +128,11 @@ struct Fleet {
     requests: PathBuf,
 }
 
-fn fleet(steps: Value, delegates: impl FnOnce(&Path) -> Value) -> Fleet {
+fn fleet(steps: Value, delegates: Value) -> Fleet {
+    fleet_with(steps, delegates, json!({"parallelToolCalls": false}))
+}
+
+fn fleet_with(steps: Value, delegates: Value, harness: Value) -> Fleet {
     let tmp = tempfile::tempdir().unwrap();
     let hub = HubProcess::start(tmp.path()).unwrap();
     let nest = hub
@@ -134,7 +149,7 @@ fn fleet(steps: Value, delegates: impl FnOnce(&Path) -> Value) -> Fleet {
     )
     .unwrap();
     let dir = tmp.path().join("caller");
-    caller_bundle(&dir, &model, delegates(tmp.path()));
+    caller_bundle(&dir, &model, delegates, harness);
     let out = hub
         .cli(&[
             "deploy",
@@ -215,7 +230,7 @@ fn call_agent_speaks_a2a_to_a_remote_agent_and_returns_its_reply_and_artifacts()
     let url = agent.card_url();
     let f = fleet(
         json!([call_agent("pricing", "price 3 apples"), {"reply_template": "caller got: {{last_tool_result}}"}]),
-        |_| json!([remote("pricing", &url, "REMOTE_TOKEN")]),
+        json!([remote("pricing", &url, "REMOTE_TOKEN")]),
     );
     let task = f.submit("ask pricing");
     let done = f.wait(&task);
@@ -259,18 +274,16 @@ fn a_wrong_token_an_unreachable_agent_a_bad_card_and_a_failed_remote_task_are_to
             call_agent("pricing", "please REJECT"),
             {"reply": "done"}
         ]),
-        |_| {
-            json!([
-                remote("pricing", &url, "REMOTE_TOKEN"),
-                remote("wrongtoken", &url, "WRONG_TOKEN"),
-                remote(
-                    "gone",
-                    &format!("http://127.0.0.1:{closed}/.well-known/agent-card.json"),
-                    "REMOTE_TOKEN"
-                ),
-                remote("badcard", &bad_card, "REMOTE_TOKEN"),
-            ])
-        },
+        json!([
+            remote("pricing", &url, "REMOTE_TOKEN"),
+            remote("wrongtoken", &url, "WRONG_TOKEN"),
+            remote(
+                "gone",
+                &format!("http://127.0.0.1:{closed}/.well-known/agent-card.json"),
+                "REMOTE_TOKEN"
+            ),
+            remote("badcard", &bad_card, "REMOTE_TOKEN"),
+        ]),
     );
     let task = f.submit("try them all");
     let done = f.wait(&task);
@@ -328,6 +341,67 @@ fn a_wrong_token_an_unreachable_agent_a_bad_card_and_a_failed_remote_task_are_to
     assert_eq!(agent.message_ids().len(), 2, "{:?}", agent.message_ids());
 }
 
+#[test]
+fn the_tool_timeout_cancels_the_remote_task_and_cancelling_the_caller_cancels_it_too() {
+    let tmp_agent = tempfile::tempdir().unwrap();
+    let agent = RemoteAgent::start(tmp_agent.path(), 30);
+    let url = agent.card_url();
+    let f = fleet_with(
+        json!([call_agent("pricing", "take forever"), {"reply_template": "caller got: {{last_tool_result}}"}]),
+        json!([remote("pricing", &url, "REMOTE_TOKEN")]),
+        json!({"limits": {"toolTimeout": "3s"}}),
+    );
+    let task = f.submit("ask pricing");
+    let done = f.wait(&task);
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let result = done["outcome"]["result"].as_str().unwrap();
+    assert!(
+        result.starts_with("caller got: call_agent to remote agent pricing: task ")
+            && result.ends_with(" did not finish within 3s (limits.toolTimeout) and was cancelled"),
+        "{result}"
+    );
+    let cancelled = agent.cancelled_tasks();
+    assert_eq!(
+        cancelled.len(),
+        1,
+        "the timed-out task was cancelled once: {cancelled:?}"
+    );
+    assert!(
+        result.contains(&cancelled[0]),
+        "the error names the remote task: {result}"
+    );
+
+    // A cancelled caller cancels the remote task it waits for.
+    let task = f.submit("ask pricing again");
+    wait_for(
+        "the caller to wait for the remote task",
+        Duration::from_secs(60),
+        || {
+            let q = f.hub.cli_json(&["query", &task, "-o", "json"]).ok()?;
+            q["activity"]
+                .as_str()?
+                .contains("waiting for task")
+                .then_some(())
+        },
+    )
+    .unwrap();
+    let out = f.hub.cli(&["cancel", &task]).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done = f.wait(&task);
+    assert_eq!(done["state"], "cancelled", "{done}");
+    wait_for(
+        "the remote task to be cancelled",
+        Duration::from_secs(30),
+        || (agent.cancelled_tasks().len() == 2).then_some(()),
+    )
+    .unwrap();
+    assert_eq!(agent.message_ids().len(), 2, "{:?}", agent.message_ids());
+}
+
 fn instance_pid(nest: &NestProcess, digest: &str) -> Option<u32> {
     let hex = digest.strip_prefix("sha256:").unwrap_or(digest).to_owned();
     nest.descendants().into_iter().find(|pid| {
@@ -345,7 +419,7 @@ fn a_caller_killed_while_the_remote_task_works_resumes_and_polls_it_without_send
     let url = agent.card_url();
     let f = fleet(
         json!([call_agent("pricing", "price a slow thing"), {"reply_template": "caller got: {{last_tool_result}}"}]),
-        |_| json!([remote("pricing", &url, "REMOTE_TOKEN")]),
+        json!([remote("pricing", &url, "REMOTE_TOKEN")]),
     );
     let task = f.submit("ask pricing");
     // The remote task is recorded in the run log (the activity after it says so) and works.
@@ -401,6 +475,7 @@ fn agen_run_calls_a_remote_agent_with_the_token_from_its_environment() {
         &dir,
         &model,
         json!([remote("pricing", &agent.card_url(), "REMOTE_TOKEN")]),
+        json!({}),
     );
     let run = |token: Option<&str>| {
         let mut cmd = std::process::Command::new(agen_tests::agen_bin());

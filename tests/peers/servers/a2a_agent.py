@@ -1,7 +1,7 @@
 """A remote A2A agent for the a2a delegate tests, served by PyPI a2a-sdk 1.3 (JSON-RPC binding,
 plain HTTP on 127.0.0.1).
 
-    python a2a_agent.py --port-file FILE --log FILE --token TOKEN [--sleep SECONDS]
+    python a2a_agent.py --port-file FILE --log FILE --cancel-log FILE --token TOKEN [--sleep SECONDS]
 
 Binds 127.0.0.1:0 and writes its port to --port-file once it serves. Every request must carry
 `Authorization: Bearer TOKEN` (else 401, before a2a-sdk sees it). Each SendMessage it receives
@@ -62,10 +62,11 @@ class Agent(AgentExecutor):
 class Gate(BaseHTTPMiddleware):
     """Checks the bearer token and logs each SendMessage's messageId."""
 
-    def __init__(self, app, token: str, log: str):
+    def __init__(self, app, token: str, log: str, cancel_log: str):
         super().__init__(app)
         self.token = token
         self.log = log
+        self.cancel_log = cancel_log
 
     async def dispatch(self, request, call_next):
         if request.url.path.endswith("agent-card.json"):
@@ -77,19 +78,26 @@ class Gate(BaseHTTPMiddleware):
             msg = json.loads(body)
         except ValueError:
             msg = {}
-        if isinstance(msg, dict) and msg.get("method") in ("SendMessage", "SendStreamingMessage"):
-            mid = msg.get("params", {}).get("message", {}).get("messageId", "")
-            with open(self.log, "a", encoding="utf-8") as f:
-                f.write(mid + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+        method = msg.get("method") if isinstance(msg, dict) else None
+        if method in ("SendMessage", "SendStreamingMessage"):
+            append(self.log, msg.get("params", {}).get("message", {}).get("messageId", ""))
+        elif method == "CancelTask":
+            append(self.cancel_log, msg.get("params", {}).get("id", ""))
         return await call_next(request)
+
+
+def append(path: str, line: str) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port-file", required=True)
     ap.add_argument("--log", required=True)
+    ap.add_argument("--cancel-log", required=True)
     ap.add_argument("--token", required=True)
     ap.add_argument("--sleep", type=float, default=0.0)
     args = ap.parse_args()
@@ -117,7 +125,7 @@ def main() -> None:
     )
     routes = create_agent_card_routes(card) + create_jsonrpc_routes(handler, rpc_url="/rpc")
     app = Starlette(routes=routes)
-    app.add_middleware(Gate, token=args.token, log=args.log)
+    app.add_middleware(Gate, token=args.token, log=args.log, cancel_log=args.cancel_log)
 
     config = uvicorn.Config(app, log_level="warning")
     server = uvicorn.Server(config)
