@@ -121,10 +121,10 @@ fn call_agent(agent: &str, input: &str) -> Value {
 
 /// A Hub and one Nest whose environment holds the tokens, with `caller` deployed.
 struct Fleet {
-    _tmp: tempfile::TempDir,
+    tmp: tempfile::TempDir,
     hub: HubProcess,
     nest: NestProcess,
-    _model: FakeModel,
+    model: FakeModel,
     requests: PathBuf,
 }
 
@@ -165,10 +165,10 @@ fn fleet_with(steps: Value, delegates: Value, harness: Value) -> Fleet {
         String::from_utf8_lossy(&out.stderr)
     );
     Fleet {
-        _tmp: tmp,
+        tmp,
         hub,
         nest,
-        _model: model,
+        model,
         requests,
     }
 }
@@ -339,6 +339,35 @@ fn a_wrong_token_an_unreachable_agent_a_bad_card_and_a_failed_remote_task_are_to
     );
     // The wrong token and the unreachable agent sent nothing; the two tasks were sent once each.
     assert_eq!(agent.message_ids().len(), 2, "{:?}", agent.message_ids());
+
+    // Deploy refuses a remote delegate over plain http to another host, or with an undeclared
+    // token secret, naming the delegate and the fix.
+    let deploy_error = |delegate: Value| {
+        let dir = f.tmp.path().join("bad");
+        let _ = std::fs::remove_dir_all(&dir);
+        caller_bundle(&dir, &f.model, json!([delegate]), json!({}));
+        let out = f
+            .hub
+            .cli(&["deploy", dir.to_str().unwrap(), "--name", "bad"])
+            .unwrap();
+        assert!(!out.status.success(), "deploy of a bad delegate succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = deploy_error(remote(
+        "pricing",
+        "http://agents.example.com/.well-known/agent-card.json",
+        "REMOTE_TOKEN",
+    ));
+    assert!(
+        err.contains("x-agen/config.json: delegates[0].a2a: delegate `pricing`: expected the https:// URL of its agent card")
+            && err.contains("plain http would send the token in the clear to agents.example.com"),
+        "{err}"
+    );
+    let err = deploy_error(remote("pricing", &url, "UNDECLARED"));
+    assert!(
+        err.contains("secret UNDECLARED used in x-agen/config.json delegates[0].token (delegate pricing) is not declared; add \"UNDECLARED\""),
+        "{err}"
+    );
 }
 
 #[test]
