@@ -5,7 +5,8 @@
 //!
 //! What they prove: `call_agent` fetches the card, sends the call's `agen/idempotencyKey` as the
 //! `messageId`, polls the task and returns its reply and artifact text; the token comes from the
-//! Nest's (or `agen run`'s) secrets and never shows in the run log; a wrong token, an
+//! run's secrets (the Hub's store, the Nest's or `agen run`'s environment) and never shows in
+//! the run log; a wrong token, an
 //! unreachable agent, a bad card and a failed or rejected remote task are tool errors naming the
 //! agent and why; a caller killed while the remote task works resumes, polls the same remote
 //! task, and the remote agent saw exactly one SendMessage.
@@ -84,7 +85,7 @@ fn lines(path: &Path) -> Vec<String> {
 }
 
 /// The caller's bundle: `delegates` and `harness.json` as given, secrets `REMOTE_TOKEN` and
-/// `WRONG_TOKEN` from the environment.
+/// `WRONG_TOKEN` from the environment and `HUB_TOKEN` from the Hub's secret store.
 fn caller_bundle(dir: &Path, model: &FakeModel, delegates: Value, harness: Value) {
     write_bundle(
         dir,
@@ -102,7 +103,7 @@ fn caller_bundle(dir: &Path, model: &FakeModel, delegates: Value, harness: Value
             ),
             (
                 "x-agen/secrets.json",
-                json!({"REMOTE_TOKEN": {"source": "env"}, "WRONG_TOKEN": {"source": "env"}})
+                json!({"REMOTE_TOKEN": {"source": "env"}, "WRONG_TOKEN": {"source": "env"}, "HUB_TOKEN": {"source": "platform"}})
                     .to_string(),
             ),
             ("x-agen/harness.json", harness.to_string()),
@@ -119,7 +120,8 @@ fn call_agent(agent: &str, input: &str) -> Value {
     json!({"tool_calls": [{"name": "call_agent", "arguments": {"agent": agent, "input": input}}]})
 }
 
-/// A Hub and one Nest whose environment holds the tokens, with `caller` deployed.
+/// A Hub (whose secret store holds `HUB_TOKEN`) and one Nest whose environment holds the
+/// other tokens, with `caller` deployed.
 struct Fleet {
     tmp: tempfile::TempDir,
     hub: HubProcess,
@@ -148,6 +150,7 @@ fn fleet_with(steps: Value, delegates: Value, harness: Value) -> Fleet {
         &json!({"steps": steps, "record": requests}),
     )
     .unwrap();
+    set_hub_secret(&hub, "HUB_TOKEN", TOKEN);
     let dir = tmp.path().join("caller");
     caller_bundle(&dir, &model, delegates, harness);
     let out = hub
@@ -171,6 +174,34 @@ fn fleet_with(steps: Value, delegates: Value, harness: Value) -> Fleet {
         model,
         requests,
     }
+}
+
+/// `agen secrets set NAME` with the value on stdin.
+fn set_hub_secret(hub: &HubProcess, name: &str, value: &str) {
+    use std::io::Write;
+    let mut child = std::process::Command::new(agen_tests::agen_bin())
+        .args(["secrets", "set", name])
+        .env("AGEN_CONFIG", hub.dir.join("client.toml"))
+        .env_remove("AGEN_HUB")
+        .env_remove("AGEN_TOKEN")
+        .env_remove("AGEN_NAMESPACE")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{value}\n").as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "secrets set: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 impl Fleet {
@@ -230,7 +261,9 @@ fn call_agent_speaks_a2a_to_a_remote_agent_and_returns_its_reply_and_artifacts()
     let url = agent.card_url();
     let f = fleet(
         json!([call_agent("pricing", "price 3 apples"), {"reply_template": "caller got: {{last_tool_result}}"}]),
-        json!([remote("pricing", &url, "REMOTE_TOKEN")]),
+        // The token from the Hub's secret store (the other tests take theirs from the Nest's
+        // environment).
+        json!([remote("pricing", &url, "HUB_TOKEN")]),
     );
     let task = f.submit("ask pricing");
     let done = f.wait(&task);
