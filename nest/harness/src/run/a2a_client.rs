@@ -1,8 +1,9 @@
 //! A client of remote A2A agents: A2A v1.0, JSON-RPC binding, as PyPI `a2a-sdk` 1.3 speaks it
 //! (`A2A-Version: 1.0` header, proto JSON field names, `TASK_STATE_*` / `ROLE_*` enums). It
 //! fetches an agent card and finds its JSON-RPC interface, sends a message (`SendMessage`, never
-//! blocking: the task comes back at once), polls a task (`GetTask`) and cancels one
-//! (`CancelTask`); [`reply_text`] is what the calling model reads of a finished task.
+//! blocking: the task comes back at once), polls a task (`GetTask`), finds the task a message
+//! made (`ListTasks` of its context) and cancels one (`CancelTask`); [`reply_text`] is what the
+//! calling model reads of a finished task.
 //!
 //! Invariants: every request and reply is a typed struct (no `json!`); the bearer token goes
 //! only into the `Authorization` header of requests to the card's host, never into an error
@@ -120,14 +121,20 @@ pub struct Part {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Message {
+    #[serde(default)]
     pub message_id: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub context_id: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub task_id: String,
+    #[serde(default = "unspecified_role")]
     pub role: Role,
     #[serde(default)]
     pub parts: Vec<Part>,
+}
+
+fn unspecified_role() -> Role {
+    Role::Unspecified
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -159,6 +166,19 @@ pub struct SendMessageResponse {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TaskIdRequest {
     pub id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListTasksRequest {
+    pub context_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListTasksResponse {
+    #[serde(default)]
+    pub tasks: Vec<Task>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -245,6 +265,8 @@ pub struct Task {
     pub status: TaskStatus,
     #[serde(default)]
     pub artifacts: Vec<Artifact>,
+    #[serde(default)]
+    pub history: Vec<Message>,
 }
 
 #[derive(Debug, Serialize)]
@@ -358,6 +380,25 @@ impl A2aClient {
     ) -> Result<Task, A2aError> {
         let params = TaskIdRequest { id: id.to_string() };
         self.call(endpoint, token, "GetTask", &params).await
+    }
+
+    /// The task of context `context_id` that message `message_id` made, if the agent has one
+    /// (`ListTasks`, first page: a context made for one call holds one task).
+    pub async fn find_task(
+        &self,
+        endpoint: &str,
+        token: Option<&str>,
+        context_id: &str,
+        message_id: &str,
+    ) -> Result<Option<Task>, A2aError> {
+        let params = ListTasksRequest {
+            context_id: context_id.to_string(),
+        };
+        let page: ListTasksResponse = self.call(endpoint, token, "ListTasks", &params).await?;
+        Ok(page
+            .tasks
+            .into_iter()
+            .find(|t| t.history.iter().any(|m| m.message_id == message_id)))
     }
 
     /// `CancelTask`.

@@ -5,8 +5,11 @@
 //!
 //! Invariants: `tool.started` is durable before the message is sent and `remote_task.started`
 //! is durable before the task is waited for, so a resume finds the remote task in the log and
-//! polls it instead of sending again (a crash between the send and that record resends the same
-//! `messageId`, which an A2A agent may use to recognise the message). The bearer token comes from
+//! polls it instead of sending again. A crash between the send and that record is covered too:
+//! the message's `contextId` is the call's own (its idempotency key, or the call's
+//! `conversation_key`), so a resume that finds a `tool.started` and no record first asks the
+//! agent (`ListTasks` of that context) for a task holding its `messageId`, and sends only when
+//! there is none (an agent without `ListTasks` gets the same `messageId` again). The bearer token comes from
 //! the run's resolved secrets ([`RemoteAgents`]) and goes only into request headers: never into
 //! an event, an error or a log line. Every failure is a tool error naming the agent and why.
 
@@ -135,9 +138,25 @@ impl Run<'_> {
                     }
                 };
                 let key = self.idempotency_key(&call.id);
-                let sent = client
-                    .send_message(&endpoint, token, &key, &conversation_key, &input)
+                let context = if conversation_key.is_empty() {
+                    key.clone()
+                } else {
+                    conversation_key
+                };
+                let found = self
+                    .sent_before(&client, &endpoint, token, &context, &key, &call.id)
                     .await;
+                let sent = match found {
+                    Some(task) => Ok(super::a2a_client::SendMessageResponse {
+                        task: Some(task),
+                        message: None,
+                    }),
+                    None => {
+                        client
+                            .send_message(&endpoint, token, &key, &context, &input)
+                            .await
+                    }
+                };
                 let reply = match sent {
                     Ok(r) => r,
                     Err(e) => {
@@ -214,6 +233,34 @@ impl Run<'_> {
                 );
                 self.record_failure(call, ToolFailure::Failed, content, started_at)
                     .await
+            }
+        }
+    }
+
+    /// The remote task that an earlier attempt's message `key` made, when that attempt started
+    /// call `call_id` but did not record a remote task (it died in between).
+    async fn sent_before(
+        &self,
+        client: &A2aClient,
+        endpoint: &str,
+        token: Option<&str>,
+        context: &str,
+        key: &str,
+        call_id: &str,
+    ) -> Option<Task> {
+        let started_before = self
+            .req
+            .replay
+            .iter()
+            .any(|ev| matches!(ev, RunEventBody::ToolStarted(s) if s.call_id == call_id));
+        if !started_before {
+            return None;
+        }
+        match client.find_task(endpoint, token, context, key).await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(run_id = %self.req.run_id, call_id, "cannot ask the remote agent whether an earlier attempt's message reached it; sending it again with the same messageId: {e}");
+                None
             }
         }
     }
