@@ -33,6 +33,11 @@ struct RemoteAgent {
 
 impl RemoteAgent {
     fn start(dir: &Path, sleep_s: u32) -> RemoteAgent {
+        RemoteAgent::start_with(dir, sleep_s, 0)
+    }
+
+    /// `reply_delay_s`: each SendMessage's reply is held back that long after the task exists.
+    fn start_with(dir: &Path, sleep_s: u32, reply_delay_s: u32) -> RemoteAgent {
         std::fs::create_dir_all(dir).unwrap();
         let port_file = dir.join("port");
         let log = dir.join("messages.log");
@@ -45,7 +50,8 @@ impl RemoteAgent {
             .arg(&log)
             .arg("--cancel-log")
             .arg(&cancels)
-            .args(["--token", TOKEN, "--sleep", &sleep_s.to_string()]);
+            .args(["--token", TOKEN, "--sleep", &sleep_s.to_string()])
+            .args(["--reply-delay", &reply_delay_s.to_string()]);
         let proc = Proc::spawn("a2a-agent", cmd, &dir.join("agent.log")).unwrap();
         let port = wait_for("the a2a agent to listen", Duration::from_secs(30), || {
             std::fs::read_to_string(&port_file)
@@ -521,6 +527,47 @@ fn a_caller_killed_while_the_remote_task_works_resumes_and_polls_it_without_send
         "the remote agent saw exactly one SendMessage: {sent:?}"
     );
     assert_eq!(sent[0], format!("{}:0", done["run_id"].as_str().unwrap()));
+}
+
+#[test]
+fn a_caller_killed_before_it_learns_the_remote_task_id_finds_that_task_instead_of_sending_again() {
+    let tmp_agent = tempfile::tempdir().unwrap();
+    // The task exists at once, but SendMessage answers only 30 s later: the caller dies first.
+    let agent = RemoteAgent::start_with(tmp_agent.path(), 2, 30);
+    let url = agent.card_url();
+    let f = fleet(
+        json!([call_agent("pricing", "price a lost thing"), {"reply_template": "caller got: {{last_tool_result}}"}]),
+        json!([remote("pricing", &url, "REMOTE_TOKEN")]),
+    );
+    let task = f.submit("ask pricing");
+    wait_for("the SendMessage to arrive", Duration::from_secs(60), || {
+        (!agent.message_ids().is_empty()).then_some(())
+    })
+    .unwrap();
+    let q = f.hub.cli_json(&["query", &task, "-o", "json"]).unwrap();
+    let digest = q["bundle_digest"].as_str().unwrap().to_owned();
+    let pid = instance_pid(&f.nest, &digest).expect("the caller's instance runs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+
+    let done = f.wait(&task);
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["attempt"], 2, "resumed once: {done}");
+    assert_eq!(
+        done["outcome"]["result"],
+        "caller got: remote says: price a lost thing\n\nartifact answer.txt:\nartifact: price a lost thing"
+    );
+    let sent = agent.message_ids();
+    assert_eq!(
+        sent.len(),
+        1,
+        "the remote agent saw exactly one SendMessage: {sent:?}"
+    );
+    let events = f.events(&task);
+    assert!(events.contains("remote_task.started"), "{events}");
 }
 
 #[test]

@@ -1,14 +1,17 @@
 """A remote A2A agent for the a2a delegate tests, served by PyPI a2a-sdk 1.3 (JSON-RPC binding,
 plain HTTP on 127.0.0.1).
 
-    python a2a_agent.py --port-file FILE --log FILE --cancel-log FILE --token TOKEN [--sleep SECONDS]
+    python a2a_agent.py --port-file FILE --log FILE --cancel-log FILE --token TOKEN
+                        [--sleep SECONDS] [--reply-delay SECONDS]
 
 Binds 127.0.0.1:0 and writes its port to --port-file once it serves. Every request must carry
 `Authorization: Bearer TOKEN` (else 401, before a2a-sdk sees it). Each SendMessage it receives
 appends one line `<messageId>` to --log (flushed and fsynced), so a test counts sends. The agent
 answers `remote says: <input>` as a status message and an artifact `answer.txt` with
 `artifact: <input>`; an input containing `FAIL` ends the task TASK_STATE_FAILED, `REJECT`
-ends it TASK_STATE_REJECTED; --sleep makes it work that long (state WORKING) before answering.
+ends it TASK_STATE_REJECTED; --sleep makes it work that long (state WORKING) before answering;
+--reply-delay holds each SendMessage's reply back that long after the task exists (a caller that
+dies meanwhile never learns the task id).
 """
 
 import argparse
@@ -62,8 +65,9 @@ class Agent(AgentExecutor):
 class Gate(BaseHTTPMiddleware):
     """Checks the bearer token and logs each SendMessage's messageId."""
 
-    def __init__(self, app, token: str, log: str, cancel_log: str):
+    def __init__(self, app, token: str, log: str, cancel_log: str, reply_delay: float):
         super().__init__(app)
+        self.reply_delay = reply_delay
         self.token = token
         self.log = log
         self.cancel_log = cancel_log
@@ -81,7 +85,11 @@ class Gate(BaseHTTPMiddleware):
         method = msg.get("method") if isinstance(msg, dict) else None
         if method in ("SendMessage", "SendStreamingMessage"):
             append(self.log, msg.get("params", {}).get("message", {}).get("messageId", ""))
-        elif method == "CancelTask":
+            response = await call_next(request)
+            if self.reply_delay:
+                await asyncio.sleep(self.reply_delay)
+            return response
+        if method == "CancelTask":
             append(self.cancel_log, msg.get("params", {}).get("id", ""))
         return await call_next(request)
 
@@ -100,6 +108,7 @@ def main() -> None:
     ap.add_argument("--cancel-log", required=True)
     ap.add_argument("--token", required=True)
     ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--reply-delay", type=float, default=0.0)
     args = ap.parse_args()
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -125,7 +134,13 @@ def main() -> None:
     )
     routes = create_agent_card_routes(card) + create_jsonrpc_routes(handler, rpc_url="/rpc")
     app = Starlette(routes=routes)
-    app.add_middleware(Gate, token=args.token, log=args.log, cancel_log=args.cancel_log)
+    app.add_middleware(
+        Gate,
+        token=args.token,
+        log=args.log,
+        cancel_log=args.cancel_log,
+        reply_delay=args.reply_delay,
+    )
 
     config = uvicorn.Config(app, log_level="warning")
     server = uvicorn.Server(config)
