@@ -182,7 +182,7 @@ impl Run<'_> {
                     .emit(RunEventBody::RemoteTaskStarted(record), true)
                     .await
                 {
-                    tracing::warn!(run_id = %self.req.run_id, task = %task.id, "the remote task is not recorded; a resume would send the message again: {e}");
+                    tracing::warn!(run_id = %self.req.run_id, task = %task.id, "the remote task is not recorded; a resume will ask the agent for it by its messageId: {e}");
                 }
                 (endpoint, task.id.clone(), Some(task))
             }
