@@ -144,6 +144,10 @@ pub fn describe(kind: &str, json: &str) -> String {
                 cut(&compact(&a.arguments))
             )
         }
+        RunEventBody::RemoteTaskStarted(r) => format!(
+            "{} (call {}): remote A2A task {} at {}",
+            r.agent, r.call_id, r.task_id, r.endpoint
+        ),
         RunEventBody::ApprovalDecided(d) => format!(
             "{} {} by {}{}",
             d.call_id,

@@ -1,5 +1,5 @@
-//! `x-agen/config.json`: delegates, per-tool overrides (`sideEffect`, `idempotent`) and
-//! permissions (`allow` / `ask` / `deny` tool patterns).
+//! `x-agen/config.json`: delegates (deployments of the fleet, or remote A2A agents), per-tool
+//! overrides (`sideEffect`, `idempotent`) and permissions (`allow` / `ask` / `deny` tool patterns).
 //!
 //! Invariants: tool names and patterns accept both `<server>.<tool>` and `<server>_<tool>`;
 //! a pattern is a tool name where `*` matches any run of characters; deny beats ask beats
@@ -26,9 +26,12 @@ pub struct AgentConfig {
 }
 
 /// A deployment this agent may delegate to: `"researcher"` or
-/// `{"deployment": "researcher", "namespace": "team-a", "description": "..."}`.
+/// `{"deployment": "researcher", "namespace": "team-a", "description": "..."}`; or a remote A2A
+/// agent: `{"name": "pricing", "a2a": "https://host/.well-known/agent-card.json", "token":
+/// "${PRICING_TOKEN}", "description": "..."}` (then `deployment` is its `name`, and `a2a` is set).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Delegate {
+    /// The deployment's name; for a remote A2A agent, the name the model calls it by.
     pub deployment: String,
     /// `None`: the caller's own namespace.
     pub namespace: Option<String>,
@@ -38,6 +41,27 @@ pub struct Delegate {
     /// in-process; a fleet ignores it.
     #[serde(default)]
     pub bundle: Option<String>,
+    /// Set for a remote A2A agent: `call_agent` speaks A2A to it instead of starting a child task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub a2a: Option<RemoteAgent>,
+}
+
+/// A remote A2A agent (A2A v1.0, JSON-RPC binding) a delegate names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteAgent {
+    /// The URL of its agent card (`https://…/.well-known/agent-card.json`).
+    pub card_url: String,
+    /// The bearer token as written (`${NAME}`, a secret declared in `x-agen/secrets.json`);
+    /// `None`: the agent is called without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+impl Delegate {
+    /// Whether this delegate is a remote A2A agent.
+    pub fn is_remote(&self) -> bool {
+        self.a2a.is_some()
+    }
 }
 
 /// What the bundle says about a tool, overriding its server's hints.
@@ -284,8 +308,9 @@ fn parse_delegate(path: &str, v: &Value) -> Result<Delegate> {
     match v {
         Value::String(name) => {
             check_name(path, name)?;
-            Ok(Delegate { deployment: name.clone(), namespace: None, description: None, bundle: None })
+            Ok(Delegate { deployment: name.clone(), namespace: None, description: None, bundle: None, a2a: None })
         }
+        Value::Object(o) if o.contains_key("a2a") => parse_remote(path, v),
         Value::Object(_) => {
             let o = Obj::new(CONFIG_FILE, path, v, "an object")?;
             o.only_keys(&["deployment", "namespace", "description", "bundle"])?;
@@ -297,16 +322,110 @@ fn parse_delegate(path: &str, v: &Value) -> Result<Delegate> {
             if let Some(ns) = &namespace {
                 check_name(&o.field("namespace"), ns)?;
             }
-            Ok(Delegate { deployment, namespace, description: o.opt_str("description")?, bundle: o.opt_str("bundle")? })
+            Ok(Delegate { deployment, namespace, description: o.opt_str("description")?, bundle: o.opt_str("bundle")?, a2a: None })
         }
         other => Err(BundleError::invalid(
             CONFIG_FILE,
             path,
             format!(
-                "expected a deployment name or {{\"deployment\": ..., \"namespace\"?: ..., \"description\"?: ...}}, got {}",
+                "expected a deployment name, {{\"deployment\": ..., \"namespace\"?: ..., \"description\"?: ...}} or {{\"name\": ..., \"a2a\": \"https://…/agent-card.json\", \"token\"?: \"${{NAME}}\"}}, got {}",
                 kind(other)
             ),
         )),
+    }
+}
+
+/// `{"name", "a2a", "description"?, "token"?}`: a remote A2A agent.
+fn parse_remote(path: &str, v: &Value) -> Result<Delegate> {
+    let o = Obj::new(CONFIG_FILE, path, v, "an object")?;
+    o.only_keys(&["name", "a2a", "description", "token"])?;
+    let url = o
+        .opt_str("a2a")?
+        .ok_or_else(|| o.err("a2a", "expected the URL of the agent's card as a string"))?;
+    let name = match o.opt_str("name")? {
+        Some(name) => name,
+        None => name_from_card_url(&url).ok_or_else(|| {
+            o.err("name", "missing; expected the name the agent calls this remote agent by, e.g. \"name\": \"pricing\"")
+        })?,
+    };
+    if name.trim().is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(o.err(
+            "name",
+            format!("expected a name without spaces, got `{name}`"),
+        ));
+    }
+    check_card_url(&url).map_err(|m| o.err("a2a", format!("delegate `{name}`: {m}")))?;
+    let token = o.opt_str("token")?;
+    if let Some(t) = &token {
+        let refs = super::secrets::secret_refs(t)
+            .map_err(|e| o.err("token", format!("delegate `{name}`: {e}")))?;
+        if refs.is_empty() {
+            return Err(o.err(
+                "token",
+                format!("delegate `{name}`: expected a secret reference such as \"${{{}_TOKEN}}\" (declared in x-agen/secrets.json), not the token itself", name.to_uppercase().replace(|c: char| !c.is_ascii_alphanumeric(), "_")),
+            ));
+        }
+    }
+    Ok(Delegate {
+        deployment: name,
+        namespace: None,
+        description: o.opt_str("description")?,
+        bundle: None,
+        a2a: Some(RemoteAgent {
+            card_url: url,
+            token,
+        }),
+    })
+}
+
+/// The name an Agen Hub's card URL gives its deployment
+/// (`…/a2a/<namespace>/<deployment>/.well-known/agent-card.json`).
+fn name_from_card_url(url: &str) -> Option<String> {
+    let path = url.split_once("://")?.1.split_once('/')?.1;
+    let path = path.split(['?', '#']).next().unwrap_or(path);
+    let rest = path.strip_suffix("/.well-known/agent-card.json")?;
+    let name = rest.rsplit('/').next()?;
+    (!name.is_empty()).then(|| name.to_string())
+}
+
+/// An agent card URL: `https://…`, or `http://` only to this machine (127.0.0.1, localhost, [::1]).
+pub fn check_card_url(url: &str) -> std::result::Result<(), String> {
+    let expected = "expected the https:// URL of its agent card, e.g. https://agents.example.com/.well-known/agent-card.json (http:// is accepted only for 127.0.0.1 and localhost)";
+    if url.trim() != url || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "{expected}, got `{url}` (spaces or control characters)"
+        ));
+    }
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| format!("{expected}, got `{url}`"))?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = if let Some(v6) = host_port.strip_prefix('[') {
+        v6.split(']').next().unwrap_or("")
+    } else {
+        host_port.split(':').next().unwrap_or("")
+    };
+    if host.is_empty() {
+        return Err(format!("{expected}, got `{url}` (no host)"));
+    }
+    if authority.contains('@') {
+        return Err(format!("{expected}, got a URL with credentials in it; put the token in \"token\" as a secret reference"));
+    }
+    match scheme.to_ascii_lowercase().as_str() {
+        "https" => Ok(()),
+        "http"
+            if matches!(
+                host.to_ascii_lowercase().as_str(),
+                "127.0.0.1" | "localhost" | "::1"
+            ) =>
+        {
+            Ok(())
+        }
+        "http" => Err(format!(
+            "{expected}, got `{url}`: plain http would send the token in the clear to {host}"
+        )),
+        other => Err(format!("{expected}, got scheme `{other}`")),
     }
 }
 

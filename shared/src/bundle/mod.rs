@@ -37,8 +37,8 @@ pub use archive::{
     MAX_BUNDLE_BYTES, SKIPPED_DIRS,
 };
 pub use config::{
-    check_tool_pattern, model_name, tool_matches, AgentConfig, Delegate, Permission, Permissions,
-    ToolOverride, CONFIG_FILE,
+    check_card_url, check_tool_pattern, model_name, tool_matches, AgentConfig, Delegate,
+    Permission, Permissions, RemoteAgent, ToolOverride, CONFIG_FILE,
 };
 pub use error::{BundleError, Result};
 pub use harness::{HarnessConfig, Limits, ToolProtocol, HARNESS_FILE};
@@ -299,5 +299,35 @@ fn substitution_sites(bundle: &Bundle) -> Vec<(&str, String)> {
     if let Some(key) = &bundle.agent.api_key {
         sites.push((key.as_str(), format!("{AGENT_FILE} apiKey")));
     }
+    for (i, d) in bundle.config.delegates.iter().enumerate() {
+        if let Some(token) = d.a2a.as_ref().and_then(|r| r.token.as_ref()) {
+            sites.push((
+                token.as_str(),
+                format!(
+                    "{CONFIG_FILE} delegates[{i}].token (delegate {})",
+                    d.deployment
+                ),
+            ));
+        }
+    }
     sites
+}
+
+/// The bearer token of the remote A2A delegate `d` with `${NAME}` replaced from `values`
+/// (`None` when it has no token).
+pub fn delegate_token_with_secrets(
+    d: &Delegate,
+    values: &BTreeMap<String, String>,
+) -> Result<Option<String>> {
+    d.a2a
+        .as_ref()
+        .and_then(|r| r.token.as_deref())
+        .map(|t| {
+            fill(
+                t,
+                values,
+                &format!("{CONFIG_FILE} token of delegate {}", d.deployment),
+            )
+        })
+        .transpose()
 }

@@ -154,12 +154,14 @@ fn a_complete_bundle_parses_into_its_whole_value() {
                     namespace: None,
                     description: None,
                     bundle: None,
+                    a2a: None,
                 },
                 Delegate {
                     deployment: "writer".into(),
                     namespace: Some("docs".into()),
                     description: Some("writes".into()),
                     bundle: None,
+                    a2a: None,
                 },
             ],
             tools: [
@@ -440,7 +442,7 @@ fn broken_bundles_each_yield_their_specific_error() {
     check(&[(CONFIG_FILE, r#"{"tools": {"crm.upsert": {"idempotent": "yes"}}}"#)], "x-agen/config.json: tools.crm.upsert.idempotent: expected true or false, got a string");
     check(&[(CONFIG_FILE, r#"{"tools": {"crm.*": {"idempotent": true}}}"#)], "x-agen/config.json: tools.crm.*: expected a tool name, not a pattern");
     check(&[(CONFIG_FILE, r#"{"delegates": "researcher"}"#)], "x-agen/config.json: delegates: expected an array of deployment names, got a string");
-    check(&[(CONFIG_FILE, r#"{"delegates": [5]}"#)], "x-agen/config.json: delegates[0]: expected a deployment name or");
+    check(&[(CONFIG_FILE, r#"{"delegates": [5]}"#)], "x-agen/config.json: delegates[0]: expected a deployment name, ");
     check(&[(CONFIG_FILE, r#"{"delegates": ["two words"]}"#)], "x-agen/config.json: delegates[0]: expected a deployment name without spaces, got `two words`");
     check(&[(CONFIG_FILE, r#"{"delegates": [{"namespace": "x"}]}"#)], "x-agen/config.json: delegates[0].deployment: missing; expected the deployment's name");
 
@@ -736,4 +738,87 @@ fn secrets_resolve_from_their_sources_and_fill_the_places_they_are_used() {
         .unwrap_err()
         .to_string();
     assert_eq!(err, "secret CRM_TOKEN used in mcp.json mcpServers.crm.headers.Authorization has no value: no value was supplied");
+}
+
+#[test]
+fn remote_a2a_delegates_parse_and_their_mistakes_name_the_delegate_and_the_fix() {
+    let b = ok(&[
+        (
+            CONFIG_FILE,
+            r#"{"delegates": ["local", {"name": "pricing", "a2a": "https://agents.example.com/.well-known/agent-card.json", "description": "prices", "token": "${PRICING_TOKEN}"},
+                {"a2a": "http://127.0.0.1:8080/a2a/team/researcher/.well-known/agent-card.json"}]}"#,
+        ),
+        (SECRETS_FILE, r#"{"PRICING_TOKEN": {"source": "platform"}}"#),
+    ]);
+    assert_eq!(
+        b.config.delegates[1],
+        Delegate {
+            deployment: "pricing".into(),
+            namespace: None,
+            description: Some("prices".into()),
+            bundle: None,
+            a2a: Some(RemoteAgent {
+                card_url: "https://agents.example.com/.well-known/agent-card.json".into(),
+                token: Some("${PRICING_TOKEN}".into()),
+            }),
+        }
+    );
+    assert_eq!(b.config.delegates[2].deployment, "researcher");
+    assert!(!b.config.delegates[0].is_remote() && b.config.delegates[2].is_remote());
+    let values = BTreeMap::from([("PRICING_TOKEN".to_string(), "t0k".to_string())]);
+    assert_eq!(
+        delegate_token_with_secrets(&b.config.delegates[1], &values)
+            .ok()
+            .flatten(),
+        Some("t0k".to_string())
+    );
+    assert_eq!(
+        referenced_secrets(&b),
+        vec![(
+            "PRICING_TOKEN".to_string(),
+            "x-agen/config.json delegates[1].token (delegate pricing)".to_string()
+        )]
+    );
+
+    let remote = |d: &str| format!(r#"{{"delegates": [{d}]}}"#);
+    let c = |d: &str, expected: &str| check(&[(CONFIG_FILE, &remote(d))], expected);
+    c(
+        r#"{"name": "p", "a2a": "https://h/.well-known/agent-card.json", "token": "${P_TOKEN}"}"#,
+        "x-agen/secrets.json: secret P_TOKEN used in x-agen/config.json delegates[0].token (delegate p) is not declared; add \"P_TOKEN\": {\"source\": \"platform\"}",
+    );
+    c(
+        r#"{"name": "p", "a2a": "http://agents.example.com/.well-known/agent-card.json"}"#,
+        "x-agen/config.json: delegates[0].a2a: delegate `p`: expected the https:// URL of its agent card",
+    );
+    c(
+        r#"{"name": "p", "a2a": "http://agents.example.com/card.json"}"#,
+        "plain http would send the token in the clear to agents.example.com",
+    );
+    c(
+        r#"{"name": "p", "a2a": "ftp://h/card"}"#,
+        "x-agen/config.json: delegates[0].a2a: delegate `p`: expected the https:// URL of its agent card, e.g. https://agents.example.com/.well-known/agent-card.json (http:// is accepted only for 127.0.0.1 and localhost), got scheme `ftp`",
+    );
+    c(
+        r#"{"name": "p", "a2a": "https://user:pw@h/card"}"#,
+        "got a URL with credentials in it",
+    );
+    c(
+        r#"{"name": "p", "a2a": "https://h/card", "token": "s3cr3t"}"#,
+        "x-agen/config.json: delegates[0].token: delegate `p`: expected a secret reference such as \"${P_TOKEN}\" (declared in x-agen/secrets.json), not the token itself",
+    );
+    c(
+        r#"{"a2a": "https://h/card.json"}"#,
+        "x-agen/config.json: delegates[0].name: missing; expected the name the agent calls this remote agent by",
+    );
+    c(
+        r#"{"name": "p", "a2a": "https://h/card", "namespace": "x"}"#,
+        "x-agen/config.json: delegates[0].namespace: unknown key; expected one of: name, a2a, description, token",
+    );
+    c(
+        r#"{"name": "p", "a2a": 5}"#,
+        "x-agen/config.json: delegates[0].a2a: expected a string",
+    );
+    for good in ["http://localhost:9/c", "http://[::1]:9/c", "HTTPS://H/c"] {
+        assert_eq!(check_card_url(good), Ok(()), "{good}");
+    }
 }

@@ -20,6 +20,7 @@ pub mod kind {
     pub const RUN_INTERRUPTED: &str = "run.interrupted";
     pub const APPROVAL_REQUESTED: &str = "approval.requested";
     pub const APPROVAL_DECIDED: &str = "approval.decided";
+    pub const REMOTE_TASK_STARTED: &str = "remote_task.started";
 }
 
 /// What happened, one variant per kind.
@@ -63,6 +64,10 @@ pub enum RunEventBody {
     /// A person (or the approval timeout, or `--always`) decided an `ask` call.
     #[serde(rename = "approval.decided")]
     ApprovalDecided(ApprovalDecided),
+    /// A `call_agent` to a remote A2A agent made a task there (durable before it is waited
+    /// for): a resume polls that task instead of sending the message again.
+    #[serde(rename = "remote_task.started")]
+    RemoteTaskStarted(RemoteTaskStarted),
     /// A kind this version does not know (a newer peer's, or a diagnostic such as `log`):
     /// stored and shown, ignored by replay and by the task's state.
     #[serde(untagged)]
@@ -90,6 +95,18 @@ pub struct ApprovalDecided {
     /// The deciding token's name, or what decided (`approvalTimeout`).
     #[serde(default)]
     pub by: String,
+}
+
+/// `remote_task.started`: the remote A2A task a delegate call is waiting for. Never the token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteTaskStarted {
+    pub call_id: String,
+    /// The delegate's name in `x-agen/config.json`.
+    pub agent: String,
+    /// The A2A task id the remote agent gave.
+    pub task_id: String,
+    /// The JSON-RPC endpoint from the agent's card, where the task is polled.
+    pub endpoint: String,
 }
 
 /// An event of a kind this version does not read.
@@ -399,6 +416,7 @@ impl RunEventBody {
             RunEventBody::RunInterrupted(_) => kind::RUN_INTERRUPTED,
             RunEventBody::ApprovalRequested(_) => kind::APPROVAL_REQUESTED,
             RunEventBody::ApprovalDecided(_) => kind::APPROVAL_DECIDED,
+            RunEventBody::RemoteTaskStarted(_) => kind::REMOTE_TASK_STARTED,
             RunEventBody::Unknown(u) => &u.kind,
         }
     }
@@ -473,6 +491,7 @@ const KNOWN: &[&str] = &[
     kind::RUN_INTERRUPTED,
     kind::APPROVAL_REQUESTED,
     kind::APPROVAL_DECIDED,
+    kind::REMOTE_TASK_STARTED,
 ];
 
 /// A stored body that must be readable: a wrong-shaped known kind reads as `Unknown` so that

@@ -11,6 +11,8 @@
 //! [`ToolPolicy`](super::ToolPolicy) of a delegate call is retry-safe and never
 //! `effect_unknown`. A call to an agent that is not a listed delegate, or one past
 //! `limits.maxDelegationDepth`, is a tool error the model can act on and starts nothing.
+//! A delegate that is a remote A2A agent is called by [`super::remote`] instead (no child task,
+//! no delegation depth: the remote agent's work is not part of this tree).
 
 use std::time::{Duration, Instant};
 
@@ -101,9 +103,16 @@ pub(super) fn specs(h: &Harness) -> Vec<ToolSpec> {
     }
     let list: Vec<String> = delegates
         .iter()
-        .map(|d| match &d.description {
-            Some(text) => format!("- {} — {text}", delegate_name(d)),
-            None => format!("- {}", delegate_name(d)),
+        .map(|d| {
+            let remote = if d.is_remote() {
+                " (remote agent; call_agent only)"
+            } else {
+                ""
+            };
+            match &d.description {
+                Some(text) => format!("- {}{remote} — {text}", delegate_name(d)),
+                None => format!("- {}{remote}", delegate_name(d)),
+            }
         })
         .collect();
     let names: Vec<String> = delegates.iter().map(delegate_name).collect();
@@ -178,6 +187,21 @@ impl Run<'_> {
                     .await
             }
         };
+        let conversation_key = text_arg(call, "conversation_key")
+            .unwrap_or_default()
+            .to_string();
+        if let Some(remote) = &delegate.a2a {
+            if !wait {
+                return self
+                    .refuse(call, ToolFailure::BadArguments, format!(
+                        "{tool} cannot start remote agent {agent}: it is an A2A agent outside the fleet; use call_agent to run a task on it and wait for the answer"
+                    ))
+                    .await;
+            }
+            return self
+                .remote_call(call, delegate, remote, input, conversation_key)
+                .await;
+        }
         let max = self.h.bundle.harness.limits.max_delegation_depth;
         let depth = self.req.delegation_depth + 1;
         if depth > max {
@@ -195,17 +219,8 @@ impl Run<'_> {
                 ))
                 .await;
         };
-        let limit = self.h.bundle.harness.limits.max_tool_calls;
-        let n = self
-            .tool_calls
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-            + 1;
-        if n > limit {
-            return self
-                .refuse(call, ToolFailure::Limit, format!(
-                    "the run's limit of {limit} tool calls is spent (limits.maxToolCalls); {tool} was not called; answer with what you have"
-                ))
-                .await;
+        if let Some(refused) = self.spend_tool_call(call).await {
+            return refused;
         }
 
         let mut started = self.started(call, tool, true);
@@ -220,9 +235,7 @@ impl Run<'_> {
             namespace: delegate.namespace.clone(),
             deployment: delegate.deployment.clone(),
             input,
-            conversation_key: text_arg(call, "conversation_key")
-                .unwrap_or_default()
-                .to_string(),
+            conversation_key,
             idempotency_key: self.idempotency_key(&call.id),
             parent_span_id: self.span_of(&call.id),
         };
@@ -320,8 +333,32 @@ impl Run<'_> {
         }
     }
 
+    /// Counts the call against `limits.maxToolCalls`; the refusal when the limit is spent.
+    pub(super) async fn spend_tool_call(&self, call: &ToolCall) -> Option<CallResult> {
+        let limit = self.h.bundle.harness.limits.max_tool_calls;
+        let n = self
+            .tool_calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
+        if n <= limit {
+            return None;
+        }
+        let tool = &call.name;
+        Some(
+            self.refuse(call, ToolFailure::Limit, format!(
+                "the run's limit of {limit} tool calls is spent (limits.maxToolCalls); {tool} was not called; answer with what you have"
+            ))
+            .await,
+        )
+    }
+
     /// A call refused before anything was sent: recorded (not durable) and answered.
-    async fn refuse(&self, call: &ToolCall, reason: ToolFailure, content: String) -> CallResult {
+    pub(super) async fn refuse(
+        &self,
+        call: &ToolCall,
+        reason: ToolFailure,
+        content: String,
+    ) -> CallResult {
         let _ = self
             .emit(self.failed(call, &call.name, &content, reason, 0), false)
             .await;
@@ -329,7 +366,7 @@ impl Run<'_> {
     }
 
     /// A failure after the start: durable before the model sees it.
-    async fn record_failure(
+    pub(super) async fn record_failure(
         &self,
         call: &ToolCall,
         reason: ToolFailure,
@@ -343,7 +380,7 @@ impl Run<'_> {
     }
 
     /// The result after the start: durable before the model sees it.
-    async fn record_result(
+    pub(super) async fn record_result(
         &self,
         call: &ToolCall,
         content: String,

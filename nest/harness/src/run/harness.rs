@@ -83,6 +83,8 @@ pub struct Harness {
     pub(super) approver: Arc<dyn Approver>,
     /// Who runs `call_agent`/`start_agent` children (none: delegate calls need a fleet).
     pub(super) delegator: Option<Arc<dyn super::Delegator>>,
+    /// Remote A2A delegates' tokens (from the secrets) and the HTTP client that calls them.
+    pub(super) remote: super::remote::RemoteAgents,
 }
 
 impl Harness {
@@ -95,14 +97,18 @@ impl Harness {
         http: reqwest::Client,
     ) -> Result<Harness, HarnessError> {
         let config = model_config(&bundle, secrets)?;
-        let provider: Arc<dyn ModelProvider> = Arc::from(provider_for(config, http));
-        Ok(Harness::with_provider(bundle, tools, provider)?.with_secret_values(secrets))
+        let provider: Arc<dyn ModelProvider> = Arc::from(provider_for(config, http.clone()));
+        let mut h = Harness::with_provider(bundle, tools, provider)?.with_secret_values(secrets);
+        h.remote.set_http(http);
+        Ok(h)
     }
 
-    /// Secret values (and their JSON-, URL- and shell-quoted forms) to redact from tool results,
-    /// tool errors and traced tool arguments.
+    /// The run's secret values: redacted (with their JSON-, URL- and shell-quoted forms) from
+    /// tool results, tool errors and traced tool arguments, and the source of remote A2A
+    /// delegates' tokens.
     pub fn with_secret_values(mut self, secrets: &BTreeMap<String, String>) -> Harness {
         self.redactor = Redactor::of_secrets(secrets);
+        self.remote.resolve(&self.bundle, secrets);
         self
     }
 
@@ -157,6 +163,7 @@ impl Harness {
             artifacts: Arc::new(MemoryArtifacts::default()),
             approver: Arc::new(NoApprover::fleet()),
             delegator: None,
+            remote: Default::default(),
         })
     }
 

@@ -13,7 +13,8 @@
 //! (one run's state, event emission, its end), `turn` (one model turn), `native` and `keen_loop`
 //! (the two dialects' loops), `replay` (reading earlier attempts' events, for both dialects),
 //! `tools` (routing a call, the [`ToolPolicy`], MCP calls and their `_meta`), `builtins` (the
-//! built-in tools), `delegate` (`call_agent`/`start_agent`: child tasks through a [`Delegator`]), `gate` (permissions: what is offered, what is refused), `approval` (who
+//! built-in tools), `delegate` (`call_agent`/`start_agent`: child tasks through a [`Delegator`]), `remote` and
+//! `a2a_client` (`call_agent` to a remote A2A agent), `gate` (permissions: what is offered, what is refused), `approval` (who
 //! decides `ask` calls); secrets are taken out of results, errors and traces by [`crate::redact`].
 //!
 //! Invariants: a run always ends with exactly one `run.finished` event and a [`RunOutcome`]
@@ -25,6 +26,7 @@
 //! Arrows run one way: the loops use `state`, `turn`, `tools`, `replay`; nothing here imports
 //! a loop.
 
+pub mod a2a_client;
 mod approval;
 mod builtins;
 mod cut;
@@ -34,6 +36,7 @@ mod harness;
 mod host;
 mod keen_loop;
 mod native;
+mod remote;
 mod replay;
 mod state;
 mod tools;

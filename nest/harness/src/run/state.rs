@@ -135,6 +135,11 @@ impl<'h> Run<'h> {
         }
     }
 
+    /// Whether a newer attempt of this run has taken over (its work is then not ours to undo).
+    pub(super) fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::SeqCst)
+    }
+
     /// Records that a side-effecting result could not be made durable: the run stops before
     /// the model can act on it.
     pub(super) fn lose_log(&self, why: String) {
