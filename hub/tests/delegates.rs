@@ -156,3 +156,104 @@ async fn only_the_lease_holder_starts_children_and_only_to_listed_delegates_once
         .tasks;
     assert_eq!(all.len(), 2, "the caller and its one child, nothing else");
 }
+
+/// The Hub enforces `limits.maxDelegationDepth` itself: a harness that skips the check (here a
+/// hand-driven Nest) still cannot grow the tree past it; the refused call starts nothing.
+#[tokio::test]
+async fn the_hub_refuses_a_child_deeper_than_max_delegation_depth_even_when_the_harness_asks() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = TestHub::start(&dir.path().join("hub"), Duration::from_secs(10)).await;
+    let mut api = hub.client().await;
+    let selfish = dir.path().join("selfish");
+    write_bundle(&selfish, "you delegate to yourself");
+    std::fs::write(
+        selfish.join("x-agen/config.json"),
+        r#"{"delegates": ["selfish"]}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        selfish.join("x-agen/harness.json"),
+        r#"{"limits": {"maxDelegationDepth": 1}}"#,
+    )
+    .unwrap();
+    let (mut nest, _) = FakeNest::connect(&hub, "nest-a", &[], vec![]).await;
+    let up = upload(&mut api, &selfish).await.expect("upload");
+    api.create_deployment(pb::CreateDeploymentRequest {
+        namespace: "default".into(),
+        name: "selfish".into(),
+        bundle_digest: up.digest,
+        replicas: 1,
+        selector: Default::default(),
+        concurrency: 2,
+    })
+    .await
+    .expect("create deployment");
+    let place = nest.accept_placement().await;
+    let root = api
+        .submit_task(pb::SubmitTaskRequest {
+            namespace: "default".into(),
+            deployment: "selfish".into(),
+            input: "go deep".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("submit")
+        .into_inner();
+    let run = nest
+        .next_matching(|m| match m {
+            Hub::AssignRun(r) => Some(r),
+            _ => None,
+        })
+        .await;
+    let mut owner = hub.nest_client_as("nest-a").await;
+    let parent = pb::ChildParent {
+        task_id: root.task_id.clone(),
+        run_id: run.run_id.clone(),
+        attempt: run.attempt,
+        instance_id: place.instance_id.clone(),
+    };
+    let child = owner
+        .start_child(start(&parent, "selfish", &format!("{}:0", run.run_id)))
+        .await
+        .expect("depth 1 is within the limit")
+        .into_inner();
+    // Two slots: the child runs on the same instance while the root waits for it.
+    let child_run = nest
+        .next_matching(|m| match m {
+            Hub::AssignRun(r) if r.task_id == child.task_id => Some(r),
+            _ => None,
+        })
+        .await;
+    let child_parent = pb::ChildParent {
+        task_id: child.task_id.clone(),
+        run_id: child_run.run_id.clone(),
+        attempt: child_run.attempt,
+        instance_id: place.instance_id.clone(),
+    };
+    let refused = owner
+        .start_child(start(
+            &child_parent,
+            "selfish",
+            &format!("{}:0", child_run.run_id),
+        ))
+        .await
+        .expect_err("depth 2 is over the limit");
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    assert!(
+        refused
+            .message()
+            .contains("over limits.maxDelegationDepth of 1"),
+        "{}",
+        refused.message()
+    );
+    let all = api
+        .list_tasks(pb::ListTasksRequest {
+            namespace: "default".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("list")
+        .into_inner()
+        .tasks;
+    assert_eq!(all.len(), 2, "the root and its one child, no grandchild");
+}

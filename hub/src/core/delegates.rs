@@ -9,8 +9,7 @@
 //! namespace or the parent's; a child records its parent, the root run of its tree and its
 //! depth.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use agen_shared::bundle::Delegate;
@@ -57,10 +56,12 @@ pub struct ChildEnd {
     pub artifacts: Vec<String>,
 }
 
-/// Delegates by bundle digest (a digest names one content, so this never goes stale).
-fn delegates_cache() -> &'static Mutex<HashMap<String, Vec<Delegate>>> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Vec<Delegate>>>> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+/// What a bundle says about delegation: whom it may call and how deep a tree may grow.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Delegation {
+    pub delegates: Vec<Delegate>,
+    /// `limits.maxDelegationDepth` of `x-agen/harness.json`.
+    pub max_depth: u32,
 }
 
 impl Core {
@@ -89,9 +90,11 @@ impl Core {
         Ok(task.clone())
     }
 
-    /// The delegates of the bundle `digest`.
-    async fn delegates_of(&self, digest: &str) -> Result<Vec<Delegate>> {
-        if let Some(d) = delegates_cache()
+    /// The delegation rules of the bundle `digest` (read once per digest: a digest names one
+    /// content, so this never goes stale).
+    async fn delegation_of(&self, digest: &str) -> Result<Arc<Delegation>> {
+        if let Some(d) = self
+            .bundle_delegation
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(digest)
@@ -103,34 +106,45 @@ impl Core {
                 "bundle {digest} of the parent run is not in the hub's store"
             )));
         };
-        let delegates = tokio::task::spawn_blocking(move || bundle_delegates(&bytes))
+        let delegation = tokio::task::spawn_blocking(move || bundle_delegation(&bytes))
             .await
             .map_err(|e| HubError::Internal(format!("bundle check panicked: {e}")))??;
-        delegates_cache()
+        let delegation = Arc::new(delegation);
+        self.bundle_delegation
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(digest.to_string(), delegates.clone());
-        Ok(delegates)
+            .insert(digest.to_string(), delegation.clone());
+        Ok(delegation)
     }
 
     /// Starts (or finds again, by its idempotency key) the child task of a delegate call.
     pub async fn start_child(&self, p: &Parent, spec: ChildSpec) -> Result<TaskRec> {
         let parent = self.leased_parent(p)?;
-        let delegates = self.delegates_of(&parent.bundle_digest).await?;
+        let delegation = self.delegation_of(&parent.bundle_digest).await?;
         let parent_ns = namespace_or_default(&parent.namespace);
         let namespace = if spec.namespace.is_empty() {
             parent_ns.clone()
         } else {
             spec.namespace.clone()
         };
-        let listed = delegates.iter().any(|d| {
-            d.deployment == spec.deployment
+        // A remote A2A agent is called by the harness itself, never as a child task.
+        let listed = delegation.delegates.iter().any(|d| {
+            d.a2a.is_none()
+                && d.deployment == spec.deployment
                 && d.namespace.clone().unwrap_or_else(|| parent_ns.clone()) == namespace
         });
         if !listed {
             return Err(HubError::PermissionDenied(format!(
                 "deployment {namespace}/{} is not a delegate of deployment {}/{} (x-agen/config.json delegates)",
                 spec.deployment, parent.namespace, parent.deployment
+            )));
+        }
+        // The Hub holds the limit too: a harness that does not check it starts nothing deeper.
+        let depth = parent.delegation_depth + 1;
+        if depth > delegation.max_depth {
+            return Err(HubError::ResourceExhausted(format!(
+                "delegation depth: a child of task {} would make the tree {depth} deep, over limits.maxDelegationDepth of {} (x-agen/harness.json of deployment {}/{})",
+                parent.task_id, delegation.max_depth, parent.namespace, parent.deployment
             )));
         }
         if spec.idempotency_key.is_empty() {
@@ -238,8 +252,8 @@ impl Core {
     }
 }
 
-/// The delegates an uploaded bundle declares.
-pub(crate) fn bundle_delegates(bytes: &[u8]) -> Result<Vec<Delegate>> {
+/// The delegation rules an uploaded bundle declares.
+pub(crate) fn bundle_delegation(bytes: &[u8]) -> Result<Delegation> {
     let tmp = tempfile::tempdir().map_err(HubError::io(
         std::env::temp_dir(),
         "cannot create a temporary folder",
@@ -249,5 +263,8 @@ pub(crate) fn bundle_delegates(bytes: &[u8]) -> Result<Vec<Delegate>> {
         .map_err(|e| HubError::invalid(format!("bundle: {e}")))?;
     let bundle = agen_shared::bundle::Bundle::load(&dir)
         .map_err(|e| HubError::invalid(format!("bundle: {e}")))?;
-    Ok(bundle.config.delegates)
+    Ok(Delegation {
+        delegates: bundle.config.delegates,
+        max_depth: bundle.harness.limits.max_delegation_depth,
+    })
 }

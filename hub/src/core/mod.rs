@@ -79,6 +79,8 @@ pub struct Core {
     bundle_max_attempts: Mutex<HashMap<String, u32>>,
     /// `permissions` of each bundle's `x-agen/config.json`, by digest (read once).
     pub(crate) bundle_permissions: Mutex<HashMap<String, agen_shared::bundle::Permissions>>,
+    /// Delegates and `maxDelegationDepth` of each bundle, by digest (read once).
+    pub(crate) bundle_delegation: Mutex<HashMap<String, Arc<delegates::Delegation>>>,
     /// Artifact bytes stored per namespace and in all, counted once from the store; holding it
     /// makes a quota check and its write one step.
     pub(crate) artifact_usage: crate::core::artifacts::UsageLock,
@@ -145,6 +147,7 @@ impl Core {
             secrets: SecretStore::new(db.clone(), secret_key),
             artifact_usage: Default::default(),
             bundle_permissions: Default::default(),
+            bundle_delegation: Default::default(),
             db,
             bundle_secrets: Mutex::new(HashMap::new()),
             bundle_max_attempts: Mutex::new(HashMap::new()),

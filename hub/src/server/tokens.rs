@@ -63,20 +63,6 @@ fn nest_identity(n: &NestIdentityRec) -> pb::NestIdentity {
     }
 }
 
-/// The delegates an uploaded bundle declares.
-fn bundle_delegates(bytes: &[u8]) -> Result<Vec<agen_shared::bundle::Delegate>, HubError> {
-    let tmp = tempfile::tempdir().map_err(HubError::io(
-        std::env::temp_dir(),
-        "cannot create a temporary folder",
-    ))?;
-    let dir = tmp.path().join("bundle");
-    agen_shared::bundle::unpack(bytes, &dir)
-        .map_err(|e| HubError::invalid(format!("bundle: {e}")))?;
-    let bundle = agen_shared::bundle::Bundle::load(&dir)
-        .map_err(|e| HubError::invalid(format!("bundle: {e}")))?;
-    Ok(bundle.config.delegates)
-}
-
 fn kind_of(s: &str) -> Result<TokenKind, Status> {
     match s {
         "" | "api" => Ok(TokenKind::Api),
@@ -103,9 +89,11 @@ impl AccessApi {
             // CreateDeployment says that the bundle is missing.
             return Ok(());
         };
-        let delegates = tokio::task::spawn_blocking(move || bundle_delegates(&bytes))
-            .await
-            .map_err(|e| HubError::Internal(format!("bundle check panicked: {e}")))??;
+        let delegates = tokio::task::spawn_blocking(move || {
+            crate::core::delegates::bundle_delegation(&bytes).map(|d| d.delegates)
+        })
+        .await
+        .map_err(|e| HubError::Internal(format!("bundle check panicked: {e}")))??;
         let namespace = crate::core::namespace_or_default(namespace);
         for d in delegates {
             let Some(ns) = d.namespace.filter(|ns| *ns != namespace) else {
