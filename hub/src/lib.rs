@@ -42,6 +42,7 @@ pub mod fleet;
 pub mod leases;
 pub mod lifecycle;
 pub mod limits;
+mod listener;
 pub mod logs;
 pub mod metrics;
 pub mod model;
@@ -118,6 +119,16 @@ impl HubHandle {
         self.shutdown.cancel();
         self.wait().await
     }
+}
+
+/// The connections the Hub serves: TLS (handshaken by [`listener`]) or plaintext on loopback.
+enum Incoming {
+    Tls(
+        tokio_stream::wrappers::ReceiverStream<
+            std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
+        >,
+    ),
+    Plain(tonic::transport::server::TcpIncoming),
 }
 
 /// Reads the token in `path`, or writes a new one produced by `make` (mode 0600).
@@ -243,28 +254,19 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         hub_tls.ca_sha256.clone(),
     )
     .await?;
-    let mut builder = tonic::transport::Server::builder()
+    // One port, two protocols: gRPC over h2 and the A2A HTTP API over h2 or HTTP/1.1 (the TLS
+    // listener offers both by ALPN; plaintext connections are told apart by their preface).
+    let router = tonic::transport::Server::builder()
+        .accept_http1(true)
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)));
-    if !opts.insecure_plaintext {
-        let identity = tonic::transport::Identity::from_pem(
-            &hub_tls.server_chain_pem,
-            &hub_tls.server_key_pem,
-        );
-        builder = builder
-            .tls_config(
-                tonic::transport::ServerTlsConfig::new()
-                    .identity(identity)
-                    // Nests present the certificate `Join` issued; CLI and automation clients
-                    // have none and authenticate with the admin token.
-                    .client_ca_root(tonic::transport::Certificate::from_pem(&hub_tls.ca_pem))
-                    .client_auth_optional(true),
-            )
-            .map_err(|e| HubError::Serve(format!("tls: {e}")))?;
-    }
-    let router = builder
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
         .layer(server::malformed_request_layer::<tonic::body::Body>())
         .add_routes(routes);
+    let tls_config = if opts.insecure_plaintext {
+        None
+    } else {
+        Some(listener::server_config(&hub_tls)?)
+    };
 
     let metrics_addr = match opts.metrics_listen {
         Some(at) => {
@@ -296,8 +298,17 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         otlp::follow(otlp, core.clone())?;
     }
     let reconciler = tokio::spawn(core.clone().run_reconciler(shutdown.child_token()));
-    // Small replies (acks, task states) must not wait on the peer's delayed ACK.
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = match tls_config {
+        Some(config) => Incoming::Tls(listener::tls_incoming(
+            listener,
+            config,
+            shutdown.child_token(),
+        )),
+        // Small replies (acks, task states) must not wait on the peer's delayed ACK.
+        None => Incoming::Plain(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+        ),
+    };
     let stop = shutdown.clone();
     let serving = tokio::spawn(async move {
         let closing = core.clone();
@@ -309,8 +320,15 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
                 closing.close_links();
             }
         };
-        let serve = router.serve_with_incoming_shutdown(incoming, signal);
-        tokio::pin!(serve);
+        let mut serve: std::pin::Pin<
+            Box<
+                dyn std::future::Future<Output = std::result::Result<(), tonic::transport::Error>>
+                    + Send,
+            >,
+        > = match incoming {
+            Incoming::Tls(s) => Box::pin(router.serve_with_incoming_shutdown(s, signal)),
+            Incoming::Plain(s) => Box::pin(router.serve_with_incoming_shutdown(s, signal)),
+        };
         let result = tokio::select! {
             r = &mut serve => r.map_err(|e| HubError::Serve(e.to_string())),
             _ = async { stop.cancelled().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
