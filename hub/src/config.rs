@@ -39,6 +39,9 @@ pub struct HubOptions {
     pub metrics_listen: Option<SocketAddr>,
     /// Where to export each finished task's trace over OTLP; `None`: not exported.
     pub otlp: Option<OtlpOptions>,
+    /// The URL A2A clients reach the Hub at (`https://host:port`, the A2A interface URLs of the
+    /// agent cards start with it); `None`: the listen address.
+    pub public_url: Option<String>,
 }
 
 /// How the Hub speaks OTLP (`OTEL_EXPORTER_OTLP_PROTOCOL`).
@@ -146,6 +149,7 @@ impl Default for HubOptions {
             limits: crate::limits::Limits::default(),
             metrics_listen: None,
             otlp: None,
+            public_url: None,
         }
     }
 }
@@ -171,6 +175,16 @@ impl HubOptions {
                 "--insecure-plaintext is only allowed on a loopback listen address, not {}; listen on 127.0.0.1 or drop the flag to serve TLS",
                 self.listen
             )));
+        }
+        if let Some(u) = &self.public_url {
+            let rest = u
+                .strip_prefix("https://")
+                .or_else(|| u.strip_prefix("http://"));
+            if !rest.is_some_and(|r| !r.is_empty() && !r.contains(['?', '#', ' '])) {
+                return Err(HubError::Config(format!(
+                    "--public-url {u:?}: expected the Hub's URL as clients reach it, such as https://hub.example.com:7070"
+                )));
+            }
         }
         if self.nest_ttl < Duration::from_millis(200) {
             return Err(HubError::Config(format!(

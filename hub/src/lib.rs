@@ -32,6 +32,7 @@
 //! client certificate issued by `Join` whose key is the one its id is bound to (the Hub
 //! identifies the Nest by it, never by what the Nest says); health and reflection need none.
 
+pub mod a2a;
 pub mod approvals;
 pub mod artifacts;
 pub mod config;
@@ -246,6 +247,8 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         _ => url.clone(),
     };
 
+    let public_url = opts.public_url.clone().unwrap_or_else(|| url.clone());
+    let a2a_routes = a2a::router(core.clone(), tokens.clone(), &public_url);
     let routes = server::routes(
         core.clone(),
         tokens,
@@ -254,6 +257,8 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         hub_tls.ca_sha256.clone(),
     )
     .await?;
+    // The A2A HTTP API beside the gRPC services (tonic's routes are an axum router).
+    let routes = tonic::service::Routes::from(routes.into_axum_router().merge(a2a_routes));
     // One port, two protocols: gRPC over h2 and the A2A HTTP API over h2 or HTTP/1.1 (the TLS
     // listener offers both by ALPN; plaintext connections are told apart by their preface).
     let router = tonic::transport::Server::builder()

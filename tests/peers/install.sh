@@ -2,7 +2,8 @@
 # Installs the third-party MCP peers the end-to-end tests run, pinned, inside the build tree:
 #   target/peers/venv           PyPI mcp (official SDK, used as a client too) + mcp-server-time,
 #                               prometheus-client (its text parser reads /metrics scrapes),
-#                               grpcio + opentelemetry-proto (the OTLP receiver of the otlp tests)
+#                               grpcio + opentelemetry-proto (the OTLP receiver of the otlp tests),
+#                               a2a-sdk (the A2A client of the a2a tests)
 #   target/peers/node_modules   npm @modelcontextprotocol/server-filesystem, server-everything
 # Skips what is already installed at the pinned versions. Safe to run repeatedly.
 set -euo pipefail
