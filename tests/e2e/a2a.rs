@@ -423,6 +423,34 @@ fn an_ask_call_is_input_required_over_a2a_and_tokens_that_may_not_submit_are_ref
             ("elsewhere", true, true)
         ]
     );
+    // Size limits: a body over twice the input limit plus 64 KiB is refused before it is read
+    // whole (413); an input over the limit in a smaller body is a JSON-RPC error naming it.
+    let big = f.a2a(
+        &admin,
+        "asker",
+        json!({"op": "raw_send", "size": 3 * 1024 * 1024}),
+    );
+    assert_eq!(big["status"], 413, "{big}");
+    let over = f.a2a(
+        &admin,
+        "asker",
+        json!({"op": "raw_send", "size": 1024 * 1024 + 1}),
+    );
+    assert_eq!(over["status"], 200, "{over}");
+    assert_eq!(over["body"]["error"]["code"], -32602, "{over}");
+    assert!(
+        over["body"]["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("input")),
+        "{over}"
+    );
+    let tasks = f.hub.cli_json(&["tasks", "-o", "json"]).unwrap();
+    assert_eq!(
+        tasks.as_array().map(Vec::len),
+        Some(1),
+        "only the approved task: {tasks}"
+    );
+
     // Nothing ran for them: the one approved call is the only execution.
     let ran = std::fs::read_to_string(&marker).unwrap_or_default();
     assert_eq!(ran.lines().count(), 1, "{ran}");

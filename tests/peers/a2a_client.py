@@ -8,12 +8,14 @@ stdin is ONE JSON object:
 
     {"agent": "https://127.0.0.1:PORT/a2a/<namespace>/<deployment>",
      "token": "<Hub API token>", "ca_file": "<the Hub's ca.pem>",
-     "op": "card" | "send" | "get" | "cancel" | "subscribe",
+     "op": "card" | "send" | "get" | "cancel" | "subscribe" | "raw_send",
      # send:
      "text": "...", "message_id"?: "...", "context_id"?: "...", "task_id"?: "...",
      "stream"?: false, "return_immediately"?: false,
      # get / cancel / subscribe:
-     "id": "<task id>"}
+     "id": "<task id>",
+     # raw_send (a hand-made SendMessage of `size` bytes of text, outside the SDK):
+     "size": N}
 
 It resolves the agent card from `<agent>/.well-known/agent-card.json` with the token, makes a
 client with `ClientFactory` (JSON-RPC binding, HTTP/1.1 httpx), runs the one operation and
@@ -22,6 +24,7 @@ prints ONE JSON object on stdout (ProtoJSON field names, as the SDK parsed them)
     {"card": {...}}                      card
     {"events": [StreamResponse, ...]}    send (a non-streaming send yields one event), subscribe
     {"task": Task}                       get, cancel
+    {"status": 413, "body": ...}         raw_send
     {"error": "<type>: <message>"}       any refusal (the exit code is 0 either way)
 """
 
@@ -58,6 +61,26 @@ async def run(req):
         if op == "card":
             card = await A2ACardResolver(http, req["agent"]).get_agent_card()
             return {"card": to_dict(card)}
+        if op == "raw_send":
+            # A SendMessage of `size` bytes of text, posted by hand: HTTP status and body.
+            body = {
+                "jsonrpc": "2.0",
+                "id": "1",
+                "method": "SendMessage",
+                "params": {
+                    "message": {
+                        "messageId": str(uuid.uuid4()),
+                        "role": "ROLE_USER",
+                        "parts": [{"text": "x" * req["size"]}],
+                    }
+                },
+            }
+            r = await http.post(req["agent"], json=body)
+            try:
+                parsed = r.json()
+            except ValueError:
+                parsed = r.text
+            return {"status": r.status_code, "body": parsed}
         factory = ClientFactory(
             ClientConfig(
                 httpx_client=http,

@@ -206,13 +206,17 @@ impl Call {
         let mut updates = self.a.core.subscribe();
         let deadline = tokio::time::Instant::now() + within;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut open = true;
         loop {
             let t = self.task(id)?;
             if done(&t) || tokio::time::Instant::now() >= deadline {
                 return Ok(t);
             }
             tokio::select! {
-                _ = updates.recv() => {}
+                r = updates.recv(), if open => {
+                    // A closed broadcast (the Hub stopping) leaves the re-reads.
+                    open = !matches!(r, Err(tokio::sync::broadcast::error::RecvError::Closed));
+                }
                 _ = tick.tick() => {}
                 _ = tokio::time::sleep_until(deadline) => {}
             }
