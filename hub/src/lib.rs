@@ -255,6 +255,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         nest_identities,
         (!opts.insecure_plaintext).then(|| Arc::new(hub_tls.clone())),
         hub_tls.ca_sha256.clone(),
+        public_url,
     )
     .await?;
     // The A2A HTTP API beside the gRPC services (tonic's routes are an axum router).

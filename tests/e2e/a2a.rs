@@ -10,7 +10,9 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use agen_tests::{mcp_json, wait_for, write_bundle, FakeModel, HubProcess, NestProcess, Peers};
+use agen_tests::{
+    free_port, mcp_json, wait_for, write_bundle, FakeModel, HubProcess, NestProcess, Peers,
+};
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
 
@@ -87,8 +89,13 @@ impl Fleet {
     }
 
     /// Runs one operation of the a2a-sdk client against deployment `deployment`.
-    fn a2a(&self, token: &str, deployment: &str, mut op: Value) -> Value {
-        op["agent"] = json!(format!("{}/a2a/default/{deployment}", self.hub.url()));
+    fn a2a(&self, token: &str, deployment: &str, op: Value) -> Value {
+        self.a2a_at(&self.hub.url(), token, deployment, op)
+    }
+
+    /// [`Fleet::a2a`] with the Hub at `base` (a public URL).
+    fn a2a_at(&self, base: &str, token: &str, deployment: &str, mut op: Value) -> Value {
+        op["agent"] = json!(format!("{base}/a2a/default/{deployment}"));
         op["token"] = json!(token);
         op["ca_file"] = json!(self.hub.dir.join("hub/tls/ca.pem"));
         let mut child = Command::new(Peers::python())
@@ -173,6 +180,34 @@ fn an_a2a_sdk_client_fetches_the_card_sends_streams_gets_cancels_and_continues_a
     assert_eq!(
         card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"], "Bearer",
         "{card}"
+    );
+
+    // `agen a2a ls` prints each deployment's card URL (the Hub's listen address by default).
+    let ls = f.hub.cli_json(&["a2a", "ls", "-o", "json"]).unwrap();
+    let listed: Vec<(String, String)> = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            (
+                d["deployment"].as_str().unwrap().to_owned(),
+                d["card_url"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let card_url = |d: &str| {
+        format!(
+            "{}/a2a/default/{d}/.well-known/agent-card.json",
+            f.hub.url()
+        )
+    };
+    assert_eq!(
+        listed,
+        vec![
+            ("echo".to_owned(), card_url("echo")),
+            ("slow".to_owned(), card_url("slow")),
+            ("writer".to_owned(), card_url("writer")),
+        ]
     );
 
     // SendMessage waits for the end: the result, and the artifact with its content.
@@ -327,7 +362,20 @@ fn an_a2a_sdk_client_fetches_the_card_sends_streams_gets_cancels_and_continues_a
 
 #[test]
 fn an_ask_call_is_input_required_over_a2a_and_tokens_that_may_not_submit_are_refused() {
-    let mut f = Fleet::start();
+    // The Hub's public URL (here `localhost`, a name its certificate has) makes the card URLs
+    // and the cards' interface URLs; clients then reach it there.
+    let port = free_port();
+    let public = format!("https://localhost:{port}");
+    let tmp = tempfile::tempdir().unwrap();
+    let hub =
+        HubProcess::start_with_args(tmp.path(), port, "3s", &["--public-url", &public]).unwrap();
+    let nest = hub.nest("solo", &[], &[]).unwrap();
+    let mut f = Fleet {
+        tmp,
+        hub,
+        _nest: nest,
+        models: Vec::new(),
+    };
     let marker = f.tmp.path().join("run-executions.txt");
     let script = json!({"steps": [
         {"tool_calls": [{"name": "ws_run", "arguments": {"command": format!("echo ran >> {}", marker.display())}}]},
@@ -351,10 +399,27 @@ fn an_ask_call_is_input_required_over_a2a_and_tokens_that_may_not_submit_are_ref
         ],
     );
     let admin = f.admin_token();
+    let ls = f.hub.cli_json(&["a2a", "ls", "-o", "json"]).unwrap();
+    assert_eq!(
+        ls[0]["card_url"],
+        format!("{public}/a2a/default/asker/.well-known/agent-card.json"),
+        "{ls}"
+    );
+    let card = f.a2a_at(&public, &admin, "asker", json!({"op": "card"}));
+    assert_eq!(
+        card["card"]["supportedInterfaces"][0]["url"],
+        format!("{public}/a2a/default/asker"),
+        "{card}"
+    );
 
     // The blocking send comes back when the task needs a person: INPUT_REQUIRED, naming
     // `agen approve`.
-    let r = f.a2a(&admin, "asker", json!({"op": "send", "text": "run it"}));
+    let r = f.a2a_at(
+        &public,
+        &admin,
+        "asker",
+        json!({"op": "send", "text": "run it"}),
+    );
     let t = sent_task(&r);
     assert_eq!(t["status"]["state"], "TASK_STATE_INPUT_REQUIRED", "{r}");
     let id = t["id"].as_str().unwrap().to_owned();
