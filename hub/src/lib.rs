@@ -10,7 +10,8 @@
 //! history, scale, rollback, removal), `tasks` (queue, dispatch, run events, conversations),
 //! [`metrics`] (Prometheus metrics, `--metrics-listen`), [`logs`] (log requests in flight between `ReadLogs` and the Nests' `SendLogs`),
 //! `leases` (who may run a task now: ownership of run events, reconciliation with what Nests
-//! run, start deadlines), [`secrets`] (the secret store, sealed at rest).
+//! run, start deadlines), [`secrets`] (the secret store, sealed at rest), `listener` (the one
+//! TLS port: gRPC over h2, HTTP/1.1 too), [`a2a`] (every deployment an A2A agent on that port).
 //!
 //! Data dir (`--data-dir`, default `$AGEN_DATA_DIR/hub` else `~/.local/share/agen/hub`):
 //! `db/` (sled), `tls/ca.pem` + `tls/ca.key` (0600; created on first start, the server

@@ -106,7 +106,16 @@ impl IntoResponse for Refusal {
 
 impl A2a {
     /// The caller, when its bearer may submit tasks in `namespace` (the `SubmitTask` rule).
-    fn authorize(&self, headers: &HeaderMap, namespace: &str) -> Result<Principal, Refusal> {
+    fn authorize(
+        &self,
+        headers: &HeaderMap,
+        namespace: &str,
+        deployment: &str,
+    ) -> Result<Principal, Refusal> {
+        // Names first: nothing longer or stranger than a name is echoed back.
+        crate::limits::validate_name("namespace", namespace)
+            .and_then(|()| crate::limits::validate_name("deployment", deployment))
+            .map_err(|e| Refusal(StatusCode::BAD_REQUEST, format!("{e} (in the URL path)")))?;
         let token = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -215,7 +224,7 @@ async fn agent_card(
     Path((namespace, deployment)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(r) = a.authorize(&headers, &namespace) {
+    if let Err(r) = a.authorize(&headers, &namespace, &deployment) {
         return r.into_response();
     }
     let url = a.interface_url(&namespace, &deployment);
@@ -255,7 +264,7 @@ async fn rpc(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let principal = match a.authorize(&headers, &namespace) {
+    let principal = match a.authorize(&headers, &namespace, &deployment) {
         Ok(p) => p,
         Err(r) => return r.into_response(),
     };
