@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 struct Fleet {
     tmp: tempfile::TempDir,
     hub: HubProcess,
-    _nest: NestProcess,
+    _nest: Option<NestProcess>,
     models: Vec<FakeModel>,
 }
 
@@ -31,7 +31,7 @@ impl Fleet {
         Fleet {
             tmp,
             hub,
-            _nest: nest,
+            _nest: Some(nest),
             models: Vec::new(),
         }
     }
@@ -373,7 +373,7 @@ fn an_ask_call_is_input_required_over_a2a_and_tokens_that_may_not_submit_are_ref
     let mut f = Fleet {
         tmp,
         hub,
-        _nest: nest,
+        _nest: Some(nest),
         models: Vec::new(),
     };
     let marker = f.tmp.path().join("run-executions.txt");
@@ -519,4 +519,35 @@ fn an_ask_call_is_input_required_over_a2a_and_tokens_that_may_not_submit_are_ref
     // Nothing ran for them: the one approved call is the only execution.
     let ran = std::fs::read_to_string(&marker).unwrap_or_default();
     assert_eq!(ran.lines().count(), 1, "{ran}");
+}
+
+#[test]
+fn silent_connections_hold_up_neither_grpc_nor_http1_clients_on_the_one_port() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    // Connections that never start their TLS handshake (a slowloris at the TLS layer).
+    let silent: Vec<std::net::TcpStream> = (0..20)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", hub.port)).unwrap())
+        .collect();
+    let started = std::time::Instant::now();
+    // gRPC over h2 still answers.
+    let ps = hub.cli_json(&["ps", "-o", "json"]).unwrap();
+    assert_eq!(ps, json!([]));
+    // HTTP/1.1 (a2a-sdk's httpx) still answers: no deployment `ghost`, so 404 naming it.
+    let f = Fleet {
+        tmp,
+        hub,
+        _nest: None,
+        models: Vec::new(),
+    };
+    let admin = f.admin_token();
+    let card = f.a2a(&admin, "ghost", json!({"op": "card"}));
+    let err = card["error"].as_str().unwrap_or_default();
+    assert!(err.contains("404") && err.contains("ghost"), "{card}");
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "served in {:?} beside {} silent connections (the handshake deadline is 10 s)",
+        started.elapsed(),
+        silent.len()
+    );
 }
