@@ -40,7 +40,8 @@ pub struct HubOptions {
     /// Where to export each finished task's trace over OTLP; `None`: not exported.
     pub otlp: Option<OtlpOptions>,
     /// The URL A2A clients reach the Hub at (`https://host:port`, the A2A interface URLs of the
-    /// agent cards start with it); `None`: the listen address.
+    /// agent cards start with it); `None`: the listen address (the primary address when
+    /// listening on all addresses).
     pub public_url: Option<String>,
 }
 
@@ -251,6 +252,30 @@ mod tests {
             vars.iter()
                 .find(|(n, _)| *n == k)
                 .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn a_public_url_is_an_http_or_https_url_with_a_host() {
+        let check = |u: &str| {
+            HubOptions {
+                public_url: Some(u.into()),
+                ..HubOptions::default()
+            }
+            .validate()
+            .is_ok()
+        };
+        assert!(check("https://agents.example.com"));
+        assert!(check("https://agents.example.com:8443/base"));
+        assert!(check("http://127.0.0.1:7070"));
+        for bad in [
+            "agents.example.com",
+            "https://",
+            "ftp://x",
+            "https://a b",
+            "https://x?y",
+        ] {
+            assert!(!check(bad), "{bad} was accepted");
         }
     }
 

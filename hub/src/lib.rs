@@ -248,7 +248,8 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         _ => url.clone(),
     };
 
-    let public_url = opts.public_url.clone().unwrap_or_else(|| url.clone());
+    // Default: the URL other machines use (the primary address when listening on all).
+    let public_url = opts.public_url.clone().unwrap_or_else(|| nest_url.clone());
     let a2a_routes = a2a::router(core.clone(), tokens.clone(), &public_url);
     let routes = server::routes(
         core.clone(),

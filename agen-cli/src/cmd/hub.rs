@@ -29,7 +29,8 @@ pub struct Args {
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// The URL A2A clients reach this Hub at (https://host:port); the agent cards' interface
-    /// URLs start with it [default: https://<listen address>]
+    /// URLs start with it [default: https://<listen address>; the primary address when
+    /// listening on all addresses]
     #[arg(long, value_name = "URL", env = "AGEN_HUB_PUBLIC_URL")]
     pub public_url: Option<String>,
     /// Address to listen on
