@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used)] // a test: a panic is a failure with its message
 
-use std::io::Write;
+use std::io::{BufRead, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -358,6 +358,74 @@ fn an_a2a_sdk_client_fetches_the_card_sends_streams_gets_cancels_and_continues_a
             .is_some_and(|e| e.contains("has ended") && e.contains("contextId")),
         "{s}"
     );
+
+    // A stream ends the moment its token is revoked.
+    let t = f
+        .hub
+        .cli_json(&[
+            "tokens",
+            "create",
+            "--namespace",
+            "default",
+            "--role",
+            "submitter",
+            "--name",
+            "a2a-watcher",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    let (watcher_id, watcher) = (
+        t["id"].as_str().unwrap().to_owned(),
+        t["secret"].as_str().unwrap().to_owned(),
+    );
+    let r = f.a2a(
+        &watcher,
+        "slow",
+        json!({"op": "send", "text": "watch me", "return_immediately": true}),
+    );
+    let watched = sent_task(&r)["id"].as_str().unwrap().to_owned();
+    let mut op = json!({"op": "subscribe", "id": watched, "announce": true});
+    op["agent"] = json!(format!("{}/a2a/default/slow", f.hub.url()));
+    op["token"] = json!(watcher);
+    op["ca_file"] = json!(f.hub.dir.join("hub/tls/ca.pem"));
+    let mut child = Command::new(Peers::python())
+        .arg(Peers::script("a2a_client.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(op.to_string().as_bytes())
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert_eq!(first, r#"{"attached": true}"#);
+    let out = f.hub.cli(&["tokens", "revoke", &watcher_id]).unwrap();
+    assert!(
+        out.status.success(),
+        "revoke: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let revoked_at = std::time::Instant::now();
+    let last: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    let ended_in = revoked_at.elapsed();
+    child.wait().unwrap();
+    assert!(
+        last["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("revoked")),
+        "{last}"
+    );
+    assert!(
+        ended_in < Duration::from_secs(5),
+        "the stream ended {ended_in:?} after the revoke"
+    );
+    assert_eq!(f.state_of(&watched), "running", "the task itself goes on");
 }
 
 #[test]

@@ -23,6 +23,8 @@ prints ONE JSON object on stdout (ProtoJSON field names, as the SDK parsed them)
 
     {"card": {...}}                      card
     {"events": [StreamResponse, ...]}    send (a non-streaming send yields one event), subscribe
+                                         (with "announce": true, a line {"attached": true}
+                                         comes first, once the stream is open)
     {"task": Task}                       get, cancel
     {"status": 413, "body": ...}         raw_send
     {"error": "<type>: <message>"}       any refusal (the exit code is 0 either way)
@@ -108,10 +110,12 @@ async def run(req):
         if op == "cancel":
             return {"task": to_dict(await client.cancel_task(CancelTaskRequest(id=req["id"])))}
         if op == "subscribe":
-            events = [
-                to_dict(ev)
-                async for ev in client.subscribe(SubscribeToTaskRequest(id=req["id"]))
-            ]
+            events = []
+            async for ev in client.subscribe(SubscribeToTaskRequest(id=req["id"])):
+                if not events and req.get("announce"):
+                    # Tells the test the stream is open before the final object.
+                    print(json.dumps({"attached": True}), flush=True)
+                events.append(to_dict(ev))
             return {"events": events}
         raise ValueError(f"unknown op {op!r}")
 
