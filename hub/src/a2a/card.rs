@@ -92,7 +92,7 @@ fn build(facts: BundleFacts, digest: &str, interface_url: String) -> AgentCard {
             SCHEME.to_string(),
             SecurityScheme {
                 http_auth_security_scheme: HttpAuthSecurityScheme {
-                    description: "an Agen Hub API token that may submit tasks in this namespace (agen token create --role submitter)".into(),
+                    description: "an Agen Hub API token that may submit tasks in this namespace (agen tokens create --namespace NS --role submitter)".into(),
                     scheme: "Bearer".into(),
                 },
             },

@@ -128,7 +128,7 @@ impl A2a {
         let Some(token) = token else {
             return Err(Refusal(
                 StatusCode::UNAUTHORIZED,
-                "missing `Authorization: Bearer <token>`; send a Hub API token that may submit tasks in this namespace (agen token create --role submitter)".into(),
+                "missing `Authorization: Bearer <token>`; send a Hub API token that may submit tasks in this namespace (agen tokens create --namespace NS --role submitter)".into(),
             ));
         };
         let principal = self
