@@ -63,6 +63,9 @@ pub enum Command {
     /// Artifacts saved by agents
     #[command(subcommand)]
     Artifacts(cmd::artifacts::Command),
+    /// Deployments as A2A agents: `agen a2a ls` prints each one's agent card URL
+    #[command(subcommand)]
+    A2a(cmd::a2a::Command),
     /// Secrets with source platform: set (value from stdin), ls, rm
     #[command(subcommand)]
     Secrets(cmd::secrets::Command),
@@ -138,6 +141,7 @@ pub fn main(cli: Cli) -> i32 {
             Command::Trace(a) => cmd::trace::run(a).await,
             Command::Logs(a) => cmd::logs::run(a).await,
             Command::Artifacts(c) => cmd::artifacts::run(c).await,
+            Command::A2a(c) => cmd::a2a::run(c).await,
             Command::Secrets(c) => cmd::secrets::run(c).await,
             Command::Tokens(c) => cmd::tokens::run(c).await,
             Command::Audit(a) => cmd::audit::run(a).await,

@@ -117,6 +117,7 @@ pub fn deployment_json(d: &pb::Deployment) -> Value {
         "name": d.name,
         "deployment": d.name,
         "agent": d.agent_name,
+        "a2a_card_url": d.a2a_card_url,
         "bundle_digest": d.bundle_digest,
         "replicas": d.replicas,
         "ready_replicas": d.ready_replicas,

@@ -39,6 +39,10 @@ pub struct HubOptions {
     pub metrics_listen: Option<SocketAddr>,
     /// Where to export each finished task's trace over OTLP; `None`: not exported.
     pub otlp: Option<OtlpOptions>,
+    /// The URL A2A clients reach the Hub at (`https://host:port`, the A2A interface URLs of the
+    /// agent cards start with it); `None`: the listen address (the primary address when
+    /// listening on all addresses).
+    pub public_url: Option<String>,
 }
 
 /// How the Hub speaks OTLP (`OTEL_EXPORTER_OTLP_PROTOCOL`).
@@ -148,6 +152,7 @@ impl Default for HubOptions {
             limits: crate::limits::Limits::default(),
             metrics_listen: None,
             otlp: None,
+            public_url: None,
         }
     }
 }
@@ -173,6 +178,16 @@ impl HubOptions {
                 "--insecure-plaintext is only allowed on a loopback listen address, not {}; listen on 127.0.0.1 or drop the flag to serve TLS",
                 self.listen
             )));
+        }
+        if let Some(u) = &self.public_url {
+            let rest = u
+                .strip_prefix("https://")
+                .or_else(|| u.strip_prefix("http://"));
+            if !rest.is_some_and(|r| !r.is_empty() && !r.contains(['?', '#', ' '])) {
+                return Err(HubError::Config(format!(
+                    "--public-url {u:?}: expected the Hub's URL as clients reach it, such as https://hub.example.com:7070"
+                )));
+            }
         }
         if self.nest_ttl < Duration::from_millis(200) {
             return Err(HubError::Config(format!(
@@ -239,6 +254,30 @@ mod tests {
             vars.iter()
                 .find(|(n, _)| *n == k)
                 .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn a_public_url_is_an_http_or_https_url_with_a_host() {
+        let check = |u: &str| {
+            HubOptions {
+                public_url: Some(u.into()),
+                ..HubOptions::default()
+            }
+            .validate()
+            .is_ok()
+        };
+        assert!(check("https://agents.example.com"));
+        assert!(check("https://agents.example.com:8443/base"));
+        assert!(check("http://127.0.0.1:7070"));
+        for bad in [
+            "agents.example.com",
+            "https://",
+            "ftp://x",
+            "https://a b",
+            "https://x?y",
+        ] {
+            assert!(!check(bad), "{bad} was accepted");
         }
     }
 

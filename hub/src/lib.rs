@@ -10,7 +10,8 @@
 //! nests and liveness, reconcile, tasks (submit, dispatch, events, outcome, query), leases,
 //! lifecycle, cordon, approvals, delegates, artifacts),
 //! [`metrics`] (Prometheus metrics, `--metrics-listen`), [`logs`] (log requests in flight between `ReadLogs` and the Nests' `SendLogs`),
-//! [`secrets`] (the secret store, sealed at rest).
+//! [`secrets`] (the secret store, sealed at rest), `listener` (the one TLS port: gRPC over
+//! h2, HTTP/1.1 too), [`a2a`] (every deployment an A2A agent on that port).
 //!
 //! Data dir (`--data-dir`, default `$AGEN_DATA_DIR/hub` else `~/.local/share/agen/hub`):
 //! `db/` (sled), `tls/ca.pem` + `tls/ca.key` (0600; created on first start, the server
@@ -32,10 +33,12 @@
 //! client certificate issued by `Join` whose key is the one its id is bound to (the Hub
 //! identifies the Nest by it, never by what the Nest says); health and reflection need none.
 
+pub mod a2a;
 pub mod config;
 pub mod core;
 pub mod error;
 pub mod limits;
+mod listener;
 pub mod logs;
 pub mod metrics;
 pub mod model;
@@ -110,6 +113,16 @@ impl HubHandle {
         self.shutdown.cancel();
         self.wait().await
     }
+}
+
+/// The connections the Hub serves: TLS (handshaken by [`listener`]) or plaintext on loopback.
+enum Incoming {
+    Tls(
+        tokio_stream::wrappers::ReceiverStream<
+            std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
+        >,
+    ),
+    Plain(tonic::transport::server::TcpIncoming),
 }
 
 /// Reads the token in `path`, or writes a new one produced by `make` (mode 0600).
@@ -227,36 +240,33 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         _ => url.clone(),
     };
 
+    // Default: the URL other machines use (the primary address when listening on all).
+    let public_url = opts.public_url.clone().unwrap_or_else(|| nest_url.clone());
+    let a2a_routes = a2a::router(core.clone(), tokens.clone(), &public_url);
     let routes = server::routes(
         core.clone(),
         tokens,
         nest_identities,
         (!opts.insecure_plaintext).then(|| Arc::new(hub_tls.clone())),
         hub_tls.ca_sha256.clone(),
+        public_url,
     )
     .await?;
-    let mut builder = tonic::transport::Server::builder()
+    // The A2A HTTP API beside the gRPC services (tonic's routes are an axum router).
+    let routes = tonic::service::Routes::from(routes.into_axum_router().merge(a2a_routes));
+    // One port, two protocols: gRPC over h2 and the A2A HTTP API over h2 or HTTP/1.1 (the TLS
+    // listener offers both by ALPN; plaintext connections are told apart by their preface).
+    let router = tonic::transport::Server::builder()
+        .accept_http1(true)
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)));
-    if !opts.insecure_plaintext {
-        let identity = tonic::transport::Identity::from_pem(
-            &hub_tls.server_chain_pem,
-            &hub_tls.server_key_pem,
-        );
-        builder = builder
-            .tls_config(
-                tonic::transport::ServerTlsConfig::new()
-                    .identity(identity)
-                    // Nests present the certificate `Join` issued; CLI and automation clients
-                    // have none and authenticate with the admin token.
-                    .client_ca_root(tonic::transport::Certificate::from_pem(&hub_tls.ca_pem))
-                    .client_auth_optional(true),
-            )
-            .map_err(|e| HubError::Serve(format!("tls: {e}")))?;
-    }
-    let router = builder
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
         .layer(server::malformed_request_layer::<tonic::body::Body>())
         .add_routes(routes);
+    let tls_config = if opts.insecure_plaintext {
+        None
+    } else {
+        Some(listener::server_config(&hub_tls)?)
+    };
 
     let metrics_addr = match opts.metrics_listen {
         Some(at) => {
@@ -288,8 +298,17 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         otlp::follow(otlp, core.clone())?;
     }
     let reconciler = tokio::spawn(core.clone().run_reconciler(shutdown.child_token()));
-    // Small replies (acks, task states) must not wait on the peer's delayed ACK.
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = match tls_config {
+        Some(config) => Incoming::Tls(listener::tls_incoming(
+            listener,
+            config,
+            shutdown.child_token(),
+        )),
+        // Small replies (acks, task states) must not wait on the peer's delayed ACK.
+        None => Incoming::Plain(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+        ),
+    };
     let stop = shutdown.clone();
     let serving = tokio::spawn(async move {
         let closing = core.clone();
@@ -301,8 +320,15 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
                 closing.close_links();
             }
         };
-        let serve = router.serve_with_incoming_shutdown(incoming, signal);
-        tokio::pin!(serve);
+        let mut serve: std::pin::Pin<
+            Box<
+                dyn std::future::Future<Output = std::result::Result<(), tonic::transport::Error>>
+                    + Send,
+            >,
+        > = match incoming {
+            Incoming::Tls(s) => Box::pin(router.serve_with_incoming_shutdown(s, signal)),
+            Incoming::Plain(s) => Box::pin(router.serve_with_incoming_shutdown(s, signal)),
+        };
         let result = tokio::select! {
             r = &mut serve => r.map_err(|e| HubError::Serve(e.to_string())),
             _ = async { stop.cancelled().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {

@@ -4,6 +4,7 @@
 //! Run through `tests/run.sh`, which installs the peers and builds the binary first.
 
 #![allow(clippy::unwrap_used)]
+mod a2a;
 mod a2a_delegates;
 mod approvals;
 mod artifacts;

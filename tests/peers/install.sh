@@ -3,7 +3,8 @@
 #   target/peers/venv           PyPI mcp (official SDK, used as a client too) + mcp-server-time,
 #                               prometheus-client (its text parser reads /metrics scrapes),
 #                               grpcio + opentelemetry-proto (the OTLP receiver of the otlp tests),
-#                               a2a-sdk (the remote A2A agent of the a2a delegate tests)
+#                               a2a-sdk (the A2A client of the a2a tests and the remote agent of
+#                               the a2a delegate tests)
 #   target/peers/node_modules   npm @modelcontextprotocol/server-filesystem, server-everything
 # Skips what is already installed at the pinned versions. Safe to run repeatedly.
 set -euo pipefail

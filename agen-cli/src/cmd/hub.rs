@@ -28,6 +28,11 @@ pub struct Args {
     /// Where the Hub keeps its state, CA and tokens [default: $AGEN_DATA_DIR/hub, else ~/.local/share/agen/hub]
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// The URL A2A clients reach this Hub at (https://host:port); the agent cards' interface
+    /// URLs start with it [default: https://<listen address>; the primary address when
+    /// listening on all addresses]
+    #[arg(long, value_name = "URL", env = "AGEN_HUB_PUBLIC_URL")]
+    pub public_url: Option<String>,
     /// Address to listen on
     #[arg(long, env = "AGEN_HUB_LISTEN", default_value = agen_hub::config::DEFAULT_LISTEN)]
     pub listen: SocketAddr,
@@ -111,6 +116,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         run_start_deadline: args.run_start_deadline,
         limits: args.limits(),
         metrics_listen: args.metrics_listen,
+        public_url: args.public_url.clone(),
         otlp: match agen_hub::config::OtlpOptions::resolve(args.otlp_endpoint.as_deref(), |k| {
             std::env::var(k).ok()
         }) {

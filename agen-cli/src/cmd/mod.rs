@@ -1,6 +1,7 @@
 //! One module per subcommand. Each exposes `Args` (clap) and `run(args) -> anyhow::Result<i32>`
 //! returning the exit code. Helpers shared by several commands live here.
 
+pub mod a2a;
 pub mod approvals;
 pub mod artifacts;
 pub mod audit;

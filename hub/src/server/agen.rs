@@ -22,6 +22,20 @@ pub struct AgenApi {
     pub access: Arc<super::tokens::AccessApi>,
     /// Log requests waiting for their Nests' `SendLogs`.
     pub logs: Arc<crate::logs::LogRequests>,
+    /// The URL A2A clients reach the Hub at (the agent card URLs start with it).
+    pub public_url: String,
+}
+
+impl AgenApi {
+    /// A deployment with its A2A agent card URL.
+    fn with_card(&self, mut d: pb::Deployment) -> pb::Deployment {
+        d.a2a_card_url = format!(
+            "{}{}",
+            self.public_url.trim_end_matches('/'),
+            crate::a2a::card_path(&d.namespace, &d.name)
+        );
+        d
+    }
 }
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -173,7 +187,7 @@ impl AgenService for AgenApi {
         check_namespace(&r.namespace)?;
         let (view, instances) = self.core.get_deployment(&r.namespace, &r.name)?;
         Ok(Response::new(pb::GetDeploymentResponse {
-            deployment: Some(convert::deployment(&view)),
+            deployment: Some(self.with_card(convert::deployment(&view))),
             instances: instances
                 .iter()
                 .map(|i| convert::instance(i, self.core.active_runs(&i.instance_id)))
@@ -189,7 +203,10 @@ impl AgenService for AgenApi {
         let (namespace, all) = list_scope(&request, &r.namespace, r.all_namespaces)?;
         let list = self.core.list_deployments(&namespace, all);
         Ok(Response::new(pb::ListDeploymentsResponse {
-            deployments: list.iter().map(convert::deployment).collect(),
+            deployments: list
+                .iter()
+                .map(|d| self.with_card(convert::deployment(d)))
+                .collect(),
         }))
     }
 

@@ -23,6 +23,8 @@ pub fn deployment(d: &DeploymentView) -> pb::Deployment {
         updated_at_ms: r.updated_at_ms,
         ready_replicas: d.ready_replicas,
         agent_name: r.agent_name.clone(),
+        // Filled by the handlers that know the Hub's public URL.
+        a2a_card_url: String::new(),
     }
 }
 

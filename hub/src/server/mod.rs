@@ -35,6 +35,7 @@ pub async fn routes(
     nests: Arc<crate::tokens::nests::NestIdentities>,
     tls: Option<Arc<agen_shared::tls::HubTls>>,
     ca_sha256: String,
+    public_url: String,
 ) -> Result<Routes> {
     let api_auth = auth::ApiAuth {
         tokens: tokens.clone(),
@@ -50,6 +51,7 @@ pub async fn routes(
         core: core.clone(),
         access,
         logs: log_requests.clone(),
+        public_url,
     })
     .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
     .send_compressed(tonic::codec::CompressionEncoding::Gzip)

@@ -1,0 +1,335 @@
+//! The A2A v1.0 wire types the Hub speaks (JSON-RPC binding, ProtoJSON field names as PyPI
+//! `a2a-sdk` 1.3 sends and parses them): JSON-RPC envelopes, the agent card, messages, tasks,
+//! artifacts and stream events. Only the fields the Hub reads or writes are here; unknown
+//! fields of a request are ignored (as ProtoJSON parsers do).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The A2A protocol version the Hub serves.
+pub const PROTOCOL_VERSION: &str = "1.0";
+/// The protocol binding of the Hub's interface.
+pub const BINDING_JSONRPC: &str = "JSONRPC";
+
+/// A JSON-RPC 2.0 request. `id` is the caller's, echoed untouched.
+#[derive(Debug, Deserialize)]
+pub struct RpcRequest {
+    #[serde(default)]
+    pub jsonrpc: String,
+    pub method: String,
+    #[serde(default)]
+    pub params: Option<Value>,
+    #[serde(default)]
+    pub id: Value,
+}
+
+/// A JSON-RPC 2.0 response: a result or an error.
+#[derive(Debug, Serialize)]
+pub struct RpcResponse<T: Serialize> {
+    pub jsonrpc: &'static str,
+    pub id: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<T>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<RpcError>,
+}
+
+impl<T: Serialize> RpcResponse<T> {
+    pub fn ok(id: Value, result: T) -> Self {
+        RpcResponse {
+            jsonrpc: "2.0",
+            id,
+            result: Some(result),
+            error: None,
+        }
+    }
+}
+
+impl RpcResponse<()> {
+    pub fn err(id: Value, error: RpcError) -> Self {
+        RpcResponse {
+            jsonrpc: "2.0",
+            id,
+            result: None,
+            error: Some(error),
+        }
+    }
+}
+
+/// A JSON-RPC error object; `code` is one of the A2A codes (see [`codes`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct RpcError {
+    pub code: i32,
+    pub message: String,
+}
+
+/// The JSON-RPC error codes of A2A v1.0 that the Hub answers with.
+pub mod codes {
+    pub const PARSE_ERROR: i32 = -32700;
+    pub const INVALID_REQUEST: i32 = -32600;
+    pub const METHOD_NOT_FOUND: i32 = -32601;
+    pub const INVALID_PARAMS: i32 = -32602;
+    pub const INTERNAL: i32 = -32603;
+    pub const TASK_NOT_FOUND: i32 = -32001;
+    pub const TASK_NOT_CANCELABLE: i32 = -32002;
+    pub const PUSH_NOT_SUPPORTED: i32 = -32003;
+    pub const UNSUPPORTED_OPERATION: i32 = -32004;
+    pub const CONTENT_TYPE_NOT_SUPPORTED: i32 = -32005;
+}
+
+/// `Role` (ProtoJSON enum names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum Role {
+    #[default]
+    #[serde(rename = "ROLE_UNSPECIFIED")]
+    Unspecified,
+    #[serde(rename = "ROLE_USER")]
+    User,
+    #[serde(rename = "ROLE_AGENT")]
+    Agent,
+}
+
+/// `TaskState` (ProtoJSON enum names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum TaskState {
+    #[serde(rename = "TASK_STATE_SUBMITTED")]
+    Submitted,
+    #[serde(rename = "TASK_STATE_WORKING")]
+    Working,
+    #[serde(rename = "TASK_STATE_INPUT_REQUIRED")]
+    InputRequired,
+    #[serde(rename = "TASK_STATE_COMPLETED")]
+    Completed,
+    #[serde(rename = "TASK_STATE_FAILED")]
+    Failed,
+    #[serde(rename = "TASK_STATE_CANCELED")]
+    Canceled,
+}
+
+impl TaskState {
+    /// A state after which the task changes no more (an A2A stream ends on it).
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            TaskState::Completed | TaskState::Failed | TaskState::Canceled
+        )
+    }
+}
+
+/// `Part`: one piece of a message or an artifact; exactly one of `text`, `raw` (base64),
+/// `url`, `data` is set.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Part {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filename: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_type: Option<String>,
+}
+
+/// `Message`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Message {
+    #[serde(default)]
+    pub message_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+    #[serde(default)]
+    pub role: Role,
+    #[serde(default)]
+    pub parts: Vec<Part>,
+}
+
+/// `SendMessageConfiguration` (the fields the Hub honours).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SendMessageConfiguration {
+    /// Answer at once with the task as queued instead of when it finished or needs input.
+    #[serde(default)]
+    pub return_immediately: bool,
+    #[serde(default)]
+    pub task_push_notification_config: Option<Value>,
+}
+
+/// `SendMessageRequest` (params of `SendMessage` and `SendStreamingMessage`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SendMessageRequest {
+    pub message: Message,
+    #[serde(default)]
+    pub configuration: Option<SendMessageConfiguration>,
+}
+
+/// `GetTaskRequest`, `CancelTaskRequest`, `SubscribeToTaskRequest`: a task by id.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskIdRequest {
+    #[serde(default)]
+    pub id: String,
+    /// `GetTask`: how many history messages to return (absent: all).
+    #[serde(default)]
+    pub history_length: Option<i64>,
+}
+
+/// `TaskStatus`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskStatus {
+    pub state: TaskState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<Message>,
+    /// RFC 3339.
+    pub timestamp: String,
+}
+
+/// `Artifact`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Artifact {
+    pub artifact_id: String,
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub parts: Vec<Part>,
+}
+
+/// `Task`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Task {
+    pub id: String,
+    pub context_id: String,
+    pub status: TaskStatus,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<Artifact>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<Message>,
+}
+
+/// `TaskStatusUpdateEvent`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskStatusUpdateEvent {
+    pub task_id: String,
+    pub context_id: String,
+    pub status: TaskStatus,
+}
+
+/// `TaskArtifactUpdateEvent`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskArtifactUpdateEvent {
+    pub task_id: String,
+    pub context_id: String,
+    pub artifact: Artifact,
+    pub append: bool,
+    pub last_chunk: bool,
+}
+
+/// `SendMessageResponse` (the Hub always answers with the task).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum SendMessageResponse {
+    Task(Task),
+}
+
+/// `StreamResponse`: one event of `SendStreamingMessage` / `SubscribeToTask`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StreamResponse {
+    Task(Task),
+    StatusUpdate(TaskStatusUpdateEvent),
+    ArtifactUpdate(TaskArtifactUpdateEvent),
+}
+
+/// `AgentCard`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentCard {
+    pub name: String,
+    pub description: String,
+    pub supported_interfaces: Vec<AgentInterface>,
+    pub provider: AgentProvider,
+    pub version: String,
+    pub capabilities: AgentCapabilities,
+    pub security_schemes: BTreeMap<String, SecurityScheme>,
+    pub security_requirements: Vec<SecurityRequirement>,
+    pub default_input_modes: Vec<String>,
+    pub default_output_modes: Vec<String>,
+    pub skills: Vec<AgentSkill>,
+}
+
+/// `AgentInterface`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentInterface {
+    pub url: String,
+    pub protocol_binding: String,
+    pub protocol_version: String,
+}
+
+/// `AgentProvider`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentProvider {
+    pub organization: String,
+    pub url: String,
+}
+
+/// `AgentCapabilities`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentCapabilities {
+    pub streaming: bool,
+    pub push_notifications: bool,
+}
+
+/// `SecurityScheme` (the Hub offers HTTP bearer authentication only).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SecurityScheme {
+    pub http_auth_security_scheme: HttpAuthSecurityScheme,
+}
+
+/// `HTTPAuthSecurityScheme`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpAuthSecurityScheme {
+    pub description: String,
+    pub scheme: String,
+}
+
+/// `SecurityRequirement`: scheme name to its scopes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SecurityRequirement {
+    pub schemes: BTreeMap<String, StringList>,
+}
+
+/// `StringList`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StringList {
+    pub list: Vec<String>,
+}
+
+/// `AgentSkill`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentSkill {
+    pub id: String,
+    pub name: String,
+    pub description: String,
+    pub tags: Vec<String>,
+}

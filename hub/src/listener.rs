@@ -1,0 +1,104 @@
+//! The Hub's TLS listener: one port for gRPC (HTTP/2) and the A2A HTTP API (HTTP/2 or
+//! HTTP/1.1). ALPN offers `h2` then `http/1.1`; client certificates are optional at the TLS
+//! level (Nests present the one `Join` issued, API clients have none); every handshake runs off
+//! the accept loop under a deadline, so a slow or silent client holds up no one else.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{HubError, Result};
+
+/// Longest a client may take to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshakes in flight at once; further connections wait in the kernel's backlog.
+const MAX_HANDSHAKES: usize = 256;
+
+/// The server TLS config: the Hub's certificate, client certificates from its CA accepted but
+/// not required, ALPN `h2` and `http/1.1`.
+pub fn server_config(hub_tls: &agen_shared::tls::HubTls) -> Result<rustls::ServerConfig> {
+    let bad = |what: &str, e: String| {
+        HubError::Serve(format!(
+            "tls: {what}: {e}; delete the hub's tls/ folder to issue new ones"
+        ))
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for der in agen_shared::tls::pem_certs(&hub_tls.ca_pem) {
+        roots
+            .add(CertificateDer::from(der))
+            .map_err(|e| bad("the CA certificate", e.to_string()))?;
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| bad("the client certificate verifier", e.to_string()))?;
+    let chain: Vec<CertificateDer<'static>> =
+        agen_shared::tls::pem_certs(&hub_tls.server_chain_pem)
+            .into_iter()
+            .map(CertificateDer::from)
+            .collect();
+    let key = PrivateKeyDer::from_pem_slice(hub_tls.server_key_pem.as_bytes())
+        .map_err(|e| bad("the server key", e.to_string()))?;
+    let mut config = rustls::ServerConfig::builder()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| bad("the server certificate", e.to_string()))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// The TLS connections of `listener`, handshaken, as a stream for tonic's
+/// `serve_with_incoming_shutdown`. It ends when `shutdown` is cancelled.
+pub fn tls_incoming(
+    listener: TcpListener,
+    config: rustls::ServerConfig,
+    shutdown: CancellationToken,
+) -> ReceiverStream<std::io::Result<TlsStream<TcpStream>>> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+    tokio::spawn(async move {
+        loop {
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                return;
+            };
+            let accepted = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tx.closed() => return,
+                a = listener.accept() => a,
+            };
+            let (tcp, peer) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off briefly, keep serving.
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            // Small replies (acks, task states) must not wait on the peer's delayed ACK.
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, %peer, "cannot set TCP_NODELAY");
+            }
+            let acceptor = acceptor.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(tls)) => {
+                        let _ = tx.send(Ok(tls)).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(error = %e, %peer, "tls handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "tls handshake timed out"),
+                }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
