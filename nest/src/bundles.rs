@@ -14,7 +14,7 @@ use agen_proto::v1::FetchBundleRequest;
 use agen_shared::bundle::{unpack_verified, MAX_BUNDLE_BYTES};
 
 use crate::config::{NestError, NestOptions, Result};
-use crate::hub_link::ClientSlot;
+use crate::hub_client::ClientSlot;
 
 /// The cache. Cheap to share behind an `Arc`.
 pub struct BundleCache {
@@ -90,7 +90,7 @@ impl BundleCache {
 
     /// A client of the Hub's `NestService` (connecting when there is none yet), for the
     /// other by-digest transfers (artifacts).
-    pub async fn hub_client(&self) -> Result<crate::hub_link::HubClient> {
+    pub async fn hub_client(&self) -> Result<crate::hub_client::HubClient> {
         self.client.get_or_connect(&self.opts).await
     }
 

@@ -1,12 +1,23 @@
-//! The bottom of the Nest: how it reaches its Hub. Today: the first contact of a join, which
-//! fetches the Hub's CA pinned by the join token's hash (the TLS verification itself is
-//! `agen_shared::tls::pinned_ca_client`, pure; the connection is here).
+//! The bottom of the Nest: how it reaches its Hub. [`client`] builds the gRPC client (the
+//! Hub's CA pinned by the join token's hash, fetched once by [`fetch_pinned_ca`]; the Nest's
+//! certificate from `Join`, renewed when due), [`ClientSlot`] keeps one and rebuilds it when
+//! the certificate is due; everything that calls the Hub (the link, bundles, artifacts,
+//! children, logs) gets its client here and nothing here knows who calls.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use agen_shared::tls::{self, TlsError};
 use rustls::pki_types::ServerName;
+
+use agen_proto::v1::nest_service_client::NestServiceClient;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::config::{NestError, NestOptions, Result};
+
+/// The Nest's gRPC client: its certificate (TLS) or the join token (plaintext) identifies it.
+pub type HubClient = NestServiceClient<InterceptedService<Channel, Bearer>>;
 
 /// How long the TCP connect and the TLS handshake may each take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -44,6 +55,233 @@ pub async fn fetch_pinned_ca(hub_url: &str, expected_sha256: &str) -> Result<Str
         (Err(_), _) => Err(connect_err("tls handshake timed out after 10s".into())),
         (Ok(Ok(_)), None) => Err(mismatch()),
     }
+}
+
+/// Adds the join token as the bearer of every request, when there is one to send.
+#[derive(Clone)]
+pub struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut req: tonic::Request<()>,
+    ) -> std::result::Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// Builds the client for `opts.hub`. For `https://` the Hub's CA is read from
+/// `<data-dir>/hub-ca.pem` when its hash matches the join token, otherwise fetched from the Hub
+/// pinned by that hash and stored; then the Nest's certificate is read from `<data-dir>` or
+/// obtained by `Join`. Connects lazily: no network IO besides the CA fetch and `Join`.
+pub async fn client(opts: &NestOptions) -> Result<HubClient> {
+    let hub = opts.hub.trim_end_matches('/').to_string();
+    let bearer: tonic::metadata::MetadataValue<tonic::metadata::Ascii> =
+        format!("Bearer {}", opts.join_token.trim())
+            .parse()
+            .map_err(|_| {
+                NestError::JoinToken("it contains characters that cannot go in a header".into())
+            })?;
+    let endpoint = Endpoint::from_shared(hub.clone())
+        .map_err(|e| NestError::HubUrl {
+            url: hub.clone(),
+            reason: e.to_string(),
+        })?
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true);
+    let endpoint = if hub.starts_with("https://") {
+        // Several rustls providers are in the build graph: pick ring for the process (no-op
+        // when one is installed already).
+        agen_shared::tls::install_crypto_provider();
+        let ca = trusted_ca(opts, &hub).await?;
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&ca));
+        let trust_err = |e: tonic::transport::Error| NestError::Trust {
+            url: hub.clone(),
+            reason: e.to_string(),
+        };
+        if let Some((cert, key)) =
+            nest_identity(opts, &hub, &ca, endpoint.clone(), tls.clone(), &bearer).await?
+        {
+            tls = tls.identity(Identity::from_pem(cert, key));
+            // The certificate is the Nest's credential from now on.
+            return Ok(NestServiceClient::with_interceptor(
+                endpoint.tls_config(tls).map_err(trust_err)?.connect_lazy(),
+                Bearer(None),
+            ));
+        }
+        endpoint.tls_config(tls).map_err(trust_err)?
+    } else if hub.starts_with("http://") {
+        endpoint
+    } else {
+        return Err(NestError::HubUrl {
+            url: hub,
+            reason: "no http:// or https:// scheme".into(),
+        });
+    };
+    // The same message limit as the Hub's, both ways: the Hub refuses over-limit fields itself.
+    Ok(
+        NestServiceClient::with_interceptor(endpoint.connect_lazy(), Bearer(Some(bearer)))
+            .max_decoding_message_size(agen_proto::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(agen_proto::MAX_MESSAGE_BYTES),
+    )
+}
+
+/// The Nest's certificate and key (PEM): the stored ones when they are current for this Hub's
+/// CA and node id (renewed first, with the Nest's own certificate and key, once two thirds of
+/// their lifetime have passed), otherwise a certificate from `Join` with the join token for the
+/// Nest's key (kept when there is one: the Hub binds a nest id to its key). `None` when the
+/// Hub predates `Join` (it knows the Nest by the join token alone).
+async fn nest_identity(
+    opts: &NestOptions,
+    hub: &str,
+    ca_pem: &str,
+    endpoint: Endpoint,
+    tls_config: ClientTlsConfig,
+    bearer: &tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+) -> Result<Option<(String, String)>> {
+    use agen_shared::tls;
+    let nest_id = crate::config::load_or_create_node_id(&opts.data_dir)?;
+    let (cert_path, key_path) = (opts.cert_file(), opts.key_file());
+    let trust = |reason: String| NestError::Trust {
+        url: hub.to_string(),
+        reason,
+    };
+    let stored_key = std::fs::read_to_string(&key_path).ok();
+    if let (Ok(cert), Some(key)) = (std::fs::read_to_string(&cert_path), stored_key.clone()) {
+        if tls::nest_cert_is_current(&cert, ca_pem, &nest_id) {
+            let due = tls::nest_cert_renew_at(&cert).is_some_and(|at| now_ms() / 1000 >= at);
+            if !due {
+                return Ok(Some((cert, key)));
+            }
+            let own = endpoint
+                .clone()
+                .tls_config(tls_config.clone().identity(Identity::from_pem(&cert, &key)))
+                .map_err(|e| trust(e.to_string()))?;
+            let csr_pem =
+                tls::nest_csr_for_key(&key, &nest_id).map_err(|e| trust(e.to_string()))?;
+            let mut renewer = NestServiceClient::with_interceptor(own.connect_lazy(), Bearer(None));
+            let request = agen_proto::v1::JoinRequest {
+                nest_id: nest_id.clone(),
+                name: opts.name.clone(),
+                csr_pem,
+            };
+            match renewer.join(request).await {
+                Ok(r) => {
+                    let renewed = r.into_inner().cert_pem;
+                    if tls::nest_cert_is_current(&renewed, ca_pem, &nest_id) {
+                        tls::write_private(&cert_path, renewed.as_bytes())
+                            .map_err(|e| trust(e.to_string()))?;
+                        tracing::info!(nest_id = %nest_id, path = %cert_path.display(), "renewed the nest certificate");
+                        return Ok(Some((renewed, key)));
+                    }
+                    tracing::warn!(
+                        "the hub returned an unusable renewed certificate; keeping the current one"
+                    );
+                }
+                Err(status) => {
+                    tracing::warn!(code = ?status.code(), message = %status.message(), "cannot renew the nest certificate; keeping the current one");
+                }
+            }
+            return Ok(Some((cert, key)));
+        }
+        tracing::warn!(path = %cert_path.display(), "stored nest certificate is not valid for this hub and node id; joining again");
+    }
+    let (key, csr_pem) = match stored_key {
+        Some(key) => {
+            let csr = tls::nest_csr_for_key(&key, &nest_id).map_err(|e| trust(e.to_string()))?;
+            (key, csr)
+        }
+        None => tls::nest_key_and_csr(&nest_id).map_err(|e| trust(e.to_string()))?,
+    };
+    let joining = endpoint
+        .tls_config(tls_config)
+        .map_err(|e| trust(e.to_string()))?;
+    let mut joiner =
+        NestServiceClient::with_interceptor(joining.connect_lazy(), Bearer(Some(bearer.clone())));
+    let request = agen_proto::v1::JoinRequest {
+        nest_id: nest_id.clone(),
+        name: opts.name.clone(),
+        csr_pem,
+    };
+    match joiner.join(request).await {
+        Ok(response) => {
+            let cert = response.into_inner().cert_pem;
+            if !tls::nest_cert_is_current(&cert, ca_pem, &nest_id) {
+                return Err(trust(format!(
+                    "join: the hub returned a certificate that is not for nest {nest_id} or not signed by the pinned CA"
+                )));
+            }
+            tls::write_private(&key_path, key.as_bytes()).map_err(|e| trust(e.to_string()))?;
+            tls::write_private(&cert_path, cert.as_bytes()).map_err(|e| trust(e.to_string()))?;
+            tracing::info!(nest_id = %nest_id, path = %cert_path.display(), "joined the hub: stored the nest certificate");
+            Ok(Some((cert, key)))
+        }
+        Err(status) if status.code() == tonic::Code::Unimplemented => {
+            tracing::warn!("the hub predates Join; connecting with the join token alone");
+            Ok(None)
+        }
+        Err(status) => Err(trust(format!(
+            "join failed ({:?}): {}",
+            status.code(),
+            status.message()
+        ))),
+    }
+}
+
+async fn trusted_ca(opts: &NestOptions, hub: &str) -> Result<String> {
+    use agen_shared::tls;
+    let token =
+        tls::JoinToken::parse(&opts.join_token).map_err(|e| NestError::JoinToken(e.to_string()))?;
+    let path = opts.ca_file();
+    if let Ok(pem) = std::fs::read_to_string(&path) {
+        if tls::ca_pem_sha256(&pem).ok().as_deref() == Some(token.ca_sha256.as_str()) {
+            return Ok(pem);
+        }
+        tracing::warn!(path = %path.display(), "stored hub CA does not match the join token; fetching it again");
+    }
+    let pem = crate::hub_client::fetch_pinned_ca(hub, &token.ca_sha256)
+        .await
+        .map_err(|e| NestError::Trust {
+            url: hub.to_string(),
+            reason: e.to_string(),
+        })?;
+    tls::write_private(&path, pem.as_bytes()).map_err(|e| NestError::Trust {
+        url: hub.to_string(),
+        reason: e.to_string(),
+    })?;
+    tracing::info!(path = %path.display(), "trusting the hub CA pinned by the join token");
+    Ok(pem)
+}
+
+/// The Hub client, built on first use (an `https://` Hub needs its CA fetched first) and again
+/// once its certificate is due for renewal, with the renewal time (unix seconds).
+#[derive(Default)]
+pub struct ClientSlot(tokio::sync::Mutex<Option<(HubClient, Option<i64>)>>);
+
+impl ClientSlot {
+    pub async fn get_or_connect(&self, opts: &NestOptions) -> Result<HubClient> {
+        let mut slot = self.0.lock().await;
+        if let Some((c, renew_at)) = slot.as_ref() {
+            if renew_at.is_none_or(|at| now_ms() / 1000 < at) {
+                return Ok(c.clone());
+            }
+        }
+        let c = client(opts).await?;
+        let renew_at = std::fs::read_to_string(opts.cert_file())
+            .ok()
+            .and_then(|pem| agen_shared::tls::nest_cert_renew_at(&pem));
+        *slot = Some((c.clone(), renew_at));
+        Ok(c)
+    }
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
 }
 
 #[cfg(test)]

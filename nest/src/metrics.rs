@@ -12,7 +12,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::hub_link::Outbox;
+use crate::outbox::Outbox;
 use crate::supervisor::Supervisor;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{read_from, rotated, LogStore, Source, StoredLine};
-use crate::hub_link::HubClient;
+use crate::hub_client::HubClient;
 
 /// Lines per `LogChunk`.
 const LINES_PER_CHUNK: usize = 256;

@@ -46,7 +46,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::bundles::BundleCache;
 use crate::config::NestOptions;
-use crate::hub_link::Outbox;
+use crate::outbox::Outbox;
 use crate::socket::{self, HostState, Placement, RunOrder, ToInstance, ToNest};
 use agen_shared::run::{RunEventBody, RunInterrupted};
 use backoff::Backoff;
@@ -1104,7 +1104,7 @@ mod tests {
         let opts = Arc::new(opts);
         let digest = format!("sha256:{}", "a".repeat(64));
         std::fs::create_dir_all(opts.bundles_dir().join("a".repeat(64))).expect("cached bundle");
-        let client = Arc::new(crate::hub_link::ClientSlot::default());
+        let client = Arc::new(crate::hub_client::ClientSlot::default());
         let bundles = Arc::new(BundleCache::new(opts.clone(), client));
         let children = Arc::new(Children::open(&opts.children_file()));
         let sup = Supervisor::new(
