@@ -598,7 +598,7 @@ async fn session(
                 match m {
                     Ok(Some(HubMessage { msg: Some(msg) })) => {
                         silence.heard();
-                        handle(ctx, msg);
+                        handle(ctx, &client, msg);
                     }
                     Ok(Some(HubMessage { msg: None })) => silence.heard(),
                     Ok(None) => return Err("the hub closed the stream".into()),
@@ -633,13 +633,16 @@ async fn leave(tx: &mpsc::Sender<NestMessage>, inbound: &mut tonic::Streaming<Hu
     }
 }
 
-fn handle(ctx: &LinkContext, msg: HubMsg) {
+fn handle(ctx: &LinkContext, client: &HubClient, msg: HubMsg) {
     let sup = &ctx.supervisor;
     match msg {
         HubMsg::Registered(_) => tracing::debug!("ignoring a second Registered"),
         HubMsg::Place(p) => sup.place(p),
         HubMsg::Stop(s) => sup.stop(&s.instance_id, &s.reason),
-        HubMsg::AssignRun(a) => sup.assign(a),
+        // A run with a history or a replay starts once they are fetched (`run_context`).
+        HubMsg::AssignRun(a) => {
+            crate::run_context::assign(client.clone(), sup.clone(), ctx.outbox.clone(), a)
+        }
         HubMsg::CancelRun(c) => sup.cancel(&c.run_id, &c.instance_id, &c.reason),
         HubMsg::Ping(_) => {}
         HubMsg::LogRequest(r) => sup.answer_logs(r),

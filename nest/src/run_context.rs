@@ -1,0 +1,247 @@
+//! A run's context (its conversation history and the replay of earlier attempts), fetched from
+//! the Hub over `FetchRunContext` when an `AssignRun` says `context_by_fetch`, before the run is
+//! handed to its instance: the context never travels inside the Connect stream.
+//!
+//! Invariants: a run with a context never starts without it. A fetch that fails for a reason
+//! that may pass (the Hub unreachable, a broken answer) is retried [`ATTEMPTS`] times with
+//! back-off; then, or at once when the Hub refuses (not the lease holder, no such run), the run
+//! is reported `run.interrupted` (cause `context_unavailable`, the reason naming the fetch) so
+//! that the Hub hands it out again. An answer over [`MAX_CONTEXT_BYTES`], or whose parts do not
+//! add up to the totals its first chunk announced, is refused.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agen_proto::v1::{AssignRun, FetchRunContextRequest, RunContextChunk, RunEvent};
+use agen_shared::run::{kind, RunEventBody, RunInterrupted};
+
+use crate::hub_link::{HubClient, Outbox};
+use crate::supervisor::Supervisor;
+
+/// Fetches per run before it is reported interrupted.
+pub const ATTEMPTS: u32 = 4;
+/// The first retry's delay; each next one doubles it (250 ms, 500 ms, 1 s: the Hub's
+/// reconciliation grace is longer than the whole budget).
+const RETRY_BASE: Duration = Duration::from_millis(250);
+/// The largest context (history + replay) a Nest accepts: far above the Hub's history quota
+/// (32 MiB per conversation by default) plus a replay.
+pub const MAX_CONTEXT_BYTES: u64 = 512 * 1024 * 1024;
+
+/// The cause of the `run.interrupted` sent when the context cannot be fetched.
+pub const CAUSE: &str = "context_unavailable";
+
+/// Hands `a` to its instance: at once when it has no context, else after fetching it (in a
+/// task of its own, so the link keeps reading).
+pub fn assign(client: HubClient, sup: Arc<Supervisor>, outbox: Arc<Outbox>, a: AssignRun) {
+    if !a.context_by_fetch {
+        sup.assign(a);
+        return;
+    }
+    tokio::spawn(async move {
+        let mut a = a;
+        match fetch_with_retries(client, &a).await {
+            Ok(Context { history, replay }) => {
+                a.history_json = history;
+                a.replay_json = replay;
+                sup.assign(a);
+            }
+            Err(why) => {
+                tracing::warn!(run = %a.run_id, attempt = a.attempt, "{why}; the run is handed back to the hub");
+                outbox.push(&a.instance_id, interrupted(&a, &why));
+            }
+        }
+    });
+}
+
+/// A run's context as the JSON text `agen_shared::run::wire` reads.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Context {
+    pub history: String,
+    pub replay: String,
+}
+
+async fn fetch_with_retries(client: HubClient, a: &AssignRun) -> Result<Context, String> {
+    let mut delay = RETRY_BASE;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match fetch(client.clone(), a).await {
+            Ok(c) => return Ok(c),
+            Err(Failure::Refused(why)) => {
+                return Err(format!(
+                    "the hub refused the context of run {} attempt {}: {why}",
+                    a.run_id, a.attempt
+                ))
+            }
+            Err(Failure::Transient(why)) if tries >= ATTEMPTS => {
+                return Err(format!(
+                    "fetching the context of run {} attempt {} failed {tries} times (last: {why})",
+                    a.run_id, a.attempt
+                ))
+            }
+            Err(Failure::Transient(why)) => {
+                tracing::info!(run = %a.run_id, attempt = a.attempt, "fetching the run's context failed: {why}; retrying in {delay:?}");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+        }
+    }
+}
+
+enum Failure {
+    /// The Hub will not give it (not the lease holder, no such run): no retry.
+    Refused(String),
+    /// May pass: the Hub unreachable, the stream broken, a bad answer.
+    Transient(String),
+}
+
+async fn fetch(mut client: HubClient, a: &AssignRun) -> Result<Context, Failure> {
+    let status = |s: tonic::Status| {
+        let why = format!("{:?}: {}", s.code(), s.message());
+        match s.code() {
+            tonic::Code::PermissionDenied
+            | tonic::Code::NotFound
+            | tonic::Code::InvalidArgument
+            | tonic::Code::Unauthenticated
+            | tonic::Code::Unimplemented => Failure::Refused(why),
+            _ => Failure::Transient(why),
+        }
+    };
+    let mut stream = client
+        .fetch_run_context(FetchRunContextRequest {
+            task_id: a.task_id.clone(),
+            run_id: a.run_id.clone(),
+            attempt: a.attempt,
+            instance_id: a.instance_id.clone(),
+        })
+        .await
+        .map_err(status)?
+        .into_inner();
+    let mut parts = Assembler::default();
+    while let Some(chunk) = stream.message().await.map_err(status)? {
+        parts.push(chunk).map_err(Failure::Transient)?;
+    }
+    parts.finish().map_err(Failure::Transient)
+}
+
+/// Puts a context together from its chunks and checks it against the announced totals.
+#[derive(Debug, Default)]
+pub struct Assembler {
+    sizes: Option<(u64, u64)>,
+    history: Vec<u8>,
+    replay: Vec<u8>,
+}
+
+impl Assembler {
+    pub fn push(&mut self, c: RunContextChunk) -> Result<(), String> {
+        let (history_size, replay_size) = match self.sizes {
+            Some(s) => s,
+            None => {
+                let total = c.history_size.saturating_add(c.replay_size);
+                if total > MAX_CONTEXT_BYTES {
+                    return Err(format!(
+                        "run context: {total} bytes is over the limit of {MAX_CONTEXT_BYTES} bytes"
+                    ));
+                }
+                self.sizes = Some((c.history_size, c.replay_size));
+                (c.history_size, c.replay_size)
+            }
+        };
+        if (self.history.len() + c.history.len()) as u64 > history_size
+            || (self.replay.len() + c.replay.len()) as u64 > replay_size
+        {
+            return Err(format!(
+                "run context: the hub sent more than the {history_size} + {replay_size} bytes it announced"
+            ));
+        }
+        self.history.extend_from_slice(&c.history);
+        self.replay.extend_from_slice(&c.replay);
+        Ok(())
+    }
+
+    pub fn finish(self) -> Result<Context, String> {
+        let Some((history_size, replay_size)) = self.sizes else {
+            return Err("run context: the hub's answer ended before its first chunk".into());
+        };
+        if self.history.len() as u64 != history_size || self.replay.len() as u64 != replay_size {
+            return Err(format!(
+                "run context: the answer ended after {} + {} of the {history_size} + {replay_size} bytes announced",
+                self.history.len(),
+                self.replay.len()
+            ));
+        }
+        let text = |b: Vec<u8>, what: &str| {
+            String::from_utf8(b).map_err(|e| format!("run context: the {what} is not UTF-8: {e}"))
+        };
+        Ok(Context {
+            history: text(self.history, "history")?,
+            replay: text(self.replay, "replay")?,
+        })
+    }
+}
+
+/// The `run.interrupted` of a run whose context could not be fetched: its instance never saw
+/// it, so it is the attempt's first event.
+fn interrupted(a: &AssignRun, why: &str) -> RunEvent {
+    RunEvent {
+        run_id: a.run_id.clone(),
+        attempt: a.attempt,
+        seq: 1,
+        task_id: a.task_id.clone(),
+        at_ms: chrono::Utc::now().timestamp_millis(),
+        kind: kind::RUN_INTERRUPTED.into(),
+        json: RunEventBody::RunInterrupted(RunInterrupted {
+            reason: why.to_string(),
+            cause: CAUSE.to_string(),
+        })
+        .to_json_string(),
+        sync: true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn chunk(hs: u64, rs: u64, h: &str, r: &str) -> RunContextChunk {
+        RunContextChunk {
+            history_size: hs,
+            replay_size: rs,
+            history: h.as_bytes().to_vec(),
+            replay: r.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn parts_are_joined_and_checked_against_the_totals() {
+        let mut a = Assembler::default();
+        a.push(chunk(4, 2, "[1,", "")).expect("first");
+        a.push(chunk(0, 0, "2]", ""))
+            .expect_err("over the announced history size");
+
+        let mut a = Assembler::default();
+        a.push(chunk(5, 2, "[1,", "")).expect("first");
+        a.push(chunk(0, 0, "2]", "[]")).expect("second");
+        assert_eq!(
+            a.finish(),
+            Ok(Context {
+                history: "[1,2]".into(),
+                replay: "[]".into()
+            })
+        );
+
+        let mut short = Assembler::default();
+        short.push(chunk(5, 0, "[1,", "")).expect("first");
+        assert!(short
+            .finish()
+            .expect_err("cut short")
+            .contains("3 + 0 of the 5 + 0"));
+        assert!(Assembler::default().finish().is_err());
+        let mut huge = Assembler::default();
+        assert!(huge
+            .push(chunk(MAX_CONTEXT_BYTES, 1, "", ""))
+            .expect_err("too big")
+            .contains("over the limit"));
+    }
+}
