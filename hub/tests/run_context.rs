@@ -190,3 +190,47 @@ async fn only_the_nest_holding_the_lease_may_fetch_a_runs_history() {
         .expect("the lease holder fetches its history");
     assert!(fetched.history.contains("my card is 4111"));
 }
+
+#[tokio::test]
+async fn a_run_whose_context_could_not_be_fetched_is_handed_out_again_without_counting_a_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_hub, mut api, mut nest, place) = one_instance(dir.path()).await;
+    let task = submit_in(&mut api, "hello", "chat").await;
+    let run1 = next_run(&mut nest).await;
+    assert!(
+        run1.context_by_fetch,
+        "a conversation key: the Nest fetches"
+    );
+    // What the Nest sends when every fetch failed (nest/src/run_context.rs).
+    let ack = send_events(
+        &mut nest,
+        &place.instance_id,
+        vec![event(
+            &run1,
+            1,
+            "run.interrupted",
+            serde_json::json!({"reason": "fetching the context of run r attempt 1 failed 4 times (last: Unavailable)",
+                "cause": "context_unavailable"}),
+        )],
+    )
+    .await;
+    assert!(!ack.fenced, "{ack:?}");
+    // Not the instance's failure: the same (still healthy) instance gets the next attempt.
+    let run2 = next_run(&mut nest).await;
+    assert_eq!(
+        (
+            run2.task_id.as_str(),
+            run2.run_id.as_str(),
+            run2.attempt,
+            run2.instance_id.as_str(),
+            run2.context_by_fetch
+        ),
+        (
+            task.task_id.as_str(),
+            run1.run_id.as_str(),
+            2,
+            place.instance_id.as_str(),
+            true
+        )
+    );
+}

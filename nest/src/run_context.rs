@@ -39,18 +39,23 @@ pub fn assign(client: HubClient, sup: Arc<Supervisor>, outbox: Arc<Outbox>, a: A
     }
     tokio::spawn(async move {
         let mut a = a;
-        match fetch_with_retries(client, &a).await {
+        match fetch_or_interrupt(client, &a).await {
             Ok(Context { history, replay }) => {
                 a.history_json = history;
                 a.replay_json = replay;
                 sup.assign(a);
             }
-            Err(why) => {
-                tracing::warn!(run = %a.run_id, attempt = a.attempt, "{why}; the run is handed back to the hub");
-                outbox.push(&a.instance_id, interrupted(&a, &why));
-            }
+            Err(event) => outbox.push(&a.instance_id, event),
         }
     });
+}
+
+/// The context of `a`, or the `run.interrupted` to send instead (the run never starts).
+pub async fn fetch_or_interrupt(client: HubClient, a: &AssignRun) -> Result<Context, RunEvent> {
+    fetch_with_retries(client, a).await.map_err(|why| {
+        tracing::warn!(run = %a.run_id, attempt = a.attempt, "{why}; the run is handed back to the hub");
+        interrupted(a, &why)
+    })
 }
 
 /// A run's context as the JSON text `agen_shared::run::wire` reads.
@@ -203,6 +208,52 @@ fn interrupted(a: &AssignRun, why: &str) -> RunEvent {
 mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
+
+    #[tokio::test]
+    async fn a_hub_that_cannot_be_reached_gets_the_run_back_as_interrupted_after_the_retries() {
+        // A port nothing listens on: every fetch fails the way a Hub that is down does.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let opts = crate::config::NestOptions::new(format!("http://127.0.0.1:{port}"), "t0k");
+        let client = crate::hub_link::client(&opts).await.expect("lazy client");
+        let a = AssignRun {
+            run_id: "run-1".into(),
+            attempt: 2,
+            task_id: "task-1".into(),
+            instance_id: "inst-1".into(),
+            context_by_fetch: true,
+            ..Default::default()
+        };
+        let started = std::time::Instant::now();
+        let event = fetch_or_interrupt(client, &a)
+            .await
+            .expect_err("no context without a hub");
+        assert!(
+            started.elapsed() >= Duration::from_millis(1_750),
+            "three back-offs (250 + 500 + 1000 ms) came first: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            (
+                event.run_id.as_str(),
+                event.attempt,
+                event.seq,
+                event.kind.as_str(),
+                event.sync
+            ),
+            ("run-1", 2, 1, kind::RUN_INTERRUPTED, true)
+        );
+        let body: RunInterrupted = serde_json::from_str(&event.json).expect("typed body");
+        assert_eq!(body.cause, CAUSE);
+        assert!(
+            body.reason
+                .starts_with("fetching the context of run run-1 attempt 2 failed 4 times"),
+            "{}",
+            body.reason
+        );
+    }
 
     fn chunk(hs: u64, rs: u64, h: &str, r: &str) -> RunContextChunk {
         RunContextChunk {
