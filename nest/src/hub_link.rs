@@ -412,6 +412,8 @@ pub struct LinkContext {
     pub nest_id: String,
     pub supervisor: Arc<Supervisor>,
     pub outbox: Arc<Outbox>,
+    /// Runs whose history and replay are on their way (`run_context`).
+    pub fetching: Arc<crate::run_context::Fetching>,
     /// Called once, after the first successful registration (sd-notify READY).
     pub on_first_registered: Option<Box<dyn FnOnce() + Send>>,
 }
@@ -640,10 +642,17 @@ fn handle(ctx: &LinkContext, client: &HubClient, msg: HubMsg) {
         HubMsg::Place(p) => sup.place(p),
         HubMsg::Stop(s) => sup.stop(&s.instance_id, &s.reason),
         // A run with a history or a replay starts once they are fetched (`run_context`).
-        HubMsg::AssignRun(a) => {
-            crate::run_context::assign(client.clone(), sup.clone(), ctx.outbox.clone(), a)
+        HubMsg::AssignRun(a) => crate::run_context::assign(
+            client.clone(),
+            sup.clone(),
+            ctx.outbox.clone(),
+            ctx.fetching.clone(),
+            a,
+        ),
+        HubMsg::CancelRun(c) => {
+            ctx.fetching.cancel(&c.run_id);
+            sup.cancel(&c.run_id, &c.instance_id, &c.reason)
         }
-        HubMsg::CancelRun(c) => sup.cancel(&c.run_id, &c.instance_id, &c.reason),
         HubMsg::Ping(_) => {}
         HubMsg::LogRequest(r) => sup.answer_logs(r),
         HubMsg::ApprovalDecided(d) => sup.deliver_approval(

@@ -7,13 +7,17 @@
 //! back-off; then, or at once when the Hub refuses (not the lease holder, no such run), the run
 //! is reported `run.interrupted` (cause `context_unavailable`, the reason naming the fetch) so
 //! that the Hub hands it out again. An answer over [`MAX_CONTEXT_BYTES`], or whose parts do not
-//! add up to the totals its first chunk announced, is refused.
+//! add up to the totals its first chunk announced, is refused. A `CancelRun` that arrives while
+//! the context is on its way ends the fetch, and the run never starts (reported interrupted, so
+//! that the Hub ends the cancelled task at once).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agen_proto::v1::{AssignRun, FetchRunContextRequest, RunContextChunk, RunEvent};
 use agen_shared::run::{kind, RunEventBody, RunInterrupted};
+use tokio_util::sync::CancellationToken;
 
 use crate::hub_link::{HubClient, Outbox};
 use crate::supervisor::Supervisor;
@@ -30,16 +34,67 @@ pub const MAX_CONTEXT_BYTES: u64 = 512 * 1024 * 1024;
 /// The cause of the `run.interrupted` sent when the context cannot be fetched.
 pub const CAUSE: &str = "context_unavailable";
 
+/// Runs whose context is on its way, by run id (with the attempt), so that a `CancelRun`
+/// that reaches the Nest first stops the fetch.
+#[derive(Debug, Default)]
+pub struct Fetching(Mutex<HashMap<String, (u32, CancellationToken)>>);
+
+impl Fetching {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u32, CancellationToken)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn start(&self, run_id: &str, attempt: u32) -> CancellationToken {
+        let token = CancellationToken::new();
+        self.lock()
+            .insert(run_id.to_string(), (attempt, token.clone()));
+        token
+    }
+
+    fn done(&self, run_id: &str, attempt: u32) {
+        let mut map = self.lock();
+        if map.get(run_id).is_some_and(|(a, _)| *a == attempt) {
+            map.remove(run_id);
+        }
+    }
+
+    /// Stops the fetch of `run_id`'s context, if one is on its way; says whether it was.
+    pub fn cancel(&self, run_id: &str) -> bool {
+        match self.lock().remove(run_id) {
+            Some((_, token)) => {
+                token.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// Hands `a` to its instance: at once when it has no context, else after fetching it (in a
 /// task of its own, so the link keeps reading).
-pub fn assign(client: HubClient, sup: Arc<Supervisor>, outbox: Arc<Outbox>, a: AssignRun) {
+pub fn assign(
+    client: HubClient,
+    sup: Arc<Supervisor>,
+    outbox: Arc<Outbox>,
+    fetching: Arc<Fetching>,
+    a: AssignRun,
+) {
     if !a.context_by_fetch {
         sup.assign(a);
         return;
     }
+    let cancelled = fetching.start(&a.run_id, a.attempt);
     tokio::spawn(async move {
         let mut a = a;
-        match fetch_or_interrupt(client, &a).await {
+        let got = tokio::select! {
+            got = fetch_or_interrupt(client, &a) => got,
+            _ = cancelled.cancelled() => {
+                tracing::info!(run = %a.run_id, attempt = a.attempt, "run cancelled before its context arrived; it never starts");
+                Err(interrupted(&a, "the run was cancelled before its context arrived; it never started"))
+            }
+        };
+        fetching.done(&a.run_id, a.attempt);
+        match got {
             Ok(Context { history, replay }) => {
                 a.history_json = history;
                 a.replay_json = replay;
@@ -208,6 +263,24 @@ fn interrupted(a: &AssignRun, why: &str) -> RunEvent {
 mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
+
+    #[test]
+    fn a_cancel_stops_only_the_fetch_still_on_its_way() {
+        let f = Fetching::default();
+        let t = f.start("run-1", 1);
+        f.done("run-1", 1);
+        assert!(!f.cancel("run-1"), "a finished fetch is not cancelled");
+        assert!(!t.is_cancelled());
+        let old = f.start("run-2", 1);
+        let new = f.start("run-2", 2);
+        f.done("run-2", 1);
+        assert!(
+            f.cancel("run-2"),
+            "the newer attempt's fetch is still on its way"
+        );
+        assert!(new.is_cancelled() && !old.is_cancelled());
+        assert!(!f.cancel("run-3"));
+    }
 
     #[tokio::test]
     async fn a_hub_that_cannot_be_reached_gets_the_run_back_as_interrupted_after_the_retries() {
