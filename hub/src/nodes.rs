@@ -103,8 +103,8 @@ pub struct RunAssignment {
     /// The run's trace id (the caller's when it gave a traceparent).
     pub trace_id: String,
     pub bundle_digest: String,
-    pub history_json: String,
-    pub replay_json: String,
+    /// The run has a history or a replay, which its Nest fetches (`FetchRunContext`).
+    pub context_by_fetch: bool,
     pub tool_overrides: agen_shared::bundle::Permissions,
 }
 
@@ -127,16 +127,11 @@ impl ToNest {
             ToNest::Stop { reason, .. } | ToNest::CancelRun { reason, .. } => reason.len(),
             ToNest::ApprovalDecided { reason, by, .. } => reason.len() + by.len(),
             ToNest::AssignRun(a) => {
-                strings(&[
-                    &a.input,
-                    &a.history_json,
-                    &a.replay_json,
-                    &a.conversation_key,
-                ]) + a
-                    .labels
-                    .iter()
-                    .map(|(k, v)| k.len() + v.len() + 8)
-                    .sum::<usize>()
+                strings(&[&a.input, &a.conversation_key])
+                    + a.labels
+                        .iter()
+                        .map(|(k, v)| k.len() + v.len() + 8)
+                        .sum::<usize>()
             }
             ToNest::Ack { run_id, .. } => run_id.len(),
             ToNest::LogRequest {

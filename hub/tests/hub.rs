@@ -659,7 +659,11 @@ async fn a_task_runs_from_submit_to_succeeded_through_run_events_and_acks() {
         (task.task_id.as_str(), 1, place.instance_id.as_str())
     );
     assert_eq!(run.root_run_id, run.run_id);
-    assert_eq!(run.history_json, "[]");
+    // No conversation key, a first attempt: nothing to fetch, and nothing inside the stream.
+    assert_eq!(
+        (run.context_by_fetch, run.history_json.as_str()),
+        (false, "")
+    );
     assert_eq!(run.labels.get("team").map(String::as_str), Some("a"));
 
     let mut watch = api
@@ -812,7 +816,7 @@ async fn a_task_runs_from_submit_to_succeeded_through_run_events_and_acks() {
 #[tokio::test]
 async fn a_conversation_runs_in_order_and_carries_its_history() {
     let dir = tempfile::tempdir().unwrap();
-    let (_hub, mut api, mut nest, place) = fleet_with_one_instance(dir.path(), 4).await;
+    let (hub, mut api, mut nest, place) = fleet_with_one_instance(dir.path(), 4).await;
     let first = submit(&mut api, "my name is Ada", "chat-1", "").await;
     let second = submit(&mut api, "what is my name?", "chat-1", "").await;
     assert_eq!(first.conversation_id, second.conversation_id);
@@ -843,8 +847,17 @@ async fn a_conversation_runs_in_order_and_carries_its_history() {
         })
         .await;
     assert_eq!(run2.task_id, second.task_id);
-    let history: serde_json::Value = serde_json::from_str(&run2.history_json).unwrap();
+    // The history is fetched over FetchRunContext, never carried in the stream.
+    assert_eq!(
+        (run2.context_by_fetch, run2.history_json.as_str()),
+        (true, "")
+    );
+    let fetched = fetch_context(&hub, &nest.nest_id, &run2, &place.instance_id)
+        .await
+        .expect("the lease holder fetches the history");
+    let history: serde_json::Value = serde_json::from_str(&fetched.history).unwrap();
     assert_eq!(history[1]["content"], "Hi Ada");
+    assert_eq!(fetched.replay, "", "a first attempt has nothing to replay");
 }
 
 #[tokio::test]
@@ -950,8 +963,31 @@ async fn a_run_whose_nest_is_lost_is_redispatched_with_the_next_attempt_and_old_
         (run2.task_id.as_str(), run2.run_id.as_str(), run2.attempt),
         (task.task_id.as_str(), run1.run_id.as_str(), 2)
     );
-    let replay: serde_json::Value = serde_json::from_str(&run2.replay_json).unwrap();
+    assert_eq!(
+        (run2.context_by_fetch, run2.replay_json.as_str()),
+        (true, "")
+    );
+    let pb_instance = run2.instance_id.clone();
+    let fetched = fetch_context(&hub, "nest-b", &run2, &pb_instance)
+        .await
+        .expect("the new lease holder fetches the replay");
+    let replay: serde_json::Value = serde_json::from_str(&fetched.replay).unwrap();
     assert_eq!(replay[0]["kind"], "model.requested");
+    assert_eq!(
+        (replay[0]["attempt"].as_u64(), replay[0]["seq"].as_u64()),
+        (Some(1), Some(1))
+    );
+    // The Nest that lost the run holds a valid certificate but no lease any more.
+    let refused = fetch_context(&hub, "nest-a", &run2, &pb_instance)
+        .await
+        .expect_err("the old holder is refused");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("not to instance")
+            && refused.message().contains("on nest nest-a"),
+        "{}",
+        refused.message()
+    );
 
     // The old attempt is fenced.
     let ack = send_events(

@@ -75,6 +75,7 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         nest_id,
         supervisor: supervisor.clone(),
         outbox,
+        fetching: Default::default(),
         on_first_registered: Some(Box::new(|| {
             if std::env::var_os("NOTIFY_SOCKET").is_some() {
                 if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {

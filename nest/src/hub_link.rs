@@ -94,6 +94,8 @@ pub struct LinkContext {
     pub nest_id: String,
     pub supervisor: Arc<Supervisor>,
     pub outbox: Arc<Outbox>,
+    /// Runs whose history and replay are on their way (`run_context`).
+    pub fetching: Arc<crate::run_context::Fetching>,
     /// Called once, after the first successful registration (sd-notify READY).
     pub on_first_registered: Option<Box<dyn FnOnce() + Send>>,
 }
@@ -258,7 +260,7 @@ async fn session(
                 match m {
                     Ok(Some(HubMessage { msg: Some(msg) })) => {
                         silence.heard();
-                        handle(ctx, msg);
+                        handle(ctx, &client, msg);
                     }
                     Ok(Some(HubMessage { msg: None })) => silence.heard(),
                     Ok(None) => return Err("the hub closed the stream".into()),
@@ -293,14 +295,24 @@ async fn leave(tx: &mpsc::Sender<NestMessage>, inbound: &mut tonic::Streaming<Hu
     }
 }
 
-fn handle(ctx: &LinkContext, msg: HubMsg) {
+fn handle(ctx: &LinkContext, client: &HubClient, msg: HubMsg) {
     let sup = &ctx.supervisor;
     match msg {
         HubMsg::Registered(_) => tracing::debug!("ignoring a second Registered"),
         HubMsg::Place(p) => sup.place(p),
         HubMsg::Stop(s) => sup.stop(&s.instance_id, &s.reason),
-        HubMsg::AssignRun(a) => sup.assign(a),
-        HubMsg::CancelRun(c) => sup.cancel(&c.run_id, &c.instance_id, &c.reason),
+        // A run with a history or a replay starts once they are fetched (`run_context`).
+        HubMsg::AssignRun(a) => crate::run_context::assign(
+            client.clone(),
+            sup.clone(),
+            ctx.outbox.clone(),
+            ctx.fetching.clone(),
+            a,
+        ),
+        HubMsg::CancelRun(c) => {
+            ctx.fetching.cancel(&c.run_id);
+            sup.cancel(&c.run_id, &c.instance_id, &c.reason)
+        }
         HubMsg::Ping(_) => {}
         HubMsg::LogRequest(r) => sup.answer_logs(r),
         HubMsg::ApprovalDecided(d) => sup.deliver_approval(

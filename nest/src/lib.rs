@@ -4,7 +4,8 @@
 //! the Hub, reconnects), `supervisor` (instance processes, restart policy, process-group guards),
 //! `bundles` (cache by digest), `artifact_relay` (artifact transfers), `child_relay` (delegate
 //! calls' child tasks), `logs` (instances' and tool servers' stderr, kept in rotated files and
-//! served to `agen logs`), `metrics` (`--metrics-listen`), `socket` (the Nest ⇄
+//! served to `agen logs`), `metrics` (`--metrics-listen`), `run_context` (a run's history and
+//! replay, fetched from the Hub before the run starts), `socket` (the Nest ⇄
 //! instance protocol), `instance` (the `agen instance` process: bundle, tool servers, runs through
 //! the harness crate `agen-harness`).
 //!
@@ -22,5 +23,6 @@ pub mod instance;
 pub mod logs;
 pub mod metrics;
 pub mod outbox;
+pub mod run_context;
 pub mod socket;
 pub mod supervisor;

@@ -423,7 +423,7 @@ async fn a_nest_does_not_trust_a_hub_whose_ca_is_not_the_one_its_join_token_name
     );
     opts.data_dir = tmp.path().join("nest");
     std::fs::create_dir_all(&opts.data_dir).expect("mkdir");
-    let err = match agen_nest::hub_link::client(&opts).await {
+    let err = match agen_nest::hub_client::client(&opts).await {
         Ok(_) => panic!("a hub presenting another CA must not be trusted"),
         Err(e) => e.to_string(),
     };

@@ -27,6 +27,7 @@ mod permissions;
 mod privacy;
 mod privsep;
 mod resume;
+mod run_context;
 mod runs;
 mod secrets;
 mod sql;

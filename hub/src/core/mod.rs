@@ -5,7 +5,8 @@
 //! Modules: [`bundles`] (stored bundles and what is read from them once), [`deployments`]
 //! (desired state and instances), [`nests`] (register, heartbeat, reports, liveness: where a
 //! Nest is declared lost), [`platform_secrets`] (the secret store as placements see it),
-//! [`reconcile`] (the loop that keeps every deployment at its replica count), [`tasks`]
+//! [`reconcile`] (the loop that keeps every deployment at its replica count), [`run_context`]
+//! (the history and replay a run starts from, fetched by its Nest), [`tasks`]
 //! (submit, dispatch, run events, outcomes, queries).
 //!
 //! Invariants: every change is written to the store before it is visible to callers; the
@@ -28,6 +29,7 @@ pub mod nests;
 mod overrides;
 pub mod platform_secrets;
 pub mod reconcile;
+pub mod run_context;
 pub mod tasks;
 
 pub use deployments::DeploymentSpec;

@@ -361,9 +361,11 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
                 delegation_depth: a.delegation_depth,
                 trace_id: a.trace_id,
                 bundle_digest: a.bundle_digest,
-                history_json: a.history_json,
-                replay_json: a.replay_json,
+                // Deprecated fields: the context travels over `FetchRunContext`.
+                history_json: String::new(),
+                replay_json: String::new(),
                 tool_overrides: Some(to_pb_overrides(&a.tool_overrides)),
+                context_by_fetch: a.context_by_fetch,
             })
         }
         ToNest::CancelRun {

@@ -12,6 +12,7 @@ mod lifecycle;
 mod logs;
 mod malformed;
 mod nest;
+mod run_context;
 mod tokens;
 
 pub use malformed::layer as malformed_request_layer;

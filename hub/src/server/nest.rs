@@ -1,8 +1,9 @@
 //! `agen.v1.NestService`: one `Connect` stream per Nest (register first, then heartbeats,
 //! instance reports and run events in; placements, stops, runs and acks out) and
 //! `FetchBundle` (bundles by digest, in chunks, never inside the stream), `PutArtifact` /
-//! `ReadArtifact` (agents' artifacts, relayed by the Nest, also in chunks), and `Join`, which
-//! signs a Nest's CSR with the Hub's CA.
+//! `ReadArtifact` (agents' artifacts, relayed by the Nest, also in chunks), `FetchRunContext`
+//! (a run's history and replay, in chunks: `run_context`), and `Join`, which signs a Nest's
+//! CSR with the Hub's CA.
 //!
 //! Invariants: on a TLS Hub every call but `Join` needs a client certificate the CA verified
 //! whose key is the one its nest id is bound to, and a Nest is who its certificate says
@@ -422,5 +423,19 @@ impl NestService for NestApi {
         request: Request<pb::CancelChildRequest>,
     ) -> Result<Response<pb::CancelChildResponse>, Status> {
         super::delegates::cancel_child(self, request).await
+    }
+
+    type FetchRunContextStream = Stream_<pb::RunContextChunk>;
+
+    async fn fetch_run_context(
+        &self,
+        request: Request<pb::FetchRunContextRequest>,
+    ) -> Result<Response<Self::FetchRunContextStream>, Status> {
+        let chunks = super::run_context::fetch_run_context(self, request)
+            .await?
+            .into_inner();
+        Ok(Response::new(Box::pin(futures::stream::iter(
+            chunks.into_iter().map(Ok),
+        ))))
     }
 }

@@ -493,3 +493,49 @@ pub async fn get(api: &mut Api, task_id: &str) -> pb::Task {
     .expect("get task")
     .into_inner()
 }
+
+/// What `FetchRunContext` gave for a run: the history's and the replay's JSON text and the
+/// data bytes of each chunk.
+#[derive(Debug)]
+pub struct FetchedContext {
+    pub history: String,
+    pub replay: String,
+    pub chunk_bytes: Vec<usize>,
+}
+
+/// Fetches the context of `run` as Nest `as_nest` (its own certificate), naming `instance_id`.
+pub async fn fetch_context(
+    hub: &TestHub,
+    as_nest: &str,
+    run: &pb::AssignRun,
+    instance_id: &str,
+) -> Result<FetchedContext, tonic::Status> {
+    let mut client = hub.nest_client_as(as_nest).await;
+    let mut stream = client
+        .fetch_run_context(pb::FetchRunContextRequest {
+            task_id: run.task_id.clone(),
+            run_id: run.run_id.clone(),
+            attempt: run.attempt,
+            instance_id: instance_id.into(),
+        })
+        .await?
+        .into_inner();
+    let (mut history, mut replay, mut chunk_bytes) = (Vec::new(), Vec::new(), Vec::new());
+    let mut sizes = None;
+    while let Some(c) = stream.message().await? {
+        sizes.get_or_insert((c.history_size, c.replay_size));
+        chunk_bytes.push(c.history.len() + c.replay.len());
+        history.extend_from_slice(&c.history);
+        replay.extend_from_slice(&c.replay);
+    }
+    assert_eq!(
+        sizes,
+        Some((history.len() as u64, replay.len() as u64)),
+        "the first chunk announces the totals that arrive"
+    );
+    Ok(FetchedContext {
+        history: String::from_utf8(history).expect("history is UTF-8"),
+        replay: String::from_utf8(replay).expect("replay is UTF-8"),
+        chunk_bytes,
+    })
+}

@@ -236,6 +236,8 @@ impl FakeModel {
                     Json(json!({"object": "list", "data": [{"id": "fake", "object": "model"}]}))
                 }),
             )
+            // Real providers take requests far over axum's 2 MB default (long histories).
+            .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
             .with_state(shared.clone());
         let stop = CancellationToken::new();
         let stopped = stop.clone();

@@ -1,5 +1,5 @@
 //! The run contract inside protobuf strings: a conversation history and the replay of earlier
-//! attempts travel in `AssignRun` as JSON text. Reading is lenient per item (an unreadable
+//! attempts travel as JSON text (`FetchRunContext` chunks, put together by the Nest). Reading is lenient per item (an unreadable
 //! message or event is skipped with a warning, never the whole run); writing is exact.
 
 use serde::Deserialize;

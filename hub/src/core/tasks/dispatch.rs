@@ -1,15 +1,14 @@
 //! Dispatch: queued tasks onto instances with a free slot (the choice comes from the pure
-//! `scheduler`), each run's lease stored before its `AssignRun` leaves.
+//! `scheduler`), each run's lease stored before its `AssignRun` leaves. An `AssignRun` never
+//! carries the run's history or replay, and dispatch never reads them from the store (it runs
+//! under the state lock): the Nest fetches them (`core::run_context`).
 
 use std::collections::{HashMap, HashSet};
-
-use serde_json::Value;
 
 use crate::core::{Core, State};
 use crate::error::Result;
 use crate::nodes::{RunAssignment, ToNest};
 use crate::scheduler::dispatch::{choose, Ask, Choice, SlotView};
-use crate::store::Table;
 
 use super::outcome::CANCEL_GRACE_MS;
 use super::*;
@@ -131,25 +130,6 @@ impl Core {
         task.lease.started = false;
         task.lease.missing_since_ms = 0;
         task.lease.revoked = false;
-        let history: ConversationRec = self
-            .db
-            .get_json(Table::Conversations, &task.conversation_id)?
-            .unwrap_or_default();
-        let replay_json = if task.attempt > 1 {
-            let events: Vec<Value> = self
-                .db
-                .run_events(&task.run_id)?
-                .into_iter()
-                .filter(|e| e.attempt < task.attempt)
-                .map(|e| {
-                    serde_json::json!({"attempt": e.attempt, "seq": e.seq, "at_ms": e.at_ms, "kind": e.kind,
-                        "json": serde_json::from_str::<Value>(&e.json).unwrap_or(Value::String(e.json.clone()))})
-                })
-                .collect();
-            Value::Array(events).to_string()
-        } else {
-            String::new()
-        };
         task.state = TaskState::Running;
         task.instance_id = inst.instance_id.clone();
         task.nest_name = inst.nest_name.clone();
@@ -177,8 +157,9 @@ impl Core {
             delegation_depth: task.delegation_depth,
             trace_id: crate::trace::trace_id(&task),
             bundle_digest: inst.bundle_digest.clone(),
-            history_json: Value::Array(history.messages).to_string(),
-            replay_json,
+            // A conversation (a key) may have a history, a later attempt has a replay: the
+            // Nest fetches them (`core::run_context`); the store is not read here.
+            context_by_fetch: !task.conversation_key.is_empty() || task.attempt > 1,
             tool_overrides: task.tool_overrides.clone(),
         };
         tracing::info!(task = %task.task_id, run = %task.run_id, attempt = task.attempt, instance = %inst.instance_id, "dispatching run");
