@@ -1,0 +1,410 @@
+//! An instance's life here: placed (bundle fetched, process spawned and restarted with back-off),
+//! stopped (its whole process group), forgotten; the Nest's shutdown.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agen_proto::v1::{InstanceReport, InstanceState, PlaceInstance};
+use agen_shared::bundle::{referenced_secrets, Bundle, SecretSource};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::NestOptions;
+use crate::socket::{self, Placement};
+use backoff::Backoff;
+use children::ChildRecord;
+
+use super::*;
+
+impl Supervisor {
+    /// Starts the instance `p` (fetching its bundle first). A no-op for an id already here.
+    pub fn place(self: &Arc<Self>, p: PlaceInstance) {
+        let id = p.instance_id.clone();
+        let stop = self.shutdown.child_token();
+        {
+            let mut st = self.lock();
+            if st.instances.contains_key(&id) {
+                tracing::debug!(instance = %id, "already running; placement ignored");
+                return;
+            }
+            let at_capacity = st.instances.len() >= self.opts.capacity as usize;
+            let mut report = InstanceReport {
+                instance_id: id.clone(),
+                namespace: p.namespace.clone(),
+                deployment: p.deployment.clone(),
+                bundle_digest: p.bundle_digest.clone(),
+                generation: p.generation,
+                state: InstanceState::Starting as i32,
+                message: "fetching bundle".into(),
+                ..Default::default()
+            };
+            if at_capacity {
+                report.state = InstanceState::Unhealthy as i32;
+                report.message = format!(
+                    "nest {} is at capacity ({} instances)",
+                    self.opts.name, self.opts.capacity
+                );
+            }
+            st.instances.insert(
+                id.clone(),
+                Entry {
+                    place: p.clone(),
+                    bundle_dir: None,
+                    report,
+                    conn: None,
+                    queued: Vec::new(),
+                    cred: None,
+                    stop: stop.clone(),
+                },
+            );
+            st.changed.insert(id.clone());
+            if at_capacity {
+                tracing::warn!(instance = %id, "placement refused: nest at capacity");
+                drop(st);
+                self.changed.notify_one();
+                // Kept (unhealthy) until the Hub stops it, then forgotten like any other.
+                let me = self.clone();
+                self.tracker.spawn(async move {
+                    stop.cancelled().await;
+                    me.forget(&id);
+                });
+                return;
+            }
+        }
+        self.changed.notify_one();
+        tracing::info!(instance = %id, namespace = %p.namespace, deployment = %p.deployment, digest = %p.bundle_digest, "placing instance");
+        let me = self.clone();
+        self.tracker
+            .spawn(async move { me.run_instance(id, p.bundle_digest, stop).await });
+    }
+
+    /// Stops the instance `id` (kills its process group) and forgets it.
+    pub fn stop(&self, id: &str, reason: &str) {
+        let token = {
+            let mut st = self.lock();
+            let Some(e) = st.instances.get_mut(id) else {
+                return;
+            };
+            e.report.state = InstanceState::Stopping as i32;
+            e.report.healthy = false;
+            e.report.message = if reason.is_empty() {
+                "stopping".into()
+            } else {
+                reason.to_string()
+            };
+            st.changed.insert(id.to_string());
+            e_stop(st.instances.get(id))
+        };
+        tracing::info!(instance = %id, reason, "stopping instance");
+        self.changed.notify_one();
+        if let Some(t) = token {
+            t.cancel();
+        }
+    }
+
+    /// Stops every instance and waits for them (at most `grace` + a margin). Returns whether
+    /// everything stopped in time.
+    pub async fn shutdown(&self, grace: Duration) -> bool {
+        self.shutdown.cancel();
+        self.tracker.close();
+        let done = tokio::time::timeout(grace + Duration::from_secs(2), self.tracker.wait())
+            .await
+            .is_ok();
+        // Belt and braces: whatever is still recorded goes now.
+        for (_, rec) in self.children.list() {
+            process::signal_group(rec.pgid, nix::sys::signal::Signal::SIGKILL);
+        }
+        done
+    }
+
+    /// One instance's life: bundle, then spawn / wait / restart until stopped.
+    pub(super) async fn run_instance(
+        self: Arc<Self>,
+        id: String,
+        digest: String,
+        stop: CancellationToken,
+    ) {
+        let bundle_dir = tokio::select! {
+            r = self.bundles.ensure(&digest) => r,
+            _ = stop.cancelled() => { self.forget(&id); return; }
+        };
+        let bundle_dir = match bundle_dir {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(instance = %id, "{e}");
+                self.update(&id, |r| {
+                    r.state = InstanceState::Unhealthy as i32;
+                    r.healthy = false;
+                    r.message = e.to_string();
+                });
+                stop.cancelled().await;
+                self.forget(&id);
+                return;
+            }
+        };
+        let place = self.lock().instances.get_mut(&id).map(|e| {
+            e.bundle_dir = Some(bundle_dir.clone());
+            e.place.clone()
+        });
+        // The instance's secrets, so that its log lines are redacted of them.
+        let (opts, dir) = (self.opts.clone(), bundle_dir.clone());
+        let owner = place.as_ref().map(|p| crate::logs::LogOwner {
+            namespace: p.namespace.clone(),
+            deployment: p.deployment.clone(),
+        });
+        let secrets = match place {
+            Some(p) => {
+                tokio::task::spawn_blocking(move || build_placement(&p, &dir, &opts).secrets)
+                    .await
+                    .unwrap_or_default()
+            }
+            None => BTreeMap::new(),
+        };
+        self.logs.start_instance(
+            &id,
+            &owner.unwrap_or_default(),
+            agen_harness::redact::Redactor::of_secrets(&secrets),
+        );
+        let mut backoff = Backoff::new(RESTART_BASE, RESTART_CAP);
+        let socket_path = self.opts.socket_path();
+        loop {
+            if stop.is_cancelled() {
+                break;
+            }
+            self.update(&id, |r| {
+                r.state = InstanceState::Starting as i32;
+                r.healthy = false;
+                if r.restarts == 0 {
+                    r.message = "starting".into();
+                }
+            });
+            let boot = socket::Bootstrap {
+                socket: socket_path.clone(),
+                instance_id: id.clone(),
+                bundle_dir: bundle_dir.clone(),
+                secret: socket::SpawnSecret::generate(),
+            };
+            // Spawned right here, on an async worker thread (see `process`).
+            let mut child = match process::spawn_instance(
+                &self.opts.agen_bin,
+                &boot,
+                &self.opts.env,
+                self.logs.clone(),
+            ) {
+                Ok(c) => {
+                    // Recorded before any await: the instance cannot say hello before this.
+                    let pid = c.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+                    if let Some(e) = self.lock().instances.get_mut(&id) {
+                        e.cred = Some(identity::SpawnCred {
+                            secret: boot.secret.clone(),
+                            pid,
+                            used: false,
+                        });
+                    }
+                    c
+                }
+                Err(e) => {
+                    let delay = backoff.next_delay();
+                    let msg = format!(
+                        "cannot start {} instance: {e}; retrying in {}s",
+                        self.opts.agen_bin.display(),
+                        delay.as_secs()
+                    );
+                    tracing::warn!(instance = %id, "{msg}");
+                    self.update(&id, |r| {
+                        r.state = InstanceState::Unhealthy as i32;
+                        r.message = msg;
+                    });
+                    tokio::select! { _ = tokio::time::sleep(delay) => continue, _ = stop.cancelled() => break }
+                }
+            };
+            let pid = child.id().unwrap_or(0);
+            let pgid = i32::try_from(pid).unwrap_or(0);
+            self.children.record(
+                &id,
+                ChildRecord {
+                    what: format!("instance {id}"),
+                    pgid,
+                },
+            );
+            self.update(&id, |r| r.pid = pid);
+            tracing::info!(instance = %id, pid, "instance process started");
+            let started = Instant::now();
+            let status = tokio::select! {
+                s = child.wait() => Some(s),
+                _ = stop.cancelled() => None,
+            };
+            // That spawn's credential dies with it.
+            if let Some(e) = self.lock().instances.get_mut(&id) {
+                e.cred = None;
+            }
+            match status {
+                None => {
+                    let graceful = process::stop_group(&mut child, pgid, STOP_GRACE).await;
+                    self.reap_tool_servers(&id);
+                    self.children.remove(&id);
+                    tracing::info!(instance = %id, graceful, "instance stopped");
+                    break;
+                }
+                Some(status) => {
+                    // Tool servers left in the group go with it.
+                    process::signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
+                    self.reap_tool_servers(&id);
+                    self.children.remove(&id);
+                    if stop.is_cancelled() {
+                        break;
+                    }
+                    if started.elapsed() >= STABLE_AFTER {
+                        backoff.reset();
+                    }
+                    let how = match status {
+                        Ok(s) => describe_exit(s),
+                        Err(e) => format!("could not be waited for: {e}"),
+                    };
+                    let delay = backoff.next_delay();
+                    let crashes = backoff.attempts();
+                    let msg = format!(
+                        "instance process {how}; restarting in {:.1}s",
+                        delay.as_secs_f64()
+                    );
+                    tracing::warn!(instance = %id, "{msg}");
+                    let lost_runs = self.drop_runs_of(&id);
+                    for (run_id, track) in &lost_runs {
+                        self.interrupt_run(
+                            run_id,
+                            track,
+                            "instance_died",
+                            &format!("the instance process {how} during the run"),
+                        );
+                    }
+                    self.update(&id, |r| {
+                        r.restarts += 1;
+                        r.healthy = false;
+                        r.tools_loaded = 0;
+                        r.active_runs.clear();
+                        r.state = if crashes >= UNHEALTHY_AFTER_CRASHES {
+                            InstanceState::Unhealthy
+                        } else {
+                            InstanceState::Starting
+                        } as i32;
+                        r.message = msg;
+                    });
+                    if !lost_runs.is_empty() {
+                        let ids: Vec<&String> = lost_runs.iter().map(|(r, _)| r).collect();
+                        tracing::warn!(instance = %id, runs = ?ids, "runs interrupted by the instance exit");
+                    }
+                    tokio::select! { _ = tokio::time::sleep(delay) => {}, _ = stop.cancelled() => break }
+                }
+            }
+        }
+        self.logs.close_instance(&id);
+        self.forget(&id);
+    }
+
+    /// Removes an instance after it stopped, keeping its final report for the Hub.
+    pub(super) fn forget(&self, id: &str) {
+        let mut st = self.lock();
+        if let Some(mut e) = st.instances.remove(id) {
+            e.report.state = InstanceState::Stopping as i32;
+            e.report.healthy = false;
+            e.report.active_runs.clear();
+            st.changed.remove(id);
+            st.gone.insert(id.to_string(), e.report);
+        }
+        let lost: Vec<(String, RunTrack)> = {
+            let ids: Vec<String> = st
+                .runs
+                .iter()
+                .filter(|(_, t)| t.instance == id)
+                .map(|(r, _)| r.clone())
+                .collect();
+            ids.into_iter()
+                .filter_map(|r| st.runs.remove(&r).map(|t| (r, t)))
+                .collect()
+        };
+        drop(st);
+        for (run_id, track) in &lost {
+            self.interrupt_run(
+                run_id,
+                track,
+                "instance_stopped",
+                &format!("instance {id} was stopped during the run"),
+            );
+        }
+        self.children.remove(id);
+        self.changed.notify_one();
+    }
+
+    /// Kills the recorded tool-server groups of an instance that exited (a clean exit already
+    /// stopped them; this catches an instance that died without cleaning up).
+    pub(super) fn reap_tool_servers(&self, id: &str) {
+        let prefix = format!("{id}/");
+        for (key, rec) in self.children.list() {
+            if key.starts_with(&prefix) {
+                process::signal_group(rec.pgid, nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+        self.children.remove_prefix(&prefix);
+    }
+}
+
+pub(super) fn e_stop(e: Option<&Entry>) -> Option<CancellationToken> {
+    e.map(|e| e.stop.clone())
+}
+
+pub(super) fn describe_exit(s: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (s.code(), s.signal()) {
+        (Some(c), _) => format!("exited with status {c}"),
+        (None, Some(sig)) => format!("was killed by signal {sig}"),
+        _ => "exited".into(),
+    }
+}
+
+/// The placement an instance gets: its deployment and its secrets, resolved here (`env` from
+/// the Nest's environment, `platform` from the Hub's placement). A secret the bundle uses
+/// that has no value is listed in `missing_secrets`, naming it and the fix.
+pub fn build_placement(
+    p: &PlaceInstance,
+    bundle_dir: &std::path::Path,
+    opts: &NestOptions,
+) -> Placement {
+    let mut secrets = BTreeMap::new();
+    let mut missing = Vec::new();
+    if let Ok(bundle) = Bundle::load(bundle_dir) {
+        let used: BTreeMap<String, String> =
+            referenced_secrets(&bundle).into_iter().rev().collect();
+        for (name, source) in bundle.secrets.iter() {
+            let (value, why) = match source {
+                SecretSource::Platform => (
+                    p.platform_secrets.get(name).cloned(),
+                    format!("the hub's secret store has no secret {name} in namespace {ns}; set it with `agen secrets set {name} --namespace {ns}` (value on stdin)", ns = p.namespace),
+                ),
+                SecretSource::Env { var } => (
+                    opts.env_var(var).map(str::to_string),
+                    format!("environment variable {var} is not set on nest {}; set it in the nest's environment", opts.name),
+                ),
+            };
+            match value {
+                Some(v) => {
+                    secrets.insert(name.clone(), v);
+                }
+                None => {
+                    if let Some(place) = used.get(name) {
+                        missing.push(format!("secret {name} used in {place} has no value: {why}"));
+                    }
+                }
+            }
+        }
+    }
+    Placement {
+        instance_id: p.instance_id.clone(),
+        namespace: p.namespace.clone(),
+        deployment: p.deployment.clone(),
+        bundle_digest: p.bundle_digest.clone(),
+        generation: p.generation,
+        concurrency: p.concurrency.max(1),
+        secrets,
+        missing_secrets: missing,
+    }
+}
