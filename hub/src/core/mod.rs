@@ -28,6 +28,7 @@ pub mod nests;
 mod overrides;
 pub mod platform_secrets;
 pub mod reconcile;
+mod respread;
 pub mod tasks;
 
 pub use deployments::DeploymentSpec;
