@@ -639,7 +639,15 @@ fn handle(ctx: &LinkContext, msg: HubMsg) {
         HubMsg::Registered(_) => tracing::debug!("ignoring a second Registered"),
         HubMsg::Place(p) => sup.place(p),
         HubMsg::Stop(s) => sup.stop(&s.instance_id, &s.reason),
-        HubMsg::AssignRun(a) => sup.assign(a),
+        HubMsg::AssignRun(a) => match crate::refused_run::unusable(&a) {
+            None => sup.assign(a),
+            Some(why) => {
+                tracing::warn!(run = %a.run_id, task = %a.task_id, "{why}; the run fails, the link stays up");
+                if let Some(e) = crate::refused_run::failed_event(&a, &why) {
+                    ctx.outbox.push(&a.instance_id, e);
+                }
+            }
+        },
         HubMsg::CancelRun(c) => sup.cancel(&c.run_id, &c.instance_id, &c.reason),
         HubMsg::Ping(_) => {}
         HubMsg::LogRequest(r) => sup.answer_logs(r),

@@ -21,5 +21,6 @@ pub mod hub_link;
 pub mod instance;
 pub mod logs;
 pub mod metrics;
+pub mod refused_run;
 pub mod socket;
 pub mod supervisor;
