@@ -134,6 +134,10 @@ pub struct InstanceRec {
     /// Whether it replaced a failed instance (its own failure then extends the back-off).
     #[serde(default)]
     pub replacement: bool,
+    /// Since when it is being moved to another Nest to spread replicas again (0: not): a
+    /// replacement is placed first and this one stops once that runs and this has no run.
+    #[serde(default)]
+    pub leaving_since_ms: i64,
 }
 
 /// What a Nest says about one instance (domain form of `InstanceReport`).

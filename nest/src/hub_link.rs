@@ -301,14 +301,18 @@ fn handle(ctx: &LinkContext, client: &HubClient, msg: HubMsg) {
         HubMsg::Registered(_) => tracing::debug!("ignoring a second Registered"),
         HubMsg::Place(p) => sup.place(p),
         HubMsg::Stop(s) => sup.stop(&s.instance_id, &s.reason),
-        // A run with a history or a replay starts once they are fetched (`run_context`).
-        HubMsg::AssignRun(a) => crate::run_context::assign(
-            client.clone(),
-            sup.clone(),
-            ctx.outbox.clone(),
-            ctx.fetching.clone(),
-            a,
-        ),
+        // A run whose assignment cannot be used fails with the reason (the link stays up); a
+        // run with a history or a replay starts once they are fetched (`run_context`).
+        HubMsg::AssignRun(a) => match crate::refused_run::unusable(&a) {
+            None => crate::run_context::assign(
+                client.clone(),
+                sup.clone(),
+                ctx.outbox.clone(),
+                ctx.fetching.clone(),
+                a,
+            ),
+            Some(why) => crate::refused_run::refuse(&ctx.outbox, &a, &why),
+        },
         HubMsg::CancelRun(c) => {
             ctx.fetching.cancel(&c.run_id);
             sup.cancel(&c.run_id, &c.instance_id, &c.reason)

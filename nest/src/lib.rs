@@ -23,6 +23,7 @@ pub mod instance;
 pub mod logs;
 pub mod metrics;
 pub mod outbox;
+pub mod refused_run;
 pub mod run_context;
 pub mod socket;
 pub mod supervisor;

@@ -99,7 +99,10 @@ pub fn assign(
             Ok(Context { history, replay }) => {
                 a.history_json = history;
                 a.replay_json = replay;
-                sup.assign(a);
+                match crate::refused_run::unusable(&a) {
+                    None => sup.assign(a),
+                    Some(why) => crate::refused_run::refuse(&outbox, &a, &why),
+                }
             }
             Err(event) => outbox.push(&a.instance_id, event),
         }

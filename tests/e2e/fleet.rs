@@ -491,3 +491,53 @@ fn an_unreachable_hub_is_a_clear_error() {
     let out = agen_tests::cli(&config, &["nests"]).unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("no Hub to talk to"));
 }
+
+#[test]
+fn a_returning_nest_gets_one_replica_back_and_a_running_task_still_succeeds() {
+    // Each charge takes 20 s: the task runs through the whole move.
+    let mut f = crate::chaos::fleet(&["nest-a", "nest-b"], 2, 1, 20.0, 0);
+    let on = |l: &[Value], nest: &str| {
+        healthy_running(l, "charge")
+            .iter()
+            .filter(|i| i["nest"] == nest)
+            .count()
+    };
+    f.nests[1].proc.kill9();
+    f.hub
+        .wait_instances("both replicas on nest-a", Duration::from_secs(60), |l| {
+            on(l, "nest-a") == 2
+        })
+        .unwrap();
+
+    let task = f.submit("charge the customer");
+    wait_for("the task to run on nest-a", Duration::from_secs(30), || {
+        let t = f.query(&task)?;
+        (t["state"] == "running" && t["nest"] == "nest-a").then_some(())
+    })
+    .unwrap();
+
+    // nest-b comes back (same data dir, same identity): one replica moves to it.
+    f.nests[1] = f.hub.nest("nest-b", &[], &[]).unwrap();
+    let spread = f
+        .hub
+        .wait_instances("replicas 1+1 again", Duration::from_secs(60), |l| {
+            on(l, "nest-a") == 1 && on(l, "nest-b") == 1
+        })
+        .unwrap();
+    let t = f.query(&task).unwrap();
+    assert_eq!(
+        (t["state"].as_str(), t["attempt"].as_u64()),
+        (Some("running"), Some(1)),
+        "the task was still running its first attempt during the move: {t}"
+    );
+    let busy_kept = healthy_running(&spread, "charge")
+        .iter()
+        .any(|i| i["nest"] == "nest-a" && i["instance"] == t["instance"]);
+    assert!(busy_kept, "the busy instance stayed: {spread:?} {t}");
+
+    let c = f.settle(std::slice::from_ref(&task), Duration::from_secs(60));
+    crate::chaos::assert_safe(&f, &c);
+    assert_eq!((c.succeeded, c.charged_1), (1, 1), "{c:?}");
+    let t = f.query(&task).unwrap();
+    assert_eq!(t["attempt"], 1, "the move handed nothing over: {t}");
+}

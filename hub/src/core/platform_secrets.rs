@@ -193,6 +193,7 @@ mod tests {
             not_before_ms: 0,
             healthy_since_ms: 0,
             replacement: false,
+            leaving_since_ms: 0,
         };
         let values = core.placement_secrets(&inst).expect("values");
         assert_eq!(

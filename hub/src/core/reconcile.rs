@@ -160,6 +160,7 @@ impl Core {
                     state: i.state,
                     healthy: i.healthy,
                     created_at_ms: i.created_at_ms,
+                    leaving: i.leaving_since_ms > 0,
                 })
                 .collect();
             let plan = scheduler::plan(d.replicas, d.generation, &views);
@@ -189,13 +190,22 @@ impl Core {
                 self.stop_instance(st, id, &format!("unhealthy: {reason}"))?;
             }
             for id in &plan.stop {
-                if Self::drains(st, &d, id) {
+                if Self::drains(st, &d, id) || Self::leaves_later(st, id, now) {
                     continue;
                 }
-                self.stop_instance(st, id, "scaled down or rolled over")?;
+                let leaving = st.instances.get(id).is_some_and(|i| i.leaving_since_ms > 0);
+                let reason = if leaving {
+                    "moved to another nest to spread replicas"
+                } else {
+                    "scaled down or rolled over"
+                };
+                self.stop_instance(st, id, reason)?;
             }
             if changed {
                 self.save_deployment(st, d.clone())?;
+            }
+            if plan == scheduler::Plan::default() {
+                self.respread(st, &d, now)?;
             }
             for _ in 0..plan.create {
                 let replacement = d.failures > 0;
@@ -228,6 +238,7 @@ impl Core {
                     not_before_ms: if replacement { d.backoff_until_ms } else { 0 },
                     healthy_since_ms: 0,
                     replacement,
+                    leaving_since_ms: 0,
                 };
                 self.save_instance(st, rec)?;
             }

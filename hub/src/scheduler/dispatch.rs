@@ -6,8 +6,8 @@
 //! on; a new run prefers the deployed digest when an instance of it is ready (old versions
 //! drain); an instance is eligible when it is running, healthy, its Nest connected, and below
 //! the deployment's concurrency; a retry avoids the instance that just failed it when another is
-//! eligible; among the eligible, the current generation first, then the fewest active runs,
-//! then the lowest id (deterministic).
+//! eligible; among the eligible, one that is not being moved away first, then the current
+//! generation, then the fewest active runs, then the lowest id (deterministic).
 
 /// An instance of the task's deployment as dispatch sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,6 +23,9 @@ pub struct SlotView<'a> {
     pub alive: bool,
     /// Runs it has now (running or waiting).
     pub active_runs: u32,
+    /// Being moved to another Nest (replicas spread again): it takes runs only when no other
+    /// instance can.
+    pub leaving: bool,
 }
 
 /// The deployment now and what the task asks.
@@ -72,7 +75,14 @@ pub fn choose<'a>(ask: &Ask<'_>, slots: &[SlotView<'a>]) -> Choice<'a> {
     eligible
         .into_iter()
         .filter(|s| !others || s.instance_id != ask.avoid)
-        .min_by_key(|s| (s.generation != ask.generation, s.active_runs, s.instance_id))
+        .min_by_key(|s| {
+            (
+                s.leaving,
+                s.generation != ask.generation,
+                s.active_runs,
+                s.instance_id,
+            )
+        })
         .map_or(Choice::Wait, |s| Choice::Run(s.instance_id))
 }
 
@@ -94,6 +104,7 @@ mod tests {
             connected: true,
             alive: true,
             active_runs: active,
+            leaving: false,
         }
     }
 
@@ -115,6 +126,10 @@ mod tests {
         };
         let cut_off = |mut s: SlotView<'static>| {
             s.connected = false;
+            s
+        };
+        let moving = |mut s: SlotView<'static>| {
+            s.leaving = true;
             s
         };
         let gone = |mut s: SlotView<'static>| {
@@ -206,6 +221,18 @@ mod tests {
                 "but takes it when it is the only one",
                 ask(None, "a"),
                 vec![slot("a", "new", 2, 0)],
+                Choice::Run("a"),
+            ),
+            (
+                "an instance being moved away gets no new run while another can take it",
+                ask(None, ""),
+                vec![moving(slot("a", "new", 2, 0)), slot("b", "new", 2, 1)],
+                Choice::Run("b"),
+            ),
+            (
+                "but still does when it is the only one with a slot",
+                ask(None, ""),
+                vec![moving(slot("a", "new", 2, 0)), slot("b", "new", 2, 2)],
                 Choice::Run("a"),
             ),
         ];

@@ -6,8 +6,10 @@
 //!   generation, unhealthy instances).
 //! - [`backoff`]: replacement back-off 1s, 2s, 4s … capped at 60s.
 //! - [`dispatch::choose`]: which instance runs a queued task now.
+//! - [`spread::pick_move`]: which instance moves when replicas are unevenly spread.
 
 pub mod dispatch;
+pub mod spread;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -105,6 +107,8 @@ pub struct InstView {
     pub state: InstanceState,
     pub healthy: bool,
     pub created_at_ms: i64,
+    /// Being moved to another Nest: kept like an old generation until its replacement runs.
+    pub leaving: bool,
 }
 
 /// Actions for one deployment.
@@ -128,7 +132,7 @@ pub fn plan(replicas: u32, generation: u64, instances: &[InstView]) -> Plan {
         match i.state {
             InstanceState::Lost | InstanceState::Stopping | InstanceState::Stopped => {}
             InstanceState::Unhealthy => out.replace.push(i.instance_id.clone()),
-            _ if i.generation == generation => current.push(i),
+            _ if i.generation == generation && !i.leaving => current.push(i),
             // An old-generation placement that never started is of no use.
             InstanceState::Pending => out.stop.push(i.instance_id.clone()),
             _ => old.push(i),

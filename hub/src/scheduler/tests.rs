@@ -87,6 +87,7 @@ fn inst(id: &str, generation: u64, state: InstanceState, created: i64) -> InstVi
         state,
         healthy: state == InstanceState::Running,
         created_at_ms: created,
+        leaving: false,
     }
 }
 
@@ -187,6 +188,52 @@ fn plan_rolls_old_generation_over_once_new_instances_run() {
         ),
         Plan {
             stop: vec!["o1".into()],
+            ..Plan::default()
+        }
+    );
+}
+
+#[test]
+fn plan_keeps_a_leaving_instance_until_its_replacement_runs() {
+    use InstanceState::*;
+    let leaving = |id: &str, created| InstView {
+        leaving: true,
+        ..inst(id, 1, Running, created)
+    };
+    // Just marked: a replacement is created, the leaving one stays.
+    assert_eq!(
+        plan(2, 1, &[inst("a", 1, Running, 1), leaving("b", 2)]),
+        Plan {
+            create: 1,
+            ..Plan::default()
+        }
+    );
+    // Replacement starting: nothing to do yet.
+    assert_eq!(
+        plan(
+            2,
+            1,
+            &[
+                inst("a", 1, Running, 1),
+                leaving("b", 2),
+                inst("c", 1, Starting, 3)
+            ]
+        ),
+        Plan::default()
+    );
+    // Replacement running and healthy: the leaving one stops.
+    assert_eq!(
+        plan(
+            2,
+            1,
+            &[
+                inst("a", 1, Running, 1),
+                leaving("b", 2),
+                inst("c", 1, Running, 3)
+            ]
+        ),
+        Plan {
+            stop: vec!["b".into()],
             ..Plan::default()
         }
     );

@@ -140,6 +140,9 @@ impl NestService for NestApi {
         // Bound at connect time (TLS Hubs); a forgotten identity ends the stream too.
         let bound = self.nests.get(&nest_id).is_some();
         let stop_reading = overflow.clone();
+        // Why the Hub ended the link, sent to the Nest as the stream's last status.
+        let ended_why: Arc<std::sync::Mutex<Option<Status>>> = Arc::default();
+        let why_in = ended_why.clone();
         tokio::spawn(async move {
             let _end = end_stream.drop_guard();
             loop {
@@ -161,7 +164,20 @@ impl NestService for NestApi {
                     Ok(Some(m)) => m,
                     Ok(None) => break,
                     Err(e) => {
-                        tracing::info!(nest_id = %nest_id, error = %e, "nest stream failed");
+                        // tonic cannot resync a stream after a message that does not decode
+                        // (its framing is lost), so the link ends, saying why: the Nest
+                        // logs it and reconnects at once (its runs are re-adopted).
+                        if e.code() == tonic::Code::InvalidArgument {
+                            tracing::warn!(nest_id = %nest_id, error = %e.message(), "a nest message does not decode; ending its stream so that it reconnects");
+                            if let Ok(mut why) = why_in.lock() {
+                                *why = Some(Status::invalid_argument(format!(
+                                    "nest stream: {}; the hub ended the stream, reconnect (check that nest and hub versions match)",
+                                    e.message()
+                                )));
+                            }
+                        } else {
+                            tracing::info!(nest_id = %nest_id, error = %e, "nest stream failed");
+                        }
                         break;
                     }
                 };
@@ -226,7 +242,16 @@ impl NestService for NestApi {
                 }
             }
         })
-        .take_until(ended.cancelled_owned());
+        .take_until(ended.cancelled_owned())
+        .map(Some)
+        .chain(futures::stream::once(async move {
+            ended_why
+                .lock()
+                .ok()
+                .and_then(|mut w| w.take())
+                .map(Err)
+        }))
+        .filter_map(|item| async move { item });
         Ok(Response::new(Box::pin(out)))
     }
 

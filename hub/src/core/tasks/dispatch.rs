@@ -83,6 +83,7 @@ impl Core {
                     connected: st.live.is_connected(&i.nest_id),
                     alive: !matches!(i.state, InstanceState::Lost | InstanceState::Stopping),
                     active_runs: active.get(&i.instance_id).copied().unwrap_or(0),
+                    leaving: i.leaving_since_ms != 0,
                 })
                 .collect();
             let ask = Ask {
