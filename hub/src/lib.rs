@@ -340,6 +340,9 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         if let Err(e) = core.db.flush().await {
             tracing::error!(error = %e, "final store flush failed");
         }
+        // Nothing writes after this: a task still holding the core gets an error, not a write
+        // the Hub never flushed.
+        core.db.close();
         tracing::info!("hub stopped");
         result
     });

@@ -125,6 +125,8 @@ pub trait Store: Send + Sync + 'static {
     fn flush(&self) -> BoxFuture<'_, Result<()>>;
     /// Why the store cannot write now (`None` while it can).
     fn broken(&self) -> Option<String>;
+    /// Closes the store for good (the Hub stopped): later calls fail, its files are released.
+    fn close(&self);
     /// Tries to make a broken store write again (reopening it in place). `Ok(true)` when it
     /// healed now, `Ok(false)` when it was not broken; an error says why it still cannot.
     fn heal(&self) -> Result<bool>;
@@ -205,6 +207,11 @@ impl Db {
     /// See [`Store::heal`].
     pub fn heal(&self) -> Result<bool> {
         self.inner.heal()
+    }
+
+    /// Closes the store for good (see [`Store::close`]).
+    pub fn close(&self) {
+        self.inner.close()
     }
 
     /// The newest attempt the Hub has started for `run_id` (0 when none).

@@ -27,6 +27,8 @@ pub struct SledStore {
     flush_requests: AtomicU64,
     /// Every request with a ticket up to this one is durable.
     flushed_upto: AtomicU64,
+    /// Closed for good ([`Store::close`]): never reopened.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl SledStore {
@@ -45,6 +47,7 @@ impl SledStore {
             flush_gate: tokio::sync::Mutex::new(()),
             flush_requests: AtomicU64::new(0),
             flushed_upto: AtomicU64::new(0),
+            closed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -211,7 +214,22 @@ impl Store for SledStore {
             .clone()
     }
 
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        *self.broken.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some("the store is closed: the hub stopped".into());
+        // The handle goes, and with it the database's file lock (a restarted Hub in the same
+        // process opens it again at once).
+        drop(self.db.write().unwrap_or_else(|p| p.into_inner()).take());
+    }
+
     fn heal(&self) -> Result<bool> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(StoreError::Op {
+                table: "all",
+                reason: "the store is closed: the hub stopped".into(),
+            });
+        }
         if self.broken().is_none() {
             return Ok(false);
         }
