@@ -13,7 +13,7 @@ use pb::hub_message::Msg as Hub;
 use pretty_assertions::assert_eq;
 use support::*;
 
-async fn deploy(api: &mut Api, dir: &std::path::Path, name: &str) {
+async fn deploy(api: &mut Api, dir: &std::path::Path, name: &str, concurrency: u32) {
     let up = upload(api, dir).await.expect("upload");
     api.create_deployment(pb::CreateDeploymentRequest {
         namespace: "default".into(),
@@ -21,10 +21,38 @@ async fn deploy(api: &mut Api, dir: &std::path::Path, name: &str) {
         bundle_digest: up.digest,
         replicas: 1,
         selector: Default::default(),
-        concurrency: 1,
+        concurrency,
     })
     .await
     .expect("create deployment");
+}
+
+/// The run the Hub assigns next for `task_id` on `nest`, named as the parent of delegate calls.
+async fn assigned_parent(nest: &mut FakeNest, task_id: &str, instance_id: &str) -> pb::ChildParent {
+    let run = nest
+        .next_matching(|m| match m {
+            Hub::AssignRun(r) if r.task_id == task_id => Some(r),
+            _ => None,
+        })
+        .await;
+    pb::ChildParent {
+        task_id: task_id.into(),
+        run_id: run.run_id,
+        attempt: run.attempt,
+        instance_id: instance_id.into(),
+    }
+}
+
+async fn submit(api: &mut Api, deployment: &str, input: &str) -> pb::Task {
+    api.submit_task(pb::SubmitTaskRequest {
+        namespace: "default".into(),
+        deployment: deployment.into(),
+        input: input.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("submit")
+    .into_inner()
 }
 
 fn start(parent: &pb::ChildParent, deployment: &str, key: &str) -> pb::StartChildRequest {
@@ -54,32 +82,12 @@ async fn only_the_lease_holder_starts_children_and_only_to_listed_delegates_once
     let helper = dir.path().join("helper");
     write_bundle(&helper, "you help");
     let (mut victim, _) = FakeNest::connect(&hub, "nest-victim", &[], vec![]).await;
-    deploy(&mut api, &caller, "caller").await;
+    deploy(&mut api, &caller, "caller", 1).await;
     let place = victim.accept_placement().await;
-    let task = api
-        .submit_task(pb::SubmitTaskRequest {
-            namespace: "default".into(),
-            deployment: "caller".into(),
-            input: "delegate it".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("submit")
-        .into_inner();
-    let run = victim
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
-    deploy(&mut api, &helper, "helper").await;
-    let parent = pb::ChildParent {
-        task_id: task.task_id.clone(),
-        run_id: run.run_id.clone(),
-        attempt: run.attempt,
-        instance_id: place.instance_id.clone(),
-    };
-    let key = format!("{}:0", run.run_id);
+    let task = submit(&mut api, "caller", "delegate it").await;
+    let parent = assigned_parent(&mut victim, &task.task_id, &place.instance_id).await;
+    deploy(&mut api, &helper, "helper", 1).await;
+    let key = format!("{}:0", parent.run_id);
 
     let mut refused = Vec::new();
     // 1. A Nest of its own, with a valid certificate, naming the victim's run exactly.
@@ -98,7 +106,7 @@ async fn only_the_lease_holder_starts_children_and_only_to_listed_delegates_once
     );
     // 3. The right Nest and instance, an attempt the Hub did not issue.
     let old_attempt = pb::ChildParent {
-        attempt: run.attempt + 1,
+        attempt: parent.attempt + 1,
         ..parent.clone()
     };
     refused.push(owner.start_child(start(&old_attempt, "helper", &key)).await);
@@ -177,64 +185,23 @@ async fn the_hub_refuses_a_child_deeper_than_max_delegation_depth_even_when_the_
     )
     .unwrap();
     let (mut nest, _) = FakeNest::connect(&hub, "nest-a", &[], vec![]).await;
-    let up = upload(&mut api, &selfish).await.expect("upload");
-    api.create_deployment(pb::CreateDeploymentRequest {
-        namespace: "default".into(),
-        name: "selfish".into(),
-        bundle_digest: up.digest,
-        replicas: 1,
-        selector: Default::default(),
-        concurrency: 2,
-    })
-    .await
-    .expect("create deployment");
+    // Two slots: the child runs on the same instance while the root waits for it.
+    deploy(&mut api, &selfish, "selfish", 2).await;
     let place = nest.accept_placement().await;
-    let root = api
-        .submit_task(pb::SubmitTaskRequest {
-            namespace: "default".into(),
-            deployment: "selfish".into(),
-            input: "go deep".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("submit")
-        .into_inner();
-    let run = nest
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let root = submit(&mut api, "selfish", "go deep").await;
+    let parent = assigned_parent(&mut nest, &root.task_id, &place.instance_id).await;
     let mut owner = hub.nest_client_as("nest-a").await;
-    let parent = pb::ChildParent {
-        task_id: root.task_id.clone(),
-        run_id: run.run_id.clone(),
-        attempt: run.attempt,
-        instance_id: place.instance_id.clone(),
-    };
     let child = owner
-        .start_child(start(&parent, "selfish", &format!("{}:0", run.run_id)))
+        .start_child(start(&parent, "selfish", &format!("{}:0", parent.run_id)))
         .await
         .expect("depth 1 is within the limit")
         .into_inner();
-    // Two slots: the child runs on the same instance while the root waits for it.
-    let child_run = nest
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) if r.task_id == child.task_id => Some(r),
-            _ => None,
-        })
-        .await;
-    let child_parent = pb::ChildParent {
-        task_id: child.task_id.clone(),
-        run_id: child_run.run_id.clone(),
-        attempt: child_run.attempt,
-        instance_id: place.instance_id.clone(),
-    };
+    let child_parent = assigned_parent(&mut nest, &child.task_id, &place.instance_id).await;
     let refused = owner
         .start_child(start(
             &child_parent,
             "selfish",
-            &format!("{}:0", child_run.run_id),
+            &format!("{}:0", child_parent.run_id),
         ))
         .await
         .expect_err("depth 2 is over the limit");
