@@ -1,6 +1,7 @@
 //! Agen's shared vocabulary: ids, the bundle model and its validation, durations, client
 //! config, TLS helpers and telemetry setup. Used by every other crate; knows no gRPC.
 
+pub mod a2a;
 pub mod bundle;
 pub mod client_config;
 pub mod duration;

@@ -75,7 +75,7 @@ pub fn follow(
             .map(|a| a.artifact_id.clone())
             .collect();
         let mut last = said(&first_view.status);
-        let ended = first_view.status.state.is_final();
+        let ended = first_view.status.state.is_terminal();
         if tx
             .send(Ok(event(&id, StreamResponse::Task(first_view))))
             .await
@@ -145,7 +145,7 @@ pub fn follow(
             let now = said(&status);
             if now != last {
                 last = now;
-                let ended = status.state.is_final();
+                let ended = status.state.is_terminal();
                 let ev = TaskStatusUpdateEvent {
                     task_id: task_id.clone(),
                     context_id: ctx,

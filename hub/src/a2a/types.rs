@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use agen_shared::a2a::{Artifact, Message, Part, Role, Task, TaskState, TaskStatus};
+
 /// The A2A protocol version the Hub serves.
 pub const PROTOCOL_VERSION: &str = "1.0";
 /// The protocol binding of the Hub's interface.
@@ -79,80 +81,6 @@ pub mod codes {
     pub const CONTENT_TYPE_NOT_SUPPORTED: i32 = -32005;
 }
 
-/// `Role` (ProtoJSON enum names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub enum Role {
-    #[default]
-    #[serde(rename = "ROLE_UNSPECIFIED")]
-    Unspecified,
-    #[serde(rename = "ROLE_USER")]
-    User,
-    #[serde(rename = "ROLE_AGENT")]
-    Agent,
-}
-
-/// `TaskState` (ProtoJSON enum names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum TaskState {
-    #[serde(rename = "TASK_STATE_SUBMITTED")]
-    Submitted,
-    #[serde(rename = "TASK_STATE_WORKING")]
-    Working,
-    #[serde(rename = "TASK_STATE_INPUT_REQUIRED")]
-    InputRequired,
-    #[serde(rename = "TASK_STATE_COMPLETED")]
-    Completed,
-    #[serde(rename = "TASK_STATE_FAILED")]
-    Failed,
-    #[serde(rename = "TASK_STATE_CANCELED")]
-    Canceled,
-}
-
-impl TaskState {
-    /// A state after which the task changes no more (an A2A stream ends on it).
-    pub fn is_final(self) -> bool {
-        matches!(
-            self,
-            TaskState::Completed | TaskState::Failed | TaskState::Canceled
-        )
-    }
-}
-
-/// `Part`: one piece of a message or an artifact; exactly one of `text`, `raw` (base64),
-/// `url`, `data` is set.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Part {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub text: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub raw: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub filename: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub media_type: Option<String>,
-}
-
-/// `Message`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Message {
-    #[serde(default)]
-    pub message_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub context_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub task_id: Option<String>,
-    #[serde(default)]
-    pub role: Role,
-    #[serde(default)]
-    pub parts: Vec<Part>,
-}
-
 /// `SendMessageConfiguration` (the fields the Hub honours).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -182,41 +110,6 @@ pub struct TaskIdRequest {
     /// `GetTask`: how many history messages to return (absent: all).
     #[serde(default)]
     pub history_length: Option<i64>,
-}
-
-/// `TaskStatus`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TaskStatus {
-    pub state: TaskState,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<Message>,
-    /// RFC 3339.
-    pub timestamp: String,
-}
-
-/// `Artifact`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Artifact {
-    pub artifact_id: String,
-    pub name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-    pub parts: Vec<Part>,
-}
-
-/// `Task`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Task {
-    pub id: String,
-    pub context_id: String,
-    pub status: TaskStatus,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub artifacts: Vec<Artifact>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub history: Vec<Message>,
 }
 
 /// `TaskStatusUpdateEvent`.

@@ -13,7 +13,6 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 /// The protocol version this client speaks (the `A2A-Version` header).
 pub const A2A_VERSION: &str = "1.0";
@@ -65,7 +64,9 @@ impl A2aError {
     }
 }
 
-// ---- wire types (proto JSON of a2a.proto v1.0) ----
+// ---- wire types (proto JSON of a2a.proto v1.0; the data types are agen_shared::a2a) ----
+
+pub use agen_shared::a2a::{Artifact, Message, Part, Role, Task, TaskState, TaskStatus};
 
 /// The parts of an agent card this client reads.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -86,55 +87,6 @@ pub struct AgentInterface {
     pub protocol_binding: String,
     #[serde(default)]
     pub protocol_version: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Role {
-    #[serde(rename = "ROLE_USER")]
-    User,
-    #[serde(rename = "ROLE_AGENT")]
-    Agent,
-    #[serde(other, rename = "ROLE_UNSPECIFIED")]
-    Unspecified,
-}
-
-/// One part of a message or an artifact: only text is read as text; other kinds are named.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Part {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub text: Option<String>,
-    /// Structured data (any JSON: it is the remote agent's, not ours).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
-    /// Base64 bytes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub raw: Option<String>,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub filename: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub media_type: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Message {
-    #[serde(default)]
-    pub message_id: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub context_id: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub task_id: String,
-    #[serde(default = "unspecified_role")]
-    pub role: Role,
-    #[serde(default)]
-    pub parts: Vec<Part>,
-}
-
-fn unspecified_role() -> Role {
-    Role::Unspecified
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -179,94 +131,6 @@ pub struct ListTasksRequest {
 pub struct ListTasksResponse {
     #[serde(default)]
     pub tasks: Vec<Task>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub enum TaskState {
-    #[serde(rename = "TASK_STATE_SUBMITTED")]
-    Submitted,
-    #[serde(rename = "TASK_STATE_WORKING")]
-    Working,
-    #[serde(rename = "TASK_STATE_COMPLETED")]
-    Completed,
-    #[serde(rename = "TASK_STATE_FAILED")]
-    Failed,
-    #[serde(rename = "TASK_STATE_CANCELED")]
-    Canceled,
-    #[serde(rename = "TASK_STATE_INPUT_REQUIRED")]
-    InputRequired,
-    #[serde(rename = "TASK_STATE_REJECTED")]
-    Rejected,
-    #[serde(rename = "TASK_STATE_AUTH_REQUIRED")]
-    AuthRequired,
-    #[serde(other, rename = "TASK_STATE_UNSPECIFIED")]
-    Unspecified,
-}
-
-impl TaskState {
-    /// The task will not change any more.
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            TaskState::Completed | TaskState::Failed | TaskState::Canceled | TaskState::Rejected
-        )
-    }
-
-    /// The task waits for its caller (input or authentication), which `call_agent` cannot give.
-    pub fn is_interrupted(self) -> bool {
-        matches!(self, TaskState::InputRequired | TaskState::AuthRequired)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskState::Submitted => "TASK_STATE_SUBMITTED",
-            TaskState::Working => "TASK_STATE_WORKING",
-            TaskState::Completed => "TASK_STATE_COMPLETED",
-            TaskState::Failed => "TASK_STATE_FAILED",
-            TaskState::Canceled => "TASK_STATE_CANCELED",
-            TaskState::InputRequired => "TASK_STATE_INPUT_REQUIRED",
-            TaskState::Rejected => "TASK_STATE_REJECTED",
-            TaskState::AuthRequired => "TASK_STATE_AUTH_REQUIRED",
-            TaskState::Unspecified => "TASK_STATE_UNSPECIFIED",
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TaskStatus {
-    #[serde(default = "unspecified")]
-    pub state: TaskState,
-    #[serde(default)]
-    pub message: Option<Message>,
-}
-
-fn unspecified() -> TaskState {
-    TaskState::Unspecified
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Artifact {
-    #[serde(default)]
-    pub artifact_id: String,
-    #[serde(default)]
-    pub name: String,
-    #[serde(default)]
-    pub parts: Vec<Part>,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Task {
-    pub id: String,
-    #[serde(default)]
-    pub context_id: String,
-    pub status: TaskStatus,
-    #[serde(default)]
-    pub artifacts: Vec<Artifact>,
-    #[serde(default)]
-    pub history: Vec<Message>,
 }
 
 #[derive(Debug, Serialize)]
@@ -347,8 +211,8 @@ impl A2aClient {
         let params = SendMessageRequest {
             message: Message {
                 message_id: message_id.to_string(),
-                context_id: context_id.to_string(),
-                task_id: String::new(),
+                context_id: (!context_id.is_empty()).then(|| context_id.to_string()),
+                task_id: None,
                 role: Role::User,
                 parts: vec![Part {
                     text: Some(text.to_string()),
@@ -538,12 +402,13 @@ fn parts_text(parts: &[Part]) -> String {
         } else if let Some(u) = &p.url {
             out.push(format!("(file {u})"));
         } else if p.raw.is_some() {
-            let name = if p.filename.is_empty() {
-                "unnamed"
-            } else {
-                &p.filename
-            };
-            out.push(format!("(bytes {name} {})", p.media_type));
+            let name = p
+                .filename
+                .as_deref()
+                .filter(|f| !f.is_empty())
+                .unwrap_or("unnamed");
+            let media_type = p.media_type.as_deref().unwrap_or_default();
+            out.push(format!("(bytes {name} {media_type})"));
         }
     }
     out.join("\n")
@@ -594,8 +459,8 @@ mod tests {
             params: SendMessageRequest {
                 message: Message {
                     message_id: "run-1:0".into(),
-                    context_id: String::new(),
-                    task_id: String::new(),
+                    context_id: None,
+                    task_id: None,
                     role: Role::User,
                     parts: vec![Part {
                         text: Some("hi".into()),
