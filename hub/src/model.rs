@@ -287,6 +287,28 @@ pub struct TaskRec {
     /// trace uses its trace id and the run span nests under its span.
     #[serde(default)]
     pub traceparent: String,
+    /// Set while the task's run is suspended: it gave its instance slot back to wait for a
+    /// decision or a child task (see `core::suspend`). The task is `waiting` and holds no
+    /// instance meanwhile.
+    #[serde(default)]
+    pub suspended: Option<SuspensionRec>,
+    /// The earliest deadline each wait of this task was given (by call id), so that a resumed
+    /// attempt that waits again never extends it.
+    #[serde(default)]
+    pub wait_deadlines: BTreeMap<String, i64>,
+}
+
+/// A suspended run's wait, as the Hub keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SuspensionRec {
+    pub waiting_for: agen_shared::run::WaitingFor,
+    /// The earliest deadline this wait was given (unix ms).
+    pub deadline_ms: i64,
+    /// The reason given when the deadline passes.
+    pub on_deadline: String,
+    /// The attempt that suspended.
+    pub attempt: u32,
+    pub since_ms: i64,
 }
 
 /// Who may run a task now: the attempt the Hub issued last, to which Nest and instance. It is

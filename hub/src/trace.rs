@@ -234,6 +234,8 @@ mod tests {
             tool_overrides: Default::default(),
             warnings: Vec::new(),
             traceparent: String::new(),
+            suspended: None,
+            wait_deadlines: Default::default(),
         }
     }
 

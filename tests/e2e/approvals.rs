@@ -1,7 +1,8 @@
 //! Fleet approvals (issue 15) on a real fleet: a Hub, a Nest, the scripted fake model and our
-//! real workspace MCP server with `ws.run` in `ask`. The run waits in place for a person's
-//! decision (`agen approve` / `agen deny`); a decision is taken once; a viewer cannot decide;
-//! an instance killed while its run waits asks again on the resume and runs the call once.
+//! real workspace MCP server with `ws.run` in `ask`. The run waits for a person's decision
+//! (`agen approve` / `agen deny`; after a moment in place it gives its slot back, see
+//! `suspend.rs`); a decision is taken once; a viewer cannot decide; an instance killed while
+//! its run waits asks again on the resume and runs the call once.
 
 use std::path::Path;
 use std::time::Duration;
@@ -10,12 +11,12 @@ use agen_tests::{mcp_json, wait_for, write_bundle, FakeModel, HubProcess, NestPr
 use serde_json::{json, Value};
 
 /// A deployment `name` on `agen mcp workspace` with `ws.run` in `ask`.
-fn deploy_asker(hub: &HubProcess, dir: &Path, name: &str, model: &FakeModel) {
+pub(crate) fn deploy_asker(hub: &HubProcess, dir: &Path, name: &str, model: &FakeModel) {
     deploy_asker_with(hub, dir, name, model, json!({}));
 }
 
 /// [`deploy_asker`] with `x-agen/harness.json`.
-fn deploy_asker_with(hub: &HubProcess, dir: &Path, name: &str, model: &FakeModel, harness: Value) {
+pub(crate) fn deploy_asker_with(hub: &HubProcess, dir: &Path, name: &str, model: &FakeModel, harness: Value) {
     write_bundle(
         dir,
         &[
@@ -43,7 +44,7 @@ fn deploy_asker_with(hub: &HubProcess, dir: &Path, name: &str, model: &FakeModel
 }
 
 /// A fake model that calls `ws_run` (appending to `marker`) and then answers with what it saw.
-fn model(dir: &Path, marker: &Path) -> FakeModel {
+pub(crate) fn model(dir: &Path, marker: &Path) -> FakeModel {
     let script = json!({"steps": [
         {"tool_calls": [{"name": "ws_run", "arguments": {"command": format!("echo ran >> {}", marker.display())}}]},
         {"reply_template": "saw: {{last_tool_result}}"}
@@ -51,14 +52,14 @@ fn model(dir: &Path, marker: &Path) -> FakeModel {
     FakeModel::start(&dir.join("model"), &script).unwrap()
 }
 
-fn executions(marker: &Path) -> usize {
+pub(crate) fn executions(marker: &Path) -> usize {
     std::fs::read_to_string(marker)
         .unwrap_or_default()
         .lines()
         .count()
 }
 
-fn submit(hub: &HubProcess, deployment: &str) -> String {
+pub(crate) fn submit(hub: &HubProcess, deployment: &str) -> String {
     let out = hub.cli(&["submit", deployment, "go"]).unwrap();
     assert!(
         out.status.success(),
@@ -69,7 +70,7 @@ fn submit(hub: &HubProcess, deployment: &str) -> String {
 }
 
 /// The pending approval of `task`, once `agen approvals -o json` lists it.
-fn pending_of(hub: &HubProcess, task: &str) -> Value {
+pub(crate) fn pending_of(hub: &HubProcess, task: &str) -> Value {
     wait_for("a pending approval", Duration::from_secs(60), || {
         let list = hub.cli_json(&["approvals", "-o", "json"]).ok()?;
         list.as_array()?.iter().find(|a| a["task"] == task).cloned()
@@ -77,12 +78,12 @@ fn pending_of(hub: &HubProcess, task: &str) -> Value {
     .unwrap()
 }
 
-fn wait_task(hub: &HubProcess, task: &str) -> Value {
+pub(crate) fn wait_task(hub: &HubProcess, task: &str) -> Value {
     hub.cli_json(&["wait", task, "-o", "json", "--timeout", "90s"])
         .unwrap()
 }
 
-fn decide(hub: &HubProcess, args: &[&str]) -> std::process::Output {
+pub(crate) fn decide(hub: &HubProcess, args: &[&str]) -> std::process::Output {
     hub.cli(args).expect("run agen")
 }
 
@@ -182,7 +183,7 @@ fn approve_runs_the_call_once_and_deny_tells_the_model_on_a_real_fleet() {
 }
 
 /// The `agen instance` processes of a Nest.
-fn instance_pids(nest: &NestProcess) -> Vec<u32> {
+pub(crate) fn instance_pids(nest: &NestProcess) -> Vec<u32> {
     nest.descendants()
         .into_iter()
         .filter(|pid| {
@@ -210,13 +211,16 @@ fn an_instance_killed_while_its_run_waits_asks_again_and_runs_the_call_once() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .expect("kill -9 the instance");
-    // The resumed attempt asks again (same call id) and waits.
+    // Killed while it waited in place, the run resumes and asks again (same call id); killed
+    // after it gave its slot back, nothing of it was on the instance. It waits either way.
     let resumed = wait_for(
-        "the resumed run to wait again",
+        "the run to wait again",
         Duration::from_secs(90),
         || {
             let q = hub.cli_json(&["query", &task, "-o", "json"]).ok()?;
-            (q["attempt"].as_u64()? >= 2 && q["state"] == "waiting").then_some(q)
+            let again = q["attempt"].as_u64()? >= 2
+                || q["activity"].as_str()?.contains("gave its slot back");
+            (again && q["state"] == "waiting").then_some(q)
         },
     )
     .unwrap();

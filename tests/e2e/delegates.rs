@@ -420,7 +420,9 @@ fn a_killed_caller_resumes_and_gets_the_result_of_the_same_child() {
 
     let done = t.wait(&task);
     assert_eq!(done["state"], "succeeded", "{done}");
-    assert_eq!(done["attempt"], 2, "resumed once: {done}");
+    // Resumed after the kill, or (when the kill landed after the run gave its slot back
+    // while it waited) when the child ended: a later attempt either way.
+    assert!(done["attempt"].as_u64().unwrap() >= 2, "resumed: {done}");
     assert_eq!(done["outcome"]["result"], "caller got: helper finished");
     let children = t.children(&task);
     assert_eq!(children.len(), 1, "never a second child: {children:?}");
@@ -488,6 +490,28 @@ fn the_callers_tool_timeout_cancels_the_child_and_names_it() {
         format!("call_agent: task {child_id} on helper did not finish within 4s (limits.toolTimeout) and was cancelled")
     );
     assert_eq!(t.wait(child_id)["state"], "cancelled");
+}
+
+#[test]
+fn a_one_slot_deployment_that_delegates_to_itself_completes() {
+    // The caller's only slot is free while it waits: the child (on the same deployment, one
+    // level deeper, where a further call_agent is past maxDelegationDepth) runs meanwhile.
+    let t = tree(
+        json!([call_agent("caller", "inner"), {"reply_template": "got: {{last_tool_result}}"}]),
+        None,
+        json!({"delegates": ["caller"]}),
+        json!({"limits": {"maxDelegationDepth": 1}}),
+        1,
+    );
+    let task = t.submit("caller", "outer");
+    let done = t.wait(&task);
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let result = done["outcome"]["result"].as_str().unwrap_or_default();
+    assert!(result.starts_with("got: got: "), "the child's answer came back: {result}");
+    assert!(done["attempt"].as_u64().unwrap() >= 2, "the caller resumed: {done}");
+    let children = t.children(&task);
+    assert_eq!(children.len(), 1, "one child: {children:?}");
+    assert_eq!(children[0]["state"], "succeeded", "{children:?}");
 }
 
 #[test]

@@ -31,6 +31,7 @@ mod run_context;
 mod runs;
 mod secrets;
 mod sql;
+mod suspend;
 mod tokens;
 mod trace_events;
 mod up;

@@ -144,6 +144,17 @@ pub fn describe(kind: &str, json: &str) -> String {
                 cut(&compact(&a.arguments))
             )
         }
+        RunEventBody::RunSuspended(s) => {
+            let what = match &s.waiting_for {
+                agen_shared::run::WaitingFor::Approval { call_id, tool } => {
+                    format!("approval of {tool} {call_id}")
+                }
+                agen_shared::run::WaitingFor::Child { call_id, task_id } => {
+                    format!("task {task_id} (call {call_id})")
+                }
+            };
+            format!("waits for {what} without its slot; resumed when it is there")
+        }
         RunEventBody::RemoteTaskStarted(r) => format!(
             "{} (call {}): remote A2A task {} at {}",
             r.agent, r.call_id, r.task_id, r.endpoint

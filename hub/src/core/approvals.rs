@@ -79,8 +79,26 @@ impl Core {
             .unwrap_or_default())
     }
 
+    /// The decision the Hub holds for a call, if any.
+    pub(in crate::core) fn decision_of(
+        &self,
+        task_id: &str,
+        call_id: &str,
+    ) -> Result<Option<DecisionRec>> {
+        Ok(self
+            .approvals_of(task_id)?
+            .calls
+            .into_iter()
+            .find(|c| c.call_id == call_id)
+            .and_then(|c| c.decision))
+    }
+
     /// Sends a decision to the Nest of the task's current run (held until the store has it).
+    /// A suspended run has none: it gets the decision when it resumes and asks again.
     fn send_decision(&self, st: &mut State, task: &TaskRec, call_id: &str, d: &DecisionRec) {
+        if task.suspended.is_some() {
+            return;
+        }
         let nest_id = st
             .instances
             .get(&task.instance_id)
@@ -243,7 +261,11 @@ impl Core {
                 rec.always.push(call.tool.clone());
             }
             self.db.put_json(Table::Approvals, &task.task_id, &rec)?;
-            self.send_decision(&mut st, &task, &call.call_id, &decision);
+            // A suspended run is resumed (it asks again and is answered at once); a run
+            // waiting in place gets the decision now.
+            if !self.wake_decided(&mut st, &task.task_id, &call.call_id)? {
+                self.send_decision(&mut st, &task, &call.call_id, &decision);
+            }
             call
         };
         self.commit().await?;

@@ -93,8 +93,10 @@ pub(crate) fn owner_check(
     Ok(())
 }
 
+/// Whether the task's lease names a run that should be executing (a suspended run's attempt
+/// is over: it gave its slot back).
 fn leased(t: &TaskRec) -> bool {
-    matches!(t.state, TaskState::Running | TaskState::Waiting)
+    matches!(t.state, TaskState::Running | TaskState::Waiting) && t.suspended.is_none()
 }
 
 impl Core {

@@ -31,6 +31,7 @@ pub mod platform_secrets;
 pub mod reconcile;
 mod respread;
 pub mod run_context;
+mod suspend;
 pub mod tasks;
 
 pub use deployments::DeploymentSpec;

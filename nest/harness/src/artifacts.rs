@@ -193,7 +193,8 @@ pub fn page(id: &str, text: &str, offset: usize, length: Option<usize>) -> Strin
     }
 }
 
-fn now_ms() -> i64 {
+/// Now, in unix milliseconds (also the clock of a suspended run's wall-clock deadline).
+pub(crate) fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 

@@ -1,6 +1,7 @@
-//! The fleet [`Approver`] of an instance: an `ask` call waits in place until the Hub's decision
-//! arrives over the socket ([`ToInstance::ApprovalDecided`]); the harness has already recorded
-//! `approval.requested` durably, which is what makes the Hub ask a person.
+//! The fleet [`Approver`] of an instance: an `ask` call waits in place for the Hub's decision
+//! over the socket ([`ToInstance::ApprovalDecided`]) for [`super::SUSPEND_AFTER`], then its run
+//! gives the slot back (`run.suspended`) and the Hub resumes it once decided; the harness has
+//! already recorded `approval.requested` durably, which is what makes the Hub ask a person.
 //!
 //! Invariants: a decision is handed to the call it names (run id and call id) exactly once; a
 //! decision that arrives before the call waits for it (the Hub answers at once when it already
@@ -39,13 +40,14 @@ impl HubApprover {
     pub fn deliver(&self, run_id: &str, decided: ApprovalDecided) {
         let key = (run_id.to_string(), decided.call_id.clone());
         let mut inner = self.lock();
-        match inner.waiting.remove(&key) {
-            Some(tx) => {
-                let _ = tx.send(decided);
-            }
-            None => {
-                inner.early.insert(key, decided);
-            }
+        // A waiter whose run gave its slot back is gone: its resumed attempt asks again and
+        // takes the decision from `early`.
+        let unclaimed = match inner.waiting.remove(&key) {
+            Some(tx) => tx.send(decided).err(),
+            None => Some(decided),
+        };
+        if let Some(decided) = unclaimed {
+            inner.early.insert(key, decided);
         }
     }
 }
@@ -59,6 +61,10 @@ impl Approver for HubApprover {
         } else {
             ApprovalDecision::Denied(agen_harness::run::denial_text(&d))
         }
+    }
+
+    fn suspend_after(&self) -> Option<std::time::Duration> {
+        Some(super::SUSPEND_AFTER)
     }
 
     async fn decide_recorded(&self, request: &ApprovalRequest) -> ApprovalDecided {
@@ -78,5 +84,50 @@ impl Approver for HubApprover {
             // with it; this call stays undecided and is asked again on the resume.
             Err(_) => std::future::pending().await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn request() -> ApprovalRequest {
+        ApprovalRequest {
+            run_id: "run-1".into(),
+            call_id: "c1".into(),
+            tool: "ws.run".into(),
+            arguments: serde_json::json!({}),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_decision_for_a_waiter_that_gave_up_reaches_the_resumed_ask() {
+        let approver = HubApprover::default();
+        // The first attempt waits, then gives its slot back (its wait is dropped).
+        let first = tokio::time::timeout(
+            Duration::from_millis(20),
+            approver.decide_recorded(&request()),
+        )
+        .await;
+        assert!(first.is_err(), "nothing decided yet");
+        // The decision arrives before the resumed attempt asks again.
+        approver.deliver(
+            "run-1",
+            ApprovalDecided {
+                call_id: "c1".into(),
+                approved: true,
+                reason: String::new(),
+                by: "alice".into(),
+            },
+        );
+        let again = tokio::time::timeout(
+            Duration::from_secs(1),
+            approver.decide_recorded(&request()),
+        )
+        .await
+        .expect("the resumed ask gets the decision");
+        assert!(again.approved);
+        assert_eq!(again.by, "alice");
     }
 }

@@ -127,4 +127,8 @@ impl Delegator for NestDelegator {
     fn detached(&self) -> bool {
         true
     }
+
+    fn suspend_after(&self) -> Option<Duration> {
+        Some(super::SUSPEND_AFTER)
+    }
 }

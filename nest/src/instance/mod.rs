@@ -41,6 +41,10 @@ pub use sink::NestSink;
 /// How long one tool server may take to start and list its tools.
 const SERVER_START_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long an `ask` call or a `call_agent` waits in place before its run gives the instance
+/// slot back (`run.suspended`) and the Hub resumes it when the wait is over.
+pub const SUSPEND_AFTER: Duration = Duration::from_secs(2);
+
 /// Arguments of `agen instance` (given by the Nest through the bootstrap fd).
 #[derive(Debug, Clone)]
 pub struct InstanceArgs {
@@ -492,6 +496,12 @@ fn start_run(
                     Some(_permit) => {
                         tracing::info!(run = %req.run_id, attempt, task = %req.task_id, "run started");
                         let outcome = h.run(req.clone(), sink.clone(), cancel.clone()).await;
+                        if outcome.suspended.is_some() {
+                            // Its `run.suspended` is the attempt's last event: no run.finished.
+                            tracing::info!(run = %req.run_id, "run suspended: it gave its slot back");
+                            shared.end_run(&run_id, attempt);
+                            return;
+                        }
                         tracing::info!(run = %req.run_id, state = outcome.state.as_str(), "run finished");
                         RunFinished {
                             state: outcome.state,
@@ -506,14 +516,23 @@ fn start_run(
         if let Err(e) = sink.finish(finished).await {
             tracing::warn!(run = %run_id, "run.finished not acknowledged: {e}");
         }
-        shared
-            .runs
+        shared.end_run(&run_id, attempt);
+    });
+}
+
+impl Shared {
+    /// The run is over here (finished or suspended): forget it and tell the Nest.
+    fn end_run(&self, run_id: &str, attempt: u32) {
+        self.runs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&run_id);
-        let _ = shared.to_nest.send(ToNest::RunDone { run_id, attempt });
-        shared.set_status(|_| {});
-    });
+            .remove(run_id);
+        let _ = self.to_nest.send(ToNest::RunDone {
+            run_id: run_id.to_string(),
+            attempt,
+        });
+        self.set_status(|_| {});
+    }
 }
 
 /// The run as the harness takes it: the Hub's order, with the placement's namespace and

@@ -21,6 +21,7 @@ pub mod kind {
     pub const APPROVAL_REQUESTED: &str = "approval.requested";
     pub const APPROVAL_DECIDED: &str = "approval.decided";
     pub const REMOTE_TASK_STARTED: &str = "remote_task.started";
+    pub const RUN_SUSPENDED: &str = "run.suspended";
 }
 
 /// What happened, one variant per kind.
@@ -68,6 +69,12 @@ pub enum RunEventBody {
     /// for): a resume polls that task instead of sending the message again.
     #[serde(rename = "remote_task.started")]
     RemoteTaskStarted(RemoteTaskStarted),
+    /// The run gave its instance slot back: it waits for a person's decision or a child task
+    /// without holding an instance, and this attempt ends here (no `run.finished`). The Hub
+    /// resumes the run with a new attempt once what it waits for is there (or its deadline
+    /// passes); the resume replays this log. Replay ignores it.
+    #[serde(rename = "run.suspended")]
+    RunSuspended(RunSuspended),
     /// A kind this version does not know (a newer peer's, or a diagnostic such as `log`):
     /// stored and shown, ignored by replay and by the task's state.
     #[serde(untagged)]
@@ -338,6 +345,38 @@ impl ResponseType {
     }
 }
 
+/// `run.suspended`: what the run waits for, and what happens at its deadline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunSuspended {
+    pub waiting_for: WaitingFor,
+    /// When the wait ends anyway (unix ms): an approval is denied with `on_deadline` as the
+    /// reason (`by` `approvalTimeout`); a child task is cancelled with it. The Hub keeps the
+    /// earliest deadline a wait was given, so a resume never extends it.
+    pub deadline_ms: i64,
+    /// The reason given at the deadline.
+    #[serde(default)]
+    pub on_deadline: String,
+}
+
+/// What a suspended run waits for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WaitingFor {
+    /// A decision about its `ask` call `call_id`.
+    Approval { call_id: String, tool: String },
+    /// The end of its child task (a `call_agent`).
+    Child { call_id: String, task_id: String },
+}
+
+impl WaitingFor {
+    /// The call that waits.
+    pub fn call_id(&self) -> &str {
+        match self {
+            WaitingFor::Approval { call_id, .. } | WaitingFor::Child { call_id, .. } => call_id,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunFinished {
     pub state: RunState,
@@ -417,6 +456,7 @@ impl RunEventBody {
             RunEventBody::ApprovalRequested(_) => kind::APPROVAL_REQUESTED,
             RunEventBody::ApprovalDecided(_) => kind::APPROVAL_DECIDED,
             RunEventBody::RemoteTaskStarted(_) => kind::REMOTE_TASK_STARTED,
+            RunEventBody::RunSuspended(_) => kind::RUN_SUSPENDED,
             RunEventBody::Unknown(u) => &u.kind,
         }
     }
@@ -492,6 +532,7 @@ const KNOWN: &[&str] = &[
     kind::APPROVAL_REQUESTED,
     kind::APPROVAL_DECIDED,
     kind::REMOTE_TASK_STARTED,
+    kind::RUN_SUSPENDED,
 ];
 
 /// A stored body that must be readable: a wrong-shaped known kind reads as `Unknown` so that

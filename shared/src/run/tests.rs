@@ -51,6 +51,16 @@ fn every_kind_round_trips_through_its_wire_form() {
         json!({"state": "succeeded", "result": "done", "response_type": "text"}),
     );
     roundtrip(kind::RUN_INTERRUPTED, json!({"reason": "instance died"}));
+    roundtrip(
+        kind::RUN_SUSPENDED,
+        json!({"waiting_for": {"type": "approval", "call_id": "c1", "tool": "ws.run"},
+               "deadline_ms": 5, "on_deadline": "no one decided"}),
+    );
+    roundtrip(
+        kind::RUN_SUSPENDED,
+        json!({"waiting_for": {"type": "child", "call_id": "c2", "task_id": "t-1"},
+               "deadline_ms": 9, "on_deadline": "toolTimeout ran out"}),
+    );
 }
 
 #[test]

@@ -17,6 +17,7 @@ impl Core {
     /// Dispatches queued tasks to instances with a free slot; expires cancel graces.
     pub(crate) fn dispatch_tasks(&self, st: &mut State, now: i64) -> Result<()> {
         self.expire_unstarted(st, now)?;
+        self.expire_waits(st, now)?;
         // Running tasks whose cancel grace ran out are cancelled without their run.
         let expired: Vec<String> = st
             .tasks

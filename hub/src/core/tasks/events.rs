@@ -123,6 +123,7 @@ impl Core {
             || task.attempt != e.attempt
             || task.state.is_terminal()
             || task.state == TaskState::Queued
+            || task.suspended.is_some()
         {
             return Ok(());
         }
@@ -165,6 +166,12 @@ impl Core {
                     interrupted.reason.as_str()
                 };
                 return self.requeue_task(st, task, why, cause);
+            }
+            Ok(RunEventBody::RunSuspended(s)) => {
+                // The event itself first, then the wait without a slot.
+                self.emit(st, task.clone(), &e.kind, e.json.clone())?;
+                let task = st.tasks.get(&task.task_id).cloned().unwrap_or(task);
+                return self.suspend_run(st, task, s);
             }
             Ok(RunEventBody::RunFinished(f)) => {
                 // The run event itself first, then the terminal state.
@@ -253,6 +260,7 @@ fn hot_change(st: &State, e: &RunEventRec) -> Option<HotChange> {
             RunEventBody::ApprovalRequested(_)
             | RunEventBody::ApprovalDecided(_)
             | RunEventBody::RunInterrupted(_)
+            | RunEventBody::RunSuspended(_)
             | RunEventBody::RunFinished(_),
         ) => return None,
         Err(_) if e.kind == kind::RUN_FINISHED => return None,

@@ -64,7 +64,8 @@ impl Core {
         };
         match task.state {
             s if s.is_terminal() => {}
-            TaskState::Queued => {
+            // Queued, or suspended (no run to stop): cancelled at once.
+            _ if task.state == TaskState::Queued || task.suspended.is_some() => {
                 self.finish_task(st, task, TaskState::Cancelled, "", "text", reason)?;
             }
             _ => {
@@ -114,8 +115,10 @@ impl Core {
             },
             error: error.to_string(),
         });
+        task.suspended = None;
         tracing::info!(task = %task.task_id, state = state.as_str(), "task finished");
-        self.emit_state(st, task)
+        self.emit_state(st, task.clone())?;
+        self.wake_waiting_parent(st, &task)
     }
 
     /// Puts the running tasks of `instance_id` back in the queue (next attempt on dispatch).

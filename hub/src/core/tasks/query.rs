@@ -173,6 +173,8 @@ fn summarize(t: &TaskRec) -> TaskSummary {
         delegation_depth: t.delegation_depth,
         parent_span_id: t.parent_span_id.clone(),
         traceparent: t.traceparent.clone(),
+        suspended: t.suspended.clone(),
+        wait_deadlines: Default::default(),
     };
     TaskSummary {
         task,

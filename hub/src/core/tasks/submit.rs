@@ -116,6 +116,8 @@ impl Core {
                     .map(|p| p.parent_span_id.clone())
                     .unwrap_or_default(),
                 traceparent: spec.traceparent.clone(),
+                suspended: None,
+                wait_deadlines: Default::default(),
             };
             if !spec.client_request_id.is_empty() {
                 self.db.put_json(

@@ -7,12 +7,19 @@
 //! whose log holds only the request asks again (the Hub answers at once when it already holds
 //! the decision). `limits.approvalTimeout` denies an undecided call.
 //!
+//! A fleet run does not hold its instance slot while a person decides: after a short wait in
+//! place ([`Approver::suspend_after`]) it ends this attempt with `run.suspended`, and the Hub
+//! resumes it from its log once the call is decided (or denies it at the approval deadline).
+//!
 //! Invariant: an `ask` call is sent only after an approver said yes; a denied one is recorded
 //! as `tool.failed` (`denied`) with the reason and never reaches its server.
 
 use agen_shared::duration::format_duration;
-use agen_shared::run::{ApprovalDecided, ApprovalRequested, RunEventBody, ToolFailure};
+use agen_shared::run::{
+    ApprovalDecided, ApprovalRequested, RunEventBody, RunSuspended, ToolFailure, WaitingFor,
+};
 use serde_json::{Map, Value};
+use std::time::Duration;
 
 use super::state::Run;
 use crate::model::ToolCall;
@@ -63,6 +70,13 @@ pub trait Approver: Send + Sync {
             reason,
             by: String::new(),
         }
+    }
+
+    /// How long a call waits in place before its run gives the instance slot back and is
+    /// resumed once decided (`None`: it waits in place until decided or `approvalTimeout`).
+    /// The fleet's approver suspends: a person may take hours.
+    fn suspend_after(&self) -> Option<std::time::Duration> {
+        None
     }
 }
 
@@ -193,18 +207,44 @@ impl Run<'_> {
         }
         self.activity(format!("waiting for approval of {tool}"))
             .await;
-        let timeout = self.h.bundle.harness.limits.approval_timeout;
+        let limit = self.h.bundle.harness.limits.approval_timeout;
+        let timed_out = format!(
+            "no one decided within limits.approvalTimeout ({}); the call was denied",
+            format_duration(limit)
+        );
+        // A resumed wait keeps the deadline the first one was given.
+        let timeout = match super::replay::wait_deadline(&self.req.replay, &call.id) {
+            Some(deadline) => {
+                Duration::from_millis((deadline - crate::artifacts::now_ms()).max(0) as u64)
+            }
+            None => limit,
+        };
+        let suspend_after = self.h.approver.suspend_after();
         let decided = tokio::select! {
             d = self.h.approver.decide_recorded(&request) => d,
             _ = tokio::time::sleep(timeout) => ApprovalDecided {
                 call_id: request.call_id.clone(),
                 approved: false,
-                reason: format!(
-                    "no one decided within limits.approvalTimeout ({}); the call was denied",
-                    format_duration(timeout)
-                ),
+                reason: timed_out,
                 by: BY_TIMEOUT.into(),
             },
+            _ = tokio::time::sleep(suspend_after.unwrap_or(timeout)), if suspend_after.is_some_and(|s| s < timeout) => {
+                // Not decided yet: give the slot back; the Hub resumes the run once it is
+                // (and denies it with `timed_out` at the deadline).
+                let waited = suspend_after.unwrap_or_default();
+                self.suspend(RunSuspended {
+                    waiting_for: WaitingFor::Approval {
+                        call_id: request.call_id.clone(),
+                        tool: request.tool.clone(),
+                    },
+                    deadline_ms: crate::artifacts::now_ms() + (timeout.saturating_sub(waited)).as_millis() as i64,
+                    on_deadline: timed_out,
+                });
+                return Err(format!(
+                    "tool {} was not run yet: the run gave its slot back while it waits for approval",
+                    call.name
+                ));
+            }
             _ = self.cancel.cancelled() => {
                 return Err(format!(
                     "tool {} was not run: the run was cancelled while it waited for approval",

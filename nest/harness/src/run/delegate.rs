@@ -17,7 +17,7 @@
 use std::time::{Duration, Instant};
 
 use agen_shared::bundle::Delegate;
-use agen_shared::run::{RunState, ToolCompleted, ToolFailure};
+use agen_shared::run::{RunState, RunSuspended, ToolCompleted, ToolFailure, WaitingFor};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -85,6 +85,12 @@ pub trait Delegator: Send + Sync {
     ) -> Result<(), String>;
     /// Whether children may outlive the call (`start_agent`): only in a fleet.
     fn detached(&self) -> bool;
+    /// How long a `call_agent` waits in place for its child before the run gives its instance
+    /// slot back and is resumed when the child ends (`None`: it waits in place). The fleet's
+    /// delegator suspends, so that an agent can delegate to its own 1-slot deployment.
+    fn suspend_after(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// The delegate's name as the model gives it: its deployment, or `namespace/deployment`.
@@ -256,7 +262,15 @@ impl Run<'_> {
         self.activity(format!("waiting for task {task_id} on {agent}"))
             .await;
         let timeout = self.h.bundle.harness.limits.tool_timeout;
-        let deadline = started_at + timeout;
+        // A resumed wait keeps the deadline the first attempt's wait was given.
+        let deadline = match super::replay::wait_deadline(&self.req.replay, &call.id) {
+            Some(ms) => {
+                let left = (ms - crate::artifacts::now_ms()).max(0) as u64;
+                (Instant::now() + Duration::from_millis(left)).min(started_at + timeout)
+            }
+            None => started_at + timeout,
+        };
+        let waiting = Instant::now();
         let end = loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -275,8 +289,30 @@ impl Run<'_> {
                     .record_failure(call, ToolFailure::Timeout, content, started_at)
                     .await;
             }
+            let step = match delegator.suspend_after() {
+                Some(s) => left.min(WAIT_STEP).min(s.saturating_sub(waiting.elapsed())),
+                None => left.min(WAIT_STEP),
+            };
+            if step.is_zero() {
+                // Still running after the wait in place: give the slot back. The Hub resumes
+                // this run when the child ends, or cancels the child at the deadline.
+                self.suspend(RunSuspended {
+                    waiting_for: WaitingFor::Child {
+                        call_id: call.id.clone(),
+                        task_id: task_id.clone(),
+                    },
+                    deadline_ms: crate::artifacts::now_ms() + left.as_millis() as i64,
+                    on_deadline: format!(
+                        "the calling run's toolTimeout of {} ran out",
+                        agen_shared::duration::format_duration(timeout)
+                    ),
+                });
+                return CallResult::error(format!(
+                    "{tool}: task {task_id} on {agent} is still running; the run gave its slot back while it waits"
+                ));
+            }
             let asked = tokio::select! {
-                r = delegator.wait(self.req, &task_id, left.min(WAIT_STEP)) => r,
+                r = delegator.wait(self.req, &task_id, step) => r,
                 _ = self.cancel.cancelled() => {
                     // Not a result: a resume waits for the same child again; a cancelled
                     // task cancels its children at the Hub.

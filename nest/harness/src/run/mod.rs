@@ -48,7 +48,8 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 pub use agen_shared::run::{
-    kind as event, Message, ResponseType, RunAssignment, RunEventBody, RunId, RunState, TaskId,
+    kind as event, Message, ResponseType, RunAssignment, RunEventBody, RunId, RunState,
+    RunSuspended, TaskId, WaitingFor,
 };
 pub use approval::{
     denial_text, ApprovalDecision, ApprovalRequest, ApproveAll, Approver, NoApprover, BY_TIMEOUT,
@@ -98,6 +99,9 @@ pub struct RunEnd {
     /// The final answer, or what went wrong.
     pub result: String,
     pub response_type: ResponseType,
+    /// Set when the run gave its slot back instead of ending (see [`RunSuspended`]): the
+    /// attempt ends with `run.suspended`, not `run.finished`.
+    pub suspended: Option<RunSuspended>,
 }
 
 impl RunEnd {
@@ -107,6 +111,7 @@ impl RunEnd {
             state: RunState::Succeeded,
             result: result.into(),
             response_type: ResponseType::Text,
+            suspended: None,
         }
     }
 
@@ -116,6 +121,17 @@ impl RunEnd {
             state: RunState::Failed,
             result: why.into(),
             response_type: ResponseType::Error,
+            suspended: None,
+        }
+    }
+
+    /// The run waits for `why` without holding its instance (this attempt ends here).
+    pub fn suspended(why: RunSuspended) -> RunEnd {
+        RunEnd {
+            state: RunState::Cancelled,
+            result: String::new(),
+            response_type: ResponseType::Error,
+            suspended: Some(why),
         }
     }
 
@@ -124,6 +140,7 @@ impl RunEnd {
             state: RunState::Cancelled,
             result: why.into(),
             response_type: ResponseType::Error,
+            suspended: None,
         }
     }
 }
@@ -138,6 +155,10 @@ pub struct RunOutcome {
     /// This run's new conversation messages (its user input, the assistant's turns and the
     /// tool results), to append to the conversation.
     pub messages: Vec<Message>,
+    /// The run did not end: it gave its instance slot back and waits (its `run.suspended` is
+    /// in the log; the instance sends no `run.finished`). Only fleet runs suspend (their
+    /// approver and delegator say when, see [`Approver::suspend_after`]).
+    pub suspended: Option<RunSuspended>,
 }
 
 /// The MCP tools a harness can call: implemented by [`crate::mcp::ToolHost`]; a trait so the

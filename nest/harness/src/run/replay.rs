@@ -1,6 +1,7 @@
 //! Reading the events of earlier attempts of a run, for a resume (DESIGN.md "Durability"),
 //! once for both dialects: answered turns by number, recorded results by call id, which calls
-//! started (and whether they were side-effecting), and the run's end when the log holds one.
+//! started (and whether they were side-effecting), the run's end when the log holds one, and
+//! the deadlines of waits an attempt suspended on.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -54,6 +55,20 @@ pub(super) struct Replay {
     pub finished: Option<RunEnd>,
 }
 
+/// The earliest deadline an earlier attempt gave the wait of `call_id` when it suspended
+/// (`run.suspended`, unix ms): a resumed wait ends there, never later.
+pub(super) fn wait_deadline(events: &[RunEventBody], call_id: &str) -> Option<i64> {
+    events
+        .iter()
+        .filter_map(|ev| match ev {
+            RunEventBody::RunSuspended(s) if s.waiting_for.call_id() == call_id => {
+                Some(s.deadline_ms)
+            }
+            _ => None,
+        })
+        .min()
+}
+
 impl Replay {
     pub fn from_events(events: &[RunEventBody]) -> Replay {
         let mut out = Replay::default();
@@ -64,6 +79,7 @@ impl Replay {
                         state: f.state,
                         result: f.result.clone(),
                         response_type: f.response_type,
+                        suspended: None,
                     });
                 }
                 RunEventBody::ModelAnswered(a) if !a.flow_agent => {

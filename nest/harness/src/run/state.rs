@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agen_shared::run::{trace, Activity, Progress, RunFinished};
+use agen_shared::run::{trace, Activity, Progress, RunFinished, RunSuspended};
 use tokio_util::sync::CancellationToken;
 
 use super::harness::Harness;
@@ -29,6 +29,8 @@ pub(super) struct Run<'h> {
     fenced: AtomicBool,
     /// Set when a side-effecting result could not be made durable: the run stops.
     log_lost: Mutex<Option<String>>,
+    /// Set when the run gives its slot back to wait (see [`Run::suspend`]): the run stops.
+    suspension: Mutex<Option<RunSuspended>>,
     /// The run's W3C trace id (derived from the run id: every attempt is in one trace).
     pub(super) trace_id: String,
     pub(super) context: Mutex<Vec<Message>>,
@@ -60,6 +62,7 @@ impl<'h> Run<'h> {
             cancel: caller_cancel.child_token(),
             fenced: AtomicBool::new(false),
             log_lost: Mutex::new(None),
+            suspension: Mutex::new(None),
             trace_id: if req.trace_id.is_empty() {
                 trace::trace_id(req.run_id.as_str())
             } else {
@@ -147,6 +150,14 @@ impl<'h> Run<'h> {
         self.cancel.cancel();
     }
 
+    /// The run gives its instance slot back to wait for `why`: it stops at once (every call
+    /// still going is cut off like at a cancel) and ends with `run.suspended`; the Hub resumes
+    /// it from its log when what it waits for is there. The first suspension wins.
+    pub(super) fn suspend(&self, why: RunSuspended) {
+        lock(&self.suspension).get_or_insert(why);
+        self.cancel.cancel();
+    }
+
     /// Sends the latest held-back progress report when it is due, or at once with `force`
     /// (the run is ending), so the task always ends up with the latest report.
     pub(super) async fn flush_progress(&self, force: bool) {
@@ -188,12 +199,14 @@ impl<'h> Run<'h> {
             .await;
     }
 
-    /// The end of a run whose cancel token fired: fenced, log lost, or cancelled.
+    /// The end of a run whose cancel token fired: fenced, log lost, suspended or cancelled.
     pub(super) fn cancelled_end(&self) -> RunEnd {
         if self.fenced.load(Ordering::SeqCst) {
             RunEnd::failed("this run attempt was superseded by a newer attempt")
         } else if let Some(why) = lock(&self.log_lost).clone() {
             RunEnd::failed(why)
+        } else if let Some(why) = lock(&self.suspension).clone() {
+            RunEnd::suspended(why)
         } else {
             RunEnd::cancelled("the run was cancelled")
         }
@@ -206,9 +219,21 @@ impl<'h> Run<'h> {
         ))
     }
 
-    /// Emits `run.finished` and builds the outcome.
+    /// Emits `run.finished` (or `run.suspended`) and builds the outcome.
     pub(super) async fn finish(self, end: RunEnd) -> RunOutcome {
         self.flush_progress(true).await;
+        if let Some(why) = end.suspended {
+            if let Err(e) = self.emit(RunEventBody::RunSuspended(why.clone()), true).await {
+                tracing::warn!(run_id = %self.req.run_id, "run.suspended not recorded: {e}");
+            }
+            return RunOutcome {
+                state: end.state,
+                result: end.result,
+                response_type: end.response_type,
+                messages: Vec::new(),
+                suspended: Some(why),
+            };
+        }
         // Every call the model made gets an answer, so the history stays valid.
         let mut answered = HashSet::new();
         let mut pending = Vec::new();
@@ -253,6 +278,7 @@ impl<'h> Run<'h> {
             result: end.result,
             response_type: end.response_type,
             messages,
+            suspended: None,
         }
     }
 }
