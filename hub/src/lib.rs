@@ -298,6 +298,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         otlp::follow(otlp, core.clone())?;
     }
     let reconciler = tokio::spawn(core.clone().run_reconciler(shutdown.child_token()));
+    let retention = tokio::spawn(core.clone().run_retention(shutdown.child_token()));
     let incoming = match tls_config {
         Some(config) => Incoming::Tls(listener::tls_incoming(
             listener,
@@ -337,6 +338,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
             }
         };
         let _ = reconciler.await;
+        let _ = retention.await;
         if let Err(e) = core.db.flush().await {
             tracing::error!(error = %e, "final store flush failed");
         }

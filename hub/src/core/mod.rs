@@ -29,6 +29,7 @@ pub mod nests;
 mod overrides;
 pub mod platform_secrets;
 pub mod reconcile;
+pub mod retention;
 mod respread;
 pub mod run_context;
 pub mod tasks;

@@ -16,8 +16,9 @@ use crate::model::*;
 
 /// An instance healthy for this long resets its deployment's failure count.
 const STABLE_MS: i64 = 30_000;
-/// Lost instances stay visible this long.
-const LOST_RETENTION_MS: i64 = 10 * 60_000;
+/// Stopped and lost instances are forgotten this long after they ended (or after
+/// `--hide-ended-after`, when that is longer); they are hidden from lists before that.
+const ENDED_RETENTION_MS: i64 = 24 * 3600_000;
 /// A stopping instance the Nest never confirms is forgotten after this long.
 const STOPPING_RETENTION_MS: i64 = 60_000;
 
@@ -120,13 +121,31 @@ impl Core {
         Ok(())
     }
 
+    fn hide_ended_after_ms(&self) -> i64 {
+        i64::try_from(self.opts.hide_ended_after.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// Whether lists leave `i` out unless asked for ended ones: stopped or lost for longer
+    /// than `--hide-ended-after`.
+    pub fn instance_hidden(&self, i: &InstanceRec, now: i64) -> bool {
+        matches!(i.state, InstanceState::Lost | InstanceState::Stopped)
+            && now.saturating_sub(i.updated_at_ms) > self.hide_ended_after_ms()
+    }
+
+    /// Whether lists leave `n` out unless asked for ended ones: lost (heard from last) longer
+    /// ago than `--hide-ended-after`. Its record, key binding and any revocation are kept.
+    pub fn nest_hidden(&self, n: &NestRec, now: i64) -> bool {
+        n.state == NestState::Lost
+            && now.saturating_sub(n.last_heartbeat_ms) > self.hide_ended_after_ms()
+    }
+
     pub(in crate::core) fn forget_stale(&self, st: &mut State, now: i64) -> Result<()> {
         let stale: Vec<String> = st
             .instances
             .values()
             .filter(|i| match i.state {
                 InstanceState::Lost | InstanceState::Stopped => {
-                    now - i.updated_at_ms > LOST_RETENTION_MS
+                    now - i.updated_at_ms > ENDED_RETENTION_MS.max(self.hide_ended_after_ms())
                 }
                 InstanceState::Stopping => now - i.updated_at_ms > STOPPING_RETENTION_MS,
                 _ => false,
