@@ -21,6 +21,7 @@ mod keen;
 mod lifecycle;
 mod limits;
 mod logs;
+mod operations;
 mod metrics;
 mod otlp;
 mod permissions;

@@ -95,8 +95,8 @@ pub fn write(store: &dyn Store, data_dir: &Path, out: impl Write) -> Result<Coun
             counts.records += 1;
         }
     }
-    let digest = w.hash.clone().finalize();
     w.put(&[KIND_END])?;
+    let digest = w.hash.clone().finalize();
     w.inner
         .write_all(&digest)
         .and_then(|_| w.inner.flush())
