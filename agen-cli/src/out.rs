@@ -17,7 +17,13 @@ fn write(text: &str, newline: bool) {
     let mut out = std::io::stdout().lock();
     let result = out
         .write_all(text.as_bytes())
-        .and_then(|()| if newline { out.write_all(b"\n") } else { Ok(()) })
+        .and_then(|()| {
+            if newline {
+                out.write_all(b"\n")
+            } else {
+                Ok(())
+            }
+        })
         .and_then(|()| out.flush());
     if let Err(e) = result {
         if e.kind() == std::io::ErrorKind::BrokenPipe {

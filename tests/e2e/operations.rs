@@ -43,11 +43,16 @@ fn ok(hub: &HubProcess, args: &[&str]) -> String {
 
 /// Deploys a fake-model agent as `ops` and returns its model (kept alive by the caller).
 fn deploy_ops(hub: &HubProcess, dir: &Path, replies: usize) -> FakeModel {
-    let steps: Vec<Value> = (0..replies).map(|i| json!({"reply": format!("answer {i}")})).collect();
+    let steps: Vec<Value> = (0..replies)
+        .map(|i| json!({"reply": format!("answer {i}")}))
+        .collect();
     let model = FakeModel::start(&dir.join("model"), &json!({ "steps": steps })).unwrap();
     let b = dir.join("bundle");
     bundle(&b, &model);
-    ok(hub, &["deploy", b.to_str().unwrap(), "--name", "ops", "--wait"]);
+    ok(
+        hub,
+        &["deploy", b.to_str().unwrap(), "--name", "ops", "--wait"],
+    );
     model
 }
 
@@ -71,13 +76,9 @@ fn query_code(hub: &HubProcess, id: &str) -> i32 {
 #[test]
 fn retention_removes_an_old_finished_task_and_keeps_a_young_one() {
     let tmp = tempfile::tempdir().unwrap();
-    let hub = HubProcess::start_with_args(
-        tmp.path(),
-        free_port(),
-        "3s",
-        &["--task-retention", "5s"],
-    )
-    .unwrap();
+    let hub =
+        HubProcess::start_with_args(tmp.path(), free_port(), "3s", &["--task-retention", "5s"])
+            .unwrap();
     let _nest = hub.nest("keeper", &[], &[]).unwrap();
     let _model = deploy_ops(&hub, tmp.path(), 4);
     let old = finished_task(&hub, "old");
@@ -87,11 +88,17 @@ fn retention_removes_an_old_finished_task_and_keeps_a_young_one() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let young = finished_task(&hub, "young");
-    assert_eq!(query_code(&hub, &old), 0, "the old task is kept until its retention");
+    assert_eq!(
+        query_code(&hub, &old),
+        0,
+        "the old task is kept until its retention"
+    );
 
-    wait_for("the old task to be removed", Duration::from_secs(20), || {
-        (query_code(&hub, &old) == 4).then_some(())
-    })
+    wait_for(
+        "the old task to be removed",
+        Duration::from_secs(20),
+        || (query_code(&hub, &old) == 4).then_some(()),
+    )
     .unwrap();
     let kept = query_code(&hub, &young);
     let listed = hub.cli_json(&["tasks", "-o", "json"]).unwrap();
@@ -105,10 +112,19 @@ fn retention_removes_an_old_finished_task_and_keeps_a_young_one() {
         ids.contains(&old.as_str()) as u32,
         ids.contains(&young.as_str()) as u32,
     );
-    assert_eq!(kept, 0, "the young task is still served when the old one is gone");
-    assert_eq!(counts, (0, 1), "agen tasks lists the young task only: {listed}");
+    assert_eq!(
+        kept, 0,
+        "the young task is still served when the old one is gone"
+    );
+    assert_eq!(
+        counts,
+        (0, 1),
+        "agen tasks lists the young task only: {listed}"
+    );
     assert!(
-        hub.proc.log_text().contains("removed finished tasks past their retention"),
+        hub.proc
+            .log_text()
+            .contains("removed finished tasks past their retention"),
         "the sweep logs what it removed"
     );
 }
@@ -133,7 +149,11 @@ fn set_secret(hub: &HubProcess, name: &str, value: &str) {
         .write_all(format!("{value}\n").as_bytes())
         .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -164,7 +184,11 @@ fn a_snapshot_restored_into_a_fresh_data_dir_serves_the_old_tasks_and_secrets() 
         .arg(&file)
         .output()
         .unwrap();
-    assert!(out.status.success(), "restore: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "restore: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for f in ["secret.key", "admin-token", "tls/ca.key"] {
         assert_eq!(
             std::fs::read(first.join("hub").join(f)).unwrap(),
@@ -175,8 +199,16 @@ fn a_snapshot_restored_into_a_fresh_data_dir_serves_the_old_tasks_and_secrets() 
     let restored = HubProcess::start(&second).unwrap();
     let again = restored.cli_json(&["query", &task, "-o", "json"]).unwrap();
     assert_eq!(again["state"], "succeeded");
-    assert_eq!(again["outcome"]["result"], result["outcome"]["result"], "{again}");
-    assert!(again["outcome"]["result"].as_str().is_some_and(|r| !r.is_empty()), "{again}");
+    assert_eq!(
+        again["outcome"]["result"], result["outcome"]["result"],
+        "{again}"
+    );
+    assert!(
+        again["outcome"]["result"]
+            .as_str()
+            .is_some_and(|r| !r.is_empty()),
+        "{again}"
+    );
     let secrets = restored.cli_json(&["secrets", "ls", "-o", "json"]).unwrap();
     assert!(
         secrets.to_string().contains("API_KEY"),
@@ -194,19 +226,18 @@ fn a_snapshot_restored_into_a_fresh_data_dir_serves_the_old_tasks_and_secrets() 
         .arg(&file)
         .output()
         .unwrap();
-    assert!(!out.status.success(), "a restore under a running Hub must fail");
+    assert!(
+        !out.status.success(),
+        "a restore under a running Hub must fail"
+    );
 }
 
 #[test]
 fn a_lost_nest_and_its_instance_are_hidden_after_a_while_and_still_shown_on_request() {
     let tmp = tempfile::tempdir().unwrap();
-    let hub = HubProcess::start_with_args(
-        tmp.path(),
-        free_port(),
-        "1s",
-        &["--hide-ended-after", "2s"],
-    )
-    .unwrap();
+    let hub =
+        HubProcess::start_with_args(tmp.path(), free_port(), "1s", &["--hide-ended-after", "2s"])
+            .unwrap();
     let mut nest = hub.nest("fleeting", &[], &[]).unwrap();
     let _model = deploy_ops(&hub, tmp.path(), 1);
     ok(&hub, &["nests", "revoke", "fleeting"]);
@@ -218,7 +249,13 @@ fn a_lost_nest_and_its_instance_are_hidden_after_a_while_and_still_shown_on_requ
             .as_array()
             .unwrap()
             .iter()
-            .map(|v| v["name"].as_str().or(v["nest"].as_str()).unwrap_or("").to_owned())
+            .map(|v| {
+                v["name"]
+                    .as_str()
+                    .or(v["nest"].as_str())
+                    .unwrap_or("")
+                    .to_owned()
+            })
             .collect()
     };
     wait_for("the nest to be hidden", Duration::from_secs(30), || {
@@ -232,10 +269,14 @@ fn a_lost_nest_and_its_instance_are_hidden_after_a_while_and_still_shown_on_requ
     assert_eq!(shown[0]["revoked"], true, "its revocation is kept: {all}");
 
     // Its replacement waits (pending) for a Nest; the lost one is hidden.
-    wait_for("its lost instance to be hidden", Duration::from_secs(30), || {
-        let list = hub.instances().ok()?;
-        (!list.is_empty() && list.iter().all(|i| i["state"] != "lost")).then_some(())
-    })
+    wait_for(
+        "its lost instance to be hidden",
+        Duration::from_secs(30),
+        || {
+            let list = hub.instances().ok()?;
+            (!list.is_empty() && list.iter().all(|i| i["state"] != "lost")).then_some(())
+        },
+    )
     .unwrap();
     let ended = hub
         .cli_json(&["ps", "--all", "--ended", "-o", "json"])
@@ -297,7 +338,11 @@ fn nests_watch_prints_a_new_table_when_a_nest_joins_and_when_it_is_cordoned() {
     .unwrap();
     // Piped: every table starts with its header line.
     let headers = seen("NAME");
-    assert!(headers >= 2, "a new table per change: {:?}", lines.lock().unwrap());
+    assert!(
+        headers >= 2,
+        "a new table per change: {:?}",
+        lines.lock().unwrap()
+    );
 
     // Ctrl-C ends it with exit 0.
     nix::sys::signal::kill(
@@ -308,4 +353,107 @@ fn nests_watch_prints_a_new_table_when_a_nest_joins_and_when_it_is_cordoned() {
     let status = watcher.wait().unwrap();
     reader.join().unwrap();
     assert_eq!(status.code(), Some(0), "Ctrl-C ends the watch with exit 0");
+}
+
+/// Collects the datagrams sent to a `NOTIFY_SOCKET` bound by the test.
+struct NotifySocket {
+    path: std::path::PathBuf,
+    got: Arc<Mutex<Vec<String>>>,
+}
+
+impl NotifySocket {
+    fn bind(dir: &Path) -> NotifySocket {
+        let path = dir.join("notify.sock");
+        let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let sink = got.clone();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 4096];
+            while let Ok(n) = sock.recv(&mut buf) {
+                let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                sink.lock().unwrap().extend(text.lines().map(str::to_owned));
+            }
+        });
+        NotifySocket { path, got }
+    }
+
+    fn count(&self, prefix: &str) -> usize {
+        self.got
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with(prefix))
+            .count()
+    }
+
+    fn wait(&self, prefix: &str, at_least: usize) {
+        wait_for(prefix, Duration::from_secs(20), || {
+            (self.count(prefix) >= at_least).then_some(())
+        })
+        .unwrap_or_else(|e| panic!("{e}: got {:?}", self.got.lock().unwrap()));
+    }
+}
+
+fn sigterm(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+}
+
+#[test]
+fn the_hub_and_a_nest_speak_the_systemd_notify_protocol_and_the_nest_starts_without_its_hub() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A Hub to take a join token from; it is stopped before the Nest starts.
+    let mut first = HubProcess::start(&tmp.path().join("first")).unwrap();
+    let join = first.dir.join("hub/join-token");
+    let hub_url = first.url();
+    first.proc.stop(Duration::from_secs(10));
+
+    let hub_sock = NotifySocket::bind(tmp.path());
+    let port = free_port();
+    let mut hub = Command::new(agen_bin())
+        .args(["hub", "--data-dir"])
+        .arg(tmp.path().join("second"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("AGEN_CONFIG", tmp.path().join("second.toml"))
+        .env("NOTIFY_SOCKET", &hub_sock.path)
+        .env("WATCHDOG_USEC", "1000000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    hub_sock.wait("READY=1", 1);
+    hub_sock.wait("STATUS=listening at https://127.0.0.1:", 1);
+    hub_sock.wait("STATUS=serving; 0 nests ready", 1);
+    // 1s watchdog: a pet every half second from the reconcile loop.
+    hub_sock.wait("WATCHDOG=1", 3);
+    sigterm(hub.id());
+    hub_sock.wait("STOPPING=1", 1);
+    let status = hub.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "a SIGTERMed Hub stops cleanly");
+
+    // The Nest's Hub is down: it is ready anyway and says why it waits.
+    let nest_dir = tmp.path().join("nest");
+    std::fs::create_dir_all(&nest_dir).unwrap();
+    let nest_sock = NotifySocket::bind(&nest_dir);
+    let mut nest = Command::new(agen_bin())
+        .args(["nest", "--hub", &hub_url, "--join-file"])
+        .arg(&join)
+        .args(["--name", "alone", "--data-dir"])
+        .arg(nest_dir.join("data"))
+        .env("NOTIFY_SOCKET", &nest_sock.path)
+        .env("WATCHDOG_USEC", "1000000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    nest_sock.wait("READY=1", 1);
+    nest_sock.wait("STATUS=Hub unreachable, retrying", 1);
+    nest_sock.wait("WATCHDOG=1", 3);
+    sigterm(nest.id());
+    nest_sock.wait("STOPPING=1", 1);
+    let status = nest.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "a SIGTERMed Nest stops cleanly");
 }

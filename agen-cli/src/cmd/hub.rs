@@ -195,7 +195,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         data_dir.display()
     );
     eprintln!("join a Nest with:\n  {}", hub.nest_command());
-    agen_hub::notify_ready();
+    agen_hub::notify_ready(&hub.url);
 
     hub.wait().await.context("the Hub stopped with an error")?;
     eprintln!("agen hub: stopped");
@@ -204,7 +204,10 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
 
 /// `agen hub snapshot FILE`: streams `SnapshotStore` into FILE (written 0600 beside it, then
 /// renamed, so a failed copy never leaves a half file under that name).
-async fn snapshot(file: &std::path::Path, client: &crate::client::ClientArgs) -> anyhow::Result<i32> {
+async fn snapshot(
+    file: &std::path::Path,
+    client: &crate::client::ClientArgs,
+) -> anyhow::Result<i32> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut hub = client.connect()?;
@@ -236,7 +239,11 @@ async fn snapshot(file: &std::path::Path, client: &crate::client::ClientArgs) ->
         .with_context(|| format!("cannot sync {}", partial.display()))?;
     std::fs::rename(&partial, file)
         .with_context(|| format!("cannot move the snapshot to {}", file.display()))?;
-    eprintln!("agen hub: snapshot of {} written to {} ({bytes} bytes)", hub.url, file.display());
+    eprintln!(
+        "agen hub: snapshot of {} written to {} ({bytes} bytes)",
+        hub.url,
+        file.display()
+    );
     Ok(0)
 }
 
@@ -245,14 +252,21 @@ async fn restore(file: &std::path::Path, data_dir: &std::path::Path) -> anyhow::
     agen_shared::private::restrict_umask();
     agen_shared::private::create_dir_all(data_dir)
         .with_context(|| format!("cannot create {}", data_dir.display()))?;
-    let input = std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
+    let input =
+        std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
     let dir = data_dir.to_path_buf();
     let counts = tokio::task::spawn_blocking(move || {
         agen_hub::store::snapshot::restore(std::io::BufReader::new(input), &dir)
     })
     .await
     .context("the restore task failed")?
-    .with_context(|| format!("cannot restore {} into {}", file.display(), data_dir.display()))?;
+    .with_context(|| {
+        format!(
+            "cannot restore {} into {}",
+            file.display(),
+            data_dir.display()
+        )
+    })?;
     eprintln!(
         "agen hub: restored {} records and {} key files into {}; start the Hub with --data-dir {}",
         counts.records,

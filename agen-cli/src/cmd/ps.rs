@@ -50,10 +50,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                     (r, c)
                 }
             });
-            return crate::watch::follow(lists, |l: &Vec<pb::Instance>| {
-                print_instances(l, output)
-            })
-            .await;
+            return crate::watch::follow(lists, |l: &Vec<pb::Instance>| print_instances(l, output))
+                .await;
         }
         let instances = hub
             .client
@@ -100,64 +98,64 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
 
 /// Every instance, as a table or for scripts.
 fn print_instances(instances: &[pb::Instance], output: Output) {
-        match output {
-            Output::Json | Output::Yaml => view::print_value(
-                output,
-                &Value::Array(instances.iter().map(view::instance_json).collect()),
-            ),
-            Output::Table => {
-                let mut t = view::table(&[
-                    "NAMESPACE",
-                    "DEPLOYMENT",
-                    "INSTANCE",
-                    "NEST",
-                    "STATE",
-                    "HEALTHY",
-                    "TOOLS",
-                    "NOT CONNECTED",
-                    "MESSAGE",
-                ])
-                .keep(&["DEPLOYMENT", "INSTANCE", "NEST", "STATE"]);
-                for i in instances {
-                    let nc = i
-                        .servers_not_connected
-                        .iter()
-                        .map(|p| {
-                            if p.reason.is_empty() {
-                                p.server.clone()
-                            } else {
-                                format!("{}: {}", p.server, first_line(&p.reason))
-                            }
-                        })
-                        .collect::<Vec<_>>()
-                        .join("\n");
-                    t.add_row(vec![
-                        i.namespace.clone(),
-                        i.deployment.clone(),
-                        i.instance_id.clone(),
-                        if i.nest_name.is_empty() {
-                            "-".into()
+    match output {
+        Output::Json | Output::Yaml => view::print_value(
+            output,
+            &Value::Array(instances.iter().map(view::instance_json).collect()),
+        ),
+        Output::Table => {
+            let mut t = view::table(&[
+                "NAMESPACE",
+                "DEPLOYMENT",
+                "INSTANCE",
+                "NEST",
+                "STATE",
+                "HEALTHY",
+                "TOOLS",
+                "NOT CONNECTED",
+                "MESSAGE",
+            ])
+            .keep(&["DEPLOYMENT", "INSTANCE", "NEST", "STATE"]);
+            for i in instances {
+                let nc = i
+                    .servers_not_connected
+                    .iter()
+                    .map(|p| {
+                        if p.reason.is_empty() {
+                            p.server.clone()
                         } else {
-                            i.nest_name.clone()
-                        },
-                        view::instance_state(i.state).to_owned(),
-                        if i.healthy { "yes".into() } else { "no".into() },
-                        i.tools_loaded.to_string(),
-                        if nc.is_empty() { "-".into() } else { nc },
-                        if i.message.is_empty() {
-                            "-".into()
-                        } else {
-                            i.message.clone()
-                        },
-                    ]);
-                }
-                if instances.is_empty() {
-                    crate::outln!("no instances");
-                } else {
-                    crate::outln!("{t}");
-                }
+                            format!("{}: {}", p.server, first_line(&p.reason))
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                t.add_row(vec![
+                    i.namespace.clone(),
+                    i.deployment.clone(),
+                    i.instance_id.clone(),
+                    if i.nest_name.is_empty() {
+                        "-".into()
+                    } else {
+                        i.nest_name.clone()
+                    },
+                    view::instance_state(i.state).to_owned(),
+                    if i.healthy { "yes".into() } else { "no".into() },
+                    i.tools_loaded.to_string(),
+                    if nc.is_empty() { "-".into() } else { nc },
+                    if i.message.is_empty() {
+                        "-".into()
+                    } else {
+                        i.message.clone()
+                    },
+                ]);
+            }
+            if instances.is_empty() {
+                crate::outln!("no instances");
+            } else {
+                crate::outln!("{t}");
             }
         }
+    }
 }
 
 /// The deployments of `namespace`, as a table or for scripts.

@@ -165,6 +165,7 @@ async fn deploy_all(client: ClientArgs, dirs: Vec<PathBuf>) -> anyhow::Result<()
         ended: false,
         watch: false,
         client,
-    }).await?;
+    })
+    .await?;
     Ok(())
 }

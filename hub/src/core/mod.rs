@@ -29,8 +29,8 @@ pub mod nests;
 mod overrides;
 pub mod platform_secrets;
 pub mod reconcile;
-pub mod retention;
 mod respread;
+pub mod retention;
 pub mod run_context;
 pub mod tasks;
 

@@ -90,13 +90,27 @@ impl Core {
     pub async fn run_reconciler(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
         let tick = std::time::Duration::from_millis(250);
         let mut last_heal: Option<Instant> = None;
+        // Pets only while reconcile and the store flush both go round (systemd's WatchdogSec).
+        let watchdog = agen_shared::systemd::Watchdog::from_env();
+        let mut told_nests: Option<usize> = None;
         loop {
             self.heal_store(&mut last_heal).await;
             if let Err(e) = self.reconcile() {
                 tracing::error!(error = %e, "reconcile failed; retrying");
             }
-            if let Err(e) = self.commit().await {
-                tracing::error!(error = %e, "store flush failed");
+            match self.commit().await {
+                Ok(()) => watchdog.pet(),
+                Err(e) => tracing::error!(error = %e, "store flush failed"),
+            }
+            let ready = self
+                .lock()
+                .nests
+                .values()
+                .filter(|n| n.state == NestState::Ready)
+                .count();
+            if told_nests != Some(ready) {
+                told_nests = Some(ready);
+                agen_shared::systemd::status(&format!("serving; {ready} nests ready"));
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,

@@ -42,7 +42,10 @@ fn prefix(parts: &[&str]) -> Vec<u8> {
 impl Core {
     /// Writes a snapshot of the store and the data dir's keys to `out`, holding the state
     /// lock so that no state change lands in it half made.
-    pub fn write_snapshot(&self, out: impl std::io::Write) -> Result<crate::store::snapshot::Counts> {
+    pub fn write_snapshot(
+        &self,
+        out: impl std::io::Write,
+    ) -> Result<crate::store::snapshot::Counts> {
         let _still = self.lock();
         Ok(crate::store::snapshot::write(
             self.db.raw(),
@@ -119,7 +122,10 @@ impl Core {
             if !t.client_request_id.is_empty() {
                 let key = format!("{}\0{}", t.namespace, t.client_request_id);
                 // Only if it still names this task (a later task may have taken the id).
-                if self.db.get_json::<String>(Table::RequestIds, &key)?.as_deref()
+                if self
+                    .db
+                    .get_json::<String>(Table::RequestIds, &key)?
+                    .as_deref()
                     == Some(t.task_id.as_str())
                 {
                     raw.remove(Table::RequestIds, key.as_bytes())?;

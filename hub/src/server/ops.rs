@@ -12,9 +12,9 @@ use futures::Stream;
 use tonic::{Request, Response, Status};
 
 use super::agen::AgenApi;
-use super::tokens::AccessApi;
 use super::auth::{authorize, list_scope, Action};
 use super::convert;
+use super::tokens::AccessApi;
 use crate::core::Core;
 use crate::error::HubError;
 

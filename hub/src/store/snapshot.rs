@@ -199,7 +199,9 @@ pub fn restore(input: impl Read, data_dir: &Path) -> Result<Counts> {
         .read_exact(&mut stored)
         .map_err(|_| bad("the snapshot is cut short (no digest at its end)"))?;
     if stored[..] != digest[..] {
-        return Err(bad("the snapshot's digest does not match: the file is damaged"));
+        return Err(bad(
+            "the snapshot's digest does not match: the file is damaged",
+        ));
     }
     futures::executor::block_on(store.flush())?;
     store.close();
