@@ -18,7 +18,7 @@ use crate::model::*;
 const STABLE_MS: i64 = 30_000;
 /// Stopped and lost instances are forgotten this long after they ended (or after
 /// `--hide-ended-after`, when that is longer); they are hidden from lists before that.
-const ENDED_RETENTION_MS: i64 = 24 * 3600_000;
+const ENDED_RETENTION_MS: i64 = 24 * 3_600_000;
 /// A stopping instance the Nest never confirms is forgotten after this long.
 const STOPPING_RETENTION_MS: i64 = 60_000;
 
