@@ -155,16 +155,21 @@ pub fn channel(url: &str, ca_file: Option<&std::path::Path>) -> anyhow::Result<C
 /// Turns a gRPC status into an error a person can act on; it keeps the status, so the exit
 /// code follows it (`exit::of_error`).
 pub fn status_error(hub: &Hub, s: tonic::Status) -> anyhow::Error {
+    status_error_at(&hub.url, s)
+}
+
+/// [`status_error`] for a Hub known by its URL (streams that outlive the borrow of a [`Hub`]).
+pub fn status_error_at(url: &str, s: tonic::Status) -> anyhow::Error {
     use tonic::Code;
     let message = match s.code() {
         Code::Unavailable => format!(
             "cannot reach the Hub at {}: {} (is `agen up` or `agen hub` running? set --hub or AGEN_HUB)",
-            hub.url,
+            url,
             s.message()
         ),
         Code::Unauthenticated => format!(
             "the Hub at {} refused the token: {} (set --token or AGEN_TOKEN, or check the client config)",
-            hub.url,
+            url,
             s.message()
         ),
         Code::PermissionDenied => format!("permission denied: {}", s.message()),

@@ -7,6 +7,7 @@ pub mod exit;
 pub mod out;
 pub mod table;
 pub mod view;
+pub mod watch;
 
 use clap::{Parser, Subcommand};
 

@@ -5,10 +5,25 @@ use std::io::Write;
 
 /// Writes `text` and a newline to stdout; on a closed pipe exits 0 at once.
 pub fn line(text: &str) {
+    write(text, true)
+}
+
+/// Writes `text` as it is (no newline; terminal control sequences); a closed pipe as [`line`].
+pub fn raw(text: &str) {
+    write(text, false)
+}
+
+fn write(text: &str, newline: bool) {
     let mut out = std::io::stdout().lock();
     let result = out
         .write_all(text.as_bytes())
-        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| {
+            if newline {
+                out.write_all(b"\n")
+            } else {
+                Ok(())
+            }
+        })
         .and_then(|()| out.flush());
     if let Err(e) = result {
         if e.kind() == std::io::ErrorKind::BrokenPipe {

@@ -43,7 +43,18 @@ pub struct HubOptions {
     /// agent cards start with it); `None`: the listen address (the primary address when
     /// listening on all addresses).
     pub public_url: Option<String>,
+    /// Finished tasks older than this (since they finished) are removed with their run logs,
+    /// events and the artifacts no other task refers to (`--task-retention`, default 30 days).
+    pub task_retention: Duration,
+    /// Stopped and lost instances and lost Nests are hidden from the lists this long after
+    /// they ended (`--hide-ended-after`, default 1h); asking for them still shows them.
+    pub hide_ended_after: Duration,
 }
+
+/// Default of [`HubOptions::task_retention`]: 30 days.
+pub const DEFAULT_TASK_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Default of [`HubOptions::hide_ended_after`]: 1 hour.
+pub const DEFAULT_HIDE_ENDED_AFTER: Duration = Duration::from_secs(3600);
 
 /// How the Hub speaks OTLP (`OTEL_EXPORTER_OTLP_PROTOCOL`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +164,8 @@ impl Default for HubOptions {
             metrics_listen: None,
             otlp: None,
             public_url: None,
+            task_retention: DEFAULT_TASK_RETENTION,
+            hide_ended_after: DEFAULT_HIDE_ENDED_AFTER,
         }
     }
 }
@@ -188,6 +201,12 @@ impl HubOptions {
                     "--public-url {u:?}: expected the Hub's URL as clients reach it, such as https://hub.example.com:7070"
                 )));
             }
+        }
+        if self.task_retention < Duration::from_secs(1) {
+            return Err(HubError::Config(format!(
+                "--task-retention {:?} is too short; expected at least 1s (default 30d)",
+                self.task_retention
+            )));
         }
         if self.nest_ttl < Duration::from_millis(200) {
             return Err(HubError::Config(format!(

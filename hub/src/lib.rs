@@ -146,13 +146,11 @@ fn load_or_create_token(path: &Path, make: impl FnOnce() -> String) -> Result<St
     }
 }
 
-/// Tells systemd the Hub is ready when `NOTIFY_SOCKET` is set (no-op otherwise).
-pub fn notify_ready() {
-    if std::env::var_os("NOTIFY_SOCKET").is_some() {
-        if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
-            tracing::warn!(error = %e, "cannot notify systemd of readiness");
-        }
-    }
+/// Tells systemd the Hub is ready (`READY=1`, `STATUS=listening at URL`) when
+/// `NOTIFY_SOCKET` is set (no-op otherwise). The reconcile loop sends `WATCHDOG=1` and the
+/// Nest count in `STATUS=`; shutdown sends `STOPPING=1`.
+pub fn notify_ready(url: &str) {
+    agen_shared::systemd::ready(&format!("listening at {url}"));
 }
 
 /// Starts a Hub: creates or loads its data dir (store, CA, tokens), binds, spawns serving and
@@ -298,6 +296,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         otlp::follow(otlp, core.clone())?;
     }
     let reconciler = tokio::spawn(core.clone().run_reconciler(shutdown.child_token()));
+    let retention = tokio::spawn(core.clone().run_retention(shutdown.child_token()));
     let incoming = match tls_config {
         Some(config) => Incoming::Tls(listener::tls_incoming(
             listener,
@@ -316,6 +315,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
             let stop = stop.clone();
             async move {
                 stop.cancelled().await;
+                agen_shared::systemd::stopping();
                 // End every Nest stream so that graceful shutdown does not wait on them.
                 closing.close_links();
             }
@@ -337,6 +337,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
             }
         };
         let _ = reconciler.await;
+        let _ = retention.await;
         if let Err(e) = core.db.flush().await {
             tracing::error!(error = %e, "final store flush failed");
         }

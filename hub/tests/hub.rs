@@ -64,7 +64,7 @@ async fn health_and_reflection_need_no_token_but_the_api_does() {
 
     let mut anonymous = pb::agen_service_client::AgenServiceClient::new(channel.clone());
     let err = anonymous
-        .list_nests(pb::ListNestsRequest {})
+        .list_nests(pb::ListNestsRequest::default())
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unauthenticated);
@@ -76,7 +76,7 @@ async fn health_and_reflection_need_no_token_but_the_api_does() {
     );
     assert_eq!(
         wrong
-            .list_nests(pb::ListNestsRequest {})
+            .list_nests(pb::ListNestsRequest::default())
             .await
             .unwrap_err()
             .code(),
@@ -90,7 +90,7 @@ async fn health_and_reflection_need_no_token_but_the_api_does() {
     );
     assert_eq!(
         nest_token
-            .list_nests(pb::ListNestsRequest {})
+            .list_nests(pb::ListNestsRequest::default())
             .await
             .unwrap_err()
             .code(),
@@ -99,7 +99,7 @@ async fn health_and_reflection_need_no_token_but_the_api_does() {
 
     let mut api = hub.client().await;
     assert_eq!(
-        api.list_nests(pb::ListNestsRequest {})
+        api.list_nests(pb::ListNestsRequest::default())
             .await
             .unwrap()
             .into_inner()
@@ -360,7 +360,7 @@ async fn a_nest_registers_gets_placements_spread_and_reports_them_running() {
     assert_eq!(list[0].tools_loaded, 2);
 
     let nest_list = api
-        .list_nests(pb::ListNestsRequest {})
+        .list_nests(pb::ListNestsRequest::default())
         .await
         .unwrap()
         .into_inner()
@@ -436,7 +436,7 @@ async fn a_lost_nest_has_its_instances_replaced_on_another() {
         assert!(old.message.contains("no heartbeat"), "{}", old.message);
     }
     let nests = api
-        .list_nests(pb::ListNestsRequest {})
+        .list_nests(pb::ListNestsRequest::default())
         .await
         .unwrap()
         .into_inner()

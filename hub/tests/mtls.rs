@@ -160,7 +160,7 @@ async fn a_certificate_for_nest_a_cannot_register_as_nest_b() {
 
     let mut api = hub.client().await;
     let nests = api
-        .list_nests(pb::ListNestsRequest {})
+        .list_nests(pb::ListNestsRequest::default())
         .await
         .unwrap()
         .into_inner()

@@ -97,7 +97,7 @@ async fn an_undecodable_nest_message_ends_the_link_with_the_reason_and_the_nest_
         let mut api = api.clone();
         async move {
             let nests = api
-                .list_nests(pb::ListNestsRequest {})
+                .list_nests(pb::ListNestsRequest::default())
                 .await
                 .ok()?
                 .into_inner()

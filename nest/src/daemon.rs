@@ -5,7 +5,8 @@
 //! Invariants: shutdown is "cancel, then wait under a grace period" and says whether it was
 //! graceful; nothing this Nest started outlives `run` (instances get SIGTERM, then SIGKILL;
 //! whatever a crashed predecessor left is SIGKILLed at start); READY is sent to systemd
-//! (`NOTIFY_SOCKET`) after the first registration with the Hub.
+//! (`NOTIFY_SOCKET`) once the instance socket listens, even while the Hub is down (the link
+//! reports in `STATUS=`), `STOPPING=1` when shutdown begins.
 
 use std::sync::Arc;
 
@@ -76,20 +77,18 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         supervisor: supervisor.clone(),
         outbox,
         fetching: Default::default(),
-        on_first_registered: Some(Box::new(|| {
-            if std::env::var_os("NOTIFY_SOCKET").is_some() {
-                if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
-                    tracing::warn!("cannot notify systemd: {e}");
-                }
-            }
-        })),
+        on_first_registered: None,
     };
+    // Ready once the instance socket listens, whether or not the Hub answers (the link says
+    // how it is doing in STATUS= lines).
+    agen_shared::systemd::ready(&format!("connecting to the Hub at {}", opts.hub));
     hub_link::run(ctx, client, own.clone()).await;
 
     tracing::info!(
         instances = supervisor.len(),
         "nest shutting down: stopping instances"
     );
+    agen_shared::systemd::stopping();
     own.cancel();
     let graceful = supervisor.shutdown(STOP_GRACE).await;
     let _ = serve.await;

@@ -71,11 +71,14 @@ impl HubSilence {
     /// Fences every run whenever the Hub has been silent past the limit, until `shutdown`.
     async fn watch(self: Arc<Self>, sup: Arc<Supervisor>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(Duration::from_millis(100));
+        // This loop guards the supervisor's runs: it pets systemd's watchdog while it goes round.
+        let watchdog = agen_shared::systemd::Watchdog::from_env();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = shutdown.cancelled() => return,
             }
+            watchdog.pet();
             let Some(limit) = self.limit() else { continue };
             let silent = now_ms() - self.last_heard_ms.load(Ordering::SeqCst);
             if silent > limit.as_millis() as i64 {
@@ -119,6 +122,10 @@ pub async fn run(mut ctx: LinkContext, client_slot: Arc<ClientSlot>, shutdown: C
             Err(e) => {
                 let delay = backoff.next_delay();
                 tracing::warn!(hub = %ctx.opts.hub, "{e}; retrying in {delay:?}");
+                agen_shared::systemd::status(&format!(
+                    "Hub unreachable, retrying: {}",
+                    ctx.opts.hub
+                ));
                 if sleep_or_cancel(delay, &shutdown).await {
                     return;
                 }
@@ -130,6 +137,10 @@ pub async fn run(mut ctx: LinkContext, client_slot: Arc<ClientSlot>, shutdown: C
             Err(reason) => {
                 let delay = backoff.next_delay();
                 tracing::warn!(hub = %ctx.opts.hub, "hub link down: {reason}; reconnecting in {delay:?}");
+                agen_shared::systemd::status(&format!(
+                    "Hub unreachable, retrying: {}",
+                    ctx.opts.hub
+                ));
                 if sleep_or_cancel(delay, &shutdown).await {
                     return;
                 }
@@ -204,6 +215,7 @@ async fn session(
         ms => Duration::from_millis(u64::from(ms)),
     };
     tracing::info!(hub = %ctx.opts.hub, nest_id = %ctx.nest_id, name = %ctx.opts.name, heartbeat = ?interval, "registered with the hub");
+    agen_shared::systemd::status(&format!("connected to the Hub at {}", ctx.opts.hub));
     for id in &registered.stop_instances {
         sup.stop(id, "the hub does not know this instance");
     }

@@ -249,7 +249,7 @@ async fn a_nest_runs_an_instance_with_real_tools_executes_a_task_and_survives_a_
         let mut c = lc.clone();
         async move {
             let nests = c
-                .list_nests(pb::ListNestsRequest {})
+                .list_nests(pb::ListNestsRequest::default())
                 .await
                 .ok()?
                 .into_inner()
@@ -359,7 +359,7 @@ async fn a_nest_runs_an_instance_with_real_tools_executes_a_task_and_survives_a_
             async move {
                 let list = instances(&mut c).await;
                 let nest_ok = c
-                    .list_nests(pb::ListNestsRequest {})
+                    .list_nests(pb::ListNestsRequest::default())
                     .await
                     .ok()?
                     .into_inner()

@@ -9,5 +9,6 @@ pub mod private;
 #[cfg(target_os = "linux")]
 pub mod process;
 pub mod run;
+pub mod systemd;
 pub mod telemetry;
 pub mod tls;

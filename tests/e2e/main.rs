@@ -22,6 +22,7 @@ mod lifecycle;
 mod limits;
 mod logs;
 mod metrics;
+mod operations;
 mod otlp;
 mod permissions;
 mod privacy;

@@ -177,6 +177,7 @@ pub async fn wait_ready(
                 namespace: dep.namespace.clone(),
                 deployment: dep.name.clone(),
                 all_namespaces: false,
+                include_ended: false,
             })
             .await
             .map_err(|s| status_error(hub, s))?

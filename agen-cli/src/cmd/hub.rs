@@ -14,6 +14,8 @@ use tokio_util::sync::CancellationToken;
 /// Arguments of `agen hub`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    #[command(subcommand)]
+    pub action: Option<Action>,
     /// Log format on stderr: text (colour only on a terminal; syslog priorities under systemd) or json
     #[arg(long, env = "AGEN_LOG_FORMAT", default_value = "text")]
     pub log_format: agen_shared::telemetry::LogFormat,
@@ -79,6 +81,33 @@ pub struct Args {
     /// Artifact storage of all namespaces together
     #[arg(long, default_value = "10GB", value_parser = agen_hub::limits::parse_size)]
     pub max_artifact_total_bytes: usize,
+    /// Remove finished tasks, their run logs and the artifacts no other task refers to this
+    /// long after they finished
+    #[arg(long, default_value = "30d", value_parser = crate::cmd::parse_duration)]
+    pub task_retention: Duration,
+    /// Hide stopped and lost instances and lost Nests from `agen ps --all` and `agen nests`
+    /// this long after they ended (`--ended`/`--all` still show them)
+    #[arg(long, default_value = "1h", value_parser = crate::cmd::parse_duration)]
+    pub hide_ended_after: Duration,
+}
+
+/// What `agen hub` does instead of running the Hub.
+#[derive(Debug, clap::Subcommand)]
+pub enum Action {
+    /// Write a consistent copy of the running Hub's state (store, CA, tokens, secret key) to
+    /// FILE (0600: it is as secret as the data dir)
+    Snapshot {
+        /// Where to write the snapshot
+        file: PathBuf,
+        #[command(flatten)]
+        client: crate::client::ClientArgs,
+    },
+    /// Bring a snapshot back into the data dir of a stopped Hub (the store it replaces is
+    /// kept beside it as db.replaced-<time>)
+    Restore {
+        /// A file written by `agen hub snapshot`
+        file: PathBuf,
+    },
 }
 
 impl Args {
@@ -98,6 +127,17 @@ impl Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
+    match args.action {
+        Some(Action::Snapshot { file, client }) => return snapshot(&file, &client).await,
+        Some(Action::Restore { file }) => {
+            let data_dir = args
+                .data_dir
+                .clone()
+                .unwrap_or_else(agen_hub::default_data_dir);
+            return restore(&file, &data_dir).await;
+        }
+        None => {}
+    }
     // Everything this daemon and its children create is private to its user (umask 077).
     agen_shared::private::restrict_umask();
     agen_shared::telemetry::init_with("info", args.log_format);
@@ -117,6 +157,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         limits: args.limits(),
         metrics_listen: args.metrics_listen,
         public_url: args.public_url.clone(),
+        task_retention: args.task_retention,
+        hide_ended_after: args.hide_ended_after,
         otlp: match agen_hub::config::OtlpOptions::resolve(args.otlp_endpoint.as_deref(), |k| {
             std::env::var(k).ok()
         }) {
@@ -153,9 +195,84 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         data_dir.display()
     );
     eprintln!("join a Nest with:\n  {}", hub.nest_command());
-    agen_hub::notify_ready();
+    agen_hub::notify_ready(&hub.url);
 
     hub.wait().await.context("the Hub stopped with an error")?;
     eprintln!("agen hub: stopped");
+    Ok(0)
+}
+
+/// `agen hub snapshot FILE`: streams `SnapshotStore` into FILE (written 0600 beside it, then
+/// renamed, so a failed copy never leaves a half file under that name).
+async fn snapshot(
+    file: &std::path::Path,
+    client: &crate::client::ClientArgs,
+) -> anyhow::Result<i32> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut hub = client.connect()?;
+    let mut stream = hub
+        .client
+        .snapshot_store(agen_proto::v1::SnapshotStoreRequest {})
+        .await
+        .map_err(|s| crate::client::status_error(&hub, s))?
+        .into_inner();
+    let partial = file.with_extension("partial");
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&partial)
+        .with_context(|| format!("cannot create {}", partial.display()))?;
+    let mut bytes = 0u64;
+    while let Some(chunk) = stream
+        .message()
+        .await
+        .map_err(|s| crate::client::status_error(&hub, s))?
+    {
+        out.write_all(&chunk.data)
+            .with_context(|| format!("cannot write {}", partial.display()))?;
+        bytes += chunk.data.len() as u64;
+    }
+    out.sync_all()
+        .with_context(|| format!("cannot sync {}", partial.display()))?;
+    std::fs::rename(&partial, file)
+        .with_context(|| format!("cannot move the snapshot to {}", file.display()))?;
+    eprintln!(
+        "agen hub: snapshot of {} written to {} ({bytes} bytes)",
+        hub.url,
+        file.display()
+    );
+    Ok(0)
+}
+
+/// `agen hub --data-dir D restore FILE`: offline, into the data dir of a stopped Hub.
+async fn restore(file: &std::path::Path, data_dir: &std::path::Path) -> anyhow::Result<i32> {
+    agen_shared::private::restrict_umask();
+    agen_shared::private::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create {}", data_dir.display()))?;
+    let input =
+        std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
+    let dir = data_dir.to_path_buf();
+    let counts = tokio::task::spawn_blocking(move || {
+        agen_hub::store::snapshot::restore(std::io::BufReader::new(input), &dir)
+    })
+    .await
+    .context("the restore task failed")?
+    .with_context(|| {
+        format!(
+            "cannot restore {} into {}",
+            file.display(),
+            data_dir.display()
+        )
+    })?;
+    eprintln!(
+        "agen hub: restored {} records and {} key files into {}; start the Hub with --data-dir {}",
+        counts.records,
+        counts.files,
+        data_dir.display(),
+        data_dir.display()
+    );
     Ok(0)
 }

@@ -15,6 +15,12 @@ use crate::view;
 pub struct Args {
     #[command(subcommand)]
     pub action: Option<Action>,
+    /// Also Nests lost longer ago than the Hub's --hide-ended-after
+    #[arg(long)]
+    pub all: bool,
+    /// Print the list again whenever it changes (Ctrl-C ends)
+    #[arg(short = 'w', long)]
+    pub watch: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -79,16 +85,40 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         }
         return Ok(0);
     }
+    let req = pb::ListNestsRequest {
+        include_ended: args.all,
+    };
+    let output = args.client.output;
+    if args.watch {
+        let stream = hub
+            .client
+            .watch_nests(req)
+            .await
+            .map_err(|s| status_error(&hub, s))?
+            .into_inner();
+        let url = hub.url.clone();
+        let lists = futures::StreamExt::map(stream, move |r| {
+            r.map(|l| l.nests)
+                .map_err(|s| crate::client::status_error_at(&url, s))
+        });
+        return crate::watch::follow(lists, |nests: &Vec<pb::Nest>| print(nests, output)).await;
+    }
     let nests = hub
         .client
-        .list_nests(pb::ListNestsRequest {})
+        .list_nests(req)
         .await
         .map_err(|s| status_error(&hub, s))?
         .into_inner()
         .nests;
-    match args.client.output {
+    print(&nests, output);
+    Ok(0)
+}
+
+/// The list of Nests, as a table or for scripts.
+fn print(nests: &[pb::Nest], output: Output) {
+    match output {
         Output::Json | Output::Yaml => view::print_value(
-            args.client.output,
+            output,
             &Value::Array(nests.iter().map(view::nest_json).collect()),
         ),
         Output::Table => {
@@ -102,7 +132,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 "ID",
             ])
             .keep(&["STATE", "ID"]);
-            for n in &nests {
+            for n in nests {
                 let mut labels: Vec<_> = n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 labels.sort();
                 t.add_row(vec![
@@ -132,7 +162,6 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             }
         }
     }
-    Ok(0)
 }
 
 /// `agen nests cordon|uncordon|drain NEST`.

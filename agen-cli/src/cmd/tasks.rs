@@ -25,12 +25,34 @@ pub struct Args {
     /// At most this many tasks (0: all of them)
     #[arg(long, default_value_t = 100)]
     pub limit: u32,
+    /// Print the list again whenever it changes (Ctrl-C ends)
+    #[arg(short = 'w', long)]
+    pub watch: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     let mut hub = args.client.connect()?;
+    let output = args.client.output;
+    if args.watch {
+        let args = std::sync::Arc::new(args);
+        let lists = crate::watch::poll(hub, move |mut hub| {
+            let args = args.clone();
+            async move {
+                let r = fetch(&mut hub, &args).await;
+                (r, hub)
+            }
+        });
+        return crate::watch::follow(lists, |l: &Vec<pb::Task>| print(l, output)).await;
+    }
+    let tasks = fetch(&mut hub, &args).await?;
+    print(&tasks, output);
+    Ok(0)
+}
+
+/// Up to `--limit` tasks, newest first, page by page.
+async fn fetch(hub: &mut crate::client::Hub, args: &Args) -> anyhow::Result<Vec<pb::Task>> {
     let wanted = if args.limit == 0 {
         usize::MAX
     } else {
@@ -52,7 +74,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 ..Default::default()
             })
             .await
-            .map_err(|s| status_error(&hub, s))?
+            .map_err(|s| status_error(hub, s))?
             .into_inner();
         tasks.extend(page.tasks);
         if page.next_page_token.is_empty() || tasks.len() >= wanted {
@@ -61,15 +83,20 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         page_token = page.next_page_token;
     }
     tasks.truncate(wanted);
-    match args.client.output {
+    Ok(tasks)
+}
+
+/// The tasks, as a table or for scripts.
+fn print(tasks: &[pb::Task], output: Output) {
+    match output {
         Output::Json | Output::Yaml => view::print_value(
-            args.client.output,
+            output,
             &Value::Array(tasks.iter().map(view::task_json).collect()),
         ),
         Output::Table => {
             let mut t = view::table(&["TASK", "DEPLOYMENT", "STATE", "ACTIVITY / RESULT", "AGE"])
                 .keep(&["DEPLOYMENT", "STATE"]);
-            for task in &tasks {
+            for task in tasks {
                 let what = match &task.outcome {
                     Some(o) if view::task_terminal(task.state) => {
                         o.result.lines().next().unwrap_or("").to_owned()
@@ -96,5 +123,4 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             }
         }
     }
-    Ok(0)
 }

@@ -160,6 +160,12 @@ async fn deploy_all(client: ClientArgs, dirs: Vec<PathBuf>) -> anyhow::Result<()
         crate::cmd::deploy::wait_ready(&mut hub, &dep, Duration::from_secs(120)).await?;
         eprintln!("agen up: deployed {} from {}", name, dir.display());
     }
-    crate::cmd::ps::run(crate::cmd::ps::Args { all: true, client }).await?;
+    crate::cmd::ps::run(crate::cmd::ps::Args {
+        all: true,
+        ended: false,
+        watch: false,
+        client,
+    })
+    .await?;
     Ok(())
 }

@@ -30,6 +30,7 @@ mod overrides;
 pub mod platform_secrets;
 pub mod reconcile;
 mod respread;
+pub mod retention;
 pub mod run_context;
 mod suspend;
 pub mod tasks;

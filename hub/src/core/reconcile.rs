@@ -16,8 +16,9 @@ use crate::model::*;
 
 /// An instance healthy for this long resets its deployment's failure count.
 const STABLE_MS: i64 = 30_000;
-/// Lost instances stay visible this long.
-const LOST_RETENTION_MS: i64 = 10 * 60_000;
+/// Stopped and lost instances are forgotten this long after they ended (or after
+/// `--hide-ended-after`, when that is longer); they are hidden from lists before that.
+const ENDED_RETENTION_MS: i64 = 24 * 3_600_000;
 /// A stopping instance the Nest never confirms is forgotten after this long.
 const STOPPING_RETENTION_MS: i64 = 60_000;
 
@@ -89,13 +90,27 @@ impl Core {
     pub async fn run_reconciler(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
         let tick = std::time::Duration::from_millis(250);
         let mut last_heal: Option<Instant> = None;
+        // Pets only while reconcile and the store flush both go round (systemd's WatchdogSec).
+        let watchdog = agen_shared::systemd::Watchdog::from_env();
+        let mut told_nests: Option<usize> = None;
         loop {
             self.heal_store(&mut last_heal).await;
             if let Err(e) = self.reconcile() {
                 tracing::error!(error = %e, "reconcile failed; retrying");
             }
-            if let Err(e) = self.commit().await {
-                tracing::error!(error = %e, "store flush failed");
+            match self.commit().await {
+                Ok(()) => watchdog.pet(),
+                Err(e) => tracing::error!(error = %e, "store flush failed"),
+            }
+            let ready = self
+                .lock()
+                .nests
+                .values()
+                .filter(|n| n.state == NestState::Ready)
+                .count();
+            if told_nests != Some(ready) {
+                told_nests = Some(ready);
+                agen_shared::systemd::status(&format!("serving; {ready} nests ready"));
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -120,13 +135,31 @@ impl Core {
         Ok(())
     }
 
+    fn hide_ended_after_ms(&self) -> i64 {
+        i64::try_from(self.opts.hide_ended_after.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// Whether lists leave `i` out unless asked for ended ones: stopped or lost for longer
+    /// than `--hide-ended-after`.
+    pub fn instance_hidden(&self, i: &InstanceRec, now: i64) -> bool {
+        matches!(i.state, InstanceState::Lost | InstanceState::Stopped)
+            && now.saturating_sub(i.updated_at_ms) > self.hide_ended_after_ms()
+    }
+
+    /// Whether lists leave `n` out unless asked for ended ones: lost (heard from last) longer
+    /// ago than `--hide-ended-after`. Its record, key binding and any revocation are kept.
+    pub fn nest_hidden(&self, n: &NestRec, now: i64) -> bool {
+        n.state == NestState::Lost
+            && now.saturating_sub(n.last_heartbeat_ms) > self.hide_ended_after_ms()
+    }
+
     pub(in crate::core) fn forget_stale(&self, st: &mut State, now: i64) -> Result<()> {
         let stale: Vec<String> = st
             .instances
             .values()
             .filter(|i| match i.state {
                 InstanceState::Lost | InstanceState::Stopped => {
-                    now - i.updated_at_ms > LOST_RETENTION_MS
+                    now - i.updated_at_ms > ENDED_RETENTION_MS.max(self.hide_ended_after_ms())
                 }
                 InstanceState::Stopping => now - i.updated_at_ms > STOPPING_RETENTION_MS,
                 _ => false,

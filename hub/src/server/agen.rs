@@ -28,13 +28,8 @@ pub struct AgenApi {
 
 impl AgenApi {
     /// A deployment with its A2A agent card URL.
-    fn with_card(&self, mut d: pb::Deployment) -> pb::Deployment {
-        d.a2a_card_url = format!(
-            "{}{}",
-            self.public_url.trim_end_matches('/'),
-            crate::a2a::card_path(&d.namespace, &d.name)
-        );
-        d
+    fn with_card(&self, d: pb::Deployment) -> pb::Deployment {
+        super::ops::with_card(&self.public_url, d)
     }
 }
 
@@ -201,13 +196,12 @@ impl AgenService for AgenApi {
     ) -> Result<Response<pb::ListDeploymentsResponse>, Status> {
         let r = request.get_ref();
         let (namespace, all) = list_scope(&request, &r.namespace, r.all_namespaces)?;
-        let list = self.core.list_deployments(&namespace, all);
-        Ok(Response::new(pb::ListDeploymentsResponse {
-            deployments: list
-                .iter()
-                .map(|d| self.with_card(convert::deployment(d)))
-                .collect(),
-        }))
+        Ok(Response::new(super::ops::deployments(
+            &self.core,
+            &self.public_url,
+            &namespace,
+            all,
+        )))
     }
 
     async fn delete_deployment(
@@ -236,9 +230,11 @@ impl AgenService for AgenApi {
         let r = request.get_ref();
         let (namespace, all) = list_scope(&request, &r.namespace, r.all_namespaces)?;
         let list = self.core.list_instances(&namespace, &r.deployment, all);
+        let now = crate::model::now_ms();
         Ok(Response::new(pb::ListInstancesResponse {
             instances: list
                 .iter()
+                .filter(|i| r.include_ended || !self.core.instance_hidden(i, now))
                 .map(|i| convert::instance(i, self.core.active_runs(&i.instance_id)))
                 .collect(),
         }))
@@ -249,16 +245,12 @@ impl AgenService for AgenApi {
         request: Request<pb::ListNestsRequest>,
     ) -> Result<Response<pb::ListNestsResponse>, Status> {
         authorize(&request, "", Action::ClusterRead, "")?;
-        let nests = self.core.list_nests();
-        Ok(Response::new(pb::ListNestsResponse {
-            nests: nests
-                .iter()
-                .map(|(n, count)| pb::Nest {
-                    revoked: self.access.nests.is_revoked(&n.nest_id),
-                    ..convert::nest(n, *count)
-                })
-                .collect(),
-        }))
+        let include_ended = request.get_ref().include_ended;
+        Ok(Response::new(super::ops::nests(
+            &self.core,
+            &self.access,
+            include_ended,
+        )))
     }
 
     async fn submit_task(
@@ -715,5 +707,32 @@ impl AgenService for AgenApi {
         request: Request<pb::DecideApprovalRequest>,
     ) -> Result<Response<pb::DecideApprovalResponse>, Status> {
         super::approvals::decide(&self.core, request).await
+    }
+
+    type WatchNestsStream = Stream_<pb::ListNestsResponse>;
+
+    async fn watch_nests(
+        &self,
+        request: Request<pb::ListNestsRequest>,
+    ) -> Result<Response<Self::WatchNestsStream>, Status> {
+        super::ops::watch_nests(self, request)
+    }
+
+    type WatchDeploymentsStream = Stream_<pb::ListDeploymentsResponse>;
+
+    async fn watch_deployments(
+        &self,
+        request: Request<pb::ListDeploymentsRequest>,
+    ) -> Result<Response<Self::WatchDeploymentsStream>, Status> {
+        super::ops::watch_deployments(self, request)
+    }
+
+    type SnapshotStoreStream = Stream_<pb::SnapshotChunk>;
+
+    async fn snapshot_store(
+        &self,
+        request: Request<pb::SnapshotStoreRequest>,
+    ) -> Result<Response<Self::SnapshotStoreStream>, Status> {
+        super::ops::snapshot_store(&self.core, request).await
     }
 }

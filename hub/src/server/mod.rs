@@ -12,6 +12,7 @@ mod lifecycle;
 mod logs;
 mod malformed;
 mod nest;
+mod ops;
 mod run_context;
 mod tokens;
 

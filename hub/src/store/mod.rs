@@ -9,6 +9,7 @@
 
 mod group_commit;
 mod sled_store;
+pub mod snapshot;
 
 use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
@@ -31,6 +32,8 @@ pub enum StoreError {
         key: String,
         reason: String,
     },
+    #[error("hub snapshot: {0}")]
+    Snapshot(String),
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -72,6 +75,31 @@ pub enum Table {
 }
 
 impl Table {
+    /// Every table (a snapshot holds them all).
+    pub const ALL: [Table; 21] = [
+        Table::Deployments,
+        Table::BundleMeta,
+        Table::BundleData,
+        Table::Nests,
+        Table::Instances,
+        Table::Tasks,
+        Table::TaskEvents,
+        Table::RunEvents,
+        Table::RunAttempts,
+        Table::Conversations,
+        Table::RequestIds,
+        Table::Counters,
+        Table::Secrets,
+        Table::ArtifactMeta,
+        Table::ArtifactData,
+        Table::ArtifactTasks,
+        Table::Tokens,
+        Table::Audit,
+        Table::NestIdentities,
+        Table::DeploymentHistory,
+        Table::Approvals,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Table::Deployments => "deployments",

@@ -435,6 +435,7 @@ pub async fn instances(api: &mut Api, deployment: &str) -> Vec<pb::Instance> {
         namespace: "default".into(),
         deployment: deployment.into(),
         all_namespaces: false,
+        include_ended: false,
     })
     .await
     .expect("list instances")

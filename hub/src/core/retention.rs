@@ -1,0 +1,160 @@
+//! Retention and backup. Task retention (`--task-retention`): a periodic sweep removes finished tasks older than the
+//! retention, with their task events, run events, run attempt, approvals, request-id entry and
+//! the artifacts no other task refers to.
+//!
+//! Invariants: only terminal tasks are removed, measured from `finished_at_ms`; a task is gone
+//! from memory before its records are removed from the store (nobody reads half a task); an
+//! artifact's bytes go only when no task of its namespace refers to it any more.
+//!
+//! Backup: [`Core::write_snapshot`] writes the store and the data dir's keys (see
+//! [`crate::store::snapshot`]) while the state lock is held.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::core::Core;
+use crate::error::Result;
+use crate::model::TaskRec;
+use crate::store::Table;
+
+/// What one sweep removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Swept {
+    pub tasks: usize,
+    pub run_events: usize,
+    pub task_events: usize,
+    pub artifacts: usize,
+}
+
+/// How often the sweep runs for a retention: a tenth of it, between 1 second and 1 hour.
+pub fn sweep_interval(retention: Duration) -> Duration {
+    (retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(3600))
+}
+
+fn prefix(parts: &[&str]) -> Vec<u8> {
+    let mut k = parts.join("\0").into_bytes();
+    k.push(0);
+    k
+}
+
+impl Core {
+    /// Writes a snapshot of the store and the data dir's keys to `out`, holding the state
+    /// lock so that no state change lands in it half made.
+    pub fn write_snapshot(
+        &self,
+        out: impl std::io::Write,
+    ) -> Result<crate::store::snapshot::Counts> {
+        let _still = self.lock();
+        Ok(crate::store::snapshot::write(
+            self.db.raw(),
+            &self.opts.data_dir,
+            out,
+        )?)
+    }
+
+    /// Runs until `shutdown`: sweeps expired tasks every [`sweep_interval`].
+    pub async fn run_retention(self: Arc<Self>, shutdown: CancellationToken) {
+        let every = sweep_interval(self.opts.task_retention);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            match self.sweep_expired_tasks(crate::model::now_ms()).await {
+                Ok(s) if s.tasks > 0 => tracing::info!(
+                    tasks = s.tasks,
+                    run_events = s.run_events,
+                    task_events = s.task_events,
+                    artifacts = s.artifacts,
+                    retention = ?self.opts.task_retention,
+                    "removed finished tasks past their retention"
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::error!(error = %e, "task retention sweep failed; retrying"),
+            }
+        }
+    }
+
+    /// Removes every finished task that finished more than `task_retention` before `now_ms`.
+    pub async fn sweep_expired_tasks(&self, now_ms: i64) -> Result<Swept> {
+        let keep_ms = i64::try_from(self.opts.task_retention.as_millis()).unwrap_or(i64::MAX);
+        let expired: Vec<TaskRec> = {
+            let mut st = self.lock();
+            let ids: Vec<String> = st
+                .tasks
+                .values()
+                .filter(|t| {
+                    t.state.is_terminal()
+                        && t.finished_at_ms > 0
+                        && now_ms.saturating_sub(t.finished_at_ms) > keep_ms
+                })
+                .map(|t| t.task_id.clone())
+                .collect();
+            ids.iter().filter_map(|id| st.tasks.remove(id)).collect()
+        };
+        let mut swept = Swept::default();
+        if expired.is_empty() {
+            return Ok(swept);
+        }
+        let raw = self.db.raw();
+        let mut artifacts: Vec<(String, String)> = Vec::new();
+        for t in &expired {
+            if !t.run_id.is_empty() {
+                for (k, _) in raw.scan(Table::RunEvents, &prefix(&[&t.run_id]))? {
+                    raw.remove(Table::RunEvents, &k)?;
+                    swept.run_events += 1;
+                }
+                raw.remove(Table::RunAttempts, t.run_id.as_bytes())?;
+            }
+            for (k, _) in raw.scan(Table::TaskEvents, &prefix(&[&t.task_id]))? {
+                raw.remove(Table::TaskEvents, &k)?;
+                swept.task_events += 1;
+            }
+            for (k, _) in raw.scan(Table::ArtifactTasks, &prefix(&[&t.namespace, &t.task_id]))? {
+                raw.remove(Table::ArtifactTasks, &k)?;
+                if let Some(id) = k.rsplit(|b| *b == 0).next() {
+                    artifacts.push((t.namespace.clone(), String::from_utf8_lossy(id).into()));
+                }
+            }
+            raw.remove(Table::Approvals, t.task_id.as_bytes())?;
+            if !t.client_request_id.is_empty() {
+                let key = format!("{}\0{}", t.namespace, t.client_request_id);
+                // Only if it still names this task (a later task may have taken the id).
+                if self
+                    .db
+                    .get_json::<String>(Table::RequestIds, &key)?
+                    .as_deref()
+                    == Some(t.task_id.as_str())
+                {
+                    raw.remove(Table::RequestIds, key.as_bytes())?;
+                }
+            }
+            raw.remove(Table::Tasks, t.task_id.as_bytes())?;
+            swept.tasks += 1;
+        }
+        artifacts.sort();
+        artifacts.dedup();
+        if !artifacts.is_empty() {
+            let mut usage = self.artifact_usage.lock().await;
+            for (ns, id) in &artifacts {
+                let tail = [b"\0", id.as_bytes()].concat();
+                let referenced = raw
+                    .scan(Table::ArtifactTasks, &prefix(&[ns]))?
+                    .iter()
+                    .any(|(k, _)| k.ends_with(&tail));
+                if !referenced {
+                    let k = [ns.as_bytes(), b"\0", id.as_bytes()].concat();
+                    raw.remove(Table::ArtifactData, &k)?;
+                    raw.remove(Table::ArtifactMeta, &k)?;
+                    swept.artifacts += 1;
+                }
+            }
+            // Counted again from the store at the next save.
+            *usage = None;
+        }
+        self.db.flush().await?;
+        Ok(swept)
+    }
+}
