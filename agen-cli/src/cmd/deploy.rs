@@ -192,11 +192,15 @@ pub async fn wait_ready(
             })
             .count();
         // Only live instances of older generations hold a rollout up: lost and stopped ones
-        // are history, not work.
+        // are history, not work, and one kept only for the runs of its version (a run that
+        // waits for an approval may resume there hours later) is not a replica.
         let old = list
             .iter()
             .filter(|i| i.generation != dep.generation)
             .filter(|i| !matches!(view::instance_state(i.state), "lost" | "stopped"))
+            .filter(|i| {
+                !(i.active_runs == 0 && i.message.starts_with(agen_shared::run::DRAINING_NOTE))
+            })
             .count();
         if ready as u32 >= dep.replicas && old == 0 {
             return Ok(());

@@ -223,7 +223,11 @@ impl Core {
                 self.stop_instance(st, id, &format!("unhealthy: {reason}"))?;
             }
             for id in &plan.stop {
-                if Self::drains(st, &d, id) || Self::leaves_later(st, id, now) {
+                if Self::drains(st, &d, id) {
+                    self.note_draining(st, id, now)?;
+                    continue;
+                }
+                if Self::leaves_later(st, id, now) {
                     continue;
                 }
                 let leaving = st.instances.get(id).is_some_and(|i| i.leaving_since_ms > 0);
@@ -298,6 +302,19 @@ impl Core {
                 && t.deployment == d.name
                 && t.bundle_digest == i.bundle_digest
         })
+    }
+
+    /// Says on an old-version instance that it stays only for its version's runs.
+    fn note_draining(&self, st: &mut State, id: &str, now: i64) -> Result<()> {
+        let Some(mut inst) = st.instances.get(id).cloned() else {
+            return Ok(());
+        };
+        if inst.message.starts_with(agen_shared::run::DRAINING_NOTE) {
+            return Ok(());
+        }
+        inst.message = agen_shared::run::DRAINING_NOTE.to_string();
+        inst.updated_at_ms = now;
+        self.save_instance(st, inst)
     }
 
     pub(in crate::core) fn place_pending(&self, st: &mut State, now: i64) -> Result<()> {

@@ -23,6 +23,11 @@ pub mod trace;
 pub mod wire;
 
 pub use body::*;
+
+/// The start of the message of an instance kept on an old bundle version only because runs
+/// that started on that version are not over yet (running, or waiting to resume): a rollout
+/// (`agen deploy --wait`) does not wait for it.
+pub const DRAINING_NOTE: &str = "draining: kept for runs that started on this version";
 pub use ids::*;
 pub use message::*;
 
