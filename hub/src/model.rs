@@ -138,6 +138,11 @@ pub struct InstanceRec {
     /// replacement is placed first and this one stops once that runs and this has no run.
     #[serde(default)]
     pub leaving_since_ms: i64,
+    /// Placed only to resume runs of an old bundle version whose instances are all gone (a
+    /// run that waited across a redeploy and a Nest loss); not a replica, stopped once no run
+    /// of its version is left.
+    #[serde(default)]
+    pub for_resume: bool,
 }
 
 /// What a Nest says about one instance (domain form of `InstanceReport`).

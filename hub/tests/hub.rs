@@ -1076,7 +1076,8 @@ async fn a_run_whose_instance_process_died_is_redispatched_until_five_attempts_t
 }
 
 #[tokio::test]
-async fn a_rollover_drains_a_running_run_and_a_resumed_run_stays_on_its_bundle_version() {
+async fn a_rollover_drains_a_running_run_and_a_resumed_run_stays_on_its_bundle_version_even_when_its_instances_are_gone(
+) {
     let dir = tempfile::tempdir().unwrap();
     let hub = TestHub::start(&dir.path().join("hub"), Duration::from_secs(2)).await;
     let mut api = hub.client().await;
@@ -1138,25 +1139,59 @@ async fn a_rollover_drains_a_running_run_and_a_resumed_run_stays_on_its_bundle_v
         "the resumed run is on the old version's instance, not the new one"
     );
 
-    // The Nest dies: no instance of version one is left, so the run cannot resume.
+    // The Nest dies: no instance of version one is left, so the Hub places one (not a
+    // replica) on the next Nest to resume the run on its own version.
     a.go_silent();
-    let failed = eventually("the task to fail", Duration::from_secs(15), || {
+    let (mut b, _) = FakeNest::connect(&hub, "nest-b", &[], vec![]).await;
+    let mut old_again = None;
+    for _ in 0..2 {
+        let p = b.accept_placement().await;
+        if p.bundle_digest == old.bundle_digest {
+            old_again = Some(p);
+        }
+    }
+    let old_again = old_again.expect("an instance of version one was placed for the resume");
+    let resumed = eventually("the run to resume on b", Duration::from_secs(15), || {
         let mut api = api.clone();
         let id = task.task_id.clone();
         async move {
             let t = get(&mut api, &id).await;
-            (task_state(&t) == pb::TaskState::Failed).then_some(t)
+            (t.attempt == 3 && task_state(&t) == pb::TaskState::Running).then_some(t)
         }
     })
     .await;
-    let error = failed.outcome.unwrap().error;
-    assert!(
-        error.starts_with(&format!(
-            "the run started on bundle {}, which no instance of deployment hello runs any more (it was redeployed as {});",
-            old.bundle_digest, new.bundle_digest
-        )),
-        "{error}"
+    assert_eq!(
+        (resumed.instance_id.as_str(), resumed.bundle_digest.as_str()),
+        (old_again.instance_id.as_str(), old.bundle_digest.as_str()),
+        "the run resumed on its own version, never on the new one ({})",
+        new.bundle_digest
     );
+
+    // Once the run is over, the instance placed for it stops.
+    let run3 = b
+        .next_matching(|m| match m {
+            Hub::AssignRun(r) if r.attempt == 3 => Some(r),
+            _ => None,
+        })
+        .await;
+    send_events(
+        &mut b,
+        &old_again.instance_id,
+        vec![event(
+            &run3,
+            1,
+            "run.finished",
+            serde_json::json!({"state": "succeeded", "result": "done", "response_type": "text"}),
+        )],
+    )
+    .await;
+    let stop = b
+        .next_matching(|m| match m {
+            Hub::Stop(s) if s.instance_id == old_again.instance_id => Some(s),
+            _ => None,
+        })
+        .await;
+    assert_eq!(stop.instance_id, old_again.instance_id);
 }
 
 #[tokio::test]

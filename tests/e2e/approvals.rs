@@ -16,7 +16,13 @@ pub(crate) fn deploy_asker(hub: &HubProcess, dir: &Path, name: &str, model: &Fak
 }
 
 /// [`deploy_asker`] with `x-agen/harness.json`.
-pub(crate) fn deploy_asker_with(hub: &HubProcess, dir: &Path, name: &str, model: &FakeModel, harness: Value) {
+pub(crate) fn deploy_asker_with(
+    hub: &HubProcess,
+    dir: &Path,
+    name: &str,
+    model: &FakeModel,
+    harness: Value,
+) {
     write_bundle(
         dir,
         &[
@@ -213,16 +219,12 @@ fn an_instance_killed_while_its_run_waits_asks_again_and_runs_the_call_once() {
     .expect("kill -9 the instance");
     // Killed while it waited in place, the run resumes and asks again (same call id); killed
     // after it gave its slot back, nothing of it was on the instance. It waits either way.
-    let resumed = wait_for(
-        "the run to wait again",
-        Duration::from_secs(90),
-        || {
-            let q = hub.cli_json(&["query", &task, "-o", "json"]).ok()?;
-            let again = q["attempt"].as_u64()? >= 2
-                || q["activity"].as_str()?.contains("gave its slot back");
-            (again && q["state"] == "waiting").then_some(q)
-        },
-    )
+    let resumed = wait_for("the run to wait again", Duration::from_secs(90), || {
+        let q = hub.cli_json(&["query", &task, "-o", "json"]).ok()?;
+        let again =
+            q["attempt"].as_u64()? >= 2 || q["activity"].as_str()?.contains("gave its slot back");
+        (again && q["state"] == "waiting").then_some(q)
+    })
     .unwrap();
     assert_eq!(
         resumed["approvals"][0]["call_id"], first["call_id"],

@@ -507,8 +507,14 @@ fn a_one_slot_deployment_that_delegates_to_itself_completes() {
     let done = t.wait(&task);
     assert_eq!(done["state"], "succeeded", "{done}");
     let result = done["outcome"]["result"].as_str().unwrap_or_default();
-    assert!(result.starts_with("got: got: "), "the child's answer came back: {result}");
-    assert!(done["attempt"].as_u64().unwrap() >= 2, "the caller resumed: {done}");
+    assert!(
+        result.starts_with("got: got: "),
+        "the child's answer came back: {result}"
+    );
+    assert!(
+        done["attempt"].as_u64().unwrap() >= 2,
+        "the caller resumed: {done}"
+    );
     let children = t.children(&task);
     assert_eq!(children.len(), 1, "one child: {children:?}");
     assert_eq!(children[0]["state"], "succeeded", "{children:?}");

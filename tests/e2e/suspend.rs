@@ -17,14 +17,18 @@ use crate::approvals::{
 
 /// The task once its run gave its slot back (suspended, waiting without an instance).
 fn suspended(hub: &HubProcess, task: &str) -> Value {
-    wait_for("the run to give its slot back", Duration::from_secs(60), || {
-        let q = hub.cli_json(&["query", task, "-o", "json"]).ok()?;
-        let gave_back = q["state"] == "waiting"
-            && q["activity"]
-                .as_str()
-                .is_some_and(|a| a.contains("gave its slot back"));
-        gave_back.then_some(q)
-    })
+    wait_for(
+        "the run to give its slot back",
+        Duration::from_secs(60),
+        || {
+            let q = hub.cli_json(&["query", task, "-o", "json"]).ok()?;
+            let gave_back = q["state"] == "waiting"
+                && q["activity"]
+                    .as_str()
+                    .is_some_and(|a| a.contains("gave its slot back"));
+            gave_back.then_some(q)
+        },
+    )
     .unwrap()
 }
 
@@ -64,7 +68,11 @@ fn a_waiting_run_holds_no_slot_so_a_second_task_on_a_one_slot_deployment_runs_me
     let done = wait_task(&hub, &first);
     assert_eq!(done["state"], "succeeded", "{done}");
     assert!(done["attempt"].as_u64().unwrap() >= 2, "resumed: {done}");
-    assert_eq!(executions(&marker), 2, "each approved call ran exactly once");
+    assert_eq!(
+        executions(&marker),
+        2,
+        "each approved call ran exactly once"
+    );
 }
 
 #[test]
@@ -85,7 +93,11 @@ fn a_hub_killed_while_a_run_waits_resumes_it_after_the_restart_and_the_call_runs
     let done = wait_task(&hub, &task);
     assert_eq!(done["state"], "succeeded", "{done}");
     let ran = executions(&marker);
-    assert_eq!((ran == 0, ran == 1, ran >= 2), (false, true, false), "executed {ran} times");
+    assert_eq!(
+        (ran == 0, ran == 1, ran >= 2),
+        (false, true, false),
+        "executed {ran} times"
+    );
 }
 
 #[test]
@@ -115,16 +127,25 @@ fn a_nest_lost_while_a_run_waits_resumes_it_on_another_nest() {
         b.proc.kill9();
         "a"
     };
-    wait_for("the instance on the other nest", Duration::from_secs(90), || {
-        (running_on()? == other).then_some(())
-    })
+    wait_for(
+        "the instance on the other nest",
+        Duration::from_secs(90),
+        || (running_on()? == other).then_some(()),
+    )
     .unwrap();
     approve(&hub, &[&task]);
     let done = wait_task(&hub, &task);
     assert_eq!(done["state"], "succeeded", "{done}");
-    assert_eq!(done["nest"], other, "resumed on the nest that is left: {done}");
+    assert_eq!(
+        done["nest"], other,
+        "resumed on the nest that is left: {done}"
+    );
     let ran = executions(&marker);
-    assert_eq!((ran == 0, ran == 1, ran >= 2), (false, true, false), "executed {ran} times");
+    assert_eq!(
+        (ran == 0, ran == 1, ran >= 2),
+        (false, true, false),
+        "executed {ran} times"
+    );
 }
 
 #[test]
@@ -142,7 +163,13 @@ fn approve_after_a_redeploy_resumes_on_the_version_the_run_started_on() {
         .as_str()
         .unwrap()
         .to_string();
-    deploy_asker_with(&hub, &dir, "asker", &model, json!({"limits": {"maxTurns": 7}}));
+    deploy_asker_with(
+        &hub,
+        &dir,
+        "asker",
+        &model,
+        json!({"limits": {"maxTurns": 7}}),
+    );
     let ps = hub.cli_json(&["ps", "-o", "json"]).unwrap();
     let deployed = ps
         .as_array()
@@ -195,5 +222,9 @@ fn five_asks_in_one_run_do_not_exhaust_max_attempts() {
         done["attempt"].as_u64().unwrap() > 5,
         "more resumes than maxAttempts (5), none counted: {done}"
     );
-    assert_eq!(executions(&marker), 5, "each approved call ran exactly once");
+    assert_eq!(
+        executions(&marker),
+        5,
+        "each approved call ran exactly once"
+    );
 }

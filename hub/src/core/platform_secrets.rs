@@ -194,6 +194,7 @@ mod tests {
             healthy_since_ms: 0,
             replacement: false,
             leaving_since_ms: 0,
+            for_resume: false,
         };
         let values = core.placement_secrets(&inst).expect("values");
         assert_eq!(

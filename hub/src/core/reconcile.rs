@@ -175,10 +175,12 @@ impl Core {
     pub(in crate::core) fn plan_deployments(&self, st: &mut State, now: i64) -> Result<()> {
         let deployments: Vec<DeploymentRec> = st.deployments.values().cloned().collect();
         for mut d in deployments {
+            self.stop_idle_resume_instances(st, &d)?;
             let mine: Vec<&InstanceRec> = st
                 .instances
                 .values()
                 .filter(|i| i.namespace == d.namespace && i.deployment == d.name)
+                .filter(|i| !i.for_resume)
                 .collect();
             let stable = mine.iter().any(|i| {
                 i.generation == d.generation
@@ -276,6 +278,7 @@ impl Core {
                     healthy_since_ms: 0,
                     replacement,
                     leaving_since_ms: 0,
+                    for_resume: false,
                 };
                 self.save_instance(st, rec)?;
             }
@@ -302,6 +305,34 @@ impl Core {
                 && t.deployment == d.name
                 && t.bundle_digest == i.bundle_digest
         })
+    }
+
+    /// Stops the instances placed to resume an old version's runs once none is left.
+    fn stop_idle_resume_instances(&self, st: &mut State, d: &DeploymentRec) -> Result<()> {
+        let idle: Vec<String> = st
+            .instances
+            .values()
+            .filter(|i| i.for_resume && i.namespace == d.namespace && i.deployment == d.name)
+            .filter(|i| {
+                !matches!(
+                    i.state,
+                    InstanceState::Stopping | InstanceState::Stopped | InstanceState::Lost
+                )
+            })
+            .filter(|i| {
+                !st.tasks.values().any(|t| {
+                    !t.state.is_terminal()
+                        && t.namespace == d.namespace
+                        && t.deployment == d.name
+                        && t.bundle_digest == i.bundle_digest
+                })
+            })
+            .map(|i| i.instance_id.clone())
+            .collect();
+        for id in idle {
+            self.stop_instance(st, &id, "no run of its version is left to resume")?;
+        }
+        Ok(())
     }
 
     /// Says on an old-version instance that it stays only for its version's runs.

@@ -104,7 +104,11 @@ impl Core {
     }
 
     /// A task ended: the suspended parent waiting for it goes on.
-    pub(in crate::core) fn wake_waiting_parent(&self, st: &mut State, child: &TaskRec) -> Result<()> {
+    pub(in crate::core) fn wake_waiting_parent(
+        &self,
+        st: &mut State,
+        child: &TaskRec,
+    ) -> Result<()> {
         if child.parent_task_id.is_empty() {
             return Ok(());
         }

@@ -121,12 +121,10 @@ mod tests {
                 by: "alice".into(),
             },
         );
-        let again = tokio::time::timeout(
-            Duration::from_secs(1),
-            approver.decide_recorded(&request()),
-        )
-        .await
-        .expect("the resumed ask gets the decision");
+        let again =
+            tokio::time::timeout(Duration::from_secs(1), approver.decide_recorded(&request()))
+                .await
+                .expect("the resumed ask gets the decision");
         assert!(again.approved);
         assert_eq!(again.by, "alice");
     }

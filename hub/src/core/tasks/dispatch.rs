@@ -97,6 +97,11 @@ impl Core {
             let candidate = match choose(&ask, &slots) {
                 Choice::Run(id) => st.instances.get(id).cloned(),
                 Choice::Wait => None,
+                Choice::VersionGone if task.suspended.is_none() && task.attempt > 0 => {
+                    // A run resumes only on its own version: place an instance of it.
+                    self.place_for_resume(st, &d, &task.bundle_digest, now)?;
+                    continue;
+                }
                 Choice::VersionGone => {
                     let error = format!(
                         "the run started on bundle {}, which no instance of deployment {} runs any more (it was redeployed as {}); a run resumes only on its own version: submit the task again",
@@ -111,6 +116,43 @@ impl Core {
             self.assign(st, task, &inst, now)?;
         }
         Ok(())
+    }
+
+    /// Creates an instance of an old bundle version of `d` to resume that version's runs on
+    /// (its instances are all gone: lost with their Nest after a redeploy). It is not a
+    /// replica; `plan_deployments` stops it once no run of its version is left.
+    fn place_for_resume(
+        &self,
+        st: &mut State,
+        d: &DeploymentRec,
+        digest: &str,
+        now: i64,
+    ) -> Result<()> {
+        let rec = InstanceRec {
+            instance_id: format!("{}-{}", d.name, crate::core::short_id()),
+            namespace: d.namespace.clone(),
+            deployment: d.name.clone(),
+            nest_id: String::new(),
+            nest_name: String::new(),
+            state: InstanceState::Pending,
+            healthy: false,
+            tools_loaded: 0,
+            servers_not_connected: Vec::new(),
+            bundle_digest: digest.to_string(),
+            generation: 0,
+            message: format!("placed to resume runs that started on {digest}"),
+            restarts: 0,
+            created_at_ms: now,
+            updated_at_ms: now,
+            tools: Vec::new(),
+            not_before_ms: 0,
+            healthy_since_ms: 0,
+            replacement: false,
+            leaving_since_ms: 0,
+            for_resume: true,
+        };
+        tracing::info!(instance = %rec.instance_id, digest, "placing an instance of an old version to resume its runs");
+        self.save_instance(st, rec)
     }
 
     pub(in crate::core) fn assign(

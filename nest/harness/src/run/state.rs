@@ -223,7 +223,10 @@ impl<'h> Run<'h> {
     pub(super) async fn finish(self, end: RunEnd) -> RunOutcome {
         self.flush_progress(true).await;
         if let Some(why) = end.suspended {
-            if let Err(e) = self.emit(RunEventBody::RunSuspended(why.clone()), true).await {
+            if let Err(e) = self
+                .emit(RunEventBody::RunSuspended(why.clone()), true)
+                .await
+            {
                 tracing::warn!(run_id = %self.req.run_id, "run.suspended not recorded: {e}");
             }
             return RunOutcome {
