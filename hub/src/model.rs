@@ -287,6 +287,25 @@ pub struct TaskRec {
     /// trace uses its trace id and the run span nests under its span.
     #[serde(default)]
     pub traceparent: String,
+    /// The task's deadline and token budget, kept for every attempt.
+    #[serde(default)]
+    pub budget: BudgetRec,
+}
+
+/// A task's deadline and token budget (its submit's, else its bundle's `limits.taskTimeout` and
+/// `limits.maxTokens`, resolved at submit). 0: none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetRec {
+    #[serde(default)]
+    pub timeout_ms: u64,
+    /// `created_at_ms + timeout_ms`: the Hub's deadline timer ends the task then.
+    #[serde(default)]
+    pub deadline_ms: i64,
+    #[serde(default)]
+    pub max_tokens: u64,
+    /// Set when the deadline passed: the task's cancel ends it failed, "deadline exceeded".
+    #[serde(default)]
+    pub deadline_exceeded: bool,
 }
 
 /// Who may run a task now: the attempt the Hub issued last, to which Nest and instance. It is

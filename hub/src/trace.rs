@@ -234,6 +234,7 @@ mod tests {
             tool_overrides: Default::default(),
             warnings: Vec::new(),
             traceparent: String::new(),
+            budget: Default::default(),
         }
     }
 

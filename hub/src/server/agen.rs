@@ -320,6 +320,10 @@ impl AgenService for AgenApi {
                 parent: None,
                 tool_overrides,
                 traceparent,
+                budget: crate::core::tasks::SpecBudget {
+                    timeout_ms: r.timeout_ms,
+                    max_tokens: r.max_tokens,
+                },
             })
             .await?;
         Ok(Response::new(convert::task(&task)))

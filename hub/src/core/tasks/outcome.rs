@@ -157,8 +157,7 @@ impl Core {
         cause: Requeue,
     ) -> Result<()> {
         if task.cancel_requested_at_ms > 0 {
-            let reason = task.cancel_reason.clone();
-            return self.finish_task(st, task, TaskState::Cancelled, "", "text", &reason);
+            return self.finish_cancelled(st, task);
         }
         let now = now_ms();
         if cause == Requeue::InstanceFailed {

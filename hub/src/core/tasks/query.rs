@@ -173,6 +173,7 @@ fn summarize(t: &TaskRec) -> TaskSummary {
         delegation_depth: t.delegation_depth,
         parent_span_id: t.parent_span_id.clone(),
         traceparent: t.traceparent.clone(),
+        budget: t.budget.clone(),
     };
     TaskSummary {
         task,

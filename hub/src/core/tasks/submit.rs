@@ -26,6 +26,7 @@ impl Core {
         )?;
         // Before the state lock: it may read the bundle.
         let warnings = self.override_warnings(&namespace, &spec);
+        let budget = self.task_budget(&namespace, &spec);
         let task = {
             let mut st = self.lock();
             if !st
@@ -116,6 +117,7 @@ impl Core {
                     .map(|p| p.parent_span_id.clone())
                     .unwrap_or_default(),
                 traceparent: spec.traceparent.clone(),
+                budget: crate::core::deadlines::with_deadline(budget, now),
             };
             if !spec.client_request_id.is_empty() {
                 self.db.put_json(
