@@ -153,3 +153,42 @@ async fn a_task_deadline_survives_a_hub_restart() {
         task.deadline_ms
     );
 }
+
+#[tokio::test]
+async fn a_resumed_attempt_keeps_the_tasks_deadline_and_token_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_hub, mut api, mut nest, place) = fleet(dir.path(), "{}").await;
+    let task = submit(&mut api, 3_600_000, 777).await;
+    let first = nest
+        .next_matching(|m| match m {
+            Hub::AssignRun(r) => Some(r),
+            _ => None,
+        })
+        .await;
+    send_events(
+        &mut nest,
+        &place.instance_id,
+        vec![event(
+            &first,
+            1,
+            "run.interrupted",
+            serde_json::json!({"reason": "the nest is shutting down", "cause": "nest_shutdown"}),
+        )],
+    )
+    .await;
+    let second = nest
+        .next_matching(|m| match m {
+            Hub::AssignRun(r) => Some(r),
+            _ => None,
+        })
+        .await;
+    assert_eq!(
+        (second.run_id.as_str(), second.attempt, second.max_tokens),
+        (first.run_id.as_str(), first.attempt + 1, 777)
+    );
+    let t = get(&mut api, &task.task_id).await;
+    assert_eq!(
+        (t.timeout_ms, t.deadline_ms, t.max_tokens),
+        (3_600_000, task.deadline_ms, 777)
+    );
+}
