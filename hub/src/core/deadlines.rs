@@ -141,7 +141,8 @@ impl Core {
                 self.finish_task(st, task, TaskState::Failed, &why, "error", &why)?;
             } else {
                 self.save_task(st, task)?;
-                self.cancel_one(st, &id, &why)?;
+                // Its delegate children go with it (they end cancelled).
+                self.cancel_tree(st, &id, &why)?;
             }
         }
         Ok(())
