@@ -13,7 +13,9 @@ fn noop() -> Tool {
     Tool::new("note", "Takes a note")
         .read_only()
         .schema(json!({"type": "object", "properties": {}}))
-        .json_handler(|_args: Value, _cx: ToolContext| async move { Ok::<_, String>("noted".to_string()) })
+        .json_handler(|_args: Value, _cx: ToolContext| async move {
+            Ok::<_, String>("noted".to_string())
+        })
 }
 
 #[tokio::test]
