@@ -118,6 +118,20 @@ async fn a_task_past_its_deadline_has_its_run_cancelled_and_fails_with_deadline_
     let task = submit(&mut api, 0, 0).await;
     assert_eq!((task.timeout_ms, task.max_tokens), (3_600_000, 5000));
     assert_eq!(task.deadline_ms, task.created_at_ms + 3_600_000);
+
+    // A timeout past a year is refused, not cut.
+    let err = api
+        .submit_task(pb::SubmitTaskRequest {
+            namespace: "default".into(),
+            deployment: "hello".into(),
+            input: "forever".into(),
+            timeout_ms: u64::MAX,
+            ..Default::default()
+        })
+        .await
+        .expect_err("a timeout of u64::MAX ms");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().starts_with("timeout_ms: "), "{err:?}");
 }
 
 #[tokio::test]

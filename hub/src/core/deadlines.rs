@@ -39,7 +39,8 @@ impl BundleBudget {
     }
 }
 
-/// The budget of a task submitted at `now`: its deadline from its timeout.
+/// The budget of a task submitted at `now`: its deadline from its timeout (a submit's timeout
+/// over [`MAX_TIMEOUT_MS`] is refused at the edge; a bundle's is cut to it).
 pub(crate) fn with_deadline(mut b: BudgetRec, now: i64) -> BudgetRec {
     b.timeout_ms = b.timeout_ms.min(MAX_TIMEOUT_MS);
     b.deadline_ms = if b.timeout_ms == 0 {

@@ -308,6 +308,14 @@ impl AgenService for AgenApi {
             crate::core::tasks::MAX_CLIENT_REQUEST_ID_BYTES,
         )?;
         let tool_overrides = convert::tool_overrides(r.tool_overrides.unwrap_or_default())?;
+        if r.timeout_ms > crate::core::deadlines::MAX_TIMEOUT_MS {
+            return Err(HubError::invalid(format!(
+                "timeout_ms: {} is over the limit of {} (a year)",
+                r.timeout_ms,
+                crate::core::deadlines::MAX_TIMEOUT_MS
+            ))
+            .into());
+        }
         let task = self
             .core
             .submit_task(TaskSpec {
