@@ -170,11 +170,6 @@ impl Core {
                 // The run event itself first, then the terminal state.
                 self.emit(st, task.clone(), &e.kind, e.json.clone())?;
                 let task = st.tasks.get(&task.task_id).cloned().unwrap_or(task);
-                if task.budget.deadline_exceeded {
-                    // The deadline timer cancelled the run: the task failed, whatever the run
-                    // managed to say as it stopped.
-                    return self.finish_cancelled(st, task);
-                }
                 let state = match (f.state, task.cancel_requested_at_ms > 0) {
                     (RunState::Cancelled, _) | (_, true) => TaskState::Cancelled,
                     (RunState::Succeeded, false) => TaskState::Succeeded,
@@ -198,6 +193,11 @@ impl Core {
                     }
                     self.db
                         .put_json(Table::Conversations, &task.conversation_id, &conv)?;
+                }
+                if task.budget.deadline_exceeded {
+                    // The deadline timer cancelled the run: the task failed, whatever the run
+                    // managed to say as it stopped.
+                    return self.finish_cancelled(st, task);
                 }
                 let response_type = f.response_type.as_str();
                 return self.finish_task(st, task, state, &f.result, response_type, &error);
