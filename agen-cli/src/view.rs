@@ -32,6 +32,11 @@ pub fn time(ms: i64) -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// A task's timeout as it would be written: `90s`, `10m`, `1h30m`.
+pub fn duration_ms(ms: u64) -> String {
+    agen_shared::duration::format_duration(std::time::Duration::from_millis(ms))
+}
+
 /// "3s", "5m", "2h" since `ms`.
 pub fn age(ms: i64) -> String {
     if ms <= 0 {
@@ -192,6 +197,9 @@ pub fn task_json(t: &pb::Task) -> Value {
         "root_run_id": if t.root_run_id.is_empty() { Value::Null } else { Value::String(t.root_run_id.clone()) },
         "tool_overrides": t.tool_overrides.as_ref().map_or(Value::Null, |o| json!({"allow": o.allow, "ask": o.ask, "deny": o.deny})),
         "warnings": t.warnings,
+        "timeout": if t.timeout_ms == 0 { Value::Null } else { Value::String(duration_ms(t.timeout_ms)) },
+        "deadline": time(t.deadline_ms),
+        "max_tokens": if t.max_tokens == 0 { Value::Null } else { Value::from(t.max_tokens) },
         "created_at": time(t.created_at_ms),
         "started_at": time(t.started_at_ms),
         "finished_at": time(t.finished_at_ms),

@@ -301,6 +301,9 @@ pub struct TaskRec {
     /// attempt that waits again never extends it.
     #[serde(default)]
     pub wait_deadlines: BTreeMap<String, i64>,
+    /// The task's deadline and token budget, kept for every attempt.
+    #[serde(default)]
+    pub budget: BudgetRec,
 }
 
 /// A suspended run's wait, as the Hub keeps it.
@@ -314,6 +317,22 @@ pub struct SuspensionRec {
     /// The attempt that suspended.
     pub attempt: u32,
     pub since_ms: i64,
+}
+
+/// A task's deadline and token budget (its submit's, else its bundle's `limits.taskTimeout` and
+/// `limits.maxTokens`, resolved at submit). 0: none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetRec {
+    #[serde(default)]
+    pub timeout_ms: u64,
+    /// `created_at_ms + timeout_ms`: the Hub's deadline timer ends the task then.
+    #[serde(default)]
+    pub deadline_ms: i64,
+    #[serde(default)]
+    pub max_tokens: u64,
+    /// Set when the deadline passed: the task's cancel ends it failed, "deadline exceeded".
+    #[serde(default)]
+    pub deadline_exceeded: bool,
 }
 
 /// Who may run a task now: the attempt the Hub issued last, to which Nest and instance. It is

@@ -106,6 +106,8 @@ pub struct RunAssignment {
     /// The run has a history or a replay, which its Nest fetches (`FetchRunContext`).
     pub context_by_fetch: bool,
     pub tool_overrides: agen_shared::bundle::Permissions,
+    /// The task's token budget over all attempts (0: none).
+    pub max_tokens: u64,
 }
 
 impl ToNest {

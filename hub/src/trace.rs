@@ -1,6 +1,7 @@
 //! A task's trace, built from its run log: a root span for the run, one span per model turn
 //! (`model.requested` → `model.answered`) and one per tool call (`tool.started` →
-//! `tool.completed`/`tool.failed`, matched by call id). Ids are W3C and derived exactly as the
+//! `tool.completed`/`tool.failed`, matched by call id), and one per approval
+//! (`approval.requested` → `approval.decided`, with `approved`, `by` and `reason`). Ids are W3C and derived exactly as the
 //! harness derives them (`agen_shared::run::trace`), so the `traceparent` a tool server received
 //! names its span here.
 
@@ -85,6 +86,7 @@ pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
     }];
     let mut open_model: Option<usize> = None;
     let mut open_tools: Vec<(String, usize)> = Vec::new();
+    let mut open_approvals: Vec<(String, usize)> = Vec::new();
     let mut turn = 0;
     for e in events {
         match RunEventBody::from_wire_lossy(&e.kind, &e.json) {
@@ -151,6 +153,40 @@ pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
             }
             RunEventBody::ToolFailed(f) => {
                 close_tool(&mut spans, &mut open_tools, &f.call_id, e.at_ms, true)
+            }
+            RunEventBody::ApprovalRequested(r) => {
+                spans.push(SpanRec {
+                    span_id: trace::tool_span_id(
+                        &e.run_id,
+                        e.attempt,
+                        &format!("approval {}", r.call_id),
+                    ),
+                    parent_span_id: root_id.clone(),
+                    name: format!("approval {}", r.tool),
+                    start_ms: e.at_ms,
+                    end_ms: 0,
+                    status: "running".into(),
+                    attributes: BTreeMap::from([
+                        ("tool".to_string(), r.tool.clone()),
+                        ("call_id".to_string(), r.call_id.clone()),
+                        ("attempt".to_string(), e.attempt.to_string()),
+                    ]),
+                });
+                open_approvals.push((r.call_id, spans.len() - 1));
+            }
+            RunEventBody::ApprovalDecided(d) => {
+                if let Some(p) = open_approvals.iter().position(|(k, _)| *k == d.call_id) {
+                    let (_, i) = open_approvals.remove(p);
+                    let span = &mut spans[i];
+                    span.end_ms = e.at_ms;
+                    span.status = "ok".into();
+                    span.attributes
+                        .insert("approved".into(), d.approved.to_string());
+                    span.attributes.insert("by".into(), d.by.clone());
+                    if !d.reason.is_empty() {
+                        span.attributes.insert("reason".into(), d.reason.clone());
+                    }
+                }
             }
             _ => {}
         }
@@ -236,6 +272,7 @@ mod tests {
             traceparent: String::new(),
             suspended: None,
             wait_deadlines: Default::default(),
+            budget: Default::default(),
         }
     }
 
@@ -293,6 +330,36 @@ mod tests {
             .map(|(n, a, b, s)| (n.to_string(), *a, *b, s.to_string()))
             .collect();
         assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn an_approval_span_says_who_decided() {
+        let events = [
+            ev(
+                1,
+                "approval.requested",
+                serde_json::json!({"call_id": "a", "tool": "ws.run", "arguments": {}}),
+            ),
+            ev(
+                2,
+                "approval.decided",
+                serde_json::json!({"call_id": "a", "approved": false, "reason": "not today", "by": "release-bot"}),
+            ),
+        ];
+        let spans = build_spans(&task(), &events);
+        let s = &spans[1];
+        assert_eq!(
+            (s.name.as_str(), s.start_ms, s.end_ms),
+            ("approval ws.run", 10, 20)
+        );
+        assert_eq!(
+            (
+                s.attributes.get("approved").map(String::as_str),
+                s.attributes.get("by").map(String::as_str),
+                s.attributes.get("reason").map(String::as_str)
+            ),
+            (Some("false"), Some("release-bot"), Some("not today"))
+        );
     }
 
     #[test]

@@ -299,6 +299,7 @@ impl From<agen_proto::v1::AssignRun> for RunOrder {
                         deny: o.deny,
                     })
                     .unwrap_or_default(),
+                max_tokens: (a.max_tokens > 0).then_some(a.max_tokens),
             },
         }
     }

@@ -188,6 +188,81 @@ fn approve_runs_the_call_once_and_deny_tells_the_model_on_a_real_fleet() {
     );
 }
 
+#[test]
+fn an_approval_is_audited_and_traced_with_the_deciding_tokens_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let _nest = hub.nest("solo", &[], &[]).unwrap();
+    let marker = tmp.path().join("run-executions.txt");
+    let model = model(tmp.path(), &marker);
+    deploy_asker(&hub, &tmp.path().join("asker"), "asker", &model);
+    let token = hub
+        .cli_json(&[
+            "tokens",
+            "create",
+            "--namespace",
+            "default",
+            "--role",
+            "submitter",
+            "--name",
+            "release-bot",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    let secret = token["secret"].as_str().unwrap().to_string();
+    let token_id = token["id"].as_str().unwrap_or_default().to_string();
+
+    let task = submit(&hub, "asker");
+    pending_of(&hub, &task);
+    let out = decide(&hub, &["approve", &task, "--token", &secret]);
+    assert!(
+        out.status.success(),
+        "approve: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done = wait_task(&hub, &task);
+    assert_eq!(done["state"], "succeeded", "{done}");
+
+    // The audit log: the decision, under the token's name.
+    let audit = hub.cli_json(&["audit", "-o", "json"]).unwrap();
+    let decisions: Vec<&Value> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["call"] == "DecideApproval")
+        .collect();
+    assert_eq!(decisions.len(), 1, "{audit:#}");
+    let d = decisions[0];
+    assert_eq!(
+        (&d["token_name"], &d["target"], &d["outcome"]),
+        (&json!("release-bot"), &json!(task), &json!("ok")),
+        "{d}"
+    );
+
+    // The run log and the trace: `by` is the token's name (not the admin, not the id).
+    let events = hub.cli(&["trace", &task, "--events"]).unwrap();
+    let events = String::from_utf8_lossy(&events.stdout);
+    let line = events
+        .lines()
+        .find(|l| l.contains("approval.decided"))
+        .unwrap_or_else(|| panic!("no approval.decided in {events}"));
+    assert!(line.contains("approved by release-bot"), "{line}");
+    assert!(!line.contains("by release-bot ("), "only the name: {line}");
+    let trace = hub.cli_json(&["trace", &task, "-o", "json"]).unwrap();
+    let span = trace["spans"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == "approval ws.run"))
+        .unwrap_or_else(|| panic!("no approval span in {trace:#}"));
+    assert_eq!(span["attributes"]["by"], "release-bot", "{span}");
+    assert_eq!(span["attributes"]["approved"], "true", "{span}");
+    if !token_id.is_empty() {
+        assert!(!line.contains(&token_id), "{line}");
+        assert_ne!(span["attributes"]["by"], json!(token_id), "{span}");
+    }
+    assert_eq!(executions(&marker), 1);
+}
+
 /// The `agen instance` processes of a Nest.
 pub(crate) fn instance_pids(nest: &NestProcess) -> Vec<u32> {
     nest.descendants()

@@ -332,6 +332,51 @@ fn a_completed_side_effecting_call_is_not_repeated_after_a_resume() {
     );
 }
 
+#[test]
+fn a_resumed_run_counts_the_tokens_of_its_replayed_turns_against_max_tokens() {
+    // 400 + 600 tokens in the first attempt; a third turn would re-send at least 600 more.
+    let steps = json!([
+        {"tool_calls": [{"name": "ledger_charge", "arguments": {"amount": 7}}], "usage": {"input_tokens": 300, "output_tokens": 100}},
+        {"tool_calls": [{"name": "ledger_lookup", "arguments": {"key": "receipt", "seconds": 60}}], "usage": {"input_tokens": 500, "output_tokens": 100}},
+        {"reply": "all done", "usage": {"input_tokens": 10, "output_tokens": 10}}
+    ]);
+    let mut l = ledger(&["nest-a", "nest-b"], steps);
+    let out = l
+        .hub
+        .cli(&[
+            "submit",
+            "ledger",
+            "charge and look",
+            "--max-tokens",
+            "1500",
+        ])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let task = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    l.wait_calls("lookup", 1);
+    l.kill_nest_of(&task);
+
+    let t = l.wait(&task);
+    assert_eq!(t["attempt"], 2, "resumed once: {t}");
+    assert_eq!(t["state"], "failed", "{t}");
+    assert_eq!(t["max_tokens"], 1500, "the budget is kept on resume: {t}");
+    let result = t["outcome"]["result"].as_str().unwrap_or_default();
+    assert!(
+        result.starts_with("token budget exceeded: 1000 of max 1500 tokens used"),
+        "the replayed turns count: {result}"
+    );
+    assert_eq!(
+        l.requests_per_turn(),
+        vec![1, 1],
+        "no third turn, and the replayed ones are not asked again"
+    );
+    assert_eq!(l.count("charge"), 1);
+}
+
 /// The crash window the ledger's one-wait rule relies on (issue 16): a side effect's "completed"
 /// is streamed, not waited for, so the instance may die after the call ran and before its
 /// result is durable. The tool server SIGKILLs its instance 0–8 ms after answering, four times;

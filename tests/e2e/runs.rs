@@ -33,16 +33,16 @@ fn bundle(dir: &Path, model: &FakeModel, harness: Value) {
     .expect("write bundle");
 }
 
-struct Fleet {
+pub(crate) struct Fleet {
     _tmp: tempfile::TempDir,
-    hub: HubProcess,
+    pub(crate) hub: HubProcess,
     _nest: NestProcess,
-    model: FakeModel,
-    bundle: std::path::PathBuf,
+    pub(crate) model: FakeModel,
+    pub(crate) bundle: std::path::PathBuf,
 }
 
 /// A Hub, one Nest and a fake model following `script`, with deployment `runner` ready.
-fn fleet(script: Value, harness: Value) -> Fleet {
+pub(crate) fn fleet(script: Value, harness: Value) -> Fleet {
     let tmp = tempfile::tempdir().unwrap();
     let hub = HubProcess::start(tmp.path()).unwrap();
     let nest = hub.nest("solo", &[], &[]).unwrap();
@@ -75,7 +75,7 @@ fn fleet(script: Value, harness: Value) -> Fleet {
 }
 
 impl Fleet {
-    fn submit(&self, args: &[&str]) -> String {
+    pub(crate) fn submit(&self, args: &[&str]) -> String {
         let mut all = vec!["submit", "runner"];
         all.extend_from_slice(args);
         let out = self.hub.cli(&all).unwrap();
@@ -88,7 +88,7 @@ impl Fleet {
     }
 
     /// `agen wait TASK -o json` → (exit code, task JSON).
-    fn wait(&self, task: &str) -> (i32, Value) {
+    pub(crate) fn wait(&self, task: &str) -> (i32, Value) {
         let out = self
             .hub
             .cli(&["wait", task, "-o", "json", "--timeout", "60s"])
@@ -102,7 +102,7 @@ impl Fleet {
         (out.status.code().unwrap_or(-1), v)
     }
 
-    fn model_requests(&self) -> Vec<Value> {
+    pub(crate) fn model_requests(&self) -> Vec<Value> {
         let path = self.hub.dir.join("model-requests.jsonl");
         std::fs::read_to_string(path)
             .unwrap_or_default()
@@ -274,6 +274,11 @@ fn cancelling_a_running_task_stops_it_and_its_tool_call() {
 
 /// Processes running `sleep 47.5` (the cancel test's tool call).
 fn sleepers() -> Vec<u32> {
+    processes_running("sleep 47.5")
+}
+
+/// Processes whose whole command line is `cmd` (a tool call's command, made unique per test).
+pub(crate) fn processes_running(want: &str) -> Vec<u32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
@@ -281,7 +286,7 @@ fn sleepers() -> Vec<u32> {
         };
         let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if cmd.trim() == "sleep 47.5" {
+        if cmd.trim() == want {
             out.push(pid);
         }
     }

@@ -89,6 +89,16 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             if !t.instance_id.is_empty() {
                 crate::outln!("instance:    {} on {}", t.instance_id, t.nest_name);
             }
+            if t.timeout_ms > 0 {
+                crate::outln!(
+                    "timeout:     {} (deadline {})",
+                    view::duration_ms(t.timeout_ms),
+                    v["deadline"].as_str().unwrap_or("-")
+                );
+            }
+            if t.max_tokens > 0 {
+                crate::outln!("max tokens:  {}", t.max_tokens);
+            }
             if !t.parent_task_id.is_empty() {
                 crate::outln!("parent:      {}", t.parent_task_id);
             }

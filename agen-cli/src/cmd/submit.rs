@@ -39,6 +39,14 @@ pub struct Args {
     /// Deny tools matching this pattern for this task (repeatable)
     #[arg(long = "deny-tool", value_name = "PATTERN")]
     pub deny_tools: Vec<String>,
+    /// Fail the task with "deadline exceeded" when it has not finished this long after the
+    /// submit (e.g. 90s, 10m; wins over the bundle's limits.taskTimeout)
+    #[arg(long, value_name = "DURATION", value_parser = crate::cmd::parse_duration)]
+    pub timeout: Option<std::time::Duration>,
+    /// Stop the run before a model turn would take it over this many input + output tokens,
+    /// over all turns and attempts (wins over the bundle's limits.maxTokens)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_tokens: Option<u64>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -63,6 +71,14 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             deny: args.deny_tools.clone(),
         }),
         traceparent: args.traceparent.clone().unwrap_or_default(),
+        timeout_ms: match args.timeout {
+            Some(d) if d.is_zero() => {
+                anyhow::bail!("--timeout: expected a duration above zero, such as 90s")
+            }
+            Some(d) => u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+            None => 0,
+        },
+        max_tokens: args.max_tokens.unwrap_or(0),
     };
     // Retrying with the same request id is safe: the Hub creates one task.
     let mut tries = 0;

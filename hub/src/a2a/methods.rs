@@ -180,6 +180,7 @@ impl Call {
                 parent: None,
                 tool_overrides: Default::default(),
                 traceparent,
+                budget: Default::default(),
             })
             .await
             .map_err(|e| rpc_error(e, codes::INVALID_PARAMS));

@@ -67,8 +67,8 @@ impl Core {
         self.declared_platform_secrets(digest)
     }
 
-    /// Reads a stored bundle once and caches what the Hub needs of it (its `platform` secrets
-    /// and `limits.maxAttempts`).
+    /// Reads a stored bundle once and caches what the Hub needs of it (its `platform` secrets,
+    /// `limits.maxAttempts`, `taskTimeout` and `maxTokens`).
     pub(crate) fn load_stored_bundle(&self, digest: &str) -> Result<()> {
         let bytes = self.bundle_bytes(digest)?.ok_or_else(|| {
             HubError::FailedPrecondition(format!(
@@ -93,6 +93,13 @@ impl Core {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(digest.to_string(), bundle.config.permissions.clone());
+        self.bundle_budgets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                digest.to_string(),
+                super::deadlines::BundleBudget::of(&bundle.harness.limits),
+            );
         Ok(())
     }
 

@@ -174,6 +174,7 @@ impl Core {
                 // A child runs under its own bundle's permissions.
                 tool_overrides: Default::default(),
                 traceparent: String::new(),
+                budget: Default::default(),
             })
             .await?;
         if child.parent_task_id != parent.task_id {

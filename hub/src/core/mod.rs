@@ -7,7 +7,8 @@
 //! Nest is declared lost), [`platform_secrets`] (the secret store as placements see it),
 //! [`reconcile`] (the loop that keeps every deployment at its replica count), [`run_context`]
 //! (the history and replay a run starts from, fetched by its Nest), [`tasks`]
-//! (submit, dispatch, run events, outcomes, queries).
+//! (submit, dispatch, run events, outcomes, queries), [`deadlines`] (task timeouts and token
+//! budgets: the deadline timer).
 //!
 //! Invariants: every change is written to the store before it is visible to callers; the
 //! state lock is never held across an `.await`; after a Hub boot nothing is placed until every
@@ -21,6 +22,7 @@ pub mod approvals;
 pub mod artifacts;
 pub mod bundles;
 pub mod cordon;
+pub mod deadlines;
 pub mod delegates;
 pub mod deployments;
 pub mod leases;
@@ -82,6 +84,8 @@ pub struct Core {
     bundle_secrets: Mutex<HashMap<String, Arc<Vec<String>>>>,
     /// `limits.maxAttempts` of each bundle, by digest (read from the bundle once).
     bundle_max_attempts: Mutex<HashMap<String, u32>>,
+    /// `limits.taskTimeout` and `limits.maxTokens` of each bundle, by digest (read once).
+    pub(crate) bundle_budgets: Mutex<HashMap<String, deadlines::BundleBudget>>,
     /// `permissions` of each bundle's `x-agen/config.json`, by digest (read once).
     pub(crate) bundle_permissions: Mutex<HashMap<String, agen_shared::bundle::Permissions>>,
     /// Delegates and `maxDelegationDepth` of each bundle, by digest (read once).
@@ -156,6 +160,7 @@ impl Core {
             db,
             bundle_secrets: Mutex::new(HashMap::new()),
             bundle_max_attempts: Mutex::new(HashMap::new()),
+            bundle_budgets: Mutex::new(HashMap::new()),
         }))
     }
 

@@ -131,6 +131,7 @@ impl Core {
             self.plan_deployments(&mut st, now)?;
             self.place_pending(&mut st, now)?;
         }
+        self.expire_deadlines(&mut st, now)?;
         self.dispatch_tasks(&mut st, now)?;
         Ok(())
     }

@@ -300,6 +300,14 @@ impl AgenService for AgenApi {
             crate::core::tasks::MAX_CLIENT_REQUEST_ID_BYTES,
         )?;
         let tool_overrides = convert::tool_overrides(r.tool_overrides.unwrap_or_default())?;
+        if r.timeout_ms > crate::core::deadlines::MAX_TIMEOUT_MS {
+            return Err(HubError::invalid(format!(
+                "timeout_ms: {} is over the limit of {} (a year)",
+                r.timeout_ms,
+                crate::core::deadlines::MAX_TIMEOUT_MS
+            ))
+            .into());
+        }
         let task = self
             .core
             .submit_task(TaskSpec {
@@ -312,6 +320,10 @@ impl AgenService for AgenApi {
                 parent: None,
                 tool_overrides,
                 traceparent,
+                budget: crate::core::tasks::SpecBudget {
+                    timeout_ms: r.timeout_ms,
+                    max_tokens: r.max_tokens,
+                },
             })
             .await?;
         Ok(Response::new(convert::task(&task)))

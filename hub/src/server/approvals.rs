@@ -53,7 +53,8 @@ pub async fn decide(
         let r = request.get_ref();
         authorize(&request, &r.namespace, Action::Submit, &r.task_id)?
     };
-    let by = super::lifecycle::caller(&request, &who);
+    // The token's name alone (issue 13): not the CLI's `agen-client` user@host, not the id.
+    let by = who.token_name().to_string();
     let r = request.into_inner();
     check_namespace(&r.namespace)?;
     limits::check_id("task_id", &r.task_id)?;

@@ -170,6 +170,9 @@ pub fn task(t: &TaskRec) -> pb::Task {
         parent_task_id: t.parent_task_id.clone(),
         tool_overrides: Some(to_pb_overrides(&t.tool_overrides)),
         warnings: t.warnings.clone(),
+        timeout_ms: t.budget.timeout_ms,
+        deadline_ms: t.budget.deadline_ms,
+        max_tokens: t.budget.max_tokens,
         root_run_id: if t.root_run_id.is_empty() {
             t.run_id.clone()
         } else {
@@ -366,6 +369,7 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
                 replay_json: String::new(),
                 tool_overrides: Some(to_pb_overrides(&a.tool_overrides)),
                 context_by_fetch: a.context_by_fetch,
+                max_tokens: a.max_tokens,
             })
         }
         ToNest::CancelRun {

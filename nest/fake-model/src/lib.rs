@@ -17,7 +17,9 @@
 //! - `"status": 401, "body": "bad key"` — answer with this HTTP error (`"times": N` limits it to
 //!   the first N requests that reach this step, after which `"then": {step}` answers, or the
 //!   rest of this step); `"retry_after": seconds` adds a `retry-after` header;
-//! - `"delay_ms": N` — wait this long first (combines with the above).
+//! - `"delay_ms": N` — wait this long first (combines with the above);
+//! - `"usage": {"input_tokens": N, "output_tokens": M}` — the token usage the answer reports
+//!   (default 0 and 0), as `usage.prompt_tokens`/`completion_tokens` on the OpenAI API.
 //!
 //! Every request is recorded as `{"path", "headers", "body"}` (in memory, see
 //! [`FakeModel::requests`], and appended to the `record` JSONL file when set), so tests can
@@ -87,6 +89,18 @@ pub struct Step {
     pub retry_after: Option<u64>,
     #[serde(default)]
     pub delay_ms: Option<u64>,
+    #[serde(default)]
+    pub usage: Option<ScriptedUsage>,
+}
+
+/// The token usage a scripted answer reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedUsage {
+    #[serde(default)]
+    pub input_tokens: u64,
+    #[serde(default)]
+    pub output_tokens: u64,
 }
 
 /// A tool call the script makes.
@@ -181,6 +195,16 @@ impl Step {
                 })
                 .collect(),
             ..Default::default()
+        }
+    }
+    /// This step, reporting `input` prompt tokens and `output` completion tokens.
+    pub fn with_usage(self, input: u64, output: u64) -> Step {
+        Step {
+            usage: Some(ScriptedUsage {
+                input_tokens: input,
+                output_tokens: output,
+            }),
+            ..self
         }
     }
     pub fn status(status: u16, body: impl Into<String>) -> Step {
@@ -385,6 +409,7 @@ enum Answer {
     Reply {
         text: Option<String>,
         calls: Vec<ScriptedCall>,
+        usage: ScriptedUsage,
     },
 }
 
@@ -395,6 +420,7 @@ fn answer(shared: &Shared, seen: &Seen) -> (Answer, Option<u64>) {
             Answer::Reply {
                 text: Some("(the fake model's script has no steps)".into()),
                 calls: Vec::new(),
+                usage: ScriptedUsage::default(),
             },
             None,
         );
@@ -445,6 +471,7 @@ fn answer(shared: &Shared, seen: &Seen) -> (Answer, Option<u64>) {
         Answer::Reply {
             text,
             calls: step.tool_calls.clone(),
+            usage: step.usage.unwrap_or_default(),
         },
         delay.or(step.delay_ms),
     )
@@ -501,7 +528,7 @@ async fn respond(
             body,
             retry_after,
         } => error_response(api, status, body, retry_after),
-        Answer::Reply { text, calls } => {
+        Answer::Reply { text, calls, usage } => {
             let ids: Vec<String> = calls
                 .iter()
                 .enumerate()
@@ -526,7 +553,7 @@ async fn respond(
                     };
                     json!({"id": format!("chatcmpl-fake-{n}"), "object": "chat.completion", "created": 0, "model": model,
                         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}})
+                        "usage": {"prompt_tokens": usage.input_tokens, "completion_tokens": usage.output_tokens, "total_tokens": usage.input_tokens + usage.output_tokens}})
                 }
                 Api::Anthropic => {
                     let mut content = Vec::new();
@@ -542,7 +569,7 @@ async fn respond(
                         "tool_use"
                     };
                     json!({"id": format!("msg_fake_{n}"), "type": "message", "role": "assistant", "model": model, "content": content,
-                        "stop_reason": stop, "stop_sequence": null, "usage": {"input_tokens": 0, "output_tokens": 0}})
+                        "stop_reason": stop, "stop_sequence": null, "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}})
                 }
             };
             Json(v).into_response()
@@ -627,7 +654,7 @@ mod tests {
             &json!({"messages": [{"role": "user", "content": "q"}]}),
         );
         assert!(
-            matches!(answer(&shared, &first).0, Answer::Reply { text: None, ref calls } if calls.len() == 1)
+            matches!(answer(&shared, &first).0, Answer::Reply { text: None, ref calls, .. } if calls.len() == 1)
         );
         let second = seen(
             Api::OpenAi,

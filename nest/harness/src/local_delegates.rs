@@ -107,6 +107,7 @@ impl Delegator for LocalDelegator {
             history: Vec::new(),
             replay: Vec::new(),
             tool_overrides: Default::default(),
+            max_tokens: None,
         };
         let (tx, rx) = watch::channel(None);
         let cancel = CancellationToken::new();

@@ -92,6 +92,7 @@ pub async fn run_cli_with(
         history: Vec::new(),
         replay: Vec::new(),
         tool_overrides: Default::default(),
+        max_tokens: None,
     };
     let outcome = harness.run(req, sink.clone(), cancel).await;
     signals.abort();

@@ -200,6 +200,7 @@ fn request(input: &str) -> RunRequest {
         history: Vec::new(),
         replay: Vec::new(),
         tool_overrides: Default::default(),
+        max_tokens: None,
     }
 }
 

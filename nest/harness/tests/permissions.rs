@@ -86,6 +86,7 @@ fn request() -> RunAssignment {
         replay: Vec::new(),
         trace_id: String::new(),
         tool_overrides: Default::default(),
+        max_tokens: None,
     }
 }
 

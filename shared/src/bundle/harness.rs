@@ -60,6 +60,12 @@ pub struct Limits {
     /// `approvalTimeout` (default 24h): how long an `ask` call waits for a person before it is
     /// denied with a reason saying so.
     pub approval_timeout: Duration,
+    /// `taskTimeout` (default none): a task of this bundle fails with "deadline exceeded" this
+    /// long after its submission; `agen submit --timeout` wins over it. The Hub enforces it.
+    pub task_timeout: Option<Duration>,
+    /// `maxTokens` (default none): model input + output tokens over all turns and attempts of a
+    /// task; the run stops before a turn that would exceed it. `agen submit --max-tokens` wins.
+    pub max_tokens: Option<u64>,
 }
 
 impl Default for Limits {
@@ -73,6 +79,8 @@ impl Default for Limits {
             max_attempts: 5,
             max_delegation_depth: 5,
             approval_timeout: Duration::from_secs(24 * 3600),
+            task_timeout: None,
+            max_tokens: None,
         }
     }
 }
@@ -143,6 +151,8 @@ pub(crate) fn parse(v: &Value) -> Result<HarnessConfig> {
             "maxAttempts",
             "maxDelegationDepth",
             "approvalTimeout",
+            "taskTimeout",
+            "maxTokens",
         ])?;
         let duration = |key: &str| -> Result<Option<Duration>> {
             match l.opt_str(key)? {
@@ -189,6 +199,15 @@ pub(crate) fn parse(v: &Value) -> Result<HarnessConfig> {
         }
         if let Some(d) = duration("approvalTimeout")? {
             limits.approval_timeout = d;
+        }
+        if let Some(d) = duration("taskTimeout")? {
+            limits.task_timeout = Some(d);
+        }
+        if let Some(n) = l.opt_u64("maxTokens")? {
+            if n == 0 {
+                return Err(l.err("maxTokens", "expected a whole number of at least 1, got 0"));
+            }
+            limits.max_tokens = Some(n);
         }
     }
     Ok(h)

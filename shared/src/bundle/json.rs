@@ -135,6 +135,21 @@ impl<'a> Obj<'a> {
         }
     }
 
+    pub fn opt_u64(&self, key: &str) -> Result<Option<u64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Number(n)) => n.as_u64().map(Some).ok_or_else(|| {
+                self.err(
+                    key,
+                    format!("expected a whole number from 0 to {}, got {n}", u64::MAX),
+                )
+            }),
+            Some(other) => {
+                Err(self.err(key, format!("expected a whole number, got {}", kind(other))))
+            }
+        }
+    }
+
     pub fn opt_u32(&self, key: &str) -> Result<Option<u32>> {
         match self.get(key) {
             None => Ok(None),

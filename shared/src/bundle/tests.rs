@@ -218,6 +218,8 @@ fn a_complete_bundle_parses_into_its_whole_value() {
                 max_attempts: 5,
                 max_delegation_depth: 5,
                 approval_timeout: Duration::from_secs(24 * 3600),
+                task_timeout: None,
+                max_tokens: None,
             },
         },
         skills: vec![Skill {
@@ -426,6 +428,9 @@ fn broken_bundles_each_yield_their_specific_error() {
     check(&[(HARNESS_FILE, r#"{"limits": {"scriptTimeout": "0s"}}"#)], "x-agen/harness.json: limits.scriptTimeout: expected a duration above zero");
     check(&[(HARNESS_FILE, r#"{"limits": {"maxTurns": -1}}"#)], "x-agen/harness.json: limits.maxTurns: expected a whole number from 0 to 4294967295, got -1");
     check(&[(HARNESS_FILE, r#"{"limits": {"maxTurns": 0}}"#)], "x-agen/harness.json: limits.maxTurns: expected a whole number of at least 1, got 0");
+    check(&[(HARNESS_FILE, r#"{"limits": {"taskTimeout": "0s"}}"#)], "x-agen/harness.json: limits.taskTimeout: expected a duration above zero");
+    check(&[(HARNESS_FILE, r#"{"limits": {"maxTokens": 0}}"#)], "x-agen/harness.json: limits.maxTokens: expected a whole number of at least 1, got 0");
+    check(&[(HARNESS_FILE, r#"{"limits": {"maxTokens": "1k"}}"#)], "x-agen/harness.json: limits.maxTokens: expected a whole number, got a string");
     check(&[(HARNESS_FILE, r#"{"limits": {"maxturns": 5}}"#)], "x-agen/harness.json: limits.maxturns: unknown key; expected one of: toolTimeout, maxTurns, maxToolCalls, scriptTimeout, scriptMemoryMb, maxAttempts, maxDelegationDepth");
     check(&[(HARNESS_FILE, r#"{"parallelToolcalls": false}"#)], "x-agen/harness.json: parallelToolcalls: unknown key; expected one of: parallelToolCalls, traceToolArguments, toolProtocol, limits");
     check(&[(HARNESS_FILE, r#"{"parallelToolCalls": "no"}"#)], "x-agen/harness.json: parallelToolCalls: expected true or false, got a string");

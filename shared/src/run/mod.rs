@@ -90,6 +90,10 @@ pub struct RunAssignment {
     /// from the run id (`trace::trace_id`).
     #[serde(default)]
     pub trace_id: String,
+    /// The task's token budget over all its attempts (`agen submit --max-tokens`, or the
+    /// bundle's `limits.maxTokens` as the Hub resolved it); `None`: the bundle's, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
 }
 
 impl RunAssignment {

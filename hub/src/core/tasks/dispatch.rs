@@ -28,8 +28,7 @@ impl Core {
             .collect();
         for id in expired {
             if let Some(task) = st.tasks.get(&id).cloned() {
-                let reason = task.cancel_reason.clone();
-                self.finish_task(st, task, TaskState::Cancelled, "", "text", &reason)?;
+                self.finish_cancelled(st, task)?;
             }
         }
 
@@ -205,6 +204,7 @@ impl Core {
             // Nest fetches them (`core::run_context`); the store is not read here.
             context_by_fetch: !task.conversation_key.is_empty() || task.attempt > 1,
             tool_overrides: task.tool_overrides.clone(),
+            max_tokens: task.budget.max_tokens,
         };
         tracing::info!(task = %task.task_id, run = %task.run_id, attempt = task.attempt, instance = %inst.instance_id, "dispatching run");
         // Held until the flush that makes this lease durable (`Core::commit`).

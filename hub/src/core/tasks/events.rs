@@ -201,6 +201,11 @@ impl Core {
                     self.db
                         .put_json(Table::Conversations, &task.conversation_id, &conv)?;
                 }
+                if task.budget.deadline_exceeded {
+                    // The deadline timer cancelled the run: the task failed, whatever the run
+                    // managed to say as it stopped.
+                    return self.finish_cancelled(st, task);
+                }
                 let response_type = f.response_type.as_str();
                 return self.finish_task(st, task, state, &f.result, response_type, &error);
             }

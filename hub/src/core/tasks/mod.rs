@@ -64,6 +64,16 @@ pub struct TaskSpec {
     pub tool_overrides: agen_shared::bundle::Permissions,
     /// The caller's W3C traceparent (checked by [`crate::trace::parse_traceparent`]); empty: none.
     pub traceparent: String,
+    /// The submit's timeout and token budget (0: the bundle's default, or none).
+    pub budget: SpecBudget,
+}
+
+/// A submit's own timeout and token budget (`SubmitTaskRequest.timeout_ms`, `max_tokens`); 0
+/// takes the bundle's `limits.taskTimeout` / `limits.maxTokens`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SpecBudget {
+    pub timeout_ms: u64,
+    pub max_tokens: u64,
 }
 
 /// Where a child task sits in its delegation tree.

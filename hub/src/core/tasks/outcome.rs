@@ -31,25 +31,35 @@ impl Core {
             if !st.tasks.contains_key(&task.task_id) {
                 return Err(HubError::not_found(format!("task {task_id} not found")));
             }
-            // Cancelling a task cancels its delegation subtree (call_agent/start_agent children).
-            let mut todo = vec![(task.task_id.clone(), reason.to_string())];
-            while let Some((id, why)) = todo.pop() {
-                self.cancel_one(&mut st, &id, &why)?;
-                let children: Vec<String> = st
-                    .tasks
-                    .values()
-                    .filter(|t| t.parent_task_id == id && !t.state.is_terminal())
-                    .map(|t| t.task_id.clone())
-                    .collect();
-                for child in children {
-                    todo.push((child, format!("its parent task {id} was cancelled")));
-                }
-            }
+            self.cancel_tree(&mut st, &task.task_id, reason)?;
             st.tasks.get(task_id).cloned().unwrap_or(task)
         };
         self.commit().await?;
         self.poke();
         Ok(out)
+    }
+
+    /// Cancels a task and its delegation subtree (call_agent/start_agent children).
+    pub(in crate::core) fn cancel_tree(
+        &self,
+        st: &mut State,
+        task_id: &str,
+        reason: &str,
+    ) -> Result<()> {
+        let mut todo = vec![(task_id.to_string(), reason.to_string())];
+        while let Some((id, why)) = todo.pop() {
+            self.cancel_one(st, &id, &why)?;
+            let children: Vec<String> = st
+                .tasks
+                .values()
+                .filter(|t| t.parent_task_id == id && !t.state.is_terminal())
+                .map(|t| t.task_id.clone())
+                .collect();
+            for child in children {
+                todo.push((child, format!("its parent task {id} was cancelled")));
+            }
+        }
+        Ok(())
     }
 
     /// Cancels one task: a queued one at once, a running one through its Nest (with a grace).
@@ -160,8 +170,7 @@ impl Core {
         cause: Requeue,
     ) -> Result<()> {
         if task.cancel_requested_at_ms > 0 {
-            let reason = task.cancel_reason.clone();
-            return self.finish_task(st, task, TaskState::Cancelled, "", "text", &reason);
+            return self.finish_cancelled(st, task);
         }
         let now = now_ms();
         if cause == Requeue::InstanceFailed {

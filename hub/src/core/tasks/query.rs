@@ -175,6 +175,7 @@ fn summarize(t: &TaskRec) -> TaskSummary {
         traceparent: t.traceparent.clone(),
         suspended: t.suspended.clone(),
         wait_deadlines: Default::default(),
+        budget: t.budget.clone(),
     };
     TaskSummary {
         task,

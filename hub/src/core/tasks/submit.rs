@@ -26,6 +26,7 @@ impl Core {
         )?;
         // Before the state lock: it may read the bundle.
         let warnings = self.override_warnings(&namespace, &spec);
+        let budget = self.task_budget(&namespace, &spec);
         let task = {
             let mut st = self.lock();
             if !st
@@ -118,6 +119,7 @@ impl Core {
                 traceparent: spec.traceparent.clone(),
                 suspended: None,
                 wait_deadlines: Default::default(),
+                budget: crate::core::deadlines::with_deadline(budget, now),
             };
             if !spec.client_request_id.is_empty() {
                 self.db.put_json(

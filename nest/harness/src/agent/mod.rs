@@ -257,6 +257,7 @@ impl Agent {
             history,
             replay: Vec::new(),
             tool_overrides: Default::default(),
+            max_tokens: None,
         };
         let sink = match &self.inner.run_log {
             Some(dir) => {

@@ -15,7 +15,7 @@
 //! `tools` (routing a call, the [`ToolPolicy`], MCP calls and their `_meta`), `builtins` (the
 //! built-in tools), `delegate` (`call_agent`/`start_agent`: child tasks through a [`Delegator`]), `remote` and
 //! `a2a_client` (`call_agent` to a remote A2A agent), `gate` (permissions: what is offered, what is refused), `approval` (who
-//! decides `ask` calls); secrets are taken out of results, errors and traces by [`crate::redact`].
+//! decides `ask` calls), `budget` (the task's token budget); secrets are taken out of results, errors and traces by [`crate::redact`].
 //!
 //! Invariants: a run always ends with exactly one `run.finished` event and a [`RunOutcome`]
 //! (a model or tool failure never panics or escapes as an error); events hold deltas (one
@@ -28,6 +28,7 @@
 
 pub mod a2a_client;
 mod approval;
+mod budget;
 mod builtins;
 mod cut;
 mod delegate;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use agen_shared::run::{trace, Activity, Progress, RunFinished, RunSuspended};
 use tokio_util::sync::CancellationToken;
 
+use super::budget::TokenBudget;
 use super::harness::Harness;
 use super::{
     lock, Message, RunAssignment, RunEnd, RunEventBody, RunEventSink, RunOutcome, SinkError,
@@ -42,6 +43,8 @@ pub(super) struct Run<'h> {
     /// What the next model turn is doing, when it is more than "waiting for the model"
     /// (Keen: "reading the result of <tool>").
     pub(super) next_turn_activity: Mutex<Option<String>>,
+    /// The task's token budget and the tokens used against it (earlier attempts included).
+    pub(super) budget: TokenBudget,
 }
 
 impl<'h> Run<'h> {
@@ -73,6 +76,7 @@ impl<'h> Run<'h> {
             tool_calls: AtomicU32::new(0),
             last_progress: Mutex::new((None, None)),
             next_turn_activity: Mutex::new(None),
+            budget: TokenBudget::new(req, h.bundle.harness.limits.max_tokens),
         }
     }
 

@@ -21,6 +21,10 @@ impl Run<'_> {
         if self.cancel.is_cancelled() {
             return Err(self.cancelled_end());
         }
+        if let Err(why) = self.budget.check(true) {
+            tracing::info!(run_id = %self.req.run_id, "{why}");
+            return Err(RunEnd::failed(why));
+        }
         self.flush_progress(false).await;
         let _ = self
             .emit(
@@ -49,6 +53,7 @@ impl Run<'_> {
                 return Err(RunEnd::failed(e.to_string()));
             }
         };
+        self.budget.record(reply.usage, true);
         let message = reply.message();
         self.push(message.clone());
         let _ = self
@@ -82,6 +87,7 @@ impl crate::keen::FlowAgent for FlowModel<'_, '_> {
         } else {
             format!("{prompt}\n\n{context}")
         };
+        self.run.budget.check(false)?;
         let request = ModelRequest {
             system: self.run.h.system_prompt.clone(),
             messages: vec![Message::user(text)],
@@ -106,6 +112,7 @@ impl crate::keen::FlowAgent for FlowModel<'_, '_> {
             .await
         {
             Ok(reply) => {
+                self.run.budget.record(reply.usage, false);
                 let _ = self
                     .run
                     .emit(
