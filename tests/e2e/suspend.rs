@@ -228,3 +228,62 @@ fn five_asks_in_one_run_do_not_exhaust_max_attempts() {
         "each approved call ran exactly once"
     );
 }
+
+#[test]
+fn watch_task_snapshots_carry_the_pending_approvals_while_the_task_waits() {
+    use agen_proto::v1 as pb;
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let _nest = hub.nest("solo", &[], &[]).unwrap();
+    let marker = tmp.path().join("run-executions.txt");
+    let model = model(tmp.path(), &marker);
+    deploy_asker(&hub, &tmp.path().join("asker"), "asker", &model);
+    let task = submit(&hub, "asker");
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (pending, last) = rt.block_on(async {
+        let mut api = pb::agen_service_client::AgenServiceClient::new(hub.channel().await.unwrap());
+        let req = hub
+            .bearer(pb::WatchTaskRequest {
+                namespace: "default".into(),
+                task_id: task.clone(),
+                from_seq: 0,
+            })
+            .unwrap();
+        let mut events = api.watch_task(req).await.unwrap().into_inner();
+        let mut pending: Option<pb::Approval> = None;
+        let mut last = None;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        while let Ok(Some(Ok(e))) = tokio::time::timeout_at(deadline, events.message())
+            .await
+            .map(|m| m.transpose())
+        {
+            let t = e.task.unwrap_or_default();
+            if pending.is_none() {
+                if let Some(a) = t.pending_approvals.first() {
+                    pending = Some(a.clone());
+                    approve(&hub, &[&task]);
+                }
+            }
+            let end = t.state == pb::TaskState::Succeeded as i32;
+            last = Some(t);
+            if end {
+                break;
+            }
+        }
+        (pending, last)
+    });
+    let pending = pending.expect("a snapshot showed the pending approval");
+    assert_eq!(
+        (pending.tool.as_str(), pending.task_id.as_str()),
+        ("ws.run", task.as_str())
+    );
+    assert!(pending.arguments_json.contains("echo ran"), "{pending:?}");
+    let last = last.expect("snapshots");
+    assert_eq!(last.state, pb::TaskState::Succeeded as i32, "{last:?}");
+    assert!(
+        last.pending_approvals.is_empty(),
+        "nothing pending at the end"
+    );
+    assert_eq!(executions(&marker), 1);
+}

@@ -276,6 +276,29 @@ impl HubProcess {
         format!("https://127.0.0.1:{}", self.port)
     }
 
+    /// A TLS channel to the Hub's gRPC API (trusting its CA), for tests that speak the API
+    /// directly; calls need [`HubProcess::bearer`].
+    pub async fn channel(&self) -> anyhow::Result<tonic::transport::Channel> {
+        agen_shared::tls::install_crypto_provider();
+        let ca = std::fs::read_to_string(self.dir.join("hub/tls/ca.pem"))?;
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+            .domain_name("localhost");
+        Ok(tonic::transport::Endpoint::from_shared(self.url())?
+            .tls_config(tls)?
+            .connect()
+            .await?)
+    }
+
+    /// `request` with the admin token as its bearer.
+    pub fn bearer<T>(&self, request: T) -> anyhow::Result<tonic::Request<T>> {
+        let token = std::fs::read_to_string(self.dir.join("hub/admin-token"))?;
+        let mut req = tonic::Request::new(request);
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {}", token.trim()).parse()?);
+        Ok(req)
+    }
+
     pub fn join_token(&self) -> anyhow::Result<String> {
         Ok(std::fs::read_to_string(self.dir.join("hub/join-token"))?
             .trim()

@@ -79,6 +79,13 @@ impl Core {
             .unwrap_or_default())
     }
 
+    /// The task's calls that wait for a decision.
+    pub fn pending_approvals(&self, task_id: &str) -> Result<Vec<ApprovalRec>> {
+        let mut calls = self.approvals_of(task_id)?.calls;
+        calls.retain(|c| c.decision.is_none());
+        Ok(calls)
+    }
+
     /// The decision the Hub holds for a call, if any.
     pub(in crate::core) fn decision_of(
         &self,

@@ -137,8 +137,8 @@ impl Core {
             task.budget.deadline_exceeded = true;
             let why = deadline_text(&task);
             tracing::info!(task = %task.task_id, "{why}");
-            if task.state == TaskState::Queued {
-                // Nothing runs: it ends now.
+            if task.state == TaskState::Queued || task.suspended.is_some() {
+                // Nothing runs (queued, or suspended waiting): it ends now.
                 self.finish_task(st, task, TaskState::Failed, &why, "error", &why)?;
             } else {
                 self.save_task(st, task)?;

@@ -59,8 +59,7 @@ impl Core {
         };
         tracing::info!(task = %task.task_id, run = %task.run_id, attempt = task.attempt, "run suspended: {}", task.activity);
         if task.cancel_requested_at_ms > 0 {
-            let reason = task.cancel_reason.clone();
-            return self.finish_task(st, task, TaskState::Cancelled, "", "text", &reason);
+            return self.finish_cancelled(st, task);
         }
         let ready = self.wait_is_over(st, &task)?;
         self.emit_state(st, task.clone())?;

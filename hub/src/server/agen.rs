@@ -336,8 +336,10 @@ impl AgenService for AgenApi {
         authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
         let r = request.into_inner();
         check_task_ref(&r.namespace, &r.task_id)?;
-        Ok(Response::new(convert::task(
-            &self.core.get_task(&r.namespace, &r.task_id)?,
+        let task = self.core.get_task(&r.namespace, &r.task_id)?;
+        Ok(Response::new(super::approvals::with_pending(
+            &self.core,
+            convert::task(&task),
         )))
     }
 
@@ -348,8 +350,10 @@ impl AgenService for AgenApi {
         authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
         let r = request.into_inner();
         check_task_ref(&r.namespace, &r.task_id)?;
-        Ok(Response::new(convert::task(
-            &self.core.get_task(&r.namespace, &r.task_id)?,
+        let task = self.core.get_task(&r.namespace, &r.task_id)?;
+        Ok(Response::new(super::approvals::with_pending(
+            &self.core,
+            convert::task(&task),
         )))
     }
 
@@ -372,7 +376,12 @@ impl AgenService for AgenApi {
             let mut last = r.from_seq.saturating_sub(1);
             for e in &stored {
                 // Replayed events carry the task as it was after each of them.
-                if tx.send(Ok(convert::task_event(e, &task))).await.is_err() {
+                let event = convert::task_event(e, &task);
+                if tx
+                    .send(Ok(super::approvals::event_with_pending(&core, event)))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
                 last = e.seq;
@@ -402,8 +411,9 @@ impl AgenService for AgenApi {
                         }
                         last = u.event.seq;
                         let end = is_end(&u.event.kind, u.task.state);
+                        let event = convert::task_event(&u.event, &u.task);
                         if tx
-                            .send(Ok(convert::task_event(&u.event, &u.task)))
+                            .send(Ok(super::approvals::event_with_pending(&core, event)))
                             .await
                             .is_err()
                             || end

@@ -16,6 +16,28 @@ fn check_namespace(ns: &str) -> Result<(), Status> {
     limits::validate_name("namespace", ns).map_err(Status::from)
 }
 
+/// Fills in a task's pending approvals when it is waiting (read only then).
+pub fn with_pending(core: &Core, mut t: pb::Task) -> pb::Task {
+    if t.state == pb::TaskState::Waiting as i32 {
+        match core.pending_approvals(&t.task_id) {
+            Ok(calls) => {
+                t.pending_approvals = calls
+                    .iter()
+                    .map(|c| approval(&t.task_id, &t.deployment, c))
+                    .collect()
+            }
+            Err(e) => tracing::warn!(task = %t.task_id, "pending approvals unreadable: {e}"),
+        }
+    }
+    t
+}
+
+/// [`with_pending`] for the task of a `WatchTask` event.
+pub fn event_with_pending(core: &Core, mut e: pb::TaskEvent) -> pb::TaskEvent {
+    e.task = e.task.map(|t| with_pending(core, t));
+    e
+}
+
 fn approval(task_id: &str, deployment: &str, c: &ApprovalRec) -> pb::Approval {
     pb::Approval {
         task_id: task_id.to_string(),

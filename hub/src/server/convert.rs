@@ -173,6 +173,7 @@ pub fn task(t: &TaskRec) -> pb::Task {
         timeout_ms: t.budget.timeout_ms,
         deadline_ms: t.budget.deadline_ms,
         max_tokens: t.budget.max_tokens,
+        pending_approvals: Vec::new(),
         root_run_id: if t.root_run_id.is_empty() {
             t.run_id.clone()
         } else {
