@@ -95,9 +95,21 @@ fn writes_and_edits_under_dot_git_are_refused_unless_allowed() {
 
 /// A 10 MB file (32 KiB lines) of word characters with no non-word character: the worst case for `\w{300}\W`.
 fn big_word_file() -> tempfile::TempDir {
+    big_word_files(1)
+}
+
+/// A folder with `n` files of 300 lines of 32 KiB of `a` each (under grep's 20 MB file limit).
+fn big_word_files(n: usize) -> tempfile::TempDir {
     let tmp = tempfile::tempdir().expect("temp dir");
     let line = "a".repeat(32 * 1024 - 1) + "\n";
-    fs::write(tmp.path().join("big.txt"), line.repeat(300)).expect("big file");
+    for i in 0..n {
+        let name = if i == 0 {
+            "big.txt".to_string()
+        } else {
+            format!("big-{i}.txt")
+        };
+        fs::write(tmp.path().join(name), line.repeat(300)).expect("big file");
+    }
     tmp
 }
 
@@ -133,13 +145,15 @@ fn a_catastrophic_grep_pattern_is_refused_or_stopped_at_its_deadline() {
 
 #[test]
 fn a_cancelled_grep_stops_searching() {
-    let tmp = big_word_file();
+    // Big enough that the search is still going when the cancel comes, even on an idle
+    // machine (one such file was once searched inside 300 ms).
+    let tmp = big_word_files(8);
     let s = server(tmp.path(), false);
     let cancel = CancellationToken::new();
     let canceller = {
         let cancel = cancel.clone();
         std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(300));
+            std::thread::sleep(Duration::from_millis(20));
             cancel.cancel();
             Instant::now()
         })
