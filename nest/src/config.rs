@@ -63,6 +63,8 @@ pub struct NestOptions {
     pub env: Vec<(String, String)>,
     /// Where to serve Prometheus metrics (`GET /metrics`); `None`: not served.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Who instances run as (`--run-uids`, `--run-as`, `--run-as-self`; see `separation`).
+    pub run_as: crate::separation::RunAs,
 }
 
 impl NestOptions {
@@ -83,6 +85,7 @@ impl NestOptions {
                 .filter(|(k, _)| k != JOIN_TOKEN_ENV)
                 .collect(),
             metrics_listen: None,
+            run_as: crate::separation::RunAs::default(),
         }
     }
 

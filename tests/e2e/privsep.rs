@@ -1,12 +1,21 @@
-//! Least privilege on the Nest host (issue 12 item 3): no child left behind. A command the
-//! model runs through the workspace `run` tool escapes its process group with `setsid` and
-//! with a double fork; the first is gone once the call times out, the second once its instance
-//! stops, and neither outlives the Nest's view of the instance.
+//! Least privilege on the Nest host (issue 12 items 2 and 3).
+//!
+//! No child left behind: a command the model runs through the workspace `run` tool escapes its
+//! process group with `setsid` and with a double fork; the first is gone once the call times
+//! out, the second once its instance stops, and neither outlives the Nest's view of the
+//! instance.
+//!
+//! A uid per instance: with separation on, instances of two namespaces run under two uids of
+//! the range; the workspace `run` tool of one reads neither the Nest's key, the Hub's admin
+//! token and data dir, nor the environment of the other's tool server, and has a HOME and a
+//! TMPDIR of its own; `--run-as-self` says so in `agen nests`; a workspace root its uid cannot
+//! use is a start error naming the path and the uid.
 
-use std::path::Path;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agen_tests::{mcp_json, wait_for, write_bundle, FakeModel, HubProcess};
+use agen_tests::{mcp_json, wait_for, write_bundle, FakeModel, HubProcess, NestProcess};
 use serde_json::{json, Value};
 
 fn read_pid(path: &Path) -> Option<u32> {
@@ -165,4 +174,360 @@ fn a_setsid_child_of_run_is_gone_after_the_timeout_and_a_double_forked_one_when_
     });
     let survivors: Vec<u32> = [p1, p2].into_iter().filter(|p| !is_dead(*p)).collect();
     assert_eq!(survivors, Vec::<u32>::new());
+}
+
+/// The uid range the separated Nests of these tests hand out (apart from the default, so a
+/// Nest of another test or of the host never shares one).
+const RANGE: &str = "62100-62109";
+
+/// A temp dir other users can pass through (0711, no listing), as the Nest's data dir needs
+/// for separated instances, with `out/` (0777) for what the attacker reports.
+fn passable_tempdir() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let out = tmp.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).unwrap();
+    (tmp, out)
+}
+
+fn uid_of(pid: u32) -> Option<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find(|l| l.starts_with("Uid:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn cmdline(pid: u32) -> String {
+    String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default())
+        .replace('\0', " ")
+}
+
+/// The pid of instance `id`'s process (its working dir is its bundle copy in its run dir).
+fn instance_pid(nest: &NestProcess, id: &str) -> Option<u32> {
+    let bundle = nest.dir.join("run").join(id).join("bundle");
+    nest.descendants().into_iter().find(|p| {
+        cmdline(*p).contains("instance")
+            && std::fs::read_link(format!("/proc/{p}/cwd")).ok().as_deref() == Some(&bundle)
+    })
+}
+
+/// The workspace tool server under instance process `pid`.
+fn workspace_server_of(nest: &NestProcess, pid: u32) -> Option<u32> {
+    nest.descendants().into_iter().find(|p| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')?
+                    .1
+                    .split_whitespace()
+                    .nth(1)?
+                    .parse::<u32>()
+                    .ok()
+            })
+            == Some(pid)
+            && cmdline(*p).contains("mcp workspace")
+    })
+}
+
+fn agent_md(name: &str, model: &FakeModel) -> String {
+    format!(
+        "---\nname: {name}\nmodel: openai/fake-model\nbaseUrl: {}\n---\nYou run things.\n",
+        model.base_url()
+    )
+}
+
+fn deploy(hub: &HubProcess, bundle: &Path, namespace: &str, name: &str) {
+    let out = hub
+        .cli(&[
+            "deploy",
+            bundle.to_str().unwrap(),
+            "--namespace",
+            namespace,
+            "--name",
+            name,
+            "--wait",
+        ])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "deploy {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn submit(hub: &HubProcess, namespace: &str, name: &str) -> Value {
+    let out = hub
+        .cli(&[
+            "submit",
+            name,
+            "go",
+            "--namespace",
+            namespace,
+            "--wait",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!(
+            "submit printed no JSON: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// The id of the running instance of `deployment`.
+fn instance_id(hub: &HubProcess, deployment: &str) -> String {
+    let list = hub
+        .wait_instances(
+            &format!("{deployment} running"),
+            Duration::from_secs(60),
+            |l| {
+                l.iter()
+                    .any(|i| i["deployment"] == deployment && i["state"] == "running")
+            },
+        )
+        .unwrap();
+    list.iter()
+        .find(|i| i["deployment"] == deployment && i["state"] == "running")
+        .and_then(|i| i["instance"].as_str())
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn a_tool_server_of_one_namespace_cannot_read_the_nests_key_the_hubs_data_or_another_namespaces_environment(
+) {
+    const CANARY: &str = "victim-canary-5be1";
+    let (tmp, out) = passable_tempdir();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let nest = hub
+        .nest_with(
+            "separated",
+            &[],
+            &[("VICTIM_SECRET", CANARY)],
+            &["--run-uids", RANGE],
+        )
+        .unwrap();
+
+    // Namespace b: a victim whose tool server holds a secret in its environment.
+    let victim_model = FakeModel::start(
+        &tmp.path().join("model-b"),
+        &json!({"steps": [
+            {"tool_calls": [{"name": "ws_run", "arguments": {"command": "echo victim-ok"}}]},
+            {"reply": "victim done"}
+        ]}),
+    )
+    .unwrap();
+    let victim = tmp.path().join("victim");
+    write_bundle(
+        &victim,
+        &[
+            (
+                "mcp.json",
+                mcp_json(&[(
+                    "ws",
+                    json!({"command": "agen", "args": ["mcp", "workspace", "--root", "."],
+                           "env": {"VICTIM_TOKEN": "${VICTIM_SECRET}"}}),
+                )]),
+            ),
+            (
+                "x-agen/secrets.json",
+                json!({"VICTIM_SECRET": {"source": "env", "var": "VICTIM_SECRET"}}).to_string(),
+            ),
+            ("x-agen/agent.md", agent_md("victim", &victim_model)),
+        ],
+    )
+    .unwrap();
+    deploy(&hub, &victim, "b", "victim");
+    let victim_id = instance_id(&hub, "victim");
+    let victim_pid = wait_for("the victim's process", Duration::from_secs(30), || {
+        instance_pid(&nest, &victim_id)
+    })
+    .unwrap();
+    let victim_server = wait_for("the victim's tool server", Duration::from_secs(30), || {
+        workspace_server_of(&nest, victim_pid)
+    })
+    .unwrap();
+    let victim_uid = uid_of(victim_pid).unwrap();
+    assert_eq!(uid_of(victim_server), Some(victim_uid));
+    let victim_environ = format!("/proc/{victim_server}/environ");
+    assert!(
+        std::fs::read_to_string(&victim_environ)
+            .unwrap()
+            .contains(CANARY),
+        "the victim's server holds the secret (root reads it; the attacker must not)"
+    );
+
+    // Namespace a: the attacker probes through the workspace `run` tool.
+    let hub_dir = tmp.path().join("hub");
+    let targets: Vec<String> = [
+        nest.dir.join("nest.key"),
+        hub_dir.join("admin-token"),
+        hub_dir.join("join-token"),
+        PathBuf::from(&victim_environ),
+    ]
+    .iter()
+    .map(|p| p.display().to_string())
+    .collect();
+    let report = out.join("report.txt");
+    let script = format!(
+        r#"r={report}; e="$TMPDIR/err"
+probe() {{ if "$@" >/dev/null 2>"$e"; then echo "READ $2"; elif grep -q 'Permission denied' "$e"; then echo "DENIED $2"; else echo "OTHER $2 $(cat "$e")"; fi; }}
+for t in {targets}; do probe cat "$t"; done >> $r
+probe ls {hub} >> $r
+echo "ME uid=$(id -u) gid=$(id -g) groups=$(id -G) home=$HOME tmp=$TMPDIR home_owner=$(stat -c %u "$HOME") tmp_owner=$(stat -c %u "$TMPDIR")" >> $r"#,
+        report = report.display(),
+        targets = targets.join(" "),
+        hub = hub_dir.display(),
+    );
+    let attacker_model = FakeModel::start(
+        &tmp.path().join("model-a"),
+        &json!({"steps": [
+            {"tool_calls": [{"name": "ws_run", "arguments": {"command": script}}]},
+            {"reply": "probed"}
+        ]}),
+    )
+    .unwrap();
+    let attacker = tmp.path().join("attacker");
+    write_bundle(
+        &attacker,
+        &[
+            (
+                "mcp.json",
+                mcp_json(&[(
+                    "ws",
+                    json!({"command": "agen", "args": ["mcp", "workspace", "--root", "."]}),
+                )]),
+            ),
+            ("x-agen/agent.md", agent_md("attacker", &attacker_model)),
+        ],
+    )
+    .unwrap();
+    deploy(&hub, &attacker, "a", "attacker");
+    let attacker_id = instance_id(&hub, "attacker");
+    let attacker_pid = instance_pid(&nest, &attacker_id).unwrap();
+    let attacker_uid = uid_of(attacker_pid).unwrap();
+    let attacker_server = workspace_server_of(&nest, attacker_pid).unwrap();
+    let t = submit(&hub, "a", "attacker");
+    assert_eq!(t["state"], "succeeded", "{t}");
+
+    // Two namespaces, two uids of the range, neither root; the tool server runs as its instance.
+    let range = 62100..=62109;
+    assert!(range.contains(&victim_uid) && range.contains(&attacker_uid));
+    assert_ne!(victim_uid, attacker_uid);
+    assert_eq!(uid_of(attacker_server), Some(attacker_uid));
+
+    let text = std::fs::read_to_string(&report).unwrap();
+    let count = |tag: &str| text.lines().filter(|l| l.starts_with(tag)).count();
+    assert_eq!(
+        (count("READ "), count("OTHER "), count("DENIED ")),
+        (0, 0, targets.len() + 1),
+        "{text}"
+    );
+    let me = text.lines().find(|l| l.starts_with("ME ")).unwrap();
+    let run_dir = nest.dir.join("run").join(&attacker_id);
+    assert_eq!(
+        me,
+        format!(
+            "ME uid={u} gid={u} groups={u} home={} tmp={} home_owner={u} tmp_owner={u}",
+            run_dir.join("home").display(),
+            run_dir.join("tmp").display(),
+            u = attacker_uid
+        )
+    );
+    assert!(!text.contains(CANARY));
+
+    // The victim is untouched and still does its work.
+    let t = submit(&hub, "b", "victim");
+    assert_eq!(t["state"], "succeeded", "{t}");
+
+    // `agen nests` says who the instances run as.
+    let nests = hub.nests().unwrap();
+    assert_eq!(
+        nests[0]["separation"],
+        format!("uid range {RANGE}"),
+        "{nests:?}"
+    );
+}
+
+#[test]
+fn run_as_self_is_said_at_start_and_in_agen_nests() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let nest = hub.nest("plain", &[], &[]).unwrap();
+    let nests = hub.nests().unwrap();
+    assert_eq!(nests[0]["separation"], "off (run-as-self)", "{nests:?}");
+    let table = hub.cli(&["nests"]).unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("SEPARATION") && table.contains("off (run-as-self)"),
+        "{table}"
+    );
+    assert!(
+        nest.proc
+            .log_text()
+            .contains("instance separation is off (--run-as-self)"),
+        "{}",
+        nest.proc.log_text()
+    );
+}
+
+#[test]
+fn a_workspace_root_its_uid_cannot_use_is_a_start_error_naming_the_path_and_the_uid() {
+    let (tmp, _out) = passable_tempdir();
+    let private = tmp.path().join("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let nest = hub
+        .nest_with("separated", &[], &[], &["--run-uids", RANGE])
+        .unwrap();
+    let model = FakeModel::start(
+        &tmp.path().join("model"),
+        &json!({"steps": [{"reply": "hi"}]}),
+    )
+    .unwrap();
+    let bundle = tmp.path().join("bundle");
+    write_bundle(
+        &bundle,
+        &[
+            (
+                "mcp.json",
+                mcp_json(&[(
+                    "ws",
+                    json!({"command": "agen", "args": ["mcp", "workspace", "--root", private]}),
+                )]),
+            ),
+            ("x-agen/agent.md", agent_md("locked", &model)),
+        ],
+    )
+    .unwrap();
+    let _ = hub.cli(&["deploy", bundle.to_str().unwrap(), "--name", "locked"]);
+    let list = hub
+        .wait_instances("the tool server error", Duration::from_secs(60), |l| {
+            l.iter()
+                .any(|i| i["servers_not_connected"] == json!(["ws"]))
+        })
+        .unwrap_or_else(|e| panic!("{e}\nnest log:\n{}", nest.proc.log_text()));
+    let i = list
+        .iter()
+        .find(|i| i["servers_not_connected"] == json!(["ws"]))
+        .unwrap();
+    let reason = i["server_errors"][0]["reason"].as_str().unwrap_or_default();
+    // The uid it names is the instance's, one of the range.
+    let uid: u32 = reason
+        .split_once("not usable by uid ")
+        .and_then(|(_, r)| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no uid named: {i}"));
+    assert!((62100..=62109).contains(&uid), "{i}");
+    assert!(reason.contains(&private.display().to_string()), "{i}");
+    let id = i["instance"].as_str().unwrap();
+    if let Some(pid) = instance_pid(&nest, id) {
+        assert_eq!(uid_of(pid), Some(uid), "{i}");
+    }
 }

@@ -323,12 +323,25 @@ impl HubProcess {
         }
     }
 
-    /// Starts a Nest joined to this Hub.
+    /// Starts a Nest joined to this Hub, its instances running as the Nest's user
+    /// (`--run-as-self`: tests write marker files into their root-only temp dirs).
     pub fn nest(
         &self,
         name: &str,
         labels: &[&str],
         env: &[(&str, &str)],
+    ) -> anyhow::Result<NestProcess> {
+        self.nest_with(name, labels, env, &["--run-as-self"])
+    }
+
+    /// Starts a Nest joined to this Hub with `extra` flags (e.g. `--run-uids 62000-62009`:
+    /// instances under their own uids; the test's dir must then let other users through).
+    pub fn nest_with(
+        &self,
+        name: &str,
+        labels: &[&str],
+        env: &[(&str, &str)],
+        extra: &[&str],
     ) -> anyhow::Result<NestProcess> {
         let dir = self.dir.join("nests").join(name);
         std::fs::create_dir_all(&dir)?;
@@ -344,6 +357,7 @@ impl HubProcess {
             "--data-dir",
         ])
         .arg(&dir)
+        .args(extra)
         .env("RUST_LOG", "info");
         for l in labels {
             cmd.args(["--label", l]);

@@ -99,6 +99,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 "LABELS",
                 "LAST HEARTBEAT",
                 "VERSION",
+                "SEPARATION",
                 "ID",
             ])
             .keep(&["STATE", "ID"]);
@@ -122,6 +123,11 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                     },
                     format!("{} ago", view::age(n.last_heartbeat_ms)),
                     n.version.clone(),
+                    if n.separation.is_empty() {
+                        "-".into()
+                    } else {
+                        n.separation.clone()
+                    },
                     n.nest_id.clone(),
                 ]);
             }
