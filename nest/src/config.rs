@@ -1,6 +1,7 @@
 //! The Nest's configuration ([`NestOptions`]), its error type ([`NestError`]) and the files it
 //! keeps in its data dir (`node-id`, `nest.sock`, `bundles/`, `children.json`, `hub-ca.pem`,
-//! `nest.key` (0600) and `nest.crt`: the Nest's client certificate, issued by the Hub's `Join`).
+//! `nest.key` (0600) and `nest.crt`: the Nest's client certificate, issued by the Hub's `Join`;
+//! with separated instances also `run-uids.json` and `run/`, see `separation`).
 //! The data dir is private to the Nest's user: 0700, files 0600 (`agen nest`/`agen up` set
 //! umask 077, and the files here are created with that mode); a looser one is tightened at start.
 //!

@@ -8,14 +8,19 @@
 //! A uid per instance: with separation on, instances of two namespaces run under two uids of
 //! the range; the workspace `run` tool of one reads neither the Nest's key, the Hub's admin
 //! token and data dir, nor the environment of the other's tool server, and has a HOME and a
-//! TMPDIR of its own; `--run-as-self` says so in `agen nests`; a workspace root its uid cannot
-//! use is a start error naming the path and the uid.
+//! TMPDIR of its own; `--run-as-self` says so in `agen nests`, `--run-as USER` pins one user,
+//! `agen up` separates its instances too; a workspace root its uid cannot use is a start error
+//! naming the path and the uid; a Nest killed with -9 and restarted kills what its instances
+//! left under their uids before it hands one out again.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agen_tests::{mcp_json, wait_for, write_bundle, FakeModel, HubProcess, NestProcess};
+use agen_tests::{
+    cli, free_port, mcp_json, processes_under, wait_for, workspace_root, write_bundle, FakeModel,
+    HubProcess, NestProcess, Proc,
+};
 use serde_json::{json, Value};
 
 fn read_pid(path: &Path) -> Option<u32> {
@@ -176,8 +181,8 @@ fn a_setsid_child_of_run_is_gone_after_the_timeout_and_a_double_forked_one_when_
     assert_eq!(survivors, Vec::<u32>::new());
 }
 
-/// The uid range the separated Nests of these tests hand out (apart from the default, so a
-/// Nest of another test or of the host never shares one).
+/// The uid range the separated Nest of the attack test hands out (apart from the default and
+/// from the other tests' ranges, so no other Nest shares one).
 const RANGE: &str = "62100-62109";
 
 /// A temp dir other users can pass through (0711, no listing), as the Nest's data dir needs
@@ -485,7 +490,7 @@ fn a_workspace_root_its_uid_cannot_use_is_a_start_error_naming_the_path_and_the_
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
     let hub = HubProcess::start(tmp.path()).unwrap();
     let nest = hub
-        .nest_with("separated", &[], &[], &["--run-uids", RANGE])
+        .nest_with("separated", &[], &[], &["--run-uids", "62130-62139"])
         .unwrap();
     let model = FakeModel::start(
         &tmp.path().join("model"),
@@ -524,10 +529,224 @@ fn a_workspace_root_its_uid_cannot_use_is_a_start_error_naming_the_path_and_the_
         .split_once("not usable by uid ")
         .and_then(|(_, r)| r.split_whitespace().next()?.parse().ok())
         .unwrap_or_else(|| panic!("no uid named: {i}"));
-    assert!((62100..=62109).contains(&uid), "{i}");
+    assert!((62130..=62139).contains(&uid), "{i}");
     assert!(reason.contains(&private.display().to_string()), "{i}");
     let id = i["instance"].as_str().unwrap();
     if let Some(pid) = instance_pid(&nest, id) {
         assert_eq!(uid_of(pid), Some(uid), "{i}");
     }
+}
+
+/// A bundle with one workspace server (root `.`, its own copy of the bundle) and `model`.
+fn workspace_bundle(dir: &Path, name: &str, model: &FakeModel) {
+    write_bundle(
+        dir,
+        &[
+            (
+                "mcp.json",
+                mcp_json(&[(
+                    "ws",
+                    json!({"command": "agen", "args": ["mcp", "workspace", "--root", "."]}),
+                )]),
+            ),
+            ("x-agen/agent.md", agent_md(name, model)),
+        ],
+    )
+    .unwrap();
+}
+
+/// A system user for the test, removed when dropped.
+struct TestUser(String);
+
+impl TestUser {
+    fn create(name: &str) -> TestUser {
+        let _ = std::process::Command::new("userdel").arg(name).output();
+        let out = std::process::Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                name,
+            ])
+            .output()
+            .expect("useradd");
+        assert!(
+            out.status.success(),
+            "useradd: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        TestUser(name.to_string())
+    }
+
+    fn uid(&self) -> u32 {
+        nix::unistd::User::from_name(&self.0)
+            .unwrap()
+            .expect("the user exists")
+            .uid
+            .as_raw()
+    }
+}
+
+impl Drop for TestUser {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("userdel").arg(&self.0).output();
+    }
+}
+
+#[test]
+fn run_as_user_runs_every_instance_as_that_user_and_says_so() {
+    let user = TestUser::create("agen-privsep-t");
+    let (tmp, _out) = passable_tempdir();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let nest = hub
+        .nest_with("pinned", &[], &[], &["--run-as", "agen-privsep-t"])
+        .unwrap();
+    let model = FakeModel::start(
+        &tmp.path().join("model"),
+        &json!({"steps": [
+            {"tool_calls": [{"name": "ws_run", "arguments": {"command": "id -u > whoami"}}]},
+            {"reply": "done"}
+        ]}),
+    )
+    .unwrap();
+    let bundle = tmp.path().join("bundle");
+    workspace_bundle(&bundle, "pinned", &model);
+    deploy(&hub, &bundle, "default", "pinned");
+    let id = instance_id(&hub, "pinned");
+    let t = submit(&hub, "default", "pinned");
+    assert_eq!(t["state"], "succeeded", "{t}");
+    let pid = instance_pid(&nest, &id).unwrap();
+    assert_eq!(uid_of(pid), Some(user.uid()));
+    // The run tool wrote into the instance's own bundle copy, as that user.
+    let whoami = nest.dir.join("run").join(&id).join("bundle/whoami");
+    assert_eq!(
+        std::fs::read_to_string(&whoami).unwrap().trim(),
+        user.uid().to_string()
+    );
+    let nests = hub.nests().unwrap();
+    assert_eq!(
+        nests[0]["separation"],
+        format!("user agen-privsep-t (uid {})", user.uid()),
+        "{nests:?}"
+    );
+}
+
+#[test]
+fn agen_up_runs_its_instances_under_uids_of_the_range() {
+    let (tmp, _out) = passable_tempdir();
+    let data = tmp.path().join("data");
+    let config = tmp.path().join("config.toml");
+    let mut cmd = std::process::Command::new(agen_tests::agen_bin());
+    cmd.args([
+        "up",
+        "--run-uids",
+        "62120-62129",
+        "--listen",
+        &format!("127.0.0.1:{}", free_port()),
+        "--deploy",
+    ])
+    .arg(workspace_root().join("examples/hello"))
+    .arg("--data-dir")
+    .arg(&data)
+    .env("AGEN_CONFIG", &config);
+    let up = Proc::spawn("agen up", cmd, &tmp.path().join("up.log")).unwrap();
+    let instance = wait_for(
+        "agen up's instance under its own uid",
+        Duration::from_secs(90),
+        || {
+            processes_under(&data)
+                .into_iter()
+                .find(|p| cmdline(*p).ends_with("agen instance "))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", up.log_text()));
+    let uid = uid_of(instance).unwrap();
+    assert!((62120..=62129).contains(&uid), "uid {uid}");
+    let tools = wait_for("the tools to load", Duration::from_secs(60), || {
+        let out = cli(&config, &["ps", "--all", "-o", "json"]).ok()?;
+        let list: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let i = list
+            .as_array()?
+            .iter()
+            .find(|i| i["deployment"] == "hello")?
+            .clone();
+        (i["healthy"] == true).then_some(i)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", up.log_text()));
+    assert!(tools["tools_loaded"].as_u64().unwrap() >= 5, "{tools}");
+    // The Hub's data dir stays closed to the instance's uid.
+    let out = std::process::Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+            "ls",
+        ])
+        .arg(data.join("hub"))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "{out:?}"
+    );
+    let out = cli(&config, &["nests", "-o", "json"]).unwrap();
+    let nests: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(nests[0]["separation"], "uid range 62120-62129", "{nests}");
+}
+
+#[test]
+fn a_nest_killed_with_9_kills_what_its_instances_left_under_their_uids_when_it_restarts() {
+    let (tmp, out) = passable_tempdir();
+    let esc = out.join("esc.pid");
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let args = ["--run-uids", "62110-62111"];
+    let mut nest = hub.nest_with("phoenix", &[], &[], &args).unwrap();
+    let model = FakeModel::start(
+        &tmp.path().join("model"),
+        &json!({"steps": [
+            {"tool_calls": [{"name": "ws_run", "arguments": {
+                "command": format!("(setsid sh -c 'echo $$ > {}; exec sleep 302' >/dev/null 2>&1 &)", esc.display())}}]},
+            {"reply": "left one behind"}
+        ]}),
+    )
+    .unwrap();
+    let bundle = tmp.path().join("bundle");
+    workspace_bundle(&bundle, "phoenix", &model);
+    deploy(&hub, &bundle, "default", "phoenix");
+    let id = instance_id(&hub, "phoenix");
+    let uid = uid_of(instance_pid(&nest, &id).unwrap()).unwrap();
+    let t = submit(&hub, "default", "phoenix");
+    assert_eq!(t["state"], "succeeded", "{t}");
+    let escapee = read_pid(&esc).expect("the escapee wrote its pid");
+    assert_eq!(uid_of(escapee), Some(uid));
+
+    // kill -9: the instance dies with its Nest, the double-forked escapee does not.
+    nest.proc.kill9();
+    wait_for(
+        "the instance to die with its nest",
+        Duration::from_secs(15),
+        || instance_pid(&nest, &id).is_none().then_some(()),
+    )
+    .unwrap();
+    assert!(
+        !is_dead(escapee),
+        "the escapee outlived its instance (the case to clean up)"
+    );
+
+    // The restarted Nest kills it before it hands out any uid again.
+    let nest = hub.nest_with("phoenix", &[], &[], &args).unwrap();
+    wait_for("the leftover to be killed", Duration::from_secs(15), || {
+        is_dead(escapee).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\nnest log:\n{}", nest.proc.log_text()));
+    assert!(
+        nest.proc
+            .log_text()
+            .contains("killed leftovers of a previous run of this nest under the instance's uid"),
+        "{}",
+        nest.proc.log_text()
+    );
+    let survivors: Vec<u32> = [escapee].into_iter().filter(|p| !is_dead(*p)).collect();
+    assert_eq!(survivors, Vec::<u32>::new());
 }
