@@ -124,7 +124,13 @@ fn a_setsid_child_of_run_is_gone_after_the_timeout_and_a_double_forked_one_when_
 
     // The double-forked one was left running by a shell that exited by itself, and the
     // instance (a subreaper) adopted it instead of init.
-    let p2 = read_pid(&esc2).expect("the second escapee wrote its pid");
+    // It writes its pid after the call returned (nothing waits for it): wait for the file.
+    let p2 = wait_for(
+        "the second escapee to write its pid",
+        Duration::from_secs(10),
+        || read_pid(&esc2),
+    )
+    .unwrap();
     assert!(
         !is_dead(p2),
         "the background process runs on after the call"
@@ -718,7 +724,12 @@ fn a_nest_killed_with_9_kills_what_its_instances_left_under_their_uids_when_it_r
     let uid = uid_of(instance_pid(&nest, &id).unwrap()).unwrap();
     let t = submit(&hub, "default", "phoenix");
     assert_eq!(t["state"], "succeeded", "{t}");
-    let escapee = read_pid(&esc).expect("the escapee wrote its pid");
+    let escapee = wait_for(
+        "the escapee to write its pid",
+        Duration::from_secs(10),
+        || read_pid(&esc),
+    )
+    .unwrap();
     assert_eq!(uid_of(escapee), Some(uid));
 
     // kill -9: the instance dies with its Nest, the double-forked escapee does not.
