@@ -257,13 +257,19 @@ pub fn load_or_create_node_id(data_dir: &Path) -> Result<String> {
 }
 
 /// Creates the data dir (mode 0700) if needed; one that others can read into is tightened
-/// (folders 0700, files without group/other bits) and each change is logged.
-pub fn prepare_data_dir(data_dir: &Path) -> Result<()> {
-    agen_shared::private::prepare_data_dir(data_dir).map_err(|source| NestError::DataDir {
-        path: data_dir.to_path_buf(),
-        action: "cannot create or make private",
-        source,
-    })?;
+/// (folders 0700, files without group/other bits) and each change is logged. With
+/// `separating` (instances under their own uids), the data dir and `run/` may stay 0711.
+pub fn prepare_data_dir(data_dir: &Path, separating: bool) -> Result<()> {
+    // With separated instances, the data dir and `run/` may stay passable (0711).
+    let run = data_dir.join("run");
+    let passable = |p: &Path| separating && (p == data_dir || p == run);
+    agen_shared::private::prepare_data_dir_except_passable(data_dir, &passable).map_err(
+        |source| NestError::DataDir {
+            path: data_dir.to_path_buf(),
+            action: "cannot create or make private",
+            source,
+        },
+    )?;
     Ok(())
 }
 

@@ -25,7 +25,9 @@ use crate::supervisor::{Supervisor, STOP_GRACE};
 /// --nests N`), each with its own data dir.
 pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), NestError> {
     opts.validate()?;
-    prepare_data_dir(&opts.data_dir)?;
+    let separating =
+        opts.run_as != crate::separation::RunAs::Myself && crate::separation::privileged();
+    prepare_data_dir(&opts.data_dir, separating)?;
     let nest_id = load_or_create_node_id(&opts.data_dir)?;
     let opts = Arc::new(opts);
 

@@ -758,6 +758,12 @@ fn a_nest_killed_with_9_kills_what_its_instances_left_under_their_uids_when_it_r
         "{}",
         nest.proc.log_text()
     );
+    // Its passable (0711) data dir is no loose mode to "fix" at a restart.
+    assert!(
+        !nest.proc.log_text().contains(r#"from="711""#),
+        "{}",
+        nest.proc.log_text()
+    );
     let survivors: Vec<u32> = [escapee].into_iter().filter(|p| !is_dead(*p)).collect();
     assert_eq!(survivors, Vec::<u32>::new());
 }
