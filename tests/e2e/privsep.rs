@@ -767,3 +767,41 @@ fn a_nest_killed_with_9_kills_what_its_instances_left_under_their_uids_when_it_r
     let survivors: Vec<u32> = [escapee].into_iter().filter(|p| !is_dead(*p)).collect();
     assert_eq!(survivors, Vec::<u32>::new());
 }
+
+#[test]
+fn a_nest_that_is_not_root_runs_its_instances_as_itself_and_says_so() {
+    let (tmp, _out) = passable_tempdir();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let home = tmp.path().join("nobody");
+    std::fs::create_dir(&home).unwrap();
+    let join = home.join("join-token");
+    std::fs::copy(tmp.path().join("hub/join-token"), &join).unwrap();
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    for p in [&home, &join] {
+        std::os::unix::fs::chown(p, Some(nobody.uid.as_raw()), Some(nobody.gid.as_raw())).unwrap();
+    }
+    let mut cmd = std::process::Command::new("runuser");
+    cmd.args(["-u", "nobody", "--"])
+        .arg(agen_tests::agen_bin())
+        .args(["nest", "--hub", &hub.url(), "--name", "unprivileged"])
+        .arg("--join-file")
+        .arg(&join)
+        .arg("--data-dir")
+        .arg(home.join("data"))
+        .env("RUST_LOG", "info");
+    let nest = Proc::spawn("nest as nobody", cmd, &tmp.path().join("nobody.log")).unwrap();
+    let n = wait_for("the nest to join", Duration::from_secs(30), || {
+        hub.nests()
+            .ok()?
+            .into_iter()
+            .find(|n| n["name"] == "unprivileged" && n["state"] == "ready")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", nest.log_text()));
+    assert_eq!(n["separation"], "off (not root)", "{n}");
+    assert!(
+        nest.log_text()
+            .contains("instance separation is off: this nest is not root"),
+        "{}",
+        nest.log_text()
+    );
+}
