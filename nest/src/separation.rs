@@ -339,9 +339,10 @@ impl Separation {
                 gid: *uid,
             }));
         }
-        let taken: std::collections::BTreeSet<u32> = a.instances.values().copied().collect();
+        let mut taken = group::uids_in_use();
+        taken.extend(a.instances.values().copied());
         let uid = (first..=last)
-            .find(|u| !taken.contains(u) && group::processes_of_uid(*u).is_empty())
+            .find(|u| !taken.contains(u))
             .ok_or(SeparationError::Exhausted { first, last })?;
         a.instances.insert(id.to_string(), uid);
         self.save(&a)?;
@@ -375,8 +376,9 @@ impl Separation {
         }
     }
 
-    /// Makes `<run>/<id>/{bundle,home,tmp}` owned by `who` (0700): `bundle` a fresh copy of
-    /// `bundle_dir`. Returns the dirs.
+    /// Makes `<run>/<id>/{bundle,home,tmp}` owned by `who` (0700): `bundle` a copy of
+    /// `bundle_dir` (made again at every spawn, see [`Separation::fresh_bundle`]). Returns the
+    /// dirs.
     pub fn prepare_run_dir(
         &self,
         id: &str,
@@ -395,13 +397,25 @@ impl Separation {
         for d in [&root, &dirs.home, &dirs.tmp] {
             agen_shared::private::create_dir_all(d).map_err(io(d, "cannot create"))?;
         }
-        copy_tree(bundle_dir, &dirs.bundle)?;
         for d in [&dirs.home, &dirs.tmp] {
             chown(d, who)?;
         }
-        chown_tree(&dirs.bundle, who)?;
         chown(&root, who)?;
+        self.fresh_bundle(&dirs, who, bundle_dir)?;
         Ok(dirs)
+    }
+
+    /// Replaces the instance's bundle copy with a fresh one of the verified `bundle_dir`, owned
+    /// by `who`: what a previous spawn (or its model, through `run`) changed in it, its
+    /// permissions included, never reaches the next start.
+    pub fn fresh_bundle(&self, dirs: &RunDirs, who: RunIdentity, bundle_dir: &Path) -> Result<()> {
+        match std::fs::remove_dir_all(&dirs.bundle) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&dirs.bundle, "cannot clear")(e)),
+        }
+        copy_tree(bundle_dir, &dirs.bundle)?;
+        chown_tree(&dirs.bundle, who)
     }
 }
 

@@ -72,6 +72,22 @@ fn uid_of(pid: u32) -> Option<u32> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// The real uids of every live process.
+pub fn uids_in_use() -> HashSet<u32> {
+    let mut out = HashSet::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if !is_dead(pid) {
+                out.extend(uid_of(pid));
+            }
+        }
+    }
+    out
+}
+
 /// Every live process whose real uid is `uid` (never for uid 0).
 pub fn processes_of_uid(uid: u32) -> Vec<u32> {
     if uid == 0 {

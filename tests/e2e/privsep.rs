@@ -805,3 +805,50 @@ fn a_nest_that_is_not_root_runs_its_instances_as_itself_and_says_so() {
         nest.log_text()
     );
 }
+
+#[test]
+fn a_restarted_instance_gets_its_verified_bundle_again_not_what_its_model_changed() {
+    let (tmp, _out) = passable_tempdir();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let nest = hub
+        .nest_with("fresh", &[], &[], &["--run-uids", "62140-62141"])
+        .unwrap();
+    let model = FakeModel::start(
+        &tmp.path().join("model"),
+        &json!({"steps": [
+            {"tool_calls": [{"name": "ws_run", "arguments": {
+                "command": "echo '{\"mcpServers\": {}}' > mcp.json && echo planted > planted"}}]},
+            {"reply": "changed my bundle"}
+        ]}),
+    )
+    .unwrap();
+    let bundle = tmp.path().join("bundle");
+    workspace_bundle(&bundle, "fresh", &model);
+    deploy(&hub, &bundle, "default", "fresh");
+    let id = instance_id(&hub, "fresh");
+    let t = submit(&hub, "default", "fresh");
+    assert_eq!(t["state"], "succeeded", "{t}");
+    let copy = nest.dir.join("run").join(&id).join("bundle");
+    assert!(copy.join("planted").exists(), "the model changed its copy");
+
+    // The instance dies; its restart starts from the verified bundle.
+    let pid = instance_pid(&nest, &id).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let restarted = wait_for("the restarted instance", Duration::from_secs(30), || {
+        instance_pid(&nest, &id).filter(|p| *p != pid)
+    })
+    .unwrap();
+    hub.wait_instances("its tools back", Duration::from_secs(30), |l| {
+        l.iter()
+            .any(|i| i["instance"] == id.as_str() && i["healthy"] == true && i["restarts"] == 1)
+    })
+    .unwrap_or_else(|e| panic!("{e}\nnest log:\n{}", nest.proc.log_text()));
+    let planted = usize::from(copy.join("planted").exists());
+    let mcp = std::fs::read_to_string(copy.join("mcp.json")).unwrap();
+    assert_eq!((planted, mcp.contains("\"ws\"")), (0, true), "{mcp}");
+    assert!(restarted > 0);
+}

@@ -200,6 +200,7 @@ impl Supervisor {
         }
         let mut backoff = Backoff::new(RESTART_BASE, RESTART_CAP);
         let socket_path = self.opts.socket_path();
+        let mut first_start = true;
         loop {
             if stop.is_cancelled() {
                 break;
@@ -211,6 +212,35 @@ impl Supervisor {
                     r.message = "starting".into();
                 }
             });
+            // Each restart gets the verified bundle again, not what a previous start changed.
+            if let (Some((who, dirs)), false) = (&run_as, first_start) {
+                let (sep, who, dirs, dir) = (
+                    self.separation.clone(),
+                    *who,
+                    dirs.clone(),
+                    bundle_dir.clone(),
+                );
+                let fresh = tokio::task::spawn_blocking(move || {
+                    sep.fresh_bundle(&dirs, who, &dir)
+                        .map_err(|e| e.to_string())
+                })
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+                if let Err(e) = fresh {
+                    let delay = backoff.next_delay();
+                    let msg = format!(
+                        "cannot renew the instance's bundle copy: {e}; retrying in {}s",
+                        delay.as_secs()
+                    );
+                    tracing::warn!(instance = %id, "{msg}");
+                    self.update(&id, |r| {
+                        r.state = InstanceState::Unhealthy as i32;
+                        r.message = msg;
+                    });
+                    tokio::select! { _ = tokio::time::sleep(delay) => continue, _ = stop.cancelled() => break }
+                }
+            }
+            first_start = false;
             let boot = socket::Bootstrap {
                 socket: socket_path.clone(),
                 instance_id: id.clone(),
