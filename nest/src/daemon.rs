@@ -37,6 +37,9 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
     }
     let separation = crate::separation::Separation::resolve(&opts.run_as, &opts.data_dir)
         .map_err(|e| NestError::Config(e.to_string()))?;
+    separation
+        .check_runnable(&opts.agen_bin)
+        .map_err(|e| NestError::Config(e.to_string()))?;
     let socket_path = opts.socket_path();
     // Separated instances run as other uids: the socket lets them connect (0666; who may say
     // hello is proven by the spawn secret and SO_PEERCRED), else it stays 0600.

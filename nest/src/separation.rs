@@ -297,6 +297,32 @@ impl Separation {
         Ok(())
     }
 
+    /// Separated instances run `agen_bin` under their own uid: it and every folder above it
+    /// must let other users through (o+x); else a start error names the first that does not.
+    pub fn check_runnable(&self, agen_bin: &Path) -> Result<()> {
+        if !self.is_on() {
+            return Ok(());
+        }
+        let mut at = Some(agen_bin);
+        while let Some(p) = at {
+            let mode = std::fs::metadata(p)
+                .map_err(io(p, "cannot inspect"))?
+                .permissions()
+                .mode();
+            if mode & 0o001 == 0 {
+                return Err(SeparationError::Unreachable(format!(
+                    "{} (mode {:o}) cannot be run or passed by other users, so instances under their own uid cannot run {}; chmod o+x {}, install agen elsewhere (e.g. /usr/local/bin), or pass --run-as-self",
+                    p.display(),
+                    mode & 0o7777,
+                    agen_bin.display(),
+                    p.display()
+                )));
+            }
+            at = p.parent();
+        }
+        Ok(())
+    }
+
     /// Kills every process under a uid a previous run of this Nest handed out, frees those
     /// uids and removes the run dirs left behind.
     fn clear_leftovers(&self) -> Result<()> {
@@ -491,6 +517,32 @@ mod tests {
             let e = parse_uid_range(bad).expect_err(bad);
             assert!(e.starts_with(&format!("--run-uids {bad}:")), "{e}");
         }
+    }
+
+    #[test]
+    fn an_agen_binary_other_uids_cannot_run_is_named() {
+        let sep = Separation {
+            mode: Mode::Range { first: 1, last: 2 },
+            data_dir: PathBuf::new(),
+            allocated: Mutex::new(Allocations::default()),
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        let bin = dir.path().join("agen");
+        std::fs::write(&bin, "").expect("write");
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        let err = sep.check_runnable(&bin).expect_err("0700").to_string();
+        assert!(
+            err.starts_with(&format!("{} (mode 700)", bin.display())),
+            "{err}"
+        );
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        // /tmp and / let others through.
+        sep.check_runnable(&bin).expect("0755");
+        assert!(Separation::off()
+            .check_runnable(Path::new("/nonexistent"))
+            .is_ok());
     }
 
     #[test]
