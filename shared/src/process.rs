@@ -58,11 +58,36 @@ pub struct RunIdentity {
 
 /// Has the command's child drop to `id` before exec: setgid, `setgroups([])`, setuid (std does
 /// the three in that order, before any `pre_exec` closure, so the death signal set by
-/// [`own_group_dying_with_parent`] survives the change of credentials).
+/// [`own_group_dying_with_parent`] survives the change of credentials), then clears its
+/// ambient capabilities: a parent that is not root but holds capabilities (a systemd unit's
+/// `AmbientCapabilities`) would otherwise hand them on through exec, and the child, no longer
+/// uid 0 and running a binary without file capabilities, ends up with none.
 pub fn run_as(cmd: &mut std::process::Command, id: RunIdentity) {
     use std::os::unix::process::CommandExt;
     // With a uid and no explicit groups, std calls setgroups(0) before setuid.
     cmd.gid(id.gid).uid(id.uid);
+    #[allow(unsafe_code)]
+    // SAFETY: the closure runs between fork and exec and calls only prctl (async-signal-safe);
+    // it allocates nothing and takes no locks.
+    unsafe {
+        cmd.pre_exec(|| {
+            let rc = libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            );
+            // EINVAL: a kernel without ambient capabilities (before 4.3) has none to clear.
+            if rc != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EINVAL) {
+                    return Err(e);
+                }
+            }
+            Ok(())
+        });
+    }
 }
 
 /// The real uid of a live (non-zombie) process, from `/proc/<pid>/status`.

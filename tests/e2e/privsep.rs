@@ -852,3 +852,78 @@ fn a_restarted_instance_gets_its_verified_bundle_again_not_what_its_model_change
     assert_eq!((planted, mcp.contains("\"ws\"")), (0, true), "{mcp}");
     assert!(restarted > 0);
 }
+
+#[test]
+fn under_the_units_capabilities_alone_instances_get_their_own_uid_and_no_capability() {
+    // As the systemd unit runs it: not root, with the unit's ambient capabilities.
+    let (tmp, out) = passable_tempdir();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let home = tmp.path().join("nobody");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let join = home.join("join-token");
+    std::fs::copy(tmp.path().join("hub/join-token"), &join).unwrap();
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    for p in [&home, &join] {
+        std::os::unix::fs::chown(p, Some(nobody.uid.as_raw()), Some(nobody.gid.as_raw())).unwrap();
+    }
+    let caps = "+setuid,+setgid,+chown,+kill,+dac_override,+fowner";
+    let mut cmd = std::process::Command::new("setpriv");
+    cmd.arg(format!("--reuid={}", nobody.uid))
+        .arg(format!("--regid={}", nobody.gid))
+        .args([
+            "--clear-groups",
+            "--inh-caps",
+            caps,
+            "--ambient-caps",
+            caps,
+            "--",
+        ])
+        .arg(agen_tests::agen_bin())
+        .args(["nest", "--hub", &hub.url(), "--name", "unit-like"])
+        .args(["--run-uids", "62150-62151"])
+        .arg("--join-file")
+        .arg(&join)
+        .arg("--data-dir")
+        .arg(home.join("data"))
+        .env("RUST_LOG", "info");
+    let nest_proc =
+        Proc::spawn("nest with capabilities", cmd, &tmp.path().join("caps.log")).unwrap();
+    let n = wait_for("the nest to join", Duration::from_secs(30), || {
+        hub.nests()
+            .ok()?
+            .into_iter()
+            .find(|n| n["name"] == "unit-like" && n["state"] == "ready")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", nest_proc.log_text()));
+    assert_eq!(n["separation"], "uid range 62150-62151", "{n}");
+
+    let report = out.join("caps.txt");
+    let key = home.join("data/nest.key");
+    let model = FakeModel::start(
+        &tmp.path().join("model"),
+        &json!({"steps": [
+            {"tool_calls": [{"name": "ws_run", "arguments": {"command": format!(
+                "{{ id -u; grep -E '^Cap(Prm|Eff|Amb)' /proc/self/status; cat {} >/dev/null 2>&1 && echo READ-KEY || echo NO-KEY; }} > {}",
+                key.display(), report.display())}}]},
+            {"reply": "done"}
+        ]}),
+    )
+    .unwrap();
+    let bundle = tmp.path().join("bundle");
+    workspace_bundle(&bundle, "caps", &model);
+    deploy(&hub, &bundle, "default", "caps");
+    let t = submit(&hub, "default", "caps");
+    assert_eq!(t["state"], "succeeded", "{t}\n{}", nest_proc.log_text());
+    let text = std::fs::read_to_string(&report).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let uid: u32 = lines[0].parse().unwrap();
+    assert!((62150..=62151).contains(&uid), "{text}");
+    let held: Vec<&str> = lines
+        .iter()
+        .filter(|l| l.starts_with("Cap") && !l.ends_with("0000000000000000"))
+        .copied()
+        .collect();
+    assert_eq!(held, Vec::<&str>::new(), "{text}");
+    assert_eq!(lines.last(), Some(&"NO-KEY"), "{text}");
+}
