@@ -66,6 +66,13 @@ pub fn run_as(cmd: &mut std::process::Command, id: RunIdentity) {
     use std::os::unix::process::CommandExt;
     // With a uid and no explicit groups, std calls setgroups(0) before setuid.
     cmd.gid(id.gid).uid(id.uid);
+    no_ambient_capabilities(cmd);
+}
+
+/// Clears the child's ambient capabilities before exec (see [`run_as`]): a child of a Nest that
+/// holds the unit's capabilities gets none of them, separated or not.
+pub fn no_ambient_capabilities(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
     #[allow(unsafe_code)]
     // SAFETY: the closure runs between fork and exec and calls only prctl (async-signal-safe);
     // it allocates nothing and takes no locks.

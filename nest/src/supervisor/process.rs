@@ -98,6 +98,9 @@ pub fn spawn_instance(
             .env_remove("USER")
             .env_remove("LOGNAME");
         group::run_as(cmd.as_std_mut(), r.id);
+    } else {
+        // Not separated: still none of the Nest's own capabilities (a unit's ambient set).
+        group::no_ambient_capabilities(cmd.as_std_mut());
     }
     group::own_group_dying_with_parent(cmd.as_std_mut(), Some(std::process::id()));
     put_on_fd(&mut cmd, reader.as_raw_fd(), BOOTSTRAP_FD);
