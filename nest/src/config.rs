@@ -1,7 +1,8 @@
 //! The Nest's configuration ([`NestOptions`]), its error type ([`NestError`]) and the files it
 //! keeps in its data dir (`node-id`, `nest.sock`, `bundles/`, `children.json`, `hub-ca.pem`,
 //! `nest.key` (0600) and `nest.crt`: the Nest's client certificate, issued by the Hub's `Join`;
-//! with separated instances also `run-uids.json` and `run/`, see `separation`).
+//! with separated instances also `run-uids.json`; their run dirs and the socket are then in a
+//! run root outside the data dir, see `separation`).
 //! The data dir is private to the Nest's user: 0700, files 0600 (`agen nest`/`agen up` set
 //! umask 077, and the files here are created with that mode); a looser one is tightened at start.
 //!
@@ -66,6 +67,8 @@ pub struct NestOptions {
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Who instances run as (`--run-uids`, `--run-as`, `--run-as-self`; see `separation`).
     pub run_as: crate::separation::RunAs,
+    /// Where the socket is when not in the data dir (set at start for separated instances).
+    pub socket_dir: Option<PathBuf>,
 }
 
 impl NestOptions {
@@ -87,11 +90,17 @@ impl NestOptions {
                 .collect(),
             metrics_listen: None,
             run_as: crate::separation::RunAs::default(),
+            socket_dir: None,
         }
     }
 
+    /// `nest.sock` in the data dir, or in [`NestOptions::socket_dir`] when that is set (the
+    /// run root of separated instances).
     pub fn socket_path(&self) -> PathBuf {
-        self.data_dir.join("nest.sock")
+        self.socket_dir
+            .as_deref()
+            .unwrap_or(&self.data_dir)
+            .join("nest.sock")
     }
     pub fn bundles_dir(&self) -> PathBuf {
         self.data_dir.join("bundles")
@@ -257,19 +266,13 @@ pub fn load_or_create_node_id(data_dir: &Path) -> Result<String> {
 }
 
 /// Creates the data dir (mode 0700) if needed; one that others can read into is tightened
-/// (folders 0700, files without group/other bits) and each change is logged. With
-/// `separating` (instances under their own uids), the data dir and `run/` may stay 0711.
-pub fn prepare_data_dir(data_dir: &Path, separating: bool) -> Result<()> {
-    // With separated instances, the data dir and `run/` may stay passable (0711).
-    let run = data_dir.join("run");
-    let passable = |p: &Path| separating && (p == data_dir || p == run);
-    agen_shared::private::prepare_data_dir_except_passable(data_dir, &passable).map_err(
-        |source| NestError::DataDir {
-            path: data_dir.to_path_buf(),
-            action: "cannot create or make private",
-            source,
-        },
-    )?;
+/// (folders 0700, files without group/other bits) and each change is logged.
+pub fn prepare_data_dir(data_dir: &Path) -> Result<()> {
+    agen_shared::private::prepare_data_dir(data_dir).map_err(|source| NestError::DataDir {
+        path: data_dir.to_path_buf(),
+        action: "cannot create or make private",
+        source,
+    })?;
     Ok(())
 }
 

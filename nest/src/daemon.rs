@@ -24,22 +24,24 @@ use crate::supervisor::{Supervisor, STOP_GRACE};
 /// Runs a Nest until `shutdown` is cancelled. Several Nests may run in one process (`agen up
 /// --nests N`), each with its own data dir.
 pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), NestError> {
+    let mut opts = opts;
     opts.validate()?;
-    let separating =
-        opts.run_as != crate::separation::RunAs::Myself && crate::separation::privileged();
-    prepare_data_dir(&opts.data_dir, separating)?;
+    prepare_data_dir(&opts.data_dir)?;
     let nest_id = load_or_create_node_id(&opts.data_dir)?;
-    let opts = Arc::new(opts);
-
     let children = Arc::new(Children::open(&opts.children_file()));
     for rec in children.reap_leftovers() {
         tracing::warn!(what = %rec.what, pgid = rec.pgid, "killed a leftover of a previous run of this nest");
     }
     let separation = crate::separation::Separation::resolve(&opts.run_as, &opts.data_dir)
         .map_err(|e| NestError::Config(e.to_string()))?;
-    separation
-        .check_runnable(&opts.agen_bin)
-        .map_err(|e| NestError::Config(e.to_string()))?;
+    if separation.is_on() {
+        // Separated instances reach the socket in the run root and run an agen they can run.
+        opts.socket_dir = Some(separation.socket_dir());
+        opts.agen_bin = separation
+            .runnable_bin(&opts.agen_bin)
+            .map_err(|e| NestError::Config(e.to_string()))?;
+    }
+    let opts = Arc::new(opts);
     let socket_path = opts.socket_path();
     // Separated instances run as other uids: the socket lets them connect (0666; who may say
     // hello is proven by the spawn secret and SO_PEERCRED), else it stays 0600.

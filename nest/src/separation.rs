@@ -1,15 +1,19 @@
 //! Who instances run as: a uid of their own from a range (`--run-uids`, the default when the
 //! Nest may change uids), one pinned user (`--run-as USER`), or the Nest's own user
 //! (`--run-as-self`, or a Nest without the privilege to change uids). Also each separated
-//! instance's run dir, `<data-dir>/run/<instance>/{bundle,home,tmp}`, owned by its uid.
+//! instance's run dir, `<run root>/<instance>/{bundle,home,tmp}`, owned by its uid, where the
+//! run root is a runtime folder outside the data dir (`/run/agen/nest-<hash of the data dir>`,
+//! else under the system temp dir) holding the Nest's socket too.
 //!
 //! Invariants: with a range, a uid is handed to one instance at a time: the allocation is
 //! persisted in `<data-dir>/run-uids.json` before the instance starts, and a uid is free again
 //! only once no process runs under it (every process of the uid is killed when its instance is
 //! gone, and at start for the uids a previous run of this Nest left); a uid that some other
 //! process on the host runs as is never handed out; uid and gid 0 are never handed out; the
-//! Nest's data dir is 0711 while separating (no listing; every file in it stays 0600), so a
-//! separated instance reaches only its own run dir and the socket.
+//! Nest's data dir stays 0700 (a separated instance never reaches it): the run root is 0711 (no
+//! listing) in folders everyone may pass, so a separated instance reaches only its own run dir
+//! and the socket; an `agen` binary other users cannot run (under a 0700 home) is copied into
+//! the run root for them.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -133,7 +137,26 @@ struct Allocations {
 pub struct Separation {
     mode: Mode,
     data_dir: PathBuf,
+    /// Where run dirs and the socket live while separating (see the module doc).
+    run_root: PathBuf,
     allocated: Mutex<Allocations>,
+}
+
+/// The run root of the Nest whose data dir is `data_dir`: `/run/agen/nest-<12 hex>` when
+/// `/run/agen` (or `/run`, to make it) is there to write, else `<temp dir>/agen-run/nest-<12 hex>`; the hash is of the data
+/// dir's absolute path, so two Nests of one host never share one.
+pub fn runtime_root(data_dir: &Path) -> PathBuf {
+    use sha2::Digest;
+    let abs = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    let hash = hex::encode(sha2::Sha256::digest(abs.as_os_str().as_encoded_bytes()));
+    let writable = |p: &str| nix::unistd::access(p, nix::unistd::AccessFlags::W_OK).is_ok();
+    // `/run/agen` is the unit's RuntimeDirectory; root may make it.
+    let base = if writable("/run/agen") || writable("/run") {
+        PathBuf::from("/run/agen")
+    } else {
+        std::env::temp_dir().join("agen-run")
+    };
+    base.join(format!("nest-{}", &hash[..12]))
 }
 
 /// Whether this process may change uids and chown: root, or CAP_SETUID + CAP_SETGID +
@@ -195,6 +218,7 @@ impl Separation {
         let sep = Separation {
             mode,
             data_dir: data_dir.to_path_buf(),
+            run_root: runtime_root(data_dir),
             allocated: Mutex::new(Allocations::default()),
         };
         if sep.is_on() {
@@ -218,6 +242,7 @@ impl Separation {
         Separation {
             mode: Mode::Off(OffReason::RunAsSelf),
             data_dir: PathBuf::new(),
+            run_root: PathBuf::new(),
             allocated: Mutex::new(Allocations::default()),
         }
     }
@@ -245,9 +270,18 @@ impl Separation {
         self.data_dir.join("run-uids.json")
     }
 
-    /// `<data-dir>/run`: where the instances' run dirs live.
+    /// Where the instances' run dirs (and, while separating, the socket) live.
     pub fn run_root(&self) -> PathBuf {
-        self.data_dir.join("run")
+        self.run_root.clone()
+    }
+
+    /// The folder of the Nest's socket: the run root while separating, else the data dir.
+    pub fn socket_dir(&self) -> PathBuf {
+        if self.is_on() {
+            self.run_root.clone()
+        } else {
+            self.data_dir.clone()
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Allocations> {
@@ -267,17 +301,27 @@ impl Separation {
         std::fs::rename(&tmp, &path).map_err(io(&path, "cannot write"))
     }
 
-    /// The data dir becomes traversable (0711: no listing) and `run/` is made (0711), so a
-    /// separated uid reaches its run dir and the socket and nothing else. Every ancestor of the
-    /// data dir must let others through too: a start error names the first that does not.
+    /// The run root is made (0711: others pass, never list, in folders of 0711 up to a
+    /// folder everyone may pass), so a separated uid reaches its run dir and the socket and
+    /// nothing else; the data dir stays 0700.
     fn open_up(&self) -> Result<()> {
         let run = self.run_root();
-        agen_shared::private::create_dir_all(&run).map_err(io(&run, "cannot create"))?;
-        for dir in [&self.data_dir, &run] {
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
-                .map_err(io(dir, "cannot make traversable (0711)"))?;
+        std::fs::create_dir_all(&run).map_err(io(&run, "cannot create"))?;
+        let mut dir = Some(run.as_path());
+        // The run root and the folders made for it (`/run/agen`, `agen-run`) are 0711.
+        for _ in 0..2 {
+            let Some(d) = dir else { break };
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o711))
+                .map_err(io(d, "cannot make traversable (0711)"))?;
+            dir = d.parent();
         }
-        let mut at = self.data_dir.parent();
+        self.passable_up_to(&run, "reach the nest's socket in")
+    }
+
+    /// Every folder above `path` must let other users through (o+x); else an error names the
+    /// first that does not.
+    fn passable_up_to(&self, path: &Path, what: &str) -> Result<()> {
+        let mut at = path.parent();
         while let Some(dir) = at {
             let mode = std::fs::metadata(dir)
                 .map_err(io(dir, "cannot inspect"))?
@@ -285,10 +329,10 @@ impl Separation {
                 .mode();
             if mode & 0o001 == 0 {
                 return Err(SeparationError::Unreachable(format!(
-                    "{} (mode {:o}) does not let other users through, so instances under their own uid cannot reach the nest's socket in {}; chmod o+x {} (listing stays off), pick a --data-dir elsewhere, or pass --run-as-self",
+                    "{} (mode {:o}) does not let other users through, so instances under their own uid cannot {what} {}; chmod o+x {} (listing stays off) or pass --run-as-self",
                     dir.display(),
                     mode & 0o7777,
-                    self.data_dir.display(),
+                    path.display(),
                     dir.display()
                 )));
             }
@@ -297,30 +341,41 @@ impl Separation {
         Ok(())
     }
 
-    /// Separated instances run `agen_bin` under their own uid: it and every folder above it
-    /// must let other users through (o+x); else a start error names the first that does not.
-    pub fn check_runnable(&self, agen_bin: &Path) -> Result<()> {
+    /// The `agen` binary separated instances run: `agen_bin` when other users can run it
+    /// (it and every folder above it let them through), else a copy of it in the run root
+    /// (0755), made at every start.
+    pub fn runnable_bin(&self, agen_bin: &Path) -> Result<PathBuf> {
         if !self.is_on() {
-            return Ok(());
+            return Ok(agen_bin.to_path_buf());
         }
         let mut at = Some(agen_bin);
+        let mut runnable = true;
         while let Some(p) = at {
             let mode = std::fs::metadata(p)
                 .map_err(io(p, "cannot inspect"))?
                 .permissions()
                 .mode();
             if mode & 0o001 == 0 {
-                return Err(SeparationError::Unreachable(format!(
-                    "{} (mode {:o}) cannot be run or passed by other users, so instances under their own uid cannot run {}; chmod o+x {}, install agen elsewhere (e.g. /usr/local/bin), or pass --run-as-self",
-                    p.display(),
-                    mode & 0o7777,
-                    agen_bin.display(),
-                    p.display()
-                )));
+                runnable = false;
+                break;
             }
             at = p.parent();
         }
-        Ok(())
+        if runnable {
+            return Ok(agen_bin.to_path_buf());
+        }
+        let bin_dir = self.run_root.join("bin");
+        std::fs::create_dir_all(&bin_dir).map_err(io(&bin_dir, "cannot create"))?;
+        std::fs::set_permissions(&bin_dir, std::fs::Permissions::from_mode(0o711))
+            .map_err(io(&bin_dir, "cannot make traversable (0711)"))?;
+        let copy = bin_dir.join("agen");
+        let tmp = bin_dir.join(".agen.tmp");
+        std::fs::copy(agen_bin, &tmp).map_err(io(&tmp, "cannot copy the agen binary to"))?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+            .map_err(io(&tmp, "cannot make runnable"))?;
+        std::fs::rename(&tmp, &copy).map_err(io(&copy, "cannot write"))?;
+        tracing::info!(from = %agen_bin.display(), to = %copy.display(), "other users cannot run the agen binary where it is: separated instances run a copy");
+        Ok(copy)
     }
 
     /// Kills every process under a uid a previous run of this Nest handed out, frees those
@@ -520,29 +575,43 @@ mod tests {
     }
 
     #[test]
-    fn an_agen_binary_other_uids_cannot_run_is_named() {
+    fn an_agen_binary_other_uids_cannot_run_is_copied_where_they_can() {
+        let runtime = tempfile::tempdir().expect("tempdir");
         let sep = Separation {
             mode: Mode::Range { first: 1, last: 2 },
             data_dir: PathBuf::new(),
+            run_root: runtime.path().join("nest-x"),
             allocated: Mutex::new(Allocations::default()),
         };
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
             .expect("chmod");
         let bin = dir.path().join("agen");
-        std::fs::write(&bin, "").expect("write");
-        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o700)).expect("chmod");
-        let err = sep.check_runnable(&bin).expect_err("0700").to_string();
-        assert!(
-            err.starts_with(&format!("{} (mode 700)", bin.display())),
-            "{err}"
-        );
+        std::fs::write(&bin, "#!/bin/sh\n").expect("write");
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        // /tmp and / let others through.
-        sep.check_runnable(&bin).expect("0755");
-        assert!(Separation::off()
-            .check_runnable(Path::new("/nonexistent"))
-            .is_ok());
+        // /tmp and / let others through: the binary is used where it is.
+        assert_eq!(sep.runnable_bin(&bin).expect("0755"), bin);
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        let copy = sep.runnable_bin(&bin).expect("copied");
+        assert_eq!(copy, runtime.path().join("nest-x/bin/agen"));
+        let mode = std::fs::metadata(&copy).expect("copy").permissions().mode();
+        assert_eq!(mode & 0o777, 0o755);
+        assert_eq!(std::fs::read(&copy).expect("read"), b"#!/bin/sh\n");
+        assert_eq!(
+            Separation::off()
+                .runnable_bin(Path::new("/nonexistent"))
+                .expect("off"),
+            PathBuf::from("/nonexistent")
+        );
+    }
+
+    #[test]
+    fn the_run_root_is_outside_the_data_dir_and_one_per_data_dir() {
+        let a = runtime_root(Path::new("/var/lib/agen/nest-a"));
+        let b = runtime_root(Path::new("/var/lib/agen/nest-b"));
+        assert_ne!(a, b);
+        assert!(!a.starts_with("/var/lib/agen"), "{}", a.display());
+        assert_eq!(a, runtime_root(Path::new("/var/lib/agen/nest-a")));
     }
 
     #[test]

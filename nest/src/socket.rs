@@ -1,5 +1,5 @@
 //! The Nest⇄instance protocol over the Nest's Unix socket (`<data-dir>/nest.sock`, mode 0600, or
-//! 0666 in a 0711 data dir when instances run under their own uids):
+//! 0666 in the 0711 run root outside the data dir when instances run under their own uids):
 //! newline-delimited JSON, one message per line.
 //!
 //! Bootstrap: the Nest starts `agen instance` with no arguments; the instance reads one

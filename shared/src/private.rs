@@ -3,8 +3,7 @@
 //! and the repair of a data dir that an older version or a hand left readable by others.
 //!
 //! Invariant: nothing under a data dir of the Hub, a Nest or `agen up` grants group or other
-//! users any access, but the execute (pass-through) bit of the folders its caller names
-//! passable (the way to a separated instance's run dir and the Nest's socket).
+//! users any access.
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -56,16 +55,6 @@ pub struct Tightened {
 /// from it and from everything under it; folders keep 0700 at least. Logs each entry it
 /// changed and returns them. A missing `root` is nothing to repair.
 pub fn repair(root: &Path) -> std::io::Result<Vec<Tightened>> {
-    repair_except_passable(root, &|_| false)
-}
-
-/// [`repair`], except that a folder for which `passable` holds may keep its execute bits for
-/// group and other (0711: others pass through, never list): the folders that lead instances
-/// under their own uids to their run dir and the Nest's socket.
-pub fn repair_except_passable(
-    root: &Path,
-    passable: &dyn Fn(&Path) -> bool,
-) -> std::io::Result<Vec<Tightened>> {
     let mut fixed = Vec::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(path) = stack.pop() {
@@ -79,9 +68,7 @@ pub fn repair_except_passable(
             continue;
         }
         let from = meta.permissions().mode() & 0o7777;
-        let to = if ft.is_dir() && passable(&path) {
-            (from & 0o711) | DIR_MODE
-        } else if ft.is_dir() {
+        let to = if ft.is_dir() {
             (from & 0o700) | DIR_MODE
         } else {
             from & 0o700
@@ -122,15 +109,6 @@ pub fn prepare_data_dir(root: &Path) -> std::io::Result<Vec<Tightened>> {
     repair(root)
 }
 
-/// [`prepare_data_dir`] with [`repair_except_passable`].
-pub fn prepare_data_dir_except_passable(
-    root: &Path,
-    passable: &dyn Fn(&Path) -> bool,
-) -> std::io::Result<Vec<Tightened>> {
-    create_dir_all(root)?;
-    repair_except_passable(root, passable)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,31 +130,6 @@ mod tests {
         assert_eq!(mode(&dir), 0o700);
         write_file(&dir.join("key"), b"k").expect("write");
         assert_eq!(mode(&dir.join("key")), 0o600);
-    }
-
-    #[test]
-    fn a_passable_folder_keeps_only_its_execute_bits_for_others() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let root = tmp.path().join("data");
-        let run = root.join("run");
-        let other = root.join("logs");
-        for d in [&run, &other] {
-            std::fs::create_dir_all(d).expect("mkdir");
-        }
-        let set = |p: &Path, m: u32| {
-            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).expect("chmod")
-        };
-        set(&root, 0o711);
-        set(&run, 0o755);
-        set(&other, 0o711);
-        let passable = |p: &Path| p == root || p == run;
-        let fixed = prepare_data_dir_except_passable(&root, &passable).expect("repair");
-        assert_eq!(
-            (mode(&root), mode(&run), mode(&other)),
-            (0o711, 0o711, 0o700)
-        );
-        // A passable folder that is already 0711 is no fix to report.
-        assert!(fixed.iter().all(|t| t.path != root), "{fixed:?}");
     }
 
     #[test]

@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agen_tests::{
-    cli, free_port, mcp_json, processes_under, wait_for, workspace_root, write_bundle, FakeModel,
-    HubProcess, NestProcess, Proc,
+    cli, free_port, mcp_json, wait_for, workspace_root, write_bundle, FakeModel, HubProcess,
+    NestProcess, Proc,
 };
 use serde_json::{json, Value};
 
@@ -202,6 +202,18 @@ fn passable_tempdir() -> (tempfile::TempDir, PathBuf) {
     (tmp, out)
 }
 
+/// The `agen instance` processes of the host whose uid is in `range`.
+fn instances_with_uid_in(range: std::ops::RangeInclusive<u32>) -> Vec<u32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| cmdline(*p).ends_with("agen instance "))
+        .filter(|p| uid_of(*p).is_some_and(|u| range.contains(&u)))
+        .collect()
+}
+
 fn uid_of(pid: u32) -> Option<u32> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     s.lines()
@@ -218,8 +230,13 @@ fn cmdline(pid: u32) -> String {
 }
 
 /// The pid of instance `id`'s process (its working dir is its bundle copy in its run dir).
+/// Where a separating Nest keeps its instances' run dirs (outside its data dir).
+fn run_root(nest: &NestProcess) -> PathBuf {
+    agen_nest::separation::runtime_root(&nest.dir)
+}
+
 fn instance_pid(nest: &NestProcess, id: &str) -> Option<u32> {
-    let bundle = nest.dir.join("run").join(id).join("bundle");
+    let bundle = run_root(nest).join(id).join("bundle");
     nest.descendants().into_iter().find(|p| {
         cmdline(*p).contains("instance")
             && std::fs::read_link(format!("/proc/{p}/cwd")).ok().as_deref() == Some(&bundle)
@@ -441,7 +458,7 @@ echo "ME uid=$(id -u) gid=$(id -g) groups=$(id -G) home=$HOME tmp=$TMPDIR home_o
         "{text}"
     );
     let me = text.lines().find(|l| l.starts_with("ME ")).unwrap();
-    let run_dir = nest.dir.join("run").join(&attacker_id);
+    let run_dir = run_root(&nest).join(&attacker_id);
     assert_eq!(
         me,
         format!(
@@ -625,7 +642,7 @@ fn run_as_user_runs_every_instance_as_that_user_and_says_so() {
     let pid = instance_pid(&nest, &id).unwrap();
     assert_eq!(uid_of(pid), Some(user.uid()));
     // The run tool wrote into the instance's own bundle copy, as that user.
-    let whoami = nest.dir.join("run").join(&id).join("bundle/whoami");
+    let whoami = run_root(&nest).join(&id).join("bundle/whoami");
     assert_eq!(
         std::fs::read_to_string(&whoami).unwrap().trim(),
         user.uid().to_string()
@@ -640,7 +657,10 @@ fn run_as_user_runs_every_instance_as_that_user_and_says_so() {
 
 #[test]
 fn agen_up_runs_its_instances_under_uids_of_the_range() {
-    let (tmp, _out) = passable_tempdir();
+    // A private (0700) folder around the data dir, as root's home is: the instances' run root
+    // and the socket are outside it, so separation works all the same.
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
     let data = tmp.path().join("data");
     let config = tmp.path().join("config.toml");
     let mut cmd = std::process::Command::new(agen_tests::agen_bin());
@@ -660,11 +680,7 @@ fn agen_up_runs_its_instances_under_uids_of_the_range() {
     let instance = wait_for(
         "agen up's instance under its own uid",
         Duration::from_secs(90),
-        || {
-            processes_under(&data)
-                .into_iter()
-                .find(|p| cmdline(*p).ends_with("agen instance "))
-        },
+        || instances_with_uid_in(62120..=62129).into_iter().next(),
     )
     .unwrap_or_else(|e| panic!("{e}\n{}", up.log_text()));
     let uid = uid_of(instance).unwrap();
@@ -828,7 +844,7 @@ fn a_restarted_instance_gets_its_verified_bundle_again_not_what_its_model_change
     let id = instance_id(&hub, "fresh");
     let t = submit(&hub, "default", "fresh");
     assert_eq!(t["state"], "succeeded", "{t}");
-    let copy = nest.dir.join("run").join(&id).join("bundle");
+    let copy = run_root(&nest).join(&id).join("bundle");
     assert!(copy.join("planted").exists(), "the model changed its copy");
 
     // The instance dies; its restart starts from the verified bundle.

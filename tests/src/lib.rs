@@ -418,9 +418,15 @@ pub struct NestProcess {
 impl NestProcess {
     /// Pids of every process that belongs to this Nest (the Nest itself included: its command
     /// line names its data dir): instances and tool servers (their working directory is a
-    /// bundle in it).
+    /// bundle in it, or, for separated instances, in the Nest's run root outside it).
     pub fn descendants(&self) -> Vec<u32> {
-        processes_under(&self.dir)
+        let mut pids = processes_under(&self.dir);
+        for p in processes_under(&agen_nest::separation::runtime_root(&self.dir)) {
+            if !pids.contains(&p) {
+                pids.push(p);
+            }
+        }
+        pids
     }
 }
 

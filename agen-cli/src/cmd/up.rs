@@ -55,39 +55,13 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     agen_shared::private::restrict_umask();
     agen_shared::telemetry::init_with("info", args.log_format);
     let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
-    // The folders leading to each Nest's run dir may stay passable (0711) for separated
-    // instances: the data dir, `nests/`, each Nest's dir and its `run/`.
-    let nests_dir = data_dir.join("nests");
+    agen_shared::private::prepare_data_dir(&data_dir).with_context(|| {
+        format!(
+            "cannot create or make private data dir {}",
+            data_dir.display()
+        )
+    })?;
     let run_as = args.run_as.run_as();
-    let separating =
-        run_as != agen_nest::separation::RunAs::Myself && agen_nest::separation::privileged();
-    let passable = |p: &std::path::Path| {
-        separating
-            && (p == data_dir
-                || p == nests_dir
-                || p.parent() == Some(nests_dir.as_path())
-                || (p.ends_with("run")
-                    && p.parent().and_then(|n| n.parent()) == Some(nests_dir.as_path())))
-    };
-    agen_shared::private::prepare_data_dir_except_passable(&data_dir, &passable).with_context(
-        || {
-            format!(
-                "cannot create or make private data dir {}",
-                data_dir.display()
-            )
-        },
-    )?;
-    if separating {
-        // Separated instances must get through to their Nest's run dir and socket (no listing;
-        // the Hub's data dir and every file stay private).
-        agen_shared::private::create_dir_all(&nests_dir)
-            .with_context(|| format!("cannot create {}", nests_dir.display()))?;
-        for dir in [&data_dir, &nests_dir] {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
-                .with_context(|| format!("cannot make {} traversable (0711)", dir.display()))?;
-        }
-    }
     let shutdown = CancellationToken::new();
     crate::cmd::cancel_on_signals(shutdown.clone());
 
