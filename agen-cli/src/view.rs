@@ -147,6 +147,7 @@ pub fn nest_json(n: &pb::Nest) -> Value {
         "registered_at": time(n.registered_at_ms),
         "revoked": n.revoked,
         "cordoned": n.cordoned,
+        "separation": n.separation,
     })
 }
 

@@ -75,6 +75,9 @@ pub struct NestRec {
     /// No new placements (cordon, drain); kept across re-registrations.
     #[serde(default)]
     pub cordoned: bool,
+    /// Who its instances run as, as the Nest reported it at its last registration.
+    #[serde(default)]
+    pub separation: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -176,6 +179,8 @@ pub struct Registration {
     /// The name to take when `name` (a default) is held by another live Nest; empty when
     /// `name` was given explicitly.
     pub fallback_name: String,
+    /// Who its instances run as (shown by `agen nests`).
+    pub separation: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

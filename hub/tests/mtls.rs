@@ -23,6 +23,7 @@ fn register(nest_id: &str) -> pb::NestMessage {
         version: "test".into(),
         instances: vec![],
         fallback_name: String::new(),
+        separation: String::new(),
     }))
 }
 

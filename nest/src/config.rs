@@ -1,6 +1,8 @@
 //! The Nest's configuration ([`NestOptions`]), its error type ([`NestError`]) and the files it
 //! keeps in its data dir (`node-id`, `nest.sock`, `bundles/`, `children.json`, `hub-ca.pem`,
-//! `nest.key` (0600) and `nest.crt`: the Nest's client certificate, issued by the Hub's `Join`).
+//! `nest.key` (0600) and `nest.crt`: the Nest's client certificate, issued by the Hub's `Join`;
+//! with separated instances also `run-uids.json`; their run dirs and the socket are then in a
+//! run root outside the data dir, see `separation`).
 //! The data dir is private to the Nest's user: 0700, files 0600 (`agen nest`/`agen up` set
 //! umask 077, and the files here are created with that mode); a looser one is tightened at start.
 //!
@@ -63,6 +65,10 @@ pub struct NestOptions {
     pub env: Vec<(String, String)>,
     /// Where to serve Prometheus metrics (`GET /metrics`); `None`: not served.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Who instances run as (`--run-uids`, `--run-as`, `--run-as-self`; see `separation`).
+    pub run_as: crate::separation::RunAs,
+    /// Where the socket is when not in the data dir (set at start for separated instances).
+    pub socket_dir: Option<PathBuf>,
 }
 
 impl NestOptions {
@@ -83,11 +89,18 @@ impl NestOptions {
                 .filter(|(k, _)| k != JOIN_TOKEN_ENV)
                 .collect(),
             metrics_listen: None,
+            run_as: crate::separation::RunAs::default(),
+            socket_dir: None,
         }
     }
 
+    /// `nest.sock` in the data dir, or in [`NestOptions::socket_dir`] when that is set (the
+    /// run root of separated instances).
     pub fn socket_path(&self) -> PathBuf {
-        self.data_dir.join("nest.sock")
+        self.socket_dir
+            .as_deref()
+            .unwrap_or(&self.data_dir)
+            .join("nest.sock")
     }
     pub fn bundles_dir(&self) -> PathBuf {
         self.data_dir.join("bundles")

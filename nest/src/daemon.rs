@@ -25,20 +25,33 @@ use crate::supervisor::{Supervisor, STOP_GRACE};
 /// Runs a Nest until `shutdown` is cancelled. Several Nests may run in one process (`agen up
 /// --nests N`), each with its own data dir.
 pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), NestError> {
+    let mut opts = opts;
     opts.validate()?;
     prepare_data_dir(&opts.data_dir)?;
     let nest_id = load_or_create_node_id(&opts.data_dir)?;
-    let opts = Arc::new(opts);
-
     let children = Arc::new(Children::open(&opts.children_file()));
     for rec in children.reap_leftovers() {
         tracing::warn!(what = %rec.what, pgid = rec.pgid, "killed a leftover of a previous run of this nest");
     }
+    let separation = crate::separation::Separation::resolve(&opts.run_as, &opts.data_dir)
+        .map_err(|e| NestError::Config(e.to_string()))?;
+    if separation.is_on() {
+        // Separated instances reach the socket in the run root and run an agen they can run.
+        opts.socket_dir = Some(separation.socket_dir());
+        opts.agen_bin = separation
+            .runnable_bin(&opts.agen_bin)
+            .map_err(|e| NestError::Config(e.to_string()))?;
+    }
+    let opts = Arc::new(opts);
     let socket_path = opts.socket_path();
-    let listener = socket::listen(&socket_path).map_err(|source| NestError::Socket {
-        path: socket_path.clone(),
-        source,
-    })?;
+    // Separated instances run as other uids: the socket lets them connect (0666; who may say
+    // hello is proven by the spawn secret and SO_PEERCRED), else it stays 0600.
+    let socket_mode = if separation.is_on() { 0o666 } else { 0o600 };
+    let listener =
+        socket::listen(&socket_path, socket_mode).map_err(|source| NestError::Socket {
+            path: socket_path.clone(),
+            source,
+        })?;
 
     let own = shutdown.child_token();
     let client = Arc::new(ClientSlot::default());
@@ -49,6 +62,7 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         children,
         bundles,
         outbox.clone(),
+        Arc::new(separation),
         own.child_token(),
     );
     let serve = tokio::spawn(supervisor.clone().serve(listener));
@@ -70,7 +84,7 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         tracing::info!(addr = %at, "serving metrics at /metrics");
     }
 
-    tracing::info!(nest_id = %nest_id, name = %opts.name, hub = %opts.hub, data_dir = %opts.data_dir.display(), capacity = opts.capacity, "nest starting");
+    tracing::info!(nest_id = %nest_id, name = %opts.name, hub = %opts.hub, data_dir = %opts.data_dir.display(), capacity = opts.capacity, separation = %supervisor.separation().describe(), "nest starting");
     let ctx = LinkContext {
         opts: opts.clone(),
         nest_id,

@@ -179,6 +179,7 @@ async fn session(
         version: env!("CARGO_PKG_VERSION").to_string(),
         instances: sup.snapshot(),
         fallback_name: ctx.opts.fallback_name.clone(),
+        separation: sup.separation().describe(),
     };
     // Reports queued while disconnected are covered by `Register.instances`.
     let _ = sup.take_changed();

@@ -25,5 +25,6 @@ pub mod metrics;
 pub mod outbox;
 pub mod refused_run;
 pub mod run_context;
+pub mod separation;
 pub mod socket;
 pub mod supervisor;

@@ -1,4 +1,5 @@
-//! The Nest⇄instance protocol over the Nest's Unix socket (`<data-dir>/nest.sock`, mode 0600):
+//! The Nest⇄instance protocol over the Nest's Unix socket (`<data-dir>/nest.sock`, mode 0600, or
+//! 0666 in the 0711 run root outside the data dir when instances run under their own uids):
 //! newline-delimited JSON, one message per line.
 //!
 //! Bootstrap: the Nest starts `agen instance` with no arguments; the instance reads one
@@ -405,8 +406,9 @@ pub fn decode<T: for<'de> Deserialize<'de>>(line: &str) -> Result<T, SocketError
     Ok(serde_json::from_str(line)?)
 }
 
-/// Binds the Nest's socket at `path` (removing a stale one) with mode 0600.
-pub fn listen(path: &Path) -> std::io::Result<UnixListener> {
+/// Listens on `path` (any old socket there is removed), mode `mode` (0600, or 0666 when
+/// instances run under their own uids).
+pub fn listen(path: &Path, mode: u32) -> std::io::Result<UnixListener> {
     use std::os::unix::fs::PermissionsExt;
     match std::fs::remove_file(path) {
         Ok(()) => {}
@@ -416,7 +418,7 @@ pub fn listen(path: &Path) -> std::io::Result<UnixListener> {
     // Bind under a restrictive umask-equivalent: set the mode right after bind, before any
     // instance is started (instances are only spawned after this returns).
     let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     Ok(listener)
 }
 
@@ -533,7 +535,7 @@ mod tests {
     async fn messages_cross_a_real_socket_in_order() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("nest.sock");
-        let listener = listen(&path).expect("listen");
+        let listener = listen(&path, 0o600).expect("listen");
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(
             std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777,

@@ -124,6 +124,8 @@ fn start_nest(hub: &HubHandle, data_dir: &Path, name: &str) -> Nest {
         .into_iter()
         .collect();
     opts.agen_bin = agen_bin();
+    // The test's temp dirs are root's own: instances run as the test's user.
+    opts.run_as = agen_nest::separation::RunAs::Myself;
     let stop = CancellationToken::new();
     let task = tokio::spawn(agen_nest::daemon::run(opts, stop.clone()));
     Nest { stop, task }

@@ -49,6 +49,117 @@ pub fn own_group_dying_with_parent(cmd: &mut std::process::Command, parent: Opti
     }
 }
 
+/// The uid and gid a child runs as (its supplementary groups are dropped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunIdentity {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Has the command's child drop to `id` before exec: setgid, `setgroups([])`, setuid (std does
+/// the three in that order, before any `pre_exec` closure, so the death signal set by
+/// [`own_group_dying_with_parent`] survives the change of credentials), then clears its
+/// ambient capabilities: a parent that is not root but holds capabilities (a systemd unit's
+/// `AmbientCapabilities`) would otherwise hand them on through exec, and the child, no longer
+/// uid 0 and running a binary without file capabilities, ends up with none.
+pub fn run_as(cmd: &mut std::process::Command, id: RunIdentity) {
+    use std::os::unix::process::CommandExt;
+    // With a uid and no explicit groups, std calls setgroups(0) before setuid.
+    cmd.gid(id.gid).uid(id.uid);
+    no_ambient_capabilities(cmd);
+}
+
+/// Clears the child's ambient capabilities before exec (see [`run_as`]): a child of a Nest that
+/// holds the unit's capabilities gets none of them, separated or not.
+pub fn no_ambient_capabilities(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    #[allow(unsafe_code)]
+    // SAFETY: the closure runs between fork and exec and calls only prctl (async-signal-safe);
+    // it allocates nothing and takes no locks.
+    unsafe {
+        cmd.pre_exec(|| {
+            let rc = libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            );
+            // EINVAL: a kernel without ambient capabilities (before 4.3) has none to clear.
+            if rc != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EINVAL) {
+                    return Err(e);
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+/// The real uid of a live (non-zombie) process, from `/proc/<pid>/status`.
+fn uid_of(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The real uids of every live process.
+pub fn uids_in_use() -> HashSet<u32> {
+    let mut out = HashSet::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if !is_dead(pid) {
+                out.extend(uid_of(pid));
+            }
+        }
+    }
+    out
+}
+
+/// Every live process whose real uid is `uid` (never for uid 0).
+pub fn processes_of_uid(uid: u32) -> Vec<u32> {
+    if uid == 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if pid > 1 && !is_dead(pid) && uid_of(pid) == Some(uid) {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// Kills every process running as `uid` (never uid 0): freeze all, kill all, until none is
+/// left (bounded). A uid handed to one instance alone is free again only after this.
+pub fn kill_uid(uid: u32) -> Vec<u32> {
+    let mut killed = HashSet::new();
+    for _ in 0..KILL_ROUNDS {
+        let procs = processes_of_uid(uid);
+        if procs.is_empty() {
+            break;
+        }
+        for &p in &procs {
+            let _ = kill(Pid::from_raw(p as i32), Signal::SIGSTOP);
+        }
+        for &p in &procs {
+            if kill(Pid::from_raw(p as i32), Signal::SIGKILL).is_ok() {
+                killed.insert(p);
+            }
+        }
+    }
+    killed.into_iter().collect()
+}
+
 /// Makes this process the reaper of its orphaned descendants (`PR_SET_CHILD_SUBREAPER`), so
 /// one that `setsid`s and double-forks still has this process as an ancestor.
 pub fn become_subreaper() -> std::io::Result<()> {

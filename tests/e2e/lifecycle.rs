@@ -221,12 +221,18 @@ fn wait_for_fresh_instance(config: &Path, since: chrono::DateTime<chrono::Utc>) 
 /// `agen up --deploy DIR` on a fixed port and data dir, its log appended to `log`.
 fn start_up(data: &Path, config: &Path, port: u16, dir: &Path, log: &Path) -> Proc {
     let mut cmd = Command::new(agen_bin());
-    cmd.args(["up", "--listen", &format!("127.0.0.1:{port}"), "--deploy"])
-        .arg(dir)
-        .arg("--data-dir")
-        .arg(data)
-        .env("AGEN_CONFIG", config)
-        .env("RUST_LOG", "info");
+    cmd.args([
+        "up",
+        "--run-as-self",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--deploy",
+    ])
+    .arg(dir)
+    .arg("--data-dir")
+    .arg(data)
+    .env("AGEN_CONFIG", config)
+    .env("RUST_LOG", "info");
     Proc::spawn("agen up", cmd, log).unwrap()
 }
 
@@ -370,6 +376,7 @@ fn spawn_nest(hub: &HubProcess, dir: &Path, name: Option<&str>) -> Proc {
     ])
     .arg("--data-dir")
     .arg(dir)
+    .arg("--run-as-self")
     .env("RUST_LOG", "info");
     if let Some(n) = name {
         cmd.args(["--name", n]);

@@ -45,6 +45,7 @@ fn start_up(data: &Path, config: &Path, log: &Path) -> Proc {
     let mut cmd = Command::new(agen_bin());
     cmd.args([
         "up",
+        "--run-as-self",
         "--listen",
         &format!("127.0.0.1:{}", free_port()),
         "--deploy",

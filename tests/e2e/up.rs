@@ -16,6 +16,7 @@ fn agen_up_runs_a_hub_and_nests_with_the_example_deployed() {
     let mut cmd = Command::new(agen_bin());
     cmd.args([
         "up",
+        "--run-as-self",
         "--listen",
         &format!("127.0.0.1:{port}"),
         "--nests",

@@ -346,12 +346,25 @@ impl HubProcess {
         }
     }
 
-    /// Starts a Nest joined to this Hub.
+    /// Starts a Nest joined to this Hub, its instances running as the Nest's user
+    /// (`--run-as-self`: tests write marker files into their root-only temp dirs).
     pub fn nest(
         &self,
         name: &str,
         labels: &[&str],
         env: &[(&str, &str)],
+    ) -> anyhow::Result<NestProcess> {
+        self.nest_with(name, labels, env, &["--run-as-self"])
+    }
+
+    /// Starts a Nest joined to this Hub with `extra` flags (e.g. `--run-uids 62000-62009`:
+    /// instances under their own uids; the test's dir must then let other users through).
+    pub fn nest_with(
+        &self,
+        name: &str,
+        labels: &[&str],
+        env: &[(&str, &str)],
+        extra: &[&str],
     ) -> anyhow::Result<NestProcess> {
         let dir = self.dir.join("nests").join(name);
         std::fs::create_dir_all(&dir)?;
@@ -367,6 +380,7 @@ impl HubProcess {
             "--data-dir",
         ])
         .arg(&dir)
+        .args(extra)
         .env("RUST_LOG", "info");
         for l in labels {
             cmd.args(["--label", l]);
@@ -427,9 +441,15 @@ pub struct NestProcess {
 impl NestProcess {
     /// Pids of every process that belongs to this Nest (the Nest itself included: its command
     /// line names its data dir): instances and tool servers (their working directory is a
-    /// bundle in it).
+    /// bundle in it, or, for separated instances, in the Nest's run root outside it).
     pub fn descendants(&self) -> Vec<u32> {
-        processes_under(&self.dir)
+        let mut pids = processes_under(&self.dir);
+        for p in processes_under(&agen_nest::separation::runtime_root(&self.dir)) {
+            if !pids.contains(&p) {
+                pids.push(p);
+            }
+        }
+        pids
     }
 }
 

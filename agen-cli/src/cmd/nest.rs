@@ -43,6 +43,37 @@ pub struct Args {
     /// Maximum number of instances
     #[arg(long, default_value_t = DEFAULT_CAPACITY)]
     pub capacity: u32,
+    #[command(flatten)]
+    pub run_as: RunAsArgs,
+}
+
+/// Who instances run as (`agen nest` and `agen up`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunAsArgs {
+    /// When the Nest runs as root: each instance and its tool servers run under a uid (and gid)
+    /// of their own from this range (no passwd entry needed)
+    #[arg(long, value_name = "FIRST-LAST", default_value = "61000-61999", value_parser = agen_nest::separation::parse_uid_range)]
+    pub run_uids: agen_nest::separation::RunAs,
+    /// Run every instance as this one user instead of a uid each
+    #[arg(long, value_name = "USER", conflicts_with = "run_as_self")]
+    pub run_as: Option<String>,
+    /// No separation: instances and tool servers run as the Nest's own user (said at start and
+    /// in `agen nests`)
+    #[arg(long)]
+    pub run_as_self: bool,
+}
+
+impl RunAsArgs {
+    pub fn run_as(&self) -> agen_nest::separation::RunAs {
+        use agen_nest::separation::RunAs;
+        if self.run_as_self {
+            RunAs::Myself
+        } else if let Some(user) = &self.run_as {
+            RunAs::User(user.clone())
+        } else {
+            self.run_uids.clone()
+        }
+    }
 }
 
 /// Parses `k=v` labels; the error names the bad one.
@@ -92,6 +123,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     }
     opts.labels = labels;
     opts.capacity = args.capacity;
+    opts.run_as = args.run_as.run_as();
     opts.metrics_listen = args.metrics_listen;
     opts.agen_bin =
         std::env::current_exe().context("while finding the agen binary to run instances with")?;

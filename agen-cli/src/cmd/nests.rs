@@ -129,6 +129,7 @@ fn print(nests: &[pb::Nest], output: Output) {
                 "LABELS",
                 "LAST HEARTBEAT",
                 "VERSION",
+                "SEPARATION",
                 "ID",
             ])
             .keep(&["STATE", "ID"]);
@@ -152,6 +153,11 @@ fn print(nests: &[pb::Nest], output: Output) {
                     },
                     format!("{} ago", view::age(n.last_heartbeat_ms)),
                     n.version.clone(),
+                    if n.separation.is_empty() {
+                        "-".into()
+                    } else {
+                        n.separation.clone()
+                    },
                     n.nest_id.clone(),
                 ]);
             }

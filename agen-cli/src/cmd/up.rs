@@ -36,6 +36,9 @@ pub struct Args {
     /// Deploy this bundle once the Nests have joined (repeatable; named after the folder)
     #[arg(long, value_name = "DIR")]
     pub deploy: Vec<PathBuf>,
+    /// Who instances run as; with several Nests each gets its own slice of --run-uids
+    #[command(flatten)]
+    pub run_as: crate::cmd::nest::RunAsArgs,
 }
 
 pub fn default_data_dir() -> PathBuf {
@@ -58,6 +61,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             data_dir.display()
         )
     })?;
+    let run_as = args.run_as.run_as();
     let shutdown = CancellationToken::new();
     crate::cmd::cancel_on_signals(shutdown.clone());
 
@@ -102,6 +106,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         };
         opts.name = name;
         opts.agen_bin = agen_bin.clone();
+        opts.run_as = run_as.slice(i - 1, args.nests.max(1));
         let token = shutdown.child_token();
         nests.push(tokio::spawn(async move {
             if let Err(e) = agen_nest::daemon::run(opts, token).await {

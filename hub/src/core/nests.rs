@@ -81,6 +81,7 @@ impl Core {
                 last_heartbeat_ms: now,
                 registered_at_ms,
                 cordoned,
+                separation: reg.separation.clone(),
             };
             let nest_name = nest.name.clone();
             self.save_nest(&mut st, nest)?;

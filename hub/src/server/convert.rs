@@ -100,6 +100,7 @@ pub fn nest(n: &NestRec, instances: u32) -> pb::Nest {
         // Set by ListNests from the Nest identities.
         revoked: false,
         cordoned: n.cordoned,
+        separation: n.separation.clone(),
     }
 }
 
@@ -273,6 +274,7 @@ pub fn registration(r: &pb::Register) -> Registration {
         version: r.version.clone(),
         instances: r.instances.iter().map(instance_report).collect(),
         fallback_name: r.fallback_name.clone(),
+        separation: r.separation.clone(),
     }
 }
 

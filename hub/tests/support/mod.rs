@@ -268,6 +268,7 @@ impl FakeNest {
             version: "test".into(),
             instances: running.clone(),
             fallback_name: String::new(),
+            separation: String::new(),
         })))
         .await
         .expect("queue register");

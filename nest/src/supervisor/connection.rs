@@ -39,7 +39,13 @@ impl Supervisor {
 
     pub(super) async fn connection(self: Arc<Self>, stream: UnixStream) {
         // The kernel's word for who is on the other end, not the pid the hello claims.
-        let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid());
+        let peer = stream
+            .peer_cred()
+            .map(|c| identity::Peer {
+                pid: c.pid(),
+                uid: Some(c.uid()),
+            })
+            .unwrap_or_default();
         let (mut reader, mut writer) = socket::split::<ToNest, ToInstance>(stream);
         let hello = tokio::time::timeout(HELLO_TIMEOUT, reader.next()).await;
         let (id, pid, secret) = match hello {
@@ -62,7 +68,7 @@ impl Supervisor {
             let mut st = self.lock();
             match st.instances.get_mut(&id) {
                 None => Err(identity::HelloRefusal::NotPlaced { id: id.clone() }),
-                Some(e) => identity::check(&id, e.cred.as_mut(), &secret, peer_pid)
+                Some(e) => identity::check(&id, e.cred.as_mut(), &secret, peer)
                     .map(|()| (e.place.clone(), e.bundle_dir.clone())),
             }
         };

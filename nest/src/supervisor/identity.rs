@@ -2,8 +2,8 @@
 //! process it started, and the check a hello must pass before it gets a placement.
 //!
 //! Invariants: a hello is believed only when it carries the secret of the current spawn, comes
-//! from the pid the Nest spawned (`SO_PEERCRED`, not the pid the message claims), and is the
-//! first hello of that spawn; the check never changes anything but the spawn's `used` mark.
+//! from the pid the Nest spawned and runs under the uid the Nest gave it (`SO_PEERCRED`, not
+//! what the message claims), and is the first hello of that spawn; the check never changes anything but the spawn's `used` mark.
 
 use crate::socket::SpawnSecret;
 
@@ -13,6 +13,8 @@ pub struct SpawnCred {
     pub secret: SpawnSecret,
     /// The pid the Nest spawned.
     pub pid: i32,
+    /// The uid it runs as (the instance's own, or the Nest's when separation is off).
+    pub uid: u32,
     /// A hello of this spawn was already accepted.
     pub used: bool,
 }
@@ -26,20 +28,34 @@ pub enum HelloRefusal {
     NotSpawned { id: String },
     #[error("hello as instance {id} refused: the peer process ({peer}) is not the one the nest started for it")]
     WrongPeer { id: String, peer: String },
+    #[error("hello as instance {id} refused: the peer runs as uid {peer_uid}, not the uid {uid} the nest gave that instance")]
+    WrongUid {
+        id: String,
+        peer_uid: String,
+        uid: u32,
+    },
     #[error("hello as instance {id} refused: wrong spawn secret (peer pid {peer})")]
     WrongSecret { id: String, peer: i32 },
     #[error("hello as instance {id} refused: that instance already said hello (peer pid {peer}); its connection stays")]
     Repeated { id: String, peer: i32 },
 }
 
-/// Checks a hello for instance `id` carrying `secret` from a peer whose kernel-reported pid is
-/// `peer_pid`, against the spawn's credential; on success marks the spawn used.
+/// The kernel's word about the peer of a socket connection (`SO_PEERCRED`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Peer {
+    pub pid: Option<i32>,
+    pub uid: Option<u32>,
+}
+
+/// Checks a hello for instance `id` carrying `secret` from `peer`, against the spawn's
+/// credential; on success marks the spawn used.
 pub fn check(
     id: &str,
     cred: Option<&mut SpawnCred>,
     secret: &SpawnSecret,
-    peer_pid: Option<i32>,
+    who: Peer,
 ) -> Result<(), HelloRefusal> {
+    let peer_pid = who.pid;
     let Some(cred) = cred else {
         return Err(HelloRefusal::NotSpawned { id: id.into() });
     };
@@ -49,6 +65,13 @@ pub fn check(
             peer: peer_pid.map_or_else(|| "pid unknown".into(), |p| format!("pid {p}")),
         });
     };
+    if who.uid != Some(cred.uid) {
+        return Err(HelloRefusal::WrongUid {
+            id: id.into(),
+            peer_uid: who.uid.map_or_else(|| "unknown".into(), |u| u.to_string()),
+            uid: cred.uid,
+        });
+    }
     if !cred.secret.matches(secret) {
         return Err(HelloRefusal::WrongSecret {
             id: id.into(),
@@ -78,6 +101,10 @@ mod tests {
         expected: Result<(), HelloRefusal>,
     ) {
         let mut cred = cred;
+        let peer = Peer {
+            pid: peer,
+            uid: Some(61000),
+        };
         let got = check("i-1", cred.as_mut(), &SpawnSecret::from_test(secret), peer);
         assert_eq!(got, expected);
         if let Some(msg) = got.err().map(|e| e.to_string()) {
@@ -89,6 +116,7 @@ mod tests {
         Some(SpawnCred {
             secret: SpawnSecret::from_test("s3cret"),
             pid: 100,
+            uid: 61000,
             used,
         })
     }
@@ -141,12 +169,36 @@ mod tests {
     }
 
     #[test]
+    fn a_hello_from_another_uid_is_refused_even_with_the_right_pid_and_secret() {
+        let mut c = cred(false);
+        let s = SpawnSecret::from_test("s3cret");
+        for uid in [Some(0), Some(61001), None] {
+            let peer = Peer {
+                pid: Some(100),
+                uid,
+            };
+            assert!(
+                matches!(
+                    check("i-1", c.as_mut(), &s, peer),
+                    Err(HelloRefusal::WrongUid { .. })
+                ),
+                "{uid:?}"
+            );
+        }
+        assert!(!c.expect("cred").used);
+    }
+
+    #[test]
     fn a_passed_check_marks_the_spawn_used() {
         let mut c = cred(false);
         let s = SpawnSecret::from_test("s3cret");
-        assert_eq!(check("i-1", c.as_mut(), &s, Some(100)), Ok(()));
+        let peer = Peer {
+            pid: Some(100),
+            uid: Some(61000),
+        };
+        assert_eq!(check("i-1", c.as_mut(), &s, peer), Ok(()));
         assert!(matches!(
-            check("i-1", c.as_mut(), &s, Some(100)),
+            check("i-1", c.as_mut(), &s, peer),
             Err(HelloRefusal::Repeated { .. })
         ));
     }

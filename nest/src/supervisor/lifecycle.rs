@@ -165,8 +165,42 @@ impl Supervisor {
             &owner.unwrap_or_default(),
             agen_harness::redact::Redactor::of_secrets(&secrets),
         );
+        // Its uid and its run dir (a copy of the bundle it owns, a HOME and a TMPDIR).
+        let (sep, dir, iid) = (self.separation.clone(), bundle_dir.clone(), id.clone());
+        let run_as = tokio::task::spawn_blocking(move || {
+            let who = sep.acquire(&iid)?;
+            who.map(|who| sep.prepare_run_dir(&iid, who, &dir).map(|d| (who, d)))
+                .transpose()
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()));
+        let run_as = match run_as {
+            Ok(r) => r,
+            Err(e) => {
+                let msg = format!("cannot give the instance its own uid: {e}");
+                tracing::warn!(instance = %id, "{msg}");
+                self.update(&id, |r| {
+                    r.state = InstanceState::Unhealthy as i32;
+                    r.healthy = false;
+                    r.message = msg;
+                });
+                stop.cancelled().await;
+                self.release_uid(&id).await;
+                self.logs.close_instance(&id);
+                self.forget(&id);
+                return;
+            }
+        };
+        let expected_uid = run_as
+            .as_ref()
+            .map_or_else(|| nix::unistd::geteuid().as_raw(), |(who, _)| who.uid);
+        if let Some((who, _)) = &run_as {
+            tracing::info!(instance = %id, uid = who.uid, gid = who.gid, "instance runs under its own uid");
+        }
         let mut backoff = Backoff::new(RESTART_BASE, RESTART_CAP);
         let socket_path = self.opts.socket_path();
+        let mut first_start = true;
         loop {
             if stop.is_cancelled() {
                 break;
@@ -178,10 +212,41 @@ impl Supervisor {
                     r.message = "starting".into();
                 }
             });
+            // Each restart gets the verified bundle again, not what a previous start changed.
+            if let (Some((who, dirs)), false) = (&run_as, first_start) {
+                let (sep, who, dirs, dir) = (
+                    self.separation.clone(),
+                    *who,
+                    dirs.clone(),
+                    bundle_dir.clone(),
+                );
+                let fresh = tokio::task::spawn_blocking(move || {
+                    sep.fresh_bundle(&dirs, who, &dir)
+                        .map_err(|e| e.to_string())
+                })
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+                if let Err(e) = fresh {
+                    let delay = backoff.next_delay();
+                    let msg = format!(
+                        "cannot renew the instance's bundle copy: {e}; retrying in {}s",
+                        delay.as_secs()
+                    );
+                    tracing::warn!(instance = %id, "{msg}");
+                    self.update(&id, |r| {
+                        r.state = InstanceState::Unhealthy as i32;
+                        r.message = msg;
+                    });
+                    tokio::select! { _ = tokio::time::sleep(delay) => continue, _ = stop.cancelled() => break }
+                }
+            }
+            first_start = false;
             let boot = socket::Bootstrap {
                 socket: socket_path.clone(),
                 instance_id: id.clone(),
-                bundle_dir: bundle_dir.clone(),
+                bundle_dir: run_as
+                    .as_ref()
+                    .map_or_else(|| bundle_dir.clone(), |(_, d)| d.bundle.clone()),
                 secret: socket::SpawnSecret::generate(),
             };
             // Spawned right here, on an async worker thread (see `process`).
@@ -189,6 +254,9 @@ impl Supervisor {
                 &self.opts.agen_bin,
                 &boot,
                 &self.opts.env,
+                run_as
+                    .as_ref()
+                    .map(|(who, dirs)| process::RunAs { id: *who, dirs }),
                 self.logs.clone(),
             ) {
                 Ok(c) => {
@@ -198,6 +266,7 @@ impl Supervisor {
                         e.cred = Some(identity::SpawnCred {
                             secret: boot.secret.clone(),
                             pid,
+                            uid: expected_uid,
                             used: false,
                         });
                     }
@@ -297,8 +366,16 @@ impl Supervisor {
                 }
             }
         }
+        self.release_uid(&id).await;
         self.logs.close_instance(&id);
         self.forget(&id);
+    }
+
+    /// The instance is gone: whatever still runs under its uid is killed, the uid freed and
+    /// its run dir removed (see `separation`).
+    async fn release_uid(&self, id: &str) {
+        let (sep, id) = (self.separation.clone(), id.to_string());
+        let _ = tokio::task::spawn_blocking(move || sep.release(&id)).await;
     }
 
     /// Removes an instance after it stopped, keeping its final report for the Hub.

@@ -4,8 +4,8 @@
 //! An instance proves who it is with its spawn's secret and pid (see [`identity`]); a hello that
 //! fails is refused and logged and never replaces the live connection.
 //!
-//! For each placement it fetches the bundle (see `bundles`), spawns `agen instance` in its own
-//! process group (see [`process`]), records the group in `children.json` (see [`children`]),
+//! For each placement it fetches the bundle (see `bundles`), gives the instance its uid and run
+//! dir (see `separation`), spawns `agen instance` in its own process group (see [`process`]), records the group in `children.json` (see [`children`]),
 //! restarts the process with exponential back-off when it dies, and on stop kills the whole
 //! group (SIGTERM, SIGKILL after a grace). It serves the Nest socket: an instance says hello,
 //! gets its placement (with its secrets resolved here), reports its status and streams run
@@ -76,6 +76,8 @@ pub struct Supervisor {
     next_conn: AtomicU64,
     /// Each instance's and tool server's stderr, kept for `agen logs`.
     logs: crate::logs::LogStore,
+    /// Who instances run as, and their uids and run dirs.
+    separation: Arc<crate::separation::Separation>,
 }
 
 #[derive(Default)]
@@ -120,6 +122,7 @@ impl Supervisor {
         children: Arc<Children>,
         bundles: Arc<BundleCache>,
         outbox: Arc<Outbox>,
+        separation: Arc<crate::separation::Separation>,
         shutdown: CancellationToken,
     ) -> Arc<Supervisor> {
         Arc::new(Supervisor {
@@ -132,8 +135,14 @@ impl Supervisor {
             shutdown,
             next_conn: AtomicU64::new(1),
             logs: crate::logs::LogStore::new(opts.data_dir.join("logs")),
+            separation,
             opts,
         })
+    }
+
+    /// Who this Nest's instances run as.
+    pub fn separation(&self) -> &crate::separation::Separation {
+        &self.separation
     }
 
     /// The kept logs of this Nest's instances.

@@ -7,7 +7,9 @@
 //! included) is killed while the instance still holds them; the spawn happens on
 //! the calling (async worker) thread, never in `spawn_blocking` (PDEATHSIG fires when the
 //! spawning *thread* exits); the instance gets a cleared environment (allowlist only), so it
-//! never sees Hub credentials; its stderr (JSON lines, `AGEN_LOG_FORMAT=json`) goes to the
+//! never sees Hub credentials; a separated instance runs under its own uid and gid (no
+//! supplementary groups) with its own HOME and TMPDIR (see `separation`), set before exec; its
+//! stderr (JSON lines, `AGEN_LOG_FORMAT=json`) goes to the
 //! instance's log files ([`crate::logs`]: its own lines and each tool server's apart) and to
 //! `tracing`, tagged once with the instance id (and the server's name for a server's line); its
 //! command line is `agen instance` alone: the socket path, its id, its bundle dir and its
@@ -48,11 +50,19 @@ fn allowed(name: &str) -> bool {
     ENV_ALLOWLIST.contains(&name) || name.starts_with("LC_")
 }
 
-/// Starts `<agen_bin> instance` with `boot` on its bootstrap fd.
+/// Who a separated instance runs as and its own dirs.
+#[derive(Debug, Clone, Copy)]
+pub struct RunAs<'a> {
+    pub id: group::RunIdentity,
+    pub dirs: &'a crate::separation::RunDirs,
+}
+
+/// Starts `<agen_bin> instance` with `boot` on its bootstrap fd (as `run_as` when given).
 pub fn spawn_instance(
     agen_bin: &Path,
     boot: &Bootstrap,
     env: &[(String, String)],
+    run_as: Option<RunAs<'_>>,
     logs: crate::logs::LogStore,
 ) -> std::io::Result<Child> {
     let line = serde_json::to_vec(boot).map_err(std::io::Error::other)?;
@@ -78,6 +88,20 @@ pub fn spawn_instance(
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    if let Some(r) = run_as {
+        let tmp = r.dirs.tmp.as_os_str();
+        cmd.env("HOME", &r.dirs.home)
+            .env("TMPDIR", tmp)
+            .env("TMP", tmp)
+            .env("TEMP", tmp)
+            // Not the Nest's user any more; there is no passwd entry to name.
+            .env_remove("USER")
+            .env_remove("LOGNAME");
+        group::run_as(cmd.as_std_mut(), r.id);
+    } else {
+        // Not separated: still none of the Nest's own capabilities (a unit's ambient set).
+        group::no_ambient_capabilities(cmd.as_std_mut());
+    }
     group::own_group_dying_with_parent(cmd.as_std_mut(), Some(std::process::id()));
     put_on_fd(&mut cmd, reader.as_raw_fd(), BOOTSTRAP_FD);
     let mut child = group::spawn_managed(|| cmd.spawn(), |c| c.id())?;

@@ -28,6 +28,7 @@ fn supervisor(dir: &std::path::Path, bin: &str, capacity: u32) -> (Arc<Superviso
         children,
         bundles,
         Arc::new(Outbox::default()),
+        Arc::new(crate::separation::Separation::off()),
         CancellationToken::new(),
     );
     (sup, digest)
@@ -232,7 +233,7 @@ async fn a_second_hello_for_a_live_instance_is_refused_and_the_first_connection_
     std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let (sup, digest) = supervisor(dir.path(), bin.to_str().expect("utf-8"), 4);
     let path = sup.opts.socket_path();
-    let listener = socket::listen(&path).expect("listen");
+    let listener = socket::listen(&path, 0o600).expect("listen");
     tokio::spawn(sup.clone().serve(listener));
     sup.place(PlaceInstance {
         instance_id: "i1".into(),

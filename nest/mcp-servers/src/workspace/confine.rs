@@ -87,6 +87,14 @@ pub(crate) struct Root {
     given: PathBuf,
 }
 
+/// The error for a root this process's uid cannot read or enter: names the path and the uid.
+fn unusable(shown: &str, e: impl std::fmt::Display) -> WorkspaceError {
+    let (uid, gid) = (nix::unistd::getuid(), nix::unistd::getgid());
+    WorkspaceError::Invalid(format!(
+        "workspace root `{shown}` is not usable by uid {uid} (gid {gid}): {e}; give that uid access to the folder (e.g. chown it) or run the nest with --run-as-self"
+    ))
+}
+
 impl Root {
     /// Opens the root folder; fails when it does not exist or is not a folder.
     pub(crate) fn open(root: &Path) -> Result<Root> {
@@ -99,10 +107,19 @@ impl Root {
                 .join(root)
         };
         let path = fs::canonicalize(root).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                return unusable(&shown, e);
+            }
             WorkspaceError::Invalid(format!(
                 "workspace root `{shown}` cannot be opened: {e}; pass an existing folder to --root"
             ))
         })?;
+        // Under the instance's own uid (a separated Nest) the folder may be someone else's.
+        nix::unistd::access(
+            &path,
+            nix::unistd::AccessFlags::R_OK | nix::unistd::AccessFlags::X_OK,
+        )
+        .map_err(|e| unusable(&shown, e))?;
         let dir = nix::fcntl::open(&path, OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
             .map_err(|e| {
                 WorkspaceError::Invalid(format!("workspace root `{shown}` is not a folder that can be opened: {e}; pass an existing folder to --root"))
