@@ -119,7 +119,7 @@ impl HubHandle {
 enum Incoming {
     Tls(
         tokio_stream::wrappers::ReceiverStream<
-            std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
+            std::io::Result<listener::Cut<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>>,
         >,
     ),
     Plain(tonic::transport::server::TcpIncoming),
@@ -297,11 +297,14 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     }
     let reconciler = tokio::spawn(core.clone().run_reconciler(shutdown.child_token()));
     let retention = tokio::spawn(core.clone().run_retention(shutdown.child_token()));
+    // Cancelled once the server is done: every connection still open is cut.
+    let cut = CancellationToken::new();
     let incoming = match tls_config {
         Some(config) => Incoming::Tls(listener::tls_incoming(
             listener,
             config,
             shutdown.child_token(),
+            cut.clone(),
         )),
         // Small replies (acks, task states) must not wait on the peer's delayed ACK.
         None => Incoming::Plain(
@@ -336,6 +339,8 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
                 Ok(())
             }
         };
+        // Whatever connection is left is cut: none outlives the server.
+        cut.cancel();
         let _ = reconciler.await;
         let _ = retention.await;
         if let Err(e) = core.db.flush().await {

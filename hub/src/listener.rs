@@ -54,12 +54,15 @@ pub fn server_config(hub_tls: &agen_shared::tls::HubTls) -> Result<rustls::Serve
 }
 
 /// The TLS connections of `listener`, handshaken, as a stream for tonic's
-/// `serve_with_incoming_shutdown`. It ends when `shutdown` is cancelled.
+/// `serve_with_incoming_shutdown`. It ends when `shutdown` is cancelled; every connection it
+/// gave is cut when `cut` is (so no connection outlives a stopped Hub: a stream that does not
+/// end in the shutdown grace would otherwise keep a Nest talking to it instead of reconnecting).
 pub fn tls_incoming(
     listener: TcpListener,
     config: rustls::ServerConfig,
     shutdown: CancellationToken,
-) -> ReceiverStream<std::io::Result<TlsStream<TcpStream>>> {
+    cut: CancellationToken,
+) -> ReceiverStream<std::io::Result<Cut<TlsStream<TcpStream>>>> {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
@@ -88,11 +91,12 @@ pub fn tls_incoming(
             }
             let acceptor = acceptor.clone();
             let tx = tx.clone();
+            let cut = cut.clone();
             tokio::spawn(async move {
                 let _permit = permit;
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(tls)) => {
-                        let _ = tx.send(Ok(tls)).await;
+                        let _ = tx.send(Ok(Cut::new(tls, cut))).await;
                     }
                     Ok(Err(e)) => tracing::debug!(error = %e, %peer, "tls handshake failed"),
                     Err(_) => tracing::debug!(%peer, "tls handshake timed out"),
@@ -101,4 +105,86 @@ pub fn tls_incoming(
         }
     });
     ReceiverStream::new(rx)
+}
+
+/// A connection that fails (reads and writes end with `ConnectionAborted`) once its token is
+/// cancelled, so the server's connection task ends and the peer sees the connection close.
+pub struct Cut<T> {
+    inner: T,
+    cut: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+}
+
+impl<T> Cut<T> {
+    pub fn new(inner: T, cut: CancellationToken) -> Cut<T> {
+        Cut {
+            inner,
+            cut: Box::pin(cut.cancelled_owned()),
+        }
+    }
+
+    /// `Err` once the token is cancelled (registering the waker otherwise).
+    fn check(&mut self, cx: &mut std::task::Context<'_>) -> std::io::Result<()> {
+        use std::future::Future;
+        match self.cut.as_mut().poll(cx) {
+            std::task::Poll::Ready(()) => Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                "the hub stopped",
+            )),
+            std::task::Poll::Pending => Ok(()),
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Cut<T> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if let Err(e) = this.check(cx) {
+            return std::task::Poll::Ready(Err(e));
+        }
+        std::pin::Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Cut<T> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        if let Err(e) = this.check(cx) {
+            return std::task::Poll::Ready(Err(e));
+        }
+        std::pin::Pin::new(&mut this.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if let Err(e) = this.check(cx) {
+            return std::task::Poll::Ready(Err(e));
+        }
+        std::pin::Pin::new(&mut this.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+impl<T: tonic::transport::server::Connected> tonic::transport::server::Connected for Cut<T> {
+    type ConnectInfo = T::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
 }

@@ -150,6 +150,10 @@ impl NestService for NestApi {
                     biased;
                     // The Nest stopped reading: its link is ended, so is this half.
                     _ = stop_reading.cancelled() => break,
+                    // The Hub is stopping: this half ends too (dropping the Nest's request
+                    // stream), or the connection would outlive the server and keep a Nest
+                    // talking to a stopped Hub instead of reconnecting.
+                    _ = core.stopping.cancelled() => break,
                     n = malformed::next(&mut incoming) => n,
                     changed = revocations.changed() => {
                         let gone = bound && identities.get(&nest_id).is_none();
