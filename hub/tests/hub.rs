@@ -58,7 +58,12 @@ async fn health_and_reflection_need_no_token_but_the_api_does() {
         "{names:?}"
     );
     assert!(
-        names.contains(&"agen.v1.NestService".to_string()),
+        names.contains(&"grpc.health.v1.Health".to_string()),
+        "{names:?}"
+    );
+    // The internal Nest protocol is not advertised to a caller without a Nest certificate.
+    assert!(
+        !names.contains(&"agen.v1.NestService".to_string()),
         "{names:?}"
     );
 

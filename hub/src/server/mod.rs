@@ -95,14 +95,26 @@ pub async fn routes(
             }
         }
     });
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(agen_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    // Reflection lists the public API, health and reflection itself; the internal
+    // NestService is not advertised (Nests know it; callers have no use for it).
+    let advertised = [
+        <AgenServiceServer<agen::AgenApi> as tonic::server::NamedService>::NAME,
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    ];
+    let reflection = || {
+        advertised.iter().fold(
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(agen_proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET),
+            |b, name| b.with_service_name(*name),
+        )
+    };
+    let reflection_v1 = reflection()
         .build_v1()
         .map_err(|e| HubError::Serve(format!("reflection: {e}")))?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(agen_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    let reflection_v1alpha = reflection()
         .build_v1alpha()
         .map_err(|e| HubError::Serve(format!("reflection: {e}")))?;
 
