@@ -728,14 +728,33 @@ async fn a_task_runs_from_submit_to_succeeded_through_run_events_and_acks() {
     .await;
     assert_eq!(ack.acked_seq, 4);
 
+    // A report held back from task.progress (within 10 s of the last) shows at once.
+    let ack = send_events(
+        &mut nest,
+        &place.instance_id,
+        vec![event(
+            &run,
+            5,
+            "progress.latest",
+            serde_json::json!({"step": "almost there", "done": 2, "total": 2}),
+        )],
+    )
+    .await;
+    assert_eq!(ack.acked_seq, 5);
+    let latest = get(&mut api, &task.task_id).await;
+    assert_eq!(
+        latest.progress.as_ref().map(|p| (p.step.as_str(), p.done)),
+        Some(("almost there", Some(2)))
+    );
+
     let ack = send_events(
         &mut nest,
         &place.instance_id,
         vec![
-            event(&run, 5, "tool.completed", serde_json::json!({"tool": "time.get_current_time", "call_id": "c1"})),
+            event(&run, 6, "tool.completed", serde_json::json!({"tool": "time.get_current_time", "call_id": "c1"})),
             event(
                 &run,
-                6,
+                7,
                 "run.finished",
                 serde_json::json!({"state": "succeeded", "result": "It is noon.", "response_type": "text",
                     "messages": [{"role": "user", "content": "what time is it?"}, {"role": "assistant", "content": "It is noon."}]}),
@@ -743,7 +762,7 @@ async fn a_task_runs_from_submit_to_succeeded_through_run_events_and_acks() {
         ],
     )
     .await;
-    assert_eq!(ack.acked_seq, 6);
+    assert_eq!(ack.acked_seq, 7);
     let done = get(&mut api, &task.task_id).await;
     assert_eq!(task_state(&done), pb::TaskState::Succeeded);
     let outcome = done.outcome.unwrap();
@@ -770,6 +789,7 @@ async fn a_task_runs_from_submit_to_succeeded_through_run_events_and_acks() {
             "model.answered",
             "tool.started",
             "task.progress",
+            "progress.latest",
             "tool.completed",
             "run.finished",
             "task.state"

@@ -130,7 +130,7 @@ pub fn describe(kind: &str, json: &str) -> String {
             cut(&f.error)
         ),
         RunEventBody::Activity(a) => cut(&a.activity),
-        RunEventBody::TaskProgress(p) => cut(&p.step),
+        RunEventBody::TaskProgress(p) | RunEventBody::ProgressLatest(p) => cut(&p.step),
         RunEventBody::ArtifactSaved(a) => format!("{} {} ({} bytes)", a.name, a.id, a.size),
         RunEventBody::RunFinished(f) => format!("{}: {}", f.state.as_str(), cut(&f.result)),
         RunEventBody::RunInterrupted(i) => {

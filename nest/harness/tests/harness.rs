@@ -1281,6 +1281,16 @@ async fn report_progress_is_rate_limited_and_the_latest_report_is_never_lost() {
         vec![json!("reading page 1"), json!("reading page 3")],
         "one event per 10 s, and the latest at the end"
     );
+    // Each held-back report still reaches the task at once, as `progress.latest`.
+    let latest: Vec<Value> = sink
+        .of_kind("progress.latest")
+        .into_iter()
+        .map(|(v, _)| v["step"].clone())
+        .collect();
+    assert_eq!(
+        latest,
+        vec![json!("reading page 2"), json!("reading page 3")]
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ pub mod kind {
     pub const TOOL_FAILED: &str = "tool.failed";
     pub const ACTIVITY: &str = "activity";
     pub const TASK_PROGRESS: &str = "task.progress";
+    pub const PROGRESS_LATEST: &str = "progress.latest";
     pub const ARTIFACT_SAVED: &str = "artifact.saved";
     pub const RUN_FINISHED: &str = "run.finished";
     pub const RUN_INTERRUPTED: &str = "run.interrupted";
@@ -49,6 +50,10 @@ pub enum RunEventBody {
     /// A `report_progress` call (at most one event per 10 s).
     #[serde(rename = "task.progress")]
     TaskProgress(Progress),
+    /// A `report_progress` held back from `task.progress` (it came within 10 s of the last):
+    /// the task shows it at once; the latest still goes out as `task.progress` when due.
+    #[serde(rename = "progress.latest")]
+    ProgressLatest(Progress),
     /// `save_artifact` stored an artifact (or found the same bytes already stored).
     #[serde(rename = "artifact.saved")]
     ArtifactSaved(ArtifactSaved),
@@ -450,6 +455,7 @@ impl RunEventBody {
             RunEventBody::ToolFailed(_) => kind::TOOL_FAILED,
             RunEventBody::Activity(_) => kind::ACTIVITY,
             RunEventBody::TaskProgress(_) => kind::TASK_PROGRESS,
+            RunEventBody::ProgressLatest(_) => kind::PROGRESS_LATEST,
             RunEventBody::ArtifactSaved(_) => kind::ARTIFACT_SAVED,
             RunEventBody::RunFinished(_) => kind::RUN_FINISHED,
             RunEventBody::RunInterrupted(_) => kind::RUN_INTERRUPTED,
@@ -526,6 +532,7 @@ const KNOWN: &[&str] = &[
     kind::TOOL_FAILED,
     kind::ACTIVITY,
     kind::TASK_PROGRESS,
+    kind::PROGRESS_LATEST,
     kind::ARTIFACT_SAVED,
     kind::RUN_FINISHED,
     kind::RUN_INTERRUPTED,

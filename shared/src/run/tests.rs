@@ -52,6 +52,10 @@ fn every_kind_round_trips_through_its_wire_form() {
     );
     roundtrip(kind::RUN_INTERRUPTED, json!({"reason": "instance died"}));
     roundtrip(
+        kind::PROGRESS_LATEST,
+        json!({"step": "page 2", "done": 2, "total": 3}),
+    );
+    roundtrip(
         kind::RUN_SUSPENDED,
         json!({"waiting_for": {"type": "approval", "call_id": "c1", "tool": "ws.run"},
                "deadline_ms": 5, "on_deadline": "no one decided"}),

@@ -140,7 +140,7 @@ impl Core {
                 self.approval_requested(st, &mut task, asked)?
             }
             Ok(RunEventBody::ApprovalDecided(d)) => self.approval_decided(&mut task, d)?,
-            Ok(RunEventBody::TaskProgress(p)) => {
+            Ok(RunEventBody::TaskProgress(p) | RunEventBody::ProgressLatest(p)) => {
                 task.progress = Some(ProgressRec {
                     step: p.step.clone(),
                     done: p.done,
@@ -250,7 +250,7 @@ fn hot_change(st: &State, e: &RunEventRec) -> Option<HotChange> {
         Ok(RunEventBody::ModelRequested(_)) => (Some("waiting for the model".to_string()), None),
         Ok(RunEventBody::ModelAnswered(_)) => (Some("thinking".to_string()), None),
         Ok(RunEventBody::ToolStarted(t)) => (Some(format!("calling {}", t.tool)), None),
-        Ok(RunEventBody::TaskProgress(p)) => (
+        Ok(RunEventBody::TaskProgress(p) | RunEventBody::ProgressLatest(p)) => (
             None,
             Some(ProgressRec {
                 step: p.step,

@@ -179,7 +179,8 @@ impl<'h> Run<'h> {
         }
     }
 
-    /// A `report_progress`: sent now, or held back until it is due.
+    /// A `report_progress`: sent now as `task.progress`, or held back until it is due (and
+    /// sent at once as `progress.latest`, so the task shows the latest report).
     pub(super) async fn progress(&self, progress: Progress) {
         let send = {
             let mut p = lock(&self.last_progress);
@@ -192,9 +193,12 @@ impl<'h> Run<'h> {
                 false
             }
         };
-        if send {
-            let _ = self.emit(RunEventBody::TaskProgress(progress), false).await;
-        }
+        let body = if send {
+            RunEventBody::TaskProgress(progress)
+        } else {
+            RunEventBody::ProgressLatest(progress)
+        };
+        let _ = self.emit(body, false).await;
     }
 
     pub(super) async fn activity(&self, text: String) {
