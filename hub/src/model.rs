@@ -78,6 +78,17 @@ pub struct NestRec {
     /// Who its instances run as, as the Nest reported it at its last registration.
     #[serde(default)]
     pub separation: String,
+    /// Set while the Nest drains before it stops (SIGTERM): no new runs and no placements go
+    /// to it until then (unix ms); a new registration clears it.
+    #[serde(default)]
+    pub draining_until_ms: i64,
+}
+
+impl NestRec {
+    /// Whether the Nest is draining at `now`.
+    pub fn draining(&self, now: i64) -> bool {
+        self.draining_until_ms > now
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

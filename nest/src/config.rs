@@ -41,6 +41,9 @@ pub fn read_join_file(path: &Path) -> Result<String> {
 /// Default number of instances a Nest runs at most.
 pub const DEFAULT_CAPACITY: u32 = 32;
 
+/// The default `--stop-grace`: below the unit's `TimeoutStopSec=30s`.
+pub const DEFAULT_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// Everything `daemon::run` needs. `agen nest` builds it from flags; `agen up` builds several.
 #[derive(Debug, Clone)]
 pub struct NestOptions {
@@ -69,6 +72,9 @@ pub struct NestOptions {
     pub run_as: crate::separation::RunAs,
     /// Where the socket is when not in the data dir (set at start for separated instances).
     pub socket_dir: Option<PathBuf>,
+    /// On shutdown, how long running runs may go on finishing (no new ones come) before the
+    /// Nest leaves and the rest are handed over (`--stop-grace`).
+    pub stop_grace: std::time::Duration,
 }
 
 impl NestOptions {
@@ -91,6 +97,7 @@ impl NestOptions {
             metrics_listen: None,
             run_as: crate::separation::RunAs::default(),
             socket_dir: None,
+            stop_grace: DEFAULT_STOP_GRACE,
         }
     }
 

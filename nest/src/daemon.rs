@@ -53,8 +53,11 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
             source,
         })?;
 
-    let own = shutdown.child_token();
+    // The Nest's own life: not a child of `shutdown`, which starts the drain (runs finish,
+    // no new ones come); `own` ends once that is over.
+    let own = CancellationToken::new();
     let client = Arc::new(ClientSlot::default());
+    let draining = CancellationToken::new();
     let outbox = Arc::new(Outbox::default());
     let bundles = Arc::new(BundleCache::new(opts.clone(), client.clone()));
     let supervisor = Supervisor::new(
@@ -89,14 +92,19 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         opts: opts.clone(),
         nest_id,
         supervisor: supervisor.clone(),
-        outbox,
+        outbox: outbox.clone(),
         fetching: Default::default(),
         on_first_registered: None,
+        draining: draining.clone(),
     };
     // Ready once the instance socket listens, whether or not the Hub answers (the link says
     // how it is doing in STATUS= lines).
     agen_shared::systemd::ready(&format!("connecting to the Hub at {}", opts.hub));
-    hub_link::run(ctx, client, own.clone()).await;
+    let link = tokio::spawn(hub_link::run(ctx, client, own.clone()));
+    shutdown.cancelled().await;
+    drain(&supervisor, &outbox, &draining, opts.stop_grace).await;
+    own.cancel();
+    let _ = link.await;
 
     tracing::info!(
         instances = supervisor.len(),
@@ -113,4 +121,34 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         tracing::warn!("nest stopped: some instances had to be killed after the grace period");
     }
     Ok(())
+}
+
+/// The drain of a Nest told to stop: the Hub is told (no new runs, no placements), and the
+/// runs it holds may finish and have their events acknowledged, for at most `grace`; what is
+/// left is handed over when the Nest leaves.
+async fn drain(
+    supervisor: &Supervisor,
+    outbox: &Outbox,
+    draining: &CancellationToken,
+    grace: std::time::Duration,
+) {
+    draining.cancel();
+    let busy = || supervisor.active_runs() > 0 || outbox.pending() > 0;
+    if !busy() {
+        return;
+    }
+    agen_shared::systemd::status("draining: waiting for running runs to finish");
+    tracing::info!(runs = supervisor.active_runs(), grace = ?grace, "nest draining: running runs may finish, no new ones come");
+    let deadline = tokio::time::Instant::now() + grace;
+    while busy() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    if busy() {
+        tracing::warn!(
+            runs = supervisor.active_runs(),
+            "nest drain: the stop grace ran out; the runs left are handed over"
+        );
+    } else {
+        tracing::info!("nest drained: every run finished");
+    }
 }

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use agen_proto::v1::hub_message::Msg as HubMsg;
 use agen_proto::v1::nest_message::Msg as NestMsg;
-use agen_proto::v1::{Heartbeat, HubMessage, Leaving, NestMessage, Register};
+use agen_proto::v1::{Draining, Heartbeat, HubMessage, Leaving, NestMessage, Register};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -101,6 +101,9 @@ pub struct LinkContext {
     pub fetching: Arc<crate::run_context::Fetching>,
     /// Called once, after the first successful registration (sd-notify READY).
     pub on_first_registered: Option<Box<dyn FnOnce() + Send>>,
+    /// Cancelled when the Nest starts draining (it was told to stop): every session then tells
+    /// the Hub (`Draining`), which sends it no new runs while its runs finish.
+    pub draining: CancellationToken,
 }
 
 /// Keeps the link up until `shutdown`: connect, register, serve, and on any failure back off
@@ -236,8 +239,14 @@ async fn session(
                 .map_err(|_| "the stream closed".to_string())
         }
     };
+    let mut told_draining = false;
     loop {
         tokio::select! {
+            _ = ctx.draining.cancelled(), if !told_draining => {
+                told_draining = true;
+                let grace_ms = ctx.opts.stop_grace.as_millis() as u64;
+                send(NestMsg::Draining(Draining { grace_ms })).await?;
+            }
             _ = shutdown.cancelled() => {
                 leave(&tx, &mut inbound).await;
                 return Ok(());

@@ -181,7 +181,7 @@ impl Tree {
     }
 }
 
-fn meta_events(log: &Path) -> Vec<Value> {
+pub(crate) fn meta_events(log: &Path) -> Vec<Value> {
     std::fs::read_to_string(log)
         .unwrap_or_default()
         .lines()

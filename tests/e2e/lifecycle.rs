@@ -6,8 +6,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use agen_tests::{agen_bin, cli, free_port, mcp_json, wait_for, write_bundle, HubProcess, Proc};
-use serde_json::Value;
+use agen_tests::{
+    agen_bin, cli, free_port, mcp_json, wait_for, write_bundle, FakeModel, HubProcess, Peers, Proc,
+};
+use serde_json::{json, Value};
 
 /// A bundle with no tool servers (instances start in a moment); `prompt` makes versions.
 fn bundle(dir: &Path, prompt: &str) {
@@ -361,6 +363,91 @@ fn a_nest_that_stops_gracefully_leaves_its_instances_stopped_not_lost() {
         "{}",
         nest.proc.log_text()
     );
+}
+
+#[test]
+fn a_nest_told_to_stop_lets_its_running_run_finish_and_takes_no_new_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let nest = hub.nest("drainer", &[], &[]).unwrap();
+    let log = tmp.path().join("meta.jsonl");
+    let model = FakeModel::start(
+        &tmp.path().join("model"),
+        &json!({"steps": [
+            {"tool_calls": [{"name": "meta_slow", "arguments": {"seconds": 4}}]},
+            {"reply": "finished after the slow call"}
+        ]}),
+    )
+    .unwrap();
+    let dir = tmp.path().join("slowpoke");
+    write_bundle(
+        &dir,
+        &[
+            (
+                "x-agen/agent.md",
+                format!(
+                    "---\nname: slowpoke\nmodel: openai/fake-model\nbaseUrl: {}\n---\nBe slow.\n",
+                    model.base_url()
+                ),
+            ),
+            (
+                "mcp.json",
+                mcp_json(&[(
+                    "meta",
+                    json!({"command": Peers::python(), "args": [Peers::script("servers/meta_server.py")], "env": {"META_LOG": log}}),
+                )]),
+            ),
+        ],
+    )
+    .unwrap();
+    ok(&hub, &["deploy", dir.to_str().unwrap(), "--wait"]);
+    let first = ok(&hub, &["submit", "slowpoke", "one"]).trim().to_string();
+    let slow_starts = || {
+        crate::delegates::meta_events(&log)
+            .iter()
+            .filter(|e| e["tool"] == "slow" && e["event"] == "started")
+            .count()
+    };
+    wait_for("the slow call to start", Duration::from_secs(60), || {
+        (slow_starts() == 1).then_some(())
+    })
+    .unwrap();
+
+    // SIGTERM while the call runs: the Nest drains (the Hub sends it nothing new) and stops
+    // only once its run finished.
+    let stopping = std::thread::spawn(move || {
+        let mut nest = nest;
+        nest.proc.stop(Duration::from_secs(40));
+        nest
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let second = ok(&hub, &["submit", "slowpoke", "two"]).trim().to_string();
+    let nest = stopping.join().unwrap();
+
+    let q = hub.cli_json(&["query", &first, "-o", "json"]).unwrap();
+    assert_eq!(q["state"], "succeeded", "{q}\n{}", nest.proc.log_text());
+    assert_eq!(
+        q["attempt"], 1,
+        "finished where it ran, never handed over: {q}"
+    );
+    assert_eq!(q["outcome"]["result"], "finished after the slow call");
+    let log_text = nest.proc.log_text();
+    assert!(
+        log_text.contains("nest drained: every run finished"),
+        "{log_text}"
+    );
+    assert!(
+        log_text.contains("told the hub this nest is leaving"),
+        "{log_text}"
+    );
+    let q2 = hub.cli_json(&["query", &second, "-o", "json"]).unwrap();
+    assert_eq!(
+        (q2["state"].as_str(), q2["attempt"].as_u64()),
+        (Some("queued"), Some(0)),
+        "a draining nest takes no new run: {q2}"
+    );
+    let (ran, lost) = (slow_starts(), usize::from(q["state"] != "succeeded"));
+    assert_eq!((ran, lost), (1, 0), "the call ran once, nothing lost");
 }
 
 /// `agen nest` joined to `hub` with its data in `dir`, named `name` (or by default).

@@ -19,6 +19,10 @@ pub struct Args {
     /// Serve this Nest's Prometheus metrics at http://ADDR/metrics
     #[arg(long, value_name = "ADDR", env = "AGEN_NEST_METRICS_LISTEN")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// On SIGTERM, how long running runs may finish (no new ones come) before the Nest leaves
+    /// and hands the rest over (keep it below the unit's TimeoutStopSec=30s)
+    #[arg(long, value_name = "D", default_value = "20s", value_parser = crate::cmd::parse_duration)]
+    pub stop_grace: std::time::Duration,
     /// The Hub's URL, e.g. https://hub.example:7443
     #[arg(long, env = "AGEN_HUB")]
     pub hub: String,
@@ -125,6 +129,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     opts.capacity = args.capacity;
     opts.run_as = args.run_as.run_as();
     opts.metrics_listen = args.metrics_listen;
+    opts.stop_grace = args.stop_grace;
     opts.agen_bin =
         std::env::current_exe().context("while finding the agen binary to run instances with")?;
     if let Err(e) = opts.validate() {

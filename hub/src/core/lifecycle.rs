@@ -233,6 +233,28 @@ impl Core {
     /// A Nest says it is stopping on purpose: its instances end as `stopped` (their runs go
     /// back to the queue at once, to be handed over), the Nest shows as disconnected, and its
     /// link is closed (which ends its stream).
+    /// A Nest told to stop drains: for at most `grace_ms` it gets no new runs and no
+    /// placements while the runs it holds finish (then it leaves, or registers again).
+    pub async fn nest_draining(&self, nest_id: &str, conn_id: u64, grace_ms: u64) -> Result<()> {
+        {
+            let mut st = self.lock();
+            if !st.live.is_current(nest_id, conn_id) {
+                return Ok(());
+            }
+            let Some(mut n) = st.nests.get(nest_id).cloned() else {
+                return Ok(());
+            };
+            // Bounded: a Nest cannot keep itself out of dispatch longer than an hour.
+            let grace = i64::try_from(grace_ms.min(3_600_000)).unwrap_or(3_600_000);
+            n.draining_until_ms = now_ms() + grace;
+            tracing::info!(nest = %n.name, nest_id, grace_ms, "nest draining: no new runs go to it while its runs finish");
+            self.save_nest(&mut st, n)?;
+        }
+        self.db.flush().await?;
+        self.poke();
+        Ok(())
+    }
+
     pub async fn nest_leaving(&self, nest_id: &str, conn_id: u64, reason: &str) -> Result<()> {
         {
             let mut st = self.lock();

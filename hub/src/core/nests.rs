@@ -82,6 +82,7 @@ impl Core {
                 registered_at_ms,
                 cordoned,
                 separation: reg.separation.clone(),
+                draining_until_ms: 0,
             };
             let nest_name = nest.name.clone();
             self.save_nest(&mut st, nest)?;

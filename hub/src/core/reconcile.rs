@@ -390,6 +390,7 @@ impl Core {
                         capacity: n.capacity,
                         ready: n.state == NestState::Ready
                             && !n.cordoned
+                            && !n.draining(now)
                             && st.live.is_connected(&n.nest_id),
                         total,
                         of_deployment,

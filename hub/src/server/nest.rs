@@ -209,6 +209,9 @@ impl NestService for NestApi {
                             }
                         }
                     }
+                    Some(pb::nest_message::Msg::Draining(d)) => {
+                        core.nest_draining(&nest_id, conn_id, d.grace_ms).await
+                    }
                     Some(pb::nest_message::Msg::Leaving(l)) => {
                         if let Err(e) = core.nest_leaving(&nest_id, conn_id, &l.reason).await {
                             tracing::error!(nest_id = %nest_id, error = %e, "cannot record a nest leaving");

@@ -210,6 +210,11 @@ impl Supervisor {
         out
     }
 
+    /// Runs handed to this Nest's instances that have not ended.
+    pub fn active_runs(&self) -> usize {
+        self.lock().runs.len()
+    }
+
     /// Number of instances.
     pub fn len(&self) -> usize {
         self.lock().instances.len()

@@ -80,7 +80,9 @@ impl Core {
                     bundle_digest: &i.bundle_digest,
                     generation: i.generation,
                     ready: i.state == InstanceState::Running && i.healthy,
-                    connected: st.live.is_connected(&i.nest_id),
+                    // A draining Nest gets no new run.
+                    connected: st.live.is_connected(&i.nest_id)
+                        && !st.nests.get(&i.nest_id).is_some_and(|n| n.draining(now)),
                     alive: !matches!(i.state, InstanceState::Lost | InstanceState::Stopping),
                     active_runs: active.get(&i.instance_id).copied().unwrap_or(0),
                     leaving: i.leaving_since_ms != 0,
