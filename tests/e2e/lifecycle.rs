@@ -370,44 +370,9 @@ fn a_nest_told_to_stop_lets_its_running_run_finish_and_takes_no_new_one() {
     let tmp = tempfile::tempdir().unwrap();
     let hub = HubProcess::start(tmp.path()).unwrap();
     let nest = hub.nest("drainer", &[], &[]).unwrap();
-    let log = tmp.path().join("meta.jsonl");
-    let model = FakeModel::start(
-        &tmp.path().join("model"),
-        &json!({"steps": [
-            {"tool_calls": [{"name": "meta_slow", "arguments": {"seconds": 4}}]},
-            {"reply": "finished after the slow call"}
-        ]}),
-    )
-    .unwrap();
-    let dir = tmp.path().join("slowpoke");
-    write_bundle(
-        &dir,
-        &[
-            (
-                "x-agen/agent.md",
-                format!(
-                    "---\nname: slowpoke\nmodel: openai/fake-model\nbaseUrl: {}\n---\nBe slow.\n",
-                    model.base_url()
-                ),
-            ),
-            (
-                "mcp.json",
-                mcp_json(&[(
-                    "meta",
-                    json!({"command": Peers::python(), "args": [Peers::script("servers/meta_server.py")], "env": {"META_LOG": log}}),
-                )]),
-            ),
-        ],
-    )
-    .unwrap();
-    ok(&hub, &["deploy", dir.to_str().unwrap(), "--wait"]);
+    let (_model, log) = deploy_slowpoke(&hub, tmp.path());
     let first = ok(&hub, &["submit", "slowpoke", "one"]).trim().to_string();
-    let slow_starts = || {
-        crate::delegates::meta_events(&log)
-            .iter()
-            .filter(|e| e["tool"] == "slow" && e["event"] == "started")
-            .count()
-    };
+    let slow_starts = || slow_starts(&log);
     wait_for("the slow call to start", Duration::from_secs(60), || {
         (slow_starts() == 1).then_some(())
     })
@@ -447,6 +412,85 @@ fn a_nest_told_to_stop_lets_its_running_run_finish_and_takes_no_new_one() {
         "a draining nest takes no new run: {q2}"
     );
     let (ran, lost) = (slow_starts(), usize::from(q["state"] != "succeeded"));
+    assert_eq!((ran, lost), (1, 0), "the call ran once, nothing lost");
+}
+
+/// Deploys `slowpoke`, whose one tool call (`meta_slow`, read-only) takes 4 s; returns the
+/// fake model and the tool server's log of calls.
+fn deploy_slowpoke(hub: &HubProcess, tmp: &Path) -> (FakeModel, std::path::PathBuf) {
+    let log = tmp.join("meta.jsonl");
+    let model = FakeModel::start(
+        &tmp.join("model"),
+        &json!({"steps": [
+            {"tool_calls": [{"name": "meta_slow", "arguments": {"seconds": 4}}]},
+            {"reply": "finished after the slow call"}
+        ]}),
+    )
+    .unwrap();
+    let dir = tmp.join("slowpoke");
+    write_bundle(
+        &dir,
+        &[
+            (
+                "x-agen/agent.md",
+                format!(
+                    "---\nname: slowpoke\nmodel: openai/fake-model\nbaseUrl: {}\n---\nBe slow.\n",
+                    model.base_url()
+                ),
+            ),
+            (
+                "mcp.json",
+                mcp_json(&[(
+                    "meta",
+                    json!({"command": Peers::python(), "args": [Peers::script("servers/meta_server.py")], "env": {"META_LOG": log}}),
+                )]),
+            ),
+        ],
+    )
+    .unwrap();
+    ok(hub, &["deploy", dir.to_str().unwrap(), "--wait"]);
+    (model, log)
+}
+
+/// How often `meta_slow` started, by the tool server's log.
+fn slow_starts(log: &Path) -> usize {
+    crate::delegates::meta_events(log)
+        .iter()
+        .filter(|e| e["tool"] == "slow" && e["event"] == "started")
+        .count()
+}
+
+#[test]
+fn drain_with_a_deadline_lets_a_running_run_finish_then_moves_the_instance() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let _a = hub.nest("a", &[], &[]).unwrap();
+    let _b = hub.nest("b", &[], &[]).unwrap();
+    ok(&hub, &["nests", "cordon", "b"]);
+    let (_model, log) = deploy_slowpoke(&hub, tmp.path());
+    ok(&hub, &["nests", "uncordon", "b"]);
+    assert_eq!(running_of(&hub, "slowpoke")[0]["nest"], "a");
+    let task = ok(&hub, &["submit", "slowpoke", "one"]).trim().to_string();
+    wait_for("the slow call to start", Duration::from_secs(60), || {
+        (slow_starts(&log) == 1).then_some(())
+    })
+    .unwrap();
+
+    ok(&hub, &["nests", "drain", "a", "--deadline", "60s"]);
+    let done = hub
+        .cli_json(&["wait", &task, "-o", "json", "--timeout", "60s"])
+        .unwrap();
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["attempt"], 1, "it finished where it ran: {done}");
+    assert_eq!(done["nest"], "a", "{done}");
+    wait_for("the instance to move to b", Duration::from_secs(60), || {
+        running_of(&hub, "slowpoke")
+            .iter()
+            .any(|i| i["nest"] == "b" && i["healthy"] == true)
+            .then_some(())
+    })
+    .unwrap();
+    let (ran, lost) = (slow_starts(&log), usize::from(done["state"] != "succeeded"));
     assert_eq!((ran, lost), (1, 0), "the call ran once, nothing lost");
 }
 

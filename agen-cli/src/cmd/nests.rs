@@ -42,6 +42,11 @@ pub enum Action {
     Drain {
         /// The Nest's name or id
         nest: String,
+        /// Let running runs finish there for up to this long (no new run goes to it; an idle
+        /// instance moves at once); the rest are handed over at the deadline. Without it every
+        /// instance moves now
+        #[arg(long, value_name = "D", value_parser = crate::cmd::parse_duration)]
+        deadline: Option<std::time::Duration>,
     },
     /// Disconnect a Nest and refuse it from now on (its instances are replaced elsewhere)
     Revoke {
@@ -179,10 +184,16 @@ async fn nest_lifecycle(
     let (verb, nest) = match &action {
         Action::Cordon { nest } => ("cordoned", nest.clone()),
         Action::Uncordon { nest } => ("uncordoned", nest.clone()),
-        Action::Drain { nest } => ("drained", nest.clone()),
+        Action::Drain { nest, .. } => ("drained", nest.clone()),
         Action::Revoke { nest } | Action::Forget { nest } => ("", nest.clone()),
     };
-    let req = pb::NestRequest { nest };
+    let deadline_ms = match &action {
+        Action::Drain {
+            deadline: Some(d), ..
+        } => d.as_millis() as u64,
+        _ => 0,
+    };
+    let req = pb::NestRequest { nest, deadline_ms };
     let result = match action {
         Action::Cordon { .. } => hub.client.cordon_nest(req).await,
         Action::Uncordon { .. } => hub.client.uncordon_nest(req).await,

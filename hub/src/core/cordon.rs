@@ -35,8 +35,13 @@ impl Core {
             .get(id)
             .cloned()
             .ok_or_else(|| HubError::not_found(format!("nest {id} not found")))?;
-        if n.cordoned != cordoned {
+        // Uncordoning ends a drain too.
+        let drain_over = !cordoned && n.draining_until_ms != 0;
+        if n.cordoned != cordoned || drain_over {
             n.cordoned = cordoned;
+            if drain_over {
+                n.draining_until_ms = 0;
+            }
             self.db.put_json(Table::Nests, id, &n)?;
             st.nests.insert(id.to_string(), n.clone());
         }
@@ -68,34 +73,58 @@ impl Core {
         Ok(n)
     }
 
-    /// Cordons `nest` and moves its instances away now (their runs are handed over).
-    /// Returns the Nest and how many instances were moved.
-    pub async fn drain_nest(&self, nest: &str) -> Result<(NestRec, usize)> {
+    /// Cordons `nest` and moves its instances away: now (their runs are handed over), or,
+    /// with a deadline, each once it has no run left and the rest at the deadline (meanwhile
+    /// no new run goes to the Nest). Returns the Nest and how many instances were moved now.
+    pub async fn drain_nest(&self, nest: &str, deadline_ms: u64) -> Result<(NestRec, usize)> {
         let (n, moved) = {
             let mut st = self.lock();
             let id = Self::nest_id_of(&st, nest)?;
-            let n = self.set_cordoned(&mut st, &id, true)?;
-            let ids: Vec<String> = st
-                .instances
-                .values()
-                .filter(|i| i.nest_id == id)
-                .filter(|i| {
-                    matches!(
-                        i.state,
-                        InstanceState::Starting | InstanceState::Running | InstanceState::Unhealthy
-                    )
-                })
-                .map(|i| i.instance_id.clone())
-                .collect();
-            let reason = format!("nest {} drained", n.name);
-            for i in &ids {
-                self.stop_instance(&mut st, i, &reason)?;
-            }
-            (n, ids.len())
+            let mut n = self.set_cordoned(&mut st, &id, true)?;
+            let now = crate::model::now_ms();
+            let deadline = i64::try_from(deadline_ms.min(24 * 3_600_000)).unwrap_or(0);
+            n.draining_until_ms = if deadline > 0 { now + deadline } else { now };
+            self.save_nest(&mut st, n.clone())?;
+            let moved = self.move_drained(&mut st, now, true)?;
+            (n, moved)
         };
         self.db.flush().await?;
-        tracing::info!(nest = %n.name, nest_id = %n.nest_id, moved, "nest drained");
+        tracing::info!(nest = %n.name, nest_id = %n.nest_id, moved, deadline_ms, "nest drained");
         self.poke();
         Ok((n, moved))
+    }
+
+    /// Moves the instances of draining Nests away: each one with no run left, and every one
+    /// once its Nest's drain deadline passed (their runs are handed over). Returns how many
+    /// were stopped. `all_due`: also those whose deadline is now.
+    pub(in crate::core) fn move_drained(
+        &self,
+        st: &mut State,
+        now: i64,
+        all_due: bool,
+    ) -> Result<usize> {
+        let due: Vec<(String, String)> = st
+            .instances
+            .values()
+            .filter(|i| {
+                matches!(
+                    i.state,
+                    InstanceState::Starting | InstanceState::Running | InstanceState::Unhealthy
+                )
+            })
+            .filter_map(|i| {
+                let n = st.nests.get(&i.nest_id)?;
+                if n.draining_until_ms == 0 {
+                    return None;
+                }
+                let past = n.draining_until_ms < now || (all_due && n.draining_until_ms <= now);
+                let idle = Self::active_runs_of(st, &i.instance_id) == 0;
+                (past || idle).then(|| (i.instance_id.clone(), n.name.clone()))
+            })
+            .collect();
+        for (i, name) in &due {
+            self.stop_instance(st, i, &format!("nest {name} drained"))?;
+        }
+        Ok(due.len())
     }
 }

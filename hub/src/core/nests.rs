@@ -71,6 +71,13 @@ impl Core {
                 .unwrap_or(now);
             let name = Self::nest_name_for(&st, &reg)?;
             let cordoned = st.nests.get(&reg.nest_id).is_some_and(|n| n.cordoned);
+            // A drain ends with a new registration, unless the Nest is cordoned (`agen nests
+            // drain` goes on across reconnects).
+            let draining_until_ms = st
+                .nests
+                .get(&reg.nest_id)
+                .filter(|n| n.cordoned)
+                .map_or(0, |n| n.draining_until_ms);
             let nest = NestRec {
                 nest_id: reg.nest_id.clone(),
                 name,
@@ -82,7 +89,7 @@ impl Core {
                 registered_at_ms,
                 cordoned,
                 separation: reg.separation.clone(),
-                draining_until_ms: 0,
+                draining_until_ms,
             };
             let nest_name = nest.name.clone();
             self.save_nest(&mut st, nest)?;

@@ -126,6 +126,7 @@ impl Core {
         let now = now_ms();
         self.check_liveness(&mut st)?;
         self.forget_stale(&mut st, now)?;
+        self.move_drained(&mut st, now, false)?;
         let window = st.boot.elapsed() < self.opts.lost_after() && !st.awaiting.is_empty();
         if !window {
             self.plan_deployments(&mut st, now)?;

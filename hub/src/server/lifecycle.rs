@@ -128,6 +128,7 @@ pub async fn drain(
     request: Request<pb::NestRequest>,
 ) -> Result<Response<pb::Nest>, Status> {
     authorize(&request, "", Action::ClusterWrite, &request.get_ref().nest)?;
-    let (n, _) = core.drain_nest(&request.into_inner().nest).await?;
+    let r = request.into_inner();
+    let (n, _) = core.drain_nest(&r.nest, r.deadline_ms).await?;
     Ok(Response::new(nest_view(core, &n.nest_id)?))
 }
