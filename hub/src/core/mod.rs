@@ -78,6 +78,8 @@ pub struct Core {
     pub(crate) stopping: tokio_util::sync::CancellationToken,
     /// Whether the store can write (gRPC health follows it).
     pub(crate) store_ok: tokio::sync::watch::Sender<bool>,
+    /// When the reconcile loop last finished a pass (unix ms; gRPC health follows it too).
+    pub(crate) reconciled_at_ms: std::sync::atomic::AtomicI64,
     /// Values of `platform` secrets, sealed.
     secrets: SecretStore,
     /// The `platform` secrets each bundle declares, by digest (read from the bundle once).
@@ -153,6 +155,7 @@ impl Core {
             updates,
             stopping: tokio_util::sync::CancellationToken::new(),
             store_ok: tokio::sync::watch::Sender::new(true),
+            reconciled_at_ms: std::sync::atomic::AtomicI64::new(crate::model::now_ms()),
             secrets: SecretStore::new(db.clone(), secret_key),
             artifact_usage: Default::default(),
             bundle_permissions: Default::default(),

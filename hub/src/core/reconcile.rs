@@ -22,6 +22,16 @@ const ENDED_RETENTION_MS: i64 = 24 * 3_600_000;
 /// A stopping instance the Nest never confirms is forgotten after this long.
 const STOPPING_RETENTION_MS: i64 = 60_000;
 
+/// A reconcile loop that has not finished a pass for this long is stalled: health says
+/// NOT_SERVING (the loop places instances and dispatches tasks; a Hub without it serves
+/// nothing useful).
+pub const RECONCILE_STALL_MS: i64 = 15_000;
+
+/// The Hub's gRPC health: serving while the store writes and the reconcile loop turns.
+pub fn serving(store_ok: bool, reconciled_at_ms: i64, now_ms: i64) -> bool {
+    store_ok && now_ms - reconciled_at_ms < RECONCILE_STALL_MS
+}
+
 impl Core {
     /// While the store cannot write: health says NOT_SERVING, and once a second the store
     /// is reopened in place; when that works the state is reloaded from what is durable
@@ -95,8 +105,11 @@ impl Core {
         let mut told_nests: Option<usize> = None;
         loop {
             self.heal_store(&mut last_heal).await;
-            if let Err(e) = self.reconcile() {
-                tracing::error!(error = %e, "reconcile failed; retrying");
+            match self.reconcile() {
+                Ok(()) => self
+                    .reconciled_at_ms
+                    .store(now_ms(), std::sync::atomic::Ordering::Relaxed),
+                Err(e) => tracing::error!(error = %e, "reconcile failed; retrying"),
             }
             match self.commit().await {
                 Ok(()) => watchdog.pet(),
@@ -452,5 +465,25 @@ impl Core {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_follows_the_store_and_the_reconcile_loop() {
+        let now = 100_000;
+        let table = [
+            (true, now - 250, true),
+            (true, now - RECONCILE_STALL_MS + 1, true),
+            (true, now - RECONCILE_STALL_MS, false),
+            (false, now - 250, false),
+            (false, now - RECONCILE_STALL_MS, false),
+        ];
+        for (store_ok, at, want) in table {
+            assert_eq!(serving(store_ok, at, now), want, "{store_ok} {at}");
+        }
     }
 }

@@ -77,11 +77,35 @@ pub async fn routes(
     health_reporter
         .set_serving::<NestServiceServer<nest::NestApi>>()
         .await;
-    // Health follows the store: NOT_SERVING while it cannot write.
+    // Health follows the store and the reconcile loop: NOT_SERVING while the store cannot
+    // write or the loop has not finished a pass for a while (checked each second).
     let mut store_ok = core.store_ok.subscribe();
+    let health_core = core.clone();
     tokio::spawn(async move {
-        while store_ok.changed().await.is_ok() {
-            let status = if *store_ok.borrow_and_update() {
+        let mut was = true;
+        loop {
+            tokio::select! {
+                changed = store_ok.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                _ = health_core.stopping.cancelled() => return,
+            }
+            let ok = crate::core::reconcile::serving(
+                *store_ok.borrow_and_update(),
+                health_core
+                    .reconciled_at_ms
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                crate::model::now_ms(),
+            );
+            if ok == was {
+                continue;
+            }
+            was = ok;
+            if !ok {
+                tracing::warn!(
+                    "health: NOT_SERVING (the store cannot write or the reconcile loop is stalled)"
+                );
+            }
+            let status = if ok {
                 tonic_health::ServingStatus::Serving
             } else {
                 tonic_health::ServingStatus::NotServing
