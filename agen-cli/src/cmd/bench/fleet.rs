@@ -1,6 +1,7 @@
 //! The self-contained fleet of `agen bench`: a Hub (TLS unless `--insecure-plaintext`) and one
 //! Nest started in this process on loopback port 0 under the benchmark's temporary folder, the
-//! client settings that reach them, and the benchmark bundles they run.
+//! client settings that reach them (and the Hub's `/metrics` on loopback port 0), and the
+//! benchmark bundles they run.
 //!
 //! Invariants: no fixed port; [`Fleet::stop`] cancels the Hub and the Nest and waits for both
 //! (the Nest at most 20 s), so no instance or tool server outlives the command.
@@ -21,6 +22,8 @@ use crate::view;
 /// A running Hub and Nest, and how a client reaches the Hub.
 pub(super) struct Fleet {
     pub client: ClientArgs,
+    /// The Hub's `/metrics` (loopback, port 0 resolved).
+    pub metrics_addr: Option<SocketAddr>,
     hub: agen_hub::HubHandle,
     nest: tokio::task::JoinHandle<()>,
     shutdown: CancellationToken,
@@ -40,6 +43,8 @@ impl Fleet {
                 data_dir: root.join("hub"),
                 listen: loopback,
                 insecure_plaintext: args.insecure_plaintext,
+                // Scraped before and after the measured phase for the fsync counters.
+                metrics_listen: Some(loopback),
                 ..agen_hub::HubOptions::default()
             },
             shutdown.child_token(),
@@ -70,6 +75,7 @@ impl Fleet {
         };
         Ok(Fleet {
             client,
+            metrics_addr: hub.metrics_addr,
             hub,
             nest,
             shutdown,

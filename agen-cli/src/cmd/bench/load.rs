@@ -1,11 +1,12 @@
 //! The load loop of `agen bench`: deploy the benchmark bundle, warm up, run the measured
 //! phase (`--concurrency` clients, each submitting a task and following it with `WatchTask` to
-//! its end before submitting the next), read the measured tasks' traces, then the baseline
-//! phase (a model that calls no tool).
+//! its end before submitting the next) between two scrapes of the Hub's counters, read the
+//! measured tasks' traces, then the baseline phase (a model that calls no tool).
 //!
 //! Invariant: a client measures only its own tasks, submit → terminal; a task that does not
 //! end within `--task-timeout` is a failure, never a sample.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use agen_proto::v1 as pb;
 use anyhow::{bail, Context};
 use futures::StreamExt;
 
+use super::metrics::{scrape, Counters};
 use super::{Args, BASELINE_DEPLOYMENT, DEPLOYMENT, READ_FILE};
 use crate::client::{status_error, ClientArgs, Hub};
 use crate::view;
@@ -45,7 +47,14 @@ impl Phase {
     }
 }
 
-pub(super) type Measured = (Phase, Option<Phase>, Spans);
+/// Everything the phases measured.
+pub(super) struct Measured {
+    pub phase: Phase,
+    pub baseline: Option<Phase>,
+    pub spans: Spans,
+    /// The Hub's durability counters over the measured phase (after minus before).
+    pub durability: Counters,
+}
 
 /// Span durations (ms) from the traces of the measured tasks.
 #[derive(Debug, Default)]
@@ -60,6 +69,7 @@ pub(super) struct Spans {
 pub(super) async fn measure(
     args: &Args,
     client: &ClientArgs,
+    metrics_addr: Option<SocketAddr>,
     bundle_dir: &Path,
     baseline_dir: &Path,
 ) -> anyhow::Result<Measured> {
@@ -98,6 +108,7 @@ pub(super) async fn measure(
         "agen bench: {} tasks with {} clients",
         args.tasks, args.concurrency
     );
+    let before = scrape(metrics_addr).await;
     let phase = load(
         client,
         DEPLOYMENT,
@@ -106,6 +117,7 @@ pub(super) async fn measure(
         args.task_timeout,
     )
     .await?;
+    let durability = scrape(metrics_addr).await.since(&before);
     let spans = trace_spans(&mut hub, &phase.task_ids).await?;
 
     let baseline = if args.baseline_tasks > 0 && args.tool_calls > 0 {
@@ -146,7 +158,12 @@ pub(super) async fn measure(
     } else {
         None
     };
-    Ok((phase, baseline, spans))
+    Ok(Measured {
+        phase,
+        baseline,
+        spans,
+        durability,
+    })
 }
 
 /// Submits `n` tasks to `deployment` from `clients` concurrent clients, each waiting for its

@@ -3,14 +3,17 @@
 //! fake model (NOT a real model) — with a bundle whose one real tool server is
 //! `agen mcp workspace` on a temporary folder (its `read` tool, or `write` with `--tool write`
 //! to price the side-effecting path). It submits `--tasks` tasks with `--concurrency`
-//! clients and reports throughput, end-to-end latency percentiles (submit → terminal, seen by
-//! the client through `WatchTask`) and the ratio of a tool call's time inside a run (the
-//! `tool.started` → `tool.completed` span of the run log, from `GetTrace`) to the same call
-//! made directly through [`agen_harness::mcp::ToolHost::call`].
+//! clients and reports throughput (tasks/s and tool calls/s), end-to-end latency percentiles
+//! (submit → terminal, seen by the client through `WatchTask`), the Hub's fsyncs per second
+//! and run events per fsync over the measured phase (scraped from its `/metrics`), and the
+//! ratio of a tool call's time inside a run (the `tool.started` → `tool.completed` span of the
+//! run log, from `GetTrace`) to the same call made directly through
+//! [`agen_harness::mcp::ToolHost::call`].
 //!
 //! Layout: this file parses the flags and runs the phases in order; [`fleet`] starts and stops
 //! the Hub, the Nest and the bundles; [`raw`] times the direct tool calls; [`load`] is the load
-//! loop (clients, phases, trace spans); [`report`] turns what was measured into the table or
+//! loop (clients, phases, trace spans); [`metrics`] scrapes the Hub's fsync counters around
+//! the measured phase; [`report`] turns what was measured into the table or
 //! the JSON object.
 //!
 //! Invariants: nothing here runs in `cargo test`; the fleet, its instances and tool servers
@@ -20,6 +23,7 @@
 
 mod fleet;
 mod load;
+mod metrics;
 mod raw;
 mod report;
 
@@ -201,17 +205,17 @@ async fn bench(args: &Args, root: &Path, interrupt: CancellationToken) -> anyhow
     );
     let fleet = fleet::Fleet::start(args, root, &agen_bin, shutdown).await?;
 
-    let measured = load::measure(args, &fleet.client, &bundle_dir, &baseline_dir).await;
+    let measured = load::measure(
+        args,
+        &fleet.client,
+        fleet.metrics_addr,
+        &bundle_dir,
+        &baseline_dir,
+    )
+    .await;
 
     fleet.stop().await;
     drop(model);
     drop(baseline_model);
-    let (phase, baseline, spans) = measured?;
-    Ok(report::report(
-        args,
-        &raw,
-        &phase,
-        baseline.as_ref(),
-        &spans,
-    ))
+    Ok(report::report(args, &raw, &measured?))
 }

@@ -1,12 +1,14 @@
-//! The report of `agen bench`: percentiles of what the phases measured, the tool-call ratios,
-//! and the one JSON object (`-o json`) or the table made from it.
+//! The report of `agen bench`: percentiles of what the phases measured, tool calls per second,
+//! the Hub's fsyncs per second and run events per fsync, the tool-call ratios, and the one
+//! JSON object (`-o json`) or the table made from it.
 //!
 //! Invariant: the table is made from the JSON object and shows nothing the JSON lacks.
 
 use serde_json::{json, Value};
 
-use super::load::{Phase, Spans};
-use super::Args;
+use super::load::Measured;
+use super::metrics::Counters;
+use super::{Args, BenchTool};
 use crate::view;
 
 /// Latency summary in milliseconds.
@@ -58,13 +60,8 @@ fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-pub(super) fn report(
-    args: &Args,
-    raw: &[f64],
-    phase: &Phase,
-    baseline: Option<&Phase>,
-    spans: &Spans,
-) -> Value {
+pub(super) fn report(args: &Args, raw: &[f64], m: &Measured) -> Value {
+    let (phase, baseline, spans) = (&m.phase, m.baseline.as_ref(), &m.spans);
     let raw_s = Summary::of(raw);
     let span_s = Summary::of(&spans.tool);
     let lat = Summary::of(&phase.latency);
@@ -121,11 +118,34 @@ pub(super) fn report(
         "wall_s": round3(phase.wall.as_secs_f64()),
         "throughput_tasks_per_s": round3(phase.throughput()),
         "latency_ms": lat.json(),
+        // Tool calls the measured tasks made per second of the measured phase.
+        "tool_calls_per_s": round3(phase.throughput() * f64::from(args.tool_calls)),
+        "tool_kind": match args.tool {
+            BenchTool::Read => "read-only",
+            BenchTool::Write => "side-effecting",
+        },
+        "durability": durability_json(&m.durability, phase.wall.as_secs_f64()),
         "hub_queued_ms": Summary::of(&phase.queued).json(),
         "hub_running_ms": Summary::of(&phase.running).json(),
         "model_turn_span_ms": Summary::of(&spans.model).json(),
         "tool_call": tool_call,
         "baseline_no_tool": baseline_json,
+    })
+}
+
+/// The Hub's fsyncs over the measured phase: per second and run events per fsync; each null
+/// when the Hub does not count it (an older Hub) or nothing was flushed.
+fn durability_json(d: &Counters, secs: f64) -> Value {
+    let per_s = d.fsyncs.filter(|_| secs > 0.0).map(|f| round3(f / secs));
+    let per_fsync = match (d.run_events, d.fsyncs) {
+        (Some(e), Some(f)) if f > 0.0 => Some(round3(e / f)),
+        _ => None,
+    };
+    json!({
+        "fsyncs": d.fsyncs.map(|f| f as u64),
+        "fsyncs_per_s": per_s,
+        "run_events_stored": d.run_events.map(|e| e as u64),
+        "durable_events_per_fsync": per_fsync,
     })
 }
 
@@ -153,6 +173,28 @@ pub(super) fn print_table(r: &Value) {
         r["failed"],
         f(&r["wall_s"]),
         f(&r["throughput_tasks_per_s"])
+    );
+    let lat = &r["latency_ms"];
+    crate::outln!(
+        "{} tool calls/s: {} (succeeded tasks x {} call(s) / measured s); task p50 {} ms, p99 {} ms",
+        r["tool_kind"].as_str().unwrap_or(""),
+        f(&r["tool_calls_per_s"]),
+        r["tool_calls_per_task"],
+        f(&lat["p50"]),
+        f(&lat["p99"])
+    );
+    let d = &r["durability"];
+    let na = |v: &Value| match v {
+        Value::Null => "n/a".to_string(),
+        v if v.is_u64() => v.to_string(),
+        v => f(v),
+    };
+    crate::outln!(
+        "hub fsyncs/s: {} ({} fsyncs), durable events per fsync: {} ({} run events stored), measured phase",
+        na(&d["fsyncs_per_s"]),
+        na(&d["fsyncs"]),
+        na(&d["durable_events_per_fsync"]),
+        na(&d["run_events_stored"])
     );
     for e in r["failures"].as_array().into_iter().flatten() {
         crate::outln!("  failure: {}", e.as_str().unwrap_or(""));
