@@ -1,7 +1,7 @@
 //! The Hub's durability counters as `agen bench` sees them: one scrape of the bench Hub's
 //! Prometheus text (`--metrics-listen`, loopback, port 0) before and one after the measured
-//! phase; the difference is what the measured window cost in store flushes (fsyncs) and how
-//! many run events each flush made durable.
+//! phase; the difference is what the measured window cost in store flushes (fsyncs, and the
+//! time spent in them) and how many run events each flush made durable.
 //!
 //! Invariants: a counter the Hub does not export, or a scrape that fails, is `None` (reported
 //! as "n/a"), never zero; the scrape is one plain HTTP/1.1 `GET /metrics` with a deadline, so
@@ -17,6 +17,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const FSYNCS: &str = "agen_store_fsyncs";
 /// Run events the Hub stored (each is durable once the next flush returns).
 const RUN_EVENTS: &str = "agen_run_events_appended";
+/// Seconds spent in store flushes (the sum of the flush-duration histogram).
+const FSYNC_SECONDS: &str = "agen_store_fsync_duration_seconds_sum";
 /// A scrape that takes longer than this counts as failed.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
 /// A metrics page larger than this is refused.
@@ -27,6 +29,7 @@ const MAX_BODY: usize = 4 * 1024 * 1024;
 pub(super) struct Counters {
     pub fsyncs: Option<f64>,
     pub run_events: Option<f64>,
+    pub fsync_seconds: Option<f64>,
 }
 
 impl Counters {
@@ -35,6 +38,7 @@ impl Counters {
         Counters {
             fsyncs: counter(text, FSYNCS),
             run_events: counter(text, RUN_EVENTS),
+            fsync_seconds: counter(text, FSYNC_SECONDS),
         }
     }
 
@@ -44,6 +48,7 @@ impl Counters {
         Counters {
             fsyncs: d(self.fsyncs, before.fsyncs),
             run_events: d(self.run_events, before.run_events),
+            fsync_seconds: d(self.fsync_seconds, before.fsync_seconds),
         }
     }
 }
@@ -148,18 +153,21 @@ mod tests {
             before,
             Counters {
                 fsyncs: Some(10.0),
-                run_events: Some(40.0)
+                run_events: Some(40.0),
+                fsync_seconds: Some(0.5)
             }
         );
         let after = Counters::parse(
             "agen_store_fsyncs_total{store=\"a\"} 12\nagen_store_fsyncs_total{store=\"b\"} 3\n\
-             agen_run_events_appended_total 100\n",
+             agen_run_events_appended_total 100\n\
+             agen_store_fsync_duration_seconds_sum 0.75\n",
         );
         assert_eq!(
             after.since(&before),
             Counters {
                 fsyncs: Some(5.0),
-                run_events: Some(60.0)
+                run_events: Some(60.0),
+                fsync_seconds: Some(0.25)
             }
         );
         let old_hub = Counters::parse("agen_tasks_total 3\n");

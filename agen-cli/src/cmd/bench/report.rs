@@ -133,16 +133,21 @@ pub(super) fn report(args: &Args, raw: &[f64], m: &Measured) -> Value {
     })
 }
 
-/// The Hub's fsyncs over the measured phase: per second and run events per fsync; each null
-/// when the Hub does not count it (an older Hub) or nothing was flushed.
+/// The Hub's fsyncs over the measured phase: per second, their mean duration and run events
+/// per fsync; each null when the Hub does not count it (an older Hub) or nothing was flushed.
 fn durability_json(d: &Counters, secs: f64) -> Value {
     let per_s = d.fsyncs.filter(|_| secs > 0.0).map(|f| round3(f / secs));
     let per_fsync = match (d.run_events, d.fsyncs) {
         (Some(e), Some(f)) if f > 0.0 => Some(round3(e / f)),
         _ => None,
     };
+    let mean_ms = match (d.fsync_seconds, d.fsyncs) {
+        (Some(t), Some(f)) if f > 0.0 => Some(round3(t * 1000.0 / f)),
+        _ => None,
+    };
     json!({
         "fsyncs": d.fsyncs.map(|f| f as u64),
+        "fsync_mean_ms": mean_ms,
         "fsyncs_per_s": per_s,
         "run_events_stored": d.run_events.map(|e| e as u64),
         "durable_events_per_fsync": per_fsync,
@@ -190,9 +195,10 @@ pub(super) fn print_table(r: &Value) {
         v => f(v),
     };
     crate::outln!(
-        "hub fsyncs/s: {} ({} fsyncs), durable events per fsync: {} ({} run events stored), measured phase",
+        "hub fsyncs/s: {} ({} fsyncs, {} ms each), durable events per fsync: {} ({} run events stored), measured phase",
         na(&d["fsyncs_per_s"]),
         na(&d["fsyncs"]),
+        na(&d["fsync_mean_ms"]),
         na(&d["durable_events_per_fsync"]),
         na(&d["run_events_stored"])
     );
