@@ -35,11 +35,7 @@ impl TokenBudget {
         let mut spent = Spent::default();
         for e in &req.replay {
             if let RunEventBody::ModelAnswered(a) = e {
-                let tokens = total(a.usage);
-                spent.used = spent.used.saturating_add(tokens);
-                if !a.flow_agent {
-                    spent.last_turn = tokens;
-                }
+                spent.add(a.usage, !a.flow_agent);
             }
         }
         TokenBudget {
@@ -73,17 +69,19 @@ impl TokenBudget {
 
     /// Counts one answered request.
     pub(super) fn record(&self, usage: Option<Usage>, turn: bool) {
-        let tokens = total(usage);
-        let mut spent = lock(&self.spent);
-        spent.used = spent.used.saturating_add(tokens);
-        if turn {
-            spent.last_turn = tokens;
-        }
+        lock(&self.spent).add(usage, turn);
     }
 }
 
-fn total(usage: Option<Usage>) -> u64 {
-    usage.map_or(0, |u| u.input_tokens.saturating_add(u.output_tokens))
+impl Spent {
+    /// Counts one answered request (`turn`: of the run's own loop, not a Keen flow agent).
+    fn add(&mut self, usage: Option<Usage>, turn: bool) {
+        let tokens = usage.map_or(0, |u| u.input_tokens.saturating_add(u.output_tokens));
+        self.used = self.used.saturating_add(tokens);
+        if turn {
+            self.last_turn = tokens;
+        }
+    }
 }
 
 #[cfg(test)]
