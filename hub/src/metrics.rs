@@ -89,6 +89,11 @@ fn seconds_histogram() -> Histogram {
 static STORE_FSYNCS: LazyLock<Counter> = LazyLock::new(Counter::default);
 static STORE_FSYNC_SECONDS: LazyLock<Histogram> = LazyLock::new(seconds_histogram);
 
+/// Store flushes counted in this process so far.
+pub fn store_fsyncs() -> u64 {
+    STORE_FSYNCS.get()
+}
+
 /// Records one store flush that took `took`.
 pub fn store_flushed(took: Duration) {
     STORE_FSYNCS.inc();

@@ -161,15 +161,21 @@ pub struct NestTx {
     queued: Arc<AtomicUsize>,
     budget: usize,
     overflow: CancellationToken,
+    cut_why: CutWhy,
 }
+
+/// Why the Hub cut a link that did not overflow (told to the Nest as the stream's status).
+type CutWhy = Arc<std::sync::Mutex<Option<String>>>;
 
 /// The receiving half, read by the Nest's outbound stream.
 #[derive(Debug)]
 pub struct NestRx {
     rx: mpsc::Receiver<ToNest>,
     queued: Arc<AtomicUsize>,
-    /// Cancelled when the queue overflowed: the stream ends and the link is closed.
+    /// Cancelled when the queue overflowed or the Hub cut the link: the stream ends and the
+    /// link is closed.
     pub overflow: CancellationToken,
+    cut_why: CutWhy,
 }
 
 /// A queue for one Nest holding at most `budget_bytes` (one message of any size always fits
@@ -178,17 +184,20 @@ pub fn nest_queue(budget_bytes: usize) -> (NestTx, NestRx) {
     let (tx, rx) = mpsc::channel(MAX_QUEUED_MESSAGES);
     let queued = Arc::new(AtomicUsize::new(0));
     let overflow = CancellationToken::new();
+    let cut_why = CutWhy::default();
     (
         NestTx {
             tx,
             queued: queued.clone(),
             budget: budget_bytes,
             overflow: overflow.clone(),
+            cut_why: cut_why.clone(),
         },
         NestRx {
             rx,
             queued,
             overflow,
+            cut_why,
         },
     )
 }
@@ -221,6 +230,14 @@ impl NestTx {
         }
     }
 
+    /// Ends the link (both halves of the stream), telling the Nest `why`.
+    pub fn cut(&self, why: &str) {
+        if let Ok(mut w) = self.cut_why.lock() {
+            w.get_or_insert_with(|| why.to_string());
+        }
+        self.overflow.cancel();
+    }
+
     /// Bytes queued and not yet taken by the stream.
     pub fn queued_bytes(&self) -> usize {
         self.queued.load(Ordering::SeqCst)
@@ -228,6 +245,11 @@ impl NestTx {
 }
 
 impl NestRx {
+    /// Why the Hub cut the link, when it did (else an ended link overflowed).
+    pub fn cut_why(&self) -> Option<String> {
+        self.cut_why.lock().ok().and_then(|w| w.clone())
+    }
+
     /// The next message for the stream; `None` when the queue is closed or overflowed.
     pub async fn recv(&mut self) -> Option<ToNest> {
         let msg = tokio::select! {
@@ -399,10 +421,19 @@ impl Liveness {
         }
     }
 
-    /// Forgets every held message (the store was reopened: what they announce may be gone).
+    /// Forgets every held message (the store was reopened: what they announce may be gone)
+    /// and cuts the links of their Nests: each reconnects and resends the run events whose
+    /// acks were held. Returns how many messages were dropped.
     pub fn drop_held(&mut self) -> usize {
         let n = self.held.len();
-        self.held.clear();
+        let nests: std::collections::BTreeSet<String> =
+            self.held.drain(..).map(|(_, nest, _)| nest).collect();
+        for nest_id in nests {
+            if let Some(link) = self.links.remove(&nest_id) {
+                link.tx.cut("the hub store was reopened after a write error; reconnect and resend what was not acknowledged");
+                self.disconnected_at.insert(nest_id, Instant::now());
+            }
+        }
         n
     }
 
@@ -461,6 +492,31 @@ mod tests {
         live.release(live.mark());
         assert_eq!(rx.try_recv(), Some(stop_named("later")));
         assert_eq!(live.held(), 0);
+    }
+
+    #[tokio::test]
+    async fn dropping_held_messages_cuts_the_links_they_were_for_so_those_nests_resend() {
+        let mut live = Liveness::new([]);
+        let (held_tx, mut held_rx) = nest_queue(1 << 20);
+        let (other_tx, mut other_rx) = nest_queue(1 << 20);
+        live.connect("held", held_tx);
+        live.connect("other", other_tx);
+        live.send_durable("held", stop_named("ack"));
+        assert_eq!(live.drop_held(), 1);
+        assert!(!live.is_connected("held"), "its link is cut");
+        assert!(held_rx.recv().await.is_none(), "its stream ends");
+        let why = held_rx.cut_why().expect("a cut says why");
+        assert!(why.contains("resend"), "{why}");
+        assert!(
+            live.take_overflowed().is_empty(),
+            "a cut is not an overflow: its runs stay"
+        );
+        assert!(
+            live.is_connected("other"),
+            "a nest with nothing held keeps its link"
+        );
+        assert!(live.send("other", stop_named("x")));
+        assert_eq!(other_rx.recv().await, Some(stop_named("x")));
     }
 
     #[tokio::test]

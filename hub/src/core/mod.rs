@@ -21,6 +21,7 @@
 pub mod approvals;
 pub mod artifacts;
 pub mod bundles;
+mod commit;
 pub mod cordon;
 pub mod deadlines;
 pub mod delegates;
@@ -95,6 +96,8 @@ pub struct Core {
     /// Artifact bytes stored per namespace and in all, counted once from the store; holding it
     /// makes a quota check and its write one step.
     pub(crate) artifact_usage: crate::core::artifacts::UsageLock,
+    /// Whether a lazy flush for run events nobody waits for is scheduled ([`commit`]).
+    lazy_flush: commit::LazyFlush,
 }
 
 pub(crate) use crate::limits::validate_name;
@@ -158,6 +161,7 @@ impl Core {
             reconciled_at_ms: std::sync::atomic::AtomicI64::new(crate::model::now_ms()),
             secrets: SecretStore::new(db.clone(), secret_key),
             artifact_usage: Default::default(),
+            lazy_flush: Default::default(),
             bundle_permissions: Default::default(),
             bundle_delegation: Default::default(),
             db,

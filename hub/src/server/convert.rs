@@ -287,6 +287,7 @@ pub fn run_event(e: &pb::RunEvent) -> IncomingRunEvent {
         at_ms: e.at_ms,
         kind: e.kind.clone(),
         json: e.json.clone(),
+        sync: e.sync,
     }
 }
 

@@ -196,11 +196,10 @@ impl NestService for NestApi {
                     }
                     Some(pb::nest_message::Msg::RunEvents(batch)) => {
                         let events = batch.events.iter().map(convert::run_event).collect();
-                        match core.run_events(&nest_id, &batch.instance_id, events).await {
-                            Ok(acks) => {
-                                core.send_all_to_nest(&nest_id, acks);
-                                Ok(())
-                            }
+                        // Stored now; its acks leave once a flush covers it, while this
+                        // loop reads on (group commit across batches and Nests).
+                        match core.run_events(&nest_id, &batch.instance_id, events) {
+                            Ok(()) => Ok(()),
                             Err(e) => {
                                 // Not stored, not acked: end the stream so that the Nest
                                 // reconnects and resends them once the store can write.
@@ -239,6 +238,13 @@ impl NestService for NestApi {
                 let mut rx = state?;
                 match rx.recv().await {
                     Some(m) => Some((Ok(convert::to_nest(m)), Some(rx))),
+                    None if overflow.is_cancelled() && rx.cut_why().is_some() => Some((
+                        Err(Status::unavailable(format!(
+                            "nest stream: {}",
+                            rx.cut_why().unwrap_or_default()
+                        ))),
+                        None,
+                    )),
                     None if overflow.is_cancelled() => Some((
                         Err(Status::resource_exhausted(
                             "nest queue: the nest stopped reading its stream and was disconnected; its runs were handed over",

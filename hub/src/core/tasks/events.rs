@@ -1,6 +1,7 @@
 //! Run events from Nests: fenced by the lease, appended if absent, then applied to the task.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use agen_shared::run::{kind, RunEventBody, RunState};
 
@@ -15,17 +16,19 @@ use super::*;
 
 impl Core {
     /// Stores a batch of run events that `nest_id` relayed from `instance_id`
-    /// (append-if-absent, fenced), updates tasks, flushes once, and returns the
-    /// acknowledgements to send back (one per run attempt). An event not from the lease's Nest
+    /// (append-if-absent, fenced) and updates tasks; the acknowledgements (one per run
+    /// attempt) leave for the Nest once a flush covers them (`core::commit`: at once when an
+    /// event of the batch is waited for, else lazily), so the caller goes on reading. An event not from the lease's Nest
     /// and instance, for its run and attempt, is refused: never stored, it moves nothing, and
     /// its ack says `fenced` so that the sender stops.
-    pub async fn run_events(
-        &self,
+    pub fn run_events(
+        self: &Arc<Self>,
         nest_id: &str,
         instance_id: &str,
         events: Vec<IncomingRunEvent>,
-    ) -> Result<Vec<ToNest>> {
+    ) -> Result<()> {
         let mut acks: BTreeMap<(String, u32), (u64, bool)> = BTreeMap::new();
+        let waited_for = events.iter().any(|e| e.sync);
         {
             let mut st = self.lock();
             let mut refused: Option<(usize, String)> = None;
@@ -78,18 +81,20 @@ impl Core {
                     "run events refused: {why}"
                 );
             }
+            // Held until a flush covering the writes above ends (`core::commit`).
+            for ((run_id, attempt), (acked_seq, fenced)) in acks {
+                let ack = ToNest::Ack {
+                    run_id,
+                    attempt,
+                    acked_seq,
+                    fenced,
+                };
+                st.live.send_durable(nest_id, ack);
+            }
         }
-        self.commit().await?;
+        self.commit_soon(waited_for);
         self.poke();
-        Ok(acks
-            .into_iter()
-            .map(|((run_id, attempt), (acked_seq, fenced))| ToNest::Ack {
-                run_id,
-                attempt,
-                acked_seq,
-                fenced,
-            })
-            .collect())
+        Ok(())
     }
 
     /// Applies a hot event already written with its task event: the task changes in place and

@@ -138,6 +138,8 @@ pub struct IncomingRunEvent {
     pub at_ms: i64,
     pub kind: String,
     pub json: String,
+    /// The sender waits for this event's ack (a ledger point): it is flushed at once.
+    pub sync: bool,
 }
 
 impl Core {
