@@ -1,6 +1,7 @@
 //! The Agen Nest: the node daemon and everything that runs on a node.
 //!
-//! Reading order: `config`, `daemon` (the Nest's `run`), `hub_link` (the one outbound stream to
+//! Reading order: `config`, `model` (the Nest's domain types: placements, reports, run
+//! orders and events, log requests), `daemon` (the Nest's `run`), `hub_link` (the one outbound stream to
 //! the Hub, reconnects), `supervisor` (instance processes, restart policy, process-group guards),
 //! `bundles` (cache by digest), `artifact_relay` (artifact transfers), `child_relay` (delegate
 //! calls' child tasks), `logs` (instances' and tool servers' stderr, kept in rotated files and
@@ -22,6 +23,7 @@ pub mod hub_link;
 pub mod instance;
 pub mod logs;
 pub mod metrics;
+pub mod model;
 pub mod outbox;
 pub mod refused_run;
 pub mod run_context;
