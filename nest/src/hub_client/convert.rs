@@ -285,6 +285,68 @@ mod tests {
     }
 
     #[test]
+    fn a_report_keeps_every_field_and_its_state() {
+        let place = PlaceOrder {
+            instance_id: "i".into(),
+            namespace: "ns".into(),
+            deployment: "d".into(),
+            bundle_digest: "sha256:00".into(),
+            generation: 4,
+            ..Default::default()
+        };
+        let mut r = InstanceReport::new(&place, InstanceState::Unhealthy, "down".into());
+        r.servers_not_connected = vec![ServerProblem {
+            server: "time".into(),
+            reason: "exited".into(),
+        }];
+        r.restarts = 2;
+        r.pid = 77;
+        r.active_runs = vec!["r1".into()];
+        r.run_attempts = vec![RunAttempt {
+            run_id: "r1".into(),
+            attempt: 3,
+        }];
+        assert_eq!(
+            report(r),
+            pb::InstanceReport {
+                instance_id: "i".into(),
+                namespace: "ns".into(),
+                deployment: "d".into(),
+                bundle_digest: "sha256:00".into(),
+                generation: 4,
+                state: pb::InstanceState::Unhealthy as i32,
+                healthy: false,
+                tools_loaded: 0,
+                servers_not_connected: vec![pb::ServerProblem {
+                    server: "time".into(),
+                    reason: "exited".into(),
+                }],
+                message: "down".into(),
+                restarts: 2,
+                pid: 77,
+                active_runs: vec!["r1".into()],
+                tools: vec![],
+                run_attempts: vec![pb::ActiveRun {
+                    run_id: "r1".into(),
+                    attempt: 3,
+                }],
+            }
+        );
+        for (s, name) in [
+            (InstanceState::Starting, "INSTANCE_STATE_STARTING"),
+            (InstanceState::Running, "INSTANCE_STATE_RUNNING"),
+            (InstanceState::Unhealthy, "INSTANCE_STATE_UNHEALTHY"),
+            (InstanceState::Stopping, "INSTANCE_STATE_STOPPING"),
+        ] {
+            assert_eq!(instance_state(s).as_str_name(), name);
+            assert_eq!(
+                format!("instance_state_{}", s.as_str()),
+                name.to_lowercase()
+            );
+        }
+    }
+
+    #[test]
     fn an_assignment_keeps_every_field() {
         let a = pb::AssignRun {
             run_id: "r".into(),
