@@ -9,8 +9,11 @@
 //! restarts the process with exponential back-off when it dies, and on stop kills the whole
 //! group (SIGTERM, SIGKILL after a grace). It serves the Nest socket: an instance says hello,
 //! gets its placement (with its secrets resolved here), reports its status and streams run
-//! events, which go to the [`Outbox`] of the Hub link; run assignments, cancels and acks go the
-//! other way.
+//! events, which go to the [`Outbox`] (the Hub link sends them); run assignments, cancels and
+//! acks go the other way. It speaks the Nest's domain types (`crate::model`), never protobuf:
+//! the link reads its reports ([`Supervisor::snapshot`], and [`Supervisor::take_changed`] when
+//! [`Supervisor::changed_notify`] fires, so changes between two sends go as one report) and
+//! converts them.
 //!
 //! Invariants: an instance id is placed at most once while it lives here (a repeated
 //! placement, e.g. after a reconnect, is a no-op), so nothing is duplicated; every
