@@ -9,15 +9,12 @@
 
 use std::sync::Arc;
 
-use agen_proto::v1 as pb;
 use tokio::sync::mpsc;
 
 use crate::bundles::BundleCache;
+use crate::model::NewArtifact;
 use crate::socket::{ToInstance, ToNest};
 use agen_harness::artifacts::{artifact_id, ArtifactMeta, MAX_ARTIFACT_BYTES};
-
-/// Bytes per `PutArtifact` chunk.
-const CHUNK: usize = 1024 * 1024;
 
 /// Serves one artifact request of an instance in `namespace` in the background; the answer
 /// goes to `reply` (the instance's connection).
@@ -90,65 +87,36 @@ pub async fn put(
     content: Vec<u8>,
 ) -> Result<ArtifactMeta, String> {
     let mut client = bundles.hub_client().await.map_err(|e| e.to_string())?;
-    let id = artifact_id(&content);
-    let first = pb::Artifact {
-        artifact_id: id.clone(),
+    let artifact = NewArtifact {
+        artifact_id: artifact_id(&content),
         name: name.to_string(),
         media_type: media_type.to_string(),
-        size: content.len() as u64,
         task_id: task_id.to_string(),
-        created_at_ms: 0,
         namespace: namespace.to_string(),
     };
-    let mut chunks: Vec<pb::ArtifactChunk> = content
-        .chunks(CHUNK)
-        .map(|c| pb::ArtifactChunk {
-            artifact: None,
-            data: c.to_vec(),
-        })
-        .collect();
-    if chunks.is_empty() {
-        chunks.push(pb::ArtifactChunk::default());
-    }
-    if let Some(c) = chunks.first_mut() {
-        c.artifact = Some(first);
-    }
-    let saved = client
-        .put_artifact(futures::stream::iter(chunks))
+    client
+        .put_artifact(artifact, content)
         .await
-        .map_err(|s| format!("the hub did not store artifact {name}: {}", s.message()))?
-        .into_inner();
-    Ok(ArtifactMeta {
-        id: saved.artifact_id,
-        name: saved.name,
-        media_type: saved.media_type,
-        size: saved.size,
-        task_id: saved.task_id,
-        created_at_ms: saved.created_at_ms,
-    })
+        .map_err(|e| format!("the hub did not store artifact {name}: {}", e.message))
 }
 
 /// Downloads one artifact from the Hub.
 pub async fn read(bundles: &BundleCache, namespace: &str, id: &str) -> Result<Vec<u8>, String> {
     let mut client = bundles.hub_client().await.map_err(|e| e.to_string())?;
     let mut stream = client
-        .read_artifact(pb::GetArtifactRequest {
-            namespace: namespace.to_string(),
-            artifact_id: id.to_string(),
-        })
+        .read_artifact(namespace, id)
         .await
-        .map_err(|s| s.message().to_string())?
-        .into_inner();
+        .map_err(|e| e.message)?;
     let mut bytes = Vec::new();
-    while let Some(chunk) = stream
-        .message()
+    while let Some(data) = stream
+        .next()
         .await
-        .map_err(|s| format!("reading artifact {id} was interrupted: {}", s.message()))?
+        .map_err(|e| format!("reading artifact {id} was interrupted: {}", e.message))?
     {
-        if (bytes.len() + chunk.data.len()) as u64 > MAX_ARTIFACT_BYTES {
+        if (bytes.len() + data.len()) as u64 > MAX_ARTIFACT_BYTES {
             return Err(format!("artifact {id} is larger than the 25 MB limit"));
         }
-        bytes.extend_from_slice(&chunk.data);
+        bytes.extend_from_slice(&data);
     }
     Ok(bytes)
 }

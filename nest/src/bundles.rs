@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use agen_proto::v1::FetchBundleRequest;
 use agen_shared::bundle::{unpack_verified, MAX_BUNDLE_BYTES};
 
 use crate::config::{NestError, NestOptions, Result};
@@ -101,25 +100,22 @@ impl BundleCache {
         };
         let mut client = self.client.get_or_connect(&self.opts).await?;
         let mut stream = client
-            .fetch_bundle(FetchBundleRequest {
-                digest: digest.to_string(),
-            })
+            .fetch_bundle(digest)
             .await
-            .map_err(|s| err(format!("cannot fetch from the hub: {}", s.message())))?
-            .into_inner();
+            .map_err(|e| err(format!("cannot fetch from the hub: {}", e.message)))?;
         let mut bytes = Vec::new();
-        while let Some(chunk) = stream
-            .message()
+        while let Some(data) = stream
+            .next()
             .await
-            .map_err(|s| err(format!("fetch interrupted: {}", s.message())))?
+            .map_err(|e| err(format!("fetch interrupted: {}", e.message)))?
         {
-            if bytes.len() + chunk.data.len() > MAX_BUNDLE_BYTES {
+            if bytes.len() + data.len() > MAX_BUNDLE_BYTES {
                 return Err(err(format!(
                     "larger than {} MiB",
                     MAX_BUNDLE_BYTES / (1024 * 1024)
                 )));
             }
-            bytes.extend_from_slice(&chunk.data);
+            bytes.extend_from_slice(&data);
         }
         Ok(bytes)
     }

@@ -11,11 +11,10 @@
 
 use std::sync::Arc;
 
-use agen_harness::run::{ChildEnd, RunState};
-use agen_proto::v1 as pb;
 use tokio::sync::mpsc;
 
 use crate::bundles::BundleCache;
+use crate::model::RunLease;
 use crate::socket::{ChildCall, ChildOp, ChildReply, ToInstance};
 
 /// Serves one child request of instance `instance_id` in the background; the answer goes to
@@ -49,70 +48,36 @@ async fn ask(
     call: ChildCall,
 ) -> Result<ChildReply, String> {
     let mut client = bundles.hub_client().await.map_err(|e| e.to_string())?;
-    let parent = Some(pb::ChildParent {
+    let parent = RunLease {
         task_id: call.task_id,
         run_id: call.run_id,
         attempt: call.attempt,
         instance_id: instance_id.to_string(),
-    });
-    let status = |s: tonic::Status| format!("the hub refused: {}", s.message());
+    };
+    let status = |e: crate::hub_client::CallError| format!("the hub refused: {}", e.message);
     let mut out = ChildReply {
         req: call.req,
         ..Default::default()
     };
     match call.op {
         ChildOp::Start(c) => {
-            let r = client
-                .start_child(pb::StartChildRequest {
-                    parent,
-                    namespace: c.namespace.unwrap_or_default(),
-                    deployment: c.deployment,
-                    input: c.input,
-                    conversation_key: c.conversation_key,
-                    idempotency_key: c.idempotency_key,
-                    parent_span_id: c.parent_span_id,
-                })
-                .await
-                .map_err(status)?
-                .into_inner();
-            out.task_id = Some(r.task_id);
+            out.task_id = Some(client.start_child(&parent, c).await.map_err(status)?);
         }
         ChildOp::Wait {
             child_task_id,
             wait_ms,
         } => {
-            let r = client
-                .wait_child(pb::WaitChildRequest {
-                    parent,
-                    child_task_id,
-                    wait_ms,
-                })
+            out.end = client
+                .wait_child(&parent, child_task_id, wait_ms)
                 .await
-                .map_err(status)?
-                .into_inner();
-            if r.done {
-                let state = match pb::TaskState::try_from(r.state) {
-                    Ok(pb::TaskState::Succeeded) => RunState::Succeeded,
-                    Ok(pb::TaskState::Cancelled) => RunState::Cancelled,
-                    _ => RunState::Failed,
-                };
-                out.end = Some(ChildEnd {
-                    state,
-                    result: r.result,
-                    artifacts: r.artifacts,
-                });
-            }
+                .map_err(status)?;
         }
         ChildOp::Cancel {
             child_task_id,
             reason,
         } => {
             client
-                .cancel_child(pb::CancelChildRequest {
-                    parent,
-                    child_task_id,
-                    reason,
-                })
+                .cancel_child(&parent, child_task_id, reason)
                 .await
                 .map_err(status)?;
         }

@@ -28,7 +28,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::NestOptions;
-use crate::hub_client::{ClientSlot, HubClient};
+use crate::hub_client::{convert, ClientSlot, HubClient};
 use crate::outbox::Outbox;
 use crate::supervisor::backoff::Backoff;
 use crate::supervisor::Supervisor;
@@ -180,7 +180,7 @@ async fn session(
         labels: ctx.opts.labels.clone().into_iter().collect(),
         capacity: ctx.opts.capacity,
         version: env!("CARGO_PKG_VERSION").to_string(),
-        instances: sup.snapshot(),
+        instances: convert::reports(sup.snapshot()),
         fallback_name: ctx.opts.fallback_name.clone(),
         separation: sup.separation().describe(),
     };
@@ -191,11 +191,10 @@ async fn session(
     })
     .await
     .map_err(|_| "stream closed before register".to_string())?;
-    let response = tokio::select! {
+    let mut inbound = tokio::select! {
         r = client.connect(ReceiverStream::new(rx)) => r.map_err(|s| status_text(&s))?,
         _ = shutdown.cancelled() => return Ok(()),
     };
-    let mut inbound = response.into_inner();
     let first = tokio::select! {
         m = tokio::time::timeout(REGISTER_TIMEOUT, inbound.message()) => m
             .map_err(|_| "no Registered from the hub within 10s".to_string())?
@@ -252,11 +251,12 @@ async fn session(
                 return Ok(());
             }
             _ = heartbeat.tick() => {
-                send(NestMsg::Heartbeat(Heartbeat { at_ms: now_ms(), instances: sup.snapshot() })).await?;
+                let instances = convert::reports(sup.snapshot());
+                send(NestMsg::Heartbeat(Heartbeat { at_ms: now_ms(), instances })).await?;
             }
             _ = sup.changed_notify().notified() => {
                 for report in sup.take_changed() {
-                    send(NestMsg::Instance(report)).await?;
+                    send(NestMsg::Instance(convert::report(report))).await?;
                 }
             }
             _ = ctx.outbox.queued() => {
@@ -274,7 +274,7 @@ async fn session(
                         break;
                     }
                     for events in batch {
-                        send(NestMsg::RunEvents(events)).await?;
+                        send(NestMsg::RunEvents(convert::run_events(events))).await?;
                     }
                 }
             }
@@ -321,36 +321,33 @@ fn handle(ctx: &LinkContext, client: &HubClient, msg: HubMsg) {
     let sup = &ctx.supervisor;
     match msg {
         HubMsg::Registered(_) => tracing::debug!("ignoring a second Registered"),
-        HubMsg::Place(p) => sup.place(p),
+        HubMsg::Place(p) => sup.place(convert::place(p)),
         HubMsg::Stop(s) => sup.stop(&s.instance_id, &s.reason),
         // A run whose assignment cannot be used fails with the reason (the link stays up); a
         // run with a history or a replay starts once they are fetched (`run_context`).
-        HubMsg::AssignRun(a) => match crate::refused_run::unusable(&a) {
-            None => crate::run_context::assign(
-                client.clone(),
-                sup.clone(),
-                ctx.outbox.clone(),
-                ctx.fetching.clone(),
-                a,
-            ),
-            Some(why) => crate::refused_run::refuse(&ctx.outbox, &a, &why),
-        },
+        HubMsg::AssignRun(a) => {
+            let a = convert::assigned_run(a);
+            match crate::refused_run::unusable(&a) {
+                None => crate::run_context::assign(
+                    client.clone(),
+                    sup.clone(),
+                    ctx.outbox.clone(),
+                    ctx.fetching.clone(),
+                    a,
+                ),
+                Some(why) => crate::refused_run::refuse(&ctx.outbox, &a, &why),
+            }
+        }
         HubMsg::CancelRun(c) => {
             ctx.fetching.cancel(&c.run_id);
             sup.cancel(&c.run_id, &c.instance_id, &c.reason)
         }
         HubMsg::Ping(_) => {}
-        HubMsg::LogRequest(r) => sup.answer_logs(r),
-        HubMsg::ApprovalDecided(d) => sup.deliver_approval(
-            &d.run_id,
-            &d.instance_id,
-            agen_shared::run::ApprovalDecided {
-                call_id: d.call_id,
-                approved: d.approved,
-                reason: d.reason,
-                by: d.by,
-            },
-        ),
+        HubMsg::LogRequest(r) => sup.answer_logs(convert::log_request(r)),
+        HubMsg::ApprovalDecided(d) => {
+            let (run_id, instance_id, decided) = convert::approval(d);
+            sup.deliver_approval(&run_id, &instance_id, decided)
+        }
         HubMsg::Ack(a) => {
             ctx.outbox.ack(&a.run_id, a.attempt, a.acked_seq, a.fenced);
             sup.deliver_ack(&a.run_id, a.attempt, a.acked_seq, a.fenced);

@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use agen_proto::v1::InstanceState;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -67,11 +66,7 @@ impl NestMetrics {
         self.instances.clear();
         let mut restarts: BTreeMap<String, u64> = BTreeMap::new();
         for r in supervisor.snapshot() {
-            let state = InstanceState::try_from(r.state)
-                .unwrap_or(InstanceState::Unspecified)
-                .as_str_name()
-                .trim_start_matches("INSTANCE_STATE_")
-                .to_ascii_lowercase();
+            let state = r.state.as_str().to_string();
             self.instances.get_or_create(&StateLabel { state }).inc();
             *restarts.entry(r.deployment.clone()).or_default() += u64::from(r.restarts);
         }

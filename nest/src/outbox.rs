@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 
-use agen_proto::v1::{RunEvent, RunEvents};
+use crate::model::{EventBatch, RunEvent};
 use tokio::sync::Notify;
 
 /// Run events not yet acknowledged by the Hub, by `(run_id, attempt)` then seq, with the
@@ -80,11 +80,11 @@ impl Outbox {
         self.notify.notify_one();
     }
 
-    /// Up to `max` events to send, grouped as `RunEvents` per instance (in order).
-    pub fn take_batch(&self, max: usize) -> Vec<RunEvents> {
+    /// Up to `max` events to send, grouped per instance (in order).
+    pub fn take_batch(&self, max: usize) -> Vec<EventBatch> {
         let mut st = self.lock();
         st.urgent = false;
-        let mut out: Vec<RunEvents> = Vec::new();
+        let mut out: Vec<EventBatch> = Vec::new();
         let mut n = 0;
         while n < max {
             let Some((run, attempt, seq)) = st.unsent.pop_front() else {
@@ -96,7 +96,7 @@ impl Outbox {
             };
             match out.last_mut() {
                 Some(last) if last.instance_id == *instance => last.events.push(ev.clone()),
-                _ => out.push(RunEvents {
+                _ => out.push(EventBatch {
                     instance_id: instance.clone(),
                     events: vec![ev.clone()],
                 }),
@@ -140,12 +140,14 @@ mod tests {
             run_id: run.into(),
             attempt,
             seq,
-            kind: "log".into(),
-            ..Default::default()
+            task_id: String::new(),
+            at_ms: 0,
+            body: agen_shared::run::RunEventBody::from_wire_lossy("log", "{}"),
+            sync: false,
         }
     }
 
-    fn seqs(batch: &[RunEvents]) -> Vec<(String, String, u64)> {
+    fn seqs(batch: &[EventBatch]) -> Vec<(String, String, u64)> {
         batch
             .iter()
             .flat_map(|b| {

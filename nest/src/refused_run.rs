@@ -3,11 +3,12 @@
 //! instance it was assigned to) instead of running it on half its data, and the link stays up.
 //! Running with a dropped replay would send its side-effecting calls a second time.
 
-use agen_proto::v1::{AssignRun, RunEvent};
-use agen_shared::run::{kind, RunEventBody, RunFinished, RunState};
+use agen_shared::run::{RunEventBody, RunFinished, RunState};
+
+use crate::model::{AssignedRun, RunEvent};
 
 /// Why `a` cannot be run, if it cannot.
-pub fn unusable(a: &AssignRun) -> Option<String> {
+pub fn unusable(a: &AssignedRun) -> Option<String> {
     let missing = [
         ("run_id", a.run_id.is_empty()),
         ("task_id", a.task_id.is_empty()),
@@ -41,7 +42,7 @@ pub fn unusable(a: &AssignRun) -> Option<String> {
 
 /// The event that fails run `a` with `why`; `None` when the run cannot even be named (no run
 /// id or task id: nothing to fail, the Hub's start deadline re-dispatches it).
-pub fn failed_event(a: &AssignRun, why: &str) -> Option<RunEvent> {
+pub fn failed_event(a: &AssignedRun, why: &str) -> Option<RunEvent> {
     if a.run_id.is_empty() || a.task_id.is_empty() || a.instance_id.is_empty() {
         return None;
     }
@@ -51,21 +52,19 @@ pub fn failed_event(a: &AssignRun, why: &str) -> Option<RunEvent> {
         seq: 1,
         task_id: a.task_id.clone(),
         at_ms: chrono::Utc::now().timestamp_millis(),
-        kind: kind::RUN_FINISHED.into(),
-        json: RunEventBody::RunFinished(RunFinished {
+        body: RunEventBody::RunFinished(RunFinished {
             state: RunState::Failed,
             result: why.to_string(),
             response_type: Default::default(),
             messages: Vec::new(),
-        })
-        .to_json_string(),
+        }),
         sync: true,
     })
 }
 
 /// Fails a run whose assignment cannot be used: logged, and its `run.finished` (failed, with
 /// the reason) queued from the instance it was assigned to.
-pub fn refuse(outbox: &crate::outbox::Outbox, a: &AssignRun, why: &str) {
+pub fn refuse(outbox: &crate::outbox::Outbox, a: &AssignedRun, why: &str) {
     tracing::warn!(run = %a.run_id, task = %a.task_id, "{why}; the run fails, the link stays up");
     if let Some(e) = failed_event(a, why) {
         outbox.push(&a.instance_id, e);
@@ -75,46 +74,47 @@ pub fn refuse(outbox: &crate::outbox::Outbox, a: &AssignRun, why: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agen_shared::run::kind;
 
-    fn good() -> AssignRun {
-        AssignRun {
+    fn good() -> AssignedRun {
+        AssignedRun {
             run_id: "r1".into(),
             task_id: "t1".into(),
             instance_id: "i1".into(),
             attempt: 1,
             history_json: "[]".into(),
             replay_json: String::new(),
-            ..AssignRun::default()
+            ..AssignedRun::default()
         }
     }
 
     #[test]
     fn a_usable_assignment_passes_and_broken_ones_name_the_field() {
         assert_eq!(unusable(&good()), None);
-        let cases: Vec<(AssignRun, &str)> = vec![
+        let cases: Vec<(AssignedRun, &str)> = vec![
             (
-                AssignRun {
+                AssignedRun {
                     attempt: 0,
                     ..good()
                 },
                 "field attempt",
             ),
             (
-                AssignRun {
+                AssignedRun {
                     run_id: String::new(),
                     ..good()
                 },
                 "field run_id",
             ),
             (
-                AssignRun {
+                AssignedRun {
                     history_json: "{not json".into(),
                     ..good()
                 },
                 "history_json",
             ),
             (
-                AssignRun {
+                AssignedRun {
                     replay_json: "{\"kind\":1}".into(),
                     ..good()
                 },
@@ -129,18 +129,18 @@ mod tests {
 
     #[test]
     fn the_refused_run_finishes_failed_with_the_reason() {
-        let a = AssignRun {
+        let a = AssignedRun {
             replay_json: "oops".into(),
             ..good()
         };
         let why = unusable(&a).expect("refused");
         let e = failed_event(&a, &why).expect("an event");
         assert_eq!(
-            (e.run_id.as_str(), e.attempt, e.seq, e.kind.as_str(), e.sync),
+            (e.run_id.as_str(), e.attempt, e.seq, e.body.kind(), e.sync),
             ("r1", 1, 1, kind::RUN_FINISHED, true)
         );
-        match RunEventBody::from_wire(&e.kind, &e.json) {
-            Ok(RunEventBody::RunFinished(f)) => {
+        match e.body {
+            RunEventBody::RunFinished(f) => {
                 assert_eq!(f.state, RunState::Failed);
                 assert_eq!(f.result, why);
             }
@@ -148,7 +148,7 @@ mod tests {
         }
         assert_eq!(
             failed_event(
-                &AssignRun {
+                &AssignedRun {
                     task_id: String::new(),
                     ..a
                 },

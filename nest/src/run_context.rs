@@ -15,11 +15,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agen_proto::v1::{AssignRun, FetchRunContextRequest, RunContextChunk, RunEvent};
-use agen_shared::run::{kind, RunEventBody, RunInterrupted};
+use agen_shared::run::{RunEventBody, RunInterrupted};
 use tokio_util::sync::CancellationToken;
 
 use crate::hub_client::HubClient;
+use crate::model::{AssignedRun, ContextChunk, RunEvent};
 use crate::outbox::Outbox;
 use crate::supervisor::Supervisor;
 
@@ -78,7 +78,7 @@ pub fn assign(
     sup: Arc<Supervisor>,
     outbox: Arc<Outbox>,
     fetching: Arc<Fetching>,
-    a: AssignRun,
+    a: AssignedRun,
 ) {
     if !a.context_by_fetch {
         sup.assign(a);
@@ -110,7 +110,7 @@ pub fn assign(
 }
 
 /// The context of `a`, or the `run.interrupted` to send instead (the run never starts).
-pub async fn fetch_or_interrupt(client: HubClient, a: &AssignRun) -> Result<Context, RunEvent> {
+pub async fn fetch_or_interrupt(client: HubClient, a: &AssignedRun) -> Result<Context, RunEvent> {
     fetch_with_retries(client, a).await.map_err(|why| {
         tracing::warn!(run = %a.run_id, attempt = a.attempt, "{why}; the run is handed back to the hub");
         interrupted(a, &why)
@@ -124,7 +124,7 @@ pub struct Context {
     pub replay: String,
 }
 
-async fn fetch_with_retries(client: HubClient, a: &AssignRun) -> Result<Context, String> {
+async fn fetch_with_retries(client: HubClient, a: &AssignedRun) -> Result<Context, String> {
     let mut delay = RETRY_BASE;
     let mut tries = 0;
     loop {
@@ -159,30 +159,17 @@ enum Failure {
     Transient(String),
 }
 
-async fn fetch(mut client: HubClient, a: &AssignRun) -> Result<Context, Failure> {
-    let status = |s: tonic::Status| {
-        let why = format!("{:?}: {}", s.code(), s.message());
-        match s.code() {
-            tonic::Code::PermissionDenied
-            | tonic::Code::NotFound
-            | tonic::Code::InvalidArgument
-            | tonic::Code::Unauthenticated
-            | tonic::Code::Unimplemented => Failure::Refused(why),
-            _ => Failure::Transient(why),
-        }
+async fn fetch(mut client: HubClient, a: &AssignedRun) -> Result<Context, Failure> {
+    let failure = |e: crate::hub_client::CallError| match e.is_refusal() {
+        true => Failure::Refused(e.to_string()),
+        false => Failure::Transient(e.to_string()),
     };
     let mut stream = client
-        .fetch_run_context(FetchRunContextRequest {
-            task_id: a.task_id.clone(),
-            run_id: a.run_id.clone(),
-            attempt: a.attempt,
-            instance_id: a.instance_id.clone(),
-        })
+        .fetch_run_context(&a.lease())
         .await
-        .map_err(status)?
-        .into_inner();
+        .map_err(failure)?;
     let mut parts = Assembler::default();
-    while let Some(chunk) = stream.message().await.map_err(status)? {
+    while let Some(chunk) = stream.next().await.map_err(failure)? {
         parts.push(chunk).map_err(Failure::Transient)?;
     }
     parts.finish().map_err(Failure::Transient)
@@ -197,7 +184,7 @@ pub struct Assembler {
 }
 
 impl Assembler {
-    pub fn push(&mut self, c: RunContextChunk) -> Result<(), String> {
+    pub fn push(&mut self, c: ContextChunk) -> Result<(), String> {
         let (history_size, replay_size) = match self.sizes {
             Some(s) => s,
             None => {
@@ -246,19 +233,17 @@ impl Assembler {
 
 /// The `run.interrupted` of a run whose context could not be fetched: its instance never saw
 /// it, so it is the attempt's first event.
-fn interrupted(a: &AssignRun, why: &str) -> RunEvent {
+fn interrupted(a: &AssignedRun, why: &str) -> RunEvent {
     RunEvent {
         run_id: a.run_id.clone(),
         attempt: a.attempt,
         seq: 1,
         task_id: a.task_id.clone(),
         at_ms: chrono::Utc::now().timestamp_millis(),
-        kind: kind::RUN_INTERRUPTED.into(),
-        json: RunEventBody::RunInterrupted(RunInterrupted {
+        body: RunEventBody::RunInterrupted(RunInterrupted {
             reason: why.to_string(),
             cause: CAUSE.to_string(),
-        })
-        .to_json_string(),
+        }),
         sync: true,
     }
 }
@@ -266,6 +251,7 @@ fn interrupted(a: &AssignRun, why: &str) -> RunEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agen_shared::run::kind;
     use pretty_assertions::assert_eq;
 
     #[test]
@@ -295,7 +281,7 @@ mod tests {
             .expect("a free port");
         let opts = crate::config::NestOptions::new(format!("http://127.0.0.1:{port}"), "t0k");
         let client = crate::hub_client::client(&opts).await.expect("lazy client");
-        let a = AssignRun {
+        let a = AssignedRun {
             run_id: "run-1".into(),
             attempt: 2,
             task_id: "task-1".into(),
@@ -317,12 +303,14 @@ mod tests {
                 event.run_id.as_str(),
                 event.attempt,
                 event.seq,
-                event.kind.as_str(),
+                event.body.kind(),
                 event.sync
             ),
             ("run-1", 2, 1, kind::RUN_INTERRUPTED, true)
         );
-        let body: RunInterrupted = serde_json::from_str(&event.json).expect("typed body");
+        let RunEventBody::RunInterrupted(body) = event.body else {
+            panic!("not a run.interrupted: {:?}", event.body);
+        };
         assert_eq!(body.cause, CAUSE);
         assert!(
             body.reason
@@ -332,8 +320,8 @@ mod tests {
         );
     }
 
-    fn chunk(hs: u64, rs: u64, h: &str, r: &str) -> RunContextChunk {
-        RunContextChunk {
+    fn chunk(hs: u64, rs: u64, h: &str, r: &str) -> ContextChunk {
+        ContextChunk {
             history_size: hs,
             replay_size: rs,
             history: h.as_bytes().to_vec(),

@@ -22,7 +22,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use agen_shared::run::{wire, RunAssignment, RunEventBody};
+use agen_shared::run::{wire, RunAssignment};
 use futures::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -266,15 +266,15 @@ impl std::fmt::Debug for Placement {
     }
 }
 
-/// One run to execute (the Hub's `AssignRun`): the run, and the bundle version it must run on.
+/// One run to execute (the Hub's assignment): the run, and the bundle version it must run on.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct RunOrder {
     pub bundle_digest: String,
     pub run: RunAssignment,
 }
 
-impl From<agen_proto::v1::AssignRun> for RunOrder {
-    fn from(a: agen_proto::v1::AssignRun) -> Self {
+impl From<crate::model::AssignedRun> for RunOrder {
+    fn from(a: crate::model::AssignedRun) -> Self {
         RunOrder {
             bundle_digest: a.bundle_digest,
             run: RunAssignment {
@@ -292,14 +292,7 @@ impl From<agen_proto::v1::AssignRun> for RunOrder {
                 trace_id: a.trace_id,
                 history: wire::history(&a.history_json),
                 replay: wire::replay(&a.replay_json),
-                tool_overrides: a
-                    .tool_overrides
-                    .map(|o| agen_shared::bundle::Permissions {
-                        allow: o.allow,
-                        ask: o.ask,
-                        deny: o.deny,
-                    })
-                    .unwrap_or_default(),
+                tool_overrides: a.tool_overrides,
                 max_tokens: (a.max_tokens > 0).then_some(a.max_tokens),
             },
         }
@@ -307,33 +300,8 @@ impl From<agen_proto::v1::AssignRun> for RunOrder {
 }
 
 /// One run event, keyed `(run_id, attempt, seq)`; on the socket as one JSON line with the
-/// body's `kind` and `json` beside the key.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunEventMsg {
-    pub run_id: String,
-    pub attempt: u32,
-    pub seq: u64,
-    pub task_id: String,
-    pub at_ms: i64,
-    #[serde(flatten)]
-    pub body: RunEventBody,
-    pub sync: bool,
-}
-
-impl From<RunEventMsg> for agen_proto::v1::RunEvent {
-    fn from(e: RunEventMsg) -> Self {
-        agen_proto::v1::RunEvent {
-            run_id: e.run_id,
-            attempt: e.attempt,
-            seq: e.seq,
-            task_id: e.task_id,
-            at_ms: e.at_ms,
-            kind: e.body.kind().to_string(),
-            json: e.body.to_json_string(),
-            sync: e.sync,
-        }
-    }
-}
+/// body's `kind` and `json` beside the key. The Nest relays it as it came.
+pub use crate::model::RunEvent as RunEventMsg;
 
 /// Protocol errors.
 #[derive(Debug, thiserror::Error)]
@@ -425,6 +393,7 @@ pub fn listen(path: &Path, mode: u32) -> std::io::Result<UnixListener> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agen_shared::run::RunEventBody;
     use pretty_assertions::assert_eq;
 
     fn check_to_nest(line: &str, expected: ToNest) {

@@ -567,7 +567,7 @@ mod tests {
             missing_secrets: vec![],
         };
         let r = run_request(
-            RunOrder::from(agen_proto::v1::AssignRun {
+            RunOrder::from(crate::model::AssignedRun {
                 run_id: "r1".into(),
                 attempt: 0,
                 history_json: r#"[{"role":"user","content":"hi"}]"#.into(),

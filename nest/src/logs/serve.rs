@@ -6,31 +6,26 @@
 
 use std::path::Path;
 
-use agen_proto::v1 as pb;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{read_from, rotated, LogStore, Source, StoredLine};
 use crate::hub_client::HubClient;
+use crate::model::{LogChunk, LogLine, LogRequest};
 
 /// Lines per `LogChunk`.
 const LINES_PER_CHUNK: usize = 256;
 
 /// Serves `req` in the background over a `SendLogs` call made with `client`.
-pub fn answer(
-    store: LogStore,
-    client: HubClient,
-    req: pb::LogRequest,
-    shutdown: CancellationToken,
-) {
+pub fn answer(store: LogStore, client: HubClient, req: LogRequest, shutdown: CancellationToken) {
     tokio::spawn(async move {
-        let (tx, rx) = mpsc::channel::<pb::LogChunk>(8);
+        let (tx, rx) = mpsc::channel::<LogChunk>(8);
         let request_id = req.request_id.clone();
         let producer = tokio::spawn(produce(store, req, tx, shutdown));
         let mut client = client;
         let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
         if let Err(e) = client.send_logs(stream).await {
-            tracing::debug!(request = %request_id, "log request ended: {}", e.message());
+            tracing::debug!(request = %request_id, "log request ended: {}", e.message);
         }
         producer.abort();
     });
@@ -38,11 +33,11 @@ pub fn answer(
 
 async fn produce(
     store: LogStore,
-    req: pb::LogRequest,
-    tx: mpsc::Sender<pb::LogChunk>,
+    req: LogRequest,
+    tx: mpsc::Sender<LogChunk>,
     shutdown: CancellationToken,
 ) {
-    let chunk = |lines: Vec<pb::LogLine>, error: String| pb::LogChunk {
+    let chunk = |lines: Vec<LogLine>, error: String| LogChunk {
         request_id: req.request_id.clone(),
         lines,
         error,
@@ -69,13 +64,12 @@ async fn produce(
     } else {
         Source::Server(req.server.clone())
     };
-    let to_pb = |l: StoredLine| pb::LogLine {
+    let to_line = |l: StoredLine| LogLine {
         instance_id: req.instance_id.clone(),
         server: req.server.clone(),
         at_ms: l.at_ms,
         level: l.level,
         text: l.text,
-        nest: String::new(),
     };
     // Subscribe before reading, so that nothing written in between is missed.
     let mut written = store.subscribe();
@@ -101,9 +95,9 @@ async fn produce(
     }
     // The first chunk always goes, so that the Hub knows the request is answered.
     let mut first = true;
-    let mut batch: Vec<pb::LogLine> = Vec::new();
+    let mut batch: Vec<LogLine> = Vec::new();
     for line in kept {
-        batch.push(to_pb(line));
+        batch.push(to_line(line));
         if batch.len() == LINES_PER_CHUNK {
             if tx
                 .send(chunk(std::mem::take(&mut batch), String::new()))
@@ -152,7 +146,7 @@ async fn produce(
             continue;
         }
         for part in new.chunks(LINES_PER_CHUNK) {
-            let lines = part.iter().cloned().map(to_pb).collect();
+            let lines = part.iter().cloned().map(to_line).collect();
             if tx.send(chunk(lines, String::new())).await.is_err() {
                 return;
             }
@@ -163,7 +157,7 @@ async fn produce(
 /// Whether this Nest serves `req`: it keeps logs of the instance, recorded for the request's
 /// namespace. Logs kept before owners were recorded are served only while the Hub lists the
 /// instance (not to a search, which cannot prove their namespace).
-fn serves(store: &LogStore, req: &pb::LogRequest) -> bool {
+fn serves(store: &LogStore, req: &LogRequest) -> bool {
     if !store.knows(&req.instance_id) {
         return false;
     }

@@ -5,10 +5,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agen_proto::v1::{InstanceState, ServerProblem};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 
+use crate::model::{InstanceState, ServerProblem};
 use crate::socket::{self, HostState, ToInstance, ToNest};
 use children::ChildRecord;
 
@@ -145,14 +145,14 @@ impl Supervisor {
         match msg {
             ToNest::Hello { .. } => {}
             ToNest::Status(s) => self.update(id, |r| {
-                if r.state == InstanceState::Stopping as i32 {
+                if r.state == InstanceState::Stopping {
                     return;
                 }
                 r.state = match s.state {
                     HostState::Starting => InstanceState::Starting,
                     HostState::Running => InstanceState::Running,
                     HostState::Unhealthy => InstanceState::Unhealthy,
-                } as i32;
+                };
                 r.healthy = s.state == HostState::Running;
                 r.tools_loaded = s.tools_loaded;
                 r.servers_not_connected = s
@@ -202,7 +202,7 @@ impl Supervisor {
                         }
                     }
                 }
-                self.outbox.push(id, e.into());
+                self.outbox.push(id, e);
             }
             msg @ (ToNest::PutArtifact { .. } | ToNest::ReadArtifact { .. }) => {
                 // Artifacts go over their own RPCs (see `artifact_relay`), in the namespace

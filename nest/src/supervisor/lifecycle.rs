@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agen_proto::v1::{InstanceReport, InstanceState, PlaceInstance};
 use agen_shared::bundle::{referenced_secrets, Bundle, SecretSource};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::NestOptions;
+use crate::model::{InstanceReport, InstanceState, PlaceOrder};
 use crate::socket::{self, Placement};
 use backoff::Backoff;
 use children::ChildRecord;
@@ -18,7 +18,7 @@ use super::*;
 
 impl Supervisor {
     /// Starts the instance `p` (fetching its bundle first). A no-op for an id already here.
-    pub fn place(self: &Arc<Self>, p: PlaceInstance) {
+    pub fn place(self: &Arc<Self>, p: PlaceOrder) {
         let id = p.instance_id.clone();
         let stop = self.shutdown.child_token();
         {
@@ -28,18 +28,10 @@ impl Supervisor {
                 return;
             }
             let at_capacity = st.instances.len() >= self.opts.capacity as usize;
-            let mut report = InstanceReport {
-                instance_id: id.clone(),
-                namespace: p.namespace.clone(),
-                deployment: p.deployment.clone(),
-                bundle_digest: p.bundle_digest.clone(),
-                generation: p.generation,
-                state: InstanceState::Starting as i32,
-                message: "fetching bundle".into(),
-                ..Default::default()
-            };
+            let mut report =
+                InstanceReport::new(&p, InstanceState::Starting, "fetching bundle".into());
             if at_capacity {
-                report.state = InstanceState::Unhealthy as i32;
+                report.state = InstanceState::Unhealthy;
                 report.message = format!(
                     "nest {} is at capacity ({} instances)",
                     self.opts.name, self.opts.capacity
@@ -85,7 +77,7 @@ impl Supervisor {
             let Some(e) = st.instances.get_mut(id) else {
                 return;
             };
-            e.report.state = InstanceState::Stopping as i32;
+            e.report.state = InstanceState::Stopping;
             e.report.healthy = false;
             e.report.message = if reason.is_empty() {
                 "stopping".into()
@@ -133,7 +125,7 @@ impl Supervisor {
             Err(e) => {
                 tracing::warn!(instance = %id, "{e}");
                 self.update(&id, |r| {
-                    r.state = InstanceState::Unhealthy as i32;
+                    r.state = InstanceState::Unhealthy;
                     r.healthy = false;
                     r.message = e.to_string();
                 });
@@ -181,7 +173,7 @@ impl Supervisor {
                 let msg = format!("cannot give the instance its own uid: {e}");
                 tracing::warn!(instance = %id, "{msg}");
                 self.update(&id, |r| {
-                    r.state = InstanceState::Unhealthy as i32;
+                    r.state = InstanceState::Unhealthy;
                     r.healthy = false;
                     r.message = msg;
                 });
@@ -206,7 +198,7 @@ impl Supervisor {
                 break;
             }
             self.update(&id, |r| {
-                r.state = InstanceState::Starting as i32;
+                r.state = InstanceState::Starting;
                 r.healthy = false;
                 if r.restarts == 0 {
                     r.message = "starting".into();
@@ -234,7 +226,7 @@ impl Supervisor {
                     );
                     tracing::warn!(instance = %id, "{msg}");
                     self.update(&id, |r| {
-                        r.state = InstanceState::Unhealthy as i32;
+                        r.state = InstanceState::Unhealthy;
                         r.message = msg;
                     });
                     tokio::select! { _ = tokio::time::sleep(delay) => continue, _ = stop.cancelled() => break }
@@ -281,7 +273,7 @@ impl Supervisor {
                     );
                     tracing::warn!(instance = %id, "{msg}");
                     self.update(&id, |r| {
-                        r.state = InstanceState::Unhealthy as i32;
+                        r.state = InstanceState::Unhealthy;
                         r.message = msg;
                     });
                     tokio::select! { _ = tokio::time::sleep(delay) => continue, _ = stop.cancelled() => break }
@@ -355,7 +347,7 @@ impl Supervisor {
                             InstanceState::Unhealthy
                         } else {
                             InstanceState::Starting
-                        } as i32;
+                        };
                         r.message = msg;
                     });
                     if !lost_runs.is_empty() {
@@ -382,7 +374,7 @@ impl Supervisor {
     pub(super) fn forget(&self, id: &str) {
         let mut st = self.lock();
         if let Some(mut e) = st.instances.remove(id) {
-            e.report.state = InstanceState::Stopping as i32;
+            e.report.state = InstanceState::Stopping;
             e.report.healthy = false;
             e.report.active_runs.clear();
             st.changed.remove(id);
@@ -442,7 +434,7 @@ pub(super) fn describe_exit(s: std::process::ExitStatus) -> String {
 /// the Nest's environment, `platform` from the Hub's placement). A secret the bundle uses
 /// that has no value is listed in `missing_secrets`, naming it and the fix.
 pub fn build_placement(
-    p: &PlaceInstance,
+    p: &PlaceOrder,
     bundle_dir: &std::path::Path,
     opts: &NestOptions,
 ) -> Placement {

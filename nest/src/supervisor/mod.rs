@@ -9,11 +9,14 @@
 //! restarts the process with exponential back-off when it dies, and on stop kills the whole
 //! group (SIGTERM, SIGKILL after a grace). It serves the Nest socket: an instance says hello,
 //! gets its placement (with its secrets resolved here), reports its status and streams run
-//! events, which go to the [`Outbox`] of the Hub link; run assignments, cancels and acks go the
-//! other way.
+//! events, which go to the [`Outbox`] (the Hub link sends them); run assignments, cancels and
+//! acks go the other way. It speaks the Nest's domain types (`crate::model`), never protobuf:
+//! the link reads its reports ([`Supervisor::snapshot`], and [`Supervisor::take_changed`] when
+//! [`Supervisor::changed_notify`] fires, so changes between two sends go as one report) and
+//! converts them.
 //!
 //! Invariants: an instance id is placed at most once while it lives here (a repeated
-//! `PlaceInstance`, e.g. after a reconnect, is a no-op), so nothing is duplicated; every
+//! placement, e.g. after a reconnect, is a no-op), so nothing is duplicated; every
 //! spawned group is in `children.json` until it was killed; a stopped or shut-down instance is
 //! never restarted; runs assigned while an instance is (re)starting wait for its connection;
 //! a run its instance can no longer finish (the process died, the instance was stopped or is
@@ -40,13 +43,13 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agen_proto::v1::{ActiveRun, InstanceReport, PlaceInstance};
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::bundles::BundleCache;
 use crate::config::NestOptions;
+use crate::model::{InstanceReport, LogRequest, PlaceOrder, RunAttempt};
 use crate::outbox::Outbox;
 use crate::socket::ToInstance;
 use children::Children;
@@ -104,7 +107,7 @@ struct RunTrack {
 }
 
 struct Entry {
-    place: PlaceInstance,
+    place: PlaceOrder,
     bundle_dir: Option<PathBuf>,
     report: InstanceReport,
     /// The live socket connection (its id and its outgoing queue).
@@ -151,7 +154,7 @@ impl Supervisor {
     }
 
     /// Answers a `LogRequest` of the Hub over `SendLogs` (in the background).
-    pub fn answer_logs(&self, req: agen_proto::v1::LogRequest) {
+    pub fn answer_logs(&self, req: LogRequest) {
         let (logs, bundles, stop) = (
             self.logs.clone(),
             self.bundles.clone(),
@@ -231,7 +234,7 @@ fn with_runs(st: &State, mut report: InstanceReport) -> InstanceReport {
         .runs
         .iter()
         .filter(|(_, t)| t.instance == report.instance_id)
-        .map(|(run_id, t)| ActiveRun {
+        .map(|(run_id, t)| RunAttempt {
             run_id: run_id.clone(),
             attempt: t.attempt,
         })

@@ -2,9 +2,9 @@
 //! older attempt), cancel, fence, approvals and acks delivered, and the one `run.interrupted` a
 //! run gets when its instance can no longer finish it.
 
-use agen_proto::v1::AssignRun;
 use tokio::sync::mpsc;
 
+use crate::model::{AssignedRun, RunEvent};
 use crate::socket::{RunOrder, ToInstance};
 use agen_shared::run::{RunEventBody, RunInterrupted};
 
@@ -15,7 +15,7 @@ impl Supervisor {
     /// A newer attempt of a run this Nest still holds replaces the older one: the older one
     /// is cancelled and relays nothing more; on the same instance the newer one is handed over
     /// once the older one is done.
-    pub fn assign(&self, a: AssignRun) {
+    pub fn assign(&self, a: AssignedRun) {
         let id = a.instance_id.clone();
         let run_id = a.run_id.clone();
         let track = RunTrack {
@@ -181,18 +181,16 @@ impl Supervisor {
     /// the instance sent. The Hub re-dispatches the run (same run id, attempt + 1, its events
     /// to replay, at most 3 attempts), so the task resumes instead of failing or hanging.
     pub(super) fn interrupt_run(&self, run_id: &str, track: &RunTrack, cause: &str, why: &str) {
-        let event = agen_proto::v1::RunEvent {
+        let event = RunEvent {
             run_id: run_id.to_string(),
             attempt: track.attempt,
             seq: track.last_seq + 1,
             task_id: track.task_id.clone(),
             at_ms: chrono::Utc::now().timestamp_millis(),
-            kind: agen_shared::run::kind::RUN_INTERRUPTED.into(),
-            json: RunEventBody::RunInterrupted(RunInterrupted {
+            body: RunEventBody::RunInterrupted(RunInterrupted {
                 reason: why.to_string(),
                 cause: cause.to_string(),
-            })
-            .to_json_string(),
+            }),
             sync: true,
         };
         self.outbox.push(&track.instance, event);

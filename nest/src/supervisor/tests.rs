@@ -4,7 +4,7 @@
 use super::*;
 use std::time::Instant;
 
-use agen_proto::v1::{AssignRun, InstanceState};
+use crate::model::{AssignedRun, InstanceState};
 use tokio::net::UnixStream;
 
 use crate::socket::{self, ToNest};
@@ -58,7 +58,7 @@ async fn a_crashing_instance_is_restarted_with_back_off_then_reported_unhealthy_
 {
     let dir = tempfile::tempdir().expect("tempdir");
     let (sup, digest) = supervisor(dir.path(), "/bin/false", 4);
-    let place = PlaceInstance {
+    let place = PlaceOrder {
         instance_id: "i1".into(),
         namespace: "ns".into(),
         deployment: "d".into(),
@@ -72,7 +72,7 @@ async fn a_crashing_instance_is_restarted_with_back_off_then_reported_unhealthy_
     })
     .await;
     let r = &snap[0];
-    assert_eq!(r.state, InstanceState::Unhealthy as i32, "{r:?}");
+    assert_eq!(r.state, InstanceState::Unhealthy, "{r:?}");
     assert!(
         r.message
             .starts_with("instance process exited with status 1; restarting in"),
@@ -89,10 +89,7 @@ async fn a_crashing_instance_is_restarted_with_back_off_then_reported_unhealthy_
         .rev()
         .find(|r| r.instance_id == "i1")
         .expect("a final report");
-    assert_eq!(
-        (last.state, last.healthy),
-        (InstanceState::Stopping as i32, false)
-    );
+    assert_eq!((last.state, last.healthy), (InstanceState::Stopping, false));
     assert!(
         sup.children.list().is_empty(),
         "nothing left in children.json"
@@ -104,7 +101,7 @@ async fn a_placement_beyond_capacity_is_reported_unhealthy_until_the_hub_stops_i
     let dir = tempfile::tempdir().expect("tempdir");
     let (sup, digest) = supervisor(dir.path(), "/bin/false", 1);
     for id in ["i1", "i2"] {
-        sup.place(PlaceInstance {
+        sup.place(PlaceOrder {
             instance_id: id.into(),
             bundle_digest: digest.clone(),
             ..Default::default()
@@ -115,7 +112,7 @@ async fn a_placement_beyond_capacity_is_reported_unhealthy_until_the_hub_stops_i
         .iter()
         .find(|r| r.instance_id == "i2")
         .expect("i2 is reported");
-    assert_eq!(i2.state, InstanceState::Unhealthy as i32);
+    assert_eq!(i2.state, InstanceState::Unhealthy);
     assert_eq!(i2.message, "nest n1 is at capacity (1 instances)");
     sup.stop("i2", "replaced");
     wait_for(&sup, "i2 to be forgotten", |s| {
@@ -130,7 +127,7 @@ async fn a_placement_beyond_capacity_is_reported_unhealthy_until_the_hub_stops_i
 async fn a_run_for_an_instance_that_is_not_here_is_reported_interrupted() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (sup, _) = supervisor(dir.path(), "/bin/false", 4);
-    sup.assign(AssignRun {
+    sup.assign(AssignedRun {
         run_id: "r1".into(),
         attempt: 2,
         task_id: "t1".into(),
@@ -145,13 +142,17 @@ async fn a_run_for_an_instance_that_is_not_here_is_reported_interrupted() {
             ev.run_id.as_str(),
             ev.attempt,
             ev.seq,
-            ev.kind.as_str(),
+            ev.body.kind(),
             ev.sync
         ),
         ("r1", 2, 1, "run.interrupted", true)
     );
-    let json: serde_json::Value = serde_json::from_str(&ev.json).expect("json");
-    assert_eq!(json["reason"], "instance nope is not running on nest n1");
+    match &ev.body {
+        agen_shared::run::RunEventBody::RunInterrupted(i) => {
+            assert_eq!(i.reason, "instance nope is not running on nest n1")
+        }
+        other => panic!("not a run.interrupted: {other:?}"),
+    }
 }
 
 #[test]
@@ -173,7 +174,7 @@ fn secrets_are_resolved_from_the_nest_env_and_the_hub_and_missing_ones_are_named
     let mut opts = NestOptions::new("http://127.0.0.1:1", "t");
     opts.name = "n1".into();
     opts.env = vec![("NEST_VAR".into(), "from-env".into())];
-    let p = PlaceInstance {
+    let p = PlaceOrder {
         instance_id: "i".into(),
         namespace: "default".into(),
         deployment: "d".into(),
@@ -235,7 +236,7 @@ async fn a_second_hello_for_a_live_instance_is_refused_and_the_first_connection_
     let path = sup.opts.socket_path();
     let listener = socket::listen(&path, 0o600).expect("listen");
     tokio::spawn(sup.clone().serve(listener));
-    sup.place(PlaceInstance {
+    sup.place(PlaceOrder {
         instance_id: "i1".into(),
         namespace: "ns".into(),
         deployment: "d".into(),
@@ -280,7 +281,7 @@ async fn a_second_hello_for_a_live_instance_is_refused_and_the_first_connection_
         }
     }
     // The real connection is still the instance's: a run reaches it.
-    sup.assign(AssignRun {
+    sup.assign(AssignedRun {
         run_id: "r1".into(),
         attempt: 1,
         task_id: "t1".into(),

@@ -3,6 +3,15 @@
 //! certificate from `Join`, renewed when due), [`ClientSlot`] keeps one and rebuilds it when
 //! the certificate is due; everything that calls the Hub (the link, bundles, artifacts,
 //! children, logs) gets its client here and nothing here knows who calls.
+//!
+//! [`HubClient`]'s methods (in [`calls`]) take and return the Nest's domain types
+//! (`crate::model`); [`convert`] is the Nest's one protobuf ⇄ domain conversion, used by the
+//! calls and by the Hub link. Nothing below the link sees a protobuf type.
+
+pub mod calls;
+pub mod convert;
+
+pub use calls::{CallError, Chunks};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,8 +25,13 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 use crate::config::{NestError, NestOptions, Result};
 
-/// The Nest's gRPC client: its certificate (TLS) or the join token (plaintext) identifies it.
-pub type HubClient = NestServiceClient<InterceptedService<Channel, Bearer>>;
+/// The tonic client of the Hub's `NestService`.
+type Raw = NestServiceClient<InterceptedService<Channel, Bearer>>;
+
+/// The Nest's client of its Hub: its certificate (TLS) or the join token (plaintext)
+/// identifies it. Cheap to clone (one connection).
+#[derive(Clone)]
+pub struct HubClient(Raw);
 
 /// How long the TCP connect and the TLS handshake may each take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -109,10 +123,10 @@ pub async fn client(opts: &NestOptions) -> Result<HubClient> {
         {
             tls = tls.identity(Identity::from_pem(cert, key));
             // The certificate is the Nest's credential from now on.
-            return Ok(NestServiceClient::with_interceptor(
+            return Ok(HubClient(NestServiceClient::with_interceptor(
                 endpoint.tls_config(tls).map_err(trust_err)?.connect_lazy(),
                 Bearer(None),
-            ));
+            )));
         }
         endpoint.tls_config(tls).map_err(trust_err)?
     } else if hub.starts_with("http://") {
@@ -124,11 +138,11 @@ pub async fn client(opts: &NestOptions) -> Result<HubClient> {
         });
     };
     // The same message limit as the Hub's, both ways: the Hub refuses over-limit fields itself.
-    Ok(
+    Ok(HubClient(
         NestServiceClient::with_interceptor(endpoint.connect_lazy(), Bearer(Some(bearer)))
             .max_decoding_message_size(agen_proto::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(agen_proto::MAX_MESSAGE_BYTES),
-    )
+    ))
 }
 
 /// The Nest's certificate and key (PEM): the stored ones when they are current for this Hub's
