@@ -313,15 +313,9 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     };
     let stop = shutdown.clone();
     let serving = tokio::spawn(async move {
-        let closing = core.clone();
         let signal = {
             let stop = stop.clone();
-            async move {
-                stop.cancelled().await;
-                agen_shared::systemd::stopping();
-                // End every Nest stream so that graceful shutdown does not wait on them.
-                closing.close_links();
-            }
+            async move { stop.cancelled().await }
         };
         let mut serve: std::pin::Pin<
             Box<
@@ -332,11 +326,28 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
             Incoming::Tls(s) => Box::pin(router.serve_with_incoming_shutdown(s, signal)),
             Incoming::Plain(s) => Box::pin(router.serve_with_incoming_shutdown(s, signal)),
         };
-        let result = tokio::select! {
-            r = &mut serve => r.map_err(|e| HubError::Serve(e.to_string())),
-            _ = async { stop.cancelled().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
-                tracing::warn!("open streams did not finish within {SHUTDOWN_GRACE:?}; stopping anyway (not graceful)");
-                Ok(())
+        // The stop is announced here, not from tonic's shutdown-signal future: tonic drops that
+        // future unpolled when the incoming stream ends first, and the TLS stream ends on this
+        // same token, so it lost `STOPPING=1` (and the cut of the Nest streams) in about a
+        // third of the stops. `biased`: a stop that ended the server is still a stop.
+        let stopped_first = tokio::select! {
+            biased;
+            _ = stop.cancelled() => None,
+            r = &mut serve => Some(r),
+        };
+        let result = match stopped_first {
+            Some(r) => r.map_err(|e| HubError::Serve(e.to_string())),
+            None => {
+                agen_shared::systemd::stopping();
+                // End every Nest stream so that graceful shutdown does not wait on them.
+                core.close_links();
+                tokio::select! {
+                    r = &mut serve => r.map_err(|e| HubError::Serve(e.to_string())),
+                    _ = tokio::time::sleep(SHUTDOWN_GRACE) => {
+                        tracing::warn!("open streams did not finish within {SHUTDOWN_GRACE:?}; stopping anyway (not graceful)");
+                        Ok(())
+                    }
+                }
             }
         };
         // Whatever connection is left is cut: none outlives the server.

@@ -102,6 +102,8 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
     agen_shared::systemd::ready(&format!("connecting to the Hub at {}", opts.hub));
     let link = tokio::spawn(hub_link::run(ctx, client, own.clone()));
     shutdown.cancelled().await;
+    // Shutdown has begun: systemd hears it now, not after the drain.
+    agen_shared::systemd::stopping();
     drain(&supervisor, &outbox, &draining, opts.stop_grace).await;
     own.cancel();
     let _ = link.await;
@@ -110,7 +112,6 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         instances = supervisor.len(),
         "nest shutting down: stopping instances"
     );
-    agen_shared::systemd::stopping();
     own.cancel();
     let graceful = supervisor.shutdown(STOP_GRACE).await;
     let _ = serve.await;

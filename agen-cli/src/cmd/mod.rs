@@ -44,21 +44,27 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e}: expected a duration such as 90s or 10m"))
 }
 
-/// SIGINT/SIGTERM cancel `token` (graceful shutdown of daemons).
+/// SIGINT/SIGTERM cancel `token` (graceful shutdown of daemons). The handlers are installed
+/// before this returns, so a signal that comes right after start is never the default kill.
 pub fn cancel_on_signals(token: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut term, mut int) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(term), Ok(int)) => (term, int),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::warn!("cannot listen for SIGTERM and SIGINT: {e}");
+            tokio::spawn(async move {
+                let _ = tokio::signal::ctrl_c().await;
+                token.cancel();
+            });
+            return;
+        }
+    };
     tokio::spawn(async move {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!("cannot listen for SIGTERM: {e}");
-                    let _ = tokio::signal::ctrl_c().await;
-                    token.cancel();
-                    return;
-                }
-            };
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
+            _ = int.recv() => {}
             _ = term.recv() => {}
         }
         tracing::info!("shutting down");

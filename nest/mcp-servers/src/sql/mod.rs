@@ -2,8 +2,8 @@
 //!
 //! Reading order: `guard` (the lexical screen every query passes first), `render` (what the
 //! tools return, and where results are cut), `postgres` and `sqlite` (the two engines and their
-//! own read-only fences; `tls` is the Postgres connection's rustls glue), then this file (the
-//! MCP server over stdio, through rmcp).
+//! own read-only fences; the `postgres/` folder also holds its TLS, its tools and its value
+//! decoding), then this file (the MCP server over stdio, through rmcp).
 //!
 //! Invariants:
 //! - the DSN comes only from the environment variable named by `--dsn-env`, and is never logged
@@ -19,12 +19,10 @@ mod error;
 pub mod guard;
 #[cfg(test)]
 mod guard_fuzz;
-mod pg_bounds;
 mod postgres;
 pub mod render;
 mod sqlite;
 mod sqlite_bounds;
-mod tls;
 mod unicode_ident;
 
 use std::sync::Arc;
