@@ -150,7 +150,8 @@ pub trait Store: Send + Sync + 'static {
     /// Atomically increments a counter and returns the new value.
     fn increment(&self, counter: &str) -> Result<u64>;
     /// Makes every earlier write durable (one flush covers many writes: group commit).
-    fn flush(&self) -> BoxFuture<'_, Result<()>>;
+    /// Returns whether it synced anything (`false`: every earlier write was durable already).
+    fn flush(&self) -> BoxFuture<'_, Result<bool>>;
     /// Why the store cannot write now (`None` while it can).
     fn broken(&self) -> Option<String>;
     /// Closes the store for good (the Hub stopped): later calls fail, its files are released.

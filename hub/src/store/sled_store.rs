@@ -3,7 +3,8 @@
 //! Invariant: at most one flush runs at a time, on a blocking thread. sled 0.34's
 //! `flush_async` deadlocks when called from several tasks at once (spacejam/sled#1308), so
 //! flushes go through one gate; a caller whose writes a flush already covered returns without
-//! flushing again (group commit). sled keeps its first IO error for ever (a full disk), so the
+//! flushing again (group commit), and a flush with no write since the last one (counted after
+//! each write operation) syncs nothing. sled keeps its first IO error for ever (a full disk), so the
 //! first failed operation marks the store broken ([`Store::broken`]) and [`Store::heal`]
 //! reopens the database in place once a probe write and flush succeed again.
 
@@ -27,6 +28,11 @@ pub struct SledStore {
     flush_requests: AtomicU64,
     /// Every request with a ticket up to this one is durable.
     flushed_upto: AtomicU64,
+    /// Write operations done so far (counted after each one, whether it worked or not).
+    writes: AtomicU64,
+    /// The write count the last flush read before it started: every write counted by then is
+    /// durable, so a flush that finds no newer one has nothing to do.
+    flushed_writes: AtomicU64,
     /// Closed for good ([`Store::close`]): never reopened.
     closed: std::sync::atomic::AtomicBool,
 }
@@ -47,6 +53,8 @@ impl SledStore {
             flush_gate: tokio::sync::Mutex::new(()),
             flush_requests: AtomicU64::new(0),
             flushed_upto: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            flushed_writes: AtomicU64::new(0),
             closed: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -92,6 +100,13 @@ fn open_db(dir: &Path) -> Result<sled::Db> {
         })
 }
 
+impl SledStore {
+    /// Counts one write operation (after it, so that a flush that reads the count covers it).
+    fn wrote(&self) {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
 impl Store for SledStore {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
         Ok(self
@@ -102,17 +117,19 @@ impl Store for SledStore {
     }
 
     fn put(&self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
-        self.tree(table)?
-            .insert(key, value)
-            .map_err(|e| self.err(table, e))?;
-        Ok(())
+        let done = self
+            .tree(table)
+            .and_then(|t| t.insert(key, value).map_err(|e| self.err(table, e)));
+        self.wrote();
+        done.map(drop)
     }
 
     fn remove(&self, table: Table, key: &[u8]) -> Result<()> {
-        self.tree(table)?
-            .remove(key)
-            .map_err(|e| self.err(table, e))?;
-        Ok(())
+        let done = self
+            .tree(table)
+            .and_then(|t| t.remove(key).map_err(|e| self.err(table, e)));
+        self.wrote();
+        done.map(drop)
     }
 
     fn scan(&self, table: Table, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
@@ -126,11 +143,12 @@ impl Store for SledStore {
     }
 
     fn insert_if_absent(&self, table: Table, key: &[u8], value: &[u8]) -> Result<bool> {
-        let res = self
-            .tree(table)?
-            .compare_and_swap(key, None as Option<&[u8]>, Some(value))
-            .map_err(|e| self.err(table, e))?;
-        Ok(res.is_ok())
+        let res = self.tree(table).and_then(|t| {
+            t.compare_and_swap(key, None as Option<&[u8]>, Some(value))
+                .map_err(|e| self.err(table, e))
+        });
+        self.wrote();
+        Ok(res?.is_ok())
     }
 
     fn insert_if_absent_with(
@@ -150,6 +168,7 @@ impl Store for SledStore {
             t2.insert(also.1, also.2)?;
             Ok::<_, ConflictableTransactionError<()>>(true)
         });
+        self.wrote();
         match res {
             Ok(wrote) => Ok(wrote),
             Err(TransactionError::Storage(e)) => Err(self.err(table, e)),
@@ -175,23 +194,31 @@ impl Store for SledStore {
                     .unwrap_or(0);
                 Some((n + 1).to_be_bytes().to_vec())
             })
-            .map_err(|e| self.err(Table::Counters, e))?;
-        Ok(new
+            .map_err(|e| self.err(Table::Counters, e));
+        self.wrote();
+        Ok(new?
             .and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok())
             .map(u64::from_be_bytes)
             .unwrap_or(1))
     }
 
-    fn flush(&self) -> BoxFuture<'_, Result<()>> {
+    fn flush(&self) -> BoxFuture<'_, Result<bool>> {
         Box::pin(async move {
             // Our writes happened before we took a ticket.
             let ticket = self.flush_requests.fetch_add(1, Ordering::SeqCst) + 1;
             let _gate = self.flush_gate.lock().await;
             if self.flushed_upto.load(Ordering::SeqCst) >= ticket {
-                return Ok(());
+                return Ok(false);
             }
             // Every request issued before this flush starts is covered by it.
             let covers = self.flush_requests.load(Ordering::SeqCst);
+            // Every write counted by now is covered too; with none since the last flush (and
+            // a store that works) there is nothing to sync.
+            let writes = self.writes.load(Ordering::SeqCst);
+            if writes == self.flushed_writes.load(Ordering::SeqCst) && self.broken().is_none() {
+                self.flushed_upto.fetch_max(covers, Ordering::SeqCst);
+                return Ok(false);
+            }
             let db = self.db()?;
             if tokio::runtime::Handle::try_current().is_ok() {
                 tokio::task::spawn_blocking(move || db.flush())
@@ -202,8 +229,9 @@ impl Store for SledStore {
                 // Outside a tokio runtime (tools, some tests) there is nobody to block.
                 db.flush().map_err(|e| self.err(Table::RunEvents, e))?;
             }
+            self.flushed_writes.store(writes, Ordering::SeqCst);
             self.flushed_upto.fetch_max(covers, Ordering::SeqCst);
-            Ok(())
+            Ok(true)
         })
     }
 

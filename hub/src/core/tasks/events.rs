@@ -29,6 +29,9 @@ impl Core {
     ) -> Result<()> {
         let mut acks: BTreeMap<(String, u32), (u64, bool)> = BTreeMap::new();
         let waited_for = events.iter().any(|e| e.sync);
+        // Only an event that moves a task's state (not activity, model, tool or progress
+        // events of a started run) gives the reconcile loop something to do.
+        let mut moved = false;
         {
             let mut st = self.lock();
             let mut refused: Option<(usize, String)> = None;
@@ -68,7 +71,10 @@ impl Core {
                         entry.0 = entry.0.max(e.seq);
                         match hot {
                             Some(h) => self.apply_hot(&mut st, h),
-                            None => self.apply_run_event(&mut st, &rec)?,
+                            None => {
+                                moved = true;
+                                self.apply_run_event(&mut st, &rec)?
+                            }
                         }
                     }
                 }
@@ -93,7 +99,9 @@ impl Core {
             }
         }
         self.commit_soon(waited_for);
-        self.poke();
+        if moved {
+            self.poke();
+        }
         Ok(())
     }
 
