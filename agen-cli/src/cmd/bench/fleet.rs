@@ -3,7 +3,8 @@
 //! client settings that reach them (and the Hub's `/metrics` on loopback port 0), and the
 //! benchmark bundles they run.
 //!
-//! Invariants: no fixed port; [`Fleet::stop`] cancels the Hub and the Nest and waits for both
+//! Invariants: no fixed port; instances run as the invoking user (no uid separation, so a
+//! write tool can write the benchmark's workspace); [`Fleet::stop`] cancels the Hub and the Nest and waits for both
 //! (the Nest at most 20 s), so no instance or tool server outlives the command.
 
 use std::net::SocketAddr;
@@ -56,6 +57,9 @@ impl Fleet {
         nest_opts.data_dir = root.join("nest");
         nest_opts.name = "bench-nest".into();
         nest_opts.agen_bin = agen_bin.to_path_buf();
+        // Instances run as this user, like the raw baseline's server: the workspace (and the
+        // file `--tool write` replaces) is this user's, whatever uid the bench runs under.
+        nest_opts.run_as = agen_nest::separation::RunAs::Myself;
         let nest_token = shutdown.child_token();
         let nest = tokio::spawn(async move {
             if let Err(e) = agen_nest::daemon::run(nest_opts, nest_token).await {

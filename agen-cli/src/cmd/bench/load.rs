@@ -286,7 +286,9 @@ async fn one_task(hub: &mut Hub, deployment: &str, i: usize) -> anyhow::Result<p
     }
 }
 
-/// The durations (ms) of every finished tool and model span in the traces of `tasks`.
+/// The durations (ms) of every finished tool and model span in the traces of `tasks`. A
+/// tool call that did not succeed fails the benchmark (timing failed calls measures
+/// nothing), naming the task and what its run answered.
 async fn trace_spans(hub: &mut Hub, tasks: &[String]) -> anyhow::Result<Spans> {
     let mut out = Spans::default();
     for task_id in tasks {
@@ -299,6 +301,27 @@ async fn trace_spans(hub: &mut Hub, tasks: &[String]) -> anyhow::Result<Spans> {
             .await
             .map_err(|s| status_error(hub, s))?
             .into_inner();
+        if let Some(bad) = trace
+            .spans
+            .iter()
+            .find(|s| s.name.starts_with("tool ") && s.status != "ok")
+        {
+            let task = hub
+                .client
+                .get_task(pb::GetTaskRequest {
+                    namespace: hub.namespace.clone(),
+                    task_id: task_id.clone(),
+                })
+                .await
+                .map_err(|s| status_error(hub, s))?
+                .into_inner();
+            bail!(
+                "tool call `{}` of task {task_id} ended `{}`, not ok; the task answered: {}",
+                bad.name,
+                bad.status,
+                task.outcome.map(|o| o.result).unwrap_or_default()
+            );
+        }
         for span in trace
             .spans
             .iter()
