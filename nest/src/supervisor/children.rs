@@ -65,9 +65,18 @@ impl Children {
         reaped
     }
 
-    pub fn record(&self, key: &str, rec: ChildRecord) {
-        self.lock().children.insert(key.to_string(), rec);
+    /// Records a process group; the registry is written only when that changes it (an
+    /// instance repeats its tool servers in every status report). Returns whether it wrote.
+    pub fn record(&self, key: &str, rec: ChildRecord) -> bool {
+        {
+            let mut st = self.lock();
+            if st.children.get(key) == Some(&rec) {
+                return false;
+            }
+            st.children.insert(key.to_string(), rec);
+        }
         self.save();
+        true
     }
 
     pub fn remove(&self, key: &str) {
@@ -120,6 +129,25 @@ impl Children {
 mod tests {
     use super::*;
     use std::os::unix::process::CommandExt;
+
+    #[test]
+    fn a_record_repeated_unchanged_does_not_rewrite_the_registry() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = Children::open(&dir.path().join("children.json"));
+        let rec = |pgid| ChildRecord {
+            what: "tool server ws of i1".into(),
+            pgid,
+        };
+        assert!(c.record("i1/ws", rec(4242)), "a new record is written");
+        assert!(
+            !c.record("i1/ws", rec(4242)),
+            "the same record again is not"
+        );
+        assert!(
+            c.record("i1/ws", rec(4343)),
+            "a restarted server's new group is"
+        );
+    }
 
     #[test]
     fn records_survive_reopening() {
