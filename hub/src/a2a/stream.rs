@@ -50,7 +50,7 @@ fn said(s: &TaskStatus) -> (TaskState, Option<Vec<Part>>) {
 pub fn follow(
     call: Call,
     first: TaskRec,
-    mut updates: broadcast::Receiver<TaskUpdate>,
+    mut updates: broadcast::Receiver<std::sync::Arc<TaskUpdate>>,
     id: Value,
 ) -> Sse {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(32);
@@ -89,7 +89,7 @@ pub fn follow(
             let t = tokio::select! {
                 _ = tx.closed() => return,
                 u = updates.recv() => match u {
-                    Ok(u) if u.task_id == task_id => u.task,
+                    Ok(u) if u.task_id == task_id => u.task.clone(),
                     Ok(_) => continue,
                     Err(broadcast::error::RecvError::Lagged(_)) => match call_task(&call, &task_id) {
                         Some(t) => t,

@@ -207,7 +207,7 @@ impl Core {
         while !child.state.is_terminal() {
             match tokio::time::timeout_at(deadline, updates.recv()).await {
                 Err(_) => break,
-                Ok(Ok(u)) if u.task_id == child_id => child = u.task,
+                Ok(Ok(u)) if u.task_id == child_id => child = u.task.clone(),
                 Ok(Ok(_)) => {}
                 Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {
                     child = self.child_of(p, child_id)?;

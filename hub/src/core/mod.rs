@@ -74,7 +74,8 @@ pub struct Core {
     pub(crate) db: Db,
     state: Mutex<State>,
     pub(crate) wake: Notify,
-    pub(crate) updates: broadcast::Sender<TaskUpdate>,
+    /// Every task event with the task after it, one shared copy for every subscriber.
+    pub(crate) updates: broadcast::Sender<Arc<TaskUpdate>>,
     /// Cancelled when the Hub stops: long-lived streams (watchers) end.
     pub(crate) stopping: tokio_util::sync::CancellationToken,
     /// Whether the store can write (gRPC health follows it).

@@ -119,11 +119,11 @@ impl Core {
         }
         task.updated_at_ms = hot.event.at_ms;
         task.next_event_seq = hot.event.seq + 1;
-        let _ = self.updates.send(TaskUpdate {
+        let _ = self.updates.send(Arc::new(TaskUpdate {
             task_id: hot.event_task_id,
             event: hot.event,
             task: task.clone(),
-        });
+        }));
     }
 
     pub(in crate::core) fn apply_run_event(&self, st: &mut State, e: &RunEventRec) -> Result<()> {

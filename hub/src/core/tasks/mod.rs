@@ -175,11 +175,11 @@ impl Core {
             &bytes,
         )?;
         self.save_task(st, task.clone())?;
-        let _ = self.updates.send(TaskUpdate {
+        let _ = self.updates.send(std::sync::Arc::new(TaskUpdate {
             task_id: task.task_id.clone(),
             event,
             task,
-        });
+        }));
         Ok(())
     }
 

@@ -86,7 +86,7 @@ impl Core {
         Ok(all.into_iter().filter(|e| e.seq >= from_seq).collect())
     }
 
-    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<TaskUpdate> {
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<std::sync::Arc<TaskUpdate>> {
         self.updates.subscribe()
     }
 
