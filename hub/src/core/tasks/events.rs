@@ -18,9 +18,9 @@ impl Core {
     /// Stores a batch of run events that `nest_id` relayed from `instance_id`
     /// (append-if-absent, fenced) and updates tasks; the acknowledgements (one per run
     /// attempt) leave for the Nest once a flush covers them (`core::commit`: at once when an
-    /// event of the batch is waited for, else lazily), so the caller goes on reading. An event not from the lease's Nest
-    /// and instance, for its run and attempt, is refused: never stored, it moves nothing, and
-    /// its ack says `fenced` so that the sender stops.
+    /// event of the batch is waited for, else lazily), so the caller goes on reading. An event
+    /// not from the lease's Nest and instance, for its run and attempt, is refused: never
+    /// stored, it moves nothing, and its ack says `fenced` so that the sender stops.
     pub fn run_events(
         self: &Arc<Self>,
         nest_id: &str,
