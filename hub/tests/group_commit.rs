@@ -17,22 +17,7 @@ const BATCHES: u64 = 200;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waited_for_events_sent_back_to_back_are_acked_in_order_and_share_flushes() {
     let dir = tempfile::tempdir().unwrap();
-    let hub = TestHub::start(&dir.path().join("hub"), Duration::from_secs(10)).await;
-    let mut api = hub.client().await;
-    let bundle = dir.path().join("hello");
-    write_bundle(&bundle, "hi");
-    let (mut nest, _) = FakeNest::connect(&hub, "nest-a", &[], vec![]).await;
-    let up = upload(&mut api, &bundle).await.expect("upload");
-    api.create_deployment(pb::CreateDeploymentRequest {
-        namespace: "default".into(),
-        name: "hello".into(),
-        bundle_digest: up.digest,
-        replicas: 1,
-        ..Default::default()
-    })
-    .await
-    .expect("create deployment");
-    let place = nest.accept_placement().await;
+    let (_hub, mut api, mut nest, place) = fleet_with_one_instance(dir.path(), 0).await;
     api.submit_task(pb::SubmitTaskRequest {
         namespace: "default".into(),
         deployment: "hello".into(),

@@ -598,30 +598,6 @@ async fn an_unhealthy_instance_is_replaced_with_a_new_id_and_back_off() {
 }
 
 /// Sets up a Hub, a Nest running one instance of `hello`, and returns them.
-async fn fleet_with_one_instance(
-    dir: &std::path::Path,
-    concurrency: u32,
-) -> (TestHub, Api, FakeNest, pb::PlaceInstance) {
-    let hub = TestHub::start(&dir.join("hub"), TTL).await;
-    let mut api = hub.client().await;
-    let bundle = dir.join("hello");
-    write_bundle(&bundle, "hi");
-    let (mut nest, _) = FakeNest::connect(&hub, "nest-a", &[], vec![]).await;
-    let up = upload(&mut api, &bundle).await.expect("upload");
-    api.create_deployment(pb::CreateDeploymentRequest {
-        namespace: "default".into(),
-        name: "hello".into(),
-        bundle_digest: up.digest,
-        replicas: 1,
-        selector: Default::default(),
-        concurrency,
-    })
-    .await
-    .expect("create deployment");
-    let place = nest.accept_placement().await;
-    (hub, api, nest, place)
-}
-
 async fn submit(api: &mut Api, input: &str, conversation: &str, request_id: &str) -> pb::Task {
     api.submit_task(pb::SubmitTaskRequest {
         traceparent: String::new(),

@@ -485,6 +485,31 @@ pub async fn send_events(
     .await
 }
 
+/// A Hub with one fake Nest connected and a deployment `hello` (one replica) placed on it.
+pub async fn fleet_with_one_instance(
+    dir: &std::path::Path,
+    concurrency: u32,
+) -> (TestHub, Api, FakeNest, pb::PlaceInstance) {
+    let hub = TestHub::start(&dir.join("hub"), Duration::from_secs(10)).await;
+    let mut api = hub.client().await;
+    let bundle = dir.join("hello");
+    write_bundle(&bundle, "hi");
+    let (mut nest, _) = FakeNest::connect(&hub, "nest-a", &[], vec![]).await;
+    let up = upload(&mut api, &bundle).await.expect("upload");
+    api.create_deployment(pb::CreateDeploymentRequest {
+        namespace: "default".into(),
+        name: "hello".into(),
+        bundle_digest: up.digest,
+        replicas: 1,
+        selector: Default::default(),
+        concurrency,
+    })
+    .await
+    .expect("create deployment");
+    let place = nest.accept_placement().await;
+    (hub, api, nest, place)
+}
+
 /// Task `task_id` of namespace `default`.
 pub async fn get(api: &mut Api, task_id: &str) -> pb::Task {
     api.get_task(pb::GetTaskRequest {
