@@ -44,6 +44,9 @@ pub const DEFAULT_CAPACITY: u32 = 32;
 /// The default `--stop-grace`: below the unit's `TimeoutStopSec=30s`.
 pub const DEFAULT_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
 
+/// The default [`NestOptions::event_batch_window`].
+pub const DEFAULT_EVENT_BATCH_WINDOW: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// Everything `daemon::run` needs. `agen nest` builds it from flags; `agen up` builds several.
 #[derive(Debug, Clone)]
 pub struct NestOptions {
@@ -75,6 +78,9 @@ pub struct NestOptions {
     /// On shutdown, how long running runs may go on finishing (no new ones come) before the
     /// Nest leaves and the rest are handed over (`--stop-grace`).
     pub stop_grace: std::time::Duration,
+    /// How long run events nobody waits for are gathered before their batch goes to the Hub
+    /// (default 5 ms). A waited-for event never waits for it, nor does anything the Hub sends.
+    pub event_batch_window: std::time::Duration,
 }
 
 impl NestOptions {
@@ -98,6 +104,7 @@ impl NestOptions {
             run_as: crate::separation::RunAs::default(),
             socket_dir: None,
             stop_grace: DEFAULT_STOP_GRACE,
+            event_batch_window: DEFAULT_EVENT_BATCH_WINDOW,
         }
     }
 

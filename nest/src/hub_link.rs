@@ -38,8 +38,6 @@ const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(2);
 /// Reconnect back-off bounds (the cap is small so that tests recover quickly).
 const RECONNECT_BASE: Duration = Duration::from_millis(200);
 const RECONNECT_CAP: Duration = Duration::from_secs(5);
-/// Events nobody waits for are gathered this long before a batch is sent.
-const BATCH_WINDOW: Duration = Duration::from_millis(5);
 /// Events per `RunEvents` message at most.
 const BATCH_MAX: usize = 256;
 /// How long to wait for `Registered` after opening the stream.
@@ -239,6 +237,8 @@ async fn session(
         }
     };
     let mut told_draining = false;
+    // When the batch of events nobody waits for leaves (none queued: no window).
+    let mut window: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             _ = ctx.draining.cancelled(), if !told_draining => {
@@ -259,24 +259,28 @@ async fn session(
                     send(NestMsg::Instance(convert::report(report))).await?;
                 }
             }
+            // Batching is for events nobody waits for; a waited-for one goes at once, and with
+            // it every earlier event of the queue (order is the ledger's guarantee). The window
+            // is a deadline of this loop, never a wait inside it: acks and everything else from
+            // the Hub are read while it runs.
             _ = ctx.outbox.queued() => {
-                // Batching is for events nobody waits for; a waited-for one goes at once, and
-                // with it every earlier event of the queue (order is the ledger's guarantee).
-                if !ctx.outbox.urgent() {
-                    tokio::select! {
-                        _ = tokio::time::sleep(BATCH_WINDOW) => {}
-                        _ = ctx.outbox.urgent_queued() => {}
-                    }
+                if ctx.outbox.urgent() {
+                    window = None;
+                    send_queued(&ctx.outbox, &tx).await?;
+                } else if window.is_none() {
+                    window = Some(tokio::time::Instant::now() + ctx.opts.event_batch_window);
                 }
-                loop {
-                    let batch = ctx.outbox.take_batch(BATCH_MAX);
-                    if batch.is_empty() {
-                        break;
-                    }
-                    for events in batch {
-                        send(NestMsg::RunEvents(convert::run_events(events))).await?;
-                    }
+            }
+            _ = ctx.outbox.urgent_queued() => {
+                // A stale wake-up (its event already went with an earlier batch) sends nothing.
+                if ctx.outbox.urgent() {
+                    window = None;
+                    send_queued(&ctx.outbox, &tx).await?;
                 }
+            }
+            _ = sleep_until_window(window) => {
+                window = None;
+                send_queued(&ctx.outbox, &tx).await?;
             }
             m = inbound.message() => {
                 match m {
@@ -290,6 +294,31 @@ async fn session(
                 }
             }
         }
+    }
+}
+
+/// Sends every queued run event, in order, in bounded batches grouped per instance.
+async fn send_queued(outbox: &Outbox, tx: &mpsc::Sender<NestMessage>) -> Result<(), String> {
+    loop {
+        let batch = outbox.take_batch(BATCH_MAX);
+        if batch.is_empty() {
+            return Ok(());
+        }
+        for events in batch {
+            tx.send(NestMessage {
+                msg: Some(NestMsg::RunEvents(convert::run_events(events))),
+            })
+            .await
+            .map_err(|_| "the stream closed".to_string())?;
+        }
+    }
+}
+
+/// Resolves when the batching window ends; never without one.
+async fn sleep_until_window(window: Option<tokio::time::Instant>) {
+    match window {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -117,6 +117,15 @@ struct Nest {
 }
 
 fn start_nest(hub: &HubHandle, data_dir: &Path, name: &str) -> Nest {
+    start_nest_with(hub, data_dir, name, |_| {})
+}
+
+fn start_nest_with(
+    hub: &HubHandle,
+    data_dir: &Path,
+    name: &str,
+    tweak: impl FnOnce(&mut NestOptions),
+) -> Nest {
     let mut opts = NestOptions::new(hub.url.clone(), hub.join_token.clone());
     opts.data_dir = data_dir.to_path_buf();
     opts.name = name.to_string();
@@ -126,6 +135,7 @@ fn start_nest(hub: &HubHandle, data_dir: &Path, name: &str) -> Nest {
     opts.agen_bin = agen_bin();
     // The test's temp dirs are root's own: instances run as the test's user.
     opts.run_as = agen_nest::separation::RunAs::Myself;
+    tweak(&mut opts);
     let stop = CancellationToken::new();
     let task = tokio::spawn(agen_nest::daemon::run(opts, stop.clone()));
     Nest { stop, task }
@@ -441,4 +451,102 @@ async fn a_nest_does_not_trust_a_hub_whose_ca_is_not_the_one_its_join_token_name
         !opts.ca_file().exists(),
         "nothing is stored from an untrusted hub"
     );
+}
+
+/// Batching is for events nobody waits for. With a batching window far longer than the test,
+/// a task whose side-effecting calls each wait for a durable "started" still finishes at once:
+/// a waited-for event ends the window, and the link reads the Hub's acks while a window runs
+/// (it used to wait out a window inside its loop with the Hub's acks unread, ~4 ms of every
+/// side-effecting call at the default window).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waited_for_events_and_their_acks_never_wait_for_the_batching_window() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let files = ["one.txt", "two.txt", "three.txt"];
+    let mut steps: Vec<Step> = files
+        .iter()
+        .map(|f| Step::call("ws_write", json!({"path": f, "content": format!("{f}\n")})))
+        .collect();
+    steps.push(Step::reply("written"));
+    let model = FakeModel::start(Script::steps(steps), "127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("fake model");
+    let workspace = tmp.path().join("ws");
+    std::fs::create_dir_all(&workspace).expect("mkdir ws");
+    let bundle = tmp.path().join("bundle");
+    std::fs::create_dir_all(bundle.join("x-agen")).expect("mkdir");
+    let mcp = json!({"mcpServers": {"ws": {"command": agen_bin(), "args": ["mcp", "workspace", "--root", workspace, "--no-run"]}}});
+    std::fs::write(bundle.join("mcp.json"), mcp.to_string()).expect("write mcp.json");
+    std::fs::write(
+        bundle.join("x-agen/agent.md"),
+        format!(
+            "---\nname: writer\nmodel: openai/fake\nbaseUrl: {}\n---\nYou write files.\n",
+            model.openai_base_url()
+        ),
+    )
+    .expect("write agent.md");
+
+    let (hub, _hub_stop) = start_hub(
+        &tmp.path().join("hub"),
+        "127.0.0.1:0".parse().expect("addr"),
+    )
+    .await;
+    let mut c = client(&hub).await;
+    let _nest = start_nest_with(&hub, &tmp.path().join("nest"), "nest-w", |o| {
+        o.event_batch_window = Duration::from_secs(600);
+    });
+    let digest = upload(&mut c, &bundle).await;
+    c.create_deployment(pb::CreateDeploymentRequest {
+        namespace: "default".into(),
+        name: "writer".into(),
+        bundle_digest: digest,
+        replicas: 1,
+        ..Default::default()
+    })
+    .await
+    .expect("create deployment");
+    running_instance(&c).await;
+
+    let task = c
+        .submit_task(pb::SubmitTaskRequest {
+            namespace: "default".into(),
+            deployment: "writer".into(),
+            input: "write three files".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("submit")
+        .into_inner();
+    let tc = c.clone();
+    let task_id = task.task_id.clone();
+    let done = eventually(
+        Duration::from_secs(60),
+        "the task to finish (a 600 s batching window must not delay it)",
+        move || {
+            let (mut c, id) = (tc.clone(), task_id.clone());
+            async move {
+                let t = c
+                    .get_task(pb::GetTaskRequest {
+                        namespace: "default".into(),
+                        task_id: id,
+                    })
+                    .await
+                    .ok()?
+                    .into_inner();
+                (t.state >= pb::TaskState::Succeeded as i32).then_some(t)
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        done.state,
+        pb::TaskState::Succeeded as i32,
+        "outcome: {:?}",
+        done.outcome
+    );
+    let written: Vec<&str> = files
+        .iter()
+        .copied()
+        .filter(|f| std::fs::read_to_string(workspace.join(f)).is_ok_and(|t| t == format!("{f}\n")))
+        .collect();
+    assert_eq!(written, files, "every side-effecting call ran once");
 }
