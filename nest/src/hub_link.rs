@@ -15,6 +15,9 @@
 //! A Nest that has heard nothing from the Hub (pings, acks, anything) for the Hub's announced
 //! disconnect grace minus one second cancels every run it holds ([`Supervisor::fence_all`])
 //! before the Hub, which loses it after the grace, re-dispatches them.
+//! Run events nobody waits for are batched for at most `event_batch_window`; that window is a
+//! deadline of the link's loop, never a wait inside it, so a waited-for event and everything
+//! from the Hub (acks above all) never wait for it.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
