@@ -128,6 +128,15 @@ impl Table {
 }
 
 /// Raw key/value storage by table.
+/// One row of [`Store::insert_absent_pairs`]: a key and value, and the key and value written
+/// with it in the other table.
+pub struct PairRow {
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+    pub also_key: Vec<u8>,
+    pub also_value: Vec<u8>,
+}
+
 pub trait Store: Send + Sync + 'static {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>>;
     fn put(&self, table: Table, key: &[u8], value: &[u8]) -> Result<()>;
@@ -136,15 +145,9 @@ pub trait Store: Send + Sync + 'static {
     fn scan(&self, table: Table, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
     /// Writes only if `key` is absent; returns whether it wrote.
     fn insert_if_absent(&self, table: Table, key: &[u8], value: &[u8]) -> Result<bool>;
-    /// Writes `key` if absent and, in the same atomic write, `also` (table, key, value); writes
-    /// neither when `key` is present. Returns whether it wrote.
-    fn insert_if_absent_with(
-        &self,
-        table: Table,
-        key: &[u8],
-        value: &[u8],
-        also: (Table, &[u8], &[u8]),
-    ) -> Result<bool>;
+    /// Writes every row, its `key` in `table` and its `also_key` in `also`, in one atomic write
+    /// (all or nothing); writes nothing and fails when a row's `key` is present in `table`.
+    fn insert_absent_pairs(&self, table: Table, also: Table, rows: &[PairRow]) -> Result<()>;
     /// The entry with the greatest key that starts with `prefix`.
     fn last(&self, table: Table, prefix: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>>;
     /// Atomically increments a counter and returns the new value.
@@ -284,33 +287,44 @@ impl Db {
         }
     }
 
-    /// The hot path of a run event: appends it (if absent) and its task event in one atomic
-    /// write. The caller has checked that `ev.attempt` is the run's current attempt (the lease),
-    /// so the fence needs no read here.
-    pub fn append_run_event_with_task_event(
+    /// Whether the run event `(run_id, attempt, seq)` is stored.
+    pub fn has_run_event(&self, run_id: &str, attempt: u32, seq: u64) -> Result<bool> {
+        Ok(self
+            .inner
+            .get(Table::RunEvents, &run_event_key(run_id, attempt, seq))?
+            .is_some())
+    }
+
+    /// The hot path of run events: appends every event with its task event in one atomic
+    /// write (one log write for a whole batch of a Nest, where a write per event cost a log
+    /// write each). The caller has checked that each is its run's current attempt (the lease)
+    /// and not yet stored ([`Db::has_run_event`], under the lock every append takes); an event
+    /// found stored meanwhile fails the whole write, which writes nothing.
+    pub fn append_hot_run_events(
         &self,
-        ev: &RunEventRec,
-        task_event: &crate::model::TaskEventRec,
-    ) -> Result<Append> {
+        events: &[(RunEventRec, crate::model::TaskEventRec)],
+    ) -> Result<()> {
+        if events.is_empty() {
+            return Ok(());
+        }
         let encode = |table: Table, e: serde_json::Error| StoreError::Op {
             table: table.name(),
             reason: e.to_string(),
         };
-        let bytes = serde_json::to_vec(ev).map_err(|e| encode(Table::RunEvents, e))?;
-        let task_bytes =
-            serde_json::to_vec(task_event).map_err(|e| encode(Table::TaskEvents, e))?;
-        let task_key = task_event_key(&ev.task_id, task_event.seq);
-        let wrote = self.inner.insert_if_absent_with(
-            Table::RunEvents,
-            &run_event_key(&ev.run_id, ev.attempt, ev.seq),
-            &bytes,
-            (Table::TaskEvents, &task_key, &task_bytes),
-        )?;
-        Ok(if wrote {
-            Append::Appended
-        } else {
-            Append::Duplicate
-        })
+        let rows = events
+            .iter()
+            .map(|(ev, task_event)| {
+                Ok(PairRow {
+                    key: run_event_key(&ev.run_id, ev.attempt, ev.seq),
+                    value: serde_json::to_vec(ev).map_err(|e| encode(Table::RunEvents, e))?,
+                    also_key: task_event_key(&ev.task_id, task_event.seq),
+                    also_value: serde_json::to_vec(task_event)
+                        .map_err(|e| encode(Table::TaskEvents, e))?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.inner
+            .insert_absent_pairs(Table::RunEvents, Table::TaskEvents, &rows)
     }
 
     /// The newest stored event of a task (`None` when it has none).

@@ -14,7 +14,7 @@ use std::sync::{Mutex, RwLock};
 
 use futures::future::BoxFuture;
 
-use super::{Result, Store, StoreError, Table};
+use super::{PairRow, Result, Store, StoreError, Table};
 
 pub struct SledStore {
     path: PathBuf,
@@ -151,28 +151,27 @@ impl Store for SledStore {
         Ok(res?.is_ok())
     }
 
-    fn insert_if_absent_with(
-        &self,
-        table: Table,
-        key: &[u8],
-        value: &[u8],
-        also: (Table, &[u8], &[u8]),
-    ) -> Result<bool> {
+    fn insert_absent_pairs(&self, table: Table, also: Table, rows: &[PairRow]) -> Result<()> {
         use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
-        let (first, second) = (self.tree(table)?, self.tree(also.0)?);
+        let (first, second) = (self.tree(table)?, self.tree(also)?);
         let res = (&first, &second).transaction(|(t1, t2)| {
-            if t1.get(key)?.is_some() {
-                return Ok(false);
+            for row in rows {
+                if t1.get(&row.key)?.is_some() {
+                    return Err(ConflictableTransactionError::Abort(()));
+                }
+                t1.insert(row.key.as_slice(), row.value.as_slice())?;
+                t2.insert(row.also_key.as_slice(), row.also_value.as_slice())?;
             }
-            t1.insert(key, value)?;
-            t2.insert(also.1, also.2)?;
-            Ok::<_, ConflictableTransactionError<()>>(true)
+            Ok(())
         });
         self.wrote();
         match res {
-            Ok(wrote) => Ok(wrote),
+            Ok(()) => Ok(()),
             Err(TransactionError::Storage(e)) => Err(self.err(table, e)),
-            Err(TransactionError::Abort(())) => Err(self.err(table, "transaction aborted")),
+            Err(TransactionError::Abort(())) => Err(StoreError::Op {
+                table: table.name(),
+                reason: "a row to append was stored meanwhile; nothing was written".into(),
+            }),
         }
     }
 

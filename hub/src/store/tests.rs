@@ -95,33 +95,36 @@ async fn run_events_are_appended_once_and_older_attempts_are_fenced() {
 }
 
 #[tokio::test]
-async fn a_run_event_and_its_task_event_are_written_together_once() {
+async fn hot_run_events_and_their_task_events_are_written_together_or_not_at_all() {
     let dir = tempfile::tempdir().unwrap();
     let db = open(dir.path());
     db.set_run_attempt("run-1", 1).unwrap();
-    let e = ev(1, 1, "activity");
-    let te = crate::model::TaskEventRec {
-        seq: 7,
+    let te = |seq: u64| crate::model::TaskEventRec {
+        seq,
         at_ms: 1,
         kind: "activity".into(),
         json: "{}".into(),
         snapshot: None,
     };
-    assert_eq!(
-        db.append_run_event_with_task_event(&e, &te).unwrap(),
-        Append::Appended
-    );
-    let mut again = te.clone();
-    again.seq = 8;
-    assert_eq!(
-        db.append_run_event_with_task_event(&e, &again).unwrap(),
-        Append::Duplicate,
-        "a resent event writes nothing, not even its task event"
-    );
+    let batch = vec![(ev(1, 1, "activity"), te(7)), (ev(1, 2, "activity"), te(8))];
+    db.append_hot_run_events(&batch).unwrap();
+    assert!(db.has_run_event("run-1", 1, 1).unwrap());
+    assert!(db.has_run_event("run-1", 1, 2).unwrap());
+    assert!(!db.has_run_event("run-1", 1, 3).unwrap());
+
+    // A batch with one event stored already writes nothing, not even the new event or a
+    // task event, and says why.
+    let again = vec![
+        (ev(1, 3, "activity"), te(9)),
+        (ev(1, 2, "activity"), te(10)),
+    ];
+    let err = db.append_hot_run_events(&again).unwrap_err().to_string();
+    assert!(err.contains("stored meanwhile"), "{err}");
+    assert!(!db.has_run_event("run-1", 1, 3).unwrap());
     let last = db
-        .last_task_event(&e.task_id)
+        .last_task_event(&batch[0].0.task_id)
         .unwrap()
         .expect("a task event");
-    assert_eq!(last.seq, 7);
-    assert_eq!(db.run_events("run-1").unwrap().len(), 1);
+    assert_eq!(last.seq, 8);
+    assert_eq!(db.run_events("run-1").unwrap().len(), 2);
 }

@@ -12,6 +12,7 @@ use crate::error::{HubError, Result};
 use crate::nodes::ToNest;
 use crate::store::{Append, Table};
 
+use super::hot::{hot_change, HotGroup};
 use super::*;
 
 impl Core {
@@ -35,6 +36,7 @@ impl Core {
         {
             let mut st = self.lock();
             let mut refused: Option<(usize, String)> = None;
+            let mut hot = HotGroup::default();
             for e in events {
                 if let Err(why) = leases::owner_check(&st, nest_id, instance_id, &e) {
                     acks.entry((e.run_id.clone(), e.attempt))
@@ -53,32 +55,38 @@ impl Core {
                     kind: e.kind.clone(),
                     json: e.json.clone(),
                 };
-                // The hot path (activity, model, tool, progress events of a started run): one
-                // atomic write of the run event and its task event; the task record is not
-                // rewritten (`Core::open` derives it from its newest task event).
-                let hot = hot_change(&st, &rec);
-                let outcome = match &hot {
-                    Some(h) => self.db.append_run_event_with_task_event(&rec, &h.event)?,
-                    None => self.db.append_run_event(&rec)?,
-                };
+                // The hot path (activity, model, tool, progress events of a started run): the
+                // task changes in memory now, and the run events with their task events are
+                // written together, one atomic write for the run of them; the task record is
+                // not rewritten (`Core::open` derives it from its newest task event).
+                if let Some(h) = hot_change(&st, &rec) {
+                    let stored = hot.holds(&rec)
+                        || self.db.has_run_event(&rec.run_id, rec.attempt, rec.seq)?;
+                    if !stored {
+                        hot.push(&mut st, rec, h);
+                    }
+                    let entry = acks
+                        .entry((e.run_id.clone(), e.attempt))
+                        .or_insert((0, false));
+                    entry.0 = entry.0.max(e.seq);
+                    continue;
+                }
+                // Every other event in order: the hot ones before it are written first.
+                hot.write(self, &mut st)?;
                 let entry = acks
                     .entry((e.run_id.clone(), e.attempt))
                     .or_insert((0, false));
-                match outcome {
+                match self.db.append_run_event(&rec)? {
                     Append::Fenced => entry.1 = true,
                     Append::Duplicate => entry.0 = entry.0.max(e.seq),
                     Append::Appended => {
                         entry.0 = entry.0.max(e.seq);
-                        match hot {
-                            Some(h) => self.apply_hot(&mut st, h),
-                            None => {
-                                moved = true;
-                                self.apply_run_event(&mut st, &rec)?
-                            }
-                        }
+                        moved = true;
+                        self.apply_run_event(&mut st, &rec)?
                     }
                 }
             }
+            hot.write(self, &mut st)?;
             if let Some((n, why)) = refused {
                 tracing::warn!(
                     nest_id,
@@ -103,27 +111,6 @@ impl Core {
             self.poke();
         }
         Ok(())
-    }
-
-    /// Applies a hot event already written with its task event: the task changes in place and
-    /// watchers get one copy of it.
-    fn apply_hot(&self, st: &mut State, hot: HotChange) {
-        let Some(task) = st.tasks.get_mut(&hot.event_task_id) else {
-            return;
-        };
-        if let Some(activity) = hot.activity {
-            task.activity = activity;
-        }
-        if let Some(progress) = hot.progress {
-            task.progress = Some(progress);
-        }
-        task.updated_at_ms = hot.event.at_ms;
-        task.next_event_seq = hot.event.seq + 1;
-        let _ = self.updates.send(Arc::new(TaskUpdate {
-            task_id: hot.event_task_id,
-            event: hot.event,
-            task: task.clone(),
-        }));
     }
 
     pub(in crate::core) fn apply_run_event(&self, st: &mut State, e: &RunEventRec) -> Result<()> {
@@ -233,76 +220,4 @@ impl Core {
         }
         self.emit(st, task, &e.kind, e.json.clone())
     }
-}
-
-/// What a hot run event changes on its task, with the task event that records it.
-struct HotChange {
-    event_task_id: String,
-    activity: Option<String>,
-    progress: Option<ProgressRec>,
-    event: TaskEventRec,
-}
-
-/// The change a run event makes when it is on the hot path: its task runs this very attempt,
-/// has started (its lease record already says so) and the event moves nothing but what the task
-/// is doing. `None` for every other event (state changes, approvals, the run's end, the first
-/// event of an attempt), which take the full path.
-fn hot_change(st: &State, e: &RunEventRec) -> Option<HotChange> {
-    let task = st.tasks.get(&e.task_id)?;
-    if task.run_id != e.run_id
-        || task.attempt != e.attempt
-        || task.state != TaskState::Running
-        || !task.lease.started
-        || task.lease.missing_since_ms != 0
-        || task.lease.revoked
-    {
-        return None;
-    }
-    let (activity, progress) = match RunEventBody::from_wire(&e.kind, &e.json) {
-        Ok(RunEventBody::Activity(a)) => (Some(a.activity), None),
-        Ok(RunEventBody::ModelRequested(_)) => (Some("waiting for the model".to_string()), None),
-        Ok(RunEventBody::ModelAnswered(_)) => (Some("thinking".to_string()), None),
-        Ok(RunEventBody::ToolStarted(t)) => (Some(format!("calling {}", t.tool)), None),
-        Ok(RunEventBody::TaskProgress(p) | RunEventBody::ProgressLatest(p)) => (
-            None,
-            Some(ProgressRec {
-                step: p.step,
-                done: p.done,
-                total: p.total,
-                note: p.note.unwrap_or_default(),
-                artifacts: p.artifacts,
-                updated_at_ms: e.at_ms,
-            }),
-        ),
-        Ok(
-            RunEventBody::ApprovalRequested(_)
-            | RunEventBody::ApprovalDecided(_)
-            | RunEventBody::RunInterrupted(_)
-            | RunEventBody::RunSuspended(_)
-            | RunEventBody::RunFinished(_),
-        ) => return None,
-        Err(_) if e.kind == kind::RUN_FINISHED => return None,
-        _ => (None, None),
-    };
-    let now = now_ms();
-    let mut snapshot = TaskSnapshot::of(task);
-    if let Some(a) = &activity {
-        snapshot.activity = a.clone();
-    }
-    if let Some(p) = &progress {
-        snapshot.progress = Some(p.clone());
-    }
-    snapshot.updated_at_ms = now;
-    Some(HotChange {
-        event_task_id: task.task_id.clone(),
-        activity,
-        progress,
-        event: TaskEventRec {
-            seq: task.next_event_seq.max(1),
-            at_ms: now,
-            kind: e.kind.clone(),
-            json: e.json.clone(),
-            snapshot: Some(snapshot),
-        },
-    })
 }

@@ -14,7 +14,8 @@
 //! rollover: the task fails saying so), and fails after `limits.maxAttempts` attempts ended
 //! by its own instance failing.
 //!
-//! Modules: [`submit`], [`dispatch`], [`events`] (run events from Nests), [`outcome`] (cancel,
+//! Modules: [`submit`], [`dispatch`], [`events`] (run events from Nests), `hot` (their hot path,
+//! one store write per batch), [`outcome`] (cancel,
 //! finish, requeue), [`query`] (get, list, watch, trace).
 
 use std::collections::BTreeMap;
@@ -27,6 +28,7 @@ use crate::model::*;
 
 pub mod dispatch;
 pub mod events;
+mod hot;
 pub mod outcome;
 pub mod query;
 pub mod submit;

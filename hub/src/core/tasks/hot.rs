@@ -1,0 +1,177 @@
+//! The hot path of run events: activity, model, tool and progress events of a started run
+//! move nothing but what its task is doing. A batch's run of them changes the tasks in memory
+//! at once and is written with one atomic store write ([`crate::store::Db::append_hot_run_events`]:
+//! each run event with the task event that records it), and only then do watchers hear of it.
+//!
+//! Invariants: the group is written before any other event of the batch (the store keeps a
+//! run's events in seq order) and before the batch's acks are held; a write that fails puts
+//! back what the group changed in memory, so memory never runs ahead of the store; an event
+//! already stored, or already in the group, is not added again (a resend writes nothing).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use agen_shared::run::{kind, RunEventBody};
+
+use crate::core::{Core, State};
+use crate::error::Result;
+use crate::model::*;
+
+/// The hot events of a batch not yet written, with what they changed in memory.
+#[derive(Default)]
+pub(super) struct HotGroup {
+    writes: Vec<(RunEventRec, TaskEventRec)>,
+    keys: HashSet<(String, u32, u64)>,
+    updates: Vec<Arc<TaskUpdate>>,
+    /// Each changed task as it was before the group's first change to it.
+    before: Vec<(String, Before)>,
+}
+
+/// The fields a hot event changes on its task.
+struct Before {
+    activity: String,
+    progress: Option<ProgressRec>,
+    updated_at_ms: i64,
+    next_event_seq: u64,
+}
+
+impl HotGroup {
+    /// Whether `e` is in the group already.
+    pub(super) fn holds(&self, e: &RunEventRec) -> bool {
+        self.keys.contains(&(e.run_id.clone(), e.attempt, e.seq))
+    }
+
+    /// Adds an event (not stored yet) and applies its change to its task in memory.
+    pub(super) fn push(&mut self, st: &mut State, e: RunEventRec, hot: HotChange) {
+        let Some(task) = st.tasks.get_mut(&hot.event_task_id) else {
+            return;
+        };
+        if !self.before.iter().any(|(id, _)| *id == hot.event_task_id) {
+            self.before.push((
+                hot.event_task_id.clone(),
+                Before {
+                    activity: task.activity.clone(),
+                    progress: task.progress.clone(),
+                    updated_at_ms: task.updated_at_ms,
+                    next_event_seq: task.next_event_seq,
+                },
+            ));
+        }
+        if let Some(activity) = hot.activity {
+            task.activity = activity;
+        }
+        if let Some(progress) = hot.progress {
+            task.progress = Some(progress);
+        }
+        task.updated_at_ms = hot.event.at_ms;
+        task.next_event_seq = hot.event.seq + 1;
+        self.updates.push(Arc::new(TaskUpdate {
+            task_id: hot.event_task_id,
+            event: hot.event.clone(),
+            task: task.clone(),
+        }));
+        self.keys.insert((e.run_id.clone(), e.attempt, e.seq));
+        self.writes.push((e, hot.event));
+    }
+
+    /// Writes the group (one atomic write) and tells watchers; on failure puts the tasks back
+    /// as they were. Empty afterwards either way.
+    pub(super) fn write(&mut self, core: &Core, st: &mut State) -> Result<()> {
+        if self.writes.is_empty() {
+            return Ok(());
+        }
+        let written = core.db.append_hot_run_events(&self.writes);
+        let group = std::mem::take(self);
+        match written {
+            Ok(()) => {
+                for update in group.updates {
+                    let _ = core.updates.send(update);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                for (task_id, before) in group.before {
+                    if let Some(task) = st.tasks.get_mut(&task_id) {
+                        task.activity = before.activity;
+                        task.progress = before.progress;
+                        task.updated_at_ms = before.updated_at_ms;
+                        task.next_event_seq = before.next_event_seq;
+                    }
+                }
+                Err(e.into())
+            }
+        }
+    }
+}
+
+/// What a hot run event changes on its task, with the task event that records it.
+pub(super) struct HotChange {
+    event_task_id: String,
+    activity: Option<String>,
+    progress: Option<ProgressRec>,
+    event: TaskEventRec,
+}
+
+/// The change a run event makes when it is on the hot path: its task runs this very attempt,
+/// has started (its lease record already says so) and the event moves nothing but what the task
+/// is doing. `None` for every other event (state changes, approvals, the run's end, the first
+/// event of an attempt), which take the full path.
+pub(super) fn hot_change(st: &State, e: &RunEventRec) -> Option<HotChange> {
+    let task = st.tasks.get(&e.task_id)?;
+    if task.run_id != e.run_id
+        || task.attempt != e.attempt
+        || task.state != TaskState::Running
+        || !task.lease.started
+        || task.lease.missing_since_ms != 0
+        || task.lease.revoked
+    {
+        return None;
+    }
+    let (activity, progress) = match RunEventBody::from_wire(&e.kind, &e.json) {
+        Ok(RunEventBody::Activity(a)) => (Some(a.activity), None),
+        Ok(RunEventBody::ModelRequested(_)) => (Some("waiting for the model".to_string()), None),
+        Ok(RunEventBody::ModelAnswered(_)) => (Some("thinking".to_string()), None),
+        Ok(RunEventBody::ToolStarted(t)) => (Some(format!("calling {}", t.tool)), None),
+        Ok(RunEventBody::TaskProgress(p) | RunEventBody::ProgressLatest(p)) => (
+            None,
+            Some(ProgressRec {
+                step: p.step,
+                done: p.done,
+                total: p.total,
+                note: p.note.unwrap_or_default(),
+                artifacts: p.artifacts,
+                updated_at_ms: e.at_ms,
+            }),
+        ),
+        Ok(
+            RunEventBody::ApprovalRequested(_)
+            | RunEventBody::ApprovalDecided(_)
+            | RunEventBody::RunInterrupted(_)
+            | RunEventBody::RunSuspended(_)
+            | RunEventBody::RunFinished(_),
+        ) => return None,
+        Err(_) if e.kind == kind::RUN_FINISHED => return None,
+        _ => (None, None),
+    };
+    let now = now_ms();
+    let mut snapshot = TaskSnapshot::of(task);
+    if let Some(a) = &activity {
+        snapshot.activity = a.clone();
+    }
+    if let Some(p) = &progress {
+        snapshot.progress = Some(p.clone());
+    }
+    snapshot.updated_at_ms = now;
+    Some(HotChange {
+        event_task_id: task.task_id.clone(),
+        activity,
+        progress,
+        event: TaskEventRec {
+            seq: task.next_event_seq.max(1),
+            at_ms: now,
+            kind: e.kind.clone(),
+            json: e.json.clone(),
+            snapshot: Some(snapshot),
+        },
+    })
+}
