@@ -60,7 +60,7 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
     let draining = CancellationToken::new();
     let outbox = Arc::new(Outbox::default());
     let bundles = Arc::new(BundleCache::new(opts.clone(), client.clone()));
-    let supervisor = Supervisor::new(
+    let (supervisor, reports) = Supervisor::new(
         opts.clone(),
         children,
         bundles,
@@ -92,6 +92,7 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         opts: opts.clone(),
         nest_id,
         supervisor: supervisor.clone(),
+        reports,
         outbox: outbox.clone(),
         fetching: Default::default(),
         on_first_registered: None,

@@ -97,6 +97,8 @@ pub struct LinkContext {
     pub opts: Arc<NestOptions>,
     pub nest_id: String,
     pub supervisor: Arc<Supervisor>,
+    /// The supervisor's reports (see [`crate::supervisor::Reports`]), kept across sessions.
+    pub reports: crate::supervisor::Reports,
     pub outbox: Arc<Outbox>,
     /// Runs whose history and replay are on their way (`run_context`).
     pub fetching: Arc<crate::run_context::Fetching>,
@@ -175,6 +177,9 @@ async fn session(
 ) -> std::result::Result<(), String> {
     let sup = ctx.supervisor.clone();
     let (tx, rx) = mpsc::channel::<NestMessage>(512);
+    // Reports queued while disconnected are covered by `Register.instances` (read after this,
+    // so a change in between is in both).
+    ctx.reports.clear();
     let register = Register {
         nest_id: ctx.nest_id.clone(),
         name: ctx.opts.name.clone(),
@@ -185,8 +190,6 @@ async fn session(
         fallback_name: ctx.opts.fallback_name.clone(),
         separation: sup.separation().describe(),
     };
-    // Reports queued while disconnected are covered by `Register.instances`.
-    let _ = sup.take_changed();
     tx.send(NestMessage {
         msg: Some(NestMsg::Register(register)),
     })
@@ -257,8 +260,8 @@ async fn session(
                 let instances = convert::reports(sup.snapshot());
                 send(NestMsg::Heartbeat(Heartbeat { at_ms: now_ms(), instances })).await?;
             }
-            _ = sup.changed_notify().notified() => {
-                for report in sup.take_changed() {
+            Some(report) = ctx.reports.recv() => {
+                for report in ctx.reports.coalesce(report) {
                     send(NestMsg::Instance(convert::report(report))).await?;
                 }
             }

@@ -273,9 +273,7 @@ impl Supervisor {
                         }
                     }
                 }
-                st.changed.insert(id.to_string());
-                drop(st);
-                self.changed.notify_one();
+                self.report(&st, id);
             }
         }
     }

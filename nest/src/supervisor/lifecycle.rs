@@ -49,11 +49,10 @@ impl Supervisor {
                     stop: stop.clone(),
                 },
             );
-            st.changed.insert(id.clone());
+            self.report(&st, &id);
             if at_capacity {
                 tracing::warn!(instance = %id, "placement refused: nest at capacity");
                 drop(st);
-                self.changed.notify_one();
                 // Kept (unhealthy) until the Hub stops it, then forgotten like any other.
                 let me = self.clone();
                 self.tracker.spawn(async move {
@@ -63,7 +62,6 @@ impl Supervisor {
                 return;
             }
         }
-        self.changed.notify_one();
         tracing::info!(instance = %id, namespace = %p.namespace, deployment = %p.deployment, digest = %p.bundle_digest, "placing instance");
         let me = self.clone();
         self.tracker
@@ -84,11 +82,10 @@ impl Supervisor {
             } else {
                 reason.to_string()
             };
-            st.changed.insert(id.to_string());
+            self.report(&st, id);
             e_stop(st.instances.get(id))
         };
         tracing::info!(instance = %id, reason, "stopping instance");
-        self.changed.notify_one();
         if let Some(t) = token {
             t.cancel();
         }
@@ -377,8 +374,8 @@ impl Supervisor {
             e.report.state = InstanceState::Stopping;
             e.report.healthy = false;
             e.report.active_runs.clear();
-            st.changed.remove(id);
-            st.gone.insert(id.to_string(), e.report);
+            // Its last report: the newest for the id, so the link sends it, not an older one.
+            let _ = self.reports.send(e.report);
         }
         let lost: Vec<(String, RunTrack)> = {
             let ids: Vec<String> = st
@@ -401,7 +398,6 @@ impl Supervisor {
             );
         }
         self.children.remove(id);
-        self.changed.notify_one();
     }
 
     /// Kills the recorded tool-server groups of an instance that exited (a clean exit already

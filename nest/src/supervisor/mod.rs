@@ -10,10 +10,11 @@
 //! group (SIGTERM, SIGKILL after a grace). It serves the Nest socket: an instance says hello,
 //! gets its placement (with its secrets resolved here), reports its status and streams run
 //! events, which go to the [`Outbox`] (the Hub link sends them); run assignments, cancels and
-//! acks go the other way. It speaks the Nest's domain types (`crate::model`), never protobuf:
-//! the link reads its reports ([`Supervisor::snapshot`], and [`Supervisor::take_changed`] when
-//! [`Supervisor::changed_notify`] fires, so changes between two sends go as one report) and
-//! converts them.
+//! acks go the other way. It speaks the Nest's domain types (`crate::model`), never protobuf,
+//! and reports through a channel: every change of an instance's report (and its final report
+//! when it is gone) goes to the [`Reports`] receiver its creator holds (the Hub link, which
+//! sends what queued up between two sends as one report per instance); the link also reads
+//! [`Supervisor::snapshot`] for `Register` and heartbeats.
 //!
 //! Invariants: an instance id is placed at most once while it lives here (a repeated
 //! placement, e.g. after a reconnect, is a no-op), so nothing is duplicated; every
@@ -37,13 +38,13 @@ mod runs;
 
 pub use lifecycle::build_placement;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -73,7 +74,8 @@ pub struct Supervisor {
     bundles: Arc<BundleCache>,
     outbox: Arc<Outbox>,
     state: Mutex<State>,
-    changed: Notify,
+    /// Where changed reports go (see [`Reports`]).
+    reports: mpsc::UnboundedSender<InstanceReport>,
     tracker: TaskTracker,
     shutdown: CancellationToken,
     next_conn: AtomicU64,
@@ -91,10 +93,6 @@ struct State {
     /// A newer attempt of a run whose older attempt still ends on the same instance: handed
     /// over once that one is done (an instance runs one attempt of a run at a time).
     deferred: HashMap<String, ToInstance>,
-    /// Instances whose report changed since the link last looked.
-    changed: BTreeSet<String>,
-    /// Final reports of instances that are gone, not yet sent.
-    gone: BTreeMap<String, InstanceReport>,
 }
 
 /// A run in flight on one of this Nest's instances.
@@ -127,20 +125,22 @@ impl Supervisor {
         outbox: Arc<Outbox>,
         separation: Arc<crate::separation::Separation>,
         shutdown: CancellationToken,
-    ) -> Arc<Supervisor> {
-        Arc::new(Supervisor {
+    ) -> (Arc<Supervisor>, Reports) {
+        let (reports, rx) = mpsc::unbounded_channel();
+        let sup = Arc::new(Supervisor {
             children,
             bundles,
             outbox,
             state: Mutex::new(State::default()),
-            changed: Notify::new(),
+            reports,
             tracker: TaskTracker::new(),
             shutdown,
             next_conn: AtomicU64::new(1),
             logs: crate::logs::LogStore::new(opts.data_dir.join("logs")),
             separation,
             opts,
-        })
+        });
+        (sup, Reports(rx))
     }
 
     /// Who this Nest's instances run as.
@@ -177,9 +177,14 @@ impl Supervisor {
         let mut st = self.lock();
         if let Some(e) = st.instances.get_mut(id) {
             f(&mut e.report);
-            st.changed.insert(id.to_string());
-            drop(st);
-            self.changed.notify_one();
+            self.report(&st, id);
+        }
+    }
+
+    /// Sends the report of `id` as it is now (with its runs) to the link.
+    fn report(&self, st: &State, id: &str) {
+        if let Some(e) = st.instances.get(id) {
+            let _ = self.reports.send(with_runs(st, e.report.clone()));
         }
     }
 
@@ -190,27 +195,6 @@ impl Supervisor {
             .values()
             .map(|e| with_runs(&st, e.report.clone()))
             .collect()
-    }
-
-    /// Signalled when [`Supervisor::take_changed`] has something.
-    pub fn changed_notify(&self) -> &Notify {
-        &self.changed
-    }
-
-    /// Reports that changed since the last call (final reports of instances that are gone too).
-    pub fn take_changed(&self) -> Vec<InstanceReport> {
-        let mut st = self.lock();
-        let ids = std::mem::take(&mut st.changed);
-        let mut out: Vec<InstanceReport> = ids
-            .iter()
-            .filter_map(|id| {
-                st.instances
-                    .get(id)
-                    .map(|e| with_runs(&st, e.report.clone()))
-            })
-            .collect();
-        out.extend(std::mem::take(&mut st.gone).into_values());
-        out
     }
 
     /// Runs handed to this Nest's instances that have not ended.
@@ -225,6 +209,39 @@ impl Supervisor {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// The receiving end of the supervisor's reports: each change of an instance's report, in
+/// order, and the final report of an instance that is gone.
+pub struct Reports(mpsc::UnboundedReceiver<InstanceReport>);
+
+impl Reports {
+    /// The next report, or `None` once the supervisor is gone.
+    pub async fn recv(&mut self) -> Option<InstanceReport> {
+        self.0.recv().await
+    }
+
+    /// `first` and every report queued behind it, the newest of each instance only, in the
+    /// order of those newest reports (changes between two sends go as one report).
+    pub fn coalesce(&mut self, first: InstanceReport) -> Vec<InstanceReport> {
+        let mut all = vec![first];
+        while let Ok(r) = self.0.try_recv() {
+            all.push(r);
+        }
+        let mut out: Vec<InstanceReport> = Vec::with_capacity(all.len());
+        for r in all.into_iter().rev() {
+            if !out.iter().any(|o| o.instance_id == r.instance_id) {
+                out.push(r);
+            }
+        }
+        out.reverse();
+        out
+    }
+
+    /// Forgets every queued report (a `Register` about to carry the snapshot covers them).
+    pub fn clear(&mut self) {
+        while self.0.try_recv().is_ok() {}
     }
 }
 

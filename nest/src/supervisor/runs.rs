@@ -55,8 +55,8 @@ impl Supervisor {
                 );
             }
             if old_instance == id {
+                // The instance's next report carries the run (`with_runs`).
                 st.deferred.insert(run_id, msg);
-                st.changed.insert(id);
                 return;
             }
         }
@@ -64,7 +64,8 @@ impl Supervisor {
             e.report.active_runs.push(run_id.clone());
             send_or_queue(e, msg);
         }
-        st.changed.insert(id);
+        // Not reported on its own: the instance reports as it starts the run, and that
+        // report (like every heartbeat) carries the run and its attempt (`with_runs`).
     }
 
     /// The Hub has been silent too long: every run here is cancelled at once and relays
@@ -82,8 +83,11 @@ impl Supervisor {
                     e.report.active_runs.retain(|r| r != run_id);
                 }
             }
-            let ids: Vec<String> = runs.iter().map(|(_, t)| t.instance.clone()).collect();
-            st.changed.extend(ids);
+            let ids: std::collections::BTreeSet<String> =
+                runs.iter().map(|(_, t)| t.instance.clone()).collect();
+            for id in &ids {
+                self.report(&st, id);
+            }
             runs
         };
         for (run_id, track) in &runs {
@@ -91,7 +95,6 @@ impl Supervisor {
         }
         if !runs.is_empty() {
             tracing::warn!(runs = runs.len(), "{why}: cancelled every run here");
-            self.changed.notify_one();
         }
         runs.len()
     }

@@ -11,7 +11,11 @@ use crate::socket::{self, ToNest};
 use pretty_assertions::assert_eq;
 
 /// A supervisor on a fresh data dir whose "agen" is `bin`, with one bundle already cached.
-fn supervisor(dir: &std::path::Path, bin: &str, capacity: u32) -> (Arc<Supervisor>, String) {
+fn supervisor(
+    dir: &std::path::Path,
+    bin: &str,
+    capacity: u32,
+) -> (Arc<Supervisor>, String, Reports) {
     let mut opts = NestOptions::new("http://127.0.0.1:9", "t");
     opts.capacity = capacity;
     opts.data_dir = dir.to_path_buf();
@@ -23,7 +27,7 @@ fn supervisor(dir: &std::path::Path, bin: &str, capacity: u32) -> (Arc<Superviso
     let client = Arc::new(crate::hub_client::ClientSlot::default());
     let bundles = Arc::new(BundleCache::new(opts.clone(), client));
     let children = Arc::new(Children::open(&opts.children_file()));
-    let sup = Supervisor::new(
+    let (sup, reports) = Supervisor::new(
         opts,
         children,
         bundles,
@@ -31,7 +35,7 @@ fn supervisor(dir: &std::path::Path, bin: &str, capacity: u32) -> (Arc<Superviso
         Arc::new(crate::separation::Separation::off()),
         CancellationToken::new(),
     );
-    (sup, digest)
+    (sup, digest, reports)
 }
 
 async fn wait_for(
@@ -57,7 +61,7 @@ async fn wait_for(
 async fn a_crashing_instance_is_restarted_with_back_off_then_reported_unhealthy_and_stops_cleanly()
 {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (sup, digest) = supervisor(dir.path(), "/bin/false", 4);
+    let (sup, digest, mut reports) = supervisor(dir.path(), "/bin/false", 4);
     let place = PlaceOrder {
         instance_id: "i1".into(),
         namespace: "ns".into(),
@@ -83,12 +87,13 @@ async fn a_crashing_instance_is_restarted_with_back_off_then_reported_unhealthy_
     // Stopping it (even mid back-off) forgets it and reports it one last time.
     sup.stop("i1", "replaced by the hub");
     wait_for(&sup, "the instance to be forgotten", |s| s.is_empty()).await;
-    let gone = sup.take_changed();
-    let last = gone
-        .iter()
-        .rev()
-        .find(|r| r.instance_id == "i1")
-        .expect("a final report");
+    // Every change went through the channel; what queued up is one report per instance, the
+    // newest: here the final one.
+    let first = reports.recv().await.expect("the supervisor reports");
+    let queued = reports.coalesce(first);
+    assert_eq!(queued.len(), 1, "one instance, one report: {queued:?}");
+    let last = &queued[0];
+    assert_eq!(last.instance_id, "i1");
     assert_eq!((last.state, last.healthy), (InstanceState::Stopping, false));
     assert!(
         sup.children.list().is_empty(),
@@ -99,7 +104,7 @@ async fn a_crashing_instance_is_restarted_with_back_off_then_reported_unhealthy_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_placement_beyond_capacity_is_reported_unhealthy_until_the_hub_stops_it() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (sup, digest) = supervisor(dir.path(), "/bin/false", 1);
+    let (sup, digest, _reports) = supervisor(dir.path(), "/bin/false", 1);
     for id in ["i1", "i2"] {
         sup.place(PlaceOrder {
             instance_id: id.into(),
@@ -126,7 +131,7 @@ async fn a_placement_beyond_capacity_is_reported_unhealthy_until_the_hub_stops_i
 #[tokio::test]
 async fn a_run_for_an_instance_that_is_not_here_is_reported_interrupted() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (sup, _) = supervisor(dir.path(), "/bin/false", 4);
+    let (sup, _, _reports) = supervisor(dir.path(), "/bin/false", 4);
     sup.assign(AssignedRun {
         run_id: "r1".into(),
         attempt: 2,
@@ -232,7 +237,7 @@ async fn a_second_hello_for_a_live_instance_is_refused_and_the_first_connection_
     let bin = dir.path().join("fake-agen");
     std::fs::write(&bin, "#!/bin/sh\nexec sleep 300\n").expect("write script");
     std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let (sup, digest) = supervisor(dir.path(), bin.to_str().expect("utf-8"), 4);
+    let (sup, digest, _reports) = supervisor(dir.path(), bin.to_str().expect("utf-8"), 4);
     let path = sup.opts.socket_path();
     let listener = socket::listen(&path, 0o600).expect("listen");
     tokio::spawn(sup.clone().serve(listener));
@@ -298,4 +303,42 @@ async fn a_second_hello_for_a_live_instance_is_refused_and_the_first_connection_
     );
     sup.stop("i1", "done");
     wait_for(&sup, "i1 to be forgotten", |s| s.is_empty()).await;
+}
+
+#[test]
+fn queued_reports_go_as_the_newest_of_each_instance_in_the_order_they_changed_last() {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut reports = Reports(rx);
+    let report = |id: &str, message: &str| {
+        let place = PlaceOrder {
+            instance_id: id.into(),
+            ..Default::default()
+        };
+        InstanceReport::new(&place, InstanceState::Starting, message.into())
+    };
+    for r in [
+        report("a", "1"),
+        report("b", "1"),
+        report("a", "2"),
+        report("c", "1"),
+    ] {
+        tx.send(r).expect("send");
+    }
+    let sent: Vec<(String, String)> = reports
+        .coalesce(report("b", "0"))
+        .into_iter()
+        .map(|r| (r.instance_id, r.message))
+        .collect();
+    assert_eq!(
+        sent,
+        vec![
+            ("b".to_string(), "1".to_string()),
+            ("a".to_string(), "2".to_string()),
+            ("c".to_string(), "1".to_string()),
+        ]
+    );
+    reports.clear();
+    tx.send(report("a", "3")).expect("send");
+    reports.clear();
+    assert!(reports.0.try_recv().is_err(), "cleared");
 }
