@@ -2,7 +2,9 @@
 //! durable path of every run event — append-if-absent (with the attempt fence check) followed
 //! by one flush for the batch (group commit) — for batches of 1, 16 and 128 events, reported
 //! in events/s; plus the append alone and a resent (duplicate) batch, to show what the flush
-//! costs and that a resend after a reconnect is cheap.
+//! costs and that a resend after a reconnect is cheap. The hot path (each run event written with
+//! its task event, atomically) is measured both ways: one atomic write per event against one for
+//! the whole batch (`Db::append_hot_run_events`), each followed by the batch's flush.
 //!
 //! Invariants: runs only under `cargo bench`; the store lives in a temporary folder removed at
 //! the end; every timed append uses fresh keys (a new run id per iteration) unless the case is
@@ -11,7 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agen_hub::model::RunEventRec;
+use agen_hub::model::{RunEventRec, TaskEventRec};
 use agen_hub::store::{Append, Db, SledStore};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
@@ -32,11 +34,35 @@ fn batch(run: u64, n: usize) -> Vec<RunEventRec> {
         .collect()
 }
 
+/// Records attempt 1 of `run` as its current attempt (the lease the fence checks).
+fn leased(db: &Db, run: u64) {
+    db.set_run_attempt(&format!("run-{run:012}"), 1)
+        .expect("record the run's attempt");
+}
+
 fn append_all(db: &Db, events: &[RunEventRec], expect: Append) {
     for ev in events {
         let got = db.append_run_event(ev).expect("append a run event");
         assert_eq!(got, expect, "appending {}/{}", ev.run_id, ev.seq);
     }
+}
+
+/// Each event with the task event that records it (task event seqs from 1).
+fn with_task_events(events: Vec<RunEventRec>) -> Vec<(RunEventRec, TaskEventRec)> {
+    events
+        .into_iter()
+        .enumerate()
+        .map(|(i, ev)| {
+            let te = TaskEventRec {
+                seq: i as u64 + 1,
+                at_ms: ev.at_ms,
+                kind: ev.kind.clone(),
+                json: ev.json.clone(),
+                snapshot: None,
+            };
+            (ev, te)
+        })
+        .collect()
 }
 
 fn store_benches(c: &mut Criterion) {
@@ -56,6 +82,7 @@ fn store_benches(c: &mut Criterion) {
             b.iter_batched(
                 || {
                     run += 1;
+                    leased(&db, run);
                     batch(run, n)
                 },
                 |events| {
@@ -71,13 +98,49 @@ fn store_benches(c: &mut Criterion) {
         b.iter_batched(
             || {
                 run += 1;
+                leased(&db, run);
                 batch(run, 128)
             },
             |events| append_all(&db, &events, Append::Appended),
             criterion::BatchSize::SmallInput,
         )
     });
+    for n in [6usize, 16] {
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_function(BenchmarkId::new("hot_write_per_event_flush", n), |b| {
+            b.iter_batched(
+                || {
+                    run += 1;
+                    leased(&db, run);
+                    with_task_events(batch(run, n))
+                },
+                |events| {
+                    for one in events.chunks(1) {
+                        db.append_hot_run_events(one).expect("append a hot event");
+                    }
+                    rt.block_on(db.flush()).expect("flush the store");
+                },
+                criterion::BatchSize::SmallInput,
+            )
+        });
+        group.bench_function(BenchmarkId::new("hot_write_per_batch_flush", n), |b| {
+            b.iter_batched(
+                || {
+                    run += 1;
+                    leased(&db, run);
+                    with_task_events(batch(run, n))
+                },
+                |events| {
+                    db.append_hot_run_events(&events)
+                        .expect("append a batch of hot events");
+                    rt.block_on(db.flush()).expect("flush the store");
+                },
+                criterion::BatchSize::SmallInput,
+            )
+        });
+    }
     run += 1;
+    leased(&db, run);
     let stored = batch(run, 128);
     append_all(&db, &stored, Append::Appended);
     rt.block_on(db.flush()).expect("flush the store");
