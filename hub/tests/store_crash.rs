@@ -1,0 +1,196 @@
+//! A process killed (SIGKILL) in the middle of the Hub's hot run-event writes: after every
+//! crash the reopened store holds each run event with its task event and each task event with
+//! its run event (a batch is written together or not at all), a run's events without a gap
+//! (a prefix of what was written), and everything a returned flush covered.
+//!
+//! The writer is this test's own executable, run again with [`WRITER_DIR`] set: it appends
+//! batches of hot events (of ~2 KiB each, so that sled's log buffers fill and are written
+//! between flushes too) of fresh runs through `Db::append_hot_run_events`, flushes after every
+//! [`FLUSH_EVERY`] batches and prints `durable <run> <seq>` once the flush returned, until it is
+//! killed.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agen_hub::model::{RunEventRec, TaskEventRec};
+use agen_hub::store::{Db, SledStore, Table};
+
+const WRITER_DIR: &str = "AGEN_TEST_HOT_WRITER_DIR";
+const WRITER_FIRST_RUN: &str = "AGEN_TEST_HOT_WRITER_FIRST_RUN";
+const TEST: &str = "a_process_killed_mid_write_leaves_every_hot_run_event_with_its_task_event";
+/// Crashes per test run.
+const CRASHES: u64 = 6;
+/// Runs each writer starts at most (numbered from its first run on).
+const RUNS_PER_WRITER: u64 = 1_000;
+/// Events per batch, batches per run.
+const BATCH: u64 = 6;
+const BATCHES: u64 = 4;
+/// Batches between two flushes.
+const FLUSH_EVERY: u64 = 8;
+
+fn run_id(run: u64) -> String {
+    format!("run-{run:08}")
+}
+
+fn task_id(run: u64) -> String {
+    format!("task-{run:08}")
+}
+
+/// The writer: fresh runs from `first`, batch after batch, a flush after each, until killed.
+fn writer(dir: &Path, first: u64) {
+    let db = Db::new(Arc::new(SledStore::open(dir).expect("open the store")));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let mut out = std::io::stdout().lock();
+    let pad = "x".repeat(2048);
+    let mut batches = 0u64;
+    for run in first..first + RUNS_PER_WRITER {
+        db.set_run_attempt(&run_id(run), 1).expect("attempt");
+        for b in 0..BATCHES {
+            let events: Vec<(RunEventRec, TaskEventRec)> = (1..=BATCH)
+                .map(|i| {
+                    let seq = b * BATCH + i;
+                    let json = format!(r#"{{"call_id":"c{seq}","tool":"ws.read","pad":"{pad}"}}"#);
+                    let ev = RunEventRec {
+                        run_id: run_id(run),
+                        attempt: 1,
+                        seq,
+                        task_id: task_id(run),
+                        at_ms: seq as i64,
+                        kind: "tool.started".into(),
+                        json: json.clone(),
+                    };
+                    let te = TaskEventRec {
+                        seq,
+                        at_ms: seq as i64,
+                        kind: "tool.started".into(),
+                        json,
+                        snapshot: None,
+                    };
+                    (ev, te)
+                })
+                .collect();
+            db.append_hot_run_events(&events).expect("append");
+            batches += 1;
+            if batches.is_multiple_of(FLUSH_EVERY) {
+                rt.block_on(db.flush()).expect("flush");
+                writeln!(out, "durable {run} {}", (b + 1) * BATCH).expect("stdout");
+                out.flush().expect("stdout");
+            }
+        }
+    }
+}
+
+/// What one crash left, checked against what the writer said was durable.
+#[derive(Debug, Default)]
+struct Counts {
+    runs: u64,
+    run_events: u64,
+    /// A run event without its task event, or a task event without its run event.
+    half_written: u64,
+    /// A run whose stored seqs are not 1..=n.
+    gaps: u64,
+    /// Events a returned flush covered that are not in the store.
+    lost_durable: u64,
+}
+
+fn check(dir: &Path, first: u64, durable: Option<(u64, u64)>) -> Counts {
+    let db = Db::new(Arc::new(SledStore::open(dir).expect("reopen the store")));
+    let mut c = Counts::default();
+    for run in first..first + RUNS_PER_WRITER {
+        let events = db.run_events(&run_id(run)).expect("run events");
+        let mut prefix = task_id(run).into_bytes();
+        prefix.push(0);
+        let task_events: Vec<TaskEventRec> = db
+            .list_json(Table::TaskEvents, &prefix)
+            .expect("task events");
+        if events.is_empty() && task_events.is_empty() {
+            break;
+        }
+        c.runs += 1;
+        c.run_events += events.len() as u64;
+        let run_seqs: BTreeSet<u64> = events.iter().map(|e| e.seq).collect();
+        let task_seqs: BTreeSet<u64> = task_events.iter().map(|e| e.seq).collect();
+        c.half_written += run_seqs.symmetric_difference(&task_seqs).count() as u64;
+        if run_seqs.iter().copied().ne(1..=run_seqs.len() as u64) {
+            c.gaps += 1;
+        }
+        if let Some((d_run, d_seq)) = durable {
+            let must = match run.cmp(&d_run) {
+                std::cmp::Ordering::Less => BATCHES * BATCH,
+                std::cmp::Ordering::Equal => d_seq,
+                std::cmp::Ordering::Greater => 0,
+            };
+            c.lost_durable += (1..=must).filter(|s| !run_seqs.contains(s)).count() as u64;
+        }
+    }
+    c
+}
+
+#[test]
+fn a_process_killed_mid_write_leaves_every_hot_run_event_with_its_task_event() {
+    if let Ok(dir) = std::env::var(WRITER_DIR) {
+        let first = std::env::var(WRITER_FIRST_RUN)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        writer(Path::new(&dir), first);
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("db");
+    let me = std::env::current_exe().expect("the test executable");
+    let mut total = Counts::default();
+    for crash in 0..CRASHES {
+        let first = crash * RUNS_PER_WRITER;
+        let mut child = Command::new(&me)
+            .args(["--exact", TEST, "--nocapture", "--test-threads", "1"])
+            .env(WRITER_DIR, &dir)
+            .env(WRITER_FIRST_RUN, first.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the writer");
+        let stdout = child.stdout.take().expect("the writer's stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let mut parts = line.split_whitespace();
+                if parts.next() == Some("durable") {
+                    let run = parts.next().and_then(|v| v.parse::<u64>().ok());
+                    let seq = parts.next().and_then(|v| v.parse::<u64>().ok());
+                    if let (Some(run), Some(seq)) = (run, seq) {
+                        let _ = tx.send((run, seq));
+                    }
+                }
+            }
+        });
+        // Wait for the first durable batch, then kill at a moment that differs per crash.
+        let first_durable = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the writer made a batch durable");
+        std::thread::sleep(Duration::from_millis(30 + 37 * crash));
+        child.kill().expect("SIGKILL the writer");
+        let _ = child.wait();
+        reader.join().expect("the reader thread");
+        let durable = rx.try_iter().last().unwrap_or(first_durable);
+        let c = check(&dir, first, Some(durable));
+        eprintln!("crash {crash}: last durable {durable:?}, {c:?}");
+        assert!(c.runs > 0, "crash {crash}: the writer wrote nothing: {c:?}");
+        total.runs += c.runs;
+        total.run_events += c.run_events;
+        total.half_written += c.half_written;
+        total.gaps += c.gaps;
+        total.lost_durable += c.lost_durable;
+    }
+    eprintln!("after {CRASHES} crashes: {total:?}");
+    assert_eq!(total.half_written, 0, "{total:?}");
+    assert_eq!(total.gaps, 0, "{total:?}");
+    assert_eq!(total.lost_durable, 0, "{total:?}");
+}
