@@ -43,6 +43,8 @@ impl HotGroup {
 
     /// Adds an event (not stored yet) and applies its change to its task in memory.
     pub(super) fn push(&mut self, st: &mut State, e: RunEventRec, hot: HotChange) {
+        self.keys.insert((e.run_id.clone(), e.attempt, e.seq));
+        self.writes.push((e, hot.event.clone()));
         let Some(task) = st.tasks.get_mut(&hot.event_task_id) else {
             return;
         };
@@ -67,11 +69,9 @@ impl HotGroup {
         task.next_event_seq = hot.event.seq + 1;
         self.updates.push(Arc::new(TaskUpdate {
             task_id: hot.event_task_id,
-            event: hot.event.clone(),
+            event: hot.event,
             task: task.clone(),
         }));
-        self.keys.insert((e.run_id.clone(), e.attempt, e.seq));
-        self.writes.push((e, hot.event));
     }
 
     /// Writes the group (one atomic write) and tells watchers; on failure puts the tasks back
