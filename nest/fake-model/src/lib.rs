@@ -23,7 +23,8 @@
 //!
 //! Every request is recorded as `{"path", "headers", "body"}` (in memory, see
 //! [`FakeModel::requests`], and appended to the `record` JSONL file when set), so tests can
-//! assert what the model was sent.
+//! assert what the model was sent; [`FakeModel::start_unrecorded`] keeps none in memory (a
+//! load test's thousands of ever longer conversations would otherwise grow without bound).
 //!
 //! Invariants: never a fixed port (callers pass `127.0.0.1:0` and read [`FakeModel::addr`]);
 //! the server stops when the [`FakeModel`] is dropped.
@@ -228,6 +229,8 @@ struct Shared {
     /// How many error answers each step index has given.
     errors_given: Mutex<HashMap<usize, u32>>,
     requests: Mutex<Vec<Value>>,
+    /// Whether requests are kept in `requests`.
+    keep_requests: bool,
     seq: std::sync::atomic::AtomicU64,
 }
 
@@ -241,12 +244,30 @@ pub struct FakeModel {
 impl FakeModel {
     /// Binds `listen` (port 0 allowed) and serves `script` until dropped.
     pub async fn start(script: Script, listen: SocketAddr) -> std::io::Result<FakeModel> {
+        FakeModel::serve(script, listen, true).await
+    }
+
+    /// As [`FakeModel::start`], but [`FakeModel::requests`] stays empty (the `record` file, if
+    /// the script names one, is still written).
+    pub async fn start_unrecorded(
+        script: Script,
+        listen: SocketAddr,
+    ) -> std::io::Result<FakeModel> {
+        FakeModel::serve(script, listen, false).await
+    }
+
+    async fn serve(
+        script: Script,
+        listen: SocketAddr,
+        keep_requests: bool,
+    ) -> std::io::Result<FakeModel> {
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             script,
             errors_given: Mutex::new(HashMap::new()),
             requests: Mutex::new(Vec::new()),
+            keep_requests,
             seq: Default::default(),
         });
         let app = Router::new()
@@ -478,6 +499,9 @@ fn answer(shared: &Shared, seen: &Seen) -> (Answer, Option<u64>) {
 }
 
 fn record(shared: &Shared, path: &str, headers: &HeaderMap, body: &Value) {
+    if !shared.keep_requests && shared.script.record.is_none() {
+        return;
+    }
     let mut h = serde_json::Map::new();
     for name in [
         "authorization",
@@ -501,7 +525,9 @@ fn record(shared: &Shared, path: &str, headers: &HeaderMap, body: &Value) {
             tracing::warn!("fake model: cannot append to {}: {e}", file.display());
         }
     }
-    lock(&shared.requests).push(entry);
+    if shared.keep_requests {
+        lock(&shared.requests).push(entry);
+    }
 }
 
 async fn respond(
@@ -647,6 +673,7 @@ mod tests {
             ]),
             errors_given: Default::default(),
             requests: Default::default(),
+            keep_requests: true,
             seq: Default::default(),
         };
         let first = seen(
@@ -663,5 +690,32 @@ mod tests {
         assert!(
             matches!(answer(&shared, &second).0, Answer::Reply { text: Some(ref t), .. } if t == "got 42")
         );
+    }
+
+    #[tokio::test]
+    async fn a_recorded_model_keeps_what_it_was_sent_and_an_unrecorded_one_keeps_nothing() {
+        let loopback: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        let script = || Script::steps(vec![Step::reply("hi")]);
+        let recorded = FakeModel::start(script(), loopback).await.expect("start");
+        let unrecorded = FakeModel::start_unrecorded(script(), loopback)
+            .await
+            .expect("start");
+        let client = reqwest::Client::new();
+        for model in [&recorded, &unrecorded] {
+            let answer: Value = client
+                .post(format!("{}/chat/completions", model.openai_base_url()))
+                .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hello"}]}))
+                .send()
+                .await
+                .expect("send")
+                .json()
+                .await
+                .expect("json");
+            assert_eq!(answer["choices"][0]["message"]["content"], json!("hi"));
+        }
+        let kept = recorded.requests();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0]["body"]["messages"][0]["content"], json!("hello"));
+        assert!(unrecorded.requests().is_empty());
     }
 }

@@ -174,12 +174,15 @@ async fn bench(args: &Args, root: &Path, interrupt: CancellationToken) -> anyhow
         .map(|_| Step::call(format!("ws_{}", args.tool.name()), args.tool.arguments()))
         .collect();
     steps.push(Step::template("done: {{last_tool_result}}"));
-    let model = FakeModel::start(Script::steps(steps), loopback)
+    // Nobody reads what the models were sent, and thousands of ever longer conversations kept
+    // in memory cost the measured fleet's process page faults.
+    let model = FakeModel::start_unrecorded(Script::steps(steps), loopback)
         .await
         .context("cannot start the fake model")?;
-    let baseline_model = FakeModel::start(Script::steps(vec![Step::reply("done")]), loopback)
-        .await
-        .context("cannot start the fake model")?;
+    let baseline_model =
+        FakeModel::start_unrecorded(Script::steps(vec![Step::reply("done")]), loopback)
+            .await
+            .context("cannot start the fake model")?;
 
     let workspace = root.join("workspace");
     std::fs::create_dir_all(&workspace)
