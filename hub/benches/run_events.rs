@@ -2,9 +2,9 @@
 //! durable path of every run event — append-if-absent (with the attempt fence check) followed
 //! by one flush for the batch (group commit) — for batches of 1, 16 and 128 events, reported
 //! in events/s; plus the append alone and a resent (duplicate) batch, to show what the flush
-//! costs and that a resend after a reconnect is cheap. The hot path (each run event written with
-//! its task event, atomically) is measured both ways: one atomic write per event against one for
-//! the whole batch (`Db::append_hot_run_events`), each followed by the batch's flush.
+//! costs and that a resend after a reconnect is cheap. The hot path (each run event written right
+//! after its task event, `Db::append_hot_run_events`) is measured both ways: one call per event
+//! against one for the whole batch, each followed by the batch's flush.
 //!
 //! Invariants: runs only under `cargo bench`; the store lives in a temporary folder removed at
 //! the end; every timed append uses fresh keys (a new run id per iteration) unless the case is
@@ -48,7 +48,7 @@ fn append_all(db: &Db, events: &[RunEventRec], expect: Append) {
 }
 
 /// Each event with the task event that records it (task event seqs from 1).
-fn with_task_events(events: Vec<RunEventRec>) -> Vec<(RunEventRec, TaskEventRec)> {
+fn with_task_events(events: Vec<RunEventRec>) -> Vec<(RunEventRec, Option<TaskEventRec>)> {
     events
         .into_iter()
         .enumerate()
@@ -59,8 +59,9 @@ fn with_task_events(events: Vec<RunEventRec>) -> Vec<(RunEventRec, TaskEventRec)
                 kind: ev.kind.clone(),
                 json: ev.json.clone(),
                 snapshot: None,
+                source: None,
             };
-            (ev, te)
+            (ev, Some(te))
         })
         .collect()
 }

@@ -279,6 +279,11 @@ pub struct TaskRec {
     pub seq: u64,
     /// Seq of the next task event.
     pub next_event_seq: u64,
+    /// The run event that the newest task event records, when a hot run event wrote it (not
+    /// stored: read back from that task event when the task is loaded, see
+    /// `core::catch_up_from_events`).
+    #[serde(skip)]
+    pub last_event_source: Option<RunEventRef>,
     #[serde(default)]
     pub cancel_requested_at_ms: i64,
     #[serde(default)]
@@ -389,6 +394,28 @@ pub struct TaskEventRec {
     /// (absent on events stored before snapshots were kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<TaskSnapshot>,
+    /// The run event this task event records, for the task events of hot run events (which
+    /// are written before their run event: see `Db::append_hot_run_events`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<RunEventRef>,
+}
+
+/// The key of one run event.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RunEventRef {
+    pub run_id: String,
+    pub attempt: u32,
+    pub seq: u64,
+}
+
+impl RunEventRef {
+    pub fn of(e: &RunEventRec) -> RunEventRef {
+        RunEventRef {
+            run_id: e.run_id.clone(),
+            attempt: e.attempt,
+            seq: e.seq,
+        }
+    }
 }
 
 /// The fields of a task that change while it runs (the rest never change after submit), as

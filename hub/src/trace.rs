@@ -260,6 +260,7 @@ mod tests {
             nest_name: String::new(),
             seq: 1,
             next_event_seq: 1,
+            last_event_source: None,
             cancel_requested_at_ms: 0,
             cancel_reason: String::new(),
             lease: crate::model::LeaseRec::default(),

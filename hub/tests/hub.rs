@@ -1393,3 +1393,122 @@ async fn a_hub_restart_derives_a_running_task_from_its_hot_events_and_loses_none
         ]
     );
 }
+
+/// The store keeps a prefix of its writes, and a hot run event's task event is written just
+/// before it: a Hub killed between the two leaves the task event alone. The run event was never
+/// acked, so the Nest resends it after the restart: it is stored then, and the task records it
+/// once (the task event that survived), never twice.
+#[tokio::test]
+async fn a_run_event_whose_task_event_alone_survived_a_crash_is_recorded_once_when_resent() {
+    use agen_hub::model::{RunEventRef, TaskEventRec};
+    use agen_hub::store::{task_event_key, Db, SledStore, Table};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (mut hub, mut api, mut nest, place) = fleet_with_one_instance(dir.path(), 0).await;
+    let task = submit(&mut api, "look it up", "", "").await;
+    let run = nest
+        .next_matching(|m| match m {
+            Hub::AssignRun(r) => Some(r),
+            _ => None,
+        })
+        .await;
+    let ack = send_events(
+        &mut nest,
+        &place.instance_id,
+        vec![
+            event(&run, 1, "model.requested", serde_json::json!({})),
+            event(&run, 2, "model.answered", serde_json::json!({})),
+        ],
+    )
+    .await;
+    assert_eq!(ack.acked_seq, 2);
+    let reports = nest.running.lock().unwrap().clone();
+    drop(nest);
+    hub.stop().await;
+
+    // What the crash left: the task event of run event 3, written as the Hub writes it, and
+    // not run event 3 itself.
+    let started = serde_json::json!({"tool": "time.now", "call_id": "c1"}).to_string();
+    let orphan_seq = {
+        let db = Db::new(Arc::new(
+            SledStore::open(&dir.path().join("hub").join("db")).unwrap(),
+        ));
+        let last = db
+            .last_task_event(&task.task_id)
+            .unwrap()
+            .expect("the task's events");
+        let mut snapshot = last.snapshot.clone().expect("a snapshot");
+        snapshot.activity = "calling time.now".into();
+        let orphan = TaskEventRec {
+            seq: last.seq + 1,
+            at_ms: last.at_ms + 1,
+            kind: "tool.started".into(),
+            json: started.clone(),
+            snapshot: Some(snapshot),
+            source: Some(RunEventRef {
+                run_id: run.run_id.clone(),
+                attempt: run.attempt,
+                seq: 3,
+            }),
+        };
+        db.raw()
+            .put(
+                Table::TaskEvents,
+                &task_event_key(&task.task_id, orphan.seq),
+                &serde_json::to_vec(&orphan).unwrap(),
+            )
+            .unwrap();
+        assert!(!db.has_run_event(&run.run_id, run.attempt, 3).unwrap());
+        db.flush().await.unwrap();
+        db.close();
+        orphan.seq
+    };
+
+    let mut hub2 = TestHub::start_with(options(&dir.path().join("hub"), TTL)).await;
+    let mut api = hub2.client().await;
+    let (mut nest, _) = FakeNest::connect(&hub2, "nest-a", &[], reports).await;
+    let mut resent = event(&run, 3, "tool.started", serde_json::json!({}));
+    resent.json = started;
+    let ack = send_events(
+        &mut nest,
+        &place.instance_id,
+        vec![
+            resent,
+            event(
+                &run,
+                4,
+                "tool.completed",
+                serde_json::json!({"call_id": "c1"}),
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(ack.acked_seq, 4, "the resent event and the next are stored");
+
+    let h = history(&mut api, &task.task_id).await;
+    let kinds: Vec<&str> = h.iter().map(|(_, k)| k.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "task.state",
+            "task.state",
+            "model.requested",
+            "model.answered",
+            "tool.started",
+            "tool.completed"
+        ],
+        "{h:?}"
+    );
+    let seqs: Vec<u64> = h.iter().map(|(s, _)| *s).collect();
+    assert_eq!(seqs, (1..=h.len() as u64).collect::<Vec<_>>());
+    assert_eq!(
+        h[4].0, orphan_seq,
+        "the surviving task event is the one kept"
+    );
+    assert_eq!(
+        get(&mut api, &task.task_id).await.activity,
+        "calling time.now"
+    );
+    hub2.stop().await;
+}

@@ -222,11 +222,14 @@ impl Core {
 }
 
 /// Brings a task record up to its newest task event: hot run events (activity, model, tool,
-/// progress) are written as task events only, so the stored record may lag behind them.
+/// progress) are written as task events only, so the stored record may lag behind them. It
+/// also remembers which run event that task event records, so that a resend of a run event
+/// whose task event was stored just before a crash does not record it twice.
 pub(in crate::core) fn catch_up_from_events(db: &Db, task: &mut TaskRec) -> Result<()> {
     let Some(last) = db.last_task_event(&task.task_id)? else {
         return Ok(());
     };
+    task.last_event_source = last.source.clone();
     if last.seq < task.next_event_seq {
         return Ok(());
     }

@@ -127,16 +127,15 @@ impl Table {
     }
 }
 
-/// Raw key/value storage by table.
-/// One row of [`Store::insert_absent_pairs`]: a key and value, and the key and value written
-/// with it in the other table.
+/// One row of [`Store::insert_pairs_in_order`]: a key and value, and the entry of the other
+/// table written just before it (if any).
 pub struct PairRow {
     pub key: Vec<u8>,
     pub value: Vec<u8>,
-    pub also_key: Vec<u8>,
-    pub also_value: Vec<u8>,
+    pub before: Option<(Vec<u8>, Vec<u8>)>,
 }
 
+/// Raw key/value storage by table.
 pub trait Store: Send + Sync + 'static {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>>;
     fn put(&self, table: Table, key: &[u8], value: &[u8]) -> Result<()>;
@@ -145,9 +144,12 @@ pub trait Store: Send + Sync + 'static {
     fn scan(&self, table: Table, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
     /// Writes only if `key` is absent; returns whether it wrote.
     fn insert_if_absent(&self, table: Table, key: &[u8], value: &[u8]) -> Result<bool>;
-    /// Writes every row, its `key` in `table` and its `also_key` in `also`, in one atomic write
-    /// (all or nothing); writes nothing and fails when a row's `key` is present in `table`.
-    fn insert_absent_pairs(&self, table: Table, also: Table, rows: &[PairRow]) -> Result<()>;
+    /// Writes every row in order, its `before` entry (in `also`) just before its `key` (in
+    /// `table`), as plain writes: not one atomic write (which would cost a log write of its
+    /// own), but in the store's order, so after a crash the store holds a prefix of them and a
+    /// stored `key` has its `before` entry. Fails, writing nothing, when a row's `key` is
+    /// present when it starts; a write error midway leaves the rows before it written.
+    fn insert_pairs_in_order(&self, table: Table, also: Table, rows: &[PairRow]) -> Result<()>;
     /// The entry with the greatest key that starts with `prefix`.
     fn last(&self, table: Table, prefix: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>>;
     /// Atomically increments a counter and returns the new value.
@@ -295,14 +297,16 @@ impl Db {
             .is_some())
     }
 
-    /// The hot path of run events: appends every event with its task event in one atomic
-    /// write (one log write for a whole batch of a Nest, where a write per event cost a log
-    /// write each). The caller has checked that each is its run's current attempt (the lease)
+    /// The hot path of run events: appends every event right after the task event that records
+    /// it (`None`: stored already), as plain ordered writes ([`Store::insert_pairs_in_order`]:
+    /// an atomic write sealed and wrote one of sled's log buffers per batch). After a crash
+    /// the store holds a prefix of them: a stored run event has its task event, a run's events
+    /// have no gap. The caller has checked that each is its run's current attempt (the lease)
     /// and not yet stored ([`Db::has_run_event`], under the lock every append takes); an event
     /// found stored meanwhile fails the whole write, which writes nothing.
     pub fn append_hot_run_events(
         &self,
-        events: &[(RunEventRec, crate::model::TaskEventRec)],
+        events: &[(RunEventRec, Option<crate::model::TaskEventRec>)],
     ) -> Result<()> {
         if events.is_empty() {
             return Ok(());
@@ -314,17 +318,22 @@ impl Db {
         let rows = events
             .iter()
             .map(|(ev, task_event)| {
+                let before = match task_event {
+                    Some(te) => Some((
+                        task_event_key(&ev.task_id, te.seq),
+                        serde_json::to_vec(te).map_err(|e| encode(Table::TaskEvents, e))?,
+                    )),
+                    None => None,
+                };
                 Ok(PairRow {
                     key: run_event_key(&ev.run_id, ev.attempt, ev.seq),
                     value: serde_json::to_vec(ev).map_err(|e| encode(Table::RunEvents, e))?,
-                    also_key: task_event_key(&ev.task_id, task_event.seq),
-                    also_value: serde_json::to_vec(task_event)
-                        .map_err(|e| encode(Table::TaskEvents, e))?,
+                    before,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
         self.inner
-            .insert_absent_pairs(Table::RunEvents, Table::TaskEvents, &rows)
+            .insert_pairs_in_order(Table::RunEvents, Table::TaskEvents, &rows)
     }
 
     /// The newest stored event of a task (`None` when it has none).

@@ -151,28 +151,34 @@ impl Store for SledStore {
         Ok(res?.is_ok())
     }
 
-    fn insert_absent_pairs(&self, table: Table, also: Table, rows: &[PairRow]) -> Result<()> {
-        use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
+    fn insert_pairs_in_order(&self, table: Table, also: Table, rows: &[PairRow]) -> Result<()> {
+        // sled orders every write of one thread in its one log (both trees share it), and
+        // recovery replays a prefix of the log: the order below is what a crash keeps.
         let (first, second) = (self.tree(table)?, self.tree(also)?);
-        let res = (&first, &second).transaction(|(t1, t2)| {
-            for row in rows {
-                if t1.get(&row.key)?.is_some() {
-                    return Err(ConflictableTransactionError::Abort(()));
-                }
-                t1.insert(row.key.as_slice(), row.value.as_slice())?;
-                t2.insert(row.also_key.as_slice(), row.also_value.as_slice())?;
+        for row in rows {
+            if first
+                .contains_key(&row.key)
+                .map_err(|e| self.err(table, e))?
+            {
+                return Err(StoreError::Op {
+                    table: table.name(),
+                    reason: "a row to append was stored meanwhile; nothing was written".into(),
+                });
             }
-            Ok(())
+        }
+        let written = rows.iter().try_for_each(|row| {
+            if let Some((key, value)) = &row.before {
+                second
+                    .insert(key.as_slice(), value.as_slice())
+                    .map_err(|e| self.err(also, e))?;
+            }
+            first
+                .insert(row.key.as_slice(), row.value.as_slice())
+                .map_err(|e| self.err(table, e))
+                .map(drop)
         });
         self.wrote();
-        match res {
-            Ok(()) => Ok(()),
-            Err(TransactionError::Storage(e)) => Err(self.err(table, e)),
-            Err(TransactionError::Abort(())) => Err(StoreError::Op {
-                table: table.name(),
-                reason: "a row to append was stored meanwhile; nothing was written".into(),
-            }),
-        }
+        written
     }
 
     fn last(&self, table: Table, prefix: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>> {

@@ -95,16 +95,20 @@ async fn run_events_are_appended_once_and_older_attempts_are_fenced() {
 }
 
 #[tokio::test]
-async fn hot_run_events_and_their_task_events_are_written_together_or_not_at_all() {
+async fn hot_run_events_are_written_after_their_task_events_and_a_batch_with_a_stored_one_writes_nothing(
+) {
     let dir = tempfile::tempdir().unwrap();
     let db = open(dir.path());
     db.set_run_attempt("run-1", 1).unwrap();
-    let te = |seq: u64| crate::model::TaskEventRec {
-        seq,
-        at_ms: 1,
-        kind: "activity".into(),
-        json: "{}".into(),
-        snapshot: None,
+    let te = |seq: u64| {
+        Some(crate::model::TaskEventRec {
+            seq,
+            at_ms: 1,
+            kind: "activity".into(),
+            json: "{}".into(),
+            snapshot: None,
+            source: None,
+        })
     };
     let batch = vec![(ev(1, 1, "activity"), te(7)), (ev(1, 2, "activity"), te(8))];
     db.append_hot_run_events(&batch).unwrap();
@@ -121,10 +125,19 @@ async fn hot_run_events_and_their_task_events_are_written_together_or_not_at_all
     let err = db.append_hot_run_events(&again).unwrap_err().to_string();
     assert!(err.contains("stored meanwhile"), "{err}");
     assert!(!db.has_run_event("run-1", 1, 3).unwrap());
-    let last = db
-        .last_task_event(&batch[0].0.task_id)
-        .unwrap()
-        .expect("a task event");
-    assert_eq!(last.seq, 8);
+    let task_id = batch[0].0.task_id.clone();
+    assert_eq!(
+        db.last_task_event(&task_id).unwrap().map(|e| e.seq),
+        Some(8)
+    );
     assert_eq!(db.run_events("run-1").unwrap().len(), 2);
+
+    // A run event whose task event is stored already (before a crash) is written alone.
+    db.append_hot_run_events(&[(ev(1, 3, "activity"), None)])
+        .unwrap();
+    assert!(db.has_run_event("run-1", 1, 3).unwrap());
+    assert_eq!(
+        db.last_task_event(&task_id).unwrap().map(|e| e.seq),
+        Some(8)
+    );
 }

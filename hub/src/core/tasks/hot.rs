@@ -1,12 +1,18 @@
 //! The hot path of run events: activity, model, tool and progress events of a started run
 //! move nothing but what its task is doing. A batch's run of them changes the tasks in memory
-//! at once and is written with one atomic store write ([`crate::store::Db::append_hot_run_events`]:
-//! each run event with the task event that records it), and only then do watchers hear of it.
+//! at once and is written with plain ordered store writes ([`crate::store::Db::append_hot_run_events`]:
+//! each run event right after the task event that records it, no atomic write, so no log
+//! buffer sealed per batch), and only then do watchers hear of it.
 //!
 //! Invariants: the group is written before any other event of the batch (the store keeps a
 //! run's events in seq order) and before the batch's acks are held; a write that fails puts
-//! back what the group changed in memory, so memory never runs ahead of the store; an event
-//! already stored, or already in the group, is not added again (a resend writes nothing).
+//! back what the group changed in memory (the store is then broken, and healing it reloads the
+//! tasks from what it holds); an event already stored, or already in the group, is not added
+//! again (a resend writes nothing). After a crash the store holds a prefix of the writes, so a
+//! stored run event always has its task event; a task event may have been stored without its
+//! run event, which its Nest then resends (it was never acked): the task remembers the run
+//! event its newest task event records (`TaskRec::last_event_source`), and that resend writes
+//! the run event alone instead of recording it twice.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -20,7 +26,8 @@ use crate::model::*;
 /// The hot events of a batch not yet written, with what they changed in memory.
 #[derive(Default)]
 pub(super) struct HotGroup {
-    writes: Vec<(RunEventRec, TaskEventRec)>,
+    /// Each run event with its task event (`None`: stored already, before a crash).
+    writes: Vec<(RunEventRec, Option<TaskEventRec>)>,
     keys: HashSet<(String, u32, u64)>,
     updates: Vec<Arc<TaskUpdate>>,
     /// Each changed task as it was before the group's first change to it.
@@ -33,6 +40,7 @@ struct Before {
     progress: Option<ProgressRec>,
     updated_at_ms: i64,
     next_event_seq: u64,
+    last_event_source: Option<RunEventRef>,
 }
 
 impl HotGroup {
@@ -44,10 +52,17 @@ impl HotGroup {
     /// Adds an event (not stored yet) and applies its change to its task in memory.
     pub(super) fn push(&mut self, st: &mut State, e: RunEventRec, hot: HotChange) {
         self.keys.insert((e.run_id.clone(), e.attempt, e.seq));
-        self.writes.push((e, hot.event.clone()));
         let Some(task) = st.tasks.get_mut(&hot.event_task_id) else {
+            self.writes.push((e, Some(hot.event)));
             return;
         };
+        if task.last_event_source.as_ref() == hot.event.source.as_ref() {
+            // Its task event was stored just before a crash, its run event was not: the Nest
+            // resent it, and only the run event is written now.
+            self.writes.push((e, None));
+            return;
+        }
+        self.writes.push((e, Some(hot.event.clone())));
         if !self.before.iter().any(|(id, _)| *id == hot.event_task_id) {
             self.before.push((
                 hot.event_task_id.clone(),
@@ -56,6 +71,7 @@ impl HotGroup {
                     progress: task.progress.clone(),
                     updated_at_ms: task.updated_at_ms,
                     next_event_seq: task.next_event_seq,
+                    last_event_source: task.last_event_source.clone(),
                 },
             ));
         }
@@ -67,6 +83,7 @@ impl HotGroup {
         }
         task.updated_at_ms = hot.event.at_ms;
         task.next_event_seq = hot.event.seq + 1;
+        task.last_event_source = hot.event.source.clone();
         self.updates.push(Arc::new(TaskUpdate {
             task_id: hot.event_task_id,
             event: hot.event,
@@ -74,7 +91,7 @@ impl HotGroup {
         }));
     }
 
-    /// Writes the group (one atomic write) and tells watchers; on failure puts the tasks back
+    /// Writes the group (in order, see the module doc) and tells watchers; on failure puts the tasks back
     /// as they were. Empty afterwards either way.
     pub(super) fn write(&mut self, core: &Core, st: &mut State) -> Result<()> {
         if self.writes.is_empty() {
@@ -96,6 +113,7 @@ impl HotGroup {
                         task.progress = before.progress;
                         task.updated_at_ms = before.updated_at_ms;
                         task.next_event_seq = before.next_event_seq;
+                        task.last_event_source = before.last_event_source;
                     }
                 }
                 Err(e.into())
@@ -172,6 +190,7 @@ pub(super) fn hot_change(st: &State, e: &RunEventRec) -> Option<HotChange> {
             kind: e.kind.clone(),
             json: e.json.clone(),
             snapshot: Some(snapshot),
+            source: Some(RunEventRef::of(e)),
         },
     })
 }

@@ -168,8 +168,10 @@ impl Core {
             kind: kind.to_string(),
             json,
             snapshot: Some(TaskSnapshot::of(&task)),
+            source: None,
         };
         task.next_event_seq += 1;
+        task.last_event_source = None;
         let bytes = serde_json::to_vec(&event).map_err(|e| HubError::Internal(e.to_string()))?;
         self.db.raw().put(
             Table::TaskEvents,

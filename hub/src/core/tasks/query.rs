@@ -163,6 +163,7 @@ fn summarize(t: &TaskRec) -> TaskSummary {
         nest_name: t.nest_name.clone(),
         seq: t.seq,
         next_event_seq: t.next_event_seq,
+        last_event_source: None,
         cancel_requested_at_ms: t.cancel_requested_at_ms,
         cancel_reason: cut(&t.cancel_reason, SUMMARY_RESULT_BYTES),
         lease: t.lease.clone(),

@@ -95,6 +95,7 @@ impl Core {
                 nest_name: String::new(),
                 seq,
                 next_event_seq: 1,
+                last_event_source: None,
                 cancel_requested_at_ms: 0,
                 cancel_reason: String::new(),
                 lease: LeaseRec::default(),
