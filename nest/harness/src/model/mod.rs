@@ -210,7 +210,7 @@ pub(crate) async fn post_json(
     provider: &'static str,
     url: &str,
     headers: &[(&str, String)],
-    body: &Value,
+    body: &(impl serde::Serialize + Sync),
     policy: &RetryPolicy,
     cancel: &CancellationToken,
 ) -> Result<Value, ModelError> {
@@ -254,7 +254,7 @@ async fn post_once(
     provider: &'static str,
     url: &str,
     headers: &[(&str, String)],
-    body: &Value,
+    body: &(impl serde::Serialize + Sync),
     tries: u32,
 ) -> Attempt {
     let mut rb = http.post(url).json(body);

@@ -6,7 +6,10 @@
 //! tools; the `Authorization` header is sent only when an API key is configured; a
 //! `content_filter` finish or a `refusal` is a [`ModelError::Refused`].
 
-use serde_json::{json, Map, Value};
+use std::borrow::Cow;
+
+use serde::Serialize;
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -33,57 +36,73 @@ impl OpenAiProvider {
         OpenAiProvider { config, url, http }
     }
 
-    /// The request body for `req` (public for tests and the fake model's docs).
+    /// The request body for `req`, as JSON (for tests and the fake model's docs).
     pub fn body(&self, req: &ModelRequest) -> Value {
-        let mut messages = Vec::with_capacity(req.messages.len() + 1);
-        if !req.system.is_empty() {
-            messages.push(json!({"role": "system", "content": req.system}));
-        }
-        for m in &req.messages {
-            messages.push(match m {
-                Message::System { content } => json!({"role": "system", "content": content}),
-                Message::User { content } => json!({"role": "user", "content": content}),
-                Message::Assistant { content, tool_calls } => {
-                    let mut o = Map::new();
-                    o.insert("role".into(), json!("assistant"));
-                    o.insert("content".into(), if content.is_empty() && !tool_calls.is_empty() { Value::Null } else { json!(content) });
-                    if !tool_calls.is_empty() {
-                        let calls: Vec<Value> = tool_calls
+        serde_json::to_value(self.request(req)).unwrap_or(Value::Null)
+    }
+
+    /// The request for `req`: borrowed from it (a long conversation is serialized, never
+    /// copied, on every turn).
+    fn request<'a>(&'a self, req: &'a ModelRequest) -> ChatRequest<'a> {
+        let system = (!req.system.is_empty()).then_some(ChatMessage::System {
+            content: &req.system,
+        });
+        let messages = system
+            .into_iter()
+            .chain(req.messages.iter().map(|m| {
+                match m {
+                    Message::System { content } => ChatMessage::System { content },
+                    Message::User { content } => ChatMessage::User { content },
+                    Message::Assistant {
+                        content,
+                        tool_calls,
+                    } => ChatMessage::Assistant {
+                        content: (!content.is_empty() || tool_calls.is_empty())
+                            .then_some(content.as_str()),
+                        tool_calls: tool_calls
                             .iter()
-                            .map(|c| {
-                                let args = match &c.arguments {
-                                    Value::String(s) => s.clone(),
-                                    other => other.to_string(),
-                                };
-                                json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": args}})
+                            .map(|c| ChatToolCall {
+                                id: &c.id,
+                                kind: "function",
+                                function: ChatFunctionCall {
+                                    name: &c.name,
+                                    arguments: match &c.arguments {
+                                        Value::String(s) => Cow::Borrowed(s.as_str()),
+                                        other => Cow::Owned(other.to_string()),
+                                    },
+                                },
                             })
-                            .collect();
-                        o.insert("tool_calls".into(), Value::Array(calls));
-                    }
-                    Value::Object(o)
+                            .collect(),
+                    },
+                    Message::Tool {
+                        call_id, content, ..
+                    } => ChatMessage::Tool {
+                        tool_call_id: call_id,
+                        content,
+                    },
                 }
-                Message::Tool { call_id, content, .. } => json!({"role": "tool", "tool_call_id": call_id, "content": content}),
-            });
-        }
-        let mut body = Map::new();
-        body.insert("model".into(), json!(self.config.model.model));
-        body.insert("messages".into(), Value::Array(messages));
-        if !req.tools.is_empty() {
-            let tools: Vec<Value> = req
+            }))
+            .collect();
+        let offers_tools = !req.tools.is_empty();
+        ChatRequest {
+            model: &self.config.model.model,
+            messages,
+            tools: req
                 .tools
                 .iter()
-                .map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}))
-                .collect();
-            body.insert("tools".into(), Value::Array(tools));
-            body.insert("parallel_tool_calls".into(), json!(req.parallel_tool_calls));
+                .map(|t| ChatTool {
+                    kind: "function",
+                    function: ChatFunction {
+                        name: &t.name,
+                        description: &t.description,
+                        parameters: &t.parameters,
+                    },
+                })
+                .collect(),
+            parallel_tool_calls: offers_tools.then_some(req.parallel_tool_calls),
+            temperature: self.config.extra.get("temperature"),
+            max_tokens: self.config.extra.get("maxTokens"),
         }
-        if let Some(t) = self.config.extra.get("temperature") {
-            body.insert("temperature".into(), t.clone());
-        }
-        if let Some(n) = self.config.extra.get("maxTokens") {
-            body.insert("max_tokens".into(), n.clone());
-        }
-        Value::Object(body)
     }
 
     fn invalid(&self, message: impl Into<String>) -> ModelError {
@@ -203,7 +222,7 @@ impl ModelProvider for OpenAiProvider {
             PROVIDER,
             &self.url,
             &headers,
-            &self.body(req),
+            &self.request(req),
             &self.config.retry,
             cancel,
         )
@@ -212,11 +231,78 @@ impl ModelProvider for OpenAiProvider {
     }
 }
 
+/// A Chat Completions request, borrowed from the [`ModelRequest`] it is made of.
+#[derive(Serialize)]
+struct ChatRequest<'a> {
+    model: &'a str,
+    messages: Vec<ChatMessage<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<ChatTool<'a>>,
+    /// Only with tools.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<&'a Value>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+enum ChatMessage<'a> {
+    System {
+        content: &'a str,
+    },
+    User {
+        content: &'a str,
+    },
+    Assistant {
+        /// `null` when the turn is only tool calls.
+        content: Option<&'a str>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ChatToolCall<'a>>,
+    },
+    Tool {
+        tool_call_id: &'a str,
+        content: &'a str,
+    },
+}
+
+#[derive(Serialize)]
+struct ChatToolCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: ChatFunctionCall<'a>,
+}
+
+#[derive(Serialize)]
+struct ChatFunctionCall<'a> {
+    name: &'a str,
+    /// A JSON text, as the API wants it.
+    arguments: Cow<'a, str>,
+}
+
+#[derive(Serialize)]
+struct ChatTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: ChatFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct ChatFunction<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::ToolSpec;
     use agen_shared::bundle::ModelRef;
+    use serde_json::json;
 
     fn provider() -> OpenAiProvider {
         let mut c = ModelConfig::new(ModelRef::parse("openai/gpt-4.1-mini").unwrap());
@@ -249,6 +335,57 @@ mod tests {
             json!({"type": "function", "function": {"name": "t_x", "description": "d", "parameters": {"type": "object"}}})
         );
         assert_eq!(b["parallel_tool_calls"], json!(true));
+    }
+
+    #[test]
+    fn a_tool_round_is_sent_as_an_assistant_turn_with_tool_calls_and_a_tool_message() {
+        let p = provider();
+        let req = ModelRequest {
+            system: String::new(),
+            messages: vec![
+                Message::user("time?"),
+                Message::Assistant {
+                    content: String::new(),
+                    tool_calls: vec![
+                        ToolCall {
+                            id: "c1".into(),
+                            name: "time_now".into(),
+                            arguments: json!({"tz": "UTC"}),
+                        },
+                        ToolCall {
+                            id: "c2".into(),
+                            name: "time_now".into(),
+                            arguments: json!("{\"tz\":\"CET\"}"),
+                        },
+                    ],
+                },
+                Message::Tool {
+                    call_id: "c1".into(),
+                    name: "time_now".into(),
+                    content: "12:00".into(),
+                    is_error: false,
+                },
+                Message::Assistant {
+                    content: "noon".into(),
+                    tool_calls: vec![],
+                },
+            ],
+            tools: vec![],
+            parallel_tool_calls: true,
+        };
+        assert_eq!(
+            p.body(&req),
+            json!({"model": "gpt-4.1-mini", "messages": [
+                {"role": "user", "content": "time?"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "time_now", "arguments": "{\"tz\":\"UTC\"}"}},
+                    {"id": "c2", "type": "function", "function": {"name": "time_now", "arguments": "{\"tz\":\"CET\"}"}}
+                ]},
+                {"role": "tool", "tool_call_id": "c1", "content": "12:00"},
+                {"role": "assistant", "content": "noon"}
+            ]}),
+            "no tools offered: no `tools` and no `parallel_tool_calls`"
+        );
     }
 
     #[test]
