@@ -340,6 +340,9 @@ pub struct Writer<T> {
     _t: std::marker::PhantomData<fn(T)>,
 }
 
+/// Messages a writer sends with one flush at most (see [`Writer::send_queued`]).
+pub const WRITE_BATCH: usize = 64;
+
 impl<T: Serialize> Writer<T> {
     pub async fn send(&mut self, msg: &T) -> Result<(), SocketError> {
         let line = encode(msg)?;
@@ -347,6 +350,25 @@ impl<T: Serialize> Writer<T> {
             .send(line)
             .await
             .map_err(|e| SocketError::Framing(e.to_string()))
+    }
+
+    /// Sends `first` and whatever else is queued in `rx` right now (up to [`WRITE_BATCH`]),
+    /// in order, with one flush: one write where each message cost one, and one wake-up of
+    /// the reader.
+    pub async fn send_queued(
+        &mut self,
+        first: T,
+        rx: &mut tokio::sync::mpsc::UnboundedReceiver<T>,
+    ) -> Result<(), SocketError> {
+        let framing = |e: tokio_util::codec::LinesCodecError| SocketError::Framing(e.to_string());
+        self.inner.feed(encode(&first)?).await.map_err(framing)?;
+        for _ in 1..WRITE_BATCH {
+            let Ok(next) = rx.try_recv() else { break };
+            self.inner.feed(encode(&next)?).await.map_err(framing)?;
+        }
+        SinkExt::<String>::flush(&mut self.inner)
+            .await
+            .map_err(framing)
     }
 }
 
@@ -547,5 +569,28 @@ mod tests {
                 reason: "unknown instance".into()
             })
         );
+    }
+
+    #[tokio::test]
+    async fn queued_messages_go_in_order_with_one_flush_and_at_most_a_batch_at_a_time() {
+        let (a, b) = UnixStream::pair().expect("pair");
+        let (_, mut w) = split::<ToNest, ToInstance>(a);
+        let (mut r, _keep) = split::<ToInstance, ToNest>(b);
+        let refused = |i: usize| ToInstance::Refused {
+            reason: i.to_string(),
+        };
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for i in 1..=WRITE_BATCH + 10 {
+            tx.send(refused(i)).expect("queue");
+        }
+        w.send_queued(refused(0), &mut rx).await.expect("send");
+        for i in 0..WRITE_BATCH {
+            assert_eq!(r.next().await.expect("read"), Some(refused(i)));
+        }
+        let mut left = 0;
+        while rx.try_recv().is_ok() {
+            left += 1;
+        }
+        assert_eq!(left, 11, "the rest stays queued for the next write");
     }
 }

@@ -175,7 +175,7 @@ pub async fn run(args: InstanceArgs) -> Result<i32, InstanceError> {
     let (to_nest, mut out_rx) = mpsc::unbounded_channel::<ToNest>();
     let writer_task = tokio::spawn(async move {
         while let Some(m) = out_rx.recv().await {
-            if let Err(e) = writer.send(&m).await {
+            if let Err(e) = writer.send_queued(m, &mut out_rx).await {
                 tracing::warn!("{e}");
                 break;
             }

@@ -123,7 +123,7 @@ impl Supervisor {
                     }
                 },
                 out = rx.recv() => match out {
-                    Some(m) => if let Err(e) = writer.send(&m).await {
+                    Some(m) => if let Err(e) = writer.send_queued(m, &mut rx).await {
                         tracing::warn!(instance = %id, "{e}");
                         break;
                     },
