@@ -35,8 +35,9 @@ pub struct ToolSpec {
 pub struct ModelRequest {
     pub system: String,
     pub messages: Vec<Message>,
-    /// Empty: no tools are sent (the request has no `tools` field at all).
-    pub tools: Vec<ToolSpec>,
+    /// Empty: no tools are sent (the request has no `tools` field at all). Shared: a run offers
+    /// the same tools every turn.
+    pub tools: std::sync::Arc<[ToolSpec]>,
     /// Whether the model may ask for several tools in one turn.
     pub parallel_tool_calls: bool,
 }

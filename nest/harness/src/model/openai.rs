@@ -323,11 +323,12 @@ mod tests {
             p.body(&req),
             json!({"model": "gpt-4.1-mini", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]})
         );
-        req.tools.push(ToolSpec {
+        req.tools = vec![ToolSpec {
             name: "t_x".into(),
             description: "d".into(),
             parameters: json!({"type": "object"}),
-        });
+        }]
+        .into();
         req.parallel_tool_calls = true;
         let b = p.body(&req);
         assert_eq!(
@@ -370,7 +371,7 @@ mod tests {
                     tool_calls: vec![],
                 },
             ],
-            tools: vec![],
+            tools: Default::default(),
             parallel_tool_calls: true,
         };
         assert_eq!(

@@ -72,7 +72,7 @@ impl Run<'_> {
                 self.push(message);
                 text
             } else {
-                match self.ask(turn, &system, &[]).await {
+                match self.ask(turn, &system, &Default::default()).await {
                     Ok(r) => r.text,
                     Err(end) => return end,
                 }

@@ -9,7 +9,7 @@ use super::{Message, RunEnd, RunEventBody};
 
 impl Run<'_> {
     pub(super) async fn native_loop(&self) -> RunEnd {
-        let tools = self.offered_specs();
+        let tools: std::sync::Arc<[_]> = self.offered_specs().into();
         let max_turns = self.h.bundle.harness.limits.max_turns.max(1);
         let first_turn = match self.replay_native().await {
             Ok(t) => t,

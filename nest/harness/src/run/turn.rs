@@ -16,7 +16,7 @@ impl Run<'_> {
         &self,
         turn: u32,
         system: &str,
-        tools: &[ToolSpec],
+        tools: &std::sync::Arc<[ToolSpec]>,
     ) -> Result<ModelReply, RunEnd> {
         if self.cancel.is_cancelled() {
             return Err(self.cancelled_end());
@@ -42,7 +42,7 @@ impl Run<'_> {
         let request = ModelRequest {
             system: system.to_string(),
             messages: lock(&self.context).clone(),
-            tools: tools.to_vec(),
+            tools: tools.clone(),
             parallel_tool_calls: self.h.bundle.harness.parallel_tool_calls,
         };
         let reply = match self.h.provider.complete(&request, &self.cancel).await {
@@ -91,7 +91,7 @@ impl crate::keen::FlowAgent for FlowModel<'_, '_> {
         let request = ModelRequest {
             system: self.run.h.system_prompt.clone(),
             messages: vec![Message::user(text)],
-            tools: Vec::new(),
+            tools: Default::default(),
             parallel_tool_calls: false,
         };
         let _ = self
