@@ -97,6 +97,22 @@ pub enum Command {
     KeenScript,
 }
 
+/// The async runtime a command runs on. An instance and a tool server are processes of their
+/// own, many to a node, that mostly wait for a socket or a pipe: one thread each (blocking
+/// work goes to tokio's blocking pool as anywhere), where a multi-threaded runtime's workers
+/// spent their CPU waking and parking one another (`perf`, BENCHMARKS.md). Everything else
+/// (Hub, Nest, the CLI) gets a worker per core.
+fn runtime_for(command: &Command) -> std::io::Result<tokio::runtime::Runtime> {
+    match command {
+        Command::Instance(_) | Command::Mcp(_) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+    }
+}
+
 /// Runs the parsed command and returns the process exit code.
 pub fn main(cli: Cli) -> i32 {
     if let Command::KeenScript = cli.command {
@@ -109,10 +125,7 @@ pub fn main(cli: Cli) -> i32 {
         agen_harness::keen::script_child::set_runner(me);
     }
     agen_shared::tls::install_crypto_provider();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match runtime_for(&cli.command) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
