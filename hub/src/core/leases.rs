@@ -127,18 +127,28 @@ impl Core {
                 .collect();
             let mut cancel = Vec::new();
             for (run, (instance, attempt)) in &held {
-                let ok = by_run.get(run).is_some_and(|t| {
+                let task = by_run.get(run);
+                let ok = task.is_some_and(|t| {
                     leased(t)
                         && t.attempt == *attempt
                         && t.lease.instance_id == *instance
                         && t.lease.nest_id == nest_id
                 });
                 if !ok {
-                    cancel.push((run.to_string(), instance.to_string(), *attempt));
+                    // A report written before this very attempt ended (its end crossed the
+                    // report on the way) is no news: cancelled all the same, quietly.
+                    let just_ended = task.is_some_and(|t| {
+                        t.state.is_terminal() && t.attempt == *attempt && t.instance_id == *instance
+                    });
+                    cancel.push((run.to_string(), instance.to_string(), *attempt, just_ended));
                 }
             }
-            for (run_id, instance_id, attempt) in cancel {
-                tracing::warn!(nest_id, run = %run_id, attempt, instance = %instance_id, "cancelling a run the hub did not assign to this instance");
+            for (run_id, instance_id, attempt, just_ended) in cancel {
+                if just_ended {
+                    tracing::debug!(nest_id, run = %run_id, attempt, instance = %instance_id, "a report still lists a run that has ended: cancelling it");
+                } else {
+                    tracing::warn!(nest_id, run = %run_id, attempt, instance = %instance_id, "cancelling a run the hub did not assign to this instance");
+                }
                 st.live.send(
                     nest_id,
                     ToNest::CancelRun {
