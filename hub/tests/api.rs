@@ -44,12 +44,7 @@ async fn a_replayed_watch_shows_the_task_as_it_was_after_each_event() {
         .await
         .unwrap()
         .into_inner();
-    let run = nest
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let run = nest.next_assign().await;
     nest.send(Nest::RunEvents(pb::RunEvents {
         instance_id: place.instance_id.clone(),
         events: vec![

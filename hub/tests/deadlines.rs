@@ -82,12 +82,7 @@ async fn a_task_past_its_deadline_has_its_run_cancelled_and_fails_with_deadline_
     let task = submit(&mut api, 1500, 1234).await;
     assert_eq!((task.timeout_ms, task.max_tokens), (1500, 1234));
     assert_eq!(task.deadline_ms, task.created_at_ms + 1500);
-    let run = nest
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let run = nest.next_assign().await;
     assert_eq!(run.max_tokens, 1234);
 
     // The deadline cancels the run through its Nest; the run stops as cancelled, the task
@@ -140,11 +135,7 @@ async fn a_task_deadline_survives_a_hub_restart() {
     let (mut hub, mut api, mut nest, _place) = fleet(dir.path(), "{}").await;
     let task = submit(&mut api, 4000, 0).await;
     assert_eq!(task.max_tokens, 0, "no budget: none sent");
-    nest.next_matching(|m| match m {
-        Hub::AssignRun(r) => Some(r),
-        _ => None,
-    })
-    .await;
+    nest.next_assign().await;
     drop(nest);
     hub.stop().await;
 
@@ -173,12 +164,7 @@ async fn a_resumed_attempt_keeps_the_tasks_deadline_and_token_budget() {
     let dir = tempfile::tempdir().unwrap();
     let (_hub, mut api, mut nest, place) = fleet(dir.path(), "{}").await;
     let task = submit(&mut api, 3_600_000, 777).await;
-    let first = nest
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let first = nest.next_assign().await;
     send_events(
         &mut nest,
         &place.instance_id,
@@ -190,12 +176,7 @@ async fn a_resumed_attempt_keeps_the_tasks_deadline_and_token_budget() {
         )],
     )
     .await;
-    let second = nest
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let second = nest.next_assign().await;
     assert_eq!(
         (second.run_id.as_str(), second.attempt, second.max_tokens),
         (first.run_id.as_str(), first.attempt + 1, 777)

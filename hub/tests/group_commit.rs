@@ -26,12 +26,7 @@ async fn waited_for_events_sent_back_to_back_are_acked_in_order_and_share_flushe
     })
     .await
     .expect("submit");
-    let run = nest
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let run = nest.next_assign().await;
 
     let fsyncs_before = agen_hub::metrics::store_fsyncs();
     for seq in 1..=BATCHES {

@@ -629,12 +629,7 @@ async fn a_task_runs_from_submit_to_succeeded_through_run_events_and_acks() {
         task.task_id
     );
 
-    let run = nest
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let run = nest.next_assign().await;
     assert_eq!(
         (run.task_id.as_str(), run.attempt, run.instance_id.as_str()),
         (task.task_id.as_str(), 1, place.instance_id.as_str())
@@ -822,12 +817,7 @@ async fn a_conversation_runs_in_order_and_carries_its_history() {
     let second = submit(&mut api, "what is my name?", "chat-1", "").await;
     assert_eq!(first.conversation_id, second.conversation_id);
 
-    let run1 = nest
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let run1 = nest.next_assign().await;
     assert_eq!(run1.task_id, first.task_id);
     // The second task waits for the first although the instance has free slots.
     assert_eq!(
@@ -841,12 +831,7 @@ async fn a_conversation_runs_in_order_and_carries_its_history() {
             "messages": [{"role": "user", "content": "my name is Ada"}, {"role": "assistant", "content": "Hi Ada"}]}))],
     )
     .await;
-    let run2 = nest
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let run2 = nest.next_assign().await;
     assert_eq!(run2.task_id, second.task_id);
     // The history is fetched over FetchRunContext, never carried in the stream.
     assert_eq!(
@@ -867,12 +852,7 @@ async fn cancel_stops_queued_tasks_at_once_and_running_ones_through_the_nest() {
     let (_hub, mut api, mut nest, place) = fleet_with_one_instance(dir.path(), 0).await;
     let running = submit(&mut api, "long job", "", "").await;
     let queued = submit(&mut api, "another", "", "").await;
-    let run = nest
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let run = nest.next_assign().await;
     assert_eq!(run.task_id, running.task_id);
 
     let cancelled = api
@@ -938,12 +918,7 @@ async fn a_run_whose_nest_is_lost_is_redispatched_with_the_next_attempt_and_old_
     deploy(&mut api, &bundle, "hello", 1).await;
     let pa = a.accept_placement().await;
     let task = submit(&mut api, "job", "", "").await;
-    let run1 = a
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let run1 = a.next_assign().await;
     send_events(
         &mut a,
         &pa.instance_id,
@@ -954,12 +929,7 @@ async fn a_run_whose_nest_is_lost_is_redispatched_with_the_next_attempt_and_old_
     let (mut b, _) = FakeNest::connect(&hub, "nest-b", &[], vec![]).await;
     a.go_silent();
     b.accept_placement().await;
-    let run2 = b
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let run2 = b.next_assign().await;
     assert_eq!(
         (run2.task_id.as_str(), run2.run_id.as_str(), run2.attempt),
         (task.task_id.as_str(), run1.run_id.as_str(), 2)
@@ -1005,12 +975,7 @@ async fn a_run_whose_instance_process_died_is_redispatched_until_five_attempts_t
     let dir = tempfile::tempdir().unwrap();
     let (_hub, mut api, mut nest, place) = fleet_with_one_instance(dir.path(), 0).await;
     let task = submit(&mut api, "job", "", "").await;
-    let first = nest
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let first = nest.next_assign().await;
     assert_eq!(
         (first.attempt, first.instance_id.as_str()),
         (1, place.instance_id.as_str())
@@ -1088,12 +1053,7 @@ async fn a_rollover_drains_a_running_run_and_a_resumed_run_stays_on_its_bundle_v
     deploy(&mut api, &bundle, "hello", 1).await;
     let old = a.accept_placement().await;
     let task = submit(&mut api, "job", "", "").await;
-    let run1 = a
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let run1 = a.next_assign().await;
     assert_eq!(run1.bundle_digest, old.bundle_digest);
 
     // Version two rolls out while the run is in flight: the old instance is not stopped.
@@ -1310,12 +1270,7 @@ async fn a_hub_restart_derives_a_running_task_from_its_hot_events_and_loses_none
     let dir = tempfile::tempdir().unwrap();
     let (mut hub, mut api, mut nest, place) = fleet_with_one_instance(dir.path(), 0).await;
     let task = submit(&mut api, "look it up", "", "").await;
-    let run = nest
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let run = nest.next_assign().await;
     let ack = send_events(
         &mut nest,
         &place.instance_id,
@@ -1407,12 +1362,7 @@ async fn a_run_event_whose_task_event_alone_survived_a_crash_is_recorded_once_wh
     let dir = tempfile::tempdir().unwrap();
     let (mut hub, mut api, mut nest, place) = fleet_with_one_instance(dir.path(), 0).await;
     let task = submit(&mut api, "look it up", "", "").await;
-    let run = nest
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let run = nest.next_assign().await;
     let ack = send_events(
         &mut nest,
         &place.instance_id,

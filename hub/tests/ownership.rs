@@ -10,7 +10,6 @@ mod support;
 use std::time::Duration;
 
 use agen_proto::v1 as pb;
-use pb::hub_message::Msg as Hub;
 use pretty_assertions::assert_eq;
 use support::*;
 
@@ -44,12 +43,7 @@ async fn a_second_nest_with_its_own_certificate_cannot_move_a_run_it_was_not_ass
         .await
         .expect("submit")
         .into_inner();
-    let run = victim
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let run = victim.next_assign().await;
     let ack = send_events(
         &mut victim,
         &place.instance_id,
@@ -235,12 +229,7 @@ async fn a_nest_saves_and_reads_artifacts_only_for_the_runs_it_was_assigned() {
         .await
         .expect("submit")
         .into_inner();
-    let run = victim
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let run = victim.next_assign().await;
     let mut victim_api = hub.nest_client_as("nest-victim").await;
     let saved = put_artifact(
         &mut victim_api,
@@ -365,12 +354,7 @@ async fn a_run_finished_the_hub_cannot_read_ends_the_task_failed_and_says_why() 
         .await
         .expect("submit")
         .into_inner();
-    let run = nest
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let run = nest.next_assign().await;
     // Its own run, a state that is not one.
     let ack = send_events(
         &mut nest,

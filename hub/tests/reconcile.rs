@@ -60,21 +60,13 @@ async fn submit(api: &mut Api) -> pb::Task {
     .into_inner()
 }
 
-async fn next_assign(nest: &mut FakeNest) -> pb::AssignRun {
-    nest.next_matching(|m| match m {
-        Hub::AssignRun(r) => Some(r),
-        _ => None,
-    })
-    .await
-}
-
 #[tokio::test]
 async fn a_run_the_nest_does_not_hold_is_dispatched_again_and_an_unassigned_one_is_cancelled() {
     let dir = tempfile::tempdir().unwrap();
     let opts = options(&dir.path().join("hub"), Duration::from_secs(10));
     let (_hub, mut api, mut nest, place) = one_instance(opts, dir.path()).await;
     let task = submit(&mut api).await;
-    let first = next_assign(&mut nest).await;
+    let first = nest.next_assign().await;
     assert_eq!(
         (first.task_id.as_str(), first.attempt),
         (task.task_id.as_str(), 1)
@@ -85,7 +77,7 @@ async fn a_run_the_nest_does_not_hold_is_dispatched_again_and_an_unassigned_one_
             r.run_attempts.clear();
         }
     }
-    let again = tokio::time::timeout(Duration::from_secs(15), next_assign(&mut nest))
+    let again = tokio::time::timeout(Duration::from_secs(15), nest.next_assign())
         .await
         .expect("the run is dispatched again within 15 s");
     assert_eq!(
@@ -123,9 +115,9 @@ async fn a_run_that_does_not_start_within_the_deadline_is_dispatched_again() {
     opts.run_start_deadline = Duration::from_secs(1);
     let (_hub, mut api, mut nest, _place) = one_instance(opts, dir.path()).await;
     let task = submit(&mut api).await;
-    let first = next_assign(&mut nest).await;
+    let first = nest.next_assign().await;
     // Held by the Nest (it is in its reports) but no event ever comes.
-    let again = tokio::time::timeout(Duration::from_secs(10), next_assign(&mut nest))
+    let again = tokio::time::timeout(Duration::from_secs(10), nest.next_assign())
         .await
         .expect("dispatched again after the start deadline");
     assert_eq!(
@@ -151,7 +143,7 @@ async fn the_bundles_max_attempts_bounds_the_instance_failures_a_run_survives() 
         one_instance_with(opts, dir.path(), Some(r#"{"limits": {"maxAttempts": 2}}"#)).await;
     let task = submit(&mut api).await;
     for attempt in 1..=2u32 {
-        let run = next_assign(&mut nest).await;
+        let run = nest.next_assign().await;
         assert_eq!(run.attempt, attempt);
         nest.send(pb::nest_message::Msg::RunEvents(pb::RunEvents {
             instance_id: place.instance_id.clone(),

@@ -61,12 +61,7 @@ async fn a_returning_nest_gets_one_replica_back_without_dropping_a_run() {
         .await
         .expect("submit")
         .into_inner();
-    let run = a
-        .next_matching(|m| match m {
-            Hub::AssignRun(r) => Some(r),
-            _ => None,
-        })
-        .await;
+    let run = a.next_assign().await;
     send_events(
         &mut a,
         &run.instance_id,

@@ -39,14 +39,6 @@ async fn submit_in(api: &mut Api, input: &str, key: &str) -> pb::Task {
     .into_inner()
 }
 
-async fn next_run(nest: &mut FakeNest) -> pb::AssignRun {
-    nest.next_matching(|m| match m {
-        Hub::AssignRun(r) => Some(r),
-        _ => None,
-    })
-    .await
-}
-
 /// Finishes `run` (its first event) with `messages` for the conversation.
 async fn finish(
     nest: &mut FakeNest,
@@ -75,7 +67,7 @@ async fn a_history_over_two_mib_arrives_in_chunks_while_the_assignment_stays_sma
     let long = "x".repeat(2_600_000);
     submit_in(&mut api, "tell me a long story", "story").await;
     let second = submit_in(&mut api, "and then?", "story").await;
-    let run1 = next_run(&mut nest).await;
+    let run1 = nest.next_assign().await;
     finish(
         &mut nest,
         &place.instance_id,
@@ -84,7 +76,7 @@ async fn a_history_over_two_mib_arrives_in_chunks_while_the_assignment_stays_sma
             {"role": "assistant", "content": long}]),
     )
     .await;
-    let run2 = next_run(&mut nest).await;
+    let run2 = nest.next_assign().await;
     assert_eq!(run2.task_id, second.task_id);
     let on_the_stream = pb::HubMessage {
         msg: Some(Hub::AssignRun(run2.clone())),
@@ -117,7 +109,7 @@ async fn only_the_nest_holding_the_lease_may_fetch_a_runs_history() {
     let (hub, mut api, mut nest, place) = one_instance(dir.path()).await;
     submit_in(&mut api, "my card is 4111", "secret-chat").await;
     submit_in(&mut api, "what is my card?", "secret-chat").await;
-    let run1 = next_run(&mut nest).await;
+    let run1 = nest.next_assign().await;
     finish(
         &mut nest,
         &place.instance_id,
@@ -126,7 +118,7 @@ async fn only_the_nest_holding_the_lease_may_fetch_a_runs_history() {
             {"role": "assistant", "content": "noted"}]),
     )
     .await;
-    let run2 = next_run(&mut nest).await;
+    let run2 = nest.next_assign().await;
 
     // The attacker: a Nest of its own, with a valid certificate from Join.
     let (_rogue, _) = FakeNest::connect(&hub, "nest-rogue", &[], vec![]).await;
@@ -196,7 +188,7 @@ async fn a_run_whose_context_could_not_be_fetched_is_handed_out_again_without_co
     let dir = tempfile::tempdir().unwrap();
     let (_hub, mut api, mut nest, place) = one_instance(dir.path()).await;
     let task = submit_in(&mut api, "hello", "chat").await;
-    let run1 = next_run(&mut nest).await;
+    let run1 = nest.next_assign().await;
     assert!(
         run1.context_by_fetch,
         "a conversation key: the Nest fetches"
@@ -216,7 +208,7 @@ async fn a_run_whose_context_could_not_be_fetched_is_handed_out_again_without_co
     .await;
     assert!(!ack.fenced, "{ack:?}");
     // Not the instance's failure: the same (still healthy) instance gets the next attempt.
-    let run2 = next_run(&mut nest).await;
+    let run2 = nest.next_assign().await;
     assert_eq!(
         (
             run2.task_id.as_str(),

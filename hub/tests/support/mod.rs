@@ -346,6 +346,15 @@ impl FakeNest {
         self.heartbeats.abort();
     }
 
+    /// The next run assignment, skipping other messages.
+    pub async fn next_assign(&mut self) -> pb::AssignRun {
+        self.next_matching(|m| match m {
+            pb::hub_message::Msg::AssignRun(r) => Some(r),
+            _ => None,
+        })
+        .await
+    }
+
     /// The next message matching `pick`, skipping others.
     pub async fn next_matching<T>(
         &mut self,
