@@ -510,8 +510,13 @@ impl RunEventBody {
         Ok(body)
     }
 
-    /// [`RunEventBody::from_parts`] from JSON text.
+    /// [`RunEventBody::from_parts`] from JSON text. A known kind is read straight from the
+    /// text into its fields (one pass: every run event crosses this on the Hub's hot path);
+    /// when that fails, the general path reads it again and gives the error.
     pub fn from_wire(kind: &str, json: &str) -> Result<RunEventBody, BodyError> {
+        if let Some(body) = RunEventBody::from_known_text(kind, json) {
+            return Ok(body);
+        }
         let value = if json.trim().is_empty() {
             Value::Null
         } else {
@@ -521,6 +526,40 @@ impl RunEventBody {
             })?
         };
         RunEventBody::from_parts(kind, value)
+    }
+}
+
+impl RunEventBody {
+    /// A known kind's fields read directly from their text; `None` for an unknown kind or
+    /// text that does not fit (the general path then decides, with its error).
+    fn from_known_text(kind: &str, json: &str) -> Option<RunEventBody> {
+        fn read<T: serde::de::DeserializeOwned>(text: &str) -> Option<T> {
+            serde_json::from_str(text).ok()
+        }
+        let trimmed = json.trim();
+        let text = if trimmed.is_empty() || trimmed == "null" {
+            "{}"
+        } else {
+            json
+        };
+        Some(match kind {
+            kind::MODEL_REQUESTED => RunEventBody::ModelRequested(read(text)?),
+            kind::MODEL_ANSWERED => RunEventBody::ModelAnswered(read(text)?),
+            kind::TOOL_STARTED => RunEventBody::ToolStarted(read(text)?),
+            kind::TOOL_COMPLETED => RunEventBody::ToolCompleted(read(text)?),
+            kind::TOOL_FAILED => RunEventBody::ToolFailed(read(text)?),
+            kind::ACTIVITY => RunEventBody::Activity(read(text)?),
+            kind::TASK_PROGRESS => RunEventBody::TaskProgress(read(text)?),
+            kind::PROGRESS_LATEST => RunEventBody::ProgressLatest(read(text)?),
+            kind::ARTIFACT_SAVED => RunEventBody::ArtifactSaved(read(text)?),
+            kind::RUN_FINISHED => RunEventBody::RunFinished(read(text)?),
+            kind::RUN_INTERRUPTED => RunEventBody::RunInterrupted(read(text)?),
+            kind::APPROVAL_REQUESTED => RunEventBody::ApprovalRequested(read(text)?),
+            kind::APPROVAL_DECIDED => RunEventBody::ApprovalDecided(read(text)?),
+            kind::REMOTE_TASK_STARTED => RunEventBody::RemoteTaskStarted(read(text)?),
+            kind::RUN_SUSPENDED => RunEventBody::RunSuspended(read(text)?),
+            _ => return None,
+        })
     }
 }
 

@@ -9,6 +9,11 @@ use super::*;
 #[track_caller]
 fn roundtrip(kind: &str, json: Value) {
     let body = RunEventBody::from_parts(kind, json.clone()).expect("reads");
+    let wire = RunEventBody::from_wire(kind, &json.to_string()).expect("reads from text");
+    assert_eq!(
+        wire, body,
+        "{kind}: the one-pass read from text reads the same"
+    );
     assert_eq!(body.kind(), kind);
     assert_eq!(body.to_json(), json, "{kind} writes back what it read");
 }
@@ -76,6 +81,23 @@ fn an_unknown_kind_is_kept_and_a_known_kind_with_wrong_fields_is_an_error() {
     assert!(err.to_string().contains("tool.started"), "{err}");
     let lossy = RunEventBody::from_wire_lossy(kind::TOOL_STARTED, "not json");
     assert_eq!(lossy.kind(), kind::TOOL_STARTED);
+    // From text, the same errors: not JSON, and JSON that is not the kind's fields.
+    let not_json =
+        RunEventBody::from_wire(kind::TOOL_STARTED, "{\"call_id\": ").expect_err("cut JSON");
+    assert!(not_json.to_string().contains("not JSON"), "{not_json}");
+    let wrong = RunEventBody::from_wire(kind::TOOL_STARTED, r#"{"tool": 3}"#)
+        .expect_err("tool.started needs a call id");
+    assert!(
+        wrong.to_string().contains("not those of tool.started"),
+        "{wrong}"
+    );
+    // An empty or null body of a known kind is its empty fields.
+    for empty in ["", "  ", "null"] {
+        assert_eq!(
+            RunEventBody::from_wire(kind::MODEL_REQUESTED, empty).expect("empty fields"),
+            RunEventBody::from_parts(kind::MODEL_REQUESTED, Value::Null).expect("empty fields")
+        );
+    }
 }
 
 #[test]
@@ -125,6 +147,9 @@ fn run_logs_written_before_the_typed_contract_are_still_read() {
         let kind = v["kind"].as_str().expect("fixture line has a kind");
         let body = RunEventBody::from_parts(kind, v["json"].clone())
             .unwrap_or_else(|e| panic!("line {}: {e}", i + 1));
+        let from_text = RunEventBody::from_wire(kind, &v["json"].to_string())
+            .unwrap_or_else(|e| panic!("line {}, from text: {e}", i + 1));
+        assert_eq!(from_text, body, "line {}: the one-pass read differs", i + 1);
         assert!(
             !matches!(body, RunEventBody::Unknown(_)),
             "line {}: {kind} read as unknown",
