@@ -530,24 +530,86 @@ fn record(shared: &Shared, path: &str, headers: &HeaderMap, body: &Value) {
     }
 }
 
+/// What of a request an unrecorded model reads: the messages' roles, each content left as
+/// text until it is needed (the tool schemas and most of a long conversation are skipped, not
+/// built into values: under `agen bench` this fixture shares the CPU with what it measures).
+#[derive(Deserialize)]
+struct Skimmed<'a> {
+    #[serde(default)]
+    model: Option<Value>,
+    #[serde(borrow)]
+    messages: Vec<SkimmedMessage<'a>>,
+}
+
+#[derive(Deserialize)]
+struct SkimmedMessage<'a> {
+    #[serde(default, borrow)]
+    role: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    content: Option<&'a serde_json::value::RawValue>,
+}
+
+impl Skimmed<'_> {
+    /// The same [`Seen`] as [`seen`] reads from the whole request.
+    fn seen(&self, api: Api) -> Seen {
+        let content = |m: &SkimmedMessage| -> Value {
+            m.content
+                .and_then(|raw| serde_json::from_str(raw.get()).ok())
+                .unwrap_or(Value::Null)
+        };
+        let mut s = Seen::default();
+        let mut last_tool = None;
+        for m in &self.messages {
+            match (api, m.role.as_deref().unwrap_or_default()) {
+                (_, "assistant") => s.assistant_turns += 1,
+                (Api::OpenAi, "tool") => last_tool = Some(m),
+                (Api::OpenAi, "user") => s.user_texts.push(text_of(&content(m))),
+                _ => {}
+            }
+        }
+        s.last_tool_result = last_tool.map(|m| text_of(&content(m)));
+        s
+    }
+}
+
 async fn respond(
     shared: Arc<Shared>,
     api: Api,
     path: &str,
     headers: HeaderMap,
-    body: Value,
+    bytes: axum::body::Bytes,
 ) -> Response {
-    record(&shared, path, &headers, &body);
-    if !body.get("messages").is_some_and(Value::is_array) {
-        return error_response(api, 400, "the request has no `messages` array".into(), None);
-    }
-    let seen = seen(api, &body);
+    let recorded = shared.keep_requests || shared.script.record.is_some();
+    // An unrecorded OpenAI request that has the usual shape is only skimmed; everything
+    // else is read whole, as before.
+    let skimmed = match (recorded, api) {
+        (false, Api::OpenAi) => serde_json::from_slice::<Skimmed>(&bytes).ok(),
+        _ => None,
+    };
+    let (seen, model) = match skimmed {
+        Some(request) => (request.seen(api), request.model),
+        None => {
+            let body: Value = match serde_json::from_slice(&bytes) {
+                Ok(body) => body,
+                Err(e) => {
+                    let why = format!("the request body is not JSON: {e}");
+                    return error_response(api, 400, why, None);
+                }
+            };
+            record(&shared, path, &headers, &body);
+            if !body.get("messages").is_some_and(Value::is_array) {
+                let why = "the request has no `messages` array".to_string();
+                return error_response(api, 400, why, None);
+            }
+            (seen(api, &body), body.get("model").cloned())
+        }
+    };
     let (ans, delay) = answer(&shared, &seen);
     if let Some(ms) = delay {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
     let n = shared.seq.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-    let model = body.get("model").cloned().unwrap_or(json!("fake"));
+    let model = model.unwrap_or(json!("fake"));
     match ans {
         Answer::Error {
             status,
@@ -623,7 +685,7 @@ fn error_response(api: Api, status: u16, message: String, retry_after: Option<u6
 async fn openai(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    Json(body): Json<Value>,
+    body: axum::body::Bytes,
 ) -> Response {
     respond(shared, Api::OpenAi, "/v1/chat/completions", headers, body).await
 }
@@ -631,7 +693,7 @@ async fn openai(
 async fn anthropic(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    Json(body): Json<Value>,
+    body: axum::body::Bytes,
 ) -> Response {
     respond(shared, Api::Anthropic, "/v1/messages", headers, body).await
 }
@@ -717,5 +779,62 @@ mod tests {
         assert_eq!(kept.len(), 1);
         assert_eq!(kept[0]["body"]["messages"][0]["content"], json!("hello"));
         assert!(unrecorded.requests().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_unrecorded_model_skims_a_request_and_answers_as_a_recorded_one_does() {
+        let loopback: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        let script = || {
+            Script::steps(vec![
+                Step::call("ws_read", json!({"path": "a"})),
+                Step::template("turn {{turn}}: {{last_tool_result}} for {{last_user}}"),
+                Step {
+                    echo_history: true,
+                    ..Step::default()
+                },
+            ])
+        };
+        let recorded = FakeModel::start(script(), loopback).await.expect("start");
+        let unrecorded = FakeModel::start_unrecorded(script(), loopback)
+            .await
+            .expect("start");
+        let user =
+            |text: &str| json!({"role": "user", "content": [{"type": "text", "text": text}]});
+        let assistant = json!({"role": "assistant", "content": null, "tool_calls": []});
+        let tool = |text: &str| json!({"role": "tool", "tool_call_id": "c", "content": text});
+        let requests = [
+            json!({"model": "m", "tools": [{"type": "function"}], "messages": [user("hi")]}),
+            json!({"messages": [user("hi"), assistant.clone(), tool("one"), tool("two \"2\"")]}),
+            json!({"model": "m", "messages": [user("a"), assistant.clone(), user("b"), assistant, {"role": 7}]}),
+            json!({"model": "m", "messages": "not a list"}),
+        ];
+        let client = reqwest::Client::new();
+        let mut skimmed = Vec::new();
+        for request in &requests {
+            let mut answers = Vec::new();
+            for model in [&recorded, &unrecorded] {
+                let response = client
+                    .post(format!("{}/chat/completions", model.openai_base_url()))
+                    .json(request)
+                    .send()
+                    .await
+                    .expect("send");
+                let status = response.status();
+                let mut answer: Value = response.json().await.expect("json");
+                if let Some(o) = answer.as_object_mut() {
+                    o.remove("id");
+                }
+                if let Some(calls) = answer.pointer_mut("/choices/0/message/tool_calls/0") {
+                    calls["id"] = json!("-");
+                }
+                answers.push((status, answer));
+            }
+            assert_eq!(answers[0], answers[1], "request {request}");
+            skimmed.push(answers.remove(1));
+        }
+        let content = |n: usize| skimmed[n].1["choices"][0]["message"]["content"].clone();
+        assert_eq!(content(1), json!("turn 1: two \"2\" for hi"));
+        assert_eq!(content(2), json!("user messages: a | b"));
+        assert_eq!(skimmed[3].0, reqwest::StatusCode::BAD_REQUEST);
     }
 }
