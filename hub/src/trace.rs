@@ -221,7 +221,6 @@ mod tests {
     use pretty_assertions::assert_eq;
 
     use super::*;
-    use crate::model::TaskState;
 
     fn ev(seq: u64, kind: &str, json: serde_json::Value) -> RunEventRec {
         RunEventRec {
@@ -236,45 +235,7 @@ mod tests {
     }
 
     fn task() -> TaskRec {
-        TaskRec {
-            task_id: "task-1".into(),
-            namespace: "default".into(),
-            deployment: "hello".into(),
-            input: "hi".into(),
-            labels: BTreeMap::new(),
-            conversation_key: String::new(),
-            conversation_id: "c".into(),
-            state: TaskState::Failed,
-            activity: String::new(),
-            progress: None,
-            outcome: None,
-            run_id: "run-1".into(),
-            attempt: 1,
-            instance_id: String::new(),
-            bundle_digest: String::new(),
-            client_request_id: String::new(),
-            created_at_ms: 0,
-            updated_at_ms: 0,
-            started_at_ms: 5,
-            finished_at_ms: 100,
-            nest_name: String::new(),
-            seq: 1,
-            next_event_seq: 1,
-            last_event_source: None,
-            cancel_requested_at_ms: 0,
-            cancel_reason: String::new(),
-            lease: crate::model::LeaseRec::default(),
-            parent_task_id: String::new(),
-            root_run_id: String::new(),
-            delegation_depth: 0,
-            parent_span_id: String::new(),
-            tool_overrides: Default::default(),
-            warnings: Vec::new(),
-            traceparent: String::new(),
-            suspended: None,
-            wait_deadlines: Default::default(),
-            budget: Default::default(),
-        }
+        TaskRec::example()
     }
 
     #[test]

@@ -76,6 +76,8 @@ pub struct Core {
     pub(crate) wake: Notify,
     /// Every task event with the task after it, one shared copy for every subscriber.
     pub(crate) updates: broadcast::Sender<Arc<TaskUpdate>>,
+    /// The channels of watched tasks (`tasks::watchers`): a watcher hears its task alone.
+    pub(crate) watchers: tasks::watchers::Watchers,
     /// Cancelled when the Hub stops: long-lived streams (watchers) end.
     pub(crate) stopping: tokio_util::sync::CancellationToken,
     /// Whether the store can write (gRPC health follows it).
@@ -157,6 +159,7 @@ impl Core {
             }),
             wake: Notify::new(),
             updates,
+            watchers: Default::default(),
             stopping: tokio_util::sync::CancellationToken::new(),
             store_ok: tokio::sync::watch::Sender::new(true),
             reconciled_at_ms: std::sync::atomic::AtomicI64::new(crate::model::now_ms()),

@@ -368,7 +368,10 @@ impl AgenService for AgenApi {
         check_task_ref(&r.namespace, &r.task_id)?;
         let core = self.core.clone();
         // Subscribe before reading the stored events, so nothing falls between the two.
-        let mut live = core.subscribe();
+        let task = core.get_task(&r.namespace, &r.task_id)?;
+        let mut live = core.subscribe_task(&task.task_id);
+        // Read again after subscribing: an event between the two reads is in `stored` or
+        // reaches `live`.
         let task = core.get_task(&r.namespace, &r.task_id)?;
         let stored = core.task_events(&task.task_id, r.from_seq)?;
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<pb::TaskEvent, Status>>(64);

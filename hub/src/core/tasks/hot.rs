@@ -102,7 +102,7 @@ impl HotGroup {
         match written {
             Ok(()) => {
                 for update in group.updates {
-                    let _ = core.updates.send(update);
+                    core.publish(update);
                 }
                 Ok(())
             }

@@ -32,6 +32,7 @@ mod hot;
 pub mod outcome;
 pub mod query;
 pub mod submit;
+pub mod watchers;
 
 /// The longest client request id.
 pub const MAX_CLIENT_REQUEST_ID_BYTES: usize = 200;
@@ -179,7 +180,7 @@ impl Core {
             &bytes,
         )?;
         self.save_task(st, task.clone())?;
-        let _ = self.updates.send(std::sync::Arc::new(TaskUpdate {
+        self.publish(std::sync::Arc::new(TaskUpdate {
             task_id: task.task_id.clone(),
             event,
             task,
