@@ -45,7 +45,7 @@ impl AnthropicProvider {
     pub fn body(&self, req: &ModelRequest) -> Value {
         let mut messages: Vec<(String, Vec<Value>)> = Vec::new();
         let mut system = req.system.clone();
-        for m in &req.messages {
+        for m in req.messages.iter() {
             let (role, blocks) = match m {
                 Message::System { content } => {
                     if !system.is_empty() {
@@ -263,7 +263,8 @@ mod tests {
                     is_error: false,
                 },
                 Message::user("and?"),
-            ],
+            ]
+            .into(),
             ..Default::default()
         };
         assert_eq!(

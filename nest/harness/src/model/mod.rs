@@ -34,7 +34,8 @@ pub struct ToolSpec {
 #[derive(Debug, Clone, Default)]
 pub struct ModelRequest {
     pub system: String,
-    pub messages: Vec<Message>,
+    /// Shared with the run's context: a turn's request does not copy the conversation.
+    pub messages: std::sync::Arc<Vec<Message>>,
     /// Empty: no tools are sent (the request has no `tools` field at all). Shared: a run offers
     /// the same tools every turn.
     pub tools: std::sync::Arc<[ToolSpec]>,

@@ -7,24 +7,36 @@
 //! `content_filter` finish or a `refusal` is a [`ModelError::Refused`].
 
 use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::{
     parse_arguments, post_json, Message, ModelConfig, ModelError, ModelProvider, ModelReply,
-    ModelRequest, ToolCall, Usage,
+    ModelRequest, ToolCall, ToolSpec, Usage,
 };
 
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 const PROVIDER: &str = "openai";
+/// Tool sets whose `tools` JSON a provider keeps (one per run in flight on an instance).
+const TOOL_SETS_KEPT: usize = 64;
 
 pub struct OpenAiProvider {
     config: ModelConfig,
     url: String,
     http: reqwest::Client,
+    /// The `tools` JSON of the tool sets asked with lately, newest first. A run offers the
+    /// same `Arc<[ToolSpec]>` every turn, so its schemas are serialized once per run instead
+    /// of once per turn; the entry holds the set, so its address is not reused while kept.
+    tools_json: Mutex<VecDeque<KeptTools>>,
 }
+
+/// A tool set and its `tools` JSON.
+type KeptTools = (Arc<[ToolSpec]>, Arc<RawValue>);
 
 impl OpenAiProvider {
     pub fn new(config: ModelConfig, http: reqwest::Client) -> OpenAiProvider {
@@ -33,7 +45,39 @@ impl OpenAiProvider {
             .clone()
             .unwrap_or_else(|| DEFAULT_BASE_URL.to_string());
         let url = format!("{}/chat/completions", base.trim_end_matches('/'));
-        OpenAiProvider { config, url, http }
+        OpenAiProvider {
+            config,
+            url,
+            http,
+            tools_json: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// The request's `tools` as JSON text, serialized once per tool set (`None`: no tools).
+    fn tools_json(&self, tools: &Arc<[ToolSpec]>) -> Option<Arc<RawValue>> {
+        if tools.is_empty() {
+            return None;
+        }
+        let mut kept = self.tools_json.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, json)) = kept.iter().find(|(set, _)| Arc::ptr_eq(set, tools)) {
+            return Some(json.clone());
+        }
+        let chat_tools: Vec<ChatTool> = tools
+            .iter()
+            .map(|t| ChatTool {
+                kind: "function",
+                function: ChatFunction {
+                    name: &t.name,
+                    description: &t.description,
+                    parameters: &t.parameters,
+                },
+            })
+            .collect();
+        // Serializing borrowed strings and JSON values cannot fail.
+        let json: Arc<RawValue> = serde_json::value::to_raw_value(&chat_tools).ok()?.into();
+        kept.push_front((tools.clone(), json.clone()));
+        kept.truncate(TOOL_SETS_KEPT);
+        Some(json)
     }
 
     /// The request body for `req`, as JSON (for tests and the fake model's docs).
@@ -87,18 +131,7 @@ impl OpenAiProvider {
         ChatRequest {
             model: &self.config.model.model,
             messages,
-            tools: req
-                .tools
-                .iter()
-                .map(|t| ChatTool {
-                    kind: "function",
-                    function: ChatFunction {
-                        name: &t.name,
-                        description: &t.description,
-                        parameters: &t.parameters,
-                    },
-                })
-                .collect(),
+            tools: self.tools_json(&req.tools),
             parallel_tool_calls: offers_tools.then_some(req.parallel_tool_calls),
             temperature: self.config.extra.get("temperature"),
             max_tokens: self.config.extra.get("maxTokens"),
@@ -236,8 +269,9 @@ impl ModelProvider for OpenAiProvider {
 struct ChatRequest<'a> {
     model: &'a str,
     messages: Vec<ChatMessage<'a>>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    tools: Vec<ChatTool<'a>>,
+    /// The tools' JSON, kept per tool set ([`OpenAiProvider::tools_json`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<Arc<RawValue>>,
     /// Only with tools.
     #[serde(skip_serializing_if = "Option::is_none")]
     parallel_tool_calls: Option<bool>,
@@ -316,7 +350,7 @@ mod tests {
         assert_eq!(p.url, "http://127.0.0.1:9/v1/chat/completions");
         let mut req = ModelRequest {
             system: "be brief".into(),
-            messages: vec![Message::user("hi")],
+            messages: vec![Message::user("hi")].into(),
             ..Default::default()
         };
         assert_eq!(
@@ -336,6 +370,21 @@ mod tests {
             json!({"type": "function", "function": {"name": "t_x", "description": "d", "parameters": {"type": "object"}}})
         );
         assert_eq!(b["parallel_tool_calls"], json!(true));
+        // The set's JSON is kept: the same set again is the same text, another set its own.
+        assert_eq!(p.body(&req), b);
+        let first = p.tools_json(&req.tools).expect("tools");
+        assert!(Arc::ptr_eq(
+            &first,
+            &p.tools_json(&req.tools).expect("tools")
+        ));
+        req.tools = vec![ToolSpec {
+            name: "t_y".into(),
+            description: "e".into(),
+            parameters: json!({"type": "object", "properties": {}}),
+        }]
+        .into();
+        assert_eq!(p.body(&req)["tools"][0]["function"]["name"], json!("t_y"));
+        assert_eq!(p.tools_json.lock().expect("lock").len(), 2);
     }
 
     #[test]
@@ -370,7 +419,8 @@ mod tests {
                     content: "noon".into(),
                     tool_calls: vec![],
                 },
-            ],
+            ]
+            .into(),
             tools: Default::default(),
             parallel_tool_calls: true,
         };

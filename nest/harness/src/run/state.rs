@@ -34,7 +34,7 @@ pub(super) struct Run<'h> {
     suspension: Mutex<Option<RunSuspended>>,
     /// The run's W3C trace id (derived from the run id: every attempt is in one trace).
     pub(super) trace_id: String,
-    pub(super) context: Mutex<Vec<Message>>,
+    pub(super) context: Mutex<std::sync::Arc<Vec<Message>>>,
     /// This run's new messages (the outcome's `messages`).
     new_messages: Mutex<Vec<Message>>,
     pub(super) tool_calls: AtomicU32,
@@ -71,7 +71,7 @@ impl<'h> Run<'h> {
             } else {
                 req.trace_id.clone()
             },
-            context: Mutex::new(context),
+            context: Mutex::new(std::sync::Arc::new(context)),
             new_messages: Mutex::new(vec![user]),
             tool_calls: AtomicU32::new(0),
             last_progress: Mutex::new((None, None)),
@@ -98,7 +98,8 @@ impl<'h> Run<'h> {
     }
 
     pub(super) fn push(&self, m: Message) {
-        lock(&self.context).push(m.clone());
+        // Copies the conversation only when a request still shares it.
+        std::sync::Arc::make_mut(&mut *lock(&self.context)).push(m.clone());
         lock(&self.new_messages).push(m);
     }
 

@@ -45,7 +45,11 @@ impl Run<'_> {
             tools: tools.clone(),
             parallel_tool_calls: self.h.bundle.harness.parallel_tool_calls,
         };
-        let reply = match self.h.provider.complete(&request, &self.cancel).await {
+        let reply = self.h.provider.complete(&request, &self.cancel).await;
+        // The request shares the context: gone before the context grows, so that the push
+        // below does not copy it.
+        drop(request);
+        let reply = match reply {
             Ok(r) => r,
             Err(ModelError::Cancelled) => return Err(self.cancelled_end()),
             Err(e) => {
@@ -90,7 +94,7 @@ impl crate::keen::FlowAgent for FlowModel<'_, '_> {
         self.run.budget.check(false)?;
         let request = ModelRequest {
             system: self.run.h.system_prompt.clone(),
-            messages: vec![Message::user(text)],
+            messages: vec![Message::user(text)].into(),
             tools: Default::default(),
             parallel_tool_calls: false,
         };
