@@ -293,14 +293,9 @@ mod tests {
     use pretty_assertions::assert_eq;
 
     use super::*;
-    use crate::config::HubOptions;
-    use crate::secrets::SecretKey;
-    use crate::store::{Db, SledStore};
 
     fn core(dir: &std::path::Path) -> Arc<Core> {
-        let store = SledStore::open(&dir.join("db")).unwrap();
-        let key = SecretKey::load_or_create(&dir.join("secret.key")).unwrap();
-        Core::open(HubOptions::default(), Db::new(Arc::new(store)), key).unwrap()
+        crate::core::test_core(dir)
     }
 
     fn rec(ns: &str, name: &str) -> ArtifactRec {

@@ -246,3 +246,11 @@ pub(in crate::core) fn catch_up_from_events(db: &Db, task: &mut TaskRec) -> Resu
     task.next_event_seq = last.seq + 1;
     Ok(())
 }
+
+/// A core over a fresh store in `dir`, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_core(dir: &std::path::Path) -> Arc<Core> {
+    let store = crate::store::SledStore::open(&dir.join("db")).expect("sled");
+    let key = SecretKey::load_or_create(&dir.join("secret.key")).expect("key");
+    Core::open(HubOptions::default(), Db::new(Arc::new(store)), key).expect("core")
+}

@@ -89,15 +89,10 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::config::HubOptions;
     use crate::model::{TaskEventRec, TaskRec};
-    use crate::secrets::SecretKey;
-    use crate::store::{Db, SledStore};
 
     fn core(dir: &std::path::Path) -> Arc<Core> {
-        let store = SledStore::open(&dir.join("db")).unwrap();
-        let key = SecretKey::load_or_create(&dir.join("secret.key")).unwrap();
-        Core::open(HubOptions::default(), Db::new(Arc::new(store)), key).unwrap()
+        crate::core::test_core(dir)
     }
 
     fn update(task_id: &str, seq: u64) -> Arc<TaskUpdate> {
