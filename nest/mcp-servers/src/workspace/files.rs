@@ -177,10 +177,13 @@ pub fn write(root: &Root, args: &WriteArgs) -> Result<String> {
     let (file, created) = match root.open_beneath(&rel, create, mode) {
         Ok(fd) => (File::from(fd), true),
         // Something is already there (a file, or a link that must resolve inside the root).
-        Err(WorkspaceError::Io { source, .. }) if source.raw_os_error() == Some(libc::EEXIST) => (
-            open_file(root, &rel, OFlag::O_WRONLY | OFlag::O_TRUNC)?,
-            false,
-        ),
+        // Opened without `O_TRUNC`: only a regular file is replaced (`open_file` checks), and
+        // it is overwritten in place and then cut to the new length, so a rewrite of about the
+        // same size keeps its blocks instead of freeing and allocating them again (on a
+        // filesystem mounted with `discard`, freeing them is a synchronous discard per write).
+        Err(WorkspaceError::Io { source, .. }) if source.raw_os_error() == Some(libc::EEXIST) => {
+            (open_file(root, &rel, OFlag::O_WRONLY)?, false)
+        }
         Err(e) => return Err(e),
     };
     let meta = file
@@ -192,7 +195,7 @@ pub fn write(root: &Root, args: &WriteArgs) -> Result<String> {
     let mut file = file;
     file.write_all(args.content.as_bytes())
         .map_err(|e| WorkspaceError::io("writing", &shown, e))?;
-    file.flush()
+    file.set_len(args.content.len() as u64)
         .map_err(|e| WorkspaceError::io("writing", &shown, e))?;
     let lines = count_lines(&args.content);
     let verb = if created { "created" } else { "replaced" };

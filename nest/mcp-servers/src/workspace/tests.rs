@@ -661,6 +661,18 @@ fn write_creates_folders_and_replaces_whole_files() {
         fs::read_to_string(f.root().join("docs/guide/intro.md")).expect("read"),
         "short"
     );
+    // Replaced in place: a longer text after a shorter one, then the same length again.
+    for content in ["a longer text than before\n", "the same length as before\n"] {
+        f.call(
+            "write",
+            json!({"path": "docs/guide/intro.md", "content": content}),
+        )
+        .expect("write");
+        assert_eq!(
+            fs::read_to_string(f.root().join("docs/guide/intro.md")).expect("read"),
+            content
+        );
+    }
     assert_refused(
         f.call("write", json!({"path": "src", "content": "x"})),
         "write",
