@@ -60,7 +60,8 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     pub tool_calls: u32,
     /// The workspace tool called: `read` (read-only: streamed to the run log) or `write`
-    /// (side-effecting: "started" and "completed" are made durable at the Hub around the call)
+    /// (side-effecting: the call waits until its "started" is durable at the Hub; its
+    /// "completed" is streamed, durable before anything after it)
     #[arg(long, value_enum, default_value = "read")]
     pub tool: BenchTool,
     /// Direct `ToolHost::call`s timed for the raw MCP baseline
