@@ -16,6 +16,7 @@ use agen_proto::v1 as pb;
 use anyhow::{bail, Context};
 use futures::StreamExt;
 
+use super::cpu::Sample;
 use super::metrics::{scrape, Counters};
 use super::{Args, BASELINE_DEPLOYMENT, DEPLOYMENT, READ_FILE};
 use crate::client::{status_error, ClientArgs, Hub};
@@ -54,6 +55,9 @@ pub(super) struct Measured {
     pub spans: Spans,
     /// The Hub's durability counters over the measured phase (after minus before).
     pub durability: Counters,
+    /// CPU the fleet (this process and every process below it) spent in the measured phase,
+    /// and how many processes that was at its end; `None` without `/proc`.
+    pub cpu: Option<(Duration, usize)>,
 }
 
 /// Span durations (ms) from the traces of the measured tasks.
@@ -109,6 +113,7 @@ pub(super) async fn measure(
         args.tasks, args.concurrency
     );
     let before = scrape(metrics_addr).await;
+    let cpu_before = Sample::now();
     let phase = load(
         client,
         DEPLOYMENT,
@@ -117,6 +122,10 @@ pub(super) async fn measure(
         args.task_timeout,
     )
     .await?;
+    let cpu = match (cpu_before, Sample::now()) {
+        (Some(b), Some(a)) => Some((a.since(&b), a.processes)),
+        _ => None,
+    };
     let durability = scrape(metrics_addr).await.since(&before);
     let spans = trace_spans(&mut hub, &phase.task_ids).await?;
 
@@ -163,6 +172,7 @@ pub(super) async fn measure(
         baseline,
         spans,
         durability,
+        cpu,
     })
 }
 

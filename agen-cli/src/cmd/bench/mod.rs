@@ -21,6 +21,7 @@
 //! no fixed port is used; results go to stdout (a table, or one JSON object with `-o json`),
 //! logs to stderr.
 
+mod cpu;
 mod fleet;
 mod load;
 mod metrics;

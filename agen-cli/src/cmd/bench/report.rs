@@ -125,6 +125,7 @@ pub(super) fn report(args: &Args, raw: &[f64], m: &Measured) -> Value {
             BenchTool::Write => "side-effecting",
         },
         "durability": durability_json(&m.durability, phase.wall.as_secs_f64()),
+        "cpu": cpu_json(m.cpu, phase.succeeded, args.tool_calls),
         "hub_queued_ms": Summary::of(&phase.queued).json(),
         "hub_running_ms": Summary::of(&phase.running).json(),
         "model_turn_span_ms": Summary::of(&spans.model).json(),
@@ -151,6 +152,22 @@ fn durability_json(d: &Counters, secs: f64) -> Value {
         "fsyncs_per_s": per_s,
         "run_events_stored": d.run_events.map(|e| e as u64),
         "durable_events_per_fsync": per_fsync,
+    })
+}
+
+/// CPU the fleet spent in the measured phase: seconds, per task and per tool call (µs), and
+/// the processes counted; null without `/proc` (per call: null when the tasks call no tool).
+fn cpu_json(cpu: Option<(std::time::Duration, usize)>, tasks: usize, calls_per_task: u32) -> Value {
+    let Some((spent, processes)) = cpu else {
+        return Value::Null;
+    };
+    let us = spent.as_secs_f64() * 1e6;
+    let calls = tasks as f64 * f64::from(calls_per_task);
+    json!({
+        "seconds": round3(spent.as_secs_f64()),
+        "processes": processes,
+        "us_per_task": (tasks > 0).then(|| round3(us / tasks as f64)),
+        "us_per_tool_call": (calls > 0.0).then(|| round3(us / calls)),
     })
 }
 
@@ -201,6 +218,14 @@ pub(super) fn print_table(r: &Value) {
         na(&d["fsync_mean_ms"]),
         na(&d["durable_events_per_fsync"]),
         na(&d["run_events_stored"])
+    );
+    let c = &r["cpu"];
+    crate::outln!(
+        "fleet CPU (user + sys, {} processes): {} s, {} µs per tool call, {} µs per task, measured phase",
+        na(&c["processes"]),
+        na(&c["seconds"]),
+        na(&c["us_per_tool_call"]),
+        na(&c["us_per_task"])
     );
     for e in r["failures"].as_array().into_iter().flatten() {
         crate::outln!("  failure: {}", e.as_str().unwrap_or(""));
