@@ -51,9 +51,12 @@ impl Sample {
         })
     }
 
-    /// The CPU spent from `before` to `self`.
-    pub fn since(&self, before: &Sample) -> Duration {
-        self.cpu.saturating_sub(before.cpu)
+    /// The CPU spent from `before` to `self`, by the processes the tree has now.
+    pub fn since(&self, before: &Sample) -> Sample {
+        Sample {
+            cpu: self.cpu.saturating_sub(before.cpu),
+            processes: self.processes,
+        }
     }
 }
 
@@ -158,9 +161,9 @@ mod tests {
         let after = Sample::now().expect("read /proc twice");
         assert!(after.processes >= 1);
         assert!(
-            after.since(&before) >= Duration::from_millis(100),
+            after.since(&before).cpu >= Duration::from_millis(100),
             "300 ms of busy work showed as {:?}",
-            after.since(&before)
+            after.since(&before).cpu
         );
     }
 }

@@ -56,8 +56,8 @@ pub(super) struct Measured {
     /// The Hub's durability counters over the measured phase (after minus before).
     pub durability: Counters,
     /// CPU the fleet (this process and every process below it) spent in the measured phase,
-    /// and how many processes that was at its end; `None` without `/proc`.
-    pub cpu: Option<(Duration, usize)>,
+    /// with how many processes that was at its end; `None` without `/proc`.
+    pub cpu: Option<Sample>,
 }
 
 /// Span durations (ms) from the traces of the measured tasks.
@@ -123,7 +123,7 @@ pub(super) async fn measure(
     )
     .await?;
     let cpu = match (cpu_before, Sample::now()) {
-        (Some(b), Some(a)) => Some((a.since(&b), a.processes)),
+        (Some(b), Some(a)) => Some(a.since(&b)),
         _ => None,
     };
     let durability = scrape(metrics_addr).await.since(&before);

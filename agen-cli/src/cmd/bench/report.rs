@@ -6,6 +6,7 @@
 
 use serde_json::{json, Value};
 
+use super::cpu::Sample;
 use super::load::Measured;
 use super::metrics::Counters;
 use super::{Args, BenchTool};
@@ -125,7 +126,7 @@ pub(super) fn report(args: &Args, raw: &[f64], m: &Measured) -> Value {
             BenchTool::Write => "side-effecting",
         },
         "durability": durability_json(&m.durability, phase.wall.as_secs_f64()),
-        "cpu": cpu_json(m.cpu, phase.succeeded, args.tool_calls),
+        "cpu": cpu_json(m.cpu.as_ref(), phase.succeeded, args.tool_calls),
         "hub_queued_ms": Summary::of(&phase.queued).json(),
         "hub_running_ms": Summary::of(&phase.running).json(),
         "model_turn_span_ms": Summary::of(&spans.model).json(),
@@ -157,8 +158,12 @@ fn durability_json(d: &Counters, secs: f64) -> Value {
 
 /// CPU the fleet spent in the measured phase: seconds, per task and per tool call (µs), and
 /// the processes counted; null without `/proc` (per call: null when the tasks call no tool).
-fn cpu_json(cpu: Option<(std::time::Duration, usize)>, tasks: usize, calls_per_task: u32) -> Value {
-    let Some((spent, processes)) = cpu else {
+fn cpu_json(cpu: Option<&Sample>, tasks: usize, calls_per_task: u32) -> Value {
+    let Some(&Sample {
+        cpu: spent,
+        processes,
+    }) = cpu
+    else {
         return Value::Null;
     };
     let us = spent.as_secs_f64() * 1e6;

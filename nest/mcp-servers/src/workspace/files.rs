@@ -174,7 +174,8 @@ pub fn write(root: &Root, args: &WriteArgs) -> Result<String> {
     root.create_parents(&rel)?;
     let mode = Mode::from_bits_truncate(0o644);
     let create = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NONBLOCK;
-    let (file, created) = match root.open_beneath(&rel, create, mode) {
+    // Either a regular file made just now (`O_EXCL`) or one `open_file` checked is a regular file.
+    let (mut file, created) = match root.open_beneath(&rel, create, mode) {
         Ok(fd) => (File::from(fd), true),
         // Something is already there (a file, or a link that must resolve inside the root).
         // Opened without `O_TRUNC`: only a regular file is replaced (`open_file` checks), and
@@ -186,13 +187,6 @@ pub fn write(root: &Root, args: &WriteArgs) -> Result<String> {
         }
         Err(e) => return Err(e),
     };
-    let meta = file
-        .metadata()
-        .map_err(|e| WorkspaceError::io("inspecting", &shown, e))?;
-    if !meta.is_file() {
-        return Err(WorkspaceError::NotAFile { path: shown });
-    }
-    let mut file = file;
     file.write_all(args.content.as_bytes())
         .map_err(|e| WorkspaceError::io("writing", &shown, e))?;
     file.set_len(args.content.len() as u64)
