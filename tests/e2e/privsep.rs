@@ -796,9 +796,15 @@ fn a_nest_that_is_not_root_runs_its_instances_as_itself_and_says_so() {
     for p in [&home, &join] {
         std::os::unix::fs::chown(p, Some(nobody.uid.as_raw()), Some(nobody.gid.as_raw())).unwrap();
     }
+    // nobody runs a copy in the passable folder: the build tree may sit under a folder only
+    // its owner can enter (a checkout in a `mktemp -d` folder, 0700).
+    let bin = tmp.path().join("agen");
+    std::fs::hard_link(agen_tests::agen_bin(), &bin)
+        .or_else(|_| std::fs::copy(agen_tests::agen_bin(), &bin).map(drop))
+        .unwrap();
     let mut cmd = std::process::Command::new("runuser");
     cmd.args(["-u", "nobody", "--"])
-        .arg(agen_tests::agen_bin())
+        .arg(&bin)
         .args(["nest", "--hub", &hub.url(), "--name", "unprivileged"])
         .arg("--join-file")
         .arg(&join)
