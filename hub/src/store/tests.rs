@@ -141,3 +141,53 @@ async fn hot_run_events_are_written_after_their_task_events_and_a_batch_with_a_s
         Some(8)
     );
 }
+
+/// A flush is sled's flush and then an `fdatasync` of sled's log file: a store whose log file
+/// cannot be synced fails the flush (and says so) instead of acknowledging writes as durable.
+#[tokio::test]
+async fn a_flush_is_not_durable_until_the_log_file_is_synced() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    db.put_json(
+        Table::Deployments,
+        "default/a",
+        &serde_json::json!({"x": 1}),
+    )
+    .unwrap();
+    assert!(db.flush().await.is_ok(), "a store that works flushes");
+
+    // The log file goes (sled keeps writing to the handle it has): the sync cannot happen.
+    std::fs::rename(dir.path().join("db"), dir.path().join("db.gone")).unwrap();
+    db.put_json(
+        Table::Deployments,
+        "default/b",
+        &serde_json::json!({"x": 2}),
+    )
+    .unwrap();
+    let err = db.flush().await.unwrap_err().to_string();
+    assert!(err.contains("fdatasync"), "the error names the sync: {err}");
+    assert!(
+        db.raw().broken().is_some(),
+        "the store says it cannot write"
+    );
+}
+
+/// Values over sled's blob threshold (~128 KiB) live in files of their own, which sled never
+/// syncs; a flush syncs them, and they read back after a restart.
+#[tokio::test]
+async fn a_flush_covers_values_sled_keeps_in_blob_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = "x".repeat(300 * 1024);
+    {
+        let db = open(dir.path());
+        db.raw()
+            .put(Table::Deployments, b"default/big", big.as_bytes())
+            .unwrap();
+        db.flush().await.unwrap();
+        let blobs = std::fs::read_dir(dir.path().join("blobs")).unwrap().count();
+        assert!(blobs > 0, "sled kept the value in a blob file");
+    }
+    let db = open(dir.path());
+    let got = db.raw().get(Table::Deployments, b"default/big").unwrap();
+    assert_eq!(got.as_deref(), Some(big.as_bytes()));
+}
