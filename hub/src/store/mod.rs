@@ -7,6 +7,7 @@
 //! it is acknowledged to anyone; run events are appended only if absent, and only for the
 //! attempt the Hub issued last for their run (any other attempt is refused: fenced).
 
+mod disk_sync;
 mod group_commit;
 mod sled_store;
 pub mod snapshot;

@@ -7,7 +7,7 @@
 //! each write operation) syncs nothing. sled keeps its first IO error for ever (a full disk), so the
 //! first failed operation marks the store broken ([`Store::broken`]) and [`Store::heal`]
 //! reopens the database in place once a probe write and flush succeed again. A flush is
-//! sled's flush and then an `fdatasync` of its log file (see [`sync_to_disk`]): what the Hub
+//! sled's flush and then a sync of its files to the disk (`disk_sync`): what the Hub
 //! acknowledges as durable survives a power cut, not only a crash of the process.
 
 use std::path::{Path, PathBuf};
@@ -16,6 +16,7 @@ use std::sync::{Mutex, RwLock};
 
 use futures::future::BoxFuture;
 
+use super::disk_sync::{sync_folder, sync_to_disk, BlobsSeen};
 use super::{PairRow, Result, Store, StoreError, Table};
 
 pub struct SledStore {
@@ -37,8 +38,8 @@ pub struct SledStore {
     flushed_writes: AtomicU64,
     /// Closed for good ([`Store::close`]): never reopened.
     closed: std::sync::atomic::AtomicBool,
-    /// The greatest id of a blob file a flush has synced (see [`sync_to_disk`]).
-    blobs_synced: std::sync::Arc<AtomicU64>,
+    /// What flushes know of sled's blob files ([`sync_to_disk`]).
+    blobs: std::sync::Arc<Mutex<BlobsSeen>>,
 }
 
 impl SledStore {
@@ -60,7 +61,7 @@ impl SledStore {
             writes: AtomicU64::new(0),
             flushed_writes: AtomicU64::new(0),
             closed: std::sync::atomic::AtomicBool::new(false),
-            blobs_synced: Default::default(),
+            blobs: Default::default(),
         })
     }
 
@@ -104,64 +105,11 @@ fn open_db(dir: &Path) -> Result<sled::Db> {
             reason: format!("{e}; is another hub running with this --data-dir?"),
         })?;
     // The log file's name in its folder is durable too (sled does not sync the folder).
-    std::fs::File::open(dir)
-        .and_then(|folder| folder.sync_all())
-        .map_err(|e| StoreError::Open {
-            path: dir.display().to_string(),
-            reason: format!("cannot sync the folder: {e}"),
-        })?;
+    sync_folder(dir).map_err(|e| StoreError::Open {
+        path: dir.display().to_string(),
+        reason: format!("cannot sync the folder: {e}"),
+    })?;
     Ok(db)
-}
-
-/// Makes every write so far durable. sled writes its log buffers out and waits for them
-/// (`sync_file_range`), which neither commits the file's metadata (its length, as the log
-/// grows) nor flushes the disk's write cache, and it never syncs the blob files it keeps
-/// values over ~128 KiB in. After sled's flush this syncs the blobs written since the last
-/// time (and their folder), then `fdatasync`s the log file, so what a flush covers survives a
-/// power cut, not only a crash of the Hub.
-fn sync_to_disk(
-    db: &sled::Db,
-    dir: &Path,
-    blobs_synced: &AtomicU64,
-) -> std::result::Result<(), String> {
-    db.flush().map_err(|e| e.to_string())?;
-    let blobs = dir.join("blobs");
-    let newest = sync_blobs_after(&blobs, blobs_synced.load(Ordering::SeqCst))
-        .map_err(|e| format!("fsync of the blobs in {}: {e}", blobs.display()))?;
-    blobs_synced.fetch_max(newest, Ordering::SeqCst);
-    let log = dir.join("db");
-    std::fs::File::open(&log)
-        .and_then(|f| f.sync_data())
-        .map_err(|e| format!("fdatasync of {}: {e}", log.display()))
-}
-
-/// Syncs every blob file named by an id above `after` (sled names them by log sequence
-/// number) and then the folder; returns the greatest id seen.
-fn sync_blobs_after(folder: &Path, after: u64) -> std::io::Result<u64> {
-    let entries = match std::fs::read_dir(folder) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(after),
-        Err(e) => return Err(e),
-    };
-    let mut newest = after;
-    for entry in entries {
-        let entry = entry?;
-        let Some(id) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u64>().ok())
-        else {
-            continue;
-        };
-        if id > after {
-            std::fs::File::open(entry.path())?.sync_all()?;
-            newest = newest.max(id);
-        }
-    }
-    if newest > after {
-        std::fs::File::open(folder)?.sync_all()?;
-    }
-    Ok(newest)
 }
 
 impl SledStore {
@@ -288,7 +236,7 @@ impl Store for SledStore {
                 self.flushed_upto.fetch_max(covers, Ordering::SeqCst);
                 return Ok(false);
             }
-            let (db, dir, blobs) = (self.db()?, self.path.clone(), self.blobs_synced.clone());
+            let (db, dir, blobs) = (self.db()?, self.path.clone(), self.blobs.clone());
             let sync = move || sync_to_disk(&db, &dir, &blobs);
             if tokio::runtime::Handle::try_current().is_ok() {
                 tokio::task::spawn_blocking(sync)
@@ -339,7 +287,7 @@ impl Store for SledStore {
             let probe = db
                 .insert("store_probe", &crate::model::now_ms().to_be_bytes())
                 .map_err(|e| e.to_string())
-                .and_then(|_| sync_to_disk(&db, &self.path, &self.blobs_synced));
+                .and_then(|_| sync_to_disk(&db, &self.path, &self.blobs));
             match probe {
                 Ok(()) => Ok(db),
                 Err(reason) => Err(StoreError::Op {
@@ -363,30 +311,5 @@ impl Store for SledStore {
                 Err(e)
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    #[test]
-    fn the_blobs_synced_are_those_named_above_the_last_id_and_others_are_left_alone() {
-        let dir = tempfile::tempdir().unwrap();
-        let blobs = dir.path().join("blobs");
-        assert_eq!(
-            sync_blobs_after(&blobs, 3).unwrap(),
-            3,
-            "no folder: nothing"
-        );
-        std::fs::create_dir(&blobs).unwrap();
-        for name in ["5", "12", "not-a-blob"] {
-            std::fs::write(blobs.join(name), b"x").unwrap();
-        }
-        assert_eq!(sync_blobs_after(&blobs, 0).unwrap(), 12);
-        assert_eq!(sync_blobs_after(&blobs, 12).unwrap(), 12, "none newer");
-        std::fs::write(blobs.join("13"), b"x").unwrap();
-        assert_eq!(sync_blobs_after(&blobs, 12).unwrap(), 13);
     }
 }
