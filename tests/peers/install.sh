@@ -15,13 +15,23 @@ mkdir -p "$peers"
 
 stamp="$peers/.installed"
 want="$(cat "$here/requirements.txt" "$here/package-lock.json" | sha256sum | cut -d' ' -f1)"
+# A venv cannot move: its scripts start with the path of the python of the folder it was made
+# in. A build tree copied or linked from another checkout gets a venv of its own.
+venv_is_here() {
+  [ -x "$peers/venv/bin/python" ] \
+    && [ "$(head -n1 "$peers/venv/bin/mcp-server-time" 2>/dev/null)" = "#!$peers/venv/bin/python" ]
+}
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
-   && [ -x "$peers/venv/bin/python" ] && [ -d "$peers/node_modules/@modelcontextprotocol/server-filesystem" ]; then
+   && venv_is_here && [ -d "$peers/node_modules/@modelcontextprotocol/server-filesystem" ]; then
   echo "peers: already installed ($peers)"
   exit 0
 fi
 
 echo "peers: installing Python peers into $peers/venv"
+if [ -d "$peers/venv" ] && ! venv_is_here && [ -e "$peers/venv/bin/mcp-server-time" ]; then
+  echo "peers: $peers/venv was made in another folder; making it again"
+  rm -rf "$peers/venv"
+fi
 [ -x "$peers/venv/bin/python" ] || python3 -m venv "$peers/venv"
 "$peers/venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$here/requirements.txt"
 
