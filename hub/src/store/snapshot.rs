@@ -217,5 +217,8 @@ pub fn restore(input: impl Read, data_dir: &Path) -> Result<Counts> {
         agen_shared::tls::write_private(&path, &bytes)
             .map_err(|e| bad(format!("cannot write {}: {e}", path.display())))?;
     }
+    // The renames are durable before the restore says it is done.
+    super::disk_sync::sync_folder(data_dir)
+        .map_err(|e| bad(format!("cannot sync {}: {e}", data_dir.display())))?;
     Ok(counts)
 }
