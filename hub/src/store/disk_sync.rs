@@ -101,12 +101,15 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    fn set_mtime(folder: &Path, ago: Duration) {
-        let when = SystemTime::now() - ago;
+    fn set_mtime(folder: &Path, when: SystemTime) {
         std::fs::File::open(folder)
             .unwrap()
             .set_times(std::fs::FileTimes::new().set_modified(when))
             .unwrap();
+    }
+
+    fn mtime(folder: &Path) -> SystemTime {
+        std::fs::metadata(folder).unwrap().modified().unwrap()
     }
 
     #[test]
@@ -144,30 +147,24 @@ mod tests {
 
         // An entry made within the same clock tick leaves the mtime as it was: a recent mtime
         // is listed again all the same.
-        let mtime = std::fs::metadata(&folder).unwrap().modified().unwrap();
+        let listed = mtime(&folder);
         std::fs::write(folder.join("8"), b"x").unwrap();
-        std::fs::File::open(&folder)
-            .unwrap()
-            .set_times(std::fs::FileTimes::new().set_modified(mtime))
-            .unwrap();
+        set_mtime(&folder, listed);
         sync_new_blobs(&folder, &mut seen).unwrap();
         assert_eq!(seen.newest, 8);
 
         // Old and unchanged: listed once more, then settled and not listed again.
-        set_mtime(&folder, Duration::from_secs(60));
+        set_mtime(&folder, SystemTime::now() - Duration::from_secs(60));
         sync_new_blobs(&folder, &mut seen).unwrap();
         assert!(seen.settled.is_some());
-        let settled = seen.settled;
+        let settled = mtime(&folder);
         std::fs::write(folder.join("9"), b"x").unwrap();
-        std::fs::File::open(&folder)
-            .unwrap()
-            .set_times(std::fs::FileTimes::new().set_modified(settled.unwrap()))
-            .unwrap();
+        set_mtime(&folder, settled);
         sync_new_blobs(&folder, &mut seen).unwrap();
         assert_eq!(seen.newest, 8, "a settled, unchanged folder is not listed");
 
         // Any new entry moves the mtime off the settled one.
-        set_mtime(&folder, Duration::ZERO);
+        set_mtime(&folder, SystemTime::now());
         sync_new_blobs(&folder, &mut seen).unwrap();
         assert_eq!(seen.newest, 9);
     }

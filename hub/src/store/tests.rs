@@ -11,6 +11,12 @@ fn open(dir: &std::path::Path) -> Db {
     Db::new(Arc::new(SledStore::open(dir).unwrap()))
 }
 
+/// Stores the deployment record `name` as `{"x": x}`.
+fn put_deployment(db: &Db, name: &str, x: u32) {
+    db.put_json(Table::Deployments, name, &serde_json::json!({ "x": x }))
+        .unwrap();
+}
+
 fn ev(attempt: u32, seq: u64, kind: &str) -> RunEventRec {
     RunEventRec {
         run_id: "run-1".into(),
@@ -28,12 +34,7 @@ async fn records_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     {
         let db = open(dir.path());
-        db.put_json(
-            Table::Deployments,
-            "default/a",
-            &serde_json::json!({"x": 1}),
-        )
-        .unwrap();
+        put_deployment(&db, "default/a", 1);
         assert_eq!(db.raw().increment("tasks").unwrap(), 1);
         assert_eq!(db.raw().increment("tasks").unwrap(), 2);
         db.flush().await.unwrap();
@@ -148,22 +149,12 @@ async fn hot_run_events_are_written_after_their_task_events_and_a_batch_with_a_s
 async fn a_flush_is_not_durable_until_the_log_file_is_synced() {
     let dir = tempfile::tempdir().unwrap();
     let db = open(dir.path());
-    db.put_json(
-        Table::Deployments,
-        "default/a",
-        &serde_json::json!({"x": 1}),
-    )
-    .unwrap();
+    put_deployment(&db, "default/a", 1);
     assert!(db.flush().await.is_ok(), "a store that works flushes");
 
     // The log file goes (sled keeps writing to the handle it has): the sync cannot happen.
     std::fs::rename(dir.path().join("db"), dir.path().join("db.gone")).unwrap();
-    db.put_json(
-        Table::Deployments,
-        "default/b",
-        &serde_json::json!({"x": 2}),
-    )
-    .unwrap();
+    put_deployment(&db, "default/b", 2);
     let err = db.flush().await.unwrap_err().to_string();
     assert!(err.contains("fdatasync"), "the error names the sync: {err}");
     assert!(
