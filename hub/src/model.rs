@@ -427,6 +427,28 @@ pub struct LeaseRec {
     pub avoid_instance: String,
     /// No re-dispatch before this time (back-off after an instance failure).
     pub not_before_ms: i64,
+    /// The run events of this attempt the Hub knows to be stored: `Some(n)` when exactly
+    /// `1..=n` are, none above; `None` when it does not know (after a restart, an event past a
+    /// gap, a failed write), and the store is asked. Memory only: it spares each hot event a
+    /// store lookup, and it is kept under the lock every append takes.
+    #[serde(skip)]
+    pub stored_through: Option<u64>,
+}
+
+impl LeaseRec {
+    /// Whether run event `seq` of this attempt is stored, when the lease knows.
+    pub fn knows_stored(&self, seq: u64) -> Option<bool> {
+        self.stored_through.map(|n| seq <= n)
+    }
+
+    /// Run event `seq` of this attempt was just written: the next one in order keeps the
+    /// count exact, anything else (a gap, a rewrite) makes it unknown.
+    pub fn stored(&mut self, seq: u64) {
+        self.stored_through = match self.stored_through {
+            Some(n) if seq == n + 1 => Some(seq),
+            _ => None,
+        };
+    }
 }
 
 /// One stored step of a task (`TaskEvent` on the wire).

@@ -1462,3 +1462,75 @@ async fn a_run_event_whose_task_event_alone_survived_a_crash_is_recorded_once_wh
     );
     hub2.stop().await;
 }
+
+/// The Hub knows which run events of an attempt are stored without asking the store while
+/// they come in order; an owner that sends one past a gap, then the missing ones, then resends
+/// them all (before and after a Hub restart, when the Hub knows nothing and asks the store)
+/// has each stored and recorded exactly once.
+#[tokio::test]
+async fn run_events_past_a_gap_and_resent_are_each_recorded_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut hub, mut api, mut nest, place) = fleet_with_one_instance(dir.path(), 0).await;
+    let task = submit(&mut api, "look it up", "", "").await;
+    let run = nest.next_assign().await;
+    let kinds = [
+        "model.requested",
+        "model.answered",
+        "tool.started",
+        "task.progress",
+        "tool.completed",
+        "activity",
+    ];
+    let ev = |seq: u64| {
+        let body = match kinds[seq as usize - 1] {
+            "tool.started" | "tool.completed" => {
+                serde_json::json!({"tool": "time.now", "call_id": "c1"})
+            }
+            "task.progress" => serde_json::json!({"step": "halfway"}),
+            "activity" => serde_json::json!({"activity": "wrapping up"}),
+            _ => serde_json::json!({}),
+        };
+        event(&run, seq, kinds[seq as usize - 1], body)
+    };
+    let batches: [&[u64]; 4] = [&[1, 2, 3], &[6], &[4, 5], &[2, 3, 4, 5, 6]];
+    for batch in batches {
+        let ack = send_events(
+            &mut nest,
+            &place.instance_id,
+            batch.iter().map(|s| ev(*s)).collect(),
+        )
+        .await;
+        assert!(!ack.fenced, "{batch:?} was fenced");
+    }
+    let stored_order = [
+        "task.state",
+        "task.state",
+        "model.requested",
+        "model.answered",
+        "tool.started",
+        "activity",
+        "task.progress",
+        "tool.completed",
+    ];
+    let recorded = |h: Vec<(u64, String)>| h.into_iter().map(|(_, k)| k).collect::<Vec<_>>();
+    assert_eq!(
+        recorded(history(&mut api, &task.task_id).await),
+        stored_order,
+        "each event once, in the order it was stored"
+    );
+
+    let reports = nest.running.lock().unwrap().clone();
+    drop(nest);
+    hub.stop().await;
+    let mut hub2 = TestHub::start_with(options(&dir.path().join("hub"), TTL)).await;
+    let mut api = hub2.client().await;
+    let (mut nest, _) = FakeNest::connect(&hub2, "nest-a", &[], reports).await;
+    let ack = send_events(&mut nest, &place.instance_id, (1..=6).map(ev).collect()).await;
+    assert_eq!((ack.acked_seq, ack.fenced), (6, false));
+    assert_eq!(
+        recorded(history(&mut api, &task.task_id).await),
+        stored_order,
+        "a resend after the restart stores nothing again"
+    );
+    hub2.stop().await;
+}

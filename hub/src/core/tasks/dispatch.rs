@@ -175,6 +175,8 @@ impl Core {
         task.lease.started = false;
         task.lease.missing_since_ms = 0;
         task.lease.revoked = false;
+        // A new attempt has no run events yet (attempts are never reused).
+        task.lease.stored_through = Some(0);
         task.state = TaskState::Running;
         task.instance_id = inst.instance_id.clone();
         task.nest_name = inst.nest_name.clone();

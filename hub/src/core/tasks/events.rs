@@ -60,8 +60,17 @@ impl Core {
                 // written together, one atomic write for the run of them; the task record is
                 // not rewritten (`Core::open` derives it from its newest task event).
                 if let Some(h) = hot_change(&st, &rec) {
-                    let stored = hot.holds(&rec)
-                        || self.db.has_run_event(&rec.run_id, rec.attempt, rec.seq)?;
+                    let known = st
+                        .tasks
+                        .get(&rec.task_id)
+                        .and_then(|t| t.lease.knows_stored(rec.seq));
+                    let stored = match known {
+                        Some(stored) => stored,
+                        None => {
+                            hot.holds(&rec)
+                                || self.db.has_run_event(&rec.run_id, rec.attempt, rec.seq)?
+                        }
+                    };
                     if !stored {
                         hot.push(&mut st, rec, h);
                     }
@@ -76,7 +85,15 @@ impl Core {
                 let entry = acks
                     .entry((e.run_id.clone(), e.attempt))
                     .or_insert((0, false));
-                match self.db.append_run_event(&rec)? {
+                let appended = self.db.append_run_event(&rec);
+                if let Some(task) = st.tasks.get_mut(&rec.task_id) {
+                    match appended {
+                        Ok(Append::Appended) => task.lease.stored(rec.seq),
+                        Ok(Append::Duplicate | Append::Fenced) => {}
+                        Err(_) => task.lease.stored_through = None,
+                    }
+                }
+                match appended? {
                     Append::Fenced => entry.1 = true,
                     Append::Duplicate => entry.0 = entry.0.max(e.seq),
                     Append::Appended => {

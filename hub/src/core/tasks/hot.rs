@@ -13,6 +13,12 @@
 //! run event, which its Nest then resends (it was never acked): the task remembers the run
 //! event its newest task event records (`TaskRec::last_event_source`), and that resend writes
 //! the run event alone instead of recording it twice.
+//!
+//! Whether an event is stored already is known without asking the store while its lease counts
+//! what is stored (`LeaseRec::stored_through`: exact from the attempt's start, since attempts
+//! are never reused and every append of a current attempt passes through `Core::run_events`
+//! under the lock); the count moves as an event joins a group and becomes unknown when a
+//! group's write fails.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -56,6 +62,8 @@ impl HotGroup {
             self.writes.push((e, Some(hot.event)));
             return;
         };
+        // Counted as stored now: a failed write makes the count unknown (`write`).
+        task.lease.stored(e.seq);
         if task.last_event_source.as_ref() == hot.event.source.as_ref() {
             // Its task event was stored just before a crash, its run event was not: the Nest
             // resent it, and only the run event is written now.
@@ -107,6 +115,12 @@ impl HotGroup {
                 Ok(())
             }
             Err(e) => {
+                // Some of the writes may have happened: which are stored is unknown now.
+                for (ev, _) in &group.writes {
+                    if let Some(task) = st.tasks.get_mut(&ev.task_id) {
+                        task.lease.stored_through = None;
+                    }
+                }
                 for (task_id, before) in group.before {
                     if let Some(task) = st.tasks.get_mut(&task_id) {
                         task.activity = before.activity;
