@@ -449,6 +449,11 @@ impl LeaseRec {
             _ => None,
         };
     }
+
+    /// Which run events of this attempt are stored is no longer known (a write failed).
+    pub fn forget_stored(&mut self) {
+        self.stored_through = None;
+    }
 }
 
 /// One stored step of a task (`TaskEvent` on the wire).

@@ -60,11 +60,7 @@ impl Core {
                 // written together, one atomic write for the run of them; the task record is
                 // not rewritten (`Core::open` derives it from its newest task event).
                 if let Some(h) = hot_change(&st, &rec) {
-                    let known = st
-                        .tasks
-                        .get(&rec.task_id)
-                        .and_then(|t| t.lease.knows_stored(rec.seq));
-                    let stored = match known {
+                    let stored = match h.known_stored {
                         Some(stored) => stored,
                         None => {
                             hot.holds(&rec)
@@ -90,7 +86,7 @@ impl Core {
                     match appended {
                         Ok(Append::Appended) => task.lease.stored(rec.seq),
                         Ok(Append::Duplicate | Append::Fenced) => {}
-                        Err(_) => task.lease.stored_through = None,
+                        Err(_) => task.lease.forget_stored(),
                     }
                 }
                 match appended? {

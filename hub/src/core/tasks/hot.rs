@@ -118,7 +118,7 @@ impl HotGroup {
                 // Some of the writes may have happened: which are stored is unknown now.
                 for (ev, _) in &group.writes {
                     if let Some(task) = st.tasks.get_mut(&ev.task_id) {
-                        task.lease.stored_through = None;
+                        task.lease.forget_stored();
                     }
                 }
                 for (task_id, before) in group.before {
@@ -139,6 +139,8 @@ impl HotGroup {
 /// What a hot run event changes on its task, with the task event that records it.
 pub(super) struct HotChange {
     event_task_id: String,
+    /// Whether the event is stored already, when its lease knows (`LeaseRec::knows_stored`).
+    pub(super) known_stored: Option<bool>,
     activity: Option<String>,
     progress: Option<ProgressRec>,
     event: TaskEventRec,
@@ -196,6 +198,7 @@ pub(super) fn hot_change(st: &State, e: &RunEventRec) -> Option<HotChange> {
     snapshot.updated_at_ms = now;
     Some(HotChange {
         event_task_id: task.task_id.clone(),
+        known_stored: task.lease.knows_stored(e.seq),
         activity,
         progress,
         event: TaskEventRec {
