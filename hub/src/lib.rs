@@ -14,7 +14,7 @@
 //! h2, HTTP/1.1 too), [`a2a`] (every deployment an A2A agent on that port).
 //!
 //! Data dir (`--data-dir`, default `$AGEN_DATA_DIR/hub` else `~/.local/share/agen/hub`):
-//! `db/` (sled), `tls/ca.pem` + `tls/ca.key` (0600; created on first start, the server
+//! `db/` (sled, and `db/events.log`: run and task events), `tls/ca.pem` + `tls/ca.key` (0600; created on first start, the server
 //! certificate is re-issued from them at every start), `admin-token` (0600; the cluster admin's
 //! bearer for `AgenService`), `join-token` (0600; `agen1.<sha256 of the CA cert DER>.<secret>`,
 //! a join token with no expiry and unlimited uses until revoked; only its hash is in `db/`),

@@ -5,8 +5,8 @@
 //! resends), a run's events without a gap — and everything a returned flush covered.
 //!
 //! The writer is this test's own executable, run again with [`WRITER_DIR`] set: it appends
-//! batches of hot events (of ~2 KiB each, so that sled's log buffers fill and are written
-//! between flushes too) of fresh runs through `Db::append_hot_run_events`, flushes after every
+//! batches of hot events (of ~2 KiB each, so that a batch is one sizeable write to the event
+//! log, `db/events.log`) of fresh runs through `Db::append_hot_run_events`, flushes after every
 //! [`FLUSH_EVERY`] batches and prints `durable <run> <seq>` once the flush returned, until it is
 //! killed.
 

@@ -8,6 +8,7 @@
 //! attempt the Hub issued last for their run (any other attempt is refused: fenced).
 
 mod disk_sync;
+mod event_log;
 mod group_commit;
 mod sled_store;
 pub mod snapshot;

@@ -1,4 +1,7 @@
-//! The sled implementation of [`Store`]: one sled tree per table, in `<data-dir>/db`.
+//! The sled implementation of [`Store`]: one sled tree per table, in `<data-dir>/db`, except
+//! for run and task events, which live in the append-only [`EventLog`] file beside sled's
+//! (`<data-dir>/db/events.log`). A store opened on a folder whose sled trees still hold events
+//! (written before the event log existed) moves them into the log first.
 //!
 //! Invariant: at most one flush runs at a time, on a blocking thread. sled 0.34's
 //! `flush_async` deadlocks when called from several tasks at once (spacejam/sled#1308), so
@@ -7,7 +10,8 @@
 //! each write operation) syncs nothing. sled keeps its first IO error for ever (a full disk), so the
 //! first failed operation marks the store broken ([`Store::broken`]) and [`Store::heal`]
 //! reopens the database in place once a probe write and flush succeed again. A flush is
-//! sled's flush and then a sync of its files to the disk (`disk_sync`): what the Hub
+//! sled's flush and then a sync of its files to the disk (`disk_sync`), each only when it was
+//! written since the last flush, and an `fdatasync` of the event log when it was: what the Hub
 //! acknowledges as durable survives a power cut, not only a crash of the process.
 
 use std::path::{Path, PathBuf};
@@ -17,6 +21,7 @@ use std::sync::{Mutex, RwLock};
 use futures::future::BoxFuture;
 
 use super::disk_sync::{sync_folder, sync_to_disk, BlobsSeen};
+use super::event_log::{self, EventLog, Op};
 use super::{PairRow, Result, Store, StoreError, Table};
 
 pub struct SledStore {
@@ -40,6 +45,10 @@ pub struct SledStore {
     closed: std::sync::atomic::AtomicBool,
     /// What flushes know of sled's blob files ([`sync_to_disk`]).
     blobs: std::sync::Arc<Mutex<BlobsSeen>>,
+    /// Run and task events.
+    log: std::sync::Arc<EventLog>,
+    /// The event log's write count the last flush read before it started.
+    flushed_log_writes: AtomicU64,
 }
 
 impl SledStore {
@@ -51,6 +60,14 @@ impl SledStore {
             reason: format!("cannot create the folder: {e}"),
         })?;
         let db = open_db(dir)?;
+        let log = EventLog::open(dir).map_err(|e| StoreError::Open {
+            path: dir.join(event_log::FILE_NAME).display().to_string(),
+            reason: e.to_string(),
+        })?;
+        move_events_into_log(&db, &log).map_err(|reason| StoreError::Open {
+            path: dir.display().to_string(),
+            reason: format!("cannot move the events sled holds into the event log: {reason}"),
+        })?;
         Ok(SledStore {
             path: dir.to_path_buf(),
             db: RwLock::new(Some(db)),
@@ -62,6 +79,8 @@ impl SledStore {
             flushed_writes: AtomicU64::new(0),
             closed: std::sync::atomic::AtomicBool::new(false),
             blobs: Default::default(),
+            log: std::sync::Arc::new(log),
+            flushed_log_writes: AtomicU64::new(0),
         })
     }
 
@@ -96,6 +115,47 @@ impl SledStore {
     }
 }
 
+/// Moves every run and task event sled's trees hold (a store written before the event log
+/// existed) into the event log: copied, synced, and only then cleared from sled. A crash
+/// midway leaves them in sled, and the next open copies them again (a put replaces).
+fn move_events_into_log(db: &sled::Db, log: &EventLog) -> Result<(), String> {
+    let mut moved = Vec::new();
+    for table in [Table::RunEvents, Table::TaskEvents] {
+        let tree = db.open_tree(table.name()).map_err(|e| e.to_string())?;
+        if tree.is_empty() {
+            continue;
+        }
+        let mut chunk: Vec<(sled::IVec, sled::IVec)> = Vec::new();
+        let write = |chunk: &mut Vec<(sled::IVec, sled::IVec)>| {
+            let ops: Vec<Op<'_>> = chunk
+                .iter()
+                .map(|(k, v)| Op::Put(table, k.as_ref(), v.as_ref()))
+                .collect();
+            let done = log.write(&ops).map_err(|e| e.to_string());
+            chunk.clear();
+            done
+        };
+        for entry in tree.iter() {
+            chunk.push(entry.map_err(|e| e.to_string())?);
+            if chunk.len() == 1024 {
+                write(&mut chunk)?;
+            }
+        }
+        write(&mut chunk)?;
+        moved.push(tree);
+    }
+    if moved.is_empty() {
+        return Ok(());
+    }
+    log.sync().map_err(|e| e.to_string())?;
+    for tree in &moved {
+        tree.clear().map_err(|e| e.to_string())?;
+    }
+    db.flush().map_err(|e| e.to_string())?;
+    tracing::info!("moved the run and task events sled held into the event log");
+    Ok(())
+}
+
 fn open_db(dir: &Path) -> Result<sled::Db> {
     let db = sled::Config::new()
         .path(dir)
@@ -117,10 +177,39 @@ impl SledStore {
     fn wrote(&self) {
         self.writes.fetch_add(1, Ordering::SeqCst);
     }
+
+    /// [`Store::insert_pairs_in_order`] in the event log: one write of every row in order,
+    /// refused whole when a row's key is stored already.
+    fn log_pairs_in_order(&self, table: Table, also: Table, rows: &[PairRow]) -> Result<()> {
+        let mut ops = Vec::with_capacity(rows.len() * 2);
+        for row in rows {
+            if let Some((key, value)) = &row.before {
+                ops.push(Op::Put(also, key, value));
+            }
+            ops.push(Op::Put(table, &row.key, &row.value));
+        }
+        let written = self
+            .log
+            .write_if(&ops, |stored| {
+                rows.iter().all(|row| !stored(table, &row.key))
+            })
+            .map_err(|e| self.err(table, e))?;
+        if written {
+            Ok(())
+        } else {
+            Err(StoreError::Op {
+                table: table.name(),
+                reason: "a row to append was stored meanwhile; nothing was written".into(),
+            })
+        }
+    }
 }
 
 impl Store for SledStore {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        if event_log::holds(table) {
+            return self.log.get(table, key).map_err(|e| self.err(table, e));
+        }
         Ok(self
             .tree(table)?
             .get(key)
@@ -129,6 +218,12 @@ impl Store for SledStore {
     }
 
     fn put(&self, table: Table, key: &[u8], value: &[u8]) -> Result<()> {
+        if event_log::holds(table) {
+            return self
+                .log
+                .write(&[Op::Put(table, key, value)])
+                .map_err(|e| self.err(table, e));
+        }
         let done = self
             .tree(table)
             .and_then(|t| t.insert(key, value).map_err(|e| self.err(table, e)));
@@ -137,6 +232,12 @@ impl Store for SledStore {
     }
 
     fn remove(&self, table: Table, key: &[u8]) -> Result<()> {
+        if event_log::holds(table) {
+            return self
+                .log
+                .write(&[Op::Remove(table, key)])
+                .map_err(|e| self.err(table, e));
+        }
         let done = self
             .tree(table)
             .and_then(|t| t.remove(key).map_err(|e| self.err(table, e)));
@@ -145,6 +246,9 @@ impl Store for SledStore {
     }
 
     fn scan(&self, table: Table, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        if event_log::holds(table) {
+            return self.log.scan(table, prefix).map_err(|e| self.err(table, e));
+        }
         self.tree(table)?
             .scan_prefix(prefix)
             .map(|r| {
@@ -155,6 +259,12 @@ impl Store for SledStore {
     }
 
     fn insert_if_absent(&self, table: Table, key: &[u8], value: &[u8]) -> Result<bool> {
+        if event_log::holds(table) {
+            return self
+                .log
+                .write_if(&[Op::Put(table, key, value)], |stored| !stored(table, key))
+                .map_err(|e| self.err(table, e));
+        }
         let res = self.tree(table).and_then(|t| {
             t.compare_and_swap(key, None as Option<&[u8]>, Some(value))
                 .map_err(|e| self.err(table, e))
@@ -164,6 +274,20 @@ impl Store for SledStore {
     }
 
     fn insert_pairs_in_order(&self, table: Table, also: Table, rows: &[PairRow]) -> Result<()> {
+        match (event_log::holds(table), event_log::holds(also)) {
+            (true, true) => return self.log_pairs_in_order(table, also, rows),
+            (false, false) => {}
+            _ => {
+                return Err(StoreError::Op {
+                    table: table.name(),
+                    reason: format!(
+                    "rows of {} and {} cannot be written in order: they live in different files",
+                    table.name(),
+                    also.name()
+                ),
+                })
+            }
+        }
         // sled orders every write of one thread in its one log (both trees share it), and
         // recovery replays a prefix of the log: the order below is what a crash keeps.
         let (first, second) = (self.tree(table)?, self.tree(also)?);
@@ -194,6 +318,9 @@ impl Store for SledStore {
     }
 
     fn last(&self, table: Table, prefix: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        if event_log::holds(table) {
+            return self.log.last(table, prefix).map_err(|e| self.err(table, e));
+        }
         match self.tree(table)?.scan_prefix(prefix).next_back() {
             Some(Ok((k, v))) => Ok(Some((k.to_vec(), v.to_vec()))),
             Some(Err(e)) => Err(self.err(table, e)),
@@ -232,12 +359,25 @@ impl Store for SledStore {
             // Every write counted by now is covered too; with none since the last flush (and
             // a store that works) there is nothing to sync.
             let writes = self.writes.load(Ordering::SeqCst);
-            if writes == self.flushed_writes.load(Ordering::SeqCst) && self.broken().is_none() {
+            let log_writes = self.log.writes();
+            let sled_dirty =
+                writes != self.flushed_writes.load(Ordering::SeqCst) || self.broken().is_some();
+            let log_dirty = log_writes != self.flushed_log_writes.load(Ordering::SeqCst);
+            if !sled_dirty && !log_dirty {
                 self.flushed_upto.fetch_max(covers, Ordering::SeqCst);
                 return Ok(false);
             }
             let (db, dir, blobs) = (self.db()?, self.path.clone(), self.blobs.clone());
-            let sync = move || sync_to_disk(&db, &dir, &blobs);
+            let log = self.log.clone();
+            let sync = move || {
+                if sled_dirty {
+                    sync_to_disk(&db, &dir, &blobs)?;
+                }
+                if log_dirty {
+                    log.sync().map_err(|e| e.to_string())?;
+                }
+                Ok::<(), String>(())
+            };
             if tokio::runtime::Handle::try_current().is_ok() {
                 tokio::task::spawn_blocking(sync)
                     .await
@@ -248,6 +388,7 @@ impl Store for SledStore {
                 sync().map_err(|e| self.err(Table::RunEvents, e))?;
             }
             self.flushed_writes.store(writes, Ordering::SeqCst);
+            self.flushed_log_writes.store(log_writes, Ordering::SeqCst);
             self.flushed_upto.fetch_max(covers, Ordering::SeqCst);
             Ok(true)
         })
@@ -264,6 +405,7 @@ impl Store for SledStore {
         self.closed.store(true, Ordering::SeqCst);
         *self.broken.lock().unwrap_or_else(|p| p.into_inner()) =
             Some("the store is closed: the hub stopped".into());
+        self.log.close();
         // The handle goes, and with it the database's file lock (a restarted Hub in the same
         // process opens it again at once).
         drop(self.db.write().unwrap_or_else(|p| p.into_inner()).take());
@@ -287,7 +429,8 @@ impl Store for SledStore {
             let probe = db
                 .insert("store_probe", &crate::model::now_ms().to_be_bytes())
                 .map_err(|e| e.to_string())
-                .and_then(|_| sync_to_disk(&db, &self.path, &self.blobs));
+                .and_then(|_| sync_to_disk(&db, &self.path, &self.blobs))
+                .and_then(|_| self.log.sync().map_err(|e| e.to_string()));
             match probe {
                 Ok(()) => Ok(db),
                 Err(reason) => Err(StoreError::Op {

@@ -1,0 +1,462 @@
+//! The event log: the tables written on every step of every run (run events and task events)
+//! kept in an append-only file of their own, `events.log` beside sled's files, instead of in
+//! sled's trees. Appending a batch of them is one `pwrite` of records to the file's end, and
+//! making them durable is one `fdatasync` of that file; sled's tree inserts, node splits and
+//! page rewrites (most of the Hub's CPU per run event) are off the hot path.
+//!
+//! Format: the line [`MAGIC`], then records `len(u32 le) crc32(u32 le) payload`, the payload
+//! being `op(u8: 1 put, 2 remove) table(u8) key_len(u32 le) key value`. A put of a key present
+//! replaces its value; a remove drops it. In memory the log keeps, per table, an ordered index
+//! of key → where its value is in the file; values are read back with `pread`.
+//!
+//! Invariants:
+//! - Records are written in the order of the calls that write them, each call's records with
+//!   one write at the file's end, and the index changes only after the write succeeded. A
+//!   write that fails is cut off the file again (`set_len`), so the file never holds a record
+//!   the index does not know.
+//! - A process killed at any point leaves a prefix of the records in the page cache (a write
+//!   is in it when the call returns); a machine that loses power keeps every record written
+//!   before the last [`EventLog::sync`] returned, and maybe more. Opening reads the records
+//!   back in order and stops at the first one that is cut short or fails its checksum (a torn
+//!   tail): the file is cut there, so the log holds a prefix of what was written.
+//! - Records a put replaced or a remove dropped are dead; opening rewrites the file without
+//!   them (a new file, synced, renamed over the old one) once they outweigh the live ones.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::ops::Bound;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use super::Table;
+
+/// The file's first bytes.
+pub const MAGIC: &[u8] = b"agen-hub-events 1\n";
+/// The file's name in the store's folder.
+pub const FILE_NAME: &str = "events.log";
+/// The largest record the log writes or reads back (a run event is limited far below).
+const MAX_RECORD: usize = 256 << 20;
+/// Bytes of a record besides its payload (length and checksum).
+const HEADER: usize = 8;
+/// Dead bytes below which opening never rewrites the file.
+const COMPACT_FLOOR: u64 = 8 << 20;
+
+const OP_PUT: u8 = 1;
+const OP_REMOVE: u8 = 2;
+
+/// Where a value is in the file.
+#[derive(Debug, Clone, Copy)]
+struct Loc {
+    offset: u64,
+    len: u32,
+    /// The whole record's size (what it leaves dead when replaced or removed).
+    record: u32,
+}
+
+type Index = BTreeMap<Vec<u8>, Loc>;
+
+/// One write of a batch: a put, or a remove.
+pub enum Op<'a> {
+    Put(Table, &'a [u8], &'a [u8]),
+    Remove(Table, &'a [u8]),
+}
+
+struct Inner {
+    /// `None` once closed.
+    file: Option<Arc<File>>,
+    /// The end of the last record written.
+    end: u64,
+    run_events: Index,
+    task_events: Index,
+    /// Bytes of records replaced or removed since the file was written last.
+    dead: u64,
+    /// Write calls done (a sync that finds none newer than its last has nothing to do).
+    writes: u64,
+}
+
+impl Inner {
+    fn index(&self, table: Table) -> &Index {
+        match table {
+            Table::RunEvents => &self.run_events,
+            _ => &self.task_events,
+        }
+    }
+
+    fn index_mut(&mut self, table: Table) -> &mut Index {
+        match table {
+            Table::RunEvents => &mut self.run_events,
+            _ => &mut self.task_events,
+        }
+    }
+
+    fn file(&self) -> std::io::Result<Arc<File>> {
+        self.file
+            .clone()
+            .ok_or_else(|| std::io::Error::other("the event log is closed: the hub stopped"))
+    }
+
+    fn read(&self, loc: Loc) -> std::io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; loc.len as usize];
+        self.file()?.read_exact_at(&mut buf, loc.offset)?;
+        Ok(buf)
+    }
+
+    /// Applies one record at `at` (already in the file) to the index.
+    fn apply(&mut self, op: u8, table: Table, key: &[u8], value_at: u64, len: u32, record: u32) {
+        let old = match op {
+            OP_PUT => self.index_mut(table).insert(
+                key.to_vec(),
+                Loc {
+                    offset: value_at,
+                    len,
+                    record,
+                },
+            ),
+            _ => {
+                self.dead += u64::from(record);
+                self.index_mut(table).remove(key)
+            }
+        };
+        if let Some(old) = old {
+            self.dead += u64::from(old.record);
+        }
+    }
+}
+
+/// The append-only file of run and task events (see the module doc).
+pub struct EventLog {
+    path: PathBuf,
+    inner: Mutex<Inner>,
+}
+
+fn table_id(table: Table) -> u8 {
+    match table {
+        Table::RunEvents => 1,
+        _ => 2,
+    }
+}
+
+fn table_of(id: u8) -> Option<Table> {
+    match id {
+        1 => Some(Table::RunEvents),
+        2 => Some(Table::TaskEvents),
+        _ => None,
+    }
+}
+
+/// Appends one record to `buf`; returns where its value starts within it, its length and the
+/// record's size.
+fn encode(buf: &mut Vec<u8>, op: u8, table: Table, key: &[u8], value: &[u8]) -> (usize, u32, u32) {
+    let payload_len = 1 + 1 + 4 + key.len() + value.len();
+    let start = buf.len();
+    buf.extend_from_slice(&(payload_len as u32).to_le_bytes());
+    buf.extend_from_slice(&[0; 4]);
+    buf.push(op);
+    buf.push(table_id(table));
+    buf.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    buf.extend_from_slice(key);
+    let value_at = buf.len();
+    buf.extend_from_slice(value);
+    let crc = crc32fast::hash(&buf[start + HEADER..]);
+    buf[start + 4..start + HEADER].copy_from_slice(&crc.to_le_bytes());
+    (value_at, value.len() as u32, (HEADER + payload_len) as u32)
+}
+
+/// Whether the event log keeps `table` (the rest live in sled).
+pub fn holds(table: Table) -> bool {
+    matches!(table, Table::RunEvents | Table::TaskEvents)
+}
+
+fn too_large(what: &str) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!("{what} is larger than the event log's {MAX_RECORD}-byte record limit"),
+    )
+}
+
+/// The smallest key above every key that starts with `prefix` (`None`: no such key).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+fn range<'a>(
+    index: &'a Index,
+    prefix: &[u8],
+) -> impl DoubleEndedIterator<Item = (&'a Vec<u8>, &'a Loc)> {
+    let upper = match prefix_end(prefix) {
+        Some(end) => Bound::Excluded(end),
+        None => Bound::Unbounded,
+    };
+    index.range::<Vec<u8>, _>((Bound::Included(prefix.to_vec()), upper))
+}
+
+fn open_file(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+}
+
+impl EventLog {
+    /// Opens (or creates) `events.log` in `dir`: reads its records back, cuts a torn tail off,
+    /// and rewrites it without its dead records when they outweigh the live ones.
+    pub fn open(dir: &Path) -> std::io::Result<EventLog> {
+        let path = dir.join(FILE_NAME);
+        let file = open_file(&path)?;
+        let mut inner = Inner {
+            file: Some(Arc::new(file)),
+            end: 0,
+            run_events: Index::new(),
+            task_events: Index::new(),
+            dead: 0,
+            writes: 0,
+        };
+        let file = inner.file()?;
+        let len = file.metadata()?.len();
+        if len == 0 {
+            file.write_all_at(MAGIC, 0)?;
+            file.sync_all()?;
+            super::disk_sync::sync_folder(dir)?;
+            inner.end = MAGIC.len() as u64;
+        } else {
+            inner.end = replay(&file, &mut inner, &path)?;
+            if inner.end < len {
+                tracing::warn!(
+                    file = %path.display(),
+                    kept = inner.end,
+                    dropped = len - inner.end,
+                    "the event log ends in a record cut short (a crash while it was written): the torn tail is dropped"
+                );
+                file.set_len(inner.end)?;
+                file.sync_all()?;
+            }
+        }
+        let log = EventLog {
+            path,
+            inner: Mutex::new(inner),
+        };
+        log.compact_if_worth_it(dir)?;
+        Ok(log)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn get(&self, table: Table, key: &[u8]) -> std::io::Result<Option<Vec<u8>>> {
+        let inner = self.lock();
+        match inner.index(table).get(key) {
+            Some(loc) => inner.read(*loc).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Every entry whose key starts with `prefix`, in key order.
+    pub fn scan(&self, table: Table, prefix: &[u8]) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let inner = self.lock();
+        range(inner.index(table), prefix)
+            .map(|(k, loc)| Ok((k.clone(), inner.read(*loc)?)))
+            .collect()
+    }
+
+    /// The entry with the greatest key that starts with `prefix`.
+    pub fn last(&self, table: Table, prefix: &[u8]) -> std::io::Result<Option<(Vec<u8>, Vec<u8>)>> {
+        let inner = self.lock();
+        let found = range(inner.index(table), prefix)
+            .next_back()
+            .map(|(k, loc)| (k.clone(), *loc));
+        match found {
+            Some((k, loc)) => Ok(Some((k, inner.read(loc)?))),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes `ops` in order with one write at the file's end, if `check` (called under the
+    /// log's lock with a view of what is stored) allows it; returns what `check` said.
+    pub fn write_if(
+        &self,
+        ops: &[Op<'_>],
+        check: impl FnOnce(&dyn Fn(Table, &[u8]) -> bool) -> bool,
+    ) -> std::io::Result<bool> {
+        let mut inner = self.lock();
+        let file = inner.file()?;
+        let allowed = {
+            let view = |table: Table, key: &[u8]| inner.index(table).contains_key(key);
+            check(&view)
+        };
+        if !allowed {
+            return Ok(false);
+        }
+        let mut buf = Vec::new();
+        let mut placed = Vec::with_capacity(ops.len());
+        for op in ops {
+            let (code, table, key, value) = match *op {
+                Op::Put(table, key, value) => (OP_PUT, table, key, value),
+                Op::Remove(table, key) => (OP_REMOVE, table, key, &[][..]),
+            };
+            if HEADER + 6 + key.len() + value.len() > MAX_RECORD {
+                return Err(too_large(&format!("a record of {}", table.name())));
+            }
+            let (value_at, len, record) = encode(&mut buf, code, table, key, value);
+            placed.push((code, table, key, value_at, len, record));
+        }
+        let at = inner.end;
+        inner.writes += 1;
+        if let Err(e) = file.write_all_at(&buf, at) {
+            // Nothing of a failed write may stay in the file: the index never knew it.
+            let _ = file.set_len(at);
+            return Err(e);
+        }
+        inner.end = at + buf.len() as u64;
+        for (code, table, key, value_at, len, record) in placed {
+            inner.apply(code, table, key, at + value_at as u64, len, record);
+        }
+        Ok(true)
+    }
+
+    /// Writes every op in order (see [`EventLog::write_if`]).
+    pub fn write(&self, ops: &[Op<'_>]) -> std::io::Result<()> {
+        self.write_if(ops, |_| true).map(drop)
+    }
+
+    /// Write calls done so far.
+    pub fn writes(&self) -> u64 {
+        self.lock().writes
+    }
+
+    /// Makes every record written before the call durable on the disk (`fdatasync`; the log's
+    /// lock is not held meanwhile, so writes go on).
+    pub fn sync(&self) -> std::io::Result<()> {
+        let file = self.lock().file()?;
+        file.sync_data().map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("fdatasync of {}: {e}", self.path.display()),
+            )
+        })
+    }
+
+    /// Closes the file for good: later calls fail.
+    pub fn close(&self) {
+        self.lock().file = None;
+    }
+
+    /// Rewrites the file with its live records only, when the dead ones weigh more.
+    fn compact_if_worth_it(&self, dir: &Path) -> std::io::Result<()> {
+        let mut inner = self.lock();
+        let live = inner.end.saturating_sub(inner.dead);
+        if inner.dead < COMPACT_FLOOR || inner.dead < live {
+            return Ok(());
+        }
+        let fresh_path = dir.join(format!("{FILE_NAME}.compacting"));
+        let fresh = open_file(&fresh_path)?;
+        fresh.set_len(0)?;
+        let mut buf = MAGIC.to_vec();
+        let mut run_events = Index::new();
+        let mut task_events = Index::new();
+        for (table, out) in [
+            (Table::RunEvents, &mut run_events),
+            (Table::TaskEvents, &mut task_events),
+        ] {
+            for (key, loc) in inner.index(table) {
+                let value = inner.read(*loc)?;
+                let (value_at, len, record) = encode(&mut buf, OP_PUT, table, key, &value);
+                out.insert(
+                    key.clone(),
+                    Loc {
+                        offset: value_at as u64,
+                        len,
+                        record,
+                    },
+                );
+            }
+        }
+        fresh.write_all_at(&buf, 0)?;
+        fresh.sync_all()?;
+        std::fs::rename(&fresh_path, &self.path)?;
+        super::disk_sync::sync_folder(dir)?;
+        tracing::info!(
+            file = %self.path.display(),
+            before = inner.end,
+            after = buf.len(),
+            "the event log was rewritten without its dead records"
+        );
+        inner.file = Some(Arc::new(fresh));
+        inner.end = buf.len() as u64;
+        inner.run_events = run_events;
+        inner.task_events = task_events;
+        inner.dead = 0;
+        Ok(())
+    }
+}
+
+/// Reads every whole record of `file` into `inner`'s index; returns the end of the last whole
+/// one (where a torn tail, if any, begins).
+fn replay(file: &File, inner: &mut Inner, path: &Path) -> std::io::Result<u64> {
+    let mut r = BufReader::with_capacity(1 << 20, file);
+    let mut magic = vec![0u8; MAGIC.len()];
+    if r.read_exact(&mut magic).is_err() || magic != MAGIC {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "{} is not an agen event log (it must start with {:?})",
+                path.display(),
+                String::from_utf8_lossy(MAGIC).trim_end()
+            ),
+        ));
+    }
+    let mut at = MAGIC.len() as u64;
+    let mut payload = Vec::new();
+    loop {
+        let mut header = [0u8; HEADER];
+        if r.read_exact(&mut header).is_err() {
+            return Ok(at);
+        }
+        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+        if !(6..=MAX_RECORD).contains(&len) {
+            return Ok(at);
+        }
+        payload.resize(len, 0);
+        if r.read_exact(&mut payload).is_err() || crc32fast::hash(&payload) != crc {
+            return Ok(at);
+        }
+        let (op, table) = (payload[0], table_of(payload[1]));
+        let key_len = u32::from_le_bytes([payload[2], payload[3], payload[4], payload[5]]) as usize;
+        let (Some(table), true, true) =
+            (table, matches!(op, OP_PUT | OP_REMOVE), 6 + key_len <= len)
+        else {
+            // A whole record with a sound checksum that says nothing we know: written by
+            // something else, never by a crash. Stop rather than guess.
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "{}: the record at byte {at} has op {op} and table {} (expected op 1 or 2, table 1 or 2)",
+                    path.display(),
+                    payload[1]
+                ),
+            ));
+        };
+        let key = &payload[6..6 + key_len];
+        let record = (HEADER + len) as u32;
+        let value_at = at + (HEADER + 6 + key_len) as u64;
+        inner.apply(op, table, key, value_at, (len - 6 - key_len) as u32, record);
+        at += u64::from(record);
+    }
+}
+
+#[cfg(test)]
+#[path = "event_log_tests.rs"]
+mod tests;
