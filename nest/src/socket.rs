@@ -320,7 +320,68 @@ pub struct Reader<T> {
     _t: std::marker::PhantomData<fn() -> T>,
 }
 
-impl<T: for<'de> Deserialize<'de>> Reader<T> {
+/// How one line becomes a message.
+pub trait FromLine: Sized {
+    fn from_line(line: &str) -> Result<Self, SocketError>;
+}
+
+impl FromLine for ToInstance {
+    fn from_line(line: &str) -> Result<Self, SocketError> {
+        decode(line)
+    }
+}
+
+impl FromLine for ToNest {
+    /// An `event` line (most of what an instance sends) is read in one pass: its key fields,
+    /// then its body from the raw text of its `json` ([`RunEventBody::from_wire`]), with no
+    /// `Content` tree in between (serde buffers one for a tagged enum, and another for a
+    /// flattened body). A line that pass cannot read takes the general path, which reads it
+    /// or says what is wrong exactly as before.
+    fn from_line(line: &str) -> Result<Self, SocketError> {
+        if line.starts_with(r#"{"type":"event","#) {
+            if let Some(event) = read_event_line(line) {
+                return Ok(ToNest::Event(event));
+            }
+        }
+        decode(line)
+    }
+}
+
+/// An `event` line's fields, the body's left as raw text.
+#[derive(Deserialize)]
+struct EventLine<'a> {
+    #[serde(rename = "type", borrow)]
+    line_type: std::borrow::Cow<'a, str>,
+    run_id: String,
+    attempt: u32,
+    seq: u64,
+    task_id: String,
+    at_ms: i64,
+    #[serde(borrow)]
+    kind: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    json: &'a serde_json::value::RawValue,
+    sync: bool,
+}
+
+fn read_event_line(line: &str) -> Option<RunEventMsg> {
+    let e: EventLine<'_> = serde_json::from_str(line).ok()?;
+    if e.line_type != "event" {
+        return None;
+    }
+    let body = agen_shared::run::RunEventBody::from_wire(&e.kind, e.json.get()).ok()?;
+    Some(RunEventMsg {
+        run_id: e.run_id,
+        attempt: e.attempt,
+        seq: e.seq,
+        task_id: e.task_id,
+        at_ms: e.at_ms,
+        body,
+        sync: e.sync,
+    })
+}
+
+impl<T: FromLine> Reader<T> {
     /// The next message, or `None` when the peer closed the socket.
     pub async fn next(&mut self) -> Result<Option<T>, SocketError> {
         loop {
@@ -328,7 +389,7 @@ impl<T: for<'de> Deserialize<'de>> Reader<T> {
                 None => return Ok(None),
                 Some(Err(e)) => return Err(SocketError::Framing(e.to_string())),
                 Some(Ok(line)) if line.trim().is_empty() => continue,
-                Some(Ok(line)) => return Ok(Some(decode(&line)?)),
+                Some(Ok(line)) => return Ok(Some(T::from_line(&line)?)),
             }
         }
     }
@@ -423,6 +484,55 @@ mod tests {
         assert_eq!(got, expected);
         let again: ToNest = decode(&encode(&got).expect("encodes")).expect("round trip");
         assert_eq!(again, expected);
+        let encoded = encode(&got).expect("encodes");
+        if matches!(expected, ToNest::Event(_)) {
+            assert!(
+                read_event_line(&encoded).is_some(),
+                "an instance's own event lines take the one-pass read: {encoded}"
+            );
+        }
+        for text in [line, encoded.as_str()] {
+            assert_eq!(
+                ToNest::from_line(text).expect("reads"),
+                expected,
+                "the reader's one-pass read of {text}"
+            );
+        }
+    }
+
+    /// The one-pass read of `event` lines reads what the general path reads, and a line it
+    /// cannot read fails with the general path's error, word for word.
+    #[test]
+    fn an_event_line_reads_the_same_in_one_pass_and_fails_the_same() {
+        let good = [
+            r#"{"type":"event","run_id":"r","attempt":1,"seq":1,"task_id":"t","at_ms":5,"kind":"tool.started","json":{"call_id":"c\u00e9","tool":"ws.write","arguments":{"path":"a\"b"},"side_effecting":true},"sync":true}"#,
+            r#"{"type":"event","run_id":"r","attempt":1,"seq":2,"task_id":"t","at_ms":5,"kind":"a.kind.from.later","json":{"anything":[1,2]},"sync":false}"#,
+            r#"{"type":"event","run_id":"r","attempt":1,"seq":3,"task_id":"t","at_ms":5,"kind":"activity","json":{"text":"x"},"sync":false,"extra":1}"#,
+            r#"{"type":"event","run_id":"r\u0031","attempt":1,"seq":4,"task_id":"t","at_ms":5,"kind":"activit\u0079","json":{"text":"x"},"sync":false}"#,
+        ];
+        for line in good {
+            let general: ToNest = decode(line).expect("the general path reads it");
+            assert!(
+                read_event_line(line).is_some(),
+                "the one-pass read takes {line}"
+            );
+            assert_eq!(ToNest::from_line(line).expect("reads"), general, "{line}");
+        }
+        let bad = [
+            r#"{"type":"event","run_id":"r","attempt":1,"seq":1,"task_id":"t","at_ms":5,"kind":"tool.started","json":{"tool":"ws.write"},"sync":true}"#,
+            r#"{"type":"event","run_id":"r","attempt":-1,"seq":1,"task_id":"t","at_ms":5,"kind":"activity","json":{},"sync":true}"#,
+            r#"{"type":"event","run_id":"r","attempt":1,"seq":1,"task_id":"t","at_ms":5,"kind":"activity","json":{},"sync":true"#,
+            r#"{"type":"event","run_id":"r","attempt":1,"seq":1,"task_id":"t","at_ms":5,"kind":"activity","json":{}}"#,
+        ];
+        for line in bad {
+            let general = decode::<ToNest>(line)
+                .map(|_| ())
+                .map_err(|e| e.to_string());
+            let fast = ToNest::from_line(line)
+                .map(|_| ())
+                .map_err(|e| e.to_string());
+            assert_eq!(fast, general, "{line}");
+        }
     }
 
     #[test]

@@ -478,9 +478,30 @@ impl RunEventBody {
         }
     }
 
-    /// The wire fields as JSON text.
+    /// The wire fields as JSON text: the same text as [`RunEventBody::to_json`]'s, written
+    /// straight from the fields (no `Value` tree on the way: every relayed event costs one).
     pub fn to_json_string(&self) -> String {
-        self.to_json().to_string()
+        fn text<T: Serialize>(fields: &T) -> String {
+            serde_json::to_string(fields).unwrap_or_else(|_| "{}".to_string())
+        }
+        match self {
+            RunEventBody::ModelRequested(b) => text(b),
+            RunEventBody::ModelAnswered(b) => text(b),
+            RunEventBody::ToolStarted(b) => text(b),
+            RunEventBody::ToolCompleted(b) => text(b),
+            RunEventBody::ToolFailed(b) => text(b),
+            RunEventBody::Activity(b) => text(b),
+            RunEventBody::TaskProgress(b) => text(b),
+            RunEventBody::ProgressLatest(b) => text(b),
+            RunEventBody::ArtifactSaved(b) => text(b),
+            RunEventBody::RunFinished(b) => text(b),
+            RunEventBody::RunInterrupted(b) => text(b),
+            RunEventBody::ApprovalRequested(b) => text(b),
+            RunEventBody::ApprovalDecided(b) => text(b),
+            RunEventBody::RemoteTaskStarted(b) => text(b),
+            RunEventBody::RunSuspended(b) => text(b),
+            RunEventBody::Unknown(u) => u.json.to_string(),
+        }
     }
 
     /// Reads a body from its wire parts. An unknown kind is kept as [`RunEventBody::Unknown`];

@@ -16,6 +16,11 @@ fn roundtrip(kind: &str, json: Value) {
     );
     assert_eq!(body.kind(), kind);
     assert_eq!(body.to_json(), json, "{kind} writes back what it read");
+    assert_eq!(
+        body.to_json_string(),
+        body.to_json().to_string(),
+        "{kind}: the text written straight from the fields is the text of the value"
+    );
 }
 
 #[test]
@@ -150,6 +155,12 @@ fn run_logs_written_before_the_typed_contract_are_still_read() {
         let from_text = RunEventBody::from_wire(kind, &v["json"].to_string())
             .unwrap_or_else(|e| panic!("line {}, from text: {e}", i + 1));
         assert_eq!(from_text, body, "line {}: the one-pass read differs", i + 1);
+        assert_eq!(
+            body.to_json_string(),
+            body.to_json().to_string(),
+            "line {}: the text written straight from the fields differs",
+            i + 1
+        );
         assert!(
             !matches!(body, RunEventBody::Unknown(_)),
             "line {}: {kind} read as unknown",
