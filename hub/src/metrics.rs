@@ -285,7 +285,15 @@ impl HubMetrics {
             return;
         }
         self.run_events.inc();
-        match RunEventBody::from_wire_lossy(&u.event.kind, &u.event.json) {
+        let read_here;
+        let body = match u.body.as_deref() {
+            Some(body) => body,
+            None => {
+                read_here = RunEventBody::from_wire_lossy(&u.event.kind, &u.event.json);
+                &read_here
+            }
+        };
+        match body {
             RunEventBody::ModelRequested(_) => {
                 self.open()
                     .model_requested
@@ -305,7 +313,7 @@ impl HubMetrics {
                         })
                         .observe(secs(from));
                 }
-                if let Some(usage) = a.usage {
+                if let Some(usage) = &a.usage {
                     for (kind, n) in [
                         ("input", usage.input_tokens),
                         ("output", usage.output_tokens),

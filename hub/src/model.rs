@@ -571,4 +571,7 @@ pub struct TaskUpdate {
     pub task_id: String,
     pub event: TaskEventRec,
     pub task: TaskRec,
+    /// The event's body as the hot path read it (`None`: not read, or not readable): a
+    /// follower uses it instead of reading `event.json` again.
+    pub body: Option<std::sync::Arc<agen_shared::run::RunEventBody>>,
 }

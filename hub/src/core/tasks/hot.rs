@@ -93,6 +93,7 @@ impl HotGroup {
         task.next_event_seq = hot.event.seq + 1;
         task.last_event_source = hot.event.source.clone();
         self.updates.push(Arc::new(TaskUpdate {
+            body: hot.body,
             task_id: hot.event_task_id,
             event: hot.event,
             task: task.clone(),
@@ -144,6 +145,8 @@ pub(super) struct HotChange {
     activity: Option<String>,
     progress: Option<ProgressRec>,
     event: TaskEventRec,
+    /// The body, read once here for every follower of the update.
+    body: Option<Arc<RunEventBody>>,
 }
 
 /// The change a run event makes when it is on the hot path: its task runs this very attempt,
@@ -161,19 +164,20 @@ pub(super) fn hot_change(st: &State, e: &RunEventRec) -> Option<HotChange> {
     {
         return None;
     }
-    let (activity, progress) = match RunEventBody::from_wire(&e.kind, &e.json) {
-        Ok(RunEventBody::Activity(a)) => (Some(a.activity), None),
+    let body = RunEventBody::from_wire(&e.kind, &e.json);
+    let (activity, progress) = match &body {
+        Ok(RunEventBody::Activity(a)) => (Some(a.activity.clone()), None),
         Ok(RunEventBody::ModelRequested(_)) => (Some("waiting for the model".to_string()), None),
         Ok(RunEventBody::ModelAnswered(_)) => (Some("thinking".to_string()), None),
         Ok(RunEventBody::ToolStarted(t)) => (Some(format!("calling {}", t.tool)), None),
         Ok(RunEventBody::TaskProgress(p) | RunEventBody::ProgressLatest(p)) => (
             None,
             Some(ProgressRec {
-                step: p.step,
+                step: p.step.clone(),
                 done: p.done,
                 total: p.total,
-                note: p.note.unwrap_or_default(),
-                artifacts: p.artifacts,
+                note: p.note.clone().unwrap_or_default(),
+                artifacts: p.artifacts.clone(),
                 updated_at_ms: e.at_ms,
             }),
         ),
@@ -209,5 +213,6 @@ pub(super) fn hot_change(st: &State, e: &RunEventRec) -> Option<HotChange> {
             snapshot: Some(snapshot),
             source: Some(RunEventRef::of(e)),
         },
+        body: body.ok().map(Arc::new),
     })
 }

@@ -181,6 +181,7 @@ impl Core {
         )?;
         self.save_task(st, task.clone())?;
         self.publish(std::sync::Arc::new(TaskUpdate {
+            body: None,
             task_id: task.task_id.clone(),
             event,
             task,

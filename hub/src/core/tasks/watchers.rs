@@ -97,6 +97,7 @@ mod tests {
 
     fn update(task_id: &str, seq: u64) -> Arc<TaskUpdate> {
         Arc::new(TaskUpdate {
+            body: None,
             task_id: task_id.into(),
             event: TaskEventRec {
                 seq,
