@@ -42,6 +42,8 @@ const MAX_RECORD: usize = 256 << 20;
 const HEADER: usize = 8;
 /// Dead bytes below which opening never rewrites the file.
 const COMPACT_FLOOR: u64 = 8 << 20;
+/// The bytes a rewrite gathers before it writes them out.
+const COMPACT_CHUNK: usize = 1 << 20;
 
 const OP_PUT: u8 = 1;
 const OP_REMOVE: u8 = 2;
@@ -363,7 +365,9 @@ impl EventLog {
         let fresh_path = dir.join(format!("{FILE_NAME}.compacting"));
         let fresh = open_file(&fresh_path)?;
         fresh.set_len(0)?;
+        // Written in chunks, so that the live records never need to fit in memory at once.
         let mut buf = MAGIC.to_vec();
+        let mut written = 0u64;
         let mut run_events = Index::new();
         let mut task_events = Index::new();
         for (table, out) in [
@@ -376,25 +380,31 @@ impl EventLog {
                 out.insert(
                     key.clone(),
                     Loc {
-                        offset: value_at as u64,
+                        offset: written + value_at as u64,
                         len,
                         record,
                     },
                 );
+                if buf.len() >= COMPACT_CHUNK {
+                    fresh.write_all_at(&buf, written)?;
+                    written += buf.len() as u64;
+                    buf.clear();
+                }
             }
         }
-        fresh.write_all_at(&buf, 0)?;
+        fresh.write_all_at(&buf, written)?;
+        let end = written + buf.len() as u64;
         fresh.sync_all()?;
         std::fs::rename(&fresh_path, &self.path)?;
         super::disk_sync::sync_folder(dir)?;
         tracing::info!(
             file = %self.path.display(),
             before = inner.end,
-            after = buf.len(),
+            after = end,
             "the event log was rewritten without its dead records"
         );
         inner.file = Some(Arc::new(fresh));
-        inner.end = buf.len() as u64;
+        inner.end = end;
         inner.run_events = run_events;
         inner.task_events = task_events;
         inner.dead = 0;
