@@ -105,7 +105,7 @@ impl Inner {
         Ok(buf)
     }
 
-    /// Applies one record at `at` (already in the file) to the index.
+    /// Applies one record already in the file (its value at `value_at`) to the index.
     fn apply(&mut self, op: u8, table: Table, key: &[u8], value_at: u64, len: u32, record: u32) {
         let old = match op {
             OP_PUT => self.index_mut(table).insert(

@@ -125,23 +125,22 @@ fn move_events_into_log(db: &sled::Db, log: &EventLog) -> Result<(), String> {
         if tree.is_empty() {
             continue;
         }
-        let mut chunk: Vec<(sled::IVec, sled::IVec)> = Vec::new();
-        let write = |chunk: &mut Vec<(sled::IVec, sled::IVec)>| {
+        let write = |chunk: &[(sled::IVec, sled::IVec)]| {
             let ops: Vec<Op<'_>> = chunk
                 .iter()
                 .map(|(k, v)| Op::Put(table, k.as_ref(), v.as_ref()))
                 .collect();
-            let done = log.write(&ops).map_err(|e| e.to_string());
-            chunk.clear();
-            done
+            log.write(&ops).map_err(|e| e.to_string())
         };
+        let mut chunk = Vec::new();
         for entry in tree.iter() {
             chunk.push(entry.map_err(|e| e.to_string())?);
             if chunk.len() == 1024 {
-                write(&mut chunk)?;
+                write(&chunk)?;
+                chunk.clear();
             }
         }
-        write(&mut chunk)?;
+        write(&chunk)?;
         moved.push(tree);
     }
     if moved.is_empty() {
