@@ -809,6 +809,61 @@ async fn a_task_runs_from_submit_to_succeeded_through_run_events_and_acks() {
     assert!(arts.into_inner().artifacts.is_empty());
 }
 
+/// `agen query`'s activity follows the run's events: a model request names what the run waits
+/// for (no `activity` event of its own), a model answer is "thinking", a tool's start is
+/// "calling TOOL"; the first event of an attempt (the full path) and the later ones (the hot
+/// path) read it alike.
+#[tokio::test]
+async fn a_tasks_activity_is_what_its_runs_latest_event_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_hub, mut api, mut nest, place) = fleet_with_one_instance(dir.path(), 0).await;
+    let task = submit(&mut api, "what time is it?", "", "").await;
+    let run = nest.next_assign().await;
+    let steps = [
+        (
+            "model.requested",
+            serde_json::json!({"turn": 1, "activity": "waiting for the model (fake m1)"}),
+            "waiting for the model (fake m1)",
+        ),
+        ("model.answered", serde_json::json!({"turn": 1}), "thinking"),
+        (
+            "tool.started",
+            serde_json::json!({"tool": "time.now", "call_id": "c1"}),
+            "calling time.now",
+        ),
+        (
+            "tool.completed",
+            serde_json::json!({"tool": "time.now", "call_id": "c1"}),
+            "calling time.now",
+        ),
+        (
+            "model.requested",
+            serde_json::json!({"turn": 2, "activity": "reading the result of time.now"}),
+            "reading the result of time.now",
+        ),
+        (
+            "model.requested",
+            serde_json::json!({"turn": 3}),
+            "waiting for the model",
+        ),
+    ];
+    for (i, (kind, body, activity)) in steps.into_iter().enumerate() {
+        let seq = i as u64 + 1;
+        let ack = send_events(
+            &mut nest,
+            &place.instance_id,
+            vec![event(&run, seq, kind, body)],
+        )
+        .await;
+        assert_eq!((ack.acked_seq, ack.fenced), (seq, false));
+        assert_eq!(
+            get(&mut api, &task.task_id).await.activity,
+            activity,
+            "after {kind} {seq}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_conversation_runs_in_order_and_carries_its_history() {
     let dir = tempfile::tempdir().unwrap();

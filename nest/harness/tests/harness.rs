@@ -307,11 +307,10 @@ async fn scripted_model_calls_the_time_server_and_answers_with_its_result() {
         .collect();
     assert_eq!(roles, vec!["user", "assistant", "tool", "assistant"]);
 
+    // Four events per tool round and no `activity` events: what the run is doing rides on
+    // model.requested and tool.started.
     assert_eq!(
-        sink.kinds()
-            .into_iter()
-            .filter(|k| k != "activity")
-            .collect::<Vec<_>>(),
+        sink.kinds(),
         vec![
             "model.requested",
             "model.answered",
@@ -321,6 +320,14 @@ async fn scripted_model_calls_the_time_server_and_answers_with_its_result() {
             "model.answered",
             "run.finished"
         ]
+    );
+    let requested = sink.of_kind("model.requested");
+    assert!(
+        requested[0].0["activity"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("waiting for the model (")),
+        "the model request says what the run waits for: {}",
+        requested[0].0
     );
     // model.answered holds the turn's delta, not the context.
     let answered = sink.of_kind("model.answered");

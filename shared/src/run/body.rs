@@ -136,6 +136,11 @@ pub struct ModelRequested {
     /// A Keen flow's agent node, not a turn of the run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub flow_agent: bool,
+    /// What the run is doing while it waits (for example "waiting for the model (openai
+    /// gpt-4o)"); without it, "waiting for the model". Carried here rather than in an
+    /// `activity` event of its own, which would be one more event per turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activity: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -445,6 +450,23 @@ pub struct BodyError {
 }
 
 impl RunEventBody {
+    /// What its task is doing once this event happened (the task's `activity`), for the
+    /// events that say: an `activity` event, a model request ("waiting for the model" unless
+    /// it names its own), a model answer ("thinking") and a tool's start ("calling TOOL").
+    /// `None` for every other event, which leaves the activity as it was.
+    pub fn activity(&self) -> Option<std::borrow::Cow<'_, str>> {
+        use std::borrow::Cow;
+        match self {
+            RunEventBody::Activity(a) => Some(Cow::Borrowed(&a.activity)),
+            RunEventBody::ModelRequested(m) => Some(Cow::Borrowed(
+                m.activity.as_deref().unwrap_or("waiting for the model"),
+            )),
+            RunEventBody::ModelAnswered(_) => Some(Cow::Borrowed("thinking")),
+            RunEventBody::ToolStarted(t) => Some(Cow::Owned(format!("calling {}", t.tool))),
+            _ => None,
+        }
+    }
+
     /// The wire kind.
     pub fn kind(&self) -> &str {
         match self {

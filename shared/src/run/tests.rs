@@ -28,6 +28,10 @@ fn every_kind_round_trips_through_its_wire_form() {
     roundtrip(kind::MODEL_REQUESTED, json!({"turn": 1}));
     roundtrip(kind::MODEL_REQUESTED, json!({"flow_agent": true}));
     roundtrip(
+        kind::MODEL_REQUESTED,
+        json!({"turn": 3, "activity": "waiting for the model (openai gpt-4o)"}),
+    );
+    roundtrip(
         kind::MODEL_ANSWERED,
         json!({"turn": 2, "message": {"role": "assistant", "content": "hi"}, "usage": {"input_tokens": 3, "output_tokens": 4}, "stop_reason": "stop"}),
     );
@@ -74,6 +78,52 @@ fn every_kind_round_trips_through_its_wire_form() {
         kind::RUN_SUSPENDED,
         json!({"waiting_for": {"type": "child", "call_id": "c2", "task_id": "t-1"},
                "deadline_ms": 9, "on_deadline": "toolTimeout ran out"}),
+    );
+}
+
+#[test]
+fn the_events_that_say_what_a_task_is_doing_name_its_activity() {
+    let activity = |kind: &str, json: Value| {
+        RunEventBody::from_parts(kind, json)
+            .expect("reads")
+            .activity()
+            .map(|a| a.into_owned())
+    };
+    assert_eq!(
+        activity(kind::ACTIVITY, json!({"activity": "resuming at turn 3"})).as_deref(),
+        Some("resuming at turn 3")
+    );
+    assert_eq!(
+        activity(kind::MODEL_REQUESTED, json!({"turn": 1})).as_deref(),
+        Some("waiting for the model")
+    );
+    assert_eq!(
+        activity(
+            kind::MODEL_REQUESTED,
+            json!({"turn": 2, "activity": "reading the result of Lookup"})
+        )
+        .as_deref(),
+        Some("reading the result of Lookup")
+    );
+    assert_eq!(
+        activity(kind::MODEL_ANSWERED, json!({"turn": 1})).as_deref(),
+        Some("thinking")
+    );
+    assert_eq!(
+        activity(
+            kind::TOOL_STARTED,
+            json!({"call_id": "c1", "tool": "ws.write", "side_effect": true})
+        )
+        .as_deref(),
+        Some("calling ws.write")
+    );
+    assert_eq!(
+        activity(
+            kind::TOOL_COMPLETED,
+            json!({"call_id": "c1", "tool": "t", "result": "ok", "is_error": false})
+        ),
+        None,
+        "an event that does not say leaves the activity as it was"
     );
 }
 

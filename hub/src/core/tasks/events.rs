@@ -144,11 +144,10 @@ impl Core {
         task.lease.started = true;
         task.lease.missing_since_ms = 0;
         let body = RunEventBody::from_wire(&e.kind, &e.json);
+        if let Some(activity) = body.as_ref().ok().and_then(RunEventBody::activity) {
+            task.activity = activity.into_owned();
+        }
         match &body {
-            Ok(RunEventBody::Activity(a)) => task.activity = a.activity.clone(),
-            Ok(RunEventBody::ModelRequested(_)) => task.activity = "waiting for the model".into(),
-            Ok(RunEventBody::ModelAnswered(_)) => task.activity = "thinking".into(),
-            Ok(RunEventBody::ToolStarted(t)) => task.activity = format!("calling {}", t.tool),
             Ok(RunEventBody::ApprovalRequested(asked)) => {
                 self.approval_requested(st, &mut task, asked)?
             }

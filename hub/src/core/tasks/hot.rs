@@ -166,10 +166,6 @@ pub(super) fn hot_change(st: &State, e: &RunEventRec) -> Option<HotChange> {
     }
     let body = RunEventBody::from_wire(&e.kind, &e.json);
     let (activity, progress) = match &body {
-        Ok(RunEventBody::Activity(a)) => (Some(a.activity.clone()), None),
-        Ok(RunEventBody::ModelRequested(_)) => (Some("waiting for the model".to_string()), None),
-        Ok(RunEventBody::ModelAnswered(_)) => (Some("thinking".to_string()), None),
-        Ok(RunEventBody::ToolStarted(t)) => (Some(format!("calling {}", t.tool)), None),
         Ok(RunEventBody::TaskProgress(p) | RunEventBody::ProgressLatest(p)) => (
             None,
             Some(ProgressRec {
@@ -189,7 +185,8 @@ pub(super) fn hot_change(st: &State, e: &RunEventRec) -> Option<HotChange> {
             | RunEventBody::RunFinished(_),
         ) => return None,
         Err(_) if e.kind == kind::RUN_FINISHED => return None,
-        _ => (None, None),
+        Ok(body) => (body.activity().map(|a| a.into_owned()), None),
+        Err(_) => (None, None),
     };
     let now = now_ms();
     let mut snapshot = TaskSnapshot::of(task);

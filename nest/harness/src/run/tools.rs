@@ -274,12 +274,9 @@ impl Run<'_> {
             return CallResult::error(content);
         }
 
-        let mut started = self.started(call, &qualified, side_effect);
-        if self.h.bundle.harness.trace_tool_arguments {
-            // Traces show arguments only when the bundle asks (they may hold personal data);
-            // a resume reads them from the model.answered message instead.
-            started.arguments = Some(traced_arguments(&call.arguments, &self.h.redactor));
-        }
+        // `tool.started` also says what the task is doing now ("calling TOOL"): no `activity`
+        // event of its own follows it.
+        let started = self.started(call, &qualified, side_effect);
         if let Err(e) = self
             .emit(RunEventBody::ToolStarted(started), side_effect)
             .await
@@ -287,7 +284,6 @@ impl Run<'_> {
             // A side-effecting call is never sent before its start is durable.
             return CallResult::error(format!("tool {qualified} was not called: {e}"));
         }
-        self.activity(format!("calling {qualified}")).await;
 
         let timeout = self.h.bundle.harness.limits.tool_timeout;
         let result = match target {

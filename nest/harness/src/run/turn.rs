@@ -26,19 +26,19 @@ impl Run<'_> {
             return Err(RunEnd::failed(why));
         }
         self.flush_progress(false).await;
+        let activity = lock(&self.next_turn_activity)
+            .take()
+            .unwrap_or_else(|| format!("waiting for the model ({})", self.h.provider.describe()));
         let _ = self
             .emit(
                 RunEventBody::ModelRequested(ModelRequested {
                     turn: Some(turn),
                     flow_agent: false,
+                    activity: Some(activity),
                 }),
                 false,
             )
             .await;
-        let activity = lock(&self.next_turn_activity)
-            .take()
-            .unwrap_or_else(|| format!("waiting for the model ({})", self.h.provider.describe()));
-        self.activity(activity).await;
         let request = ModelRequest {
             system: system.to_string(),
             messages: lock(&self.context).clone(),
@@ -104,6 +104,7 @@ impl crate::keen::FlowAgent for FlowModel<'_, '_> {
                 RunEventBody::ModelRequested(ModelRequested {
                     turn: None,
                     flow_agent: true,
+                    activity: None,
                 }),
                 false,
             )
