@@ -216,8 +216,8 @@ impl Core {
         let tasks: Vec<(String, String)> = {
             let st = self.lock();
             st.tasks
-                .values()
-                .filter(|t| t.namespace == namespace && !t.state.is_terminal())
+                .live()
+                .filter(|t| t.namespace == namespace)
                 .filter(|t| deployment.is_empty() || t.deployment == deployment)
                 .map(|t| (t.task_id.clone(), t.deployment.clone()))
                 .collect()

@@ -116,7 +116,7 @@ impl Core {
     pub fn check_nest_artifact_read(&self, nest_id: Option<&str>, namespace: &str) -> Result<()> {
         let namespace = namespace_or_default(namespace);
         let st = self.lock();
-        let runs_there = st.tasks.values().any(|t| {
+        let runs_there = st.tasks.live().any(|t| {
             t.namespace == namespace
                 && t.state == TaskState::Running
                 && !t.lease.revoked

@@ -120,10 +120,9 @@ impl Core {
         // A task a person cancelled ends cancelled, deadline or not.
         let due: Vec<String> = st
             .tasks
-            .values()
+            .live()
             .filter(|t| {
-                !t.state.is_terminal()
-                    && t.cancel_requested_at_ms == 0
+                t.cancel_requested_at_ms == 0
                     && !t.budget.deadline_exceeded
                     && t.budget.deadline_ms > 0
                     && t.budget.deadline_ms <= now

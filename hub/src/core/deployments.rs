@@ -38,7 +38,7 @@ impl Core {
     pub fn active_runs(&self, instance_id: &str) -> u32 {
         let st = self.lock();
         st.tasks
-            .values()
+            .live()
             .filter(|t| {
                 t.instance_id == instance_id
                     && matches!(t.state, TaskState::Running | TaskState::Waiting)

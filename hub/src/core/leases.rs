@@ -121,7 +121,7 @@ impl Core {
         if !held.is_empty() {
             let by_run: HashMap<&str, &TaskRec> = st
                 .tasks
-                .values()
+                .live()
                 .filter(|t| held.contains_key(t.run_id.as_str()))
                 .map(|t| (t.run_id.as_str(), t))
                 .collect();
@@ -162,7 +162,7 @@ impl Core {
         // Leased runs this Nest does not hold: re-dispatched after a grace.
         let mine: Vec<String> = st
             .tasks
-            .values()
+            .live()
             .filter(|t| leased(t) && t.lease.nest_id == nest_id)
             .map(|t| t.task_id.clone())
             .collect();
@@ -178,7 +178,7 @@ impl Core {
                     task.lease.missing_since_ms = 0;
                     self.db
                         .put_json(crate::store::Table::Tasks, &task.task_id, &task)?;
-                    st.tasks.insert(task.task_id.clone(), task);
+                    st.tasks.insert(task);
                 }
                 continue;
             }
@@ -189,7 +189,7 @@ impl Core {
                 task.lease.missing_since_ms = now;
                 self.db
                     .put_json(crate::store::Table::Tasks, &task.task_id, &task)?;
-                st.tasks.insert(task.task_id.clone(), task);
+                st.tasks.insert(task);
                 continue;
             }
             if now - task.lease.missing_since_ms >= RECONCILE_GRACE_MS {
@@ -208,7 +208,7 @@ impl Core {
         let deadline = self.opts.run_start_deadline.as_millis() as i64;
         let late: Vec<String> = st
             .tasks
-            .values()
+            .live()
             .filter(|t| t.state == TaskState::Running && !t.lease.started)
             .filter(|t| t.lease.assigned_at_ms > 0 && now - t.lease.assigned_at_ms > deadline)
             .map(|t| t.task_id.clone())

@@ -36,6 +36,7 @@ mod respread;
 pub mod retention;
 pub mod run_context;
 mod suspend;
+mod task_table;
 pub mod tasks;
 
 pub use deployments::DeploymentSpec;
@@ -61,7 +62,7 @@ pub(crate) struct State {
     pub deployments: BTreeMap<String, DeploymentRec>,
     pub nests: BTreeMap<String, NestRec>,
     pub instances: BTreeMap<String, InstanceRec>,
-    pub tasks: HashMap<String, TaskRec>,
+    pub tasks: task_table::TaskTable,
     pub live: Liveness,
     pub boot: Instant,
     /// Nests known (not lost) at boot that have not re-registered yet.
@@ -152,7 +153,7 @@ impl Core {
                     .into_iter()
                     .map(|i| (i.instance_id.clone(), i))
                     .collect(),
-                tasks: tasks.into_iter().map(|t| (t.task_id.clone(), t)).collect(),
+                tasks: tasks.into_iter().collect(),
                 live,
                 boot: Instant::now(),
                 awaiting,

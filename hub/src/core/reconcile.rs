@@ -92,7 +92,7 @@ impl Core {
             .into_iter()
             .map(|i| (i.instance_id.clone(), i))
             .collect();
-        st.tasks = tasks.into_iter().map(|t| (t.task_id.clone(), t)).collect();
+        st.tasks = tasks.into_iter().collect();
         Ok(dropped)
     }
 
@@ -314,9 +314,8 @@ impl Core {
         {
             return false;
         }
-        st.tasks.values().any(|t| {
-            !t.state.is_terminal()
-                && t.namespace == d.namespace
+        st.tasks.live().any(|t| {
+            t.namespace == d.namespace
                 && t.deployment == d.name
                 && t.bundle_digest == i.bundle_digest
         })
@@ -335,9 +334,8 @@ impl Core {
                 )
             })
             .filter(|i| {
-                !st.tasks.values().any(|t| {
-                    !t.state.is_terminal()
-                        && t.namespace == d.namespace
+                !st.tasks.live().any(|t| {
+                    t.namespace == d.namespace
                         && t.deployment == d.name
                         && t.bundle_digest == i.bundle_digest
                 })

@@ -17,7 +17,7 @@ impl Core {
     /// Runs (running or waiting) assigned to instance `id` now.
     pub(in crate::core) fn active_runs_of(st: &State, id: &str) -> u32 {
         st.tasks
-            .values()
+            .live()
             .filter(|t| matches!(t.state, TaskState::Running | TaskState::Waiting))
             .filter(|t| t.instance_id == id)
             .count() as u32

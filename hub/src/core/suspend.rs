@@ -143,7 +143,7 @@ impl Core {
     pub(in crate::core) fn expire_waits(&self, st: &mut State, now: i64) -> Result<()> {
         let due: Vec<String> = st
             .tasks
-            .values()
+            .live()
             .filter(|t| t.suspended.as_ref().is_some_and(|s| s.deadline_ms <= now))
             .map(|t| t.task_id.clone())
             .collect();

@@ -21,8 +21,8 @@ impl Core {
         // Running tasks whose cancel grace ran out are cancelled without their run.
         let expired: Vec<String> = st
             .tasks
-            .values()
-            .filter(|t| !t.state.is_terminal() && t.cancel_requested_at_ms > 0)
+            .live()
+            .filter(|t| t.cancel_requested_at_ms > 0)
             .filter(|t| now - t.cancel_requested_at_ms > CANCEL_GRACE_MS)
             .map(|t| t.task_id.clone())
             .collect();
@@ -33,22 +33,15 @@ impl Core {
         }
 
         let mut active: HashMap<String, u32> = HashMap::new();
-        for t in st.tasks.values() {
+        for t in st.tasks.live() {
             if matches!(t.state, TaskState::Running | TaskState::Waiting)
                 && !t.instance_id.is_empty()
             {
                 *active.entry(t.instance_id.clone()).or_default() += 1;
             }
         }
-        let mut order: Vec<(u64, String)> = st
-            .tasks
-            .values()
-            .filter(|t| !t.state.is_terminal())
-            .map(|t| (t.seq, t.task_id.clone()))
-            .collect();
-        order.sort();
         let mut busy_conversations: HashSet<String> = HashSet::new();
-        for (_, id) in order {
+        for id in st.tasks.live_ids() {
             let Some(task) = st.tasks.get(&id).cloned() else {
                 continue;
             };

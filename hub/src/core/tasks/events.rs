@@ -82,7 +82,7 @@ impl Core {
                     .entry((e.run_id.clone(), e.attempt))
                     .or_insert((0, false));
                 let appended = self.db.append_run_event(&rec);
-                if let Some(task) = st.tasks.get_mut(&rec.task_id) {
+                if let Some(mut task) = st.tasks.get_mut(&rec.task_id) {
                     match appended {
                         Ok(Append::Appended) => task.lease.stored(rec.seq),
                         Ok(Append::Duplicate | Append::Fenced) => {}

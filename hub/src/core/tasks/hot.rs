@@ -58,7 +58,7 @@ impl HotGroup {
     /// Adds an event (not stored yet) and applies its change to its task in memory.
     pub(super) fn push(&mut self, st: &mut State, e: RunEventRec, hot: HotChange) {
         self.keys.insert((e.run_id.clone(), e.attempt, e.seq));
-        let Some(task) = st.tasks.get_mut(&hot.event_task_id) else {
+        let Some(mut task) = st.tasks.get_mut(&hot.event_task_id) else {
             self.writes.push((e, Some(hot.event)));
             return;
         };
@@ -118,12 +118,12 @@ impl HotGroup {
             Err(e) => {
                 // Some of the writes may have happened: which are stored is unknown now.
                 for (ev, _) in &group.writes {
-                    if let Some(task) = st.tasks.get_mut(&ev.task_id) {
+                    if let Some(mut task) = st.tasks.get_mut(&ev.task_id) {
                         task.lease.forget_stored();
                     }
                 }
                 for (task_id, before) in group.before {
-                    if let Some(task) = st.tasks.get_mut(&task_id) {
+                    if let Some(mut task) = st.tasks.get_mut(&task_id) {
                         task.activity = before.activity;
                         task.progress = before.progress;
                         task.updated_at_ms = before.updated_at_ms;

@@ -148,7 +148,7 @@ pub struct IncomingRunEvent {
 impl Core {
     pub(in crate::core) fn save_task(&self, st: &mut State, task: TaskRec) -> Result<()> {
         self.db.put_json(Table::Tasks, &task.task_id, &task)?;
-        st.tasks.insert(task.task_id.clone(), task);
+        st.tasks.insert(task);
         Ok(())
     }
 
