@@ -8,7 +8,9 @@
 //! batches of hot events (of ~2 KiB each, so that a batch is one sizeable write to the event
 //! log, `db/events.log`) of fresh runs through `Db::append_hot_run_events`, flushes after every
 //! [`FLUSH_EVERY`] batches and prints `durable <run> <seq>` once the flush returned, until it is
-//! killed.
+//! killed. Beside it a second thread writes and removes scratch records (dead weight) and
+//! compacts the event log whenever that is worth it, printing `compacted`: kills land in the
+//! middle of rewrites too, and the same checks hold.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
@@ -48,7 +50,8 @@ fn writer(dir: &Path, first: u64) {
         .enable_all()
         .build()
         .expect("a runtime");
-    let mut out = std::io::stdout().lock();
+    compact_meanwhile(db.clone());
+    let mut out = std::io::stdout();
     let pad = "x".repeat(2048);
     let mut batches = 0u64;
     for run in first..first + RUNS_PER_WRITER {
@@ -87,6 +90,30 @@ fn writer(dir: &Path, first: u64) {
             }
         }
     }
+}
+
+/// Until the process is killed: 10 MiB of scratch records written and removed, then a
+/// compaction (a rewrite of the event log while the writer goes on), again and again.
+fn compact_meanwhile(db: Db) {
+    std::thread::spawn(move || {
+        let pad = vec![b'y'; 64 * 1024];
+        for round in 0u64.. {
+            let key = |i: u32| format!("scratch\0{round:08}\0{i:04}").into_bytes();
+            for i in 0..160 {
+                db.raw()
+                    .put(Table::RunEvents, &key(i), &pad)
+                    .expect("scratch");
+            }
+            for i in 0..160 {
+                db.raw().remove(Table::RunEvents, &key(i)).expect("scratch");
+            }
+            if db.compact().expect("compact") {
+                let mut out = std::io::stdout();
+                writeln!(out, "compacted").expect("stdout");
+                out.flush().expect("stdout");
+            }
+        }
+    });
 }
 
 /// What one crash left, checked against what the writer said was durable.
@@ -152,6 +179,7 @@ fn a_process_killed_mid_write_leaves_every_hot_run_event_with_its_task_event() {
     let dir = tmp.path().join("db");
     let me = std::env::current_exe().expect("the test executable");
     let mut total = Counts::default();
+    let compactions = Arc::new(std::sync::atomic::AtomicU64::new(0));
     for crash in 0..CRASHES {
         let first = crash * RUNS_PER_WRITER;
         let mut child = Command::new(&me)
@@ -164,8 +192,13 @@ fn a_process_killed_mid_write_leaves_every_hot_run_event_with_its_task_event() {
             .expect("start the writer");
         let stdout = child.stdout.take().expect("the writer's stdout");
         let (tx, rx) = std::sync::mpsc::channel();
+        let compacted = compactions.clone();
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line == "compacted" {
+                    compacted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    continue;
+                }
                 let mut parts = line.split_whitespace();
                 if parts.next() == Some("durable") {
                     let run = parts.next().and_then(|v| v.parse::<u64>().ok());
@@ -199,7 +232,9 @@ fn a_process_killed_mid_write_leaves_every_hot_run_event_with_its_task_event() {
         total.gaps += c.gaps;
         total.lost_durable += c.lost_durable;
     }
-    eprintln!("after {CRASHES} crashes: {total:?}");
+    let compactions = compactions.load(std::sync::atomic::Ordering::SeqCst);
+    eprintln!("after {CRASHES} crashes: {total:?}, {compactions} compactions of the event log");
+    assert!(compactions > 0, "the writers never compacted the event log");
     assert_eq!(total.run_event_alone, 0, "{total:?}");
     assert_eq!(total.gaps, 0, "{total:?}");
     assert_eq!(total.lost_durable, 0, "{total:?}");

@@ -1,6 +1,7 @@
 //! Retention and backup. Task retention (`--task-retention`): a periodic sweep removes finished tasks older than the
 //! retention, with their task events, run events, run attempt, approvals, request-id entry and
-//! the artifacts no other task refers to.
+//! the artifacts no other task refers to; then the store is compacted when what it removed
+//! outweighs what is left (`Store::compact`: the event log is rewritten while the Hub runs).
 //!
 //! Invariants: only terminal tasks are removed, measured from `finished_at_ms`; a task is gone
 //! from memory before its records are removed from the store (nobody reads half a task); an
@@ -26,6 +27,9 @@ pub struct Swept {
     pub run_events: usize,
     pub task_events: usize,
     pub artifacts: usize,
+    /// Whether the event log was rewritten without what the sweep removed (only when the dead
+    /// records outweigh the live ones).
+    pub compacted: bool,
 }
 
 /// How often the sweep runs for a retention: a tenth of it, between 1 second and 1 hour.
@@ -68,6 +72,7 @@ impl Core {
                     run_events = s.run_events,
                     task_events = s.task_events,
                     artifacts = s.artifacts,
+                    compacted = s.compacted,
                     retention = ?self.opts.task_retention,
                     "removed finished tasks past their retention"
                 ),
@@ -155,6 +160,20 @@ impl Core {
             *usage = None;
         }
         self.db.flush().await?;
+        // What the sweep removed is dead weight in the event log until it is rewritten. A
+        // rewrite that fails leaves the store as it was: the sweep still succeeded.
+        let db = self.db.clone();
+        swept.compacted = match tokio::task::spawn_blocking(move || db.compact()).await {
+            Ok(Ok(done)) => done,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "compacting the store failed; it is unchanged");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "compacting the store failed; it is unchanged");
+                false
+            }
+        };
         Ok(swept)
     }
 }

@@ -19,8 +19,12 @@
 //!   before the last [`EventLog::sync`] returned, and maybe more. Opening reads the records
 //!   back in order and stops at the first one that is cut short or fails its checksum (a torn
 //!   tail): the file is cut there, so the log holds a prefix of what was written.
-//! - Records a put replaced or a remove dropped are dead; opening rewrites the file without
-//!   them (a new file, synced, renamed over the old one) once they outweigh the live ones.
+//! - Records a put replaced or a remove dropped are dead; [`EventLog::compact`] rewrites the
+//!   file without them (a new file, synced, renamed over the old one) once they outweigh the
+//!   live ones: at open, and after the retention sweep removed tasks. Writes and reads go on
+//!   while the live records are copied; only the records written meanwhile are copied under
+//!   the lock, then the new file takes the old one's place. A crash at any point leaves either
+//!   the old file whole or the new one whole (the rename is the switch).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -131,6 +135,8 @@ impl Inner {
 pub struct EventLog {
     path: PathBuf,
     inner: Mutex<Inner>,
+    /// One rewrite at a time ([`EventLog::compact`]).
+    compacting: Mutex<()>,
 }
 
 fn table_id(table: Table) -> u8 {
@@ -248,8 +254,11 @@ impl EventLog {
         let log = EventLog {
             path,
             inner: Mutex::new(inner),
+            compacting: Mutex::new(()),
         };
-        log.compact_if_worth_it(dir)?;
+        // A rewrite a crash interrupted left its unfinished copy behind; the log is whole.
+        let _ = std::fs::remove_file(log.fresh_path());
+        log.compact()?;
         Ok(log)
     }
 
@@ -355,30 +364,82 @@ impl EventLog {
         self.lock().file = None;
     }
 
-    /// Rewrites the file with its live records only, when the dead ones weigh more.
-    fn compact_if_worth_it(&self, dir: &Path) -> std::io::Result<()> {
-        let mut inner = self.lock();
-        let live = inner.end.saturating_sub(inner.dead);
-        if inner.dead < COMPACT_FLOOR || inner.dead < live {
-            return Ok(());
+    fn fresh_path(&self) -> PathBuf {
+        self.path.with_file_name(format!("{FILE_NAME}.compacting"))
+    }
+
+    /// Rewrites the file with its live records only, when the dead ones weigh more (and at
+    /// least [`COMPACT_FLOOR`]); returns whether it did. The live records as they are now are
+    /// copied without the log's lock (writes and reads go on); then, under the lock, the
+    /// records written meanwhile are copied as they are and read into the new index, and the
+    /// new file is renamed over the old one. A failure leaves the old file in use, untouched.
+    pub fn compact(&self) -> std::io::Result<bool> {
+        let _one = self.compacting.lock().unwrap_or_else(|p| p.into_inner());
+        let (old, tables, copied_upto, before) = {
+            let inner = self.lock();
+            let live = inner.end.saturating_sub(inner.dead);
+            if inner.dead < COMPACT_FLOOR || inner.dead < live {
+                return Ok(false);
+            }
+            (
+                inner.file()?,
+                [
+                    (Table::RunEvents, inner.run_events.clone()),
+                    (Table::TaskEvents, inner.task_events.clone()),
+                ],
+                inner.end,
+                inner.end,
+            )
+        };
+        let fresh_path = self.fresh_path();
+        let swapped = self.rewrite(&old, tables, copied_upto, &fresh_path);
+        match swapped {
+            Ok(after) => {
+                tracing::info!(
+                    file = %self.path.display(),
+                    before,
+                    after,
+                    "the event log was rewritten without its dead records"
+                );
+                Ok(true)
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&fresh_path);
+                Err(e)
+            }
         }
-        let fresh_path = dir.join(format!("{FILE_NAME}.compacting"));
-        let fresh = open_file(&fresh_path)?;
+    }
+
+    /// [`EventLog::compact`]'s work: `tables` (the index when the file ended at
+    /// `copied_upto`) copied from `old` into a new file, the rest under the lock; returns the
+    /// new file's size.
+    fn rewrite(
+        &self,
+        old: &File,
+        tables: [(Table, Index); 2],
+        copied_upto: u64,
+        fresh_path: &Path,
+    ) -> std::io::Result<u64> {
+        let fresh = open_file(fresh_path)?;
         fresh.set_len(0)?;
+        let mut next = Inner {
+            file: None,
+            end: 0,
+            run_events: Index::new(),
+            task_events: Index::new(),
+            dead: 0,
+            writes: 0,
+        };
         // Written in chunks, so that the live records never need to fit in memory at once.
         let mut buf = MAGIC.to_vec();
         let mut written = 0u64;
-        let mut run_events = Index::new();
-        let mut task_events = Index::new();
-        for (table, out) in [
-            (Table::RunEvents, &mut run_events),
-            (Table::TaskEvents, &mut task_events),
-        ] {
-            for (key, loc) in inner.index(table) {
-                let value = inner.read(*loc)?;
-                let (value_at, len, record) = encode(&mut buf, OP_PUT, table, key, &value);
-                out.insert(
-                    key.clone(),
+        for (table, index) in tables {
+            for (key, loc) in index {
+                let mut value = vec![0u8; loc.len as usize];
+                old.read_exact_at(&mut value, loc.offset)?;
+                let (value_at, len, record) = encode(&mut buf, OP_PUT, table, &key, &value);
+                next.index_mut(table).insert(
+                    key,
                     Loc {
                         offset: written + value_at as u64,
                         len,
@@ -393,22 +454,34 @@ impl EventLog {
             }
         }
         fresh.write_all_at(&buf, written)?;
-        let end = written + buf.len() as u64;
-        fresh.sync_all()?;
-        std::fs::rename(&fresh_path, &self.path)?;
-        super::disk_sync::sync_folder(dir)?;
-        tracing::info!(
-            file = %self.path.display(),
-            before = inner.end,
-            after = end,
-            "the event log was rewritten without its dead records"
-        );
+        written += buf.len() as u64;
+        // The bulk reaches the disk before the lock is taken.
+        fresh.sync_data()?;
+
+        let mut inner = self.lock();
+        let current = inner.file()?;
+        // Whatever was written since the copy began, as it is, read into the new index.
+        let mut tail = vec![0u8; (inner.end - copied_upto) as usize];
+        current.read_exact_at(&mut tail, copied_upto)?;
+        fresh.write_all_at(&tail, written)?;
+        let end = read_records(&mut &tail[..], written, &mut next, &self.path)?;
+        if end != written + tail.len() as u64 {
+            return Err(std::io::Error::other(format!(
+                "{}: the records written during the rewrite did not read back whole",
+                self.path.display()
+            )));
+        }
+        fresh.sync_data()?;
+        std::fs::rename(fresh_path, &self.path)?;
+        if let Some(dir) = self.path.parent() {
+            super::disk_sync::sync_folder(dir)?;
+        }
         inner.file = Some(Arc::new(fresh));
         inner.end = end;
-        inner.run_events = run_events;
-        inner.task_events = task_events;
-        inner.dead = 0;
-        Ok(())
+        inner.run_events = next.run_events;
+        inner.task_events = next.task_events;
+        inner.dead = next.dead;
+        Ok(end)
     }
 }
 
@@ -427,7 +500,17 @@ fn replay(file: &File, inner: &mut Inner, path: &Path) -> std::io::Result<u64> {
             ),
         ));
     }
-    let mut at = MAGIC.len() as u64;
+    read_records(&mut r, MAGIC.len() as u64, inner, path)
+}
+
+/// Reads whole records from `r` (the first at file offset `at`) into `inner`'s index; returns
+/// the end of the last whole one.
+fn read_records(
+    r: &mut impl Read,
+    mut at: u64,
+    inner: &mut Inner,
+    path: &Path,
+) -> std::io::Result<u64> {
     let mut payload = Vec::new();
     loop {
         let mut header = [0u8; HEADER];

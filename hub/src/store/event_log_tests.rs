@@ -207,3 +207,155 @@ fn a_closed_log_refuses_reads_and_writes() {
         .is_err());
     assert!(log.sync().is_err());
 }
+
+/// Fills a log with 16 MiB of records that end up dead and a few live ones.
+fn log_with_dead_weight(dir: &Path) -> EventLog {
+    let log = EventLog::open(dir).unwrap();
+    let big = "x".repeat(64 * 1024);
+    for i in 0..256 {
+        put(&log, Table::TaskEvents, &format!("gone-{i:03}"), &big);
+    }
+    for i in 0..256 {
+        log.write(&[Op::Remove(
+            Table::TaskEvents,
+            format!("gone-{i:03}").as_bytes(),
+        )])
+        .unwrap();
+    }
+    for i in 0..20 {
+        put(
+            &log,
+            Table::RunEvents,
+            &format!("live-{i:02}"),
+            &format!("v{i}"),
+        );
+    }
+    log
+}
+
+#[test]
+fn a_rewrite_while_the_log_runs_keeps_what_was_written_during_the_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(FILE_NAME);
+    let log = log_with_dead_weight(dir.path());
+    let before = std::fs::metadata(&path).unwrap().len();
+
+    // The copy's view: the index and the end of the file now.
+    let (old, tables, copied_upto) = {
+        let inner = log.lock();
+        (
+            inner.file().unwrap(),
+            [
+                (Table::RunEvents, inner.run_events.clone()),
+                (Table::TaskEvents, inner.task_events.clone()),
+            ],
+            inner.end,
+        )
+    };
+    // Meanwhile: a new key, a replaced one, a removed one, and a key put then removed.
+    put(&log, Table::RunEvents, "live-20", "new");
+    put(&log, Table::RunEvents, "live-03", "replaced");
+    log.write(&[Op::Remove(Table::RunEvents, b"live-07")])
+        .unwrap();
+    put(&log, Table::TaskEvents, "brief", "here and gone");
+    log.write(&[Op::Remove(Table::TaskEvents, b"brief")])
+        .unwrap();
+    log.rewrite(&old, tables, copied_upto, &log.fresh_path())
+        .unwrap();
+
+    let expected: Vec<String> = (0..21)
+        .filter(|i| *i != 7)
+        .map(|i| match i {
+            3 => "live-03=replaced".to_string(),
+            20 => "live-20=new".to_string(),
+            i => format!("live-{i:02}=v{i}"),
+        })
+        .collect();
+    assert_eq!(keys(&log, Table::RunEvents, "live-"), expected);
+    assert_eq!(keys(&log, Table::TaskEvents, ""), Vec::<String>::new());
+    let after = std::fs::metadata(&path).unwrap().len();
+    assert!(after < 64 * 1024, "{before} bytes became {after}");
+    // Writes go to the new file, and all of it reads back after a reopen.
+    put(&log, Table::TaskEvents, "later", "kept");
+    drop(log);
+    let log = EventLog::open(dir.path()).unwrap();
+    assert_eq!(keys(&log, Table::RunEvents, "live-"), expected);
+    assert_eq!(keys(&log, Table::TaskEvents, ""), ["later=kept"]);
+    assert!(!log.fresh_path().exists());
+}
+
+#[test]
+fn a_rewrite_racing_a_writer_loses_nothing_and_only_runs_when_worth_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = std::sync::Arc::new(log_with_dead_weight(dir.path()));
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = std::thread::spawn({
+        let (log, done) = (log.clone(), done.clone());
+        move || {
+            let mut n = 0u32;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) || n < 100 {
+                put(
+                    &log,
+                    Table::RunEvents,
+                    &format!("during-{n:06}"),
+                    &n.to_string(),
+                );
+                if n.is_multiple_of(3) {
+                    log.write(&[Op::Remove(
+                        Table::RunEvents,
+                        format!("during-{n:06}").as_bytes(),
+                    )])
+                    .unwrap();
+                }
+                n += 1;
+            }
+            n
+        }
+    });
+    assert!(
+        log.compact().unwrap(),
+        "16 MiB dead against a few bytes live"
+    );
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let n = writer.join().unwrap();
+    assert!(!log.compact().unwrap(), "nothing left worth a rewrite");
+
+    let check = |log: &EventLog| {
+        let during = log.scan(Table::RunEvents, b"during-").unwrap();
+        let expected: Vec<u32> = (0..n).filter(|i| !i.is_multiple_of(3)).collect();
+        let got: Vec<u32> = during
+            .iter()
+            .map(|(k, v)| {
+                let i: u32 = std::str::from_utf8(&k[7..]).unwrap().parse().unwrap();
+                assert_eq!(
+                    v,
+                    i.to_string().as_bytes(),
+                    "during-{i:06} reads back whole"
+                );
+                i
+            })
+            .collect();
+        assert_eq!(got, expected, "every write made during the rewrite, once");
+        assert_eq!(log.scan(Table::RunEvents, b"live-").unwrap().len(), 20);
+        assert!(log.scan(Table::TaskEvents, b"gone-").unwrap().is_empty());
+    };
+    check(&log);
+    log.sync().unwrap();
+    drop(log);
+    check(&EventLog::open(dir.path()).unwrap());
+}
+
+#[test]
+fn a_rewrite_cut_short_by_a_crash_leaves_the_log_whole_and_its_copy_is_removed_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let log = EventLog::open(dir.path()).unwrap();
+        put(&log, Table::RunEvents, "k", "v");
+    }
+    // The copy a killed rewrite left: never renamed, so never the log.
+    let copy = dir.path().join(format!("{FILE_NAME}.compacting"));
+    std::fs::write(&copy, b"agen-hub-events 1\nhalf a rec").unwrap();
+    let log = EventLog::open(dir.path()).unwrap();
+    assert_eq!(keys(&log, Table::RunEvents, ""), ["k=v"]);
+    assert!(!copy.exists());
+}

@@ -163,6 +163,10 @@ pub trait Store: Send + Sync + 'static {
     fn broken(&self) -> Option<String>;
     /// Closes the store for good (the Hub stopped): later calls fail, its files are released.
     fn close(&self);
+    /// Rewrites the store's files without what removed or replaced records left behind, when
+    /// that is worth it; returns whether it did. Writes go on meanwhile. A failure leaves the
+    /// store as it was and working (it does not break the store).
+    fn compact(&self) -> Result<bool>;
     /// Tries to make a broken store write again (reopening it in place). `Ok(true)` when it
     /// healed now, `Ok(false)` when it was not broken; an error says why it still cannot.
     fn heal(&self) -> Result<bool>;
@@ -246,6 +250,11 @@ impl Db {
     }
 
     /// Closes the store for good (see [`Store::close`]).
+    /// See [`Store::compact`].
+    pub fn compact(&self) -> Result<bool> {
+        self.inner.compact()
+    }
+
     pub fn close(&self) {
         self.inner.close()
     }

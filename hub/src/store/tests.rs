@@ -268,3 +268,43 @@ async fn a_flush_after_hot_events_alone_syncs_the_event_log_and_not_sled() {
     let db = open(dir.path());
     assert!(db.has_run_event("run-1", 1, 1).unwrap());
 }
+
+/// What retention removes is dead weight in `events.log`; compacting the open store rewrites
+/// it away while the store keeps working, and what is left reads back before and after a
+/// reopen.
+#[tokio::test]
+async fn compacting_an_open_store_drops_removed_events_and_keeps_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join(event_log::FILE_NAME);
+    let db = open(dir.path());
+    assert!(!db.compact().unwrap(), "an empty log is not worth a rewrite");
+    let pad = "p".repeat(32 * 1024);
+    for run in 0..300 {
+        let mut e = ev(1, 1, "tool.started");
+        e.run_id = format!("old-{run:03}");
+        e.json = format!(r#"{{"pad":"{pad}"}}"#);
+        db.set_run_attempt(&e.run_id, 1).unwrap();
+        assert_eq!(db.append_run_event(&e).unwrap(), Append::Appended);
+    }
+    db.set_run_attempt("run-1", 1).unwrap();
+    db.append_run_event(&ev(1, 1, "model.requested")).unwrap();
+    db.flush().await.unwrap();
+    for (k, _) in db.raw().scan(Table::RunEvents, b"old-").unwrap() {
+        db.raw().remove(Table::RunEvents, &k).unwrap();
+    }
+    let before = std::fs::metadata(&log).unwrap().len();
+    assert!(db.compact().unwrap(), "9 MiB removed against one event left");
+    let after = std::fs::metadata(&log).unwrap().len();
+    assert!(after < 4096, "{before} bytes became {after}");
+    assert_eq!(db.run_events("run-1").unwrap(), vec![ev(1, 1, "model.requested")]);
+    // The store goes on: an append and a flush after the rewrite, both kept.
+    db.append_run_event(&ev(1, 2, "model.answered")).unwrap();
+    db.flush().await.unwrap();
+    drop(db);
+    let db = open(dir.path());
+    assert_eq!(
+        db.run_events("run-1").unwrap(),
+        vec![ev(1, 1, "model.requested"), ev(1, 2, "model.answered")]
+    );
+    assert!(db.raw().scan(Table::RunEvents, b"old-").unwrap().is_empty());
+}
