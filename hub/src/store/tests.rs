@@ -277,7 +277,10 @@ async fn compacting_an_open_store_drops_removed_events_and_keeps_the_rest() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join(event_log::FILE_NAME);
     let db = open(dir.path());
-    assert!(!db.compact().unwrap(), "an empty log is not worth a rewrite");
+    assert!(
+        !db.compact().unwrap(),
+        "an empty log is not worth a rewrite"
+    );
     let pad = "p".repeat(32 * 1024);
     for run in 0..300 {
         let mut e = ev(1, 1, "tool.started");
@@ -293,10 +296,16 @@ async fn compacting_an_open_store_drops_removed_events_and_keeps_the_rest() {
         db.raw().remove(Table::RunEvents, &k).unwrap();
     }
     let before = std::fs::metadata(&log).unwrap().len();
-    assert!(db.compact().unwrap(), "9 MiB removed against one event left");
+    assert!(
+        db.compact().unwrap(),
+        "9 MiB removed against one event left"
+    );
     let after = std::fs::metadata(&log).unwrap().len();
     assert!(after < 4096, "{before} bytes became {after}");
-    assert_eq!(db.run_events("run-1").unwrap(), vec![ev(1, 1, "model.requested")]);
+    assert_eq!(
+        db.run_events("run-1").unwrap(),
+        vec![ev(1, 1, "model.requested")]
+    );
     // The store goes on: an append and a flush after the rewrite, both kept.
     db.append_run_event(&ev(1, 2, "model.answered")).unwrap();
     db.flush().await.unwrap();
