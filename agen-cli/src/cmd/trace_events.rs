@@ -78,9 +78,11 @@ pub fn describe(kind: &str, json: &str) -> String {
         };
     }
     match RunEventBody::from_wire_lossy(kind, json) {
-        RunEventBody::ModelRequested(r) => match r.turn {
-            Some(t) => format!("turn {t}"),
-            None => String::new(),
+        RunEventBody::ModelRequested(r) => match (r.turn, &r.activity) {
+            (Some(t), Some(a)) => format!("turn {t}: {}", cut(a)),
+            (Some(t), None) => format!("turn {t}"),
+            (None, Some(a)) => cut(a),
+            (None, None) => String::new(),
         },
         RunEventBody::ModelAnswered(a) => {
             let mut out = a.turn.map(|t| format!("turn {t}")).unwrap_or_default();
@@ -209,6 +211,11 @@ mod tests {
     #[test]
     fn events_read_like_a_history() {
         check("model.requested", r#"{"turn":1}"#, "turn 1");
+        check(
+            "model.requested",
+            r#"{"turn":2,"activity":"waiting for the model (openai gpt-4o)"}"#,
+            "turn 2: waiting for the model (openai gpt-4o)",
+        );
         check(
             "model.answered",
             r#"{"turn":1,"usage":{"input_tokens":12,"output_tokens":3},"message":{"role":"assistant","content":"","tool_calls":[{"id":"c1","name":"save_artifact","arguments":{}}]}}"#,
