@@ -163,17 +163,14 @@ impl Core {
         // What the sweep removed is dead weight in the event log until it is rewritten. A
         // rewrite that fails leaves the store as it was: the sweep still succeeded.
         let db = self.db.clone();
-        swept.compacted = match tokio::task::spawn_blocking(move || db.compact()).await {
-            Ok(Ok(done)) => done,
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "compacting the store failed; it is unchanged");
-                false
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "compacting the store failed; it is unchanged");
-                false
-            }
+        let compacted = match tokio::task::spawn_blocking(move || db.compact()).await {
+            Ok(done) => done.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
         };
+        swept.compacted = compacted.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "compacting the store failed; it is unchanged");
+            false
+        });
         Ok(swept)
     }
 }

@@ -375,7 +375,7 @@ impl EventLog {
     /// new file is renamed over the old one. A failure leaves the old file in use, untouched.
     pub fn compact(&self) -> std::io::Result<bool> {
         let _one = self.compacting.lock().unwrap_or_else(|p| p.into_inner());
-        let (old, tables, copied_upto, before) = {
+        let (old, tables, copied_upto) = {
             let inner = self.lock();
             let live = inner.end.saturating_sub(inner.dead);
             if inner.dead < COMPACT_FLOOR || inner.dead < live {
@@ -388,7 +388,6 @@ impl EventLog {
                     (Table::TaskEvents, inner.task_events.clone()),
                 ],
                 inner.end,
-                inner.end,
             )
         };
         let fresh_path = self.fresh_path();
@@ -397,7 +396,7 @@ impl EventLog {
             Ok(after) => {
                 tracing::info!(
                     file = %self.path.display(),
-                    before,
+                    before = copied_upto,
                     after,
                     "the event log was rewritten without its dead records"
                 );
