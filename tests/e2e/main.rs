@@ -13,6 +13,7 @@ mod chaos;
 mod cli;
 mod delegates;
 mod deploy;
+mod disk_full;
 mod fleet;
 mod hostile_bundle;
 mod hostile_keen;

@@ -78,6 +78,9 @@ impl Core {
         }
         let mut st = self.lock();
         let dropped = st.live.drop_held();
+        // No Nest is lost for the time the store could not write: one that could not register
+        // meanwhile gets a full ttl from now, as at boot.
+        st.live.restart_clocks();
         st.deployments = deployments.into_iter().map(|d| (d.key(), d)).collect();
         st.nests = nests
             .into_iter()
@@ -100,30 +103,45 @@ impl Core {
     pub async fn run_reconciler(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
         let tick = std::time::Duration::from_millis(250);
         let mut last_heal: Option<Instant> = None;
-        // Pets only while reconcile and the store flush both go round (systemd's WatchdogSec).
+        // Pets while reconcile and the store flush both go round (systemd's WatchdogSec), and
+        // while the store cannot write, as long as this loop goes round healing it.
         let watchdog = agen_shared::systemd::Watchdog::from_env();
-        let mut told_nests: Option<usize> = None;
+        let mut told: Option<String> = None;
         loop {
             self.heal_store(&mut last_heal).await;
-            match self.reconcile() {
-                Ok(()) => self
-                    .reconciled_at_ms
-                    .store(now_ms(), std::sync::atomic::Ordering::Relaxed),
-                Err(e) => tracing::error!(error = %e, "reconcile failed; retrying"),
-            }
-            match self.commit().await {
-                Ok(()) => watchdog.pet(),
-                Err(e) => tracing::error!(error = %e, "store flush failed"),
-            }
-            let ready = self
-                .lock()
-                .nests
-                .values()
-                .filter(|n| n.state == NestState::Ready)
-                .count();
-            if told_nests != Some(ready) {
-                told_nests = Some(ready);
-                agen_shared::systemd::status(&format!("serving; {ready} nests ready"));
+            let status = if let Some(why) = self.db.broken() {
+                // Nothing is decided while the store cannot record it (no Nest is lost, no
+                // task dispatched or expired); the loop goes round, healing, and says so: the
+                // watchdog hears that the process is alive, `STATUS=` that the store is not.
+                watchdog.pet();
+                format!("not serving: {why}")
+            } else {
+                match self.reconcile() {
+                    Ok(()) => self
+                        .reconciled_at_ms
+                        .store(now_ms(), std::sync::atomic::Ordering::Relaxed),
+                    Err(e) => tracing::error!(error = %e, "reconcile failed; retrying"),
+                }
+                match self.commit().await {
+                    Ok(()) => watchdog.pet(),
+                    // A write that broke the store is healed above, and petted meanwhile.
+                    Err(e) if self.db.broken().is_some() => {
+                        watchdog.pet();
+                        tracing::error!(error = %e, "store flush failed")
+                    }
+                    Err(e) => tracing::error!(error = %e, "store flush failed"),
+                }
+                let ready = self
+                    .lock()
+                    .nests
+                    .values()
+                    .filter(|n| n.state == NestState::Ready)
+                    .count();
+                format!("serving; {ready} nests ready")
+            };
+            if told.as_deref() != Some(status.as_str()) {
+                agen_shared::systemd::status(&status);
+                told = Some(status);
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,

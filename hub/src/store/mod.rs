@@ -12,6 +12,7 @@ mod event_log;
 mod group_commit;
 mod sled_store;
 pub mod snapshot;
+mod space;
 
 use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
