@@ -53,7 +53,15 @@ pub fn fleet_in(
     reply_delay_ms: u64,
 ) -> Fleet {
     let hub = HubProcess::start(&root).unwrap();
-    fleet_on(hub, root, nests, replicas, concurrency, seconds, reply_delay_ms)
+    fleet_on(
+        hub,
+        root,
+        nests,
+        replicas,
+        concurrency,
+        seconds,
+        reply_delay_ms,
+    )
 }
 
 /// [`fleet_in`] around a Hub already started in `root`.
@@ -276,7 +284,8 @@ pub(crate) struct Submitter {
     pub(crate) rt: tokio::runtime::Runtime,
 }
 
-pub(crate) type Api = agen_proto::v1::agen_service_client::AgenServiceClient<tonic::transport::Channel>;
+pub(crate) type Api =
+    agen_proto::v1::agen_service_client::AgenServiceClient<tonic::transport::Channel>;
 
 impl Submitter {
     pub(crate) fn new() -> Submitter {

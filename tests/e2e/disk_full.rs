@@ -165,8 +165,7 @@ fn a_hub_whose_disk_fills_ten_times_heals_each_time_and_loses_nothing() {
         ("NOTIFY_SOCKET", notify.path.to_str().unwrap()),
         ("WATCHDOG_USEC", watchdog_usec.as_str()),
     ];
-    let hub =
-        HubProcess::start_with_env(&root, agen_tests::free_port(), "3s", &[], &env).unwrap();
+    let hub = HubProcess::start_with_env(&root, agen_tests::free_port(), "3s", &[], &env).unwrap();
     let mut f = fleet_on(hub, root.clone(), &["nest-a", "nest-b"], 2, 4, 0.8, 0);
     let instances_before: Vec<String> = ids(&f);
     let s = Submitter::new();
@@ -196,7 +195,10 @@ fn a_hub_whose_disk_fills_ten_times_heals_each_time_and_loses_nothing() {
                 Ok(id) => acknowledged.push(id),
                 Err(status) => break status,
             }
-            assert!(Instant::now() < deadline, "round {round}: no write failed on a full disk");
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: no write failed on a full disk"
+            );
         };
         assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
         c.refused_unavailable += 1;
@@ -283,7 +285,12 @@ fn a_hub_whose_disk_fills_ten_times_heals_each_time_and_loses_nothing() {
         pings.len()
     );
     assert_eq!(c.events_lost, 0, "{c:?}");
-    assert_eq!(c.nests_lost, 0, "a nest was lost for the hub's disk: {c:?}\n{}", tail(&f.hub_log(), 60));
+    assert_eq!(
+        c.nests_lost,
+        0,
+        "a nest was lost for the hub's disk: {c:?}\n{}",
+        tail(&f.hub_log(), 60)
+    );
     assert_eq!(ids(&f), instances_before, "instances were replaced");
     assert!(
         !f.hub_log().contains("Read corrupted data"),
@@ -342,7 +349,11 @@ fn a_nest_whose_disk_fills_ten_times_keeps_running_and_loses_nothing() {
     assert_safe(&f, &counts);
     assert_eq!(counts.terminal, counts.acknowledged, "{counts:?}");
     assert_eq!(counts.succeeded, counts.acknowledged, "{counts:?}");
-    assert!(alive, "the nest died: {}", tail(&f.nests[0].proc.log_text(), 40));
+    assert!(
+        alive,
+        "the nest died: {}",
+        tail(&f.nests[0].proc.log_text(), 40)
+    );
     assert_eq!(c.nests_lost, 0, "{c:?}\n{}", tail(&f.hub_log(), 40));
     assert_eq!(ids(&f), instances_before, "instances were replaced");
 }
