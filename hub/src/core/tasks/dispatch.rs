@@ -142,6 +142,7 @@ impl Core {
             not_before_ms: 0,
             healthy_since_ms: 0,
             replacement: false,
+            slot_failures: 0,
             leaving_since_ms: 0,
             for_resume: true,
         };
