@@ -8,6 +8,7 @@ mod a2a;
 mod a2a_delegates;
 mod approvals;
 mod artifacts;
+mod backups;
 mod budgets;
 mod chaos;
 mod cli;

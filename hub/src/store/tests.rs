@@ -343,3 +343,59 @@ async fn a_snapshot_sled_never_finished_does_not_make_the_store_unreadable() {
     assert_eq!(got, Some(serde_json::json!({ "x": 7 })));
     assert!(!cut_short.exists());
 }
+
+/// An old unencrypted snapshot restores only when allowed; every restore starts the next store
+/// epoch and marks the store restored until the Hub re-queued what was in flight.
+#[tokio::test]
+async fn a_restore_starts_a_new_epoch_and_reads_a_plain_snapshot_only_when_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("snapshot.key");
+    sealed::SnapshotKey::create(&key_file).unwrap();
+    let key = sealed::SnapshotKey::load(&key_file).unwrap();
+    let source = open(&dir.path().join("source"));
+    put_deployment(&source, "default/a", 1);
+    let mut plain = Vec::new();
+    snapshot::write(source.raw(), &dir.path().join("source"), &mut plain).unwrap();
+
+    let into = dir.path().join("restored");
+    let how = snapshot::Opening::default();
+    let err = snapshot::restore(&plain[..], &into, how)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--allow-unencrypted"), "{err}");
+    assert!(!into.join("db").exists());
+    let allowed = snapshot::Opening {
+        key: None,
+        allow_unencrypted: true,
+    };
+    snapshot::restore(&plain[..], &into, allowed).unwrap();
+    let restored = open(&into.join("db"));
+    assert_eq!(
+        (
+            restored.store_epoch().unwrap(),
+            restored.restore_pending().unwrap()
+        ),
+        (1, 1)
+    );
+    restored.clear_restore_pending().unwrap();
+
+    // A sealed snapshot of the restored store, restored again: the epoch after that.
+    let mut sealed_bytes = Vec::new();
+    snapshot::write_sealed(restored.raw(), &into, &mut sealed_bytes, &key).unwrap();
+    restored.close();
+    let sealed_how = snapshot::Opening {
+        key: Some(&key),
+        allow_unencrypted: false,
+    };
+    let counts = snapshot::verify(&sealed_bytes[..], sealed_how).unwrap();
+    assert!(counts.records >= 2, "{counts:?}");
+    let again = dir.path().join("again");
+    snapshot::restore(&sealed_bytes[..], &again, sealed_how).unwrap();
+    let db = open(&again.join("db"));
+    assert_eq!(
+        (db.store_epoch().unwrap(), db.restore_pending().unwrap()),
+        (2, 2)
+    );
+    let got: Option<serde_json::Value> = db.get_json(Table::Deployments, "default/a").unwrap();
+    assert_eq!(got, Some(serde_json::json!({ "x": 1 })));
+}

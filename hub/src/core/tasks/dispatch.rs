@@ -160,8 +160,9 @@ impl Core {
         if task.run_id.is_empty() {
             task.run_id = format!("run-{}", uuid::Uuid::now_v7().simple());
         }
-        // Attempts are the task's, never reused: the fence of the run moves with them.
-        task.attempt += 1;
+        // Attempts are the task's, never reused: the fence of the run moves with them; after
+        // a restore they start above any the Hub before it could have issued.
+        task.attempt = (task.attempt + 1).max(self.attempt_floor() + 1);
         self.db.set_run_attempt(&task.run_id, task.attempt)?;
         task.lease.nest_id = inst.nest_id.clone();
         task.lease.instance_id = inst.instance_id.clone();
