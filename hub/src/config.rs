@@ -49,6 +49,19 @@ pub struct HubOptions {
     /// Stopped and lost instances and lost Nests are hidden from the lists this long after
     /// they ended (`--hide-ended-after`, default 1h); asking for them still shows them.
     pub hide_ended_after: Duration,
+    /// Sealed snapshots written while serving (`--snapshot-every`); `None`: none.
+    pub snapshots: Option<SnapshotSchedule>,
+}
+
+/// `--snapshot-every D --snapshot-keep N --snapshot-dir DIR --snapshot-key-file PATH`.
+#[derive(Debug, Clone)]
+pub struct SnapshotSchedule {
+    pub every: Duration,
+    /// The newest this many snapshots in `dir` are kept; older ones are removed.
+    pub keep: usize,
+    pub dir: PathBuf,
+    /// The operator's snapshot key (`agen hub snapshot-key new`).
+    pub key_file: PathBuf,
 }
 
 /// Default of [`HubOptions::task_retention`]: 30 days.
@@ -166,6 +179,7 @@ impl Default for HubOptions {
             public_url: None,
             task_retention: DEFAULT_TASK_RETENTION,
             hide_ended_after: DEFAULT_HIDE_ENDED_AFTER,
+            snapshots: None,
         }
     }
 }
@@ -186,6 +200,15 @@ pub fn default_data_dir() -> PathBuf {
 impl HubOptions {
     /// Checks the options without touching the disk or the network.
     pub fn validate(&self) -> Result<()> {
+        if let Some(s) = &self.snapshots {
+            if s.every < Duration::from_secs(1) || s.keep == 0 {
+                return Err(HubError::Config(
+                    "--snapshot-every must be at least 1s and --snapshot-keep at least 1".into(),
+                ));
+            }
+            crate::store::sealed::SnapshotKey::load(&s.key_file)
+                .map_err(|e| HubError::Config(format!("--snapshot-key-file: {e}")))?;
+        }
         if self.insecure_plaintext && !self.listen.ip().is_loopback() {
             return Err(HubError::Config(format!(
                 "--insecure-plaintext is only allowed on a loopback listen address, not {}; listen on 127.0.0.1 or drop the flag to serve TLS",

@@ -96,11 +96,6 @@ impl Core {
                         return Ok(old.clone());
                     }
                     let mut rec = old.clone();
-                    if old.bundle_digest != spec.bundle_digest {
-                        rec.failures = 0;
-                        rec.backoff_until_ms = 0;
-                        rec.last_failure.clear();
-                    }
                     rec.bundle_digest = spec.bundle_digest.clone();
                     rec.replicas = spec.replicas;
                     rec.selector = spec.selector.clone();
@@ -121,9 +116,6 @@ impl Core {
                     created_at_ms: now,
                     updated_at_ms: now,
                     agent_name: meta.agent_name.clone(),
-                    failures: 0,
-                    backoff_until_ms: 0,
-                    last_failure: String::new(),
                 },
             };
             if let Some(old) = st.deployments.get(&key).cloned() {

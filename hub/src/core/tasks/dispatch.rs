@@ -142,6 +142,7 @@ impl Core {
             not_before_ms: 0,
             healthy_since_ms: 0,
             replacement: false,
+            slot_failures: 0,
             leaving_since_ms: 0,
             for_resume: true,
         };
@@ -159,8 +160,9 @@ impl Core {
         if task.run_id.is_empty() {
             task.run_id = format!("run-{}", uuid::Uuid::now_v7().simple());
         }
-        // Attempts are the task's, never reused: the fence of the run moves with them.
-        task.attempt += 1;
+        // Attempts are the task's, never reused: the fence of the run moves with them; after
+        // a restore they start above any the Hub before it could have issued.
+        task.attempt = (task.attempt + 1).max(self.attempt_floor() + 1);
         self.db.set_run_attempt(&task.run_id, task.attempt)?;
         task.lease.nest_id = inst.nest_id.clone();
         task.lease.instance_id = inst.instance_id.clone();
