@@ -64,7 +64,8 @@ pub enum Command {
     /// Artifacts saved by agents
     #[command(subcommand)]
     Artifacts(cmd::artifacts::Command),
-    /// Deployments as A2A agents: `agen a2a ls` prints each one's agent card URL
+    /// Deployments as A2A agents: `agen a2a ls` prints each one's agent card URL, `agen a2a
+    /// serve` serves one at a local origin of its own
     #[command(subcommand)]
     A2a(cmd::a2a::Command),
     /// Secrets with source platform: set (value from stdin), ls, rm

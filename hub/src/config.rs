@@ -51,6 +51,8 @@ pub struct HubOptions {
     pub hide_ended_after: Duration,
     /// Sealed snapshots written while serving (`--snapshot-every`); `None`: none.
     pub snapshots: Option<SnapshotSchedule>,
+    /// How deployments are served as A2A agents.
+    pub a2a: A2aOptions,
 }
 
 /// `--snapshot-every D --snapshot-keep N --snapshot-dir DIR --snapshot-key-file PATH`.
@@ -62,6 +64,37 @@ pub struct SnapshotSchedule {
     pub dir: PathBuf,
     /// The operator's snapshot key (`agen hub snapshot-key new`).
     pub key_file: PathBuf,
+}
+
+/// How the Hub serves deployments as A2A agents (`agen hub --a2a-*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct A2aOptions {
+    /// Agent cards are readable without a token (`--a2a-public-cards`, default true); when
+    /// false a card needs the same token as the JSON-RPC endpoint (401 otherwise).
+    pub public_cards: bool,
+    /// The public card also shows what only a token holder sees by default: the bundle digest
+    /// as the version, the namespace and deployment (`--a2a-card-details`, default false).
+    pub card_details: bool,
+    /// Serve each deployment at an origin of its own, `<deployment>.<namespace>.<domain>`
+    /// (`--a2a-domain`); `None`: only at `/a2a/<namespace>/<deployment>`.
+    pub domain: Option<String>,
+    /// How long a blocking `SendMessage` waits for its task to end or need input before it
+    /// answers with the task as it is (`--a2a-send-wait`, default 5m).
+    pub send_wait: Duration,
+}
+
+/// Default of [`A2aOptions::send_wait`]: 5 minutes.
+pub const DEFAULT_A2A_SEND_WAIT: Duration = Duration::from_secs(300);
+
+impl Default for A2aOptions {
+    fn default() -> Self {
+        A2aOptions {
+            public_cards: true,
+            card_details: false,
+            domain: None,
+            send_wait: DEFAULT_A2A_SEND_WAIT,
+        }
+    }
 }
 
 /// Default of [`HubOptions::task_retention`]: 30 days.
@@ -180,6 +213,7 @@ impl Default for HubOptions {
             task_retention: DEFAULT_TASK_RETENTION,
             hide_ended_after: DEFAULT_HIDE_ENDED_AFTER,
             snapshots: None,
+            a2a: A2aOptions::default(),
         }
     }
 }
@@ -224,6 +258,26 @@ impl HubOptions {
                     "--public-url {u:?}: expected the Hub's URL as clients reach it, such as https://hub.example.com:7070"
                 )));
             }
+        }
+        if let Some(d) = &self.a2a.domain {
+            let ok = !d.is_empty()
+                && d.len() <= 200
+                && d.split('.').all(|l| {
+                    !l.is_empty()
+                        && l.len() <= 63
+                        && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                });
+            if !ok {
+                return Err(HubError::Config(format!(
+                    "--a2a-domain {d:?}: expected a DNS domain such as agents.example.com (deployments are served at <deployment>.<namespace>.<domain>)"
+                )));
+            }
+        }
+        if self.a2a.send_wait > Duration::from_secs(3600) {
+            return Err(HubError::Config(format!(
+                "--a2a-send-wait {:?} is too long; expected at most 1h (default 5m)",
+                self.a2a.send_wait
+            )));
         }
         if self.task_retention < Duration::from_secs(1) {
             return Err(HubError::Config(format!(

@@ -35,6 +35,23 @@ pub struct Args {
     /// listening on all addresses]
     #[arg(long, value_name = "URL", env = "AGEN_HUB_PUBLIC_URL")]
     pub public_url: Option<String>,
+    /// Serve each deployment's public A2A agent card without a token; false: a card needs the
+    /// same token as the agent (401 otherwise)
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub a2a_public_cards: bool,
+    /// Show the bundle digest and the namespace/deployment in the public A2A cards too (by
+    /// default only GetExtendedAgentCard, with a token, shows them)
+    #[arg(long)]
+    pub a2a_card_details: bool,
+    /// Also serve each deployment at an origin of its own, https://<deployment>.<namespace>.DOMAIN
+    /// (its card at /.well-known/agent-card.json, JSON-RPC at /); point a wildcard DNS name at
+    /// the Hub and give its certificate the names (--tls-name)
+    #[arg(long, value_name = "DOMAIN")]
+    pub a2a_domain: Option<String>,
+    /// How long a blocking A2A SendMessage waits for its task to end or need input before it
+    /// answers with the task as it is (clients poll with GetTask)
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = crate::cmd::parse_duration)]
+    pub a2a_send_wait: Duration,
     /// Address to listen on
     #[arg(long, env = "AGEN_HUB_LISTEN", default_value = agen_hub::config::DEFAULT_LISTEN)]
     pub listen: SocketAddr,
@@ -192,6 +209,12 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 eprintln!("error: {e}");
                 return Ok(64);
             }
+        },
+        a2a: agen_hub::config::A2aOptions {
+            public_cards: args.a2a_public_cards,
+            card_details: args.a2a_card_details,
+            domain: args.a2a_domain.clone(),
+            send_wait: args.a2a_send_wait,
         },
         otlp: match agen_hub::config::OtlpOptions::resolve(args.otlp_endpoint.as_deref(), |k| {
             std::env::var(k).ok()

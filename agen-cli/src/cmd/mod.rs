@@ -2,6 +2,7 @@
 //! returning the exit code. Helpers shared by several commands live here.
 
 pub mod a2a;
+pub mod a2a_serve;
 pub mod approvals;
 pub mod artifacts;
 pub mod audit;
