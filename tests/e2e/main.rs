@@ -15,6 +15,7 @@ mod delegates;
 mod deploy;
 mod fleet;
 mod hostile_bundle;
+mod hostile_clients;
 mod hostile_keen;
 mod identity;
 mod init;
