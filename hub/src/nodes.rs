@@ -62,6 +62,8 @@ pub enum ToNest {
         approved: bool,
         reason: String,
         by: String,
+        /// The digest of the call decided (`ApprovalRequested::digest`).
+        digest: String,
     },
     /// Keeps the Nest's self-fence timer from firing (see `HubPing` in nest.proto).
     Ping,

@@ -17,6 +17,7 @@ mod deploy;
 mod disk_full;
 mod fleet;
 mod hostile_bundle;
+mod hostile_clients;
 mod hostile_keen;
 mod identity;
 mod init;

@@ -392,6 +392,7 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             approved,
             reason,
             by,
+            digest,
         } => Msg::ApprovalDecided(pb::ApprovalDecision {
             run_id,
             instance_id,
@@ -399,6 +400,7 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             approved,
             reason,
             by,
+            digest,
         }),
         ToNest::Ack {
             run_id,
