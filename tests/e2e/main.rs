@@ -14,6 +14,7 @@ mod cli;
 mod delegates;
 mod deploy;
 mod fleet;
+mod guides;
 mod hostile_bundle;
 mod hostile_keen;
 mod identity;
