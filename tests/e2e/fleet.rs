@@ -416,66 +416,6 @@ fn redeploying_a_changed_bundle_rolls_instances_over() {
 }
 
 #[test]
-fn a_tool_server_that_fails_to_start_is_shown_with_its_stderr_and_replaced_with_back_off() {
-    let tmp = tempfile::tempdir().unwrap();
-    let hub = HubProcess::start(tmp.path()).unwrap();
-    let _nest = hub.nest("solo", &[], &[]).unwrap();
-    let bundle = tmp.path().join("bundle");
-    write_bundle(
-        &bundle,
-        &[
-            (
-                "mcp.json",
-                mcp_json(&[
-                    ("time", json!({"command": Peers::mcp_server_time()})),
-                    (
-                        "broken",
-                        json!({"command": Peers::python(), "args": ["-c", "import sys; sys.stderr.write('ModuleNotFoundError: no module named crm_marker\\n'); sys.exit(3)"]}),
-                    ),
-                ]),
-            ),
-            ("x-agen/agent.md", "---\nmodel: openai/gpt-4.1-mini\n---\nBroken.\n".into()),
-        ],
-    )
-    .unwrap();
-    deploy(&hub, &bundle, "broken", 1);
-    let list = hub
-        .wait_instances(
-            "the broken server to be reported",
-            Duration::from_secs(60),
-            |l| {
-                l.iter()
-                    .any(|i| i["servers_not_connected"] == json!(["broken"]))
-            },
-        )
-        .unwrap();
-    let i = list
-        .iter()
-        .find(|i| i["servers_not_connected"] == json!(["broken"]))
-        .unwrap();
-    assert_eq!(i["healthy"], false, "{i}");
-    assert!(
-        i["server_errors"][0]["reason"]
-            .as_str()
-            .unwrap()
-            .contains("crm_marker"),
-        "{i}"
-    );
-    // People see why in `agen ps --all`.
-    let table = String::from_utf8(hub.cli(&["ps", "--all"]).unwrap().stdout).unwrap();
-    assert!(
-        table.contains("broken") && table.contains("crm_marker"),
-        "{table}"
-    );
-    // Replacements keep failing, so they back off, and ps says so.
-    hub.wait_instances("a back-off message", Duration::from_secs(60), |l| {
-        l.iter()
-            .any(|i| i["message"].as_str().unwrap_or("").contains("back-off"))
-    })
-    .unwrap();
-}
-
-#[test]
 fn an_unreachable_hub_is_a_clear_error() {
     let tmp = tempfile::tempdir().unwrap();
     let config = tmp.path().join("client.toml");

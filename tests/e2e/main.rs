@@ -16,6 +16,7 @@ mod delegates;
 mod deploy;
 mod disk_full;
 mod fleet;
+mod guides;
 mod hostile_bundle;
 mod hostile_clients;
 mod hostile_keen;
