@@ -11,6 +11,7 @@ mod artifacts;
 mod budgets;
 mod chaos;
 mod cli;
+mod day_two;
 mod delegates;
 mod deploy;
 mod fleet;
