@@ -12,6 +12,7 @@ mod backups;
 mod budgets;
 mod chaos;
 mod cli;
+mod day_two;
 mod delegates;
 mod deploy;
 mod disk_full;

@@ -1,6 +1,7 @@
 //! `agen deploy DIR [--name NAME]`: validates the bundle locally (a bad bundle changes
 //! nothing), uploads it content-addressed, then creates or rolls the deployment (named after
-//! the bundle's agent unless `--name` says otherwise, as `agen up --deploy` does).
+//! the bundle's agent unless `--name` says otherwise, as `agen up --deploy` does), keeping its
+//! replica count unless `--replicas` says otherwise.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -21,9 +22,9 @@ pub struct Args {
     /// Deployment name (default: the bundle's name: `name` in x-agen/agent.md, else the folder's)
     #[arg(long)]
     pub name: Option<String>,
-    /// Number of instances
-    #[arg(long, default_value_t = 1)]
-    pub replicas: u32,
+    /// Number of instances (default: as many as the deployment has now, 1 for a new one)
+    #[arg(long)]
+    pub replicas: Option<u32>,
     /// Tasks one instance runs at a time
     #[arg(long, default_value_t = 1)]
     pub concurrency: u32,
@@ -57,11 +58,15 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     };
     let name = args.name.clone().unwrap_or_else(|| default_name(&loaded));
     let mut hub = args.client.connect()?;
+    let replicas = match args.replicas {
+        Some(n) => n,
+        None => current_replicas(&mut hub, &name).await?.unwrap_or(1),
+    };
     let deployment = deploy(
         &mut hub,
         &args.dir,
         &name,
-        args.replicas,
+        replicas,
         args.concurrency,
         &args.selector,
     )
@@ -117,6 +122,23 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         ),
     }
     Ok(0)
+}
+
+/// The replica count of deployment `name` now (`None`: there is none): `agen deploy` without
+/// `--replicas` keeps it, so a deploy after `agen scale` never changes capacity.
+async fn current_replicas(hub: &mut Hub, name: &str) -> anyhow::Result<Option<u32>> {
+    let got = hub
+        .client
+        .get_deployment(pb::GetDeploymentRequest {
+            namespace: hub.namespace.clone(),
+            name: name.to_owned(),
+        })
+        .await;
+    match got {
+        Ok(d) => Ok(d.into_inner().deployment.map(|d| d.replicas)),
+        Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
+        Err(s) => Err(status_error(hub, s)),
+    }
 }
 
 /// The deployment name a bundle gets when none is given: its agent's name, lowercased.

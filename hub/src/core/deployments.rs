@@ -112,7 +112,8 @@ impl Core {
                     replicas: spec.replicas,
                     selector: spec.selector.clone(),
                     concurrency,
-                    generation: 1,
+                    // Created again after `agen rm`: its kept history goes on.
+                    generation: self.last_recorded_generation(&namespace, &spec.name) + 1,
                     created_at_ms: now,
                     updated_at_ms: now,
                     agent_name: meta.agent_name.clone(),

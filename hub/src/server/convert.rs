@@ -101,6 +101,7 @@ pub fn nest(n: &NestRec, instances: u32) -> pb::Nest {
         revoked: false,
         cordoned: n.cordoned,
         separation: n.separation.clone(),
+        draining_until_ms: n.draining_until_ms,
     }
 }
 
