@@ -26,7 +26,9 @@ fn submit(hub: &HubProcess, deployment: &str) -> String {
 }
 
 fn of<'a>(list: &'a [Value], deployment: &str) -> Vec<&'a Value> {
-    list.iter().filter(|i| i["deployment"] == deployment).collect()
+    list.iter()
+        .filter(|i| i["deployment"] == deployment)
+        .collect()
 }
 
 /// The broken server's words on stderr before it exits, never answering `initialize`.
@@ -44,8 +46,8 @@ const BROKEN: &str =
 /// replacement shows the server that is not connected too. A task that cannot run says why it
 /// is queued.
 #[test]
-fn agen_ps_all_shows_how_many_tools_each_instance_loaded_and_any_tool_server_that_is_not_connected(
-) {
+fn agen_ps_all_shows_how_many_tools_each_instance_loaded_and_any_tool_server_that_is_not_connected()
+{
     let tmp = tempfile::tempdir().unwrap();
     let hub = HubProcess::start(tmp.path()).unwrap();
     let nest = hub.nest("solo", &[], &[]).unwrap();
@@ -84,8 +86,7 @@ fn agen_ps_all_shows_how_many_tools_each_instance_loaded_and_any_tool_server_tha
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "deploy --wait: {stderr}");
     assert!(
-        stderr.contains("tool server broken is not connected: ")
-            && stderr.contains("crm_marker"),
+        stderr.contains("tool server broken is not connected: ") && stderr.contains("crm_marker"),
         "deploy --wait prints the server and its cause: {stderr}"
     );
 
@@ -103,7 +104,10 @@ fn agen_ps_all_shows_how_many_tools_each_instance_loaded_and_any_tool_server_tha
             .contains("crm_marker"),
         "{i}"
     );
-    assert!(i["tools_loaded"].as_u64().unwrap() >= 2, "time's tools: {i}");
+    assert!(
+        i["tools_loaded"].as_u64().unwrap() >= 2,
+        "time's tools: {i}"
+    );
     let table = text(&hub.cli(&["ps", "--all"]).unwrap().stdout);
     assert!(
         table.contains("broken: ") && table.contains("crm_marker"),
