@@ -338,14 +338,31 @@ fn list_tasks_cards_origins_json_rpc_and_lifecycle_are_by_the_a2a_book() {
     let t3 = doomed["id"].as_str().unwrap().to_owned();
     let c = f.a2a_to(&agent, &token, json!({"op": "cancel", "id": t3}));
     assert_eq!(c["task"]["status"]["state"], "TASK_STATE_CANCELED", "{c}");
-    // SubscribeToTask of an ended task is an unsupported operation.
-    let s = rpc(
-        &f,
-        &token,
-        &agent,
-        json!({"jsonrpc": "2.0", "id": 2, "method": "SubscribeToTask", "params": {"id": t3}}),
-    );
-    assert_eq!(code(&s), -32004, "{s}");
+    // SubscribeToTask of an ended task is an unsupported operation, of an unknown one not
+    // found: each an SSE stream of one JSON-RPC error event, where a stream reader reads.
+    for (id, want) in [(t3.as_str(), -32004), ("nonexistent-task-id", -32001)] {
+        let body =
+            json!({"jsonrpc": "2.0", "id": 2, "method": "SubscribeToTask", "params": {"id": id}});
+        let r = raw(&f, &token, "POST", &agent, &body.to_string(), ct.clone());
+        assert!(
+            r["headers"]["content-type"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("text/event-stream")),
+            "{r}"
+        );
+        let data = r["text"]
+            .as_str()
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("data: "))
+            .unwrap_or_else(|| panic!("{r}"));
+        let event: Value = serde_json::from_str(data).unwrap();
+        assert_eq!(
+            (code(&event), event["id"].clone()),
+            (want, json!(2)),
+            "{event}"
+        );
+    }
     // The continuation is a task of the context, run after the first.
     let in_ctx = f.a2a_to(&agent, &token, json!({"op": "list", "context_id": ctx}));
     let t2 = ids(&in_ctx["list"])
@@ -645,4 +662,13 @@ fn list_tasks_cards_origins_json_rpc_and_lifecycle_are_by_the_a2a_book() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
+    // File content: UTF-8 bytes are taken as text, binary bytes refused (-32005).
+    let part = |raw: &str| json!({"jsonrpc": "2.0", "id": 3, "method": "SendMessage", "params": {"configuration": {"returnImmediately": true}, "message": {"messageId": format!("m-raw-{raw}"), "role": "ROLE_USER", "parts": [{"text": "read this"}, {"raw": raw, "mediaType": "application/octet-stream"}]}}});
+    let text = rpc(&f, &token, &agent, part("VGhpcyBpcyB0ZXN0IGJpbmFyeSBkYXRh"));
+    assert_eq!(
+        text["result"]["task"]["history"][0]["parts"][0]["text"],
+        "read this\nThis is test binary data",
+        "{text}"
+    );
+    assert_eq!(code(&rpc(&f, &token, &agent, part("/wA="))), -32005);
 }
