@@ -9,7 +9,8 @@
 # (A2A_AUTH_TOKEN), `agen a2a serve greeter` on http://localhost:PORT/, and the Hub answering a
 # blocking SendMessage after 300 ms (`--a2a-send-wait`: the TCK polls a task it just sent for
 # TASK_STATE_WORKING, so the send must come back before the task ends). Prints the TCK's
-# summary per category; exit status 0 only when no category had a failure.
+# summary per category (the full logs, with each skip and failure reason, go to
+# target/a2a-tck-<category>.log); exit status 0 only when no category had a failure.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 tck="$(cd "${1:?usage: tests/soak/a2a_tck.sh TCK_DIR [CATEGORY...]}" && pwd)"
@@ -76,7 +77,7 @@ for _ in $(seq 1 100); do grep -q "serving deployment" "$work/serve.log" && brea
 status=0
 for c in "${categories[@]}"; do
   echo "== TCK category $c against http://localhost:$serve_port/"
-  (cd "$tck" && A2A_AUTH_TYPE=bearer A2A_AUTH_TOKEN="$token" \
+  (cd "$tck" && A2A_AUTH_TYPE=bearer A2A_AUTH_TOKEN="$token" PYTEST_ADDOPTS="-rfs" \
     .venv/bin/python run_tck.py --sut-url "http://localhost:$serve_port" --category "$c" \
     >"$work/tck-$c.log" 2>&1) || status=1
   grep -E "passed|failed|skipped|error" "$work/tck-$c.log" | grep -E "^=+ |[0-9]+ (passed|failed)" | tail -n 3
