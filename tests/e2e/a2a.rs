@@ -438,7 +438,8 @@ fn an_a2a_sdk_client_fetches_the_card_sends_streams_gets_cancels_and_continues_a
 fn an_ask_call_is_input_required_over_a2a_and_tokens_that_may_not_submit_are_refused() {
     // The Hub's public URL (here `localhost`, a name its certificate has) makes the card URLs
     // and the cards' interface URLs; clients then reach it there. Its cards are private
-    // (`--a2a-public-cards=false`): a card needs a token as the methods do.
+    // (`--a2a-public-cards=false`): a card needs a token as the methods do; and detailed
+    // (`--a2a-card-details`).
     let port = free_port();
     let public = format!("https://localhost:{port}");
     let tmp = tempfile::tempdir().unwrap();
@@ -446,7 +447,12 @@ fn an_ask_call_is_input_required_over_a2a_and_tokens_that_may_not_submit_are_ref
         tmp.path(),
         port,
         "3s",
-        &["--public-url", &public, "--a2a-public-cards=false"],
+        &[
+            "--public-url",
+            &public,
+            "--a2a-public-cards=false",
+            "--a2a-card-details",
+        ],
     )
     .unwrap();
     let nest = hub.nest("solo", &[], &[]).unwrap();
@@ -491,6 +497,20 @@ fn an_ask_call_is_input_required_over_a2a_and_tokens_that_may_not_submit_are_ref
         format!("{public}/a2a/default/asker"),
         "{card}"
     );
+    // `--a2a-card-details`: the well-known card says what the extended card says.
+    let ext = f.a2a_at(&public, &admin, "asker", json!({"op": "extended_card"}));
+    assert_eq!(
+        (
+            card["card"]["version"].clone(),
+            card["card"]["provider"]["organization"].clone()
+        ),
+        (
+            ext["card"]["version"].clone(),
+            json!("Agen deployment default/asker")
+        ),
+        "{card} {ext}"
+    );
+    assert_ne!(card["card"]["version"], "generation 1", "{card}");
 
     // The blocking send comes back when the task needs a person: INPUT_REQUIRED, naming
     // `agen approve`.
