@@ -378,6 +378,34 @@ mod tests {
     }
 
     #[test]
+    fn an_a2a_domain_is_a_dns_domain_and_the_send_wait_at_most_an_hour() {
+        let check = |domain: &str, wait: u64| {
+            HubOptions {
+                a2a: A2aOptions {
+                    domain: Some(domain.into()),
+                    send_wait: Duration::from_secs(wait),
+                    ..A2aOptions::default()
+                },
+                ..HubOptions::default()
+            }
+            .validate()
+            .is_ok()
+        };
+        assert!(check("agents.example.com", 0));
+        assert!(check("localhost", 3600));
+        assert!(!check("agents.example.com", 3601));
+        for bad in [
+            "",
+            "agents..example.com",
+            "*.example.com",
+            "a b.com",
+            "x.com:443",
+        ] {
+            assert!(!check(bad, 1), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
     fn otlp_settings_follow_the_flag_then_the_standard_variables() {
         assert_eq!(OtlpOptions::resolve(None, env(&[])).unwrap(), None);
         let o = OtlpOptions::resolve(

@@ -2,7 +2,8 @@
 //! (`tests/peers/a2a_client.py`, JSON-RPC over HTTP/1.1 on the Hub's TLS port) on a real fleet:
 //! the agent card, `SendMessage` to completion, streaming with a progress status update and an
 //! artifact the agent saved, `GetTask`, `CancelTask`, a `contextId` continuing a conversation,
-//! `TASK_STATE_INPUT_REQUIRED` for an `ask` call, and tokens that may not submit refused.
+//! `TASK_STATE_INPUT_REQUIRED` for an `ask` call, and tokens that may not submit refused (the
+//! card too, on a Hub with `--a2a-public-cards=false`).
 
 #![allow(clippy::unwrap_used)] // a test: a panic is a failure with its message
 
@@ -16,15 +17,15 @@ use agen_tests::{
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
 
-struct Fleet {
-    tmp: tempfile::TempDir,
-    hub: HubProcess,
-    _nest: Option<NestProcess>,
-    models: Vec<FakeModel>,
+pub(crate) struct Fleet {
+    pub(crate) tmp: tempfile::TempDir,
+    pub(crate) hub: HubProcess,
+    pub(crate) _nest: Option<NestProcess>,
+    pub(crate) models: Vec<FakeModel>,
 }
 
 impl Fleet {
-    fn start() -> Fleet {
+    pub(crate) fn start() -> Fleet {
         let tmp = tempfile::tempdir().unwrap();
         let hub = HubProcess::start(tmp.path()).unwrap();
         let nest = hub.nest("solo", &[], &[]).unwrap();
@@ -37,7 +38,7 @@ impl Fleet {
     }
 
     /// Deploys `name` whose model follows `script`, with more bundle files.
-    fn deploy(&mut self, name: &str, script: Value, files: &[(&str, String)]) {
+    pub(crate) fn deploy(&mut self, name: &str, script: Value, files: &[(&str, String)]) {
         let model =
             FakeModel::start(&self.tmp.path().join(format!("model-{name}")), &script).unwrap();
         let dir = self.tmp.path().join(name);
@@ -62,14 +63,14 @@ impl Fleet {
         self.models.push(model);
     }
 
-    fn admin_token(&self) -> String {
+    pub(crate) fn admin_token(&self) -> String {
         std::fs::read_to_string(self.hub.dir.join("hub/admin-token"))
             .unwrap()
             .trim()
             .to_owned()
     }
 
-    fn token(&self, namespace: &str, role: &str, name: &str) -> String {
+    pub(crate) fn token(&self, namespace: &str, role: &str, name: &str) -> String {
         let t = self
             .hub
             .cli_json(&[
@@ -89,13 +90,18 @@ impl Fleet {
     }
 
     /// Runs one operation of the a2a-sdk client against deployment `deployment`.
-    fn a2a(&self, token: &str, deployment: &str, op: Value) -> Value {
+    pub(crate) fn a2a(&self, token: &str, deployment: &str, op: Value) -> Value {
         self.a2a_at(&self.hub.url(), token, deployment, op)
     }
 
     /// [`Fleet::a2a`] with the Hub at `base` (a public URL).
-    fn a2a_at(&self, base: &str, token: &str, deployment: &str, mut op: Value) -> Value {
-        op["agent"] = json!(format!("{base}/a2a/default/{deployment}"));
+    pub(crate) fn a2a_at(&self, base: &str, token: &str, deployment: &str, op: Value) -> Value {
+        self.a2a_to(&format!("{base}/a2a/default/{deployment}"), token, op)
+    }
+
+    /// [`Fleet::a2a`] with the agent at `agent` (its interface URL, the card below it).
+    pub(crate) fn a2a_to(&self, agent: &str, token: &str, mut op: Value) -> Value {
+        op["agent"] = json!(agent);
         op["token"] = json!(token);
         op["ca_file"] = json!(self.hub.dir.join("hub/tls/ca.pem"));
         let mut child = Command::new(Peers::python())
@@ -122,14 +128,14 @@ impl Fleet {
         })
     }
 
-    fn state_of(&self, task: &str) -> String {
+    pub(crate) fn state_of(&self, task: &str) -> String {
         let q = self.hub.cli_json(&["query", task, "-o", "json"]).unwrap();
         q["state"].as_str().unwrap_or_default().to_owned()
     }
 }
 
 /// The text of a status message.
-fn status_text(status: &Value) -> String {
+pub(crate) fn status_text(status: &Value) -> String {
     status["message"]["parts"][0]["text"]
         .as_str()
         .unwrap_or_default()
@@ -137,7 +143,7 @@ fn status_text(status: &Value) -> String {
 }
 
 /// The task of a one-event (non-streaming) send.
-fn sent_task(r: &Value) -> Value {
+pub(crate) fn sent_task(r: &Value) -> Value {
     let events = r["events"]
         .as_array()
         .unwrap_or_else(|| panic!("no events: {r}"));
@@ -431,12 +437,24 @@ fn an_a2a_sdk_client_fetches_the_card_sends_streams_gets_cancels_and_continues_a
 #[test]
 fn an_ask_call_is_input_required_over_a2a_and_tokens_that_may_not_submit_are_refused() {
     // The Hub's public URL (here `localhost`, a name its certificate has) makes the card URLs
-    // and the cards' interface URLs; clients then reach it there.
+    // and the cards' interface URLs; clients then reach it there. Its cards are private
+    // (`--a2a-public-cards=false`): a card needs a token as the methods do; and detailed
+    // (`--a2a-card-details`).
     let port = free_port();
     let public = format!("https://localhost:{port}");
     let tmp = tempfile::tempdir().unwrap();
-    let hub =
-        HubProcess::start_with_args(tmp.path(), port, "3s", &["--public-url", &public]).unwrap();
+    let hub = HubProcess::start_with_args(
+        tmp.path(),
+        port,
+        "3s",
+        &[
+            "--public-url",
+            &public,
+            "--a2a-public-cards=false",
+            "--a2a-card-details",
+        ],
+    )
+    .unwrap();
     let nest = hub.nest("solo", &[], &[]).unwrap();
     let mut f = Fleet {
         tmp,
@@ -479,6 +497,20 @@ fn an_ask_call_is_input_required_over_a2a_and_tokens_that_may_not_submit_are_ref
         format!("{public}/a2a/default/asker"),
         "{card}"
     );
+    // `--a2a-card-details`: the well-known card says what the extended card says.
+    let ext = f.a2a_at(&public, &admin, "asker", json!({"op": "extended_card"}));
+    assert_eq!(
+        (
+            card["card"]["version"].clone(),
+            card["card"]["provider"]["organization"].clone()
+        ),
+        (
+            ext["card"]["version"].clone(),
+            json!("Agen deployment default/asker")
+        ),
+        "{card} {ext}"
+    );
+    assert_ne!(card["card"]["version"], "generation 1", "{card}");
 
     // The blocking send comes back when the task needs a person: INPUT_REQUIRED, naming
     // `agen approve`.
@@ -509,14 +541,35 @@ fn an_ask_call_is_input_required_over_a2a_and_tokens_that_may_not_submit_are_ref
     );
     assert!(!marker.exists(), "nothing ran before the decision");
 
-    // Approved, the subscriber sees it through to the end.
+    // Approved, a subscriber (attached before: an ended task has nothing to subscribe to) sees
+    // it through to the end.
+    let mut op = json!({"op": "subscribe", "id": id, "announce": true});
+    op["agent"] = json!(format!("{public}/a2a/default/asker"));
+    op["token"] = json!(admin);
+    op["ca_file"] = json!(f.hub.dir.join("hub/tls/ca.pem"));
+    let mut child = Command::new(Peers::python())
+        .arg(Peers::script("a2a_client.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(op.to_string().as_bytes())
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), r#"{"attached": true}"#);
     let out = f.hub.cli(&["approve", &id]).unwrap();
     assert!(
         out.status.success(),
         "approve: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let s = f.a2a(&admin, "asker", json!({"op": "subscribe", "id": id}));
+    let s: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    child.wait().unwrap();
     let last = s["events"]
         .as_array()
         .and_then(|e| e.last())
@@ -530,7 +583,7 @@ fn an_ask_call_is_input_required_over_a2a_and_tokens_that_may_not_submit_are_ref
     assert!(status_text(&end).starts_with("saw: "), "{s}");
 
     // Refused: an unknown token (401), a viewer (403), a submitter of another namespace (403);
-    // the card as well as the methods.
+    // the card (private on this Hub) as well as the methods.
     let viewer = f.token("default", "viewer", "a2a-viewer");
     let elsewhere = f.token("other", "submitter", "a2a-elsewhere");
     let mut refusals = Vec::new();

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 mod a2a;
 mod a2a_delegates;
+mod a2a_spec;
 mod approvals;
 mod artifacts;
 mod backups;

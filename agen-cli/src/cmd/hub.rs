@@ -45,7 +45,7 @@ pub struct Args {
     pub a2a_card_details: bool,
     /// Also serve each deployment at an origin of its own, https://<deployment>.<namespace>.DOMAIN
     /// (its card at /.well-known/agent-card.json, JSON-RPC at /); point a wildcard DNS name at
-    /// the Hub and give its certificate the names (--tls-name)
+    /// the Hub and give its certificate the names (--tls-name '*.<namespace>.DOMAIN')
     #[arg(long, value_name = "DOMAIN")]
     pub a2a_domain: Option<String>,
     /// How long a blocking A2A SendMessage waits for its task to end or need input before it

@@ -182,12 +182,18 @@ impl Call {
             after.as_ref().map(|(ms, id)| (*ms, id.as_str())),
             usize::try_from(page_size).unwrap_or(usize::MAX),
         );
+        // The tasks that continued others, read once for the page's histories.
+        let followers = if shape.history_length == Some(0) {
+            Vec::new()
+        } else {
+            self.a.core.labelled(&self.namespace, view::CONTINUES_LABEL)
+        };
         let mut tasks = Vec::new();
         let mut bytes = 0usize;
         let mut cut_short = false;
         let mut last: Option<&TaskRec> = None;
         for t in &page.tasks {
-            let v = view::shaped(&self.a.core, t, shape)
+            let v = view::shaped_with(&self.a.core, t, shape, &followers)
                 .map_err(|e| super::rpc_error(e, codes::TASK_NOT_FOUND))?;
             bytes += task_bytes(&v);
             if !tasks.is_empty() && bytes > MAX_PAGE_BYTES {

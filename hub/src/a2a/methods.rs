@@ -13,6 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine;
 use sha2::{Digest, Sha256};
 
 use super::types::*;
@@ -60,11 +61,24 @@ fn input_of(m: &Message) -> Result<String, RpcError> {
             pieces.push(t.clone());
         } else if let Some(d) = &p.data {
             pieces.push(d.to_string());
-        } else if p.raw.is_some() || p.url.is_some() {
+        } else if let Some(raw) = &p.raw {
+            // Bytes that are UTF-8 text are taken as text; binary content is not.
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(raw.trim())
+                .map_err(|e| invalid(format!("message.parts[{i}].raw: not base64: {e}")))?;
+            let text = String::from_utf8(bytes).map_err(|_| RpcError {
+                code: codes::CONTENT_TYPE_NOT_SUPPORTED,
+                message: format!(
+                    "message.parts[{i}]: binary content ({}) is not accepted; send text, UTF-8 file content or data parts",
+                    p.media_type.as_deref().unwrap_or("no media type")
+                ),
+            })?;
+            pieces.push(text);
+        } else if p.url.is_some() {
             return Err(RpcError {
                 code: codes::CONTENT_TYPE_NOT_SUPPORTED,
                 message: format!(
-                    "message.parts[{i}]: file parts are not accepted; send the task as text or data parts"
+                    "message.parts[{i}]: file parts by URL are not accepted; send the content as text, raw UTF-8 or data parts"
                 ),
             });
         }

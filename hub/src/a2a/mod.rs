@@ -485,9 +485,9 @@ async fn dispatch(
         "SendStreamingMessage" => match params(&req.method, req.params) {
             Ok(p) => match call.send_streaming(p, id.clone()).await {
                 Ok(sse) => sse.into_response(),
-                Err(e) => answer::<()>(id, Err(e)),
+                Err(e) => stream::failed(&id, e).into_response(),
             },
-            Err(e) => answer::<()>(id, Err(e)),
+            Err(e) => stream::failed(&id, e).into_response(),
         },
         "GetTask" => match params(&req.method, req.params) {
             Ok(p) => answer(id, call.get_task(p)),
@@ -504,9 +504,9 @@ async fn dispatch(
         "SubscribeToTask" => match params(&req.method, req.params) {
             Ok(p) => match call.subscribe(p, id.clone()) {
                 Ok(sse) => sse.into_response(),
-                Err(e) => answer::<()>(id, Err(e)),
+                Err(e) => stream::failed(&id, e).into_response(),
             },
-            Err(e) => answer::<()>(id, Err(e)),
+            Err(e) => stream::failed(&id, e).into_response(),
         },
         "GetExtendedAgentCard" => {
             let target = Target {

@@ -3,7 +3,8 @@
 //! for, the result) and an artifact update for each artifact it saves, until it ends. Updates
 //! come from the Hub's task update broadcast, with a periodic re-read so that a lagging
 //! subscriber misses nothing but intermediate steps; the stream ends at once if the caller's
-//! token is revoked or expires.
+//! token is revoked or expires. A streaming call that cannot start (bad params, no such task,
+//! an ended task) is answered with a stream of one error event ([`failed`]).
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -39,6 +40,15 @@ fn event<T: serde::Serialize>(id: &Value, r: T) -> Event {
 fn error_event(id: &Value, e: RpcError) -> Event {
     let json = serde_json::to_string(&RpcResponse::err(id.clone(), e)).unwrap_or_default();
     Event::default().event("error").data(json)
+}
+
+/// A stream of one error event: how a streaming method that cannot start answers, so that a
+/// client reading SSE reads the JSON-RPC error where it reads events.
+pub fn failed(id: &Value, e: RpcError) -> Sse {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(1);
+    // The channel has room for the one event; the sender then drops, ending the stream.
+    let _ = tx.try_send(Ok(error_event(id, e)));
+    axum::response::sse::Sse::new(ReceiverStream::new(rx)).keep_alive(KeepAlive::default())
 }
 
 /// What a status update compares: the state and its message text.

@@ -196,7 +196,26 @@ pub fn task(core: &Core, t: &TaskRec) -> Result<Task> {
 
 /// The A2A task, as much of it as `shape` says.
 pub fn shaped(core: &Core, t: &TaskRec, shape: Shape) -> Result<Task> {
-    let mut history = history(core, t);
+    let followers = if shape.history_length == Some(0) {
+        Vec::new()
+    } else {
+        core.labelled_in_conversation(
+            &t.namespace,
+            &t.conversation_id,
+            CONTINUES_LABEL,
+            &t.task_id,
+        )
+    };
+    shaped_with(core, t, shape, &followers)
+}
+
+/// [`shaped`] with the tasks that continued `t` already read (oldest first; others are skipped).
+pub fn shaped_with(core: &Core, t: &TaskRec, shape: Shape, followers: &[TaskRec]) -> Result<Task> {
+    let mut history = if shape.history_length == Some(0) {
+        Vec::new()
+    } else {
+        history(t, followers)
+    };
     if let Some(n) = shape.history_length {
         history.drain(..history.len().saturating_sub(n));
     }
@@ -215,19 +234,20 @@ pub fn shaped(core: &Core, t: &TaskRec, shape: Shape) -> Result<Task> {
 
 /// The task's input and its answer, then each message sent to it while it ran and the answer
 /// to that (the run of the message), oldest first.
-fn history(core: &Core, t: &TaskRec) -> Vec<Message> {
+fn history(t: &TaskRec, followers: &[TaskRec]) -> Vec<Message> {
     let mut history = vec![input_message(t)];
     history.extend(answer(t, &t.task_id));
-    for next in core.labelled_in_conversation(
-        &t.namespace,
-        &t.conversation_id,
-        CONTINUES_LABEL,
-        &t.task_id,
-    ) {
-        let mut m = input_message(&next);
+    let continues = |n: &&TaskRec| {
+        n.conversation_id == t.conversation_id
+            && n.labels
+                .get(CONTINUES_LABEL)
+                .is_some_and(|v| *v == t.task_id)
+    };
+    for next in followers.iter().filter(continues) {
+        let mut m = input_message(next);
         m.task_id = Some(t.task_id.clone());
         history.push(m);
-        history.extend(answer(&next, &t.task_id));
+        history.extend(answer(next, &t.task_id));
     }
     history
 }

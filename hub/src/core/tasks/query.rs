@@ -142,6 +142,20 @@ impl Core {
         found
     }
 
+    /// The tasks of `namespace` that have label `key`, in submission order.
+    pub fn labelled(&self, namespace: &str, key: &str) -> Vec<TaskRec> {
+        let namespace = namespace_or_default(namespace);
+        let st = self.lock();
+        let mut found: Vec<TaskRec> = st
+            .tasks
+            .values()
+            .filter(|t| t.namespace == namespace && t.labels.contains_key(key))
+            .cloned()
+            .collect();
+        found.sort_by_key(|t| t.seq);
+        found
+    }
+
     /// Stored events of a task with seq >= `from_seq`.
     pub fn task_events(&self, task_id: &str, from_seq: u64) -> Result<Vec<TaskEventRec>> {
         let mut prefix = task_id.as_bytes().to_vec();
