@@ -28,7 +28,7 @@ pub struct Args {
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
     /// Where the Hub keeps its state, CA and tokens [default: $AGEN_DATA_DIR/hub, else ~/.local/share/agen/hub]
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub data_dir: Option<PathBuf>,
     /// The URL A2A clients reach this Hub at (https://host:port); the agent cards' interface
     /// URLs start with it [default: https://<listen address>; the primary address when
@@ -108,6 +108,16 @@ pub enum Action {
         /// A file written by `agen hub snapshot`
         file: PathBuf,
     },
+    /// Check that the store holds everything it acknowledged (read-only): a stopped Hub's from
+    /// its files in --data-dir, a running one through the Hub (admin). Exit 0 intact, 1 damaged
+    Verify {
+        #[command(flatten)]
+        client: crate::client::ClientArgs,
+    },
+    /// Make a stopped Hub's damaged store servable again: keep every intact record, end the
+    /// tasks whose history is damaged failed (history_lost), and write a report file
+    /// (<data-dir>/repair-<unix ms>.txt)
+    Repair,
 }
 
 impl Args {
@@ -127,15 +137,19 @@ impl Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
+    let given_data_dir = args.data_dir.clone();
+    let data_dir = || {
+        given_data_dir
+            .clone()
+            .unwrap_or_else(agen_hub::default_data_dir)
+    };
     match args.action {
         Some(Action::Snapshot { file, client }) => return snapshot(&file, &client).await,
-        Some(Action::Restore { file }) => {
-            let data_dir = args
-                .data_dir
-                .clone()
-                .unwrap_or_else(agen_hub::default_data_dir);
-            return restore(&file, &data_dir).await;
+        Some(Action::Restore { file }) => return restore(&file, &data_dir()).await,
+        Some(Action::Verify { client }) => {
+            return crate::cmd::hub_store::verify(&data_dir(), &client).await
         }
+        Some(Action::Repair) => return crate::cmd::hub_store::repair(&data_dir()).await,
         None => {}
     }
     // Everything this daemon and its children create is private to its user (umask 077).
@@ -175,9 +189,13 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     }
     let shutdown = CancellationToken::new();
     crate::cmd::cancel_on_signals(shutdown.clone());
-    let hub = agen_hub::start(opts, shutdown.clone())
-        .await
-        .context("cannot start the Hub")?;
+    let hub = match agen_hub::start(opts, shutdown.clone()).await {
+        Ok(hub) => hub,
+        Err(e) => match e.store_damaged() {
+            Some(report) => return Ok(crate::cmd::hub_store::refuse(report)),
+            None => return Err(anyhow::Error::new(e).context("cannot start the Hub")),
+        },
+    };
 
     let client_cfg = ClientConfig {
         hub: Some(hub.url.clone()),

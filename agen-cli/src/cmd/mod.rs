@@ -12,6 +12,7 @@ pub mod deploy;
 pub mod fake_model;
 pub mod history;
 pub mod hub;
+pub mod hub_store;
 pub mod init;
 pub mod instance;
 pub mod logs;

@@ -10,6 +10,8 @@
 mod disk_sync;
 mod event_log;
 mod group_commit;
+pub mod integrity;
+mod log_scan;
 mod sled_store;
 pub mod snapshot;
 
@@ -36,6 +38,9 @@ pub enum StoreError {
     },
     #[error("hub snapshot: {0}")]
     Snapshot(String),
+    /// The store lost records it acknowledged: it refuses to serve (see [`integrity`]).
+    #[error("{}", .0.refusal())]
+    Damaged(Box<integrity::Report>),
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -167,6 +172,14 @@ pub trait Store: Send + Sync + 'static {
     /// that is worth it; returns whether it did. Writes go on meanwhile. A failure leaves the
     /// store as it was and working (it does not break the store).
     fn compact(&self) -> Result<bool>;
+    /// Checks that the store still holds everything it acknowledged, while it runs (see
+    /// [`integrity`]); reads only.
+    fn verify(&self) -> Result<integrity::Report> {
+        Err(StoreError::Op {
+            table: "all",
+            reason: "this store cannot be verified".into(),
+        })
+    }
     /// Tries to make a broken store write again (reopening it in place). `Ok(true)` when it
     /// healed now, `Ok(false)` when it was not broken; an error says why it still cannot.
     fn heal(&self) -> Result<bool>;
@@ -242,6 +255,11 @@ impl Db {
     /// Why the store cannot write now (`None` while it can).
     pub fn broken(&self) -> Option<String> {
         self.inner.broken()
+    }
+
+    /// See [`Store::verify`].
+    pub fn verify(&self) -> Result<integrity::Report> {
+        self.inner.verify()
     }
 
     /// See [`Store::heal`].
