@@ -1,7 +1,8 @@
 //! A Hub whose store lost acknowledged data, as the fault: bytes flipped in one record of a
 //! task in flight in `db/events.log` of a stopped Hub. The real `agen hub` refuses to start
 //! with exit code 65 (the file, the offset and the task named; `STATUS=` sent to systemd),
-//! `agen hub verify` (both `--data-dir` placements) exits 1 naming it, `agen hub repair` keeps
+//! `agen hub verify` (both `--data-dir` placements; of the running Hub before, through
+//! `VerifyStore`) exits 1 naming it, `agen hub repair` keeps
 //! every other task and writes its report; the Hub then serves: the touched task ends
 //! `failed` (`history_lost`), every other task in flight resumes and succeeds, and no charge
 //! (a counting tool server's side effect) runs twice. (The store's own tests cover every other
@@ -100,6 +101,24 @@ fn a_damaged_event_log_is_refused_with_65_and_repair_fails_only_the_touched_task
     .unwrap();
     let data_dir = f.hub.dir.join("hub");
     let port = f.hub.port;
+    // While it runs, the Hub holds the store: verify asks it (VerifyStore, admin).
+    let out = f
+        .hub
+        .cli(&["hub", "verify", "--data-dir", data_dir.to_str().unwrap()])
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("intact"), "{text}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("verified through it"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     f.hub.proc.stop(Duration::from_secs(20));
 
     // One record of the first task in flight, flipped.

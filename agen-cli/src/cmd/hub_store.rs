@@ -63,6 +63,10 @@ async fn verify_running(client: &ClientArgs) -> anyhow::Result<i32> {
         .await
         .map_err(|s| crate::client::status_error(&hub, s))?
         .into_inner();
+    eprintln!(
+        "agen hub: a running Hub holds the store; verified through it ({})",
+        hub.url
+    );
     match client.output {
         Output::Table => print!("{}", answer.report),
         other => crate::view::print_value(
