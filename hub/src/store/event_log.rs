@@ -20,10 +20,12 @@
 //!   before the last [`EventLog::sync`] returned, and maybe more.
 //! - The header says how long the file was at the last sync that returned (`synced`: nothing
 //!   the Hub acknowledged lies past it) and how many flushes sled had made durable by then
-//!   (`sled_flushes`, which sled keeps too: a sled that knows fewer lost writes). It is
-//!   rewritten in place after each sync returns, without a sync of its own: the next sync
-//!   takes it along, and a killed process leaves it in the page cache (no extra fsync on the
-//!   hot path; after a power cut it may say one sync less, never more than is there).
+//!   (`sled_flushes`, which sled keeps too: a sled that knows fewer lost writes). After each
+//!   sync returns, the new values go into a small file beside the log, [`MARK_FILE_NAME`]
+//!   (a `pwrite`, never synced on the hot path: a killed process leaves it in the page cache,
+//!   and the log's own sync writes no page but its tail); the log's header gets them when it
+//!   is closed or rewritten (synced then). Opening takes the greater of the two; after a power
+//!   cut the mark may say less than was synced, never more.
 //! - Opening checks every record (`log_scan`): only a torn tail past `synced` with no whole
 //!   record after it (what a crash leaves) is cut. A bad record before it, or followed by
 //!   whole ones, a file shorter than `synced` or a damaged header is damage: the log is left
@@ -51,6 +53,8 @@ pub const MAGIC: &[u8] = b"agen-hub-events 2\n";
 pub const MAGIC_V1: &[u8] = b"agen-hub-events 1\n";
 /// The file's name in the store's folder.
 pub const FILE_NAME: &str = "events.log";
+/// Beside it, the header's values as of the last sync (see the module doc).
+pub const MARK_FILE_NAME: &str = "events.log.synced";
 /// The largest record the log writes or reads back (a run event is limited far below).
 pub(super) const MAX_RECORD: usize = 256 << 20;
 /// Bytes of a record besides its payload (length and checksum).
@@ -105,8 +109,11 @@ pub(super) struct Inner {
     pub(super) dead: u64,
     /// Write calls done (a sync that finds none newer than its last has nothing to do).
     pub(super) writes: u64,
-    /// What the file's header says (as written to the page cache).
+    /// What the log knows of its progress ([`Header`]): in the mark file after each sync,
+    /// in the log's own header when it is rewritten or closed.
     pub(super) header: Header,
+    /// `events.log.synced` ([`MARK_FILE_NAME`]); `None` when the log is only read.
+    pub(super) mark: Option<Arc<File>>,
 }
 
 impl Inner {
@@ -119,6 +126,15 @@ impl Inner {
             dead: 0,
             writes: 0,
             header: Header::default(),
+            mark: None,
+        }
+    }
+
+    /// Writes the header's values into the mark file (not synced).
+    fn write_mark(&self) -> std::io::Result<()> {
+        match &self.mark {
+            Some(mark) => mark.write_all_at(&self.header.encode(), 0),
+            None => Ok(()),
         }
     }
 
@@ -333,6 +349,16 @@ impl EventLog {
             Access::Read => File::open(&path)?,
         };
         let mut inner = Inner::empty();
+        let mark_path = dir.join(MARK_FILE_NAME);
+        let (mark, marked) = match access {
+            Access::Read => (None, read_mark(&mark_path)),
+            Access::Create | Access::Write => {
+                let f = open_file(&mark_path)?;
+                let marked = read_mark(&mark_path);
+                (Some(Arc::new(f)), marked)
+            }
+        };
+        inner.mark = mark;
         let len = file.metadata()?.len();
         let findings = if len == 0 && create {
             inner.header = Header {
@@ -344,6 +370,7 @@ impl EventLog {
             file.write_all_at(&head, 0)?;
             file.sync_all()?;
             super::disk_sync::sync_folder(dir)?;
+            inner.write_mark()?;
             inner.end = FIRST_RECORD;
             Findings {
                 path: path.clone(),
@@ -358,7 +385,7 @@ impl EventLog {
                 end: FIRST_RECORD,
             }
         } else {
-            let found = super::log_scan::scan(&file, &path, &mut inner)?;
+            let found = super::log_scan::scan(&file, &path, &mut inner, marked)?;
             inner.end = found.end;
             inner.header = found.header.unwrap_or_default();
             found
@@ -393,11 +420,11 @@ impl EventLog {
         out
     }
 
-    /// Writes `header` into the file (page cache: the next sync takes it along).
-    fn write_header(inner: &mut Inner, file: &File, header: Header) -> std::io::Result<()> {
+    /// Records `header` in the mark file (the page cache; see the module doc).
+    fn note(inner: &mut Inner, header: Header) -> std::io::Result<()> {
         if header != inner.header {
-            file.write_all_at(&header.encode(), MAGIC.len() as u64)?;
             inner.header = header;
+            inner.write_mark()?;
         }
         Ok(())
     }
@@ -411,12 +438,12 @@ impl EventLog {
     /// Records in the header that sled has made `flushes` flushes durable.
     pub fn note_sled_flushes(&self, flushes: u64) -> std::io::Result<()> {
         let mut inner = self.lock();
-        let file = inner.file()?;
+        inner.file()?;
         let header = Header {
             sled_flushes: inner.header.sled_flushes.max(flushes),
             ..inner.header
         };
-        Self::write_header(&mut inner, &file, header)
+        Self::note(&mut inner, header)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -520,14 +547,14 @@ impl EventLog {
         })?;
         let mut inner = self.lock();
         // A rewrite swapped the file meanwhile: the new one's header says it all already.
-        let Some(current) = inner.file.clone().filter(|f| Arc::ptr_eq(f, &file)) else {
+        if !inner.file.as_ref().is_some_and(|f| Arc::ptr_eq(f, &file)) {
             return Ok(());
-        };
+        }
         let header = Header {
             synced: inner.header.synced.max(end),
             ..inner.header
         };
-        Self::write_header(&mut inner, &current, header)
+        Self::note(&mut inner, header)
     }
 
     /// Closes the file for good (later calls fail), after a last sync, so that its header says
@@ -535,7 +562,9 @@ impl EventLog {
     pub fn close(&self) {
         if self.lock().file.is_some() {
             if let Err(e) = self.sync().and_then(|()| {
-                let file = self.lock().file()?;
+                let inner = self.lock();
+                let file = inner.file()?;
+                file.write_all_at(&inner.header.encode(), MAGIC.len() as u64)?;
                 file.sync_data()
             }) {
                 tracing::warn!(file = %self.path.display(), error = %e, "cannot sync the event log as the hub stops");
@@ -671,8 +700,17 @@ impl EventLog {
         inner.task_events = next.task_events;
         inner.dead = next.dead;
         inner.header = header;
+        // The mark may say more of the old file (a repair lowers sled's count): it follows.
+        inner.write_mark()?;
         Ok(end)
     }
+}
+
+/// What the mark file says (`None`: absent, short or failing its checksum: no claim).
+fn read_mark(path: &Path) -> Option<Header> {
+    let bytes = std::fs::read(path).ok()?;
+    let head: [u8; HEAD_LEN] = bytes.get(..HEAD_LEN)?.try_into().ok()?;
+    Header::decode(&head)
 }
 
 /// Reads whole records from `r` (the first at file offset `at`) into `inner`'s index; returns

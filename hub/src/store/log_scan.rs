@@ -43,7 +43,7 @@ impl Header {
         b
     }
 
-    fn decode(b: &[u8; HEAD_LEN]) -> Option<Header> {
+    pub(super) fn decode(b: &[u8; HEAD_LEN]) -> Option<Header> {
         let crc = u32::from_le_bytes([b[16], b[17], b[18], b[19]]);
         (crc32fast::hash(&b[..16]) == crc && b[20..] == [0; 4]).then(|| Header {
             synced: u64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
@@ -273,8 +273,13 @@ fn not_a_log(path: &Path) -> std::io::Error {
 }
 
 /// Reads every whole record of `file` (not empty) into `inner`'s index and says what else it
-/// found. Reads only.
-pub(super) fn scan(file: &File, path: &Path, inner: &mut Inner) -> std::io::Result<Findings> {
+/// found; `marked`: what the mark file beside it says (the greater values count). Reads only.
+pub(super) fn scan(
+    file: &File,
+    path: &Path,
+    inner: &mut Inner,
+    marked: Option<Header>,
+) -> std::io::Result<Findings> {
     let file_len = file.metadata()?.len();
     let mut r = BufReader::with_capacity(1 << 20, file);
     let mut magic = vec![0u8; MAGIC.len()];
@@ -306,6 +311,10 @@ pub(super) fn scan(file: &File, path: &Path, inner: &mut Inner) -> std::io::Resu
         }
         if f.header_damaged {
             f.header = None;
+        }
+        if let (Some(h), Some(m)) = (f.header.as_mut(), marked) {
+            h.synced = h.synced.max(m.synced);
+            h.sled_flushes = h.sled_flushes.max(m.sled_flushes);
         }
         FIRST_RECORD
     };
