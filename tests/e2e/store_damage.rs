@@ -1,13 +1,15 @@
-//! A Hub whose store lost acknowledged data, as the fault: bytes flipped in one record of a
-//! task in flight in `db/events.log` of a stopped Hub. The real `agen hub` refuses to start
-//! with exit code 65 (the file, the offset and the task named; `STATUS=` sent to systemd),
-//! `agen hub verify` (both `--data-dir` placements; of the running Hub before, through
-//! `VerifyStore`) exits 1 naming it, `agen hub repair` keeps
-//! every other task and writes its report; the Hub then serves: the touched task ends
-//! `failed` (`history_lost`), every other task in flight resumes and succeeds, and no charge
-//! (a counting tool server's side effect) runs twice. (The store's own tests cover every other
-//! fault position, cut tails, a deleted log and sled's files: `hub/src/store/integrity_tests.rs`.)
+//! A Hub whose store lost acknowledged data, as the fault, in `db/events.log` of a stopped Hub
+//! with tasks finished and in flight: bytes flipped in one record of a task in flight, or the
+//! last 4 KiB cut off. The real `agen hub` refuses to start with exit code 65 (the file, the
+//! offset and the tasks named; `STATUS=` sent to systemd), `agen hub verify` (both
+//! `--data-dir` placements; of the running Hub before, through `VerifyStore`) exits 1 naming
+//! them, `agen hub repair` keeps every other task and writes its report; the Hub then serves:
+//! the touched tasks end `failed` (`history_lost`), every other task succeeds (those in flight
+//! by resuming), and no charge (a counting tool server's side effect) runs twice. (The store's
+//! own tests cover every other fault position, more cuts, a deleted log and sled's files:
+//! `hub/src/store/integrity_tests.rs`.)
 
+use std::collections::BTreeSet;
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -17,9 +19,10 @@ use agen_tests::{agen_bin, wait_for, HubProcess};
 
 use crate::chaos::{assert_safe, fleet};
 
-/// Where each task event of `task` starts in the event log (the file's format: the magic line
-/// and a 24-byte header, then records `len crc op table key_len key value`).
-fn task_event_offsets(log: &Path, task: &str) -> Vec<u64> {
+/// The records of the event log: where each starts and ends, and the task it belongs to (a
+/// task event's key, a run event's `task_id`; the file's format: the magic line and a 24-byte
+/// header, then records `len crc op table key_len key value`).
+fn records(log: &Path) -> Vec<(u64, u64, String)> {
     let bytes = std::fs::read(log).unwrap();
     let mut at = 18 + 24;
     let mut found = Vec::new();
@@ -28,9 +31,16 @@ fn task_event_offsets(log: &Path, task: &str) -> Vec<u64> {
         let table = bytes[at + 9];
         let key_len = u32::from_le_bytes(bytes[at + 10..at + 14].try_into().unwrap()) as usize;
         let key = &bytes[at + 14..at + 14 + key_len];
-        if table == 2 && key.starts_with(task.as_bytes()) {
-            found.push(at as u64);
-        }
+        let value = &bytes[at + 14 + key_len..at + 8 + len];
+        let task = if table == 2 {
+            String::from_utf8_lossy(key.split(|b| *b == 0).next().unwrap()).into_owned()
+        } else {
+            serde_json::from_slice::<serde_json::Value>(value).unwrap()["task_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        };
+        found.push((at as u64, (at + 8 + len) as u64, task));
         at += 8 + len;
     }
     found
@@ -84,8 +94,25 @@ fn agen(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
+/// What is done to the stopped Hub's event log.
+enum Fault {
+    /// 8 bytes of the second record of the first task in flight.
+    Flip,
+    /// The last 4 KiB.
+    CutTail,
+}
+
 #[test]
 fn a_damaged_event_log_is_refused_with_65_and_repair_fails_only_the_touched_task() {
+    campaign(Fault::Flip);
+}
+
+#[test]
+fn a_cut_event_log_is_refused_with_65_and_repair_fails_only_the_touched_tasks() {
+    campaign(Fault::CutTail);
+}
+
+fn campaign(fault: Fault) {
     let mut f = fleet(&["n1"], 1, 4, 6.0, 0);
     let finished: Vec<String> = (0..2).map(|i| f.submit(&format!("done {i}"))).collect();
     let c = f.settle(&finished, Duration::from_secs(90));
@@ -121,27 +148,55 @@ fn a_damaged_event_log_is_refused_with_65_and_repair_fails_only_the_touched_task
     );
     f.hub.proc.stop(Duration::from_secs(20));
 
-    // One record of the first task in flight, flipped.
-    let touched = in_flight[0].clone();
     let log = data_dir.join("db").join("events.log");
-    let offsets = task_event_offsets(&log, &touched);
-    assert!(offsets.len() >= 2, "{touched} has {offsets:?}");
-    let at = offsets[1];
-    let mut bytes = std::fs::read(&log).unwrap();
-    for b in &mut bytes[at as usize + 60..at as usize + 68] {
-        *b ^= 0xa5;
-    }
-    std::fs::write(&log, &bytes).unwrap();
+    let recs = records(&log);
+    let (at, touched): (u64, BTreeSet<String>) = match fault {
+        Fault::Flip => {
+            let (start, _, task) = recs
+                .iter()
+                .filter(|(_, _, t)| *t == in_flight[0])
+                .nth(1)
+                .cloned()
+                .expect("a second record of the task");
+            let mut bytes = std::fs::read(&log).unwrap();
+            for b in &mut bytes[start as usize + 60..start as usize + 68] {
+                *b ^= 0xa5;
+            }
+            std::fs::write(&log, &bytes).unwrap();
+            (start, BTreeSet::from([task]))
+        }
+        Fault::CutTail => {
+            let len = std::fs::metadata(&log).unwrap().len();
+            let cut = len - 4096;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&log)
+                .unwrap()
+                .set_len(cut)
+                .unwrap();
+            // The tasks with records in the cut part, and every task in flight: any of them
+            // may have had events there (which, the cut file cannot say).
+            let mut touched: BTreeSet<String> = recs
+                .iter()
+                .filter(|(_, end, _)| *end > cut)
+                .map(|(_, _, t)| t.clone())
+                .collect();
+            touched.extend(in_flight.iter().cloned());
+            (cut, touched)
+        }
+    };
 
     let (code, stderr, notified) = start_refused(&data_dir, port);
     assert_eq!(code, Some(65), "stderr:\n{stderr}");
-    for needle in [
+    let at_byte = format!("at byte {at}");
+    let mut needles = vec![
         "events.log",
-        &format!("at byte {at}"),
-        touched.as_str(),
+        at_byte.as_str(),
         "agen hub repair",
         "agen hub verify",
-    ] {
+    ];
+    needles.extend(touched.iter().map(String::as_str));
+    for needle in needles {
         assert!(stderr.contains(needle), "{needle:?} not in:\n{stderr}");
     }
     assert!(
@@ -156,7 +211,10 @@ fn a_damaged_event_log_is_refused_with_65_and_repair_fails_only_the_touched_task
     ] {
         let (code, out, err) = agen(&args);
         assert_eq!(code, Some(1), "{args:?}: {out}{err}");
-        assert!(out.contains("DAMAGED") && out.contains(&touched), "{out}");
+        assert!(out.contains("DAMAGED"), "{out}");
+        for t in &touched {
+            assert!(out.contains(t.as_str()), "{t} not in {out}");
+        }
     }
     let (code, out, err) = agen(&["hub", "repair", "--data-dir", dir_arg]);
     assert_eq!(code, Some(0), "{out}{err}");
@@ -167,28 +225,36 @@ fn a_damaged_event_log_is_refused_with_65_and_repair_fails_only_the_touched_task
         .expect("a repair report in the data dir")
         .path();
     let text = std::fs::read_to_string(&report).unwrap();
-    assert!(
-        text.contains(&format!("failed (history_lost): {touched}")),
-        "{text}"
-    );
-    assert!(text.contains("4 tasks kept"), "{text}");
+    let all: Vec<String> = finished.iter().chain(&in_flight).cloned().collect();
+    let kept = all.len() - touched.len();
+    for t in &touched {
+        assert!(
+            text.contains(&format!("failed (history_lost): {t}")),
+            "{text}"
+        );
+    }
+    assert!(text.contains(&format!("{kept} tasks kept")), "{text}");
     let (code, out, _) = agen(&["hub", "verify", "--data-dir", dir_arg]);
     assert_eq!(code, Some(0), "after the repair: {out}");
 
     f.hub = HubProcess::start_on(&f.hub.dir, port, "3s").unwrap();
-    let all: Vec<String> = finished.iter().chain(&in_flight).cloned().collect();
     let c = f.settle(&all, Duration::from_secs(120));
     assert_safe(&f, &c);
-    let failed = f.query(&touched).unwrap();
-    assert_eq!(failed["state"], "failed", "{failed}");
-    assert!(
-        failed.to_string().contains("history_lost"),
-        "the touched task says why: {failed}"
-    );
-    // kept = before − touched: every other task succeeded, in flight ones by resuming.
-    assert_eq!(c.succeeded, all.len() - 1, "{c:?}");
+    for t in &touched {
+        let failed = f.query(t).unwrap();
+        assert_eq!(failed["state"], "failed", "{failed}");
+        assert!(
+            failed.to_string().contains("history_lost"),
+            "the touched task says why: {failed}"
+        );
+    }
+    // kept = before − touched: every other task succeeded, those in flight by resuming.
+    assert_eq!(c.succeeded, kept, "{c:?}");
     eprintln!(
-        "damaged event log: 1 refusal (exit 65), {} tasks kept, 1 failed history_lost, charged twice {}",
-        c.succeeded, c.charged_2_or_more
+        "damaged event log: 1 refusal (exit 65), {} tasks before, {} touched, {} kept and succeeded, charged twice {}",
+        all.len(),
+        touched.len(),
+        c.succeeded,
+        c.charged_2_or_more
     );
 }
