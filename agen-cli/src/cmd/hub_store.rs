@@ -35,9 +35,7 @@ pub async fn verify(data_dir: &Path, client: &ClientArgs) -> anyhow::Result<i32>
             .context("the verify task failed")?;
     let report = match checked {
         Ok(report) => report,
-        Err(e) if e.to_string().contains("a running Hub holds this store") => {
-            return verify_running(client).await
-        }
+        Err(agen_hub::store::StoreError::Held(_)) => return verify_running(client).await,
         Err(e) => return Err(anyhow::Error::new(e).context("cannot verify the hub store")),
     };
     match client.output {

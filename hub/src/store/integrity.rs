@@ -433,10 +433,7 @@ fn refuse_if_running(dir: &Path) -> Result<()> {
             let _ = file.unlock();
             Ok(())
         }
-        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Open {
-            path: dir.display().to_string(),
-            reason: "a running Hub holds this store: check it through the Hub (agen hub verify without --data-dir), or stop it first".into(),
-        }),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Held(dir.display().to_string())),
         Err(std::fs::TryLockError::Error(e)) => Err(StoreError::Open {
             path: dir.display().to_string(),
             reason: format!("cannot check whether a Hub holds the store: {e}"),

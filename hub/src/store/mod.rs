@@ -38,6 +38,9 @@ pub enum StoreError {
     },
     #[error("hub snapshot: {0}")]
     Snapshot(String),
+    /// A running Hub holds the store (its lock): a check from the files must go through it.
+    #[error("hub store {0}: a running Hub holds this store: check it through the Hub (agen hub verify reaches it by its client config, --hub and --token), or stop it first")]
+    Held(String),
     /// The store lost records it acknowledged: it refuses to serve (see [`integrity`]).
     #[error("{}", .0.refusal())]
     Damaged(Box<integrity::Report>),
