@@ -258,3 +258,103 @@ fn campaign(fault: Fault) {
         c.charged_2_or_more
     );
 }
+
+/// The event log deleted, sled's files deleted, sled's log cut in half, each in a copy of a
+/// stopped Hub's data dir that holds 3 queued tasks: `agen hub` exits 65 naming the file,
+/// `agen hub verify` exits 1, `agen hub repair` names the tasks it failed or lost in its report
+/// and the Hub then starts.
+#[test]
+fn a_deleted_log_or_deleted_or_cut_sled_files_are_refused_with_65_and_repaired() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut hub = HubProcess::start(tmp.path()).unwrap();
+    let bundle = tmp.path().join("bundle");
+    agen_tests::write_bundle(
+        &bundle,
+        &[
+            ("mcp.json", agen_tests::mcp_json(&[])),
+            (
+                "x-agen/agent.md",
+                "---\nname: idle\nmodel: openai/fake-model\nbaseUrl: http://127.0.0.1:9\n---\nYou wait.\n"
+                    .to_string(),
+            ),
+        ],
+    )
+    .unwrap();
+    let out = hub.cli(&["deploy", bundle.to_str().unwrap()]).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tasks: Vec<String> = (0..3)
+        .map(|i| {
+            let out = hub.cli(&["submit", "idle", &format!("t{i}")]).unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8(out.stdout).unwrap().trim().to_owned()
+        })
+        .collect();
+    let port = hub.port;
+    hub.proc.stop(Duration::from_secs(20));
+    let pristine = tmp.path().join("hub");
+    let mut refusals = 0;
+    for (name, file) in [
+        ("the event log deleted", "events.log"),
+        ("sled's files deleted", "db"),
+        ("sled's log cut in half", "db"),
+    ] {
+        let root = tmp.path().join(format!("fault-{refusals}"));
+        std::fs::create_dir_all(&root).unwrap();
+        let data_dir = root.join("hub");
+        let copied = Command::new("cp")
+            .arg("-a")
+            .arg(&pristine)
+            .arg(&data_dir)
+            .status()
+            .unwrap();
+        assert!(copied.success());
+        let db = data_dir.join("db");
+        match name {
+            "the event log deleted" => std::fs::remove_file(db.join("events.log")).unwrap(),
+            "sled's files deleted" => {
+                std::fs::remove_file(db.join("db")).unwrap();
+                std::fs::remove_file(db.join("conf")).unwrap();
+            }
+            _ => {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(db.join("db"))
+                    .unwrap();
+                let len = f.metadata().unwrap().len();
+                f.set_len(len / 2).unwrap();
+            }
+        }
+        let (code, stderr, _) = start_refused(&data_dir, port);
+        assert_eq!(code, Some(65), "{name}: {stderr}");
+        refusals += 1;
+        let named = db.join(file);
+        assert!(
+            stderr.contains(named.to_str().unwrap()),
+            "{name}: {named:?} not in {stderr}"
+        );
+        let dir_arg = data_dir.to_str().unwrap();
+        let (code, out, err) = agen(&["hub", "verify", "--data-dir", dir_arg]);
+        assert_eq!(code, Some(1), "{name}: {out}{err}");
+        let (code, out, err) = agen(&["hub", "repair", "--data-dir", dir_arg]);
+        assert_eq!(code, Some(0), "{name}: {out}{err}");
+        for t in &tasks {
+            assert!(
+                out.contains(t.as_str()),
+                "{name}: {t} not in the repair's report:\n{out}"
+            );
+        }
+        let (code, out, _) = agen(&["hub", "verify", "--data-dir", dir_arg]);
+        assert_eq!(code, Some(0), "{name}: after the repair: {out}");
+        let mut fresh = HubProcess::start_on(&root, port, "3s").unwrap();
+        fresh.proc.stop(Duration::from_secs(20));
+    }
+    eprintln!("deleted or cut store files: 3 faults, {refusals} refused (exit 65), 0 served");
+}
