@@ -325,8 +325,9 @@ impl EventLog {
         let _ = std::fs::remove_file(log.fresh_path());
         if findings.version == 1 {
             log.rewrite_now()?;
-        } else {
-            log.compact()?;
+        } else if let Err(e) = log.compact() {
+            // A rewrite that fails (a full disk) leaves the old file in use, untouched.
+            tracing::warn!(file = %log.path.display(), error = %e, "the event log was not rewritten without its dead records; it stays as it is");
         }
         Ok(log)
     }
