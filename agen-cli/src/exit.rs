@@ -16,6 +16,9 @@ pub mod code {
     pub const DENIED: i32 = 5;
     pub const UNAVAILABLE: i32 = 6;
     pub const WAIT_TIMEOUT: i32 = 7;
+    /// `agen hub` refused to start: its store lost data it had acknowledged (see `agen hub
+    /// verify`); systemd must not restart it in a loop (`RestartPreventExitStatus=65`).
+    pub const STORE_DAMAGED: i32 = agen_hub::store::integrity::EXIT_STORE_DAMAGED;
 }
 
 /// The exit code table shown at the end of `agen --help`.
@@ -28,7 +31,8 @@ Exit codes:
   4  not found
   5  unauthenticated or permission denied
   6  Hub unavailable
-  7  wait timeout";
+  7  wait timeout
+  65 agen hub: its store lost acknowledged data, it does not start (agen hub verify, repair)";
 
 /// An error that carries the exit code it ends the process with.
 #[derive(Debug)]

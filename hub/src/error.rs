@@ -44,6 +44,15 @@ pub enum HubError {
 pub type Result<T, E = HubError> = std::result::Result<T, E>;
 
 impl HubError {
+    /// The store refused to open because it lost data it had acknowledged (see
+    /// `store::integrity`): what it found.
+    pub fn store_damaged(&self) -> Option<&crate::store::integrity::Report> {
+        match self {
+            HubError::Store(StoreError::Damaged(report)) => Some(report),
+            _ => None,
+        }
+    }
+
     pub fn invalid(msg: impl Into<String>) -> Self {
         HubError::InvalidArgument(msg.into())
     }

@@ -44,6 +44,7 @@ pub mod metrics;
 pub mod model;
 pub mod nodes;
 pub mod otlp;
+pub mod repair;
 pub mod scheduler;
 pub mod secrets;
 mod server;

@@ -8,9 +8,12 @@
 //! batches of hot events (of ~2 KiB each, so that a batch is one sizeable write to the event
 //! log, `db/events.log`) of fresh runs through `Db::append_hot_run_events`, flushes after every
 //! [`FLUSH_EVERY`] batches and prints `durable <run> <seq>` once the flush returned, until it is
-//! killed. Beside it a second thread writes and removes scratch records (dead weight) and
-//! compacts the event log whenever that is worth it, printing `compacted`: kills land in the
-//! middle of rewrites too, and the same checks hold.
+//! killed. After each batch it saves the run's task record in sled with the count of its task
+//! events (`next_event_seq`), as the Hub does, so the store's check at open compares them.
+//! Beside it a second thread writes and removes scratch records (dead weight) and compacts the
+//! event log whenever that is worth it, printing `compacted`: kills land in the middle of
+//! rewrites too, and the same checks hold. No crash makes the store refuse to open (only a
+//! torn tail past the last sync is ever left, and it is cut).
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
@@ -26,7 +29,7 @@ const WRITER_DIR: &str = "AGEN_TEST_HOT_WRITER_DIR";
 const WRITER_FIRST_RUN: &str = "AGEN_TEST_HOT_WRITER_FIRST_RUN";
 const TEST: &str = "a_process_killed_mid_write_leaves_every_hot_run_event_with_its_task_event";
 /// Crashes per test run.
-const CRASHES: u64 = 6;
+const CRASHES: u64 = 20;
 /// Runs each writer starts at most (numbered from its first run on).
 const RUNS_PER_WRITER: u64 = 1_000;
 /// Events per batch, batches per run.
@@ -82,6 +85,15 @@ fn writer(dir: &Path, first: u64) {
                 })
                 .collect();
             db.append_hot_run_events(&events).expect("append");
+            // The task record after its events, as the Hub writes it (sled buffers it).
+            let record = serde_json::json!({
+                "task_id": task_id(run),
+                "run_id": run_id(run),
+                "next_event_seq": (b + 1) * BATCH + 1,
+                "state": "running",
+            });
+            db.put_json(Table::Tasks, &task_id(run), &record)
+                .expect("task record");
             batches += 1;
             if batches.is_multiple_of(FLUSH_EVERY) {
                 rt.block_on(db.flush()).expect("flush");
@@ -129,11 +141,22 @@ struct Counts {
     gaps: u64,
     /// Events a returned flush covered that are not in the store.
     lost_durable: u64,
+    /// Opens the store refused as damaged.
+    refusals: u64,
 }
 
 fn check(dir: &Path, first: u64, durable: Option<(u64, u64)>) -> Counts {
-    let db = Db::new(Arc::new(SledStore::open(dir).expect("reopen the store")));
     let mut c = Counts::default();
+    let store = match SledStore::open(dir) {
+        Ok(store) => store,
+        Err(agen_hub::store::StoreError::Damaged(report)) => {
+            eprintln!("refused after a crash: {}", report.render());
+            c.refusals = 1;
+            return c;
+        }
+        Err(e) => panic!("reopen the store: {e}"),
+    };
+    let db = Db::new(Arc::new(store));
     for run in first..first + RUNS_PER_WRITER {
         let events = db.run_events(&run_id(run)).expect("run events");
         let mut prefix = task_id(run).into_bytes();
@@ -220,6 +243,10 @@ fn a_process_killed_mid_write_leaves_every_hot_run_event_with_its_task_event() {
         let durable = rx.try_iter().last().unwrap_or(first_durable);
         let c = check(&dir, first, Some(durable));
         eprintln!("crash {crash}: last durable {durable:?}, {c:?}");
+        assert_eq!(
+            c.refusals, 0,
+            "crash {crash}: the store refused to open after a kill -9"
+        );
         assert!(c.runs > 0, "crash {crash}: the writer wrote nothing: {c:?}");
         assert!(
             c.task_event_alone <= 1,
@@ -231,6 +258,7 @@ fn a_process_killed_mid_write_leaves_every_hot_run_event_with_its_task_event() {
         total.task_event_alone += c.task_event_alone;
         total.gaps += c.gaps;
         total.lost_durable += c.lost_durable;
+        total.refusals += c.refusals;
     }
     let compactions = compactions.load(std::sync::atomic::Ordering::SeqCst);
     eprintln!("after {CRASHES} crashes: {total:?}, {compactions} compactions of the event log");
@@ -238,4 +266,5 @@ fn a_process_killed_mid_write_leaves_every_hot_run_event_with_its_task_event() {
     assert_eq!(total.run_event_alone, 0, "{total:?}");
     assert_eq!(total.gaps, 0, "{total:?}");
     assert_eq!(total.lost_durable, 0, "{total:?}");
+    assert_eq!(total.refusals, 0, "kill -9 x{CRASHES}: {total:?}");
 }

@@ -39,6 +39,7 @@ mod run_context;
 mod runs;
 mod secrets;
 mod sql;
+mod store_damage;
 mod suspend;
 mod tokens;
 mod trace_events;

@@ -28,7 +28,7 @@ pub struct Args {
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
     /// Where the Hub keeps its state, CA and tokens [default: $AGEN_DATA_DIR/hub, else ~/.local/share/agen/hub]
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub data_dir: Option<PathBuf>,
     /// The URL A2A clients reach this Hub at (https://host:port); the agent cards' interface
     /// URLs start with it [default: https://<listen address>; the primary address when
@@ -156,6 +156,16 @@ pub enum Action {
         #[command(subcommand)]
         action: super::hub_snapshot::KeyAction,
     },
+    /// Check that the store holds everything it acknowledged (read-only): a stopped Hub's from
+    /// its files in --data-dir, a running one through the Hub (admin). Exit 0 intact, 1 damaged
+    Verify {
+        #[command(flatten)]
+        client: crate::client::ClientArgs,
+    },
+    /// Make a stopped Hub's damaged store servable again: keep every intact record, end the
+    /// tasks whose history is damaged failed (history_lost), and write a report file
+    /// (<data-dir>/repair-<unix ms>.txt)
+    Repair,
 }
 
 impl Args {
@@ -232,9 +242,13 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     }
     let shutdown = CancellationToken::new();
     crate::cmd::cancel_on_signals(shutdown.clone());
-    let hub = agen_hub::start(opts, shutdown.clone())
-        .await
-        .context("cannot start the Hub")?;
+    let hub = match agen_hub::start(opts, shutdown.clone()).await {
+        Ok(hub) => hub,
+        Err(e) => match e.store_damaged() {
+            Some(report) => return Ok(crate::cmd::hub_store::refuse(report)),
+            None => return Err(anyhow::Error::new(e).context("cannot start the Hub")),
+        },
+    };
 
     let client_cfg = ClientConfig {
         hub: Some(hub.url.clone()),

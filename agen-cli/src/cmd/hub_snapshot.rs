@@ -68,6 +68,8 @@ pub async fn run(action: Action, data_dir: &Path) -> anyhow::Result<i32> {
         Action::SnapshotKey {
             action: KeyAction::New { file },
         } => new_key(file),
+        Action::Verify { client } => super::hub_store::verify(data_dir, &client).await,
+        Action::Repair => super::hub_store::repair(data_dir).await,
     }
 }
 

@@ -14,6 +14,7 @@ pub mod fake_model;
 pub mod history;
 pub mod hub;
 pub mod hub_snapshot;
+pub mod hub_store;
 pub mod init;
 pub mod instance;
 pub mod logs;

@@ -201,6 +201,17 @@ impl Core {
         Ok(())
     }
 
+    /// Checks that the store still holds everything it acknowledged (`VerifyStore`); reads
+    /// only, on a blocking thread (it reads the whole event log).
+    pub async fn verify_store(&self) -> Result<crate::store::integrity::Report> {
+        let db = self.db.clone();
+        Ok(tokio::task::spawn_blocking(move || db.verify())
+            .await
+            .map_err(|e| {
+                crate::error::HubError::Internal(format!("the verify task failed: {e}"))
+            })??)
+    }
+
     pub(crate) fn save_instance(&self, st: &mut State, rec: InstanceRec) -> Result<()> {
         self.db.put_json(Table::Instances, &rec.instance_id, &rec)?;
         st.instances.insert(rec.instance_id.clone(), rec);

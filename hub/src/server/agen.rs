@@ -760,4 +760,11 @@ impl AgenService for AgenApi {
     ) -> Result<Response<Self::SnapshotStoreStream>, Status> {
         super::ops::snapshot_store(&self.core, request).await
     }
+
+    async fn verify_store(
+        &self,
+        request: Request<pb::VerifyStoreRequest>,
+    ) -> Result<Response<pb::VerifyStoreResponse>, Status> {
+        super::ops::verify_store(&self.core, request).await
+    }
 }

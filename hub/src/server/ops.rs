@@ -126,6 +126,25 @@ pub fn watch_deployments(
     })))
 }
 
+/// Checks the running Hub's store (admin only): the report for people and as JSON.
+pub async fn verify_store(
+    core: &Arc<Core>,
+    request: Request<pb::VerifyStoreRequest>,
+) -> Result<Response<pb::VerifyStoreResponse>, Status> {
+    authorize(&request, "", Action::ClusterWrite, "verify the store")?;
+    let report = core.verify_store().await?;
+    let report_json = serde_json::to_string(&report)
+        .map_err(|e| HubError::Internal(format!("cannot encode the verify report: {e}")))?;
+    if !report.intact() {
+        tracing::error!("{}", report.refusal());
+    }
+    Ok(Response::new(pb::VerifyStoreResponse {
+        intact: report.intact(),
+        report: report.render(),
+        report_json,
+    }))
+}
+
 /// Writes the snapshot into a private temporary file in the data dir while the state lock is
 /// held (no state change lands half in it), then streams the file.
 pub async fn snapshot_store(

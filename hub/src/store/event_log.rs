@@ -4,7 +4,8 @@
 //! making them durable is one `fdatasync` of that file; sled's tree inserts, node splits and
 //! page rewrites (most of the Hub's CPU per run event) are off the hot path.
 //!
-//! Format: the line [`MAGIC`], then records `len(u32 le) crc32(u32 le) payload`, the payload
+//! Format: the line [`MAGIC`], the header (`synced(u64 le) sled_flushes(u64 le) crc32(u32 le)
+//! 0(u32)`, see [`Header`]), then records `len(u32 le) crc32(u32 le) payload`, the payload
 //! being `op(u8: 1 put, 2 remove) table(u8) key_len(u32 le) key value`. A put of a key present
 //! replaces its value; a remove drops it. In memory the log keeps, per table, an ordered index
 //! of key → where its value is in the file; values are read back with `pread`.
@@ -16,9 +17,19 @@
 //!   the index does not know.
 //! - A process killed at any point leaves a prefix of the records in the page cache (a write
 //!   is in it when the call returns); a machine that loses power keeps every record written
-//!   before the last [`EventLog::sync`] returned, and maybe more. Opening reads the records
-//!   back in order and stops at the first one that is cut short or fails its checksum (a torn
-//!   tail): the file is cut there, so the log holds a prefix of what was written.
+//!   before the last [`EventLog::sync`] returned, and maybe more.
+//! - The header says how long the file was at the last sync that returned (`synced`: nothing
+//!   the Hub acknowledged lies past it) and how many flushes sled had made durable by then
+//!   (`sled_flushes`, which sled keeps too: a sled that knows fewer lost writes). After each
+//!   sync returns, the new values go into a small file beside the log, [`MARK_FILE_NAME`]
+//!   (a `pwrite`, never synced on the hot path: a killed process leaves it in the page cache,
+//!   and the log's own sync writes no page but its tail); the log's header gets them when it
+//!   is closed or rewritten (synced then). Opening takes the greater of the two; after a power
+//!   cut the mark may say less than was synced, never more.
+//! - Opening checks every record (`log_scan`): only a torn tail past `synced` with no whole
+//!   record after it (what a crash leaves) is cut. A bad record before it, or followed by
+//!   whole ones, a file shorter than `synced` or a damaged header is damage: the log is left
+//!   as it is and [`OpenError::Damaged`] says where (the store refuses to serve it).
 //! - Records a put replaced or a remove dropped are dead; [`EventLog::compact`] rewrites the
 //!   file without them (a new file, synced, renamed over the old one) once they outweigh the
 //!   live ones: at open, and after the retention sweep removed tasks. Writes and reads go on
@@ -28,7 +39,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::Read;
 use std::ops::Bound;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -37,31 +48,49 @@ use std::sync::{Arc, Mutex};
 use super::Table;
 
 /// The file's first bytes.
-pub const MAGIC: &[u8] = b"agen-hub-events 1\n";
+pub const MAGIC: &[u8] = b"agen-hub-events 2\n";
+/// The first bytes of a log written before it had a header (read, then rewritten with one).
+pub const MAGIC_V1: &[u8] = b"agen-hub-events 1\n";
 /// The file's name in the store's folder.
 pub const FILE_NAME: &str = "events.log";
+/// Beside it, the header's values as of the last sync (see the module doc).
+pub const MARK_FILE_NAME: &str = "events.log.synced";
 /// The largest record the log writes or reads back (a run event is limited far below).
-const MAX_RECORD: usize = 256 << 20;
+pub(super) const MAX_RECORD: usize = 256 << 20;
 /// Bytes of a record besides its payload (length and checksum).
-const HEADER: usize = 8;
+pub(super) const HEADER: usize = 8;
 /// Dead bytes below which opening never rewrites the file.
 const COMPACT_FLOOR: u64 = 8 << 20;
 /// The bytes a rewrite gathers before it writes them out.
 const COMPACT_CHUNK: usize = 1 << 20;
 
-const OP_PUT: u8 = 1;
-const OP_REMOVE: u8 = 2;
+pub(super) const OP_PUT: u8 = 1;
+pub(super) const OP_REMOVE: u8 = 2;
+
+pub use super::log_scan::{Findings, Header};
+use super::log_scan::{FIRST_RECORD, HEAD_LEN};
+
+/// Why [`EventLog::open`] did not open the log.
+#[cfg(test)]
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// The log lost records that were acknowledged (see [`Findings`]); it was left untouched.
+    #[error("{}: {}", .0.path.display(), .0.summary())]
+    Damaged(Box<Findings>),
+}
 
 /// Where a value is in the file.
 #[derive(Debug, Clone, Copy)]
-struct Loc {
+pub(super) struct Loc {
     offset: u64,
     len: u32,
     /// The whole record's size (what it leaves dead when replaced or removed).
     record: u32,
 }
 
-type Index = BTreeMap<Vec<u8>, Loc>;
+pub(super) type Index = BTreeMap<Vec<u8>, Loc>;
 
 /// One write of a batch: a put, or a remove.
 pub enum Op<'a> {
@@ -69,20 +98,46 @@ pub enum Op<'a> {
     Remove(Table, &'a [u8]),
 }
 
-struct Inner {
+pub(super) struct Inner {
     /// `None` once closed.
-    file: Option<Arc<File>>,
+    pub(super) file: Option<Arc<File>>,
     /// The end of the last record written.
-    end: u64,
-    run_events: Index,
-    task_events: Index,
+    pub(super) end: u64,
+    pub(super) run_events: Index,
+    pub(super) task_events: Index,
     /// Bytes of records replaced or removed since the file was written last.
-    dead: u64,
+    pub(super) dead: u64,
     /// Write calls done (a sync that finds none newer than its last has nothing to do).
-    writes: u64,
+    pub(super) writes: u64,
+    /// What the log knows of its progress ([`Header`]): in the mark file after each sync,
+    /// in the log's own header when it is rewritten or closed.
+    pub(super) header: Header,
+    /// `events.log.synced` ([`MARK_FILE_NAME`]); `None` when the log is only read.
+    pub(super) mark: Option<Arc<File>>,
 }
 
 impl Inner {
+    pub(super) fn empty() -> Inner {
+        Inner {
+            file: None,
+            end: 0,
+            run_events: Index::new(),
+            task_events: Index::new(),
+            dead: 0,
+            writes: 0,
+            header: Header::default(),
+            mark: None,
+        }
+    }
+
+    /// Writes the header's values into the mark file (not synced).
+    fn write_mark(&self) -> std::io::Result<()> {
+        match &self.mark {
+            Some(mark) => mark.write_all_at(&self.header.encode(), 0),
+            None => Ok(()),
+        }
+    }
+
     fn index(&self, table: Table) -> &Index {
         match table {
             Table::RunEvents => &self.run_events,
@@ -110,7 +165,15 @@ impl Inner {
     }
 
     /// Applies one record already in the file (its value at `value_at`) to the index.
-    fn apply(&mut self, op: u8, table: Table, key: &[u8], value_at: u64, len: u32, record: u32) {
+    pub(super) fn apply(
+        &mut self,
+        op: u8,
+        table: Table,
+        key: &[u8],
+        value_at: u64,
+        len: u32,
+        record: u32,
+    ) {
         let old = match op {
             OP_PUT => self.index_mut(table).insert(
                 key.to_vec(),
@@ -131,6 +194,17 @@ impl Inner {
     }
 }
 
+/// How [`EventLog::open_unchecked`] opens the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Access {
+    /// Read and write; made when absent.
+    Create,
+    /// Read and write; it must be there.
+    Write,
+    /// Read only (a check that changes nothing).
+    Read,
+}
+
 /// The append-only file of run and task events (see the module doc).
 pub struct EventLog {
     path: PathBuf,
@@ -146,7 +220,7 @@ fn table_id(table: Table) -> u8 {
     }
 }
 
-fn table_of(id: u8) -> Option<Table> {
+pub(super) fn table_of(id: u8) -> Option<Table> {
     match id {
         1 => Some(Table::RunEvents),
         2 => Some(Table::TaskEvents),
@@ -218,51 +292,159 @@ fn open_file(path: &Path) -> std::io::Result<File> {
 }
 
 impl EventLog {
-    /// Opens (or creates) `events.log` in `dir`: reads its records back, cuts a torn tail off,
-    /// and rewrites it without its dead records when they outweigh the live ones.
-    pub fn open(dir: &Path) -> std::io::Result<EventLog> {
+    /// Opens (or creates) `events.log` in `dir`: checks every record, cuts a torn tail off
+    /// (see the module doc), brings a log without a header to this format, and rewrites it
+    /// without its dead records when they outweigh the live ones. Damage is refused
+    /// ([`OpenError::Damaged`]) and the file left as it is. (The store opens it in two steps,
+    /// [`EventLog::open_unchecked`] then [`EventLog::finish_open`], judging in between.)
+    #[cfg(test)]
+    pub fn open(dir: &Path) -> Result<EventLog, OpenError> {
+        let (log, findings) = Self::open_unchecked(dir, Access::Create)?;
+        if !findings.intact() {
+            return Err(OpenError::Damaged(Box::new(findings)));
+        }
+        Ok(log.finish_open(&findings)?)
+    }
+
+    /// What [`EventLog::open`] does once `findings` (of this log, intact) are judged: the
+    /// torn tail cut, an old format or dead weight rewritten.
+    pub(super) fn finish_open(self, findings: &Findings) -> std::io::Result<EventLog> {
+        let log = self;
+        if let Some(tail) = &findings.torn_tail {
+            tracing::warn!(
+                file = %log.path.display(),
+                kept = tail.offset,
+                dropped = tail.len,
+                "the event log ends in a record cut short past its last sync (a crash while it was written): the torn tail is dropped"
+            );
+            let file = log.lock().file()?;
+            file.set_len(tail.offset)?;
+            file.sync_all()?;
+        }
+        // A rewrite a crash interrupted left its unfinished copy behind; the log is whole.
+        let _ = std::fs::remove_file(log.fresh_path());
+        if findings.version == 1 {
+            log.rewrite_now()?;
+        } else if let Err(e) = log.compact() {
+            // A rewrite that fails (a full disk) leaves the old file in use, untouched.
+            tracing::warn!(file = %log.path.display(), error = %e, "the event log was not rewritten without its dead records; it stays as it is");
+        }
+        Ok(log)
+    }
+
+    /// Reads `events.log` in `dir` back without judging or changing it; returns the log of
+    /// its whole records and what the reading found. `Access::Create` makes an absent one
+    /// (empty), `Access::Read` opens it for reading only.
+    pub(super) fn open_unchecked(
+        dir: &Path,
+        access: Access,
+    ) -> std::io::Result<(EventLog, Findings)> {
         let path = dir.join(FILE_NAME);
-        let file = open_file(&path)?;
-        let mut inner = Inner {
-            file: Some(Arc::new(file)),
-            end: 0,
-            run_events: Index::new(),
-            task_events: Index::new(),
-            dead: 0,
-            writes: 0,
+        let create = access == Access::Create;
+        let file = match access {
+            Access::Create => open_file(&path)?,
+            Access::Write => std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)?,
+            Access::Read => File::open(&path)?,
         };
-        let file = inner.file()?;
+        let mut inner = Inner::empty();
+        let mark_path = dir.join(MARK_FILE_NAME);
+        let (mark, marked) = match access {
+            Access::Read => (None, read_mark(&mark_path)),
+            Access::Create | Access::Write => {
+                let f = open_file(&mark_path)?;
+                let marked = read_mark(&mark_path);
+                (Some(Arc::new(f)), marked)
+            }
+        };
+        inner.mark = mark;
         let len = file.metadata()?.len();
-        if len == 0 {
-            file.write_all_at(MAGIC, 0)?;
+        let findings = if len == 0 && create {
+            inner.header = Header {
+                synced: FIRST_RECORD,
+                sled_flushes: 0,
+            };
+            let mut head = MAGIC.to_vec();
+            head.extend_from_slice(&inner.header.encode());
+            file.write_all_at(&head, 0)?;
             file.sync_all()?;
             super::disk_sync::sync_folder(dir)?;
-            inner.end = MAGIC.len() as u64;
-        } else {
-            inner.end = replay(&file, &mut inner, &path)?;
-            if inner.end < len {
-                tracing::warn!(
-                    file = %path.display(),
-                    kept = inner.end,
-                    dropped = len - inner.end,
-                    "the event log ends in a record cut short (a crash while it was written): the torn tail is dropped"
-                );
-                file.set_len(inner.end)?;
-                file.sync_all()?;
+            inner.write_mark()?;
+            inner.end = FIRST_RECORD;
+            Findings {
+                path: path.clone(),
+                len: FIRST_RECORD,
+                version: 2,
+                header: Some(inner.header),
+                header_damaged: false,
+                damaged: Vec::new(),
+                short_of: None,
+                torn_tail: None,
+                records: 0,
+                end: FIRST_RECORD,
             }
-        }
+        } else {
+            let found = super::log_scan::scan(&file, &path, &mut inner, marked)?;
+            inner.end = found.end;
+            inner.header = found.header.unwrap_or_default();
+            found
+        };
+        inner.file = Some(Arc::new(file));
         let log = EventLog {
             path,
             inner: Mutex::new(inner),
             compacting: Mutex::new(()),
         };
-        // A rewrite a crash interrupted left its unfinished copy behind; the log is whole.
-        let _ = std::fs::remove_file(log.fresh_path());
-        // A rewrite that fails (a full disk) leaves the old file in use, untouched.
-        if let Err(e) = log.compact() {
-            tracing::warn!(file = %log.path.display(), error = %e, "the event log was not rewritten without its dead records; it stays as it is");
+        Ok((log, findings))
+    }
+
+    /// Every task id with task events, and how many it has, with their greatest seq (keys
+    /// `task \0 seq(be)`; other keys are skipped).
+    pub fn task_event_counts(&self) -> BTreeMap<String, (u64, u64)> {
+        let inner = self.lock();
+        let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        for key in inner.task_events.keys() {
+            let Some(split) = key.len().checked_sub(9) else {
+                continue;
+            };
+            if key[split] != 0 || split == 0 {
+                continue;
+            }
+            let seq = u64::from_be_bytes(key[split + 1..].try_into().expect("8 bytes"));
+            let id = String::from_utf8_lossy(&key[..split]).into_owned();
+            let e = out.entry(id).or_default();
+            e.0 += 1;
+            e.1 = e.1.max(seq);
         }
-        Ok(log)
+        out
+    }
+
+    /// Records `header` in the mark file (the page cache; see the module doc).
+    fn note(inner: &mut Inner, header: Header) -> std::io::Result<()> {
+        if header != inner.header {
+            inner.header = header;
+            inner.write_mark()?;
+        }
+        Ok(())
+    }
+
+    /// Sets what the header will say of sled's flushes at the next rewrite, even fewer than
+    /// it says now (a repair makes the log agree with sled).
+    pub(super) fn set_sled_flushes(&self, flushes: u64) {
+        self.lock().header.sled_flushes = flushes;
+    }
+
+    /// Records in the header that sled has made `flushes` flushes durable.
+    pub fn note_sled_flushes(&self, flushes: u64) -> std::io::Result<()> {
+        let mut inner = self.lock();
+        inner.file()?;
+        let header = Header {
+            sled_flushes: inner.header.sled_flushes.max(flushes),
+            ..inner.header
+        };
+        Self::note(&mut inner, header)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -351,19 +533,44 @@ impl EventLog {
     }
 
     /// Makes every record written before the call durable on the disk (`fdatasync`; the log's
-    /// lock is not held meanwhile, so writes go on).
+    /// lock is not held meanwhile, so writes go on), then records in the header that the file
+    /// is durable that far.
     pub fn sync(&self) -> std::io::Result<()> {
-        let file = self.lock().file()?;
+        let (file, end) = {
+            let inner = self.lock();
+            (inner.file()?, inner.end)
+        };
         file.sync_data().map_err(|e| {
             std::io::Error::new(
                 e.kind(),
                 format!("fdatasync of {}: {e}", self.path.display()),
             )
-        })
+        })?;
+        let mut inner = self.lock();
+        // A rewrite swapped the file meanwhile: the new one's header says it all already.
+        if !inner.file.as_ref().is_some_and(|f| Arc::ptr_eq(f, &file)) {
+            return Ok(());
+        }
+        let header = Header {
+            synced: inner.header.synced.max(end),
+            ..inner.header
+        };
+        Self::note(&mut inner, header)
     }
 
-    /// Closes the file for good: later calls fail.
+    /// Closes the file for good (later calls fail), after a last sync, so that its header says
+    /// it is whole.
     pub fn close(&self) {
+        if self.lock().file.is_some() {
+            if let Err(e) = self.sync().and_then(|()| {
+                let inner = self.lock();
+                let file = inner.file()?;
+                file.write_all_at(&inner.header.encode(), MAGIC.len() as u64)?;
+                file.sync_data()
+            }) {
+                tracing::warn!(file = %self.path.display(), error = %e, "cannot sync the event log as the hub stops");
+            }
+        }
         self.lock().file = None;
     }
 
@@ -377,11 +584,21 @@ impl EventLog {
     /// records written meanwhile are copied as they are and read into the new index, and the
     /// new file is renamed over the old one. A failure leaves the old file in use, untouched.
     pub fn compact(&self) -> std::io::Result<bool> {
+        self.compact_if(false)
+    }
+
+    /// Rewrites the file now, whatever its dead weight (see [`EventLog::compact`]): a log of
+    /// an older format, or one repaired (only its whole records are copied).
+    pub(super) fn rewrite_now(&self) -> std::io::Result<bool> {
+        self.compact_if(true)
+    }
+
+    fn compact_if(&self, force: bool) -> std::io::Result<bool> {
         let _one = self.compacting.lock().unwrap_or_else(|p| p.into_inner());
         let (old, tables, copied_upto) = {
             let inner = self.lock();
             let live = inner.end.saturating_sub(inner.dead);
-            if inner.dead < COMPACT_FLOOR || inner.dead < live {
+            if !force && (inner.dead < COMPACT_FLOOR || inner.dead < live) {
                 return Ok(false);
             }
             (
@@ -424,16 +641,11 @@ impl EventLog {
     ) -> std::io::Result<u64> {
         let fresh = open_file(fresh_path)?;
         fresh.set_len(0)?;
-        let mut next = Inner {
-            file: None,
-            end: 0,
-            run_events: Index::new(),
-            task_events: Index::new(),
-            dead: 0,
-            writes: 0,
-        };
+        let mut next = Inner::empty();
         // Written in chunks, so that the live records never need to fit in memory at once.
+        // The header is written last, once the file's length is known.
         let mut buf = MAGIC.to_vec();
+        buf.extend_from_slice(&[0u8; HEAD_LEN]);
         let mut written = 0u64;
         for (table, index) in tables {
             for (key, loc) in index {
@@ -473,6 +685,11 @@ impl EventLog {
                 self.path.display()
             )));
         }
+        let header = Header {
+            synced: end,
+            sled_flushes: inner.header.sled_flushes,
+        };
+        fresh.write_all_at(&header.encode(), MAGIC.len() as u64)?;
         fresh.sync_data()?;
         std::fs::rename(fresh_path, &self.path)?;
         if let Some(dir) = self.path.parent() {
@@ -483,26 +700,18 @@ impl EventLog {
         inner.run_events = next.run_events;
         inner.task_events = next.task_events;
         inner.dead = next.dead;
+        inner.header = header;
+        // The mark may say more of the old file (a repair lowers sled's count): it follows.
+        inner.write_mark()?;
         Ok(end)
     }
 }
 
-/// Reads every whole record of `file` into `inner`'s index; returns the end of the last whole
-/// one (where a torn tail, if any, begins).
-fn replay(file: &File, inner: &mut Inner, path: &Path) -> std::io::Result<u64> {
-    let mut r = BufReader::with_capacity(1 << 20, file);
-    let mut magic = vec![0u8; MAGIC.len()];
-    if r.read_exact(&mut magic).is_err() || magic != MAGIC {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!(
-                "{} is not an agen event log (it must start with {:?})",
-                path.display(),
-                String::from_utf8_lossy(MAGIC).trim_end()
-            ),
-        ));
-    }
-    read_records(&mut r, MAGIC.len() as u64, inner, path)
+/// What the mark file says (`None`: absent, short or failing its checksum: no claim).
+fn read_mark(path: &Path) -> Option<Header> {
+    let bytes = std::fs::read(path).ok()?;
+    let head: [u8; HEAD_LEN] = bytes.get(..HEAD_LEN)?.try_into().ok()?;
+    Header::decode(&head)
 }
 
 /// Reads whole records from `r` (the first at file offset `at`) into `inner`'s index; returns

@@ -10,6 +10,8 @@
 mod disk_sync;
 mod event_log;
 mod group_commit;
+pub mod integrity;
+mod log_scan;
 pub mod sealed;
 mod sled_store;
 pub mod snapshot;
@@ -43,6 +45,12 @@ pub enum StoreError {
     },
     #[error("hub snapshot: {0}")]
     Snapshot(String),
+    /// A running Hub holds the store (its lock): a check from the files must go through it.
+    #[error("hub store {0}: a running Hub holds this store: check it through the Hub (agen hub verify reaches it by its client config, --hub and --token), or stop it first")]
+    Held(String),
+    /// The store lost records it acknowledged: it refuses to serve (see [`integrity`]).
+    #[error("{}", .0.refusal())]
+    Damaged(Box<integrity::Report>),
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -174,6 +182,14 @@ pub trait Store: Send + Sync + 'static {
     /// that is worth it; returns whether it did. Writes go on meanwhile. A failure leaves the
     /// store as it was and working (it does not break the store).
     fn compact(&self) -> Result<bool>;
+    /// Checks that the store still holds everything it acknowledged, while it runs (see
+    /// [`integrity`]); reads only.
+    fn verify(&self) -> Result<integrity::Report> {
+        Err(StoreError::Op {
+            table: "all",
+            reason: "this store cannot be verified".into(),
+        })
+    }
     /// Tries to make a broken store write again (reopening it in place). `Ok(true)` when it
     /// healed now, `Ok(false)` when it was not broken; an error says why it still cannot.
     fn heal(&self) -> Result<bool>;
@@ -255,6 +271,11 @@ impl Db {
     /// Why the store cannot write now (`None` while it can).
     pub fn broken(&self) -> Option<String> {
         self.inner.broken()
+    }
+
+    /// See [`Store::verify`].
+    pub fn verify(&self) -> Result<integrity::Report> {
+        self.inner.verify()
     }
 
     /// See [`Store::heal`].

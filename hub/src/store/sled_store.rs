@@ -23,7 +23,8 @@ use std::sync::{Mutex, RwLock};
 use futures::future::BoxFuture;
 
 use super::disk_sync::{sync_folder, sync_to_disk, BlobsSeen};
-use super::event_log::{self, EventLog, Op};
+use super::event_log::{self, Access, EventLog, Op};
+use super::integrity;
 use super::space;
 use super::{PairRow, Result, Store, StoreError, Table};
 
@@ -52,26 +53,105 @@ pub struct SledStore {
     log: std::sync::Arc<EventLog>,
     /// The event log's write count the last flush read before it started.
     flushed_log_writes: AtomicU64,
+    /// The flushes of sled made durable (kept in sled and in the event log's header: a sled
+    /// that knows fewer than the log lost writes, see [`integrity`]).
+    sled_flushes: AtomicU64,
 }
 
 impl SledStore {
-    /// Opens (or creates) the database in `dir`.
+    /// Opens (or creates) the database in `dir`, and refuses one that lost what it
+    /// acknowledged ([`StoreError::Damaged`], see [`integrity`]).
     pub fn open(dir: &Path) -> Result<SledStore> {
+        Self::open_checked(dir, false).map(|(store, _)| store)
+    }
+
+    /// Opens the database in `dir` whatever [`integrity::assess`] finds, for `agen hub
+    /// repair`: when it found damage (or a torn tail) the event log is rewritten with its
+    /// whole records only (the damaged file kept beside it as `events.log.damaged-<unix ms>`)
+    /// and its header made to agree with sled; returns what was found before.
+    pub fn open_for_repair(dir: &Path) -> Result<(SledStore, integrity::Report)> {
+        Self::open_checked(dir, true)
+    }
+
+    /// [`SledStore::open`]; with `repair`, damage is rewritten away instead of refused.
+    fn open_checked(dir: &Path, repair: bool) -> Result<(SledStore, integrity::Report)> {
         // Created 0700 before sled writes into it: the store holds task inputs and results.
         agen_shared::private::create_dir_all(dir).map_err(|e| StoreError::Open {
             path: dir.display().to_string(),
             reason: format!("cannot create the folder: {e}"),
         })?;
-        let db = open_db(dir)?;
-        let log = EventLog::open(dir).map_err(|e| StoreError::Open {
+        let log_err = |e: std::io::Error| StoreError::Open {
             path: dir.join(event_log::FILE_NAME).display().to_string(),
             reason: e.to_string(),
-        })?;
+        };
+        let sled_existed = integrity::sled_files_exist(dir);
+        let log_exists = dir.join(event_log::FILE_NAME).exists();
+        if !sled_existed && log_exists && !repair {
+            // sled's files are gone while the log is there: judged before sled makes new ones.
+            let (log, found) = EventLog::open_unchecked(dir, Access::Read).map_err(log_err)?;
+            let report = integrity::assess(dir, Some((&log, &found)), &Default::default(), true);
+            if !report.intact() {
+                return Err(StoreError::Damaged(Box::new(report)));
+            }
+        }
+        let db = open_db(dir)?;
+        let sled =
+            integrity::SledView::read(&db, sled_existed).map_err(|reason| StoreError::Open {
+                path: dir.display().to_string(),
+                reason,
+            })?;
+        // A store from before the event log keeps its events in sled's trees until they are
+        // moved below: its tasks are compared with the log after the move.
+        let legacy = [Table::RunEvents, Table::TaskEvents].iter().any(|t| {
+            db.open_tree(t.name())
+                .map(|tree| !tree.is_empty())
+                .unwrap_or(false)
+        });
+        let opened = if log_exists {
+            Some(EventLog::open_unchecked(dir, Access::Write).map_err(log_err)?)
+        } else {
+            None
+        };
+        let mut report =
+            integrity::assess(dir, opened.as_ref().map(|(l, f)| (l, f)), &sled, !legacy);
+        if !report.intact() && !repair {
+            return Err(StoreError::Damaged(Box::new(report)));
+        }
+        let (log, found) = match opened {
+            Some(opened) => opened,
+            None => EventLog::open_unchecked(dir, Access::Create).map_err(log_err)?,
+        };
+        let log = if repair && (!report.intact() || found.torn_tail.is_some() || found.version == 1)
+        {
+            if log_exists {
+                let path = dir.join(event_log::FILE_NAME);
+                let kept = dir.join(format!(
+                    "{}.damaged-{}",
+                    event_log::FILE_NAME,
+                    crate::model::now_ms()
+                ));
+                std::fs::hard_link(&path, &kept).map_err(log_err)?;
+                report
+                    .notes
+                    .push(format!("the damaged log was kept as {}", kept.display()));
+            }
+            log.set_sled_flushes(sled.flushes);
+            log.rewrite_now().map_err(log_err)?;
+            log
+        } else {
+            log.finish_open(&found).map_err(log_err)?
+        };
         move_events_into_log(&db, &log).map_err(|reason| StoreError::Open {
             path: dir.display().to_string(),
             reason: format!("cannot move the events sled holds into the event log: {reason}"),
         })?;
-        Ok(SledStore {
+        if legacy && !repair {
+            let again = integrity::assess(dir, Some((&log, &found)), &sled, true);
+            if !again.intact() {
+                return Err(StoreError::Damaged(Box::new(again)));
+            }
+        }
+        let store = SledStore {
             path: dir.to_path_buf(),
             db: RwLock::new(Some(db)),
             broken: Mutex::new(None),
@@ -84,7 +164,9 @@ impl SledStore {
             blobs: Default::default(),
             log: std::sync::Arc::new(log),
             flushed_log_writes: AtomicU64::new(0),
-        })
+            sled_flushes: AtomicU64::new(sled.flushes),
+        };
+        Ok((store, report))
     }
 
     fn db(&self) -> Result<sled::Db> {
@@ -379,12 +461,21 @@ impl Store for SledStore {
             }
             let (db, dir, blobs) = (self.db()?, self.path.clone(), self.blobs.clone());
             let log = self.log.clone();
+            let next_flush = self.sled_flushes.load(Ordering::SeqCst) + 1;
             let sync = move || {
-                if sled_dirty {
-                    sync_to_disk(&db, &dir, &blobs)?;
-                }
+                // The log first: sled's records never get durable ahead of the events they count.
                 if log_dirty {
                     log.sync().map_err(|e| e.to_string())?;
+                }
+                if sled_dirty {
+                    // Counted in sled itself, then noted in the log once durable: a sled that
+                    // later knows fewer flushes than the log lost writes.
+                    db.open_tree(Table::Counters.name())
+                        .and_then(|t| t.insert(integrity::SLED_FLUSHES, &next_flush.to_be_bytes()))
+                        .map_err(|e| e.to_string())?;
+                    sync_to_disk(&db, &dir, &blobs)?;
+                    log.note_sled_flushes(next_flush)
+                        .map_err(|e| e.to_string())?;
                 }
                 Ok::<(), String>(())
             };
@@ -399,6 +490,9 @@ impl Store for SledStore {
             }
             self.flushed_writes.store(writes, Ordering::SeqCst);
             self.flushed_log_writes.store(log_writes, Ordering::SeqCst);
+            if sled_dirty {
+                self.sled_flushes.store(next_flush, Ordering::SeqCst);
+            }
             self.flushed_upto.fetch_max(covers, Ordering::SeqCst);
             Ok(true)
         })
@@ -434,6 +528,35 @@ impl Store for SledStore {
                 event_log::FILE_NAME
             ),
         })
+    }
+
+    fn verify(&self) -> Result<integrity::Report> {
+        // sled first: the log is written before sled, so what sled counts is in the log by
+        // the time it is read. A retention sweep between the two reads can make a task look
+        // short: a problem is checked a second time before it is reported.
+        let check = || -> Result<integrity::Report> {
+            let sled =
+                integrity::SledView::read(&self.db()?, true).map_err(|reason| StoreError::Op {
+                    table: Table::Tasks.name(),
+                    reason,
+                })?;
+            let (log, found) =
+                EventLog::open_unchecked(&self.path, Access::Read).map_err(|e| StoreError::Op {
+                    table: Table::RunEvents.name(),
+                    reason: format!("cannot read {}: {e}", event_log::FILE_NAME),
+                })?;
+            Ok(integrity::assess(
+                &self.path,
+                Some((&log, &found)),
+                &sled,
+                true,
+            ))
+        };
+        let first = check()?;
+        if first.intact() {
+            return Ok(first);
+        }
+        check()
     }
 
     fn heal(&self) -> Result<bool> {

@@ -1,5 +1,6 @@
 //! How a task ends or starts over: cancel (with a grace for its run), finish, requeue after a
-//! lost run, fail every task of a removed deployment.
+//! lost run, fail every task of a removed deployment, fail the tasks whose history the store
+//! lost (`agen hub repair`).
 
 use crate::core::leases;
 use crate::core::leases::Requeue;
@@ -229,5 +230,45 @@ impl Core {
             }
         }
         Ok(())
+    }
+
+    /// Ends each task of `ids` `failed` with reason `history_lost` (`agen hub repair`: the
+    /// store lost part of its history, so it is never resumed from a partial replay). A task
+    /// that had ended keeps its result, but is failed too: its record no longer says all that
+    /// happened. Its run's next attempt is fenced, so a Nest still running it is stopped.
+    /// Returns the ids it ended (those the store knows).
+    pub async fn fail_history_lost(
+        &self,
+        ids: &std::collections::BTreeSet<String>,
+        why: &str,
+    ) -> Result<Vec<String>> {
+        let mut ended = Vec::new();
+        {
+            let mut st = self.lock();
+            for id in ids {
+                let Some(mut task) = st.tasks.get(id).cloned() else {
+                    continue;
+                };
+                let error = format!("{}: {why}", crate::store::integrity::HISTORY_LOST);
+                if !task.run_id.is_empty() {
+                    self.db.set_run_attempt(&task.run_id, task.attempt + 1)?;
+                }
+                if task.state.is_terminal() {
+                    let result = task.outcome.as_ref().map(|o| o.result.clone());
+                    task.state = TaskState::Failed;
+                    task.outcome = Some(OutcomeRec {
+                        result: result.unwrap_or_default(),
+                        response_type: "error".into(),
+                        error,
+                    });
+                    self.emit_state(&mut st, task)?;
+                } else {
+                    self.finish_task(&mut st, task, TaskState::Failed, "", "error", &error)?;
+                }
+                ended.push(id.clone());
+            }
+        }
+        self.commit().await?;
+        Ok(ended)
     }
 }

@@ -1,0 +1,99 @@
+//! `agen hub verify` and `agen hub repair`: whether the Hub's store still holds everything it
+//! acknowledged (a stopped Hub's from its files, a running one's through the admin call
+//! `VerifyStore`), and making a damaged one servable again; and what `agen hub` does when it
+//! refuses a damaged store (exit 65, the cause in systemd's `STATUS=`).
+
+use std::path::Path;
+
+use agen_hub::store::integrity::{Report, EXIT_STORE_DAMAGED};
+use anyhow::Context;
+
+use crate::client::{ClientArgs, Output};
+use crate::exit::code;
+
+/// `agen hub` found its store damaged: says why and what to do, tells systemd, returns 65.
+pub fn refuse(report: &Report) -> i32 {
+    let cause = format!(
+        "refusing to start: the hub store in {} lost acknowledged data ({} problems, {} tasks touched); run agen hub verify --data-dir {}",
+        report.dir.display(),
+        report.problems.len(),
+        report.affected().len(),
+        report.dir.parent().unwrap_or(&report.dir).display()
+    );
+    tracing::error!("{}", report.refusal());
+    agen_shared::systemd::status(&cause);
+    eprintln!("error: cannot start the Hub: {}", report.refusal());
+    EXIT_STORE_DAMAGED
+}
+
+/// `agen hub verify`: from the files when no Hub holds the store, else through the Hub.
+pub async fn verify(data_dir: &Path, client: &ClientArgs) -> anyhow::Result<i32> {
+    let dir = data_dir.to_path_buf();
+    let checked =
+        tokio::task::spawn_blocking(move || agen_hub::store::integrity::verify_stopped(&dir))
+            .await
+            .context("the verify task failed")?;
+    let report = match checked {
+        Ok(report) => report,
+        Err(agen_hub::store::StoreError::Held(_)) => return verify_running(client).await,
+        Err(e) => return Err(anyhow::Error::new(e).context("cannot verify the hub store")),
+    };
+    match client.output {
+        Output::Table => print!("{}", report.render()),
+        other => crate::view::print_value(
+            other,
+            &serde_json::to_value(&report).context("cannot encode the report")?,
+        ),
+    }
+    Ok(if report.intact() {
+        code::OK
+    } else {
+        code::FAILED
+    })
+}
+
+/// `agen hub verify` of a running Hub: the admin call `VerifyStore`.
+async fn verify_running(client: &ClientArgs) -> anyhow::Result<i32> {
+    let mut hub = client.connect()?;
+    let answer = hub
+        .client
+        .verify_store(agen_proto::v1::VerifyStoreRequest {})
+        .await
+        .map_err(|s| crate::client::status_error(&hub, s))?
+        .into_inner();
+    eprintln!(
+        "agen hub: a running Hub holds the store; verified through it ({})",
+        hub.url
+    );
+    match client.output {
+        Output::Table => print!("{}", answer.report),
+        other => crate::view::print_value(
+            other,
+            &serde_json::from_str(&answer.report_json)
+                .context("the Hub's verify report is not JSON")?,
+        ),
+    }
+    Ok(if answer.intact {
+        code::OK
+    } else {
+        code::FAILED
+    })
+}
+
+/// `agen hub repair`: offline, on the data dir of a stopped Hub.
+pub async fn repair(data_dir: &Path) -> anyhow::Result<i32> {
+    agen_shared::private::restrict_umask();
+    let repaired = agen_hub::repair::repair(data_dir)
+        .await
+        .with_context(|| format!("cannot repair the hub store in {}", data_dir.display()))?;
+    print!("{}", agen_hub::repair::render(&repaired));
+    eprintln!(
+        "agen hub: repaired {}: {} tasks kept, {} ended failed (history_lost), {} lost; report in {}",
+        data_dir.display(),
+        repaired.kept,
+        repaired.failed.len(),
+        repaired.lost.len(),
+        repaired.report_file.display()
+    );
+    Ok(code::OK)
+}
