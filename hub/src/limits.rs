@@ -53,6 +53,8 @@ pub struct Limits {
     pub artifact_namespace_bytes: u64,
     /// Artifact bytes stored in all namespaces together.
     pub artifact_total_bytes: u64,
+    /// Connections before and after authentication (`crate::conn_gate`).
+    pub conn: crate::conn_gate::ConnLimits,
 }
 
 impl Default for Limits {
@@ -66,6 +68,7 @@ impl Default for Limits {
             nest_queue_bytes: 64 * MIB,
             artifact_namespace_bytes: 500 * 1000 * 1000,
             artifact_total_bytes: 10 * 1000 * 1000 * 1000,
+            conn: crate::conn_gate::ConnLimits::default(),
         }
     }
 }

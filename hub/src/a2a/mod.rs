@@ -9,7 +9,9 @@
 //! missing, 403 not allowed) unless the token may submit tasks in that namespace, the rule of
 //! `SubmitTask`; `SendMessage`, `SendStreamingMessage` and `CancelTask` are audited like their
 //! gRPC twins. A request body is at most [`body_limit`] bytes (the task input limit plus
-//! [`ENVELOPE_BYTES`] for the JSON around it); larger ones get 413.
+//! [`ENVELOPE_BYTES`] for the JSON around it); larger ones get 413. The bearer is checked before
+//! a byte of the body is read (a refused request's body is never read), and the body must
+//! arrive within `--body-timeout` (408 otherwise).
 //!
 //! Invariants: the A2A task id is the Agen task id and the A2A `contextId` is the Agen
 //! conversation key; every change goes through the Hub's core methods (the same code path as
@@ -23,7 +25,7 @@ mod view;
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -60,16 +62,27 @@ pub struct A2a {
     /// trailing slash.
     public_url: String,
     cards: card::Cards,
+    /// Told when a connection's request passed the token check.
+    gate: Arc<crate::conn_gate::ConnGate>,
+    /// The largest request body ([`body_limit`]).
+    body_limit: usize,
 }
 
 /// The A2A routes, to be merged with the gRPC routes on the Hub's port.
-pub fn router(core: Arc<Core>, tokens: Arc<Tokens>, public_url: &str) -> axum::Router {
+pub fn router(
+    core: Arc<Core>,
+    tokens: Arc<Tokens>,
+    public_url: &str,
+    gate: Arc<crate::conn_gate::ConnGate>,
+) -> axum::Router {
     let limit = body_limit(&core.opts.limits);
     let state = Arc::new(A2a {
         core,
         tokens,
         public_url: public_url.trim_end_matches('/').to_string(),
         cards: card::Cards::default(),
+        gate,
+        body_limit: limit,
     });
     axum::Router::new()
         .route(
@@ -77,7 +90,6 @@ pub fn router(core: Arc<Core>, tokens: Arc<Tokens>, public_url: &str) -> axum::R
             get(agent_card),
         )
         .route("/a2a/{namespace}/{deployment}", post(rpc))
-        .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
 
@@ -109,6 +121,7 @@ impl A2a {
     fn authorize(
         &self,
         headers: &HeaderMap,
+        peer: Option<std::net::SocketAddr>,
         namespace: &str,
         deployment: &str,
     ) -> Result<Principal, Refusal> {
@@ -135,6 +148,7 @@ impl A2a {
             .tokens
             .resolve(token)
             .map_err(|e| refusal(e, "the token"))?;
+        self.gate.authenticated(peer);
         let namespace = crate::core::namespace_or_default(namespace);
         principal
             .allows(Need::Role(Role::Submitter), &namespace, "A2A")
@@ -219,12 +233,22 @@ fn rpc_error(e: HubError, not_found: i32) -> RpcError {
     RpcError { code, message }
 }
 
+/// The remote address of the connection a request came on (TLS or plaintext).
+fn peer_of(extensions: &axum::http::Extensions) -> Option<std::net::SocketAddr> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    extensions
+        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .and_then(|i| i.get_ref().remote_addr())
+        .or_else(|| extensions.get::<TcpConnectInfo>()?.remote_addr())
+}
+
 async fn agent_card(
     State(a): State<Arc<A2a>>,
     Path((namespace, deployment)): Path<(String, String)>,
-    headers: HeaderMap,
+    request: axum::extract::Request,
 ) -> Response {
-    if let Err(r) = a.authorize(&headers, &namespace, &deployment) {
+    let peer = peer_of(request.extensions());
+    if let Err(r) = a.authorize(request.headers(), peer, &namespace, &deployment) {
         return r.into_response();
     }
     let url = a.interface_url(&namespace, &deployment);
@@ -261,12 +285,50 @@ fn answer<T: serde::Serialize>(id: Value, result: Result<T, RpcError>) -> Respon
 async fn rpc(
     State(a): State<Arc<A2a>>,
     Path((namespace, deployment)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
+    request: axum::extract::Request,
 ) -> Response {
-    let principal = match a.authorize(&headers, &namespace, &deployment) {
+    let peer = peer_of(request.extensions());
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
+    // The bearer first: a refused request's body is never read.
+    let principal = match a.authorize(&headers, peer, &namespace, &deployment) {
         Ok(p) => p,
         Err(r) => return r.into_response(),
+    };
+    let timeout = a.core.opts.limits.conn.body_timeout;
+    let body = match tokio::time::timeout(timeout, axum::body::to_bytes(body, a.body_limit)).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(e)) => {
+            let over = std::error::Error::source(&e)
+                .is_some_and(|s| s.to_string().contains("length limit exceeded"))
+                || e.to_string().contains("length limit exceeded");
+            return if over {
+                Refusal(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!(
+                        "request: the body is over the limit of {} bytes (twice --max-input-bytes plus 64 KiB)",
+                        a.body_limit
+                    ),
+                )
+                .into_response()
+            } else {
+                Refusal(
+                    StatusCode::BAD_REQUEST,
+                    format!("request: cannot read the body: {e}"),
+                )
+                .into_response()
+            };
+        }
+        Err(_) => {
+            return Refusal(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "request: the body did not arrive within {} (--body-timeout)",
+                    agen_shared::duration::format_duration(timeout)
+                ),
+            )
+            .into_response()
+        }
     };
     let req: RpcRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,

@@ -31,6 +31,8 @@ pub fn bearer<T>(req: &Request<T>) -> Option<String> {
 #[derive(Clone)]
 pub struct ApiAuth {
     pub tokens: Arc<Tokens>,
+    /// Told when a connection's request passed the token check.
+    pub gate: Arc<crate::conn_gate::ConnGate>,
 }
 
 impl ApiAuth {
@@ -41,6 +43,7 @@ impl ApiAuth {
             ));
         };
         let principal = self.tokens.resolve(&token).map_err(Status::from)?;
+        self.gate.authenticated(req.remote_addr());
         req.extensions_mut().insert(principal);
         Ok(req)
     }
