@@ -55,6 +55,8 @@ pub struct Limits {
     pub artifact_total_bytes: u64,
     /// Connections before and after authentication (`crate::conn_gate`).
     pub conn: crate::conn_gate::ConnLimits,
+    /// Open server streams per kind (`crate::core::streams`).
+    pub streams: crate::core::streams::StreamLimits,
 }
 
 impl Default for Limits {
@@ -69,6 +71,7 @@ impl Default for Limits {
             artifact_namespace_bytes: 500 * 1000 * 1000,
             artifact_total_bytes: 10 * 1000 * 1000 * 1000,
             conn: crate::conn_gate::ConnLimits::default(),
+            streams: crate::core::streams::StreamLimits::default(),
         }
     }
 }

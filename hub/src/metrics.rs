@@ -73,6 +73,11 @@ struct NestLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StreamLabel {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NamespaceLabel {
     namespace: String,
 }
@@ -115,6 +120,8 @@ pub struct HubMetrics {
     heartbeat_age: Family<NestLabel, Gauge<f64, AtomicU64>>,
     run_events: Counter,
     artifact_bytes: Family<NamespaceLabel, Gauge>,
+    streams_open: Family<StreamLabel, Gauge>,
+    streams_refused: Family<StreamLabel, Counter>,
     /// What the event loop remembers between events.
     open: Mutex<Open>,
 }
@@ -145,9 +152,21 @@ impl HubMetrics {
             heartbeat_age: Family::default(),
             run_events: Counter::default(),
             artifact_bytes: Family::default(),
+            streams_open: Family::default(),
+            streams_refused: Family::default(),
             open: Mutex::new(Open::default()),
             registry: Registry::default(),
         };
+        registry.register(
+            "agen_hub_streams_open",
+            "Open server streams of each kind (WatchTask, WatchDeployments, WatchNests, logs follow, A2A SSE)",
+            m.streams_open.clone(),
+        );
+        registry.register(
+            "agen_hub_streams_refused",
+            "Streams refused at their cap (--max-streams-per-token, --max-streams)",
+            m.streams_refused.clone(),
+        );
         registry.register(
             "agen_tasks",
             "Tasks that entered each state",
@@ -413,6 +432,18 @@ impl HubMetrics {
                 self.artifact_bytes
                     .get_or_create(&NamespaceLabel { namespace })
                     .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            }
+        }
+        for (kind, open, refused) in core.streams.snapshot() {
+            let label = StreamLabel {
+                kind: kind.as_str().to_string(),
+            };
+            self.streams_open
+                .get_or_create(&label)
+                .set(i64::try_from(open).unwrap_or(i64::MAX));
+            let c = self.streams_refused.get_or_create(&label);
+            if refused > c.get() {
+                c.inc_by(refused - c.get());
             }
         }
         let mut out = String::new();

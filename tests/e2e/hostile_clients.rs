@@ -276,3 +276,334 @@ fn tokenless_slow_bodies_cost_the_hub_no_memory_and_a_legitimate_call_still_answ
     assert!(status.message().contains("65536"), "{status:?}");
     assert!(grown_mb < 50, "hub RSS grew {grown_mb} MB on a 60 MB Join");
 }
+
+/// `request` with `secret` as its bearer.
+fn with_token<T>(request: T, secret: &str) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(request);
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {secret}").parse().unwrap());
+    req
+}
+
+/// A new API token of `role` in `default`: (id, secret).
+fn token(hub: &HubProcess, role: &str, name: &str) -> (String, String) {
+    let t = hub
+        .cli_json(&[
+            "tokens",
+            "create",
+            "--namespace",
+            "default",
+            "--role",
+            role,
+            "--name",
+            name,
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    (
+        t["id"].as_str().unwrap().to_string(),
+        t["secret"].as_str().unwrap().to_string(),
+    )
+}
+
+/// The text of the Hub's `/metrics` (plain HTTP on the metrics port).
+fn metrics_text(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nhost: localhost\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
+}
+
+/// An A2A `SubscribeToTask` SSE stream with `secret`: the status line of the answer, and the
+/// stream (for reading on).
+async fn a2a_subscribe(
+    connector: &tokio_rustls::TlsConnector,
+    port: u16,
+    secret: &str,
+    task: &str,
+) -> (
+    String,
+    tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = connector.connect(name, tcp).await.unwrap();
+    let body =
+        json!({"jsonrpc": "2.0", "id": 1, "method": "SubscribeToTask", "params": {"id": task}})
+            .to_string();
+    let head = format!(
+        "POST /a2a/default/streamer HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {secret}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tls.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), tls.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]).to_string();
+    (text.lines().next().unwrap_or_default().to_string(), tls)
+}
+
+/// A deployment `streamer` with no Nest to run it and a task that stays queued.
+fn queued_task(hub: &HubProcess, dir: &std::path::Path) -> String {
+    agen_tests::write_bundle(
+        dir,
+        &[(
+            "x-agen/agent.md",
+            "---\nname: streamer\nmodel: openai/fake-model\nbaseUrl: http://127.0.0.1:9\n---\nYou stream.\n"
+                .to_string(),
+        )],
+    )
+    .unwrap();
+    let out = hub
+        .cli(&["deploy", dir.to_str().unwrap(), "--name", "streamer"])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "deploy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    submit(hub, "streamer")
+}
+
+#[test]
+fn every_stream_kind_is_capped_per_token_and_in_total_and_refusals_are_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (port, metrics_port) = (agen_tests::free_port(), agen_tests::free_port());
+    let hub = HubProcess::start_with_args(
+        tmp.path(),
+        port,
+        "3s",
+        &[
+            "--max-streams-per-token",
+            "10",
+            "--max-streams",
+            "15",
+            "--metrics-listen",
+            &format!("127.0.0.1:{metrics_port}"),
+        ],
+    )
+    .unwrap();
+    let task = queued_task(&hub, &tmp.path().join("streamer"));
+    let (_, viewer_a) = token(&hub, "viewer", "dash-a");
+    let (_, viewer_b) = token(&hub, "viewer", "dash-b");
+    let (_, submitter) = token(&hub, "submitter", "a2a-client");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let pid = hub.proc.pid();
+    let rss_before = rss(pid);
+    const OPENS: usize = 2000;
+    let (a_open, a_refused, b_open, b_refused, kept) = rt.block_on(async {
+        use agen_proto::v1::agen_service_client::AgenServiceClient;
+        let channel = hub.channel().await.unwrap();
+        let watch = |secret: String| {
+            let mut client = AgenServiceClient::new(channel.clone());
+            let task = task.clone();
+            async move {
+                client
+                    .watch_task(with_token(
+                        agen_proto::v1::WatchTaskRequest {
+                            task_id: task,
+                            ..Default::default()
+                        },
+                        &secret,
+                    ))
+                    .await
+            }
+        };
+        // One viewer token opens WatchTask 2,000 times (100 at once): 10 stay open.
+        let mut kept = Vec::new();
+        let (mut a_open, mut a_refused) = (0, 0);
+        for _ in 0..OPENS / 100 {
+            let batch: Vec<_> = (0..100)
+                .map(|_| tokio::spawn(watch(viewer_a.clone())))
+                .collect();
+            for b in batch {
+                match b.await.unwrap() {
+                    Ok(s) => {
+                        a_open += 1;
+                        kept.push(s.into_inner());
+                    }
+                    Err(s) if s.code() == tonic::Code::ResourceExhausted => a_refused += 1,
+                    Err(s) => panic!("unexpected refusal: {s:?}"),
+                }
+            }
+        }
+        // Another token: the total (15) leaves it 5.
+        let (mut b_open, mut b_refused) = (0, 0);
+        for _ in 0..10 {
+            match watch(viewer_b.clone()).await {
+                Ok(s) => {
+                    b_open += 1;
+                    kept.push(s.into_inner());
+                }
+                Err(s) if s.code() == tonic::Code::ResourceExhausted => {
+                    assert!(s.message().contains("--max-streams"), "{s:?}");
+                    b_refused += 1
+                }
+                Err(s) => panic!("unexpected refusal: {s:?}"),
+            }
+        }
+        (a_open, a_refused, b_open, b_refused, kept)
+    });
+    let rss_grown = rss(pid).saturating_sub(rss_before) / (1024 * 1024);
+    // A2A SSE: 10 per token, the 11th and 12th get 429.
+    let connector = tls_connector(&hub);
+    let sse: Vec<String> = rt.block_on(async {
+        let mut out = Vec::new();
+        let mut held = Vec::new();
+        for _ in 0..12 {
+            let (status, s) = a2a_subscribe(&connector, port, &submitter, &task).await;
+            out.push(status);
+            held.push(s);
+        }
+        out
+    });
+    let sse_ok = sse.iter().filter(|s| s.starts_with("HTTP/1.1 200")).count();
+    let sse_429 = sse.iter().filter(|s| s.starts_with("HTTP/1.1 429")).count();
+    let m = metrics_text(metrics_port);
+    let refused_watch = metric(&m, "agen_hub_streams_refused_total{kind=\"watch_task\"}");
+    let refused_sse = metric(&m, "agen_hub_streams_refused_total{kind=\"a2a_sse\"}");
+    println!(
+        "WatchTask x{OPENS} from one token: {a_open} open, {a_refused} refused; a second token: {b_open} open, {b_refused} refused (total); A2A SSE x12: {sse_ok} open, {sse_429} x 429; metric refused watch_task {refused_watch}, a2a_sse {refused_sse}; hub RSS +{rss_grown} MB"
+    );
+    assert_eq!((a_open, a_refused), (10, OPENS - 10));
+    assert_eq!((b_open, b_refused), (5, 5));
+    assert_eq!((sse_ok, sse_429), (10, 2), "{sse:?}");
+    assert_eq!((refused_watch, refused_sse), ((OPENS - 10 + 5) as u64, 2));
+    assert!(rss_grown < 50, "hub RSS grew {rss_grown} MB");
+    // Closed streams give their places back.
+    drop(kept);
+    let reopened = rt.block_on(async {
+        use agen_proto::v1::agen_service_client::AgenServiceClient;
+        let mut client = AgenServiceClient::new(hub.channel().await.unwrap());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let r = client
+                .watch_task(with_token(
+                    agen_proto::v1::WatchTaskRequest {
+                        task_id: task.clone(),
+                        ..Default::default()
+                    },
+                    &viewer_b,
+                ))
+                .await;
+            if r.is_ok() || Instant::now() > deadline {
+                return r.is_ok();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    assert!(reopened, "a closed stream's place was not given back");
+}
+
+#[test]
+fn rotating_a_token_ends_its_open_streams_of_every_kind_within_a_second() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = agen_tests::free_port();
+    let hub = HubProcess::start_with_args(tmp.path(), port, "3s", &[]).unwrap();
+    let _nest = hub.nest("solo", &[], &[]).unwrap();
+    let marker = tmp.path().join("ran.txt");
+    let model = crate::approvals::model(tmp.path(), &marker);
+    crate::approvals::deploy_asker(&hub, &tmp.path().join("asker"), "streamer", &model);
+    let task = submit(&hub, "streamer");
+    crate::approvals::pending_of(&hub, &task);
+    let (id, secret) = token(&hub, "submitter", "rotated");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let connector = tls_connector(&hub);
+    let ended = rt.block_on(async {
+        use agen_proto::v1::agen_service_client::AgenServiceClient;
+        use tokio::io::AsyncReadExt;
+        let mut client = AgenServiceClient::new(hub.channel().await.unwrap());
+        let mut watch = client
+            .watch_task(with_token(
+                agen_proto::v1::WatchTaskRequest {
+                    task_id: task.clone(),
+                    ..Default::default()
+                },
+                &secret,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        let mut logs = client
+            .read_logs(with_token(
+                agen_proto::v1::ReadLogsRequest {
+                    target: "streamer".into(),
+                    follow: true,
+                    ..Default::default()
+                },
+                &secret,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        let (status, mut sse) = a2a_subscribe(&connector, port, &secret, &task).await;
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        // Each stream's end, timed from its own task.
+        let watch_end = tokio::spawn(async move {
+            while let Ok(Some(_)) = watch.message().await {}
+            Instant::now()
+        });
+        let logs_end = tokio::spawn(async move {
+            while let Ok(Some(_)) = logs.message().await {}
+            Instant::now()
+        });
+        let sse_end = tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            loop {
+                match sse.read(&mut buf).await {
+                    Ok(0) | Err(_) => return Instant::now(),
+                    Ok(n) if String::from_utf8_lossy(&buf[..n]).contains("rotated") => {
+                        return Instant::now()
+                    }
+                    Ok(_) => {}
+                }
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!watch_end.is_finished() && !logs_end.is_finished() && !sse_end.is_finished());
+        let out = hub.cli(&["tokens", "rotate", &id]).unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let rotated = Instant::now();
+        let mut ended = Vec::new();
+        for (kind, h) in [
+            ("WatchTask", watch_end),
+            ("logs -f", logs_end),
+            ("A2A SSE", sse_end),
+        ] {
+            let at = tokio::time::timeout(Duration::from_secs(5), h)
+                .await
+                .unwrap_or_else(|_| panic!("{kind} still open 5 s after the rotation"))
+                .unwrap();
+            ended.push((kind, at.saturating_duration_since(rotated)));
+        }
+        ended
+    });
+    println!("rotation: {ended:?}");
+    for (kind, after) in &ended {
+        assert!(
+            *after < Duration::from_secs(1),
+            "{kind} ended {after:?} after the rotation"
+        );
+    }
+    let out = hub.cli(&["tasks", "--token", &secret]).unwrap();
+    assert!(!out.status.success(), "the old secret still works");
+}

@@ -100,6 +100,13 @@ pub struct Args {
     /// Connections in all (Nests and authenticated clients included)
     #[arg(long, default_value_t = 16384)]
     pub max_connections: usize,
+    /// Open streams of one kind (WatchTask, WatchDeployments, WatchNests, logs follow, A2A SSE)
+    /// per token
+    #[arg(long, default_value_t = 256)]
+    pub max_streams_per_token: usize,
+    /// Open streams of one kind in all
+    #[arg(long, default_value_t = 8192)]
+    pub max_streams: usize,
     /// Remove finished tasks, their run logs and the artifacts no other task refers to this
     /// long after they finished
     #[arg(long, default_value = "30d", value_parser = crate::cmd::parse_duration)]
@@ -148,6 +155,10 @@ impl Args {
                 max_unauthenticated_per_address: self.max_unauthenticated_per_address,
                 max_unauthenticated: self.max_unauthenticated,
                 max_connections: self.max_connections,
+            },
+            streams: agen_hub::core::streams::StreamLimits {
+                per_token: self.max_streams_per_token,
+                total: self.max_streams,
             },
         }
     }

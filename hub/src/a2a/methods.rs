@@ -32,6 +32,11 @@ pub struct Call {
     pub deployment: String,
     /// The W3C `traceparent` header, if any (ignored when invalid).
     pub traceparent: String,
+    /// The sha256 of the token's secret when the request came: a stream ends when it changes
+    /// (rotation), as when the token is revoked or expires.
+    pub secret: Option<String>,
+    /// The place of an SSE stream among the open ones (`core::streams`), held while it runs.
+    pub _stream_permit: Option<Arc<crate::core::streams::StreamPermit>>,
 }
 
 fn invalid(message: String) -> RpcError {

@@ -359,8 +359,22 @@ async fn rpc(
             }),
         );
     }
+    // Streams have their caps (per token and in all): 429 past them.
+    let stream_permit = match req.method.as_str() {
+        "SendStreamingMessage" | "SubscribeToTask" => match a
+            .core
+            .streams
+            .open(crate::core::streams::StreamKind::A2aSse, &principal)
+        {
+            Ok(p) => Some(Arc::new(p)),
+            Err(e) => return Refusal(StatusCode::TOO_MANY_REQUESTS, e.to_string()).into_response(),
+        },
+        _ => None,
+    };
     let call = methods::Call {
         a: a.clone(),
+        secret: a.tokens.secret_of(&principal),
+        _stream_permit: stream_permit,
         principal,
         namespace,
         deployment,

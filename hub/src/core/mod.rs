@@ -35,6 +35,7 @@ pub mod reconcile;
 mod respread;
 pub mod retention;
 pub mod run_context;
+pub mod streams;
 mod suspend;
 mod task_table;
 pub mod tasks;
@@ -102,6 +103,8 @@ pub struct Core {
     pub(crate) artifact_usage: crate::core::artifacts::UsageLock,
     /// Whether a lazy flush for run events nobody waits for is scheduled ([`commit`]).
     lazy_flush: commit::LazyFlush,
+    /// Open server streams per kind and token, and their caps.
+    pub streams: streams::StreamCaps,
 }
 
 pub(crate) use crate::limits::validate_name;
@@ -137,6 +140,7 @@ impl Core {
         }
         let live = Liveness::new(awaiting.iter().cloned());
         let (updates, _) = broadcast::channel(4096);
+        let opts_streams = opts.limits.streams;
         tracing::info!(
             deployments = deployments.len(),
             nests = nests.len(),
@@ -167,6 +171,7 @@ impl Core {
             secrets: SecretStore::new(db.clone(), secret_key),
             artifact_usage: Default::default(),
             lazy_flush: Default::default(),
+            streams: streams::StreamCaps::new(opts_streams),
             bundle_permissions: Default::default(),
             bundle_delegation: Default::default(),
             db,

@@ -394,6 +394,29 @@ impl Tokens {
         }
     }
 
+    /// The sha256 of the secret `principal`'s token has now (`None`: the cluster admin, or a
+    /// token that no longer exists).
+    pub fn secret_of(&self, principal: &Principal) -> Option<String> {
+        let Principal::Api { id, .. } = principal else {
+            return None;
+        };
+        self.lock().by_id.get(id).map(|r| r.secret_sha256.clone())
+    }
+
+    /// [`Tokens::still_valid`], and the token still has the secret it had when a stream was
+    /// opened with it (`opened_with`, from [`Tokens::secret_of`]): a rotation ends the old
+    /// secret's streams too.
+    pub fn still_valid_with(&self, principal: &Principal, opened_with: Option<&str>) -> Result<()> {
+        self.still_valid(principal)?;
+        match (opened_with, self.secret_of(principal)) {
+            (Some(then), Some(now)) if then != now => Err(HubError::Unauthenticated(format!(
+                "token {} was rotated; use its new secret",
+                principal.token_id()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// When `principal` expires (ms since the epoch), if ever.
     pub fn expires_at_ms(&self, principal: &Principal) -> Option<i64> {
         let Principal::Api { id, .. } = principal else {
