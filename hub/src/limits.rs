@@ -132,6 +132,9 @@ impl Limits {
                 v,
                 self.label_value_bytes,
             )?;
+            if let Some(why) = agen_shared::text::display_name_problem(v) {
+                return Err(HubError::invalid(format!("{field}[{}]: {why}", prefix(k))));
+            }
         }
         Ok(())
     }

@@ -607,3 +607,137 @@ fn rotating_a_token_ends_its_open_streams_of_every_kind_within_a_second() {
     let out = hub.cli(&["tasks", "--token", &secret]).unwrap();
     assert!(!out.status.success(), "the old secret still works");
 }
+
+/// `agen ARGS` run under a pseudo-terminal (`script`): every byte the terminal got.
+fn cli_on_a_terminal(hub: &HubProcess, args: &[&str]) -> Vec<u8> {
+    let command = std::iter::once(agen_tests::agen_bin().display().to_string())
+        .chain(args.iter().map(|a| a.to_string()))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let out = std::process::Command::new("script")
+        .args(["-qfec", &command, "/dev/null"])
+        .env("AGEN_CONFIG", hub.dir.join("client.toml"))
+        .env("COLUMNS", "200")
+        .output()
+        .unwrap();
+    out.stdout
+}
+
+fn count(haystack: &[u8], needle: &[u8]) -> usize {
+    haystack
+        .windows(needle.len())
+        .filter(|w| *w == needle)
+        .count()
+}
+
+#[test]
+fn hostile_names_and_model_output_reach_the_terminal_escaped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+
+    // Names that lie are refused: reserved words, line breaks, escapes, bidi overrides.
+    for name in [
+        "admin",
+        "System",
+        "agen",
+        "ci\nbot",
+        "x\u{1b}[2Jy",
+        "evil\u{202e}",
+        "a\u{200b}b",
+    ] {
+        let out = hub
+            .cli(&[
+                "tokens",
+                "create",
+                "--namespace",
+                "default",
+                "--role",
+                "viewer",
+                "--name",
+                name,
+            ])
+            .unwrap();
+        assert!(!out.status.success(), "token name {name:?} was accepted");
+    }
+    let out = hub
+        .cli(&[
+            "tokens",
+            "create",
+            "--namespace",
+            "default",
+            "--role",
+            "viewer",
+            "--name",
+            "Équipe 日本 (CI)",
+        ])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A model whose answer carries terminal escapes, on a real fleet.
+    let _nest = hub.nest("solo", &[], &[]).unwrap();
+    let hostile = "\u{1b}[31mRED\u{1b}]0;pwned\u{7}\r\nforged\u{202e}txt";
+    let model = FakeModel::start(
+        &tmp.path().join("model"),
+        &json!({"steps": [{"reply": hostile}, {"reply": hostile}]}),
+    )
+    .unwrap();
+    agen_tests::write_bundle(
+        &tmp.path().join("b"),
+        &[(
+            "x-agen/agent.md",
+            format!(
+                "---\nname: hostile\nmodel: openai/fake-model\nbaseUrl: {}\n---\nYou answer.\n",
+                model.base_url()
+            ),
+        )],
+    )
+    .unwrap();
+    let out = hub
+        .cli(&[
+            "deploy",
+            tmp.path().join("b").to_str().unwrap(),
+            "--name",
+            "hostile",
+            "--wait",
+        ])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let waited = cli_on_a_terminal(&hub, &["submit", "hostile", "go", "--wait"]);
+    let listed = cli_on_a_terminal(&hub, &["tasks"]);
+    let mut raw = 0;
+    for bytes in [&waited, &listed] {
+        for seq in [
+            &b"\x1b[31m"[..],
+            b"\x1b]0;pwned",
+            b"\x07",
+            "\u{202e}".as_bytes(),
+        ] {
+            raw += count(bytes, seq);
+        }
+    }
+    let escaped = count(&waited, b"\\e[31mRED") + count(&listed, b"\\e[31mRED");
+    println!(
+        "hostile model output under a terminal: {raw} raw control sequences from data, {escaped} shown escaped"
+    );
+    assert_eq!(
+        raw,
+        0,
+        "submit --wait: {:?}\ntasks: {:?}",
+        String::from_utf8_lossy(&waited),
+        String::from_utf8_lossy(&listed)
+    );
+    assert!(
+        count(&waited, b"\\e[31mRED") >= 1,
+        "{:?}",
+        String::from_utf8_lossy(&waited)
+    );
+}

@@ -177,6 +177,28 @@ pub enum Need {
     Cluster,
 }
 
+/// Names the Hub uses for itself (the cluster admin token, what decides on its own): no token
+/// may be named so, in any case, or an audit line or an approval's `by` could pass for them.
+pub const RESERVED_TOKEN_NAMES: [&str; 3] = ["admin", "system", "agen"];
+
+/// A token name people give: not reserved, no control or format characters (see
+/// `agen_shared::text::display_name_problem`). Names stored before this rule are kept.
+pub fn check_token_name(name: &str) -> Result<()> {
+    if RESERVED_TOKEN_NAMES
+        .iter()
+        .any(|r| r.eq_ignore_ascii_case(name))
+    {
+        return Err(HubError::invalid(format!(
+            "name: `{name}` is reserved for the hub itself ({}); pick another name such as `{name}-bot`",
+            RESERVED_TOKEN_NAMES.join(", ")
+        )));
+    }
+    if let Some(why) = agen_shared::text::display_name_problem(name) {
+        return Err(HubError::invalid(format!("name: {why}")));
+    }
+    Ok(())
+}
+
 impl Principal {
     /// Whether the principal may do what `need` says in `namespace`; the error names the role
     /// and namespace the call would need.
@@ -487,6 +509,7 @@ impl Tokens {
                 name.len()
             )));
         }
+        check_token_name(&name)?;
         let id = new_id();
         let secret = agen_shared::tls::random_secret();
         let (text, namespace, role) = match kind {
