@@ -134,6 +134,35 @@ struct Open {
     dispatched: HashSet<String>,
     /// The model each bundle's agent uses, by digest.
     models: HashMap<String, String>,
+    /// The label values seen per (deployment, label) ([`MAX_LABEL_VALUES`]).
+    label_values: HashMap<(String, &'static str), HashSet<String>>,
+}
+
+/// Distinct values a label that comes from a bundle or a model (`tool`, `model`) takes per
+/// deployment; later ones (and any over [`MAX_LABEL_VALUE_BYTES`]) are counted as `other`, so a
+/// model inventing tool names cannot grow the series without bound.
+pub const MAX_LABEL_VALUES: usize = 64;
+/// The longest such label value kept as it is.
+pub const MAX_LABEL_VALUE_BYTES: usize = 128;
+
+impl Open {
+    /// `value` as the `label` of `deployment`'s series: itself while the deployment has fewer
+    /// than [`MAX_LABEL_VALUES`] distinct ones, else `other`.
+    fn bounded(&mut self, deployment: &str, label: &'static str, value: &str) -> String {
+        if value.len() > MAX_LABEL_VALUE_BYTES {
+            return "other".into();
+        }
+        let seen = self
+            .label_values
+            .entry((deployment.to_string(), label))
+            .or_default();
+        if seen.contains(value) || (seen.len() < MAX_LABEL_VALUES && seen.insert(value.to_string()))
+        {
+            value.to_string()
+        } else {
+            "other".into()
+        }
+    }
 }
 
 impl HubMetrics {
@@ -320,6 +349,7 @@ impl HubMetrics {
             }
             RunEventBody::ModelAnswered(a) => {
                 let model = self.model_of(core, &task.bundle_digest);
+                let model = self.open().bounded(&dep, "model", &model);
                 let requested = self
                     .open()
                     .model_requested
@@ -357,6 +387,8 @@ impl HubMetrics {
     }
 
     fn tool(&self, dep: &str, tool: &str, status: &str, duration_ms: u64) {
+        let tool = self.open().bounded(dep, "tool", tool);
+        let tool = tool.as_str();
         self.tool_calls
             .get_or_create(&ToolStatusLabels {
                 deployment: dep.into(),
