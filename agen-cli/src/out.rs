@@ -3,9 +3,11 @@
 
 use std::io::Write;
 
-/// Writes `text` and a newline to stdout; on a closed pipe exits 0 at once.
+/// Writes `text` and a newline to stdout; on a closed pipe exits 0 at once. Control and format
+/// characters in it (from a model, a tool, a bundle or another user) are shown as escapes,
+/// never sent raw: only [`raw`] writes terminal control sequences (the CLI's own redraws).
 pub fn line(text: &str) {
-    write(text, true)
+    write(&agen_shared::text::escape_controls(text, true), true)
 }
 
 /// Writes `text` as it is (no newline; terminal control sequences); a closed pipe as [`line`].

@@ -52,16 +52,21 @@ impl Table {
         self
     }
 
-    /// Adds a row; a cell's line breaks become `; ` (one line per row).
+    /// Adds a row; a cell's line breaks become `; ` (one line per row), its other control and
+    /// format characters escapes.
     pub fn add_row(&mut self, cells: Vec<String>) -> &mut Table {
         let mut cells: Vec<String> = cells
             .into_iter()
             .map(|c| {
-                c.lines()
+                let joined = c
+                    .lines()
                     .map(str::trim_end)
                     .filter(|l| !l.is_empty())
                     .collect::<Vec<_>>()
-                    .join("; ")
+                    .join("; ");
+                // A cell's control characters (from a model, a tool, another user) are shown
+                // as escapes.
+                agen_shared::text::escape_controls(&joined, false).into_owned()
             })
             .collect();
         cells.resize(self.header.len(), String::new());

@@ -35,6 +35,7 @@
 
 pub mod a2a;
 pub mod config;
+pub mod conn_gate;
 pub mod core;
 pub mod error;
 pub mod limits;
@@ -242,10 +243,13 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
 
     // Default: the URL other machines use (the primary address when listening on all).
     let public_url = opts.public_url.clone().unwrap_or_else(|| nest_url.clone());
-    let a2a_routes = a2a::router(core.clone(), tokens.clone(), &public_url);
+    // Who may hold a connection before authenticating (the TLS listener, the token checks).
+    let gate = conn_gate::ConnGate::new(opts.limits.conn);
+    let a2a_routes = a2a::router(core.clone(), tokens.clone(), &public_url, gate.clone());
     let routes = server::routes(
         core.clone(),
         tokens,
+        gate.clone(),
         nest_identities,
         (!opts.insecure_plaintext).then(|| Arc::new(hub_tls.clone())),
         hub_tls.ca_sha256.clone(),
@@ -310,6 +314,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
             config,
             shutdown.child_token(),
             cut.clone(),
+            gate.clone(),
         )),
         // Small replies (acks, task states) must not wait on the peer's delayed ACK.
         None => Incoming::Plain(

@@ -53,6 +53,10 @@ pub struct Limits {
     pub artifact_namespace_bytes: u64,
     /// Artifact bytes stored in all namespaces together.
     pub artifact_total_bytes: u64,
+    /// Connections before and after authentication (`crate::conn_gate`).
+    pub conn: crate::conn_gate::ConnLimits,
+    /// Open server streams per kind (`crate::core::streams`).
+    pub streams: crate::core::streams::StreamLimits,
 }
 
 impl Default for Limits {
@@ -66,6 +70,8 @@ impl Default for Limits {
             nest_queue_bytes: 64 * MIB,
             artifact_namespace_bytes: 500 * 1000 * 1000,
             artifact_total_bytes: 10 * 1000 * 1000 * 1000,
+            conn: crate::conn_gate::ConnLimits::default(),
+            streams: crate::core::streams::StreamLimits::default(),
         }
     }
 }
@@ -126,6 +132,9 @@ impl Limits {
                 v,
                 self.label_value_bytes,
             )?;
+            if let Some(why) = agen_shared::text::display_name_problem(v) {
+                return Err(HubError::invalid(format!("{field}[{}]: {why}", prefix(k))));
+            }
         }
         Ok(())
     }

@@ -1,7 +1,9 @@
 //! The Hub's TLS listener: one port for gRPC (HTTP/2) and the A2A HTTP API (HTTP/2 or
 //! HTTP/1.1). ALPN offers `h2` then `http/1.1`; client certificates are optional at the TLS
 //! level (Nests present the one `Join` issued, API clients have none); every handshake runs off
-//! the accept loop under a deadline, so a slow or silent client holds up no one else.
+//! the accept loop under a deadline, so a slow or silent client holds up no one else. Every
+//! connection first takes a slot of the [`ConnGate`] (refused: closed before the handshake); one
+//! that has not authenticated within its deadline is cut.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,10 +15,9 @@ use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::conn_gate::{ConnGate, Slot};
 use crate::error::{HubError, Result};
 
-/// Longest a client may take to finish its TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshakes in flight at once; further connections wait in the kernel's backlog.
 const MAX_HANDSHAKES: usize = 256;
 
@@ -62,6 +63,7 @@ pub fn tls_incoming(
     config: rustls::ServerConfig,
     shutdown: CancellationToken,
     cut: CancellationToken,
+    gate: Arc<ConnGate>,
 ) -> ReceiverStream<std::io::Result<Cut<TlsStream<TcpStream>>>> {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let (tx, rx) = tokio::sync::mpsc::channel(16);
@@ -85,6 +87,11 @@ pub fn tls_incoming(
                     continue;
                 }
             };
+            let slot = match gate.admit(peer) {
+                Ok(slot) => slot,
+                // Closed at once: no handshake, nothing buffered (the gate logs and counts it).
+                Err(_) => continue,
+            };
             // Small replies (acks, task states) must not wait on the peer's delayed ACK.
             if let Err(e) = tcp.set_nodelay(true) {
                 tracing::debug!(error = %e, %peer, "cannot set TCP_NODELAY");
@@ -92,11 +99,17 @@ pub fn tls_incoming(
             let acceptor = acceptor.clone();
             let tx = tx.clone();
             let cut = cut.clone();
+            let limits = *gate.limits();
             tokio::spawn(async move {
                 let _permit = permit;
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
                     Ok(Ok(tls)) => {
-                        let _ = tx.send(Ok(Cut::new(tls, cut))).await;
+                        // A certificate of the Hub's CA (rustls verified it): a Nest.
+                        if tls.get_ref().1.peer_certificates().is_some() {
+                            slot.mark_authenticated();
+                        }
+                        let conn = Cut::new(tls, cut).gated(slot, limits.unauthenticated_timeout);
+                        let _ = tx.send(Ok(conn)).await;
                     }
                     Ok(Err(e)) => tracing::debug!(error = %e, %peer, "tls handshake failed"),
                     Err(_) => tracing::debug!(%peer, "tls handshake timed out"),
@@ -108,10 +121,13 @@ pub fn tls_incoming(
 }
 
 /// A connection that fails (reads and writes end with `ConnectionAborted`) once its token is
-/// cancelled, so the server's connection task ends and the peer sees the connection close.
+/// cancelled, so the server's connection task ends and the peer sees the connection close; and,
+/// when gated, once it has stayed unauthenticated past its deadline. It holds its gate slot.
 pub struct Cut<T> {
     inner: T,
     cut: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    slot: Option<Slot>,
+    deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<T> Cut<T> {
@@ -119,19 +135,42 @@ impl<T> Cut<T> {
         Cut {
             inner,
             cut: Box::pin(cut.cancelled_owned()),
+            slot: None,
+            deadline: None,
         }
     }
 
-    /// `Err` once the token is cancelled (registering the waker otherwise).
+    /// Holds `slot` and fails once `timeout` passed without the connection authenticating.
+    pub fn gated(mut self, slot: Slot, timeout: Duration) -> Cut<T> {
+        if !slot.is_authenticated() {
+            self.deadline = Some(Box::pin(tokio::time::sleep(timeout)));
+        }
+        self.slot = Some(slot);
+        self
+    }
+
+    /// `Err` once the token is cancelled or the authentication deadline passed (registering
+    /// the wakers otherwise).
     fn check(&mut self, cx: &mut std::task::Context<'_>) -> std::io::Result<()> {
         use std::future::Future;
-        match self.cut.as_mut().poll(cx) {
-            std::task::Poll::Ready(()) => Err(std::io::Error::new(
+        if let std::task::Poll::Ready(()) = self.cut.as_mut().poll(cx) {
+            return Err(std::io::Error::new(
                 std::io::ErrorKind::ConnectionAborted,
                 "the hub stopped",
-            )),
-            std::task::Poll::Pending => Ok(()),
+            ));
         }
+        if self.slot.as_ref().is_some_and(Slot::is_authenticated) {
+            self.deadline = None;
+        }
+        if let Some(deadline) = self.deadline.as_mut() {
+            if deadline.as_mut().poll(cx).is_ready() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "not authenticated in time (--unauthenticated-timeout)",
+                ));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -73,6 +73,11 @@ struct NestLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StreamLabel {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NamespaceLabel {
     namespace: String,
 }
@@ -115,6 +120,8 @@ pub struct HubMetrics {
     heartbeat_age: Family<NestLabel, Gauge<f64, AtomicU64>>,
     run_events: Counter,
     artifact_bytes: Family<NamespaceLabel, Gauge>,
+    streams_open: Family<StreamLabel, Gauge>,
+    streams_refused: Family<StreamLabel, Counter>,
     /// What the event loop remembers between events.
     open: Mutex<Open>,
 }
@@ -127,6 +134,35 @@ struct Open {
     dispatched: HashSet<String>,
     /// The model each bundle's agent uses, by digest.
     models: HashMap<String, String>,
+    /// The label values seen per (deployment, label) ([`MAX_LABEL_VALUES`]).
+    label_values: HashMap<(String, &'static str), HashSet<String>>,
+}
+
+/// Distinct values a label that comes from a bundle or a model (`tool`, `model`) takes per
+/// deployment; later ones (and any over [`MAX_LABEL_VALUE_BYTES`]) are counted as `other`, so a
+/// model inventing tool names cannot grow the series without bound.
+pub const MAX_LABEL_VALUES: usize = 64;
+/// The longest such label value kept as it is.
+pub const MAX_LABEL_VALUE_BYTES: usize = 128;
+
+impl Open {
+    /// `value` as the `label` of `deployment`'s series: itself while the deployment has fewer
+    /// than [`MAX_LABEL_VALUES`] distinct ones, else `other`.
+    fn bounded(&mut self, deployment: &str, label: &'static str, value: &str) -> String {
+        if value.len() > MAX_LABEL_VALUE_BYTES {
+            return "other".into();
+        }
+        let seen = self
+            .label_values
+            .entry((deployment.to_string(), label))
+            .or_default();
+        if seen.contains(value) || (seen.len() < MAX_LABEL_VALUES && seen.insert(value.to_string()))
+        {
+            value.to_string()
+        } else {
+            "other".into()
+        }
+    }
 }
 
 impl HubMetrics {
@@ -145,9 +181,21 @@ impl HubMetrics {
             heartbeat_age: Family::default(),
             run_events: Counter::default(),
             artifact_bytes: Family::default(),
+            streams_open: Family::default(),
+            streams_refused: Family::default(),
             open: Mutex::new(Open::default()),
             registry: Registry::default(),
         };
+        registry.register(
+            "agen_hub_streams_open",
+            "Open server streams of each kind (WatchTask, WatchDeployments, WatchNests, logs follow, A2A SSE)",
+            m.streams_open.clone(),
+        );
+        registry.register(
+            "agen_hub_streams_refused",
+            "Streams refused at their cap (--max-streams-per-token, --max-streams)",
+            m.streams_refused.clone(),
+        );
         registry.register(
             "agen_tasks",
             "Tasks that entered each state",
@@ -301,6 +349,7 @@ impl HubMetrics {
             }
             RunEventBody::ModelAnswered(a) => {
                 let model = self.model_of(core, &task.bundle_digest);
+                let model = self.open().bounded(&dep, "model", &model);
                 let requested = self
                     .open()
                     .model_requested
@@ -338,6 +387,8 @@ impl HubMetrics {
     }
 
     fn tool(&self, dep: &str, tool: &str, status: &str, duration_ms: u64) {
+        let tool = self.open().bounded(dep, "tool", tool);
+        let tool = tool.as_str();
         self.tool_calls
             .get_or_create(&ToolStatusLabels {
                 deployment: dep.into(),
@@ -413,6 +464,18 @@ impl HubMetrics {
                 self.artifact_bytes
                     .get_or_create(&NamespaceLabel { namespace })
                     .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            }
+        }
+        for (kind, open, refused) in core.streams.snapshot() {
+            let label = StreamLabel {
+                kind: kind.as_str().to_string(),
+            };
+            self.streams_open
+                .get_or_create(&label)
+                .set(i64::try_from(open).unwrap_or(i64::MAX));
+            let c = self.streams_refused.get_or_create(&label);
+            if refused > c.get() {
+                c.inc_by(refused - c.get());
             }
         }
         let mut out = String::new();

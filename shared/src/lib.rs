@@ -11,4 +11,5 @@ pub mod process;
 pub mod run;
 pub mod systemd;
 pub mod telemetry;
+pub mod text;
 pub mod tls;

@@ -98,6 +98,32 @@ pub struct Args {
     /// Artifact storage of all namespaces together
     #[arg(long, default_value = "10GB", value_parser = agen_hub::limits::parse_size)]
     pub max_artifact_total_bytes: usize,
+    /// Longest a client may take to finish its TLS handshake
+    #[arg(long, default_value = "10s", value_parser = crate::cmd::parse_duration)]
+    pub handshake_timeout: Duration,
+    /// A connection that has not authenticated (a Nest certificate, or a request with a valid
+    /// token) within this long is closed
+    #[arg(long, default_value = "10s", value_parser = crate::cmd::parse_duration)]
+    pub unauthenticated_timeout: Duration,
+    /// Longest an authenticated A2A request body may take to arrive
+    #[arg(long, default_value = "30s", value_parser = crate::cmd::parse_duration)]
+    pub body_timeout: Duration,
+    /// Connections from one address that have not authenticated yet; more are closed at once
+    #[arg(long, default_value_t = 64)]
+    pub max_unauthenticated_per_address: usize,
+    /// Connections that have not authenticated yet, from all addresses
+    #[arg(long, default_value_t = 1024)]
+    pub max_unauthenticated: usize,
+    /// Connections in all (Nests and authenticated clients included)
+    #[arg(long, default_value_t = 16384)]
+    pub max_connections: usize,
+    /// Open streams of one kind (WatchTask, WatchDeployments, WatchNests, logs follow, A2A SSE)
+    /// per token
+    #[arg(long, default_value_t = 256)]
+    pub max_streams_per_token: usize,
+    /// Open streams of one kind in all
+    #[arg(long, default_value_t = 8192)]
+    pub max_streams: usize,
     /// Remove finished tasks, their run logs and the artifacts no other task refers to this
     /// long after they finished
     #[arg(long, default_value = "30d", value_parser = crate::cmd::parse_duration)]
@@ -180,6 +206,18 @@ impl Args {
             nest_queue_bytes: self.nest_queue_bytes,
             artifact_namespace_bytes: self.max_artifact_namespace_bytes as u64,
             artifact_total_bytes: self.max_artifact_total_bytes as u64,
+            conn: agen_hub::conn_gate::ConnLimits {
+                handshake_timeout: self.handshake_timeout,
+                unauthenticated_timeout: self.unauthenticated_timeout,
+                body_timeout: self.body_timeout,
+                max_unauthenticated_per_address: self.max_unauthenticated_per_address,
+                max_unauthenticated: self.max_unauthenticated,
+                max_connections: self.max_connections,
+            },
+            streams: agen_hub::core::streams::StreamLimits {
+                per_token: self.max_streams_per_token,
+                total: self.max_streams,
+            },
         }
     }
 }

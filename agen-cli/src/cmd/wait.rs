@@ -78,7 +78,11 @@ pub fn print_outcome(t: &pb::Task, output: Output) {
                     } else {
                         format!(": {}", o.error)
                     };
-                    eprintln!("task {} {state}{why}", t.task_id);
+                    eprintln!(
+                        "task {} {state}{}",
+                        t.task_id,
+                        agen_shared::text::escape_controls(&why, true)
+                    );
                 }
             }
         }
@@ -130,7 +134,8 @@ async fn watch_until_terminal(
             failures = 0;
             from_seq = ev.seq + 1;
             if let Some(t) = &ev.task {
-                let line = describe(t);
+                // The activity comes from the run (a model, a tool): never raw to the terminal.
+                let line = agen_shared::text::escape_controls(&describe(t), false).into_owned();
                 if line != last_line {
                     if bar.is_hidden() {
                         eprintln!("{line}");

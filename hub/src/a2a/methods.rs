@@ -37,6 +37,11 @@ pub struct Call {
     pub interface_url: String,
     /// The W3C `traceparent` header, if any (ignored when invalid).
     pub traceparent: String,
+    /// The sha256 of the token's secret when the request came: a stream ends when it changes
+    /// (rotation), as when the token is revoked or expires.
+    pub secret: Option<String>,
+    /// The place of an SSE stream among the open ones (`core::streams`), held while it runs.
+    pub _stream_permit: Option<Arc<crate::core::streams::StreamPermit>>,
 }
 
 pub fn invalid(message: String) -> RpcError {

@@ -15,7 +15,9 @@
 //! submit tasks in that namespace, the rule of `SubmitTask`; `SendMessage`,
 //! `SendStreamingMessage` and `CancelTask` are audited like their gRPC twins. A request body is
 //! at most [`body_limit`] bytes (the task input limit plus [`ENVELOPE_BYTES`] for the JSON
-//! around it); larger ones get 413. The body is read by JSON-RPC 2.0 ([`types::RpcRequest`]):
+//! around it); larger ones get 413. The bearer is checked before a byte of the body is read (a
+//! refused request's body is never read), and the body must arrive within `--body-timeout` (408
+//! otherwise). The body is read by JSON-RPC 2.0 ([`types::RpcRequest`]):
 //! -32700 not JSON, -32600 not a request object, -32601 no such method, -32602 bad params, a
 //! notification (no `id`) is performed and answered 204 with no body.
 //!
@@ -32,7 +34,7 @@ mod view;
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -74,10 +76,19 @@ pub struct A2a {
     public_url: String,
     opts: A2aOptions,
     cards: card::Cards,
+    /// Told when a connection's request passed the token check.
+    gate: Arc<crate::conn_gate::ConnGate>,
+    /// The largest request body ([`body_limit`]).
+    body_limit: usize,
 }
 
 /// The A2A routes, to be merged with the gRPC routes on the Hub's port.
-pub fn router(core: Arc<Core>, tokens: Arc<Tokens>, public_url: &str) -> axum::Router {
+pub fn router(
+    core: Arc<Core>,
+    tokens: Arc<Tokens>,
+    public_url: &str,
+    gate: Arc<crate::conn_gate::ConnGate>,
+) -> axum::Router {
     let limit = body_limit(&core.opts.limits);
     let opts = core.opts.a2a.clone();
     let by_host = opts.domain.is_some();
@@ -87,6 +98,8 @@ pub fn router(core: Arc<Core>, tokens: Arc<Tokens>, public_url: &str) -> axum::R
         public_url: public_url.trim_end_matches('/').to_string(),
         opts,
         cards: card::Cards::default(),
+        gate,
+        body_limit: limit,
     });
     let mut r = axum::Router::new()
         .route(
@@ -99,7 +112,7 @@ pub fn router(core: Arc<Core>, tokens: Arc<Tokens>, public_url: &str) -> axum::R
             .route("/.well-known/agent-card.json", get(host_card))
             .route("/", post(host_rpc));
     }
-    r.layer(DefaultBodyLimit::max(limit)).with_state(state)
+    r.with_state(state)
 }
 
 /// The deployment a request is for, and the interface URL it reached it at.
@@ -202,7 +215,12 @@ impl IntoResponse for Refusal {
 
 impl A2a {
     /// The caller, when its bearer may submit tasks in `namespace` (the `SubmitTask` rule).
-    fn authorize(&self, headers: &HeaderMap, namespace: &str) -> Result<Principal, Refusal> {
+    fn authorize(
+        &self,
+        headers: &HeaderMap,
+        peer: Option<std::net::SocketAddr>,
+        namespace: &str,
+    ) -> Result<Principal, Refusal> {
         let token = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -222,6 +240,7 @@ impl A2a {
             .tokens
             .resolve(token)
             .map_err(|e| refusal(e, "the token"))?;
+        self.gate.authenticated(peer);
         let namespace = crate::core::namespace_or_default(namespace);
         principal
             .allows(Need::Role(Role::Submitter), &namespace, "A2A")
@@ -230,9 +249,14 @@ impl A2a {
     }
 
     /// The card of `target` as the well-known path serves it.
-    async fn well_known_card(&self, target: &Target, headers: &HeaderMap) -> Response {
+    async fn well_known_card(
+        &self,
+        target: &Target,
+        headers: &HeaderMap,
+        peer: Option<std::net::SocketAddr>,
+    ) -> Response {
         if !self.opts.public_cards {
-            if let Err(r) = self.authorize(headers, &target.namespace) {
+            if let Err(r) = self.authorize(headers, peer, &target.namespace) {
                 return r.into_response();
             }
         }
@@ -337,20 +361,31 @@ fn rpc_error(e: HubError, not_found: i32) -> RpcError {
     RpcError { code, message }
 }
 
+/// The remote address of the connection a request came on (TLS or plaintext).
+fn peer_of(extensions: &axum::http::Extensions) -> Option<std::net::SocketAddr> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    extensions
+        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .and_then(|i| i.get_ref().remote_addr())
+        .or_else(|| extensions.get::<TcpConnectInfo>()?.remote_addr())
+}
+
 async fn path_card(
     State(a): State<Arc<A2a>>,
     Path((namespace, deployment)): Path<(String, String)>,
-    headers: HeaderMap,
+    request: axum::extract::Request,
 ) -> Response {
+    let peer = peer_of(request.extensions());
     match a.path_target(&namespace, &deployment) {
-        Ok(t) => a.well_known_card(&t, &headers).await,
+        Ok(t) => a.well_known_card(&t, request.headers(), peer).await,
         Err(r) => r.into_response(),
     }
 }
 
-async fn host_card(State(a): State<Arc<A2a>>, uri: Uri, headers: HeaderMap) -> Response {
-    match a.host_target(&uri, &headers) {
-        Ok(t) => a.well_known_card(&t, &headers).await,
+async fn host_card(State(a): State<Arc<A2a>>, request: axum::extract::Request) -> Response {
+    let peer = peer_of(request.extensions());
+    match a.host_target(request.uri(), request.headers()) {
+        Ok(t) => a.well_known_card(&t, request.headers(), peer).await,
         Err(r) => r.into_response(),
     }
 }
@@ -358,23 +393,17 @@ async fn host_card(State(a): State<Arc<A2a>>, uri: Uri, headers: HeaderMap) -> R
 async fn path_rpc(
     State(a): State<Arc<A2a>>,
     Path((namespace, deployment)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
+    request: axum::extract::Request,
 ) -> Response {
     match a.path_target(&namespace, &deployment) {
-        Ok(t) => rpc(a, t, headers, body).await,
+        Ok(t) => rpc(a, t, request).await,
         Err(r) => r.into_response(),
     }
 }
 
-async fn host_rpc(
-    State(a): State<Arc<A2a>>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
-    match a.host_target(&uri, &headers) {
-        Ok(t) => rpc(a, t, headers, body).await,
+async fn host_rpc(State(a): State<Arc<A2a>>, request: axum::extract::Request) -> Response {
+    match a.host_target(request.uri(), request.headers()) {
+        Ok(t) => rpc(a, t, request).await,
         Err(r) => r.into_response(),
     }
 }
@@ -413,9 +442,17 @@ fn version_error(headers: &HeaderMap) -> Option<RpcError> {
 }
 
 /// A deployment's JSON-RPC endpoint.
-async fn rpc(a: Arc<A2a>, target: Target, headers: HeaderMap, body: axum::body::Bytes) -> Response {
-    let principal = match a.authorize(&headers, &target.namespace) {
+async fn rpc(a: Arc<A2a>, target: Target, request: axum::extract::Request) -> Response {
+    let peer = peer_of(request.extensions());
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
+    // The bearer first: a refused request's body is never read.
+    let principal = match a.authorize(&headers, peer, &target.namespace) {
         Ok(p) => p,
+        Err(r) => return r.into_response(),
+    };
+    let body = match read_body(&a, body).await {
+        Ok(body) => body,
         Err(r) => return r.into_response(),
     };
     let req = match RpcRequest::parse(&body) {
@@ -429,9 +466,10 @@ async fn rpc(a: Arc<A2a>, target: Target, headers: HeaderMap, body: axum::body::
             "SendStreamingMessage" | "SubscribeToTask"
         );
         if !streamed {
-            let _ = dispatch(&a, target, principal, &headers, req, Value::Null).await;
+            let call = call(&a, target, principal, &headers, None);
+            let _ = dispatch(call, req, Value::Null).await;
         } else if req.method == "SendStreamingMessage" {
-            let call = call(&a, target, principal, &headers);
+            let call = call(&a, target, principal, &headers, None);
             if let Ok(p) = params::<SendMessageRequest>(&req.method, req.params) {
                 let _ = call
                     .send_message(SendMessageRequest {
@@ -449,12 +487,68 @@ async fn rpc(a: Arc<A2a>, target: Target, headers: HeaderMap, body: axum::body::
     if let Some(e) = version_error(&headers) {
         return answer::<()>(id, Err(e));
     }
-    dispatch(&a, target, principal, &headers, req, id).await
+    // Streams have their caps (per token and in all): 429 past them.
+    let stream_permit = match req.method.as_str() {
+        "SendStreamingMessage" | "SubscribeToTask" => match a
+            .core
+            .streams
+            .open(crate::core::streams::StreamKind::A2aSse, &principal)
+        {
+            Ok(p) => Some(Arc::new(p)),
+            Err(e) => return Refusal(StatusCode::TOO_MANY_REQUESTS, e.to_string()).into_response(),
+        },
+        _ => None,
+    };
+    let call = call(&a, target, principal, &headers, stream_permit);
+    dispatch(call, req, id).await
 }
 
-fn call(a: &Arc<A2a>, target: Target, principal: Principal, headers: &HeaderMap) -> methods::Call {
+/// Reads a request's body: at most [`A2a::body_limit`] bytes (413), within `--body-timeout`
+/// (408).
+async fn read_body(a: &A2a, body: axum::body::Body) -> Result<axum::body::Bytes, Refusal> {
+    let timeout = a.core.opts.limits.conn.body_timeout;
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, a.body_limit)).await {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(e)) => {
+            let over = std::error::Error::source(&e)
+                .is_some_and(|s| s.to_string().contains("length limit exceeded"))
+                || e.to_string().contains("length limit exceeded");
+            Err(if over {
+                Refusal(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!(
+                        "request: the body is over the limit of {} bytes (twice --max-input-bytes plus 64 KiB)",
+                        a.body_limit
+                    ),
+                )
+            } else {
+                Refusal(
+                    StatusCode::BAD_REQUEST,
+                    format!("request: cannot read the body: {e}"),
+                )
+            })
+        }
+        Err(_) => Err(Refusal(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "request: the body did not arrive within {} (--body-timeout)",
+                agen_shared::duration::format_duration(timeout)
+            ),
+        )),
+    }
+}
+
+fn call(
+    a: &Arc<A2a>,
+    target: Target,
+    principal: Principal,
+    headers: &HeaderMap,
+    stream_permit: Option<Arc<crate::core::streams::StreamPermit>>,
+) -> methods::Call {
     methods::Call {
         a: a.clone(),
+        secret: a.tokens.secret_of(&principal),
+        _stream_permit: stream_permit,
         principal,
         namespace: target.namespace,
         deployment: target.deployment,
@@ -468,15 +562,7 @@ fn call(a: &Arc<A2a>, target: Target, principal: Principal, headers: &HeaderMap)
 }
 
 /// Runs one method call and answers it.
-async fn dispatch(
-    a: &Arc<A2a>,
-    target: Target,
-    principal: Principal,
-    headers: &HeaderMap,
-    req: RpcRequest,
-    id: Value,
-) -> Response {
-    let call = call(a, target, principal, headers);
+async fn dispatch(call: methods::Call, req: RpcRequest, id: Value) -> Response {
     match req.method.as_str() {
         "SendMessage" => match params(&req.method, req.params) {
             Ok(p) => answer(id, call.send_message(p).await),
@@ -514,7 +600,8 @@ async fn dispatch(
                 deployment: call.deployment.clone(),
                 url: call.interface_url.clone(),
             };
-            let card = a
+            let card = call
+                .a
                 .card(&target, card::Detail::Extended)
                 .await
                 .map_err(|e| rpc_error(e, codes::INVALID_PARAMS));

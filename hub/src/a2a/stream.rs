@@ -3,8 +3,8 @@
 //! for, the result) and an artifact update for each artifact it saves, until it ends. Updates
 //! come from the Hub's task update broadcast, with a periodic re-read so that a lagging
 //! subscriber misses nothing but intermediate steps; the stream ends at once if the caller's
-//! token is revoked or expires. A streaming call that cannot start (bad params, no such task,
-//! an ended task) is answered with a stream of one error event ([`failed`]).
+//! token is revoked, rotated or expires. A streaming call that cannot start (bad params, no such
+//! task, an ended task) is answered with a stream of one error event ([`failed`]).
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -95,9 +95,15 @@ pub fn follow(
             return;
         }
         let mut tick = tokio::time::interval(REREAD);
+        let mut revocations = call.a.tokens.revocations();
         loop {
             let t = tokio::select! {
                 _ = tx.closed() => return,
+                // A token revoked or rotated: checked below at once.
+                _ = revocations.changed() => match call_task(&call, &task_id) {
+                    Some(t) => t,
+                    None => return,
+                },
                 u = updates.recv() => match u {
                     Ok(u) if u.task_id == task_id => u.task.clone(),
                     Ok(_) => continue,
@@ -112,7 +118,11 @@ pub fn follow(
                     None => return,
                 },
             };
-            if let Err(e) = call.a.tokens.still_valid(&call.principal) {
+            if let Err(e) = call
+                .a
+                .tokens
+                .still_valid_with(&call.principal, call.secret.as_deref())
+            {
                 let _ = tx
                     .send(Ok(error_event(
                         &id,

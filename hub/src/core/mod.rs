@@ -36,6 +36,7 @@ pub mod reconcile;
 mod respread;
 pub mod retention;
 pub mod run_context;
+pub mod streams;
 mod suspend;
 mod task_table;
 pub mod tasks;
@@ -105,6 +106,8 @@ pub struct Core {
     lazy_flush: commit::LazyFlush,
     /// Every attempt issued is above this ([`backups::attempt_floor`] of the store's epoch).
     attempt_floor: u32,
+    /// Open server streams per kind and token, and their caps.
+    pub streams: streams::StreamCaps,
 }
 
 pub(crate) use crate::limits::validate_name;
@@ -141,6 +144,7 @@ impl Core {
         let live = Liveness::new(awaiting.iter().cloned());
         let (updates, _) = broadcast::channel(4096);
         let attempt_floor = backups::attempt_floor(db.store_epoch()?);
+        let opts_streams = opts.limits.streams;
         tracing::info!(
             deployments = deployments.len(),
             nests = nests.len(),
@@ -172,6 +176,7 @@ impl Core {
             artifact_usage: Default::default(),
             lazy_flush: Default::default(),
             attempt_floor,
+            streams: streams::StreamCaps::new(opts_streams),
             bundle_permissions: Default::default(),
             bundle_delegation: Default::default(),
             db,

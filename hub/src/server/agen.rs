@@ -367,6 +367,9 @@ impl AgenService for AgenApi {
         let r = request.into_inner();
         check_task_ref(&r.namespace, &r.task_id)?;
         let core = self.core.clone();
+        let permit = core
+            .streams
+            .open(crate::core::streams::StreamKind::WatchTask, &who)?;
         // Subscribe before reading the stored events, so nothing falls between the two.
         let task = core.get_task(&r.namespace, &r.task_id)?;
         let mut live = core.subscribe_task(&task.task_id);
@@ -406,6 +409,7 @@ impl AgenService for AgenApi {
                 let next = tokio::select! {
                     n = live.recv() => n,
                     _ = core.stopping.cancelled() => return,
+                    _ = tx.closed() => return,
                 };
                 match next {
                     Ok(u) if u.task_id == task.task_id => {
@@ -450,7 +454,10 @@ impl AgenService for AgenApi {
         let events = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
         let tokens = self.access.tokens.clone();
         Ok(Response::new(super::auth::until_revoked(
-            tokens, who, events,
+            tokens,
+            who,
+            events,
+            Some(permit),
         )))
     }
 

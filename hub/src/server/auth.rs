@@ -31,6 +31,8 @@ pub fn bearer<T>(req: &Request<T>) -> Option<String> {
 #[derive(Clone)]
 pub struct ApiAuth {
     pub tokens: Arc<Tokens>,
+    /// Told when a connection's request passed the token check.
+    pub gate: Arc<crate::conn_gate::ConnGate>,
 }
 
 impl ApiAuth {
@@ -41,6 +43,7 @@ impl ApiAuth {
             ));
         };
         let principal = self.tokens.resolve(&token).map_err(Status::from)?;
+        self.gate.authenticated(req.remote_addr());
         req.extensions_mut().insert(principal);
         Ok(req)
     }
@@ -322,12 +325,20 @@ pub fn until_revoked<T: Send + 'static>(
     tokens: Arc<Tokens>,
     principal: Principal,
     stream: BoxStream<T>,
+    permit: Option<crate::core::streams::StreamPermit>,
 ) -> BoxStream<T> {
     if principal == Principal::ClusterAdmin {
-        return stream;
+        // Held as long as the stream is.
+        return Box::pin(stream.map(move |item| {
+            let _held = &permit;
+            item
+        }));
     }
+    // The secret the stream was opened with: a rotation ends it like a revocation.
+    let secret = tokens.secret_of(&principal);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<T, Status>>(16);
     tokio::spawn(async move {
+        let _permit = permit;
         let mut stream = stream;
         let mut revocations = tokens.revocations();
         let expiry = tokens.expires_at_ms(&principal).map(|at| {
@@ -343,6 +354,9 @@ pub fn until_revoked<T: Send + 'static>(
         tokio::pin!(expired);
         loop {
             tokio::select! {
+                // The caller went away: the stream (and its place among the open ones) ends
+                // now, not at its next item.
+                _ = tx.closed() => return,
                 item = stream.next() => {
                     let Some(item) = item else { return };
                     if tx.send(item).await.is_err() {
@@ -353,7 +367,7 @@ pub fn until_revoked<T: Send + 'static>(
                     if changed.is_err() {
                         return;
                     }
-                    if let Err(e) = tokens.still_valid(&principal) {
+                    if let Err(e) = tokens.still_valid_with(&principal, secret.as_deref()) {
                         let _ = tx.send(Err(Status::from(e))).await;
                         return;
                     }

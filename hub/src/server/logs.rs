@@ -42,6 +42,14 @@ pub async fn read(
     let r = request.get_ref();
     let who = authorize(&request, &r.namespace, Action::Read, &r.target)?;
     let r = request.into_inner();
+    let permit = if r.follow {
+        Some(
+            core.streams
+                .open(crate::core::streams::StreamKind::LogsFollow, &who)?,
+        )
+    } else {
+        None
+    };
     if !r.namespace.is_empty() {
         crate::limits::validate_name("namespace", &r.namespace)?;
     }
@@ -172,7 +180,7 @@ pub async fn read(
         }
     });
     let stream: LogStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(out_rx));
-    Ok(until_revoked(tokens, who, stream))
+    Ok(until_revoked(tokens, who, stream, permit))
 }
 
 /// Opens a request for `instance_id` on `nest_id` and queues `msg` (given the request id) on

@@ -34,6 +34,7 @@ const MAX_MESSAGE: usize = crate::limits::MAX_MESSAGE_BYTES;
 pub async fn routes(
     core: Arc<Core>,
     tokens: Arc<crate::tokens::Tokens>,
+    gate: Arc<crate::conn_gate::ConnGate>,
     nests: Arc<crate::tokens::nests::NestIdentities>,
     tls: Option<Arc<agen_shared::tls::HubTls>>,
     ca_sha256: String,
@@ -41,6 +42,7 @@ pub async fn routes(
 ) -> Result<Routes> {
     let api_auth = auth::ApiAuth {
         tokens: tokens.clone(),
+        gate,
     };
     let access = Arc::new(tokens::AccessApi {
         core: core.clone(),
@@ -60,15 +62,33 @@ pub async fn routes(
     .max_decoding_message_size(MAX_MESSAGE)
     .max_encoding_message_size(MAX_MESSAGE);
     let db = core.db.clone();
-    let nest_api = NestServiceServer::new(nest::NestApi {
+    let nest_api_of = || nest::NestApi {
         core: core.clone(),
-        tls,
-        tokens,
-        nests,
-        logs: log_requests,
-    })
-    .max_decoding_message_size(MAX_MESSAGE)
-    .max_encoding_message_size(MAX_MESSAGE);
+        tls: tls.clone(),
+        tokens: tokens.clone(),
+        nests: nests.clone(),
+        logs: log_requests.clone(),
+    };
+    // `Join` comes before authentication: its own instance, with the small message limit.
+    let nest_join = NestServiceServer::new(nest_api_of())
+        .max_decoding_message_size(crate::conn_gate::PRE_AUTH_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE);
+    // Every other call needs the Nest certificate on a TLS Hub: refused before its message is
+    // read (the handlers then check the certificate's id, key and revocation).
+    let tls_hub = tls.is_some();
+    let nest_api = tonic::service::interceptor::InterceptedService::new(
+        NestServiceServer::new(nest_api_of())
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE),
+        move |r: tonic::Request<()>| {
+            if tls_hub && r.peer_certs().is_none() {
+                return Err(tonic::Status::unauthenticated(
+                    "nest calls need the certificate from Join; restart the nest to re-join",
+                ));
+            }
+            Ok(r)
+        },
+    );
 
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
@@ -151,8 +171,19 @@ pub async fn routes(
             db,
         })
         .add_service(nest_api)
-        .add_service(health)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha);
-    Ok(routes.routes())
+        .add_service(health.max_decoding_message_size(crate::conn_gate::PRE_AUTH_MESSAGE_BYTES))
+        .add_service(
+            reflection_v1.max_decoding_message_size(crate::conn_gate::PRE_AUTH_MESSAGE_BYTES),
+        )
+        .add_service(
+            reflection_v1alpha.max_decoding_message_size(crate::conn_gate::PRE_AUTH_MESSAGE_BYTES),
+        );
+    let join = tower::ServiceExt::map_request(nest_join, |r: http::Request<axum::body::Body>| {
+        r.map(tonic::body::Body::new)
+    });
+    let router = routes
+        .routes()
+        .into_axum_router()
+        .route_service("/agen.v1.NestService/Join", join);
+    Ok(Routes::from(router))
 }

@@ -73,11 +73,13 @@ pub fn with_card(public_url: &str, mut d: pb::Deployment) -> pb::Deployment {
 fn watch<T>(
     api: &AgenApi,
     principal: crate::tokens::Principal,
+    kind: crate::core::streams::StreamKind,
     list: impl Fn() -> T + Send + 'static,
-) -> Stream_<T>
+) -> Result<Stream_<T>, Status>
 where
     T: PartialEq + Clone + Send + 'static,
 {
+    let permit = api.core.streams.open(kind, &principal)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<T, Status>>(4);
     let stopping = api.core.stopping.clone();
     tokio::spawn(async move {
@@ -98,7 +100,12 @@ where
         }
     });
     let stream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
-    super::auth::until_revoked(api.access.tokens.clone(), principal, stream)
+    Ok(super::auth::until_revoked(
+        api.access.tokens.clone(),
+        principal,
+        stream,
+        Some(permit),
+    ))
 }
 
 pub fn watch_nests(
@@ -108,9 +115,12 @@ pub fn watch_nests(
     let principal = authorize(&request, "", Action::ClusterRead, "")?;
     let include_ended = request.get_ref().include_ended;
     let (core, access) = (api.core.clone(), api.access.clone());
-    Ok(Response::new(watch(api, principal, move || {
-        nests(&core, &access, include_ended)
-    })))
+    Ok(Response::new(watch(
+        api,
+        principal,
+        crate::core::streams::StreamKind::WatchNests,
+        move || nests(&core, &access, include_ended),
+    )?))
 }
 
 pub fn watch_deployments(
@@ -121,9 +131,12 @@ pub fn watch_deployments(
     let (namespace, all) = list_scope(&request, &r.namespace, r.all_namespaces)?;
     let principal = super::auth::principal(&request)?;
     let (core, url) = (api.core.clone(), api.public_url.clone());
-    Ok(Response::new(watch(api, principal, move || {
-        deployments(&core, &url, &namespace, all)
-    })))
+    Ok(Response::new(watch(
+        api,
+        principal,
+        crate::core::streams::StreamKind::WatchDeployments,
+        move || deployments(&core, &url, &namespace, all),
+    )?))
 }
 
 /// Checks the running Hub's store (admin only): the report for people and as JSON.

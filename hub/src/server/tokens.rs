@@ -148,7 +148,7 @@ impl AccessApi {
             TokenKind::Api => self.tokens.create(&principal, new)?,
         };
         self.core.db.flush().await.map_err(HubError::from)?;
-        tracing::info!(token_id = %rec.id, name = %rec.name, kind = rec.kind.as_str(), namespace = %rec.namespace, by = principal.token_name(), "token created");
+        tracing::info!(token_id = %rec.id, name = %agen_shared::text::LogField(&rec.name), kind = rec.kind.as_str(), namespace = %rec.namespace, by = %agen_shared::text::LogField(principal.token_name()), "token created");
         Ok(Response::new(pb::CreateTokenResponse {
             token: Some(token_info(&rec)),
             secret,
@@ -197,7 +197,7 @@ impl AccessApi {
         let principal = self.authorize_change(&request, &rec)?;
         let rec = self.tokens.revoke(&rec.id)?;
         self.core.db.flush().await.map_err(HubError::from)?;
-        tracing::info!(token_id = %rec.id, name = %rec.name, by = principal.token_name(), "token revoked");
+        tracing::info!(token_id = %rec.id, name = %agen_shared::text::LogField(&rec.name), by = %agen_shared::text::LogField(principal.token_name()), "token revoked");
         Ok(Response::new(token_info(&rec)))
     }
 
@@ -209,7 +209,7 @@ impl AccessApi {
         let principal = self.authorize_change(&request, &rec)?;
         let (rec, secret) = self.tokens.rotate(&rec.id)?;
         self.core.db.flush().await.map_err(HubError::from)?;
-        tracing::info!(token_id = %rec.id, name = %rec.name, by = principal.token_name(), "token rotated");
+        tracing::info!(token_id = %rec.id, name = %agen_shared::text::LogField(&rec.name), by = %agen_shared::text::LogField(principal.token_name()), "token rotated");
         Ok(Response::new(pb::CreateTokenResponse {
             token: Some(token_info(&rec)),
             secret,
@@ -289,7 +289,7 @@ impl AccessApi {
         let (id, name) = self.find_nest(&request.get_ref().nest)?;
         let rec = self.nests.revoke(&id, &name)?;
         self.core.db.flush().await.map_err(HubError::from)?;
-        tracing::warn!(nest_id = %id, nest = %name, by = principal.token_name(), "nest revoked: disconnected and refused from now on");
+        tracing::warn!(nest_id = %id, nest = %agen_shared::text::LogField(&name), by = %agen_shared::text::LogField(principal.token_name()), "nest revoked: disconnected and refused from now on");
         Ok(Response::new(nest_identity(&rec)))
     }
 
@@ -302,7 +302,7 @@ impl AccessApi {
         let (id, name) = self.find_nest(&request.get_ref().nest)?;
         let rec = self.nests.forget(&id, &name)?;
         self.core.db.flush().await.map_err(HubError::from)?;
-        tracing::warn!(nest_id = %id, nest = %name, by = principal.token_name(), "nest forgotten: its certificate is refused and its id may join again");
+        tracing::warn!(nest_id = %id, nest = %agen_shared::text::LogField(&name), by = %agen_shared::text::LogField(principal.token_name()), "nest forgotten: its certificate is refused and its id may join again");
         Ok(Response::new(nest_identity(&rec)))
     }
 }

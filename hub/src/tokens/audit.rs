@@ -81,10 +81,10 @@ pub fn record(
         target: "agen_hub::audit",
         at_ms = rec.at_ms,
         token_id = %rec.token_id,
-        token_name = %rec.token_name,
+        token_name = %agen_shared::text::LogField(&rec.token_name),
         namespace = %rec.namespace,
         call = %rec.call,
-        target_name = %rec.target,
+        target_name = %agen_shared::text::LogField(&rec.target),
         outcome = %rec.outcome,
         "audit record"
     );

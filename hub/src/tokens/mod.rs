@@ -177,6 +177,28 @@ pub enum Need {
     Cluster,
 }
 
+/// Names the Hub uses for itself (the cluster admin token, what decides on its own): no token
+/// may be named so, in any case, or an audit line or an approval's `by` could pass for them.
+pub const RESERVED_TOKEN_NAMES: [&str; 3] = ["admin", "system", "agen"];
+
+/// A token name people give: not reserved, no control or format characters (see
+/// `agen_shared::text::display_name_problem`). Names stored before this rule are kept.
+pub fn check_token_name(name: &str) -> Result<()> {
+    if RESERVED_TOKEN_NAMES
+        .iter()
+        .any(|r| r.eq_ignore_ascii_case(name))
+    {
+        return Err(HubError::invalid(format!(
+            "name: `{name}` is reserved for the hub itself ({}); pick another name such as `{name}-bot`",
+            RESERVED_TOKEN_NAMES.join(", ")
+        )));
+    }
+    if let Some(why) = agen_shared::text::display_name_problem(name) {
+        return Err(HubError::invalid(format!("name: {why}")));
+    }
+    Ok(())
+}
+
 impl Principal {
     /// Whether the principal may do what `need` says in `namespace`; the error names the role
     /// and namespace the call would need.
@@ -394,6 +416,29 @@ impl Tokens {
         }
     }
 
+    /// The sha256 of the secret `principal`'s token has now (`None`: the cluster admin, or a
+    /// token that no longer exists).
+    pub fn secret_of(&self, principal: &Principal) -> Option<String> {
+        let Principal::Api { id, .. } = principal else {
+            return None;
+        };
+        self.lock().by_id.get(id).map(|r| r.secret_sha256.clone())
+    }
+
+    /// [`Tokens::still_valid`], and the token still has the secret it had when a stream was
+    /// opened with it (`opened_with`, from [`Tokens::secret_of`]): a rotation ends the old
+    /// secret's streams too.
+    pub fn still_valid_with(&self, principal: &Principal, opened_with: Option<&str>) -> Result<()> {
+        self.still_valid(principal)?;
+        match (opened_with, self.secret_of(principal)) {
+            (Some(then), Some(now)) if then != now => Err(HubError::Unauthenticated(format!(
+                "token {} was rotated; use its new secret",
+                principal.token_id()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// When `principal` expires (ms since the epoch), if ever.
     pub fn expires_at_ms(&self, principal: &Principal) -> Option<i64> {
         let Principal::Api { id, .. } = principal else {
@@ -464,6 +509,7 @@ impl Tokens {
                 name.len()
             )));
         }
+        check_token_name(&name)?;
         let id = new_id();
         let secret = agen_shared::tls::random_secret();
         let (text, namespace, role) = match kind {

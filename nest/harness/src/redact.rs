@@ -2,7 +2,8 @@
 //! the instance resolved and the forms each takes once quoted — JSON-escaped (also ASCII-only,
 //! HTML-safe, `\/`, and escaped twice), URL-encoded (RFC 3986, `encodeURIComponent`, Python
 //! `quote`, form `+`, either hex case) and shell-quoted (`'\''`, `'"'"'`, double quotes,
-//! backslashes) — and replaces each with `[redacted]`. Used for tool results and errors, traced
+//! backslashes) and base64 (standard and URL-safe, padded or not, at any alignment inside a longer
+//! encoded text) — and replaces each with `[redacted]`. Used for tool results and errors, traced
 //! tool arguments, and the stderr lines and failure reasons of tool servers.
 //!
 //! Invariant: a value shorter than 4 characters is not redacted (it would redact ordinary
@@ -124,6 +125,35 @@ pub fn escaped_forms(value: &str) -> Vec<String> {
     forms.push(shell_escape_with(value, |c| {
         !(c.is_alphanumeric() || "_-./,:=@%+^".contains(c))
     }));
+    forms.extend(base64_forms(value));
+    forms
+}
+
+/// The shortest base64 run kept as a form: shorter ones would match ordinary text.
+const MIN_BASE64: usize = 8;
+
+/// `value` base64-encoded, standard and URL-safe, with and without padding, alone and inside a
+/// longer encoded text at each of the three alignments: the characters of the encoding that
+/// depend on `value`'s bytes alone (a group shared with bytes around it is left out).
+fn base64_forms(value: &str) -> Vec<String> {
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+    use base64::Engine;
+    let bytes = value.as_bytes();
+    let mut forms = Vec::new();
+    for (padded, unpadded) in [(&STANDARD, &STANDARD_NO_PAD), (&URL_SAFE, &URL_SAFE_NO_PAD)] {
+        forms.push(padded.encode(bytes));
+        forms.push(unpadded.encode(bytes));
+        for offset in 0..3usize {
+            let mut shifted = vec![0u8; offset];
+            shifted.extend_from_slice(bytes);
+            let encoded = unpadded.encode(&shifted);
+            let start = if offset == 0 { 0 } else { 4 };
+            let end = 4 * (shifted.len() / 3);
+            if end > start && end - start >= MIN_BASE64 {
+                forms.push(encoded[start..end].to_string());
+            }
+        }
+    }
     forms
 }
 
@@ -280,6 +310,31 @@ mod tests {
         let inner = json!({"dsn": NASTY}).to_string();
         let twice = json!({ "body": inner }).to_string();
         assert_eq!(r.redact(&twice), r#"{"body":"{\"dsn\":\"[redacted]\"}"}"#);
+    }
+
+    #[test]
+    fn base64_of_a_secret_is_redacted_in_every_alphabet_padding_and_alignment() {
+        use base64::engine::general_purpose::{
+            STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD,
+        };
+        use base64::Engine;
+        let secret = "s3cr3t?>~value-with-bytes\u{e9}";
+        let r = Redactor::new([secret]);
+        let mut leaked = Vec::new();
+        for engine in [&STANDARD, &STANDARD_NO_PAD, &URL_SAFE, &URL_SAFE_NO_PAD] {
+            for prefix in ["", "a", "ab", "user:"] {
+                for suffix in ["", "x", "@host:5432"] {
+                    let text = engine.encode(format!("{prefix}{secret}{suffix}"));
+                    let shown = r.redact(&format!("Authorization: Basic {text}"));
+                    if !shown.contains(REDACTED) || shown.contains(&text) {
+                        leaked.push(format!("{prefix:?}+{suffix:?}: {shown}"));
+                    }
+                }
+            }
+        }
+        assert_eq!(leaked, Vec::<String>::new());
+        // Ordinary base64 is left alone.
+        assert_eq!(r.redact("aGVsbG8gd29ybGQ="), "aGVsbG8gd29ybGQ=");
     }
 
     #[test]

@@ -93,6 +93,94 @@ fn writes_and_edits_under_dot_git_are_refused_unless_allowed() {
     assert!(tmp.path().join(".git/hooks/pre-commit").exists());
 }
 
+#[test]
+fn writes_cannot_plant_a_git_repository_at_any_depth() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let s = server(tmp.path(), false);
+    let cancel = CancellationToken::new;
+    let write = |path: &str, content: &str| {
+        call(
+            &s,
+            "write",
+            json!({"path": path, "content": content}),
+            cancel(),
+        )
+    };
+    let refused = |r: &Result<String, String>| {
+        r.as_ref()
+            .err()
+            .is_some_and(|e| e.contains("a git repository (HEAD, objects/ and refs/)"))
+    };
+    // The attack of issue 41, in every order of the three parts, at depth 2 and at the root.
+    let mut planted = Vec::new();
+    for (i, order) in [
+        ["HEAD", "objects/pack/x", "refs/heads/main"],
+        ["refs/heads/main", "HEAD", "objects/x"],
+        ["objects/x", "refs/tags/v", "HEAD"],
+    ]
+    .iter()
+    .enumerate()
+    {
+        for base in [format!("vendor/lib{i}"), String::new()] {
+            let at = |p: &str| {
+                if base.is_empty() {
+                    p.to_string()
+                } else {
+                    format!("{base}/{p}")
+                }
+            };
+            let results: Vec<_> = order
+                .iter()
+                .map(|p| write(&at(p), "ref: refs/heads/main\n"))
+                .collect();
+            let config = write(&at("config"), "[core]\n\tfsmonitor = touch /tmp/pwned\n");
+            let dir = tmp.path().join(&base);
+            let is_repo = dir.join("HEAD").is_file()
+                && dir.join("objects").is_dir()
+                && dir.join("refs").is_dir();
+            if is_repo || !refused(&results[2]) || results[..2].iter().any(|r| r.is_err()) {
+                planted.push(format!("{base:?} {order:?}: {results:?} config {config:?}"));
+            }
+            // Clean up so the next order starts from nothing.
+            for p in ["HEAD", "objects", "refs", "config"] {
+                let _ = fs::remove_dir_all(dir.join(p));
+                let _ = fs::remove_file(dir.join(p));
+            }
+        }
+    }
+    assert_eq!(planted, Vec::<String>::new(), "repositories planted");
+    // An existing one (made by someone else) cannot be edited into running commands either.
+    fs::create_dir_all(tmp.path().join("third/objects")).expect("objects");
+    fs::create_dir_all(tmp.path().join("third/refs")).expect("refs");
+    fs::write(tmp.path().join("third/HEAD"), "ref: refs/heads/main\n").expect("HEAD");
+    fs::write(tmp.path().join("third/config"), "[core]\n").expect("config");
+    assert!(refused(&write(
+        "third/config",
+        "[core]\n\tpager = touch /tmp/pwned\n"
+    )));
+    assert!(refused(&call(
+        &s,
+        "edit",
+        json!({"path": "third/config", "old_string": "[core]", "new_string": "[alias]"}),
+        cancel()
+    )));
+    // Ordinary folders named objects or refs are fine.
+    write("docs/objects/list.md", "ok").expect("docs/objects");
+    write("docs/refs/list.md", "ok").expect("docs/refs");
+    write("docs/README", "ok").expect("docs/README");
+    // With --allow-git-writes the operator has chosen otherwise.
+    let allowed = server(tmp.path(), true);
+    for p in ["x/HEAD", "x/objects/o", "x/refs/r"] {
+        call(
+            &allowed,
+            "write",
+            json!({"path": p, "content": "ok"}),
+            cancel(),
+        )
+        .unwrap();
+    }
+}
+
 /// A 10 MB file (32 KiB lines) of word characters with no non-word character: the worst case for `\w{300}\W`.
 fn big_word_file() -> tempfile::TempDir {
     big_word_files(1)

@@ -209,7 +209,7 @@ fn tool_definitions(no_run: bool, run_timeout: Duration, allow_git_writes: bool)
     let git = if allow_git_writes {
         ""
     } else {
-        " Files inside a `.git` folder cannot be written or edited (git runs commands from its config and hooks)."
+        " Files inside a `.git` folder cannot be written or edited, nor can a write make a folder a git repository (HEAD, objects/ and refs/ together): git runs commands from its config and hooks."
     };
     let read_only = |title: &str| {
         ToolAnnotations::with_title(title)
