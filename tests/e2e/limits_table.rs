@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use agen_proto::v1 as pb;
-use agen_tests::{FakeModel, HubProcess};
+use agen_tests::{free_port, FakeModel, HubProcess};
 use prost::Message;
 use serde_json::json;
 use tonic::Code;
@@ -29,6 +29,8 @@ const SENT: &[&str] = &[
     "cancel reason / secret value",
     "`ListTasks` page",
     "A2A request body",
+    "A2A `ListTasks` page",
+    "A2A blocking `SendMessage` wait",
     "gRPC messages",
 ];
 
@@ -121,7 +123,11 @@ fn the_table_and_the_cases_name_the_same_rows() {
 #[test]
 fn every_row_of_the_limits_table_refuses_one_unit_over_through_the_public_api() {
     let tmp = tempfile::tempdir().unwrap();
-    let hub = HubProcess::start(tmp.path()).unwrap();
+    // The blocking A2A wait is 5 min by default; its flag lowers it to 1 s so that a task that
+    // cannot end within it (no replicas) is one unit over in a test's time.
+    let hub =
+        HubProcess::start_with_args(tmp.path(), free_port(), "10s", &["--a2a-send-wait", "1s"])
+            .unwrap();
     let model = FakeModel::start(&tmp.path().join("model"), &json!([{"reply": "ok"}])).unwrap();
     let dir = tmp.path().join("bundle");
     bundle(&dir, &model);
@@ -336,8 +342,47 @@ async fn one_over(hub: &HubProcess, api: &mut Api, row: &str) {
         }
         "A2A request body" => {
             let limit = 2 * MIB + 64 * 1024;
-            assert_eq!(a2a_post(hub, limit + 1), 413, "{row}: one byte over");
-            assert_ne!(a2a_post(hub, limit), 413, "{row}: at the limit");
+            assert_eq!(
+                a2a_post(hub, &padded(limit + 1)).0,
+                413,
+                "{row}: one byte over"
+            );
+            assert_ne!(a2a_post(hub, &padded(limit)).0, 413, "{row}: at the limit");
+        }
+        "A2A `ListTasks` page" => {
+            let list = |n: u32| {
+                json!({"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"pageSize": n}})
+                    .to_string()
+            };
+            let (status, body) = a2a_post(hub, &list(100));
+            assert!(status == 200 && body["result"].is_object(), "{row}: {body}");
+            let (status, body) = a2a_post(hub, &list(101));
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(body["error"]["code"], -32602, "{row}: {body}");
+            assert_eq!(
+                body["error"]["message"], "pageSize: expected 1 to 100 tasks, got 101",
+                "{row}: {body}"
+            );
+        }
+        "A2A blocking `SendMessage` wait" => {
+            let send = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {
+                "message": {"messageId": "wait-1", "role": "ROLE_USER", "parts": [{"text": "hi"}]}
+            }})
+            .to_string();
+            let started = std::time::Instant::now();
+            let (status, body) = a2a_post(hub, &send);
+            let waited = started.elapsed();
+            assert_eq!(status, 200, "{body}");
+            assert!(
+                waited >= std::time::Duration::from_secs(1)
+                    && waited < std::time::Duration::from_secs(30),
+                "{row}: answered after {waited:?}"
+            );
+            // Answered with the task as it is: queued, since no instance can take it.
+            assert_eq!(
+                body["result"]["task"]["status"]["state"], "TASK_STATE_SUBMITTED",
+                "{row}: {body}"
+            );
         }
         "gRPC messages" => {
             // A request of exactly 64 MiB + 1 byte, from a client that would send more.
@@ -357,8 +402,8 @@ async fn one_over(hub: &HubProcess, api: &mut Api, row: &str) {
     }
 }
 
-/// POSTs a JSON-RPC body of exactly `bytes` bytes to a deployment's A2A endpoint; the status.
-fn a2a_post(hub: &HubProcess, bytes: usize) -> u16 {
+/// A JSON-RPC request of exactly `bytes` bytes (a `GetTask` padded in its id).
+fn padded(bytes: usize) -> String {
     let head = r#"{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"id":""#;
     let tail = r#""}}"#;
     let body = format!(
@@ -366,11 +411,21 @@ fn a2a_post(hub: &HubProcess, bytes: usize) -> u16 {
         "x".repeat(bytes - head.len() - tail.len())
     );
     assert_eq!(body.len(), bytes);
-    let file = hub.dir.join(format!("a2a-body-{bytes}.json"));
+    body
+}
+
+/// POSTs `body` to the deployment `runner`'s A2A endpoint as the admin: the HTTP status and the
+/// JSON answer (null when there is none).
+fn a2a_post(hub: &HubProcess, body: &str) -> (u16, serde_json::Value) {
+    let file = hub.dir.join("a2a-request.json");
     std::fs::write(&file, body).unwrap();
+    let answer = hub.dir.join("a2a-answer.json");
+    let _ = std::fs::remove_file(&answer);
     let token = std::fs::read_to_string(hub.dir.join("hub/admin-token")).unwrap();
     let out = std::process::Command::new("curl")
-        .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
+        .args(["-sS", "-m", "60", "-w", "%{http_code}", "-o"])
+        .arg(&answer)
+        .arg("--cacert")
         .arg(hub.dir.join("hub/tls/ca.pem"))
         .args(["-H", &format!("Authorization: Bearer {}", token.trim())])
         .args(["-H", "Content-Type: application/json", "--data-binary"])
@@ -379,6 +434,12 @@ fn a2a_post(hub: &HubProcess, bytes: usize) -> u16 {
         .output()
         .expect("curl runs");
     let code = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    code.parse()
-        .unwrap_or_else(|_| panic!("curl: {code} {}", String::from_utf8_lossy(&out.stderr)))
+    let status = code
+        .parse()
+        .unwrap_or_else(|_| panic!("curl: {code} {}", String::from_utf8_lossy(&out.stderr)));
+    let text = std::fs::read_to_string(&answer).unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+    )
 }
