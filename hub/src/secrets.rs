@@ -156,7 +156,8 @@ pub fn validate_secret_name(field: &str, name: &str) -> Result<()> {
     }
     if name.len() > 128 || !agen_shared::bundle::valid_secret_name(name) {
         return Err(HubError::invalid(format!(
-            "{field}: `{name}` is not a valid secret name; expected up to 128 letters, digits and `_`, not starting with a digit (as in x-agen/secrets.json)"
+            "{field}: `{}` is not a valid secret name; expected up to 128 letters, digits and `_`, not starting with a digit (as in x-agen/secrets.json)",
+            crate::limits::prefix(name)
         )));
     }
     Ok(())

@@ -19,7 +19,7 @@ use tonic::{Code, Request, Status};
 const MIB: usize = 1024 * 1024;
 
 #[derive(Clone)]
-struct Bearer(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
+pub(crate) struct Bearer(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
 
 impl tonic::service::Interceptor for Bearer {
     fn call(&mut self, mut r: Request<()>) -> Result<Request<()>, Status> {
@@ -28,10 +28,10 @@ impl tonic::service::Interceptor for Bearer {
     }
 }
 
-type Api = AgenServiceClient<InterceptedService<Channel, Bearer>>;
+pub(crate) type Api = AgenServiceClient<InterceptedService<Channel, Bearer>>;
 
 /// A TLS channel to the Hub, trusting its CA.
-async fn channel(hub: &HubProcess) -> Channel {
+pub(crate) async fn channel(hub: &HubProcess) -> Channel {
     let ca = std::fs::read_to_string(hub.dir.join("hub/tls/ca.pem")).unwrap();
     Endpoint::from_shared(hub.url())
         .unwrap()
@@ -46,19 +46,19 @@ async fn channel(hub: &HubProcess) -> Channel {
         .unwrap()
 }
 
-fn bearer(hub: &HubProcess) -> Bearer {
+pub(crate) fn bearer(hub: &HubProcess) -> Bearer {
     let token = std::fs::read_to_string(hub.dir.join("hub/admin-token")).unwrap();
     Bearer(format!("Bearer {}", token.trim()).parse().unwrap())
 }
 
 /// An admin client with the same 64 MiB message limit as the CLI.
-async fn api(hub: &HubProcess) -> Api {
+pub(crate) async fn api(hub: &HubProcess) -> Api {
     AgenServiceClient::with_interceptor(channel(hub).await, bearer(hub))
         .max_decoding_message_size(agen_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(agen_proto::MAX_MESSAGE_BYTES)
 }
 
-fn runtime() -> tokio::runtime::Runtime {
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -66,7 +66,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// A bundle without tool servers whose model is the fake model.
-fn bundle(dir: &Path, model: &FakeModel) {
+pub(crate) fn bundle(dir: &Path, model: &FakeModel) {
     write_bundle(
         dir,
         &[
@@ -83,7 +83,7 @@ fn bundle(dir: &Path, model: &FakeModel) {
     .unwrap();
 }
 
-fn deploy(hub: &HubProcess, dir: &Path, replicas: u32, wait: bool) {
+pub(crate) fn deploy(hub: &HubProcess, dir: &Path, replicas: u32, wait: bool) {
     let replicas = replicas.to_string();
     let mut args = vec![
         "deploy",
@@ -104,7 +104,7 @@ fn deploy(hub: &HubProcess, dir: &Path, replicas: u32, wait: bool) {
     );
 }
 
-fn submit(input: String) -> pb::SubmitTaskRequest {
+pub(crate) fn submit(input: String) -> pb::SubmitTaskRequest {
     pb::SubmitTaskRequest {
         deployment: "runner".into(),
         input,
@@ -113,12 +113,12 @@ fn submit(input: String) -> pb::SubmitTaskRequest {
 }
 
 /// `(code, message)` of a refused call.
-fn refused<T: std::fmt::Debug>(r: Result<tonic::Response<T>, Status>) -> (Code, String) {
+pub(crate) fn refused<T: std::fmt::Debug>(r: Result<tonic::Response<T>, Status>) -> (Code, String) {
     let s = r.expect_err("the call must be refused");
     (s.code(), s.message().to_string())
 }
 
-fn invalid(text: &str) -> (Code, String) {
+pub(crate) fn invalid(text: &str) -> (Code, String) {
     (Code::InvalidArgument, text.to_string())
 }
 

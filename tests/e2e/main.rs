@@ -27,6 +27,7 @@ mod init;
 mod keen;
 mod lifecycle;
 mod limits;
+mod limits_table;
 mod logs;
 mod metrics;
 mod operations;

@@ -1,6 +1,8 @@
 //! Authentication and authorization at the gRPC edge. [`ApiAuth`] (an interceptor) resolves the
-//! `AgenService` bearer to a [`Principal`] carried in the request's extensions; every handler
-//! then makes one [`authorize`] call naming its namespace and [`Action`]; [`Audited`] (a tower
+//! `AgenService` bearer to a [`Principal`] carried in the request's extensions; what each RPC
+//! needs is its row of the table in `auth_table.rs` (a call without a row is refused by
+//! [`ApiAuth`] before any handler runs); every handler then makes one [`authorize`] call naming
+//! its namespace and [`Action`], which must be one its row allows; [`Audited`] (a tower
 //! service around the whole `AgenService`) writes one audit record per mutating call with the
 //! call's outcome; [`until_revoked`] ends a server stream the moment its token is revoked or
 //! expires. `NestService` bearers (join tokens) are read with [`bearer`] and checked by the
@@ -37,6 +39,15 @@ pub struct ApiAuth {
 
 impl ApiAuth {
     pub fn check(&self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        // An RPC is served only once the table says what it needs: refused before any handler.
+        if let Some(CallName(call)) = req.extensions().get::<CallName>() {
+            if super::auth_table::rule(call).is_none() {
+                tracing::error!(%call, "refused: no row in the authorization table");
+                return Err(Status::permission_denied(format!(
+                    "{call}: this Hub has no authorization rule for it (hub/src/server/auth_table.rs), so it serves it to no one"
+                )));
+            }
+        }
         let Some(token) = bearer(&req) else {
             return Err(Status::unauthenticated(
                 "missing `authorization: Bearer <token>`; pass --token / AGEN_TOKEN (agen hub writes the admin token into the client config and <data-dir>/admin-token)",
@@ -123,6 +134,14 @@ pub fn authorize<T>(
     target: &str,
 ) -> Result<Principal, Status> {
     let principal = principal(req)?;
+    if let Some(method) = call_name(req) {
+        // The table decides; a handler asking for anything else is a bug and fails closed.
+        if !super::auth_table::rule(&method).is_some_and(|rule| rule.allows(action)) {
+            return Err(Status::internal(format!(
+                "{method}: the handler asks for {action:?}, which its row of the authorization table (hub/src/server/auth_table.rs) does not allow"
+            )));
+        }
+    }
     let namespace = crate::core::namespace_or_default(namespace);
     let namespace = match action.need() {
         Need::Role(_) => namespace,
@@ -388,6 +407,53 @@ pub fn until_revoked<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn call(method: &str, token: Option<&str>) -> Request<()> {
+        let mut req = Request::new(());
+        req.extensions_mut().insert(CallName(method.into()));
+        if let Some(t) = token {
+            req.metadata_mut()
+                .insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        req
+    }
+
+    #[test]
+    fn an_rpc_without_a_row_in_the_table_is_refused_before_its_handler() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::new(Arc::new(
+            crate::store::SledStore::open(&dir.path().join("db")).unwrap(),
+        ));
+        let auth = ApiAuth {
+            tokens: Tokens::open(db, "the-admin").unwrap(),
+        };
+        // Even the cluster admin: nobody gets an RPC the table does not describe.
+        let refused = auth
+            .check(call("StealEverything", Some("the-admin")))
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+        assert!(
+            refused.message().contains("StealEverything"),
+            "{}",
+            refused.message()
+        );
+        let admitted = auth.check(call("GetTask", Some("the-admin"))).unwrap();
+        assert_eq!(
+            admitted.extensions().get::<Principal>(),
+            Some(&Principal::ClusterAdmin)
+        );
+    }
+
+    #[test]
+    fn a_handler_asking_for_an_action_its_row_does_not_allow_fails_closed() {
+        let mut req = call("GetTask", None);
+        req.extensions_mut().insert(Principal::ClusterAdmin);
+        assert!(authorize(&req, "default", Action::Read, "").is_ok());
+        // The cluster admin may do anything, yet a GetTask handler asking to Deploy is refused.
+        let e = authorize(&req, "default", Action::Deploy, "").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Internal);
+        assert!(e.message().contains("auth_table.rs"), "{}", e.message());
+    }
 
     #[test]
     fn the_outcome_of_a_call_is_read_from_its_response_headers() {

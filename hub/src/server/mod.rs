@@ -6,6 +6,7 @@
 mod agen;
 mod approvals;
 pub mod auth;
+mod auth_table;
 mod convert;
 mod delegates;
 mod lifecycle;
