@@ -26,7 +26,9 @@ fn submit(hub: &HubProcess, deployment: &str) -> String {
 }
 
 fn of<'a>(list: &'a [Value], deployment: &str) -> Vec<&'a Value> {
-    list.iter().filter(|i| i["deployment"] == deployment).collect()
+    list.iter()
+        .filter(|i| i["deployment"] == deployment)
+        .collect()
 }
 
 /// The broken server's words on stderr before it exits, never answering `initialize`.
@@ -44,8 +46,8 @@ const BROKEN: &str =
 /// replacement shows the server that is not connected too. A task that cannot run says why it
 /// is queued.
 #[test]
-fn agen_ps_all_shows_how_many_tools_each_instance_loaded_and_any_tool_server_that_is_not_connected(
-) {
+fn agen_ps_all_shows_how_many_tools_each_instance_loaded_and_any_tool_server_that_is_not_connected()
+{
     let tmp = tempfile::tempdir().unwrap();
     let hub = HubProcess::start(tmp.path()).unwrap();
     let nest = hub.nest("solo", &[], &[]).unwrap();
@@ -84,8 +86,7 @@ fn agen_ps_all_shows_how_many_tools_each_instance_loaded_and_any_tool_server_tha
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "deploy --wait: {stderr}");
     assert!(
-        stderr.contains("tool server broken is not connected: ")
-            && stderr.contains("crm_marker"),
+        stderr.contains("tool server broken is not connected: ") && stderr.contains("crm_marker"),
         "deploy --wait prints the server and its cause: {stderr}"
     );
 
@@ -103,7 +104,10 @@ fn agen_ps_all_shows_how_many_tools_each_instance_loaded_and_any_tool_server_tha
             .contains("crm_marker"),
         "{i}"
     );
-    assert!(i["tools_loaded"].as_u64().unwrap() >= 2, "time's tools: {i}");
+    assert!(
+        i["tools_loaded"].as_u64().unwrap() >= 2,
+        "time's tools: {i}"
+    );
     let table = text(&hub.cli(&["ps", "--all"]).unwrap().stdout);
     assert!(
         table.contains("broken: ") && table.contains("crm_marker"),
@@ -200,4 +204,99 @@ fn agen_ps_all_shows_how_many_tools_each_instance_loaded_and_any_tool_server_tha
     })
     .unwrap_or_else(|e| panic!("{e}: {}", last.borrow()));
     assert_eq!(q["state"], "queued", "{q}");
+}
+
+/// "${NAME} in env values and headers is replaced with the secret NAME, which must be declared
+/// in x-agen/secrets.json."
+///
+/// Anywhere else it is not replaced: `${NAME}` in `args` is refused at deploy, naming the
+/// argument and suggesting `env` (substituting would put the secret on a command line every
+/// user of the host can read); a url server whose headers hold a secret is refused over plain
+/// http to another host (as an A2A card is). Refused before anything is uploaded: exit 2.
+#[test]
+fn name_in_env_values_and_headers_is_replaced_with_the_secret_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("client.toml");
+    let secrets = json!({"CRM_TOKEN": {"source": "platform"}}).to_string();
+    let cases = [
+        (
+            json!({"command": "crm-server", "args": ["--verbose", "--token=${CRM_TOKEN}"]}),
+            vec![
+                "mcp.json: mcpServers.crm.args[1]: holds `${CRM_TOKEN}`",
+                r#""env": {"CRM_TOKEN": "${CRM_TOKEN}"}"#,
+            ],
+        ),
+        (
+            json!({"url": "http://crm.example/mcp", "headers": {"Authorization": "Bearer ${CRM_TOKEN}"}}),
+            vec![
+                "mcp.json: mcpServers.crm.url:",
+                "would send the secret in header Authorization in the clear",
+                "use an https:// URL",
+            ],
+        ),
+    ];
+    for (i, (server, expected)) in cases.iter().enumerate() {
+        let dir = tmp.path().join(format!("b{i}"));
+        write_bundle(
+            &dir,
+            &[
+                ("mcp.json", mcp_json(&[("crm", server.clone())])),
+                ("x-agen/secrets.json", secrets.clone()),
+                (
+                    "x-agen/agent.md",
+                    "---\nmodel: openai/gpt-4.1-mini\n---\nCRM.\n".into(),
+                ),
+            ],
+        )
+        .unwrap();
+        let out = agen_tests::cli(
+            &config,
+            &[
+                "deploy",
+                dir.to_str().unwrap(),
+                "--hub",
+                "http://127.0.0.1:1",
+            ],
+        )
+        .unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        for e in expected {
+            assert!(stderr.contains(e), "{e:?} missing from: {stderr}");
+        }
+    }
+    // The same header over https, and over http to this machine, deploy past validation (to
+    // the unreachable Hub: exit 6, not 2).
+    for url in ["https://crm.example/mcp", "http://127.0.0.1:9/mcp"] {
+        let dir = tmp.path().join("fine");
+        write_bundle(
+            &dir,
+            &[
+                (
+                    "mcp.json",
+                    mcp_json(&[(
+                        "crm",
+                        json!({"url": url, "headers": {"Authorization": "Bearer ${CRM_TOKEN}"}}),
+                    )]),
+                ),
+                ("x-agen/secrets.json", secrets.clone()),
+                (
+                    "x-agen/agent.md",
+                    "---\nmodel: openai/gpt-4.1-mini\n---\nCRM.\n".into(),
+                ),
+            ],
+        )
+        .unwrap();
+        let out = agen_tests::cli(
+            &config,
+            &[
+                "deploy",
+                dir.to_str().unwrap(),
+                "--hub",
+                "http://127.0.0.1:1",
+            ],
+        )
+        .unwrap();
+        assert_eq!(out.status.code(), Some(6), "{}", text(&out.stderr));
+    }
 }

@@ -193,7 +193,10 @@ fn not_connected(ready: &[pb::Instance]) -> Vec<String> {
                     "instance {}: tool server {} is not connected: {}",
                     i.instance_id,
                     p.server,
-                    p.reason.lines().find(|l| !l.trim().is_empty()).unwrap_or("")
+                    p.reason
+                        .lines()
+                        .find(|l| !l.trim().is_empty())
+                        .unwrap_or("")
                 )
             })
         })

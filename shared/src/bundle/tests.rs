@@ -686,7 +686,7 @@ fn secrets_resolve_from_their_sources_and_fill_the_places_they_are_used() {
         (
             MCP_FILE,
             r#"{"mcpServers": {"crm": {"url": "https://crm.example/mcp", "headers": {"Authorization": "Bearer ${CRM_TOKEN}"}},
-                                      "sql": {"command": "agen", "args": ["${NOT_SUBSTITUTED}"], "env": {"DATABASE_URL": "${DB}", "MODE": "ro"}}}}"#,
+                                      "sql": {"command": "agen", "args": ["$NOT_SUBSTITUTED"], "env": {"DATABASE_URL": "${DB}", "MODE": "ro"}}}}"#,
         ),
         (AGENT_FILE, "---\napiKey: ${DB}-${CRM_TOKEN}\n---\n"),
         (
@@ -718,7 +718,7 @@ fn secrets_resolve_from_their_sources_and_fill_the_places_they_are_used() {
         mcp.servers["sql"],
         ServerSpec::Command {
             command: "agen".into(),
-            args: vec!["${NOT_SUBSTITUTED}".into()],
+            args: vec!["$NOT_SUBSTITUTED".into()],
             env: [
                 ("DATABASE_URL".to_string(), "postgres://x".to_string()),
                 ("MODE".to_string(), "ro".to_string())
@@ -825,5 +825,45 @@ fn remote_a2a_delegates_parse_and_their_mistakes_name_the_delegate_and_the_fix()
     );
     for good in ["http://localhost:9/c", "http://[::1]:9/c", "HTTPS://H/c"] {
         assert_eq!(check_card_url(good), Ok(()), "{good}");
+    }
+}
+
+#[test]
+fn a_secret_reference_in_args_and_a_secret_header_over_plain_http_are_refused() {
+    check(
+        &[(
+            MCP_FILE,
+            r#"{"mcpServers": {"crm": {"command": "crm-server", "args": ["--token", "${CRM_TOKEN}"]}}}"#,
+        )],
+        "mcp.json: mcpServers.crm.args[1]: holds `${CRM_TOKEN}`, which is not replaced in args",
+    );
+    check(
+        &[(
+            MCP_FILE,
+            r#"{"mcpServers": {"crm": {"command": "crm-server", "args": ["x=${CRM_TOKEN}"]}}}"#,
+        )],
+        r#"pass it in "env" instead, e.g. "env": {"CRM_TOKEN": "${CRM_TOKEN}"}"#,
+    );
+    check(
+        &[
+            (
+                MCP_FILE,
+                r#"{"mcpServers": {"crm": {"url": "http://crm.example/mcp", "headers": {"Authorization": "Bearer ${CRM_TOKEN}"}}}}"#,
+            ),
+            (SECRETS_FILE, r#"{"CRM_TOKEN": {"source": "platform"}}"#),
+        ],
+        "mcp.json: mcpServers.crm.url: `http://crm.example/mcp` is plain http to crm.example, which would send the secret in header Authorization in the clear; use an https:// URL",
+    );
+    // Plain http is fine to this machine, or with no secret in the headers; `$NAME` in args
+    // (a shell variable) is an ordinary argument.
+    for mcp in [
+        r#"{"mcpServers": {"crm": {"url": "http://127.0.0.1:9000/mcp", "headers": {"Authorization": "Bearer ${CRM_TOKEN}"}}}}"#,
+        r#"{"mcpServers": {"crm": {"url": "http://[::1]:9000/mcp", "headers": {"Authorization": "Bearer ${CRM_TOKEN}"}}}}"#,
+        r#"{"mcpServers": {"crm": {"url": "http://crm.example/mcp", "headers": {"X-Team": "blue"}}, "sh": {"command": "sh", "args": ["-c", "echo $HOME"], "env": {"K": "${CRM_TOKEN}"}}}}"#,
+    ] {
+        ok(&[
+            (MCP_FILE, mcp),
+            (SECRETS_FILE, r#"{"CRM_TOKEN": {"source": "platform"}}"#),
+        ]);
     }
 }
