@@ -300,3 +300,88 @@ fn name_in_env_values_and_headers_is_replaced_with_the_secret_name() {
         assert_eq!(out.status.code(), Some(6), "{}", text(&out.stderr));
     }
 }
+
+/// A Hub, one Nest and a deployment `name` of `files` (plus an agent.md on `model`), ready.
+fn fleet_with(
+    tmp: &std::path::Path,
+    name: &str,
+    model: &FakeModel,
+    files: &[(&str, String)],
+) -> (HubProcess, agen_tests::NestProcess) {
+    let hub = HubProcess::start(tmp).unwrap();
+    let nest = hub.nest("solo", &[], &[]).unwrap();
+    deploy_ready(&hub, tmp, name, model, files);
+    (hub, nest)
+}
+
+/// Deploys `name` (`files` plus an agent.md on `model`) and waits until it is ready.
+fn deploy_ready(
+    hub: &HubProcess,
+    tmp: &std::path::Path,
+    name: &str,
+    model: &FakeModel,
+    files: &[(&str, String)],
+) {
+    let dir = tmp.join(format!("bundle-{name}"));
+    let mut all: Vec<(&str, String)> = files.to_vec();
+    if !files.iter().any(|(p, _)| *p == "x-agen/agent.md") {
+        all.push(("x-agen/agent.md", agent(name, model)));
+    }
+    write_bundle(&dir, &all).unwrap();
+    let out = hub
+        .cli(&["deploy", dir.to_str().unwrap(), "--name", name, "--wait"])
+        .unwrap();
+    assert!(out.status.success(), "deploy {name}: {}", text(&out.stderr));
+}
+
+/// `agen trace TASK --events -o json`: one JSON object per event.
+fn events(hub: &HubProcess, task: &str) -> Vec<Value> {
+    let out = hub.cli(&["trace", task, "--events", "-o", "json"]).unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: not JSON: {l}")))
+        .collect()
+}
+
+/// "Only the latest call is kept on the task; each call is also a rate-limited task.progress
+/// event (at most one every 10 seconds), so the event log has the history even though the task
+/// does not."
+///
+/// Three reports within a second and the run's end: one `task.progress` (the first), the later
+/// two as `progress.latest` (the task shows the latest), and no second `task.progress` at the
+/// end. `agen trace --events -o json` prints one JSON object per event.
+#[test]
+fn each_call_is_also_a_rate_limited_task_progress_event_at_most_one_every_10_seconds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let step = |n: u32| json!({"tool_calls": [{"name": "report_progress", "arguments": {"step": format!("page {n}"), "done": n, "total": 3}}]});
+    let model = FakeModel::start(
+        &tmp.path().join("model"),
+        &json!({"steps": [step(1), step(2), step(3), {"reply": "read 3 pages"}]}),
+    )
+    .unwrap();
+    let (hub, _nest) = fleet_with(tmp.path(), "reader", &model, &[]);
+    let task = submit(&hub, "reader");
+    let done = hub
+        .cli_json(&["wait", &task, "-o", "json", "--timeout", "60s"])
+        .unwrap();
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let all = events(&hub, &task);
+    let of_kind = |k: &str| -> Vec<Value> {
+        all.iter()
+            .filter(|e| e["kind"] == k)
+            .map(|e| e["body"]["step"].clone())
+            .collect()
+    };
+    assert_eq!(of_kind("task.progress"), vec![json!("page 1")], "{all:?}");
+    assert_eq!(
+        of_kind("progress.latest"),
+        vec![json!("page 2"), json!("page 3")],
+        "{all:?}"
+    );
+    assert!(all
+        .iter()
+        .all(|e| e["seq"].is_u64() && e["kind"].is_string()));
+    let q = hub.cli_json(&["query", &task, "-o", "json"]).unwrap();
+    assert_eq!(q["progress"]["step"], "page 3", "{q}");
+}
