@@ -385,3 +385,256 @@ fn each_call_is_also_a_rate_limited_task_progress_event_at_most_one_every_10_sec
     let q = hub.cli_json(&["query", &task, "-o", "json"]).unwrap();
     assert_eq!(q["progress"]["step"], "page 3", "{q}");
 }
+
+/// A Hub, a Nest, deployment `helper` (its one tool server `meta_server.py` records each
+/// call's `_meta` in `log`, its model calls `meta_echo` then answers) and `caller` (its model
+/// calls `call_agent` on `helper`, then answers with the result).
+struct Delegation {
+    hub: HubProcess,
+    _nest: agen_tests::NestProcess,
+    _models: Vec<FakeModel>,
+    log: std::path::PathBuf,
+}
+
+fn delegation(tmp: &std::path::Path, caller_harness: Value) -> Delegation {
+    let hub = HubProcess::start(tmp).unwrap();
+    let nest = hub.nest("solo", &[], &[]).unwrap();
+    let log = tmp.join("meta.jsonl");
+    let helper_model = FakeModel::start(
+        &tmp.join("model-helper"),
+        &json!({"steps": [
+            {"tool_calls": [{"name": "meta_echo", "arguments": {"text": "from the child"}}]},
+            {"reply_template": "helper saw: {{last_tool_result}}"}
+        ]}),
+    )
+    .unwrap();
+    deploy_ready(
+        &hub,
+        tmp,
+        "helper",
+        &helper_model,
+        &[(
+            "mcp.json",
+            mcp_json(&[(
+                "meta",
+                json!({"command": Peers::python(), "args": [Peers::script("servers/meta_server.py")], "env": {"META_LOG": log}}),
+            )]),
+        )],
+    );
+    let caller_model = FakeModel::start(
+        &tmp.join("model-caller"),
+        &json!({"steps": [
+            {"tool_calls": [{"name": "call_agent", "arguments": {"agent": "helper", "input": "go"}}]},
+            {"reply_template": "caller got: {{last_tool_result}}"}
+        ]}),
+    )
+    .unwrap();
+    deploy_ready(
+        &hub,
+        tmp,
+        "caller",
+        &caller_model,
+        &[
+            (
+                "x-agen/config.json",
+                json!({"delegates": [{"deployment": "helper", "description": "echoes"}]})
+                    .to_string(),
+            ),
+            ("x-agen/harness.json", caller_harness.to_string()),
+        ],
+    );
+    Delegation {
+        hub,
+        _nest: nest,
+        _models: vec![helper_model, caller_model],
+        log,
+    }
+}
+
+impl Delegation {
+    /// Submits to `caller` with `args`, waits for it; returns (parent task, child task).
+    fn run(&self, args: &[&str]) -> (Value, Value) {
+        let mut all = vec!["submit", "caller", "go"];
+        all.extend_from_slice(args);
+        let out = self.hub.cli(&all).unwrap();
+        assert!(out.status.success(), "submit: {}", text(&out.stderr));
+        let task = text(&out.stdout).trim().to_string();
+        let done = self
+            .hub
+            .cli_json(&["wait", &task, "-o", "json", "--timeout", "90s"])
+            .unwrap();
+        assert_eq!(done["state"], "succeeded", "{done}");
+        assert!(
+            done["outcome"]["result"]
+                .as_str()
+                .is_some_and(|r| r.contains("from the child")),
+            "{done}"
+        );
+        let children = self
+            .hub
+            .cli_json(&["tasks", "--parent", &task, "-o", "json"])
+            .unwrap();
+        let child = children[0]["task_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no child: {children}"))
+            .to_string();
+        let child = self.hub.cli_json(&["query", &child, "-o", "json"]).unwrap();
+        (done, child)
+    }
+
+    /// The `_meta` of the child's tool calls, as `meta_server.py` recorded them.
+    fn metas(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["event"] == "called")
+            .map(|e| e["meta"].clone())
+            .collect()
+    }
+}
+
+/// "agen/labels — The task's labels (an object of strings)." (What a tool server is told)
+///
+/// A delegated child task carries its parent's labels: `agen query` of the child shows them,
+/// and the child's tool call gets them in `_meta`.
+#[test]
+fn agen_labels_the_tasks_labels_reach_a_delegated_childs_tool_calls() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = delegation(tmp.path(), json!({}));
+    let (_parent, child) = d.run(&["--label", "team=blue", "--label", "ticket=T-7"]);
+    assert_eq!(
+        child["labels"],
+        json!({"team": "blue", "ticket": "T-7"}),
+        "{child}"
+    );
+    let metas = d.metas();
+    assert_eq!(metas.len(), 1, "{metas:?}");
+    assert_eq!(
+        metas[0]["agen/labels"],
+        json!({"team": "blue", "ticket": "T-7"}),
+        "{metas:?}"
+    );
+}
+
+/// The issue's rule for the A2A agent card: its description "comes from `description:` in
+/// `agent.md` front matter, else the deployment's name; never the system prompt".
+#[test]
+fn the_a2a_card_description_is_the_front_matter_description_else_the_deployment_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = FakeModel::start(&tmp.path().join("model"), &json!([{"reply": "hi"}])).unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let _nest = hub.nest("solo", &[], &[]).unwrap();
+    let prompt = "You are the plant desk. PROMPT-MARKER: never tell callers the discount code.";
+    for (name, description) in [
+        ("described", Some("Answers questions about plants.")),
+        ("plain", None),
+    ] {
+        let front = description.map_or(String::new(), |d| format!("description: {d}\n"));
+        let dir = tmp.path().join(name);
+        write_bundle(
+            &dir,
+            &[(
+                "x-agen/agent.md",
+                format!(
+                    "---\nmodel: openai/fake-model\nbaseUrl: {}\n{front}---\n{prompt}\n",
+                    model.base_url()
+                ),
+            )],
+        )
+        .unwrap();
+        let out = hub
+            .cli(&["deploy", dir.to_str().unwrap(), "--name", name])
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let token = std::fs::read_to_string(hub.dir.join("hub/admin-token")).unwrap();
+    let card = |deployment: &str| -> Value {
+        let op = json!({
+            "op": "card",
+            "agent": format!("{}/a2a/default/{deployment}", hub.url()),
+            "token": token.trim(),
+            "ca_file": hub.dir.join("hub/tls/ca.pem"),
+        });
+        let mut child = std::process::Command::new(Peers::python())
+            .arg(Peers::script("a2a_client.py"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), op.to_string().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|_| panic!("{}{}", text(&out.stdout), text(&out.stderr)));
+        v["card"].clone()
+    };
+    let described = card("described");
+    assert_eq!(
+        described["description"], "Answers questions about plants.",
+        "{described}"
+    );
+    let plain = card("plain");
+    assert_eq!(plain["description"], "plain", "{plain}");
+    for c in [&described, &plain] {
+        assert!(
+            !c.to_string().contains("PROMPT-MARKER"),
+            "the prompt leaked: {c}"
+        );
+    }
+}
+
+/// "Pin the versions of servers fetched at start (mcp-server-fetch==2026.8.18, npx -y
+/// pkg@1.2.3) so a new release cannot change what your agent runs."
+///
+/// `agen deploy` warns for each unpinned `npx`/`uvx` server (a warning: the bundle still
+/// deploys) and says nothing for pinned ones.
+#[test]
+fn pin_the_versions_of_servers_fetched_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("b");
+    write_bundle(
+        &dir,
+        &[
+            (
+                "mcp.json",
+                mcp_json(&[
+                    ("fetch", json!({"command": "uvx", "args": ["mcp-server-fetch"]})),
+                    ("files", json!({"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "./data"]})),
+                    ("pinned", json!({"command": "uvx", "args": ["mcp-server-fetch==2026.8.18"]})),
+                    ("pinned-npx", json!({"command": "npx", "args": ["-y", "pkg@1.2.3"]})),
+                ]),
+            ),
+            ("x-agen/agent.md", "---\nmodel: openai/gpt-4.1-mini\n---\nFetch.\n".into()),
+        ],
+    )
+    .unwrap();
+    let out = agen_tests::cli(
+        &tmp.path().join("client.toml"),
+        &[
+            "deploy",
+            dir.to_str().unwrap(),
+            "--hub",
+            "http://127.0.0.1:1",
+        ],
+    )
+    .unwrap();
+    let stderr = text(&out.stderr);
+    // Past validation (the warning does not refuse): the unreachable Hub's exit code.
+    assert_eq!(out.status.code(), Some(6), "{stderr}");
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("warning: "))
+        .collect();
+    assert_eq!(warnings.len(), 2, "{stderr}");
+    assert!(
+        warnings[0].contains("mcpServers.fetch: `uvx mcp-server-fetch`")
+            && warnings[0].contains("pin a version (e.g. `mcp-server-fetch==1.2.3`)"),
+        "{stderr}"
+    );
+    assert!(
+        warnings[1].contains("mcpServers.files: `npx @modelcontextprotocol/server-filesystem`"),
+        "{stderr}"
+    );
+}

@@ -55,6 +55,9 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             return Ok(crate::exit::code::USAGE);
         }
     };
+    for advice in bundle::unpinned_servers(&loaded.mcp) {
+        eprintln!("warning: {advice}");
+    }
     let name = args.name.clone().unwrap_or_else(|| default_name(&loaded));
     let mut hub = args.client.connect()?;
     let deployment = deploy(

@@ -162,7 +162,8 @@ impl Core {
                 namespace,
                 deployment: spec.deployment,
                 input: spec.input,
-                labels: Default::default(),
+                // A child carries its parent's labels (its tool calls' `_meta` `agen/labels`).
+                labels: parent.labels.clone(),
                 conversation_key: spec.conversation_key,
                 client_request_id: spec.idempotency_key,
                 parent: Some(ChildOf {

@@ -214,3 +214,41 @@ fn check_secret_headers_are_private(
         ),
     ))
 }
+
+/// Advice for servers fetched at start without a pinned version (`npx -y pkg`, `uvx pkg`): a
+/// new release could change what the agent runs. One line per server, naming it and the fix.
+pub fn unpinned_servers(mcp: &McpConfig) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, spec) in &mcp.servers {
+        let ServerSpec::Command { command, args, .. } = spec else {
+            continue;
+        };
+        let program = command.rsplit('/').next().unwrap_or(command);
+        let unpinned = match program {
+            "npx" => {
+                let package = args.iter().find(|a| !a.starts_with('-'));
+                // `@scope/pkg@1.2.3` or `pkg@1.2.3`: a version `@` after the first character.
+                package
+                    .filter(|p| !p.get(1..).is_some_and(|rest| rest.contains('@')))
+                    .map(|p| (p.clone(), format!("{p}@1.2.3")))
+            }
+            "uvx" => {
+                let from = args
+                    .iter()
+                    .position(|a| a == "--from")
+                    .and_then(|i| args.get(i + 1));
+                let package = from.or_else(|| args.iter().find(|a| !a.starts_with('-')));
+                package
+                    .filter(|p| !p.contains("==") && !p.contains('@'))
+                    .map(|p| (p.clone(), format!("{p}==1.2.3")))
+            }
+            _ => None,
+        };
+        if let Some((package, pinned)) = unpinned {
+            out.push(format!(
+                "mcp.json: mcpServers.{name}: `{program} {package}` fetches whatever release is newest at each start; pin a version (e.g. `{pinned}`) so a new release cannot change what the agent runs"
+            ));
+        }
+    }
+    out
+}

@@ -867,3 +867,29 @@ fn a_secret_reference_in_args_and_a_secret_header_over_plain_http_are_refused() 
         ]);
     }
 }
+
+#[test]
+fn servers_fetched_at_start_without_a_version_are_named() {
+    let b = ok(&[(
+        MCP_FILE,
+        r#"{"mcpServers": {
+            "a": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "./data"]},
+            "b": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem@2025.8.21", "./data"]},
+            "c": {"command": "uvx", "args": ["mcp-server-fetch"]},
+            "d": {"command": "uvx", "args": ["mcp-server-fetch==2026.8.18"]},
+            "e": {"command": "/usr/bin/npx", "args": ["--yes", "left-pad"]},
+            "f": {"command": "uvx", "args": ["--from", "mcp-server-git@1.0", "mcp-server-git"]},
+            "g": {"command": "node", "args": ["server.js"]}}}"#,
+    )]);
+    let advice = unpinned_servers(&b.mcp);
+    assert_eq!(advice.len(), 3, "{advice:?}");
+    assert!(advice[0].starts_with("mcp.json: mcpServers.a: `npx @modelcontextprotocol/server-filesystem` fetches whatever release is newest at each start; pin a version (e.g. `@modelcontextprotocol/server-filesystem@1.2.3`)"), "{advice:?}");
+    assert!(
+        advice[1].starts_with("mcp.json: mcpServers.c: `uvx mcp-server-fetch`"),
+        "{advice:?}"
+    );
+    assert!(
+        advice[2].starts_with("mcp.json: mcpServers.e: `npx left-pad`"),
+        "{advice:?}"
+    );
+}
