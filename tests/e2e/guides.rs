@@ -638,3 +638,216 @@ fn pin_the_versions_of_servers_fetched_at_start() {
         "{stderr}"
     );
 }
+
+/// `agen trace TASK -o json`.
+fn trace(hub: &HubProcess, task: &str) -> Value {
+    hub.cli_json(&["trace", task, "-o", "json"]).unwrap()
+}
+
+fn span<'a>(t: &'a Value, name: &str) -> Vec<&'a Value> {
+    t["spans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["name"] == name)
+        .collect()
+}
+
+/// "Each tool call is a span in the run's trace (agen trace <task-id>) with its duration and
+/// status."
+///
+/// Every call, built-ins included: `load_skill`, `report_progress`, `read_artifact`, `finish`,
+/// a call of a tool that does not exist and a call the permissions deny each have a span (the
+/// last two with status `error` and their reason), with their arguments under
+/// `traceToolArguments: true`.
+#[test]
+fn each_tool_call_is_a_span_in_the_runs_trace_with_its_duration_and_status() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = FakeModel::start(
+        &tmp.path().join("model"),
+        &json!({"steps": [
+            {"tool_calls": [
+                {"name": "load_skill", "arguments": {"name": "greet"}},
+                {"name": "report_progress", "arguments": {"step": "greeting"}},
+                {"name": "read_artifact", "arguments": {"id": "sha256:0000000000000000000000000000000000000000000000000000000000000000"}},
+                {"name": "nosuch_tool", "arguments": {}},
+                {"name": "ws_write", "arguments": {"path": "x.txt", "content": "no"}}
+            ]},
+            {"tool_calls": [{"name": "finish", "arguments": {"result": "greeted"}}]}
+        ]}),
+    )
+    .unwrap();
+    let (hub, _nest) = fleet_with(
+        tmp.path(),
+        "spans",
+        &model,
+        &[
+            (
+                "mcp.json",
+                mcp_json(&[(
+                    "ws",
+                    json!({"command": "agen", "args": ["mcp", "workspace", "--root", ".", "--no-run"]}),
+                )]),
+            ),
+            (
+                "skills/greet/SKILL.md",
+                "---\nname: greet\ndescription: how to greet\n---\nSay hello.\n".into(),
+            ),
+            (
+                "x-agen/config.json",
+                json!({"permissions": {"deny": ["ws.write"]}}).to_string(),
+            ),
+            (
+                "x-agen/harness.json",
+                json!({"traceToolArguments": true}).to_string(),
+            ),
+        ],
+    );
+    let task = submit(&hub, "spans");
+    let done = hub
+        .cli_json(&["wait", &task, "-o", "json", "--timeout", "60s"])
+        .unwrap();
+    assert_eq!(done["outcome"]["result"], "greeted", "{done}");
+    let t = trace(&hub, &task);
+    let one = |name: &str| -> Value {
+        let found = span(&t, name);
+        assert_eq!(found.len(), 1, "{name} in {t}");
+        found[0].clone()
+    };
+    let skill = one("tool load_skill");
+    assert_eq!(skill["status"], "ok", "{skill}");
+    assert_eq!(
+        skill["attributes"]["arguments"], r#"{"name":"greet"}"#,
+        "{skill}"
+    );
+    assert_eq!(one("tool report_progress")["status"], "ok");
+    assert_eq!(
+        one("tool read_artifact")["status"],
+        "error",
+        "no such artifact"
+    );
+    assert_eq!(one("tool finish")["status"], "ok");
+    let unknown = one("tool nosuch_tool");
+    assert_eq!(unknown["status"], "error", "{unknown}");
+    assert_eq!(unknown["attributes"]["reason"], "unknown_tool", "{unknown}");
+    let denied = one("tool ws.write");
+    assert_eq!(denied["status"], "error", "{denied}");
+    assert_eq!(denied["attributes"]["reason"], "denied", "{denied}");
+    let root = t["spans"][0]["span_id"].clone();
+    for s in t["spans"].as_array().unwrap().iter().skip(1) {
+        assert_eq!(s["parent_span_id"], root, "{s}");
+        assert_ne!(s["status"], "unfinished", "{s}");
+    }
+}
+
+/// "Each tool call is a span in the run's trace (agen trace <task-id>) with its duration and
+/// status." — for a call that waits for approval and is denied.
+///
+/// The approval is one span (`approval ws.run`, status `denied`, with who and why) across the
+/// run giving its slot back and resuming: no second approval span, nothing `unfinished`, and
+/// the call that never went out is not a span of its own.
+#[test]
+fn a_denied_approval_is_one_span_with_the_denial() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let _nest = hub.nest("solo", &[], &[]).unwrap();
+    let marker = tmp.path().join("ran.txt");
+    let model = crate::approvals::model(tmp.path(), &marker);
+    crate::approvals::deploy_asker(&hub, &tmp.path().join("asker"), "asker", &model);
+    let task = crate::approvals::submit(&hub, "asker");
+    let pending = crate::approvals::pending_of(&hub, &task);
+    let call_id = pending["call_id"].as_str().unwrap().to_string();
+    // Past SUSPEND_AFTER the run gives its slot back; the decision resumes it.
+    wait_for(
+        "the run to give its slot back",
+        Duration::from_secs(30),
+        || {
+            let q = hub.cli_json(&["query", &task, "-o", "json"]).ok()?;
+            (q["instance"].is_null() || q["instance"] == "").then_some(())
+        },
+    )
+    .unwrap();
+    let out = crate::approvals::decide(&hub, &["deny", &task, &call_id, "--reason", "not today"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let done = crate::approvals::wait_task(&hub, &task);
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(crate::approvals::executions(&marker), 0);
+    let t = trace(&hub, &task);
+    let approvals = span(&t, "approval ws.run");
+    assert_eq!(approvals.len(), 1, "{t}");
+    assert_eq!(approvals[0]["status"], "denied", "{t}");
+    assert_eq!(approvals[0]["attributes"]["approved"], "false", "{t}");
+    assert_eq!(approvals[0]["attributes"]["reason"], "not today", "{t}");
+    assert!(span(&t, "tool ws.run").is_empty(), "{t}");
+    for s in t["spans"].as_array().unwrap() {
+        assert_ne!(s["status"], "unfinished", "{s}");
+    }
+}
+
+fn keen_call(action: &str, tool: &str, context: &str) -> String {
+    format!("I'll use the tool.\n\n<SYSTEM CALL>\n!*action\n{action}\n!*tool\n{tool}\n!*context\n{context}\n</SYSTEM CALL>\n")
+}
+
+/// "Arguments are not recorded by default because they may hold personal data; set
+/// "traceToolArguments": true in x-agen/harness.json to record them (secrets redacted, up to 4
+/// KiB each)." — for Keen script and flow tools, whose argument is the call's `!*context`.
+#[test]
+fn trace_tool_arguments_records_keen_script_and_flow_arguments() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = FakeModel::start(
+        &tmp.path().join("model"),
+        &json!({"steps": [
+            {"reply": keen_call("use tool", "Stamp", "zone=UTC")},
+            {"reply": keen_call("use tool flow", "FlowStamp", "zone=CET")},
+            {"reply": "done"}
+        ]}),
+    )
+    .unwrap();
+    let (hub, _nest) = fleet_with(
+        tmp.path(),
+        "keen",
+        &model,
+        &[
+            (
+                "x-agen/harness.json",
+                json!({"toolProtocol": "keen", "traceToolArguments": true}).to_string(),
+            ),
+            (
+                "keen-tools.json",
+                json!([
+                    {"name": "Stamp", "type": "script", "entry": "tools/stamp.js"},
+                    {"name": "FlowStamp", "type": "flow", "entry": "Next-ToolCall"}
+                ])
+                .to_string(),
+            ),
+            (
+                "tools/stamp.js",
+                "exports.exec = function (props, dictionary) { dictionary.result = 'stamped'; };\n"
+                    .into(),
+            ),
+            (
+                "flows/Next.json",
+                json!({"nodes": {
+                    "ToolCall": {"type": "start", "next": "stamp"},
+                    "stamp": {"type": "script", "entry": "tools/stamp.js", "next": "done"},
+                    "done": {"type": "end"}
+                }})
+                .to_string(),
+            ),
+        ],
+    );
+    let task = submit(&hub, "keen");
+    let done = hub
+        .cli_json(&["wait", &task, "-o", "json", "--timeout", "60s"])
+        .unwrap();
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let t = trace(&hub, &task);
+    for (name, context) in [("tool Stamp", "zone=UTC"), ("tool FlowStamp", "zone=CET")] {
+        let s = span(&t, name);
+        assert_eq!(s.len(), 1, "{name}: {t}");
+        let args: Value =
+            serde_json::from_str(s[0]["attributes"]["arguments"].as_str().unwrap_or("null"))
+                .unwrap();
+        assert_eq!(args, json!({"context": context}), "{t}");
+    }
+}

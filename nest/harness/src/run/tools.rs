@@ -155,11 +155,28 @@ impl Run<'_> {
             }
         }
         match call.name.as_str() {
-            BUILTIN_FINISH => self.finish_call(call),
-            BUILTIN_LOAD_SKILL if !self.h.bundle.skills.is_empty() => self.load_skill(call).await,
-            BUILTIN_REPORT_PROGRESS if self.h.progress => self.report_progress(call).await,
+            // Built-ins are spans of the trace like any call (`save_artifact` records its own).
+            BUILTIN_FINISH => {
+                let t = self.builtin_started(call).await;
+                let r = self.finish_call(call);
+                self.builtin_done(call, t, r).await
+            }
+            BUILTIN_LOAD_SKILL if !self.h.bundle.skills.is_empty() => {
+                let t = self.builtin_started(call).await;
+                let r = self.load_skill(call).await;
+                self.builtin_done(call, t, r).await
+            }
+            BUILTIN_REPORT_PROGRESS if self.h.progress => {
+                let t = self.builtin_started(call).await;
+                let r = self.report_progress(call).await;
+                self.builtin_done(call, t, r).await
+            }
             BUILTIN_SAVE_ARTIFACT => self.save_artifact(call).await,
-            BUILTIN_READ_ARTIFACT => self.read_artifact(call).await,
+            BUILTIN_READ_ARTIFACT => {
+                let t = self.builtin_started(call).await;
+                let r = self.read_artifact(call).await;
+                self.builtin_done(call, t, r).await
+            }
             name if self.h.is_delegate_tool(name) => {
                 self.delegate_call(call, name == BUILTIN_CALL_AGENT).await
             }
@@ -184,6 +201,36 @@ impl Run<'_> {
                 }
             },
         }
+    }
+
+    /// The `tool.started` of a built-in call (streamed: a built-in has no side effect to
+    /// make durable first); returns when it started.
+    async fn builtin_started(&self, call: &ToolCall) -> Instant {
+        let _ = self
+            .emit(
+                RunEventBody::ToolStarted(self.started(call, &call.name, false)),
+                false,
+            )
+            .await;
+        Instant::now()
+    }
+
+    /// The `tool.completed` of a built-in call, with its result as the model gets it.
+    async fn builtin_done(&self, call: &ToolCall, started: Instant, r: CallResult) -> CallResult {
+        let _ = self
+            .emit(
+                RunEventBody::ToolCompleted(ToolCompleted {
+                    call_id: call.id.clone(),
+                    tool: call.name.clone(),
+                    result: r.content.clone(),
+                    is_error: r.is_error,
+                    duration_ms: started.elapsed().as_millis() as u64,
+                    keen_result: None,
+                }),
+                false,
+            )
+            .await;
+        r
     }
 
     /// A `tool.failed` event for `call`.
