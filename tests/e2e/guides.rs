@@ -851,3 +851,47 @@ fn trace_tool_arguments_records_keen_script_and_flow_arguments() {
         assert_eq!(args, json!({"context": context}), "{t}");
     }
 }
+
+/// "traceparent — The W3C trace context of the tool call's span." (What a tool server is told)
+/// — for a delegated child: one task tree is one trace.
+///
+/// The child's tool call carries the parent's trace id, and its span id is a span of the
+/// parent's `agen trace` (the one OTLP exports, built the same way), whose chain of parents
+/// runs from the child's tool span through the child's run span to the parent's `call_agent`
+/// span.
+#[test]
+fn a_delegated_childs_traceparent_is_in_its_parents_trace() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = delegation(tmp.path(), json!({}));
+    let (parent, child) = d.run(&[]);
+    let t = trace(&d.hub, parent["task_id"].as_str().unwrap());
+    let metas = d.metas();
+    assert_eq!(metas.len(), 1, "{metas:?}");
+    let tp = metas[0]["traceparent"].as_str().unwrap().to_string();
+    let parts: Vec<&str> = tp.split('-').collect();
+    assert_eq!(parts.len(), 4, "{tp}");
+    assert_eq!(parts[1], t["trace_id"].as_str().unwrap(), "{tp} vs {t}");
+    let by_id = |id: &str| -> Value {
+        t["spans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["span_id"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("span {id} not in {t}"))
+    };
+    let tool = by_id(parts[2]);
+    assert_eq!(tool["name"], "tool meta.echo", "{tool}");
+    let child_root = by_id(tool["parent_span_id"].as_str().unwrap());
+    assert_eq!(
+        child_root["attributes"]["task_id"], child["task_id"],
+        "{child_root}"
+    );
+    let call = by_id(child_root["parent_span_id"].as_str().unwrap());
+    assert_eq!(call["name"], "tool call_agent", "{call}");
+    assert_eq!(call["parent_span_id"], t["spans"][0]["span_id"], "{call}");
+    // The child's own trace is the same trace.
+    let ct = trace(&d.hub, child["task_id"].as_str().unwrap());
+    assert_eq!(ct["trace_id"], t["trace_id"], "{ct}");
+    assert_eq!(ct["spans"][0]["parent_span_id"], call["span_id"], "{ct}");
+}

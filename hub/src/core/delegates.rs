@@ -157,6 +157,19 @@ impl Core {
         } else {
             parent.root_run_id.clone()
         };
+        // One task tree is one W3C trace: the child's runs use the parent's trace id (their
+        // tool calls' `_meta` `traceparent` included), and its run span's parent is the
+        // parent's `call_agent` span.
+        let candidate = format!(
+            "00-{}-{}-01",
+            crate::trace::trace_id(&parent),
+            spec.parent_span_id
+        );
+        let traceparent = if crate::trace::parse_traceparent(&candidate).is_some() {
+            candidate
+        } else {
+            String::new()
+        };
         let child = self
             .submit_task(TaskSpec {
                 namespace,
@@ -174,7 +187,7 @@ impl Core {
                 }),
                 // A child runs under its own bundle's permissions.
                 tool_overrides: Default::default(),
-                traceparent: String::new(),
+                traceparent,
                 budget: Default::default(),
             })
             .await?;
