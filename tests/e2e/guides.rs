@@ -895,3 +895,72 @@ fn a_delegated_childs_traceparent_is_in_its_parents_trace() {
     assert_eq!(ct["trace_id"], t["trace_id"], "{ct}");
     assert_eq!(ct["spans"][0]["parent_span_id"], call["span_id"], "{ct}");
 }
+
+/// Keen guide: "A path that fails validation does not throw — the engine routes a general "no
+/// tool response" failure back to the agent", and among the failures answered that way: "a flow
+/// tool's entry is missing".
+///
+/// A bundle whose script path breaks the rule and whose flow is missing deploys (each is a
+/// warning naming the entry), and a call to either gives the agent the general recall.
+#[test]
+fn a_path_that_fails_validation_does_not_throw_the_agent_gets_no_tool_response() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let _nest = hub.nest("solo", &[], &[]).unwrap();
+    let model = FakeModel::start(
+        &tmp.path().join("model"),
+        &json!({"steps": [
+            {"reply": keen_call("use tool", "Outside", "")},
+            {"reply": keen_call("use tool flow", "Gone", "")},
+            {"reply_template": "last: {{last_user}}"}
+        ]}),
+    )
+    .unwrap();
+    let dir = tmp.path().join("keen");
+    write_bundle(
+        &dir,
+        &[
+            ("x-agen/agent.md", agent("keen", &model)),
+            (
+                "x-agen/harness.json",
+                json!({"toolProtocol": "keen"}).to_string(),
+            ),
+            (
+                "keen-tools.json",
+                json!([
+                    {"name": "Outside", "type": "script", "entry": "scripts/outside.js"},
+                    {"name": "Gone", "type": "flow", "entry": "Gone-Start"}
+                ])
+                .to_string(),
+            ),
+            (
+                "scripts/outside.js",
+                "exports.exec = function (p, d) { d.result = 'should never run'; };\n".into(),
+            ),
+        ],
+    )
+    .unwrap();
+    let out = hub
+        .cli(&["deploy", dir.to_str().unwrap(), "--name", "keen", "--wait"])
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: keen-tools.json: [0].entry: script entry `scripts/outside.js` must start with `tools/`")
+            && stderr.contains("warning: keen-tools.json: [1].entry: flow file flows/Gone.json does not exist")
+            && stderr.contains("no tool response"),
+        "{stderr}"
+    );
+    let task = submit(&hub, "keen");
+    let done = hub
+        .cli_json(&["wait", &task, "-o", "json", "--timeout", "60s"])
+        .unwrap();
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let requests_saw_recall = done["outcome"]["result"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("No tool response.");
+    assert!(requests_saw_recall, "{done}");
+    let result = done["outcome"]["result"].as_str().unwrap();
+    assert!(!result.contains("should never run"), "{done}");
+}

@@ -460,20 +460,11 @@ fn broken_bundles_each_yield_their_specific_error() {
 
     // keen-tools.json.
     check(&[(KEEN_TOOLS_FILE, r#"{"name": "A"}"#)], "keen-tools.json: expected a JSON array of tools");
-    check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "scripts/a.js"}]"#)], "keen-tools.json: [0].entry: script entry `scripts/a.js` must start with `tools/`");
-    check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "tools/../a.js"}]"#)], "keen-tools.json: [0].entry: script entry `tools/../a.js` must not contain `..`");
-    check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "tools/a.js"}]"#)], "keen-tools.json: [0].entry: script `tools/a.js` not found; expected a file at tools/a.js");
-    check(
-        &[("src/scripts/other.js", ""), ("tools/a.js", ""), (KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "tools/a.js"}]"#)],
-        "keen-tools.json: [0].entry: script `tools/a.js` not found; expected a file at src/scripts/tools/a.js",
-    );
     check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "js", "entry": "tools/a.js"}]"#)], "keen-tools.json: [0].type: expected \"script\" or \"flow\", got \"js\"");
     check(&[(KEEN_TOOLS_FILE, r#"[{"type": "flow", "entry": "A-B"}]"#)], "keen-tools.json: [0].name: missing; expected the tool's name");
     check(&[("tools/a.js", ""), (KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "tools/a.js"}, {"name": "A", "type": "script", "entry": "tools/a.js"}]"#)], "keen-tools.json: [1].name: duplicate tool name \"A\"; names must be unique");
     check(&[("tools/a.js", ""), (KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "tools/a.js", "attempts": "5"}]"#)], "keen-tools.json: [0].attempts: expected a whole number >= 0");
     check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "flow", "entry": "NextToolCall"}]"#)], "keen-tools.json: [0].entry: flow entry \"NextToolCall\" must be <Controller>-<StartNode>");
-    check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "flow", "entry": "Next-ToolCall"}]"#)], "keen-tools.json: [0].entry: flow `Next` not found; expected a file flows/Next.json");
-    check(&[("flows/Next.json", r#"{"nodes": {"Start": {}}}"#), (KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "flow", "entry": "Next-ToolCall"}]"#)], "keen-tools.json: [0].entry: flows/Next.json has no node `ToolCall`");
     check(&[("flows/Next.json", r#"{"nodes": "#), (KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "flow", "entry": "Next-ToolCall"}]"#)], "keen-tools.json: [0].entry: flows/Next.json: invalid JSON at line 1");
     check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "flow", "entry": "Next-ToolCall", "retries": 1}]"#)], "keen-tools.json: [0].retries: unknown field; expected name, type, entry, attempts or description");
 }
@@ -892,4 +883,19 @@ fn servers_fetched_at_start_without_a_version_are_named() {
         advice[2].starts_with("mcp.json: mcpServers.e: `npx left-pad`"),
         "{advice:?}"
     );
+}
+
+#[test]
+fn keen_tools_that_cannot_run_as_registered_still_load() {
+    // The Keen guide: an invalid script path or a missing flow is answered at run time with
+    // the general recall; the Keen engine's load lists them as warnings for deploy.
+    for registry in [
+        r#"[{"name": "A", "type": "script", "entry": "scripts/a.js"}]"#,
+        r#"[{"name": "A", "type": "script", "entry": "tools/../a.js"}]"#,
+        r#"[{"name": "A", "type": "script", "entry": "tools/a.js"}]"#,
+        r#"[{"name": "A", "type": "flow", "entry": "Next-ToolCall"}]"#,
+    ] {
+        let b = ok(&[(KEEN_TOOLS_FILE, registry)]);
+        assert_eq!(b.keen_tools.len(), 1, "{registry}");
+    }
 }
