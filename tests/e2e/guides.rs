@@ -964,3 +964,47 @@ fn a_path_that_fails_validation_does_not_throw_the_agent_gets_no_tool_response()
     let result = done["outcome"]["result"].as_str().unwrap();
     assert!(!result.contains("should never run"), "{done}");
 }
+
+/// Workspace: "run stops a command after 2 minutes (--run-timeout); a call may ask for up to 15
+/// minutes." with "Every call has the run's limits.toolTimeout (10 minutes by default)".
+///
+/// A `run` call that asks for longer than `limits.toolTimeout` gets the time it asked for (up
+/// to the maximum the tool's schema documents): here toolTimeout is 2 s and the call asks for
+/// 8 s to run a 3-second command, which completes.
+#[test]
+fn a_call_may_ask_for_up_to_15_minutes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = FakeModel::start(
+        &tmp.path().join("model"),
+        &json!({"steps": [
+            {"tool_calls": [{"name": "ws_run", "arguments": {"command": "sleep 3; echo slept", "timeout": 8}}]},
+            {"reply_template": "{{last_tool_result}}"}
+        ]}),
+    )
+    .unwrap();
+    let (hub, _nest) = fleet_with(
+        tmp.path(),
+        "slow",
+        &model,
+        &[
+            (
+                "mcp.json",
+                mcp_json(&[(
+                    "ws",
+                    json!({"command": "agen", "args": ["mcp", "workspace", "--root", "."]}),
+                )]),
+            ),
+            (
+                "x-agen/harness.json",
+                json!({"limits": {"toolTimeout": "2s"}}).to_string(),
+            ),
+        ],
+    );
+    let task = submit(&hub, "slow");
+    let done = hub
+        .cli_json(&["wait", &task, "-o", "json", "--timeout", "60s"])
+        .unwrap();
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let result = done["outcome"]["result"].as_str().unwrap_or_default();
+    assert!(result.contains("slept"), "{done}");
+}

@@ -12,7 +12,7 @@
 //! resume and is never sent again.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use agen_shared::bundle::Bundle;
 use agen_shared::run::{trace, ToolCompleted, ToolFailed, ToolFailure, ToolStarted};
@@ -332,7 +332,11 @@ impl Run<'_> {
             return CallResult::error(format!("tool {qualified} was not called: {e}"));
         }
 
-        let timeout = self.h.bundle.harness.limits.tool_timeout;
+        let limit = self.h.bundle.harness.limits.tool_timeout;
+        let timeout = match target {
+            Target::Mcp(tool) => call_timeout(limit, &tool.input_schema, &arguments),
+            Target::Host(_) => limit,
+        };
         let result = match target {
             Target::Mcp(tool) => {
                 self.h
@@ -472,4 +476,61 @@ impl Run<'_> {
 enum Target<'a> {
     Mcp(&'a ToolInfo),
     Host(&'a Registered),
+}
+
+/// Slack a call gets past the time it asked its server for, so the server's own timeout
+/// answers first.
+const ASKED_TIMEOUT_GRACE: Duration = Duration::from_secs(10);
+
+/// How long an MCP call may take: `limits.toolTimeout`, or longer when the call asks its
+/// server for more with a `timeout` argument (seconds) that the tool's schema documents with a
+/// `maximum` (the workspace `run`: up to 15 minutes): the asked time, capped at that maximum,
+/// plus a grace.
+fn call_timeout(
+    limit: Duration,
+    schema: &Value,
+    arguments: &serde_json::Map<String, Value>,
+) -> Duration {
+    let maximum = schema
+        .pointer("/properties/timeout/maximum")
+        .and_then(Value::as_f64)
+        .filter(|m| m.is_finite() && *m > 0.0);
+    let asked = arguments.get("timeout").and_then(Value::as_f64);
+    match (maximum, asked) {
+        (Some(max), Some(asked)) if asked > 0.0 => {
+            let secs = asked.min(max).min(86_400.0);
+            limit.max(Duration::from_secs_f64(secs) + ASKED_TIMEOUT_GRACE)
+        }
+        _ => limit,
+    }
+}
+
+#[cfg(test)]
+mod call_timeout_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_call_may_ask_up_to_the_maximum_its_tool_documents() {
+        let limit = Duration::from_secs(600);
+        let schema = json!({"properties": {"timeout": {"type": "integer", "maximum": 900}}});
+        let args = |v: Value| v.as_object().cloned().unwrap_or_default();
+        let check = |schema: &Value, a: Value, secs: u64| {
+            assert_eq!(
+                call_timeout(limit, schema, &args(a.clone())),
+                Duration::from_secs(secs),
+                "{a}"
+            );
+        };
+        check(&schema, json!({"timeout": 900}), 910);
+        check(&schema, json!({"timeout": 5000}), 910);
+        check(&schema, json!({"timeout": 60}), 600);
+        check(&schema, json!({}), 600);
+        check(&schema, json!({"timeout": "900"}), 600);
+        check(
+            &json!({"properties": {"timeout": {"type": "integer"}}}),
+            json!({"timeout": 900}),
+            600,
+        );
+    }
 }
