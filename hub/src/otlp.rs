@@ -350,7 +350,7 @@ fn span(task: &TaskRec, trace_id: &[u8], s: &SpanRec, model: Option<&ModelRef>) 
             message: String::new(),
             code: pb::STATUS_OK,
         },
-        "error" | "failed" | "unfinished" => pb::Status {
+        "error" | "failed" | "unfinished" | "denied" => pb::Status {
             message: if s.parent_span_id.is_empty() {
                 task.outcome
                     .as_ref()

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use agen_shared::run::{trace, RunEventBody};
+use agen_shared::run::{trace, RunEventBody, ToolFailure};
 
 use crate::model::{RunEventRec, TaskRec};
 
@@ -86,7 +86,7 @@ pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
     }];
     let mut open_model: Option<usize> = None;
     let mut open_tools: Vec<(String, usize)> = Vec::new();
-    let mut open_approvals: Vec<(String, usize)> = Vec::new();
+    let mut approval_spans: BTreeMap<String, usize> = BTreeMap::new();
     let mut turn = 0;
     for e in events {
         match RunEventBody::from_wire_lossy(&e.kind, &e.json) {
@@ -149,11 +149,50 @@ pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
                 open_tools.push((s.call_id, spans.len() - 1));
             }
             RunEventBody::ToolCompleted(c) => {
-                close_tool(&mut spans, &mut open_tools, &c.call_id, e.at_ms, c.is_error)
+                if !close_tool(&mut spans, &mut open_tools, &c.call_id, e.at_ms, c.is_error) {
+                    spans.push(unstarted_tool_span(
+                        e,
+                        &root_id,
+                        &c.call_id,
+                        &c.tool,
+                        c.duration_ms,
+                        c.is_error,
+                        None,
+                    ));
+                }
             }
             RunEventBody::ToolFailed(f) => {
-                close_tool(&mut spans, &mut open_tools, &f.call_id, e.at_ms, true)
+                let reason = serde_json::to_value(f.reason)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                if let Some(i) = open_tools
+                    .iter()
+                    .find(|(k, _)| *k == f.call_id)
+                    .map(|(_, i)| *i)
+                {
+                    spans[i].attributes.insert("reason".into(), reason);
+                    close_tool(&mut spans, &mut open_tools, &f.call_id, e.at_ms, true);
+                } else if f.reason == ToolFailure::Denied && approval_spans.contains_key(&f.call_id)
+                {
+                    // A call denied at its approval: the approval span says so.
+                } else {
+                    // Never started (denied by permissions, an unknown tool, bad arguments):
+                    // a span of its own all the same.
+                    spans.push(unstarted_tool_span(
+                        e,
+                        &root_id,
+                        &f.call_id,
+                        &f.tool,
+                        f.duration_ms,
+                        true,
+                        Some(reason),
+                    ));
+                }
             }
+            // A resumed attempt asks again about a call it asked about before: the same wait,
+            // one span.
+            RunEventBody::ApprovalRequested(r) if approval_spans.contains_key(&r.call_id) => {}
             RunEventBody::ApprovalRequested(r) => {
                 spans.push(SpanRec {
                     span_id: trace::tool_span_id(
@@ -172,14 +211,13 @@ pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
                         ("attempt".to_string(), e.attempt.to_string()),
                     ]),
                 });
-                open_approvals.push((r.call_id, spans.len() - 1));
+                approval_spans.insert(r.call_id, spans.len() - 1);
             }
             RunEventBody::ApprovalDecided(d) => {
-                if let Some(p) = open_approvals.iter().position(|(k, _)| *k == d.call_id) {
-                    let (_, i) = open_approvals.remove(p);
+                if let Some(&i) = approval_spans.get(&d.call_id) {
                     let span = &mut spans[i];
                     span.end_ms = e.at_ms;
-                    span.status = "ok".into();
+                    span.status = if d.approved { "ok" } else { "denied" }.into();
                     span.attributes
                         .insert("approved".into(), d.approved.to_string());
                     span.attributes.insert("by".into(), d.by.clone());
@@ -202,17 +240,49 @@ pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
     spans
 }
 
+/// Ends the open span of `call_id`; false when none is open.
 fn close_tool(
     spans: &mut [SpanRec],
     open: &mut Vec<(String, usize)>,
     call_id: &str,
     at_ms: i64,
     error: bool,
-) {
-    if let Some(p) = open.iter().position(|(k, _)| k == call_id) {
-        let (_, i) = open.remove(p);
-        spans[i].end_ms = at_ms;
-        spans[i].status = if error { "error" } else { "ok" }.into();
+) -> bool {
+    let Some(p) = open.iter().position(|(k, _)| k == call_id) else {
+        return false;
+    };
+    let (_, i) = open.remove(p);
+    spans[i].end_ms = at_ms;
+    spans[i].status = if error { "error" } else { "ok" }.into();
+    true
+}
+
+/// The span of a call whose end is in the log without its start (it was never sent).
+fn unstarted_tool_span(
+    e: &RunEventRec,
+    root_id: &str,
+    call_id: &str,
+    tool: &str,
+    duration_ms: u64,
+    error: bool,
+    reason: Option<String>,
+) -> SpanRec {
+    let mut attributes = BTreeMap::from([
+        ("tool".to_string(), tool.to_string()),
+        ("call_id".to_string(), call_id.to_string()),
+        ("attempt".to_string(), e.attempt.to_string()),
+    ]);
+    if let Some(r) = reason {
+        attributes.insert("reason".into(), r);
+    }
+    SpanRec {
+        span_id: trace::tool_span_id(&e.run_id, e.attempt, call_id),
+        parent_span_id: root_id.to_string(),
+        name: format!("tool {tool}"),
+        start_ms: e.at_ms - i64::try_from(duration_ms).unwrap_or(0),
+        end_ms: e.at_ms,
+        status: if error { "error" } else { "ok" }.into(),
+        attributes,
     }
 }
 
@@ -322,6 +392,61 @@ mod tests {
             ),
             (Some("false"), Some("release-bot"), Some("not today"))
         );
+    }
+
+    #[test]
+    fn calls_never_started_get_spans_and_a_repeated_approval_request_is_one_span() {
+        let events = [
+            ev(
+                1,
+                "tool.failed",
+                serde_json::json!({"call_id": "a", "tool": "ws.write", "reason": "denied", "error": "no"}),
+            ),
+            ev(
+                2,
+                "tool.failed",
+                serde_json::json!({"call_id": "b", "tool": "nosuch", "reason": "unknown_tool", "error": "no"}),
+            ),
+            ev(
+                3,
+                "approval.requested",
+                serde_json::json!({"call_id": "c", "tool": "ws.run", "arguments": {}}),
+            ),
+            ev(
+                4,
+                "approval.requested",
+                serde_json::json!({"call_id": "c", "tool": "ws.run", "arguments": {}}),
+            ),
+            ev(
+                5,
+                "approval.decided",
+                serde_json::json!({"call_id": "c", "approved": false, "reason": "no", "by": "ann"}),
+            ),
+            ev(
+                6,
+                "tool.failed",
+                serde_json::json!({"call_id": "c", "tool": "ws.run", "reason": "denied", "error": "no"}),
+            ),
+        ];
+        let got: Vec<(String, String, Option<String>)> = build_spans(&task(), &events)
+            .into_iter()
+            .skip(1)
+            .map(|s| (s.name, s.status, s.attributes.get("reason").cloned()))
+            .collect();
+        let expected = vec![
+            (
+                "tool ws.write".into(),
+                "error".into(),
+                Some("denied".into()),
+            ),
+            (
+                "tool nosuch".into(),
+                "error".into(),
+                Some("unknown_tool".into()),
+            ),
+            ("approval ws.run".into(), "denied".into(), Some("no".into())),
+        ];
+        assert_eq!(got, expected);
     }
 
     #[test]

@@ -56,6 +56,9 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             return Ok(crate::exit::code::USAGE);
         }
     };
+    for w in warnings(&args.dir, &loaded) {
+        eprintln!("warning: {w}");
+    }
     let name = args.name.clone().unwrap_or_else(|| default_name(&loaded));
     let mut hub = args.client.connect()?;
     let replicas = match args.replicas {
@@ -154,6 +157,18 @@ pub fn validate(dir: &std::path::Path) -> anyhow::Result<bundle::Bundle> {
         agen_harness::keen::KeenBundle::load(dir)?;
     }
     Ok(loaded)
+}
+
+/// What deploy warns about without refusing the bundle: servers fetched unpinned, Keen tools
+/// that cannot run as registered (a call gets the general recall).
+pub fn warnings(dir: &std::path::Path, loaded: &bundle::Bundle) -> Vec<String> {
+    let mut out = bundle::unpinned_servers(&loaded.mcp);
+    if let Ok(Some(keen)) = agen_harness::keen::KeenBundle::load(dir) {
+        out.extend(keen.warnings.into_iter().map(|w| {
+            format!("{w}; a call to this tool gets the general \"no tool response\" recall")
+        }));
+    }
+    out
 }
 
 /// Uploads the bundle in `dir` and creates or updates deployment `name`. Shared with `agen up --deploy`.

@@ -24,7 +24,7 @@ pub struct Args {
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     let mut hub = args.client.connect()?;
     if args.events {
-        return super::trace_events::print(&mut hub, &args.task).await;
+        return super::trace_events::print(&mut hub, &args.task, args.client.output).await;
     }
     let trace = hub
         .client

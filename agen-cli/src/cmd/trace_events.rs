@@ -2,17 +2,19 @@
 //! `WatchTask`: state changes, each turn's model answer and tokens, each tool call with its
 //! arguments (when the bundle records them) and result, retries (`run.interrupted`, a new
 //! attempt), approvals, artifacts, progress, the run's end. Follows a task still running.
+//! `-o json` (or yaml): one JSON object per event and line, as it arrives: `seq`, `at`,
+//! `attempt`, `kind`, `details` (the table's text) and `body` (the event's own JSON).
 
 use agen_proto::v1 as pb;
 use agen_shared::run::{Message, RunEventBody};
 
-use crate::client::{status_error, Hub};
+use crate::client::{status_error, Hub, Output};
 
 /// Longest shown argument or result text before it is cut.
 const SHOW: usize = 200;
 
 /// Prints every event of `task`, following until the task ends.
-pub async fn print(hub: &mut Hub, task: &str) -> anyhow::Result<i32> {
+pub async fn print(hub: &mut Hub, task: &str, output: Output) -> anyhow::Result<i32> {
     let mut stream = hub
         .client
         .watch_task(pb::WatchTaskRequest {
@@ -42,6 +44,20 @@ pub async fn print(hub: &mut Hub, task: &str) -> anyhow::Result<i32> {
         }
         attempt = attempt.max(now);
         let at = crate::view::time(e.at_ms);
+        if output != Output::Table {
+            let body: serde_json::Value =
+                serde_json::from_str(&e.json).unwrap_or(serde_json::Value::Null);
+            let line = serde_json::json!({
+                "seq": e.seq,
+                "at": at,
+                "attempt": now,
+                "kind": e.kind,
+                "details": describe(&e.kind, &e.json),
+                "body": body,
+            });
+            crate::outln!("{line}");
+            continue;
+        }
         table.add_row(vec![
             e.seq.to_string(),
             at.as_str().unwrap_or("-").to_string(),
@@ -49,7 +65,9 @@ pub async fn print(hub: &mut Hub, task: &str) -> anyhow::Result<i32> {
             describe(&e.kind, &e.json),
         ]);
     }
-    crate::outln!("{table}");
+    if output == Output::Table {
+        crate::outln!("{table}");
+    }
     Ok(0)
 }
 

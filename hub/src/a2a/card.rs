@@ -1,4 +1,6 @@
-//! The agent cards of a deployment: name and description from the bundle's `x-agen/agent.md`,
+//! The agent cards of a deployment: name and description from the bundle's `x-agen/agent.md`
+//! (`description:` in its front matter, else the deployment's name: never the system prompt,
+//! which may hold what callers should not read),
 //! skills from its `skills/*/SKILL.md` and `keen-tools.json` (one skill for the agent when it
 //! has neither), streaming, the extended card, bearer authentication with the Hub's API tokens,
 //! and the JSON-RPC interface URL the caller reached the deployment at. What comes from a
@@ -16,7 +18,7 @@ use super::types::*;
 use crate::core::Core;
 use crate::error::{HubError, Result};
 
-/// Longest description taken from the agent's prompt when its front matter has none.
+/// Longest description taken from the agent's front matter.
 const MAX_DESCRIPTION: usize = 1000;
 /// The name of the card's one security scheme.
 pub const SCHEME: &str = "bearer";
@@ -28,7 +30,8 @@ const SCHEME_DESCRIPTION: &str =
 #[derive(Debug, Clone)]
 pub struct BundleFacts {
     pub name: String,
-    pub description: String,
+    /// `description:` of the front matter, if any.
+    pub description: Option<String>,
     pub skills: Vec<AgentSkill>,
 }
 
@@ -96,7 +99,7 @@ impl Cards {
                 }),
             ),
         };
-        let mut card = build(facts, interface_url);
+        let mut card = build(facts, deployment, interface_url);
         card.version = version;
         card.provider = provider;
         Ok(card)
@@ -104,10 +107,15 @@ impl Cards {
 }
 
 /// The card from what the bundle says (version and provider are the caller's to set).
-fn build(facts: BundleFacts, interface_url: String) -> AgentCard {
+fn build(facts: BundleFacts, deployment: &str, interface_url: String) -> AgentCard {
+    let description = facts.description.unwrap_or_else(|| deployment.to_string());
+    let mut skills = facts.skills;
+    for s in skills.iter_mut().filter(|s| s.description.is_empty()) {
+        s.description = description.clone();
+    }
     AgentCard {
         name: facts.name,
-        description: facts.description,
+        description,
         supported_interfaces: vec![AgentInterface {
             url: interface_url,
             protocol_binding: BINDING_JSONRPC.into(),
@@ -134,7 +142,7 @@ fn build(facts: BundleFacts, interface_url: String) -> AgentCard {
         }],
         default_input_modes: vec!["text/plain".into(), "application/json".into()],
         default_output_modes: vec!["text/plain".into()],
-        skills: facts.skills,
+        skills,
     }
 }
 
@@ -151,9 +159,11 @@ pub fn bundle_facts(bytes: &[u8]) -> Result<BundleFacts> {
         .map_err(|e| HubError::invalid(format!("bundle: {e}")))?;
     let agent = &bundle.agent;
     let description = match agent.extra.get("description") {
-        Some(serde_json::Value::String(d)) if !d.trim().is_empty() => d.trim().to_string(),
-        _ => first_paragraph(&agent.system_prompt)
-            .unwrap_or_else(|| format!("the Agen agent {}", agent.name)),
+        Some(serde_json::Value::String(d)) if !d.trim().is_empty() => Some(crate::limits::cut(
+            &d.split_whitespace().collect::<Vec<_>>().join(" "),
+            MAX_DESCRIPTION,
+        )),
+        _ => None,
     };
     let mut skills: Vec<AgentSkill> = bundle
         .skills
@@ -180,7 +190,8 @@ pub fn bundle_facts(bytes: &[u8]) -> Result<BundleFacts> {
         skills.push(AgentSkill {
             id: agent.name.clone(),
             name: agent.name.clone(),
-            description: description.clone(),
+            // Filled in with the card's description (it may be the deployment's name).
+            description: description.clone().unwrap_or_default(),
             tags: vec!["agent".into()],
         });
     }
@@ -189,28 +200,4 @@ pub fn bundle_facts(bytes: &[u8]) -> Result<BundleFacts> {
         description,
         skills,
     })
-}
-
-/// The first paragraph of a prompt that is not a heading, cut at a char boundary.
-fn first_paragraph(prompt: &str) -> Option<String> {
-    let para = prompt
-        .split("\n\n")
-        .map(str::trim)
-        .find(|p| !p.is_empty() && !p.starts_with('#'))?;
-    let one_line = para.split_whitespace().collect::<Vec<_>>().join(" ");
-    Some(crate::limits::cut(&one_line, MAX_DESCRIPTION))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_description_is_the_prompts_first_paragraph_that_is_not_a_heading() {
-        assert_eq!(
-            first_paragraph("# Title\n\nYou answer\nquestions.\n\nMore."),
-            Some("You answer questions.".to_string())
-        );
-        assert_eq!(first_paragraph("  \n\n# only a heading"), None);
-    }
 }

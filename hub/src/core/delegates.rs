@@ -157,12 +157,26 @@ impl Core {
         } else {
             parent.root_run_id.clone()
         };
+        // One task tree is one W3C trace: the child's runs use the parent's trace id (their
+        // tool calls' `_meta` `traceparent` included), and its run span's parent is the
+        // parent's `call_agent` span.
+        let candidate = format!(
+            "00-{}-{}-01",
+            crate::trace::trace_id(&parent),
+            spec.parent_span_id
+        );
+        let traceparent = if crate::trace::parse_traceparent(&candidate).is_some() {
+            candidate
+        } else {
+            String::new()
+        };
         let child = self
             .submit_task(TaskSpec {
                 namespace,
                 deployment: spec.deployment,
                 input: spec.input,
-                labels: Default::default(),
+                // A child carries its parent's labels (its tool calls' `_meta` `agen/labels`).
+                labels: parent.labels.clone(),
                 conversation_key: spec.conversation_key,
                 client_request_id: spec.idempotency_key,
                 parent: Some(ChildOf {
@@ -173,7 +187,7 @@ impl Core {
                 }),
                 // A child runs under its own bundle's permissions.
                 tool_overrides: Default::default(),
-                traceparent: String::new(),
+                traceparent,
                 budget: Default::default(),
             })
             .await?;

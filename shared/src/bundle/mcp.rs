@@ -131,7 +131,9 @@ fn parse_server(path: &str, v: &Value) -> Result<ServerSpec> {
                     return Err(s.err("command", format!("expected a string (the program to run), got {got}")));
                 }
             };
-            Ok(ServerSpec::Command { command, args: s.str_vec("args")?, env: s.str_map("env")? })
+            let args = s.str_vec("args")?;
+            check_args_hold_no_secrets(&s.field("args"), &args)?;
+            Ok(ServerSpec::Command { command, args, env: s.str_map("env")? })
         }
         (false, true) => {
             s.only_keys(&["url", "headers", "type"])?;
@@ -145,7 +147,108 @@ fn parse_server(path: &str, v: &Value) -> Result<ServerSpec> {
             }
             let url = s.opt_str("url")?.unwrap_or_default();
             check_http_url(&url).map_err(|m| s.err("url", m))?;
-            Ok(ServerSpec::Url { url, headers: s.str_map("headers")? })
+            let headers = s.str_map("headers")?;
+            check_secret_headers_are_private(&s.field("url"), &url, &headers)?;
+            Ok(ServerSpec::Url { url, headers })
         }
     }
+}
+
+/// `${NAME}` is substituted only in `env` values and headers: in `args` it would reach the
+/// server literally, and substituting it would put a secret on a command line every user of
+/// the host can read (`/proc/PID/cmdline`). So a well-formed `${NAME}` in an argument is
+/// refused, naming the argument and the fix.
+fn check_args_hold_no_secrets(path: &str, args: &[String]) -> Result<()> {
+    for (i, arg) in args.iter().enumerate() {
+        let Ok(names) = super::secrets::secret_refs(arg) else {
+            continue;
+        };
+        if let Some(name) = names.first() {
+            return Err(BundleError::invalid(
+                MCP_FILE,
+                &format!("{path}[{i}]"),
+                format!(
+                    "holds `${{{name}}}`, which is not replaced in args (a secret on a command line is readable by every user of the host); \
+                     pass it in \"env\" instead, e.g. \"env\": {{\"{name}\": \"${{{name}}}\"}}, and let the server read it from its environment \
+                     (a shell variable in an argument can be written ${name})"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A url server whose headers hold a secret is reached over `https://`, or `http://` only to
+/// this machine (127.0.0.1, localhost, [::1]): plain http elsewhere would send the secret in
+/// the clear (the rule of A2A agent cards).
+fn check_secret_headers_are_private(
+    path: &str,
+    url: &str,
+    headers: &BTreeMap<String, String>,
+) -> Result<()> {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return Ok(());
+    };
+    let secret_header = headers
+        .iter()
+        .find(|(_, v)| super::secrets::secret_refs(v).is_ok_and(|names| !names.is_empty()));
+    let Some((header, _)) = secret_header else {
+        return Ok(());
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host_port.split(':').next().unwrap_or(""),
+    }
+    .to_ascii_lowercase();
+    if matches!(host.as_str(), "127.0.0.1" | "localhost" | "::1") {
+        return Ok(());
+    }
+    Err(BundleError::invalid(
+        MCP_FILE,
+        path,
+        format!(
+            "`{url}` is plain http to {host}, which would send the secret in header {header} in the clear; \
+             use an https:// URL (http:// is accepted with secret headers only for 127.0.0.1 and localhost)"
+        ),
+    ))
+}
+
+/// Advice for servers fetched at start without a pinned version (`npx -y pkg`, `uvx pkg`): a
+/// new release could change what the agent runs. One line per server, naming it and the fix.
+pub fn unpinned_servers(mcp: &McpConfig) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, spec) in &mcp.servers {
+        let ServerSpec::Command { command, args, .. } = spec else {
+            continue;
+        };
+        let program = command.rsplit('/').next().unwrap_or(command);
+        let unpinned = match program {
+            "npx" => {
+                let package = args.iter().find(|a| !a.starts_with('-'));
+                // `@scope/pkg@1.2.3` or `pkg@1.2.3`: a version `@` after the first character.
+                package
+                    .filter(|p| !p.get(1..).is_some_and(|rest| rest.contains('@')))
+                    .map(|p| (p.clone(), format!("{p}@1.2.3")))
+            }
+            "uvx" => {
+                let from = args
+                    .iter()
+                    .position(|a| a == "--from")
+                    .and_then(|i| args.get(i + 1));
+                let package = from.or_else(|| args.iter().find(|a| !a.starts_with('-')));
+                package
+                    .filter(|p| !p.contains("==") && !p.contains('@'))
+                    .map(|p| (p.clone(), format!("{p}==1.2.3")))
+            }
+            _ => None,
+        };
+        if let Some((package, pinned)) = unpinned {
+            out.push(format!(
+                "mcp.json: mcpServers.{name}: `{program} {package}` fetches whatever release is newest at each start; pin a version (e.g. `{pinned}`) so a new release cannot change what the agent runs"
+            ));
+        }
+    }
+    out
 }

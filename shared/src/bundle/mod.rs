@@ -47,7 +47,7 @@ pub use keen::{
     validate_keen_script_entry, KeenTool, KeenToolEntry, KeenToolKind, RegisteredTool, FLOWS_DIR,
     KEEN_TOOLS_FILE,
 };
-pub use mcp::{valid_server_name, McpConfig, ServerSpec, MCP_FILE};
+pub use mcp::{unpinned_servers, valid_server_name, McpConfig, ServerSpec, MCP_FILE};
 pub use read::MAX_FILE_BYTES;
 pub use secrets::{
     secret_refs, substitute_secrets, valid_secret_name, SecretDecls, SecretSource, SubstituteError,

@@ -460,20 +460,11 @@ fn broken_bundles_each_yield_their_specific_error() {
 
     // keen-tools.json.
     check(&[(KEEN_TOOLS_FILE, r#"{"name": "A"}"#)], "keen-tools.json: expected a JSON array of tools");
-    check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "scripts/a.js"}]"#)], "keen-tools.json: [0].entry: script entry `scripts/a.js` must start with `tools/`");
-    check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "tools/../a.js"}]"#)], "keen-tools.json: [0].entry: script entry `tools/../a.js` must not contain `..`");
-    check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "tools/a.js"}]"#)], "keen-tools.json: [0].entry: script `tools/a.js` not found; expected a file at tools/a.js");
-    check(
-        &[("src/scripts/other.js", ""), ("tools/a.js", ""), (KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "tools/a.js"}]"#)],
-        "keen-tools.json: [0].entry: script `tools/a.js` not found; expected a file at src/scripts/tools/a.js",
-    );
     check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "js", "entry": "tools/a.js"}]"#)], "keen-tools.json: [0].type: expected \"script\" or \"flow\", got \"js\"");
     check(&[(KEEN_TOOLS_FILE, r#"[{"type": "flow", "entry": "A-B"}]"#)], "keen-tools.json: [0].name: missing; expected the tool's name");
     check(&[("tools/a.js", ""), (KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "tools/a.js"}, {"name": "A", "type": "script", "entry": "tools/a.js"}]"#)], "keen-tools.json: [1].name: duplicate tool name \"A\"; names must be unique");
     check(&[("tools/a.js", ""), (KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "script", "entry": "tools/a.js", "attempts": "5"}]"#)], "keen-tools.json: [0].attempts: expected a whole number >= 0");
     check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "flow", "entry": "NextToolCall"}]"#)], "keen-tools.json: [0].entry: flow entry \"NextToolCall\" must be <Controller>-<StartNode>");
-    check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "flow", "entry": "Next-ToolCall"}]"#)], "keen-tools.json: [0].entry: flow `Next` not found; expected a file flows/Next.json");
-    check(&[("flows/Next.json", r#"{"nodes": {"Start": {}}}"#), (KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "flow", "entry": "Next-ToolCall"}]"#)], "keen-tools.json: [0].entry: flows/Next.json has no node `ToolCall`");
     check(&[("flows/Next.json", r#"{"nodes": "#), (KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "flow", "entry": "Next-ToolCall"}]"#)], "keen-tools.json: [0].entry: flows/Next.json: invalid JSON at line 1");
     check(&[(KEEN_TOOLS_FILE, r#"[{"name": "A", "type": "flow", "entry": "Next-ToolCall", "retries": 1}]"#)], "keen-tools.json: [0].retries: unknown field; expected name, type, entry, attempts or description");
 }
@@ -686,7 +677,7 @@ fn secrets_resolve_from_their_sources_and_fill_the_places_they_are_used() {
         (
             MCP_FILE,
             r#"{"mcpServers": {"crm": {"url": "https://crm.example/mcp", "headers": {"Authorization": "Bearer ${CRM_TOKEN}"}},
-                                      "sql": {"command": "agen", "args": ["${NOT_SUBSTITUTED}"], "env": {"DATABASE_URL": "${DB}", "MODE": "ro"}}}}"#,
+                                      "sql": {"command": "agen", "args": ["$NOT_SUBSTITUTED"], "env": {"DATABASE_URL": "${DB}", "MODE": "ro"}}}}"#,
         ),
         (AGENT_FILE, "---\napiKey: ${DB}-${CRM_TOKEN}\n---\n"),
         (
@@ -718,7 +709,7 @@ fn secrets_resolve_from_their_sources_and_fill_the_places_they_are_used() {
         mcp.servers["sql"],
         ServerSpec::Command {
             command: "agen".into(),
-            args: vec!["${NOT_SUBSTITUTED}".into()],
+            args: vec!["$NOT_SUBSTITUTED".into()],
             env: [
                 ("DATABASE_URL".to_string(), "postgres://x".to_string()),
                 ("MODE".to_string(), "ro".to_string())
@@ -825,5 +816,86 @@ fn remote_a2a_delegates_parse_and_their_mistakes_name_the_delegate_and_the_fix()
     );
     for good in ["http://localhost:9/c", "http://[::1]:9/c", "HTTPS://H/c"] {
         assert_eq!(check_card_url(good), Ok(()), "{good}");
+    }
+}
+
+#[test]
+fn a_secret_reference_in_args_and_a_secret_header_over_plain_http_are_refused() {
+    check(
+        &[(
+            MCP_FILE,
+            r#"{"mcpServers": {"crm": {"command": "crm-server", "args": ["--token", "${CRM_TOKEN}"]}}}"#,
+        )],
+        "mcp.json: mcpServers.crm.args[1]: holds `${CRM_TOKEN}`, which is not replaced in args",
+    );
+    check(
+        &[(
+            MCP_FILE,
+            r#"{"mcpServers": {"crm": {"command": "crm-server", "args": ["x=${CRM_TOKEN}"]}}}"#,
+        )],
+        r#"pass it in "env" instead, e.g. "env": {"CRM_TOKEN": "${CRM_TOKEN}"}"#,
+    );
+    check(
+        &[
+            (
+                MCP_FILE,
+                r#"{"mcpServers": {"crm": {"url": "http://crm.example/mcp", "headers": {"Authorization": "Bearer ${CRM_TOKEN}"}}}}"#,
+            ),
+            (SECRETS_FILE, r#"{"CRM_TOKEN": {"source": "platform"}}"#),
+        ],
+        "mcp.json: mcpServers.crm.url: `http://crm.example/mcp` is plain http to crm.example, which would send the secret in header Authorization in the clear; use an https:// URL",
+    );
+    // Plain http is fine to this machine, or with no secret in the headers; `$NAME` in args
+    // (a shell variable) is an ordinary argument.
+    for mcp in [
+        r#"{"mcpServers": {"crm": {"url": "http://127.0.0.1:9000/mcp", "headers": {"Authorization": "Bearer ${CRM_TOKEN}"}}}}"#,
+        r#"{"mcpServers": {"crm": {"url": "http://[::1]:9000/mcp", "headers": {"Authorization": "Bearer ${CRM_TOKEN}"}}}}"#,
+        r#"{"mcpServers": {"crm": {"url": "http://crm.example/mcp", "headers": {"X-Team": "blue"}}, "sh": {"command": "sh", "args": ["-c", "echo $HOME"], "env": {"K": "${CRM_TOKEN}"}}}}"#,
+    ] {
+        ok(&[
+            (MCP_FILE, mcp),
+            (SECRETS_FILE, r#"{"CRM_TOKEN": {"source": "platform"}}"#),
+        ]);
+    }
+}
+
+#[test]
+fn servers_fetched_at_start_without_a_version_are_named() {
+    let b = ok(&[(
+        MCP_FILE,
+        r#"{"mcpServers": {
+            "a": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "./data"]},
+            "b": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem@2025.8.21", "./data"]},
+            "c": {"command": "uvx", "args": ["mcp-server-fetch"]},
+            "d": {"command": "uvx", "args": ["mcp-server-fetch==2026.8.18"]},
+            "e": {"command": "/usr/bin/npx", "args": ["--yes", "left-pad"]},
+            "f": {"command": "uvx", "args": ["--from", "mcp-server-git@1.0", "mcp-server-git"]},
+            "g": {"command": "node", "args": ["server.js"]}}}"#,
+    )]);
+    let advice = unpinned_servers(&b.mcp);
+    assert_eq!(advice.len(), 3, "{advice:?}");
+    assert!(advice[0].starts_with("mcp.json: mcpServers.a: `npx @modelcontextprotocol/server-filesystem` fetches whatever release is newest at each start; pin a version (e.g. `@modelcontextprotocol/server-filesystem@1.2.3`)"), "{advice:?}");
+    assert!(
+        advice[1].starts_with("mcp.json: mcpServers.c: `uvx mcp-server-fetch`"),
+        "{advice:?}"
+    );
+    assert!(
+        advice[2].starts_with("mcp.json: mcpServers.e: `npx left-pad`"),
+        "{advice:?}"
+    );
+}
+
+#[test]
+fn keen_tools_that_cannot_run_as_registered_still_load() {
+    // The Keen guide: an invalid script path or a missing flow is answered at run time with
+    // the general recall; the Keen engine's load lists them as warnings for deploy.
+    for registry in [
+        r#"[{"name": "A", "type": "script", "entry": "scripts/a.js"}]"#,
+        r#"[{"name": "A", "type": "script", "entry": "tools/../a.js"}]"#,
+        r#"[{"name": "A", "type": "script", "entry": "tools/a.js"}]"#,
+        r#"[{"name": "A", "type": "flow", "entry": "Next-ToolCall"}]"#,
+    ] {
+        let b = ok(&[(KEEN_TOOLS_FILE, registry)]);
+        assert_eq!(b.keen_tools.len(), 1, "{registry}");
     }
 }

@@ -3,8 +3,9 @@
 //!
 //! Invariants: every problem names the file, the index/field (or node) and what was expected;
 //! all problems of a bundle are reported at once; a loaded [`KeenBundle`] has unique tool
-//! names, valid script entries whose files exist, and flow entries whose controller file and
-//! start node exist. [`validate_script_entry`] is the one path check used at deploy, before
+//! names; a script entry that is invalid or names no file and a flow entry whose controller
+//! file or start node is missing are [`KeenBundle::warnings`], not problems (the guide: the
+//! agent gets the general recall when it calls one). [`validate_script_entry`] is the one path check used at deploy, before
 //! dispatch and by the script engine.
 
 use std::collections::BTreeMap;
@@ -84,6 +85,10 @@ pub struct KeenBundle {
     pub tools: Vec<KeenTool>,
     /// Every `flows/*.json`, by controller name.
     pub flows: BTreeMap<String, Flow>,
+    /// Tools that cannot run as registered (a script path the rule refuses or that does not
+    /// exist, a missing flow file or start node): warned at deploy; a call to one gets the
+    /// general "no tool response" recall at run time (the Keen guide), never a refused bundle.
+    pub warnings: Vec<String>,
 }
 
 impl KeenBundle {
@@ -154,11 +159,14 @@ impl KeenBundle {
             }
         }
 
+        let mut warnings = Vec::new();
         for (i, tool) in tools.iter().enumerate() {
             match &tool.entry {
                 ToolEntry::Script { path } => {
-                    if !script_root.join(path).is_file() {
-                        problems.push(format!(
+                    if let Err(e) = validate_script_entry(path) {
+                        warnings.push(format!("{REGISTRY_FILE}: [{i}].entry: {e}"));
+                    } else if !script_root.join(path).is_file() {
+                        warnings.push(format!(
                             "{REGISTRY_FILE}: [{i}].entry: script {root_label}{path} does not exist"
                         ));
                     }
@@ -166,15 +174,15 @@ impl KeenBundle {
                 ToolEntry::Flow { controller, start_node } => match flows.get(controller) {
                     // An invalid flow file has been reported above.
                     None if flows_dir.join(format!("{controller}.json")).is_file() => {}
-                    None => problems.push(format!(
+                    None => warnings.push(format!(
                         "{REGISTRY_FILE}: [{i}].entry: flow file flows/{controller}.json does not exist"
                     )),
                     Some(flow) => match flow.nodes.get(start_node) {
                         Some(FlowNode::Start { .. }) => {}
-                        Some(_) => problems.push(format!(
+                        Some(_) => warnings.push(format!(
                             "{REGISTRY_FILE}: [{i}].entry: node {start_node:?} in flows/{controller}.json is not a start node"
                         )),
-                        None => problems.push(format!(
+                        None => warnings.push(format!(
                             "{REGISTRY_FILE}: [{i}].entry: flows/{controller}.json has no node {start_node:?}"
                         )),
                     },
@@ -189,6 +197,7 @@ impl KeenBundle {
             script_root,
             tools,
             flows,
+            warnings,
         }))
     }
 

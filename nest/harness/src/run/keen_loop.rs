@@ -145,7 +145,12 @@ impl Run<'_> {
                     };
                     let _ = self
                         .emit(
-                            self.keen_started(&call_id, &dispatch.tool, KeenToolKind::Script),
+                            self.keen_started(
+                                &call_id,
+                                &dispatch.tool,
+                                KeenToolKind::Script,
+                                &dispatch.context,
+                            ),
                             false,
                         )
                         .await;
@@ -178,7 +183,12 @@ impl Run<'_> {
                     };
                     let _ = self
                         .emit(
-                            self.keen_started(&call_id, &dispatch.tool, KeenToolKind::Flow),
+                            self.keen_started(
+                                &call_id,
+                                &dispatch.tool,
+                                KeenToolKind::Flow,
+                                &dispatch.context,
+                            ),
                             false,
                         )
                         .await;
@@ -239,6 +249,10 @@ impl Run<'_> {
         call_id: &str,
         dispatch: &crate::keen::ToolDispatch,
     ) -> Option<crate::keen::ToolResult> {
+        // `finish` is run again (its recorded result is not the run's end).
+        if dispatch.tool == super::builtins::BUILTIN_FINISH {
+            return None;
+        }
         if let Some(r) = replay.results.remove(call_id) {
             return Some(r.to_keen());
         }
@@ -331,13 +345,26 @@ impl Run<'_> {
     }
 
     /// Runs one turn's calls, concurrently unless `parallelToolCalls` is false; results in
-    fn keen_started(&self, call_id: &str, tool: &str, kind: KeenToolKind) -> RunEventBody {
+    /// A script's or flow's `tool.started`; with `traceToolArguments` its arguments are the
+    /// call's `!*context` (`{"context": "..."}`, redacted and capped like any call's).
+    fn keen_started(
+        &self,
+        call_id: &str,
+        tool: &str,
+        kind: KeenToolKind,
+        context: &str,
+    ) -> RunEventBody {
         RunEventBody::ToolStarted(ToolStarted {
             call_id: call_id.to_string(),
             tool: tool.to_string(),
             model_name: None,
             side_effect: false,
-            arguments: None,
+            arguments: self.h.bundle.harness.trace_tool_arguments.then(|| {
+                crate::redact::traced_arguments(
+                    &serde_json::json!({ "context": context }),
+                    &self.h.redactor,
+                )
+            }),
             keen_kind: Some(kind),
             span_id: Some(agen_shared::run::trace::tool_span_id(
                 self.req.run_id.as_str(),

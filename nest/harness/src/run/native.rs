@@ -86,7 +86,12 @@ impl Run<'_> {
             }
             let mut finish = None;
             for call in &calls {
-                let (content, is_error) = if let Some(r) = replay.results.get(&call.id) {
+                // `finish` is run again (its recorded result is not the run's end).
+                let recorded = replay
+                    .results
+                    .get(&call.id)
+                    .filter(|_| call.name != super::builtins::BUILTIN_FINISH);
+                let (content, is_error) = if let Some(r) = recorded {
                     (r.text.clone(), r.is_error)
                 } else if replay.started.get(&call.id).copied().unwrap_or(false)
                     && !self.policy_of_model_name(&call.name).retry_safe()

@@ -230,7 +230,9 @@ impl<'h> Run<'h> {
 
     /// Emits `run.finished` (or `run.suspended`) and builds the outcome.
     pub(super) async fn finish(self, end: RunEnd) -> RunOutcome {
-        self.flush_progress(true).await;
+        // At most one `task.progress` per 10 s, the run's end included: a report held back
+        // already reached the task as `progress.latest`.
+        self.flush_progress(false).await;
         if let Some(why) = end.suspended {
             if let Err(e) = self
                 .emit(RunEventBody::RunSuspended(why.clone()), true)

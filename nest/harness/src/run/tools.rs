@@ -12,7 +12,7 @@
 //! resume and is never sent again.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use agen_shared::bundle::Bundle;
 use agen_shared::run::{trace, ToolCompleted, ToolFailed, ToolFailure, ToolStarted};
@@ -155,11 +155,28 @@ impl Run<'_> {
             }
         }
         match call.name.as_str() {
-            BUILTIN_FINISH => self.finish_call(call),
-            BUILTIN_LOAD_SKILL if !self.h.bundle.skills.is_empty() => self.load_skill(call).await,
-            BUILTIN_REPORT_PROGRESS if self.h.progress => self.report_progress(call).await,
+            // Built-ins are spans of the trace like any call (`save_artifact` records its own).
+            BUILTIN_FINISH => {
+                let t = self.builtin_started(call).await;
+                let r = self.finish_call(call);
+                self.builtin_done(call, t, r).await
+            }
+            BUILTIN_LOAD_SKILL if !self.h.bundle.skills.is_empty() => {
+                let t = self.builtin_started(call).await;
+                let r = self.load_skill(call).await;
+                self.builtin_done(call, t, r).await
+            }
+            BUILTIN_REPORT_PROGRESS if self.h.progress => {
+                let t = self.builtin_started(call).await;
+                let r = self.report_progress(call).await;
+                self.builtin_done(call, t, r).await
+            }
             BUILTIN_SAVE_ARTIFACT => self.save_artifact(call).await,
-            BUILTIN_READ_ARTIFACT => self.read_artifact(call).await,
+            BUILTIN_READ_ARTIFACT => {
+                let t = self.builtin_started(call).await;
+                let r = self.read_artifact(call).await;
+                self.builtin_done(call, t, r).await
+            }
             name if self.h.is_delegate_tool(name) => {
                 self.delegate_call(call, name == BUILTIN_CALL_AGENT).await
             }
@@ -184,6 +201,36 @@ impl Run<'_> {
                 }
             },
         }
+    }
+
+    /// The `tool.started` of a built-in call (streamed: a built-in has no side effect to
+    /// make durable first); returns when it started.
+    async fn builtin_started(&self, call: &ToolCall) -> Instant {
+        let _ = self
+            .emit(
+                RunEventBody::ToolStarted(self.started(call, &call.name, false)),
+                false,
+            )
+            .await;
+        Instant::now()
+    }
+
+    /// The `tool.completed` of a built-in call, with its result as the model gets it.
+    async fn builtin_done(&self, call: &ToolCall, started: Instant, r: CallResult) -> CallResult {
+        let _ = self
+            .emit(
+                RunEventBody::ToolCompleted(ToolCompleted {
+                    call_id: call.id.clone(),
+                    tool: call.name.clone(),
+                    result: r.content.clone(),
+                    is_error: r.is_error,
+                    duration_ms: started.elapsed().as_millis() as u64,
+                    keen_result: None,
+                }),
+                false,
+            )
+            .await;
+        r
     }
 
     /// A `tool.failed` event for `call`.
@@ -285,7 +332,11 @@ impl Run<'_> {
             return CallResult::error(format!("tool {qualified} was not called: {e}"));
         }
 
-        let timeout = self.h.bundle.harness.limits.tool_timeout;
+        let limit = self.h.bundle.harness.limits.tool_timeout;
+        let timeout = match target {
+            Target::Mcp(tool) => call_timeout(limit, &tool.input_schema, &arguments),
+            Target::Host(_) => limit,
+        };
         let result = match target {
             Target::Mcp(tool) => {
                 self.h
@@ -425,4 +476,61 @@ impl Run<'_> {
 enum Target<'a> {
     Mcp(&'a ToolInfo),
     Host(&'a Registered),
+}
+
+/// Slack a call gets past the time it asked its server for, so the server's own timeout
+/// answers first.
+const ASKED_TIMEOUT_GRACE: Duration = Duration::from_secs(10);
+
+/// How long an MCP call may take: `limits.toolTimeout`, or longer when the call asks its
+/// server for more with a `timeout` argument (seconds) that the tool's schema documents with a
+/// `maximum` (the workspace `run`: up to 15 minutes): the asked time, capped at that maximum,
+/// plus a grace.
+fn call_timeout(
+    limit: Duration,
+    schema: &Value,
+    arguments: &serde_json::Map<String, Value>,
+) -> Duration {
+    let maximum = schema
+        .pointer("/properties/timeout/maximum")
+        .and_then(Value::as_f64)
+        .filter(|m| m.is_finite() && *m > 0.0);
+    let asked = arguments.get("timeout").and_then(Value::as_f64);
+    match (maximum, asked) {
+        (Some(max), Some(asked)) if asked > 0.0 => {
+            let secs = asked.min(max).min(86_400.0);
+            limit.max(Duration::from_secs_f64(secs) + ASKED_TIMEOUT_GRACE)
+        }
+        _ => limit,
+    }
+}
+
+#[cfg(test)]
+mod call_timeout_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_call_may_ask_up_to_the_maximum_its_tool_documents() {
+        let limit = Duration::from_secs(600);
+        let schema = json!({"properties": {"timeout": {"type": "integer", "maximum": 900}}});
+        let args = |v: Value| v.as_object().cloned().unwrap_or_default();
+        let check = |schema: &Value, a: Value, secs: u64| {
+            assert_eq!(
+                call_timeout(limit, schema, &args(a.clone())),
+                Duration::from_secs(secs),
+                "{a}"
+            );
+        };
+        check(&schema, json!({"timeout": 900}), 910);
+        check(&schema, json!({"timeout": 5000}), 910);
+        check(&schema, json!({"timeout": 60}), 600);
+        check(&schema, json!({}), 600);
+        check(&schema, json!({"timeout": "900"}), 600);
+        check(
+            &json!({"properties": {"timeout": {"type": "integer"}}}),
+            json!({"timeout": 900}),
+            600,
+        );
+    }
 }

@@ -42,6 +42,7 @@ pub struct RunArgs {
     pub command: String,
     /// Seconds before the command and everything it started are killed (default: the server's --run-timeout, 2 minutes unless set; at most 900).
     #[serde(default)]
+    #[schemars(range(min = 1, max = 900))]
     pub timeout: Option<u64>,
 }
 
