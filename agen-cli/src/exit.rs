@@ -23,12 +23,13 @@ pub const HELP: &str = "\
 Exit codes:
   0  ok
   1  task failed (or the command failed)
-  2  usage: bad arguments or input
+  2  usage: bad arguments or input (a missing client config, CA file or Hub URL too)
   3  task cancelled
   4  not found
-  5  unauthenticated or permission denied
-  6  Hub unavailable
-  7  wait timeout";
+  5  unauthenticated or permission denied (an untrusted Hub certificate too)
+  6  Hub unavailable (retry later)
+  7  wait timeout
+ 64  the daemons (agen hub, agen nest): bad configuration (sysexits)";
 
 /// An error that carries the exit code it ends the process with.
 #[derive(Debug)]

@@ -250,3 +250,124 @@ fn nests_drain_wait_follows_until_the_nest_is_empty_and_nests_shows_the_deadline
     })
     .unwrap();
 }
+
+fn stderr_of(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn errors_name_their_cause_and_deploy_wait_stops_when_every_replica_cannot_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    // Instances run under uids of their own; the tool server's program is in a folder only
+    // root may enter (the temp dir is 0700).
+    let mut nest = hub
+        .nest_with("sep", &[], &[], &["--run-uids", "62170-62179"])
+        .unwrap();
+    let private = tmp.path().join("private-bin");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(
+        &private,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let program = private.join("server.sh");
+    std::fs::write(&program, "#!/bin/sh\nexec sleep 600\n").unwrap();
+    std::fs::set_permissions(
+        &program,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let dir = tmp.path().join("locked-out");
+    assert!(init(&dir, &[]).status.success());
+    std::fs::write(
+        dir.join("mcp.json"),
+        agen_tests::mcp_json(&[("tools", serde_json::json!({"command": program}))]),
+    )
+    .unwrap();
+
+    // deploy --wait stops with 1 long before its timeout, naming the uid, the path and the fix.
+    let started = std::time::Instant::now();
+    let out = hub
+        .cli(&[
+            "deploy",
+            dir.to_str().unwrap(),
+            "--wait",
+            "--timeout",
+            "20s",
+        ])
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(60), "{err}");
+    assert!(err.contains("every replica fails to start"), "{err}");
+    assert!(err.contains("permission denied: uid 6217"), "{err}");
+    assert!(err.contains(&private.display().to_string()), "{err}");
+    assert!(err.contains("--run-as-self"), "{err}");
+    assert!(!err.contains("does not exist"), "{err}");
+
+    // The Hub answers that no Nest holding it is connected: not "cannot reach the Hub".
+    nest.proc.kill9();
+    hub.wait_instances("the instance's nest gone", Duration::from_secs(60), |l| {
+        l.iter()
+            .all(|i| i["state"] != "running" && i["state"] != "starting")
+            && hub.nests().unwrap().iter().all(|n| n["state"] != "ready")
+    })
+    .unwrap();
+    let out = hub.cli(&["logs", "locked-out"]).unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(6), "{err}");
+    assert!(err.contains("answered"), "{err}");
+    assert!(!err.contains("cannot reach"), "{err}");
+
+    // A bad token's hint once; a Hub certificate the CA file does not vouch for is 5; a
+    // missing client config or CA file is 2; `agen run` with a bad bundle is 2.
+    let out = hub.cli(&["ps", "--token", "not-the-token"]).unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(5), "{err}");
+    assert_eq!(err.matches("--token").count(), 1, "{err}");
+    let other_ca = tmp.path().join("other-ca.pem");
+    let made = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=not-the-hub"])
+        .arg("-keyout")
+        .arg(tmp.path().join("other-ca.key"))
+        .arg("-out")
+        .arg(&other_ca)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let out = hub
+        .cli(&["ps", "--ca-file", other_ca.to_str().unwrap()])
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(5), "{err}");
+    assert!(err.contains("not trusted"), "{err}");
+    let out = hub
+        .cli(&["ps", "--ca-file", "/nonexistent/ca.pem"])
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    let out = agen_tests::cli(&tmp.path().join("no-such-config.toml"), &["ps"]).unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no Hub to talk to"), "{err}");
+    let bad = tmp.path().join("bad-bundle");
+    std::fs::create_dir_all(bad.join("x-agen")).unwrap();
+    std::fs::write(
+        bad.join("x-agen/agent.md"),
+        "---\nmodel: nobody/x\n---\nhi\n",
+    )
+    .unwrap();
+    let out = Command::new(agen_bin())
+        .args(["run", bad.to_str().unwrap(), "hi"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+}
