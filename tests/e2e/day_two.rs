@@ -371,3 +371,42 @@ fn errors_name_their_cause_and_deploy_wait_stops_when_every_replica_cannot_start
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
 }
+
+#[test]
+fn agen_logs_keeps_a_tool_servers_stderr_with_rust_log_warn_on_the_nest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let _nest = hub.nest("quiet", &[], &[("RUST_LOG", "warn")]).unwrap();
+    let dir = tmp.path().join("chatty");
+    assert!(init(&dir, &[]).status.success());
+    std::fs::write(
+        dir.join("mcp.json"),
+        agen_tests::mcp_json(&[(
+            "talker",
+            serde_json::json!({"command": "/bin/sh", "args": ["-c", "echo talker-line-one >&2; echo talker-line-two >&2; exec sleep 600"]}),
+        )]),
+    )
+    .unwrap();
+    ok(&hub, &["deploy", dir.to_str().unwrap()]);
+    let lines = agen_tests::wait_for(
+        "both stderr lines in agen logs",
+        Duration::from_secs(60),
+        || {
+            let out = hub
+                .cli(&["logs", "chatty", "--server", "talker", "-o", "json"])
+                .ok()?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let n = ["talker-line-one", "talker-line-two"]
+                .iter()
+                .filter(|m| text.contains(*m))
+                .count();
+            (n == 2).then_some(text)
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        lines.lines().filter(|l| l.contains("talker-line-")).count(),
+        2,
+        "{lines}"
+    );
+}
