@@ -115,6 +115,7 @@ pub struct HubMetrics {
     heartbeat_age: Family<NestLabel, Gauge<f64, AtomicU64>>,
     run_events: Counter,
     artifact_bytes: Family<NamespaceLabel, Gauge>,
+    ops: OpsGauges,
     /// What the event loop remembers between events.
     open: Mutex<Open>,
 }
@@ -145,6 +146,7 @@ impl HubMetrics {
             heartbeat_age: Family::default(),
             run_events: Counter::default(),
             artifact_bytes: Family::default(),
+            ops: OpsGauges::default(),
             open: Mutex::new(Open::default()),
             registry: Registry::default(),
         };
@@ -218,6 +220,7 @@ impl HubMetrics {
             "Artifact bytes stored per namespace",
             m.artifact_bytes.clone(),
         );
+        m.ops.register(&mut registry);
         Arc::new(HubMetrics { registry, ..m })
     }
 
@@ -400,12 +403,19 @@ impl HubMetrics {
                     c.inc_by(total - seen);
                 }
             }
+            let now = crate::model::now_ms();
             for n in st.nests.values() {
+                // Not heard from since this Hub started: its stored last heartbeat says how
+                // long (a Nest that went down before a Hub restart must not read 0).
+                let age = match st.live.heard_from(&n.nest_id) {
+                    Some(silent) => silent.as_secs_f64(),
+                    None => (now - n.last_heartbeat_ms).max(0) as f64 / 1000.0,
+                };
                 self.heartbeat_age
                     .get_or_create(&NestLabel {
                         nest: n.name.clone(),
                     })
-                    .set(st.live.silent_for(&n.nest_id).as_secs_f64());
+                    .set(age);
             }
         }
         for namespace in namespaces {
@@ -415,11 +425,125 @@ impl HubMetrics {
                     .set(i64::try_from(bytes).unwrap_or(i64::MAX));
             }
         }
+        self.ops.read(core);
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
             tracing::warn!("cannot encode the metrics: {e}");
         }
         out
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    component: String,
+    version: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NestStateLabel {
+    state: String,
+}
+
+/// The gauges an operator alerts on, read from the core at scrape time: the build, Nests by
+/// state, each deployment's desired and ready replicas, tasks waiting for an approval.
+#[derive(Default)]
+struct OpsGauges {
+    build: Family<BuildLabels, Gauge>,
+    nests: Family<NestStateLabel, Gauge>,
+    desired: Family<DeploymentLabels, Gauge>,
+    ready: Family<DeploymentLabels, Gauge>,
+    approvals: Family<NamespaceLabel, Gauge>,
+}
+
+/// The states `agen_nests` always has a series for.
+const NEST_STATES: [&str; 5] = ["ready", "cordoned", "draining", "disconnected", "lost"];
+
+impl OpsGauges {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "agen_build_info",
+            "The running build (always 1): component and version",
+            self.build.clone(),
+        );
+        registry.register(
+            "agen_nests",
+            "Nests by state (ready, cordoned, draining, disconnected, lost)",
+            self.nests.clone(),
+        );
+        registry.register(
+            "agen_deployment_replicas_desired",
+            "Replicas each deployment asks for",
+            self.desired.clone(),
+        );
+        registry.register(
+            "agen_deployment_replicas_ready",
+            "Replicas of each deployment's current generation running and healthy",
+            self.ready.clone(),
+        );
+        registry.register(
+            "agen_approvals_pending",
+            "Tasks waiting for a person's decision, per namespace",
+            self.approvals.clone(),
+        );
+    }
+
+    fn read(&self, core: &Core) {
+        self.build
+            .get_or_create(&BuildLabels {
+                component: "hub".into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+            })
+            .set(1);
+        self.nests.clear();
+        self.desired.clear();
+        self.ready.clear();
+        self.approvals.clear();
+        let now = crate::model::now_ms();
+        for state in NEST_STATES {
+            let _ = self.nests.get_or_create(&NestStateLabel {
+                state: state.into(),
+            });
+        }
+        for (n, _) in core.list_nests() {
+            let state = match n.state {
+                crate::model::NestState::Ready if n.draining(now) => "draining",
+                crate::model::NestState::Ready if n.cordoned => "cordoned",
+                crate::model::NestState::Ready => "ready",
+                crate::model::NestState::Disconnected => "disconnected",
+                crate::model::NestState::Lost => "lost",
+            };
+            self.nests
+                .get_or_create(&NestStateLabel {
+                    state: state.into(),
+                })
+                .inc();
+        }
+        for d in core.list_deployments("", true) {
+            let labels = DeploymentLabels {
+                namespace: d.rec.namespace.clone(),
+                deployment: d.rec.name.clone(),
+            };
+            self.desired
+                .get_or_create(&labels)
+                .set(i64::from(d.rec.replicas));
+            self.ready
+                .get_or_create(&labels)
+                .set(i64::from(d.ready_replicas));
+            let _ = self.approvals.get_or_create(&NamespaceLabel {
+                namespace: d.rec.namespace,
+            });
+        }
+        let st = core.lock();
+        for t in st.tasks.values() {
+            if t.state == crate::model::TaskState::Waiting {
+                self.approvals
+                    .get_or_create(&NamespaceLabel {
+                        namespace: t.namespace.clone(),
+                    })
+                    .inc();
+            }
+        }
     }
 }
 

@@ -410,3 +410,218 @@ fn agen_logs_keeps_a_tool_servers_stderr_with_rust_log_warn_on_the_nest() {
         "{lines}"
     );
 }
+
+/// `GET path` on a loopback port: (status code, body).
+fn http_get(port: u16, path: &str) -> (u16, String) {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // The classic text format, as `curl -H 'Accept: text/plain' … | promtool check metrics`.
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: x\r\naccept: text/plain\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let code = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (code, body.to_string())
+}
+
+/// `promtool ARGS` with `stdin`; panics with its output unless it succeeds.
+fn promtool(args: &[&str], stdin: &str) -> String {
+    let mut child = Command::new("promtool")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian prometheus; tests/run.sh installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "promtool {args:?}: {text}\n--- input:\n{stdin}"
+    );
+    text
+}
+
+/// The value of the one sample line starting with `series` (name and labels as printed).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn metrics_an_operator_alerts_on_pass_promtool_and_health_needs_no_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = agen_tests::free_port();
+    let mut hub = HubProcess::start_with_args(
+        tmp.path(),
+        agen_tests::free_port(),
+        "3s",
+        &["--metrics-listen", &format!("127.0.0.1:{port}")],
+    )
+    .unwrap();
+    let nest_port = agen_tests::free_port();
+    let mut nest = hub
+        .nest(
+            "metered",
+            &[],
+            &[(
+                "AGEN_NEST_METRICS_LISTEN",
+                &format!("127.0.0.1:{nest_port}"),
+            )],
+        )
+        .unwrap();
+    let dir = tmp.path().join("gauged");
+    assert!(init(&dir, &[]).status.success());
+    ok(
+        &hub,
+        &["deploy", dir.to_str().unwrap(), "--replicas", "2", "--wait"],
+    );
+
+    for p in [port, nest_port] {
+        assert_eq!(http_get(p, "/healthz"), (200, "ok\n".into()));
+        assert_eq!(http_get(p, "/readyz"), (200, "ready\n".into()));
+    }
+    let (code, hub_text) = http_get(port, "/metrics");
+    assert_eq!(code, 200);
+    let (code, nest_text) = http_get(nest_port, "/metrics");
+    assert_eq!(code, 200);
+    promtool(&["check", "metrics"], &hub_text);
+    promtool(&["check", "metrics"], &nest_text);
+    let version = env!("CARGO_PKG_VERSION");
+    let want = [
+        (
+            format!("agen_build_info{{component=\"hub\",version=\"{version}\"}}"),
+            1.0,
+        ),
+        ("agen_nests{state=\"ready\"}".to_string(), 1.0),
+        ("agen_nests{state=\"lost\"}".to_string(), 0.0),
+        (
+            "agen_deployment_replicas_desired{namespace=\"default\",deployment=\"gauged\"}".into(),
+            2.0,
+        ),
+        (
+            "agen_deployment_replicas_ready{namespace=\"default\",deployment=\"gauged\"}".into(),
+            2.0,
+        ),
+        ("agen_approvals_pending{namespace=\"default\"}".into(), 0.0),
+    ];
+    for (series, value) in &want {
+        assert_eq!(
+            sample(&hub_text, series),
+            Some(*value),
+            "{series}:\n{hub_text}"
+        );
+    }
+    for text in [&hub_text, &nest_text] {
+        assert!(sample(text, "process_resident_memory_bytes").unwrap() > 0.0);
+        assert!(sample(text, "process_open_fds").unwrap() > 0.0);
+        assert!(sample(text, "process_cpu_seconds_total").is_some());
+    }
+    assert_eq!(
+        sample(
+            &nest_text,
+            &format!("agen_build_info{{component=\"nest\",version=\"{version}\"}}")
+        ),
+        Some(1.0)
+    );
+
+    // A Nest that went down before a Hub restart: its heartbeat age keeps growing after it.
+    nest.proc.kill9();
+    hub.restart().unwrap();
+    let age = agen_tests::wait_for(
+        "the heartbeat age of the dead nest past 2s",
+        Duration::from_secs(30),
+        || {
+            let (_, text) = http_get(port, "/metrics");
+            sample(&text, "agen_nest_heartbeat_age_seconds{nest=\"metered\"}").filter(|a| *a >= 2.0)
+        },
+    )
+    .unwrap();
+    assert!(age < 120.0, "{age}");
+}
+
+/// The alert rules of the README's operations section (between its `agen-alert-rules`
+/// markers), as a Prometheus rule file.
+fn readme_alert_rules() -> String {
+    let readme = std::fs::read_to_string(agen_tests::workspace_root().join("README.md")).unwrap();
+    let start = readme
+        .find("<!-- agen-alert-rules -->")
+        .expect("README has the alert rules");
+    let block = &readme[start..];
+    let block = &block[block.find("```yaml\n").unwrap() + 8..];
+    block[..block.find("```").unwrap()].to_string()
+}
+
+#[test]
+fn the_readmes_three_alert_rules_fire_in_promtool_test_rules() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rules = tmp.path().join("agen-alerts.yml");
+    std::fs::write(&rules, readme_alert_rules()).unwrap();
+    promtool(&["check", "rules", rules.to_str().unwrap()], "");
+    // Series as a Hub would expose them: a Nest silent since minute 0, a deployment with 1 of
+    // 2 replicas ready, a task waiting for a person for 40 minutes.
+    let tests = r#"
+rule_files: [agen-alerts.yml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'agen_nest_heartbeat_age_seconds{nest="n1"}'
+        values: '0+60x20'
+      - series: 'agen_nest_heartbeat_age_seconds{nest="n2"}'
+        values: '1+0x20'
+      - series: 'agen_deployment_replicas_desired{namespace="default",deployment="hello"}'
+        values: '2x20'
+      - series: 'agen_deployment_replicas_ready{namespace="default",deployment="hello"}'
+        values: '1x20'
+      - series: 'agen_approvals_pending{namespace="default"}'
+        values: '0 1x40'
+    alert_rule_test:
+      - eval_time: 15m
+        alertname: AgenNestSilent
+        exp_alerts:
+          - exp_labels: {severity: page, nest: n1}
+            exp_annotations:
+              summary: "Nest n1 has not been heard from for over 5 minutes"
+      - eval_time: 15m
+        alertname: AgenDeploymentNotReady
+        exp_alerts:
+          - exp_labels: {severity: page, namespace: default, deployment: hello}
+            exp_annotations:
+              summary: "default/hello: 1 replicas ready, fewer than desired"
+      - eval_time: 40m
+        alertname: AgenApprovalsWaiting
+        exp_alerts:
+          - exp_labels: {severity: ticket, namespace: default}
+            exp_annotations:
+              summary: "1 task(s) in default wait for a person's decision"
+      - eval_time: 5m
+        alertname: AgenApprovalsWaiting
+        exp_alerts: []
+"#;
+    let test_file = tmp.path().join("agen-alerts.test.yml");
+    std::fs::write(&test_file, tests).unwrap();
+    let out = promtool(&["test", "rules", test_file.to_str().unwrap()], "");
+    assert!(out.contains("SUCCESS"), "{out}");
+}
