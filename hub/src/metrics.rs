@@ -38,12 +38,14 @@ struct DeploymentLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelLabels {
+    namespace: String,
     deployment: String,
     model: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TokenLabels {
+    namespace: String,
     deployment: String,
     model: String,
     r#type: String,
@@ -51,6 +53,7 @@ struct TokenLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ToolStatusLabels {
+    namespace: String,
     deployment: String,
     tool: String,
     status: String,
@@ -58,12 +61,14 @@ struct ToolStatusLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ToolLabels {
+    namespace: String,
     deployment: String,
     tool: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OnlyDeployment {
+    namespace: String,
     deployment: String,
 }
 
@@ -311,6 +316,7 @@ impl HubMetrics {
                 if let Some(from) = requested {
                     self.model_duration
                         .get_or_create(&ModelLabels {
+                            namespace: ns.clone(),
                             deployment: dep.clone(),
                             model: model.clone(),
                         })
@@ -323,6 +329,7 @@ impl HubMetrics {
                     ] {
                         self.model_tokens
                             .get_or_create(&TokenLabels {
+                                namespace: ns.clone(),
                                 deployment: dep.clone(),
                                 model: model.clone(),
                                 r#type: kind.into(),
@@ -333,16 +340,17 @@ impl HubMetrics {
             }
             RunEventBody::ToolCompleted(c) => {
                 let status = if c.is_error { "error" } else { "ok" };
-                self.tool(&dep, &c.tool, status, c.duration_ms);
+                self.tool(&ns, &dep, &c.tool, status, c.duration_ms);
             }
-            RunEventBody::ToolFailed(f) => self.tool(&dep, &f.tool, "failed", f.duration_ms),
+            RunEventBody::ToolFailed(f) => self.tool(&ns, &dep, &f.tool, "failed", f.duration_ms),
             _ => {}
         }
     }
 
-    fn tool(&self, dep: &str, tool: &str, status: &str, duration_ms: u64) {
+    fn tool(&self, ns: &str, dep: &str, tool: &str, status: &str, duration_ms: u64) {
         self.tool_calls
             .get_or_create(&ToolStatusLabels {
+                namespace: ns.into(),
                 deployment: dep.into(),
                 tool: tool.into(),
                 status: status.into(),
@@ -350,6 +358,7 @@ impl HubMetrics {
             .inc();
         self.tool_duration
             .get_or_create(&ToolLabels {
+                namespace: ns.into(),
                 deployment: dep.into(),
                 tool: tool.into(),
             })
@@ -392,12 +401,17 @@ impl HubMetrics {
                     deployment: d.name.clone(),
                 });
             }
-            let mut restarts: HashMap<String, u64> = HashMap::new();
+            let mut restarts: HashMap<(String, String), u64> = HashMap::new();
             for i in st.instances.values() {
-                *restarts.entry(i.deployment.clone()).or_default() += u64::from(i.restarts);
+                *restarts
+                    .entry((i.namespace.clone(), i.deployment.clone()))
+                    .or_default() += u64::from(i.restarts);
             }
-            for (deployment, total) in restarts {
-                let c = self.restarts.get_or_create(&OnlyDeployment { deployment });
+            for ((namespace, deployment), total) in restarts {
+                let c = self.restarts.get_or_create(&OnlyDeployment {
+                    namespace,
+                    deployment,
+                });
                 let seen = c.get();
                 if total > seen {
                     c.inc_by(total - seen);

@@ -534,6 +534,15 @@ fn metrics_an_operator_alerts_on_pass_promtool_and_health_needs_no_token() {
         );
     }
     for text in [&hub_text, &nest_text] {
+        let bare: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("deployment=\"") && !l.contains("namespace=\""))
+            .collect();
+        assert_eq!(
+            bare,
+            Vec::<&str>::new(),
+            "series with deployment but no namespace"
+        );
         assert!(sample(text, "process_resident_memory_bytes").unwrap() > 0.0);
         assert!(sample(text, "process_open_fds").unwrap() > 0.0);
         assert!(sample(text, "process_cpu_seconds_total").is_some());
