@@ -634,3 +634,137 @@ tests:
     let out = promtool(&["test", "rules", test_file.to_str().unwrap()], "");
     assert!(out.contains("SUCCESS"), "{out}");
 }
+
+#[test]
+fn agen_audit_filters_by_token_action_and_outcome_and_follows_new_entries() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let v = hub
+        .cli_json(&[
+            "tokens",
+            "create",
+            "--namespace",
+            "team",
+            "--role",
+            "deployer",
+            "--name",
+            "team-deployer",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    let secret = v["secret"].as_str().unwrap().to_owned();
+
+    // Follow from now on, only ScaleDeployment calls that were not found.
+    let mut follower = Command::new(agen_bin())
+        .args(["audit", "-f", "-o", "json", "--action", "scaledeployment"])
+        .args(["--outcome", "not_found"])
+        .env("AGEN_CONFIG", hub.dir.join("client.toml"))
+        .env_remove("AGEN_HUB")
+        .env_remove("AGEN_TOKEN")
+        .env_remove("AGEN_NAMESPACE")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stdout = follower.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+
+    // The namespace token scales a deployment that is not there (not_found), and removes
+    // nothing; the admin scales another (not_found too) and is refused nothing.
+    let out = hub
+        .cli(&[
+            "scale",
+            "ghost-a",
+            "2",
+            "--namespace",
+            "team",
+            "--token",
+            &secret,
+        ])
+        .unwrap();
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    let out = hub.cli(&["scale", "ghost-b", "2"]).unwrap();
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    let out = hub
+        .cli(&[
+            "secrets",
+            "set",
+            "K",
+            "--namespace",
+            "team",
+            "--token",
+            &secret,
+            "--from-env",
+            "PATH",
+        ])
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+
+    let mut followed: Vec<Value> = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while followed.len() < 2 && std::time::Instant::now() < deadline {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(500)) {
+            followed.push(serde_json::from_str(&line).unwrap());
+        }
+    }
+    let _ = follower.kill();
+    let _ = follower.wait();
+    let mut targets: Vec<&str> = followed
+        .iter()
+        .map(|e| e["target"].as_str().unwrap())
+        .collect();
+    targets.sort();
+    assert_eq!(targets, vec!["ghost-a", "ghost-b"], "{followed:?}");
+    assert!(followed
+        .iter()
+        .all(|e| e["call"] == "ScaleDeployment" && e["outcome"] == "not_found"));
+
+    // Filters: by token (name or id), by action and outcome.
+    let by_token = hub
+        .cli_json(&["audit", "--token-id", "team-deployer", "-o", "json"])
+        .unwrap();
+    let calls: Vec<&str> = by_token
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["call"].as_str().unwrap())
+        .collect();
+    assert_eq!(calls.len(), 2, "{by_token}");
+    assert!(
+        calls.contains(&"ScaleDeployment") && calls.contains(&"SetSecret"),
+        "{calls:?}"
+    );
+    let ok_in_team = hub
+        .cli_json(&[
+            "audit",
+            "--namespace",
+            "team",
+            "--outcome",
+            "ok",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    assert_eq!(
+        ok_in_team
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["call"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        vec!["CreateToken", "SetSecret"],
+        "{ok_in_team}"
+    );
+}
