@@ -97,10 +97,15 @@ impl ClientArgs {
     /// Resolves the settings and connects (lazily: the first call reports an unreachable Hub).
     pub fn connect(&self) -> anyhow::Result<Hub> {
         let cfg_path = ClientConfig::default_path();
-        let cfg = ClientConfig::load(&cfg_path)?;
+        let cfg = ClientConfig::load(&cfg_path).map_err(|e| {
+            crate::exit::coded(
+                crate::exit::code::USAGE,
+                format!("client config {}: {e:#}", cfg_path.display()),
+            )
+        })?;
         let url = self.hub.clone().or(cfg.hub.clone()).ok_or_else(|| {
             crate::exit::coded(
-                crate::exit::code::UNAVAILABLE,
+                crate::exit::code::USAGE,
                 format!(
                     "no Hub to talk to: pass --hub URL, set AGEN_HUB, or run `agen up` \
                      (which writes {})",
@@ -135,20 +140,35 @@ impl ClientArgs {
 /// A lazily connecting channel to `url`, trusting `ca_file` for `https://`.
 pub fn channel(url: &str, ca_file: Option<&std::path::Path>) -> anyhow::Result<Channel> {
     let mut ep = Endpoint::from_shared(url.to_owned())
-        .with_context(|| format!("hub URL {url} is not a valid URL (expected https://HOST:PORT)"))?
+        .map_err(|e| {
+            crate::exit::coded(
+                crate::exit::code::USAGE,
+                format!("hub URL {url} is not a valid URL (expected https://HOST:PORT): {e}"),
+            )
+        })?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true);
     if url.starts_with("https://") {
         let mut tls = ClientTlsConfig::new();
         if let Some(ca) = ca_file {
-            let pem = std::fs::read(ca)
-                .with_context(|| format!("cannot read the Hub CA file {}", ca.display()))?;
+            let pem = std::fs::read(ca).map_err(|e| {
+                crate::exit::coded(
+                    crate::exit::code::USAGE,
+                    format!(
+                        "cannot read the Hub CA file {}: {e}; pass --ca-file or AGEN_CA_FILE, or fix ca_file in the client config",
+                        ca.display()
+                    ),
+                )
+            })?;
             tls = tls.ca_certificate(Certificate::from_pem(pem));
         } else {
-            anyhow::bail!(
-                "the Hub at {url} uses TLS but no CA file is configured: pass --ca-file, set \
-                 AGEN_CA_FILE, or use the client config `agen up`/`agen hub` wrote"
-            );
+            return Err(crate::exit::coded(
+                crate::exit::code::USAGE,
+                format!(
+                    "the Hub at {url} uses TLS but no CA file is configured: pass --ca-file, set \
+                     AGEN_CA_FILE, or use the client config `agen up`/`agen hub` wrote"
+                ),
+            ));
         }
         ep = ep.tls_config(tls).context("bad TLS settings")?;
     }
@@ -164,19 +184,52 @@ pub fn status_error(hub: &Hub, s: tonic::Status) -> anyhow::Error {
 /// [`status_error`] for a Hub known by its URL (streams that outlive the borrow of a [`Hub`]).
 pub fn status_error_at(url: &str, s: tonic::Status) -> anyhow::Error {
     use tonic::Code;
-    let message = match s.code() {
-        Code::Unavailable => format!(
-            "cannot reach the Hub at {}: {} (is `agen up` or `agen hub` running? set --hub or AGEN_HUB)",
-            url,
-            s.message()
+    // A status the client made from a transport error carries that error as its source; one
+    // the Hub sent does not (the Hub answered: it is reachable).
+    let transport = std::error::Error::source(&s).map(|e| {
+        let mut text = e.to_string();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            text.push_str(": ");
+            text.push_str(&c.to_string());
+            cause = c.source();
+        }
+        text
+    });
+    let (code, message) = match (s.code(), transport) {
+        (Code::Unavailable, Some(why)) if why.contains("certificate") => (
+            crate::exit::code::DENIED,
+            format!(
+                "the Hub at {url} is not trusted: {why}; point --ca-file (AGEN_CA_FILE, or the client config's ca_file) at the CA of that Hub (its data dir's ca.pem)"
+            ),
         ),
-        Code::Unauthenticated => format!(
-            "the Hub at {} refused the token: {} (set --token or AGEN_TOKEN, or check the client config)",
-            url,
-            s.message()
+        (Code::Unavailable, Some(why)) => (
+            crate::exit::code::UNAVAILABLE,
+            format!(
+                "cannot reach the Hub at {url}: {}: {why} (is `agen up` or `agen hub` running? set --hub or AGEN_HUB)",
+                s.message()
+            ),
         ),
-        Code::PermissionDenied => format!("permission denied: {}", s.message()),
-        _ => s.message().to_string(),
+        (Code::Unavailable, None) => (
+            crate::exit::code::UNAVAILABLE,
+            format!("the Hub at {url} answered: {}", s.message()),
+        ),
+        (Code::Unauthenticated, _) if s.message().contains("--token") => (
+            crate::exit::code::DENIED,
+            format!("the Hub at {url} refused the token: {}", s.message()),
+        ),
+        (Code::Unauthenticated, _) => (
+            crate::exit::code::DENIED,
+            format!(
+                "the Hub at {url} refused the token: {} (set --token or AGEN_TOKEN, or check the client config)",
+                s.message()
+            ),
+        ),
+        (Code::PermissionDenied, _) => (
+            crate::exit::code::DENIED,
+            format!("permission denied: {}", s.message()),
+        ),
+        (c, _) => (crate::exit::of_status(c), s.message().to_string()),
     };
-    crate::exit::coded(crate::exit::of_status(s.code()), message)
+    crate::exit::coded(code, message)
 }

@@ -26,13 +26,14 @@ pub const HELP: &str = "\
 Exit codes:
   0  ok
   1  task failed (or the command failed)
-  2  usage: bad arguments or input
+  2  usage: bad arguments or input (a missing client config, CA file or Hub URL too)
   3  task cancelled
   4  not found
-  5  unauthenticated or permission denied
-  6  Hub unavailable
+  5  unauthenticated or permission denied (an untrusted Hub certificate too)
+  6  Hub unavailable (retry later)
   7  wait timeout
-  65 agen hub: its store lost acknowledged data, it does not start (agen hub verify, repair)";
+ 64  the daemons (agen hub, agen nest): bad configuration (sysexits)
+ 65  agen hub: its store lost acknowledged data, it does not start (agen hub verify, repair)";
 
 /// An error that carries the exit code it ends the process with.
 #[derive(Debug)]

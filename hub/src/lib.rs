@@ -288,9 +288,11 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
             let render: agen_net::metrics_http::Render =
                 Arc::new(move || metrics.render(&render_core));
             let stop = shutdown.clone();
-            tokio::spawn(agen_net::metrics_http::serve(
+            let serving = shutdown.clone();
+            tokio::spawn(agen_net::metrics_http::serve_with_ready(
                 listener,
                 render,
+                Arc::new(move || !serving.is_cancelled()),
                 async move { stop.cancelled().await },
             ));
             tracing::info!(addr = %bound, "serving metrics at /metrics");

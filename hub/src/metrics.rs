@@ -38,12 +38,14 @@ struct DeploymentLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelLabels {
+    namespace: String,
     deployment: String,
     model: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TokenLabels {
+    namespace: String,
     deployment: String,
     model: String,
     r#type: String,
@@ -51,6 +53,7 @@ struct TokenLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ToolStatusLabels {
+    namespace: String,
     deployment: String,
     tool: String,
     status: String,
@@ -58,12 +61,14 @@ struct ToolStatusLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ToolLabels {
+    namespace: String,
     deployment: String,
     tool: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OnlyDeployment {
+    namespace: String,
     deployment: String,
 }
 
@@ -122,6 +127,7 @@ pub struct HubMetrics {
     artifact_bytes: Family<NamespaceLabel, Gauge>,
     streams_open: Family<StreamLabel, Gauge>,
     streams_refused: Family<StreamLabel, Counter>,
+    ops: OpsGauges,
     /// What the event loop remembers between events.
     open: Mutex<Open>,
 }
@@ -183,6 +189,7 @@ impl HubMetrics {
             artifact_bytes: Family::default(),
             streams_open: Family::default(),
             streams_refused: Family::default(),
+            ops: OpsGauges::default(),
             open: Mutex::new(Open::default()),
             registry: Registry::default(),
         };
@@ -266,6 +273,7 @@ impl HubMetrics {
             "Artifact bytes stored per namespace",
             m.artifact_bytes.clone(),
         );
+        m.ops.register(&mut registry);
         Arc::new(HubMetrics { registry, ..m })
     }
 
@@ -357,6 +365,7 @@ impl HubMetrics {
                 if let Some(from) = requested {
                     self.model_duration
                         .get_or_create(&ModelLabels {
+                            namespace: ns.clone(),
                             deployment: dep.clone(),
                             model: model.clone(),
                         })
@@ -369,6 +378,7 @@ impl HubMetrics {
                     ] {
                         self.model_tokens
                             .get_or_create(&TokenLabels {
+                                namespace: ns.clone(),
                                 deployment: dep.clone(),
                                 model: model.clone(),
                                 r#type: kind.into(),
@@ -379,18 +389,19 @@ impl HubMetrics {
             }
             RunEventBody::ToolCompleted(c) => {
                 let status = if c.is_error { "error" } else { "ok" };
-                self.tool(&dep, &c.tool, status, c.duration_ms);
+                self.tool(&ns, &dep, &c.tool, status, c.duration_ms);
             }
-            RunEventBody::ToolFailed(f) => self.tool(&dep, &f.tool, "failed", f.duration_ms),
+            RunEventBody::ToolFailed(f) => self.tool(&ns, &dep, &f.tool, "failed", f.duration_ms),
             _ => {}
         }
     }
 
-    fn tool(&self, dep: &str, tool: &str, status: &str, duration_ms: u64) {
-        let tool = self.open().bounded(dep, "tool", tool);
+    fn tool(&self, ns: &str, dep: &str, tool: &str, status: &str, duration_ms: u64) {
+        let tool = self.open().bounded(&format!("{ns}/{dep}"), "tool", tool);
         let tool = tool.as_str();
         self.tool_calls
             .get_or_create(&ToolStatusLabels {
+                namespace: ns.into(),
                 deployment: dep.into(),
                 tool: tool.into(),
                 status: status.into(),
@@ -398,6 +409,7 @@ impl HubMetrics {
             .inc();
         self.tool_duration
             .get_or_create(&ToolLabels {
+                namespace: ns.into(),
                 deployment: dep.into(),
                 tool: tool.into(),
             })
@@ -440,23 +452,35 @@ impl HubMetrics {
                     deployment: d.name.clone(),
                 });
             }
-            let mut restarts: HashMap<String, u64> = HashMap::new();
+            let mut restarts: HashMap<(String, String), u64> = HashMap::new();
             for i in st.instances.values() {
-                *restarts.entry(i.deployment.clone()).or_default() += u64::from(i.restarts);
+                *restarts
+                    .entry((i.namespace.clone(), i.deployment.clone()))
+                    .or_default() += u64::from(i.restarts);
             }
-            for (deployment, total) in restarts {
-                let c = self.restarts.get_or_create(&OnlyDeployment { deployment });
+            for ((namespace, deployment), total) in restarts {
+                let c = self.restarts.get_or_create(&OnlyDeployment {
+                    namespace,
+                    deployment,
+                });
                 let seen = c.get();
                 if total > seen {
                     c.inc_by(total - seen);
                 }
             }
+            let now = crate::model::now_ms();
             for n in st.nests.values() {
+                // Not heard from since this Hub started: its stored last heartbeat says how
+                // long (a Nest that went down before a Hub restart must not read 0).
+                let age = match st.live.heard_from(&n.nest_id) {
+                    Some(silent) => silent.as_secs_f64(),
+                    None => (now - n.last_heartbeat_ms).max(0) as f64 / 1000.0,
+                };
                 self.heartbeat_age
                     .get_or_create(&NestLabel {
                         nest: n.name.clone(),
                     })
-                    .set(st.live.silent_for(&n.nest_id).as_secs_f64());
+                    .set(age);
             }
         }
         for namespace in namespaces {
@@ -478,11 +502,125 @@ impl HubMetrics {
                 c.inc_by(refused - c.get());
             }
         }
+        self.ops.read(core);
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
             tracing::warn!("cannot encode the metrics: {e}");
         }
         out
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    component: String,
+    version: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NestStateLabel {
+    state: String,
+}
+
+/// The gauges an operator alerts on, read from the core at scrape time: the build, Nests by
+/// state, each deployment's desired and ready replicas, tasks waiting for an approval.
+#[derive(Default)]
+struct OpsGauges {
+    build: Family<BuildLabels, Gauge>,
+    nests: Family<NestStateLabel, Gauge>,
+    desired: Family<DeploymentLabels, Gauge>,
+    ready: Family<DeploymentLabels, Gauge>,
+    approvals: Family<NamespaceLabel, Gauge>,
+}
+
+/// The states `agen_nests` always has a series for.
+const NEST_STATES: [&str; 5] = ["ready", "cordoned", "draining", "disconnected", "lost"];
+
+impl OpsGauges {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "agen_build_info",
+            "The running build (always 1): component and version",
+            self.build.clone(),
+        );
+        registry.register(
+            "agen_nests",
+            "Nests by state (ready, cordoned, draining, disconnected, lost)",
+            self.nests.clone(),
+        );
+        registry.register(
+            "agen_deployment_replicas_desired",
+            "Replicas each deployment asks for",
+            self.desired.clone(),
+        );
+        registry.register(
+            "agen_deployment_replicas_ready",
+            "Replicas of each deployment's current generation running and healthy",
+            self.ready.clone(),
+        );
+        registry.register(
+            "agen_approvals_pending",
+            "Tasks waiting for a person's decision, per namespace",
+            self.approvals.clone(),
+        );
+    }
+
+    fn read(&self, core: &Core) {
+        self.build
+            .get_or_create(&BuildLabels {
+                component: "hub".into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+            })
+            .set(1);
+        self.nests.clear();
+        self.desired.clear();
+        self.ready.clear();
+        self.approvals.clear();
+        let now = crate::model::now_ms();
+        for state in NEST_STATES {
+            let _ = self.nests.get_or_create(&NestStateLabel {
+                state: state.into(),
+            });
+        }
+        for (n, _) in core.list_nests() {
+            let state = match n.state {
+                crate::model::NestState::Ready if n.draining(now) => "draining",
+                crate::model::NestState::Ready if n.cordoned => "cordoned",
+                crate::model::NestState::Ready => "ready",
+                crate::model::NestState::Disconnected => "disconnected",
+                crate::model::NestState::Lost => "lost",
+            };
+            self.nests
+                .get_or_create(&NestStateLabel {
+                    state: state.into(),
+                })
+                .inc();
+        }
+        for d in core.list_deployments("", true) {
+            let labels = DeploymentLabels {
+                namespace: d.rec.namespace.clone(),
+                deployment: d.rec.name.clone(),
+            };
+            self.desired
+                .get_or_create(&labels)
+                .set(i64::from(d.rec.replicas));
+            self.ready
+                .get_or_create(&labels)
+                .set(i64::from(d.ready_replicas));
+            let _ = self.approvals.get_or_create(&NamespaceLabel {
+                namespace: d.rec.namespace,
+            });
+        }
+        let st = core.lock();
+        for t in st.tasks.values() {
+            if t.state == crate::model::TaskState::Waiting {
+                self.approvals
+                    .get_or_create(&NamespaceLabel {
+                        namespace: t.namespace.clone(),
+                    })
+                    .inc();
+            }
+        }
     }
 }
 

@@ -378,6 +378,11 @@ impl Liveness {
     }
 
     /// How long `nest_id` has been silent (zero when never tracked).
+    /// How long since `nest_id` was last heard from, if it was since this Hub started.
+    pub fn heard_from(&self, nest_id: &str) -> Option<Duration> {
+        self.last_seen.get(nest_id).map(|t| t.elapsed())
+    }
+
     pub fn silent_for(&self, nest_id: &str) -> Duration {
         self.last_seen
             .get(nest_id)

@@ -79,9 +79,11 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         let (sup, out) = (supervisor.clone(), outbox.clone());
         let render: agen_net::metrics_http::Render = Arc::new(move || metrics.render(&sup, &out));
         let stop = own.clone();
-        tokio::spawn(agen_net::metrics_http::serve(
+        let serving = own.clone();
+        tokio::spawn(agen_net::metrics_http::serve_with_ready(
             metrics_listener,
             render,
+            Arc::new(move || !serving.is_cancelled()),
             async move { stop.cancelled().await },
         ));
         tracing::info!(addr = %at, "serving metrics at /metrics");

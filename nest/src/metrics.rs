@@ -1,6 +1,6 @@
 //! The Nest's own Prometheus metrics (`agen nest --metrics-listen ADDR`, `GET /metrics`), read
 //! from the supervisor and the Hub link at scrape time: instances by state, instance restarts
-//! per deployment, run events waiting for the Hub's ack.
+//! per deployment (with its namespace), run events waiting for the Hub's ack, the build.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,7 +21,14 @@ struct StateLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DeploymentLabel {
+    namespace: String,
     deployment: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    component: String,
+    version: String,
 }
 
 /// Every metric of one Nest.
@@ -53,6 +60,18 @@ impl NestMetrics {
             "Run events not yet acknowledged by the Hub",
             pending.clone(),
         );
+        let build = Family::<BuildLabels, Gauge>::default();
+        registry.register(
+            "agen_build_info",
+            "The running build (always 1): component and version",
+            build.clone(),
+        );
+        build
+            .get_or_create(&BuildLabels {
+                component: "nest".into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+            })
+            .set(1);
         Arc::new(NestMetrics {
             registry,
             instances,
@@ -64,14 +83,19 @@ impl NestMetrics {
     /// The Prometheus text of every metric, read now.
     pub fn render(&self, supervisor: &Supervisor, outbox: &Outbox) -> String {
         self.instances.clear();
-        let mut restarts: BTreeMap<String, u64> = BTreeMap::new();
+        let mut restarts: BTreeMap<(String, String), u64> = BTreeMap::new();
         for r in supervisor.snapshot() {
             let state = r.state.as_str().to_string();
             self.instances.get_or_create(&StateLabel { state }).inc();
-            *restarts.entry(r.deployment.clone()).or_default() += u64::from(r.restarts);
+            *restarts
+                .entry((r.namespace.clone(), r.deployment.clone()))
+                .or_default() += u64::from(r.restarts);
         }
-        for (deployment, total) in restarts {
-            let c = self.restarts.get_or_create(&DeploymentLabel { deployment });
+        for ((namespace, deployment), total) in restarts {
+            let c = self.restarts.get_or_create(&DeploymentLabel {
+                namespace,
+                deployment,
+            });
             let seen = c.get();
             if total > seen {
                 c.inc_by(total - seen);

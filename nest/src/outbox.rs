@@ -26,7 +26,13 @@ struct OutboxState {
     unsent: VecDeque<(String, u32, u64)>,
     /// Whether an unsent event is waited for (`sync`): then the batch goes at once.
     urgent: bool,
+    /// Attempts the Hub fenced off (newest last, at most [`FENCED_KEPT`]): a later event of
+    /// one is dropped at once, never waited for (a stopping Nest waits for nothing fenced).
+    fenced: VecDeque<(String, u32)>,
 }
+
+/// How many fenced attempts the outbox remembers.
+const FENCED_KEPT: usize = 1024;
 
 impl Outbox {
     /// Queues one event (from `instance_id`) for sending.
@@ -34,6 +40,9 @@ impl Outbox {
         {
             let mut st = self.lock();
             let key = (event.run_id.clone(), event.attempt);
+            if st.fenced.contains(&key) {
+                return;
+            }
             let seq = event.seq;
             let slot = st.unacked.entry(key.clone()).or_default();
             let sync = event.sync;
@@ -52,6 +61,12 @@ impl Outbox {
     pub fn ack(&self, run_id: &str, attempt: u32, acked_seq: u64, fenced: bool) {
         let mut st = self.lock();
         let key = (run_id.to_string(), attempt);
+        if fenced && !st.fenced.contains(&key) {
+            if st.fenced.len() >= FENCED_KEPT {
+                st.fenced.pop_front();
+            }
+            st.fenced.push_back(key.clone());
+        }
         if let Some(slot) = st.unacked.get_mut(&key) {
             if fenced {
                 slot.clear();
@@ -190,6 +205,22 @@ mod tests {
         o.ack("r2", 1, 0, true); // fenced: everything of that attempt goes
         o.ack("r1", 1, 2, false);
         assert_eq!(o.pending(), 0);
+    }
+
+    #[test]
+    fn an_event_of_an_attempt_the_hub_fenced_is_never_waited_for() {
+        let o = Outbox::default();
+        o.push("i", ev("r", 1, 1));
+        o.ack("r", 1, 0, true);
+        assert_eq!(o.pending(), 0);
+        // The attempt's run.finished comes after the fence: dropped, not kept for an ack
+        // that never comes (a stopping Nest would wait its whole grace for it).
+        o.push("i", ev("r", 1, 2));
+        assert_eq!(o.pending(), 0);
+        assert!(o.take_batch(10).is_empty());
+        // The next attempt is its own.
+        o.push("i", ev("r", 2, 1));
+        assert_eq!(o.pending(), 1);
     }
 
     #[test]

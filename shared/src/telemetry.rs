@@ -57,6 +57,11 @@ pub fn init_with(default: &str, format: LogFormat) {
             .unwrap_or_else(|_| EnvFilter::new(default_directives(default))),
         Err(_) => EnvFilter::new(default_directives(default)),
     };
+    // A tool server's stderr lines are its log, not ours: kept whatever the level.
+    let filter = match KEPT_TARGET.parse() {
+        Ok(d) => filter.add_directive(d),
+        Err(_) => filter,
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -81,6 +86,10 @@ pub fn init_with(default: &str, format: LogFormat) {
         }
     };
 }
+
+/// The target of tool servers' stderr lines (one event per line): always at `info`, whatever
+/// `RUST_LOG` says, because `agen logs --server` reads them from the instance's log.
+pub const KEPT_TARGET: &str = "agen::mcp::server=info";
 
 /// The filter used when `RUST_LOG` is unset: libraries at `warn`, Agen at `level`.
 pub fn default_directives(level: &str) -> String {

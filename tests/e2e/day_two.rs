@@ -250,3 +250,521 @@ fn nests_drain_wait_follows_until_the_nest_is_empty_and_nests_shows_the_deadline
     })
     .unwrap();
 }
+
+fn stderr_of(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn errors_name_their_cause_and_deploy_wait_stops_when_every_replica_cannot_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    // Instances run under uids of their own; the tool server's program is in a folder only
+    // root may enter (the temp dir is 0700).
+    let mut nest = hub
+        .nest_with("sep", &[], &[], &["--run-uids", "62170-62179"])
+        .unwrap();
+    let private = tmp.path().join("private-bin");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(
+        &private,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let program = private.join("server.sh");
+    std::fs::write(&program, "#!/bin/sh\nexec sleep 600\n").unwrap();
+    std::fs::set_permissions(
+        &program,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let dir = tmp.path().join("locked-out");
+    assert!(init(&dir, &[]).status.success());
+    std::fs::write(
+        dir.join("mcp.json"),
+        agen_tests::mcp_json(&[("tools", serde_json::json!({"command": program}))]),
+    )
+    .unwrap();
+
+    // deploy --wait stops with 1 long before its timeout, naming the uid, the path and the fix.
+    let started = std::time::Instant::now();
+    let out = hub
+        .cli(&[
+            "deploy",
+            dir.to_str().unwrap(),
+            "--wait",
+            "--timeout",
+            "20s",
+        ])
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(60), "{err}");
+    assert!(err.contains("every replica fails to start"), "{err}");
+    assert!(err.contains("permission denied: uid 6217"), "{err}");
+    assert!(err.contains(&private.display().to_string()), "{err}");
+    assert!(err.contains("--run-as-self"), "{err}");
+    assert!(!err.contains("does not exist"), "{err}");
+
+    // The Hub answers that no Nest holding it is connected: not "cannot reach the Hub".
+    nest.proc.kill9();
+    hub.wait_instances("the instance's nest gone", Duration::from_secs(60), |l| {
+        l.iter()
+            .all(|i| i["state"] != "running" && i["state"] != "starting")
+            && hub.nests().unwrap().iter().all(|n| n["state"] != "ready")
+    })
+    .unwrap();
+    let out = hub.cli(&["logs", "locked-out"]).unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(6), "{err}");
+    assert!(err.contains("answered"), "{err}");
+    assert!(!err.contains("cannot reach"), "{err}");
+
+    // A bad token's hint once; a Hub certificate the CA file does not vouch for is 5; a
+    // missing client config or CA file is 2; `agen run` with a bad bundle is 2.
+    let out = hub.cli(&["ps", "--token", "not-the-token"]).unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(5), "{err}");
+    assert_eq!(err.matches("--token").count(), 1, "{err}");
+    let other_ca = tmp.path().join("other-ca.pem");
+    let made = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=not-the-hub"])
+        .arg("-keyout")
+        .arg(tmp.path().join("other-ca.key"))
+        .arg("-out")
+        .arg(&other_ca)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let out = hub
+        .cli(&["ps", "--ca-file", other_ca.to_str().unwrap()])
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(5), "{err}");
+    assert!(err.contains("not trusted"), "{err}");
+    let out = hub
+        .cli(&["ps", "--ca-file", "/nonexistent/ca.pem"])
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    let out = agen_tests::cli(&tmp.path().join("no-such-config.toml"), &["ps"]).unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no Hub to talk to"), "{err}");
+    let bad = tmp.path().join("bad-bundle");
+    std::fs::create_dir_all(bad.join("x-agen")).unwrap();
+    std::fs::write(
+        bad.join("x-agen/agent.md"),
+        "---\nmodel: nobody/x\n---\nhi\n",
+    )
+    .unwrap();
+    let out = Command::new(agen_bin())
+        .args(["run", bad.to_str().unwrap(), "hi"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+}
+
+#[test]
+fn agen_logs_keeps_a_tool_servers_stderr_with_rust_log_warn_on_the_nest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let _nest = hub.nest("quiet", &[], &[("RUST_LOG", "warn")]).unwrap();
+    let dir = tmp.path().join("chatty");
+    assert!(init(&dir, &[]).status.success());
+    std::fs::write(
+        dir.join("mcp.json"),
+        agen_tests::mcp_json(&[(
+            "talker",
+            serde_json::json!({"command": "/bin/sh", "args": ["-c", "echo talker-line-one >&2; echo talker-line-two >&2; exec sleep 600"]}),
+        )]),
+    )
+    .unwrap();
+    ok(&hub, &["deploy", dir.to_str().unwrap()]);
+    let lines = agen_tests::wait_for(
+        "both stderr lines in agen logs",
+        Duration::from_secs(60),
+        || {
+            let out = hub
+                .cli(&["logs", "chatty", "--server", "talker", "-o", "json"])
+                .ok()?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let n = ["talker-line-one", "talker-line-two"]
+                .iter()
+                .filter(|m| text.contains(*m))
+                .count();
+            (n == 2).then_some(text)
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        lines.lines().filter(|l| l.contains("talker-line-")).count(),
+        2,
+        "{lines}"
+    );
+}
+
+/// `GET path` on a loopback port: (status code, body).
+fn http_get(port: u16, path: &str) -> (u16, String) {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // The classic text format, as `curl -H 'Accept: text/plain' … | promtool check metrics`.
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: x\r\naccept: text/plain\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let code = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (code, body.to_string())
+}
+
+/// `promtool ARGS` with `stdin`; panics with its output unless it succeeds.
+fn promtool(args: &[&str], stdin: &str) -> String {
+    let mut child = Command::new("promtool")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian prometheus; tests/run.sh installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "promtool {args:?}: {text}\n--- input:\n{stdin}"
+    );
+    text
+}
+
+/// The value of the one sample line starting with `series` (name and labels as printed).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn metrics_an_operator_alerts_on_pass_promtool_and_health_needs_no_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = agen_tests::free_port();
+    let mut hub = HubProcess::start_with_args(
+        tmp.path(),
+        agen_tests::free_port(),
+        "3s",
+        &["--metrics-listen", &format!("127.0.0.1:{port}")],
+    )
+    .unwrap();
+    let nest_port = agen_tests::free_port();
+    let mut nest = hub
+        .nest(
+            "metered",
+            &[],
+            &[(
+                "AGEN_NEST_METRICS_LISTEN",
+                &format!("127.0.0.1:{nest_port}"),
+            )],
+        )
+        .unwrap();
+    let dir = tmp.path().join("gauged");
+    assert!(init(&dir, &[]).status.success());
+    ok(
+        &hub,
+        &["deploy", dir.to_str().unwrap(), "--replicas", "2", "--wait"],
+    );
+
+    for p in [port, nest_port] {
+        assert_eq!(http_get(p, "/healthz"), (200, "ok\n".into()));
+        assert_eq!(http_get(p, "/readyz"), (200, "ready\n".into()));
+    }
+    let (code, hub_text) = http_get(port, "/metrics");
+    assert_eq!(code, 200);
+    let (code, nest_text) = http_get(nest_port, "/metrics");
+    assert_eq!(code, 200);
+    promtool(&["check", "metrics"], &hub_text);
+    promtool(&["check", "metrics"], &nest_text);
+    let version = env!("CARGO_PKG_VERSION");
+    let want = [
+        (
+            format!("agen_build_info{{component=\"hub\",version=\"{version}\"}}"),
+            1.0,
+        ),
+        ("agen_nests{state=\"ready\"}".to_string(), 1.0),
+        ("agen_nests{state=\"lost\"}".to_string(), 0.0),
+        (
+            "agen_deployment_replicas_desired{namespace=\"default\",deployment=\"gauged\"}".into(),
+            2.0,
+        ),
+        (
+            "agen_deployment_replicas_ready{namespace=\"default\",deployment=\"gauged\"}".into(),
+            2.0,
+        ),
+        ("agen_approvals_pending{namespace=\"default\"}".into(), 0.0),
+    ];
+    for (series, value) in &want {
+        assert_eq!(
+            sample(&hub_text, series),
+            Some(*value),
+            "{series}:\n{hub_text}"
+        );
+    }
+    for text in [&hub_text, &nest_text] {
+        let bare: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("deployment=\"") && !l.contains("namespace=\""))
+            .collect();
+        assert_eq!(
+            bare,
+            Vec::<&str>::new(),
+            "series with deployment but no namespace"
+        );
+        assert!(sample(text, "process_resident_memory_bytes").unwrap() > 0.0);
+        assert!(sample(text, "process_open_fds").unwrap() > 0.0);
+        assert!(sample(text, "process_cpu_seconds_total").is_some());
+    }
+    assert_eq!(
+        sample(
+            &nest_text,
+            &format!("agen_build_info{{component=\"nest\",version=\"{version}\"}}")
+        ),
+        Some(1.0)
+    );
+
+    // A Nest that went down before a Hub restart: its heartbeat age keeps growing after it.
+    nest.proc.kill9();
+    hub.restart().unwrap();
+    let age = agen_tests::wait_for(
+        "the heartbeat age of the dead nest past 2s",
+        Duration::from_secs(30),
+        || {
+            let (_, text) = http_get(port, "/metrics");
+            sample(&text, "agen_nest_heartbeat_age_seconds{nest=\"metered\"}").filter(|a| *a >= 2.0)
+        },
+    )
+    .unwrap();
+    assert!(age < 120.0, "{age}");
+}
+
+/// The alert rules of the README's operations section (between its `agen-alert-rules`
+/// markers), as a Prometheus rule file.
+fn readme_alert_rules() -> String {
+    let readme = std::fs::read_to_string(agen_tests::workspace_root().join("README.md")).unwrap();
+    let start = readme
+        .find("<!-- agen-alert-rules -->")
+        .expect("README has the alert rules");
+    let block = &readme[start..];
+    let block = &block[block.find("```yaml\n").unwrap() + 8..];
+    block[..block.find("```").unwrap()].to_string()
+}
+
+#[test]
+fn the_readmes_three_alert_rules_fire_in_promtool_test_rules() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rules = tmp.path().join("agen-alerts.yml");
+    std::fs::write(&rules, readme_alert_rules()).unwrap();
+    promtool(&["check", "rules", rules.to_str().unwrap()], "");
+    // Series as a Hub would expose them: a Nest silent since minute 0, a deployment with 1 of
+    // 2 replicas ready, a task waiting for a person for 40 minutes.
+    let tests = r#"
+rule_files: [agen-alerts.yml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'agen_nest_heartbeat_age_seconds{nest="n1"}'
+        values: '0+60x20'
+      - series: 'agen_nest_heartbeat_age_seconds{nest="n2"}'
+        values: '1+0x20'
+      - series: 'agen_deployment_replicas_desired{namespace="default",deployment="hello"}'
+        values: '2x20'
+      - series: 'agen_deployment_replicas_ready{namespace="default",deployment="hello"}'
+        values: '1x20'
+      - series: 'agen_approvals_pending{namespace="default"}'
+        values: '0 1x40'
+    alert_rule_test:
+      - eval_time: 15m
+        alertname: AgenNestSilent
+        exp_alerts:
+          - exp_labels: {severity: page, nest: n1}
+            exp_annotations:
+              summary: "Nest n1 has not been heard from for over 5 minutes"
+      - eval_time: 15m
+        alertname: AgenDeploymentNotReady
+        exp_alerts:
+          - exp_labels: {severity: page, namespace: default, deployment: hello}
+            exp_annotations:
+              summary: "default/hello: 1 replicas ready, fewer than desired"
+      - eval_time: 40m
+        alertname: AgenApprovalsWaiting
+        exp_alerts:
+          - exp_labels: {severity: ticket, namespace: default}
+            exp_annotations:
+              summary: "1 task(s) in default wait for a person's decision"
+      - eval_time: 5m
+        alertname: AgenApprovalsWaiting
+        exp_alerts: []
+"#;
+    let test_file = tmp.path().join("agen-alerts.test.yml");
+    std::fs::write(&test_file, tests).unwrap();
+    let out = promtool(&["test", "rules", test_file.to_str().unwrap()], "");
+    assert!(out.contains("SUCCESS"), "{out}");
+}
+
+#[test]
+fn agen_audit_filters_by_token_action_and_outcome_and_follows_new_entries() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let v = hub
+        .cli_json(&[
+            "tokens",
+            "create",
+            "--namespace",
+            "team",
+            "--role",
+            "deployer",
+            "--name",
+            "team-deployer",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    let secret = v["secret"].as_str().unwrap().to_owned();
+
+    // Follow from now on, only ScaleDeployment calls that were not found.
+    let mut follower = Command::new(agen_bin())
+        .args(["audit", "-f", "-o", "json", "--action", "scaledeployment"])
+        .args(["--outcome", "not_found"])
+        .env("AGEN_CONFIG", hub.dir.join("client.toml"))
+        .env_remove("AGEN_HUB")
+        .env_remove("AGEN_TOKEN")
+        .env_remove("AGEN_NAMESPACE")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stdout = follower.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+
+    // The namespace token scales a deployment that is not there (not_found), and removes
+    // nothing; the admin scales another (not_found too) and is refused nothing.
+    let out = hub
+        .cli(&[
+            "scale",
+            "ghost-a",
+            "2",
+            "--namespace",
+            "team",
+            "--token",
+            &secret,
+        ])
+        .unwrap();
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    let out = hub.cli(&["scale", "ghost-b", "2"]).unwrap();
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    let out = hub
+        .cli(&[
+            "secrets",
+            "set",
+            "K",
+            "--namespace",
+            "team",
+            "--token",
+            &secret,
+            "--from-env",
+            "PATH",
+        ])
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+
+    let mut followed: Vec<Value> = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while followed.len() < 2 && std::time::Instant::now() < deadline {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(500)) {
+            followed.push(serde_json::from_str(&line).unwrap());
+        }
+    }
+    let _ = follower.kill();
+    let _ = follower.wait();
+    let mut targets: Vec<&str> = followed
+        .iter()
+        .map(|e| e["target"].as_str().unwrap())
+        .collect();
+    targets.sort();
+    assert_eq!(targets, vec!["ghost-a", "ghost-b"], "{followed:?}");
+    assert!(followed
+        .iter()
+        .all(|e| e["call"] == "ScaleDeployment" && e["outcome"] == "not_found"));
+
+    // Filters: by token (name or id), by action and outcome.
+    let by_token = hub
+        .cli_json(&["audit", "--token-id", "team-deployer", "-o", "json"])
+        .unwrap();
+    let calls: Vec<&str> = by_token
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["call"].as_str().unwrap())
+        .collect();
+    assert_eq!(calls.len(), 2, "{by_token}");
+    assert!(
+        calls.contains(&"ScaleDeployment") && calls.contains(&"SetSecret"),
+        "{calls:?}"
+    );
+    let ok_in_team = hub
+        .cli_json(&[
+            "audit",
+            "--namespace",
+            "team",
+            "--outcome",
+            "ok",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    assert_eq!(
+        ok_in_team
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["call"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        vec!["CreateToken", "SetSecret"],
+        "{ok_in_team}"
+    );
+}

@@ -1,6 +1,8 @@
-//! `agen audit [--namespace NS] [--since D] [-o json]`: the Hub's audit log, one line per
-//! mutating call (time, token, namespace, call, target, outcome). Every namespace the caller may
-//! read unless `--namespace` is given.
+//! `agen audit [--namespace NS] [--since D] [--token T] [--action CALL] [--outcome O] [-f]
+//! [-o json]`: the Hub's audit log, one line per mutating call (time, token, namespace, call,
+//! target, outcome). Every namespace the caller may read unless `--namespace` is given; the
+//! token, action and outcome filters apply to the entries the Hub returns; `-f` prints new
+//! entries as they come (polled every second; JSON lines with `-o json`).
 
 use std::time::Duration;
 
@@ -19,6 +21,18 @@ pub struct Args {
     /// At most this many entries (the newest)
     #[arg(long, default_value_t = 1000)]
     pub limit: u32,
+    /// Only entries of this token (its id or name)
+    #[arg(long = "token-id", alias = "by-token", value_name = "TOKEN")]
+    pub by_token: Option<String>,
+    /// Only entries of this call, e.g. DeleteDeployment (case does not matter)
+    #[arg(long)]
+    pub action: Option<String>,
+    /// Only entries with this outcome, e.g. ok or permission_denied (case does not matter)
+    #[arg(long)]
+    pub outcome: Option<String>,
+    /// Keep printing new entries as they are written (Ctrl-C ends)
+    #[arg(short = 'f', long)]
+    pub follow: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -35,6 +49,18 @@ pub fn entry_json(e: &pb::AuditEntry) -> Value {
         "outcome": e.outcome,
         "message": e.message,
     })
+}
+
+/// Whether `e` passes the `--token-id`, `--action` and `--outcome` filters.
+fn wanted(args: &Args, e: &pb::AuditEntry) -> bool {
+    let same = |want: &Option<String>, have: &str| {
+        want.as_ref().is_none_or(|w| w.eq_ignore_ascii_case(have))
+    };
+    args.by_token
+        .as_ref()
+        .is_none_or(|t| *t == e.token_id || *t == e.token_name)
+        && same(&args.action, &e.call)
+        && same(&args.outcome, &e.outcome)
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
@@ -57,6 +83,47 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         .map_err(|s| status_error(&hub, s))?
         .into_inner()
         .entries;
+    let mut last_ms = entries.iter().map(|e| e.at_ms).max().unwrap_or(since_ms);
+    let mut seen: Vec<pb::AuditEntry> = entries
+        .iter()
+        .filter(|e| e.at_ms == last_ms)
+        .cloned()
+        .collect();
+    let entries: Vec<pb::AuditEntry> = entries.into_iter().filter(|e| wanted(&args, e)).collect();
+    if args.follow {
+        // One entry per line from the start, then every new one.
+        for e in &entries {
+            print_line(args.client.output, e);
+        }
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let fresh = hub
+                .client
+                .list_audit(pb::ListAuditRequest {
+                    namespace: hub.namespace.clone(),
+                    all_namespaces: !explicit_ns,
+                    since_ms: last_ms,
+                    limit: 0,
+                })
+                .await
+                .map_err(|s| status_error(&hub, s))?
+                .into_inner()
+                .entries;
+            for e in fresh {
+                if e.at_ms == last_ms && seen.contains(&e) {
+                    continue;
+                }
+                if e.at_ms > last_ms {
+                    last_ms = e.at_ms;
+                    seen.clear();
+                }
+                seen.push(e.clone());
+                if wanted(&args, &e) {
+                    print_line(args.client.output, &e);
+                }
+            }
+        }
+    }
     match args.client.output {
         Output::Json | Output::Yaml => view::print_value(
             args.client.output,
@@ -93,4 +160,25 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// One entry on one line (`agen audit -f`): JSON with `-o json|yaml`, else the table's columns.
+fn print_line(output: Output, e: &pb::AuditEntry) {
+    match output {
+        Output::Json | Output::Yaml => crate::outln!("{}", entry_json(e)),
+        Output::Table => crate::outln!(
+            "{} {} ({}) {} {} {} {}",
+            view::time(e.at_ms).as_str().unwrap_or("-"),
+            e.token_name,
+            e.token_id,
+            if e.namespace.is_empty() {
+                "-"
+            } else {
+                &e.namespace
+            },
+            e.call,
+            if e.target.is_empty() { "-" } else { &e.target },
+            e.outcome
+        ),
+    }
 }

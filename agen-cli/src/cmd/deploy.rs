@@ -240,8 +240,44 @@ fn not_connected(ready: &[pb::Instance]) -> Vec<String> {
         .collect()
 }
 
-/// Waits until every replica of `dep` runs its generation and is healthy; returns those
-/// replicas.
+/// Messages of an instance that failed to start for a reason of its own that no retry fixes
+/// (the Nest and the instance say them; a replacement in back-off repeats its predecessor's).
+const START_ERRORS: &[&str] = &[
+    "permission denied: uid",
+    "does not exist; expected an executable file",
+    "not found in the bundle",
+    "could not start ",
+    "cannot start ",
+    "bundle: ",
+    "has no value",
+    "instance process exited",
+];
+
+/// When no replica of `dep`'s generation is ready and there are at least `replicas` of them,
+/// each failing with a known start error: those errors, one per instance.
+fn every_replica_fails_to_start(list: &[pb::Instance], dep: &pb::Deployment) -> Option<String> {
+    let current: Vec<&pb::Instance> = list
+        .iter()
+        .filter(|i| i.generation == dep.generation)
+        .filter(|i| {
+            !matches!(
+                view::instance_state(i.state),
+                "lost" | "stopped" | "stopping"
+            )
+        })
+        .collect();
+    let failing: Vec<String> = current
+        .iter()
+        .filter(|i| !i.healthy)
+        .filter(|i| START_ERRORS.iter().any(|e| i.message.contains(e)))
+        .map(|i| format!("{}: {}", i.instance_id, i.message))
+        .collect();
+    (dep.replicas > 0 && failing.len() == current.len() && failing.len() as u32 >= dep.replicas)
+        .then(|| failing.join("; "))
+}
+
+/// Waits until every replica of `dep` runs its generation and is healthy, and returns those
+/// replicas; stops early (exit 1) when every replica fails with a start error of its own.
 pub async fn wait_ready(
     hub: &mut Hub,
     dep: &pb::Deployment,
@@ -283,6 +319,15 @@ pub async fn wait_ready(
             .count();
         if ready as u32 >= dep.replicas && old == 0 {
             return Ok(ready_list.into_iter().cloned().collect());
+        }
+        if let Some(failing) = every_replica_fails_to_start(&list, dep) {
+            return Err(crate::exit::coded(
+                crate::exit::code::FAILED,
+                format!(
+                    "deployment {}/{}: every replica fails to start, waiting longer will not help: {failing}",
+                    dep.namespace, dep.name
+                ),
+            ));
         }
         let last = list
             .iter()

@@ -3,7 +3,7 @@
 //! runs the same harness as a fleet instance with a local sled run log, and prints the answer.
 //!
 //! Invariants: stdout carries only the answer; a bad bundle (or bad `--model`, or a secret
-//! that cannot be resolved) exits 64, a failed or cancelled run 1, a successful run 0. Each
+//! that cannot be resolved) exits 2 (usage, as the CLI's table says), a failed or cancelled run 1, a successful run 0. Each
 //! run has its own sled database under the run-log folder (`$XDG_STATE_HOME/agen/runs/<run id>`,
 //! or `~/.local/state/agen/runs/<run id>`), so concurrent `agen run`s never contend for a lock.
 //! Artifacts go to files beside the run logs (`$XDG_STATE_HOME/agen/artifacts/standalone`, see
@@ -29,7 +29,7 @@ use crate::run::{
 use crate::terminal::TerminalApprover;
 
 /// Exit code of a bad bundle or bad arguments.
-pub const EXIT_BAD_INPUT: i32 = 64;
+pub const EXIT_BAD_INPUT: i32 = 2;
 /// The namespace of standalone runs (and the folder of their artifacts).
 pub const STANDALONE_NAMESPACE: &str = "standalone";
 

@@ -983,7 +983,10 @@ async fn agen_run_exits_64_on_a_bad_bundle() {
     let code = agen_harness::standalone::run_cli(dir.path().to_path_buf(), "hi".into(), None)
         .await
         .unwrap();
-    assert_eq!(code, 64);
+    assert_eq!(
+        code, 2,
+        "bad input is usage (2), as the CLI's exit code table says"
+    );
     let platform = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(platform.path().join("x-agen")).unwrap();
     std::fs::write(
@@ -999,7 +1002,7 @@ async fn agen_run_exits_64_on_a_bad_bundle() {
     let code = agen_harness::standalone::run_cli(platform.path().to_path_buf(), "hi".into(), None)
         .await
         .unwrap();
-    assert_eq!(code, 64);
+    assert_eq!(code, 2);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -143,14 +143,22 @@ impl Supervisor {
         }
     }
 
-    /// Relays the Hub's ack of a run's events to the instance running it.
+    /// Relays the Hub's ack of a run's events to the instance running it. A fenced attempt is
+    /// no run of this Nest's any more: forgotten at once (a stopping Nest does not wait for
+    /// it; the instance ends it when the fenced ack reaches it).
     pub fn deliver_ack(&self, run_id: &str, attempt: u32, acked_seq: u64, fenced: bool) {
-        let st = self.lock();
-        let Some(e) = st
-            .runs
-            .get(run_id)
-            .and_then(|t| st.instances.get(&t.instance))
-        else {
+        let mut st = self.lock();
+        let Some(instance) = st.runs.get(run_id).map(|t| t.instance.clone()) else {
+            return;
+        };
+        if fenced && st.runs.get(run_id).is_some_and(|t| t.attempt == attempt) {
+            st.runs.remove(run_id);
+            if let Some(e) = st.instances.get_mut(&instance) {
+                e.report.active_runs.retain(|r| r != run_id);
+            }
+            self.report(&st, &instance);
+        }
+        let Some(e) = st.instances.get(&instance) else {
             return;
         };
         if let Some((_, tx)) = &e.conn {

@@ -428,8 +428,19 @@ async fn start_command(
         .map(|(_, v)| v.as_str());
     let program = launch::resolve_program(command, bundle_dir, path, &ctx.agen_bin)?;
     let mut cmd = launch::command(&program, args, bundle_dir, &env);
-    let mut child = agen_shared::process::spawn_managed(|| cmd.spawn(), |c| c.id())
-        .map_err(|e| format!("could not start {}: {e}", program.display()))?;
+    let mut child =
+        agen_shared::process::spawn_managed(|| cmd.spawn(), |c| c.id()).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                // The program, or the interpreter its `#!` line names, is out of reach.
+                format!(
+                    "could not start {}: {}",
+                    program.display(),
+                    launch::permission_denied(command, &program)
+                )
+            } else {
+                format!("could not start {}: {e}", program.display())
+            }
+        })?;
     let (Some(stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {

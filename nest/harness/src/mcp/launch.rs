@@ -85,12 +85,14 @@ pub(crate) fn resolve_program(
     }
     let as_path = Path::new(command);
     if as_path.is_absolute() {
-        return if as_path.is_file() {
-            Ok(as_path.to_path_buf())
-        } else {
-            Err(format!(
+        return match std::fs::metadata(as_path) {
+            Ok(m) if m.is_file() => Ok(as_path.to_path_buf()),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                Err(permission_denied(command, as_path))
+            }
+            _ => Err(format!(
                 "command {command} does not exist; expected an executable file"
-            ))
+            )),
         };
     }
     let in_bundle = bundle_dir.join(as_path);
@@ -103,16 +105,47 @@ pub(crate) fn resolve_program(
             bundle_dir.display()
         ));
     }
+    let mut denied = None;
     for dir in path.unwrap_or("").split(':').filter(|d| !d.is_empty()) {
         let candidate = Path::new(dir).join(command);
         if is_executable(&candidate) {
             return Ok(candidate);
         }
+        if denied.is_none()
+            && std::fs::metadata(&candidate)
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied)
+        {
+            denied = Some(candidate);
+        }
+    }
+    if let Some(candidate) = denied {
+        return Err(permission_denied(command, &candidate));
     }
     Err(format!(
         "command {command} not found in the bundle or on PATH ({}); install it on the Nest or use an absolute path",
         path.unwrap_or("<PATH is not set>")
     ))
+}
+
+/// What to say when `path` (the program of `command`) exists for the Nest but this process's
+/// uid may not reach it: the uid, the first folder on the way it cannot enter (or the file
+/// itself), and the fixes.
+pub(crate) fn permission_denied(command: &str, path: &Path) -> String {
+    use nix::unistd::{access, AccessFlags};
+    let uid = nix::unistd::getuid();
+    let mut ancestors: Vec<&Path> = path.ancestors().skip(1).collect();
+    ancestors.reverse();
+    let blocked = ancestors
+        .into_iter()
+        .find(|d| access(*d, AccessFlags::X_OK).is_err())
+        .map(|d| format!("folder {} is not passable (x) for it", d.display()))
+        .unwrap_or_else(|| format!("{} is not readable and executable for it", path.display()));
+    format!(
+        "command {command}: permission denied: uid {uid} (the instance's user) cannot reach {}: {blocked}; \
+         install the program where that uid can read it, make the folder passable (chmod o+x), \
+         or start the Nest with --run-as USER (a user who can) or --run-as-self",
+        path.display()
+    )
 }
 
 fn is_executable(p: &Path) -> bool {
