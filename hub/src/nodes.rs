@@ -7,7 +7,8 @@
 //! `nest_ttl` + one heartbeat interval of silence, counted from Hub boot at the earliest, or
 //! `nest_disconnect_grace` after its stream closed (unless it reconnected), or at once when it
 //! stops reading its stream, and never for the time the Hub's store could not write (the
-//! clocks restart when it heals, [`Liveness::restart_clocks`]): what the Hub queues for one Nest is bounded (bytes and messages,
+//! clocks restart when it heals, [`Liveness::restart_clocks`]) or the Hub itself was paused
+//! ([`Liveness::restart_all_clocks`]): what the Hub queues for one Nest is bounded (bytes and messages,
 //! [`nest_queue`]); a send that would pass the bound ends the link instead of buffering, and the
 //! Nest is reported by [`Liveness::take_overflowed`] (its runs are handed over). A message sent
 //! with [`Liveness::send_durable`] (a run assignment) is held until a store flush that covers
@@ -65,7 +66,8 @@ pub enum ToNest {
         /// The digest of the call decided (`ApprovalRequested::digest`).
         digest: String,
     },
-    /// Keeps the Nest's self-fence timer from firing (see `HubPing` in nest.proto).
+    /// Tells the Nest its Hub is there, so its nest lease does not run out (see `HubPing` in
+    /// nest.proto).
     Ping,
     Ack {
         run_id: String,
@@ -331,6 +333,18 @@ impl Liveness {
         for id in silent {
             self.last_seen.insert(id.clone(), now);
             self.disconnected_at.remove(&id);
+        }
+    }
+
+    /// Every clock starts again now, connected Nests' too (the Hub itself was paused: the
+    /// silence it saw on waking is its own, not the Nests').
+    pub fn restart_all_clocks(&mut self) {
+        let now = Instant::now();
+        for t in self.last_seen.values_mut() {
+            *t = now;
+        }
+        for t in self.disconnected_at.values_mut() {
+            *t = now;
         }
     }
 

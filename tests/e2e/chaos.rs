@@ -74,9 +74,37 @@ pub fn fleet_on(
     seconds: f64,
     reply_delay_ms: u64,
 ) -> Fleet {
+    fleet_on_with(
+        hub,
+        root,
+        nests,
+        &[],
+        replicas,
+        concurrency,
+        seconds,
+        reply_delay_ms,
+    )
+}
+
+/// [`fleet_on`] with more `agen nest` flags for every Nest (e.g. `--nest-lease 3s`).
+#[allow(clippy::too_many_arguments)]
+pub fn fleet_on_with(
+    hub: HubProcess,
+    root: PathBuf,
+    nests: &[&str],
+    nest_flags: &[&str],
+    replicas: u32,
+    concurrency: u32,
+    seconds: f64,
+    reply_delay_ms: u64,
+) -> Fleet {
+    let flags: Vec<&str> = ["--run-as-self"]
+        .into_iter()
+        .chain(nest_flags.iter().copied())
+        .collect();
     let nest_procs: Vec<NestProcess> = nests
         .iter()
-        .map(|n| hub.nest(n, &[], &[]).unwrap())
+        .map(|n| hub.nest_with(n, &[], &[], &flags).unwrap())
         .collect();
     let script = json!({"record": root.join("model-requests.jsonl"), "steps": [
         {"tool_calls": [{"name": "pay_charge", "arguments": {"amount": 5, "seconds": seconds}}]},
@@ -378,7 +406,7 @@ fn kill9(pid: u32) {
 }
 
 /// Waits until the charge server has logged `n` executions in all.
-fn wait_charges(f: &Fleet, n: usize) {
+pub(crate) fn wait_charges(f: &Fleet, n: usize) {
     wait_for(&format!("{n} charge(s)"), Duration::from_secs(60), || {
         (f.charges().values().sum::<usize>() >= n).then_some(())
     })

@@ -21,6 +21,7 @@ mod guides;
 mod hostile_bundle;
 mod hostile_clients;
 mod hostile_keen;
+mod hub_restart;
 mod identity;
 mod init;
 mod keen;

@@ -112,7 +112,8 @@ impl NestService for NestApi {
         let (tx, rx) = crate::nodes::nest_queue(self.core.opts.limits.nest_queue_bytes);
         let overflow = rx.overflow.clone();
         let conn_id = self.core.register(reg, tx.clone()).await?;
-        // Pings keep the Nest's self-fence from firing while the link is up.
+        // Pings keep the Nest's lease (how long it keeps its runs without a Hub) from running
+        // out while the link is up.
         // They stop with the link, so that a dropped link ends the outbound stream.
         let every = self.core.opts.nest_disconnect_grace / 6;
         let (pinger, ping_nest) = (self.core.clone(), nest_id.clone());
