@@ -539,6 +539,22 @@ mod tests {
         assert_eq!(live.held(), 0);
     }
 
+    #[test]
+    fn a_paused_hub_restarts_every_clock_so_that_no_nest_is_lost_for_its_own_pause() {
+        let mut live = Liveness::new(["away".to_string()]);
+        let (tx, _rx) = nest_queue(1 << 20);
+        live.connect("linked", tx.clone());
+        live.connect("closed", tx);
+        live.disconnect("closed", live.links["closed"].conn_id);
+        std::thread::sleep(Duration::from_millis(30));
+        live.restart_all_clocks();
+        for id in ["away", "linked", "closed"] {
+            assert!(live.silent_for(id) < Duration::from_millis(30), "{id}");
+        }
+        assert!(live.disconnected_for("closed").unwrap() < Duration::from_millis(30));
+        assert!(live.is_connected("linked"), "links stay as they are");
+    }
+
     #[tokio::test]
     async fn dropping_held_messages_cuts_the_links_they_were_for_so_those_nests_resend() {
         let mut live = Liveness::new([]);

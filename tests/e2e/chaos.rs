@@ -497,7 +497,7 @@ fn a_killed_nest_has_its_run_continue_on_another_within_seconds() {
 }
 
 #[test]
-fn a_paused_nest_fences_itself_and_its_run_resumes_elsewhere_without_a_second_charge() {
+fn a_paused_nest_loses_its_run_to_another_nest_without_a_second_charge() {
     let f = fleet(&["nest-a", "nest-b"], 2, 1, 6.0, 0);
     let task = f.submit("charge the customer");
     wait_charges(&f, 1);
@@ -506,7 +506,9 @@ fn a_paused_nest_fences_itself_and_its_run_resumes_elsewhere_without_a_second_ch
     let n = f.nests.iter().find(|n| n.name == nest).unwrap();
     let pid = nix::unistd::Pid::from_raw(n.proc.pid() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
-    // Past the ttl (3 s + a heartbeat): the Hub loses it and resumes the run elsewhere.
+    // Past the ttl (3 s + a heartbeat): the Hub loses it and resumes the run elsewhere; once
+    // woken, the Nest reconnects and the Hub cancels its old attempt (which could start no
+    // side effect meanwhile: no ack comes for it).
     let moved = wait_for(
         "the run to resume elsewhere",
         Duration::from_secs(30),
