@@ -91,6 +91,9 @@ pub struct NestOptions {
     /// default 30 s): a Hub restart or pause shorter than this interrupts no run; past it the
     /// Nest stops them (`nest_fenced`) and the Hub resumes them from their logs.
     pub nest_lease: std::time::Duration,
+    /// The commit this Nest was built from (the binary knows it; `unknown` otherwise), sent in
+    /// `Register` and shown by `agen nests`.
+    pub commit: String,
 }
 
 impl NestOptions {
@@ -116,6 +119,7 @@ impl NestOptions {
             stop_grace: DEFAULT_STOP_GRACE,
             event_batch_window: DEFAULT_EVENT_BATCH_WINDOW,
             nest_lease: DEFAULT_NEST_LEASE,
+            commit: "unknown".into(),
         }
     }
 

@@ -149,7 +149,7 @@ pub async fn run(mut ctx: LinkContext, client_slot: Arc<ClientSlot>, shutdown: C
             Ok(()) => return,
             Err(reason) => {
                 let delay = backoff.next_delay();
-                tracing::warn!(hub = %ctx.opts.hub, "hub link down: {reason}; reconnecting in {delay:?}");
+                tracing::warn!(hub = %ctx.opts.hub, runs_kept = ctx.supervisor.active_runs(), nest_lease = ?ctx.opts.nest_lease, "hub link down: {reason}; reconnecting in {delay:?} (runs go on until their next side effect waits for the hub)");
                 agen_shared::systemd::status(&format!(
                     "Hub unreachable, retrying: {}",
                     ctx.opts.hub
@@ -192,10 +192,12 @@ async fn session(
         name: ctx.opts.name.clone(),
         labels: ctx.opts.labels.clone().into_iter().collect(),
         capacity: ctx.opts.capacity,
-        version: env!("CARGO_PKG_VERSION").to_string(),
+        version: agen_shared::version::CRATE_VERSION.to_string(),
         instances: convert::reports(sup.snapshot()),
         fallback_name: ctx.opts.fallback_name.clone(),
         separation: sup.separation().describe(),
+        protocol_version: agen_shared::version::Protocol::spoken().to_string(),
+        commit: ctx.opts.commit.clone(),
     };
     tx.send(NestMessage {
         msg: Some(NestMsg::Register(register)),

@@ -12,3 +12,4 @@ pub mod run;
 pub mod systemd;
 pub mod telemetry;
 pub mod tls;
+pub mod version;

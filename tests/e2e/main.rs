@@ -43,4 +43,5 @@ mod suspend;
 mod tokens;
 mod trace_events;
 mod up;
+mod versions;
 mod workspace;

@@ -136,6 +136,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     opts.metrics_listen = args.metrics_listen;
     opts.stop_grace = args.stop_grace;
     opts.nest_lease = args.nest_lease;
+    opts.commit = crate::cmd::version::COMMIT.into();
     opts.agen_bin =
         std::env::current_exe().context("while finding the agen binary to run instances with")?;
     if let Err(e) = opts.validate() {
