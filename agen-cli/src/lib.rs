@@ -78,6 +78,8 @@ pub enum Command {
     Audit(cmd::audit::Args),
     /// Shell completions: `agen completions bash > /etc/bash_completion.d/agen`
     Completions(cmd::completions::Args),
+    /// This build's version, commit and protocol version (MAJOR.MINOR)
+    Version(cmd::version::Args),
     /// Run a bundle standalone, with no Hub, and print the answer
     Run(cmd::run::Args),
     /// Write a new bundle from a template (basic, coder, ci-fixer); --list lists them
@@ -161,6 +163,7 @@ pub fn main(cli: Cli) -> i32 {
             Command::Tokens(c) => cmd::tokens::run(c).await,
             Command::Audit(a) => cmd::audit::run(a).await,
             Command::Completions(a) => cmd::completions::run(a),
+            Command::Version(a) => cmd::version::run(a),
             Command::Run(a) => cmd::run::run(a).await,
             Command::Init(a) => cmd::init::run(a).await,
             Command::Mcp(c) => cmd::mcp::run(c).await,

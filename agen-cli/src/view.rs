@@ -143,6 +143,8 @@ pub fn nest_json(n: &pb::Nest) -> Value {
         "capacity": n.capacity,
         "instances": n.instances,
         "version": n.version,
+        "commit": n.commit,
+        "protocol_version": n.protocol_version,
         "last_heartbeat": time(n.last_heartbeat_ms),
         "registered_at": time(n.registered_at_ms),
         "revoked": n.revoked,

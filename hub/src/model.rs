@@ -73,6 +73,11 @@ pub struct NestRec {
     /// to it until then (unix ms); a new registration clears it.
     #[serde(default)]
     pub draining_until_ms: i64,
+    /// The commit it was built from and the protocol version it spoke at its last registration.
+    #[serde(default)]
+    pub commit: String,
+    #[serde(default)]
+    pub protocol_version: String,
 }
 
 impl NestRec {
@@ -188,6 +193,10 @@ pub struct Registration {
     pub fallback_name: String,
     /// Who its instances run as (shown by `agen nests`).
     pub separation: String,
+    /// The protocol version it speaks, `MAJOR.MINOR` (empty: a Nest built before versions).
+    pub protocol_version: String,
+    /// The commit it was built from.
+    pub commit: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,7 +7,8 @@
 //! `nest_ttl` + one heartbeat interval of silence, counted from Hub boot at the earliest, or
 //! `nest_disconnect_grace` after its stream closed (unless it reconnected), or at once when it
 //! stops reading its stream, and never for the time the Hub's store could not write (the
-//! clocks restart when it heals, [`Liveness::restart_clocks`]): what the Hub queues for one Nest is bounded (bytes and messages,
+//! clocks restart when it heals, [`Liveness::restart_clocks`]) or the Hub itself was paused
+//! ([`Liveness::restart_all_clocks`]): what the Hub queues for one Nest is bounded (bytes and messages,
 //! [`nest_queue`]); a send that would pass the bound ends the link instead of buffering, and the
 //! Nest is reported by [`Liveness::take_overflowed`] (its runs are handed over). A message sent
 //! with [`Liveness::send_durable`] (a run assignment) is held until a store flush that covers
@@ -65,7 +66,8 @@ pub enum ToNest {
         /// The digest of the call decided (`ApprovalRequested::digest`).
         digest: String,
     },
-    /// Keeps the Nest's self-fence timer from firing (see `HubPing` in nest.proto).
+    /// Tells the Nest its Hub is there, so its nest lease does not run out (see `HubPing` in
+    /// nest.proto).
     Ping,
     Ack {
         run_id: String,
@@ -334,6 +336,18 @@ impl Liveness {
         }
     }
 
+    /// Every clock starts again now, connected Nests' too (the Hub itself was paused: the
+    /// silence it saw on waking is its own, not the Nests').
+    pub fn restart_all_clocks(&mut self) {
+        let now = Instant::now();
+        for t in self.last_seen.values_mut() {
+            *t = now;
+        }
+        for t in self.disconnected_at.values_mut() {
+            *t = now;
+        }
+    }
+
     /// Installs a new link for `nest_id` (replacing an older one) and returns its id.
     pub fn connect(&mut self, nest_id: &str, tx: NestTx) -> u64 {
         self.next_conn += 1;
@@ -528,6 +542,22 @@ mod tests {
         live.release(live.mark());
         assert_eq!(rx.try_recv(), Some(stop_named("later")));
         assert_eq!(live.held(), 0);
+    }
+
+    #[test]
+    fn a_paused_hub_restarts_every_clock_so_that_no_nest_is_lost_for_its_own_pause() {
+        let mut live = Liveness::new(["away".to_string()]);
+        let (tx, _rx) = nest_queue(1 << 20);
+        live.connect("linked", tx.clone());
+        live.connect("closed", tx);
+        live.disconnect("closed", live.links["closed"].conn_id);
+        std::thread::sleep(Duration::from_millis(30));
+        live.restart_all_clocks();
+        for id in ["away", "linked", "closed"] {
+            assert!(live.silent_for(id) < Duration::from_millis(30), "{id}");
+        }
+        assert!(live.disconnected_for("closed").unwrap() < Duration::from_millis(30));
+        assert!(live.is_connected("linked"), "links stay as they are");
     }
 
     #[tokio::test]

@@ -40,6 +40,7 @@ async fn an_undecodable_nest_message_ends_the_link_with_the_reason_and_the_nest_
         nest_id: "nest-x".into(),
         name: "nest-x-name".into(),
         version: "test".into(),
+        protocol_version: agen_shared::version::Protocol::CURRENT.to_string(),
         ..Default::default()
     };
     tx.send(RawNestMessage {

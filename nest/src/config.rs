@@ -47,6 +47,12 @@ pub const DEFAULT_STOP_GRACE: std::time::Duration = std::time::Duration::from_se
 /// The default [`NestOptions::event_batch_window`].
 pub const DEFAULT_EVENT_BATCH_WINDOW: std::time::Duration = std::time::Duration::from_millis(5);
 
+/// The default `--nest-lease`: how long a Nest with no Hub keeps its runs.
+pub const DEFAULT_NEST_LEASE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The shortest `--nest-lease` accepted (a Hub restart takes longer than this).
+pub const MIN_NEST_LEASE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Everything `daemon::run` needs. `agen nest` builds it from flags; `agen up` builds several.
 #[derive(Debug, Clone)]
 pub struct NestOptions {
@@ -81,6 +87,13 @@ pub struct NestOptions {
     /// How long run events nobody waits for are gathered before their batch goes to the Hub
     /// (default 5 ms). A waited-for event never waits for it, nor does anything the Hub sends.
     pub event_batch_window: std::time::Duration,
+    /// How long the Nest keeps its runs while it hears nothing from any Hub (`--nest-lease`,
+    /// default 30 s): a Hub restart or pause shorter than this interrupts no run; past it the
+    /// Nest stops them (`nest_fenced`) and the Hub resumes them from their logs.
+    pub nest_lease: std::time::Duration,
+    /// The commit this Nest was built from (the binary knows it; `unknown` otherwise), sent in
+    /// `Register` and shown by `agen nests`.
+    pub commit: String,
 }
 
 impl NestOptions {
@@ -105,6 +118,8 @@ impl NestOptions {
             socket_dir: None,
             stop_grace: DEFAULT_STOP_GRACE,
             event_batch_window: DEFAULT_EVENT_BATCH_WINDOW,
+            nest_lease: DEFAULT_NEST_LEASE,
+            commit: "unknown".into(),
         }
     }
 
@@ -229,6 +244,12 @@ impl NestOptions {
             return Err(NestError::Config(
                 "--capacity must be at least 1 (default 32)".into(),
             ));
+        }
+        if self.nest_lease < MIN_NEST_LEASE {
+            return Err(NestError::Config(format!(
+                "--nest-lease {:?} is too short: a nest must keep its runs for at least 1s without a hub (default 30s)",
+                self.nest_lease
+            )));
         }
         let hub = self.hub.trim();
         let rest = hub

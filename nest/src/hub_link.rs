@@ -12,14 +12,19 @@
 //! again whenever it no longer matches the Hub's CA or the node id, and once the Nest holds a
 //! certificate it never sends the join token again (it is the bearer only of `Join`, and of
 //! every call to a plaintext Hub, which has no certificates).
-//! A Nest that has heard nothing from the Hub (pings, acks, anything) for the Hub's announced
-//! disconnect grace minus one second cancels every run it holds ([`Supervisor::fence_all`])
-//! before the Hub, which loses it after the grace, re-dispatches them.
+//! A Nest that loses its Hub keeps its runs and reconnects: no run can start a side effect
+//! without the Hub's ack of its durable "started" (the instance's sink waits for it, with no
+//! timeout), so a run that goes on without a Hub can do nothing twice. At reconnect the Nest
+//! lists the runs it holds (`Register.instances[].runs`); the Hub keeps the ones whose lease is
+//! still theirs (their resent events are acked and they carry on with the same attempt) and
+//! cancels the others. Only a Nest that has heard nothing from any Hub (pings, acks, anything)
+//! for its own `--nest-lease` stops every run it holds ([`Supervisor::fence_all`]); the Hub
+//! resumes them from their logs.
 //! Run events nobody waits for are batched for at most `event_batch_window`; that window is a
 //! deadline of the link's loop, never a wait inside it, so a waited-for event and everything
 //! from the Hub (acks above all) never wait for it.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,9 +43,11 @@ use crate::supervisor::Supervisor;
 
 /// Heartbeat interval until the Hub says otherwise.
 const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(2);
-/// Reconnect back-off bounds (the cap is small so that tests recover quickly).
+/// Reconnect back-off bounds. The cap is small: a Hub that starts gives the Nests it knows
+/// its reconnect grace (its nest ttl plus a heartbeat) before it re-places their runs, so a
+/// Nest must try again well within it.
 const RECONNECT_BASE: Duration = Duration::from_millis(200);
-const RECONNECT_CAP: Duration = Duration::from_secs(5);
+const RECONNECT_CAP: Duration = Duration::from_secs(2);
 /// Events per `RunEvents` message at most.
 const BATCH_MAX: usize = 256;
 /// How long to wait for `Registered` after opening the stream.
@@ -48,28 +55,28 @@ const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a stopping Nest waits for the Hub to confirm `Leaving`.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// When the link last heard from the Hub, and the disconnect grace the Hub announced.
-#[derive(Default)]
+/// When the link last heard from a Hub, against the Nest lease.
 pub struct HubSilence {
     last_heard_ms: AtomicI64,
-    grace_ms: AtomicU64,
+    lease: Duration,
 }
 
 impl HubSilence {
+    /// Silence counts from now (the Nest's start): a Nest that never reaches a Hub holds no
+    /// runs anyway.
+    fn new(lease: Duration) -> HubSilence {
+        HubSilence {
+            last_heard_ms: AtomicI64::new(now_ms()),
+            lease,
+        }
+    }
+
     fn heard(&self) {
         self.last_heard_ms.store(now_ms(), Ordering::SeqCst);
     }
 
-    /// How long the Nest may go without a word from the Hub before it fences itself (`None`
-    /// until a Hub announced its grace).
-    fn limit(&self) -> Option<Duration> {
-        match self.grace_ms.load(Ordering::SeqCst) {
-            0 => None,
-            g => Some(Duration::from_millis(g.saturating_sub(1000).max(500))),
-        }
-    }
-
-    /// Fences every run whenever the Hub has been silent past the limit, until `shutdown`.
+    /// Stops every run whenever no Hub has been heard from for the Nest lease, until
+    /// `shutdown`.
     async fn watch(self: Arc<Self>, sup: Arc<Supervisor>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         // This loop guards the supervisor's runs: it pets systemd's watchdog while it goes round.
@@ -80,12 +87,12 @@ impl HubSilence {
                 _ = shutdown.cancelled() => return,
             }
             watchdog.pet();
-            let Some(limit) = self.limit() else { continue };
             let silent = now_ms() - self.last_heard_ms.load(Ordering::SeqCst);
-            if silent > limit.as_millis() as i64 {
+            if silent > self.lease.as_millis() as i64 {
                 sup.fence_all(&format!(
-                    "no word from the hub for {:.1}s (the hub re-dispatches runs after its disconnect grace)",
-                    silent as f64 / 1000.0
+                    "no word from any hub for {:.1}s, past the nest lease of {:?} (--nest-lease); the hub resumes these runs from their logs",
+                    silent as f64 / 1000.0,
+                    self.lease
                 ));
             }
         }
@@ -113,7 +120,7 @@ pub struct LinkContext {
 /// and start again.
 pub async fn run(mut ctx: LinkContext, client_slot: Arc<ClientSlot>, shutdown: CancellationToken) {
     let mut backoff = Backoff::new(RECONNECT_BASE, RECONNECT_CAP);
-    let silence = Arc::new(HubSilence::default());
+    let silence = Arc::new(HubSilence::new(ctx.opts.nest_lease));
     tokio::spawn(
         silence
             .clone()
@@ -142,7 +149,7 @@ pub async fn run(mut ctx: LinkContext, client_slot: Arc<ClientSlot>, shutdown: C
             Ok(()) => return,
             Err(reason) => {
                 let delay = backoff.next_delay();
-                tracing::warn!(hub = %ctx.opts.hub, "hub link down: {reason}; reconnecting in {delay:?}");
+                tracing::warn!(hub = %ctx.opts.hub, runs_kept = ctx.supervisor.active_runs(), nest_lease = ?ctx.opts.nest_lease, "hub link down: {reason}; reconnecting in {delay:?} (runs go on until their next side effect waits for the hub)");
                 agen_shared::systemd::status(&format!(
                     "Hub unreachable, retrying: {}",
                     ctx.opts.hub
@@ -185,10 +192,12 @@ async fn session(
         name: ctx.opts.name.clone(),
         labels: ctx.opts.labels.clone().into_iter().collect(),
         capacity: ctx.opts.capacity,
-        version: env!("CARGO_PKG_VERSION").to_string(),
+        version: agen_shared::version::CRATE_VERSION.to_string(),
         instances: convert::reports(sup.snapshot()),
         fallback_name: ctx.opts.fallback_name.clone(),
         separation: sup.separation().describe(),
+        protocol_version: agen_shared::version::Protocol::spoken().to_string(),
+        commit: ctx.opts.commit.clone(),
     };
     tx.send(NestMessage {
         msg: Some(NestMsg::Register(register)),
@@ -214,9 +223,6 @@ async fn session(
     };
     backoff.reset();
     silence.heard();
-    silence
-        .grace_ms
-        .store(u64::from(registered.disconnect_grace_ms), Ordering::SeqCst);
     let interval = match registered.heartbeat_interval_ms {
         0 => DEFAULT_HEARTBEAT,
         ms => Duration::from_millis(u64::from(ms)),

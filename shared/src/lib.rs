@@ -13,3 +13,4 @@ pub mod systemd;
 pub mod telemetry;
 pub mod text;
 pub mod tls;
+pub mod version;

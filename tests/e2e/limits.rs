@@ -666,6 +666,7 @@ fn a_nest_that_stops_reading_is_disconnected_and_its_runs_handed_over_while_hub_
                 name: "rogue".into(),
                 capacity: 32,
                 version: "rogue".into(),
+                protocol_version: agen_shared::version::Protocol::CURRENT.to_string(),
                 ..Default::default()
             })))
             .await

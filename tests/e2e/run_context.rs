@@ -36,8 +36,7 @@ fn a_conversation_history_larger_than_the_nest_queue_reaches_the_instance_by_fet
         tmp.path(),
         free_port(),
         // A long ttl and grace: a debug-build Hub takes seconds to store the first run's 9 MiB
-        // `run.finished` (the message delta), so silent that a short grace makes the Nest
-        // fence itself.
+        // `run.finished` (the message delta), silent all the while.
         "20s",
         &[
             "--nest-queue-bytes",

@@ -34,6 +34,7 @@ pub mod tokens;
 pub mod trace;
 pub mod trace_events;
 pub mod up;
+pub mod version;
 pub mod wait;
 
 use std::path::Path;

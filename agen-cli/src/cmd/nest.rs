@@ -23,6 +23,11 @@ pub struct Args {
     /// and hands the rest over (keep it below the unit's TimeoutStopSec=30s)
     #[arg(long, value_name = "D", default_value = "20s", value_parser = crate::cmd::parse_duration)]
     pub stop_grace: std::time::Duration,
+    /// How long this Nest keeps its runs while it hears from no Hub (a Hub restart or pause
+    /// shorter than this interrupts no run); past it the Nest stops them and the Hub resumes
+    /// them from their logs when it is back
+    #[arg(long, value_name = "D", default_value = "30s", value_parser = crate::cmd::parse_duration)]
+    pub nest_lease: std::time::Duration,
     /// The Hub's URL, e.g. https://hub.example:7443
     #[arg(long, env = "AGEN_HUB")]
     pub hub: String,
@@ -130,6 +135,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     opts.run_as = args.run_as.run_as();
     opts.metrics_listen = args.metrics_listen;
     opts.stop_grace = args.stop_grace;
+    opts.nest_lease = args.nest_lease;
+    opts.commit = crate::cmd::version::COMMIT.into();
     opts.agen_bin =
         std::env::current_exe().context("while finding the agen binary to run instances with")?;
     if let Err(e) = opts.validate() {

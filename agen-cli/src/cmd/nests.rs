@@ -165,7 +165,7 @@ fn print(nests: &[pb::Nest], output: Output) {
                         labels.join(",")
                     },
                     format!("{} ago", view::age(n.last_heartbeat_ms)),
-                    n.version.clone(),
+                    version_of(n),
                     if n.separation.is_empty() {
                         "-".into()
                     } else {
@@ -180,6 +180,22 @@ fn print(nests: &[pb::Nest], output: Output) {
                 crate::outln!("{t}");
             }
         }
+    }
+}
+
+/// `0.1.0 (3f2a9c1b7e4d, protocol 1.0)`: the Nest's crate version, commit and protocol.
+fn version_of(n: &pb::Nest) -> String {
+    let mut parts = Vec::new();
+    if !n.commit.is_empty() {
+        parts.push(n.commit.clone());
+    }
+    if !n.protocol_version.is_empty() {
+        parts.push(format!("protocol {}", n.protocol_version));
+    }
+    if parts.is_empty() {
+        n.version.clone()
+    } else {
+        format!("{} ({})", n.version, parts.join(", "))
     }
 }
 

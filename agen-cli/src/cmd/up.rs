@@ -106,6 +106,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         };
         opts.name = name;
         opts.agen_bin = agen_bin.clone();
+        opts.commit = crate::cmd::version::COMMIT.into();
         opts.run_as = run_as.slice(i - 1, args.nests.max(1));
         let token = shutdown.child_token();
         nests.push(tokio::spawn(async move {

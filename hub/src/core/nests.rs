@@ -90,6 +90,8 @@ impl Core {
                 cordoned,
                 separation: reg.separation.clone(),
                 draining_until_ms,
+                commit: reg.commit.clone(),
+                protocol_version: reg.protocol_version.clone(),
             };
             let nest_name = nest.name.clone();
             self.save_nest(&mut st, nest)?;

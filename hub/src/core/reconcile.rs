@@ -22,6 +22,10 @@ const ENDED_RETENTION_MS: i64 = 24 * 3_600_000;
 /// A stopping instance the Nest never confirms is forgotten after this long.
 const STOPPING_RETENTION_MS: i64 = 60_000;
 
+/// How far past its tick the reconcile loop's sleep may end before the Hub counts itself as
+/// having been paused ([`crate::nodes::Liveness::restart_all_clocks`]).
+const PAUSED_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A reconcile loop that has not finished a pass for this long is stalled: health says
 /// NOT_SERVING (the loop places instances and dispatches tasks; a Hub without it serves
 /// nothing useful).
@@ -143,10 +147,19 @@ impl Core {
                 agen_shared::systemd::status(&status);
                 told = Some(status);
             }
+            let slept_at = Instant::now();
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(tick) => {}
+            }
+            // A sleep that overshot its tick by seconds means the Hub itself stood still
+            // (SIGSTOP, a frozen VM): the Nests it did not hear from meanwhile are not lost
+            // for that, and get a fresh ttl before the next liveness check.
+            let slept = slept_at.elapsed();
+            if slept > tick + PAUSED_AFTER {
+                tracing::warn!(paused = ?slept, "the hub did not run for a while; every nest gets a fresh ttl to be heard from");
+                self.lock().live.restart_all_clocks();
             }
         }
     }

@@ -102,6 +102,8 @@ pub fn nest(n: &NestRec, instances: u32) -> pb::Nest {
         cordoned: n.cordoned,
         separation: n.separation.clone(),
         draining_until_ms: n.draining_until_ms,
+        commit: n.commit.clone(),
+        protocol_version: n.protocol_version.clone(),
     }
 }
 
@@ -276,6 +278,8 @@ pub fn registration(r: &pb::Register) -> Registration {
         instances: r.instances.iter().map(instance_report).collect(),
         fallback_name: r.fallback_name.clone(),
         separation: r.separation.clone(),
+        protocol_version: r.protocol_version.clone(),
+        commit: r.commit.clone(),
     }
 }
 

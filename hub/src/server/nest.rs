@@ -75,6 +75,32 @@ impl NestApi {
     }
 }
 
+/// Refuses a Nest whose protocol version is outside this Hub's window (its minor and the one
+/// before, same major), naming both versions and the fix.
+fn check_protocol(reg: &crate::model::Registration) -> Result<(), Status> {
+    use agen_shared::version::Protocol;
+    let hub = Protocol::spoken();
+    let nest = Protocol::parse(&reg.protocol_version);
+    if nest.is_some_and(|n| hub.accepts(n)) {
+        return Ok(());
+    }
+    let spoken = match nest {
+        Some(n) => format!("protocol {n}"),
+        None => "no protocol version (a build from before protocol versions)".into(),
+    };
+    let build = match reg.commit.as_str() {
+        "" => format!("agen {}", reg.version),
+        c => format!("agen {}, commit {c}", reg.version),
+    };
+    tracing::warn!(nest_id = %reg.nest_id, name = %reg.name, nest_protocol = %reg.protocol_version, hub_protocol = %hub, "refused a nest outside the protocol window");
+    Err(Status::failed_precondition(format!(
+        "nest {} ({build}) speaks {spoken}; this hub (agen {}) speaks protocol {hub} and accepts nests of protocol {}; upgrade the nest to a build of this hub's release (agen version shows the protocol)",
+        reg.name,
+        agen_shared::version::CRATE_VERSION,
+        hub.window()
+    )))
+}
+
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
@@ -102,6 +128,7 @@ impl NestService for NestApi {
             }
         }
         let reg = convert::registration(&register);
+        check_protocol(&reg)?;
         crate::limits::check_id("register.nest_id", &reg.nest_id)?;
         crate::limits::check_bytes("register.name", &reg.name, 255)?;
         self.core
@@ -112,7 +139,8 @@ impl NestService for NestApi {
         let (tx, rx) = crate::nodes::nest_queue(self.core.opts.limits.nest_queue_bytes);
         let overflow = rx.overflow.clone();
         let conn_id = self.core.register(reg, tx.clone()).await?;
-        // Pings keep the Nest's self-fence from firing while the link is up.
+        // Pings keep the Nest's lease (how long it keeps its runs without a Hub) from running
+        // out while the link is up.
         // They stop with the link, so that a dropped link ends the outbound stream.
         let every = self.core.opts.nest_disconnect_grace / 6;
         let (pinger, ping_nest) = (self.core.clone(), nest_id.clone());
