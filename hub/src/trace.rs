@@ -149,7 +149,9 @@ pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
                 open_tools.push((s.call_id, spans.len() - 1));
             }
             RunEventBody::ToolCompleted(c) => {
-                if !close_tool(&mut spans, &mut open_tools, &c.call_id, e.at_ms, c.is_error) {
+                let closed =
+                    close_tool(&mut spans, &mut open_tools, &c.call_id, e.at_ms, c.is_error);
+                if !closed {
                     spans.push(unstarted_tool_span(
                         e,
                         &root_id,

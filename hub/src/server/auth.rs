@@ -426,6 +426,7 @@ mod tests {
         ));
         let auth = ApiAuth {
             tokens: Tokens::open(db, "the-admin").unwrap(),
+            gate: crate::conn_gate::ConnGate::new(Default::default()),
         };
         // Even the cluster admin: nobody gets an RPC the table does not describe.
         let refused = auth
