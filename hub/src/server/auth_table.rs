@@ -92,6 +92,7 @@ pub const RPCS: &[(&str, Rule)] = &[
     ("WatchNests", Global(ClusterRead)),
     ("WatchDeployments", ListScope),
     ("SnapshotStore", Global(ClusterWrite)),
+    ("VerifyStore", Global(ClusterWrite)),
 ];
 
 /// The row of an RPC, by its name (`SubmitTask`).
