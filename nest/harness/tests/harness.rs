@@ -972,7 +972,7 @@ async fn the_sled_run_log_keeps_every_event_in_order() {
 }
 
 #[tokio::test]
-async fn agen_run_exits_64_on_a_bad_bundle() {
+async fn agen_run_exits_2_on_a_bad_bundle() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("x-agen")).unwrap();
     std::fs::write(
