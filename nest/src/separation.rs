@@ -529,6 +529,19 @@ impl Separation {
         }))
     }
 
+    /// Instance `id`'s process ended (it may start again): whatever still runs under its tool
+    /// servers' uids (a double-forked child of a server that its instance, killed, could not
+    /// reap) is killed; those uids are its alone.
+    pub fn kill_servers(&self, id: &str) {
+        let uids = self.lock().servers.get(id).cloned().unwrap_or_default();
+        for uid in uids {
+            let killed = group::kill_uid(uid);
+            if !killed.is_empty() {
+                tracing::info!(instance = %id, uid, killed = killed.len(), "killed what a tool server of the instance left behind");
+            }
+        }
+    }
+
     /// Instance `id` is gone: with a range, every process still under its uids is killed and
     /// the uids freed; its run dir is removed.
     pub fn release(&self, id: &str) {

@@ -337,6 +337,7 @@ impl Supervisor {
                 None => {
                     let graceful = process::stop_group(&mut child, pgid, STOP_GRACE).await;
                     self.reap_tool_servers(&id);
+                    self.separation.kill_servers(&id);
                     self.children.remove(&id);
                     tracing::info!(instance = %id, graceful, "instance stopped");
                     break;
@@ -345,6 +346,7 @@ impl Supervisor {
                     // Tool servers left in the group go with it.
                     process::signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
                     self.reap_tool_servers(&id);
+                    self.separation.kill_servers(&id);
                     self.children.remove(&id);
                     if stop.is_cancelled() {
                         break;
