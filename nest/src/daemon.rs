@@ -79,9 +79,16 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         let (sup, out) = (supervisor.clone(), outbox.clone());
         let render: agen_net::metrics_http::Render = Arc::new(move || metrics.render(&sup, &out));
         let stop = own.clone();
-        tokio::spawn(agen_net::metrics_http::serve(
+        let access = agen_net::metrics_http::Access {
+            token: opts.metrics_token.as_deref().map(Arc::from),
+            // Its instances and their tool servers never read it.
+            refused_uids: supervisor.separation().instance_uids().into_iter().collect(),
+            ready: None,
+        };
+        tokio::spawn(agen_net::metrics_http::serve_with(
             metrics_listener,
             render,
+            access,
             async move { stop.cancelled().await },
         ));
         tracing::info!(addr = %at, "serving metrics at /metrics");

@@ -314,6 +314,16 @@ impl Separation {
         }
     }
 
+    /// The uids this Nest's instances and tool servers run as (none when it does not
+    /// separate: they are its own).
+    pub fn instance_uids(&self) -> Option<std::ops::RangeInclusive<u32>> {
+        match &self.mode {
+            Mode::Range { first, last } => Some(*first..=*last),
+            Mode::User { id, .. } => Some(id.uid..=id.uid),
+            Mode::Off(_) => None,
+        }
+    }
+
     pub fn mode(&self) -> &Mode {
         &self.mode
     }

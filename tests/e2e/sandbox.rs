@@ -390,3 +390,119 @@ fn an_instance_that_needs_more_uids_than_are_free_is_pending_naming_the_range() 
     assert_eq!(list.len(), 1, "{list:?}");
     assert_eq!(list[0]["state"], "starting", "{list:?}");
 }
+
+/// The status code of `GET path` at `addr` (with a bearer token when given).
+fn get(addr: &str, path: &str, token: Option<&str>) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = token
+        .map(|t| format!("authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(s, "GET {path} HTTP/1.1\r\nhost: x\r\n{auth}\r\n").unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_tool_server_is_refused_by_the_hubs_and_the_nests_endpoints_and_metrics_need_the_token() {
+    const TOKEN: &str = "metrics-token-4c1e";
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let out = tmp.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let token_file = tmp.path().join("metrics-token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let hub_metrics = format!("127.0.0.1:{}", agen_tests::free_port());
+    let hub = HubProcess::start_with_args(
+        tmp.path(),
+        agen_tests::free_port(),
+        "3s",
+        &[
+            "--metrics-listen",
+            &hub_metrics,
+            "--metrics-token-file",
+            token_file.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    let nest_metrics = format!("127.0.0.1:{}", agen_tests::free_port());
+    // The Nests' default range, the one the Hub refuses too.
+    let _nest = hub
+        .nest_with(
+            "watched",
+            &[],
+            &[],
+            &[
+                "--metrics-listen",
+                &nest_metrics,
+                "--metrics-token-file",
+                token_file.to_str().unwrap(),
+            ],
+        )
+        .unwrap();
+    wait_ok(&nest_metrics);
+
+    // Anyone else: /metrics needs the token, /healthz and /readyz never do.
+    for addr in [&hub_metrics, &nest_metrics] {
+        assert_eq!(get(addr, "/metrics", None), 401, "{addr}");
+        assert_eq!(get(addr, "/metrics", Some("wrong")), 401, "{addr}");
+        assert_eq!(get(addr, "/metrics", Some(TOKEN)), 200, "{addr}");
+        assert_eq!(get(addr, "/healthz", None), 200, "{addr}");
+        assert_eq!(get(addr, "/readyz", None), 200, "{addr}");
+    }
+
+    // A tool server, token and all, is refused every path of both.
+    let report = out.join("codes.txt");
+    let mut command = String::new();
+    for addr in [&hub_metrics, &nest_metrics] {
+        for path in ["/metrics", "/healthz", "/readyz"] {
+            command.push_str(&format!(
+                "echo \"{addr}{path} $(curl -s -o /dev/null -w '%{{http_code}}' -H 'authorization: Bearer {TOKEN}' http://{addr}{path})\" >> {}; ",
+                report.display()
+            ));
+        }
+    }
+    let model = FakeModel::start(
+        &tmp.path().join("model"),
+        &json!({"steps": [
+            {"tool_calls": [{"name": "ws_run", "arguments": {"command": command}}]},
+            {"reply": "probed"}
+        ]}),
+    )
+    .unwrap();
+    let bundle = tmp.path().join("bundle");
+    write_bundle(
+        &bundle,
+        &[
+            ("mcp.json", mcp_json(&[("ws", ws(".", true))])),
+            ("x-agen/agent.md", agent_md("prober", &model)),
+        ],
+    )
+    .unwrap();
+    deploy(&hub, &bundle, "default", "prober", true);
+    let out_json = hub
+        .cli(&["submit", "prober", "go", "--wait", "-o", "json"])
+        .unwrap();
+    let t: Value = serde_json::from_slice(&out_json.stdout).unwrap();
+    assert_eq!(t["state"], "succeeded", "{t}");
+    let text = std::fs::read_to_string(&report).unwrap();
+    let codes: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
+    let refused = codes.iter().filter(|c| **c == "403").count();
+    assert_eq!((refused, codes.len()), (6, 6), "{text}");
+}
+
+fn wait_ok(addr: &str) {
+    agen_tests::wait_for("the endpoint", Duration::from_secs(30), || {
+        std::net::TcpStream::connect(addr).ok().map(|_| ())
+    })
+    .unwrap();
+}
