@@ -89,6 +89,8 @@ pub struct Hub {
     pub client: Client,
     pub url: String,
     pub namespace: String,
+    /// The CA file the Hub's certificate is checked with (`None`: plaintext or system roots).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl ClientArgs {
@@ -125,6 +127,7 @@ impl ClientArgs {
             client,
             url,
             namespace: self.namespace.clone(),
+            ca_file,
         })
     }
 }

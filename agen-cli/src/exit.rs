@@ -1,4 +1,4 @@
-//! The exit codes of `agen` (a contract: DESIGN.md "Exit codes of the CLI") and how an error
+//! The exit codes of `agen` (a contract: `docs/exit-codes.md`) and how an error
 //! becomes one: a gRPC status anywhere in an error's chain decides, else it is a failure (1).
 
 use std::fmt;

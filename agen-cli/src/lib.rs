@@ -24,7 +24,7 @@ pub enum Command {
     /// Run a Hub and local Nest(s) in one process (the single-machine default)
     Up(cmd::up::Args),
     /// Run the Hub alone
-    Hub(cmd::hub::Args),
+    Hub(Box<cmd::hub::Args>),
     /// Run a Nest (node daemon) that joins a Hub
     Nest(cmd::nest::Args),
     /// Upload a bundle and create or roll a deployment
@@ -64,7 +64,8 @@ pub enum Command {
     /// Artifacts saved by agents
     #[command(subcommand)]
     Artifacts(cmd::artifacts::Command),
-    /// Deployments as A2A agents: `agen a2a ls` prints each one's agent card URL
+    /// Deployments as A2A agents: `agen a2a ls` prints each one's agent card URL, `agen a2a
+    /// serve` serves one at a local origin of its own
     #[command(subcommand)]
     A2a(cmd::a2a::Command),
     /// Secrets with source platform: set (value from stdin), ls, rm
@@ -144,7 +145,7 @@ pub fn main(cli: Cli) -> i32 {
     let result = rt.block_on(async move {
         match cli.command {
             Command::Up(a) => cmd::up::run(a).await,
-            Command::Hub(a) => cmd::hub::run(a).await,
+            Command::Hub(a) => cmd::hub::run(*a).await,
             Command::Nest(a) => cmd::nest::run(a).await,
             Command::Deploy(a) => cmd::deploy::run(a).await,
             Command::Ps(a) => cmd::ps::run(a).await,

@@ -1,5 +1,5 @@
 //! How API objects look to people (tables) and to scripts (JSON with snake_case keys).
-//! The JSON shapes are contracts (DESIGN.md "Contracts → CLI"); add keys, never rename them.
+//! The JSON shapes are contracts scripts rely on, like the CLI's flags: add keys, never rename them.
 
 use agen_proto::v1 as pb;
 use serde_json::{json, Value};
@@ -148,6 +148,7 @@ pub fn nest_json(n: &pb::Nest) -> Value {
         "revoked": n.revoked,
         "cordoned": n.cordoned,
         "separation": n.separation,
+        "draining_until": time(n.draining_until_ms),
     })
 }
 

@@ -53,6 +53,52 @@ pub struct HubOptions {
     /// Stopped and lost instances and lost Nests are hidden from the lists this long after
     /// they ended (`--hide-ended-after`, default 1h); asking for them still shows them.
     pub hide_ended_after: Duration,
+    /// Sealed snapshots written while serving (`--snapshot-every`); `None`: none.
+    pub snapshots: Option<SnapshotSchedule>,
+    /// How deployments are served as A2A agents.
+    pub a2a: A2aOptions,
+}
+
+/// `--snapshot-every D --snapshot-keep N --snapshot-dir DIR --snapshot-key-file PATH`.
+#[derive(Debug, Clone)]
+pub struct SnapshotSchedule {
+    pub every: Duration,
+    /// The newest this many snapshots in `dir` are kept; older ones are removed.
+    pub keep: usize,
+    pub dir: PathBuf,
+    /// The operator's snapshot key (`agen hub snapshot-key new`).
+    pub key_file: PathBuf,
+}
+
+/// How the Hub serves deployments as A2A agents (`agen hub --a2a-*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct A2aOptions {
+    /// Agent cards are readable without a token (`--a2a-public-cards`, default true); when
+    /// false a card needs the same token as the JSON-RPC endpoint (401 otherwise).
+    pub public_cards: bool,
+    /// The public card also shows what only a token holder sees by default: the bundle digest
+    /// as the version, the namespace and deployment (`--a2a-card-details`, default false).
+    pub card_details: bool,
+    /// Serve each deployment at an origin of its own, `<deployment>.<namespace>.<domain>`
+    /// (`--a2a-domain`); `None`: only at `/a2a/<namespace>/<deployment>`.
+    pub domain: Option<String>,
+    /// How long a blocking `SendMessage` waits for its task to end or need input before it
+    /// answers with the task as it is (`--a2a-send-wait`, default 5m).
+    pub send_wait: Duration,
+}
+
+/// Default of [`A2aOptions::send_wait`]: 5 minutes.
+pub const DEFAULT_A2A_SEND_WAIT: Duration = Duration::from_secs(300);
+
+impl Default for A2aOptions {
+    fn default() -> Self {
+        A2aOptions {
+            public_cards: true,
+            card_details: false,
+            domain: None,
+            send_wait: DEFAULT_A2A_SEND_WAIT,
+        }
+    }
 }
 
 /// Default of [`HubOptions::task_retention`]: 30 days.
@@ -171,6 +217,8 @@ impl Default for HubOptions {
             public_url: None,
             task_retention: DEFAULT_TASK_RETENTION,
             hide_ended_after: DEFAULT_HIDE_ENDED_AFTER,
+            snapshots: None,
+            a2a: A2aOptions::default(),
         }
     }
 }
@@ -191,6 +239,15 @@ pub fn default_data_dir() -> PathBuf {
 impl HubOptions {
     /// Checks the options without touching the disk or the network.
     pub fn validate(&self) -> Result<()> {
+        if let Some(s) = &self.snapshots {
+            if s.every < Duration::from_secs(1) || s.keep == 0 {
+                return Err(HubError::Config(
+                    "--snapshot-every must be at least 1s and --snapshot-keep at least 1".into(),
+                ));
+            }
+            crate::store::sealed::SnapshotKey::load(&s.key_file)
+                .map_err(|e| HubError::Config(format!("--snapshot-key-file: {e}")))?;
+        }
         if self.insecure_plaintext && !self.listen.ip().is_loopback() {
             return Err(HubError::Config(format!(
                 "--insecure-plaintext is only allowed on a loopback listen address, not {}; listen on 127.0.0.1 or drop the flag to serve TLS",
@@ -206,6 +263,26 @@ impl HubOptions {
                     "--public-url {u:?}: expected the Hub's URL as clients reach it, such as https://hub.example.com:7070"
                 )));
             }
+        }
+        if let Some(d) = &self.a2a.domain {
+            let ok = !d.is_empty()
+                && d.len() <= 200
+                && d.split('.').all(|l| {
+                    !l.is_empty()
+                        && l.len() <= 63
+                        && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                });
+            if !ok {
+                return Err(HubError::Config(format!(
+                    "--a2a-domain {d:?}: expected a DNS domain such as agents.example.com (deployments are served at <deployment>.<namespace>.<domain>)"
+                )));
+            }
+        }
+        if self.a2a.send_wait > Duration::from_secs(3600) {
+            return Err(HubError::Config(format!(
+                "--a2a-send-wait {:?} is too long; expected at most 1h (default 5m)",
+                self.a2a.send_wait
+            )));
         }
         if self.task_retention < Duration::from_secs(1) {
             return Err(HubError::Config(format!(

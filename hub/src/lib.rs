@@ -195,6 +195,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     tokens.ensure_bootstrap_join(&join_token)?;
     let nest_identities = tokens::nests::NestIdentities::open(db.clone())?;
     let core = core::Core::open(opts.clone(), db, secret_key)?;
+    core.resume_after_restore().await?;
 
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
@@ -305,6 +306,9 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     }
     let reconciler = tokio::spawn(core.clone().run_reconciler(shutdown.child_token()));
     let retention = tokio::spawn(core.clone().run_retention(shutdown.child_token()));
+    if let Some(schedule) = opts.snapshots.clone() {
+        tokio::spawn(core.clone().run_snapshots(schedule, shutdown.child_token()));
+    }
     // Cancelled once the server is done: every connection still open is cut.
     let cut = CancellationToken::new();
     let incoming = match tls_config {

@@ -24,15 +24,6 @@ pub struct DeploymentRec {
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
     pub agent_name: String,
-    /// Consecutive failed replacements (drives the back-off).
-    #[serde(default)]
-    pub failures: u32,
-    /// No replacement is placed before this time.
-    #[serde(default)]
-    pub backoff_until_ms: i64,
-    /// Why the last replacement was needed.
-    #[serde(default)]
-    pub last_failure: String,
 }
 
 impl DeploymentRec {
@@ -157,6 +148,11 @@ pub struct InstanceRec {
     /// of its version is left.
     #[serde(default)]
     pub for_resume: bool,
+    /// Consecutive failures of the replica slot it holds (the instances it replaced failed
+    /// this many times in a row; 0 once it ran healthy for a while): its own failure backs
+    /// its replacement off by one more step (`scheduler::slots`).
+    #[serde(default)]
+    pub slot_failures: u32,
 }
 
 /// What a Nest says about one instance (domain form of `InstanceReport`).

@@ -6,7 +6,8 @@
 //! that the end of an old stream never removes a newer one; a Nest is lost only after
 //! `nest_ttl` + one heartbeat interval of silence, counted from Hub boot at the earliest, or
 //! `nest_disconnect_grace` after its stream closed (unless it reconnected), or at once when it
-//! stops reading its stream: what the Hub queues for one Nest is bounded (bytes and messages,
+//! stops reading its stream, and never for the time the Hub's store could not write (the
+//! clocks restart when it heals, [`Liveness::restart_clocks`]): what the Hub queues for one Nest is bounded (bytes and messages,
 //! [`nest_queue`]); a send that would pass the bound ends the link instead of buffering, and the
 //! Nest is reported by [`Liveness::take_overflowed`] (its runs are handed over). A message sent
 //! with [`Liveness::send_durable`] (a run assignment) is held until a store flush that covers
@@ -61,6 +62,8 @@ pub enum ToNest {
         approved: bool,
         reason: String,
         by: String,
+        /// The digest of the call decided (`ApprovalRequested::digest`).
+        digest: String,
     },
     /// Keeps the Nest's self-fence timer from firing (see `HubPing` in nest.proto).
     Ping,
@@ -287,6 +290,9 @@ pub struct Liveness {
     next_ticket: u64,
     /// Nests whose queue overflowed (link ended), with why, for the core to hand over.
     overflowed: Vec<(String, String)>,
+    /// Nests that sent run events the store could not write (a full disk): their links stay
+    /// up, and are cut once the store heals so that they resend ([`Liveness::drop_held`]).
+    unstored: std::collections::BTreeSet<String>,
 }
 
 impl Liveness {
@@ -301,6 +307,30 @@ impl Liveness {
             held: VecDeque::new(),
             next_ticket: 0,
             overflowed: Vec::new(),
+            unstored: Default::default(),
+        }
+    }
+
+    /// Run events of `nest_id` were not stored (the store cannot write): it must resend them
+    /// once the store heals.
+    pub fn unstored(&mut self, nest_id: &str) {
+        self.unstored.insert(nest_id.to_string());
+    }
+
+    /// The clocks of every Nest without a live link start again now, as at boot (the store
+    /// healed: a Nest that could not register while it was broken is not lost for it).
+    pub fn restart_clocks(&mut self) {
+        let now = Instant::now();
+        let silent: Vec<String> = self
+            .last_seen
+            .keys()
+            .chain(self.disconnected_at.keys())
+            .filter(|id| !self.links.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in silent {
+            self.last_seen.insert(id.clone(), now);
+            self.disconnected_at.remove(&id);
         }
     }
 
@@ -422,12 +452,13 @@ impl Liveness {
     }
 
     /// Forgets every held message (the store was reopened: what they announce may be gone)
-    /// and cuts the links of their Nests: each reconnects and resends the run events whose
-    /// acks were held. Returns how many messages were dropped.
+    /// and cuts the links of their Nests and of the Nests whose run events were not stored
+    /// ([`Liveness::unstored`]): each reconnects and resends the run events not acknowledged. Returns how many messages were dropped.
     pub fn drop_held(&mut self) -> usize {
         let n = self.held.len();
-        let nests: std::collections::BTreeSet<String> =
+        let mut nests: std::collections::BTreeSet<String> =
             self.held.drain(..).map(|(_, nest, _)| nest).collect();
+        nests.append(&mut self.unstored);
         for nest_id in nests {
             if let Some(link) = self.links.remove(&nest_id) {
                 link.tx.cut("the hub store was reopened after a write error; reconnect and resend what was not acknowledged");

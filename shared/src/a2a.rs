@@ -1,8 +1,11 @@
 //! The A2A v1.0 data types both sides of Agen speak (ProtoJSON field and enum names, as PyPI
 //! `a2a-sdk` 1.3 sends and parses them): the Hub serves them (`agen_hub::a2a`), the harness's
-//! remote-delegate client reads them (`run/a2a_client.rs`). Pure serde types; parsing is
+//! remote-delegate client reads them (`run/a2a_client.rs`), `agen a2a serve` rewrites a card's
+//! interface URL. Pure serde types; parsing is
 //! tolerant (every field but a task's id and status may be missing, an unknown state is
 //! `Unspecified`), writing skips what is empty.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -148,4 +151,87 @@ pub struct Task {
     pub artifacts: Vec<Artifact>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<Message>,
+}
+
+/// `AgentCard`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct AgentCard {
+    pub name: String,
+    pub description: String,
+    pub supported_interfaces: Vec<AgentInterface>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<AgentProvider>,
+    pub version: String,
+    pub capabilities: AgentCapabilities,
+    pub security_schemes: BTreeMap<String, SecurityScheme>,
+    pub security_requirements: Vec<SecurityRequirement>,
+    pub default_input_modes: Vec<String>,
+    pub default_output_modes: Vec<String>,
+    pub skills: Vec<AgentSkill>,
+}
+
+/// `AgentInterface`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct AgentInterface {
+    pub url: String,
+    pub protocol_binding: String,
+    pub protocol_version: String,
+}
+
+/// `AgentProvider`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct AgentProvider {
+    pub organization: String,
+    pub url: String,
+}
+
+/// `AgentCapabilities`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct AgentCapabilities {
+    pub streaming: bool,
+    pub push_notifications: bool,
+    pub extended_agent_card: bool,
+}
+
+/// `SecurityScheme` (the Hub offers HTTP bearer authentication only).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct SecurityScheme {
+    pub http_auth_security_scheme: HttpAuthSecurityScheme,
+}
+
+/// `HTTPAuthSecurityScheme`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct HttpAuthSecurityScheme {
+    pub description: String,
+    pub scheme: String,
+}
+
+/// `SecurityRequirement`: scheme name to its scopes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SecurityRequirement {
+    pub schemes: BTreeMap<String, StringList>,
+}
+
+/// `StringList`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StringList {
+    pub list: Vec<String>,
+}
+
+/// `AgentSkill`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct AgentSkill {
+    pub id: String,
+    pub name: String,
+    pub description: String,
+    pub tags: Vec<String>,
 }

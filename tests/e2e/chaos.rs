@@ -53,6 +53,27 @@ pub fn fleet_in(
     reply_delay_ms: u64,
 ) -> Fleet {
     let hub = HubProcess::start(&root).unwrap();
+    fleet_on(
+        hub,
+        root,
+        nests,
+        replicas,
+        concurrency,
+        seconds,
+        reply_delay_ms,
+    )
+}
+
+/// [`fleet_in`] around a Hub already started in `root`.
+pub fn fleet_on(
+    hub: HubProcess,
+    root: PathBuf,
+    nests: &[&str],
+    replicas: u32,
+    concurrency: u32,
+    seconds: f64,
+    reply_delay_ms: u64,
+) -> Fleet {
     let nest_procs: Vec<NestProcess> = nests
         .iter()
         .map(|n| hub.nest(n, &[], &[]).unwrap())
@@ -243,7 +264,7 @@ pub fn assert_safe(f: &Fleet, c: &Counts) {
     assert_eq!(c.stuck, 0, "a task is stuck: {}", context());
 }
 
-fn tail(text: &str, n: usize) -> String {
+pub(crate) fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
@@ -259,14 +280,15 @@ fn aim() -> Duration {
 
 /// A gRPC `SubmitTask` straight from the test (no CLI process in between), so that the Hub
 /// can be killed within the dispatch window after the answer arrives.
-struct Submitter {
-    rt: tokio::runtime::Runtime,
+pub(crate) struct Submitter {
+    pub(crate) rt: tokio::runtime::Runtime,
 }
 
-type Api = agen_proto::v1::agen_service_client::AgenServiceClient<tonic::transport::Channel>;
+pub(crate) type Api =
+    agen_proto::v1::agen_service_client::AgenServiceClient<tonic::transport::Channel>;
 
 impl Submitter {
-    fn new() -> Submitter {
+    pub(crate) fn new() -> Submitter {
         agen_shared::tls::install_crypto_provider();
         Submitter {
             rt: tokio::runtime::Builder::new_current_thread()
@@ -277,7 +299,7 @@ impl Submitter {
     }
 
     /// A connected client of `hub` with its admin token.
-    fn connect(&self, hub: &HubProcess) -> (Api, String) {
+    pub(crate) fn connect(&self, hub: &HubProcess) -> (Api, String) {
         let ca = std::fs::read_to_string(hub.dir.join("hub/tls/ca.pem")).unwrap();
         let token = std::fs::read_to_string(hub.dir.join("hub/admin-token")).unwrap();
         let tls = tonic::transport::ClientTlsConfig::new()
@@ -296,7 +318,7 @@ impl Submitter {
     }
 
     /// Submits and returns the task id once the Hub answered.
-    fn submit(&self, api: &mut Api, bearer: &str, input: &str) -> String {
+    pub(crate) fn submit(&self, api: &mut Api, bearer: &str, input: &str) -> String {
         let mut req = tonic::Request::new(agen_proto::v1::SubmitTaskRequest {
             namespace: "default".into(),
             deployment: "charge".into(),
@@ -474,10 +496,10 @@ fn a_paused_nest_fences_itself_and_its_run_resumes_elsewhere_without_a_second_ch
 }
 
 /// A small tmpfs mounted for the test (root only), unmounted on drop.
-struct Tmpfs(PathBuf);
+pub(crate) struct Tmpfs(PathBuf);
 
 impl Tmpfs {
-    fn mount(dir: &std::path::Path, size: &str) -> Option<Tmpfs> {
+    pub(crate) fn mount(dir: &std::path::Path, size: &str) -> Option<Tmpfs> {
         std::fs::create_dir_all(dir).unwrap();
         let ok = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
@@ -499,7 +521,7 @@ impl Drop for Tmpfs {
 
 impl Submitter {
     /// The Hub's overall gRPC health (`""`): SERVING or not.
-    fn serving(&self, hub: &HubProcess) -> Option<bool> {
+    pub(crate) fn serving(&self, hub: &HubProcess) -> Option<bool> {
         let ca = std::fs::read_to_string(hub.dir.join("hub/tls/ca.pem")).ok()?;
         let tls = tonic::transport::ClientTlsConfig::new()
             .ca_certificate(tonic::transport::Certificate::from_pem(ca))
@@ -525,7 +547,7 @@ impl Submitter {
         })
     }
 
-    fn try_submit(
+    pub(crate) fn try_submit(
         &self,
         api: &mut Api,
         bearer: &str,
@@ -546,7 +568,7 @@ impl Submitter {
 }
 
 /// Fills the file system of `dir` with `file` until it is full.
-fn fill(file: &std::path::Path) {
+pub(crate) fn fill(file: &std::path::Path) {
     use std::io::Write;
     let mut f = std::fs::File::create(file).unwrap();
     let chunk = vec![0u8; 256 * 1024];

@@ -416,66 +416,6 @@ fn redeploying_a_changed_bundle_rolls_instances_over() {
 }
 
 #[test]
-fn a_tool_server_that_fails_to_start_is_shown_with_its_stderr_and_replaced_with_back_off() {
-    let tmp = tempfile::tempdir().unwrap();
-    let hub = HubProcess::start(tmp.path()).unwrap();
-    let _nest = hub.nest("solo", &[], &[]).unwrap();
-    let bundle = tmp.path().join("bundle");
-    write_bundle(
-        &bundle,
-        &[
-            (
-                "mcp.json",
-                mcp_json(&[
-                    ("time", json!({"command": Peers::mcp_server_time()})),
-                    (
-                        "broken",
-                        json!({"command": Peers::python(), "args": ["-c", "import sys; sys.stderr.write('ModuleNotFoundError: no module named crm_marker\\n'); sys.exit(3)"]}),
-                    ),
-                ]),
-            ),
-            ("x-agen/agent.md", "---\nmodel: openai/gpt-4.1-mini\n---\nBroken.\n".into()),
-        ],
-    )
-    .unwrap();
-    deploy(&hub, &bundle, "broken", 1);
-    let list = hub
-        .wait_instances(
-            "the broken server to be reported",
-            Duration::from_secs(60),
-            |l| {
-                l.iter()
-                    .any(|i| i["servers_not_connected"] == json!(["broken"]))
-            },
-        )
-        .unwrap();
-    let i = list
-        .iter()
-        .find(|i| i["servers_not_connected"] == json!(["broken"]))
-        .unwrap();
-    assert_eq!(i["healthy"], false, "{i}");
-    assert!(
-        i["server_errors"][0]["reason"]
-            .as_str()
-            .unwrap()
-            .contains("crm_marker"),
-        "{i}"
-    );
-    // People see why in `agen ps --all`.
-    let table = String::from_utf8(hub.cli(&["ps", "--all"]).unwrap().stdout).unwrap();
-    assert!(
-        table.contains("broken") && table.contains("crm_marker"),
-        "{table}"
-    );
-    // Replacements keep failing, so they back off, and ps says so.
-    hub.wait_instances("a back-off message", Duration::from_secs(60), |l| {
-        l.iter()
-            .any(|i| i["message"].as_str().unwrap_or("").contains("back-off"))
-    })
-    .unwrap();
-}
-
-#[test]
 fn an_unreachable_hub_is_a_clear_error() {
     let tmp = tempfile::tempdir().unwrap();
     let config = tmp.path().join("client.toml");
@@ -540,4 +480,111 @@ fn a_returning_nest_gets_one_replica_back_and_a_running_task_still_succeeds() {
     assert_eq!((c.succeeded, c.charged_1), (1, 1), "{c:?}");
     let t = f.query(&task).unwrap();
     assert_eq!(t["attempt"], 1, "the move handed nothing over: {t}");
+}
+
+/// Kills (SIGKILL to its process group) the tool server `server` of `instance`, found in the
+/// Nest's children registry.
+fn kill_tool_server(nest: &agen_tests::NestProcess, instance: &str, server: &str) {
+    let registry: Value =
+        serde_json::from_slice(&std::fs::read(nest.dir.join("children.json")).unwrap()).unwrap();
+    let pgid = registry["children"][format!("{instance}/{server}")]["pgid"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no {instance}/{server} in children.json: {registry}"));
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pgid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+}
+
+#[test]
+fn one_slots_crashes_never_delay_the_replacement_of_another() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let nest = hub.nest("solo", &[], &[]).unwrap();
+    let bundle = tmp.path().join("bundle");
+    write_bundle(
+        &bundle,
+        &[
+            (
+                "mcp.json",
+                mcp_json(&[("time", json!({"command": Peers::mcp_server_time()}))]),
+            ),
+            (
+                "x-agen/agent.md",
+                "---\nmodel: openai/gpt-4.1-mini\n---\nTwo slots.\n".into(),
+            ),
+        ],
+    )
+    .unwrap();
+    let start = deploy_healthy(&hub, &bundle, "slots", 2);
+    let healthy = healthy_running(&start, "slots");
+    let mut slot_a = healthy[0]["instance"].as_str().unwrap().to_owned();
+    let slot_b = healthy[1]["instance"].as_str().unwrap().to_owned();
+    let mut known: BTreeSet<String> = ids(&start);
+
+    // Slot A crashes three times in a row (each replacement killed once it runs): its own
+    // back-off grows (1 s, 2 s, 4 s).
+    for round in 0..3 {
+        kill_tool_server(&nest, &slot_a, "time");
+        if round == 2 {
+            break;
+        }
+        let list = hub
+            .wait_instances(
+                "slot A's replacement healthy",
+                Duration::from_secs(60),
+                |l| {
+                    healthy_running(l, "slots")
+                        .iter()
+                        .any(|i| !known.contains(i["instance"].as_str().unwrap_or("")))
+                },
+            )
+            .unwrap();
+        slot_a = healthy_running(&list, "slots")
+            .iter()
+            .map(|i| i["instance"].as_str().unwrap().to_owned())
+            .find(|id| !known.contains(id))
+            .unwrap();
+        known = known.union(&ids(&list)).cloned().collect();
+    }
+    wait_for(
+        "slot A's third crash noticed",
+        Duration::from_secs(30),
+        || {
+            hub.instances()
+                .ok()?
+                .iter()
+                .all(|i| i["instance"] != slot_a.as_str() || i["healthy"] == false)
+                .then_some(())
+        },
+    )
+    .unwrap();
+    let known: BTreeSet<String> = ids(&hub.instances().unwrap())
+        .union(&known)
+        .cloned()
+        .collect();
+
+    // Slot B's first crash, right after: its replacement is placed within 5 s.
+    let killed = std::time::Instant::now();
+    kill_tool_server(&nest, &slot_b, "time");
+    let list = hub
+        .wait_instances(
+            "slot B's replacement placed",
+            Duration::from_secs(60),
+            |l| {
+                l.iter().any(|i| {
+                    !known.contains(i["instance"].as_str().unwrap_or(""))
+                        && i["state"] != "pending"
+                        && i["nest"] == "solo"
+                })
+            },
+        )
+        .unwrap();
+    let took = killed.elapsed();
+    eprintln!("slot B's replacement placed {took:?} after its tool server was killed (slot A crashed 3 times before)");
+    assert!(
+        took < Duration::from_secs(5),
+        "slot B's replacement took {took:?}: {list:?}"
+    );
 }

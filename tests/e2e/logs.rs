@@ -357,7 +357,7 @@ fn agen_logs_finds_a_removed_instance_on_the_nest_that_kept_it_and_only_in_its_n
     .unwrap();
 
     // The deployment goes: the Hub forgets the instance, its Nest keeps the files.
-    let out = hub.cli(&["rm", "gone"]).unwrap();
+    let out = hub.cli(&["rm", "gone", "--yes"]).unwrap();
     assert!(
         out.status.success(),
         "{}",

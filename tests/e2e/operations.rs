@@ -170,7 +170,18 @@ fn a_snapshot_restored_into_a_fresh_data_dir_serves_the_old_tasks_and_secrets() 
     set_secret(&hub, "API_KEY", "s3cret-value");
 
     let file = tmp.path().join("hub.snapshot");
-    ok(&hub, &["hub", "snapshot", file.to_str().unwrap()]);
+    let key = tmp.path().join("snapshot.key");
+    ok(&hub, &["hub", "snapshot-key", "new", key.to_str().unwrap()]);
+    ok(
+        &hub,
+        &[
+            "hub",
+            "snapshot",
+            file.to_str().unwrap(),
+            "--snapshot-key-file",
+            key.to_str().unwrap(),
+        ],
+    );
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "the snapshot holds the secret key: private");
@@ -184,6 +195,8 @@ fn a_snapshot_restored_into_a_fresh_data_dir_serves_the_old_tasks_and_secrets() 
         .arg(second.join("hub"))
         .arg("restore")
         .arg(&file)
+        .arg("--snapshot-key-file")
+        .arg(&key)
         .output()
         .unwrap();
     assert!(
@@ -226,6 +239,8 @@ fn a_snapshot_restored_into_a_fresh_data_dir_serves_the_old_tasks_and_secrets() 
         .arg(second.join("hub"))
         .arg("restore")
         .arg(&file)
+        .arg("--snapshot-key-file")
+        .arg(&key)
         .output()
         .unwrap();
     assert!(

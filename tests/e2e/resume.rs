@@ -1,4 +1,4 @@
-//! Durability end to end (DESIGN.md "Durability: run log and effect ledger"): a run whose Nest
+//! Durability end to end (`docs/durability.md`): a run whose Nest
 //! or instance process is killed mid-run resumes with the same run id and the next attempt,
 //! rebuilt from the Hub's run log. Answered model turns are not asked again, a completed call
 //! is not repeated, an interrupted side-effecting call is reported to the model as

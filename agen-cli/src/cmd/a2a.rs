@@ -1,5 +1,6 @@
 //! `agen a2a ls`: each deployment's A2A agent card URL (the Hub serves every deployment as an
 //! A2A agent; clients authenticate with an API token that may submit in its namespace).
+//! `agen a2a serve`: one deployment at a local origin of its own ([`super::a2a_serve`]).
 
 use agen_proto::v1 as pb;
 use serde_json::{json, Value};
@@ -17,13 +18,31 @@ pub enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Serve one deployment as an A2A agent at http://ADDR/ (its card at
+    /// /.well-known/agent-card.json), forwarding to the Hub; clients bring their own token
+    Serve {
+        /// The deployment
+        deployment: String,
+        /// A loopback address to listen on (port 0 picks a free port)
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+        listen: std::net::SocketAddr,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 pub async fn run(cmd: Command) -> anyhow::Result<i32> {
-    let Command::Ls {
-        all_namespaces,
-        client,
-    } = cmd;
+    let (all_namespaces, client) = match cmd {
+        Command::Ls {
+            all_namespaces,
+            client,
+        } => (all_namespaces, client),
+        Command::Serve {
+            deployment,
+            listen,
+            client,
+        } => return super::a2a_serve::run(deployment, listen, client).await,
+    };
     let mut hub = client.connect()?;
     let deployments = hub
         .client

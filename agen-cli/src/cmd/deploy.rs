@@ -1,6 +1,7 @@
 //! `agen deploy DIR [--name NAME]`: validates the bundle locally (a bad bundle changes
 //! nothing), uploads it content-addressed, then creates or rolls the deployment (named after
-//! the bundle's agent unless `--name` says otherwise, as `agen up --deploy` does).
+//! the bundle's agent unless `--name` says otherwise, as `agen up --deploy` does), keeping its
+//! replica count unless `--replicas` says otherwise.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -21,9 +22,9 @@ pub struct Args {
     /// Deployment name (default: the bundle's name: `name` in x-agen/agent.md, else the folder's)
     #[arg(long)]
     pub name: Option<String>,
-    /// Number of instances
-    #[arg(long, default_value_t = 1)]
-    pub replicas: u32,
+    /// Number of instances (default: as many as the deployment has now, 1 for a new one)
+    #[arg(long)]
+    pub replicas: Option<u32>,
     /// Tasks one instance runs at a time
     #[arg(long, default_value_t = 1)]
     pub concurrency: u32,
@@ -36,6 +37,10 @@ pub struct Args {
     /// How long --wait waits
     #[arg(long, default_value = "120s", value_parser = crate::cmd::parse_duration)]
     pub timeout: Duration,
+    /// With --wait (implied): fail (exit 1) when a ready instance has a tool server that is
+    /// not connected, instead of only printing it
+    #[arg(long)]
+    pub require_all_servers: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -53,17 +58,36 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     };
     let name = args.name.clone().unwrap_or_else(|| default_name(&loaded));
     let mut hub = args.client.connect()?;
+    let replicas = match args.replicas {
+        Some(n) => n,
+        None => current_replicas(&mut hub, &name).await?.unwrap_or(1),
+    };
     let deployment = deploy(
         &mut hub,
         &args.dir,
         &name,
-        args.replicas,
+        replicas,
         args.concurrency,
         &args.selector,
     )
     .await?;
-    if args.wait {
-        wait_ready(&mut hub, &deployment, args.timeout).await?;
+    if args.wait || args.require_all_servers {
+        let ready = wait_ready(&mut hub, &deployment, args.timeout).await?;
+        let missing = not_connected(&ready);
+        for line in &missing {
+            eprintln!("warning: {line}");
+        }
+        if args.require_all_servers && !missing.is_empty() {
+            return Err(crate::exit::coded(
+                crate::exit::code::FAILED,
+                format!(
+                    "deployment {}/{}: {} tool server(s) not connected and --require-all-servers is set; fix the server (its cause is above; `agen logs` shows its stderr) and deploy again",
+                    deployment.namespace,
+                    deployment.name,
+                    missing.len()
+                ),
+            ));
+        }
     }
     let d = hub
         .client
@@ -98,6 +122,23 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         ),
     }
     Ok(0)
+}
+
+/// The replica count of deployment `name` now (`None`: there is none): `agen deploy` without
+/// `--replicas` keeps it, so a deploy after `agen scale` never changes capacity.
+async fn current_replicas(hub: &mut Hub, name: &str) -> anyhow::Result<Option<u32>> {
+    let got = hub
+        .client
+        .get_deployment(pb::GetDeploymentRequest {
+            namespace: hub.namespace.clone(),
+            name: name.to_owned(),
+        })
+        .await;
+    match got {
+        Ok(d) => Ok(d.into_inner().deployment.map(|d| d.replicas)),
+        Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
+        Err(s) => Err(status_error(hub, s)),
+    }
 }
 
 /// The deployment name a bundle gets when none is given: its agent's name, lowercased.
@@ -163,12 +204,34 @@ pub async fn deploy(
     Ok(dep)
 }
 
-/// Waits until every replica of `dep` runs its generation and is healthy.
+/// Each tool server a ready instance runs without, with its cause: `instance I: tool server
+/// S is not connected: CAUSE`.
+fn not_connected(ready: &[pb::Instance]) -> Vec<String> {
+    ready
+        .iter()
+        .flat_map(|i| {
+            i.servers_not_connected.iter().map(move |p| {
+                format!(
+                    "instance {}: tool server {} is not connected: {}",
+                    i.instance_id,
+                    p.server,
+                    p.reason
+                        .lines()
+                        .find(|l| !l.trim().is_empty())
+                        .unwrap_or("")
+                )
+            })
+        })
+        .collect()
+}
+
+/// Waits until every replica of `dep` runs its generation and is healthy; returns those
+/// replicas.
 pub async fn wait_ready(
     hub: &mut Hub,
     dep: &pb::Deployment,
     timeout: Duration,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<pb::Instance>> {
     let deadline = Instant::now() + timeout;
     loop {
         let list = hub
@@ -183,14 +246,15 @@ pub async fn wait_ready(
             .map_err(|s| status_error(hub, s))?
             .into_inner()
             .instances;
-        let ready = list
+        let ready_list: Vec<&pb::Instance> = list
             .iter()
             .filter(|i| {
                 i.generation == dep.generation
                     && i.healthy
                     && view::instance_state(i.state) == "running"
             })
-            .count();
+            .collect();
+        let ready = ready_list.len();
         // Only live instances of older generations hold a rollout up: lost and stopped ones
         // are history, not work, and one kept only for the runs of its version (a run that
         // waits for an approval may resume there hours later) is not a replica.
@@ -203,7 +267,7 @@ pub async fn wait_ready(
             })
             .count();
         if ready as u32 >= dep.replicas && old == 0 {
-            return Ok(());
+            return Ok(ready_list.into_iter().cloned().collect());
         }
         let last = list
             .iter()

@@ -39,6 +39,23 @@ pub struct Args {
     /// listening on all addresses]
     #[arg(long, value_name = "URL", env = "AGEN_HUB_PUBLIC_URL")]
     pub public_url: Option<String>,
+    /// Serve each deployment's public A2A agent card without a token; false: a card needs the
+    /// same token as the agent (401 otherwise)
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub a2a_public_cards: bool,
+    /// Show the bundle digest and the namespace/deployment in the public A2A cards too (by
+    /// default only GetExtendedAgentCard, with a token, shows them)
+    #[arg(long)]
+    pub a2a_card_details: bool,
+    /// Also serve each deployment at an origin of its own, https://<deployment>.<namespace>.DOMAIN
+    /// (its card at /.well-known/agent-card.json, JSON-RPC at /); point a wildcard DNS name at
+    /// the Hub and give its certificate the names (--tls-name)
+    #[arg(long, value_name = "DOMAIN")]
+    pub a2a_domain: Option<String>,
+    /// How long a blocking A2A SendMessage waits for its task to end or need input before it
+    /// answers with the task as it is (clients poll with GetTask)
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = crate::cmd::parse_duration)]
+    pub a2a_send_wait: Duration,
     /// Address to listen on
     #[arg(long, env = "AGEN_HUB_LISTEN", default_value = agen_hub::config::DEFAULT_LISTEN)]
     pub listen: SocketAddr,
@@ -93,24 +110,55 @@ pub struct Args {
     /// this long after they ended (`--ended`/`--all` still show them)
     #[arg(long, default_value = "1h", value_parser = crate::cmd::parse_duration)]
     pub hide_ended_after: Duration,
+    /// Write a sealed snapshot this often while serving (e.g. 1h); needs --snapshot-dir and
+    /// --snapshot-key-file
+    #[arg(long, value_name = "D", value_parser = crate::cmd::parse_duration)]
+    pub snapshot_every: Option<Duration>,
+    /// Keep the newest N scheduled snapshots; older ones are removed
+    #[arg(long, value_name = "N", default_value_t = 7)]
+    pub snapshot_keep: usize,
+    /// Where scheduled snapshots go (best on another disk than --data-dir)
+    #[arg(long, value_name = "DIR")]
+    pub snapshot_dir: Option<PathBuf>,
+    /// The snapshot key (32 random bytes, made by `agen hub snapshot-key new FILE`); keep it
+    /// apart from the snapshots
+    #[arg(long, value_name = "PATH", env = "AGEN_SNAPSHOT_KEY_FILE")]
+    pub snapshot_key_file: Option<PathBuf>,
 }
 
 /// What `agen hub` does instead of running the Hub.
 #[derive(Debug, clap::Subcommand)]
 pub enum Action {
     /// Write a consistent copy of the running Hub's state (store, CA, tokens, secret key) to
-    /// FILE (0600: it is as secret as the data dir)
+    /// FILE, sealed with the snapshot key (0600)
     Snapshot {
         /// Where to write the snapshot
         file: PathBuf,
         #[command(flatten)]
+        key: super::hub_snapshot::KeyArgs,
+        #[command(flatten)]
         client: crate::client::ClientArgs,
     },
     /// Bring a snapshot back into the data dir of a stopped Hub (the store it replaces is
-    /// kept beside it as db.replaced-<time>)
+    /// kept beside it as db.replaced-<time>); the restored Hub starts a new store epoch
     Restore {
-        /// A file written by `agen hub snapshot`
+        /// A file written by `agen hub snapshot` or `--snapshot-every`
         file: PathBuf,
+        #[command(flatten)]
+        key: super::hub_snapshot::KeyArgs,
+    },
+    /// Check a snapshot file whole (its key, every frame, its digest) without restoring it;
+    /// exit 0 when it can be restored, 1 when not
+    VerifySnapshot {
+        /// A file written by `agen hub snapshot` or `--snapshot-every`
+        file: PathBuf,
+        #[command(flatten)]
+        key: super::hub_snapshot::KeyArgs,
+    },
+    /// Snapshot keys: `agen hub snapshot-key new [FILE]`
+    SnapshotKey {
+        #[command(subcommand)]
+        action: super::hub_snapshot::KeyAction,
     },
 }
 
@@ -131,16 +179,12 @@ impl Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
-    match args.action {
-        Some(Action::Snapshot { file, client }) => return snapshot(&file, &client).await,
-        Some(Action::Restore { file }) => {
-            let data_dir = args
-                .data_dir
-                .clone()
-                .unwrap_or_else(agen_hub::default_data_dir);
-            return restore(&file, &data_dir).await;
-        }
-        None => {}
+    if let Some(action) = args.action {
+        let data_dir = args
+            .data_dir
+            .clone()
+            .unwrap_or_else(agen_hub::default_data_dir);
+        return super::hub_snapshot::run(action, &data_dir).await;
     }
     // Everything this daemon and its children create is private to its user (umask 077).
     agen_shared::private::restrict_umask();
@@ -171,6 +215,19 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         public_url: args.public_url.clone(),
         task_retention: args.task_retention,
         hide_ended_after: args.hide_ended_after,
+        snapshots: match super::hub_snapshot::schedule(&args) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return Ok(64);
+            }
+        },
+        a2a: agen_hub::config::A2aOptions {
+            public_cards: args.a2a_public_cards,
+            card_details: args.a2a_card_details,
+            domain: args.a2a_domain.clone(),
+            send_wait: args.a2a_send_wait,
+        },
         otlp: match agen_hub::config::OtlpOptions::resolve(args.otlp_endpoint.as_deref(), |k| {
             std::env::var(k).ok()
         }) {
@@ -211,80 +268,5 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
 
     hub.wait().await.context("the Hub stopped with an error")?;
     eprintln!("agen hub: stopped");
-    Ok(0)
-}
-
-/// `agen hub snapshot FILE`: streams `SnapshotStore` into FILE (written 0600 beside it, then
-/// renamed, so a failed copy never leaves a half file under that name).
-async fn snapshot(
-    file: &std::path::Path,
-    client: &crate::client::ClientArgs,
-) -> anyhow::Result<i32> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut hub = client.connect()?;
-    let mut stream = hub
-        .client
-        .snapshot_store(agen_proto::v1::SnapshotStoreRequest {})
-        .await
-        .map_err(|s| crate::client::status_error(&hub, s))?
-        .into_inner();
-    let partial = file.with_extension("partial");
-    let mut out = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&partial)
-        .with_context(|| format!("cannot create {}", partial.display()))?;
-    let mut bytes = 0u64;
-    while let Some(chunk) = stream
-        .message()
-        .await
-        .map_err(|s| crate::client::status_error(&hub, s))?
-    {
-        out.write_all(&chunk.data)
-            .with_context(|| format!("cannot write {}", partial.display()))?;
-        bytes += chunk.data.len() as u64;
-    }
-    out.sync_all()
-        .with_context(|| format!("cannot sync {}", partial.display()))?;
-    std::fs::rename(&partial, file)
-        .with_context(|| format!("cannot move the snapshot to {}", file.display()))?;
-    eprintln!(
-        "agen hub: snapshot of {} written to {} ({bytes} bytes)",
-        hub.url,
-        file.display()
-    );
-    Ok(0)
-}
-
-/// `agen hub --data-dir D restore FILE`: offline, into the data dir of a stopped Hub.
-async fn restore(file: &std::path::Path, data_dir: &std::path::Path) -> anyhow::Result<i32> {
-    agen_shared::private::restrict_umask();
-    agen_shared::private::create_dir_all(data_dir)
-        .with_context(|| format!("cannot create {}", data_dir.display()))?;
-    let input =
-        std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
-    let dir = data_dir.to_path_buf();
-    let counts = tokio::task::spawn_blocking(move || {
-        agen_hub::store::snapshot::restore(std::io::BufReader::new(input), &dir)
-    })
-    .await
-    .context("the restore task failed")?
-    .with_context(|| {
-        format!(
-            "cannot restore {} into {}",
-            file.display(),
-            data_dir.display()
-        )
-    })?;
-    eprintln!(
-        "agen hub: restored {} records and {} key files into {}; start the Hub with --data-dir {}",
-        counts.records,
-        counts.files,
-        data_dir.display(),
-        data_dir.display()
-    );
     Ok(0)
 }

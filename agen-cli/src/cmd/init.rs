@@ -1,5 +1,6 @@
 //! `agen init DIR --template basic|coder|ci-fixer`: writes a complete, deployable bundle with a
-//! README; `agen init --list` lists the templates. Templates declare no secret they do not use.
+//! README, its agent named after DIR (`--name` to choose); `agen init --list` lists the
+//! templates. Templates declare no secret they do not use.
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +18,9 @@ pub struct Args {
     /// The workspace root of coder and ci-fixer, relative to the bundle (or absolute)
     #[arg(long, default_value = "workspace")]
     pub root: String,
+    /// The agent's name (default: DIR's folder name, lowercased, other characters as `-`)
+    #[arg(long)]
+    pub name: Option<String>,
     /// The model, `<provider>/<model>`
     #[arg(long, default_value = "openai/gpt-4.1-mini")]
     pub model: String,
@@ -46,7 +50,15 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         eprintln!("error: agen init needs DIR (or --list)");
         return Ok(2);
     };
-    let Some(files) = files(&args) else {
+    let name = match &args.name {
+        Some(n) if valid_name(n) => n.clone(),
+        Some(n) => {
+            eprintln!("error: --name {n}: not a valid agent name; expected up to 63 lowercase letters, digits, `-`, `_` or `.`, starting with a letter or digit");
+            return Ok(2);
+        }
+        None => name_for(&dir, &args.template),
+    };
+    let Some(files) = files(&args, &name) else {
         let names: Vec<&str> = TEMPLATES.iter().map(|(n, _)| *n).collect();
         eprintln!(
             "error: --template {}: unknown template; expected one of {}",
@@ -72,12 +84,50 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     }
     println!("{}", dir.display());
     eprintln!(
-        "wrote a {} bundle to {}; see its README.md, then `agen deploy {} --name NAME`",
+        "wrote a {} bundle for agent {name} to {}; see its README.md, then `agen deploy {}` (deployment {name})",
         args.template,
         dir.display(),
         dir.display()
     );
     Ok(0)
+}
+
+/// Whether `n` is a name deployments accept (the Hub's rule): 1 to 63 lowercase letters,
+/// digits, `-`, `_` or `.`, starting with a letter or digit.
+fn valid_name(n: &str) -> bool {
+    n.len() <= 63
+        && n.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && n.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.'))
+}
+
+/// The agent name `agen init DIR` gives: DIR's folder name lowercased, every other character
+/// as `-`, trimmed to a valid name; the template's name when nothing is left.
+fn name_for(dir: &Path, template: &str) -> String {
+    let base = std::path::absolute(dir)
+        .ok()
+        .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    let mut n: String = base
+        .to_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    n = n
+        .trim_start_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_string();
+    n.truncate(63);
+    if valid_name(&n) {
+        n
+    } else {
+        template.to_string()
+    }
 }
 
 fn write(dir: &Path, rel: &str, text: &str) -> anyhow::Result<()> {
@@ -126,15 +176,15 @@ fn pretty(v: &serde_json::Value) -> String {
     )
 }
 
-fn readme(title: &str, what: &str, args: &Args) -> String {
+fn readme(title: &str, what: &str, args: &Args, name: &str) -> String {
     format!(
-        "# {title}\n\n{what}\n\nMade by `agen init --template {}`.\n\n## Run it\n\n```sh\nagen run . \"your request\"          # standalone; asks on this terminal before `ask` tools\nagen deploy . --name {} --wait      # on a fleet\n```\n\n## Model\n\n`x-agen/agent.md` uses `{}`. For a hosted provider add `apiKey: ${{OPENAI_API_KEY}}` to the\nfront matter and declare it in `x-agen/secrets.json`: `{{\"OPENAI_API_KEY\": {{\"source\": \"platform\"}}}}`\n(then `agen secrets set OPENAI_API_KEY`), or `{{\"source\": \"env\", \"var\": \"OPENAI_API_KEY\"}}` for\n`agen run`. A local OpenAI-compatible server needs only `baseUrl`.\n",
-        args.template, args.template, args.model
+        "# {title}\n\n{what}\n\nMade by `agen init --template {}`.\n\n## Run it\n\n```sh\nagen run . \"your request\"          # standalone; asks on this terminal before `ask` tools\nagen deploy . --wait                # on a fleet: deployment `{}`\n```\n\n## Model\n\n`x-agen/agent.md` uses `{}`. For a hosted provider add `apiKey: ${{OPENAI_API_KEY}}` to the\nfront matter and declare it in `x-agen/secrets.json`: `{{\"OPENAI_API_KEY\": {{\"source\": \"platform\"}}}}`\n(then `agen secrets set OPENAI_API_KEY`), or `{{\"source\": \"env\", \"var\": \"OPENAI_API_KEY\"}}` for\n`agen run`. A local OpenAI-compatible server needs only `baseUrl`.\n",
+        args.template, name, args.model
     )
 }
 
 /// The files of the template `args.template`, or `None` for an unknown one.
-fn files(args: &Args) -> Option<Vec<(String, String)>> {
+fn files(args: &Args, name: &str) -> Option<Vec<(String, String)>> {
     let mut out: Vec<(String, String)> = Vec::new();
     match args.template.as_str() {
         "basic" => {
@@ -142,14 +192,14 @@ fn files(args: &Args) -> Option<Vec<(String, String)>> {
                 "x-agen/agent.md".into(),
                 agent_md(
                     args,
-                    "basic",
+                    name,
                     "You are a helpful assistant. Answer briefly and say when you do not know.",
                 ),
             ));
-            out.push(("README.md".into(), readme("basic", "A minimal agent: a system prompt and the built-in tools (`finish`, artifacts).", args)));
+            out.push(("README.md".into(), readme("basic", "A minimal agent: a system prompt and the built-in tools (`finish`, artifacts).", args, name)));
         }
         "coder" => {
-            out.push(("x-agen/agent.md".into(), agent_md(args, "coder", "You are a careful coding agent working in a workspace (the `workspace_*` tools). Read the code before you change it, make the smallest change that does the job, and check it. `workspace_run` needs a person's approval: say why you run a command. Load the skills `make-a-change` and `check-a-change` when you start.")));
+            out.push(("x-agen/agent.md".into(), agent_md(args, name, "You are a careful coding agent working in a workspace (the `workspace_*` tools). Read the code before you change it, make the smallest change that does the job, and check it. `workspace_run` needs a person's approval: say why you run a command. Load the skills `make-a-change` and `check-a-change` when you start.")));
             out.extend(workspace_files(
                 args,
                 &[
@@ -163,10 +213,10 @@ fn files(args: &Args) -> Option<Vec<(String, String)>> {
             ));
             out.push(("skills/make-a-change/SKILL.md".into(), "---\nname: make-a-change\ndescription: how to make a change to the code in the workspace\n---\n1. Find the code: `workspace_grep` for names, `workspace_list` for files, `workspace_read` to read them.\n2. Change as little as you can with `workspace_edit` (exact `old_string`), or `workspace_write` for a new file.\n3. Keep the project's style; do not reformat code you did not change.\n4. Say what you changed and why, file by file.\n".into()));
             out.push(("skills/check-a-change/SKILL.md".into(), "---\nname: check-a-change\ndescription: \"how to check a change: build, tests, the diff\"\n---\n1. Read back every file you changed.\n2. Run the project's build and tests with `workspace_run` (a person approves each command): e.g. `cargo test`, `npm test`, `pytest -q`.\n3. If a check fails, read its output, fix the cause and check again.\n4. Finish with what you checked and its result.\n".into()));
-            out.push(("README.md".into(), readme("coder", "A coding agent on `agen mcp workspace`: it may read, list, grep, edit and write files in the workspace; every `run` (a shell command) asks a person first. Skills: `make-a-change`, `check-a-change`.", args)));
+            out.push(("README.md".into(), readme("coder", "A coding agent on `agen mcp workspace`: it may read, list, grep, edit and write files in the workspace; every `run` (a shell command) asks a person first. Skills: `make-a-change`, `check-a-change`.", args, name)));
         }
         "ci-fixer" => {
-            out.push(("x-agen/agent.md".into(), agent_md(args, "ci-fixer", "You fix failing builds. The task is a failing build's output (or says where it is in the workspace). Read it, find the first real error, read the code it points to, find the cause and propose a fix: make it with `workspace_edit`, and say in your answer what failed, why, and what you changed. `workspace_run` needs a person's approval: use it only to re-run the failing step. Load the skill `read-a-build-log` first.")));
+            out.push(("x-agen/agent.md".into(), agent_md(args, name, "You fix failing builds. The task is a failing build's output (or says where it is in the workspace). Read it, find the first real error, read the code it points to, find the cause and propose a fix: make it with `workspace_edit`, and say in your answer what failed, why, and what you changed. `workspace_run` needs a person's approval: use it only to re-run the failing step. Load the skill `read-a-build-log` first.")));
             out.extend(workspace_files(
                 args,
                 &[
@@ -179,7 +229,7 @@ fn files(args: &Args) -> Option<Vec<(String, String)>> {
                 ],
             ));
             out.push(("skills/read-a-build-log/SKILL.md".into(), "---\nname: read-a-build-log\ndescription: how to find the cause in a failing build's output\n---\n1. Skip to the first error: compilers and test runners print `error`, `FAILED`, `panicked`, `Traceback` or `AssertionError`; later errors often follow from the first.\n2. Note the file and line it names and read that code with `workspace_read`.\n3. Tell a broken test from broken code: read the test's expectation before changing either.\n4. Propose the smallest fix, make it, and say how to check it (the command that failed).\n".into()));
-            out.push(("README.md".into(), readme("ci-fixer", "Reads a failing build's output, finds the cause and proposes a fix. `write` and `edit` are allowed in the workspace; `run` asks a person first. Submit the build's output as the task input.", args)));
+            out.push(("README.md".into(), readme("ci-fixer", "Reads a failing build's output, finds the cause and proposes a fix. `write` and `edit` are allowed in the workspace; `run` asks a person first. Submit the build's output as the task input.", args, name)));
         }
         _ => return None,
     }

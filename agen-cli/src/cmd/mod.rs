@@ -2,6 +2,7 @@
 //! returning the exit code. Helpers shared by several commands live here.
 
 pub mod a2a;
+pub mod a2a_serve;
 pub mod approvals;
 pub mod artifacts;
 pub mod audit;
@@ -12,6 +13,7 @@ pub mod deploy;
 pub mod fake_model;
 pub mod history;
 pub mod hub;
+pub mod hub_snapshot;
 pub mod init;
 pub mod instance;
 pub mod logs;

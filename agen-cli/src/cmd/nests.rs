@@ -1,5 +1,6 @@
-//! `agen nests`: nodes, their liveness and capacity; `agen nests cordon|uncordon|drain NEST`:
-//! no new placements, placements again, or cordon and move its instances away now;
+//! `agen nests`: nodes, their liveness and capacity (and a drain's deadline); `agen nests
+//! cordon|uncordon|drain NEST`: no new placements, placements again, or cordon and move its
+//! instances away now (`--wait` follows until none is left);
 //! `agen nests revoke|forget NEST` (cluster admin): revoke disconnects a Nest and refuses it
 //! from then on; forget drops its identity (its certificate is refused for good) so that its
 //! id may join again. NEST is a name or an id.
@@ -47,6 +48,13 @@ pub enum Action {
         /// instance moves now
         #[arg(long, value_name = "D", value_parser = crate::cmd::parse_duration)]
         deadline: Option<std::time::Duration>,
+        /// Follow the drain until no instance is left on NEST (progress on stderr); exit 7
+        /// when --timeout passes first
+        #[arg(long)]
+        wait: bool,
+        /// How long --wait waits (default: the deadline plus 2 minutes)
+        #[arg(long, value_name = "D", value_parser = crate::cmd::parse_duration)]
+        timeout: Option<std::time::Duration>,
     },
     /// Disconnect a Nest and refuse it from now on (its instances are replaced elsewhere)
     Revoke {
@@ -146,9 +154,9 @@ fn print(nests: &[pb::Nest], output: Output) {
                     if n.revoked {
                         format!("{} (revoked)", view::nest_state(n.state))
                     } else if n.cordoned {
-                        format!("{},cordoned", view::nest_state(n.state))
+                        format!("{},cordoned{}", view::nest_state(n.state), drain_note(n))
                     } else {
-                        view::nest_state(n.state).to_owned()
+                        format!("{}{}", view::nest_state(n.state), drain_note(n))
                     },
                     format!("{}/{}", n.instances, n.capacity),
                     if labels.is_empty() {
@@ -175,6 +183,71 @@ fn print(nests: &[pb::Nest], output: Output) {
     }
 }
 
+/// `,draining until 15:04:05Z (42s left)` while a drain's deadline is ahead, `,drained` once it
+/// passed, nothing when the Nest is not draining.
+fn drain_note(n: &pb::Nest) -> String {
+    if n.draining_until_ms <= 0 {
+        return String::new();
+    }
+    let left_ms = n.draining_until_ms - chrono::Utc::now().timestamp_millis();
+    if left_ms <= 0 {
+        return ",drained".into();
+    }
+    let at = chrono::DateTime::from_timestamp_millis(n.draining_until_ms)
+        .map(|t| t.format("%H:%M:%SZ").to_string())
+        .unwrap_or_default();
+    format!(",draining until {at} ({}s left)", (left_ms + 999) / 1000)
+}
+
+/// `agen nests drain NEST --wait`: polls the Nest until no instance is left on it, printing
+/// each change of the count on stderr.
+async fn follow_drain(
+    hub: &mut crate::client::Hub,
+    nest: &pb::Nest,
+    timeout: std::time::Duration,
+) -> anyhow::Result<()> {
+    let until = std::time::Instant::now() + timeout;
+    let mut last = None;
+    loop {
+        let nests = hub
+            .client
+            .list_nests(pb::ListNestsRequest {
+                include_ended: true,
+            })
+            .await
+            .map_err(|s| status_error(hub, s))?
+            .into_inner()
+            .nests;
+        let Some(n) = nests.iter().find(|n| n.nest_id == nest.nest_id) else {
+            anyhow::bail!("nest {} ({}) is gone from the Hub", nest.name, nest.nest_id);
+        };
+        if last != Some(n.instances) {
+            last = Some(n.instances);
+            if n.instances == 0 {
+                eprintln!("nest {}: no instance left", n.name);
+                return Ok(());
+            }
+            eprintln!(
+                "nest {}: {} instance{} left{}",
+                n.name,
+                n.instances,
+                if n.instances == 1 { "" } else { "s" },
+                drain_note(n).replacen(',', "; ", 1)
+            );
+        }
+        if std::time::Instant::now() > until {
+            return Err(crate::exit::coded(
+                crate::exit::code::WAIT_TIMEOUT,
+                format!(
+                    "nest {}: {} instances still there after {timeout:?}; see agen ps --all",
+                    n.name, n.instances
+                ),
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+}
+
 /// `agen nests cordon|uncordon|drain NEST`.
 async fn nest_lifecycle(
     hub: &mut crate::client::Hub,
@@ -193,6 +266,18 @@ async fn nest_lifecycle(
         } => d.as_millis() as u64,
         _ => 0,
     };
+    let wait =
+        match &action {
+            Action::Drain {
+                wait: true,
+                timeout,
+                deadline,
+                ..
+            } => Some(timeout.unwrap_or_else(|| {
+                deadline.unwrap_or_default() + std::time::Duration::from_secs(120)
+            })),
+            _ => None,
+        };
     let req = pb::NestRequest { nest, deadline_ms };
     let result = match action {
         Action::Cordon { .. } => hub.client.cordon_nest(req).await,
@@ -203,6 +288,9 @@ async fn nest_lifecycle(
         }
     };
     let n = result.map_err(|s| status_error(hub, s))?.into_inner();
+    if let Some(timeout) = wait {
+        follow_drain(hub, &n, timeout).await?;
+    }
     match output {
         Output::Table => crate::outln!("nest {} {verb}", n.name),
         output => view::print_value(output, &view::nest_json(&n)),

@@ -1,5 +1,6 @@
 //! `agen rollback NAME [--to-generation N]`: a new generation from an old one (default: the
-//! newest earlier generation that ran another bundle), keeping today's replica count.
+//! newest earlier generation that ran another bundle), keeping today's replica count. A
+//! rollback to what already runs is a no-op that says so (`"changed": false`).
 
 use agen_proto::v1 as pb;
 
@@ -32,6 +33,17 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         ));
     }
     let mut hub = args.client.connect()?;
+    let before = hub
+        .client
+        .get_deployment(pb::GetDeploymentRequest {
+            namespace: hub.namespace.clone(),
+            name: args.name.clone(),
+        })
+        .await
+        .map_err(|s| status_error(&hub, s))?
+        .into_inner()
+        .deployment
+        .map(|d| d.generation);
     let d = hub
         .client
         .rollback_deployment(pb::RollbackDeploymentRequest {
@@ -45,7 +57,16 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     if args.wait {
         crate::cmd::deploy::wait_ready(&mut hub, &d, args.timeout).await?;
     }
+    // The Hub makes no generation when the target is what runs now: nothing restarts.
+    let unchanged = before == Some(d.generation);
     match args.client.output {
+        Output::Table if unchanged => crate::outln!(
+            "deployment {}/{} already runs that: generation {} ({}) stays, nothing restarted",
+            d.namespace,
+            d.name,
+            d.generation,
+            view::short_digest(&d.bundle_digest)
+        ),
         Output::Table => crate::outln!(
             "deployment {}/{} rolled back: generation {} runs {}",
             d.namespace,
@@ -53,7 +74,11 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             d.generation,
             view::short_digest(&d.bundle_digest)
         ),
-        output => view::print_value(output, &view::deployment_json(&d)),
+        output => {
+            let mut v = view::deployment_json(&d);
+            v["changed"] = serde_json::Value::Bool(!unchanged);
+            view::print_value(output, &v)
+        }
     }
     Ok(0)
 }

@@ -1,8 +1,13 @@
-//! The agent card of a deployment: name and description from the bundle's `x-agen/agent.md`,
+//! The agent cards of a deployment: name and description from the bundle's `x-agen/agent.md`,
 //! skills from its `skills/*/SKILL.md` and `keen-tools.json` (one skill for the agent when it
-//! has neither), streaming, bearer authentication with the Hub's API tokens, and the JSON-RPC
-//! interface at `<public url>/a2a/<namespace>/<deployment>`. What comes from a bundle is read
-//! once per bundle digest.
+//! has neither), streaming, the extended card, bearer authentication with the Hub's API tokens,
+//! and the JSON-RPC interface URL the caller reached the deployment at. What comes from a
+//! bundle is read once per bundle digest.
+//!
+//! The public card ([`Detail::Public`]) says only what a stranger may know: its version is the
+//! deployment's generation (`generation N`). The extended card ([`Detail::Extended`], for a
+//! token holder through `GetExtendedAgentCard`, or for everyone with `--a2a-card-details`) adds
+//! the bundle digest as the version and the provider (`Agen`, naming namespace and deployment).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -15,6 +20,9 @@ use crate::error::{HubError, Result};
 const MAX_DESCRIPTION: usize = 1000;
 /// The name of the card's one security scheme.
 pub const SCHEME: &str = "bearer";
+/// What the card says of it (the 401 answer names the command that makes one).
+const SCHEME_DESCRIPTION: &str =
+    "HTTP bearer authentication with an access key of this Agen Hub for the deployment's namespace (role submitter or above); the Hub's operator issues them";
 
 /// What a card takes from a bundle.
 #[derive(Debug, Clone)]
@@ -30,6 +38,15 @@ pub struct Cards {
     by_digest: Mutex<HashMap<String, BundleFacts>>,
 }
 
+/// How much a card says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detail {
+    /// What a stranger may know.
+    Public,
+    /// What a caller with a token may know besides.
+    Extended,
+}
+
 impl Cards {
     /// The card of `namespace/deployment`, whose interface URL is `interface_url`.
     pub async fn card(
@@ -38,6 +55,7 @@ impl Cards {
         namespace: &str,
         deployment: &str,
         interface_url: String,
+        detail: Detail,
     ) -> Result<AgentCard> {
         let (view, _) = core.get_deployment(namespace, deployment)?;
         let digest = view.rec.bundle_digest.clone();
@@ -65,12 +83,28 @@ impl Cards {
                 f
             }
         };
-        Ok(build(facts, &digest, interface_url))
+        let (version, provider) = match detail {
+            Detail::Public => (format!("generation {}", view.rec.generation), None),
+            Detail::Extended => (
+                digest.clone(),
+                Some(AgentProvider {
+                    organization: format!(
+                        "Agen deployment {}/{deployment}",
+                        crate::core::namespace_or_default(namespace)
+                    ),
+                    url: interface_url.clone(),
+                }),
+            ),
+        };
+        let mut card = build(facts, interface_url);
+        card.version = version;
+        card.provider = provider;
+        Ok(card)
     }
 }
 
-/// The card from what the bundle says.
-fn build(facts: BundleFacts, digest: &str, interface_url: String) -> AgentCard {
+/// The card from what the bundle says (version and provider are the caller's to set).
+fn build(facts: BundleFacts, interface_url: String) -> AgentCard {
     AgentCard {
         name: facts.name,
         description: facts.description,
@@ -79,20 +113,18 @@ fn build(facts: BundleFacts, digest: &str, interface_url: String) -> AgentCard {
             protocol_binding: BINDING_JSONRPC.into(),
             protocol_version: PROTOCOL_VERSION.into(),
         }],
-        provider: AgentProvider {
-            organization: "Agen".into(),
-            url: String::new(),
-        },
-        version: digest.to_string(),
+        provider: None,
+        version: String::new(),
         capabilities: AgentCapabilities {
             streaming: true,
             push_notifications: false,
+            extended_agent_card: true,
         },
         security_schemes: BTreeMap::from([(
             SCHEME.to_string(),
             SecurityScheme {
                 http_auth_security_scheme: HttpAuthSecurityScheme {
-                    description: "an Agen Hub API token that may submit tasks in this namespace (agen tokens create --namespace NS --role submitter)".into(),
+                    description: SCHEME_DESCRIPTION.into(),
                     scheme: "Bearer".into(),
                 },
             },

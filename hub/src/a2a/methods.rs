@@ -1,9 +1,14 @@
 //! The A2A methods on one deployment: `SendMessage` (a task, or the next task of a
 //! conversation: `contextId` is the conversation key; `messageId` the client request id, so a
 //! resent message finds its task), `SendStreamingMessage` and `SubscribeToTask` (handed to
-//! [`super::stream`]), `GetTask` and `CancelTask`. A message naming a task is refused: an Agen
-//! task takes no input while it runs (a task waiting for an approval is answered with
-//! `agen approve`), and a finished one is continued by a new message in its context.
+//! [`super::stream`]), `GetTask` and `CancelTask` (`ListTasks` is [`super::list`]).
+//!
+//! A message naming a task (`taskId`) that is queued or running continues it: an Agen task
+//! takes no input while it runs, so the message runs as the next task of the task's context
+//! (after it, seeing its messages), labelled [`view::CONTINUES_LABEL`]; the answer is the named
+//! task, whose history shows the message and then the answer to it. A message naming a task that
+//! waits for an approval is refused (`agen approve` answers it), and one naming an ended task
+//! too (a new message in its context continues the conversation).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,9 +21,6 @@ use crate::core::tasks::TaskSpec;
 use crate::model::{TaskRec, TaskState as AgenState};
 use crate::tokens::Principal;
 
-/// How long a blocking `SendMessage` waits for the task to finish or need input; after it the
-/// task is returned as it is (poll it with `GetTask`).
-const SEND_WAIT: Duration = Duration::from_secs(300);
 /// How long `CancelTask` waits for a running task to end.
 const CANCEL_WAIT: Duration = Duration::from_secs(10);
 /// Longest message id used as it is in the client request id (longer ones are hashed).
@@ -30,11 +32,13 @@ pub struct Call {
     pub principal: Principal,
     pub namespace: String,
     pub deployment: String,
+    /// The interface URL the caller reached the deployment at.
+    pub interface_url: String,
     /// The W3C `traceparent` header, if any (ignored when invalid).
     pub traceparent: String,
 }
 
-fn invalid(message: String) -> RpcError {
+pub fn invalid(message: String) -> RpcError {
     RpcError {
         code: codes::INVALID_PARAMS,
         message,
@@ -74,6 +78,17 @@ fn input_of(m: &Message) -> Result<String, RpcError> {
     Ok(input)
 }
 
+/// A request's `historyLength`: absent is all, negative is refused.
+pub fn history_length(n: Option<i64>) -> Result<Option<usize>, RpcError> {
+    match n {
+        None => Ok(None),
+        Some(n) if n < 0 => Err(invalid(format!(
+            "historyLength: expected 0 or more messages, got {n}"
+        ))),
+        Some(n) => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+    }
+}
+
 fn short_hash(parts: &[&str]) -> String {
     let mut h = Sha256::new();
     for p in parts {
@@ -85,7 +100,7 @@ fn short_hash(parts: &[&str]) -> String {
 
 impl Call {
     /// The task `id` of this deployment.
-    fn task(&self, id: &str) -> Result<TaskRec, RpcError> {
+    pub fn task(&self, id: &str) -> Result<TaskRec, RpcError> {
         let t = self
             .a
             .core
@@ -125,33 +140,27 @@ impl Call {
                 message: "configuration.taskPushNotificationConfig: the Agen Hub sends no push notifications; stream with SendStreamingMessage instead".into(),
             });
         }
-        if let Some(task_id) = m.task_id.as_deref().filter(|t| !t.is_empty()) {
-            let t = self.task(task_id)?;
-            let ctx = view::context_id(&t);
-            return Err(match t.state {
-                AgenState::Waiting => unsupported(format!(
-                    "task {task_id} is waiting for an approval ({}); a message cannot answer it: approve or deny it with `agen approve {task_id}` or `agen deny {task_id}`",
-                    t.activity
-                )),
-                s if s.is_terminal() => unsupported(format!(
-                    "task {task_id} has ended ({}); continue the conversation with a new message that has contextId {ctx:?} and no taskId",
-                    s.as_str()
-                )),
-                _ => unsupported(format!(
-                    "task {task_id} is still {}; an Agen task takes no input while it runs: send the next message with contextId {ctx:?} and no taskId (it runs after this one)",
-                    t.state.as_str()
-                )),
-            });
-        }
+        let mut labels = std::collections::BTreeMap::new();
+        let continued = match m.task_id.as_deref().filter(|t| !t.is_empty()) {
+            Some(task_id) => Some(self.continued(task_id, m.context_id.as_deref())?),
+            None => None,
+        };
         let input = input_of(m)?;
         let lim = &self.a.core.opts.limits;
         lim.check_input(&input)
             .map_err(|e| rpc_error(e, codes::INVALID_PARAMS))?;
         // A message without a context starts one, named after the message so that a resent
         // message finds the same conversation (and so the same task).
-        let conversation_key = match m.context_id.as_deref().filter(|c| !c.is_empty()) {
-            Some(c) => c.to_string(),
-            None => format!(
+        let conversation_key = match (
+            &continued,
+            m.context_id.as_deref().filter(|c| !c.is_empty()),
+        ) {
+            (Some(t), _) => {
+                labels.insert(view::CONTINUES_LABEL.to_string(), t.task_id.clone());
+                t.conversation_key.clone()
+            }
+            (None, Some(c)) => c.to_string(),
+            (None, None) => format!(
                 "a2a-{}",
                 short_hash(&[&self.namespace, &self.deployment, &m.message_id])
             ),
@@ -174,7 +183,7 @@ impl Call {
                 namespace: self.namespace.clone(),
                 deployment: self.deployment.clone(),
                 input,
-                labels: Default::default(),
+                labels,
                 conversation_key,
                 client_request_id,
                 parent: None,
@@ -194,7 +203,39 @@ impl Call {
                 &outcome,
             )
             .await;
-        submitted
+        let submitted = submitted?;
+        // A message that continues a task is answered with that task (its history shows the
+        // message, and the answer to it once its run ends).
+        match continued {
+            Some(t) => self.task(&t.task_id),
+            None => Ok(submitted),
+        }
+    }
+
+    /// The task a message naming `task_id` (and maybe `context_id`) continues, when it may.
+    fn continued(&self, task_id: &str, context_id: Option<&str>) -> Result<TaskRec, RpcError> {
+        let t = self.task(task_id)?;
+        let ctx = view::context_id(&t);
+        if let Some(c) = context_id.filter(|c| !c.is_empty() && *c != ctx) {
+            return Err(invalid(format!(
+                "message.contextId {:?} is not the context of task {task_id} ({ctx:?}); send the task's contextId or none",
+                crate::limits::cut(c, crate::limits::ECHO_BYTES)
+            )));
+        }
+        match t.state {
+            AgenState::Waiting => Err(unsupported(format!(
+                "task {task_id} is waiting for an approval ({}); a message cannot answer it: approve or deny it with `agen approve {task_id}` or `agen deny {task_id}`",
+                t.activity
+            ))),
+            s if s.is_terminal() => Err(unsupported(format!(
+                "task {task_id} has ended ({}); continue the conversation with a new message that has contextId {ctx:?} and no taskId",
+                s.as_str()
+            ))),
+            _ if t.conversation_key.is_empty() => Err(unsupported(format!(
+                "task {task_id} belongs to no conversation (it was submitted without one), so it cannot be continued; send a new message"
+            ))),
+            _ => Ok(t),
+        }
     }
 
     /// Waits until task `id` satisfies `done` or `within` passes; returns it as it is then.
@@ -238,7 +279,7 @@ impl Call {
         let t = if at_once {
             t
         } else {
-            self.wait_for(&t.task_id, SEND_WAIT, |t| {
+            self.wait_for(&t.task_id, self.a.opts.send_wait, |t| {
                 t.state.is_terminal() || t.state == AgenState::Waiting
             })
             .await?
@@ -265,17 +306,29 @@ impl Call {
     ) -> Result<super::stream::Sse, RpcError> {
         let updates = self.a.core.subscribe();
         let t = self.task(&req.id)?;
+        if t.state.is_terminal() {
+            return Err(unsupported(format!(
+                "task {} has ended ({}); there is nothing to subscribe to: read it with GetTask",
+                t.task_id,
+                t.state.as_str()
+            )));
+        }
         Ok(super::stream::follow(self, t, updates, id))
     }
 
-    /// `GetTask`.
+    /// `GetTask`: the task with at most `historyLength` history messages, the newest.
     pub fn get_task(self, req: TaskIdRequest) -> Result<Task, RpcError> {
+        let history_length = history_length(req.history_length)?;
         let t = self.task(&req.id)?;
-        let mut task = self.view(&t)?;
-        if req.history_length == Some(0) {
-            task.history.clear();
-        }
-        Ok(task)
+        view::shaped(
+            &self.a.core,
+            &t,
+            view::Shape {
+                history_length,
+                artifacts: true,
+            },
+        )
+        .map_err(|e| rpc_error(e, codes::TASK_NOT_FOUND))
     }
 
     /// `CancelTask`: the task once its cancellation took effect (or after [`CANCEL_WAIT`]).

@@ -1,21 +1,30 @@
 //! The A2A server: every deployment is an agent of A2A v1.0 (JSON-RPC binding, as PyPI
 //! `a2a-sdk` 1.3 speaks it), on the Hub's own port and certificate.
 //!
-//! - `GET /a2a/<namespace>/<deployment>/.well-known/agent-card.json`: the agent card ([`card`]).
+//! - `GET /a2a/<namespace>/<deployment>/.well-known/agent-card.json`: the public agent card
+//!   ([`card`]), readable without a token unless `--a2a-public-cards=false`.
 //! - `POST /a2a/<namespace>/<deployment>`: JSON-RPC `SendMessage`, `SendStreamingMessage` (SSE),
-//!   `GetTask`, `CancelTask`, `SubscribeToTask` (SSE) ([`methods`], [`stream`]).
+//!   `GetTask`, `ListTasks` ([`list`]), `CancelTask`, `SubscribeToTask` (SSE),
+//!   `GetExtendedAgentCard` ([`methods`], [`stream`]).
+//! - With `--a2a-domain D`, the same at an origin of the deployment's own: a request whose host
+//!   is `<deployment>.<namespace>.D` gets the card at `/.well-known/agent-card.json` and the
+//!   JSON-RPC endpoint at `/`.
 //!
-//! Every request carries `Authorization: Bearer <Hub API token>` and is refused (401 unknown or
-//! missing, 403 not allowed) unless the token may submit tasks in that namespace, the rule of
-//! `SubmitTask`; `SendMessage`, `SendStreamingMessage` and `CancelTask` are audited like their
-//! gRPC twins. A request body is at most [`body_limit`] bytes (the task input limit plus
-//! [`ENVELOPE_BYTES`] for the JSON around it); larger ones get 413.
+//! Every JSON-RPC request carries `Authorization: Bearer <Hub API token>` and is refused (401
+//! unknown or missing, with `WWW-Authenticate: Bearer`; 403 not allowed) unless the token may
+//! submit tasks in that namespace, the rule of `SubmitTask`; `SendMessage`,
+//! `SendStreamingMessage` and `CancelTask` are audited like their gRPC twins. A request body is
+//! at most [`body_limit`] bytes (the task input limit plus [`ENVELOPE_BYTES`] for the JSON
+//! around it); larger ones get 413. The body is read by JSON-RPC 2.0 ([`types::RpcRequest`]):
+//! -32700 not JSON, -32600 not a request object, -32601 no such method, -32602 bad params, a
+//! notification (no `id`) is performed and answered 204 with no body.
 //!
 //! Invariants: the A2A task id is the Agen task id and the A2A `contextId` is the Agen
 //! conversation key; every change goes through the Hub's core methods (the same code path as
 //! `SubmitTask`, `CancelTask`), never through its state lock; nothing here knows protobuf.
 
 mod card;
+mod list;
 mod methods;
 mod stream;
 pub mod types;
@@ -24,15 +33,19 @@ mod view;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::Value;
 
+use crate::config::A2aOptions;
 use crate::core::Core;
 use crate::error::HubError;
 use crate::tokens::{Need, Principal, Role, Tokens};
-use types::{codes, RpcError, RpcRequest, RpcResponse};
+use types::{
+    codes, AgentCard, ListTasksRequest, RpcError, RpcRequest, RpcResponse,
+    SendMessageConfiguration, SendMessageRequest, PROTOCOL_VERSION,
+};
 
 /// What a client request id made from an A2A `messageId` starts with.
 pub const REQUEST_ID_PREFIX: &str = "a2a:";
@@ -59,26 +72,109 @@ pub struct A2a {
     /// The URL clients reach the Hub at (`--public-url`, else the listen address), no
     /// trailing slash.
     public_url: String,
+    opts: A2aOptions,
     cards: card::Cards,
 }
 
 /// The A2A routes, to be merged with the gRPC routes on the Hub's port.
 pub fn router(core: Arc<Core>, tokens: Arc<Tokens>, public_url: &str) -> axum::Router {
     let limit = body_limit(&core.opts.limits);
+    let opts = core.opts.a2a.clone();
+    let by_host = opts.domain.is_some();
     let state = Arc::new(A2a {
         core,
         tokens,
         public_url: public_url.trim_end_matches('/').to_string(),
+        opts,
         cards: card::Cards::default(),
     });
-    axum::Router::new()
+    let mut r = axum::Router::new()
         .route(
             "/a2a/{namespace}/{deployment}/.well-known/agent-card.json",
-            get(agent_card),
+            get(path_card),
         )
-        .route("/a2a/{namespace}/{deployment}", post(rpc))
-        .layer(DefaultBodyLimit::max(limit))
-        .with_state(state)
+        .route("/a2a/{namespace}/{deployment}", post(path_rpc));
+    if by_host {
+        r = r
+            .route("/.well-known/agent-card.json", get(host_card))
+            .route("/", post(host_rpc));
+    }
+    r.layer(DefaultBodyLimit::max(limit)).with_state(state)
+}
+
+/// The deployment a request is for, and the interface URL it reached it at.
+struct Target {
+    namespace: String,
+    deployment: String,
+    url: String,
+}
+
+impl A2a {
+    /// The target of `/a2a/<namespace>/<deployment>`.
+    fn path_target(&self, namespace: &str, deployment: &str) -> Result<Target, Refusal> {
+        // Names first: nothing longer or stranger than a name is echoed back.
+        crate::limits::validate_name("namespace", namespace)
+            .and_then(|()| crate::limits::validate_name("deployment", deployment))
+            .map_err(|e| Refusal(StatusCode::BAD_REQUEST, format!("{e} (in the URL path)")))?;
+        Ok(Target {
+            namespace: namespace.to_string(),
+            deployment: deployment.to_string(),
+            url: format!(
+                "{}/a2a/{}/{deployment}",
+                self.public_url,
+                crate::core::namespace_or_default(namespace)
+            ),
+        })
+    }
+
+    /// The target of a request to `<deployment>.<namespace>.<--a2a-domain>`.
+    fn host_target(&self, uri: &Uri, headers: &HeaderMap) -> Result<Target, Refusal> {
+        let not_here = || {
+            Refusal(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no agent at this host; deployments are served at <deployment>.<namespace>.{}",
+                    self.opts.domain.as_deref().unwrap_or_default()
+                ),
+            )
+        };
+        let domain = self.opts.domain.as_deref().ok_or_else(not_here)?;
+        let authority = uri
+            .authority()
+            .map(|a| a.as_str().to_string())
+            .or_else(|| {
+                headers
+                    .get(header::HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .map(str::to_string)
+            })
+            .ok_or_else(not_here)?
+            .to_ascii_lowercase();
+        let host = authority
+            .rsplit_once(':')
+            .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+            .map_or(authority.as_str(), |(h, _)| h);
+        let (deployment, namespace) = host
+            .strip_suffix(&domain.to_ascii_lowercase())
+            .and_then(|r| r.strip_suffix('.'))
+            .and_then(|r| r.split_once('.'))
+            .ok_or_else(not_here)?;
+        if crate::limits::validate_name("namespace", namespace).is_err()
+            || crate::limits::validate_name("deployment", deployment).is_err()
+        {
+            return Err(not_here());
+        }
+        let scheme = if self.public_url.starts_with("http://") {
+            "http"
+        } else {
+            "https"
+        };
+        Ok(Target {
+            namespace: namespace.to_string(),
+            deployment: deployment.to_string(),
+            url: format!("{scheme}://{authority}/"),
+        })
+    }
 }
 
 /// A refused request: HTTP status and why.
@@ -106,16 +202,7 @@ impl IntoResponse for Refusal {
 
 impl A2a {
     /// The caller, when its bearer may submit tasks in `namespace` (the `SubmitTask` rule).
-    fn authorize(
-        &self,
-        headers: &HeaderMap,
-        namespace: &str,
-        deployment: &str,
-    ) -> Result<Principal, Refusal> {
-        // Names first: nothing longer or stranger than a name is echoed back.
-        crate::limits::validate_name("namespace", namespace)
-            .and_then(|()| crate::limits::validate_name("deployment", deployment))
-            .map_err(|e| Refusal(StatusCode::BAD_REQUEST, format!("{e} (in the URL path)")))?;
+    fn authorize(&self, headers: &HeaderMap, namespace: &str) -> Result<Principal, Refusal> {
         let token = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -142,13 +229,44 @@ impl A2a {
         Ok(principal)
     }
 
-    /// The interface URL of a deployment.
-    fn interface_url(&self, namespace: &str, deployment: &str) -> String {
-        format!(
-            "{}/a2a/{}/{deployment}",
-            self.public_url,
-            crate::core::namespace_or_default(namespace)
-        )
+    /// The card of `target` as the well-known path serves it.
+    async fn well_known_card(&self, target: &Target, headers: &HeaderMap) -> Response {
+        if !self.opts.public_cards {
+            if let Err(r) = self.authorize(headers, &target.namespace) {
+                return r.into_response();
+            }
+        }
+        let detail = if self.opts.card_details {
+            card::Detail::Extended
+        } else {
+            card::Detail::Public
+        };
+        match self.card(target, detail).await {
+            Ok(card) => axum::Json(card).into_response(),
+            Err(e) => {
+                let (status, message) = match e {
+                    HubError::NotFound(m) => (StatusCode::NOT_FOUND, m),
+                    HubError::InvalidArgument(m) => (StatusCode::BAD_REQUEST, m),
+                    e => {
+                        tracing::error!(error = %e, namespace = %target.namespace, deployment = %target.deployment, "cannot build the agent card");
+                        (StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+                    }
+                };
+                Refusal(status, message).into_response()
+            }
+        }
+    }
+
+    async fn card(&self, t: &Target, detail: card::Detail) -> crate::error::Result<AgentCard> {
+        self.cards
+            .card(
+                &self.core,
+                &t.namespace,
+                &t.deployment,
+                t.url.clone(),
+                detail,
+            )
+            .await
     }
 
     /// Writes the audit record of a mutating A2A call.
@@ -219,23 +337,45 @@ fn rpc_error(e: HubError, not_found: i32) -> RpcError {
     RpcError { code, message }
 }
 
-async fn agent_card(
+async fn path_card(
     State(a): State<Arc<A2a>>,
     Path((namespace, deployment)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(r) = a.authorize(&headers, &namespace, &deployment) {
-        return r.into_response();
+    match a.path_target(&namespace, &deployment) {
+        Ok(t) => a.well_known_card(&t, &headers).await,
+        Err(r) => r.into_response(),
     }
-    let url = a.interface_url(&namespace, &deployment);
-    match a.cards.card(&a.core, &namespace, &deployment, url).await {
-        Ok(card) => axum::Json(card).into_response(),
-        Err(HubError::NotFound(m)) => Refusal(StatusCode::NOT_FOUND, m).into_response(),
-        Err(HubError::InvalidArgument(m)) => Refusal(StatusCode::BAD_REQUEST, m).into_response(),
-        Err(e) => {
-            tracing::error!(error = %e, %namespace, %deployment, "cannot build the agent card");
-            Refusal(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
-        }
+}
+
+async fn host_card(State(a): State<Arc<A2a>>, uri: Uri, headers: HeaderMap) -> Response {
+    match a.host_target(&uri, &headers) {
+        Ok(t) => a.well_known_card(&t, &headers).await,
+        Err(r) => r.into_response(),
+    }
+}
+
+async fn path_rpc(
+    State(a): State<Arc<A2a>>,
+    Path((namespace, deployment)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    match a.path_target(&namespace, &deployment) {
+        Ok(t) => rpc(a, t, headers, body).await,
+        Err(r) => r.into_response(),
+    }
+}
+
+async fn host_rpc(
+    State(a): State<Arc<A2a>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    match a.host_target(&uri, &headers) {
+        Ok(t) => rpc(a, t, headers, body).await,
+        Err(r) => r.into_response(),
     }
 }
 
@@ -257,58 +397,86 @@ fn answer<T: serde::Serialize>(id: Value, result: Result<T, RpcError>) -> Respon
     }
 }
 
+/// The A2A versions this server speaks (`A2A-Version`, major.minor; absent: not checked).
+fn version_error(headers: &HeaderMap) -> Option<RpcError> {
+    let v = headers.get("a2a-version")?.to_str().unwrap_or("?").trim();
+    if v.is_empty() || v == "1" || v.starts_with("1.") {
+        return None;
+    }
+    Some(RpcError {
+        code: codes::VERSION_NOT_SUPPORTED,
+        message: format!(
+            "A2A-Version {:?} is not served; this agent speaks A2A {PROTOCOL_VERSION}",
+            crate::limits::cut(v, 20)
+        ),
+    })
+}
+
 /// A deployment's JSON-RPC endpoint.
-async fn rpc(
-    State(a): State<Arc<A2a>>,
-    Path((namespace, deployment)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
-    let principal = match a.authorize(&headers, &namespace, &deployment) {
+async fn rpc(a: Arc<A2a>, target: Target, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+    let principal = match a.authorize(&headers, &target.namespace) {
         Ok(p) => p,
         Err(r) => return r.into_response(),
     };
-    let req: RpcRequest = match serde_json::from_slice(&body) {
+    let req = match RpcRequest::parse(&body) {
         Ok(r) => r,
-        Err(e) => {
-            let code = if serde_json::from_slice::<Value>(&body).is_ok() {
-                codes::INVALID_REQUEST
-            } else {
-                codes::PARSE_ERROR
-            };
-            return answer::<()>(
-                Value::Null,
-                Err(RpcError {
-                    code,
-                    message: format!("request: not a JSON-RPC 2.0 request: {e}"),
-                }),
-            );
-        }
+        Err((id, e)) => return answer::<()>(id, Err(e)),
     };
-    if req.jsonrpc != "2.0" {
-        return answer::<()>(
-            req.id,
-            Err(RpcError {
-                code: codes::INVALID_REQUEST,
-                message: format!(
-                    "jsonrpc: expected \"2.0\", got {:?}",
-                    crate::limits::cut(&req.jsonrpc, 20)
-                ),
-            }),
+    let Some(id) = req.id.clone() else {
+        // A notification: performed, never answered (JSON-RPC 2.0 §4.1).
+        let streamed = matches!(
+            req.method.as_str(),
+            "SendStreamingMessage" | "SubscribeToTask"
         );
+        if !streamed {
+            let _ = dispatch(&a, target, principal, &headers, req, Value::Null).await;
+        } else if req.method == "SendStreamingMessage" {
+            let call = call(&a, target, principal, &headers);
+            if let Ok(p) = params::<SendMessageRequest>(&req.method, req.params) {
+                let _ = call
+                    .send_message(SendMessageRequest {
+                        configuration: Some(SendMessageConfiguration {
+                            return_immediately: true,
+                            ..p.configuration.unwrap_or_default()
+                        }),
+                        ..p
+                    })
+                    .await;
+            }
+        }
+        return StatusCode::NO_CONTENT.into_response();
+    };
+    if let Some(e) = version_error(&headers) {
+        return answer::<()>(id, Err(e));
     }
-    let call = methods::Call {
+    dispatch(&a, target, principal, &headers, req, id).await
+}
+
+fn call(a: &Arc<A2a>, target: Target, principal: Principal, headers: &HeaderMap) -> methods::Call {
+    methods::Call {
         a: a.clone(),
         principal,
-        namespace,
-        deployment,
+        namespace: target.namespace,
+        deployment: target.deployment,
+        interface_url: target.url,
         traceparent: headers
             .get("traceparent")
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_string(),
-    };
-    let id = req.id;
+    }
+}
+
+/// Runs one method call and answers it.
+async fn dispatch(
+    a: &Arc<A2a>,
+    target: Target,
+    principal: Principal,
+    headers: &HeaderMap,
+    req: RpcRequest,
+    id: Value,
+) -> Response {
+    let call = call(a, target, principal, headers);
     match req.method.as_str() {
         "SendMessage" => match params(&req.method, req.params) {
             Ok(p) => answer(id, call.send_message(p).await),
@@ -325,6 +493,10 @@ async fn rpc(
             Ok(p) => answer(id, call.get_task(p)),
             Err(e) => answer::<()>(id, Err(e)),
         },
+        "ListTasks" => match params::<ListTasksRequest>(&req.method, req.params.or(Some(Value::Object(Default::default())))) {
+            Ok(p) => answer(id, call.list_tasks(p)),
+            Err(e) => answer::<()>(id, Err(e)),
+        },
         "CancelTask" => match params(&req.method, req.params) {
             Ok(p) => answer(id, call.cancel_task(p).await),
             Err(e) => answer::<()>(id, Err(e)),
@@ -336,6 +508,18 @@ async fn rpc(
             },
             Err(e) => answer::<()>(id, Err(e)),
         },
+        "GetExtendedAgentCard" => {
+            let target = Target {
+                namespace: call.namespace.clone(),
+                deployment: call.deployment.clone(),
+                url: call.interface_url.clone(),
+            };
+            let card = a
+                .card(&target, card::Detail::Extended)
+                .await
+                .map_err(|e| rpc_error(e, codes::INVALID_PARAMS));
+            answer(id, card)
+        }
         "CreateTaskPushNotificationConfig"
         | "GetTaskPushNotificationConfig"
         | "ListTaskPushNotificationConfigs"
@@ -346,19 +530,12 @@ async fn rpc(
                 message: format!("{}: the Agen Hub sends no push notifications; stream with SendStreamingMessage or SubscribeToTask", req.method),
             }),
         ),
-        "ListTasks" | "GetExtendedAgentCard" => answer::<()>(
-            id,
-            Err(RpcError {
-                code: codes::UNSUPPORTED_OPERATION,
-                message: format!("{}: not served by the Agen Hub; use GetTask with a task id (agen ps lists tasks)", req.method),
-            }),
-        ),
         other => answer::<()>(
             id,
             Err(RpcError {
                 code: codes::METHOD_NOT_FOUND,
                 message: format!(
-                    "method {:?} is not an A2A method; expected SendMessage, SendStreamingMessage, GetTask, CancelTask or SubscribeToTask",
+                    "method {:?} is not an A2A method; expected SendMessage, SendStreamingMessage, GetTask, ListTasks, CancelTask, SubscribeToTask or GetExtendedAgentCard",
                     crate::limits::cut(other, 60)
                 ),
             }),

@@ -1,7 +1,9 @@
 //! An Agen task as an A2A task: its state (queued → SUBMITTED, running → WORKING, waiting for
 //! an approval → INPUT_REQUIRED, succeeded → COMPLETED, failed → FAILED, cancelled →
 //! CANCELED), a status message (progress, the approval it waits for, the result or the error),
-//! its input as history, and the artifacts it saved with their content.
+//! its history (its input and its answer, then each message sent to it while it ran and the
+//! answer to that: such a message runs as the next task of its context, labelled
+//! [`CONTINUES_LABEL`]), and the artifacts it saved with their content.
 
 use base64::Engine;
 
@@ -9,6 +11,26 @@ use super::types::*;
 use crate::core::Core;
 use crate::error::Result;
 use crate::model::{TaskRec, TaskState as AgenState};
+
+/// The label of a task started by a message sent to an earlier task that had not ended (its
+/// `taskId`): that task's id.
+pub const CONTINUES_LABEL: &str = "a2a.continues";
+
+/// What of a task a view shows.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    /// At most this many history messages, the newest (`None`: all).
+    pub history_length: Option<usize>,
+    pub artifacts: bool,
+}
+
+impl Shape {
+    /// Everything.
+    pub const FULL: Shape = Shape {
+        history_length: None,
+        artifacts: true,
+    };
+}
 
 /// Largest artifact whose content is put in the A2A artifact; a larger one is named with its
 /// size and the command that fetches it.
@@ -169,13 +191,56 @@ pub fn artifacts(core: &Core, t: &TaskRec) -> Result<Vec<Artifact>> {
 
 /// The whole A2A task.
 pub fn task(core: &Core, t: &TaskRec) -> Result<Task> {
+    shaped(core, t, Shape::FULL)
+}
+
+/// The A2A task, as much of it as `shape` says.
+pub fn shaped(core: &Core, t: &TaskRec, shape: Shape) -> Result<Task> {
+    let mut history = history(core, t);
+    if let Some(n) = shape.history_length {
+        history.drain(..history.len().saturating_sub(n));
+    }
     Ok(Task {
         id: t.task_id.clone(),
         context_id: context_id(t),
         status: status(t),
-        artifacts: artifacts(core, t)?,
-        history: vec![input_message(t)],
+        artifacts: if shape.artifacts {
+            artifacts(core, t)?
+        } else {
+            Vec::new()
+        },
+        history,
     })
+}
+
+/// The task's input and its answer, then each message sent to it while it ran and the answer
+/// to that (the run of the message), oldest first.
+fn history(core: &Core, t: &TaskRec) -> Vec<Message> {
+    let mut history = vec![input_message(t)];
+    history.extend(answer(t, &t.task_id));
+    for next in core.labelled_in_conversation(
+        &t.namespace,
+        &t.conversation_id,
+        CONTINUES_LABEL,
+        &t.task_id,
+    ) {
+        let mut m = input_message(&next);
+        m.task_id = Some(t.task_id.clone());
+        history.push(m);
+        history.extend(answer(&next, &t.task_id));
+    }
+    history
+}
+
+/// The answer of ended task `t` as an agent message of task `in_task`.
+fn answer(t: &TaskRec, in_task: &str) -> Option<Message> {
+    if !t.state.is_terminal() {
+        return None;
+    }
+    let mut m = status(t).message?;
+    m.message_id = format!("{}:answer", t.task_id);
+    m.task_id = Some(in_task.to_string());
+    Some(m)
 }
 
 #[cfg(test)]

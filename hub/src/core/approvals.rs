@@ -6,7 +6,10 @@
 //! `send_durable`), so a decided call stays decided across a Hub restart; a call is decided at
 //! most once (deciding one that is not pending is `FAILED_PRECONDITION` and changes nothing);
 //! a request for a call the Hub already decided is answered at once and does not make the task
-//! wait.
+//! wait. A call is its id (issued by the run's harness from the call's place in the
+//! conversation, never the model's id) and its digest (the tool and the whole arguments,
+//! `agen_shared::run::call_digest`): a request with a known id but another digest is a new call
+//! and is asked again; every decision sent to a Nest carries the digest it decides.
 
 use agen_shared::run::{ApprovalDecided, ApprovalRequested};
 use serde::{Deserialize, Serialize};
@@ -38,6 +41,14 @@ pub struct ApprovalRec {
     pub asked_at_ms: i64,
     #[serde(default)]
     pub decision: Option<DecisionRec>,
+    /// The call's digest (tool + whole arguments); empty for a record written before digests.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub digest: String,
+    /// The run and attempt that asked.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub run_id: String,
+    #[serde(default)]
+    pub attempt: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,13 +107,14 @@ impl Core {
             .approvals_of(task_id)?
             .calls
             .into_iter()
+            .rev()
             .find(|c| c.call_id == call_id)
             .and_then(|c| c.decision))
     }
 
     /// Sends a decision to the Nest of the task's current run (held until the store has it).
     /// A suspended run has none: it gets the decision when it resumes and asks again.
-    fn send_decision(&self, st: &mut State, task: &TaskRec, call_id: &str, d: &DecisionRec) {
+    fn send_decision(&self, st: &mut State, task: &TaskRec, call: &ApprovalRec, d: &DecisionRec) {
         if task.suspended.is_some() {
             return;
         }
@@ -119,10 +131,11 @@ impl Core {
             ToNest::ApprovalDecided {
                 run_id: task.run_id.clone(),
                 instance_id: task.instance_id.clone(),
-                call_id: call_id.to_string(),
+                call_id: call.call_id.clone(),
                 approved: d.approved,
                 reason: d.reason.clone(),
                 by: d.by.clone(),
+                digest: call.digest.clone(),
             },
         );
     }
@@ -136,10 +149,17 @@ impl Core {
         asked: &ApprovalRequested,
     ) -> Result<()> {
         let mut rec = self.approvals_of(&task.task_id)?;
-        let known = rec.calls.iter().position(|c| c.call_id == asked.call_id);
+        // The same call: its id and its digest (a record from before digests matches by id).
+        let known = rec.calls.iter().rposition(|c| {
+            c.call_id == asked.call_id && (c.digest.is_empty() || c.digest == asked.digest)
+        });
+        if rec.calls.iter().any(|c| c.call_id == asked.call_id) && known.is_none() {
+            tracing::warn!(task = %task.task_id, call = %asked.call_id, tool = %asked.tool, "a run asked about a call id the task already has with other arguments: asked again as a new call");
+        }
         let decided = known.and_then(|i| rec.calls[i].decision.clone());
-        if let Some(d) = decided {
-            self.send_decision(st, task, &asked.call_id, &d);
+        if let (Some(d), Some(i)) = (decided, known) {
+            let call = rec.calls[i].clone();
+            self.send_decision(st, task, &call, &d);
             return Ok(());
         }
         let always = rec.always.contains(&asked.tool);
@@ -152,19 +172,29 @@ impl Core {
             by: "always".into(),
             at_ms: now_ms(),
         });
-        match known {
-            Some(i) => rec.calls[i].decision = decision.clone(),
-            None => rec.calls.push(ApprovalRec {
-                call_id: asked.call_id.clone(),
-                tool: asked.tool.clone(),
-                arguments: asked.arguments.clone(),
-                asked_at_ms: now_ms(),
-                decision: decision.clone(),
-            }),
-        }
+        let i = match known {
+            Some(i) => {
+                rec.calls[i].decision = decision.clone();
+                i
+            }
+            None => {
+                rec.calls.push(ApprovalRec {
+                    call_id: asked.call_id.clone(),
+                    tool: asked.tool.clone(),
+                    arguments: asked.arguments.clone(),
+                    asked_at_ms: now_ms(),
+                    decision: decision.clone(),
+                    digest: asked.digest.clone(),
+                    run_id: task.run_id.clone(),
+                    attempt: task.attempt,
+                });
+                rec.calls.len() - 1
+            }
+        };
+        let call = rec.calls[i].clone();
         self.db.put_json(Table::Approvals, &task.task_id, &rec)?;
         match decision {
-            Some(d) => self.send_decision(st, task, &asked.call_id, &d),
+            Some(d) => self.send_decision(st, task, &call, &d),
             None => {
                 task.state = TaskState::Waiting;
                 task.activity = format!("waiting for approval of {}", asked.tool);
@@ -181,11 +211,11 @@ impl Core {
         decided: &ApprovalDecided,
     ) -> Result<()> {
         let mut rec = self.approvals_of(&task.task_id)?;
-        if let Some(c) = rec
-            .calls
-            .iter_mut()
-            .find(|c| c.call_id == decided.call_id && c.decision.is_none())
-        {
+        if let Some(c) = rec.calls.iter_mut().find(|c| {
+            c.call_id == decided.call_id
+                && c.decision.is_none()
+                && (c.digest.is_empty() || decided.digest.is_empty() || c.digest == decided.digest)
+        }) {
             c.decision = Some(DecisionRec {
                 approved: decided.approved,
                 reason: decided.reason.clone(),
@@ -271,7 +301,7 @@ impl Core {
             // A suspended run is resumed (it asks again and is answered at once); a run
             // waiting in place gets the decision now.
             if !self.wake_decided(&mut st, &task.task_id, &call.call_id)? {
-                self.send_decision(&mut st, &task, &call.call_id, &decision);
+                self.send_decision(&mut st, &task, &call, &decision);
             }
             call
         };
@@ -301,7 +331,14 @@ fn pick(task_id: &str, rec: &TaskApprovals, call_id: &str) -> Result<usize> {
             ))),
         };
     }
-    match rec.calls.iter().position(|c| c.call_id == call_id) {
+    // A pending record first: an id asked again with other arguments has a decided one too.
+    let named = |i: &usize| rec.calls[*i].call_id == call_id;
+    let found = pending
+        .iter()
+        .copied()
+        .find(named)
+        .or_else(|| (0..rec.calls.len()).find(named));
+    match found {
         Some(i) if rec.calls[i].decision.is_none() => Ok(i),
         Some(_) => Err(HubError::FailedPrecondition(format!(
             "call {call_id} of task {task_id} is already decided; a decision cannot be changed"

@@ -96,11 +96,6 @@ impl Core {
                         return Ok(old.clone());
                     }
                     let mut rec = old.clone();
-                    if old.bundle_digest != spec.bundle_digest {
-                        rec.failures = 0;
-                        rec.backoff_until_ms = 0;
-                        rec.last_failure.clear();
-                    }
                     rec.bundle_digest = spec.bundle_digest.clone();
                     rec.replicas = spec.replicas;
                     rec.selector = spec.selector.clone();
@@ -117,13 +112,11 @@ impl Core {
                     replicas: spec.replicas,
                     selector: spec.selector.clone(),
                     concurrency,
-                    generation: 1,
+                    // Created again after `agen rm`: its kept history goes on.
+                    generation: self.last_recorded_generation(&namespace, &spec.name) + 1,
                     created_at_ms: now,
                     updated_at_ms: now,
                     agent_name: meta.agent_name.clone(),
-                    failures: 0,
-                    backoff_until_ms: 0,
-                    last_failure: String::new(),
                 },
             };
             if let Some(old) = st.deployments.get(&key).cloned() {

@@ -1,7 +1,7 @@
 //! Deployment and node lifecycle on top of `fleet`: every generation is recorded as a
 //! revision (bundle digest, replicas, selector, concurrency, time, who, what made it), scaling
-//! without a bundle, rollback (a new generation from an old revision), removal with its
-//! history; and a Nest that leaves on purpose (its instances end as stopped, not lost).
+//! without a bundle, rollback (a new generation from an old revision), removal (recorded as
+//! a last row; the history stays until the task retention); and a Nest that leaves on purpose (its instances end as stopped, not lost).
 //!
 //! Invariants: a revision is written before the call that made its generation returns; a
 //! rollback never reuses a generation number (it makes a new one); scaling changes only the
@@ -33,6 +33,9 @@ pub struct RevisionRec {
     /// `deploy`, `scale`, `rollback to generation N`.
     pub change: String,
 }
+
+/// The `change` of the history row that records a removal (`agen rm`).
+pub const REMOVED: &str = "removed";
 
 /// `namespace/name \0` — the prefix of a deployment's revisions.
 fn history_prefix(namespace: &str, name: &str) -> Vec<u8> {
@@ -109,15 +112,23 @@ impl Core {
     }
 
     /// Every recorded generation of a deployment, oldest first. A generation made before
-    /// history was kept is shown from the deployment itself (`deployed_by` unknown).
+    /// history was kept is shown from the deployment itself (`deployed_by` unknown). A removed
+    /// deployment's history is kept until the task retention (its last row says `removed`).
     pub fn deployment_history(&self, namespace: &str, name: &str) -> Result<Vec<RevisionRec>> {
-        let d = self.deployment_rec(namespace, name)?;
-        let mut list: Vec<RevisionRec> = self.db.list_json(
-            Table::DeploymentHistory,
-            &history_prefix(&d.namespace, &d.name),
-        )?;
-        // A deployment deleted and created again starts at generation 1: drop what is newer
-        // than now (left by an older incarnation).
+        let d = match self.deployment_rec(namespace, name) {
+            Ok(d) => d,
+            Err(e) => {
+                let list = self.recorded_history(&namespace_or_default(namespace), name)?;
+                return if list.last().is_some_and(|r| r.change == REMOVED) {
+                    Ok(list)
+                } else {
+                    Err(e)
+                };
+            }
+        };
+        let mut list = self.recorded_history(&d.namespace, &d.name)?;
+        // Rows newer than the deployment were left by an older incarnation of it (made before
+        // a removal was recorded as a row of its own): drop them.
         list.retain(|r| r.generation <= d.generation);
         if !list.iter().any(|r| r.generation == d.generation) {
             list.push(RevisionRec {
@@ -135,6 +146,58 @@ impl Core {
             });
         }
         Ok(list)
+    }
+
+    fn recorded_history(&self, namespace: &str, name: &str) -> Result<Vec<RevisionRec>> {
+        Ok(self
+            .db
+            .list_json(Table::DeploymentHistory, &history_prefix(namespace, name))?)
+    }
+
+    /// The newest generation recorded for `namespace/name` (0: none): a deployment created
+    /// again after `agen rm` goes on from there, so its history reads as one story.
+    pub(in crate::core) fn last_recorded_generation(&self, namespace: &str, name: &str) -> u64 {
+        self.recorded_history(namespace, name)
+            .unwrap_or_default()
+            .iter()
+            .map(|r| r.generation)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Removes the history of deployments removed more than `keep_ms` before `now_ms`.
+    /// Returns how many rows went.
+    pub(in crate::core) fn sweep_removed_history(
+        &self,
+        now_ms: i64,
+        keep_ms: i64,
+    ) -> Result<usize> {
+        let raw = self.db.raw();
+        let rows = raw.scan(Table::DeploymentHistory, b"")?;
+        let mut removed: Vec<Vec<u8>> = Vec::new();
+        for (k, v) in &rows {
+            let Ok(r) = serde_json::from_slice::<RevisionRec>(v) else {
+                continue;
+            };
+            if r.change == REMOVED && now_ms.saturating_sub(r.created_at_ms) > keep_ms {
+                let prefix = history_prefix(&r.namespace, &r.name);
+                let live = self
+                    .lock()
+                    .deployments
+                    .contains_key(&deployment_key(&r.namespace, &r.name));
+                if !live && k.starts_with(&prefix) {
+                    removed.push(prefix);
+                }
+            }
+        }
+        let mut count = 0;
+        for prefix in removed {
+            for (k, _) in raw.scan(Table::DeploymentHistory, &prefix)? {
+                raw.remove(Table::DeploymentHistory, &k)?;
+                count += 1;
+            }
+        }
+        Ok(count)
     }
 
     /// Sets the replica count; the bundle, selector and concurrency stay.
@@ -172,6 +235,7 @@ impl Core {
             history
                 .iter()
                 .rev()
+                .filter(|r| r.change != REMOVED)
                 .find(|r| r.generation < d.generation && r.bundle_digest != d.bundle_digest)
                 .ok_or_else(|| {
                     HubError::FailedPrecondition(format!(
@@ -180,7 +244,7 @@ impl Core {
                     ))
                 })?
         } else {
-            history.iter().find(|r| r.generation == to).ok_or_else(|| {
+            history.iter().filter(|r| r.change != REMOVED).find(|r| r.generation == to).ok_or_else(|| {
                 HubError::not_found(format!(
                     "deployment {}/{}: generation {to} is not in its history (generations {}); see agen history {}",
                     d.namespace,
@@ -214,19 +278,20 @@ impl Core {
         Ok(rec)
     }
 
-    /// Deletes a deployment (as `delete_deployment`) and its history.
+    /// Deletes a deployment (as `delete_deployment`) and records its removal as the last row
+    /// of its history, which stays until the task retention has passed.
     pub async fn remove_deployment(&self, namespace: &str, name: &str, who: &str) -> Result<()> {
         let namespace = namespace_or_default(namespace);
+        let d = self.deployment_rec(&namespace, name)?;
         self.delete_deployment(&namespace, name).await?;
-        for (k, _) in self
-            .db
-            .raw()
-            .scan(Table::DeploymentHistory, &history_prefix(&namespace, name))?
-        {
-            self.db.raw().remove(Table::DeploymentHistory, &k)?;
-        }
+        let removed = DeploymentRec {
+            generation: d.generation + 1,
+            replicas: 0,
+            ..d
+        };
+        self.record_revision(&removed, who, REMOVED)?;
         self.db.flush().await?;
-        tracing::info!(deployment = %deployment_key(&namespace, name), %who, "deployment removed");
+        tracing::info!(deployment = %deployment_key(&namespace, name), %who, "deployment removed; its history stays until the task retention");
         Ok(())
     }
 

@@ -20,6 +20,7 @@
 
 pub mod approvals;
 pub mod artifacts;
+pub mod backups;
 pub mod bundles;
 mod commit;
 pub mod cordon;
@@ -102,6 +103,8 @@ pub struct Core {
     pub(crate) artifact_usage: crate::core::artifacts::UsageLock,
     /// Whether a lazy flush for run events nobody waits for is scheduled ([`commit`]).
     lazy_flush: commit::LazyFlush,
+    /// Every attempt issued is above this ([`backups::attempt_floor`] of the store's epoch).
+    attempt_floor: u32,
 }
 
 pub(crate) use crate::limits::validate_name;
@@ -142,6 +145,7 @@ impl Core {
         }
         let live = Liveness::new(awaiting.iter().cloned());
         let (updates, _) = broadcast::channel(4096);
+        let attempt_floor = backups::attempt_floor(db.store_epoch()?);
         tracing::info!(
             deployments = deployments.len(),
             nests = nests.len(),
@@ -172,6 +176,7 @@ impl Core {
             secrets: SecretStore::new(db.clone(), secret_key),
             artifact_usage: Default::default(),
             lazy_flush: Default::default(),
+            attempt_floor,
             bundle_permissions: Default::default(),
             bundle_delegation: Default::default(),
             db,

@@ -200,6 +200,22 @@ impl Core {
         }
     }
 
+    /// Run events of `nest_id` could not be stored. While the store cannot write (a full
+    /// disk) the link stays up, so that its pings keep the Nest's runs going and the Nest is
+    /// not lost for the Hub's disk, and its link is cut once the store heals, so that it
+    /// resends what was not acknowledged; returns whether it is so (otherwise the caller ends
+    /// the link at once).
+    pub fn keep_link_while_store_broken(&self, nest_id: &str) -> bool {
+        // Under the lock: a heal's reload (which cuts the links) is either before it, and the
+        // store is no longer broken, or after it, and cuts this link too.
+        let mut st = self.lock();
+        if self.db.broken().is_none() {
+            return false;
+        }
+        st.live.unstored(nest_id);
+        true
+    }
+
     /// A heartbeat (with the instances it carries).
     pub fn heartbeat(&self, nest_id: &str, conn_id: u64, reports: &[InstanceReport]) -> Result<()> {
         {

@@ -72,7 +72,7 @@ impl Core {
             .filter(|d| d.namespace == namespace && declaring.contains(&d.bundle_digest))
             .cloned()
             .collect();
-        for mut d in deployments {
+        for d in deployments {
             let ids: Vec<(String, InstanceState)> = st
                 .instances
                 .values()
@@ -89,6 +89,7 @@ impl Core {
                         if let Some(mut rec) = st.instances.get(&id).cloned() {
                             if rec.not_before_ms > now {
                                 rec.not_before_ms = 0;
+                                rec.slot_failures = 0;
                                 rec.message = format!("secret {name} set; waiting for placement");
                                 rec.updated_at_ms = now;
                                 self.save_instance(&mut st, rec)?;
@@ -100,11 +101,6 @@ impl Core {
                     }
                     InstanceState::Stopping | InstanceState::Stopped | InstanceState::Lost => {}
                 }
-            }
-            if d.failures > 0 || d.backoff_until_ms > now {
-                d.failures = 0;
-                d.backoff_until_ms = 0;
-                self.save_deployment(&mut st, d)?;
             }
         }
         Ok(())
@@ -193,6 +189,7 @@ mod tests {
             not_before_ms: 0,
             healthy_since_ms: 0,
             replacement: false,
+            slot_failures: 0,
             leaving_since_ms: 0,
             for_resume: false,
         };

@@ -14,7 +14,7 @@ use crate::store::Table;
 
 use crate::model::*;
 
-/// An instance healthy for this long resets its deployment's failure count.
+/// An instance healthy for this long clears its replica slot's failure count.
 const STABLE_MS: i64 = 30_000;
 /// Stopped and lost instances are forgotten this long after they ended (or after
 /// `--hide-ended-after`, when that is longer); they are hidden from lists before that.
@@ -78,6 +78,9 @@ impl Core {
         }
         let mut st = self.lock();
         let dropped = st.live.drop_held();
+        // No Nest is lost for the time the store could not write: one that could not register
+        // meanwhile gets a full ttl from now, as at boot.
+        st.live.restart_clocks();
         st.deployments = deployments.into_iter().map(|d| (d.key(), d)).collect();
         st.nests = nests
             .into_iter()
@@ -100,30 +103,45 @@ impl Core {
     pub async fn run_reconciler(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
         let tick = std::time::Duration::from_millis(250);
         let mut last_heal: Option<Instant> = None;
-        // Pets only while reconcile and the store flush both go round (systemd's WatchdogSec).
+        // Pets while reconcile and the store flush both go round (systemd's WatchdogSec), and
+        // while the store cannot write, as long as this loop goes round healing it.
         let watchdog = agen_shared::systemd::Watchdog::from_env();
-        let mut told_nests: Option<usize> = None;
+        let mut told: Option<String> = None;
         loop {
             self.heal_store(&mut last_heal).await;
-            match self.reconcile() {
-                Ok(()) => self
-                    .reconciled_at_ms
-                    .store(now_ms(), std::sync::atomic::Ordering::Relaxed),
-                Err(e) => tracing::error!(error = %e, "reconcile failed; retrying"),
-            }
-            match self.commit().await {
-                Ok(()) => watchdog.pet(),
-                Err(e) => tracing::error!(error = %e, "store flush failed"),
-            }
-            let ready = self
-                .lock()
-                .nests
-                .values()
-                .filter(|n| n.state == NestState::Ready)
-                .count();
-            if told_nests != Some(ready) {
-                told_nests = Some(ready);
-                agen_shared::systemd::status(&format!("serving; {ready} nests ready"));
+            let status = if let Some(why) = self.db.broken() {
+                // Nothing is decided while the store cannot record it (no Nest is lost, no
+                // task dispatched or expired); the loop goes round, healing, and says so: the
+                // watchdog hears that the process is alive, `STATUS=` that the store is not.
+                watchdog.pet();
+                format!("not serving: {why}")
+            } else {
+                match self.reconcile() {
+                    Ok(()) => self
+                        .reconciled_at_ms
+                        .store(now_ms(), std::sync::atomic::Ordering::Relaxed),
+                    Err(e) => tracing::error!(error = %e, "reconcile failed; retrying"),
+                }
+                match self.commit().await {
+                    Ok(()) => watchdog.pet(),
+                    // A write that broke the store is healed above, and petted meanwhile.
+                    Err(e) if self.db.broken().is_some() => {
+                        watchdog.pet();
+                        tracing::error!(error = %e, "store flush failed")
+                    }
+                    Err(e) => tracing::error!(error = %e, "store flush failed"),
+                }
+                let ready = self
+                    .lock()
+                    .nests
+                    .values()
+                    .filter(|n| n.state == NestState::Ready)
+                    .count();
+                format!("serving; {ready} nests ready")
+            };
+            if told.as_deref() != Some(status.as_str()) {
+                agen_shared::systemd::status(&status);
+                told = Some(status);
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -189,7 +207,7 @@ impl Core {
 
     pub(in crate::core) fn plan_deployments(&self, st: &mut State, now: i64) -> Result<()> {
         let deployments: Vec<DeploymentRec> = st.deployments.values().cloned().collect();
-        for mut d in deployments {
+        for d in deployments {
             self.stop_idle_resume_instances(st, &d)?;
             let mine: Vec<&InstanceRec> = st
                 .instances
@@ -197,11 +215,20 @@ impl Core {
                 .filter(|i| i.namespace == d.namespace && i.deployment == d.name)
                 .filter(|i| !i.for_resume)
                 .collect();
-            let stable = mine.iter().any(|i| {
-                i.generation == d.generation
-                    && i.healthy_since_ms > 0
-                    && now - i.healthy_since_ms >= STABLE_MS
-            });
+            // A slot whose instance ran healthy long enough is no longer failing.
+            let settled: Vec<String> = mine
+                .iter()
+                .filter(|i| {
+                    i.slot_failures > 0
+                        && scheduler::slots::settled(
+                            i.slot_failures,
+                            i.healthy_since_ms,
+                            now,
+                            STABLE_MS,
+                        ) == 0
+                })
+                .map(|i| i.instance_id.clone())
+                .collect();
             let views: Vec<InstView> = mine
                 .iter()
                 .map(|i| InstView {
@@ -214,30 +241,28 @@ impl Core {
                 })
                 .collect();
             let plan = scheduler::plan(d.replicas, d.generation, &views);
-            let mut changed = false;
-            if stable && d.failures > 0 {
-                d.failures = 0;
-                d.last_failure.clear();
-                changed = true;
+            for id in settled {
+                if let Some(mut rec) = st.instances.get(&id).cloned() {
+                    rec.slot_failures = 0;
+                    self.save_instance(st, rec)?;
+                }
             }
+            let mut vacancies = Vec::new();
             for id in &plan.replace {
-                let reason = st
+                let (reason, slot_failures) = st
                     .instances
                     .get(id)
-                    .map(|i| i.message.clone())
+                    .map(|i| (i.message.clone(), i.slot_failures))
                     .unwrap_or_default();
                 let reason = if reason.is_empty() {
                     "instance unhealthy".to_string()
                 } else {
                     reason
                 };
-                d.failures += 1;
-                let wait = scheduler::backoff(d.failures);
-                d.backoff_until_ms = now + wait.as_millis() as i64;
-                d.last_failure = reason.clone();
-                changed = true;
-                tracing::warn!(deployment = %d.key(), instance = %id, failures = d.failures, "replacing unhealthy instance: {reason}");
+                let vacancy = scheduler::slots::Vacancy::after_failure(slot_failures, &reason, now);
+                tracing::warn!(deployment = %d.key(), instance = %id, slot_failures = vacancy.failures, "replacing unhealthy instance: {reason}");
                 self.stop_instance(st, id, &format!("unhealthy: {reason}"))?;
+                vacancies.push(vacancy);
             }
             for id in &plan.stop {
                 if Self::drains(st, &d, id) {
@@ -255,22 +280,17 @@ impl Core {
                 };
                 self.stop_instance(st, id, reason)?;
             }
-            if changed {
-                self.save_deployment(st, d.clone())?;
-            }
             if plan == scheduler::Plan::default() {
                 self.respread(st, &d, now)?;
             }
-            for _ in 0..plan.create {
-                let replacement = d.failures > 0;
-                let message = if replacement && d.backoff_until_ms > now {
-                    format!(
+            for slot in scheduler::slots::fill(vacancies, plan.create) {
+                let message = match &slot {
+                    Some(v) if v.not_before_ms > now => format!(
                         "replacement back-off {}s: {}",
-                        scheduler::backoff(d.failures).as_secs(),
-                        d.last_failure
-                    )
-                } else {
-                    "waiting for placement".to_string()
+                        scheduler::backoff(v.failures).as_secs(),
+                        v.reason
+                    ),
+                    _ => "waiting for placement".to_string(),
                 };
                 let rec = InstanceRec {
                     instance_id: format!("{}-{}", d.name, short_id()),
@@ -289,11 +309,12 @@ impl Core {
                     created_at_ms: now,
                     updated_at_ms: now,
                     tools: Vec::new(),
-                    not_before_ms: if replacement { d.backoff_until_ms } else { 0 },
+                    not_before_ms: slot.as_ref().map_or(0, |v| v.not_before_ms),
                     healthy_since_ms: 0,
-                    replacement,
+                    replacement: slot.is_some(),
                     leaving_since_ms: 0,
                     for_resume: false,
+                    slot_failures: slot.as_ref().map_or(0, |v| v.failures),
                 };
                 self.save_instance(st, rec)?;
             }

@@ -1,4 +1,5 @@
-//! Retention and backup. Task retention (`--task-retention`): a periodic sweep removes finished tasks older than the
+//! Retention and backup. Task retention (`--task-retention`): a periodic sweep removes the
+//! history of deployments removed longer ago than the retention, and finished tasks older than the
 //! retention, with their task events, run events, run attempt, approvals, request-id entry and
 //! the artifacts no other task refers to; then the store is compacted when what it removed
 //! outweighs what is left (`Store::compact`: the event log is rewritten while the Hub runs).
@@ -66,7 +67,19 @@ impl Core {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(every) => {}
             }
-            match self.sweep_expired_tasks(crate::model::now_ms()).await {
+            let now = crate::model::now_ms();
+            let keep_ms = i64::try_from(self.opts.task_retention.as_millis()).unwrap_or(i64::MAX);
+            match self.sweep_removed_history(now, keep_ms) {
+                Ok(0) => {}
+                Ok(rows) => tracing::info!(
+                    rows,
+                    "removed the history of deployments removed before the task retention"
+                ),
+                Err(e) => {
+                    tracing::error!(error = %e, "deployment history retention sweep failed; retrying")
+                }
+            }
+            match self.sweep_expired_tasks(now).await {
                 Ok(s) if s.tasks > 0 => tracing::info!(
                     tasks = s.tasks,
                     run_events = s.run_events,

@@ -4,11 +4,13 @@
 //!   left, spreading replicas (fewest instances of this deployment, then fewest in total).
 //! - [`plan`]: what to create and stop for one deployment (replica count, roll-over to a new
 //!   generation, unhealthy instances).
-//! - [`backoff`]: replacement back-off 1s, 2s, 4s … capped at 60s.
+//! - [`backoff`]: replacement back-off 1s, 2s, 4s … capped at 60s, counted per replica slot
+//!   ([`slots`]: one instance's crashes never delay the replacement of another).
 //! - [`dispatch::choose`]: which instance runs a queued task now.
 //! - [`spread::pick_move`]: which instance moves when replicas are unevenly spread.
 
 pub mod dispatch;
+pub mod slots;
 pub mod spread;
 
 use std::collections::BTreeMap;

@@ -238,3 +238,65 @@ fn plan_keeps_a_leaving_instance_until_its_replacement_runs() {
         }
     );
 }
+
+/// One failure after another, each `(slot, at_ms)`; returns when each slot's replacement may
+/// be placed, in order (the slots' counts carried by their instances as `reconcile` does).
+#[track_caller]
+fn check_slots(failures: &[(usize, i64)], expected_not_before: &[i64]) {
+    let mut counts = [0u32; 4];
+    let mut got = Vec::new();
+    for &(slot, at) in failures {
+        let vacancy = slots::Vacancy::after_failure(counts[slot], "tool server died", at);
+        let filled = slots::fill(vec![vacancy], 1);
+        let v = filled[0].clone().expect("the failed slot is refilled");
+        counts[slot] = v.failures;
+        got.push(v.not_before_ms);
+    }
+    assert_eq!(got, expected_not_before);
+}
+
+#[test]
+fn back_off_is_counted_per_slot() {
+    // One slot crashing again and again backs off 1 s, 2 s, 4 s …
+    check_slots(
+        &[(0, 0), (0, 10_000), (0, 20_000)],
+        &[1_000, 12_000, 24_000],
+    );
+    // … while another slot's first failure, even right after, waits 1 s only.
+    check_slots(
+        &[(0, 0), (0, 10_000), (0, 20_000), (1, 21_000)],
+        &[1_000, 12_000, 24_000, 22_000],
+    );
+    // Two slots failing alternately each keep their own count.
+    check_slots(
+        &[(0, 0), (1, 500), (0, 5_000), (1, 5_500)],
+        &[1_000, 1_500, 7_000, 7_500],
+    );
+    // The cap holds.
+    let v = slots::Vacancy::after_failure(40, "x", 0);
+    assert_eq!((v.failures, v.not_before_ms), (41, 60_000));
+}
+
+#[test]
+fn new_replicas_take_the_soonest_vacancies_then_fresh_slots() {
+    let v = |failures: u32, at: i64| slots::Vacancy {
+        failures,
+        not_before_ms: at,
+        reason: "r".into(),
+    };
+    let got = slots::fill(vec![v(3, 8_000), v(1, 1_000)], 3);
+    assert_eq!(got, vec![Some(v(1, 1_000)), Some(v(3, 8_000)), None]);
+    // Fewer replicas wanted than vacancies: the longest wait is dropped.
+    assert_eq!(
+        slots::fill(vec![v(3, 8_000), v(1, 1_000)], 1),
+        vec![Some(v(1, 1_000))]
+    );
+    assert_eq!(slots::fill(Vec::new(), 2), vec![None, None]);
+}
+
+#[test]
+fn a_slot_healthy_for_the_stable_time_is_no_longer_failing() {
+    assert_eq!(slots::settled(3, 1_000, 31_000, 30_000), 0);
+    assert_eq!(slots::settled(3, 1_000, 30_999, 30_000), 3);
+    assert_eq!(slots::settled(3, 0, 99_000, 30_000), 3);
+}

@@ -101,6 +101,7 @@ pub fn nest(n: &NestRec, instances: u32) -> pb::Nest {
         revoked: false,
         cordoned: n.cordoned,
         separation: n.separation.clone(),
+        draining_until_ms: n.draining_until_ms,
     }
 }
 
@@ -392,6 +393,7 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             approved,
             reason,
             by,
+            digest,
         } => Msg::ApprovalDecided(pb::ApprovalDecision {
             run_id,
             instance_id,
@@ -399,6 +401,7 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             approved,
             reason,
             by,
+            digest,
         }),
         ToNest::Ack {
             run_id,

@@ -45,7 +45,7 @@ fn revision(r: &RevisionRec, current: u64) -> pb::DeploymentRevision {
         deployed_by: r.deployed_by.clone(),
         change: r.change.clone(),
         agent_name: r.agent_name.clone(),
-        current: r.generation == current,
+        current: r.generation == current && r.change != crate::core::lifecycle::REMOVED,
     }
 }
 

@@ -200,6 +200,11 @@ impl NestService for NestApi {
                         // loop reads on (group commit across batches and Nests).
                         match core.run_events(&nest_id, &batch.instance_id, events) {
                             Ok(()) => Ok(()),
+                            Err(e) if core.keep_link_while_store_broken(&nest_id) => {
+                                // Not acked: resent once the store heals (it cuts this link).
+                                tracing::warn!(nest_id = %nest_id, error = %e, "run events not stored while the hub store cannot write; the nest resends them once it heals");
+                                Ok(())
+                            }
                             Err(e) => {
                                 // Not stored, not acked: end the stream so that the Nest
                                 // reconnects and resends them once the store can write.

@@ -258,7 +258,10 @@ impl EventLog {
         };
         // A rewrite a crash interrupted left its unfinished copy behind; the log is whole.
         let _ = std::fs::remove_file(log.fresh_path());
-        log.compact()?;
+        // A rewrite that fails (a full disk) leaves the old file in use, untouched.
+        if let Err(e) = log.compact() {
+            tracing::warn!(file = %log.path.display(), error = %e, "the event log was not rewritten without its dead records; it stays as it is");
+        }
         Ok(log)
     }
 

@@ -10,14 +10,21 @@
 mod disk_sync;
 mod event_log;
 mod group_commit;
+pub mod sealed;
 mod sled_store;
 pub mod snapshot;
+mod space;
 
 use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use sled_store::SledStore;
+
+/// Makes the entries of `dir` (files created or renamed in it) durable.
+pub fn sync_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    disk_sync::sync_folder(dir)
+}
 
 use crate::model::RunEventRec;
 
@@ -172,6 +179,12 @@ pub trait Store: Send + Sync + 'static {
     fn heal(&self) -> Result<bool>;
 }
 
+/// The counter of store epochs: a restore from a snapshot starts the next one.
+pub const EPOCH_COUNTER: &str = "store_epoch";
+/// Set (to the new epoch) by a restore until the Hub that opens the store has re-queued the
+/// runs that were in flight at the snapshot.
+pub const RESTORED_COUNTER: &str = "restored_pending";
+
 /// What appending a run event did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Append {
@@ -257,6 +270,32 @@ impl Db {
 
     pub fn close(&self) {
         self.inner.close()
+    }
+
+    /// The store's epoch (0 until a restore; each restore starts the next one).
+    pub fn store_epoch(&self) -> Result<u64> {
+        self.counter(EPOCH_COUNTER)
+    }
+
+    /// The epoch a restore started, while the runs in flight at the snapshot are not yet
+    /// re-queued (0: none pending).
+    pub fn restore_pending(&self) -> Result<u64> {
+        self.counter(RESTORED_COUNTER)
+    }
+
+    /// The runs in flight at the snapshot are re-queued: the restore is complete.
+    pub fn clear_restore_pending(&self) -> Result<()> {
+        self.inner
+            .remove(Table::Counters, RESTORED_COUNTER.as_bytes())
+    }
+
+    fn counter(&self, name: &str) -> Result<u64> {
+        Ok(self
+            .inner
+            .get(Table::Counters, name.as_bytes())?
+            .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+            .map(u64::from_be_bytes)
+            .unwrap_or(0))
     }
 
     /// The newest attempt the Hub has started for `run_id` (0 when none).

@@ -9,7 +9,9 @@
 //! flushing again (group commit), and a flush with no write since the last one (counted after
 //! each write operation) syncs nothing. sled keeps its first IO error for ever (a full disk), so the
 //! first failed operation marks the store broken ([`Store::broken`]) and [`Store::heal`]
-//! reopens the database in place once a probe write and flush succeed again. A flush is
+//! reopens the database in place, but only once a probe file of its own could be written and
+//! synced (`space`): no file of the store is reopened, rewritten or compacted while writes
+//! fail, and the old handle keeps serving reads until then. A flush is
 //! sled's flush and then a sync of its files to the disk (`disk_sync`), each only when it was
 //! written since the last flush, and an `fdatasync` of the event log when it was: what the Hub
 //! acknowledges as durable survives a power cut, not only a crash of the process.
@@ -22,6 +24,7 @@ use futures::future::BoxFuture;
 
 use super::disk_sync::{sync_folder, sync_to_disk, BlobsSeen};
 use super::event_log::{self, EventLog, Op};
+use super::space;
 use super::{PairRow, Result, Store, StoreError, Table};
 
 pub struct SledStore {
@@ -156,6 +159,14 @@ fn move_events_into_log(db: &sled::Db, log: &EventLog) -> Result<(), String> {
 }
 
 fn open_db(dir: &Path) -> Result<sled::Db> {
+    // A snapshot sled began and never finished (a full disk) would be read as its newest one.
+    let cleared = space::clear_unfinished_snapshots(dir).map_err(|e| StoreError::Open {
+        path: dir.display().to_string(),
+        reason: format!("cannot remove an unfinished sled snapshot: {e}"),
+    })?;
+    for path in cleared {
+        tracing::warn!(file = %path.display(), "removed a snapshot sled began and never finished (a write failed, e.g. a full disk); its finished snapshot and log are whole");
+    }
     let db = sled::Config::new()
         .path(dir)
         .open()
@@ -411,6 +422,10 @@ impl Store for SledStore {
     }
 
     fn compact(&self) -> Result<bool> {
+        // Nothing is rewritten while writes fail (a full disk): the old file stays as it is.
+        if self.broken().is_some() {
+            return Ok(false);
+        }
         // Sled compacts its own files; the event log is rewritten here.
         self.log.compact().map_err(|e| StoreError::Op {
             table: Table::RunEvents.name(),
@@ -431,6 +446,12 @@ impl Store for SledStore {
         if self.broken().is_none() {
             return Ok(false);
         }
+        // Not one file of the store is touched until the disk has room again: reopening sled
+        // on a full disk is what destroyed it. Reads go on through the old handle meanwhile.
+        space::probe(&self.path).map_err(|reason| StoreError::Op {
+            table: "all",
+            reason,
+        })?;
         // Only the flush gate's holder flushes; reopening waits for no one else.
         let mut slot = self.db.write().unwrap_or_else(|p| p.into_inner());
         // The old handle goes first: it holds the database's file lock.
@@ -457,9 +478,12 @@ impl Store for SledStore {
                 Ok(true)
             }
             Err(e) => {
-                // Keep a handle so that reads go on working while the disk is full.
-                if let Ok(db) = open_db(&self.path) {
-                    *slot = Some(db);
+                // The disk filled again meanwhile. A handle for reads, but only while there is
+                // room to open one: otherwise reads wait for the next heal.
+                if space::probe(&self.path).is_ok() {
+                    if let Ok(db) = open_db(&self.path) {
+                        *slot = Some(db);
+                    }
                 }
                 Err(e)
             }

@@ -1,7 +1,12 @@
 //! Hub snapshots: one file holding every record of every table of the store plus the data
 //! dir's key files (CA, admin and join tokens, the secret key), written by a running Hub
-//! (`SnapshotStore`, `agen hub snapshot FILE`) and brought back into a stopped Hub's data dir
-//! (`agen hub --data-dir D restore FILE`).
+//! (`SnapshotStore`, `agen hub snapshot FILE`, and every `--snapshot-every`) and brought back
+//! into a stopped Hub's data dir (`agen hub --data-dir D restore FILE`). On disk a snapshot is
+//! sealed with the operator's snapshot key (`sealed`: the format below, encrypted and
+//! authenticated); a plain one (written before snapshots were sealed) is read only when the
+//! caller allows it. A restored store starts a new store epoch (`Db::store_epoch`) and is
+//! marked restored, so that the Hub that opens it issues every attempt above any the old
+//! one could have issued and re-queues every run in flight at the snapshot.
 //!
 //! Format: the line `agen-hub-snapshot 1\n`, then entries `kind(u8) section(u32 len + bytes)
 //! key(u32 len + bytes) value(u64 len + bytes)` (kind 1 a data-dir file, section its relative
@@ -17,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use super::sealed::{self, OpenReader, SealWriter, SnapshotKey};
 use super::{Result, SledStore, Store, StoreError, Table};
 
 const MAGIC: &[u8] = b"agen-hub-snapshot 1\n";
@@ -137,22 +143,63 @@ impl<R: Read> Reading<R> {
     }
 }
 
-/// Restores the snapshot read from `input` into `data_dir` (the Hub must be stopped): the
-/// records go into a new store, which replaces `data_dir/db` (kept as `db.replaced-<time>`)
-/// only once the whole file has been read and its digest matches; then the key files are
-/// written (0600).
-pub fn restore(input: impl Read, data_dir: &Path) -> Result<Counts> {
-    let db_dir = data_dir.join("db");
-    if db_dir.exists() {
-        // Refused while a Hub runs on it (sled's file lock).
-        let probe = SledStore::open(&db_dir)?;
-        probe.close();
+/// How the snapshot being read is protected: sealed with `key` (`None`: no key was given),
+/// and whether a plain one (written before snapshots were sealed) may be read.
+#[derive(Clone, Copy, Default)]
+pub struct Opening<'k> {
+    pub key: Option<&'k SnapshotKey>,
+    pub allow_unencrypted: bool,
+}
+
+/// Writes a sealed snapshot of `store` and `data_dir`'s key files to `out` (see [`write`]).
+pub fn write_sealed(
+    store: &dyn Store,
+    data_dir: &Path,
+    out: impl Write,
+    key: &SnapshotKey,
+) -> Result<Counts> {
+    let mut w = SealWriter::new(out, key).map_err(|e| bad(e.to_string()))?;
+    let counts = write(store, data_dir, &mut w)?;
+    w.finish()
+        .map_err(|e| bad(format!("cannot write the snapshot: {e}")))?;
+    Ok(counts)
+}
+
+/// The plain snapshot stream of `input`: opened with the key when sealed; a plain file only
+/// when allowed (with a warning).
+fn open_input<'a>(mut input: impl Read + 'a, how: Opening<'a>) -> Result<Box<dyn Read + 'a>> {
+    let mut magic = vec![0u8; MAGIC.len()];
+    input
+        .read_exact(&mut magic)
+        .map_err(|_| bad("the snapshot is cut short (not even its first line is there)"))?;
+    if magic == sealed::MAGIC {
+        let key = how.key.ok_or_else(|| {
+            bad("the snapshot is sealed: give its snapshot key with --snapshot-key-file PATH or AGEN_SNAPSHOT_KEY_FILE")
+        })?;
+        let reader = OpenReader::new(input, key).map_err(|e| bad(e.to_string()))?;
+        return Ok(Box::new(reader));
     }
-    let staging = data_dir.join("db.restoring");
-    if staging.exists() {
-        std::fs::remove_dir_all(&staging)
-            .map_err(|e| bad(format!("cannot remove {}: {e}", staging.display())))?;
+    if magic != MAGIC {
+        return Err(bad(
+            "not an agen hub snapshot (write one with agen hub snapshot FILE)",
+        ));
     }
+    if !how.allow_unencrypted {
+        return Err(bad(
+            "the snapshot is not encrypted (written by an older agen): nobody can tell whether it was changed; restore it only if you trust the file, with --allow-unencrypted",
+        ));
+    }
+    tracing::warn!("reading an unencrypted snapshot: it is not authenticated, so a change to it cannot be detected beyond its digest");
+    Ok(Box::new(std::io::Cursor::new(magic).chain(input)))
+}
+
+/// Reads the plain snapshot stream `input` to its end, handing each data-dir file and each
+/// record on; fails unless the whole file is there and its digest matches.
+fn parse(
+    input: impl Read,
+    mut on_file: impl FnMut(&str, Vec<u8>) -> Result<()>,
+    mut on_record: impl FnMut(Table, &[u8], &[u8]) -> Result<()>,
+) -> Result<Counts> {
     let mut r = Reading {
         inner: input,
         hash: Sha256::new(),
@@ -162,8 +209,6 @@ pub fn restore(input: impl Read, data_dir: &Path) -> Result<Counts> {
             "not an agen hub snapshot (write one with agen hub snapshot FILE)",
         ));
     }
-    let store = SledStore::open(&staging)?;
-    let mut files: Vec<(PathBuf, Vec<u8>)> = Vec::new();
     let mut counts = Counts::default();
     loop {
         let kind = r.exact(1)?[0];
@@ -179,7 +224,7 @@ pub fn restore(input: impl Read, data_dir: &Path) -> Result<Counts> {
                 if !FILES.contains(&section.as_str()) {
                     return Err(bad(format!("unexpected file {section:?} in the snapshot")));
                 }
-                files.push((data_dir.join(&section), value));
+                on_file(&section, value)?;
                 counts.files += 1;
             }
             KIND_RECORD => {
@@ -187,7 +232,7 @@ pub fn restore(input: impl Read, data_dir: &Path) -> Result<Counts> {
                     .into_iter()
                     .find(|t| t.name() == section)
                     .ok_or_else(|| bad(format!("unknown table {section:?} in the snapshot")))?;
-                store.put(table, &key, &value)?;
+                on_record(table, &key, &value)?;
                 counts.records += 1;
             }
             other => return Err(bad(format!("unknown entry kind {other} in the snapshot"))),
@@ -203,6 +248,54 @@ pub fn restore(input: impl Read, data_dir: &Path) -> Result<Counts> {
             "the snapshot's digest does not match: the file is damaged",
         ));
     }
+    let mut rest = [0u8; 1];
+    if r.inner.read(&mut rest).map_err(|e| bad(e.to_string()))? != 0 {
+        return Err(bad(
+            "the snapshot has bytes after its digest: the file is damaged",
+        ));
+    }
+    Ok(counts)
+}
+
+/// Checks a snapshot file whole (authenticated, complete, digest) without writing anything.
+pub fn verify(input: impl Read, how: Opening<'_>) -> Result<Counts> {
+    parse(open_input(input, how)?, |_, _| Ok(()), |_, _, _| Ok(()))
+}
+
+/// Restores the snapshot read from `input` into `data_dir` (the Hub must be stopped): the
+/// records go into a new store, which replaces `data_dir/db` (kept as `db.replaced-<time>`)
+/// only once the whole file has been read and authenticated and its digest matches; then the
+/// key files are written (0600). The restored store starts a new store epoch and is marked
+/// restored (see the module doc).
+pub fn restore(input: impl Read, data_dir: &Path, how: Opening<'_>) -> Result<Counts> {
+    let db_dir = data_dir.join("db");
+    if db_dir.exists() {
+        // Refused while a Hub runs on it (sled's lock).
+        let probe = SledStore::open(&db_dir)?;
+        probe.close();
+    }
+    let staging = data_dir.join("db.restoring");
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging)
+            .map_err(|e| bad(format!("cannot remove {}: {e}", staging.display())))?;
+    }
+    let input = open_input(input, how)?;
+    let store = SledStore::open(&staging)?;
+    let mut files: Vec<(PathBuf, Vec<u8>)> = Vec::new();
+    let counts = parse(
+        input,
+        |name, bytes| {
+            files.push((data_dir.join(name), bytes));
+            Ok(())
+        },
+        |table, key, value| store.put(table, key, value),
+    )?;
+    let epoch = store.increment(super::EPOCH_COUNTER)?;
+    store.put(
+        Table::Counters,
+        super::RESTORED_COUNTER.as_bytes(),
+        &epoch.to_be_bytes(),
+    )?;
     futures::executor::block_on(store.flush())?;
     store.close();
     drop(store);

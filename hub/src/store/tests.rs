@@ -317,3 +317,85 @@ async fn compacting_an_open_store_drops_removed_events_and_keeps_the_rest() {
     );
     assert!(db.raw().scan(Table::RunEvents, b"old-").unwrap().is_empty());
 }
+
+/// What a full disk left behind when sled was opened on it: a snapshot begun and cut short.
+/// sled 0.34 reads it as its newest snapshot and fails every open with `Read corrupted data`;
+/// the store removes it first and opens with everything that was written.
+#[tokio::test]
+async fn a_snapshot_sled_never_finished_does_not_make_the_store_unreadable() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = open(dir.path());
+        put_deployment(&db, "default/a", 7);
+        db.flush().await.unwrap();
+        db.close();
+    }
+    let cut_short = dir.path().join("snap.7FFFFFFFFFFFFFFF.generating");
+    std::fs::write(&cut_short, b"partial snapshot").unwrap();
+    let raw = sled::Config::new().path(dir.path()).open();
+    assert!(
+        raw.is_err(),
+        "sled itself reads an unfinished snapshot (else this test proves nothing)"
+    );
+    drop(raw);
+    let db = open(dir.path());
+    let got: Option<serde_json::Value> = db.get_json(Table::Deployments, "default/a").unwrap();
+    assert_eq!(got, Some(serde_json::json!({ "x": 7 })));
+    assert!(!cut_short.exists());
+}
+
+/// An old unencrypted snapshot restores only when allowed; every restore starts the next store
+/// epoch and marks the store restored until the Hub re-queued what was in flight.
+#[tokio::test]
+async fn a_restore_starts_a_new_epoch_and_reads_a_plain_snapshot_only_when_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("snapshot.key");
+    sealed::SnapshotKey::create(&key_file).unwrap();
+    let key = sealed::SnapshotKey::load(&key_file).unwrap();
+    let source = open(&dir.path().join("source"));
+    put_deployment(&source, "default/a", 1);
+    let mut plain = Vec::new();
+    snapshot::write(source.raw(), &dir.path().join("source"), &mut plain).unwrap();
+
+    let into = dir.path().join("restored");
+    let how = snapshot::Opening::default();
+    let err = snapshot::restore(&plain[..], &into, how)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--allow-unencrypted"), "{err}");
+    assert!(!into.join("db").exists());
+    let allowed = snapshot::Opening {
+        key: None,
+        allow_unencrypted: true,
+    };
+    snapshot::restore(&plain[..], &into, allowed).unwrap();
+    let restored = open(&into.join("db"));
+    assert_eq!(
+        (
+            restored.store_epoch().unwrap(),
+            restored.restore_pending().unwrap()
+        ),
+        (1, 1)
+    );
+    restored.clear_restore_pending().unwrap();
+
+    // A sealed snapshot of the restored store, restored again: the epoch after that.
+    let mut sealed_bytes = Vec::new();
+    snapshot::write_sealed(restored.raw(), &into, &mut sealed_bytes, &key).unwrap();
+    restored.close();
+    let sealed_how = snapshot::Opening {
+        key: Some(&key),
+        allow_unencrypted: false,
+    };
+    let counts = snapshot::verify(&sealed_bytes[..], sealed_how).unwrap();
+    assert!(counts.records >= 2, "{counts:?}");
+    let again = dir.path().join("again");
+    snapshot::restore(&sealed_bytes[..], &again, sealed_how).unwrap();
+    let db = open(&again.join("db"));
+    assert_eq!(
+        (db.store_epoch().unwrap(), db.restore_pending().unwrap()),
+        (2, 2)
+    );
+    let got: Option<serde_json::Value> = db.get_json(Table::Deployments, "default/a").unwrap();
+    assert_eq!(got, Some(serde_json::json!({ "x": 1 })));
+}

@@ -77,6 +77,7 @@ pub fn approval(d: pb::ApprovalDecision) -> (String, String, agen_shared::run::A
             approved: d.approved,
             reason: d.reason,
             by: d.by,
+            digest: d.digest,
         },
     )
 }

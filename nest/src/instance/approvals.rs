@@ -3,7 +3,8 @@
 //! gives the slot back (`run.suspended`) and the Hub resumes it once decided; the harness has
 //! already recorded `approval.requested` durably, which is what makes the Hub ask a person.
 //!
-//! Invariants: a decision is handed to the call it names (run id and call id) exactly once; a
+//! Invariants: a decision is handed to the call it names (run id, call id and digest of the tool
+//! and arguments) exactly once, never to a call with the same id and another digest; a
 //! decision that arrives before the call waits for it (the Hub answers at once when it already
 //! holds one) is kept until the call asks.
 //!
@@ -27,7 +28,8 @@ pub struct HubApprover {
 
 #[derive(Default)]
 struct Inner {
-    waiting: HashMap<Key, oneshot::Sender<ApprovalDecided>>,
+    /// The waiting call's sender and digest.
+    waiting: HashMap<Key, (oneshot::Sender<ApprovalDecided>, String)>,
     early: HashMap<Key, ApprovalDecided>,
 }
 
@@ -43,7 +45,12 @@ impl HubApprover {
         // A waiter whose run gave its slot back is gone: its resumed attempt asks again and
         // takes the decision from `early`.
         let unclaimed = match inner.waiting.remove(&key) {
-            Some(tx) => tx.send(decided).err(),
+            Some((tx, digest)) if same_call(&digest, &decided.digest) => tx.send(decided).err(),
+            Some(other) => {
+                tracing::warn!(run_id, call_id = %decided.call_id, "a decision for another digest of this call id is not handed to the waiting call");
+                inner.waiting.insert(key.clone(), other);
+                Some(decided)
+            }
             None => Some(decided),
         };
         if let Some(decided) = unclaimed {
@@ -72,10 +79,14 @@ impl Approver for HubApprover {
         let rx = {
             let mut inner = self.lock();
             if let Some(d) = inner.early.remove(&key) {
-                return d;
+                if same_call(&request.digest, &d.digest) {
+                    return d;
+                }
             }
             let (tx, rx) = oneshot::channel();
-            inner.waiting.insert(key.clone(), tx);
+            inner
+                .waiting
+                .insert(key.clone(), (tx, request.digest.clone()));
             rx
         };
         match rx.await {
@@ -85,6 +96,12 @@ impl Approver for HubApprover {
             Err(_) => std::future::pending().await,
         }
     }
+}
+
+/// Whether a decision with digest `decided` decides the call with digest `asked` (an empty
+/// digest is a Hub or log from before digests: the call id alone).
+fn same_call(asked: &str, decided: &str) -> bool {
+    asked.is_empty() || decided.is_empty() || asked == decided
 }
 
 #[cfg(test)]
@@ -98,6 +115,7 @@ mod tests {
             call_id: "c1".into(),
             tool: "ws.run".into(),
             arguments: serde_json::json!({}),
+            digest: "d1".into(),
         }
     }
 
@@ -119,6 +137,7 @@ mod tests {
                 approved: true,
                 reason: String::new(),
                 by: "alice".into(),
+                digest: "d1".into(),
             },
         );
         let again =
@@ -127,5 +146,26 @@ mod tests {
                 .expect("the resumed ask gets the decision");
         assert!(again.approved);
         assert_eq!(again.by, "alice");
+    }
+
+    #[tokio::test]
+    async fn a_decision_for_another_digest_of_the_same_call_id_is_not_handed_over() {
+        let approver = HubApprover::default();
+        approver.deliver(
+            "run-1",
+            ApprovalDecided {
+                call_id: "c1".into(),
+                approved: true,
+                reason: String::new(),
+                by: "alice".into(),
+                digest: "other arguments".into(),
+            },
+        );
+        let asked = tokio::time::timeout(
+            Duration::from_millis(50),
+            approver.decide_recorded(&request()),
+        )
+        .await;
+        assert!(asked.is_err(), "the call with digest d1 is still undecided");
     }
 }

@@ -6,8 +6,9 @@
 //! Invariants: the instance never holds Hub credentials (the Nest is its only peer); it exits
 //! when its socket to the Nest closes (and the kernel kills it if the Nest dies: PDEATHSIG set
 //! by the Nest); it is the subreaper of its descendants and kills every one of them before it
-//! exits; when a tool server dies it reports itself unhealthy (the Hub replaces it) and
-//! never restarts the server itself; at most `concurrency` runs execute at once; event seqs
+//! exits; a tool server that does not start leaves it running without that server's tools
+//! (reported in `servers_not_connected` with its cause); when a connected tool server dies it
+//! reports itself unhealthy (the Hub replaces it) and never restarts the server itself; at most `concurrency` runs execute at once; event seqs
 //! start at 1 per `(run_id, attempt)`; a `sync` event returns only after the Hub acked it; the
 //! last event of every run is one `run.finished` (`{state, result, response_type, messages}`),
 //! sent `sync`.
@@ -369,16 +370,18 @@ async fn start(
         .iter()
         .map(|p| (p.server.clone(), p.reason.clone()))
         .collect();
+    // A server that never came up leaves the instance running with the tools of the others
+    // (the guide: `agen ps --all` says which are not connected); only a server that was
+    // connected and then dies makes it unhealthy (below).
     let message = match problems.first() {
         None => format!("{} tools loaded", status.tools_loaded),
-        Some((server, reason)) => format!("tool server {server} is not connected: {reason}"),
+        Some((server, reason)) => format!(
+            "{} tools loaded; tool server {server} is not connected: {reason}",
+            status.tools_loaded
+        ),
     };
     shared.set_status(|s| {
-        s.state = if problems.is_empty() {
-            HostState::Running
-        } else {
-            HostState::Unhealthy
-        };
+        s.state = HostState::Running;
         s.tools_loaded = status.tools_loaded;
         s.servers_not_connected = problems.clone();
         s.tools = tools;

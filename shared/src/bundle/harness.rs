@@ -1,7 +1,8 @@
 //! `x-agen/harness.json`: how the harness runs the agent (parallel tool calls, tracing of
 //! arguments, tool protocol, limits).
 //!
-//! Invariants: every key is optional and defaults to the values in DESIGN.md; an unknown key is
+//! Invariants: every key is optional and has a default (`parallelToolCalls` true,
+//! `traceToolArguments` false, `toolProtocol` native, `limits` as in `docs/limits.md`); an unknown key is
 //! refused with the list of known keys (a typo must not silently fall back to a default).
 
 use std::time::Duration;

@@ -95,6 +95,10 @@ pub struct ApprovalRequested {
     /// The call's arguments as a JSON object, secrets redacted, cut at 64 KiB.
     #[serde(default)]
     pub arguments: Value,
+    /// What the decision is bound to besides the call id: [`call_digest`] of the tool and its
+    /// whole arguments. Empty in logs written before it existed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub digest: String,
 }
 
 /// `approval.decided`: what was decided about a call, and by whom.
@@ -107,6 +111,21 @@ pub struct ApprovalDecided {
     /// The deciding token's name, or what decided (`approvalTimeout`).
     #[serde(default)]
     pub by: String,
+    /// The [`ApprovalRequested::digest`] of the call this decides: a decision decides only
+    /// the call with this digest. Empty in logs written before it existed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub digest: String,
+}
+
+/// The digest an approval is bound to: sha256 (hex) of the tool name, a NUL and the arguments'
+/// JSON text, so a call that differs in its tool or any argument is a different call.
+pub fn call_digest(tool: &str, arguments: &Value) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(tool.as_bytes());
+    h.update([0u8]);
+    h.update(arguments.to_string().as_bytes());
+    format!("{:x}", h.finalize())
 }
 
 /// `remote_task.started`: the remote A2A task a delegate call is waiting for. Never the token.

@@ -90,7 +90,17 @@ impl Core {
             };
             let candidate = match choose(&ask, &slots) {
                 Choice::Run(id) => st.instances.get(id).cloned(),
-                Choice::Wait => None,
+                Choice::Wait => {
+                    // A task left queued says why (no instance placed, none ready and what
+                    // its instances report, or every slot taken), shown by `agen query`.
+                    let why = wait_reason(&d, st.instances.values(), &slots);
+                    if task.activity != why {
+                        if let Some(mut t) = st.tasks.get_mut(&task.task_id) {
+                            t.activity = why;
+                        }
+                    }
+                    None
+                }
                 Choice::VersionGone if task.suspended.is_none() && task.attempt > 0 => {
                     // A run resumes only on its own version: place an instance of it.
                     self.place_for_resume(st, &d, &task.bundle_digest, now)?;
@@ -142,6 +152,7 @@ impl Core {
             not_before_ms: 0,
             healthy_since_ms: 0,
             replacement: false,
+            slot_failures: 0,
             leaving_since_ms: 0,
             for_resume: true,
         };
@@ -159,8 +170,9 @@ impl Core {
         if task.run_id.is_empty() {
             task.run_id = format!("run-{}", uuid::Uuid::now_v7().simple());
         }
-        // Attempts are the task's, never reused: the fence of the run moves with them.
-        task.attempt += 1;
+        // Attempts are the task's, never reused: the fence of the run moves with them; after
+        // a restore they start above any the Hub before it could have issued.
+        task.attempt = (task.attempt + 1).max(self.attempt_floor() + 1);
         self.db.set_run_attempt(&task.run_id, task.attempt)?;
         task.lease.nest_id = inst.nest_id.clone();
         task.lease.instance_id = inst.instance_id.clone();
@@ -208,5 +220,47 @@ impl Core {
         st.live
             .send_durable(&inst.nest_id, ToNest::AssignRun(Box::new(assignment)));
         self.emit_state(st, task)
+    }
+}
+
+/// Why a queued task of deployment `d` waits, from its instances (`slots` are the same
+/// instances as dispatch sees them).
+fn wait_reason<'a>(
+    d: &DeploymentRec,
+    instances: impl Iterator<Item = &'a InstanceRec>,
+    slots: &[SlotView<'_>],
+) -> String {
+    if slots.iter().any(|s| s.ready && s.connected) {
+        return format!(
+            "queued: every instance of deployment {} is busy ({} run(s) each at most)",
+            d.name, d.concurrency
+        );
+    }
+    let mut mine: Vec<&InstanceRec> = instances
+        .filter(|i| i.namespace == d.namespace && i.deployment == d.name)
+        .filter(|i| !matches!(i.state, InstanceState::Lost | InstanceState::Stopped))
+        .collect();
+    mine.sort_by(|a, b| a.instance_id.cmp(&b.instance_id));
+    match mine.first() {
+        None => format!(
+            "queued: no instance of deployment {} is placed yet (see `agen nests` for Nests that match its selector)",
+            d.name
+        ),
+        Some(i) => {
+            let state = if i.state == InstanceState::Running && !i.healthy {
+                "unhealthy"
+            } else {
+                i.state.as_str()
+            };
+            let message = if i.message.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", i.message)
+            };
+            format!(
+                "queued: no instance of deployment {} is ready (instance {} is {state}{message}; see `agen ps --all`)",
+                d.name, i.instance_id
+            )
+        }
     }
 }

@@ -78,6 +78,70 @@ impl Core {
         })
     }
 
+    /// A page of the tasks of `namespace/deployment` that `keep` accepts, most recently updated
+    /// first (ties: the greater task id first), strictly after the task at `after` (its
+    /// updated time and id) in that order; with how many match in all.
+    pub fn recent_tasks(
+        &self,
+        namespace: &str,
+        deployment: &str,
+        keep: impl Fn(&TaskRec) -> bool,
+        after: Option<(i64, &str)>,
+        page_size: usize,
+    ) -> RecentPage {
+        let namespace = namespace_or_default(namespace);
+        let st = self.lock();
+        let mut matching: Vec<&TaskRec> = st
+            .tasks
+            .values()
+            .filter(|t| t.namespace == namespace && t.deployment == deployment && keep(t))
+            .collect();
+        let total = matching.len();
+        let order = |t: &TaskRec| std::cmp::Reverse((t.updated_at_ms, t.task_id.clone()));
+        matching.sort_by_cached_key(|t| order(t));
+        let start = match after {
+            None => 0,
+            Some((ms, id)) => {
+                let cursor = std::cmp::Reverse((ms, id.to_string()));
+                matching.partition_point(|t| order(t) <= cursor)
+            }
+        };
+        let rest = &matching[start.min(matching.len())..];
+        RecentPage {
+            tasks: rest.iter().take(page_size).map(|t| (*t).clone()).collect(),
+            more: rest.len() > page_size,
+            total,
+        }
+    }
+
+    /// The tasks of conversation `conversation_id` in `namespace` whose label `key` is
+    /// `value`, in submission order.
+    pub fn labelled_in_conversation(
+        &self,
+        namespace: &str,
+        conversation_id: &str,
+        key: &str,
+        value: &str,
+    ) -> Vec<TaskRec> {
+        if conversation_id.is_empty() {
+            return Vec::new();
+        }
+        let namespace = namespace_or_default(namespace);
+        let st = self.lock();
+        let mut found: Vec<TaskRec> = st
+            .tasks
+            .values()
+            .filter(|t| {
+                t.namespace == namespace
+                    && t.conversation_id == conversation_id
+                    && t.labels.get(key).is_some_and(|v| v == value)
+            })
+            .cloned()
+            .collect();
+        found.sort_by_key(|t| t.seq);
+        found
+    }
+
     /// Stored events of a task with seq >= `from_seq`.
     pub fn task_events(&self, task_id: &str, from_seq: u64) -> Result<Vec<TaskEventRec>> {
         let mut prefix = task_id.as_bytes().to_vec();
@@ -130,6 +194,16 @@ impl Core {
         }
         Ok((task.clone(), spans))
     }
+}
+
+/// A page of [`Core::recent_tasks`].
+#[derive(Debug, Clone)]
+pub struct RecentPage {
+    pub tasks: Vec<TaskRec>,
+    /// More tasks follow the page.
+    pub more: bool,
+    /// How many tasks match, on every page.
+    pub total: usize,
 }
 
 /// A task with its input and result cut to a prefix; the big strings are never copied whole.

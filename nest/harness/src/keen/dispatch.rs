@@ -13,7 +13,7 @@
 //!   node, or a flow ending with `toolStatus = 'error'`) → `<SYSTEM FLOW ERROR>`; an unreachable
 //!   tool → `<SYSTEM TECHNICAL ERROR>`. A tool with attempts gets `attempts N` (N = attempts
 //!   left) as the last line inside the markers;
-//! - attempts (DESIGN.md): `attempts: N` allows N recalls after the first call; every
+//! - attempts (`docs/keen.md`): `attempts: N` allows N recalls after the first call; every
 //!   dispatched call after the first spends one whatever the earlier outcome; `0` = one-shot;
 //!   none = no per-tool limit. A call to a tool with none left is not dispatched and gets
 //!   [`attempts_spent_prompt`] (`attempts 0`). Calls that never reach a tool (malformed,
@@ -32,7 +32,7 @@ use super::registry::{validate_script_entry, KeenBundle, ToolEntry};
 use super::script::ScriptOutcome;
 use super::KeenToolKind;
 
-/// The general recovery prompt, word for word (DESIGN.md "Keen dialect").
+/// The general recovery prompt, word for word (`docs/keen.md`).
 pub const GENERAL_FAILURE: &str = "No tool response. The tool call could not be completed; check the call and try again, or tell the user it cannot run right now.";
 
 /// The body of a `<SYSTEM TECHNICAL ERROR>` when the harness has nothing better to say.

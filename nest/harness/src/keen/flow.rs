@@ -1,7 +1,7 @@
 //! Flow tools: `flows/<Controller>.json` parsing and validation, and the runner that walks a
 //! flow's nodes over one isolated dictionary.
 //!
-//! File format (DESIGN.md "Contracts"): `{"nodes": {id: node}}` with node types
+//! File format (`docs/keen.md`): `{"nodes": {id: node}}` with node types
 //! `start {next}`, `script {entry, next}`, `agent {prompt, next}`,
 //! `condition {key, equals, then, else}` and `end {}`; any node may also carry `description`
 //! or `label`. Validation (every problem names the file and the node): known types and

@@ -16,7 +16,7 @@
 //! - the entry path is checked again here with [`validate_script_entry`] and must resolve
 //!   beneath the script root (symlinks included).
 //!
-//! Module shape (DESIGN.md "Contracts"): `module.exports = { exec(props, dictionary) {…} }` or
+//! Module shape (`docs/keen.md`): `module.exports = { exec(props, dictionary) {…} }` or
 //! `exports.exec = …` (or `module.exports = function (props, dictionary) {…}`); `exec` may be
 //! async (the job queue is driven until its promise settles). `dictionary` is also a global.
 //! `props.context` and `dictionary.context` are the raw `!*context` (`""` when empty); when the

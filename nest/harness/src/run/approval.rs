@@ -41,6 +41,9 @@ pub struct ApprovalRequest {
     pub tool: String,
     /// The call's arguments, secrets redacted.
     pub arguments: Value,
+    /// [`agen_shared::run::call_digest`] of the tool and the whole arguments: a decision for
+    /// another digest does not decide this call.
+    pub digest: String,
 }
 
 /// What the approver decided.
@@ -69,6 +72,7 @@ pub trait Approver: Send + Sync {
             approved,
             reason,
             by: String::new(),
+            digest: request.digest.clone(),
         }
     }
 
@@ -145,10 +149,15 @@ impl Approver for ApproveAll {
 }
 
 impl Run<'_> {
-    /// The decision an earlier attempt recorded for `call_id`, if any.
-    fn recorded_decision(&self, call_id: &str) -> Option<ApprovalDecided> {
+    /// The decision an earlier attempt recorded for this call (its id and its digest), if any.
+    /// A decision of a log written before digests existed (empty) counts for its call id.
+    fn recorded_decision(&self, call_id: &str, digest: &str) -> Option<ApprovalDecided> {
         self.req.replay.iter().rev().find_map(|ev| match ev {
-            RunEventBody::ApprovalDecided(d) if d.call_id == call_id => Some(d.clone()),
+            RunEventBody::ApprovalDecided(d)
+                if d.call_id == call_id && (d.digest.is_empty() || d.digest == digest) =>
+            {
+                Some(d.clone())
+            }
             _ => None,
         })
     }
@@ -160,9 +169,10 @@ impl Run<'_> {
             .h
             .gated_name(&call.name)
             .unwrap_or_else(|| call.name.clone());
-        let decided = match self.recorded_decision(&call.id) {
+        let digest = agen_shared::run::call_digest(&tool, &call.arguments);
+        let decided = match self.recorded_decision(&call.id, &digest) {
             Some(d) => d,
-            None => match self.ask_approver(call, &tool).await {
+            None => match self.ask_approver(call, &tool, digest).await {
                 Ok(d) => d,
                 Err(refusal) => return Some(refusal),
             },
@@ -187,17 +197,24 @@ impl Run<'_> {
     /// Records the request durably, waits for the approver (at most `approvalTimeout`) and
     /// records its decision. `Err` when the call may not go out and nothing is decided (the
     /// request could not be recorded, or the run was cancelled while waiting).
-    async fn ask_approver(&self, call: &ToolCall, tool: &str) -> Result<ApprovalDecided, String> {
+    async fn ask_approver(
+        &self,
+        call: &ToolCall,
+        tool: &str,
+        digest: String,
+    ) -> Result<ApprovalDecided, String> {
         let request = ApprovalRequest {
             run_id: self.req.run_id.to_string(),
             call_id: call.id.clone(),
             tool: tool.to_string(),
             arguments: approval_arguments(&call.arguments, &self.h.redactor),
+            digest,
         };
         let asked = RunEventBody::ApprovalRequested(ApprovalRequested {
             call_id: request.call_id.clone(),
             tool: request.tool.clone(),
             arguments: request.arguments.clone(),
+            digest: request.digest.clone(),
         });
         if let Err(e) = self.emit(asked, true).await {
             return Err(format!(
@@ -227,6 +244,7 @@ impl Run<'_> {
                 approved: false,
                 reason: timed_out,
                 by: BY_TIMEOUT.into(),
+                digest: request.digest.clone(),
             },
             _ = tokio::time::sleep(suspend_after.unwrap_or(timeout)), if suspend_after.is_some_and(|s| s < timeout) => {
                 // Not decided yet: give the slot back; the Hub resumes the run once it is

@@ -1,4 +1,4 @@
-//! Reading the events of earlier attempts of a run, for a resume (DESIGN.md "Durability"),
+//! Reading the events of earlier attempts of a run, for a resume (`docs/durability.md`),
 //! once for both dialects: answered turns by number, recorded results by call id, which calls
 //! started (and whether they were side-effecting), the run's end when the log holds one, and
 //! the deadlines of waits an attempt suspended on.

@@ -58,6 +58,8 @@ impl Run<'_> {
             }
         };
         self.budget.record(reply.usage, true);
+        let mut reply = reply;
+        self.own_call_ids(&mut reply);
         let message = reply.message();
         self.push(message.clone());
         let _ = self
@@ -74,6 +76,35 @@ impl Run<'_> {
             )
             .await;
         Ok(reply)
+    }
+}
+
+impl Run<'_> {
+    /// Gives the reply's tool calls ids of the run's own: `call_<n>`, `n` counting every tool
+    /// call of the conversation from 1 (skipping an id the conversation already has). The
+    /// model's ids are never used for identity (the ledger, approvals, traces, delegate runs
+    /// key on the call id): a model that repeats an id must not make two calls one. A resumed
+    /// run replays the logged message, so its ids stay the same on every attempt.
+    fn own_call_ids(&self, reply: &mut ModelReply) {
+        if reply.tool_calls.is_empty() {
+            return;
+        }
+        let mut taken = std::collections::HashSet::new();
+        for m in lock(&self.context).iter() {
+            if let Message::Assistant { tool_calls, .. } = m {
+                taken.extend(tool_calls.iter().map(|c| c.id.clone()));
+            }
+        }
+        let mut n = taken.len();
+        for call in &mut reply.tool_calls {
+            call.id = loop {
+                n += 1;
+                let id = format!("call_{n}");
+                if taken.insert(id.clone()) {
+                    break id;
+                }
+            };
+        }
     }
 }
 

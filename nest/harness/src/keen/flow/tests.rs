@@ -16,8 +16,8 @@ fn check_invalid(text: &str, expected: &[&str]) {
     }
 }
 
-/// The flow of DESIGN.md "Contracts", verbatim.
-const DESIGN_FLOW: &str = r#"{"nodes": {
+/// The flow file of `docs/keen.md`, verbatim.
+const DOCS_FLOW: &str = r#"{"nodes": {
   "ToolCall":      {"type": "start", "next": "compute-stamp"},
   "compute-stamp": {"type": "script", "entry": "tools/stamp.js", "next": "check"},
   "check":         {"type": "condition", "key": "toolStatus", "equals": "error", "then": "ask", "else": "done"},
@@ -26,8 +26,8 @@ const DESIGN_FLOW: &str = r#"{"nodes": {
 }}"#;
 
 #[test]
-fn the_design_flow_parses() {
-    let flow = parse_flow("flows/Next.json", DESIGN_FLOW).expect("valid flow");
+fn the_documented_flow_parses() {
+    let flow = parse_flow("flows/Next.json", DOCS_FLOW).expect("valid flow");
     assert_eq!(flow.nodes.len(), 5);
     assert_eq!(
         flow.nodes.get("check"),
@@ -161,7 +161,7 @@ fn bundle_with(flow: &str, stamp_js: &str) -> (tempfile::TempDir, KeenBundle) {
 #[tokio::test]
 async fn the_spec_timestamp_flow_answers() {
     let (_dir, bundle) = bundle_with(
-        DESIGN_FLOW,
+        DOCS_FLOW,
         "exports.exec = (props, dictionary) => { dictionary.result = '2026-05-07T10:42:13Z'; };",
     );
     let agent = ScriptedAgent::new(vec![]);
@@ -191,7 +191,7 @@ async fn the_spec_timestamp_flow_answers() {
 #[tokio::test]
 async fn the_spec_failing_compute_stamp_node_is_named() {
     let (_dir, bundle) = bundle_with(
-        DESIGN_FLOW,
+        DOCS_FLOW,
         "exports.exec = (props, dictionary) => { dictionary.result = now(); };",
     );
     let agent = ScriptedAgent::new(vec![]);
@@ -216,7 +216,7 @@ async fn the_spec_failing_compute_stamp_node_is_named() {
 #[tokio::test]
 async fn a_tool_status_error_branches_to_the_agent_node() {
     let (_dir, bundle) = bundle_with(
-        DESIGN_FLOW,
+        DOCS_FLOW,
         "exports.exec = (p, d) => { d.result = 'clock offline'; d.toolStatus = 'error'; };",
     );
     let agent = ScriptedAgent::new(vec![Ok((
@@ -323,7 +323,7 @@ async fn script_nodes_share_the_flows_dictionary_and_loops_are_capped() {
 
 #[tokio::test]
 async fn bad_entries_and_script_limits_in_flows() {
-    let (_dir, bundle) = bundle_with(DESIGN_FLOW, "exports.exec = () => { for (;;) {} };");
+    let (_dir, bundle) = bundle_with(DOCS_FLOW, "exports.exec = () => { for (;;) {} };");
     let agent = ScriptedAgent::new(vec![]);
     let limits = ScriptLimits {
         timeout: std::time::Duration::from_millis(200),
@@ -350,7 +350,7 @@ fn assert_send<T: Send>(_: &T) {}
 
 #[tokio::test]
 async fn flow_and_script_futures_are_send_so_the_harness_can_spawn_them() {
-    let (dir, bundle) = bundle_with(DESIGN_FLOW, "exports.exec = () => {};");
+    let (dir, bundle) = bundle_with(DOCS_FLOW, "exports.exec = () => {};");
     let agent = ScriptedAgent::new(vec![]);
     let limits = ScriptLimits::default();
     let flow = run_flow(&bundle, "Next", "ToolCall", "", &agent, &limits);
