@@ -82,7 +82,11 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         let access = agen_net::metrics_http::Access {
             token: opts.metrics_token.as_deref().map(Arc::from),
             // Its instances and their tool servers never read it.
-            refused_uids: supervisor.separation().instance_uids().into_iter().collect(),
+            refused_uids: supervisor
+                .separation()
+                .instance_uids()
+                .into_iter()
+                .collect(),
             ready: None,
         };
         tokio::spawn(agen_net::metrics_http::serve_with(

@@ -180,7 +180,9 @@ pub fn server_plan(bundle: &agen_shared::bundle::Bundle) -> Vec<ServerPlan> {
 
 /// `mcp workspace --root R` (or `--root=R`) with R relative and never above the bundle.
 fn workspace_root_arg(args: &[String]) -> Option<PathBuf> {
-    if args.first().map(String::as_str) != Some("mcp") || args.get(1).map(String::as_str) != Some("workspace") {
+    if args.first().map(String::as_str) != Some("mcp")
+        || args.get(1).map(String::as_str) != Some("workspace")
+    {
         return None;
     }
     let mut it = args.iter().skip(2);
@@ -194,7 +196,10 @@ fn workspace_root_arg(args: &[String]) -> Option<PathBuf> {
     }
     let root = PathBuf::from(root?);
     let inside = root.components().all(|c| {
-        matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir)
+        matches!(
+            c,
+            std::path::Component::Normal(_) | std::path::Component::CurDir
+        )
     });
     inside.then_some(root)
 }
@@ -616,7 +621,8 @@ impl Separation {
         if seated {
             set_mode(&root, 0o710)?;
             let servers = root.join("servers");
-            agen_shared::private::create_dir_all(&servers).map_err(io(&servers, "cannot create"))?;
+            agen_shared::private::create_dir_all(&servers)
+                .map_err(io(&servers, "cannot create"))?;
             chown(&servers, who)?;
             set_mode(&servers, 0o710)?;
             for (n, (p, uid)) in plan.iter().zip(&uids.servers).enumerate() {
@@ -744,13 +750,7 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
 }
 
 fn chown_tree(root: &Path, who: RunIdentity, gid: u32) -> Result<()> {
-    chown(
-        root,
-        RunIdentity {
-            uid: who.uid,
-            gid,
-        },
-    )?;
+    chown(root, RunIdentity { uid: who.uid, gid })?;
     if std::fs::symlink_metadata(root)
         .map_err(io(root, "cannot inspect"))?
         .is_dir()
@@ -869,8 +869,16 @@ mod tests {
             last: 62991,
         };
         let sep = Separation::resolve(&run_as, &data).expect("resolve");
-        let a = sep.acquire("a", 0).expect("a").expect("an identity").instance;
-        let b = sep.acquire("b", 0).expect("b").expect("an identity").instance;
+        let a = sep
+            .acquire("a", 0)
+            .expect("a")
+            .expect("an identity")
+            .instance;
+        let b = sep
+            .acquire("b", 0)
+            .expect("b")
+            .expect("an identity")
+            .instance;
         assert_ne!(a.uid, b.uid);
         assert_eq!(
             sep.acquire("a", 0).expect("again").map(|i| i.instance.uid),
@@ -927,10 +935,17 @@ mod tests {
     fn a_workspace_root_inside_the_bundle_is_found_and_one_above_it_is_not() {
         let check = |args: &[&str], expected: Option<&str>| {
             let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-            assert_eq!(workspace_root_arg(&args), expected.map(PathBuf::from), "{args:?}");
+            assert_eq!(
+                workspace_root_arg(&args),
+                expected.map(PathBuf::from),
+                "{args:?}"
+            );
         };
         check(&["mcp", "workspace", "--root", "."], Some("."));
-        check(&["mcp", "workspace", "--root=./notes", "--no-run"], Some("./notes"));
+        check(
+            &["mcp", "workspace", "--root=./notes", "--no-run"],
+            Some("./notes"),
+        );
         check(&["mcp", "workspace", "--root", "../x"], None);
         check(&["mcp", "workspace", "--root", "/srv/repo"], None);
         check(&["mcp", "sql"], None);

@@ -69,11 +69,9 @@ pub async fn serve_with(
             Ok((stream, peer)) => {
                 let (render, access) = (render.clone(), access.clone());
                 tokio::spawn(async move {
-                    let _ = tokio::time::timeout(
-                        READ_TIMEOUT,
-                        answer(stream, peer, render, access),
-                    )
-                    .await;
+                    let _ =
+                        tokio::time::timeout(READ_TIMEOUT, answer(stream, peer, render, access))
+                            .await;
                 });
             }
             Err(e) => {
@@ -143,7 +141,13 @@ async fn answer(
             if access.ready.as_ref().is_none_or(|r| r()) {
                 respond(&mut stream, "200 OK", "text/plain", "ready\n").await
             } else {
-                respond(&mut stream, "503 Service Unavailable", "text/plain", "not ready\n").await
+                respond(
+                    &mut stream,
+                    "503 Service Unavailable",
+                    "text/plain",
+                    "not ready\n",
+                )
+                .await
             }
         }
         "/metrics" | "/" => {
@@ -194,7 +198,12 @@ fn unmapped(ip: IpAddr) -> IpAddr {
 /// line in `/proc/net/tcp` or `tcp6` has local = `peer`, remote = `local`); `None` when no
 /// process of this network namespace holds it.
 fn socket_owner(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
-    let want = (unmapped(peer.ip()), peer.port(), unmapped(local.ip()), local.port());
+    let want = (
+        unmapped(peer.ip()),
+        peer.port(),
+        unmapped(local.ip()),
+        local.port(),
+    );
     for file in ["/proc/net/tcp", "/proc/net/tcp6"] {
         let Ok(text) = std::fs::read_to_string(file) else {
             continue;

@@ -118,7 +118,13 @@ pub fn run_instance_as(cmd: &mut std::process::Command, id: RunIdentity) {
     // (prctl, setgroups, setresgid, setresuid, capget, capset); it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
-            check(libc::prctl(libc::PR_SET_KEEPCAPS, 1 as libc::c_ulong, 0, 0, 0))?;
+            check(libc::prctl(
+                libc::PR_SET_KEEPCAPS,
+                1 as libc::c_ulong,
+                0,
+                0,
+                0,
+            ))?;
             check(libc::setgroups(0, std::ptr::null()))?;
             check(libc::setresgid(id.gid, id.gid, id.gid))?;
             check(libc::setresuid(id.uid, id.uid, id.uid))?;
@@ -142,7 +148,13 @@ pub fn run_instance_as(cmd: &mut std::process::Command, id: RunIdentity) {
                     ))?;
                 }
             }
-            check(libc::prctl(libc::PR_SET_KEEPCAPS, 0 as libc::c_ulong, 0, 0, 0))
+            check(libc::prctl(
+                libc::PR_SET_KEEPCAPS,
+                0 as libc::c_ulong,
+                0,
+                0,
+                0,
+            ))
         });
     }
 }
@@ -177,7 +189,9 @@ thread_local! {
 /// Errors of [`keep_on_privileged_thread`].
 #[derive(Debug, thiserror::Error)]
 pub enum PrivilegedError {
-    #[error("the process already runs {0} threads: the capabilities can only be split while it has one")]
+    #[error(
+        "the process already runs {0} threads: the capabilities can only be split while it has one"
+    )]
     Threads(usize),
     #[error("cannot {what}: {source}")]
     Io {
@@ -257,7 +271,9 @@ pub fn on_privileged<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) 
         let _ = rtx.send(f());
     });
     let sent = tx.lock().unwrap_or_else(|p| p.into_inner()).send(job);
-    assert!(sent.is_ok(), "the privileged thread runs as long as the process");
-    rrx.recv()
-        .expect("a job on the privileged thread panicked")
+    assert!(
+        sent.is_ok(),
+        "the privileged thread runs as long as the process"
+    );
+    rrx.recv().expect("a job on the privileged thread panicked")
 }

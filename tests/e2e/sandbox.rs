@@ -116,7 +116,12 @@ fn cmdline(pid: u32) -> String {
 
 fn ppid_of(pid: u32) -> Option<u32> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    s.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+    s.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 fn instance_pid(nest: &NestProcess, id: &str) -> Option<u32> {
@@ -290,10 +295,7 @@ fn a_tool_server_cannot_ptrace_read_or_steal_from_its_instance_its_neighbour_or_
     }
     // The instance holds no capability on its main thread and is not dumpable.
     let status = std::fs::read_to_string(format!("/proc/{attacker_pid}/status")).unwrap();
-    assert!(
-        status.contains("CapEff:\t0000000000000000"),
-        "{status}"
-    );
+    assert!(status.contains("CapEff:\t0000000000000000"), "{status}");
 
     std::fs::write(
         &targets_file,
@@ -505,4 +507,80 @@ fn wait_ok(addr: &str) {
         std::net::TcpStream::connect(addr).ok().map(|_| ())
     })
     .unwrap();
+}
+
+/// What the sandbox costs (BENCHMARKS.md; not part of the suite: `cargo test -p agen-tests
+/// --test e2e -- --ignored sandbox::what_the_sandbox_costs --nocapture`): an instance's start
+/// (deploy --wait of a bundle with two workspace servers) and a tool call (`ws_read`, 20 in one
+/// run, less a run without one) on a Nest that runs everything as itself, one that pins every
+/// instance and its servers to one user (servers share their instance's uid, as before issue
+/// 40), and one that gives each server a uid of its own.
+#[test]
+#[ignore]
+fn what_the_sandbox_costs() {
+    const CALLS: usize = 20;
+    const STARTS: usize = 3;
+    let modes: [(&str, &[&str]); 3] = [
+        ("run-as-self", &["--run-as-self"]),
+        (
+            "run-as nobody (servers share the instance's uid)",
+            &["--run-as", "nobody"],
+        ),
+        (
+            "uid per instance and per server",
+            &["--run-uids", "62180-62199"],
+        ),
+    ];
+    for (mode, args) in modes {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        let hub = HubProcess::start(tmp.path()).unwrap();
+        let _nest = hub.nest_with("bench", &[], &[], args).unwrap();
+        let mut steps = Vec::new();
+        steps.push(json!({"reply": "none"}));
+        for _ in 0..CALLS {
+            steps.push(json!({"tool_calls": [{"name": "ws_read", "arguments": {"path": "notes/readme.md"}}]}));
+        }
+        steps.push(json!({"reply": "read"}));
+        let model =
+            FakeModel::start(&tmp.path().join("model"), &json!({ "steps": steps })).unwrap();
+        let mut starts = Vec::new();
+        for i in 0..STARTS {
+            let bundle = tmp.path().join(format!("b{i}"));
+            write_bundle(
+                &bundle,
+                &[
+                    (
+                        "mcp.json",
+                        mcp_json(&[("ws", ws(".", true)), ("notes", ws("./notes", false))]),
+                    ),
+                    ("notes/readme.md", "notes\n".to_string()),
+                    ("x-agen/agent.md", agent_md(&format!("b{i}"), &model)),
+                ],
+            )
+            .unwrap();
+            let t = std::time::Instant::now();
+            deploy(&hub, &bundle, "default", &format!("b{i}"), true);
+            starts.push(t.elapsed().as_secs_f64() * 1000.0);
+            if i + 1 < STARTS {
+                let _ = hub.cli(&["rm", &format!("b{i}")]);
+            }
+        }
+        let last = format!("b{}", STARTS - 1);
+        let run = |what: &str| {
+            let t = std::time::Instant::now();
+            let out = hub
+                .cli(&["submit", &last, what, "--wait", "-o", "json"])
+                .unwrap();
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(v["state"], "succeeded", "{v}");
+            t.elapsed().as_secs_f64() * 1000.0
+        };
+        let none = run("none");
+        let with = run("read");
+        eprintln!(
+            "{mode}: instance start (deploy --wait) ms {starts:.0?}; tool call ms {:.1} (run of {CALLS} calls {with:.0}, run of none {none:.0})",
+            (with - none) / CALLS as f64
+        );
+    }
 }

@@ -204,7 +204,11 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         run_start_deadline: args.run_start_deadline,
         limits: args.limits(),
         metrics_listen: args.metrics_listen,
-        metrics_token: match args.metrics_token_file.as_deref().map(crate::cmd::read_token_file) {
+        metrics_token: match args
+            .metrics_token_file
+            .as_deref()
+            .map(crate::cmd::read_token_file)
+        {
             None => None,
             Some(Ok(t)) => Some(t),
             Some(Err(e)) => {

@@ -133,7 +133,11 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     opts.capacity = args.capacity;
     opts.run_as = args.run_as.run_as();
     opts.metrics_listen = args.metrics_listen;
-    opts.metrics_token = match args.metrics_token_file.as_deref().map(crate::cmd::read_token_file) {
+    opts.metrics_token = match args
+        .metrics_token_file
+        .as_deref()
+        .map(crate::cmd::read_token_file)
+    {
         None => None,
         Some(Ok(t)) => Some(t),
         Some(Err(e)) => {

@@ -438,8 +438,8 @@ async fn start_command(
         .map(|(_, v)| v.as_str());
     let program = launch::resolve_program(command, bundle_dir, path, &ctx.agen_bin)?;
     let cmd = launch::command(&program, args, bundle_dir, &env, seat);
-    let mut child = launch::spawn(cmd)
-        .map_err(|e| format!("could not start {}: {e}", program.display()))?;
+    let mut child =
+        launch::spawn(cmd).map_err(|e| format!("could not start {}: {e}", program.display()))?;
     let (Some(stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {

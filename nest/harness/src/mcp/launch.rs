@@ -125,7 +125,12 @@ fn is_executable(p: &Path) -> bool {
 /// instance's) go.
 pub(crate) fn seat_env(env: &mut Vec<(String, String)>, seat: &super::ServerSeat) {
     let tmp = seat.tmp.to_string_lossy().into_owned();
-    env.retain(|(k, _)| !matches!(k.as_str(), "HOME" | "TMPDIR" | "TMP" | "TEMP" | "USER" | "LOGNAME"));
+    env.retain(|(k, _)| {
+        !matches!(
+            k.as_str(),
+            "HOME" | "TMPDIR" | "TMP" | "TEMP" | "USER" | "LOGNAME"
+        )
+    });
     env.push(("HOME".into(), seat.home.to_string_lossy().into_owned()));
     for k in ["TMPDIR", "TMP", "TEMP"] {
         env.push((k.into(), tmp.clone()));
