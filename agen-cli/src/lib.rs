@@ -128,6 +128,15 @@ pub fn main(cli: Cli) -> i32 {
         agen_harness::keen::script_child::set_runner(me);
     }
     agen_shared::tls::install_crypto_provider();
+    if let Command::Instance(_) = cli.command {
+        // Before any thread and before the socket or a secret: non-dumpable, and the
+        // capabilities a separated instance gets (to start its tool servers under their own
+        // uids) kept on one thread of their own.
+        if let Err(e) = agen_shared::privileged::keep_on_privileged_thread() {
+            eprintln!("error: agen instance: {e}");
+            return 70;
+        }
+    }
     let rt = match runtime_for(&cli.command) {
         Ok(rt) => rt,
         Err(e) => {

@@ -37,6 +37,10 @@ pub struct HubOptions {
     pub limits: crate::limits::Limits,
     /// Where to serve Prometheus metrics (`GET /metrics`); `None`: not served.
     pub metrics_listen: Option<SocketAddr>,
+    /// The bearer token `/metrics` needs (`--metrics-token-file`); `None`: unauthenticated.
+    /// `/healthz` and `/readyz` never need one. Local processes of the Nests' default
+    /// `--run-uids` range (instances, tool servers) are refused every path.
+    pub metrics_token: Option<String>,
     /// Where to export each finished task's trace over OTLP; `None`: not exported.
     pub otlp: Option<OtlpOptions>,
     /// The URL A2A clients reach the Hub at (`https://host:port`, the A2A interface URLs of the
@@ -208,6 +212,7 @@ impl Default for HubOptions {
             run_start_deadline: Duration::from_secs(30),
             limits: crate::limits::Limits::default(),
             metrics_listen: None,
+            metrics_token: None,
             otlp: None,
             public_url: None,
             task_retention: DEFAULT_TASK_RETENTION,

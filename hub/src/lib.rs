@@ -288,11 +288,20 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
             let render: agen_net::metrics_http::Render =
                 Arc::new(move || metrics.render(&render_core));
             let stop = shutdown.clone();
+            let ready_core = core.clone();
             let serving = shutdown.clone();
-            tokio::spawn(agen_net::metrics_http::serve_with_ready(
+            let access = agen_net::metrics_http::Access {
+                token: opts.metrics_token.as_deref().map(Arc::from),
+                // Instances and tool servers of a Nest on this host (its default range).
+                refused_uids: vec![61000..=61999],
+                ready: Some(Arc::new(move || {
+                    !serving.is_cancelled() && ready_core.store_broken().is_none()
+                })),
+            };
+            tokio::spawn(agen_net::metrics_http::serve_with(
                 listener,
                 render,
-                Arc::new(move || !serving.is_cancelled()),
+                access,
                 async move { stop.cancelled().await },
             ));
             tracing::info!(addr = %bound, "serving metrics at /metrics");

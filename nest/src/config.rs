@@ -77,6 +77,8 @@ pub struct NestOptions {
     pub env: Vec<(String, String)>,
     /// Where to serve Prometheus metrics (`GET /metrics`); `None`: not served.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// The bearer token `/metrics` needs (`--metrics-token-file`); `None`: unauthenticated.
+    pub metrics_token: Option<String>,
     /// Who instances run as (`--run-uids`, `--run-as`, `--run-as-self`; see `separation`).
     pub run_as: crate::separation::RunAs,
     /// Where the socket is when not in the data dir (set at start for separated instances).
@@ -114,6 +116,7 @@ impl NestOptions {
                 .filter(|(k, _)| k != JOIN_TOKEN_ENV)
                 .collect(),
             metrics_listen: None,
+            metrics_token: None,
             run_as: crate::separation::RunAs::default(),
             socket_dir: None,
             stop_grace: DEFAULT_STOP_GRACE,

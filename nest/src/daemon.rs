@@ -80,10 +80,20 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         let render: agen_net::metrics_http::Render = Arc::new(move || metrics.render(&sup, &out));
         let stop = own.clone();
         let serving = own.clone();
-        tokio::spawn(agen_net::metrics_http::serve_with_ready(
+        let access = agen_net::metrics_http::Access {
+            token: opts.metrics_token.as_deref().map(Arc::from),
+            // Its instances and their tool servers never read it.
+            refused_uids: supervisor
+                .separation()
+                .instance_uids()
+                .into_iter()
+                .collect(),
+            ready: Some(Arc::new(move || !serving.is_cancelled())),
+        };
+        tokio::spawn(agen_net::metrics_http::serve_with(
             metrics_listener,
             render,
-            Arc::new(move || !serving.is_cancelled()),
+            access,
             async move { stop.cancelled().await },
         ));
         tracing::info!(addr = %at, "serving metrics at /metrics");

@@ -45,6 +45,8 @@ impl std::fmt::Debug for PlaceOrder {
 /// An instance's state as this Nest reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InstanceState {
+    /// Waiting for what it needs on this Nest (a free uid of the range); the message says what.
+    Pending,
     Starting,
     Running,
     Unhealthy,
@@ -55,6 +57,7 @@ impl InstanceState {
     /// The lowercase name (metrics labels).
     pub fn as_str(self) -> &'static str {
         match self {
+            InstanceState::Pending => "pending",
             InstanceState::Starting => "starting",
             InstanceState::Running => "running",
             InstanceState::Unhealthy => "unhealthy",

@@ -101,8 +101,8 @@ pub enum Mode {
 pub enum SeparationError {
     #[error("--run-as {name}: {reason}")]
     User { name: String, reason: String },
-    #[error("no free uid in --run-uids {first}-{last}: every one is held by an instance or a running process; widen the range")]
-    Exhausted { first: u32, last: u32 },
+    #[error("no free uid in {first}-{last} (--run-uids): the instance needs {need} (one for itself, one per tool server) and every other one is held by an instance or a running process; widen the range or stop an instance")]
+    Exhausted { first: u32, last: u32, need: usize },
     #[error("{path}: {action}: {source}", path = path.display())]
     Io {
         path: PathBuf,
@@ -130,6 +130,78 @@ fn io(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> Separ
 struct Allocations {
     #[serde(default)]
     instances: BTreeMap<String, u32>,
+    /// Each instance's tool servers' uids (one per command server).
+    #[serde(default)]
+    servers: BTreeMap<String, Vec<u32>>,
+}
+
+impl Allocations {
+    fn all_of(&self, id: &str) -> Vec<u32> {
+        let mut v: Vec<u32> = self.instances.get(id).copied().into_iter().collect();
+        v.extend(self.servers.get(id).into_iter().flatten().copied());
+        v
+    }
+}
+
+/// The uids of one instance: its own, and one per command server (empty unless the Nest hands
+/// out a range).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Uids {
+    pub instance: RunIdentity,
+    pub servers: Vec<u32>,
+}
+
+/// A command server of a bundle as the run dir sees it: its name and, for `agen mcp workspace
+/// --root R` with R inside the bundle, that folder (relative), which its uid gets to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerPlan {
+    pub name: String,
+    pub writable: Option<PathBuf>,
+}
+
+/// The command servers of `bundle`, in `mcp.json` order (by name).
+pub fn server_plan(bundle: &agen_shared::bundle::Bundle) -> Vec<ServerPlan> {
+    use agen_shared::bundle::ServerSpec;
+    bundle
+        .mcp
+        .servers
+        .iter()
+        .filter_map(|(name, spec)| match spec {
+            ServerSpec::Command { command, args, .. } => Some(ServerPlan {
+                name: name.clone(),
+                writable: (command == "agen")
+                    .then(|| workspace_root_arg(args))
+                    .flatten(),
+            }),
+            ServerSpec::Url { .. } => None,
+        })
+        .collect()
+}
+
+/// `mcp workspace --root R` (or `--root=R`) with R relative and never above the bundle.
+fn workspace_root_arg(args: &[String]) -> Option<PathBuf> {
+    if args.first().map(String::as_str) != Some("mcp")
+        || args.get(1).map(String::as_str) != Some("workspace")
+    {
+        return None;
+    }
+    let mut it = args.iter().skip(2);
+    let mut root = None;
+    while let Some(a) = it.next() {
+        if a == "--root" {
+            root = it.next().cloned();
+        } else if let Some(v) = a.strip_prefix("--root=") {
+            root = Some(v.to_string());
+        }
+    }
+    let root = PathBuf::from(root?);
+    let inside = root.components().all(|c| {
+        matches!(
+            c,
+            std::path::Component::Normal(_) | std::path::Component::CurDir
+        )
+    });
+    inside.then_some(root)
 }
 
 /// The resolved separation of one Nest (see the module doc).
@@ -244,6 +316,16 @@ impl Separation {
             data_dir: PathBuf::new(),
             run_root: PathBuf::new(),
             allocated: Mutex::new(Allocations::default()),
+        }
+    }
+
+    /// The uids this Nest's instances and tool servers run as (none when it does not
+    /// separate: they are its own).
+    pub fn instance_uids(&self) -> Option<std::ops::RangeInclusive<u32>> {
+        match &self.mode {
+            Mode::Range { first, last } => Some(*first..=*last),
+            Mode::User { id, .. } => Some(id.uid..=id.uid),
+            Mode::Off(_) => None,
         }
     }
 
@@ -388,10 +470,12 @@ impl Separation {
             Err(e) => return Err(io(&path, "cannot read")(e)),
         };
         if matches!(self.mode, Mode::Range { .. }) {
-            for (instance, uid) in &old.instances {
-                let killed = group::kill_uid(*uid);
-                if !killed.is_empty() {
-                    tracing::warn!(instance = %instance, uid, killed = killed.len(), "killed leftovers of a previous run of this nest under the instance's uid");
+            for instance in old.instances.keys().chain(old.servers.keys()) {
+                for uid in old.all_of(instance) {
+                    let killed = group::kill_uid(uid);
+                    if !killed.is_empty() {
+                        tracing::warn!(instance = %instance, uid, killed = killed.len(), "killed leftovers of a previous run of this nest under the instance's uid");
+                    }
                 }
             }
         }
@@ -405,45 +489,89 @@ impl Separation {
         Ok(())
     }
 
-    /// The identity instance `id` runs as (`None`: the Nest's own), allocated and persisted
-    /// before it is returned. The same instance keeps its uid until [`Separation::release`].
-    pub fn acquire(&self, id: &str) -> Result<Option<RunIdentity>> {
+    /// The uids instance `id` and its `servers` command servers run as (`None`: the Nest's
+    /// own), allocated and persisted before they are returned. The same instance keeps them
+    /// until [`Separation::release`]. With a pinned user the servers share it (no uids).
+    pub fn acquire(&self, id: &str, servers: usize) -> Result<Option<Uids>> {
         let (first, last) = match &self.mode {
             Mode::Off(_) => return Ok(None),
-            Mode::User { id, .. } => return Ok(Some(*id)),
+            Mode::User { id, .. } => {
+                return Ok(Some(Uids {
+                    instance: *id,
+                    servers: Vec::new(),
+                }))
+            }
             Mode::Range { first, last } => (*first, *last),
         };
         let mut a = self.lock();
-        if let Some(uid) = a.instances.get(id) {
-            return Ok(Some(RunIdentity {
-                uid: *uid,
-                gid: *uid,
-            }));
+        if let Some(uid) = a.instances.get(id).copied() {
+            let have = a.servers.get(id).cloned().unwrap_or_default();
+            if have.len() == servers {
+                return Ok(Some(Uids {
+                    instance: RunIdentity { uid, gid: uid },
+                    servers: have,
+                }));
+            }
         }
         let mut taken = group::uids_in_use();
-        taken.extend(a.instances.values().copied());
-        let uid = (first..=last)
-            .find(|u| !taken.contains(u))
-            .ok_or(SeparationError::Exhausted { first, last })?;
-        a.instances.insert(id.to_string(), uid);
+        for (other, uid) in &a.instances {
+            if other != id {
+                taken.insert(*uid);
+            }
+        }
+        for (other, uids) in &a.servers {
+            if other != id {
+                taken.extend(uids.iter().copied());
+            }
+        }
+        let need = 1 + servers;
+        let free: Vec<u32> = (first..=last)
+            .filter(|u| !taken.contains(u))
+            .take(need)
+            .collect();
+        if free.len() < need {
+            return Err(SeparationError::Exhausted { first, last, need });
+        }
+        a.instances.insert(id.to_string(), free[0]);
+        a.servers.insert(id.to_string(), free[1..].to_vec());
         self.save(&a)?;
-        Ok(Some(RunIdentity { uid, gid: uid }))
+        Ok(Some(Uids {
+            instance: RunIdentity {
+                uid: free[0],
+                gid: free[0],
+            },
+            servers: free[1..].to_vec(),
+        }))
     }
 
-    /// Instance `id` is gone: with a range, every process still under its uid is killed and the
-    /// uid freed; its run dir is removed.
+    /// Instance `id`'s process ended (it may start again): whatever still runs under its tool
+    /// servers' uids (a double-forked child of a server that its instance, killed, could not
+    /// reap) is killed; those uids are its alone.
+    pub fn kill_servers(&self, id: &str) {
+        let uids = self.lock().servers.get(id).cloned().unwrap_or_default();
+        for uid in uids {
+            let killed = group::kill_uid(uid);
+            if !killed.is_empty() {
+                tracing::info!(instance = %id, uid, killed = killed.len(), "killed what a tool server of the instance left behind");
+            }
+        }
+    }
+
+    /// Instance `id` is gone: with a range, every process still under its uids is killed and
+    /// the uids freed; its run dir is removed.
     pub fn release(&self, id: &str) {
         if !self.is_on() {
             return;
         }
         if matches!(self.mode, Mode::Range { .. }) {
             let mut a = self.lock();
-            if let Some(uid) = a.instances.get(id).copied() {
+            for uid in a.all_of(id) {
                 let killed = group::kill_uid(uid);
                 if !killed.is_empty() {
                     tracing::info!(instance = %id, uid, killed = killed.len(), "killed what was left under the uid of a stopped instance");
                 }
-                a.instances.remove(id);
+            }
+            if a.instances.remove(id).is_some() | a.servers.remove(id).is_some() {
                 if let Err(e) = self.save(&a) {
                     tracing::warn!(instance = %id, "{e}");
                 }
@@ -458,22 +586,29 @@ impl Separation {
     }
 
     /// Makes `<run>/<id>/{bundle,home,tmp}` owned by `who` (0700): `bundle` a copy of
-    /// `bundle_dir` (made again at every spawn, see [`Separation::fresh_bundle`]). Returns the
-    /// dirs.
+    /// `bundle_dir` (made again at every spawn, see [`Separation::fresh_bundle`]). With server
+    /// uids, each command server of `plan` gets `<run>/<id>/servers/<n>/{home,tmp}` owned by
+    /// its uid (0700), the run dir and the bundle copy become passable and readable by the
+    /// instance's group (0710, 0750/0640), and a workspace server's `--root` inside the
+    /// bundle becomes its uid's. Returns the dirs.
     pub fn prepare_run_dir(
         &self,
         id: &str,
-        who: RunIdentity,
+        uids: &Uids,
         bundle_dir: &Path,
+        plan: &[ServerPlan],
     ) -> Result<RunDirs> {
+        let who = uids.instance;
         let root = self.run_root().join(id);
         if root.exists() {
             std::fs::remove_dir_all(&root).map_err(io(&root, "cannot clear"))?;
         }
-        let dirs = RunDirs {
+        let mut dirs = RunDirs {
             bundle: root.join("bundle"),
             home: root.join("home"),
             tmp: root.join("tmp"),
+            seats: BTreeMap::new(),
+            writable: Vec::new(),
         };
         for d in [&root, &dirs.home, &dirs.tmp] {
             agen_shared::private::create_dir_all(d).map_err(io(d, "cannot create"))?;
@@ -482,6 +617,40 @@ impl Separation {
             chown(d, who)?;
         }
         chown(&root, who)?;
+        let seated = !uids.servers.is_empty() && uids.servers.len() == plan.len();
+        if seated {
+            set_mode(&root, 0o710)?;
+            let servers = root.join("servers");
+            agen_shared::private::create_dir_all(&servers)
+                .map_err(io(&servers, "cannot create"))?;
+            chown(&servers, who)?;
+            set_mode(&servers, 0o710)?;
+            for (n, (p, uid)) in plan.iter().zip(&uids.servers).enumerate() {
+                let own = RunIdentity {
+                    uid: *uid,
+                    gid: *uid,
+                };
+                let base = servers.join(n.to_string());
+                let (home, tmp) = (base.join("home"), base.join("tmp"));
+                for d in [&base, &home, &tmp] {
+                    agen_shared::private::create_dir_all(d).map_err(io(d, "cannot create"))?;
+                    chown(d, own)?;
+                }
+                dirs.seats.insert(
+                    p.name.clone(),
+                    agen_harness::mcp::ServerSeat {
+                        uid: *uid,
+                        gid: *uid,
+                        group: who.gid,
+                        home,
+                        tmp,
+                    },
+                );
+                if let Some(w) = &p.writable {
+                    dirs.writable.push((w.clone(), *uid));
+                }
+            }
+        }
         self.fresh_bundle(&dirs, who, bundle_dir)?;
         Ok(dirs)
     }
@@ -496,16 +665,59 @@ impl Separation {
             Err(e) => return Err(io(&dirs.bundle, "cannot clear")(e)),
         }
         copy_tree(bundle_dir, &dirs.bundle)?;
-        chown_tree(&dirs.bundle, who)
+        chown_tree(&dirs.bundle, who, who.gid)?;
+        if dirs.seats.is_empty() {
+            return Ok(());
+        }
+        share_with_group(&dirs.bundle)?;
+        for (rel, uid) in &dirs.writable {
+            let at = dirs.bundle.join(rel);
+            if !at.exists() {
+                agen_shared::private::create_dir_all(&at).map_err(io(&at, "cannot create"))?;
+                set_mode(&at, 0o750)?;
+            }
+            let server = RunIdentity {
+                uid: *uid,
+                gid: *uid,
+            };
+            chown_tree(&at, server, who.gid)?;
+        }
+        Ok(())
     }
 }
 
-/// A separated instance's own dirs.
+/// A separated instance's own dirs, and who its command servers run as.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunDirs {
     pub bundle: PathBuf,
     pub home: PathBuf,
     pub tmp: PathBuf,
+    /// Each command server's uid and dirs (empty: they run as the instance).
+    pub seats: BTreeMap<String, agen_harness::mcp::ServerSeat>,
+    /// Folders of the bundle copy (relative) a workspace server's uid writes.
+    writable: Vec<(PathBuf, u32)>,
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<()> {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(io(path, "cannot set the mode of"))
+}
+
+/// The bundle copy readable by the instance's group (its tool servers): folders 0750, files
+/// 0640 (0750 when executable); symlinks are left alone (a verified bundle has none).
+fn share_with_group(root: &Path) -> Result<()> {
+    let meta = std::fs::symlink_metadata(root).map_err(io(root, "cannot inspect"))?;
+    if meta.is_dir() {
+        set_mode(root, 0o750)?;
+        for entry in std::fs::read_dir(root).map_err(io(root, "cannot read"))? {
+            let entry = entry.map_err(io(root, "cannot read"))?;
+            share_with_group(&entry.path())?;
+        }
+    } else if meta.is_file() {
+        let exec = meta.permissions().mode() & 0o100 != 0;
+        set_mode(root, if exec { 0o750 } else { 0o640 })?;
+    }
+    Ok(())
 }
 
 fn chown(path: &Path, who: RunIdentity) -> Result<()> {
@@ -537,15 +749,15 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-fn chown_tree(root: &Path, who: RunIdentity) -> Result<()> {
-    chown(root, who)?;
+fn chown_tree(root: &Path, who: RunIdentity, gid: u32) -> Result<()> {
+    chown(root, RunIdentity { uid: who.uid, gid })?;
     if std::fs::symlink_metadata(root)
         .map_err(io(root, "cannot inspect"))?
         .is_dir()
     {
         for entry in std::fs::read_dir(root).map_err(io(root, "cannot read"))? {
             let entry = entry.map_err(io(root, "cannot read"))?;
-            chown_tree(&entry.path(), who)?;
+            chown_tree(&entry.path(), who, gid)?;
         }
     }
     Ok(())
@@ -657,18 +869,85 @@ mod tests {
             last: 62991,
         };
         let sep = Separation::resolve(&run_as, &data).expect("resolve");
-        let a = sep.acquire("a").expect("a").expect("an identity");
-        let b = sep.acquire("b").expect("b").expect("an identity");
+        let a = sep
+            .acquire("a", 0)
+            .expect("a")
+            .expect("an identity")
+            .instance;
+        let b = sep
+            .acquire("b", 0)
+            .expect("b")
+            .expect("an identity")
+            .instance;
         assert_ne!(a.uid, b.uid);
-        assert_eq!(sep.acquire("a").expect("again").map(|i| i.uid), Some(a.uid));
+        assert_eq!(
+            sep.acquire("a", 0).expect("again").map(|i| i.instance.uid),
+            Some(a.uid)
+        );
         assert!(matches!(
-            sep.acquire("c"),
+            sep.acquire("c", 0),
             Err(SeparationError::Exhausted { .. })
         ));
         // Persisted: a restart knows which uids were handed out.
         let saved = std::fs::read_to_string(data.join("run-uids.json")).expect("saved");
         assert!(saved.contains(&a.uid.to_string()), "{saved}");
         sep.release("a");
-        assert_eq!(sep.acquire("c").expect("c").map(|i| i.uid), Some(a.uid));
+        assert_eq!(
+            sep.acquire("c", 0).expect("c").map(|i| i.instance.uid),
+            Some(a.uid)
+        );
+    }
+
+    #[test]
+    fn an_instance_and_each_of_its_servers_get_uids_of_their_own_or_it_waits_for_them() {
+        if !privileged() {
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
+            .expect("chmod");
+        let data = dir.path().join("nest");
+        agen_shared::private::create_dir_all(&data).expect("mkdir");
+        let run_as = RunAs::Uids {
+            first: 62980,
+            last: 62984,
+        };
+        let sep = Separation::resolve(&run_as, &data).expect("resolve");
+        let a = sep.acquire("a", 2).expect("a").expect("uids");
+        let mut all: Vec<u32> = a.servers.clone();
+        all.push(a.instance.uid);
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), 3, "{a:?}");
+        // Two left: an instance with two servers needs three.
+        let e = sep.acquire("b", 2).expect_err("exhausted");
+        assert!(
+            e.to_string().starts_with("no free uid in 62980-62984"),
+            "{e}"
+        );
+        let b = sep.acquire("b", 1).expect("b").expect("uids");
+        assert!(!all.contains(&b.instance.uid) && !all.contains(&b.servers[0]));
+        sep.release("a");
+        assert!(sep.acquire("c", 2).is_ok());
+    }
+
+    #[test]
+    fn a_workspace_root_inside_the_bundle_is_found_and_one_above_it_is_not() {
+        let check = |args: &[&str], expected: Option<&str>| {
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            assert_eq!(
+                workspace_root_arg(&args),
+                expected.map(PathBuf::from),
+                "{args:?}"
+            );
+        };
+        check(&["mcp", "workspace", "--root", "."], Some("."));
+        check(
+            &["mcp", "workspace", "--root=./notes", "--no-run"],
+            Some("./notes"),
+        );
+        check(&["mcp", "workspace", "--root", "../x"], None);
+        check(&["mcp", "workspace", "--root", "/srv/repo"], None);
+        check(&["mcp", "sql"], None);
     }
 }

@@ -86,6 +86,9 @@ pub struct Bootstrap {
     pub instance_id: String,
     pub bundle_dir: std::path::PathBuf,
     pub secret: SpawnSecret,
+    /// Who each command server runs as (a uid of its own each); empty: as the instance.
+    #[serde(default)]
+    pub seats: std::collections::BTreeMap<String, agen_harness::mcp::ServerSeat>,
 }
 
 /// Instance → Nest.

@@ -1,10 +1,22 @@
 //! The `/metrics` endpoint of a daemon (`--metrics-listen ADDR`): plain HTTP/1.1, `GET
 //! /metrics` answers the Prometheus text a `render` function makes at that moment (with the
-//! process metrics of [`process_metrics`] added), `GET /healthz` 200 while the process serves,
-//! `GET /readyz` 200 or 503 as a `ready` function says (no token: for load balancers and
-//! probes); anything else is 404. One request per connection, bounded in size and time, so a slow or hostile
-//! scraper holds nothing.
+//! process metrics of [`process_metrics`] added; OpenMetrics, or the classic text format when
+//! the request's `Accept` asks for it), `GET
+//! /healthz` 200 while the process serves, `GET /readyz` 200 or 503 as the daemon's readiness
+//! says; anything else is 404. One request per connection, bounded in size and time, so a slow
+//! or hostile scraper holds nothing.
+//!
+//! [`Access`]: with a token (`--metrics-token-file`), `/metrics` needs `Authorization: Bearer
+//! <token>` (401 otherwise); `/healthz` and `/readyz` never do. With refused uids (a separating
+//! Nest's `--run-uids`: its instances and tool servers), a connection from a process of this
+//! host whose socket belongs to one of them is answered 403 whatever it asks; the owner is read
+//! from `/proc/net/tcp{,6}` (the client's own socket: local = the peer's address, remote = ours),
+//! and a loopback peer whose socket cannot be found is refused too (fail closed). The kernel
+//! sets a socket's uid when it is made, so a process cannot borrow another uid's without that
+//! process handing it over.
 
+use std::net::{IpAddr, SocketAddr};
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,13 +37,24 @@ pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
 /// Whether the daemon is ready to serve (`/readyz`).
 pub type Ready = Arc<dyn Fn() -> bool + Send + Sync>;
 
-/// Serves `listener` until `stop` resolves (`/readyz` always ready).
+/// Who may read what (see the module doc).
+#[derive(Clone, Default)]
+pub struct Access {
+    /// The bearer token `/metrics` needs; `None`: unauthenticated.
+    pub token: Option<Arc<str>>,
+    /// Local processes of these uids are refused every path.
+    pub refused_uids: Vec<RangeInclusive<u32>>,
+    /// `/readyz`: 200 when it says so, else 503; `None`: ready while serving.
+    pub ready: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+}
+
+/// Serves `listener` until `stop` resolves, `/metrics` to anyone.
 pub async fn serve(
     listener: TcpListener,
     render: Render,
     stop: impl std::future::Future<Output = ()> + Send,
 ) {
-    serve_with_ready(listener, render, Arc::new(|| true), stop).await
+    serve_with(listener, render, Access::default(), stop).await
 }
 
 /// [`serve`] with `/readyz` answered by `ready`.
@@ -41,6 +64,21 @@ pub async fn serve_with_ready(
     ready: Ready,
     stop: impl std::future::Future<Output = ()> + Send,
 ) {
+    let access = Access {
+        ready: Some(ready),
+        ..Access::default()
+    };
+    serve_with(listener, render, access, stop).await
+}
+
+/// Serves `listener` until `stop` resolves, as `access` says.
+pub async fn serve_with(
+    listener: TcpListener,
+    render: Render,
+    access: Access,
+    stop: impl std::future::Future<Output = ()> + Send,
+) {
+    let access = Arc::new(access);
     tokio::pin!(stop);
     loop {
         let conn = tokio::select! {
@@ -48,10 +86,12 @@ pub async fn serve_with_ready(
             _ = &mut stop => return,
         };
         match conn {
-            Ok((stream, _)) => {
-                let (render, ready) = (render.clone(), ready.clone());
+            Ok((stream, peer)) => {
+                let (render, access) = (render.clone(), access.clone());
                 tokio::spawn(async move {
-                    let _ = tokio::time::timeout(READ_TIMEOUT, answer(stream, render, ready)).await;
+                    let _ =
+                        tokio::time::timeout(READ_TIMEOUT, answer(stream, peer, render, access))
+                            .await;
                 });
             }
             Err(e) => {
@@ -62,7 +102,32 @@ pub async fn serve_with_ready(
     }
 }
 
-async fn answer(mut stream: TcpStream, render: Render, ready: Ready) -> std::io::Result<()> {
+async fn answer(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    render: Render,
+    access: Arc<Access>,
+) -> std::io::Result<()> {
+    if !access.refused_uids.is_empty() {
+        let local = stream.local_addr()?;
+        let owner = tokio::task::spawn_blocking(move || socket_owner(peer, local))
+            .await
+            .unwrap_or(None);
+        let refused = match owner {
+            Some(uid) => access.refused_uids.iter().any(|r| r.contains(&uid)),
+            None => unmapped(peer.ip()).is_loopback(),
+        };
+        if refused {
+            tracing::warn!(%peer, uid = ?owner, "metrics listener: refused a local process of an instance or tool server uid");
+            return respond(
+                &mut stream,
+                "403 Forbidden",
+                "text/plain",
+                "instances and their tool servers may not read this daemon's endpoints\n",
+            )
+            .await;
+        }
+    }
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -81,13 +146,53 @@ async fn answer(mut stream: TcpStream, render: Render, ready: Ready) -> std::io:
             .await;
         }
     }
-    let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
+    let text = String::from_utf8_lossy(&head);
+    let mut lines = text.split("\r\n");
+    let line = lines.next().unwrap_or_default();
     let mut parts = line.split(' ');
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = path.split('?').next().unwrap_or("");
-    match (method, path) {
-        ("GET", "/metrics" | "/") => {
+    if method != "GET" {
+        return respond(&mut stream, "404 Not Found", "text/plain", NOT_FOUND).await;
+    }
+    match path {
+        "/healthz" => respond(&mut stream, "200 OK", "text/plain", "ok\n").await,
+        "/readyz" => {
+            if access.ready.as_ref().is_none_or(|r| r()) {
+                respond(&mut stream, "200 OK", "text/plain", "ready\n").await
+            } else {
+                respond(
+                    &mut stream,
+                    "503 Service Unavailable",
+                    "text/plain",
+                    "not ready\n",
+                )
+                .await
+            }
+        }
+        "/metrics" | "/" => {
+            if let Some(token) = &access.token {
+                let given = lines.find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.trim()
+                        .eq_ignore_ascii_case("authorization")
+                        .then(|| v.trim().to_string())
+                });
+                let ok = given
+                    .as_deref()
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .is_some_and(|t| same(t.trim().as_bytes(), token.as_bytes()));
+                if !ok {
+                    return respond_with(
+                        &mut stream,
+                        "401 Unauthorized",
+                        "www-authenticate: Bearer\r\n",
+                        "text/plain",
+                        "/metrics needs Authorization: Bearer <the token of --metrics-token-file>\n",
+                    )
+                    .await;
+                }
+            }
             let body = with_process_metrics(render());
             if wants_classic_text(&head) {
                 let body = classic_text(&body);
@@ -96,29 +201,71 @@ async fn answer(mut stream: TcpStream, render: Render, ready: Ready) -> std::io:
                 respond(&mut stream, "200 OK", CONTENT_TYPE, &body).await
             }
         }
-        ("GET", "/healthz") => respond(&mut stream, "200 OK", "text/plain", "ok\n").await,
-        ("GET", "/readyz") if ready() => {
-            respond(&mut stream, "200 OK", "text/plain", "ready\n").await
-        }
-        ("GET", "/readyz") => {
-            respond(
-                &mut stream,
-                "503 Service Unavailable",
-                "text/plain",
-                "not ready\n",
-            )
-            .await
-        }
-        _ => {
-            respond(
-                &mut stream,
-                "404 Not Found",
-                "text/plain",
-                "only GET /metrics, /healthz and /readyz are served here\n",
-            )
-            .await
+        _ => respond(&mut stream, "404 Not Found", "text/plain", NOT_FOUND).await,
+    }
+}
+
+const NOT_FOUND: &str = "only GET /metrics, /healthz and /readyz are served here\n";
+
+/// Compares in time that does not depend on where the first difference is.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn unmapped(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// The uid owning the client socket of a connection from `peer` to `local` on this host (its
+/// line in `/proc/net/tcp` or `tcp6` has local = `peer`, remote = `local`); `None` when no
+/// process of this network namespace holds it.
+fn socket_owner(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
+    let want = (
+        unmapped(peer.ip()),
+        peer.port(),
+        unmapped(local.ip()),
+        local.port(),
+    );
+    for file in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(file) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Some(l), Some(r), Some(uid)) = (f.get(1), f.get(2), f.get(7)) else {
+                continue;
+            };
+            let (Some(l), Some(r)) = (proc_addr(l), proc_addr(r)) else {
+                continue;
+            };
+            if (l.0, l.1, r.0, r.1) == want {
+                return uid.parse().ok();
+            }
         }
     }
+    None
+}
+
+/// `0100007F:1F90` (IPv4) or 32 hex digits `:PORT` (IPv6), words in the kernel's byte order.
+fn proc_addr(s: &str) -> Option<(IpAddr, u16)> {
+    let (addr, port) = s.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let word = |h: &str| u32::from_str_radix(h, 16).ok().map(u32::to_ne_bytes);
+    let ip = match addr.len() {
+        8 => IpAddr::from(word(addr)?),
+        32 => {
+            let mut b = [0u8; 16];
+            for i in 0..4 {
+                b[i * 4..i * 4 + 4].copy_from_slice(&word(addr.get(i * 8..i * 8 + 8)?)?);
+            }
+            IpAddr::from(b)
+        }
+        _ => return None,
+    };
+    Some((unmapped(ip), port))
 }
 
 async fn respond(
@@ -127,8 +274,18 @@ async fn respond(
     ctype: &str,
     body: &str,
 ) -> std::io::Result<()> {
+    respond_with(stream, status, "", ctype, body).await
+}
+
+async fn respond_with(
+    stream: &mut TcpStream,
+    status: &str,
+    extra: &str,
+    ctype: &str,
+    body: &str,
+) -> std::io::Result<()> {
     let head = format!(
-        "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\n{extra}content-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).await?;
@@ -299,5 +456,34 @@ mod tests {
         ));
         assert!(!ask("Accept: */*"));
         assert!(!ask("host: x"));
+    }
+
+    #[test]
+    fn proc_net_addresses_are_read_in_the_kernels_byte_order() {
+        let v4 = proc_addr("0100007F:1F90").expect("v4");
+        assert_eq!(v4, ("127.0.0.1".parse().expect("ip"), 8080));
+        let v6 = proc_addr("00000000000000000000000001000000:0050").expect("v6");
+        assert_eq!(v6, ("::1".parse().expect("ip"), 80));
+        let mapped = proc_addr("0000000000000000FFFF00000100007F:0050").expect("mapped");
+        assert_eq!(mapped, ("127.0.0.1".parse().expect("ip"), 80));
+        assert_eq!(proc_addr("zz:1"), None);
+    }
+
+    #[tokio::test]
+    async fn the_owner_of_a_local_client_socket_is_found() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let at = listener.local_addr().expect("addr");
+        let client = TcpStream::connect(at).await.expect("connect");
+        let (_server, peer) = listener.accept().await.expect("accept");
+        assert_eq!(peer, client.local_addr().expect("addr"));
+        let me = nix::unistd::getuid().as_raw();
+        assert_eq!(socket_owner(peer, at), Some(me));
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(same(b"abc", b"abc"));
+        assert!(!same(b"abc", b"abd"));
+        assert!(!same(b"abc", b"ab"));
     }
 }

@@ -7,6 +7,8 @@ pub mod client_config;
 pub mod duration;
 pub mod private;
 #[cfg(target_os = "linux")]
+pub mod privileged;
+#[cfg(target_os = "linux")]
 pub mod process;
 pub mod run;
 pub mod systemd;

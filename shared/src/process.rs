@@ -149,10 +149,10 @@ pub fn kill_uid(uid: u32) -> Vec<u32> {
             break;
         }
         for &p in &procs {
-            let _ = kill(Pid::from_raw(p as i32), Signal::SIGSTOP);
+            let _ = send(p, Signal::SIGSTOP);
         }
         for &p in &procs {
-            if kill(Pid::from_raw(p as i32), Signal::SIGKILL).is_ok() {
+            if send(p, Signal::SIGKILL) {
                 killed.insert(p);
             }
         }
@@ -168,12 +168,18 @@ pub fn become_subreaper() -> std::io::Result<()> {
 
 /// Sends `sig` to the group `pgid`; false when no member is left (or the pgid is 0 or 1).
 pub fn signal_group(pgid: i32, sig: Signal) -> bool {
-    pgid > 1 && killpg(Pid::from_raw(pgid), sig).is_ok()
+    pgid > 1 && crate::privileged::on_privileged(move || killpg(Pid::from_raw(pgid), sig).is_ok())
+}
+
+/// Sends `sig` to `pid` (from the privileged thread when there is one, see
+/// [`crate::privileged`]); whether it was delivered.
+fn send(pid: u32, sig: Signal) -> bool {
+    crate::privileged::on_privileged(move || kill(Pid::from_raw(pid as i32), sig).is_ok())
 }
 
 /// Whether the group `pgid` still has a member (zombies count until reaped).
 pub fn group_alive(pgid: i32) -> bool {
-    pgid > 1 && killpg(Pid::from_raw(pgid), None).is_ok()
+    pgid > 1 && crate::privileged::on_privileged(move || killpg(Pid::from_raw(pgid), None).is_ok())
 }
 
 /// The start time field of `/proc/<pid>/stat` (clock ticks since boot).
@@ -288,10 +294,10 @@ pub fn kill_tree(root: u32) -> Vec<u32> {
             break;
         }
         for &p in &tree {
-            let _ = kill(Pid::from_raw(p as i32), Signal::SIGSTOP);
+            let _ = send(p, Signal::SIGSTOP);
         }
         for &p in &tree {
-            if kill(Pid::from_raw(p as i32), Signal::SIGKILL).is_ok() {
+            if send(p, Signal::SIGKILL) {
                 killed.insert(p);
             }
         }

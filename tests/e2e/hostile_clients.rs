@@ -42,7 +42,11 @@ fn a_model_repeating_one_call_id_with_other_arguments_is_asked_every_time() {
             let call_id = p["call_id"].as_str().unwrap().to_string();
             let command = p["arguments"]["command"].as_str().unwrap().to_string();
             let n = asked.len();
-            let verb = if n.is_multiple_of(2) { "approve" } else { "deny" };
+            let verb = if n.is_multiple_of(2) {
+                "approve"
+            } else {
+                "deny"
+            };
             let out = hub.cli(&[verb, &task, &call_id]).unwrap();
             assert!(
                 out.status.success(),

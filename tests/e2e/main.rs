@@ -39,6 +39,7 @@ mod privsep;
 mod resume;
 mod run_context;
 mod runs;
+mod sandbox;
 mod secrets;
 mod sql;
 mod store_damage;

@@ -382,7 +382,10 @@ fn a_tool_server_of_one_namespace_cannot_read_the_nests_key_the_hubs_data_or_ano
     })
     .unwrap();
     let victim_uid = uid_of(victim_pid).unwrap();
-    assert_eq!(uid_of(victim_server), Some(victim_uid));
+    // A tool server runs under a uid of its own, not its instance's (issue 40).
+    let victim_server_uid = uid_of(victim_server).unwrap();
+    assert!((62100..=62109).contains(&victim_server_uid));
+    assert_ne!(victim_server_uid, victim_uid);
     let victim_environ = format!("/proc/{victim_server}/environ");
     assert!(
         std::fs::read_to_string(&victim_environ)
@@ -444,11 +447,14 @@ echo "ME uid=$(id -u) gid=$(id -g) groups=$(id -G) home=$HOME tmp=$TMPDIR home_o
     let t = submit(&hub, "a", "attacker");
     assert_eq!(t["state"], "succeeded", "{t}");
 
-    // Two namespaces, two uids of the range, neither root; the tool server runs as its instance.
+    // Two namespaces, two uids of the range, neither root; the tool server runs under one of
+    // its own, with its instance's gid as its one supplementary group (issue 40).
     let range = 62100..=62109;
     assert!(range.contains(&victim_uid) && range.contains(&attacker_uid));
     assert_ne!(victim_uid, attacker_uid);
-    assert_eq!(uid_of(attacker_server), Some(attacker_uid));
+    let server_uid = uid_of(attacker_server).unwrap();
+    assert!(range.contains(&server_uid));
+    assert!(![attacker_uid, victim_uid, victim_server_uid].contains(&server_uid));
 
     let text = std::fs::read_to_string(&report).unwrap();
     let count = |tag: &str| text.lines().filter(|l| l.starts_with(tag)).count();
@@ -462,10 +468,11 @@ echo "ME uid=$(id -u) gid=$(id -g) groups=$(id -G) home=$HOME tmp=$TMPDIR home_o
     assert_eq!(
         me,
         format!(
-            "ME uid={u} gid={u} groups={u} home={} tmp={} home_owner={u} tmp_owner={u}",
-            run_dir.join("home").display(),
-            run_dir.join("tmp").display(),
-            u = attacker_uid
+            "ME uid={u} gid={u} groups={u} {i} home={} tmp={} home_owner={u} tmp_owner={u}",
+            run_dir.join("servers/0/home").display(),
+            run_dir.join("servers/0/tmp").display(),
+            u = server_uid,
+            i = attacker_uid
         )
     );
     assert!(!text.contains(CANARY));
@@ -547,7 +554,8 @@ fn a_workspace_root_its_uid_cannot_use_is_a_start_error_naming_the_path_and_the_
         .find(|i| i["servers_not_connected"] == json!(["ws"]))
         .unwrap();
     let reason = i["server_errors"][0]["reason"].as_str().unwrap_or_default();
-    // The uid it names is the instance's, one of the range.
+    // The uid it names is the workspace server's own, one of the range (issue 40: not the
+    // instance's).
     let uid: u32 = reason
         .split_once("not usable by uid ")
         .and_then(|(_, r)| r.split_whitespace().next()?.parse().ok())
@@ -556,7 +564,7 @@ fn a_workspace_root_its_uid_cannot_use_is_a_start_error_naming_the_path_and_the_
     assert!(reason.contains(&private.display().to_string()), "{i}");
     let id = i["instance"].as_str().unwrap();
     if let Some(pid) = instance_pid(&nest, id) {
-        assert_eq!(uid_of(pid), Some(uid), "{i}");
+        assert_ne!(uid_of(pid), Some(uid), "{i}");
     }
 }
 
@@ -737,7 +745,10 @@ fn a_nest_killed_with_9_kills_what_its_instances_left_under_their_uids_when_it_r
     workspace_bundle(&bundle, "phoenix", &model);
     deploy(&hub, &bundle, "default", "phoenix");
     let id = instance_id(&hub, "phoenix");
-    let uid = uid_of(instance_pid(&nest, &id).unwrap()).unwrap();
+    // What `run` starts runs as the workspace server's own uid (issue 40), not the instance's.
+    let instance = instance_pid(&nest, &id).unwrap();
+    let uid = uid_of(workspace_server_of(&nest, instance).unwrap()).unwrap();
+    assert_ne!(Some(uid), uid_of(instance));
     let t = submit(&hub, "default", "phoenix");
     assert_eq!(t["state"], "succeeded", "{t}");
     let escapee = wait_for(

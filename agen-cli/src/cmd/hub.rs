@@ -22,6 +22,10 @@ pub struct Args {
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// A file holding the bearer token /metrics needs (Prometheus `authorization:
+    /// credentials_file`); /healthz and /readyz never need it
+    #[arg(long, value_name = "FILE")]
+    pub metrics_token_file: Option<std::path::PathBuf>,
     /// Export each finished task's trace over OTLP to this collector URL (e.g.
     /// http://127.0.0.1:4317); also OTEL_EXPORTER_OTLP_{TRACES_,}ENDPOINT, _PROTOCOL
     /// (grpc or http/protobuf), _HEADERS and _CERTIFICATE (the CA file of an https:// collector)
@@ -248,6 +252,18 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         run_start_deadline: args.run_start_deadline,
         limits: args.limits(),
         metrics_listen: args.metrics_listen,
+        metrics_token: match args
+            .metrics_token_file
+            .as_deref()
+            .map(crate::cmd::read_token_file)
+        {
+            None => None,
+            Some(Ok(t)) => Some(t),
+            Some(Err(e)) => {
+                eprintln!("error: {e}");
+                return Ok(64);
+            }
+        },
         public_url: args.public_url.clone(),
         task_retention: args.task_retention,
         hide_ended_after: args.hide_ended_after,

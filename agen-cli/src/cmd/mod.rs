@@ -48,6 +48,25 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e}: expected a duration such as 90s or 10m"))
 }
 
+/// The token of `--metrics-token-file` (surrounding whitespace trimmed); unreadable or empty
+/// is an error naming the file.
+pub fn read_token_file(path: &std::path::Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "--metrics-token-file {}: cannot read it: {e}; give a readable file holding the token",
+            path.display()
+        )
+    })?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(format!(
+            "--metrics-token-file {}: the file is empty; put the bearer token in it",
+            path.display()
+        ));
+    }
+    Ok(token.to_string())
+}
+
 /// SIGINT/SIGTERM cancel `token` (graceful shutdown of daemons). The handlers are installed
 /// before this returns, so a signal that comes right after start is never the default kill.
 pub fn cancel_on_signals(token: CancellationToken) {

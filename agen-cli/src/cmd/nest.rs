@@ -19,6 +19,10 @@ pub struct Args {
     /// Serve this Nest's Prometheus metrics at http://ADDR/metrics
     #[arg(long, value_name = "ADDR", env = "AGEN_NEST_METRICS_LISTEN")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// A file holding the bearer token /metrics needs (Prometheus `authorization:
+    /// credentials_file`); /healthz and /readyz never need it
+    #[arg(long, value_name = "FILE")]
+    pub metrics_token_file: Option<std::path::PathBuf>,
     /// On SIGTERM, how long running runs may finish (no new ones come) before the Nest leaves
     /// and hands the rest over (keep it below the unit's TimeoutStopSec=30s)
     #[arg(long, value_name = "D", default_value = "20s", value_parser = crate::cmd::parse_duration)]
@@ -134,6 +138,18 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     opts.capacity = args.capacity;
     opts.run_as = args.run_as.run_as();
     opts.metrics_listen = args.metrics_listen;
+    opts.metrics_token = match args
+        .metrics_token_file
+        .as_deref()
+        .map(crate::cmd::read_token_file)
+    {
+        None => None,
+        Some(Ok(t)) => Some(t),
+        Some(Err(e)) => {
+            eprintln!("error: {e}");
+            return Ok(64);
+        }
+    };
     opts.stop_grace = args.stop_grace;
     opts.nest_lease = args.nest_lease;
     opts.commit = crate::cmd::version::COMMIT.into();

@@ -125,6 +125,11 @@ fn short_id() -> String {
 }
 
 impl Core {
+    /// Why the store is broken (its first failed write), or `None` (`/readyz`).
+    pub fn store_broken(&self) -> Option<String> {
+        self.db.broken()
+    }
+
     /// Loads every record from the store; Nests start disconnected with fresh liveness clocks.
     pub fn open(opts: HubOptions, db: Db, secret_key: SecretKey) -> Result<Arc<Core>> {
         let deployments: Vec<DeploymentRec> = db.list_json(Table::Deployments, b"")?;

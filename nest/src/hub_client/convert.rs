@@ -84,6 +84,7 @@ pub fn approval(d: pb::ApprovalDecision) -> (String, String, agen_shared::run::A
 
 fn instance_state(s: InstanceState) -> pb::InstanceState {
     match s {
+        InstanceState::Pending => pb::InstanceState::Pending,
         InstanceState::Starting => pb::InstanceState::Starting,
         InstanceState::Running => pb::InstanceState::Running,
         InstanceState::Unhealthy => pb::InstanceState::Unhealthy,

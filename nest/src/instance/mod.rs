@@ -55,6 +55,8 @@ pub struct InstanceArgs {
     pub secret: SpawnSecret,
     /// The agen binary (`AGEN_BIN` for tool servers).
     pub agen_bin: PathBuf,
+    /// Who each command server runs as (see `Bootstrap::seats`).
+    pub seats: std::collections::BTreeMap<String, agen_harness::mcp::ServerSeat>,
 }
 
 impl InstanceArgs {
@@ -67,6 +69,7 @@ impl InstanceArgs {
             bundle_dir: b.bundle_dir,
             secret: b.secret,
             agen_bin,
+            seats: b.seats,
         })
     }
 }
@@ -358,6 +361,7 @@ async fn start(
     let mut launch = LaunchContext::new(args.agen_bin.clone());
     launch.secrets = placement.secrets.clone();
     launch.start_timeout = SERVER_START_TIMEOUT;
+    launch.seats = args.seats.clone();
     let host = ToolHost::start(&bundle, launch).await;
     let status = host.status();
     let tools: Vec<String> = host.tools().iter().map(|t| t.qualified_name()).collect();

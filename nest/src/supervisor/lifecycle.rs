@@ -154,16 +154,49 @@ impl Supervisor {
             &owner.unwrap_or_default(),
             agen_harness::redact::Redactor::of_secrets(&secrets),
         );
-        // Its uid and its run dir (a copy of the bundle it owns, a HOME and a TMPDIR).
-        let (sep, dir, iid) = (self.separation.clone(), bundle_dir.clone(), id.clone());
-        let run_as = tokio::task::spawn_blocking(move || {
-            let who = sep.acquire(&iid)?;
-            who.map(|who| sep.prepare_run_dir(&iid, who, &dir).map(|d| (who, d)))
+        // Its uids and its run dir (a copy of the bundle it owns, a HOME and a TMPDIR, and
+        // each command server's own). No uid free: pending until one is.
+        let run_as = loop {
+            let (sep, dir, iid) = (self.separation.clone(), bundle_dir.clone(), id.clone());
+            let got = tokio::task::spawn_blocking(move || {
+                let plan = match Bundle::load(&dir) {
+                    Ok(b) => crate::separation::server_plan(&b),
+                    Err(_) => Vec::new(),
+                };
+                let uids = sep.acquire(&iid, plan.len())?;
+                uids.map(|u| {
+                    sep.prepare_run_dir(&iid, &u, &dir, &plan)
+                        .map(|d| (u.instance, d))
+                })
                 .transpose()
-        })
-        .await
-        .map_err(|e| e.to_string())
-        .and_then(|r| r.map_err(|e| e.to_string()));
+            })
+            .await;
+            match got {
+                Ok(Err(e @ crate::separation::SeparationError::Exhausted { .. })) => {
+                    let msg = format!("pending: {e}");
+                    tracing::warn!(instance = %id, "{msg}");
+                    self.update(&id, |r| {
+                        r.state = InstanceState::Pending;
+                        r.healthy = false;
+                        r.message = msg;
+                    });
+                    tokio::select! {
+                        _ = tokio::time::sleep(UID_RETRY) => continue,
+                        _ = stop.cancelled() => {
+                            self.release_uid(&id).await;
+                            self.logs.close_instance(&id);
+                            self.forget(&id);
+                            return;
+                        }
+                    }
+                }
+                other => {
+                    break other
+                        .map_err(|e| e.to_string())
+                        .and_then(|r| r.map_err(|e| e.to_string()))
+                }
+            }
+        };
         let run_as = match run_as {
             Ok(r) => r,
             Err(e) => {
@@ -237,6 +270,10 @@ impl Supervisor {
                     .as_ref()
                     .map_or_else(|| bundle_dir.clone(), |(_, d)| d.bundle.clone()),
                 secret: socket::SpawnSecret::generate(),
+                seats: run_as
+                    .as_ref()
+                    .map(|(_, d)| d.seats.clone())
+                    .unwrap_or_default(),
             };
             // Spawned right here, on an async worker thread (see `process`).
             let mut child = match process::spawn_instance(
@@ -300,6 +337,7 @@ impl Supervisor {
                 None => {
                     let graceful = process::stop_group(&mut child, pgid, STOP_GRACE).await;
                     self.reap_tool_servers(&id);
+                    self.separation.kill_servers(&id);
                     self.children.remove(&id);
                     tracing::info!(instance = %id, graceful, "instance stopped");
                     break;
@@ -308,6 +346,7 @@ impl Supervisor {
                     // Tool servers left in the group go with it.
                     process::signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
                     self.reap_tool_servers(&id);
+                    self.separation.kill_servers(&id);
                     self.children.remove(&id);
                     if stop.is_cancelled() {
                         break;

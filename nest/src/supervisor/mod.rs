@@ -62,6 +62,8 @@ const RESTART_BASE: Duration = Duration::from_millis(500);
 const RESTART_CAP: Duration = Duration::from_secs(30);
 /// An instance that ran this long before dying restarts without back-off history.
 const STABLE_AFTER: Duration = Duration::from_secs(60);
+/// How often a pending instance (no free uid) tries again.
+const UID_RETRY: Duration = Duration::from_secs(2);
 /// Consecutive crashes after which the instance is reported unhealthy (the Hub replaces it).
 const UNHEALTHY_AFTER_CRASHES: u32 = 3;
 /// How long an instance may take to say hello after connecting.

@@ -97,7 +97,13 @@ pub fn spawn_instance(
             // Not the Nest's user any more; there is no passwd entry to name.
             .env_remove("USER")
             .env_remove("LOGNAME");
-        group::run_as(cmd.as_std_mut(), r.id);
+        if boot.seats.is_empty() {
+            group::run_as(cmd.as_std_mut(), r.id);
+        } else {
+            // It starts its tool servers under their own uids and stops them: CAP_SETUID,
+            // CAP_SETGID and CAP_KILL, which it keeps on one thread (`agen_shared::privileged`).
+            agen_shared::privileged::run_instance_as(cmd.as_std_mut(), r.id);
+        }
     } else {
         // Not separated: still none of the Nest's own capabilities (a unit's ambient set).
         group::no_ambient_capabilities(cmd.as_std_mut());

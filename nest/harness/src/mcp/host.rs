@@ -421,26 +421,35 @@ async fn start_command(
     capture: impl FnOnce(tokio::process::ChildStderr) -> StderrCapture,
     ct: CancellationToken,
 ) -> Result<Started, String> {
-    let env = launch::server_env(host_env, own_env, ctx)?;
+    let seat = if ctx.seats.is_empty() {
+        None
+    } else {
+        Some(ctx.seats.get(name).ok_or_else(|| {
+            "the nest set no uid of its own aside for this server, and it never runs as its instance; restart the instance".to_string()
+        })?)
+    };
+    let mut env = launch::server_env(host_env, own_env, ctx)?;
+    if let Some(seat) = seat {
+        launch::seat_env(&mut env, seat);
+    }
     let path = env
         .iter()
         .find(|(k, _)| k == "PATH")
         .map(|(_, v)| v.as_str());
     let program = launch::resolve_program(command, bundle_dir, path, &ctx.agen_bin)?;
-    let mut cmd = launch::command(&program, args, bundle_dir, &env);
-    let mut child =
-        agen_shared::process::spawn_managed(|| cmd.spawn(), |c| c.id()).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::PermissionDenied {
-                // The program, or the interpreter its `#!` line names, is out of reach.
-                format!(
-                    "could not start {}: {}",
-                    program.display(),
-                    launch::permission_denied(command, &program)
-                )
-            } else {
-                format!("could not start {}: {e}", program.display())
-            }
-        })?;
+    let cmd = launch::command(&program, args, bundle_dir, &env, seat);
+    let mut child = launch::spawn(cmd).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
+            // The program, or the interpreter its `#!` line names, is out of reach.
+            format!(
+                "could not start {}: {}",
+                program.display(),
+                launch::permission_denied(command, &program)
+            )
+        } else {
+            format!("could not start {}: {e}", program.display())
+        }
+    })?;
     let (Some(stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {

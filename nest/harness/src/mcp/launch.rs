@@ -154,13 +154,43 @@ fn is_executable(p: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// A seated server's own HOME and TMPDIR replace the instance's; USER and LOGNAME (the
+/// instance's) go.
+pub(crate) fn seat_env(env: &mut Vec<(String, String)>, seat: &super::ServerSeat) {
+    let tmp = seat.tmp.to_string_lossy().into_owned();
+    env.retain(|(k, _)| {
+        !matches!(
+            k.as_str(),
+            "HOME" | "TMPDIR" | "TMP" | "TEMP" | "USER" | "LOGNAME"
+        )
+    });
+    env.push(("HOME".into(), seat.home.to_string_lossy().into_owned()));
+    for k in ["TMPDIR", "TMP", "TEMP"] {
+        env.push((k.into(), tmp.clone()));
+    }
+    env.sort();
+}
+
+/// Spawns `cmd` (on the privileged thread when the process has one: a seated server changes
+/// uid) and records it as a child its owner waits for.
+pub(crate) fn spawn(cmd: Command) -> std::io::Result<Child> {
+    let handle = tokio::runtime::Handle::current();
+    let mut cmd = cmd;
+    agen_shared::privileged::on_privileged(move || {
+        let _rt = handle.enter();
+        agen_shared::process::spawn_managed(|| cmd.spawn(), |c| c.id())
+    })
+}
+
 /// Builds the command: cwd = bundle dir, cleared environment, piped stdio, own process group,
-/// killed on drop and when this thread dies.
+/// killed on drop and when this thread dies; with a seat, under the seat's uid (set first: a
+/// change of credentials clears the parent-death signal).
 pub(crate) fn command(
     program: &Path,
     args: &[String],
     cwd: &Path,
     env: &[(String, String)],
+    seat: Option<&super::ServerSeat>,
 ) -> Command {
     let mut cmd = Command::new(program);
     cmd.args(args)
@@ -171,6 +201,13 @@ pub(crate) fn command(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    if let Some(s) = seat {
+        let id = agen_shared::process::RunIdentity {
+            uid: s.uid,
+            gid: s.gid,
+        };
+        agen_shared::privileged::run_server_as(cmd.as_std_mut(), id, s.group);
+    }
     // The kernel SIGKILLs the server when the thread that spawned it exits, so a server never
     // outlives a crashed host. The host spawns from async tasks on runtime threads.
     agen_shared::process::own_group_dying_with_parent(cmd.as_std_mut(), None);

@@ -41,6 +41,22 @@ pub struct LaunchContext {
     /// The environment the allowlist is taken from; `None` = this process's environment.
     /// Tests inject one here instead of mutating their own environment.
     pub host_env: Option<Vec<(String, String)>>,
+    /// Who each command server runs as (a separated fleet instance); empty: as this process.
+    /// When it is not empty, a command server without a seat is not started.
+    pub seats: BTreeMap<String, ServerSeat>,
+}
+
+/// Who a command server of a separated instance runs as: a uid and gid of its own (never its
+/// instance's, never another server's), its instance's gid as its one supplementary group (so
+/// it reads the bundle copy), its own HOME and TMPDIR. Spawned from the instance's privileged
+/// thread (`agen_shared::privileged`), with no capability.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ServerSeat {
+    pub uid: u32,
+    pub gid: u32,
+    pub group: u32,
+    pub home: PathBuf,
+    pub tmp: PathBuf,
 }
 
 impl LaunchContext {
@@ -51,6 +67,7 @@ impl LaunchContext {
             secrets: BTreeMap::new(),
             start_timeout: Duration::from_secs(30),
             host_env: None,
+            seats: BTreeMap::new(),
         }
     }
 }
@@ -63,6 +80,7 @@ impl std::fmt::Debug for LaunchContext {
             .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
             .field("start_timeout", &self.start_timeout)
             .field("host_env", &self.host_env.as_ref().map(|e| e.len()))
+            .field("seats", &self.seats)
             .finish()
     }
 }
