@@ -148,18 +148,18 @@ pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
                 });
                 open_tools.push((s.call_id, spans.len() - 1));
             }
-            RunEventBody::ToolCompleted(c) => {
-                if !close_tool(&mut spans, &mut open_tools, &c.call_id, e.at_ms, c.is_error) {
-                    spans.push(unstarted_tool_span(
-                        e,
-                        &root_id,
-                        &c.call_id,
-                        &c.tool,
-                        c.duration_ms,
-                        c.is_error,
-                        None,
-                    ));
-                }
+            RunEventBody::ToolCompleted(c)
+                if !close_tool(&mut spans, &mut open_tools, &c.call_id, e.at_ms, c.is_error) =>
+            {
+                spans.push(unstarted_tool_span(
+                    e,
+                    &root_id,
+                    &c.call_id,
+                    &c.tool,
+                    c.duration_ms,
+                    c.is_error,
+                    None,
+                ));
             }
             RunEventBody::ToolFailed(f) => {
                 let reason = serde_json::to_value(f.reason)
