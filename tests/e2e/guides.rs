@@ -1008,3 +1008,46 @@ fn a_call_may_ask_for_up_to_15_minutes() {
     let result = done["outcome"]["result"].as_str().unwrap_or_default();
     assert!(result.contains("slept"), "{done}");
 }
+
+/// `agen run` honours `RUST_LOG` (the issue: "RUST_LOG is ignored (no logging is set up)"):
+/// with it, the harness logs to stderr (the tool server connecting, the run and its log
+/// folder); without it, stderr carries none of that.
+#[test]
+fn agen_run_logs_to_stderr_under_rust_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = FakeModel::start(&tmp.path().join("model"), &json!([{"reply": "hi"}])).unwrap();
+    let dir = tmp.path().join("b");
+    write_bundle(
+        &dir,
+        &[
+            (
+                "mcp.json",
+                mcp_json(&[("ws", json!({"command": "agen", "args": ["mcp", "workspace", "--root", ".", "--no-run"]}))]),
+            ),
+            ("x-agen/agent.md", agent("b", &model)),
+        ],
+    )
+    .unwrap();
+    let run = |rust_log: Option<&str>| {
+        let mut cmd = std::process::Command::new(agen_tests::agen_bin());
+        cmd.arg("run")
+            .arg(&dir)
+            .arg("hello")
+            .env("XDG_STATE_HOME", tmp.path().join("state"))
+            .env_remove("RUST_LOG");
+        if let Some(v) = rust_log {
+            cmd.env("RUST_LOG", v);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout).trim(), "hi");
+        text(&out.stderr)
+    };
+    let logged = run(Some("info"));
+    assert!(
+        logged.contains("tool server connected") && logged.contains("standalone run"),
+        "{logged}"
+    );
+    let quiet = run(None);
+    assert!(!quiet.contains("tool server connected"), "{quiet}");
+}

@@ -18,6 +18,11 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
+    // `RUST_LOG=debug agen run …` logs the harness (model requests, tool servers, calls) to
+    // stderr; without it the output stays the run's own.
+    if std::env::var_os("RUST_LOG").is_some() {
+        agen_shared::telemetry::init("warn");
+    }
     agen_harness::standalone::run_cli_with(args.dir, args.prompt, args.model, args.approve_all)
         .await
 }
