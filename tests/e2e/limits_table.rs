@@ -61,6 +61,41 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
         "tests/e2e/limits.rs a_tool_result_over_1_mib_is_cut_for_the_model_and_kept_whole_as_an_artifact",
         "a tool result is produced by a tool server inside a run (a Nest, an instance, a model), which that test runs",
     ),
+    (
+        "token names, label values",
+        "tests/e2e/hostile_clients.rs hostile_names_and_model_output_reach_the_terminal_escaped",
+        "the rule is about which characters, not a count: that test sends the reserved names and control, format and line-break characters and checks each refusal",
+    ),
+    (
+        "messages before authentication",
+        "tests/e2e/hostile_clients.rs tokenless_slow_bodies_cost_the_hub_no_memory_and_a_legitimate_call_still_answers",
+        "one over is a 64 KiB + 1 `Join`, which that test sends (as a 60 MB one) on its own TLS connection while it measures the Hub's memory",
+    ),
+    (
+        "connections not yet authenticated",
+        "tests/e2e/hostile_clients.rs tokenless_slow_bodies_cost_the_hub_no_memory_and_a_legitimate_call_still_answers",
+        "one over needs the cap's worth of silent connections held open; that test lowers the cap and holds them",
+    ),
+    (
+        "connections in all",
+        "hub/src/conn_gate.rs unauthenticated_connections_are_capped_per_address_and_authenticated_ones_only_in_total",
+        "16,384 real connections do not fit a test; the gate's own test goes one over a small total",
+    ),
+    (
+        "open server streams (WatchTask, WatchDeployments, WatchNests, logs follow, A2A SSE)",
+        "tests/e2e/hostile_clients.rs every_stream_kind_is_capped_per_token_and_in_total_and_refusals_are_counted",
+        "one over needs the cap's worth of open streams; that test lowers the caps, holds them and counts the refusals",
+    ),
+    (
+        "metric label values from bundles and models (`tool`, `model`)",
+        "tests/e2e/hostile_clients.rs a_model_inventing_thousands_of_tool_names_makes_a_bounded_number_of_series",
+        "label values come from a model inside a run (a Nest, an instance, a fake model), which that test runs",
+    ),
+    (
+        "TLS handshake / A2A body",
+        "tests/e2e/hostile_clients.rs tokenless_slow_bodies_cost_the_hub_no_memory_and_a_legitimate_call_still_answers",
+        "one over is a connection that stays silent past the deadline, which that test holds and sees cut",
+    ),
 ];
 
 /// The first cell of every row of the table under "## The table" in docs/limits.md.
