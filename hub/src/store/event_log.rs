@@ -691,6 +691,13 @@ impl EventLog {
         };
         fresh.write_all_at(&header.encode(), MAGIC.len() as u64)?;
         fresh.sync_data()?;
+        // The mark says the new file's length before that file takes the old one's place: a
+        // kill -9 between the two leaves a mark that claims no more than either file holds (the
+        // copy is never longer than the file it was copied from), never the old file's length
+        // over the shorter new one.
+        if let Some(mark) = &inner.mark {
+            mark.write_all_at(&header.encode(), 0)?;
+        }
         std::fs::rename(fresh_path, &self.path)?;
         if let Some(dir) = self.path.parent() {
             super::disk_sync::sync_folder(dir)?;
