@@ -20,7 +20,24 @@ pub fn print_value(output: Output, v: &Value) {
 }
 
 pub fn print_json(v: &Value) {
-    crate::out::line(&serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string()));
+    let text = if ONE_LINE.with(std::cell::Cell::get) {
+        serde_json::to_string(v)
+    } else {
+        serde_json::to_string_pretty(v)
+    };
+    crate::out::line(&text.unwrap_or_else(|_| v.to_string()));
+}
+
+thread_local! {
+    /// Set while [`one_line`] runs: JSON is printed compact, one document per line.
+    static ONE_LINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `print` with JSON printed on one line (`-w -o json`: JSON Lines).
+pub fn one_line(print: impl FnOnce()) {
+    ONE_LINE.with(|c| c.set(true));
+    print();
+    ONE_LINE.with(|c| c.set(false));
 }
 
 pub fn time(ms: i64) -> Value {

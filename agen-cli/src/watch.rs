@@ -3,18 +3,24 @@
 //! line) when stdout is a pipe. Changes come from a Hub watch stream (`WatchNests`,
 //! `WatchDeployments`) or, for lists without one (tasks, instances), from polling once a
 //! second. Ctrl-C ends it with exit 0, as a closed pipe does ([`crate::out`]).
+//!
+//! With `-o json` every change is one JSON document on one line (JSON Lines, for `jq` and
+//! line-reading scripts); with `-o yaml` one YAML document after a `---` line. Neither clears
+//! the screen.
 
 use std::io::IsTerminal;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 
+use crate::client::Output;
+
 /// How often lists without a Hub watch stream are fetched again.
 pub const POLL: Duration = Duration::from_secs(1);
 
 /// Prints each item of `lists` that differs from the one before, until the stream ends
 /// (the Hub stopped: exit 6 as for an unreachable Hub), fails, or Ctrl-C (exit 0).
-pub async fn follow<T, S>(lists: S, print: impl Fn(&T)) -> anyhow::Result<i32>
+pub async fn follow<T, S>(lists: S, output: Output, print: impl Fn(&T)) -> anyhow::Result<i32>
 where
     T: PartialEq,
     S: Stream<Item = anyhow::Result<T>>,
@@ -39,13 +45,24 @@ where
         if last.as_ref() == Some(&list) {
             continue;
         }
-        if tty {
-            // Home and clear, then the new table.
-            crate::out::raw("\x1b[H\x1b[2J");
-        } else if last.is_some() {
-            crate::outln!();
+        match output {
+            Output::Json => {
+                crate::view::one_line(|| print(&list));
+            }
+            Output::Yaml => {
+                crate::outln!("---");
+                print(&list);
+            }
+            Output::Table => {
+                if tty {
+                    // Home and clear, then the new table.
+                    crate::out::raw("\x1b[H\x1b[2J");
+                } else if last.is_some() {
+                    crate::outln!();
+                }
+                print(&list);
+            }
         }
-        print(&list);
         last = Some(list);
     }
 }

@@ -82,6 +82,53 @@ fn the_units_verify_and_score_within_their_thresholds() {
         );
     }
     eprintln!("exposure: {scores:?}");
+    // The README states the ratings: they must be the measured ones.
+    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
+    for (role, score) in scores {
+        let name = if role == "hub" { "Hub" } else { "Nest" };
+        let stated = readme
+            .split(&format!("the {name} "))
+            .filter_map(|rest| rest.split([' ', ';', ')']).next()?.parse::<f64>().ok())
+            .next()
+            .unwrap_or_else(|| panic!("the README states the {name} unit's rating"));
+        assert!(
+            (stated - score).abs() < 0.05,
+            "the README rates the {name} unit {stated}, systemd-analyze says {score}"
+        );
+    }
+}
+
+#[test]
+fn the_readme_names_the_variables_each_env_file_holds_and_the_join_token_credential() {
+    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
+    let readme = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    for (role, vars) in [
+        ("hub", vec!["AGEN_HUB_LISTEN"]),
+        ("nest", vec!["AGEN_HUB", "AGEN_NEST_ARGS"]),
+    ] {
+        let env =
+            std::fs::read_to_string(deploy_dir().join(format!("{role}.env.example"))).unwrap();
+        for var in vars {
+            assert!(
+                env.lines().any(|l| l.starts_with(&format!("{var}="))),
+                "{role}.env.example sets {var}"
+            );
+            assert!(
+                readme.contains(&format!("`{var}`")),
+                "the README says {role}.env holds {var}"
+            );
+        }
+    }
+    let unit = std::fs::read_to_string(deploy_dir().join("agen-nest.service")).unwrap();
+    assert!(unit.contains("LoadCredential=join-token:/etc/agen/join-token"));
+    assert!(
+        readme.contains("`/etc/agen/join-token`") && readme.contains("`LoadCredential=`"),
+        "the README says where the Nest's join token comes from"
+    );
+    assert!(
+        !readme.contains("`AGEN_JOIN_TOKEN` from `/etc/agen/nest.env`"),
+        "the unit never reads the join token from nest.env"
+    );
 }
 
 #[test]

@@ -372,6 +372,58 @@ fn nests_watch_prints_a_new_table_when_a_nest_joins_and_when_it_is_cordoned() {
     assert_eq!(status.code(), Some(0), "Ctrl-C ends the watch with exit 0");
 }
 
+#[test]
+fn nests_watch_with_json_output_prints_one_json_document_per_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let mut watcher = Command::new(agen_bin())
+        .args(["nests", "-w", "-o", "json"])
+        .env("AGEN_CONFIG", hub.dir.join("client.toml"))
+        .env_remove("AGEN_HUB")
+        .env_remove("AGEN_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let reader = {
+        let lines = lines.clone();
+        let out = watcher.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(l);
+            }
+        })
+    };
+    let _nest = hub.nest("jsonl", &[], &[]).unwrap();
+    wait_for("a document with the nest", Duration::from_secs(10), || {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("jsonl"))
+            .then_some(())
+    })
+    .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(watcher.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    assert_eq!(watcher.wait().unwrap().code(), Some(0));
+    reader.join().unwrap();
+    let lines = lines.lock().unwrap();
+    assert!(
+        lines.len() >= 2,
+        "the empty list, then the list with the nest: {lines:?}"
+    );
+    for line in lines.iter() {
+        let doc: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("every line is one JSON document ({e}): {line:?}"));
+        assert!(doc.is_array(), "each document is the whole list: {line}");
+    }
+}
+
 /// Collects the datagrams sent to a `NOTIFY_SOCKET` bound by the test.
 struct NotifySocket {
     path: std::path::PathBuf,

@@ -114,7 +114,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             r.map(|l| l.nests)
                 .map_err(|s| crate::client::status_error_at(&url, s))
         });
-        return crate::watch::follow(lists, |nests: &Vec<pb::Nest>| print(nests, output)).await;
+        return crate::watch::follow(lists, output, |nests: &Vec<pb::Nest>| print(nests, output))
+            .await;
     }
     let nests = hub
         .client

@@ -50,8 +50,10 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                     (r, c)
                 }
             });
-            return crate::watch::follow(lists, |l: &Vec<pb::Instance>| print_instances(l, output))
-                .await;
+            return crate::watch::follow(lists, output, |l: &Vec<pb::Instance>| {
+                print_instances(l, output)
+            })
+            .await;
         }
         let instances = hub
             .client
@@ -80,7 +82,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             r.map(|l| l.deployments)
                 .map_err(|s| crate::client::status_error_at(&url, s))
         });
-        return crate::watch::follow(lists, |l: &Vec<pb::Deployment>| {
+        return crate::watch::follow(lists, output, |l: &Vec<pb::Deployment>| {
             print_deployments(l, output, &namespace)
         })
         .await;

@@ -44,7 +44,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 (r, hub)
             }
         });
-        return crate::watch::follow(lists, |l: &Vec<pb::Task>| print(l, output)).await;
+        return crate::watch::follow(lists, output, |l: &Vec<pb::Task>| print(l, output)).await;
     }
     let tasks = fetch(&mut hub, &args).await?;
     print(&tasks, output);
