@@ -9,7 +9,7 @@ after it). Kinds this version does not know arrive as :class:`Other`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,13 @@ class Other(Event):
     """An event of a kind this version does not type (``kind`` and ``body`` say all)."""
 
 
+class _Base(TypedDict):
+    kind: str
+    seq: int | None
+    at_ms: int | None
+    body: dict[str, Any]
+
+
 def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
@@ -172,7 +179,7 @@ def parse(
     """The typed event of ``kind`` with JSON ``body``; ``effects`` remembers each started
     call's side effect so a completion can carry it."""
     b: dict[str, Any] = body if isinstance(body, dict) else {"value": body}
-    base = {"kind": kind, "seq": seq, "at_ms": at_ms, "body": b}
+    base: _Base = {"kind": kind, "seq": seq, "at_ms": at_ms, "body": b}
     fx = effects if effects is not None else {}
     if kind == "model.requested":
         return ModelRequested(**base, turn=_int(b.get("turn")))
