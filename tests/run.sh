@@ -46,5 +46,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "build (the agen binary the end-to-end tests start)"
 cargo build --workspace --bins --locked
 
+if [ $# -eq 0 ]; then
+  step "Python SDK (sdk/python: maturin wheel, mypy --strict, pytest against agen up)"
+  sdk/python/ci.sh
+fi
+
 step "tests"
 cargo test --workspace --locked --no-fail-fast -- "$@"

@@ -132,7 +132,9 @@ impl Approver for PyApprover {
             Ok(Ok((true, _))) => ApprovalDecision::Approved,
             Ok(Ok((false, reason))) => ApprovalDecision::Denied(reason),
             Ok(Err(e)) => ApprovalDecision::Denied(format!("the approval callback failed: {e}")),
-            Err(e) => ApprovalDecision::Denied(format!("the approval callback's thread ended: {e}")),
+            Err(e) => {
+                ApprovalDecision::Denied(format!("the approval callback's thread ended: {e}"))
+            }
         }
     }
 }
@@ -145,9 +147,9 @@ pub struct Agent {
 
 fn agent_error(e: agen::AgentError) -> PyErr {
     let code = match e {
-        agen::AgentError::Bundle(_)
-        | agen::AgentError::Invalid(_)
-        | agen::AgentError::NoRunLog => agen_cli::exit::code::USAGE,
+        agen::AgentError::Bundle(_) | agen::AgentError::Invalid(_) | agen::AgentError::NoRunLog => {
+            agen_cli::exit::code::USAGE
+        }
         agen::AgentError::UnknownRun { .. } => agen_cli::exit::code::NOT_FOUND,
         _ => agen_cli::exit::code::FAILED,
     };
@@ -217,7 +219,10 @@ impl Agent {
         if let Some(v) = s.max_turns {
             b = b.max_turns(v);
         }
-        if let Some(v) = s.tool_timeout_s.and_then(|t| Duration::try_from_secs_f64(t).ok()) {
+        if let Some(v) = s
+            .tool_timeout_s
+            .and_then(|t| Duration::try_from_secs_f64(t).ok())
+        {
             b = b.tool_timeout(v);
         }
         for (name, server) in s.mcp_servers {

@@ -188,9 +188,8 @@ impl Hub {
     /// Queues a task (`request` is the JSON of `Submit`); a retry with the same
     /// `client_request_id` returns the same task.
     fn submit(&self, py: Python<'_>, request: String) -> PyResult<String> {
-        let s: Submit = serde_json::from_str(&request).map_err(|e| {
-            error(agen_cli::exit::code::USAGE, format!("submit request: {e}"))
-        })?;
+        let s: Submit = serde_json::from_str(&request)
+            .map_err(|e| error(agen_cli::exit::code::USAGE, format!("submit request: {e}")))?;
         if s.timeout_ms == Some(0) {
             return Err(error(
                 agen_cli::exit::code::USAGE,
@@ -469,8 +468,7 @@ impl EventStream {
                     match c.watch_task(req).await {
                         Ok(s) => st.stream = Some(s.into_inner()),
                         Err(s)
-                            if s.code() == tonic::Code::Unavailable
-                                && failures < MAX_REATTACH =>
+                            if s.code() == tonic::Code::Unavailable && failures < MAX_REATTACH =>
                         {
                             failures += 1;
                             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -522,7 +520,12 @@ impl EventStream {
         };
         let body: Value = serde_json::from_str(&ev.json).unwrap_or(Value::String(ev.json));
         let task = ev.task.as_ref().map_or(Value::Null, view::task_json);
-        if ev.kind == "task.state" && ev.task.as_ref().is_some_and(|t| view::task_terminal(t.state)) {
+        if ev.kind == "task.state"
+            && ev
+                .task
+                .as_ref()
+                .is_some_and(|t| view::task_terminal(t.state))
+        {
             st.ended = true;
             st.stream = None;
         }

@@ -37,7 +37,9 @@ where
     let mut fut = Box::pin(fut);
     loop {
         let step = py.allow_threads(|| {
-            rt().block_on(async { tokio::time::timeout(Duration::from_millis(100), &mut fut).await })
+            rt().block_on(async {
+                tokio::time::timeout(Duration::from_millis(100), &mut fut).await
+            })
         });
         match step {
             Ok(v) => return Ok(v),
