@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agen::{
-    ApprovalDecision, ApprovalRequest, Approver, HostTool, HostToolSpec, Outcome, RunOptions,
-    RunStream, ToolContext, ToolError,
+    ApprovalDecision, ApprovalRequest, Approver, CancellationToken, HostTool, HostToolSpec,
+    Outcome, RunOptions, RunStream, ToolContext, ToolError,
 };
 use futures::StreamExt;
 use pyo3::prelude::*;
@@ -273,7 +273,8 @@ impl Agent {
         conversation: Option<String>,
         labels: BTreeMap<String, String>,
     ) -> PyResult<Run> {
-        let mut o = RunOptions::new();
+        let cancel = CancellationToken::new();
+        let mut o = RunOptions::new().cancel(cancel.clone());
         if let Some(id) = run_id {
             o = o.run_id(id);
         }
@@ -285,7 +286,7 @@ impl Agent {
         }
         let _in_runtime = rt().enter();
         let stream = self.agent.stream_with(input, o).map_err(agent_error)?;
-        Ok(Run::new(stream))
+        Ok(Run::new(stream, Some(cancel)))
     }
 
     /// Resumes run `run_id` from the run log (after a crash): recorded model turns and tool
@@ -293,7 +294,7 @@ impl Agent {
     fn resume(&self, run_id: String) -> PyResult<Run> {
         let _in_runtime = rt().enter();
         let stream = self.agent.resume_stream(&run_id).map_err(agent_error)?;
-        Ok(Run::new(stream))
+        Ok(Run::new(stream, None))
     }
 
     /// The runs of the run log that have not finished (a crash interrupted them).
@@ -325,13 +326,16 @@ impl Agent {
 pub struct Run {
     run_id: String,
     stream: Mutex<Option<RunStream>>,
+    /// Cancels the run without waiting for the stream's lock (held while `next` waits).
+    cancel: Option<CancellationToken>,
 }
 
 impl Run {
-    fn new(stream: RunStream) -> Run {
+    fn new(stream: RunStream, cancel: Option<CancellationToken>) -> Run {
         Run {
             run_id: stream.run_id().to_owned(),
             stream: Mutex::new(Some(stream)),
+            cancel,
         }
     }
 
@@ -374,6 +378,10 @@ impl Run {
 
     /// Cancels the run: the tool call in flight is stopped, the run ends `cancelled`.
     fn cancel(&self) {
+        if let Some(c) = &self.cancel {
+            c.cancel();
+            return;
+        }
         if let Ok(s) = self.stream.lock() {
             if let Some(s) = s.as_ref() {
                 s.cancel();

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -167,3 +169,30 @@ def test_a_bad_definition_is_invalid_argument(tmp_path: Path) -> None:
         assert "model" in str(e)
     else:
         raise AssertionError("a model without a provider was accepted")
+
+
+def test_cancel_ends_the_run_while_a_tool_call_is_in_flight(fake_model: Any) -> None:
+    started = threading.Event()
+
+    @tool(read_only=True)
+    def slow() -> str:
+        """Takes its time."""
+        started.set()
+        time.sleep(5)
+        return "late"
+
+    model = fake_model([call("slow"), {"reply": "never"}])
+    agent = Agent(model="openai/fake", base_url=model.base_url, api_key="test", tools=[slow])
+    run = agent.stream("go")
+
+    def cancel_once_started() -> None:
+        if started.wait(20):
+            run.cancel()
+
+    threading.Thread(target=cancel_once_started, daemon=True).start()
+    t0 = time.monotonic()
+    seen = list(run)  # cancel() does not wait for this iteration's lock
+    result = run.outcome()
+    assert result.state == "cancelled", result
+    assert time.monotonic() - t0 < 4.5, "the run waited for the tool instead of being cancelled"
+    assert not any(isinstance(e, events.ToolCompleted) for e in seen)

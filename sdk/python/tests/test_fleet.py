@@ -172,3 +172,17 @@ def test_async_client(fleet: Fleet, asker: tuple[str, Path]) -> None:
     result, kinds = asyncio.run(main())
     assert result == DONE
     assert kinds[-1] == "task.state" and "approval.requested" in kinds
+
+
+def test_progress_events_are_typed(fleet: Fleet, tmp_path: Path) -> None:
+    steps: list[dict[str, Any]] = [
+        {"tool_calls": [{"name": "report_progress", "arguments": {"step": "reading", "done": 1, "total": 3}}]},
+        {"reply": "read"},
+    ]
+    with FakeModel(steps, agen_bin=str(fleet.env()["AGEN_BIN"])) as model:
+        client = fleet.client()
+        client.deploy(write_bundle(tmp_path / "reporter", "reporter", model.base_url, workspace=False), wait=True)
+        task = client.submit("reporter", "go")
+        progress = [e for e in task.events() if isinstance(e, events.Progress)]
+        assert task.wait(timeout=30) == "read"
+    assert [(p.step, p.done, p.total) for p in progress][:1] == [("reading", 1, 3)], progress
