@@ -5,6 +5,9 @@ trace, cancel, and the exception class of each failure."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -186,3 +189,27 @@ def test_progress_events_are_typed(fleet: Fleet, tmp_path: Path) -> None:
         progress = [e for e in task.events() if isinstance(e, events.Progress)]
         assert task.wait(timeout=30) == "read"
     assert [(p.step, p.done, p.total) for p in progress][:1] == [("reading", 1, 3)], progress
+
+
+def test_a_deny_override_narrows_the_bundles_permissions(fleet: Fleet, asker: tuple[str, Path]) -> None:
+    client = fleet.client()
+    before = runs(asker[1])
+    task = client.submit("asker", "go", deny=["ws.run"], max_tokens=100_000)
+    assert task.raw["tool_overrides"]["deny"] == ["ws.run"]
+    kinds = [e.kind for e in task.events()]
+    result = task.wait(timeout=30)
+    assert "approval.requested" not in kinds, kinds
+    assert result.startswith("done: ") and "ran" not in result, result
+    assert runs(asker[1]) == before
+
+
+def test_client_reads_the_agen_environment(fleet: Fleet, asker: tuple[str, Path], tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGEN_")}
+    env.update(AGEN_HUB=fleet.hub, AGEN_TOKEN=fleet.token, AGEN_CA_FILE=fleet.ca_file,
+               AGEN_CONFIG=str(tmp_path / "none.toml"), PYTHONPATH=os.pathsep.join(sys.path))
+    code = "import agen; c = agen.Client(); print(c.url, c.namespace, 'asker' in [d.name for d in c.deployments()])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == [fleet.hub, "default", "True"], out.stderr
+    env.pop("AGEN_HUB")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert "InvalidArgument" in out.stderr and "no Hub to talk to" in out.stderr, out.stderr
