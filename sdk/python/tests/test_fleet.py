@@ -213,3 +213,26 @@ def test_client_reads_the_agen_environment(fleet: Fleet, asker: tuple[str, Path]
     env.pop("AGEN_HUB")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert "InvalidArgument" in out.stderr and "no Hub to talk to" in out.stderr, out.stderr
+
+
+def test_a_delegate_call_is_a_child_started_event(fleet: Fleet, tmp_path: Path) -> None:
+    agen_bin = str(fleet.env()["AGEN_BIN"])
+    with FakeModel([{"reply": "hi from the helper"}], agen_bin=agen_bin) as helper_model, FakeModel(
+        [{"tool_calls": [{"name": "call_agent", "arguments": {"agent": "helper", "input": "say hi"}}]},
+         {"reply_template": "caller got: {{last_tool_result}}"}],
+        agen_bin=agen_bin,
+    ) as caller_model:
+        client = fleet.client()
+        client.deploy(write_bundle(tmp_path / "helper", "helper", helper_model.base_url, workspace=False), wait=True)
+        caller = write_bundle(tmp_path / "caller", "caller", caller_model.base_url, workspace=False)
+        (caller / "x-agen" / "config.json").write_text(
+            '{"delegates": [{"deployment": "helper", "description": "says hi"}]}'
+        )
+        client.deploy(caller, wait=True)
+        task = client.submit("caller", "ask the helper")
+        children = [e for e in task.events() if isinstance(e, events.ChildStarted)]
+        assert task.wait(timeout=60) == "caller got: hi from the helper"
+    assert len(children) >= 1 and children[0].agent == "helper", children
+    child = client.task(children[0].task_id)
+    assert child.deployment == "helper" and child.raw["parent_task"] == task.id
+    assert child.wait(timeout=30) == "hi from the helper"

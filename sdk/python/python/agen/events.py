@@ -8,6 +8,7 @@ after it). Kinds this version does not know arrive as :class:`Other`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -115,9 +116,12 @@ class ApprovalDecided(Event):
 
 @dataclass(frozen=True)
 class ChildStarted(Event):
-    """The run started a child task (a delegate) and waits for it."""
+    """The run started a child task on delegate ``agent`` (``call_agent``) and waits for it
+    (``Client.task(task_id)`` follows the child). Also given when the run gives its slot back
+    while it waits (then with ``call_id`` and without ``agent``)."""
 
     task_id: str = ""
+    agent: str = ""
     call_id: str = ""
 
 
@@ -151,6 +155,10 @@ class Finished(Event):
 @dataclass(frozen=True)
 class Other(Event):
     """An event of a kind this version does not type (``kind`` and ``body`` say all)."""
+
+
+# The harness's activity once a delegate's child task exists (nest/harness/src/run/delegate.rs).
+_WAITING_FOR_CHILD = re.compile(r"^waiting for task (\S+) on (\S+)$")
 
 
 class _Base(TypedDict):
@@ -236,6 +244,9 @@ def parse(
             note=note if isinstance(note, str) else None,
         )
     if kind == "activity":
+        child = _WAITING_FOR_CHILD.match(_str(b.get("activity")))
+        if child:
+            return ChildStarted(**base, task_id=child.group(1), agent=child.group(2))
         return Activity(**base, activity=_str(b.get("activity")))
     if kind == "approval.requested":
         return ApprovalWaiting(
