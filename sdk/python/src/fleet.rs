@@ -106,7 +106,8 @@ impl Hub {
     }
 
     /// Uploads the bundle folder `dir` and creates or rolls deployment `name` (default: the
-    /// bundle's name); with `wait`, until every replica runs it and is healthy.
+    /// bundle's name); with `wait`, until every replica runs it and is healthy. The answer has
+    /// the deployment, its instances and what `agen deploy` would warn about (`warnings`).
     #[pyo3(signature = (dir, name=None, replicas=None, wait=false, timeout_s=120.0))]
     fn deploy(
         &self,
@@ -124,6 +125,7 @@ impl Hub {
             )
         })?;
         let name = name.unwrap_or_else(|| cmd::deploy::default_name(&loaded));
+        let warnings = cmd::deploy::warnings(&dir, &loaded);
         let mut hub = self.inner();
         let timeout = Duration::try_from_secs_f64(timeout_s).unwrap_or(Duration::from_secs(120));
         let got = block(py, async move {
@@ -148,7 +150,10 @@ impl Hub {
             }
             deployment(&mut hub, &name).await
         })?;
-        got.map_err(cli_error)
+        let mut v: Value = serde_json::from_str(&got.map_err(cli_error)?)
+            .expect("deployment() gives JSON it made itself");
+        v["warnings"] = json!(warnings);
+        Ok(v.to_string())
     }
 
     /// Sets deployment `name`'s replica count.

@@ -50,8 +50,13 @@ def runs(marker: Path) -> int:
     return len(marker.read_text().splitlines()) if marker.exists() else 0
 
 
-def test_deploy_scale_list(fleet: Fleet, asker: tuple[str, Path]) -> None:
+def test_deploy_scale_list(fleet: Fleet, asker: tuple[str, Path], tmp_path: Path) -> None:
     client = fleet.client()
+    unpinned = write_bundle(tmp_path / "unpinned", "unpinned", "http://127.0.0.1:9/v1", workspace=False)
+    (unpinned / "mcp.json").write_text('{"mcpServers": {"fs": {"command": "npx", "args": ["-y", "some-mcp-server"]}}}')
+    d = client.deploy(unpinned, replicas=0, wait=False)
+    assert (d.name, d.replicas) == ("unpinned", 0)
+    assert len(d.warnings) == 1 and "some-mcp-server" in d.warnings[0], d.warnings
     names = [d.name for d in client.deployments()]
     assert "asker" in names
     d = client.scale("asker", 1)
@@ -170,7 +175,10 @@ def test_async_client(fleet: Fleet, asker: tuple[str, Path]) -> None:
             kinds.append(ev.kind)
             if isinstance(ev, events.ApprovalWaiting):
                 await client.approve(task.id)
-        return await task.wait(timeout=30), kinds
+        result = await task.wait(timeout=30)
+        assert [a.name for a in await task.artifacts()] == ["report.txt"]
+        assert (await client.deployment("asker")).name == "asker"
+        return result, kinds
 
     result, kinds = asyncio.run(main())
     assert result == DONE

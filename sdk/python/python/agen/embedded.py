@@ -83,6 +83,7 @@ class Tool(Generic[P, R]):
         self.is_async = inspect.iscoroutinefunction(fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Calls the function itself (no agent involved)."""
         return self.fn(*args, **kwargs)
 
     def spec(self) -> dict[str, Any]:

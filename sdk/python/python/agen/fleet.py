@@ -52,6 +52,13 @@ class Deployment:
         )
 
     @property
+    def warnings(self) -> list[str]:
+        """What ``deploy`` warned about without refusing the bundle (as ``agen deploy`` prints:
+        servers fetched unpinned, Keen tools that cannot run as registered)."""
+        got = self.raw.get("warnings")
+        return [str(w) for w in got] if isinstance(got, list) else []
+
+    @property
     def instances(self) -> list[dict[str, Any]]:
         """The deployment's instances as ``agen ps --all -o json`` shows them."""
         got = self.raw.get("instances")
@@ -446,6 +453,18 @@ class AsyncTask:
         await asyncio.to_thread(self.sync.cancel, reason)
         return self
 
+    async def approvals(self) -> list[Approval]:
+        """The task's pending approvals."""
+        return await asyncio.to_thread(self.sync.approvals)
+
+    async def artifacts(self) -> list[Artifact]:
+        """The artifacts the task's run saved."""
+        return await asyncio.to_thread(self.sync.artifacts)
+
+    async def trace(self) -> Trace:
+        """The task's trace."""
+        return await asyncio.to_thread(self.sync.trace)
+
 
 class AsyncClient:
     """:class:`Client` for ``asyncio``: the same calls, awaitable."""
@@ -481,6 +500,10 @@ class AsyncClient:
     async def deployments(self) -> list[Deployment]:
         """See :meth:`Client.deployments`."""
         return await asyncio.to_thread(self.sync.deployments)
+
+    async def deployment(self, name: str) -> Deployment:
+        """See :meth:`Client.deployment`."""
+        return await asyncio.to_thread(self.sync.deployment, name)
 
     async def submit(
         self,
