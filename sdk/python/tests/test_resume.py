@@ -1,7 +1,8 @@
 """kill -9 of a Python program mid-run, then the same program resumes the run from its run
 log: a side-effecting Python tool that completed is not called again, one the kill interrupted
-is reported to the model as `effect_unknown` instead of being called again. A file counts the
-tool's real executions (one line each, fsynced)."""
+is reported to the model as `effect_unknown` instead of being called again; an idempotent one
+the kill interrupted is called again. A file counts the tool's real executions (one line each,
+fsynced)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ PROGRAM = '''
 import os, sys, time
 from agen import Agent, tool
 
-count, run_log, base_url, mode, slow = sys.argv[1:6]
+count, run_log, base_url, mode, slow, kind = sys.argv[1:7]
 
-@tool
+@tool(idempotent=kind == "idempotent")
 def charge(cents: int) -> str:
     """Charges the card (a side effect: never twice)."""
     with open(count, "a") as f:
@@ -46,8 +47,13 @@ def lines(p: Path) -> int:
     return len(p.read_text().splitlines()) if p.exists() else 0
 
 
-@pytest.mark.parametrize("when", ["after_the_call", "during_the_call"])
-def test_kill_9_then_resume_never_repeats_the_side_effect(when: str, fake_model: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("when", "kind", "calls"),
+    [("after_the_call", "side_effect", 1), ("during_the_call", "side_effect", 1), ("during_the_call", "idempotent", 2)],
+)
+def test_kill_9_then_resume_never_repeats_the_side_effect(
+    when: str, kind: str, calls: int, fake_model: Any, tmp_path: Path
+) -> None:
     program = tmp_path / "pay.py"
     program.write_text(PROGRAM)
     count, run_log = tmp_path / "count", tmp_path / "runs"
@@ -56,7 +62,7 @@ def test_kill_9_then_resume_never_repeats_the_side_effect(when: str, fake_model:
     # The first model: calls the tool, then hangs on the next turn (the program is killed there).
     first = fake_model([{"tool_calls": [{"name": "charge", "arguments": {"cents": 700}}]}, {"delay_ms": 60000, "reply": "late"}])
     p = subprocess.Popen(
-        [sys.executable, str(program), str(count), str(run_log), first.base_url, "start", slow],
+        [sys.executable, str(program), str(count), str(run_log), first.base_url, "start", slow, kind],
         env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     try:
@@ -76,12 +82,12 @@ def test_kill_9_then_resume_never_repeats_the_side_effect(when: str, fake_model:
     # The same program again, on a model that answers at once: it resumes the run.
     second = fake_model([{"tool_calls": [{"name": "charge", "arguments": {"cents": 700}}]}, {"reply_template": "resumed: {{last_tool_result}}"}])
     out = subprocess.run(
-        [sys.executable, str(program), str(count), str(run_log), second.base_url, "resume", "fast"],
+        [sys.executable, str(program), str(count), str(run_log), second.base_url, "resume", "fast", kind],
         env=env, capture_output=True, text=True, timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    assert lines(count) == 1, "the side-effecting Python tool ran again on resume"
-    if when == "after_the_call":
+    assert lines(count) == calls, "the tool ran again on resume" if calls == 1 else "it was not called again"
+    if when == "after_the_call" or kind == "idempotent":
         assert out.stdout.strip() == "pay-1 resumed: charged 700", out.stdout
     else:
         assert out.stdout.startswith("pay-1 resumed: ") and "effect_unknown" in out.stdout, out.stdout
