@@ -196,3 +196,17 @@ def test_cancel_ends_the_run_while_a_tool_call_is_in_flight(fake_model: Any) -> 
     assert result.state == "cancelled", result
     assert time.monotonic() - t0 < 4.5, "the run waited for the tool instead of being cancelled"
     assert not any(isinstance(e, events.ToolCompleted) for e in seen)
+
+
+def test_async_for_streams_events_with_async_tools_on_the_loop(fake_model: Any) -> None:
+    model = fake_model([call("forecast", city="Tromsø"), {"reply_template": "{{last_tool_result}}"}])
+    agent = Agent(model="openai/fake", base_url=model.base_url, api_key="test", tools=[forecast])
+
+    async def main() -> tuple[list[str], str]:
+        run = agent.stream("tomorrow?")
+        kinds = [e.kind async for e in run]
+        return kinds, (await run.aoutcome()).text
+
+    kinds, text = asyncio.run(main())
+    assert text == "Tromsø: rain tomorrow"
+    assert kinds[-1] == "run.finished" and "tool.completed" in kinds, kinds

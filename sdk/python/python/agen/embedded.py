@@ -18,7 +18,7 @@ import shutil
 import threading
 import types
 import typing
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, ParamSpec, TypeVar, overload
@@ -200,10 +200,12 @@ def _result(outcome: str) -> RunResult:
 
 class RunStream:
     """A run in progress: iterate it for its events (the last is ``run.finished``), then
-    :meth:`outcome`. Leaving a ``with`` block before the end cancels the run."""
+    :meth:`outcome`; under ``asyncio``, ``async for`` and :meth:`aoutcome` (``async`` tools then
+    run on that event loop). Leaving a ``with`` block before the end cancels the run."""
 
-    def __init__(self, run: _native.Run) -> None:
+    def __init__(self, run: _native.Run, agent: Agent | None = None) -> None:
         self._run = run
+        self._agent = agent
         self._effects: dict[str, bool] = {}
 
     @property
@@ -219,6 +221,17 @@ class RunStream:
     def outcome(self) -> RunResult:
         """Waits for the run's end (events not read are skipped)."""
         return _result(self._run.outcome())
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        if self._agent is not None:
+            self._agent._loop = asyncio.get_running_loop()
+        while (got := await asyncio.to_thread(self._run.next)) is not None:
+            v = json.loads(got)
+            yield parse(str(v["kind"]), v.get("json"), effects=self._effects)
+
+    async def aoutcome(self) -> RunResult:
+        """:meth:`outcome` for ``asyncio``."""
+        return _result(await asyncio.to_thread(self._run.outcome))
 
     def cancel(self) -> None:
         """Cancels the run: the tool call in flight is stopped, the run ends ``cancelled``."""
@@ -334,7 +347,7 @@ class Agent:
         labels: Mapping[str, str] | None = None,
     ) -> RunStream:
         """Starts ``input``; iterate the result for its typed events, then ``.outcome()``."""
-        return RunStream(self._agent.start(input, run_id, conversation, dict(labels or {})))
+        return RunStream(self._agent.start(input, run_id, conversation, dict(labels or {})), self)
 
     async def arun(
         self,
