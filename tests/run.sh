@@ -46,5 +46,15 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "build (the agen binary the end-to-end tests start)"
 cargo build --workspace --bins --locked
 
+python_sdk=0
+if [ $# -eq 0 ]; then
+  step "Python SDK (sdk/python: maturin wheel, mypy --strict, pytest against agen up)"
+  sdk/python/ci.sh || python_sdk=$?
+fi
+
 step "tests"
 cargo test --workspace --locked --no-fail-fast -- "$@"
+if [ "$python_sdk" != 0 ]; then
+  echo "the Python SDK step failed (exit $python_sdk; its output is above)" >&2
+  exit "$python_sdk"
+fi

@@ -198,7 +198,7 @@ const LAYERS: &[&[&str]] = &[
     &["agen-net", "agen-harness", "agen-mcp-servers"],
     &["agen-hub", "agen-nest", "agen"],
     &["agen-cli"],
-    &["agen-tests"],
+    &["agen-python", "agen-tests"],
 ];
 
 fn layer_of(name: &str) -> Option<usize> {
