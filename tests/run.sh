@@ -48,3 +48,9 @@ cargo build --workspace --bins --locked
 
 step "tests"
 cargo test --workspace --locked --no-fail-fast -- "$@"
+
+if [ "$#" -eq 0 ]; then
+  step "web console in a real browser (Debian chromium, PyPI playwright, npm axe-core)"
+  tests/browser/install.sh
+  cargo test -p agen-tests --test e2e --locked -- --ignored --exact console::the_web_console_works_in_a_real_browser
+fi

@@ -109,12 +109,9 @@ export function render(main, ctx) {
         api.get("tasks/" + api.path(namespace, taskId)),
         api.get("tasks/" + api.path(namespace, taskId) + "/trace"),
       ]);
-      const children = await Promise.all(detail.children.map(async (c) => ({
-        task: c, trace: await api.get("tasks/" + api.path(c.namespace, c.task_id) + "/trace"),
-      })));
       if (!alive) return;
       if (!task) showTask(detail.task);
-      replace(trace, waterfall(tr, children));
+      replace(trace, waterfall(tr, namespace));
       replace(kids, detail.children.length ? h("ul", { class: "tree" }, detail.children.map((c) => h("li", {},
         h("a", { href: "#/task/" + api.path(c.namespace, c.task_id) }, c.task_id), " ", c.deployment, " ", badge(c.state)))) : h("p", { class: "note" }, "None."));
       replace(files, detail.artifacts.length ? h("ul", {}, detail.artifacts.map((a) => h("li", {},

@@ -1,6 +1,6 @@
 // A trace as a waterfall: one row per span (the run, model turns, tool calls, approvals), its
 // bar placed on the task's time axis, with duration, attempt and effect_unknown marked; the
-// delegate children's traces nested under the call that made them.
+// delegate children's spans nested under the call that made them.
 
 import { h, duration } from "./dom.js";
 
@@ -12,7 +12,10 @@ function kindOf(span) {
 }
 
 // Rows (span, depth) of one trace in start order, children under their parents.
-function ordered(spans, depth) {
+function ordered(all, depth) {
+  const byId = new Map();
+  for (const s of all) if (!byId.has(s.span_id)) byId.set(s.span_id, s);
+  const spans = [...byId.values()];
   const ids = new Set(spans.map((s) => s.span_id));
   const kids = new Map();
   const roots = [];
@@ -31,22 +34,10 @@ function ordered(spans, depth) {
   return out;
 }
 
-// `trace`: the task's; `children`: [{task, trace}] of its delegate children.
-export function waterfall(trace, children) {
-  let rows = ordered(trace.spans, 0);
-  for (const child of children) {
-    const childRows = ordered(child.trace.spans, 2);
-    const created = child.task.created_at_ms;
-    // Under the call that started it: the delegate tool call running when it was created.
-    let at = -1;
-    rows.forEach((r, i) => {
-      if (kindOf(r.span) === "tool" && r.span.start_ms <= created && created <= r.span.end_ms + 1000) at = i;
-    });
-    const header = { span: { name: "delegate " + child.task.deployment, start_ms: child.task.created_at_ms, end_ms: child.task.finished_at_ms || Date.now(), status: child.task.state, attributes: { task_id: child.task.task_id, namespace: child.task.namespace } }, depth: 1, delegate: true };
-    const insert = [header, ...childRows];
-    if (at < 0) rows = rows.concat(insert);
-    else rows.splice(at + 1, 0, ...insert);
-  }
+// `trace`: the task's, which holds its delegation subtree (each child's spans under the call
+// that made it); `namespace`: where the tasks are (for the links to the children).
+export function waterfall(trace, namespace) {
+  const rows = ordered(trace.spans, 0);
   if (!rows.length) return h("p", { class: "note" }, "No spans yet.");
   const start = Math.min(...rows.map((r) => r.span.start_ms).filter((x) => x > 0));
   const end = Math.max(...rows.map((r) => Math.max(r.span.end_ms, r.span.start_ms)));
@@ -54,7 +45,8 @@ export function waterfall(trace, children) {
   const body = h("tbody", {});
   for (const r of rows) {
     const s = r.span;
-    const kind = r.delegate ? "delegate" : kindOf(s);
+    const delegate = kindOf(s) === "task" && r.depth > 0;
+    const kind = delegate ? "delegate" : kindOf(s);
     const a = s.attributes || {};
     const ms = Math.max(0, s.end_ms - s.start_ms);
     const bar = h("span", { class: "bar kind-" + kind + " status-" + String(s.status).replace(/[^a-z_]/g, "") });
@@ -65,8 +57,8 @@ export function waterfall(trace, children) {
     if (a.reason === "effect_unknown") marks.push(h("span", { class: "mark warn", "data-testid": "effect-unknown" }, "effect unknown"));
     else if (a.reason) marks.push(h("span", { class: "mark" }, a.reason));
     if (a.by) marks.push(h("span", { class: "mark" }, "by " + a.by));
-    const name = r.delegate
-      ? h("a", { href: "#/task/" + encodeURIComponent(a.namespace) + "/" + encodeURIComponent(a.task_id) }, s.name)
+    const name = delegate && a.task_id
+      ? h("a", { href: "#/task/" + encodeURIComponent(namespace) + "/" + encodeURIComponent(a.task_id) }, "delegate " + s.name)
       : s.name;
     const cell = h("td", { class: "wf-name depth-" + Math.min(r.depth, 6) }, name, " ", marks);
     body.appendChild(h("tr", { class: "wf-row", "data-kind": kind, "data-depth": r.depth, title: a.arguments || "" },
