@@ -200,7 +200,8 @@ def main():
         # XSS payloads stayed text: input, tool argument, model answer, label.
         expect(page.get_by_test_id("input")).to_have_text(XSS_INPUT)
         expect(page.get_by_test_id("outcome")).to_contain_text(XSS_ANSWER)
-        expect(page.get_by_test_id("conversation")).to_contain_text(XSS_ARG)
+        expect(page.get_by_test_id("conversation").locator(".turn-tool").filter(has_text=XSS_ARG)).to_have_count(1)
+        expect(page.get_by_test_id("conversation").locator(".turn-result").filter(has_text=XSS_ARG)).to_have_count(1)
         no_injected_nodes(page, "task page")
         page.goto(f"{URL}/ui/#/tasks?label=note%3D{XSS_LABEL.replace('<', '%3C').replace('>', '%3E')}")
         row = page.get_by_test_id("task-row").filter(has_text=caller)

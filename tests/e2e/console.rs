@@ -137,6 +137,11 @@ fn the_web_console_works_in_a_real_browser() {
                 json!({"delegates": [{"deployment": "helper", "description": "says hi"}]})
                     .to_string(),
             ),
+            // The conversation shows the calls' arguments (and so the payload in one).
+            (
+                "x-agen/harness.json",
+                json!({"traceToolArguments": true}).to_string(),
+            ),
         ],
     );
 
