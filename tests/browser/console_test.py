@@ -48,6 +48,16 @@ def submit(deployment, text, *extra):
     return agen("submit", deployment, text, *extra).splitlines()[-1].strip()
 
 
+def restart_hub():
+    """Asks tests/e2e/console.rs to kill -9 and restart the Hub; returns once it answers."""
+    open(CFG["restart_request"], "w").close()
+    deadline = time.time() + 120
+    while not os.path.exists(CFG["restart_done"]):
+        assert time.time() < deadline, "the Hub did not restart"
+        time.sleep(0.1)
+    os.remove(CFG["restart_done"])
+
+
 def shot(page, name):
     page.screenshot(path=os.path.join(SHOTS, f"{name}.png"), full_page=True)
 
@@ -280,6 +290,17 @@ def main():
         state = json.loads(agen("query", waiting, "-o", "json"))["state"]
         assert state == "waiting", state
         ok("viewer: no approve button; forged POSTs (with and without CSRF token) refused 403 and audited; the task still waits")
+
+        # Live updates come back by themselves after a Hub restart (the session is stored).
+        held = submit("asker", "across a restart")
+        page.goto(f"{URL}/ui/#/task/default/{held}")
+        expect(page.get_by_test_id("approval")).to_be_visible(timeout=TIMEOUT_MS)
+        page.evaluate("() => { window.__noReload = 'across a restart'; }")
+        restart_hub()
+        agen("approve", held)
+        expect(page.get_by_test_id("task-state")).to_contain_text("succeeded", timeout=90_000)
+        assert page.evaluate("() => window.__noReload") == "across a restart", "the page was reloaded"
+        ok("after a Hub restart the task page reconnects by itself and shows the task finish")
 
         # Sign-out ends the session at once.
         page.get_by_role("button", name="Sign out").click()

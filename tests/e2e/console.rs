@@ -71,7 +71,7 @@ fn the_web_console_works_in_a_real_browser() {
         axe.display()
     );
     let tmp = tempfile::tempdir().unwrap();
-    let hub = HubProcess::start(tmp.path()).unwrap();
+    let mut hub = HubProcess::start(tmp.path()).unwrap();
     let label = format!("note={XSS_LABEL}");
     let _nest = hub.nest("solo", &[label.as_str()], &[]).unwrap();
     let models = tmp.path().join("models");
@@ -176,20 +176,49 @@ fn the_web_console_works_in_a_real_browser() {
             "xss_arg": XSS_ARG,
             "xss_answer": XSS_ANSWER,
             "xss_label": XSS_LABEL,
+            "restart_request": tmp.path().join("restart-request"),
+            "restart_done": tmp.path().join("restart-done"),
         }))
         .unwrap(),
     )
     .unwrap();
-    let out = Command::new(&python)
+    // The script asks for a Hub restart by creating `restart_request`; it is told it is done
+    // by `restart_done`.
+    let request = tmp.path().join("restart-request");
+    let done = tmp.path().join("restart-done");
+    let log = tmp.path().join("browser.log");
+    let mut child = Command::new(&python)
         .arg(workspace_root().join("tests/browser/console_test.py"))
         .arg(&config)
-        .output()
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if request.exists() {
+            std::fs::remove_file(&request).unwrap();
+            hub.restart().unwrap();
+            std::fs::write(&done, "").unwrap();
+        }
+        if started.elapsed() > std::time::Duration::from_secs(600) {
+            let _ = child.kill();
+            panic!("the browser test took over 10 minutes");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut stderr);
+    }
+    let stdout = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(
-        out.status.success() && stdout.contains("checks passed"),
-        "the browser test failed:\n{stdout}\n{}\nhub log (tail):\n{}",
-        String::from_utf8_lossy(&out.stderr),
+        status.success() && stdout.contains("checks passed"),
+        "the browser test failed:\n{stdout}\n{stderr}\nhub log (tail):\n{}",
         tail(&hub.proc.log_text(), 80)
     );
     println!("{stdout}");
