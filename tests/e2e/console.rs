@@ -493,3 +493,138 @@ fn tasks_are_listed_by_label_and_submission_time() {
     assert_eq!(count(&["--until", "10m"]), 0);
     assert_eq!(count(&["--since", "10m", "--label", "team=red"]), 2);
 }
+
+/// The figures of BENCHMARKS.md "The web console": the task list's first page with 100,000
+/// tasks retained and a 1,000-span trace, measured in the browser by
+/// `tests/browser/console_bench.py` (not a timed test: it prints what it measured).
+#[test]
+#[ignore = "a benchmark (minutes): cargo test -p agen-tests --test e2e -- --ignored --nocapture console::console_benchmark"]
+fn console_benchmark() {
+    let python = browser_root().join("venv/bin/python");
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let _nest = hub.nest("solo", &[], &[]).unwrap();
+    let bundles = tmp.path().join("bundles");
+    let models = tmp.path().join("models");
+
+    // 100,000 tasks of a deployment placed on no Nest: they stay queued (retained).
+    let idle = FakeModel::start(&models.join("idle"), &json!({"steps": [{"reply": "-"}]})).unwrap();
+    write_bundle(
+        &bundles.join("many"),
+        &[(
+            "x-agen/agent.md",
+            format!(
+                "---\nmodel: openai/fake-model\nbaseUrl: {}\n---\nx\n",
+                idle.base_url()
+            ),
+        )],
+    )
+    .unwrap();
+    let out = hub
+        .cli(&[
+            "deploy",
+            bundles.join("many").to_str().unwrap(),
+            "--name",
+            "many",
+            "--selector",
+            "zone=nowhere",
+        ])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // `AGEN_CONSOLE_BENCH_TASKS` (read, never set) lowers the count for a quick run.
+    let total: usize = std::env::var("AGEN_CONSOLE_BENCH_TASKS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(100_000);
+    let started = std::time::Instant::now();
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        use agen_proto::v1 as pb;
+        let channel = hub.channel().await.unwrap();
+        let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut workers = Vec::new();
+        for _ in 0..64 {
+            let mut client = pb::agen_service_client::AgenServiceClient::new(channel.clone());
+            let next = next.clone();
+            let hub_dir = hub.dir.clone();
+            workers.push(tokio::spawn(async move {
+                let token = std::fs::read_to_string(hub_dir.join("hub/admin-token")).unwrap();
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= total {
+                        return;
+                    }
+                    let mut req = tonic::Request::new(pb::SubmitTaskRequest {
+                        deployment: "many".into(),
+                        input: format!("task number {i}"),
+                        labels: [("batch".to_string(), (i % 10).to_string())].into(),
+                        ..Default::default()
+                    });
+                    req.metadata_mut().insert(
+                        "authorization",
+                        format!("Bearer {}", token.trim()).parse().unwrap(),
+                    );
+                    client.submit_task(req).await.unwrap();
+                }
+            }));
+        }
+        for w in workers {
+            w.await.unwrap();
+        }
+    });
+    println!("submitted {total} tasks in {:?}", started.elapsed());
+
+    // One task whose trace has 1,000 spans: the run, 2 model turns, 997 tool calls.
+    let wide = FakeModel::start(
+        &models.join("wide"),
+        &json!({"steps": [
+            {"tool_calls": (0..997).map(|_| json!({"name": "ws_list", "arguments": {"pattern": "*"}})).collect::<Vec<_>>()},
+            {"reply": "listed"}
+        ]}),
+    )
+    .unwrap();
+    deploy(
+        &hub,
+        &bundles,
+        "wide",
+        &wide,
+        vec![
+            ("mcp.json", workspace_server()),
+            (
+                "x-agen/harness.json",
+                json!({"limits": {"maxToolCalls": 1000}}).to_string(),
+            ),
+        ],
+    );
+    let out = hub.cli(&["submit", "wide", "go"]).unwrap();
+    let task = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let done = hub
+        .cli_json(&["wait", &task, "-o", "json", "--timeout", "600s"])
+        .unwrap();
+    assert_eq!(done["state"], "succeeded", "{done}");
+
+    let admin = std::fs::read_to_string(hub.dir.join("hub/admin-token")).unwrap();
+    let config = tmp.path().join("bench.json");
+    std::fs::write(
+        &config,
+        serde_json::to_vec(&json!({
+            "url": hub.url(), "admin_token": admin.trim(), "wide_task": task,
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    let out = Command::new(&python)
+        .arg(workspace_root().join("tests/browser/console_bench.py"))
+        .arg(&config)
+        .output()
+        .unwrap();
+    println!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success());
+}
