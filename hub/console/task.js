@@ -129,24 +129,40 @@ export function render(main, ctx) {
     }
   }
   const soon = () => {
-    if (!traceTimer) traceTimer = setTimeout(loadTrace, 250);
+    if (!traceTimer) traceTimer = setTimeout(loadTrace, 500);
   };
   loadTrace();
   loadLogs();
 
+  // Events arrive in bursts (a replay of a long run is thousands): they are drawn once per
+  // frame, the newest task snapshot and the new conversation lines together.
+  let latest = null;
+  let lines = [];
+  let frame = 0;
+  const draw = () => {
+    frame = 0;
+    if (!alive) return;
+    if (latest) showTask(latest);
+    latest = null;
+    if (lines.length) {
+      convo.append(...lines);
+      lines = [];
+    }
+    if (task && ENDED.has(task.state)) {
+      live.close();
+      loadLogs();
+    }
+  };
   const live = new EventSource("/ui/api/tasks/" + api.path(namespace, taskId) + "/live");
   live.addEventListener("task", (m) => {
     const ev = JSON.parse(m.data);
     if (seen.has(ev.seq)) return;
     seen.add(ev.seq);
-    if (ev.task) showTask(ev.task);
+    if (ev.task) latest = ev.task;
     const line = turn(ev);
-    if (line) convo.appendChild(h("li", { class: "turn turn-" + line[0] }, h("span", { class: "who" }, line[0]), " ", h("span", { class: "text" }, line[1])));
+    if (line) lines.push(h("li", { class: "turn turn-" + line[0] }, h("span", { class: "who" }, line[0]), " ", h("span", { class: "text" }, line[1])));
     soon();
-    if (task && ENDED.has(task.state)) {
-      live.close();
-      loadLogs();
-    }
+    if (!frame) frame = requestAnimationFrame(draw);
   });
   live.addEventListener("end", (m) => {
     const why = parse(m.data).error;
@@ -156,5 +172,6 @@ export function render(main, ctx) {
     alive = false;
     live.close();
     if (traceTimer) clearTimeout(traceTimer);
+    if (frame) cancelAnimationFrame(frame);
   };
 }
