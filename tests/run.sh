@@ -54,6 +54,13 @@ fi
 
 step "tests"
 cargo test --workspace --locked --no-fail-fast -- "$@"
+
+if [ "$#" -eq 0 ]; then
+  step "web console in a real browser (Debian chromium, PyPI playwright, npm axe-core)"
+  tests/browser/install.sh
+  cargo test -p agen-tests --test e2e --locked -- --ignored --exact console::the_web_console_works_in_a_real_browser
+fi
+
 if [ "$python_sdk" != 0 ]; then
   echo "the Python SDK step failed (exit $python_sdk; its output is above)" >&2
   exit "$python_sdk"

@@ -57,7 +57,13 @@ pub struct HubOptions {
     pub snapshots: Option<SnapshotSchedule>,
     /// How deployments are served as A2A agents.
     pub a2a: A2aOptions,
+    /// The longest a web console session lasts (`--console-session-max`, default and most
+    /// 12h); it ends sooner when its token is revoked, rotated or expires, or at sign-out.
+    pub console_session_max: Duration,
 }
+
+/// Default and largest [`HubOptions::console_session_max`]: 12 hours.
+pub const MAX_CONSOLE_SESSION: Duration = Duration::from_secs(12 * 3600);
 
 /// `--snapshot-every D --snapshot-keep N --snapshot-dir DIR --snapshot-key-file PATH`.
 #[derive(Debug, Clone)]
@@ -219,6 +225,7 @@ impl Default for HubOptions {
             hide_ended_after: DEFAULT_HIDE_ENDED_AFTER,
             snapshots: None,
             a2a: A2aOptions::default(),
+            console_session_max: MAX_CONSOLE_SESSION,
         }
     }
 }
@@ -282,6 +289,14 @@ impl HubOptions {
             return Err(HubError::Config(format!(
                 "--a2a-send-wait {:?} is too long; expected at most 1h (default 5m)",
                 self.a2a.send_wait
+            )));
+        }
+        if self.console_session_max < Duration::from_secs(60)
+            || self.console_session_max > MAX_CONSOLE_SESSION
+        {
+            return Err(HubError::Config(format!(
+                "--console-session-max {:?}: expected 1m to 12h (default 12h)",
+                self.console_session_max
             )));
         }
         if self.task_retention < Duration::from_secs(1) {

@@ -29,6 +29,7 @@ const SENT: &[&str] = &[
     "cancel reason / secret value",
     "`ListTasks` page",
     "A2A request body",
+    "web console request body",
     "A2A `ListTasks` page",
     "A2A blocking `SendMessage` wait",
     "gRPC messages",
@@ -384,6 +385,16 @@ async fn one_over(hub: &HubProcess, api: &mut Api, row: &str) {
             );
             assert_ne!(a2a_post(hub, &padded(limit)).0, 413, "{row}: at the limit");
         }
+        "web console request body" => {
+            let limit = 64 * 1024;
+            let sign_in = |n: usize| {
+                let pad = n - r#"{"token":""}"#.len();
+                console_post(hub, &format!(r#"{{"token":"{}"}}"#, "a".repeat(pad)))
+            };
+            assert_eq!(sign_in(limit + 1), 413, "{row}: one byte over");
+            // At the limit the body is read: an unknown token.
+            assert_eq!(sign_in(limit), 401, "{row}: at the limit");
+        }
         "A2A `ListTasks` page" => {
             let list = |n: u32| {
                 json!({"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"pageSize": n}})
@@ -451,6 +462,24 @@ fn padded(bytes: usize) -> String {
 
 /// POSTs `body` to the deployment `runner`'s A2A endpoint as the admin: the HTTP status and the
 /// JSON answer (null when there is none).
+/// `POST /ui/api/session` with `body`: the HTTP status.
+fn console_post(hub: &HubProcess, body: &str) -> u16 {
+    let file = hub.dir.join("console-request.json");
+    std::fs::write(&file, body).unwrap();
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "-m", "60", "-w", "%{http_code}", "-o", "/dev/null"])
+        .arg("--cacert")
+        .arg(hub.dir.join("hub/tls/ca.pem"))
+        .args(["-H", "Content-Type: application/json", "--data-binary"])
+        .arg(format!("@{}", file.display()))
+        .arg(format!("{}/ui/api/session", hub.url()))
+        .output()
+        .expect("curl runs");
+    let code = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    code.parse()
+        .unwrap_or_else(|_| panic!("curl: {code} {}", String::from_utf8_lossy(&out.stderr)))
+}
+
 fn a2a_post(hub: &HubProcess, body: &str) -> (u16, serde_json::Value) {
     let file = hub.dir.join("a2a-request.json");
     std::fs::write(&file, body).unwrap();

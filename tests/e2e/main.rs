@@ -13,6 +13,7 @@ mod backups;
 mod budgets;
 mod chaos;
 mod cli;
+mod console;
 mod day_two;
 mod delegates;
 mod deploy;

@@ -46,6 +46,13 @@ fn agen_up_runs_a_hub_and_nests_with_the_example_deployed() {
     assert!(token.trim().starts_with("agen1."), "{token}");
     // It says how to join with the file, never the token itself.
     assert!(up.log_text().contains("--join-file"), "{}", up.log_text());
+    // And where the web console is.
+    assert!(
+        up.log_text()
+            .contains(&format!("web console: https://127.0.0.1:{port}/ui/")),
+        "{}",
+        up.log_text()
+    );
     assert!(
         !up.log_text().contains(token.trim()),
         "agen up printed the join token"

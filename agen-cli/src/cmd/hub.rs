@@ -56,6 +56,10 @@ pub struct Args {
     /// answers with the task as it is (clients poll with GetTask)
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = crate::cmd::parse_duration)]
     pub a2a_send_wait: Duration,
+    /// Longest a web console sign-in lasts (at most 12h); it ends sooner when its token is
+    /// revoked, rotated or expires
+    #[arg(long, value_name = "DURATION", default_value = "12h", value_parser = crate::cmd::parse_duration)]
+    pub console_session_max: Duration,
     /// Address to listen on
     #[arg(long, env = "AGEN_HUB_LISTEN", default_value = agen_hub::config::DEFAULT_LISTEN)]
     pub listen: SocketAddr,
@@ -280,6 +284,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             domain: args.a2a_domain.clone(),
             send_wait: args.a2a_send_wait,
         },
+        console_session_max: args.console_session_max,
         otlp: match agen_hub::config::OtlpOptions::resolve(args.otlp_endpoint.as_deref(), |k| {
             std::env::var(k).ok()
         }) {
@@ -319,6 +324,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         hub.url,
         data_dir.display()
     );
+    eprintln!("web console: {}/ui/ (sign in with an API token)", hub.url);
     eprintln!("join a Nest with:\n  {}", hub.nest_command());
     agen_hub::notify_ready(&hub.url);
 

@@ -1,5 +1,6 @@
-//! `agen tasks`: recent tasks, newest first, filtered by deployment, state and parent, fetched page
-//! by page (`ListTasks` answers summaries: inputs and results cut to a prefix).
+//! `agen tasks`: recent tasks, newest first, filtered by deployment, state, parent, label and
+//! submission time, fetched page by page (`ListTasks` answers summaries: inputs and results cut
+//! to a prefix).
 
 use agen_proto::v1 as pb;
 use serde_json::Value;
@@ -22,6 +23,15 @@ pub struct Args {
     /// Only the children of this task (its call_agent/start_agent tasks)
     #[arg(long)]
     pub parent: Option<String>,
+    /// Only tasks with this label (KEY) or label value (KEY=VALUE)
+    #[arg(long, value_name = "KEY[=VALUE]")]
+    pub label: Option<String>,
+    /// Only tasks submitted within this long before now (e.g. 30m, 2h)
+    #[arg(long, value_name = "DURATION", value_parser = crate::cmd::parse_duration)]
+    pub since: Option<std::time::Duration>,
+    /// Only tasks submitted longer than this before now
+    #[arg(long, value_name = "DURATION", value_parser = crate::cmd::parse_duration)]
+    pub until: Option<std::time::Duration>,
     /// At most this many tasks (0: all of them)
     #[arg(long, default_value_t = 100)]
     pub limit: u32,
@@ -58,6 +68,21 @@ async fn fetch(hub: &mut crate::client::Hub, args: &Args) -> anyhow::Result<Vec<
     } else {
         args.limit as usize
     };
+    let ago = |d: std::time::Duration| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        i64::try_from(now.saturating_sub(d).as_millis())
+            .unwrap_or(0)
+            .max(1)
+    };
+    let (label_key, label_value) = match args.label.as_deref() {
+        Some(l) => match l.split_once('=') {
+            Some((k, v)) => (k.to_string(), v.to_string()),
+            None => (l.to_string(), String::new()),
+        },
+        None => (String::new(), String::new()),
+    };
     let mut tasks: Vec<pb::Task> = Vec::new();
     let mut page_token = String::new();
     loop {
@@ -71,6 +96,10 @@ async fn fetch(hub: &mut crate::client::Hub, args: &Args) -> anyhow::Result<Vec<
                 page_size: left.min(PAGE_SIZE) as u32,
                 page_token: page_token.clone(),
                 parent_task_id: args.parent.clone().unwrap_or_default(),
+                label_key: label_key.clone(),
+                label_value: label_value.clone(),
+                created_after_ms: args.since.map(ago).unwrap_or(0),
+                created_before_ms: args.until.map(ago).unwrap_or(0),
                 ..Default::default()
             })
             .await

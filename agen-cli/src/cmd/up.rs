@@ -121,6 +121,11 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         args.nests.max(1),
         data_dir.display()
     );
+    eprintln!(
+        "web console: {}/ui/ (sign in with the admin token in {})",
+        hub.url,
+        data_dir.join("hub").join("admin-token").display()
+    );
     // The secret stays in the file (mode 0600): never printed, never on a command line.
     eprintln!(
         "more Nests can join with (copy the file to the other machine first):\n  agen nest --hub {} --join-file {}",

@@ -492,6 +492,12 @@ impl AgenService for AgenApi {
             limits::validate_name("deployment", &r.deployment)?;
         }
         limits::check_id("parent_task_id", &r.parent_task_id)?;
+        if !r.label_key.is_empty() {
+            self.core.opts.limits.check_labels(
+                "label_key",
+                &std::collections::BTreeMap::from([(r.label_key.clone(), r.label_value.clone())]),
+            )?;
+        }
         self.core
             .opts
             .limits
@@ -502,6 +508,10 @@ impl AgenService for AgenApi {
             state: convert::task_state_filter(r.task_state, r.state),
             conversation_key: r.conversation_key,
             parent_task_id: r.parent_task_id,
+            label_key: r.label_key,
+            label_value: r.label_value,
+            created_after_ms: r.created_after_ms,
+            created_before_ms: r.created_before_ms,
             page_size: if r.page_size == 0 {
                 r.limit
             } else {
@@ -515,6 +525,7 @@ impl AgenService for AgenApi {
                 .next_before_seq
                 .map(convert::page_token)
                 .unwrap_or_default(),
+            total: page.total,
         }))
     }
 

@@ -48,6 +48,13 @@ impl ApiAuth {
                 )));
             }
         }
+        // A web console request: the console resolved its session to this principal (an
+        // extension, so it can only come from inside the Hub, never from the wire).
+        if let Some(ConsolePrincipal(principal)) = req.extensions().get::<ConsolePrincipal>() {
+            let principal = principal.clone();
+            req.extensions_mut().insert(principal);
+            return Ok(req);
+        }
         let Some(token) = bearer(&req) else {
             return Err(Status::unauthenticated(
                 "missing `authorization: Bearer <token>`; pass --token / AGEN_TOKEN (agen hub writes the admin token into the client config and <data-dir>/admin-token)",
@@ -59,6 +66,17 @@ impl ApiAuth {
         Ok(req)
     }
 }
+
+impl tonic::service::Interceptor for ApiAuth {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        self.check(req)
+    }
+}
+
+/// The principal of a web console session, put on the console's in-process `AgenService`
+/// calls in place of a bearer (`server/console/`): the same table, handlers and audit apply.
+#[derive(Debug, Clone)]
+pub struct ConsolePrincipal(pub Principal);
 
 /// What a call does, for authorization and the audit log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

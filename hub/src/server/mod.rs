@@ -7,6 +7,7 @@ mod agen;
 mod approvals;
 pub mod auth;
 mod auth_table;
+mod console;
 mod convert;
 mod delegates;
 mod lifecycle;
@@ -31,7 +32,16 @@ use crate::error::{HubError, Result};
 /// Largest gRPC message accepted and sent (above every field limit of the limit table).
 const MAX_MESSAGE: usize = crate::limits::MAX_MESSAGE_BYTES;
 
-/// Builds every service of the Hub.
+/// `AgenService` as the Hub serves it: the audit record around the token check around the
+/// handlers. The web console calls this same stack in process.
+pub(crate) type ApiStack = auth::Audited<
+    tonic::service::interceptor::InterceptedService<
+        AgenServiceServer<agen::AgenApi>,
+        auth::ApiAuth,
+    >,
+>;
+
+/// Builds every service of the Hub (the web console under `/ui/` included).
 pub async fn routes(
     core: Arc<Core>,
     tokens: Arc<crate::tokens::Tokens>,
@@ -43,7 +53,7 @@ pub async fn routes(
 ) -> Result<Routes> {
     let api_auth = auth::ApiAuth {
         tokens: tokens.clone(),
-        gate,
+        gate: gate.clone(),
     };
     let access = Arc::new(tokens::AccessApi {
         core: core.clone(),
@@ -163,14 +173,14 @@ pub async fn routes(
         .build_v1alpha()
         .map_err(|e| HubError::Serve(format!("reflection: {e}")))?;
 
+    let api: ApiStack = auth::Audited {
+        inner: tonic::service::interceptor::InterceptedService::new(agen_api, api_auth),
+        db,
+    };
+    let console = console::router(core.clone(), tokens.clone(), gate, api.clone());
     let mut routes = Routes::builder();
     routes
-        .add_service(auth::Audited {
-            inner: tonic::service::interceptor::InterceptedService::new(agen_api, move |r| {
-                api_auth.check(r)
-            }),
-            db,
-        })
+        .add_service(api)
         .add_service(nest_api)
         .add_service(health.max_decoding_message_size(crate::conn_gate::PRE_AUTH_MESSAGE_BYTES))
         .add_service(
@@ -185,6 +195,7 @@ pub async fn routes(
     let router = routes
         .routes()
         .into_axum_router()
-        .route_service("/agen.v1.NestService/Join", join);
+        .route_service("/agen.v1.NestService/Join", join)
+        .merge(console);
     Ok(Routes::from(router))
 }

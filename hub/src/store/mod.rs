@@ -89,11 +89,14 @@ pub enum Table {
     DeploymentHistory,
     /// The approvals of a task (`approvals`): task id → asked and decided `ask` calls.
     Approvals,
+    /// Web console sessions (`console_sessions`): sha256 of the session id → its token and
+    /// expiry (`server/console/session.rs`).
+    ConsoleSessions,
 }
 
 impl Table {
     /// Every table (a snapshot holds them all).
-    pub const ALL: [Table; 21] = [
+    pub const ALL: [Table; 22] = [
         Table::Deployments,
         Table::BundleMeta,
         Table::BundleData,
@@ -115,6 +118,7 @@ impl Table {
         Table::NestIdentities,
         Table::DeploymentHistory,
         Table::Approvals,
+        Table::ConsoleSessions,
     ];
 
     pub fn name(self) -> &'static str {
@@ -140,6 +144,7 @@ impl Table {
             Table::NestIdentities => "nest_identities",
             Table::DeploymentHistory => "deployment_history",
             Table::Approvals => "approvals",
+            Table::ConsoleSessions => "console_sessions",
         }
     }
 }

@@ -399,6 +399,48 @@ impl Tokens {
         Ok(principal)
     }
 
+    /// The principal of a bearer and the sha256 of its secret as this Hub keeps it (a console
+    /// session remembers it: a rotation ends the session like a revocation).
+    pub fn resolve_with_secret(&self, bearer: &str) -> Result<(Principal, String)> {
+        let principal = self.resolve(bearer)?;
+        let secret = match &principal {
+            Principal::ClusterAdmin => self.admin_sha256.clone(),
+            Principal::Api { .. } => self.secret_of(&principal).unwrap_or_default(),
+        };
+        Ok((principal, secret))
+    }
+
+    /// The principal of token `token_id` (`admin`: the cluster admin) as long as it is still
+    /// usable and still has the secret whose sha256 is `secret_sha256`; why not otherwise.
+    pub fn principal_with_secret(&self, token_id: &str, secret_sha256: &str) -> Result<Principal> {
+        if token_id == Principal::ClusterAdmin.token_id() {
+            return if constant_time_eq(secret_sha256.as_bytes(), self.admin_sha256.as_bytes()) {
+                Ok(Principal::ClusterAdmin)
+            } else {
+                Err(HubError::Unauthenticated(
+                    "the admin token changed; sign in again".into(),
+                ))
+            };
+        }
+        let principal = {
+            let idx = self.lock();
+            let rec = idx.by_id.get(token_id).filter(|r| r.kind == TokenKind::Api);
+            let Some(rec) = rec else {
+                return Err(HubError::Unauthenticated(format!(
+                    "token {token_id} no longer exists; sign in again"
+                )));
+            };
+            Principal::Api {
+                id: rec.id.clone(),
+                name: rec.name.clone(),
+                namespace: rec.namespace.clone(),
+                role: rec.role.unwrap_or(Role::Viewer),
+            }
+        };
+        self.still_valid_with(&principal, Some(secret_sha256))?;
+        Ok(principal)
+    }
+
     /// Whether `principal` is still usable now (not revoked, not expired).
     pub fn still_valid(&self, principal: &Principal) -> Result<()> {
         let Principal::Api { id, .. } = principal else {

@@ -98,6 +98,13 @@ pub struct TaskFilter {
     pub conversation_key: String,
     /// Only the children of this task (empty: any).
     pub parent_task_id: String,
+    /// Only tasks with this label key (empty: any), and this value when it is not empty.
+    pub label_key: String,
+    pub label_value: String,
+    /// Only tasks submitted at or after this time (unix ms; 0: no bound).
+    pub created_after_ms: i64,
+    /// Only tasks submitted before this time (unix ms; 0: no bound).
+    pub created_before_ms: i64,
     /// Tasks per page: 0 is [`DEFAULT_PAGE_SIZE`]; at most [`MAX_PAGE_SIZE`].
     pub page_size: u32,
     /// Only tasks submitted before the task with this submission seq (the page token).
@@ -129,6 +136,8 @@ pub struct TaskPage {
     pub tasks: Vec<TaskSummary>,
     /// The seq to continue before (the next page token); `None` on the last page.
     pub next_before_seq: Option<u64>,
+    /// How many tasks match the filter in all.
+    pub total: u64,
 }
 
 /// One run event as a Nest sends it.

@@ -52,9 +52,19 @@ impl Core {
             .filter(|t| state.is_none_or(|s| t.state == s))
             .filter(|t| f.conversation_key.is_empty() || t.conversation_key == f.conversation_key)
             .filter(|t| f.parent_task_id.is_empty() || t.parent_task_id == f.parent_task_id)
-            .filter(|t| f.before_seq.is_none_or(|before| t.seq < before))
+            .filter(|t| {
+                f.label_key.is_empty()
+                    || t.labels
+                        .get(&f.label_key)
+                        .is_some_and(|v| f.label_value.is_empty() || *v == f.label_value)
+            })
+            .filter(|t| f.created_after_ms == 0 || t.created_at_ms >= f.created_after_ms)
+            .filter(|t| f.created_before_ms == 0 || t.created_at_ms < f.created_before_ms)
             .map(|t| (t.seq, t))
             .collect();
+        // Every page counts every match; the page token narrows only the page itself.
+        let total = matching.len() as u64;
+        matching.retain(|(seq, _)| f.before_seq.is_none_or(|before| *seq < before));
         matching.sort_by_key(|(seq, _)| std::cmp::Reverse(*seq));
         let mut tasks = Vec::new();
         let mut bytes = 0usize;
@@ -75,6 +85,7 @@ impl Core {
         Ok(TaskPage {
             tasks,
             next_before_seq,
+            total,
         })
     }
 

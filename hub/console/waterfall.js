@@ -1,0 +1,74 @@
+// A trace as a waterfall: one row per span (the run, model turns, tool calls, approvals), its
+// bar placed on the task's time axis, with duration, attempt and effect_unknown marked; the
+// delegate children's spans nested under the call that made them.
+
+import { h, duration } from "./dom.js";
+
+function kindOf(span) {
+  if (span.name.startsWith("model") || span.name === "flow agent") return "model";
+  if (span.name.startsWith("tool")) return "tool";
+  if (span.name.startsWith("approval")) return "approval";
+  return "task";
+}
+
+// Rows (span, depth) of one trace in start order, children under their parents.
+function ordered(all, depth) {
+  const byId = new Map();
+  for (const s of all) if (!byId.has(s.span_id)) byId.set(s.span_id, s);
+  const spans = [...byId.values()];
+  const ids = new Set(spans.map((s) => s.span_id));
+  const kids = new Map();
+  const roots = [];
+  for (const s of spans) {
+    if (s.parent_span_id && ids.has(s.parent_span_id)) {
+      if (!kids.has(s.parent_span_id)) kids.set(s.parent_span_id, []);
+      kids.get(s.parent_span_id).push(s);
+    } else roots.push(s);
+  }
+  const out = [];
+  const walk = (s, d) => {
+    out.push({ span: s, depth: d });
+    for (const c of (kids.get(s.span_id) || []).sort((a, b) => a.start_ms - b.start_ms)) walk(c, d + 1);
+  };
+  for (const r of roots.sort((a, b) => a.start_ms - b.start_ms)) walk(r, depth);
+  return out;
+}
+
+// `trace`: the task's, which holds its delegation subtree (each child's spans under the call
+// that made it); `namespace`: where the tasks are (for the links to the children).
+export function waterfall(trace, namespace) {
+  const rows = ordered(trace.spans, 0);
+  if (!rows.length) return h("p", { class: "note" }, "No spans yet.");
+  const start = Math.min(...rows.map((r) => r.span.start_ms).filter((x) => x > 0));
+  const end = Math.max(...rows.map((r) => Math.max(r.span.end_ms, r.span.start_ms)));
+  const total = Math.max(1, end - start);
+  const body = h("tbody", {});
+  for (const r of rows) {
+    const s = r.span;
+    const delegate = kindOf(s) === "task" && r.depth > 0;
+    const kind = delegate ? "delegate" : kindOf(s);
+    const a = s.attributes || {};
+    const ms = Math.max(0, s.end_ms - s.start_ms);
+    const bar = h("span", { class: "bar kind-" + kind + " status-" + String(s.status).replace(/[^a-z_]/g, "") });
+    bar.style.marginLeft = ((Math.max(0, s.start_ms - start) / total) * 100).toFixed(2) + "%";
+    bar.style.width = Math.max(0.5, (ms / total) * 100).toFixed(2) + "%";
+    const marks = [];
+    if (a.attempt && Number(a.attempt) > 1) marks.push(h("span", { class: "mark" }, "attempt " + a.attempt));
+    if (a.reason === "effect_unknown") marks.push(h("span", { class: "mark warn", "data-testid": "effect-unknown" }, "effect unknown"));
+    else if (a.reason) marks.push(h("span", { class: "mark" }, a.reason));
+    if (a.by) marks.push(h("span", { class: "mark" }, "by " + a.by));
+    const name = delegate && a.task_id
+      ? h("a", { href: "#/task/" + encodeURIComponent(namespace) + "/" + encodeURIComponent(a.task_id) }, "delegate " + s.name)
+      : s.name;
+    const cell = h("td", { class: "wf-name depth-" + Math.min(r.depth, 6) }, name, " ", marks);
+    body.appendChild(h("tr", { class: "wf-row", "data-kind": kind, "data-depth": r.depth, title: a.arguments || "" },
+      cell,
+      h("td", { class: "wf-status" }, s.status),
+      h("td", { class: "wf-dur", "data-testid": "duration" }, duration(ms)),
+      h("td", { class: "wf-bar" }, bar)));
+  }
+  return h("table", { class: "waterfall", "data-testid": "waterfall" },
+    h("caption", {}, "Trace (" + rows.length + " spans, " + duration(total) + ")"),
+    h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "Span"), h("th", { scope: "col" }, "Status"), h("th", { scope: "col" }, "Duration"), h("th", { scope: "col" }, "Timeline"))),
+    body);
+}
