@@ -57,6 +57,8 @@ pub struct HubOptions {
     pub snapshots: Option<SnapshotSchedule>,
     /// How deployments are served as A2A agents.
     pub a2a: A2aOptions,
+    /// Internal addresses webhooks may reach (`--webhook-allow HOST[:PORT]`).
+    pub webhook_allow: Vec<crate::webhooks::Allow>,
 }
 
 /// `--snapshot-every D --snapshot-keep N --snapshot-dir DIR --snapshot-key-file PATH`.
@@ -219,6 +221,7 @@ impl Default for HubOptions {
             hide_ended_after: DEFAULT_HIDE_ENDED_AFTER,
             snapshots: None,
             a2a: A2aOptions::default(),
+            webhook_allow: Vec::new(),
         }
     }
 }

@@ -56,6 +56,10 @@ pub struct Args {
     /// answers with the task as it is (clients poll with GetTask)
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = crate::cmd::parse_duration)]
     pub a2a_send_wait: Duration,
+    /// An internal address webhooks may reach (loopback, private, link-local are refused
+    /// otherwise); HOST or HOST:PORT, repeatable (e.g. --webhook-allow 127.0.0.1:8080)
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub webhook_allow: Vec<agen_hub::webhooks::Allow>,
     /// Address to listen on
     #[arg(long, env = "AGEN_HUB_LISTEN", default_value = agen_hub::config::DEFAULT_LISTEN)]
     pub listen: SocketAddr,
@@ -280,6 +284,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             domain: args.a2a_domain.clone(),
             send_wait: args.a2a_send_wait,
         },
+        webhook_allow: args.webhook_allow.clone(),
         otlp: match agen_hub::config::OtlpOptions::resolve(args.otlp_endpoint.as_deref(), |k| {
             std::env::var(k).ok()
         }) {

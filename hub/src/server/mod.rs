@@ -15,7 +15,9 @@ mod malformed;
 mod nest;
 mod ops;
 mod run_context;
+mod secrets;
 mod tokens;
+mod triggers;
 
 pub use malformed::layer as malformed_request_layer;
 

@@ -89,11 +89,15 @@ pub enum Table {
     DeploymentHistory,
     /// The approvals of a task (`approvals`): task id → asked and decided `ask` calls.
     Approvals,
+    /// Schedules (`core/schedules.rs`): `namespace \0 id`.
+    Schedules,
+    /// Webhook targets and deliveries of a task (`core/webhooks.rs`): task id.
+    Webhooks,
 }
 
 impl Table {
     /// Every table (a snapshot holds them all).
-    pub const ALL: [Table; 21] = [
+    pub const ALL: [Table; 23] = [
         Table::Deployments,
         Table::BundleMeta,
         Table::BundleData,
@@ -115,6 +119,8 @@ impl Table {
         Table::NestIdentities,
         Table::DeploymentHistory,
         Table::Approvals,
+        Table::Schedules,
+        Table::Webhooks,
     ];
 
     pub fn name(self) -> &'static str {
@@ -140,6 +146,8 @@ impl Table {
             Table::NestIdentities => "nest_identities",
             Table::DeploymentHistory => "deployment_history",
             Table::Approvals => "approvals",
+            Table::Schedules => "schedules",
+            Table::Webhooks => "webhooks",
         }
     }
 }

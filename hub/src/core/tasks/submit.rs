@@ -129,6 +129,10 @@ impl Core {
                     &task.task_id,
                 )?;
             }
+            if !spec.webhooks.is_empty() {
+                let rec = crate::core::webhooks::WebhookRec::new(&task, spec.webhooks.clone());
+                self.db.put_json(Table::Webhooks, &task.task_id, &rec)?;
+            }
             self.emit_state(&mut st, task.clone())?;
             st.tasks.get(&task.task_id).cloned().unwrap_or(task)
         };

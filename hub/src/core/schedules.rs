@@ -1,0 +1,416 @@
+//! Schedules: a deployment's task on a cron expression ([`crate::cron`]), stored in the
+//! `schedules` table and fired by [`Core::run_schedules`], a loop of its own.
+//!
+//! Invariants: a slot is fired at most once, across Hub restarts: its task's client request
+//! id is `schedule:<id>:<slot ms>`, so the submit of a slot whose record did not reach the disk
+//! before a crash returns the task that slot already made; the record (`last_slot_ms`) is
+//! written and flushed right after. Only the leader fires ([`Core::leads_schedules`], the one
+//! place that decides it). Slots due before this Hub started were missed: `catch_up` latest
+//! fires one task for the latest of them, none fires none; slots due while the Hub runs always
+//! fire (the latest, when a pause of the loop let several pass). A paused schedule fires
+//! nothing, and resuming it does not fire the slots it skipped. Every firing is a task
+//! labelled `agen.schedule=<id>` and `agen.schedule.slot=<UTC slot | manual>`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::core::tasks::TaskSpec;
+use crate::core::{namespace_or_default, validate_name, Core};
+use crate::cron;
+use crate::error::{HubError, Result};
+use crate::model::{now_ms, TaskRec};
+use crate::store::Table;
+
+/// Schedules per namespace (the limits table).
+pub const MAX_SCHEDULES_PER_NAMESPACE: usize = 100;
+/// Slots an `enqueue` schedule holds while its last task runs; later ones are skipped.
+pub const MAX_PENDING_SLOTS: usize = 16;
+/// How often the loop looks at the schedules (6-field expressions name seconds).
+const TICK: Duration = Duration::from_millis(200);
+
+/// What a slot does while the schedule's last task has not ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Overlap {
+    #[default]
+    Skip,
+    Enqueue,
+    Allow,
+}
+
+/// What slots missed while no Hub ran do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CatchUp {
+    #[default]
+    Latest,
+    None,
+}
+
+impl Overlap {
+    pub fn parse(s: &str) -> Result<Overlap> {
+        match s {
+            "" | "skip" => Ok(Overlap::Skip),
+            "enqueue" => Ok(Overlap::Enqueue),
+            "allow" => Ok(Overlap::Allow),
+            other => Err(HubError::invalid(format!(
+                "overlap: expected skip, enqueue or allow, got {:?}",
+                crate::limits::cut(other, 40)
+            ))),
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Overlap::Skip => "skip",
+            Overlap::Enqueue => "enqueue",
+            Overlap::Allow => "allow",
+        }
+    }
+}
+
+impl CatchUp {
+    pub fn parse(s: &str) -> Result<CatchUp> {
+        match s {
+            "" | "latest" => Ok(CatchUp::Latest),
+            "none" => Ok(CatchUp::None),
+            other => Err(HubError::invalid(format!(
+                "catch_up: expected latest or none, got {:?}",
+                crate::limits::cut(other, 40)
+            ))),
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CatchUp::Latest => "latest",
+            CatchUp::None => "none",
+        }
+    }
+}
+
+/// A stored schedule (`schedules`: `namespace \0 id`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ScheduleRec {
+    pub schedule_id: String,
+    pub namespace: String,
+    pub deployment: String,
+    pub cron: String,
+    pub timezone: String,
+    pub input: String,
+    #[serde(default)]
+    pub conversation_key: String,
+    #[serde(default)]
+    pub overlap: Overlap,
+    #[serde(default)]
+    pub catch_up: CatchUp,
+    #[serde(default)]
+    pub paused: bool,
+    pub created_at_ms: i64,
+    /// Slots at or before this are not fired (set by creation and by resume).
+    #[serde(default)]
+    pub from_ms: i64,
+    /// The last slot handled (fired, skipped or queued); 0: none.
+    #[serde(default)]
+    pub last_slot_ms: i64,
+    #[serde(default)]
+    pub last_task_id: String,
+    /// Slots of an `enqueue` schedule waiting for the last task to end, oldest first.
+    #[serde(default)]
+    pub pending: Vec<i64>,
+}
+
+impl ScheduleRec {
+    /// The next slot it will fire (0: paused or none).
+    pub fn next_slot_ms(&self) -> i64 {
+        if self.paused {
+            return 0;
+        }
+        cron::parse(&self.cron, &self.timezone)
+            .ok()
+            .and_then(|c| c.next_after(self.from_ms.max(self.last_slot_ms)))
+            .unwrap_or(0)
+    }
+}
+
+/// What a client asks for.
+#[derive(Debug, Clone, Default)]
+pub struct ScheduleSpec {
+    pub namespace: String,
+    pub deployment: String,
+    pub cron: String,
+    pub timezone: String,
+    pub input: String,
+    pub conversation_key: String,
+    pub overlap: String,
+    pub catch_up: String,
+}
+
+/// The schedules' own lock: a firing and a change (pause, resume, remove) never interleave.
+#[derive(Default)]
+pub struct Schedules {
+    lock: tokio::sync::Mutex<()>,
+}
+
+fn key(namespace: &str, id: &str) -> String {
+    format!("{namespace}\u{0}{id}")
+}
+
+impl Core {
+    /// Whether this Hub fires schedules and delivers webhooks: the leader does. One Hub today
+    /// is always the leader; a Hub with a standby asks its lease here.
+    pub fn leads_schedules(&self) -> bool {
+        true
+    }
+
+    /// Stores a new schedule; its first slot is the first after now.
+    pub async fn create_schedule(&self, spec: ScheduleSpec) -> Result<ScheduleRec> {
+        let namespace = namespace_or_default(&spec.namespace);
+        validate_name("namespace", &namespace)?;
+        validate_name("deployment", &spec.deployment)?;
+        cron::parse(&spec.cron, &spec.timezone)?;
+        if spec.input.trim().is_empty() {
+            return Err(HubError::invalid(
+                "input: expected the text each firing submits, got an empty string",
+            ));
+        }
+        let overlap = Overlap::parse(&spec.overlap)?;
+        let catch_up = CatchUp::parse(&spec.catch_up)?;
+        let _held = self.schedules.lock.lock().await;
+        if !self
+            .lock()
+            .deployments
+            .contains_key(&crate::model::deployment_key(&namespace, &spec.deployment))
+        {
+            return Err(HubError::not_found(format!(
+                "deployment {namespace}/{} not found; deploy it first (agen deploy)",
+                spec.deployment
+            )));
+        }
+        let held = self.list_schedules(&namespace)?.len();
+        if held >= MAX_SCHEDULES_PER_NAMESPACE {
+            return Err(HubError::ResourceExhausted(format!(
+                "schedules: namespace {namespace} holds {held} schedules, the limit is {MAX_SCHEDULES_PER_NAMESPACE}; remove one first (agen schedules rm ID)"
+            )));
+        }
+        let now = now_ms();
+        let rec = ScheduleRec {
+            schedule_id: format!("sched-{}", &uuid::Uuid::now_v7().simple().to_string()[20..]),
+            namespace: namespace.clone(),
+            deployment: spec.deployment,
+            cron: spec.cron.trim().to_string(),
+            timezone: if spec.timezone.is_empty() {
+                "UTC".into()
+            } else {
+                spec.timezone
+            },
+            input: spec.input,
+            conversation_key: spec.conversation_key,
+            overlap,
+            catch_up,
+            paused: false,
+            created_at_ms: now,
+            from_ms: now,
+            last_slot_ms: 0,
+            last_task_id: String::new(),
+            pending: Vec::new(),
+        };
+        self.db
+            .put_json(Table::Schedules, &key(&namespace, &rec.schedule_id), &rec)?;
+        self.commit().await?;
+        tracing::info!(schedule = %rec.schedule_id, deployment = %format!("{namespace}/{}", rec.deployment), cron = %rec.cron, timezone = %rec.timezone, "schedule created");
+        Ok(rec)
+    }
+
+    /// The schedules of a namespace, by id.
+    pub fn list_schedules(&self, namespace: &str) -> Result<Vec<ScheduleRec>> {
+        let namespace = namespace_or_default(namespace);
+        let mut prefix = namespace.into_bytes();
+        prefix.push(0);
+        Ok(self.db.list_json(Table::Schedules, &prefix)?)
+    }
+
+    fn schedule(&self, namespace: &str, id: &str) -> Result<ScheduleRec> {
+        self.db
+            .get_json::<ScheduleRec>(Table::Schedules, &key(namespace, id))?
+            .ok_or_else(|| {
+                HubError::not_found(format!(
+                    "schedule {id} not found in namespace {namespace}; list them with agen schedules ls"
+                ))
+            })
+    }
+
+    /// Pauses (`true`) or resumes a schedule; a resumed one fires from the next slot on.
+    pub async fn pause_schedule(
+        &self,
+        namespace: &str,
+        id: &str,
+        pause: bool,
+    ) -> Result<ScheduleRec> {
+        let namespace = namespace_or_default(namespace);
+        let _held = self.schedules.lock.lock().await;
+        let mut rec = self.schedule(&namespace, id)?;
+        if rec.paused != pause {
+            rec.paused = pause;
+            if !pause {
+                rec.from_ms = now_ms();
+            }
+            self.db
+                .put_json(Table::Schedules, &key(&namespace, id), &rec)?;
+            self.commit().await?;
+        }
+        Ok(rec)
+    }
+
+    /// Removes a schedule (its tasks stay).
+    pub async fn delete_schedule(&self, namespace: &str, id: &str) -> Result<ScheduleRec> {
+        let namespace = namespace_or_default(namespace);
+        let _held = self.schedules.lock.lock().await;
+        let rec = self.schedule(&namespace, id)?;
+        self.db.remove(Table::Schedules, &key(&namespace, id))?;
+        self.commit().await?;
+        Ok(rec)
+    }
+
+    /// Submits the schedule's task now, whatever its slots and pause say.
+    pub async fn run_schedule_now(&self, namespace: &str, id: &str) -> Result<TaskRec> {
+        let namespace = namespace_or_default(namespace);
+        let _held = self.schedules.lock.lock().await;
+        let mut rec = self.schedule(&namespace, id)?;
+        let request = format!("schedule:{id}:manual:{}", uuid::Uuid::now_v7().simple());
+        let task = self.submit_firing(&rec, "manual", request).await?;
+        rec.last_task_id = task.task_id.clone();
+        self.db
+            .put_json(Table::Schedules, &key(&namespace, id), &rec)?;
+        self.commit().await?;
+        Ok(task)
+    }
+
+    async fn submit_firing(
+        &self,
+        rec: &ScheduleRec,
+        slot: &str,
+        request: String,
+    ) -> Result<TaskRec> {
+        let labels = BTreeMap::from([
+            ("agen.schedule".to_string(), rec.schedule_id.clone()),
+            ("agen.schedule.slot".to_string(), slot.to_string()),
+        ]);
+        self.submit_task(TaskSpec {
+            namespace: rec.namespace.clone(),
+            deployment: rec.deployment.clone(),
+            input: rec.input.clone(),
+            labels,
+            conversation_key: rec.conversation_key.clone(),
+            client_request_id: request,
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Runs until `shutdown`: fires the slots that are due.
+    pub async fn run_schedules(self: Arc<Self>, shutdown: CancellationToken) {
+        let boot_ms = now_ms();
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(TICK) => {}
+            }
+            if !self.leads_schedules() || self.store_broken().is_some() {
+                continue;
+            }
+            if let Err(e) = self.fire_due(boot_ms).await {
+                tracing::warn!(error = %e, "schedules: a pass failed; retrying");
+            }
+        }
+    }
+
+    /// One pass over every schedule.
+    async fn fire_due(&self, boot_ms: i64) -> Result<()> {
+        let _held = self.schedules.lock.lock().await;
+        let all: Vec<ScheduleRec> = self.db.list_json(Table::Schedules, b"")?;
+        for rec in all.into_iter().filter(|r| !r.paused) {
+            let id = rec.schedule_id.clone();
+            if let Err(e) = self.fire_one(rec, boot_ms).await {
+                tracing::warn!(schedule = %id, error = %e, "schedule: firing failed; retrying at the next pass");
+            }
+        }
+        Ok(())
+    }
+
+    async fn fire_one(&self, mut rec: ScheduleRec, boot_ms: i64) -> Result<()> {
+        let now = now_ms();
+        let last_running = !rec.last_task_id.is_empty()
+            && self
+                .lock()
+                .tasks
+                .get(&rec.last_task_id)
+                .is_some_and(|t| !t.state.is_terminal());
+        // A queued slot of an `enqueue` schedule goes first, once the last task ended.
+        if !last_running {
+            if let Some(&slot) = rec.pending.first() {
+                let task = self.fire_slot(&rec, slot).await?;
+                rec.pending.remove(0);
+                rec.last_task_id = task.task_id;
+                return self.save_schedule(&rec).await;
+            }
+        }
+        let spec = cron::parse(&rec.cron, &rec.timezone)?;
+        let Some(due) = spec.due(rec.from_ms.max(rec.last_slot_ms), now) else {
+            return Ok(());
+        };
+        let slot = due.latest_ms;
+        rec.last_slot_ms = slot;
+        if slot < boot_ms && rec.catch_up == CatchUp::None {
+            tracing::info!(schedule = %rec.schedule_id, slot = %cron::slot_text(slot), "schedule: slot missed while no hub ran; catch-up none fires nothing");
+            return self.save_schedule(&rec).await;
+        }
+        if last_running {
+            match rec.overlap {
+                Overlap::Skip => {
+                    tracing::info!(schedule = %rec.schedule_id, slot = %cron::slot_text(slot), task = %rec.last_task_id, "schedule: slot skipped, the last firing still runs");
+                    return self.save_schedule(&rec).await;
+                }
+                Overlap::Enqueue => {
+                    if rec.pending.len() < MAX_PENDING_SLOTS {
+                        rec.pending.push(slot);
+                    } else {
+                        tracing::warn!(schedule = %rec.schedule_id, slot = %cron::slot_text(slot), "schedule: {MAX_PENDING_SLOTS} slots already wait; this one is skipped");
+                    }
+                    return self.save_schedule(&rec).await;
+                }
+                Overlap::Allow => {}
+            }
+        }
+        let task = self.fire_slot(&rec, slot).await?;
+        rec.last_task_id = task.task_id;
+        self.save_schedule(&rec).await
+    }
+
+    /// Submits a slot's task: idempotent by the slot (a slot fired before a crash that lost
+    /// the schedule's record returns that slot's task).
+    async fn fire_slot(&self, rec: &ScheduleRec, slot: i64) -> Result<TaskRec> {
+        let request = format!("schedule:{}:{slot}", rec.schedule_id);
+        let task = self
+            .submit_firing(rec, &cron::slot_text(slot), request)
+            .await?;
+        tracing::info!(schedule = %rec.schedule_id, slot = %cron::slot_text(slot), task = %task.task_id, "schedule fired");
+        Ok(task)
+    }
+
+    async fn save_schedule(&self, rec: &ScheduleRec) -> Result<()> {
+        let k = key(&rec.namespace, &rec.schedule_id);
+        // Removed meanwhile (the lock is held, so only by a restore): leave it removed.
+        if self
+            .db
+            .get_json::<ScheduleRec>(Table::Schedules, &k)?
+            .is_none()
+        {
+            return Ok(());
+        }
+        self.db.put_json(Table::Schedules, &k, rec)?;
+        self.commit().await
+    }
+}
