@@ -351,9 +351,14 @@ impl Core {
         // A queued slot of an `enqueue` schedule goes first, once the last task ended.
         if !last_running {
             if let Some(&slot) = rec.pending.first() {
-                let task = self.fire_slot(&rec, slot).await?;
+                match self.fire_slot(&rec, slot).await {
+                    Ok(task) => rec.last_task_id = task.task_id,
+                    Err(e @ (HubError::NotFound(_) | HubError::InvalidArgument(_))) => {
+                        tracing::warn!(schedule = %rec.schedule_id, slot = %cron::slot_text(slot), error = %e, "schedule: queued slot not fired");
+                    }
+                    Err(e) => return Err(e),
+                }
                 rec.pending.remove(0);
-                rec.last_task_id = task.task_id;
                 return self.save_schedule(&rec).await;
             }
         }
@@ -384,8 +389,15 @@ impl Core {
                 Overlap::Allow => {}
             }
         }
-        let task = self.fire_slot(&rec, slot).await?;
-        rec.last_task_id = task.task_id;
+        match self.fire_slot(&rec, slot).await {
+            Ok(task) => rec.last_task_id = task.task_id,
+            // The deployment is gone (or refuses the task for good): the slot is spent, logged
+            // once, never retried at every pass.
+            Err(e @ (HubError::NotFound(_) | HubError::InvalidArgument(_))) => {
+                tracing::warn!(schedule = %rec.schedule_id, slot = %cron::slot_text(slot), error = %e, "schedule: slot not fired");
+            }
+            Err(e) => return Err(e),
+        }
         self.save_schedule(&rec).await
     }
 

@@ -147,6 +147,21 @@ pub fn backoff_ms(attempts: u32) -> i64 {
     (1000i64 << attempts.saturating_sub(1).min(20)).min(MAX_BACKOFF_MS)
 }
 
+/// The deliveries whose attempt is due, `(record, delivery)`, oldest record first, at most
+/// [`wire::MAX_CONCURRENT_DELIVERIES`] (the rest wait for a later pass).
+fn due_attempts(recs: &[WebhookRec], now: i64) -> Vec<(usize, usize)> {
+    let mut due = Vec::new();
+    for (r, rec) in recs.iter().enumerate() {
+        for (d, del) in rec.deliveries.iter().enumerate() {
+            if del.state == DeliveryState::Pending && del.next_attempt_at_ms <= now {
+                due.push((r, d));
+            }
+        }
+    }
+    due.truncate(wire::MAX_CONCURRENT_DELIVERIES);
+    due
+}
+
 impl Core {
     /// Checks the webhooks a submit names (form, count, the namespace's signing secret) and
     /// returns them as targets.
@@ -278,15 +293,7 @@ impl Core {
             self.commit().await?;
         }
         // Then the attempts that are due, at most MAX_CONCURRENT_DELIVERIES at once.
-        let mut due = Vec::new();
-        for (r, rec) in recs.iter().enumerate() {
-            for (d, del) in rec.deliveries.iter().enumerate() {
-                if del.state == DeliveryState::Pending && del.next_attempt_at_ms <= now {
-                    due.push((r, d));
-                }
-            }
-        }
-        due.truncate(wire::MAX_CONCURRENT_DELIVERIES);
+        let due = due_attempts(&recs, now);
         if due.is_empty() {
             return Ok(());
         }
@@ -360,5 +367,79 @@ impl Core {
             self.db.put_json(Table::Webhooks, &rec.task_id, rec)?;
         }
         self.commit().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(result: String) -> TaskRec {
+        let mut t: TaskRec = serde_json::from_value(serde_json::json!({
+            "task_id": "task-1", "namespace": "default", "deployment": "d", "input": "hi",
+            "labels": {}, "conversation_key": "", "conversation_id": "c", "state": "succeeded",
+            "activity": "", "progress": null, "outcome": null, "run_id": "", "attempt": 1,
+            "instance_id": "", "bundle_digest": "", "client_request_id": "",
+            "created_at_ms": 1, "updated_at_ms": 2, "started_at_ms": 1, "finished_at_ms": 2,
+            "nest_name": "", "seq": 1, "next_event_seq": 1,
+        }))
+        .expect("a task record");
+        t.outcome = Some(crate::model::OutcomeRec {
+            result,
+            response_type: "text".into(),
+            error: String::new(),
+        });
+        t
+    }
+
+    #[test]
+    fn deliveries_in_flight_are_capped_and_a_long_result_is_cut() {
+        let t = task("r".repeat(wire::MAX_PAYLOAD_BYTES + 1));
+        let body = payload(&t, "task.ended", "whd-1");
+        assert!(body.len() <= wire::MAX_PAYLOAD_BYTES, "{}", body.len());
+        let back: Payload = serde_json::from_str(&body).expect("json");
+        assert!(back.task.result_truncated);
+        let short: Payload =
+            serde_json::from_str(&payload(&task("done".into()), "task.ended", "whd-2"))
+                .expect("json");
+        assert_eq!(
+            (short.task.result.as_str(), short.task.result_truncated),
+            ("done", false)
+        );
+
+        let targets = (0..4)
+            .map(|i| WebhookTarget {
+                url: format!("https://example.com/{i}"),
+                on_waiting: false,
+                secret: SUBMIT_SECRET.into(),
+            })
+            .collect();
+        let mut rec = WebhookRec::new(&t, targets);
+        for i in 0..(wire::MAX_CONCURRENT_DELIVERIES + 1) {
+            rec.deliveries.push(Delivery {
+                delivery_id: format!("whd-{i}"),
+                target: i % 4,
+                event: "task.ended".into(),
+                body: String::new(),
+                created_at_ms: 0,
+                state: DeliveryState::Pending,
+                attempts: 0,
+                next_attempt_at_ms: 10,
+                last_status: 0,
+                last_error: String::new(),
+                delivered_at_ms: 0,
+            });
+        }
+        let recs = vec![rec];
+        assert_eq!(
+            due_attempts(&recs, 10).len(),
+            wire::MAX_CONCURRENT_DELIVERIES
+        );
+        assert_eq!(due_attempts(&recs, 9).len(), 0, "not due before its time");
+        assert_eq!(
+            (1..=6).map(backoff_ms).collect::<Vec<_>>(),
+            [1000, 2000, 4000, 8000, 16000, 32000]
+        );
+        assert_eq!(backoff_ms(40), MAX_BACKOFF_MS);
     }
 }
