@@ -20,6 +20,10 @@ use crate::limits::{api, runtime, Api};
 
 /// A deployment `runner` with no replica: its tasks stay queued (nothing runs them).
 fn deploy_idle(hub: &HubProcess, dir: &Path) {
+    deploy_idle_with(hub, dir, &[]);
+}
+
+fn deploy_idle_with(hub: &HubProcess, dir: &Path, more: &[&str]) {
     write_bundle(
         dir,
         &[
@@ -31,16 +35,16 @@ fn deploy_idle(hub: &HubProcess, dir: &Path) {
         ],
     )
     .unwrap();
-    let out = hub
-        .cli(&[
-            "deploy",
-            dir.to_str().unwrap(),
-            "--name",
-            "runner",
-            "--replicas",
-            "0",
-        ])
-        .unwrap();
+    let mut args = vec![
+        "deploy",
+        dir.to_str().unwrap(),
+        "--name",
+        "runner",
+        "--replicas",
+        "0",
+    ];
+    args.extend_from_slice(more);
+    let out = hub.cli(&args).unwrap();
     assert!(
         out.status.success(),
         "deploy: {}",
@@ -115,6 +119,7 @@ fn a_six_field_schedule_fires_once_per_slot_across_a_hub_kill_9_right_after_a_fi
     }
     let at_kill = rt.block_on(fired(&mut a, &id));
     hub.restart().unwrap();
+    let ready = chrono::Utc::now();
     let mut a = rt.block_on(api(&hub));
     let mut after = BTreeMap::new();
     wait_for(
@@ -137,6 +142,17 @@ fn a_six_field_schedule_fires_once_per_slot_across_a_hub_kill_9_right_after_a_fi
             "slot {slot} kept its one task"
         );
     }
+    // Slots missed while no Hub ran (well before the new one was ready) fire one task
+    // together (catch-up latest), not one each.
+    let last_at_kill = at_kill.keys().max().cloned().unwrap();
+    let missed = after
+        .keys()
+        .filter(|s| **s > last_at_kill)
+        .filter(|s| {
+            chrono::DateTime::parse_from_rfc3339(s).unwrap() < ready - chrono::Duration::seconds(3)
+        })
+        .count();
+    assert!(missed <= 1, "{missed} missed slots fired");
     // Slots are 2 s apart: every label is an even second.
     for slot in after.keys() {
         let sec: u32 = slot[17..19].parse().unwrap();
@@ -243,7 +259,8 @@ fn pause_resume_and_run_now_and_bad_expressions_name_their_field() {
 /// What the test's receiver got: (headers it needs, body).
 type Received = Arc<Mutex<Vec<(String, String, String)>>>;
 
-/// A receiver on `port` that records each POST (signature, delivery id, body) and answers 200.
+/// A receiver on `listener` that records each POST (signature, delivery id, body) and answers
+/// 200. It runs on `rt`, a current-thread runtime: it serves only while the test drives `rt`.
 fn receiver(rt: &tokio::runtime::Runtime, listener: std::net::TcpListener) -> Received {
     let got: Received = Arc::default();
     let store = got.clone();
@@ -402,4 +419,57 @@ fn a_webhook_is_signed_retried_until_its_receiver_is_up_and_refused_for_a_privat
         .cli_json(&["tasks", "webhooks", &task, "-o", "json"])
         .unwrap();
     assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
+
+    // A deployment's webhook: every task of it is told, signed with the secret it names.
+    let hook_secret = "deployment-hook-secret";
+    let f = tmp.path().join("hook-secret");
+    std::fs::write(&f, hook_secret).unwrap();
+    let set = hub
+        .cli(&[
+            "secrets",
+            "set",
+            "HOOK_SECRET",
+            "--from-file",
+            f.to_str().unwrap(),
+        ])
+        .unwrap();
+    assert!(set.status.success());
+    let url2 = format!("http://127.0.0.1:{port}/hook?from=deployment");
+    deploy_idle_with(
+        &hub,
+        &tmp.path().join("bundle"),
+        &["--webhook", &url2, "--webhook-secret", "HOOK_SECRET"],
+    );
+    let task2 = submit(&[]);
+    rt.block_on(a.cancel_task(pb::CancelTaskRequest {
+        task_id: task2.clone(),
+        reason: "done".into(),
+        ..Default::default()
+    }))
+    .unwrap();
+    // (Each call drives this test's runtime, where the receiver runs.)
+    wait_for("the deployment's delivery", Duration::from_secs(20), || {
+        let d = rt
+            .block_on(a.list_task_webhooks(pb::ListTaskWebhooksRequest {
+                task_id: task2.clone(),
+                ..Default::default()
+            }))
+            .unwrap()
+            .into_inner()
+            .deliveries;
+        (d.len() == 1 && d[0].state == "delivered" && d[0].url == url2).then_some(())
+    })
+    .unwrap();
+    assert_eq!(
+        got.lock().unwrap().len(),
+        2,
+        "one more delivery, received once"
+    );
+    let (sig, _, body) = got.lock().unwrap()[1].clone();
+    assert!(
+        verify(hook_secret, &sig, &body),
+        "signature {sig} over {body}"
+    );
+    let payload: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(payload["task"]["task_id"], task2.as_str());
 }

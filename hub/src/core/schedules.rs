@@ -4,7 +4,7 @@
 //! Invariants: a slot is fired at most once, across Hub restarts: its task's client request
 //! id is `schedule:<id>:<slot ms>`, so the submit of a slot whose record did not reach the disk
 //! before a crash returns the task that slot already made; the record (`last_slot_ms`) is
-//! written and flushed right after. Only the leader fires ([`Core::leads_schedules`], the one
+//! written and flushed right after. Only the leader fires ([`Core::is_leader`], the one
 //! place that decides it). Slots due before this Hub started were missed: `catch_up` latest
 //! fires one task for the latest of them, none fires none; slots due while the Hub runs always
 //! fire (the latest, when a pause of the loop let several pass). A paused schedule fires
@@ -161,7 +161,7 @@ fn key(namespace: &str, id: &str) -> String {
 impl Core {
     /// Whether this Hub fires schedules and delivers webhooks: the leader does. One Hub today
     /// is always the leader; a Hub with a standby asks its lease here.
-    pub fn leads_schedules(&self) -> bool {
+    pub fn is_leader(&self) -> bool {
         true
     }
 
@@ -318,7 +318,7 @@ impl Core {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(TICK) => {}
             }
-            if !self.leads_schedules() || self.store_broken().is_some() {
+            if !self.is_leader() || self.store_broken().is_some() {
                 continue;
             }
             if let Err(e) = self.fire_due(boot_ms).await {
@@ -424,5 +424,66 @@ impl Core {
         }
         self.db.put_json(Table::Schedules, &k, rec)?;
         self.commit().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::DeploymentRec;
+
+    #[tokio::test]
+    async fn a_slot_fired_again_after_a_crash_lost_its_record_makes_no_second_task() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let core = crate::core::test_core(dir.path());
+        let dep = DeploymentRec {
+            namespace: "default".into(),
+            name: "runner".into(),
+            bundle_digest: String::new(),
+            replicas: 0,
+            selector: Default::default(),
+            concurrency: 1,
+            generation: 1,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            agent_name: "runner".into(),
+        };
+        core.lock().deployments.insert(dep.key(), dep);
+        let rec = core
+            .create_schedule(ScheduleSpec {
+                deployment: "runner".into(),
+                cron: "*/2 * * * * *".into(),
+                timezone: "Europe/Oslo".into(),
+                input: "tick".into(),
+                ..Default::default()
+            })
+            .await
+            .expect("created");
+        let slot = rec.next_slot_ms();
+        // The slot fires; the crash comes before `last_slot_ms` is written, so the next Hub
+        // finds the slot due again and fires it again.
+        let first = core.fire_slot(&rec, slot).await.expect("fired");
+        let again = core.fire_slot(&rec, slot).await.expect("fired again");
+        assert_eq!(first.task_id, again.task_id);
+        let tasks = core.lock().tasks.len();
+        assert_eq!(tasks, 1, "one task for the slot");
+        assert_eq!(
+            first.labels.get("agen.schedule.slot"),
+            Some(&cron::slot_text(slot))
+        );
+        // The loop's own pass, from a record that never saw the slot, adds none either.
+        let mut stale = rec.clone();
+        stale.from_ms = slot - 1;
+        core.fire_one(stale, 0).await.expect("pass");
+        let slots: Vec<String> = core
+            .lock()
+            .tasks
+            .values()
+            .filter_map(|t| t.labels.get("agen.schedule.slot").cloned())
+            .collect();
+        let mut unique = slots.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(slots.len(), unique.len(), "no slot twice: {slots:?}");
     }
 }

@@ -1,5 +1,6 @@
-//! Webhooks of tasks: the targets a submit named, stored with the task in the `webhooks`
-//! table (one record per task, written in the submit's commit), and [`Core::run_webhooks`],
+//! Webhooks of tasks: the targets a submit named and the one its deployment names
+//! (`deployment_webhooks`), stored with the task in the `webhooks` table (one record per task,
+//! written in the submit's commit), and [`Core::run_webhooks`],
 //! the loop that turns a task's end (and, for targets that ask, its waiting for an approval)
 //! into deliveries and delivers them ([`crate::webhooks`]: body, signature, outbound rule).
 //!
@@ -8,7 +9,8 @@
 //! in it (`agen tasks webhooks TASK`); attempts back off 1 s, 2 s, 4 s … up to 10 minutes
 //! and stop 24 h after the delivery was made (`failed`); at most
 //! [`crate::webhooks::MAX_CONCURRENT_DELIVERIES`] attempts are in flight. The secret is read
-//! at each attempt (the namespace's platform secret [`SUBMIT_SECRET`]).
+//! at each attempt (a submit's: the namespace's platform secret [`SUBMIT_SECRET`]; a
+//! deployment's: the platform secret it names).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -163,20 +165,87 @@ fn due_attempts(recs: &[WebhookRec], now: i64) -> Vec<(usize, usize)> {
 }
 
 impl Core {
-    /// Checks the webhooks a submit names (form, count, the namespace's signing secret) and
-    /// returns them as targets.
+    /// The webhook deployment `name` names, if any.
+    fn deployment_webhook(&self, namespace: &str, name: &str) -> Result<Option<WebhookTarget>> {
+        Ok(self.db.get_json(
+            Table::DeploymentWebhooks,
+            &format!("{namespace}\u{0}{name}"),
+        )?)
+    }
+
+    /// A task's targets: the submit's, then its deployment's (read under the submit's lock).
+    pub(crate) fn webhooks_of_task(
+        &self,
+        task: &TaskRec,
+        submitted: &[WebhookTarget],
+    ) -> Result<Vec<WebhookTarget>> {
+        let mut all = submitted.to_vec();
+        all.extend(self.deployment_webhook(&task.namespace, &task.deployment)?);
+        Ok(all)
+    }
+
+    /// Checks the webhook a `CreateDeployment` names (form, the secret set in the namespace).
+    pub fn check_deployment_webhook(
+        &self,
+        namespace: &str,
+        url: &str,
+        on_waiting: bool,
+        secret: &str,
+    ) -> Result<Option<WebhookTarget>> {
+        if url.is_empty() {
+            return Ok(None);
+        }
+        wire::check_url("webhook.url", url)?;
+        let namespace = crate::core::namespace_or_default(namespace);
+        crate::secrets::validate_secret_name("webhook_secret", secret)?;
+        let names = [secret.to_string()];
+        if self.secrets.values(&namespace, names.iter())?.0.is_empty() {
+            return Err(HubError::FailedPrecondition(format!(
+                "webhook_secret: secret {secret} is not set in namespace {namespace}; set it with `agen secrets set {secret} --namespace {namespace}`"
+            )));
+        }
+        Ok(Some(WebhookTarget {
+            url: url.to_string(),
+            on_waiting,
+            secret: secret.to_string(),
+        }))
+    }
+
+    /// Stores (or, with `None`, removes) the webhook of deployment `name`; its tasks submitted
+    /// from now on carry it.
+    pub async fn set_deployment_webhook(
+        &self,
+        namespace: &str,
+        name: &str,
+        hook: Option<WebhookTarget>,
+    ) -> Result<()> {
+        let key = format!(
+            "{}\u{0}{name}",
+            crate::core::namespace_or_default(namespace)
+        );
+        match hook {
+            Some(h) => self.db.put_json(Table::DeploymentWebhooks, &key, &h)?,
+            None => self.db.remove(Table::DeploymentWebhooks, &key)?,
+        }
+        self.commit().await
+    }
+
+    /// Checks the webhooks a submit names (form, count with the deployment's, the namespace's
+    /// signing secret) and returns them as targets.
     pub fn submit_webhooks(
         &self,
         namespace: &str,
+        deployment: &str,
         urls: Vec<(String, bool)>,
     ) -> Result<Vec<WebhookTarget>> {
         if urls.is_empty() {
             return Ok(Vec::new());
         }
-        if urls.len() > wire::MAX_WEBHOOKS_PER_TASK {
+        let ns = crate::core::namespace_or_default(namespace);
+        let total = urls.len() + usize::from(self.deployment_webhook(&ns, deployment)?.is_some());
+        if total > wire::MAX_WEBHOOKS_PER_TASK {
             return Err(HubError::invalid(format!(
-                "webhooks: {} webhooks is over the limit of {} per task",
-                urls.len(),
+                "webhooks: {total} webhooks is over the limit of {} per task",
                 wire::MAX_WEBHOOKS_PER_TASK
             )));
         }
@@ -227,7 +296,7 @@ impl Core {
                 _ = tokio::time::sleep(TICK) => {}
                 _ = self.webhooks.wake.notified() => {}
             }
-            if !self.leads_schedules() || self.store_broken().is_some() {
+            if !self.is_leader() || self.store_broken().is_some() {
                 continue;
             }
             if let Err(e) = self.webhooks_pass().await {

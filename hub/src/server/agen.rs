@@ -155,10 +155,11 @@ impl AgenService for AgenApi {
             .check_delegates(&who, &r.namespace, &r.bundle_digest)
             .await?;
         let by = super::lifecycle::caller(&request, &who);
-        let r = request.into_inner();
+        let mut r = request.into_inner();
         check_namespace(&r.namespace)?;
         limits::validate_name("name", &r.name)?;
         check_id("bundle_digest", &r.bundle_digest)?;
+        let hook = super::triggers::deployment_webhook(&self.core, &mut r)?;
         let selector = r.selector.into_iter().collect();
         self.core.opts.limits.check_labels("selector", &selector)?;
         let spec = DeploymentSpec {
@@ -170,6 +171,10 @@ impl AgenService for AgenApi {
             concurrency: r.concurrency,
         };
         let rec = self.core.deploy_as(spec, &by, "deploy").await?;
+        (self
+            .core
+            .set_deployment_webhook(&rec.namespace, &rec.name, hook))
+        .await?;
         let (view, _) = self.core.get_deployment(&rec.namespace, &rec.name)?;
         Ok(Response::new(convert::deployment(&view)))
     }
@@ -301,7 +306,8 @@ impl AgenService for AgenApi {
             crate::core::tasks::MAX_CLIENT_REQUEST_ID_BYTES,
         )?;
         let tool_overrides = convert::tool_overrides(r.tool_overrides.unwrap_or_default())?;
-        let webhooks = super::triggers::submit_webhooks(&self.core, &r.namespace, r.webhooks)?;
+        let webhooks =
+            super::triggers::submit_webhooks(&self.core, &r.namespace, &r.deployment, r.webhooks)?;
         if r.timeout_ms > crate::core::deadlines::MAX_TIMEOUT_MS {
             return Err(HubError::invalid(format!(
                 "timeout_ms: {} is over the limit of {} (a year)",
@@ -540,14 +546,7 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::ListArtifactsRequest>,
     ) -> Result<Response<pb::ListArtifactsResponse>, Status> {
-        authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
-        let r = request.into_inner();
-        check_namespace(&r.namespace)?;
-        check_id("task_id", &r.task_id)?;
-        let list = self.core.list_artifacts(&r.namespace, &r.task_id)?;
-        Ok(Response::new(pb::ListArtifactsResponse {
-            artifacts: list.iter().map(convert::artifact).collect(),
-        }))
+        super::artifacts::list(&self.core, request).await
     }
 
     type GetArtifactStream = Stream_<pb::ArtifactChunk>;
@@ -556,21 +555,7 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::GetArtifactRequest>,
     ) -> Result<Response<Self::GetArtifactStream>, Status> {
-        authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
-        let r = request.into_inner();
-        if r.artifact_id.is_empty() {
-            return Err(HubError::invalid(
-                "artifact_id: expected an artifact id such as sha256:<hex>",
-            )
-            .into());
-        }
-        check_namespace(&r.namespace)?;
-        check_id("artifact_id", &r.artifact_id)?;
-        let (rec, bytes) = self.core.artifact(&r.namespace, &r.artifact_id)?;
-        let chunks = convert::artifact_chunks(&rec, &bytes);
-        Ok(Response::new(Box::pin(futures::stream::iter(
-            chunks.into_iter().map(Ok),
-        ))))
+        super::artifacts::get(&self.core, request).await
     }
 
     async fn set_secret(

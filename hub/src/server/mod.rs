@@ -5,6 +5,7 @@
 
 mod agen;
 mod approvals;
+mod artifacts;
 pub mod auth;
 mod auth_table;
 mod convert;

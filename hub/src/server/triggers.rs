@@ -153,8 +153,18 @@ pub async fn task_webhooks(
 pub fn submit_webhooks(
     core: &Core,
     namespace: &str,
+    deployment: &str,
     targets: Vec<pb::WebhookTarget>,
 ) -> Result<Vec<crate::core::webhooks::WebhookTarget>, Status> {
     let urls = targets.into_iter().map(|t| (t.url, t.on_waiting)).collect();
-    Ok(core.submit_webhooks(namespace, urls)?)
+    Ok(core.submit_webhooks(namespace, deployment, urls)?)
+}
+
+/// The webhook a `CreateDeployment` names, checked before anything is stored.
+pub fn deployment_webhook(
+    core: &Core,
+    r: &mut pb::CreateDeploymentRequest,
+) -> Result<Option<crate::core::webhooks::WebhookTarget>, Status> {
+    let w = r.webhook.take().unwrap_or_default();
+    Ok(core.check_deployment_webhook(&r.namespace, &w.url, w.on_waiting, &r.webhook_secret)?)
 }

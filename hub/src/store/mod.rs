@@ -93,11 +93,13 @@ pub enum Table {
     Schedules,
     /// Webhook targets and deliveries of a task (`core/webhooks.rs`): task id.
     Webhooks,
+    /// The webhook a deployment names (`core/webhooks.rs`): `namespace \0 name`.
+    DeploymentWebhooks,
 }
 
 impl Table {
     /// Every table (a snapshot holds them all).
-    pub const ALL: [Table; 23] = [
+    pub const ALL: [Table; 24] = [
         Table::Deployments,
         Table::BundleMeta,
         Table::BundleData,
@@ -121,6 +123,7 @@ impl Table {
         Table::Approvals,
         Table::Schedules,
         Table::Webhooks,
+        Table::DeploymentWebhooks,
     ];
 
     pub fn name(self) -> &'static str {
@@ -148,6 +151,7 @@ impl Table {
             Table::Approvals => "approvals",
             Table::Schedules => "schedules",
             Table::Webhooks => "webhooks",
+            Table::DeploymentWebhooks => "deployment_webhooks",
         }
     }
 }

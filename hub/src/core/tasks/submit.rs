@@ -129,8 +129,9 @@ impl Core {
                     &task.task_id,
                 )?;
             }
-            if !spec.webhooks.is_empty() {
-                let rec = crate::core::webhooks::WebhookRec::new(&task, spec.webhooks.clone());
+            let hooks = self.webhooks_of_task(&task, &spec.webhooks)?;
+            if !hooks.is_empty() {
+                let rec = crate::core::webhooks::WebhookRec::new(&task, hooks);
                 self.db.put_json(Table::Webhooks, &task.task_id, &rec)?;
             }
             self.emit_state(&mut st, task.clone())?;
