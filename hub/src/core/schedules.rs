@@ -432,10 +432,8 @@ mod tests {
     use super::*;
     use crate::model::DeploymentRec;
 
-    #[tokio::test]
-    async fn a_slot_fired_again_after_a_crash_lost_its_record_makes_no_second_task() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let core = crate::core::test_core(dir.path());
+    fn core_with_runner(dir: &std::path::Path) -> Arc<Core> {
+        let core = crate::core::test_core(dir);
         let dep = DeploymentRec {
             namespace: "default".into(),
             name: "runner".into(),
@@ -449,6 +447,84 @@ mod tests {
             agent_name: "runner".into(),
         };
         core.lock().deployments.insert(dep.key(), dep);
+        core
+    }
+
+    fn slots(core: &Core) -> Vec<String> {
+        let mut v: Vec<String> = core
+            .lock()
+            .tasks
+            .values()
+            .filter_map(|t| t.labels.get("agen.schedule.slot").cloned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    async fn every_second(core: &Core, overlap: &str, catch_up: &str) -> ScheduleRec {
+        core.create_schedule(ScheduleSpec {
+            deployment: "runner".into(),
+            cron: "* * * * * *".into(),
+            input: "tick".into(),
+            overlap: overlap.into(),
+            catch_up: catch_up.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("created")
+    }
+
+    #[tokio::test]
+    async fn missed_slots_fire_one_task_or_none_and_a_running_firing_skips_or_queues_the_next() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let core = core_with_runner(dir.path());
+        let now = now_ms();
+        // Ten slots passed while no Hub ran (before boot): latest fires the newest once.
+        let mut rec = every_second(&core, "allow", "latest").await;
+        rec.from_ms = now - 10_000;
+        core.fire_one(rec.clone(), now + 60_000)
+            .await
+            .expect("pass");
+        assert_eq!(slots(&core).len(), 1, "one task for ten missed slots");
+        let saved = core.schedule("default", &rec.schedule_id).expect("saved");
+        assert!(saved.last_slot_ms >= now - 1000, "{}", saved.last_slot_ms);
+        // catch-up none: the missed slots fire nothing, and are spent.
+        let mut none = every_second(&core, "allow", "none").await;
+        none.from_ms = now - 10_000;
+        core.fire_one(none.clone(), now + 60_000)
+            .await
+            .expect("pass");
+        assert_eq!(slots(&core).len(), 1, "none fired");
+        let saved = core.schedule("default", &none.schedule_id).expect("saved");
+        assert!(saved.last_slot_ms > none.from_ms);
+
+        // overlap skip: the last firing's task is still queued, so the next slot is skipped.
+        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+        let mut skip = core.schedule("default", &rec.schedule_id).expect("saved");
+        skip.overlap = Overlap::Skip;
+        core.fire_one(skip, 0).await.expect("pass");
+        assert_eq!(slots(&core).len(), 1, "skipped while the last task runs");
+        // overlap enqueue: the slot waits, then fires once the last task ended.
+        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+        let mut queue = core.schedule("default", &rec.schedule_id).expect("saved");
+        queue.overlap = Overlap::Enqueue;
+        core.fire_one(queue, 0).await.expect("pass");
+        let queued = core.schedule("default", &rec.schedule_id).expect("saved");
+        assert_eq!((queued.pending.len(), slots(&core).len()), (1, 1));
+        core.cancel_task("default", &queued.last_task_id, "test")
+            .await
+            .expect("cancelled");
+        core.fire_one(queued.clone(), 0).await.expect("pass");
+        assert_eq!(slots(&core).len(), 2, "the queued slot fired");
+        let after = core.schedule("default", &rec.schedule_id).expect("saved");
+        assert!(after.pending.is_empty());
+        assert_ne!(after.last_task_id, queued.last_task_id);
+    }
+
+    #[tokio::test]
+    async fn a_slot_fired_again_after_a_crash_lost_its_record_makes_no_second_task() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let core = core_with_runner(dir.path());
         let rec = core
             .create_schedule(ScheduleSpec {
                 deployment: "runner".into(),

@@ -115,10 +115,22 @@ impl WebhookRec {
     }
 }
 
-/// The webhooks' loop state: wakes it early.
+/// The webhooks' loop state: the tasks whose record is still open (read from the store once,
+/// at the first pass; a submit adds its task), so a pass never reads the closed ones.
 #[derive(Default)]
 pub struct Webhooks {
     pub(crate) wake: tokio::sync::Notify,
+    open: std::sync::Mutex<Option<std::collections::BTreeSet<String>>>,
+}
+
+impl Webhooks {
+    /// A task with webhooks was stored.
+    pub(crate) fn opened(&self, task_id: &str) {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(set) = open.as_mut() {
+            set.insert(task_id.to_string());
+        }
+    }
 }
 
 fn payload(task: &TaskRec, event: &str, delivery_id: &str) -> String {
@@ -307,8 +319,31 @@ impl Core {
 
     async fn webhooks_pass(&self) -> Result<()> {
         let now = now_ms();
-        let mut recs: Vec<WebhookRec> = self.db.list_json(Table::Webhooks, b"")?;
-        recs.retain(|r| r.open());
+        let ids: Vec<String> = {
+            let mut open = self.webhooks.open.lock().unwrap_or_else(|p| p.into_inner());
+            if open.is_none() {
+                let all: Vec<WebhookRec> = self.db.list_json(Table::Webhooks, b"")?;
+                *open = Some(
+                    all.into_iter()
+                        .filter(|r| r.open())
+                        .map(|r| r.task_id)
+                        .collect(),
+                );
+            }
+            open.iter().flatten().cloned().collect()
+        };
+        let mut recs = Vec::new();
+        for id in ids {
+            match self.db.get_json::<WebhookRec>(Table::Webhooks, &id)? {
+                Some(r) if r.open() => recs.push(r),
+                _ => {
+                    let mut open = self.webhooks.open.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(set) = open.as_mut() {
+                        set.remove(&id);
+                    }
+                }
+            }
+        }
         // New deliveries first, stored before any attempt.
         let mut made = false;
         for rec in recs.iter_mut() {
@@ -459,6 +494,75 @@ mod tests {
             error: String::new(),
         });
         t
+    }
+
+    #[tokio::test]
+    async fn a_wait_and_an_end_make_one_delivery_per_target_that_asks_and_are_recorded() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let core = crate::core::test_core(dir.path());
+        let mut t = task("done".into());
+        t.state = TaskState::Waiting;
+        core.lock().tasks.insert(t.clone());
+        core.set_secret("default", SUBMIT_SECRET, b"s3cret")
+            .await
+            .expect("secret");
+        let target = |url: &str, on_waiting| WebhookTarget {
+            url: url.into(),
+            on_waiting,
+            secret: SUBMIT_SECRET.into(),
+        };
+        // Loopback without --webhook-allow: refused at the attempt, never connected to.
+        let rec = WebhookRec::new(
+            &t,
+            vec![
+                target("https://127.0.0.1:1/a", true),
+                target("https://127.0.0.1:1/b", false),
+            ],
+        );
+        core.db
+            .put_json(Table::Webhooks, &t.task_id, &rec)
+            .expect("put");
+        let read = |core: &Core| -> WebhookRec {
+            core.db
+                .get_json(Table::Webhooks, "task-1")
+                .expect("get")
+                .expect("rec")
+        };
+        core.webhooks_pass().await.expect("pass");
+        core.webhooks_pass().await.expect("pass again");
+        let got = read(&core);
+        let events: Vec<(String, usize)> = got
+            .deliveries
+            .iter()
+            .map(|d| (d.event.clone(), d.target))
+            .collect();
+        assert_eq!(events, [("task.waiting".to_string(), 0)]);
+        let d = &got.deliveries[0];
+        assert_eq!((d.attempts, d.state), (1, DeliveryState::Pending));
+        assert!(
+            d.last_error
+                .starts_with("refused: 127.0.0.1 resolves to 127.0.0.1:1"),
+            "{}",
+            d.last_error
+        );
+        // It ends: one `task.ended` per target, once however many passes run.
+        t.state = TaskState::Succeeded;
+        core.lock().tasks.insert(t);
+        core.webhooks_pass().await.expect("pass");
+        core.webhooks_pass().await.expect("pass again");
+        let events: Vec<(String, usize)> = read(&core)
+            .deliveries
+            .iter()
+            .map(|d| (d.event.clone(), d.target))
+            .collect();
+        assert_eq!(
+            events,
+            [
+                ("task.waiting".to_string(), 0),
+                ("task.ended".to_string(), 0),
+                ("task.ended".to_string(), 1)
+            ]
+        );
     }
 
     #[test]

@@ -133,6 +133,7 @@ impl Core {
             if !hooks.is_empty() {
                 let rec = crate::core::webhooks::WebhookRec::new(&task, hooks);
                 self.db.put_json(Table::Webhooks, &task.task_id, &rec)?;
+                self.webhooks.opened(&task.task_id);
             }
             self.emit_state(&mut st, task.clone())?;
             st.tasks.get(&task.task_id).cloned().unwrap_or(task)
