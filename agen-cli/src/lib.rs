@@ -71,6 +71,9 @@ pub enum Command {
     /// Secrets with source platform: set (value from stdin), ls, rm
     #[command(subcommand)]
     Secrets(cmd::secrets::Command),
+    /// Tasks on a cron expression: create, ls, pause, resume, rm, run-now
+    #[command(subcommand)]
+    Schedules(cmd::schedules::Command),
     /// API tokens (a namespace and a role) and Nest join tokens: create, ls, rotate, revoke
     #[command(subcommand)]
     Tokens(cmd::tokens::Command),
@@ -169,6 +172,7 @@ pub fn main(cli: Cli) -> i32 {
             Command::Artifacts(c) => cmd::artifacts::run(c).await,
             Command::A2a(c) => cmd::a2a::run(c).await,
             Command::Secrets(c) => cmd::secrets::run(c).await,
+            Command::Schedules(c) => cmd::schedules::run(c).await,
             Command::Tokens(c) => cmd::tokens::run(c).await,
             Command::Audit(a) => cmd::audit::run(a).await,
             Command::Completions(a) => cmd::completions::run(a),

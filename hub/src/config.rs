@@ -60,6 +60,8 @@ pub struct HubOptions {
     /// The longest a web console session lasts (`--console-session-max`, default and most
     /// 12h); it ends sooner when its token is revoked, rotated or expires, or at sign-out.
     pub console_session_max: Duration,
+    /// Internal addresses webhooks may reach (`--webhook-allow HOST[:PORT]`).
+    pub webhook_allow: Vec<crate::webhooks::Allow>,
 }
 
 /// Default and largest [`HubOptions::console_session_max`]: 12 hours.
@@ -226,6 +228,7 @@ impl Default for HubOptions {
             snapshots: None,
             a2a: A2aOptions::default(),
             console_session_max: MAX_CONSOLE_SESSION,
+            webhook_allow: Vec::new(),
         }
     }
 }

@@ -37,6 +37,7 @@ pub mod a2a;
 pub mod config;
 pub mod conn_gate;
 pub mod core;
+pub mod cron;
 pub mod error;
 pub mod limits;
 mod listener;
@@ -52,6 +53,7 @@ mod server;
 pub mod store;
 pub mod tokens;
 pub mod trace;
+pub mod webhooks;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -314,6 +316,8 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     }
     let reconciler = tokio::spawn(core.clone().run_reconciler(shutdown.child_token()));
     let retention = tokio::spawn(core.clone().run_retention(shutdown.child_token()));
+    tokio::spawn(core.clone().run_schedules(shutdown.child_token()));
+    tokio::spawn(core.clone().run_webhooks(shutdown.child_token()));
     if let Some(schedule) = opts.snapshots.clone() {
         tokio::spawn(core.clone().run_snapshots(schedule, shutdown.child_token()));
     }

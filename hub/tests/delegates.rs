@@ -22,6 +22,7 @@ async fn deploy(api: &mut Api, dir: &std::path::Path, name: &str, concurrency: u
         replicas: 1,
         selector: Default::default(),
         concurrency,
+        ..Default::default()
     })
     .await
     .expect("create deployment");

@@ -247,6 +247,7 @@ async fn upload_deploy_and_list_with_clear_errors_for_bad_requests() {
             replicas,
             selector: Default::default(),
             concurrency: 0,
+            ..Default::default()
         })
         .await
         .unwrap_err()
@@ -384,6 +385,7 @@ async fn a_nest_registers_gets_placements_spread_and_reports_them_running() {
         replicas: 1,
         selector: [("zone".to_string(), "y".to_string())].into(),
         concurrency: 0,
+        ..Default::default()
     })
     .await
     .unwrap();

@@ -29,6 +29,7 @@ async fn a_second_nest_with_its_own_certificate_cannot_move_a_run_it_was_not_ass
         replicas: 1,
         selector: Default::default(),
         concurrency: 1,
+        ..Default::default()
     })
     .await
     .expect("create deployment");

@@ -41,6 +41,7 @@ async fn one_instance_with(
         replicas: 1,
         selector: Default::default(),
         concurrency: 1,
+        ..Default::default()
     })
     .await
     .expect("create deployment");

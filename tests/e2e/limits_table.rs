@@ -33,6 +33,8 @@ const SENT: &[&str] = &[
     "A2A `ListTasks` page",
     "A2A blocking `SendMessage` wait",
     "gRPC messages",
+    "schedules",
+    "webhooks of a task (URL, count)",
 ];
 
 /// Rows sent one over by another test, with the reason they are not sent here.
@@ -91,6 +93,11 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
         "metric label values from bundles and models (`tool`, `model`)",
         "tests/e2e/hostile_clients.rs a_model_inventing_thousands_of_tool_names_makes_a_bounded_number_of_series",
         "label values come from a model inside a run (a Nest, an instance, a fake model), which that test runs",
+    ),
+    (
+        "webhook deliveries (in flight, body)",
+        "hub/src/core/webhooks.rs deliveries_in_flight_are_capped_and_a_long_result_is_cut",
+        "16 deliveries in flight need 16 slow receivers; the pass's own test goes one over the cap and over the body size",
     ),
     (
         "TLS handshake / A2A body",
@@ -375,6 +382,58 @@ async fn one_over(hub: &HubProcess, api: &mut Api, row: &str) {
                 .unwrap()
                 .into_inner();
             assert!(!next.tasks.is_empty(), "the 101st task is on the next page");
+        }
+        "schedules" => {
+            let create = |cron: String| pb::CreateScheduleRequest {
+                deployment: "runner".into(),
+                cron,
+                input: "tick".into(),
+                ..Default::default()
+            };
+            let r = api
+                .create_schedule(create(format!("0 7 * * *{}", " ".repeat(248))))
+                .await;
+            assert_eq!(refused(r), over("cron", 257, 256), "{row}");
+            let held = api
+                .list_schedules(pb::ListSchedulesRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .schedules
+                .len();
+            for _ in held..100 {
+                api.create_schedule(create("0 0 1 1 *".into()))
+                    .await
+                    .unwrap();
+            }
+            let (code, msg) = refused(api.create_schedule(create("0 0 1 1 *".into())).await);
+            assert_eq!(code, Code::ResourceExhausted, "{row}: {msg}");
+            assert!(
+                msg.starts_with(
+                    "schedules: namespace default holds 100 schedules, the limit is 100"
+                ),
+                "{row}: {msg}"
+            );
+        }
+        "webhooks of a task (URL, count)" => {
+            let hooks = |n: usize, url: &str| pb::SubmitTaskRequest {
+                webhooks: (0..n)
+                    .map(|_| pb::WebhookTarget {
+                        url: url.into(),
+                        on_waiting: false,
+                    })
+                    .collect(),
+                ..submit("hi".into())
+            };
+            let long = format!("https://example.com/{}", "p".repeat(2049 - 20));
+            let r = api.submit_task(hooks(1, &long)).await;
+            assert_eq!(refused(r), over("webhooks[0].url", 2049, 2048), "{row}");
+            let r = api.submit_task(hooks(5, "https://example.com/h")).await;
+            assert_eq!(
+                refused(r),
+                invalid("webhooks: 5 webhooks is over the limit of 4 per task"),
+                "{row}"
+            );
         }
         "A2A request body" => {
             let limit = 2 * MIB + 64 * 1024;

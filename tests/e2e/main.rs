@@ -47,6 +47,7 @@ mod store_damage;
 mod suspend;
 mod tokens;
 mod trace_events;
+mod triggers;
 mod up;
 mod versions;
 mod workspace;

@@ -41,6 +41,16 @@ pub struct Args {
     /// not connected, instead of only printing it
     #[arg(long)]
     pub require_all_servers: bool,
+    /// POST a signed notice to this URL when a task of the deployment ends (README "Webhooks");
+    /// a deploy without it removes the deployment's webhook
+    #[arg(long, value_name = "URL", requires = "webhook_secret")]
+    pub webhook: Option<String>,
+    /// The platform secret (agen secrets set NAME) that signs the --webhook deliveries
+    #[arg(long, value_name = "NAME", requires = "webhook")]
+    pub webhook_secret: Option<String>,
+    /// The --webhook URL is also told when a task waits for an approval
+    #[arg(long, requires = "webhook")]
+    pub webhook_on_waiting: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -65,13 +75,18 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         Some(n) => n,
         None => current_replicas(&mut hub, &name).await?.unwrap_or(1),
     };
-    let deployment = deploy(
+    let hook = args.webhook.clone().map(|url| {
+        let secret = args.webhook_secret.clone().unwrap_or_default();
+        let on_waiting = args.webhook_on_waiting;
+        (pb::WebhookTarget { url, on_waiting }, secret)
+    });
+    let deployment = deploy_with(
         &mut hub,
         &args.dir,
         &name,
-        replicas,
-        args.concurrency,
+        (replicas, args.concurrency),
         &args.selector,
+        hook,
     )
     .await?;
     if args.wait || args.require_all_servers {
@@ -180,6 +195,18 @@ pub async fn deploy(
     concurrency: u32,
     selector: &[String],
 ) -> anyhow::Result<pb::Deployment> {
+    deploy_with(hub, dir, name, (replicas, concurrency), selector, None).await
+}
+
+/// [`deploy`] with the deployment's webhook and the secret that signs it (`None`: none).
+pub async fn deploy_with(
+    hub: &mut Hub,
+    dir: &std::path::Path,
+    name: &str,
+    (replicas, concurrency): (u32, u32),
+    selector: &[String],
+    hook: Option<(pb::WebhookTarget, String)>,
+) -> anyhow::Result<pb::Deployment> {
     validate(dir).with_context(|| format!("bundle {} is not valid", dir.display()))?;
     let bytes =
         bundle::pack(dir).with_context(|| format!("cannot pack bundle {}", dir.display()))?;
@@ -212,6 +239,8 @@ pub async fn deploy(
             replicas,
             selector,
             concurrency,
+            webhook_secret: hook.as_ref().map(|h| h.1.clone()).unwrap_or_default(),
+            webhook: hook.map(|h| h.0),
         })
         .await
         .map_err(|s| status_error(hub, s))?

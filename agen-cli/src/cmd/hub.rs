@@ -60,6 +60,10 @@ pub struct Args {
     /// revoked, rotated or expires
     #[arg(long, value_name = "DURATION", default_value = "12h", value_parser = crate::cmd::parse_duration)]
     pub console_session_max: Duration,
+    /// An internal address webhooks may reach (loopback, private, link-local are refused
+    /// otherwise); HOST or HOST:PORT, repeatable (e.g. --webhook-allow 127.0.0.1:8080)
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub webhook_allow: Vec<agen_hub::webhooks::Allow>,
     /// Address to listen on
     #[arg(long, env = "AGEN_HUB_LISTEN", default_value = agen_hub::config::DEFAULT_LISTEN)]
     pub listen: SocketAddr,
@@ -285,6 +289,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             send_wait: args.a2a_send_wait,
         },
         console_session_max: args.console_session_max,
+        webhook_allow: args.webhook_allow.clone(),
         otlp: match agen_hub::config::OtlpOptions::resolve(args.otlp_endpoint.as_deref(), |k| {
             std::env::var(k).ok()
         }) {

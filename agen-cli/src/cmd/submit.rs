@@ -47,6 +47,13 @@ pub struct Args {
     /// over all turns and attempts (wins over the bundle's limits.maxTokens)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_tokens: Option<u64>,
+    /// POST a signed notice to this URL when the task ends (repeatable; signed with the
+    /// namespace's platform secret AGEN_WEBHOOK_SECRET; README "Webhooks")
+    #[arg(long = "webhook", value_name = "URL")]
+    pub webhooks: Vec<String>,
+    /// The --webhook URLs are also told when the task waits for an approval
+    #[arg(long, requires = "webhooks")]
+    pub webhook_on_waiting: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -79,6 +86,14 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             None => 0,
         },
         max_tokens: args.max_tokens.unwrap_or(0),
+        webhooks: args
+            .webhooks
+            .iter()
+            .map(|url| pb::WebhookTarget {
+                url: url.clone(),
+                on_waiting: args.webhook_on_waiting,
+            })
+            .collect(),
     };
     // Retrying with the same request id is safe: the Hub creates one task.
     let mut tries = 0;

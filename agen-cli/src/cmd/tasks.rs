@@ -40,9 +40,25 @@ pub struct Args {
     pub watch: bool,
     #[command(flatten)]
     pub client: ClientArgs,
+    #[command(subcommand)]
+    pub command: Option<Sub>,
+}
+
+/// `agen tasks SUBCOMMAND`.
+#[derive(Debug, clap::Subcommand)]
+pub enum Sub {
+    /// The webhook deliveries of a task, with their attempts
+    Webhooks {
+        task: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
+    if let Some(Sub::Webhooks { task, client }) = args.command {
+        return super::task_webhooks::run(task, client).await;
+    }
     let mut hub = args.client.connect()?;
     let output = args.client.output;
     if args.watch {

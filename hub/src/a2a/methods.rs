@@ -209,6 +209,7 @@ impl Call {
                 tool_overrides: Default::default(),
                 traceparent,
                 budget: Default::default(),
+                webhooks: Vec::new(),
             })
             .await
             .map_err(|e| rpc_error(e, codes::INVALID_PARAMS));

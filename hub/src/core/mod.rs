@@ -36,10 +36,12 @@ pub mod reconcile;
 mod respread;
 pub mod retention;
 pub mod run_context;
+pub mod schedules;
 pub mod streams;
 mod suspend;
 mod task_table;
 pub mod tasks;
+pub mod webhooks;
 
 pub use deployments::DeploymentSpec;
 pub use deployments::DeploymentView;
@@ -108,6 +110,10 @@ pub struct Core {
     attempt_floor: u32,
     /// Open server streams per kind and token, and their caps.
     pub streams: streams::StreamCaps,
+    /// The schedules' lock ([`schedules`]).
+    pub(crate) schedules: schedules::Schedules,
+    /// The webhooks' loop ([`webhooks`]).
+    pub(crate) webhooks: webhooks::Webhooks,
 }
 
 pub(crate) use crate::limits::validate_name;
@@ -182,6 +188,8 @@ impl Core {
             lazy_flush: Default::default(),
             attempt_floor,
             streams: streams::StreamCaps::new(opts_streams),
+            schedules: Default::default(),
+            webhooks: Default::default(),
             bundle_permissions: Default::default(),
             bundle_delegation: Default::default(),
             db,

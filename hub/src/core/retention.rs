@@ -1,6 +1,6 @@
 //! Retention and backup. Task retention (`--task-retention`): a periodic sweep removes the
 //! history of deployments removed longer ago than the retention, and finished tasks older than the
-//! retention, with their task events, run events, run attempt, approvals, request-id entry and
+//! retention, with their task events, run events, run attempt, approvals, webhooks, request-id entry and
 //! the artifacts no other task refers to; then the store is compacted when what it removed
 //! outweighs what is left (`Store::compact`: the event log is rewritten while the Hub runs).
 //!
@@ -132,6 +132,7 @@ impl Core {
                 }
             }
             raw.remove(Table::Approvals, t.task_id.as_bytes())?;
+            raw.remove(Table::Webhooks, t.task_id.as_bytes())?;
             if !t.client_request_id.is_empty() {
                 let key = format!("{}\0{}", t.namespace, t.client_request_id);
                 // Only if it still names this task (a later task may have taken the id).

@@ -9,6 +9,7 @@ use futures::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::auth::{authorize, list_scope, Action};
+use super::triggers::Change;
 use super::{convert, malformed};
 use crate::core::tasks::{TaskFilter, TaskSpec};
 use crate::core::{Core, DeploymentSpec};
@@ -154,10 +155,11 @@ impl AgenService for AgenApi {
             .check_delegates(&who, &r.namespace, &r.bundle_digest)
             .await?;
         let by = super::lifecycle::caller(&request, &who);
-        let r = request.into_inner();
+        let mut r = request.into_inner();
         check_namespace(&r.namespace)?;
         limits::validate_name("name", &r.name)?;
         check_id("bundle_digest", &r.bundle_digest)?;
+        let hook = super::triggers::deployment_webhook(&self.core, &mut r)?;
         let selector = r.selector.into_iter().collect();
         self.core.opts.limits.check_labels("selector", &selector)?;
         let spec = DeploymentSpec {
@@ -169,6 +171,10 @@ impl AgenService for AgenApi {
             concurrency: r.concurrency,
         };
         let rec = self.core.deploy_as(spec, &by, "deploy").await?;
+        (self
+            .core
+            .set_deployment_webhook(&rec.namespace, &rec.name, hook))
+        .await?;
         let (view, _) = self.core.get_deployment(&rec.namespace, &rec.name)?;
         Ok(Response::new(convert::deployment(&view)))
     }
@@ -300,6 +306,8 @@ impl AgenService for AgenApi {
             crate::core::tasks::MAX_CLIENT_REQUEST_ID_BYTES,
         )?;
         let tool_overrides = convert::tool_overrides(r.tool_overrides.unwrap_or_default())?;
+        let webhooks =
+            super::triggers::submit_webhooks(&self.core, &r.namespace, &r.deployment, r.webhooks)?;
         if r.timeout_ms > crate::core::deadlines::MAX_TIMEOUT_MS {
             return Err(HubError::invalid(format!(
                 "timeout_ms: {} is over the limit of {} (a year)",
@@ -324,6 +332,7 @@ impl AgenService for AgenApi {
                     timeout_ms: r.timeout_ms,
                     max_tokens: r.max_tokens,
                 },
+                webhooks,
             })
             .await?;
         Ok(Response::new(convert::task(&task)))
@@ -548,14 +557,7 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::ListArtifactsRequest>,
     ) -> Result<Response<pb::ListArtifactsResponse>, Status> {
-        authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
-        let r = request.into_inner();
-        check_namespace(&r.namespace)?;
-        check_id("task_id", &r.task_id)?;
-        let list = self.core.list_artifacts(&r.namespace, &r.task_id)?;
-        Ok(Response::new(pb::ListArtifactsResponse {
-            artifacts: list.iter().map(convert::artifact).collect(),
-        }))
+        super::artifacts::list(&self.core, request).await
     }
 
     type GetArtifactStream = Stream_<pb::ArtifactChunk>;
@@ -564,75 +566,28 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::GetArtifactRequest>,
     ) -> Result<Response<Self::GetArtifactStream>, Status> {
-        authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
-        let r = request.into_inner();
-        if r.artifact_id.is_empty() {
-            return Err(HubError::invalid(
-                "artifact_id: expected an artifact id such as sha256:<hex>",
-            )
-            .into());
-        }
-        check_namespace(&r.namespace)?;
-        check_id("artifact_id", &r.artifact_id)?;
-        let (rec, bytes) = self.core.artifact(&r.namespace, &r.artifact_id)?;
-        let chunks = convert::artifact_chunks(&rec, &bytes);
-        Ok(Response::new(Box::pin(futures::stream::iter(
-            chunks.into_iter().map(Ok),
-        ))))
+        super::artifacts::get(&self.core, request).await
     }
 
     async fn set_secret(
         &self,
         request: Request<pb::SetSecretRequest>,
     ) -> Result<Response<pb::SetSecretResponse>, Status> {
-        authorize(
-            &request,
-            &request.get_ref().namespace,
-            Action::Deploy,
-            &request.get_ref().name,
-        )?;
-        let r = request.into_inner();
-        check_namespace(&r.namespace)?;
-        if r.value.len() > limits::MAX_SECRET_VALUE_BYTES {
-            return Err(
-                limits::over_limit("value", r.value.len(), limits::MAX_SECRET_VALUE_BYTES).into(),
-            );
-        }
-        let (meta, replaced) = self
-            .core
-            .set_secret(&r.namespace, &r.name, &r.value)
-            .await?;
-        Ok(Response::new(pb::SetSecretResponse {
-            secret: Some(convert::secret(&meta)),
-            replaced,
-        }))
+        super::secrets::set(&self.core, request).await
     }
 
     async fn list_secrets(
         &self,
         request: Request<pb::ListSecretsRequest>,
     ) -> Result<Response<pb::ListSecretsResponse>, Status> {
-        authorize(&request, &request.get_ref().namespace, Action::Deploy, "")?;
-        let r = request.into_inner();
-        let secrets = self.core.list_secrets(&r.namespace)?;
-        Ok(Response::new(pb::ListSecretsResponse {
-            secrets: secrets.iter().map(convert::secret).collect(),
-        }))
+        super::secrets::list(&self.core, request).await
     }
 
     async fn delete_secret(
         &self,
         request: Request<pb::DeleteSecretRequest>,
     ) -> Result<Response<pb::DeleteSecretResponse>, Status> {
-        authorize(
-            &request,
-            &request.get_ref().namespace,
-            Action::Deploy,
-            &request.get_ref().name,
-        )?;
-        let r = request.into_inner();
-        self.core.delete_secret(&r.namespace, &r.name).await?;
-        Ok(Response::new(pb::DeleteSecretResponse {}))
+        super::secrets::delete(&self.core, request).await
     }
 
     async fn create_token(
@@ -784,5 +739,54 @@ impl AgenService for AgenApi {
         request: Request<pb::VerifyStoreRequest>,
     ) -> Result<Response<pb::VerifyStoreResponse>, Status> {
         super::ops::verify_store(&self.core, request).await
+    }
+
+    async fn create_schedule(
+        &self,
+        request: Request<pb::CreateScheduleRequest>,
+    ) -> Result<Response<pb::Schedule>, Status> {
+        super::triggers::create(&self.core, request).await
+    }
+
+    async fn list_schedules(
+        &self,
+        request: Request<pb::ListSchedulesRequest>,
+    ) -> Result<Response<pb::ListSchedulesResponse>, Status> {
+        super::triggers::list(&self.core, request).await
+    }
+
+    async fn pause_schedule(
+        &self,
+        request: Request<pb::ScheduleRequest>,
+    ) -> Result<Response<pb::Schedule>, Status> {
+        super::triggers::change(&self.core, request, Change::Pause).await
+    }
+
+    async fn resume_schedule(
+        &self,
+        request: Request<pb::ScheduleRequest>,
+    ) -> Result<Response<pb::Schedule>, Status> {
+        super::triggers::change(&self.core, request, Change::Resume).await
+    }
+
+    async fn delete_schedule(
+        &self,
+        request: Request<pb::ScheduleRequest>,
+    ) -> Result<Response<pb::Schedule>, Status> {
+        super::triggers::change(&self.core, request, Change::Delete).await
+    }
+
+    async fn run_schedule(
+        &self,
+        request: Request<pb::ScheduleRequest>,
+    ) -> Result<Response<pb::Task>, Status> {
+        super::triggers::run_now(&self.core, request).await
+    }
+
+    async fn list_task_webhooks(
+        &self,
+        request: Request<pb::ListTaskWebhooksRequest>,
+    ) -> Result<Response<pb::ListTaskWebhooksResponse>, Status> {
+        super::triggers::task_webhooks(&self.core, request).await
     }
 }

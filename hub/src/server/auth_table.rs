@@ -93,6 +93,13 @@ pub const RPCS: &[(&str, Rule)] = &[
     ("WatchDeployments", ListScope),
     ("SnapshotStore", Global(ClusterWrite)),
     ("VerifyStore", Global(ClusterWrite)),
+    ("CreateSchedule", Namespace(Deploy)),
+    ("ListSchedules", Namespace(Read)),
+    ("PauseSchedule", Namespace(Deploy)),
+    ("ResumeSchedule", Namespace(Deploy)),
+    ("DeleteSchedule", Namespace(Deploy)),
+    ("RunSchedule", Namespace(Submit)),
+    ("ListTaskWebhooks", Namespace(Read)),
 ];
 
 /// The row of an RPC, by its name (`SubmitTask`).

@@ -5,6 +5,7 @@
 
 mod agen;
 mod approvals;
+mod artifacts;
 pub mod auth;
 mod auth_table;
 mod console;
@@ -16,7 +17,9 @@ mod malformed;
 mod nest;
 mod ops;
 mod run_context;
+mod secrets;
 mod tokens;
+mod triggers;
 
 pub use malformed::layer as malformed_request_layer;
 

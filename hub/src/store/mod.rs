@@ -92,11 +92,17 @@ pub enum Table {
     /// Web console sessions (`console_sessions`): sha256 of the session id → its token and
     /// expiry (`server/console/session.rs`).
     ConsoleSessions,
+    /// Schedules (`core/schedules.rs`): `namespace \0 id`.
+    Schedules,
+    /// Webhook targets and deliveries of a task (`core/webhooks.rs`): task id.
+    Webhooks,
+    /// The webhook a deployment names (`core/webhooks.rs`): `namespace \0 name`.
+    DeploymentWebhooks,
 }
 
 impl Table {
     /// Every table (a snapshot holds them all).
-    pub const ALL: [Table; 22] = [
+    pub const ALL: [Table; 25] = [
         Table::Deployments,
         Table::BundleMeta,
         Table::BundleData,
@@ -119,6 +125,9 @@ impl Table {
         Table::DeploymentHistory,
         Table::Approvals,
         Table::ConsoleSessions,
+        Table::Schedules,
+        Table::Webhooks,
+        Table::DeploymentWebhooks,
     ];
 
     pub fn name(self) -> &'static str {
@@ -145,6 +154,9 @@ impl Table {
             Table::DeploymentHistory => "deployment_history",
             Table::Approvals => "approvals",
             Table::ConsoleSessions => "console_sessions",
+            Table::Schedules => "schedules",
+            Table::Webhooks => "webhooks",
+            Table::DeploymentWebhooks => "deployment_webhooks",
         }
     }
 }

@@ -220,6 +220,7 @@ pub async fn deploy(api: &mut Api, bundle_dir: &Path, name: &str, replicas: u32)
         replicas,
         selector: Default::default(),
         concurrency: 0,
+        ..Default::default()
     })
     .await
     .expect("create deployment")
@@ -514,6 +515,7 @@ pub async fn fleet_with_one_instance(
         replicas: 1,
         selector: Default::default(),
         concurrency,
+        ..Default::default()
     })
     .await
     .expect("create deployment");

@@ -69,6 +69,8 @@ pub struct TaskSpec {
     pub traceparent: String,
     /// The submit's timeout and token budget (0: the bundle's default, or none).
     pub budget: SpecBudget,
+    /// URLs told of the task's end (`core/webhooks.rs`), checked by `Core::submit_webhooks`.
+    pub webhooks: Vec<crate::core::webhooks::WebhookTarget>,
 }
 
 /// A submit's own timeout and token budget (`SubmitTaskRequest.timeout_ms`, `max_tokens`); 0

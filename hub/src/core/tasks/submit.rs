@@ -129,6 +129,12 @@ impl Core {
                     &task.task_id,
                 )?;
             }
+            let hooks = self.webhooks_of_task(&task, &spec.webhooks)?;
+            if !hooks.is_empty() {
+                let rec = crate::core::webhooks::WebhookRec::new(&task, hooks);
+                self.db.put_json(Table::Webhooks, &task.task_id, &rec)?;
+                self.webhooks.opened(&task.task_id);
+            }
             self.emit_state(&mut st, task.clone())?;
             st.tasks.get(&task.task_id).cloned().unwrap_or(task)
         };
