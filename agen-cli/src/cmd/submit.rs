@@ -29,6 +29,9 @@ pub struct Args {
     /// Wait for the outcome (exit code as `agen wait`)
     #[arg(long)]
     pub wait: bool,
+    /// With --wait: print the answer as it is written even when stdout is not a terminal
+    #[arg(long)]
+    pub stream: bool,
     /// Allow only tools matching this pattern for this task, within the bundle's permissions
     /// (repeatable; `<server>.<tool>`, `<server>_<tool>` or `*`; overrides only narrow)
     #[arg(long = "allow-tool", value_name = "PATTERN")]
@@ -99,7 +102,9 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         if args.client.output == Output::Table {
             crate::outln!("{}", task.task_id);
         }
-        return crate::cmd::wait::follow(&mut hub, &task.task_id, args.client.output, None).await;
+        let stream = crate::cmd::wait::streams(args.stream, args.client.output);
+        return crate::cmd::wait::follow(&mut hub, &task.task_id, args.client.output, None, stream)
+            .await;
     }
     match args.client.output {
         Output::Table => crate::outln!("{}", task.task_id),

@@ -26,6 +26,7 @@ mod commit;
 pub mod cordon;
 pub mod deadlines;
 pub mod delegates;
+pub mod deltas;
 pub mod deployments;
 pub mod leases;
 pub mod lifecycle;
@@ -81,6 +82,8 @@ pub struct Core {
     pub(crate) updates: broadcast::Sender<Arc<TaskUpdate>>,
     /// The channels of watched tasks (`tasks::watchers`): a watcher hears its task alone.
     pub(crate) watchers: tasks::watchers::Watchers,
+    /// Streamed model answers per task (`deltas`): never stored.
+    pub(crate) deltas: deltas::Deltas,
     /// Cancelled when the Hub stops: long-lived streams (watchers) end.
     pub(crate) stopping: tokio_util::sync::CancellationToken,
     /// Whether the store can write (gRPC health follows it).
@@ -174,6 +177,7 @@ impl Core {
             wake: Notify::new(),
             updates,
             watchers: Default::default(),
+            deltas: Default::default(),
             stopping: tokio_util::sync::CancellationToken::new(),
             store_ok: tokio::sync::watch::Sender::new(true),
             reconciled_at_ms: std::sync::atomic::AtomicI64::new(crate::model::now_ms()),

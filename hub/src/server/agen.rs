@@ -377,6 +377,11 @@ impl AgenService for AgenApi {
         // reaches `live`.
         let task = core.get_task(&r.namespace, &r.task_id)?;
         let stored = core.task_events(&task.task_id, r.from_seq)?;
+        let mut deltas = super::watch_deltas::DeltaFollower::new(
+            &core,
+            &task.task_id,
+            r.deltas && !task.state.is_terminal(),
+        );
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<pb::TaskEvent, Status>>(64);
         tokio::spawn(async move {
             let mut last = r.from_seq.saturating_sub(1);
@@ -407,10 +412,23 @@ impl AgenService for AgenApi {
             }
             loop {
                 let next = tokio::select! {
+                    frames = deltas.next() => {
+                        for f in frames {
+                            if tx.send(Ok(f)).await.is_err() {
+                                return;
+                            }
+                        }
+                        continue;
+                    }
                     n = live.recv() => n,
                     _ = core.stopping.cancelled() => return,
                     _ = tx.closed() => return,
                 };
+                for f in deltas.drain() {
+                    if tx.send(Ok(f)).await.is_err() {
+                        return;
+                    }
+                }
                 match next {
                     Ok(u) if u.task_id == task.task_id => {
                         if u.event.seq <= last {

@@ -16,6 +16,7 @@ mod nest;
 mod ops;
 mod run_context;
 mod tokens;
+mod watch_deltas;
 
 pub use malformed::layer as malformed_request_layer;
 

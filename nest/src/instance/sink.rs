@@ -9,6 +9,7 @@
 //! for (see the harness's `run::tools`); a fenced attempt fails every
 //! later emit with [`SinkError::Fenced`]; the harness's own `run.finished` is held back: the
 //! host sends the one final `run.finished` (with the run's messages) through [`NestSink::finish`].
+//! A turn's streamed text goes as `delta` lines beside the events: no seq, never waited for.
 
 use agen_shared::run::RunFinished;
 use tokio::sync::{mpsc, watch};
@@ -102,6 +103,25 @@ impl RunEventSink for NestSink {
             return Ok(());
         }
         self.send(body, sync).await
+    }
+
+    fn delta(&self, turn: u32, delta: agen_harness::model::ModelDelta<'_>) {
+        use agen_harness::model::ModelDelta;
+        let (text, reset) = match delta {
+            ModelDelta::Text(t) => (t.to_string(), false),
+            ModelDelta::Reset => (String::new(), true),
+        };
+        // Never waited for, never acked: a closed connection just loses the piece.
+        let _ = self.to_nest.send(ToNest::Delta(crate::model::RunDelta {
+            run_id: self.run_id.clone(),
+            task_id: self.task_id.clone(),
+            delta: agen_shared::run::TurnDelta {
+                attempt: self.attempt,
+                turn,
+                text,
+                reset,
+            },
+        }));
     }
 }
 

@@ -268,6 +268,7 @@ async fn one_task(hub: &mut Hub, deployment: &str, i: usize) -> anyhow::Result<p
                 namespace: hub.namespace.clone(),
                 task_id: task.task_id.clone(),
                 from_seq,
+                deltas: false,
             })
             .await
             .map_err(|s| status_error(hub, s))?

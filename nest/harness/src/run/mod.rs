@@ -91,6 +91,10 @@ pub trait RunEventSink: Send + Sync {
     fn durable_results(&self) -> bool {
         false
     }
+
+    /// A piece of model turn `turn`'s answer as it streams: not an event, never durable, never
+    /// waited for (only the turn's `model.answered` is the record). Dropped by default.
+    fn delta(&self, _turn: u32, _delta: crate::model::ModelDelta<'_>) {}
 }
 
 /// How a run ends: its state, its result text and what that text is.
