@@ -403,6 +403,7 @@ fn handle(ctx: &LinkContext, client: &HubClient, msg: HubMsg) {
                 Some(why) => crate::refused_run::refuse(&ctx.outbox, &a, &why),
             }
         }
+        HubMsg::CancelRun(c) if c.interrupt => sup.interrupt(&c.run_id, &c.instance_id),
         HubMsg::CancelRun(c) => {
             ctx.fetching.cancel(&c.run_id);
             sup.cancel(&c.run_id, &c.instance_id, &c.reason)

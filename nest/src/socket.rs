@@ -186,6 +186,10 @@ pub enum ToInstance {
         run_id: String,
         reason: String,
     },
+    /// Stop the run at its next safe point (never inside a tool call); it ends cancelled.
+    Interrupt {
+        run_id: String,
+    },
     Ack {
         run_id: String,
         attempt: u32,

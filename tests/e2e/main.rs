@@ -17,6 +17,7 @@ mod day_two;
 mod delegates;
 mod deploy;
 mod disk_full;
+mod double_texting;
 mod fleet;
 mod guides;
 mod hostile_bundle;

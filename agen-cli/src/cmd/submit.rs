@@ -17,6 +17,11 @@ pub struct Args {
     /// Continue the conversation with this key
     #[arg(long)]
     pub conversation: Option<String>,
+    /// What to do when the conversation already has a task queued or running: reject, enqueue,
+    /// interrupt (stop it at its next safe point) or rollback (cancel it and drop its turns);
+    /// default: the bundle's doubleTexting, else enqueue
+    #[arg(long, value_name = "MODE", value_parser = ["reject", "enqueue", "interrupt", "rollback"])]
+    pub double_texting: Option<String>,
     /// A label of the task (repeatable)
     #[arg(long = "label", value_name = "K=V")]
     pub labels: Vec<String>,
@@ -82,6 +87,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             None => 0,
         },
         max_tokens: args.max_tokens.unwrap_or(0),
+        double_texting: args.double_texting.clone().unwrap_or_default(),
     };
     // Retrying with the same request id is safe: the Hub creates one task.
     let mut tries = 0;

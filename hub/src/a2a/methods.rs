@@ -209,6 +209,7 @@ impl Call {
                 tool_overrides: Default::default(),
                 traceparent,
                 budget: Default::default(),
+                double_texting: None,
             })
             .await
             .map_err(|e| rpc_error(e, codes::INVALID_PARAMS));

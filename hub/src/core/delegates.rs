@@ -189,6 +189,7 @@ impl Core {
                 tool_overrides: Default::default(),
                 traceparent,
                 budget: Default::default(),
+                double_texting: None,
             })
             .await?;
         if child.parent_task_id != parent.task_id {

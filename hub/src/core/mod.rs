@@ -100,6 +100,8 @@ pub struct Core {
     pub(crate) bundle_budgets: Mutex<HashMap<String, deadlines::BundleBudget>>,
     /// `permissions` of each bundle's `x-agen/config.json`, by digest (read once).
     pub(crate) bundle_permissions: Mutex<HashMap<String, agen_shared::bundle::Permissions>>,
+    /// `doubleTexting` of each bundle's `x-agen/config.json`, by digest (read once).
+    pub(crate) bundle_double_texting: Mutex<HashMap<String, agen_shared::bundle::DoubleTexting>>,
     /// Delegates and `maxDelegationDepth` of each bundle, by digest (read once).
     pub(crate) bundle_delegation: Mutex<HashMap<String, Arc<delegates::Delegation>>>,
     /// Artifact bytes stored per namespace and in all, counted once from the store; holding it
@@ -187,6 +189,7 @@ impl Core {
             attempt_floor,
             streams: streams::StreamCaps::new(opts_streams),
             bundle_permissions: Default::default(),
+            bundle_double_texting: Default::default(),
             bundle_delegation: Default::default(),
             db,
             bundle_secrets: Mutex::new(HashMap::new()),

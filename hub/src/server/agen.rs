@@ -300,6 +300,16 @@ impl AgenService for AgenApi {
             crate::core::tasks::MAX_CLIENT_REQUEST_ID_BYTES,
         )?;
         let tool_overrides = convert::tool_overrides(r.tool_overrides.unwrap_or_default())?;
+        let double_texting = match r.double_texting.as_str() {
+            "" => None,
+            m => Some(agen_shared::bundle::DoubleTexting::parse(m).ok_or_else(|| {
+                HubError::invalid(format!(
+                    "double_texting: expected one of {}, got {:?}",
+                    agen_shared::bundle::DoubleTexting::NAMES,
+                    crate::limits::cut(m, 40)
+                ))
+            })?),
+        };
         if r.timeout_ms > crate::core::deadlines::MAX_TIMEOUT_MS {
             return Err(HubError::invalid(format!(
                 "timeout_ms: {} is over the limit of {} (a year)",
@@ -324,6 +334,7 @@ impl AgenService for AgenApi {
                     timeout_ms: r.timeout_ms,
                     max_tokens: r.max_tokens,
                 },
+                double_texting,
             })
             .await?;
         Ok(Response::new(convert::task(&task)))

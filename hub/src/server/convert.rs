@@ -428,10 +428,12 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             run_id,
             instance_id,
             reason,
+            interrupt,
         } => Msg::CancelRun(pb::CancelRun {
             run_id,
             instance_id,
             reason,
+            interrupt,
         }),
         ToNest::ApprovalDecided {
             run_id,

@@ -25,6 +25,8 @@ pub struct NestSink {
     seq: std::sync::Mutex<u64>,
     to_nest: mpsc::UnboundedSender<ToNest>,
     acks: watch::Receiver<(u64, bool)>,
+    /// Fired by a double-texting interrupt (see [`RunEventSink::interrupt`]).
+    interrupt: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl NestSink {
@@ -42,7 +44,14 @@ impl NestSink {
             seq: std::sync::Mutex::new(0),
             to_nest,
             acks,
+            interrupt: None,
         }
+    }
+
+    /// The run stops at its next safe point once `token` fires.
+    pub fn with_interrupt(mut self, token: tokio_util::sync::CancellationToken) -> NestSink {
+        self.interrupt = Some(token);
+        self
     }
 
     /// Sends the final `run.finished` (sync) and waits for its ack.
@@ -103,6 +112,10 @@ impl RunEventSink for NestSink {
             return Ok(());
         }
         self.send(body, sync).await
+    }
+
+    fn interrupt(&self) -> Option<tokio_util::sync::CancellationToken> {
+        self.interrupt.clone()
     }
 
     fn delta(&self, turn: u32, delta: agen_harness::model::ModelDelta<'_>) {

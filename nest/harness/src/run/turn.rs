@@ -22,6 +22,11 @@ impl Run<'_> {
         if self.cancel.is_cancelled() {
             return Err(self.cancelled_end());
         }
+        // A safe point: no call is in flight between turns.
+        let interrupt = self.sink().interrupt();
+        if interrupt.as_ref().is_some_and(|t| t.is_cancelled()) {
+            return Err(RunEnd::cancelled(super::INTERRUPTED));
+        }
         if let Err(why) = self.budget.check(true) {
             tracing::info!(run_id = %self.req.run_id, "{why}");
             return Err(RunEnd::failed(why));
@@ -48,11 +53,18 @@ impl Run<'_> {
         };
         let sink = self.sink();
         let on_delta = |d: ModelDelta<'_>| sink.delta(turn, d);
-        let reply = self
-            .h
-            .provider
-            .complete(&request, &self.cancel, &on_delta)
-            .await;
+        let asked = self.h.provider.complete(&request, &self.cancel, &on_delta);
+        // A model request is a safe point too: nothing it does has an effect.
+        let reply = match &interrupt {
+            Some(t) => tokio::select! {
+                r = asked => r,
+                _ = t.cancelled() => {
+                    tracing::info!(run_id = %self.req.run_id, turn, "run interrupted during a model request");
+                    return Err(RunEnd::cancelled(super::INTERRUPTED));
+                }
+            },
+            None => asked.await,
+        };
         // The request shares the context: gone before the context grows, so that the push
         // below does not copy it.
         drop(request);
