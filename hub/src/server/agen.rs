@@ -300,16 +300,7 @@ impl AgenService for AgenApi {
             crate::core::tasks::MAX_CLIENT_REQUEST_ID_BYTES,
         )?;
         let tool_overrides = convert::tool_overrides(r.tool_overrides.unwrap_or_default())?;
-        let double_texting = match r.double_texting.as_str() {
-            "" => None,
-            m => Some(agen_shared::bundle::DoubleTexting::parse(m).ok_or_else(|| {
-                HubError::invalid(format!(
-                    "double_texting: expected one of {}, got {:?}",
-                    agen_shared::bundle::DoubleTexting::NAMES,
-                    crate::limits::cut(m, 40)
-                ))
-            })?),
-        };
+        let double_texting = convert::double_texting(&r.double_texting)?;
         if r.timeout_ms > crate::core::deadlines::MAX_TIMEOUT_MS {
             return Err(HubError::invalid(format!(
                 "timeout_ms: {} is over the limit of {} (a year)",
@@ -423,22 +414,16 @@ impl AgenService for AgenApi {
             }
             loop {
                 let next = tokio::select! {
-                    frames = deltas.next() => {
-                        for f in frames {
-                            if tx.send(Ok(f)).await.is_err() {
-                                return;
-                            }
-                        }
-                        continue;
-                    }
+                    frames = deltas.next() => match super::watch_deltas::send(&tx, frames).await {
+                        true => continue,
+                        false => return,
+                    },
                     n = live.recv() => n,
                     _ = core.stopping.cancelled() => return,
                     _ = tx.closed() => return,
                 };
-                for f in deltas.drain() {
-                    if tx.send(Ok(f)).await.is_err() {
-                        return;
-                    }
+                if !super::watch_deltas::send(&tx, deltas.drain()).await {
+                    return;
                 }
                 match next {
                     Ok(u) if u.task_id == task.task_id => {

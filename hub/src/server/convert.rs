@@ -309,6 +309,24 @@ fn turn_delta_in(
     }
 }
 
+/// `SubmitTaskRequest.double_texting` (empty: the bundle's mode).
+pub fn double_texting(
+    mode: &str,
+) -> Result<Option<agen_shared::bundle::DoubleTexting>, crate::error::HubError> {
+    if mode.is_empty() {
+        return Ok(None);
+    }
+    agen_shared::bundle::DoubleTexting::parse(mode)
+        .map(Some)
+        .ok_or_else(|| {
+            crate::error::HubError::invalid(format!(
+                "double_texting: expected one of {}, got {:?}",
+                agen_shared::bundle::DoubleTexting::NAMES,
+                crate::limits::cut(mode, 40)
+            ))
+        })
+}
+
 /// A streamed frame for `WatchTask` (seq 0, no task: not a durable event).
 pub fn delta_event(d: &agen_shared::run::TurnDelta) -> pb::TaskEvent {
     pb::TaskEvent {

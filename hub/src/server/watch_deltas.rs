@@ -33,6 +33,19 @@ fn merge(pending: &mut Vec<TurnDelta>, d: TurnDelta) {
     }
 }
 
+/// Sends `frames` in order; false when the watcher is gone.
+pub(super) async fn send(
+    tx: &tokio::sync::mpsc::Sender<Result<pb::TaskEvent, tonic::Status>>,
+    frames: Vec<pb::TaskEvent>,
+) -> bool {
+    for f in frames {
+        if tx.send(Ok(f)).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
 pub(super) struct DeltaFollower {
     core: Arc<Core>,
     task_id: String,
