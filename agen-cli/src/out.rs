@@ -10,6 +10,13 @@ pub fn line(text: &str) {
     write(&agen_shared::text::escape_controls(text, true), true)
 }
 
+/// Writes `text` with no newline, its control and format characters escaped as [`line`] does
+/// (a streamed answer's pieces: each character is escaped alone, so a piece boundary inside
+/// an escape sequence changes nothing).
+pub fn text(text: &str) {
+    write(&agen_shared::text::escape_controls(text, true), false)
+}
+
 /// Writes `text` as it is (no newline; terminal control sequences); a closed pipe as [`line`].
 pub fn raw(text: &str) {
     write(text, false)

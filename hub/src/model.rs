@@ -293,6 +293,10 @@ pub struct TaskRec {
     pub cancel_requested_at_ms: i64,
     #[serde(default)]
     pub cancel_reason: String,
+    /// Cancelled by a newer message of its conversation (`doubleTexting: rollback`): its run's
+    /// messages do not join the conversation, only a note of its completed side effects.
+    #[serde(default)]
+    pub rolled_back: bool,
     /// The durable record of the attempt the Hub issued last (the fence and the owner).
     #[serde(default)]
     pub lease: LeaseRec,
@@ -363,6 +367,7 @@ impl TaskRec {
             last_event_source: None,
             cancel_requested_at_ms: 0,
             cancel_reason: String::new(),
+            rolled_back: false,
             lease: LeaseRec::default(),
             parent_task_id: String::new(),
             root_run_id: String::new(),

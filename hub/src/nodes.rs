@@ -54,6 +54,8 @@ pub enum ToNest {
         run_id: String,
         instance_id: String,
         reason: String,
+        /// Stop at the next safe point instead (double texting `interrupt`).
+        interrupt: bool,
     },
     /// A decision about an `ask` call of a run on the Nest.
     ApprovalDecided {

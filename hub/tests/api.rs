@@ -68,6 +68,7 @@ async fn a_replayed_watch_shows_the_task_as_it_was_after_each_event() {
             namespace: "default".into(),
             task_id: task.task_id.clone(),
             from_seq: 0,
+            deltas: false,
         })
         .await
         .unwrap()

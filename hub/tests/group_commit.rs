@@ -81,6 +81,7 @@ async fn waited_for_events_sent_back_to_back_are_acked_in_order_and_share_flushe
             namespace: "default".into(),
             task_id: run.task_id.clone(),
             from_seq: 0,
+            deltas: false,
         })
         .await
         .expect("watch")

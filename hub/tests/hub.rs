@@ -649,6 +649,7 @@ async fn a_task_runs_from_submit_to_succeeded_through_run_events_and_acks() {
             namespace: "default".into(),
             task_id: task.task_id.clone(),
             from_seq: 0,
+            deltas: false,
         })
         .await
         .unwrap()
@@ -1306,6 +1307,7 @@ async fn history(api: &mut Api, task_id: &str) -> Vec<(u64, String)> {
             namespace: "default".into(),
             task_id: task_id.into(),
             from_seq: 0,
+            deltas: false,
         })
         .await
         .expect("watch task")

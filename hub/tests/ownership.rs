@@ -139,6 +139,7 @@ async fn a_second_nest_with_its_own_certificate_cannot_move_a_run_it_was_not_ass
             namespace: "default".into(),
             task_id: task.task_id.clone(),
             from_seq: 0,
+            deltas: false,
         })
         .await
         .unwrap()

@@ -249,6 +249,10 @@ async fn session(
         }
     };
     let mut told_draining = false;
+    // Streamed pieces queued before this session are dropped (never resent), and the next
+    // batch leaves no sooner than `deltas::SEND_EVERY` after the last one.
+    drop(ctx.outbox.deltas.take());
+    let mut deltas_due = tokio::time::Instant::now();
     // When the batch of events nobody waits for leaves (none queued: no window).
     let mut window: Option<tokio::time::Instant> = None;
     loop {
@@ -290,6 +294,16 @@ async fn session(
                     send_queued(&ctx.outbox, &tx).await?;
                 }
             }
+            _ = async {
+                ctx.outbox.deltas.queued().await;
+                tokio::time::sleep_until(deltas_due).await;
+            } => {
+                deltas_due = tokio::time::Instant::now() + crate::deltas::SEND_EVERY;
+                let deltas = ctx.outbox.deltas.take();
+                if !deltas.is_empty() {
+                    send(NestMsg::RunDeltas(convert::run_deltas(deltas))).await?;
+                }
+            }
             _ = sleep_until_window(window) => {
                 window = None;
                 send_queued(&ctx.outbox, &tx).await?;
@@ -310,7 +324,17 @@ async fn session(
 }
 
 /// Sends every queued run event, in order, in bounded batches grouped per instance.
+/// Streamed pieces queued before an event go first: a turn's pieces reach the Hub before its
+/// `model.answered` and the run's `run.finished`.
 async fn send_queued(outbox: &Outbox, tx: &mpsc::Sender<NestMessage>) -> Result<(), String> {
+    let deltas = outbox.deltas.take();
+    if !deltas.is_empty() {
+        tx.send(NestMessage {
+            msg: Some(NestMsg::RunDeltas(convert::run_deltas(deltas))),
+        })
+        .await
+        .map_err(|_| "the stream closed".to_string())?;
+    }
     loop {
         let batch = outbox.take_batch(BATCH_MAX);
         if batch.is_empty() {
@@ -379,6 +403,7 @@ fn handle(ctx: &LinkContext, client: &HubClient, msg: HubMsg) {
                 Some(why) => crate::refused_run::refuse(&ctx.outbox, &a, &why),
             }
         }
+        HubMsg::CancelRun(c) if c.interrupt => sup.interrupt(&c.run_id, &c.instance_id),
         HubMsg::CancelRun(c) => {
             ctx.fetching.cancel(&c.run_id);
             sup.cancel(&c.run_id, &c.instance_id, &c.reason)

@@ -21,6 +21,7 @@ pub mod bundles;
 pub mod child_relay;
 pub mod config;
 pub mod daemon;
+pub mod deltas;
 pub mod hub_client;
 pub mod hub_link;
 pub mod instance;

@@ -194,6 +194,16 @@ pub struct RunEvent {
     pub sync: bool,
 }
 
+/// A piece of a run's streamed model answer on its way to the Hub (see
+/// [`agen_shared::run::TurnDelta`]): never stored, acked or resent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunDelta {
+    pub run_id: String,
+    pub task_id: String,
+    #[serde(flatten)]
+    pub delta: agen_shared::run::TurnDelta,
+}
+
 /// Events of one instance, in order, as one message to the Hub.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EventBatch {

@@ -17,6 +17,8 @@ pub struct Outbox {
     notify: Notify,
     /// Woken when a waited-for event is queued (it ends a batching window early).
     urgent_notify: Notify,
+    /// Streamed answer pieces, beside the events and never kept for a resend.
+    pub deltas: crate::deltas::DeltaQueue,
 }
 
 #[derive(Default)]

@@ -103,6 +103,9 @@ pub enum ToNest {
     },
     Status(InstanceStatus),
     Event(RunEventMsg),
+    /// A piece of a run's streamed model answer (not an event: never acked, see
+    /// [`crate::model::RunDelta`]).
+    Delta(crate::model::RunDelta),
     /// The run is over on this instance (after its final event was acked, or it was cancelled).
     RunDone {
         run_id: String,
@@ -182,6 +185,10 @@ pub enum ToInstance {
     Cancel {
         run_id: String,
         reason: String,
+    },
+    /// Stop the run at its next safe point (never inside a tool call); it ends cancelled.
+    Interrupt {
+        run_id: String,
     },
     Ack {
         run_id: String,

@@ -114,6 +114,7 @@ fn events(s: &Submitter, api: &mut Api, bearer: &str, task: &str) -> Vec<(u64, S
         namespace: "default".into(),
         task_id: task.into(),
         from_seq: 0,
+        deltas: false,
     });
     req.metadata_mut()
         .insert("authorization", bearer.parse().unwrap());

@@ -248,6 +248,7 @@ fn watch_task_snapshots_carry_the_pending_approvals_while_the_task_waits() {
                 namespace: "default".into(),
                 task_id: task.clone(),
                 from_seq: 0,
+                deltas: false,
             })
             .unwrap();
         let mut events = api.watch_task(req).await.unwrap().into_inner();

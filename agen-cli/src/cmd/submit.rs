@@ -17,6 +17,11 @@ pub struct Args {
     /// Continue the conversation with this key
     #[arg(long)]
     pub conversation: Option<String>,
+    /// What to do when the conversation already has a task queued or running: reject, enqueue,
+    /// interrupt (stop it at its next safe point) or rollback (cancel it and drop its turns);
+    /// default: the bundle's doubleTexting, else enqueue
+    #[arg(long, value_name = "MODE", value_parser = ["reject", "enqueue", "interrupt", "rollback"])]
+    pub double_texting: Option<String>,
     /// A label of the task (repeatable)
     #[arg(long = "label", value_name = "K=V")]
     pub labels: Vec<String>,
@@ -29,6 +34,9 @@ pub struct Args {
     /// Wait for the outcome (exit code as `agen wait`)
     #[arg(long)]
     pub wait: bool,
+    /// With --wait: print the answer as it is written even when stdout is not a terminal
+    #[arg(long)]
+    pub stream: bool,
     /// Allow only tools matching this pattern for this task, within the bundle's permissions
     /// (repeatable; `<server>.<tool>`, `<server>_<tool>` or `*`; overrides only narrow)
     #[arg(long = "allow-tool", value_name = "PATTERN")]
@@ -94,6 +102,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 on_waiting: args.webhook_on_waiting,
             })
             .collect(),
+        double_texting: args.double_texting.clone().unwrap_or_default(),
     };
     // Retrying with the same request id is safe: the Hub creates one task.
     let mut tries = 0;
@@ -114,7 +123,9 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         if args.client.output == Output::Table {
             crate::outln!("{}", task.task_id);
         }
-        return crate::cmd::wait::follow(&mut hub, &task.task_id, args.client.output, None).await;
+        let stream = crate::cmd::wait::streams(args.stream, args.client.output);
+        return crate::cmd::wait::follow(&mut hub, &task.task_id, args.client.output, None, stream)
+            .await;
     }
     match args.client.output {
         Output::Table => crate::outln!("{}", task.task_id),

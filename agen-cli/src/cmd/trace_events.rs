@@ -21,6 +21,7 @@ pub async fn print(hub: &mut Hub, task: &str, output: Output) -> anyhow::Result<
             namespace: hub.namespace.clone(),
             task_id: task.to_string(),
             from_seq: 0,
+            deltas: false,
         })
         .await
         .map_err(|s| status_error(hub, s))?

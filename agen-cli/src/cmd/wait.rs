@@ -1,5 +1,7 @@
 //! `agen wait TASK`: follows a task until it ends, showing what the run is doing on stderr,
-//! then prints the answer (or the task as JSON). Exit 0 when it succeeded, 1 when it failed,
+//! then prints the answer (or the task as JSON). On a terminal, or with `--stream`, the answer
+//! is printed as the model writes it (never with `-o json|yaml`): control characters escaped,
+//! a turn cut off and asked again is followed by a note on stderr and the new text. Exit 0 when it succeeded, 1 when it failed,
 //! 3 when it was cancelled, 7 on `--timeout` (`crate::exit`).
 
 use std::time::Duration;
@@ -19,24 +21,48 @@ pub struct Args {
     /// Give up after this long (exit 7)
     #[arg(long, value_parser = crate::cmd::parse_duration)]
     pub timeout: Option<Duration>,
+    /// Print the answer as it is written even when stdout is not a terminal
+    #[arg(long)]
+    pub stream: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     let mut hub = args.client.connect()?;
-    follow(&mut hub, &args.task, args.client.output, args.timeout).await
+    let stream = streams(args.stream, args.client.output);
+    follow(
+        &mut hub,
+        &args.task,
+        args.client.output,
+        args.timeout,
+        stream,
+    )
+    .await
 }
 
-/// Follows `task` to its end and prints it; returns the exit code.
+/// Whether the answer is printed as it is written: on a terminal or with `--stream`, never
+/// with `-o json|yaml`.
+pub fn streams(flag: bool, output: Output) -> bool {
+    output == Output::Table && (flag || std::io::IsTerminal::is_terminal(&std::io::stdout()))
+}
+
+/// Follows `task` to its end and prints it; returns the exit code. With `stream`, the answer
+/// is printed as it is written.
 pub async fn follow(
     hub: &mut Hub,
     task: &str,
     output: Output,
     timeout: Option<Duration>,
+    stream: bool,
 ) -> anyhow::Result<i32> {
-    let bar = spinner();
-    let fut = watch_until_terminal(hub, task, &bar);
+    let bar = if stream {
+        ProgressBar::hidden()
+    } else {
+        spinner()
+    };
+    let mut shown = stream.then(Streamed::default);
+    let fut = watch_until_terminal(hub, task, &bar, &mut shown);
     let result = match timeout {
         Some(t) => match tokio::time::timeout(t, fut).await {
             Ok(r) => r,
@@ -50,8 +76,54 @@ pub async fn follow(
     };
     bar.finish_and_clear();
     let t = result?;
-    print_outcome(&t, output);
+    match shown {
+        Some(s) if s.printed => {
+            crate::out::raw("\n");
+            let answer = t.outcome.as_ref().map(|o| o.result.as_str());
+            if view::task_state(t.state) == "succeeded" && answer == Some(s.turn_text.as_str()) {
+                // Printed whole as it was written.
+                return Ok(exit_code(&t));
+            }
+            print_outcome(&t, output);
+        }
+        _ => print_outcome(&t, output),
+    }
     Ok(exit_code(&t))
+}
+
+/// What of the answer was printed as it streamed.
+#[derive(Debug, Default)]
+pub struct Streamed {
+    /// The attempt and turn of the text printed last.
+    turn: Option<(u32, u32)>,
+    /// That turn's text since its last reset.
+    turn_text: String,
+    /// Whether anything was printed on the current line.
+    printed: bool,
+}
+
+impl Streamed {
+    fn frame(&mut self, d: &pb::TurnDelta) {
+        let turn = Some((d.attempt, d.turn));
+        if d.reset {
+            if self.printed {
+                crate::out::raw("\n");
+                self.printed = false;
+            }
+            eprintln!("(the model's answer was cut off; it starts again)");
+            self.turn_text.clear();
+        } else if self.turn != turn && self.printed {
+            crate::out::raw("\n");
+            self.printed = false;
+            self.turn_text.clear();
+        }
+        self.turn = turn;
+        if !d.text.is_empty() {
+            crate::out::text(&d.text);
+            self.turn_text.push_str(&d.text);
+            self.printed = true;
+        }
+    }
 }
 
 pub fn exit_code(t: &pb::Task) -> i32 {
@@ -104,6 +176,7 @@ async fn watch_until_terminal(
     hub: &mut Hub,
     task: &str,
     bar: &ProgressBar,
+    shown: &mut Option<Streamed>,
 ) -> anyhow::Result<pb::Task> {
     let mut from_seq = 0u64;
     let mut last_line = String::new();
@@ -115,6 +188,7 @@ async fn watch_until_terminal(
                 namespace: hub.namespace.clone(),
                 task_id: task.to_owned(),
                 from_seq,
+                deltas: shown.is_some(),
             })
             .await;
         let mut stream = match stream {
@@ -132,12 +206,18 @@ async fn watch_until_terminal(
                 Err(_) => break,
             };
             failures = 0;
+            if let Some(d) = &ev.delta {
+                if let Some(s) = shown.as_mut() {
+                    s.frame(d);
+                }
+                continue;
+            }
             from_seq = ev.seq + 1;
             if let Some(t) = &ev.task {
                 // The activity comes from the run (a model, a tool): never raw to the terminal.
                 let line = agen_shared::text::escape_controls(&describe(t), false).into_owned();
                 if line != last_line {
-                    if bar.is_hidden() {
+                    if bar.is_hidden() && shown.is_none() {
                         eprintln!("{line}");
                     }
                     bar.set_message(line.clone());

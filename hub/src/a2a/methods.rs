@@ -210,6 +210,7 @@ impl Call {
                 traceparent,
                 budget: Default::default(),
                 webhooks: Vec::new(),
+                double_texting: None,
             })
             .await
             .map_err(|e| rpc_error(e, codes::INVALID_PARAMS));

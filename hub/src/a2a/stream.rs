@@ -5,6 +5,10 @@
 //! subscriber misses nothing but intermediate steps; the stream ends at once if the caller's
 //! token is revoked, rotated or expires. A streaming call that cannot start (bad params, no such
 //! task, an ended task) is answered with a stream of one error event ([`failed`]).
+//! The model's answer streams too: each coalesced piece of a turn is an artifact update of
+//! artifact `stream-<attempt>-<turn>` with `append: true`; a reset sends it again with
+//! `append: false` and the turn's new beginning (A2A's "replace"), so the artifact's text after
+//! the last replace is what that turn answered. These are not the task's stored artifacts.
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -96,9 +100,18 @@ pub fn follow(
         }
         let mut tick = tokio::time::interval(REREAD);
         let mut revocations = call.a.tokens.revocations();
+        let mut deltas = crate::core::deltas::DeltaFollower::new(&core, &task_id, true);
+        let mut started: HashSet<(u32, u32)> = HashSet::new();
         loop {
             let t = tokio::select! {
                 _ = tx.closed() => return,
+                frames = deltas.next() => {
+                    let ctx = view::context_id(&first);
+                    match send_frames(&tx, &id, &task_id, &ctx, &mut started, frames).await {
+                        true => continue,
+                        false => return,
+                    }
+                }
                 // A token revoked or rotated: checked below at once.
                 _ = revocations.changed() => match call_task(&call, &task_id) {
                     Some(t) => t,
@@ -135,6 +148,10 @@ pub fn follow(
                 return;
             }
             let ctx = view::context_id(&t);
+            // The answer's pieces so far before anything that may end the stream.
+            if !send_frames(&tx, &id, &task_id, &ctx, &mut started, deltas.drain()).await {
+                return;
+            }
             // Artifacts before the status that may end the stream.
             match view::artifacts(&core, &t) {
                 Ok(all) => {
@@ -183,6 +200,44 @@ pub fn follow(
         }
     });
     axum::response::sse::Sse::new(ReceiverStream::new(rx)).keep_alive(KeepAlive::default())
+}
+
+/// Sends streamed answer pieces as artifact updates (see the module doc); false when the
+/// client is gone.
+async fn send_frames(
+    tx: &tokio::sync::mpsc::Sender<Result<Event, Infallible>>,
+    id: &Value,
+    task_id: &str,
+    ctx: &str,
+    started: &mut HashSet<(u32, u32)>,
+    frames: Vec<agen_shared::run::TurnDelta>,
+) -> bool {
+    for d in frames {
+        let fresh = started.insert((d.attempt, d.turn));
+        let ev = TaskArtifactUpdateEvent {
+            task_id: task_id.to_string(),
+            context_id: ctx.to_string(),
+            artifact: Artifact {
+                artifact_id: format!("stream-{}-{}", d.attempt, d.turn),
+                name: "answer (streaming)".into(),
+                description: None,
+                parts: vec![Part {
+                    text: Some(d.text),
+                    ..Default::default()
+                }],
+            },
+            append: !(fresh || d.reset),
+            last_chunk: false,
+        };
+        if tx
+            .send(Ok(event(id, StreamResponse::ArtifactUpdate(ev))))
+            .await
+            .is_err()
+        {
+            return false;
+        }
+    }
+    true
 }
 
 /// The task as stored now; `None` (ending the stream) when it is gone.

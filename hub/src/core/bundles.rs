@@ -93,6 +93,10 @@ impl Core {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(digest.to_string(), bundle.config.permissions.clone());
+        self.bundle_double_texting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(digest.to_string(), bundle.config.double_texting);
         self.bundle_budgets
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -190,6 +190,7 @@ impl Core {
                 traceparent,
                 budget: Default::default(),
                 webhooks: Vec::new(),
+                double_texting: None,
             })
             .await?;
         if child.parent_task_id != parent.task_id {

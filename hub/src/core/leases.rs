@@ -155,6 +155,7 @@ impl Core {
                         run_id,
                         instance_id,
                         reason: "reconciliation: the hub did not assign this run (or this attempt) to this instance".into(),
+                        interrupt: false,
                     },
                 );
             }

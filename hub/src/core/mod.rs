@@ -26,6 +26,7 @@ mod commit;
 pub mod cordon;
 pub mod deadlines;
 pub mod delegates;
+pub mod deltas;
 pub mod deployments;
 pub mod leases;
 pub mod lifecycle;
@@ -83,6 +84,8 @@ pub struct Core {
     pub(crate) updates: broadcast::Sender<Arc<TaskUpdate>>,
     /// The channels of watched tasks (`tasks::watchers`): a watcher hears its task alone.
     pub(crate) watchers: tasks::watchers::Watchers,
+    /// Streamed model answers per task (`deltas`): never stored.
+    pub(crate) deltas: deltas::Deltas,
     /// Cancelled when the Hub stops: long-lived streams (watchers) end.
     pub(crate) stopping: tokio_util::sync::CancellationToken,
     /// Whether the store can write (gRPC health follows it).
@@ -99,6 +102,8 @@ pub struct Core {
     pub(crate) bundle_budgets: Mutex<HashMap<String, deadlines::BundleBudget>>,
     /// `permissions` of each bundle's `x-agen/config.json`, by digest (read once).
     pub(crate) bundle_permissions: Mutex<HashMap<String, agen_shared::bundle::Permissions>>,
+    /// `doubleTexting` of each bundle's `x-agen/config.json`, by digest (read once).
+    pub(crate) bundle_double_texting: Mutex<HashMap<String, agen_shared::bundle::DoubleTexting>>,
     /// Delegates and `maxDelegationDepth` of each bundle, by digest (read once).
     pub(crate) bundle_delegation: Mutex<HashMap<String, Arc<delegates::Delegation>>>,
     /// Artifact bytes stored per namespace and in all, counted once from the store; holding it
@@ -180,6 +185,7 @@ impl Core {
             wake: Notify::new(),
             updates,
             watchers: Default::default(),
+            deltas: Default::default(),
             stopping: tokio_util::sync::CancellationToken::new(),
             store_ok: tokio::sync::watch::Sender::new(true),
             reconciled_at_ms: std::sync::atomic::AtomicI64::new(crate::model::now_ms()),
@@ -191,6 +197,7 @@ impl Core {
             schedules: Default::default(),
             webhooks: Default::default(),
             bundle_permissions: Default::default(),
+            bundle_double_texting: Default::default(),
             bundle_delegation: Default::default(),
             db,
             bundle_secrets: Mutex::new(HashMap::new()),

@@ -308,6 +308,7 @@ impl AgenService for AgenApi {
         let tool_overrides = convert::tool_overrides(r.tool_overrides.unwrap_or_default())?;
         let webhooks =
             super::triggers::submit_webhooks(&self.core, &r.namespace, &r.deployment, r.webhooks)?;
+        let double_texting = convert::double_texting(&r.double_texting)?;
         if r.timeout_ms > crate::core::deadlines::MAX_TIMEOUT_MS {
             return Err(HubError::invalid(format!(
                 "timeout_ms: {} is over the limit of {} (a year)",
@@ -333,6 +334,7 @@ impl AgenService for AgenApi {
                     max_tokens: r.max_tokens,
                 },
                 webhooks,
+                double_texting,
             })
             .await?;
         Ok(Response::new(convert::task(&task)))
@@ -386,6 +388,11 @@ impl AgenService for AgenApi {
         // reaches `live`.
         let task = core.get_task(&r.namespace, &r.task_id)?;
         let stored = core.task_events(&task.task_id, r.from_seq)?;
+        let mut deltas = crate::core::deltas::DeltaFollower::new(
+            &core,
+            &task.task_id,
+            r.deltas && !task.state.is_terminal(),
+        );
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<pb::TaskEvent, Status>>(64);
         tokio::spawn(async move {
             let mut last = r.from_seq.saturating_sub(1);
@@ -416,10 +423,17 @@ impl AgenService for AgenApi {
             }
             loop {
                 let next = tokio::select! {
+                    frames = deltas.next() => match super::watch_deltas::send(&tx, frames).await {
+                        true => continue,
+                        false => return,
+                    },
                     n = live.recv() => n,
                     _ = core.stopping.cancelled() => return,
                     _ = tx.closed() => return,
                 };
+                if !super::watch_deltas::send(&tx, deltas.drain()).await {
+                    return;
+                }
                 match next {
                     Ok(u) if u.task_id == task.task_id => {
                         if u.event.seq <= last {

@@ -227,6 +227,7 @@ pub fn task_event(e: &TaskEventRec, t: &TaskRec) -> pb::TaskEvent {
         kind: e.kind.clone(),
         json: e.json.clone(),
         task: Some(task(then.as_ref().unwrap_or(t))),
+        delta: None,
     }
 }
 
@@ -280,6 +281,66 @@ pub fn registration(r: &pb::Register) -> Registration {
         separation: r.separation.clone(),
         protocol_version: r.protocol_version.clone(),
         commit: r.commit.clone(),
+    }
+}
+
+pub fn run_deltas(b: pb::RunDeltas) -> Vec<crate::core::deltas::DeltaIn> {
+    b.deltas
+        .into_iter()
+        .map(|d| crate::core::deltas::DeltaIn {
+            run_id: d.run_id,
+            task_id: d.task_id,
+            delta: turn_delta_in(d.attempt, d.turn, d.text, d.reset),
+        })
+        .collect()
+}
+
+fn turn_delta_in(
+    attempt: u32,
+    turn: u32,
+    text: String,
+    reset: bool,
+) -> agen_shared::run::TurnDelta {
+    agen_shared::run::TurnDelta {
+        attempt,
+        turn,
+        text,
+        reset,
+    }
+}
+
+/// `SubmitTaskRequest.double_texting` (empty: the bundle's mode).
+pub fn double_texting(
+    mode: &str,
+) -> Result<Option<agen_shared::bundle::DoubleTexting>, crate::error::HubError> {
+    if mode.is_empty() {
+        return Ok(None);
+    }
+    agen_shared::bundle::DoubleTexting::parse(mode)
+        .map(Some)
+        .ok_or_else(|| {
+            crate::error::HubError::invalid(format!(
+                "double_texting: expected one of {}, got {:?}",
+                agen_shared::bundle::DoubleTexting::NAMES,
+                crate::limits::cut(mode, 40)
+            ))
+        })
+}
+
+/// A streamed frame for `WatchTask` (seq 0, no task: not a durable event).
+pub fn delta_event(d: &agen_shared::run::TurnDelta) -> pb::TaskEvent {
+    pb::TaskEvent {
+        seq: 0,
+        at_ms: chrono::Utc::now().timestamp_millis(),
+        kind: d.kind().to_string(),
+        json: serde_json::to_string(d).unwrap_or_default(),
+        task: None,
+        delta: Some(pb::TurnDelta {
+            attempt: d.attempt,
+            turn: d.turn,
+            text: d.text.clone(),
+            reset: d.reset,
+        }),
     }
 }
 
@@ -385,10 +446,12 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             run_id,
             instance_id,
             reason,
+            interrupt,
         } => Msg::CancelRun(pb::CancelRun {
             run_id,
             instance_id,
             reason,
+            interrupt,
         }),
         ToNest::ApprovalDecided {
             run_id,

@@ -20,6 +20,7 @@ mod run_context;
 mod secrets;
 mod tokens;
 mod triggers;
+mod watch_deltas;
 
 pub use malformed::layer as malformed_request_layer;
 

@@ -241,6 +241,10 @@ impl NestService for NestApi {
                             }
                         }
                     }
+                    Some(pb::nest_message::Msg::RunDeltas(batch)) => {
+                        core.relay_deltas(&nest_id, convert::run_deltas(batch));
+                        Ok(())
+                    }
                     Some(pb::nest_message::Msg::Draining(d)) => {
                         core.nest_draining(&nest_id, conn_id, d.grace_ms).await
                     }

@@ -18,6 +18,9 @@
 //!   the first N requests that reach this step, after which `"then": {step}` answers, or the
 //!   rest of this step); `"retry_after": seconds` adds a `retry-after` header;
 //! - `"delay_ms": N` — wait this long first (combines with the above);
+//! - `"chunk_chars": N`, `"chunk_delay_ms": M` — how a streamed answer (a request with
+//!   `"stream": true`, as Agen's providers send) is cut: pieces of N characters (default 8),
+//!   M ms apart (default 0), see `sse`;
 //! - `"usage": {"input_tokens": N, "output_tokens": M}` — the token usage the answer reports
 //!   (default 0 and 0), as `usage.prompt_tokens`/`completion_tokens` on the OpenAI API.
 //!
@@ -44,6 +47,8 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
+
+mod sse;
 
 /// A script that does not parse.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +97,10 @@ pub struct Step {
     pub delay_ms: Option<u64>,
     #[serde(default)]
     pub usage: Option<ScriptedUsage>,
+    #[serde(default)]
+    pub chunk_chars: Option<usize>,
+    #[serde(default)]
+    pub chunk_delay_ms: Option<u64>,
 }
 
 /// The token usage a scripted answer reports.
@@ -216,6 +225,9 @@ impl Step {
         }
     }
 }
+
+/// Characters per piece of a streamed answer unless the step says otherwise.
+const DEFAULT_CHUNK_CHARS: usize = 8;
 
 /// Which API a request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -431,6 +443,8 @@ enum Answer {
         text: Option<String>,
         calls: Vec<ScriptedCall>,
         usage: ScriptedUsage,
+        /// How a streamed answer is cut: characters per piece, ms between pieces.
+        chunks: (usize, u64),
     },
 }
 
@@ -442,6 +456,7 @@ fn answer(shared: &Shared, seen: &Seen) -> (Answer, Option<u64>) {
                 text: Some("(the fake model's script has no steps)".into()),
                 calls: Vec::new(),
                 usage: ScriptedUsage::default(),
+                chunks: (DEFAULT_CHUNK_CHARS, 0),
             },
             None,
         );
@@ -493,6 +508,10 @@ fn answer(shared: &Shared, seen: &Seen) -> (Answer, Option<u64>) {
             text,
             calls: step.tool_calls.clone(),
             usage: step.usage.unwrap_or_default(),
+            chunks: (
+                step.chunk_chars.unwrap_or(DEFAULT_CHUNK_CHARS),
+                step.chunk_delay_ms.unwrap_or(0),
+            ),
         },
         delay.or(step.delay_ms),
     )
@@ -539,6 +558,8 @@ struct Skimmed<'a> {
     model: Option<Value>,
     #[serde(borrow)]
     messages: Vec<SkimmedMessage<'a>>,
+    #[serde(default)]
+    stream: bool,
 }
 
 #[derive(Deserialize)]
@@ -586,8 +607,8 @@ async fn respond(
         (false, Api::OpenAi) => serde_json::from_slice::<Skimmed>(&bytes).ok(),
         _ => None,
     };
-    let (seen, model) = match skimmed {
-        Some(request) => (request.seen(api), request.model),
+    let (seen, model, stream) = match skimmed {
+        Some(request) => (request.seen(api), request.model, request.stream),
         None => {
             let body: Value = match serde_json::from_slice(&bytes) {
                 Ok(body) => body,
@@ -601,7 +622,8 @@ async fn respond(
                 let why = "the request has no `messages` array".to_string();
                 return error_response(api, 400, why, None);
             }
-            (seen(api, &body), body.get("model").cloned())
+            let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+            (seen(api, &body), body.get("model").cloned(), stream)
         }
     };
     let (ans, delay) = answer(&shared, &seen);
@@ -616,12 +638,30 @@ async fn respond(
             body,
             retry_after,
         } => error_response(api, status, body, retry_after),
-        Answer::Reply { text, calls, usage } => {
+        Answer::Reply {
+            text,
+            calls,
+            usage,
+            chunks,
+        } => {
             let ids: Vec<String> = calls
                 .iter()
                 .enumerate()
                 .map(|(i, c)| c.id.clone().unwrap_or_else(|| format!("call_{n}_{i}")))
                 .collect();
+            if stream {
+                return sse::response(sse::Streamed {
+                    api,
+                    n,
+                    model,
+                    text,
+                    calls: &calls,
+                    ids: &ids,
+                    usage,
+                    chunk_chars: chunks.0,
+                    chunk_delay: Duration::from_millis(chunks.1),
+                });
+            }
             let v = match api {
                 Api::OpenAi => {
                     let mut message = json!({"role": "assistant", "content": text});

@@ -150,6 +150,22 @@ pub fn run_events(b: EventBatch) -> pb::RunEvents {
     }
 }
 
+pub fn run_deltas(ds: Vec<crate::model::RunDelta>) -> pb::RunDeltas {
+    pb::RunDeltas {
+        deltas: ds
+            .into_iter()
+            .map(|d| pb::RunDelta {
+                run_id: d.run_id,
+                task_id: d.task_id,
+                attempt: d.delta.attempt,
+                turn: d.delta.turn,
+                text: d.delta.text,
+                reset: d.delta.reset,
+            })
+            .collect(),
+    }
+}
+
 pub fn log_chunk(c: LogChunk) -> pb::LogChunk {
     pb::LogChunk {
         request_id: c.request_id,

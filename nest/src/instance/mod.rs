@@ -107,6 +107,8 @@ struct Shared {
 struct RunCtl {
     attempt: u32,
     cancel: CancellationToken,
+    /// Fired by a double-texting interrupt: the harness stops at its next safe point.
+    interrupt: CancellationToken,
     /// `(acked_seq, fenced)` as the Hub last said.
     acks: watch::Sender<(u64, bool)>,
 }
@@ -236,6 +238,13 @@ pub async fn run(args: InstanceArgs) -> Result<i32, InstanceError> {
                 if let Some(r) = runs.get(&run_id) {
                     tracing::info!(run = %run_id, reason, "run cancelled");
                     r.cancel.cancel();
+                }
+            }
+            Ok(Some(ToInstance::Interrupt { run_id })) => {
+                let runs = shared.runs.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(r) = runs.get(&run_id) {
+                    tracing::info!(run = %run_id, "run interrupted: stopping at the next safe point");
+                    r.interrupt.cancel();
                 }
             }
             Ok(Some(ToInstance::Ack {
@@ -453,6 +462,7 @@ fn start_run(
     let req = run_request(order, placement);
     let run_id = req.run_id.to_string();
     let cancel = CancellationToken::new();
+    let interrupt = CancellationToken::new();
     let (acks, acks_rx) = watch::channel((0u64, false));
     {
         let mut runs = shared.runs.lock().unwrap_or_else(|p| p.into_inner());
@@ -465,18 +475,22 @@ fn start_run(
             RunCtl {
                 attempt: req.attempt,
                 cancel: cancel.clone(),
+                interrupt: interrupt.clone(),
                 acks,
             },
         );
     }
     shared.set_status(|_| {});
-    let sink = Arc::new(NestSink::new(
-        run_id.clone(),
-        req.attempt,
-        req.task_id.to_string(),
-        shared.to_nest.clone(),
-        acks_rx,
-    ));
+    let sink = Arc::new(
+        NestSink::new(
+            run_id.clone(),
+            req.attempt,
+            req.task_id.to_string(),
+            shared.to_nest.clone(),
+            acks_rx,
+        )
+        .with_interrupt(interrupt),
+    );
     let harness = ready.harness.clone();
     let (shared, slots) = (shared.clone(), slots.clone());
     tokio::spawn(async move {

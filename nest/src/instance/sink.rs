@@ -9,6 +9,7 @@
 //! for (see the harness's `run::tools`); a fenced attempt fails every
 //! later emit with [`SinkError::Fenced`]; the harness's own `run.finished` is held back: the
 //! host sends the one final `run.finished` (with the run's messages) through [`NestSink::finish`].
+//! A turn's streamed text goes as `delta` lines beside the events: no seq, never waited for.
 
 use agen_shared::run::RunFinished;
 use tokio::sync::{mpsc, watch};
@@ -24,6 +25,8 @@ pub struct NestSink {
     seq: std::sync::Mutex<u64>,
     to_nest: mpsc::UnboundedSender<ToNest>,
     acks: watch::Receiver<(u64, bool)>,
+    /// Fired by a double-texting interrupt (see [`RunEventSink::interrupt`]).
+    interrupt: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl NestSink {
@@ -41,7 +44,14 @@ impl NestSink {
             seq: std::sync::Mutex::new(0),
             to_nest,
             acks,
+            interrupt: None,
         }
+    }
+
+    /// The run stops at its next safe point once `token` fires.
+    pub fn with_interrupt(mut self, token: tokio_util::sync::CancellationToken) -> NestSink {
+        self.interrupt = Some(token);
+        self
     }
 
     /// Sends the final `run.finished` (sync) and waits for its ack.
@@ -102,6 +112,29 @@ impl RunEventSink for NestSink {
             return Ok(());
         }
         self.send(body, sync).await
+    }
+
+    fn interrupt(&self) -> Option<tokio_util::sync::CancellationToken> {
+        self.interrupt.clone()
+    }
+
+    fn delta(&self, turn: u32, delta: agen_harness::model::ModelDelta<'_>) {
+        use agen_harness::model::ModelDelta;
+        let (text, reset) = match delta {
+            ModelDelta::Text(t) => (t.to_string(), false),
+            ModelDelta::Reset => (String::new(), true),
+        };
+        // Never waited for, never acked: a closed connection just loses the piece.
+        let _ = self.to_nest.send(ToNest::Delta(crate::model::RunDelta {
+            run_id: self.run_id.clone(),
+            task_id: self.task_id.clone(),
+            delta: agen_shared::run::TurnDelta {
+                attempt: self.attempt,
+                turn,
+                text,
+                reset,
+            },
+        }));
     }
 }
 

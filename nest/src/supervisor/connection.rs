@@ -204,6 +204,15 @@ impl Supervisor {
                 }
                 self.outbox.push(id, e);
             }
+            ToNest::Delta(d) => {
+                // Only a run this instance holds, at this attempt; never acked.
+                let holds = self.lock().runs.get(&d.run_id).is_some_and(|t| {
+                    t.instance == id && t.attempt == d.delta.attempt && t.task_id == d.task_id
+                });
+                if holds {
+                    self.outbox.deltas.push(d);
+                }
+            }
             msg @ (ToNest::PutArtifact { .. } | ToNest::ReadArtifact { .. }) => {
                 // Artifacts go over their own RPCs (see `artifact_relay`), in the namespace
                 // of the instance's placement.

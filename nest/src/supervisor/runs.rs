@@ -118,6 +118,25 @@ impl Supervisor {
         }
     }
 
+    /// Asks a run to stop at its next safe point (double texting `interrupt`): the instance
+    /// tells its harness, which ends the run cancelled before its next model turn.
+    pub fn interrupt(&self, run_id: &str, instance_id: &str) {
+        let mut st = self.lock();
+        let id = st
+            .runs
+            .get(run_id)
+            .map(|t| t.instance.clone())
+            .unwrap_or_else(|| instance_id.to_string());
+        if let Some(e) = st.instances.get_mut(&id) {
+            send_or_queue(
+                e,
+                ToInstance::Interrupt {
+                    run_id: run_id.to_string(),
+                },
+            );
+        }
+    }
+
     /// Relays the Hub's decision about an `ask` call to the instance running the run (queued
     /// while the instance is not connected).
     pub fn deliver_approval(

@@ -23,6 +23,51 @@ pub struct AgentConfig {
     /// Overrides by tool name as written (`crm.upsert_contact` or `crm_upsert_contact`).
     pub tools: BTreeMap<String, ToolOverride>,
     pub permissions: Permissions,
+    /// `doubleTexting`: what a submit does when its conversation already has a task queued
+    /// or running (a submit may say otherwise).
+    #[serde(default)]
+    pub double_texting: DoubleTexting,
+}
+
+/// What a new message to a conversation does while a task of that conversation is queued or
+/// running (`"doubleTexting"` in `x-agen/config.json`, `agen submit --double-texting`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DoubleTexting {
+    /// The new submit is refused (FAILED_PRECONDITION naming the task in the way).
+    Reject,
+    /// The new task runs after the others, in order.
+    #[default]
+    Enqueue,
+    /// The running task stops at its next safe point (between turns, never inside a call) and
+    /// ends cancelled, reason `interrupted`; the new input continues the conversation.
+    Interrupt,
+    /// The running task is cancelled and its turns leave the conversation, except a note of
+    /// every side-effecting call it completed.
+    Rollback,
+}
+
+impl DoubleTexting {
+    pub const NAMES: &'static str = "reject, enqueue, interrupt, rollback";
+
+    pub fn parse(s: &str) -> Option<DoubleTexting> {
+        Some(match s {
+            "reject" => DoubleTexting::Reject,
+            "enqueue" => DoubleTexting::Enqueue,
+            "interrupt" => DoubleTexting::Interrupt,
+            "rollback" => DoubleTexting::Rollback,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DoubleTexting::Reject => "reject",
+            DoubleTexting::Enqueue => "enqueue",
+            DoubleTexting::Interrupt => "interrupt",
+            DoubleTexting::Rollback => "rollback",
+        }
+    }
 }
 
 /// A deployment this agent may delegate to: `"researcher"` or
@@ -219,8 +264,16 @@ pub fn check_tool_pattern(p: &str) -> std::result::Result<(), String> {
 
 pub(crate) fn parse(v: &Value) -> Result<AgentConfig> {
     let top = Obj::new(CONFIG_FILE, "", v, "an object")?;
-    top.only_keys(&["delegates", "tools", "permissions"])?;
+    top.only_keys(&["delegates", "tools", "permissions", "doubleTexting"])?;
     let mut config = AgentConfig::default();
+    if let Some(mode) = top.opt_str("doubleTexting")? {
+        config.double_texting = DoubleTexting::parse(&mode).ok_or_else(|| {
+            top.err(
+                "doubleTexting",
+                format!("expected one of {}, got {mode:?}", DoubleTexting::NAMES),
+            )
+        })?;
+    }
 
     match top.get("delegates") {
         None => {}

@@ -38,7 +38,7 @@ pub use archive::{
 };
 pub use config::{
     check_card_url, check_tool_pattern, model_name, tool_matches, AgentConfig, Delegate,
-    Permission, Permissions, RemoteAgent, ToolOverride, CONFIG_FILE,
+    DoubleTexting, Permission, Permissions, RemoteAgent, ToolOverride, CONFIG_FILE,
 };
 pub use error::{BundleError, Result};
 pub use harness::{HarnessConfig, Limits, ToolProtocol, HARNESS_FILE};

@@ -186,6 +186,7 @@ fn a_complete_bundle_parses_into_its_whole_value() {
                 ask: vec!["crm.upsert_contact".into()],
                 deny: vec!["crm.delete".into()],
             },
+            double_texting: Default::default(),
         },
         secrets: SecretDecls(
             [
@@ -437,7 +438,8 @@ fn broken_bundles_each_yield_their_specific_error() {
     check(&[(HARNESS_FILE, r#"{"toolProtocol": "xml"}"#)], "x-agen/harness.json: toolProtocol: expected \"native\" or \"keen\", got \"xml\"");
 
     // config.json.
-    check(&[(CONFIG_FILE, r#"{"permission": {}}"#)], "x-agen/config.json: permission: unknown key; expected one of: delegates, tools, permissions");
+    check(&[(CONFIG_FILE, r#"{"permission": {}}"#)], "x-agen/config.json: permission: unknown key; expected one of: delegates, tools, permissions, doubleTexting");
+    check(&[(CONFIG_FILE, r#"{"doubleTexting": "later"}"#)], "x-agen/config.json: doubleTexting: expected one of reject, enqueue, interrupt, rollback, got \"later\"");
     check(&[(CONFIG_FILE, r#"{"permissions": {"allow": "fs.*"}}"#)], "x-agen/config.json: permissions.allow: expected an array of strings, got a string");
     check(&[(CONFIG_FILE, r#"{"permissions": {"deny": [""]}}"#)], "x-agen/config.json: permissions.deny[0]: is empty; expected a tool name");
     check(&[(CONFIG_FILE, r#"{"permissions": {"ask": ["fs.run(rm *)"]}}"#)], "x-agen/config.json: permissions.ask[0]: expected a tool name such as `crm.upsert_contact`, `crm_upsert_contact` or a pattern such as `crm.*`, got `fs.run(rm *)` (`(` is not supported; only `*` is a wildcard)");

@@ -17,12 +17,14 @@
 //! kept as [`RunEventBody::Unknown`] and ignored by replay, never an error.
 
 mod body;
+mod delta;
 mod ids;
 mod message;
 pub mod trace;
 pub mod wire;
 
 pub use body::*;
+pub use delta::*;
 
 /// The start of the message of an instance kept on an old bundle version only because runs
 /// that started on that version are not over yet (running, or waiting to resume): a rollout

@@ -30,6 +30,9 @@ pub(super) struct Phase {
     pub failed: Vec<String>,
     /// Submit → terminal seen by the client, ms.
     pub latency: Vec<f64>,
+    /// Submit → the first streamed piece of the answer seen by the client (time to first
+    /// token), ms.
+    pub first_token: Vec<f64>,
     /// created → started at the Hub (queueing and dispatch), ms.
     pub queued: Vec<f64>,
     /// started → finished at the Hub, ms.
@@ -200,10 +203,10 @@ async fn load(
                     break;
                 }
                 let t0 = Instant::now();
-                let r = tokio::time::timeout(timeout, one_task(&mut hub, &deployment, i)).await;
+                let r = tokio::time::timeout(timeout, one_task(&mut hub, &deployment, i, t0)).await;
                 let latency = t0.elapsed().as_secs_f64() * 1000.0;
                 results.push(match r {
-                    Ok(r) => r.map(|t| (t, latency)),
+                    Ok(r) => r.map(|(t, first)| (t, latency, first)),
                     Err(_) => Err(anyhow::anyhow!("task {i} did not end within {timeout:?}")),
                 });
             }
@@ -214,9 +217,10 @@ async fn load(
     for w in workers {
         for r in w.await.context("a bench client panicked")? {
             match r {
-                Ok((t, latency)) if view::task_state(t.state) == "succeeded" => {
+                Ok((t, latency, first)) if view::task_state(t.state) == "succeeded" => {
                     phase.succeeded += 1;
                     phase.latency.push(latency);
+                    phase.first_token.extend(first);
                     if t.started_at_ms > 0 && t.finished_at_ms >= t.started_at_ms {
                         phase
                             .queued
@@ -227,7 +231,7 @@ async fn load(
                     }
                     phase.task_ids.push(t.task_id);
                 }
-                Ok((t, _)) => {
+                Ok((t, _, _)) => {
                     let o = t.outcome.unwrap_or_default();
                     phase.failed.push(format!(
                         "{} {}: {}",
@@ -244,8 +248,15 @@ async fn load(
     Ok(phase)
 }
 
-/// Submits one task and follows it (WatchTask, GetTask when the stream ends) to its end.
-async fn one_task(hub: &mut Hub, deployment: &str, i: usize) -> anyhow::Result<pb::Task> {
+/// Submits one task and follows it (WatchTask with deltas, GetTask when the stream ends) to
+/// its end; also returns when (ms after `t0`) the first piece of an answer arrived.
+async fn one_task(
+    hub: &mut Hub,
+    deployment: &str,
+    i: usize,
+    t0: Instant,
+) -> anyhow::Result<(pb::Task, Option<f64>)> {
+    let mut first = None;
     let task = hub
         .client
         .submit_task(pb::SubmitTaskRequest {
@@ -268,15 +279,22 @@ async fn one_task(hub: &mut Hub, deployment: &str, i: usize) -> anyhow::Result<p
                 namespace: hub.namespace.clone(),
                 task_id: task.task_id.clone(),
                 from_seq,
+                deltas: true,
             })
             .await
             .map_err(|s| status_error(hub, s))?
             .into_inner();
         while let Some(Ok(ev)) = stream.next().await {
+            if let Some(d) = &ev.delta {
+                if first.is_none() && !d.text.is_empty() {
+                    first = Some(t0.elapsed().as_secs_f64() * 1000.0);
+                }
+                continue;
+            }
             from_seq = ev.seq + 1;
             if let Some(t) = ev.task {
                 if view::task_terminal(t.state) {
-                    return Ok(t);
+                    return Ok((t, first));
                 }
             }
         }
@@ -290,7 +308,7 @@ async fn one_task(hub: &mut Hub, deployment: &str, i: usize) -> anyhow::Result<p
             .map_err(|s| status_error(hub, s))?
             .into_inner();
         if view::task_terminal(t.state) {
-            return Ok(t);
+            return Ok((t, first));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -119,6 +119,8 @@ pub(super) fn report(args: &Args, raw: &[f64], m: &Measured) -> Value {
         "wall_s": round3(phase.wall.as_secs_f64()),
         "throughput_tasks_per_s": round3(phase.throughput()),
         "latency_ms": lat.json(),
+        // Submit → the first streamed piece of the answer (time to first token).
+        "first_token_ms": Summary::of(&phase.first_token).json(),
         // Tool calls the measured tasks made per second of the measured phase.
         "tool_calls_per_s": round3(phase.throughput() * f64::from(args.tool_calls)),
         "tool_kind": match args.tool {
@@ -251,6 +253,7 @@ pub(super) fn print_table(r: &Value) {
         ]);
     };
     row("task end-to-end (client)", &r["latency_ms"]);
+    row("  first token (client)", &r["first_token_ms"]);
     row("  queued at hub", &r["hub_queued_ms"]);
     row("  running at hub", &r["hub_running_ms"]);
     row("  model turn (span)", &r["model_turn_span_ms"]);

@@ -199,12 +199,20 @@ impl Core {
                 } else {
                     String::new()
                 };
-                if !f.messages.is_empty() && !task.conversation_id.is_empty() {
+                // A rolled-back run leaves only a note of its completed side effects.
+                let note: Vec<_>;
+                let messages = if task.rolled_back {
+                    note = self.rollback_note(&task, &f.messages).into_iter().collect();
+                    &note
+                } else {
+                    &f.messages
+                };
+                if !messages.is_empty() && !task.conversation_id.is_empty() {
                     let mut conv: ConversationRec = self
                         .db
                         .get_json(Table::Conversations, &task.conversation_id)?
                         .unwrap_or_default();
-                    for m in &f.messages {
+                    for m in messages {
                         conv.messages.push(
                             serde_json::to_value(m)
                                 .map_err(|e| HubError::Internal(e.to_string()))?,

@@ -27,6 +27,7 @@ use crate::store::{task_event_key, Table};
 use crate::model::*;
 
 pub mod dispatch;
+pub mod double_texting;
 pub mod events;
 mod hot;
 pub mod outcome;
@@ -71,6 +72,8 @@ pub struct TaskSpec {
     pub budget: SpecBudget,
     /// URLs told of the task's end (`core/webhooks.rs`), checked by `Core::submit_webhooks`.
     pub webhooks: Vec<crate::core::webhooks::WebhookTarget>,
+    /// What the submit does to its conversation's tasks in flight (`None`: the bundle's).
+    pub double_texting: Option<agen_shared::bundle::DoubleTexting>,
 }
 
 /// A submit's own timeout and token budget (`SubmitTaskRequest.timeout_ms`, `max_tokens`); 0

@@ -95,6 +95,7 @@ impl Core {
                             run_id: task.run_id.clone(),
                             instance_id: task.instance_id.clone(),
                             reason: reason.to_string(),
+                            interrupt: false,
                         },
                     );
                     self.save_task(st, task)?;

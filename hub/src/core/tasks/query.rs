@@ -265,6 +265,7 @@ fn summarize(t: &TaskRec) -> TaskSummary {
         last_event_source: None,
         cancel_requested_at_ms: t.cancel_requested_at_ms,
         cancel_reason: cut(&t.cancel_reason, SUMMARY_RESULT_BYTES),
+        rolled_back: false,
         lease: t.lease.clone(),
         tool_overrides: t.tool_overrides.clone(),
         warnings: t.warnings.clone(),

@@ -27,6 +27,11 @@ impl Core {
         // Before the state lock: it may read the bundle.
         let warnings = self.override_warnings(&namespace, &spec);
         let budget = self.task_budget(&namespace, &spec);
+        let double_texting = if spec.conversation_key.is_empty() {
+            None
+        } else {
+            Some(self.double_texting_mode(&namespace, &spec))
+        };
         let task = {
             let mut st = self.lock();
             if !st
@@ -64,6 +69,9 @@ impl Core {
                 self.opts
                     .limits
                     .check_history(&spec.conversation_key, held)?;
+                if let Some(mode) = double_texting {
+                    self.double_text(&mut st, &id, &spec.conversation_key, mode)?;
+                }
             }
             let now = now_ms();
             let seq = self.db.raw().increment("task_seq")?;
@@ -98,6 +106,7 @@ impl Core {
                 last_event_source: None,
                 cancel_requested_at_ms: 0,
                 cancel_reason: String::new(),
+                rolled_back: false,
                 lease: LeaseRec::default(),
                 tool_overrides: spec.tool_overrides.clone(),
                 warnings,

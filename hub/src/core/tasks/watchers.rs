@@ -79,6 +79,7 @@ impl Core {
         if let Some(tx) = self.watchers.lock().get(&update.task_id) {
             let _ = tx.send(update.clone());
         }
+        self.forget_deltas_if_ended(&update.task_id, update.task.state);
         let _ = self.updates.send(update);
     }
 }

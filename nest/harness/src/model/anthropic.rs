@@ -10,9 +10,10 @@
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
+use super::sse::{post_stream, stream_error, StreamCall, StreamReader};
 use super::{
-    max_tokens, post_json, Message, ModelConfig, ModelError, ModelProvider, ModelReply,
-    ModelRequest, ToolCall, Usage,
+    max_tokens, parse_arguments, Deltas, Message, ModelConfig, ModelError, ModelProvider,
+    ModelReply, ModelRequest, ToolCall, Usage,
 };
 
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
@@ -205,22 +206,149 @@ impl ModelProvider for AnthropicProvider {
         &self,
         req: &ModelRequest,
         cancel: &CancellationToken,
+        deltas: Deltas<'_>,
     ) -> Result<ModelReply, ModelError> {
         let mut headers = vec![("anthropic-version", API_VERSION.to_string())];
         if let Some(key) = self.config.api_key.as_deref().filter(|k| !k.is_empty()) {
             headers.push(("x-api-key", key.to_string()));
         }
-        let v = post_json(
-            &self.http,
-            PROVIDER,
-            &self.url,
-            &headers,
-            &self.body(req),
-            &self.config.retry,
+        let mut body = self.body(req);
+        if let Value::Object(map) = &mut body {
+            map.insert("stream".into(), Value::Bool(true));
+        }
+        let call = StreamCall {
+            http: &self.http,
+            provider: PROVIDER,
+            url: &self.url,
+            headers: &headers,
+            policy: &self.config.retry,
             cancel,
+            deltas,
+        };
+        let url = self.url.clone();
+        post_stream(
+            &call,
+            &body,
+            &move || Box::new(EventReader::new(url.clone())),
+            &|v| self.parse_reply(v),
         )
-        .await?;
-        self.parse_reply(&v)
+        .await
+    }
+}
+
+/// Reads a streamed Messages answer (`message_start`, content block starts, deltas and stops,
+/// `message_delta`, `message_stop`).
+#[derive(Default)]
+struct EventReader {
+    url: String,
+    /// The content blocks by index, with a tool call's input JSON text so far.
+    blocks: std::collections::BTreeMap<u64, (Value, String)>,
+    stop: Option<String>,
+    input_tokens: u64,
+    output_tokens: u64,
+    done: bool,
+}
+
+impl EventReader {
+    fn new(url: String) -> EventReader {
+        EventReader {
+            url,
+            ..Default::default()
+        }
+    }
+}
+
+impl StreamReader for EventReader {
+    fn event(&mut self, _event: &str, data: &str) -> Result<Option<String>, ModelError> {
+        let v: Value = serde_json::from_str(data).map_err(|e| ModelError::InvalidResponse {
+            provider: PROVIDER,
+            url: self.url.clone(),
+            message: format!("a stream event is not JSON: {e}"),
+        })?;
+        if let Some(e) = stream_error(PROVIDER, &self.url, &v) {
+            return Err(e);
+        }
+        let index = v.get("index").and_then(Value::as_u64).unwrap_or(0);
+        let tokens =
+            |u: Option<&Value>, key: &str| u.and_then(|u| u.get(key)).and_then(Value::as_u64);
+        match v.get("type").and_then(Value::as_str).unwrap_or_default() {
+            "message_start" => {
+                let usage = v.pointer("/message/usage");
+                self.input_tokens = tokens(usage, "input_tokens").unwrap_or(0);
+                self.output_tokens = tokens(usage, "output_tokens").unwrap_or(0);
+            }
+            "content_block_start" => {
+                let block = v.get("content_block").cloned().unwrap_or(Value::Null);
+                let text = block
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+                self.blocks.insert(index, (block, String::new()));
+                return Ok(text);
+            }
+            "content_block_delta" => {
+                let Some((block, json_text)) = self.blocks.get_mut(&index) else {
+                    return Ok(None);
+                };
+                let delta = v.get("delta");
+                match delta.and_then(|d| d.get("type")).and_then(Value::as_str) {
+                    Some("text_delta") => {
+                        let t = delta
+                            .and_then(|d| d.get("text"))
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .to_string();
+                        let sofar = block.get("text").and_then(Value::as_str).unwrap_or("");
+                        block["text"] = Value::String(format!("{sofar}{t}"));
+                        return Ok(Some(t));
+                    }
+                    Some("input_json_delta") => {
+                        if let Some(p) = delta
+                            .and_then(|d| d.get("partial_json"))
+                            .and_then(Value::as_str)
+                        {
+                            json_text.push_str(p);
+                        }
+                    }
+                    _ => {} // thinking and signature deltas are not part of the answer
+                }
+            }
+            "message_delta" => {
+                if let Some(s) = v.pointer("/delta/stop_reason").and_then(Value::as_str) {
+                    self.stop = Some(s.to_string());
+                }
+                if let Some(n) = tokens(v.get("usage"), "output_tokens") {
+                    self.output_tokens = n;
+                }
+                if let Some(n) = tokens(v.get("usage"), "input_tokens") {
+                    self.input_tokens = self.input_tokens.max(n);
+                }
+            }
+            "message_stop" => self.done = true,
+            _ => {} // ping, content_block_stop
+        }
+        Ok(None)
+    }
+
+    fn complete(&self) -> bool {
+        self.done
+    }
+
+    fn finish(self: Box<Self>) -> Value {
+        let content: Vec<Value> = self
+            .blocks
+            .into_values()
+            .map(|(mut block, json_text)| {
+                if block.get("type").and_then(Value::as_str) == Some("tool_use")
+                    && !json_text.trim().is_empty()
+                {
+                    block["input"] = parse_arguments(&json_text);
+                }
+                block
+            })
+            .collect();
+        json!({"content": content, "stop_reason": self.stop,
+            "usage": {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}})
     }
 }
 

@@ -1,6 +1,6 @@
 //! Model providers: the provider-neutral message model, the [`ModelProvider`] trait and its
 //! real HTTP clients (OpenAI-compatible Chat Completions in [`openai`], Anthropic Messages in
-//! [`anthropic`]), the bounded retry policy they share, (the scripted fake model that tests and
+//! [`anthropic`], both streamed over SSE by `sse`), the bounded retry policy they share, (the scripted fake model that tests and
 //! demos serve over the same HTTP APIs is the `agen-fake-model` crate).
 //!
 //! Invariants: a provider retries only what may succeed on a second try (429, 5xx, connect and
@@ -11,6 +11,9 @@
 
 pub mod anthropic;
 pub mod openai;
+mod sse;
+
+pub use sse::{Deltas, ModelDelta};
 
 use std::time::Duration;
 
@@ -117,12 +120,15 @@ fn tries_note(tries: u32) -> String {
 pub trait ModelProvider: Send + Sync {
     /// `openai/gpt-4.1-mini`, for logs and events.
     fn describe(&self) -> String;
-    /// Sends one request (with retries on transient failures); returns when the model has
-    /// answered, the retries are spent, or `cancel` fires.
+    /// Sends one request (with retries on transient failures), streamed: each piece of the
+    /// answer's text goes to `deltas` as it arrives (a [`ModelDelta::Reset`] before a retry
+    /// that follows handed-out text); returns when the model has answered, the retries are
+    /// spent, or `cancel` fires.
     async fn complete(
         &self,
         req: &ModelRequest,
         cancel: &CancellationToken,
+        deltas: Deltas<'_>,
     ) -> Result<ModelReply, ModelError>;
 }
 
@@ -203,137 +209,6 @@ pub(crate) enum Attempt {
         retry_after: Option<Duration>,
     },
     Fatal(ModelError),
-}
-
-/// Posts `body` to `url` with `headers`, retrying per `policy`; returns the parsed JSON of a
-/// 2xx answer. `extract_error` turns an error body into a readable message.
-pub(crate) async fn post_json(
-    http: &reqwest::Client,
-    provider: &'static str,
-    url: &str,
-    headers: &[(&str, String)],
-    body: &(impl serde::Serialize + Sync),
-    policy: &RetryPolicy,
-    cancel: &CancellationToken,
-) -> Result<Value, ModelError> {
-    let max_tries = policy.max_tries.max(1);
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        let attempt = tokio::select! {
-            _ = cancel.cancelled() => return Err(ModelError::Cancelled),
-            a = post_once(http, provider, url, headers, body, tries) => a,
-        };
-        match attempt {
-            Attempt::Done(v) => return Ok(v),
-            Attempt::Fatal(e) => return Err(e),
-            Attempt::Retry { error, retry_after } => {
-                if tries >= max_tries {
-                    return Err(error);
-                }
-                let wait = policy.delay(tries + 1, retry_after);
-                tracing::warn!(
-                    provider,
-                    url,
-                    try_number = tries,
-                    wait_ms = wait.as_millis() as u64,
-                    "model request failed, retrying: {error}"
-                );
-                tokio::select! {
-                    _ = cancel.cancelled() => return Err(ModelError::Cancelled),
-                    _ = tokio::time::sleep(wait) => {}
-                }
-            }
-        }
-    }
-}
-
-/// Responses larger than this are refused as invalid.
-const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
-
-async fn post_once(
-    http: &reqwest::Client,
-    provider: &'static str,
-    url: &str,
-    headers: &[(&str, String)],
-    body: &(impl serde::Serialize + Sync),
-    tries: u32,
-) -> Attempt {
-    let mut rb = http.post(url).json(body);
-    for (k, v) in headers {
-        rb = rb.header(*k, v);
-    }
-    let resp = match rb.send().await {
-        Ok(r) => r,
-        Err(e) => {
-            let error = ModelError::Connect {
-                provider,
-                url: url.to_string(),
-                message: error_chain(&e),
-                tries,
-            };
-            return Attempt::Retry {
-                error,
-                retry_after: None,
-            };
-        }
-    };
-    let status = resp.status();
-    let retry_after = resp
-        .headers()
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|s| s.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(Duration::from_secs_f64);
-    let bytes = match resp.bytes().await {
-        Ok(b) => b,
-        Err(e) => {
-            let error = ModelError::Connect {
-                provider,
-                url: url.to_string(),
-                message: format!("reading the response: {}", error_chain(&e)),
-                tries,
-            };
-            return Attempt::Retry {
-                error,
-                retry_after: None,
-            };
-        }
-    };
-    if bytes.len() > MAX_RESPONSE_BYTES {
-        return Attempt::Fatal(ModelError::InvalidResponse {
-            provider,
-            url: url.to_string(),
-            message: format!(
-                "the response is {} bytes, more than the {MAX_RESPONSE_BYTES} allowed",
-                bytes.len()
-            ),
-        });
-    }
-    if status.is_success() {
-        return match serde_json::from_slice::<Value>(&bytes) {
-            Ok(v) => Attempt::Done(v),
-            Err(e) => Attempt::Fatal(ModelError::InvalidResponse {
-                provider,
-                url: url.to_string(),
-                message: format!("not JSON: {e}"),
-            }),
-        };
-    }
-    let message = error_message(&bytes, status.as_u16());
-    let error = ModelError::Status {
-        provider,
-        url: url.to_string(),
-        status: status.as_u16(),
-        message,
-        tries,
-    };
-    if status.as_u16() == 429 || status.is_server_error() {
-        Attempt::Retry { error, retry_after }
-    } else {
-        Attempt::Fatal(error)
-    }
 }
 
 /// The readable part of an error body: `error.message` (OpenAI and Anthropic both use it),

@@ -15,8 +15,9 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::sse::{post_stream, stream_error, StreamCall, StreamReader};
 use super::{
-    parse_arguments, post_json, Message, ModelConfig, ModelError, ModelProvider, ModelReply,
+    parse_arguments, Deltas, Message, ModelConfig, ModelError, ModelProvider, ModelReply,
     ModelRequest, ToolCall, ToolSpec, Usage,
 };
 
@@ -135,6 +136,8 @@ impl OpenAiProvider {
             parallel_tool_calls: offers_tools.then_some(req.parallel_tool_calls),
             temperature: self.config.extra.get("temperature"),
             max_tokens: self.config.extra.get("maxTokens"),
+            stream: None,
+            stream_options: None,
         }
     }
 
@@ -245,22 +248,139 @@ impl ModelProvider for OpenAiProvider {
         &self,
         req: &ModelRequest,
         cancel: &CancellationToken,
+        deltas: Deltas<'_>,
     ) -> Result<ModelReply, ModelError> {
         let mut headers = Vec::new();
         if let Some(key) = self.config.api_key.as_deref().filter(|k| !k.is_empty()) {
             headers.push(("authorization", format!("Bearer {key}")));
         }
-        let v = post_json(
-            &self.http,
-            PROVIDER,
-            &self.url,
-            &headers,
-            &self.request(req),
-            &self.config.retry,
+        let mut body = self.request(req);
+        body.stream = Some(true);
+        body.stream_options = Some(StreamOptions {
+            include_usage: true,
+        });
+        let call = StreamCall {
+            http: &self.http,
+            provider: PROVIDER,
+            url: &self.url,
+            headers: &headers,
+            policy: &self.config.retry,
             cancel,
+            deltas,
+        };
+        let url = self.url.clone();
+        post_stream(
+            &call,
+            &body,
+            &move || Box::new(ChunkReader::new(url.clone())),
+            &|v| self.parse_reply(v),
         )
-        .await?;
-        self.parse_reply(&v)
+        .await
+    }
+}
+
+/// Reads a streamed Chat Completions answer (`chat.completion.chunk` events, then `[DONE]`).
+#[derive(Default)]
+struct ChunkReader {
+    url: String,
+    text: String,
+    refusal: String,
+    finish: Option<String>,
+    /// Tool calls by their `index`: id, name, the argument text so far.
+    calls: std::collections::BTreeMap<u64, (String, String, String)>,
+    usage: Option<Value>,
+    done: bool,
+}
+
+impl ChunkReader {
+    fn new(url: String) -> ChunkReader {
+        ChunkReader {
+            url,
+            ..Default::default()
+        }
+    }
+}
+
+impl StreamReader for ChunkReader {
+    fn event(&mut self, _event: &str, data: &str) -> Result<Option<String>, ModelError> {
+        if data.trim() == "[DONE]" {
+            self.done = true;
+            return Ok(None);
+        }
+        let v: Value = serde_json::from_str(data).map_err(|e| ModelError::InvalidResponse {
+            provider: PROVIDER,
+            url: self.url.clone(),
+            message: format!("a stream event is not JSON: {e}"),
+        })?;
+        if let Some(e) = stream_error(PROVIDER, &self.url, &v) {
+            return Err(e);
+        }
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            self.usage = Some(u.clone());
+        }
+        let Some(choice) = v.pointer("/choices/0") else {
+            return Ok(None);
+        };
+        if let Some(f) = choice.get("finish_reason").and_then(Value::as_str) {
+            self.finish = Some(f.to_string());
+        }
+        let Some(delta) = choice.get("delta") else {
+            return Ok(None);
+        };
+        if let Some(r) = delta.get("refusal").and_then(Value::as_str) {
+            self.refusal.push_str(r);
+        }
+        if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
+            for (i, c) in calls.iter().enumerate() {
+                let index = c.get("index").and_then(Value::as_u64).unwrap_or(i as u64);
+                let entry = self.calls.entry(index).or_default();
+                if let Some(id) = c.get("id").and_then(Value::as_str) {
+                    entry.0 = id.to_string();
+                }
+                if let Some(f) = c.get("function") {
+                    if let Some(name) = f.get("name").and_then(Value::as_str) {
+                        entry.1.push_str(name);
+                    }
+                    if let Some(args) = f.get("arguments").and_then(Value::as_str) {
+                        entry.2.push_str(args);
+                    }
+                }
+            }
+        }
+        let text = delta
+            .get("content")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        if let Some(t) = &text {
+            self.text.push_str(t);
+        }
+        Ok(text)
+    }
+
+    fn complete(&self) -> bool {
+        self.done || self.finish.is_some()
+    }
+
+    fn finish(self: Box<Self>) -> Value {
+        let calls: Vec<Value> = self
+            .calls
+            .into_values()
+            .map(|(id, name, arguments)| {
+                serde_json::json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})
+            })
+            .collect();
+        let mut message = serde_json::json!({"role": "assistant", "content": self.text});
+        if !calls.is_empty() {
+            message["tool_calls"] = Value::Array(calls);
+        }
+        if !self.refusal.is_empty() {
+            message["refusal"] = Value::String(self.refusal);
+        }
+        let mut v = serde_json::json!({"choices": [{"index": 0, "message": message, "finish_reason": self.finish}]});
+        if let Some(u) = self.usage {
+            v["usage"] = u;
+        }
+        v
     }
 }
 
@@ -279,6 +399,17 @@ struct ChatRequest<'a> {
     temperature: Option<&'a Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<&'a Value>,
+    /// Set by [`OpenAiProvider::complete`] (the answer is streamed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    /// The last chunk carries the turn's token usage.
+    include_usage: bool,
 }
 
 #[derive(Serialize)]

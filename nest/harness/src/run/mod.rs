@@ -91,7 +91,21 @@ pub trait RunEventSink: Send + Sync {
     fn durable_results(&self) -> bool {
         false
     }
+
+    /// A piece of model turn `turn`'s answer as it streams: not an event, never durable, never
+    /// waited for (only the turn's `model.answered` is the record). Dropped by default.
+    fn delta(&self, _turn: u32, _delta: crate::model::ModelDelta<'_>) {}
+
+    /// Fires when the run is to stop at its next safe point (double texting `interrupt`):
+    /// before a model turn, or during a model request, never inside a tool call; the run then
+    /// ends cancelled, result [`INTERRUPTED`]. `None`: never.
+    fn interrupt(&self) -> Option<CancellationToken> {
+        None
+    }
 }
+
+/// The result of a run stopped by an interrupt (see [`RunEventSink::interrupt`]).
+pub const INTERRUPTED: &str = "interrupted";
 
 /// How a run ends: its state, its result text and what that text is.
 #[derive(Debug, Clone, PartialEq)]

@@ -97,6 +97,11 @@ impl<'h> Run<'h> {
         found
     }
 
+    /// Where the run's events go (a turn's streamed text goes there too).
+    pub(super) fn sink(&self) -> &dyn RunEventSink {
+        &*self.sink
+    }
+
     pub(super) fn push(&self, m: Message) {
         // Copies the conversation only when a request still shares it.
         std::sync::Arc::make_mut(&mut *lock(&self.context)).push(m.clone());

@@ -1,5 +1,6 @@
-//! One model turn: `model.requested`, the request, `model.answered` with the turn's new
-//! assistant message (never the whole context); and the model as a Keen flow's `agent` nodes
+//! One model turn: `model.requested`, the request (its text streamed to the sink's `delta` as
+//! it arrives, not durable), `model.answered` with the turn's new assistant message (never the
+//! whole context); and the model as a Keen flow's `agent` nodes
 //! see it.
 
 use agen_shared::run::{ModelAnswered, ModelRequested};
@@ -7,7 +8,7 @@ use agen_shared::run::{ModelAnswered, ModelRequested};
 use super::state::Run;
 use super::{lock, Message, RunEnd, RunEventBody};
 use crate::artifacts;
-use crate::model::{ModelError, ModelReply, ModelRequest, ToolSpec};
+use crate::model::{ModelDelta, ModelError, ModelReply, ModelRequest, ToolSpec};
 
 impl Run<'_> {
     /// Asks the model one turn; the reply's assistant message is added to the context.
@@ -20,6 +21,11 @@ impl Run<'_> {
     ) -> Result<ModelReply, RunEnd> {
         if self.cancel.is_cancelled() {
             return Err(self.cancelled_end());
+        }
+        // A safe point: no call is in flight between turns.
+        let interrupt = self.sink().interrupt();
+        if interrupt.as_ref().is_some_and(|t| t.is_cancelled()) {
+            return Err(RunEnd::cancelled(super::INTERRUPTED));
         }
         if let Err(why) = self.budget.check(true) {
             tracing::info!(run_id = %self.req.run_id, "{why}");
@@ -45,7 +51,20 @@ impl Run<'_> {
             tools: tools.clone(),
             parallel_tool_calls: self.h.bundle.harness.parallel_tool_calls,
         };
-        let reply = self.h.provider.complete(&request, &self.cancel).await;
+        let sink = self.sink();
+        let on_delta = |d: ModelDelta<'_>| sink.delta(turn, d);
+        let asked = self.h.provider.complete(&request, &self.cancel, &on_delta);
+        // A model request is a safe point too: nothing it does has an effect.
+        let reply = match &interrupt {
+            Some(t) => tokio::select! {
+                r = asked => r,
+                _ = t.cancelled() => {
+                    tracing::info!(run_id = %self.req.run_id, turn, "run interrupted during a model request");
+                    return Err(RunEnd::cancelled(super::INTERRUPTED));
+                }
+            },
+            None => asked.await,
+        };
         // The request shares the context: gone before the context grows, so that the push
         // below does not copy it.
         drop(request);
@@ -144,7 +163,7 @@ impl crate::keen::FlowAgent for FlowModel<'_, '_> {
             .run
             .h
             .provider
-            .complete(&request, &self.run.cancel)
+            .complete(&request, &self.run.cancel, &|_| {})
             .await
         {
             Ok(reply) => {
