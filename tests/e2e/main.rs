@@ -43,6 +43,7 @@ mod sandbox;
 mod secrets;
 mod sql;
 mod store_damage;
+mod store_suite;
 mod suspend;
 mod tokens;
 mod trace_events;

@@ -26,6 +26,48 @@ pub fn refuse(report: &Report) -> i32 {
     EXIT_STORE_DAMAGED
 }
 
+/// `agen hub migrate [--check]`: the PostgreSQL store's schema brought to (or compared with)
+/// this build's version.
+pub async fn migrate(store: Option<&str>, check: bool) -> anyhow::Result<i32> {
+    let Some(url) = store.map(str::to_owned) else {
+        eprintln!(
+            "error: agen hub migrate needs --store postgres://user@host/db (or AGEN_HUB_STORE)"
+        );
+        return Ok(64);
+    };
+    use agen_hub::store::pg::{self, migrate::MigrateError};
+    let shown = pg::shown(&url);
+    let done = tokio::task::spawn_blocking(move || pg::migrate_url(&url, !check))
+        .await
+        .context("the migrate task failed")?;
+    let latest = pg::migrate::latest();
+    match done {
+        Ok(m) if check => {
+            println!(
+                "{shown}: schema version {}, this build's is {latest}",
+                m.from
+            );
+            Ok(if m.from == latest { 0 } else { 1 })
+        }
+        Ok(m) if m.from == m.to => {
+            println!("{shown}: schema version {} is current", m.to);
+            Ok(0)
+        }
+        Ok(m) => {
+            println!(
+                "{shown}: schema migrated from version {} to {}",
+                m.from, m.to
+            );
+            Ok(0)
+        }
+        Err(e @ MigrateError::Newer { .. }) => {
+            eprintln!("error: {e}");
+            Ok(2)
+        }
+        Err(e) => Err(anyhow::Error::new(e).context("cannot migrate the hub store")),
+    }
+}
+
 /// `agen hub verify`: from the files when no Hub holds the store, else through the Hub.
 pub async fn verify(data_dir: &Path, client: &ClientArgs) -> anyhow::Result<i32> {
     let dir = data_dir.to_path_buf();
