@@ -47,9 +47,19 @@ fn outcomes(f: &Fleet, tasks: &[String]) -> Outcomes {
 /// A Hub (nest ttl 3 s), Nests `nest-a` and `nest-b` with `nest_flags`, deployment `charge` of
 /// 2 instances × `concurrency`, each charge taking `seconds`.
 fn fleet(nest_flags: &[&str], concurrency: u32, seconds: f64) -> (tempfile::TempDir, Fleet) {
+    fleet_with_hub(&[], nest_flags, concurrency, seconds)
+}
+
+/// [`fleet`] with more `agen hub` flags (kept across [`HubProcess::restart`]).
+fn fleet_with_hub(
+    hub_flags: &[&str],
+    nest_flags: &[&str],
+    concurrency: u32,
+    seconds: f64,
+) -> (tempfile::TempDir, Fleet) {
     let tmp = tempfile::tempdir().unwrap();
     let root: PathBuf = tmp.path().to_owned();
-    let hub = HubProcess::start(&root).unwrap();
+    let hub = HubProcess::start_with_args(&root, agen_tests::free_port(), "3s", hub_flags).unwrap();
     let f = fleet_on_with(
         hub,
         root,
@@ -116,6 +126,35 @@ fn a_hub_killed_and_restarted_with_runs_in_flight_interrupts_none_of_them() {
     let c = f.settle(&tasks, Duration::from_secs(120));
     let o = outcomes(&f, &tasks);
     assert_uninterrupted(&f, &c, &o, n);
+}
+
+/// The same with the Hub's state in PostgreSQL (`--store postgres://…`): what the killed Hub
+/// acknowledged is in the database, and the restarted Hub carries every run on.
+#[test]
+fn a_hub_on_postgres_killed_and_restarted_with_runs_in_flight_interrupts_none_of_them() {
+    let n = 2 * RUNS_PER_INSTANCE as usize;
+    let cluster = agen_tests::postgres::shared();
+    let db = cluster.database("hub_restart");
+    let url = cluster.url(&db);
+    let (_tmp, mut f) = fleet_with_hub(&["--store", &url], &[], RUNS_PER_INSTANCE, 3.0);
+    let tasks = in_flight(&f, n);
+    f.hub.proc.kill9();
+    std::thread::sleep(Duration::from_secs(4));
+    let port = f.hub.port;
+    f.hub = HubProcess::start_with_args(&f.hub.dir, port, "3s", &["--store", &url]).unwrap();
+    let c = f.settle(&tasks, Duration::from_secs(120));
+    let o = outcomes(&f, &tasks);
+    assert_uninterrupted(&f, &c, &o, n);
+    // The tasks are rows of the database, not files of the Hub's data dir.
+    let stored: usize = cluster
+        .psql(&db, "SELECT count(*) FROM agen_records WHERE tbl = 'tasks'")
+        .parse()
+        .unwrap();
+    assert_eq!(stored, n, "every task is stored in PostgreSQL");
+    assert!(
+        !f.hub.dir.join("hub").join("db").exists(),
+        "no local store was made"
+    );
 }
 
 #[test]

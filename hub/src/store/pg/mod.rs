@@ -179,8 +179,15 @@ impl PgStore {
         fut: impl Future<Output = Result<T, String>> + Send + 'static,
     ) -> Result<T, String> {
         let rt = self.rt.as_ref().ok_or("the store is closed")?;
-        let handle = rt.spawn(fut);
-        futures::executor::block_on(handle).map_err(|e| format!("a store task failed: {e}"))?
+        // A plain channel, not the task's JoinHandle: polled from a thread of the caller's
+        // runtime, a JoinHandle obeys that runtime's cooperative budget, and once it is spent
+        // its wake-up is deferred to a scheduler this thread, blocked here, never returns to.
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        rt.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.recv()
+            .map_err(|_| "a store task ended without an answer".to_owned())?
     }
 
     fn op(&self, table: Table, op: Op) -> Result<Out> {
