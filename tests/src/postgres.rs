@@ -19,6 +19,8 @@ pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub port: u16,
+    /// The server's options (`pg_ctl -o`), for [`Cluster::crash_and_restart`].
+    opts: String,
 }
 
 impl Cluster {
@@ -83,7 +85,7 @@ impl Cluster {
                 "start",
             ]);
             if out.status.success() {
-                return Cluster { dir, port };
+                return Cluster { dir, port, opts };
             }
             last = format!(
                 "{}{}",
@@ -146,6 +148,26 @@ impl Cluster {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Stops the server as a crash does (`-m immediate`: no checkpoint, what sat in its WAL
+    /// buffers is gone) and starts it again on the same port; it replays its WAL.
+    pub fn crash_and_restart(&self) {
+        let data = self.dir.path().join("data");
+        Self::stop(&data);
+        as_postgres(&[
+            &Path::new(PG_BIN).join("pg_ctl").to_string_lossy(),
+            "-D",
+            &data.to_string_lossy(),
+            "-l",
+            &self.dir.path().join("server.log").to_string_lossy(),
+            "-o",
+            &self.opts,
+            "-w",
+            "-t",
+            "60",
+            "start",
+        ]);
     }
 
     fn stop(data: &Path) {
