@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use agen_hub::model::{RunEventRec, TaskEventRec};
-use agen_hub::store::{Append, Db, PairRow, PgStore, SledStore, Table};
+use agen_hub::store::{Append, Db, PairRow, PgStore, SledStore, Store, Table};
 use agen_tests::postgres;
 use pretty_assertions::assert_eq;
 
@@ -319,7 +319,10 @@ async fn what_a_flush_covered_survives_a_crash_of_postgresql() {
                 break;
             }
             Err(e) => {
-                assert!(db.broken().is_some(), "a failed call marks the store broken: {e}");
+                assert!(
+                    db.broken().is_some(),
+                    "a failed call marks the store broken: {e}"
+                );
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
         }
@@ -327,8 +330,111 @@ async fn what_a_flush_covered_survives_a_crash_of_postgresql() {
     assert_eq!(stored, Some(n), "every flushed write survived the crash");
     assert_eq!(db.broken(), None, "the store healed by itself");
     let lost: usize = cluster
-        .psql(&name, "SELECT count(*) FROM agen_records WHERE tbl = 'tasks'")
+        .psql(
+            &name,
+            "SELECT count(*) FROM agen_records WHERE tbl = 'tasks'",
+        )
         .parse()
         .unwrap();
     assert_eq!(lost, n);
+}
+
+/// `agen hub migrate --from DATA_DIR --to postgres://…` copies a stopped Hub's store into an
+/// empty database (every table, the event log's run and task events too), again with no change,
+/// and `--to DATA_DIR` back into a local store that holds the same records; a destination that
+/// was not empty is refused by its counts.
+#[tokio::test]
+async fn a_local_store_moves_into_postgresql_and_back_with_every_record() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, back) = (tmp.path().join("src"), tmp.path().join("back"));
+    {
+        let db = Db::new(Arc::new(SledStore::open(&src.join("db")).unwrap()));
+        db.put_json(
+            Table::Deployments,
+            "default/a",
+            &serde_json::json!({"x": 1}),
+        )
+        .unwrap();
+        db.put_json(Table::Tokens, "tok-1", &serde_json::json!({"name": "ci"}))
+            .unwrap();
+        db.raw().increment("tasks").unwrap();
+        db.set_run_attempt("run-1", 1).unwrap();
+        db.append_hot_run_events(&[(ev("run-1", 1, 1), te(1)), (ev("run-1", 1, 2), te(2))])
+            .unwrap();
+        db.flush().await.unwrap();
+        db.close();
+    }
+    let cluster = postgres::shared();
+    let name = cluster.database("moved");
+    let url = cluster.url(&name);
+    let migrate = |from: &str, to: &str| {
+        let out = std::process::Command::new(agen_tests::agen_bin())
+            .args(["hub", "migrate", "--from", from, "--to", to])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let src_s = src.to_string_lossy().into_owned();
+    for round in 0..2 {
+        let (code, out) = migrate(&src_s, &url);
+        assert_eq!(code, Some(0), "round {round}: {out}");
+        assert!(out.contains("every table's counts agree"), "{out}");
+        assert!(out.contains("run_events"), "{out}");
+    }
+    let count = |tbl: &str| -> usize {
+        cluster
+            .psql(
+                &name,
+                &format!("SELECT count(*) FROM agen_records WHERE tbl = '{tbl}'"),
+            )
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(
+        (
+            count("deployments"),
+            count("tokens"),
+            count("run_events"),
+            count("task_events")
+        ),
+        (1, 1, 2, 2)
+    );
+    let (code, out) = migrate(&url, &back.to_string_lossy());
+    assert_eq!(code, Some(0), "{out}");
+    let (a, b) = (
+        SledStore::open(&src.join("db")).unwrap(),
+        SledStore::open(&back.join("db")).unwrap(),
+    );
+    for table in Table::ALL {
+        let strip = |rows: Vec<(Vec<u8>, Vec<u8>)>| -> Vec<(Vec<u8>, Vec<u8>)> {
+            rows.into_iter()
+                .filter(|(k, _)| k != b"store_flushes")
+                .collect()
+        };
+        assert_eq!(
+            strip(a.scan(table, b"").unwrap()),
+            strip(b.scan(table, b"").unwrap()),
+            "table {}",
+            table.name()
+        );
+    }
+    drop((a, b));
+    // A destination holding other records is refused by its counts.
+    cluster.psql(
+        &name,
+        "INSERT INTO agen_records (tbl, key, value) VALUES ('deployments', 'x', '{}')",
+    );
+    let (code, out) = migrate(&src_s, &url);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("deployments") && out.contains("was not empty"),
+        "{out}"
+    );
 }

@@ -213,6 +213,12 @@ pub enum Action {
         /// Only report the schema version; change nothing
         #[arg(long)]
         check: bool,
+        /// Copy a stopped Hub's store instead: from this data dir or postgres:// URL …
+        #[arg(long, value_name = "DATA_DIR|URL", requires = "to")]
+        from: Option<String>,
+        /// … into this (empty) postgres:// URL or data dir; counts every table on both sides
+        #[arg(long, value_name = "URL|DATA_DIR", requires = "from")]
+        to: Option<String>,
     },
 }
 
@@ -250,7 +256,10 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             .data_dir
             .clone()
             .unwrap_or_else(agen_hub::default_data_dir);
-        if let Action::Migrate { check } = action {
+        if let Action::Migrate { check, from, to } = action {
+            if let (Some(from), Some(to)) = (from, to) {
+                return super::hub_store::copy(&from, &to).await;
+            }
             return super::hub_store::migrate(args.store.as_deref(), check).await;
         }
         return super::hub_snapshot::run(action, &data_dir).await;

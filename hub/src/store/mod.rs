@@ -8,6 +8,7 @@
 //! it is acknowledged to anyone; run events are appended only if absent, and only for the
 //! attempt the Hub issued last for their run (any other attempt is refused: fenced).
 
+pub mod copy;
 mod disk_sync;
 mod event_log;
 mod group_commit;
