@@ -153,8 +153,14 @@ impl Cluster {
     /// Stops the server as a crash does (`-m immediate`: no checkpoint, what sat in its WAL
     /// buffers is gone) and starts it again on the same port; it replays its WAL.
     pub fn crash_and_restart(&self) {
+        self.crash_and_restart_after(std::time::Duration::ZERO);
+    }
+
+    /// [`Cluster::crash_and_restart`], the server down for `down` in between.
+    pub fn crash_and_restart_after(&self, down: std::time::Duration) {
         let data = self.dir.path().join("data");
         Self::stop(&data);
+        std::thread::sleep(down);
         as_postgres(&[
             &Path::new(PG_BIN).join("pg_ctl").to_string_lossy(),
             "-D",

@@ -12,8 +12,9 @@
 //!
 //! The [`Store`] calls are synchronous: they run on a small runtime of the store's own (its
 //! connections live there) and the caller's thread waits, as it waits for the disk with sled.
-//! A failure to reach the database marks the store broken ([`Store::broken`]) until an
-//! operation or [`Store::heal`] reaches it again.
+//! A failure to reach the database marks the store broken ([`Store::broken`]), as a failed
+//! write does the local store: writes are refused (reads go on) until [`Store::heal`] reaches
+//! the database again, after which the Hub reloads its state from what is durable.
 
 mod conn;
 pub mod migrate;
@@ -198,6 +199,16 @@ impl PgStore {
             });
         }
         let writes = !matches!(op, Op::Get(..) | Op::Scan(..) | Op::Last(..) | Op::Ping);
+        // As the local store: once broken, no write goes in until the Hub healed the store and
+        // reloaded its state from what is durable; reads go on.
+        if writes {
+            if let Some(reason) = self.broken() {
+                return Err(StoreError::Op {
+                    table: table.name(),
+                    reason,
+                });
+            }
+        }
         let pool = self.pool.clone();
         let out = self.block(async move {
             match tokio::time::timeout(conn::OP_TIMEOUT, pool.run(op)).await {
@@ -223,10 +234,7 @@ impl PgStore {
         out: Result<Result<Out, tokio_postgres::Error>, String>,
     ) -> Result<Out> {
         let reason = match out {
-            Ok(Ok(out)) => {
-                self.set_broken(None);
-                return Ok(out);
-            }
+            Ok(Ok(out)) => return Ok(out),
             // Refused by the database (a constraint, a permission): the database works.
             Ok(Err(e)) if e.code().is_some() => {
                 return Err(StoreError::Op {
@@ -345,7 +353,13 @@ impl Store for PgStore {
         Box::pin(async move {
             // Every write counted by now returned before this flush: its commit is in the WAL.
             let writes = self.writes.load(Ordering::SeqCst);
-            if writes == self.flushed_writes.load(Ordering::SeqCst) && self.broken().is_none() {
+            if let Some(reason) = self.broken() {
+                return Err(StoreError::Op {
+                    table: "all",
+                    reason,
+                });
+            }
+            if writes == self.flushed_writes.load(Ordering::SeqCst) {
                 return Ok(false);
             }
             let Some(rt) = self.rt.as_ref() else {
@@ -403,8 +417,32 @@ impl Store for PgStore {
         if self.broken().is_none() {
             return Ok(false);
         }
-        self.op(Table::Counters, Op::Ping)?;
-        Ok(true)
+        let pool = self.pool.clone();
+        let out = self.block(async move {
+            match tokio::time::timeout(conn::OP_TIMEOUT, pool.run(Op::Ping)).await {
+                Ok(r) => Ok(r),
+                Err(_) => Err("the database did not answer".to_owned()),
+            }
+        });
+        match out {
+            Ok(Ok(_)) => {
+                *self.broken.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                tracing::info!("hub store: database {} reachable again", self.shown);
+                Ok(true)
+            }
+            Ok(Err(e)) => Err(StoreError::Op {
+                table: "all",
+                reason: format!(
+                    "database {} still unreachable: {}",
+                    self.shown,
+                    describe(&e)
+                ),
+            }),
+            Err(reason) => Err(StoreError::Op {
+                table: "all",
+                reason: format!("database {} still unreachable: {reason}", self.shown),
+            }),
+        }
     }
 }
 
