@@ -62,6 +62,9 @@ pub struct HubOptions {
     pub console_session_max: Duration,
     /// Internal addresses webhooks may reach (`--webhook-allow HOST[:PORT]`).
     pub webhook_allow: Vec<crate::webhooks::Allow>,
+    /// Where the Hub's state lives: `None` the local store in `<data_dir>/db`, or a
+    /// `postgres://` URL (`--store`, `AGEN_HUB_STORE`).
+    pub store: Option<String>,
 }
 
 /// Default and largest [`HubOptions::console_session_max`]: 12 hours.
@@ -229,6 +232,7 @@ impl Default for HubOptions {
             a2a: A2aOptions::default(),
             console_session_max: MAX_CONSOLE_SESSION,
             webhook_allow: Vec::new(),
+            store: None,
         }
     }
 }
@@ -249,6 +253,19 @@ pub fn default_data_dir() -> PathBuf {
 impl HubOptions {
     /// Checks the options without touching the disk or the network.
     pub fn validate(&self) -> Result<()> {
+        if let Some(url) = &self.store {
+            if !crate::store::pg::is_url(url) {
+                return Err(HubError::Config(format!(
+                    "--store {}: not a store this Hub knows; give a postgres://user@host/db URL, or leave --store out for the local store in the data dir",
+                    if url.len() > 40 { "(the value)" } else { url }
+                )));
+            }
+            if self.snapshots.is_some() {
+                return Err(HubError::Config(
+                    "--snapshot-every works with the local store only: back up a PostgreSQL store with PostgreSQL's own tools (pg_dump, base backups)".into(),
+                ));
+            }
+        }
         if let Some(s) = &self.snapshots {
             if s.every < Duration::from_secs(1) || s.keep == 0 {
                 return Err(HubError::Config(

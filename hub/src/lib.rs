@@ -192,8 +192,18 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         )));
     }
 
-    let store = store::SledStore::open(&data_dir.join("db"))?;
-    let db = store::Db::new(Arc::new(store));
+    let store: Arc<dyn store::Store> = match &opts.store {
+        Some(url) => {
+            let url = url.clone();
+            Arc::new(
+                tokio::task::spawn_blocking(move || store::PgStore::open(&url))
+                    .await
+                    .map_err(|e| HubError::Serve(format!("opening the store: {e}")))??,
+            )
+        }
+        None => Arc::new(store::SledStore::open(&data_dir.join("db"))?),
+    };
+    let db = store::Db::new(store);
     let secret_key = secrets::SecretKey::load_or_create(&data_dir.join("secret.key"))?;
     let tokens = tokens::Tokens::open(db.clone(), &admin_token)?;
     tokens.ensure_bootstrap_join(&join_token)?;

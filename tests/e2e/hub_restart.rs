@@ -47,9 +47,19 @@ fn outcomes(f: &Fleet, tasks: &[String]) -> Outcomes {
 /// A Hub (nest ttl 3 s), Nests `nest-a` and `nest-b` with `nest_flags`, deployment `charge` of
 /// 2 instances × `concurrency`, each charge taking `seconds`.
 fn fleet(nest_flags: &[&str], concurrency: u32, seconds: f64) -> (tempfile::TempDir, Fleet) {
+    fleet_with_hub(&[], nest_flags, concurrency, seconds)
+}
+
+/// [`fleet`] with more `agen hub` flags (kept across [`HubProcess::restart`]).
+fn fleet_with_hub(
+    hub_flags: &[&str],
+    nest_flags: &[&str],
+    concurrency: u32,
+    seconds: f64,
+) -> (tempfile::TempDir, Fleet) {
     let tmp = tempfile::tempdir().unwrap();
     let root: PathBuf = tmp.path().to_owned();
-    let hub = HubProcess::start(&root).unwrap();
+    let hub = HubProcess::start_with_args(&root, agen_tests::free_port(), "3s", hub_flags).unwrap();
     let f = fleet_on_with(
         hub,
         root,
@@ -116,6 +126,67 @@ fn a_hub_killed_and_restarted_with_runs_in_flight_interrupts_none_of_them() {
     let c = f.settle(&tasks, Duration::from_secs(120));
     let o = outcomes(&f, &tasks);
     assert_uninterrupted(&f, &c, &o, n);
+}
+
+/// The same with the Hub's state in PostgreSQL (`--store postgres://…`): what the killed Hub
+/// acknowledged is in the database, and the restarted Hub carries every run on.
+#[test]
+fn a_hub_on_postgres_killed_and_restarted_with_runs_in_flight_interrupts_none_of_them() {
+    let n = 2 * RUNS_PER_INSTANCE as usize;
+    let cluster = agen_tests::postgres::shared();
+    let db = cluster.database("hub_restart");
+    let url = cluster.url(&db);
+    let (_tmp, mut f) = fleet_with_hub(&["--store", &url], &[], RUNS_PER_INSTANCE, 3.0);
+    let tasks = in_flight(&f, n);
+    f.hub.proc.kill9();
+    std::thread::sleep(Duration::from_secs(4));
+    let port = f.hub.port;
+    f.hub = HubProcess::start_with_args(&f.hub.dir, port, "3s", &["--store", &url]).unwrap();
+    let c = f.settle(&tasks, Duration::from_secs(120));
+    let o = outcomes(&f, &tasks);
+    assert_uninterrupted(&f, &c, &o, n);
+    // The tasks are rows of the database, not files of the Hub's data dir.
+    let stored: usize = cluster
+        .psql(&db, "SELECT count(*) FROM agen_records WHERE tbl = 'tasks'")
+        .parse()
+        .unwrap();
+    assert_eq!(stored, n, "every task is stored in PostgreSQL");
+    assert!(
+        !f.hub.dir.join("hub").join("db").exists(),
+        "no local store was made"
+    );
+}
+
+/// PostgreSQL crashes and stays down for 8 s under load: the Hub's store is broken meanwhile
+/// (writes refused, health NOT_SERVING), the Nests keep their runs, and once the database is
+/// back the Hub heals by itself, reloads what is durable and every task ends: 0 lost, 0
+/// charged twice, 0 stuck, 0 cancelled.
+#[test]
+fn postgres_down_under_load_loses_nothing_and_the_hub_resumes_by_itself() {
+    let n = 10;
+    let cluster = agen_tests::postgres::Cluster::start(|_, _, _| String::new());
+    let db = cluster.database("down");
+    let url = cluster.url(&db);
+    let (_tmp, f) = fleet_with_hub(&["--store", &url], &[], 5, 4.0);
+    let tasks = in_flight(&f, n);
+    cluster.crash_and_restart_after(Duration::from_secs(8));
+    let c = f.settle(&tasks, Duration::from_secs(120));
+    let o = outcomes(&f, &tasks);
+    assert_safe(&f, &c);
+    let context = || format!("{c:?} {o:?}\nhub log (tail):\n{}", tail(&f.hub_log(), 60));
+    assert_eq!(c.succeeded, n, "every task succeeded: {}", context());
+    assert_eq!(o.cancelled, 0, "no task was cancelled: {}", context());
+    let log = f.hub_log();
+    assert!(
+        log.contains("unreachable"),
+        "the Hub saw the database go: {}",
+        context()
+    );
+    assert!(
+        log.contains("hub store recovered"),
+        "the Hub healed by itself: {}",
+        context()
+    );
 }
 
 #[test]

@@ -46,6 +46,7 @@ mod secrets;
 mod sql;
 mod store_damage;
 mod streaming;
+mod store_suite;
 mod suspend;
 mod tokens;
 mod trace_events;

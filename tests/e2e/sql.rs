@@ -13,15 +13,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use agen_tests::postgres::{Cluster, PG_BIN};
 use agen_tests::{agen_bin, free_port, Peers};
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
 
-const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
-
-/// A throwaway PostgreSQL server owned by the `postgres` user, stopped (`-m immediate`) on drop.
+/// A throwaway PostgreSQL server (the tests' [`Cluster`]) with database `shop`.
 struct Postgres {
-    dir: tempfile::TempDir,
+    cluster: Cluster,
     port: u16,
 }
 
@@ -38,97 +37,35 @@ impl Postgres {
     }
 
     fn ca_file(&self) -> PathBuf {
-        self.dir.path().join("ca.crt")
+        self.cluster.dir.path().join("ca.crt")
     }
 
     fn start_with(tls: bool) -> Postgres {
-        let initdb = Path::new(PG_BIN).join("initdb");
-        assert!(
-            initdb.exists(),
-            "{} is missing: PostgreSQL 15 must be installed for these tests (apt-get install -y postgresql; \
-             tests/run.sh does it)",
-            initdb.display()
-        );
-        let user = nix::unistd::User::from_name("postgres")
-            .expect("look up the postgres user")
-            .expect("the postgres user exists (Debian's postgresql package creates it)");
-        let dir = tempfile::tempdir().expect("temp dir");
-        for sub in ["data", "sock"] {
-            std::fs::create_dir(dir.path().join(sub)).expect("create dir");
-        }
-        for path in [
-            dir.path().to_path_buf(),
-            dir.path().join("data"),
-            dir.path().join("sock"),
-        ] {
-            chown(&path, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
-                .expect("chown to postgres");
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).expect("chmod");
-        }
-        let data = dir.path().join("data");
-        let mut tls_opts = String::new();
-        if tls {
-            make_certificates(dir.path(), user.uid.as_raw(), user.gid.as_raw());
-            tls_opts = format!(
-                " -c ssl=on -c ssl_cert_file={0}/server.crt -c ssl_key_file={0}/server.key",
-                dir.path().display()
-            );
-        }
-        as_postgres(&[
-            &Path::new(PG_BIN).join("initdb").to_string_lossy(),
-            "-D",
-            &data.to_string_lossy(),
-            "-A",
-            "trust",
-            "-U",
-            "postgres",
-            "--no-sync",
-        ]);
-        // A free port can be taken between the probe and the bind: try a few.
-        let mut last = String::new();
-        for _ in 0..3 {
-            let port = free_port();
-            let opts = format!(
-                "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off{tls_opts}",
-                dir.path().join("sock").display()
-            );
-            let out = runuser(&[
-                &Path::new(PG_BIN).join("pg_ctl").to_string_lossy(),
-                "-D",
-                &data.to_string_lossy(),
-                "-l",
-                &dir.path().join("server.log").to_string_lossy(),
-                "-o",
-                &opts,
-                "-w",
-                "-t",
-                "60",
-                "start",
-            ]);
-            if out.status.success() {
-                let pg = Postgres { dir, port };
-                pg.psql("postgres", "CREATE DATABASE shop");
-                pg.psql(
-                    "shop",
-                    "CREATE TABLE items (id serial PRIMARY KEY, name text NOT NULL, price numeric(10,2), \
-                       note text, tags text[], created timestamptz NOT NULL DEFAULT '2026-01-02 03:04:05+00');
-                     INSERT INTO items (name, price, tags) \
-                       SELECT 'item ' || g, g * 1.5, ARRAY['t' || g, 'all'] FROM generate_series(1, 1500) g;
-                     UPDATE items SET note = repeat('x', 5000) WHERE id = 1;
-                     CREATE VIEW cheap AS SELECT id, name FROM items WHERE price < 10;",
-                );
-                return pg;
+        let cluster = Cluster::start(|dir, uid, gid| {
+            let mut opts = " -c fsync=off".to_owned();
+            if tls {
+                make_certificates(dir, uid, gid);
+                opts.push_str(&format!(
+                    " -c ssl=on -c ssl_cert_file={0}/server.crt -c ssl_key_file={0}/server.key",
+                    dir.display()
+                ));
             }
-            last = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            last.push_str(
-                &std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default(),
-            );
+            opts
+        });
+        cluster.psql("postgres", "CREATE DATABASE shop");
+        cluster.psql(
+            "shop",
+            "CREATE TABLE items (id serial PRIMARY KEY, name text NOT NULL, price numeric(10,2), \
+               note text, tags text[], created timestamptz NOT NULL DEFAULT '2026-01-02 03:04:05+00');
+             INSERT INTO items (name, price, tags) \
+               SELECT 'item ' || g, g * 1.5, ARRAY['t' || g, 'all'] FROM generate_series(1, 1500) g;
+             UPDATE items SET note = repeat('x', 5000) WHERE id = 1;
+             CREATE VIEW cheap AS SELECT id, name FROM items WHERE price < 10;",
+        );
+        Postgres {
+            port: cluster.port,
+            cluster,
         }
-        panic!("postgres did not start: {last}");
     }
 
     fn dsn(&self) -> String {
@@ -140,31 +77,7 @@ impl Postgres {
 
     /// Runs SQL through `psql` (not through the server under test) and returns its unaligned output.
     fn psql(&self, db: &str, sql: &str) -> String {
-        let out = runuser(&[
-            &Path::new(PG_BIN).join("psql").to_string_lossy(),
-            "-X",
-            "-q",
-            "-A",
-            "-t",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &self.port.to_string(),
-            "-U",
-            "postgres",
-            "-d",
-            db,
-            "-c",
-            sql,
-        ]);
-        assert!(
-            out.status.success(),
-            "psql {sql:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        self.cluster.psql(db, sql)
     }
 
     /// A fingerprint of everything the bypass attempts could touch.
@@ -178,20 +91,6 @@ impl Postgres {
                     (SELECT last_value FROM items_id_seq) || ', ro default ' || \
                     (SELECT setting FROM pg_settings WHERE name = 'default_transaction_read_only')",
         )
-    }
-}
-
-impl Drop for Postgres {
-    fn drop(&mut self) {
-        let _ = runuser(&[
-            &Path::new(PG_BIN).join("pg_ctl").to_string_lossy(),
-            "-D",
-            &self.dir.path().join("data").to_string_lossy(),
-            "-m",
-            "immediate",
-            "-w",
-            "stop",
-        ]);
     }
 }
 
@@ -276,25 +175,6 @@ fn make_certificates(dir: &Path, uid: u32, gid: u32) {
         std::fs::set_permissions(dir.join(file), std::fs::Permissions::from_mode(0o600))
             .expect("chmod");
     }
-}
-
-fn runuser(args: &[&str]) -> std::process::Output {
-    Command::new("runuser")
-        .args(["-u", "postgres", "--"])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run runuser (util-linux)")
-}
-
-fn as_postgres(args: &[&str]) {
-    let out = runuser(args);
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Runs `agen mcp sql --dsn-env MYDSN --timeout 1s` under the Python SDK client with `calls`,

@@ -4,6 +4,8 @@
 //!
 //! Nothing here mocks an Agen component: every process is the shipped binary.
 
+pub mod postgres;
+
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

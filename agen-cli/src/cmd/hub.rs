@@ -34,6 +34,16 @@ pub struct Args {
     /// Where the Hub keeps its state, CA and tokens [default: $AGEN_DATA_DIR/hub, else ~/.local/share/agen/hub]
     #[arg(long, global = true)]
     pub data_dir: Option<PathBuf>,
+    /// Keep the Hub's state in PostgreSQL (postgres://user:password@host:port/db) instead of the
+    /// local store in the data dir; the schema is migrated at start [default: the local store]
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        env = "AGEN_HUB_STORE",
+        hide_env_values = true
+    )]
+    pub store: Option<String>,
     /// The URL A2A clients reach this Hub at (https://host:port); the agent cards' interface
     /// URLs start with it [default: https://<listen address>; the primary address when
     /// listening on all addresses]
@@ -204,6 +214,20 @@ pub enum Action {
     /// tasks whose history is damaged failed (history_lost), and write a report file
     /// (<data-dir>/repair-<unix ms>.txt)
     Repair,
+    /// Bring the schema of the PostgreSQL store named by --store up to this build's version
+    /// (versioned, forward-only; `agen hub` also does it at start). Exit 0 when it is current,
+    /// 1 when --check finds migrations to apply, 2 when the schema is newer than this build
+    Migrate {
+        /// Only report the schema version; change nothing
+        #[arg(long)]
+        check: bool,
+        /// Copy a stopped Hub's store instead: from this data dir or postgres:// URL …
+        #[arg(long, value_name = "DATA_DIR|URL", requires = "to")]
+        from: Option<String>,
+        /// … into this (empty) postgres:// URL or data dir; counts every table on both sides
+        #[arg(long, value_name = "URL|DATA_DIR", requires = "from")]
+        to: Option<String>,
+    },
 }
 
 impl Args {
@@ -240,6 +264,12 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             .data_dir
             .clone()
             .unwrap_or_else(agen_hub::default_data_dir);
+        if let Action::Migrate { check, from, to } = action {
+            if let (Some(from), Some(to)) = (from, to) {
+                return super::hub_store::copy(&from, &to).await;
+            }
+            return super::hub_store::migrate(args.store.as_deref(), check).await;
+        }
         return super::hub_snapshot::run(action, &data_dir).await;
     }
     // Everything this daemon and its children create is private to its user (umask 077).
@@ -290,6 +320,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         },
         console_session_max: args.console_session_max,
         webhook_allow: args.webhook_allow.clone(),
+        store: args.store.clone(),
         otlp: match agen_hub::config::OtlpOptions::resolve(args.otlp_endpoint.as_deref(), |k| {
             std::env::var(k).ok()
         }) {

@@ -26,6 +26,102 @@ pub fn refuse(report: &Report) -> i32 {
     EXIT_STORE_DAMAGED
 }
 
+/// `agen hub migrate [--check]`: the PostgreSQL store's schema brought to (or compared with)
+/// this build's version.
+pub async fn migrate(store: Option<&str>, check: bool) -> anyhow::Result<i32> {
+    let Some(url) = store.map(str::to_owned) else {
+        eprintln!(
+            "error: agen hub migrate needs --store postgres://user@host/db (or AGEN_HUB_STORE)"
+        );
+        return Ok(64);
+    };
+    use agen_hub::store::pg::{self, migrate::MigrateError};
+    let shown = pg::shown(&url);
+    let done = tokio::task::spawn_blocking(move || pg::migrate_url(&url, !check))
+        .await
+        .context("the migrate task failed")?;
+    let latest = pg::migrate::latest();
+    match done {
+        Ok(m) if check => {
+            println!(
+                "{shown}: schema version {}, this build's is {latest}",
+                m.from
+            );
+            Ok(if m.from == latest { 0 } else { 1 })
+        }
+        Ok(m) if m.from == m.to => {
+            println!("{shown}: schema version {} is current", m.to);
+            Ok(0)
+        }
+        Ok(m) => {
+            println!(
+                "{shown}: schema migrated from version {} to {}",
+                m.from, m.to
+            );
+            Ok(0)
+        }
+        Err(e @ MigrateError::Newer { .. }) => {
+            eprintln!("error: {e}");
+            Ok(2)
+        }
+        Err(e) => Err(anyhow::Error::new(e).context("cannot migrate the hub store")),
+    }
+}
+
+/// `agen hub migrate --from A --to B`: a stopped Hub's store copied into another, each a data
+/// dir or a postgres:// URL; prints every table's counts.
+pub async fn copy(from: &str, to: &str) -> anyhow::Result<i32> {
+    use agen_hub::store::{pg, PgStore, SledStore, Store};
+    use std::sync::Arc;
+    /// A postgres:// URL, or a data dir (its store in `db/`; a source's must exist).
+    fn open(place: &str, source: bool) -> anyhow::Result<Arc<dyn Store>> {
+        if pg::is_url(place) {
+            return Ok(Arc::new(PgStore::open(place)?));
+        }
+        let dir = Path::new(place).join("db");
+        anyhow::ensure!(
+            !source || dir.exists(),
+            "{place} holds no hub store (no db/ in it): give the --data-dir of the stopped Hub"
+        );
+        Ok(Arc::new(SledStore::open(&dir)?))
+    }
+    let shown = |p: &str| {
+        if pg::is_url(p) {
+            pg::shown(p)
+        } else {
+            p.to_owned()
+        }
+    };
+    let (a, b) = (from.to_owned(), to.to_owned());
+    let (source, destination) = tokio::task::spawn_blocking(move || {
+        Ok::<_, anyhow::Error>((
+            open(&a, true)
+                .with_context(|| format!("cannot open the source store {}", shown(&a)))?,
+            open(&b, false)
+                .with_context(|| format!("cannot open the destination store {}", shown(&b)))?,
+        ))
+    })
+    .await
+    .context("the open task failed")??;
+    let copied = agen_hub::store::copy::copy_all(source.as_ref(), destination.as_ref())
+        .await
+        .context("cannot copy the hub store")?;
+    for c in &copied {
+        println!(
+            "{:<20} {:>8} copied, {:>8} in the destination",
+            c.table, c.source, c.destination
+        );
+    }
+    println!(
+        "copied {} into {}: every table's counts agree",
+        shown(from),
+        shown(to)
+    );
+    destination.close();
+    source.close();
+    Ok(0)
+}
+
 /// `agen hub verify`: from the files when no Hub holds the store, else through the Hub.
 pub async fn verify(data_dir: &Path, client: &ClientArgs) -> anyhow::Result<i32> {
     let dir = data_dir.to_path_buf();

@@ -1,4 +1,5 @@
-//! Durable state behind a small [`Store`] trait (sled in production: [`SledStore`]), plus
+//! Durable state behind a small [`Store`] trait (the local store, [`SledStore`], or PostgreSQL,
+//! [`PgStore`]), plus
 //! [`Db`], the typed layer the rest of the Hub uses (JSON records by table and key).
 //!
 //! Invariants: everything the Hub must not forget (deployments, bundles, Nests, instances,
@@ -7,11 +8,13 @@
 //! it is acknowledged to anyone; run events are appended only if absent, and only for the
 //! attempt the Hub issued last for their run (any other attempt is refused: fenced).
 
+pub mod copy;
 mod disk_sync;
 mod event_log;
 mod group_commit;
 pub mod integrity;
 mod log_scan;
+pub mod pg;
 pub mod sealed;
 mod sled_store;
 pub mod snapshot;
@@ -21,6 +24,7 @@ use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+pub use pg::PgStore;
 pub use sled_store::SledStore;
 
 /// Makes the entries of `dir` (files created or renamed in it) durable.
