@@ -80,17 +80,17 @@ pub async fn decide(
             (true, false) => "approve",
             (false, _) => "deny",
         };
-        let (task_id, call_id, reason) = (r.task_id.clone(), r.call_id.clone(), r.reason.clone());
-        move |tool: &str| crate::tokens::audit::AuditDetail {
+        let (task_id, reason) = (r.task_id.clone(), r.reason.clone());
+        move |call_id: &str, tool: &str| crate::tokens::audit::AuditDetail {
             decision: decision.into(),
             task_id: task_id.clone(),
-            call_id: call_id.clone(),
+            call_id: call_id.into(),
             tool: tool.into(),
             reason: reason.clone(),
             peer: String::new(),
         }
     };
-    audit.set(detail(""));
+    audit.set(detail(&request.get_ref().call_id, ""));
     let who = {
         let r = request.get_ref();
         authorize(&request, &r.namespace, Action::Submit, &r.task_id)?
@@ -104,8 +104,13 @@ pub async fn decide(
     limits::check_bytes("reason", &r.reason, limits::MAX_REASON_BYTES)?;
     let task = core.get_task(&r.namespace, &r.task_id)?;
     if let Ok(calls) = core.pending_approvals(&task.task_id) {
-        if let Some(c) = calls.iter().find(|c| c.call_id == r.call_id) {
-            audit.set(detail(&c.tool));
+        // No call id: the task's only pending call (what the decision will name).
+        let named = match r.call_id.as_str() {
+            "" if calls.len() == 1 => calls.first(),
+            id => calls.iter().find(|c| c.call_id == id),
+        };
+        if let Some(c) = named {
+            audit.set(detail(&c.call_id, &c.tool));
         }
     }
     let call = core
@@ -119,7 +124,7 @@ pub async fn decide(
             by: &by,
         })
         .await?;
-    audit.set(detail(&call.tool));
+    audit.set(detail(&call.call_id, &call.tool));
     let (approved, reason, by) = call
         .decision
         .as_ref()
