@@ -50,6 +50,11 @@ pub struct HubOptions {
     /// Finished tasks older than this (since they finished) are removed with their run logs,
     /// events and the artifacts no other task refers to (`--task-retention`, default 30 days).
     pub task_retention: Duration,
+    /// Audit records older than this are removed by the retention sweep.
+    pub audit_retention: Duration,
+    /// How long the built-in join token (`<data-dir>/join-token`) is valid from its creation,
+    /// or from the first start of a Hub that finds it without an expiry; zero = never expires.
+    pub join_token_ttl: Duration,
     /// Stopped and lost instances and lost Nests are hidden from the lists this long after
     /// they ended (`--hide-ended-after`, default 1h); asking for them still shows them.
     pub hide_ended_after: Duration,
@@ -114,6 +119,10 @@ impl Default for A2aOptions {
 
 /// Default of [`HubOptions::task_retention`]: 30 days.
 pub const DEFAULT_TASK_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Default of [`HubOptions::audit_retention`]: 400 days.
+pub const DEFAULT_AUDIT_RETENTION: Duration = Duration::from_secs(400 * 24 * 3600);
+/// Default of [`HubOptions::join_token_ttl`]: 24 hours.
+pub const DEFAULT_JOIN_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Default of [`HubOptions::hide_ended_after`]: 1 hour.
 pub const DEFAULT_HIDE_ENDED_AFTER: Duration = Duration::from_secs(3600);
 
@@ -227,6 +236,8 @@ impl Default for HubOptions {
             otlp: None,
             public_url: None,
             task_retention: DEFAULT_TASK_RETENTION,
+            audit_retention: DEFAULT_AUDIT_RETENTION,
+            join_token_ttl: DEFAULT_JOIN_TOKEN_TTL,
             hide_ended_after: DEFAULT_HIDE_ENDED_AFTER,
             snapshots: None,
             a2a: A2aOptions::default(),
@@ -323,6 +334,12 @@ impl HubOptions {
             return Err(HubError::Config(format!(
                 "--task-retention {:?} is too short; expected at least 1s (default 30d)",
                 self.task_retention
+            )));
+        }
+        if self.audit_retention < Duration::from_secs(1) {
+            return Err(HubError::Config(format!(
+                "--audit-retention {:?} is too short; expected at least 1s (default 400d)",
+                self.audit_retention
             )));
         }
         if self.nest_ttl < Duration::from_millis(200) {

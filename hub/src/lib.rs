@@ -206,7 +206,11 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     let db = store::Db::new(store);
     let secret_key = secrets::SecretKey::load_or_create(&data_dir.join("secret.key"))?;
     let tokens = tokens::Tokens::open(db.clone(), &admin_token)?;
-    tokens.ensure_bootstrap_join(&join_token)?;
+    // On a plaintext Hub the join token is a Nest's credential on every call (no certificates),
+    // so it cannot expire there; with TLS a joined Nest uses its certificate from then on.
+    let join_ttl =
+        (!opts.insecure_plaintext && !opts.join_token_ttl.is_zero()).then_some(opts.join_token_ttl);
+    tokens.ensure_bootstrap_join(&join_token, join_ttl)?;
     let nest_identities = tokens::nests::NestIdentities::open(db.clone())?;
     let core = core::Core::open(opts.clone(), db, secret_key)?;
     core.resume_after_restore().await?;

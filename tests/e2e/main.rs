@@ -9,6 +9,7 @@ mod a2a_delegates;
 mod a2a_spec;
 mod approvals;
 mod artifacts;
+mod audit_trail;
 mod backups;
 mod budgets;
 mod chaos;

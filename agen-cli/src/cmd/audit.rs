@@ -1,6 +1,7 @@
 //! `agen audit [--namespace NS] [--since D] [--token T] [--action CALL] [--outcome O] [-f]
 //! [-o json]`: the Hub's audit log, one line per mutating call (time, token, namespace, call,
-//! target, outcome). Every namespace the caller may read unless `--namespace` is given; the
+//! target, outcome, the peer address, and what the call decided: an approval's decision, the
+//! tool call it was about and the reason). Every namespace the caller may read unless `--namespace` is given; the
 //! token, action and outcome filters apply to the entries the Hub returns; `-f` prints new
 //! entries as they come (polled every second; JSON lines with `-o json`).
 
@@ -48,7 +49,47 @@ pub fn entry_json(e: &pb::AuditEntry) -> Value {
         "target": e.target,
         "outcome": e.outcome,
         "message": e.message,
+        "decision": opt(&e.decision),
+        "tool_call": if e.task_id.is_empty() && e.call_id.is_empty() && e.tool.is_empty() {
+            Value::Null
+        } else {
+            json!({"task": e.task_id, "call_id": e.call_id, "tool": e.tool})
+        },
+        "reason": opt(&e.reason),
+        "peer": opt(&e.peer),
     })
+}
+
+fn opt(s: &str) -> Value {
+    if s.is_empty() {
+        Value::Null
+    } else {
+        json!(s)
+    }
+}
+
+/// What the call decided, for the table: `approve always ws.run (call c1 of task t): "why"`.
+fn detail(e: &pb::AuditEntry) -> String {
+    let mut out = e.decision.clone();
+    if !e.tool.is_empty() || !e.call_id.is_empty() {
+        let tool = if e.tool.is_empty() { "-" } else { &e.tool };
+        out = format!("{out} {tool} (call {} of task {})", e.call_id, e.task_id);
+    }
+    if !e.reason.is_empty() {
+        out = format!("{out}: {:?}", e.reason);
+    }
+    match out.trim() {
+        "" => "-".into(),
+        s => s.to_string(),
+    }
+}
+
+fn dash(s: &str) -> &str {
+    if s.is_empty() {
+        "-"
+    } else {
+        s
+    }
 }
 
 /// Whether `e` passes the `--token-id`, `--action` and `--outcome` filters.
@@ -130,7 +171,16 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             &Value::Array(entries.iter().map(entry_json).collect()),
         ),
         Output::Table => {
-            let mut t = view::table(&["TIME", "TOKEN", "NAMESPACE", "CALL", "TARGET", "OUTCOME"]);
+            let mut t = view::table(&[
+                "TIME",
+                "TOKEN",
+                "NAMESPACE",
+                "CALL",
+                "TARGET",
+                "OUTCOME",
+                "PEER",
+                "DECISION",
+            ]);
             for e in &entries {
                 t.add_row(vec![
                     match view::time(e.at_ms) {
@@ -150,6 +200,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                         e.target.clone()
                     },
                     e.outcome.clone(),
+                    dash(&e.peer).to_string(),
+                    detail(e),
                 ]);
             }
             if entries.is_empty() {
@@ -167,7 +219,7 @@ fn print_line(output: Output, e: &pb::AuditEntry) {
     match output {
         Output::Json | Output::Yaml => crate::outln!("{}", entry_json(e)),
         Output::Table => crate::outln!(
-            "{} {} ({}) {} {} {} {}",
+            "{} {} ({}) {} {} {} {} {} {}",
             view::time(e.at_ms).as_str().unwrap_or("-"),
             e.token_name,
             e.token_id,
@@ -178,7 +230,9 @@ fn print_line(output: Output, e: &pb::AuditEntry) {
             },
             e.call,
             if e.target.is_empty() { "-" } else { &e.target },
-            e.outcome
+            e.outcome,
+            dash(&e.peer),
+            detail(e)
         ),
     }
 }

@@ -150,6 +150,14 @@ pub struct Args {
     /// long after they finished
     #[arg(long, default_value = "30d", value_parser = crate::cmd::parse_duration)]
     pub task_retention: Duration,
+    /// Remove audit records this long after they were written
+    #[arg(long, default_value = "400d", value_parser = crate::cmd::parse_duration)]
+    pub audit_retention: Duration,
+    /// The built-in join token (<data-dir>/join-token) expires this long after it is made (or
+    /// after the first start that finds it without an expiry); Nests that joined never need it
+    /// again; `agen tokens create --join` makes more; 0 = never (not recommended)
+    #[arg(long, default_value = "24h", value_parser = crate::cmd::parse_duration)]
+    pub join_token_ttl: Duration,
     /// Hide stopped and lost instances and lost Nests from `agen ps --all` and `agen nests`
     /// this long after they ended (`--ended`/`--all` still show them)
     #[arg(long, default_value = "1h", value_parser = crate::cmd::parse_duration)]
@@ -304,6 +312,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         },
         public_url: args.public_url.clone(),
         task_retention: args.task_retention,
+        audit_retention: args.audit_retention,
+        join_token_ttl: args.join_token_ttl,
         hide_ended_after: args.hide_ended_after,
         snapshots: match super::hub_snapshot::schedule(&args) {
             Ok(s) => s,

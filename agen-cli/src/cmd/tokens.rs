@@ -1,5 +1,5 @@
 //! `agen tokens create|ls|rotate|revoke`: API tokens (a namespace and a role) and Nest join
-//! tokens (`--join`, expiry and uses).
+//! tokens (`--join`, expiry — 24h unless `--ttl` says otherwise — and uses).
 //!
 //! Invariants: a token's secret is printed once, by `create` and `rotate`, alone on stdout (or
 //! as `secret` in `-o json`); `ls` never shows one (the Hub keeps only hashes).
@@ -12,6 +12,9 @@ use serde_json::{json, Value};
 use crate::client::{status_error, ClientArgs, Output};
 use crate::view;
 
+/// How long a join token of `agen tokens create --join` is valid without `--ttl`.
+const JOIN_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
+
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     /// Create a token and print it once: an API token (--role, in --namespace) or, with --join,
@@ -23,8 +26,9 @@ pub enum Command {
         /// The API token's role in its namespace: viewer, submitter, deployer or admin
         #[arg(long, value_parser = ["viewer", "submitter", "deployer", "admin"], required_unless_present = "join")]
         role: Option<String>,
-        /// How long it is valid, e.g. 30d or 12h [default: no expiry]
-        #[arg(long, value_parser = crate::cmd::parse_duration)]
+        /// How long it is valid, e.g. 30d or 12h; 0 = never [default: no expiry for API tokens,
+        /// 24h for join tokens]
+        #[arg(long, visible_alias = "ttl", value_parser = crate::cmd::parse_duration)]
         expires: Option<Duration>,
         /// Join tokens: how many Nests may join with it [default: unlimited]
         #[arg(long, requires = "join")]
@@ -134,7 +138,9 @@ pub async fn run(cmd: Command) -> anyhow::Result<i32> {
                 },
                 role: role.unwrap_or_default(),
                 name: name.unwrap_or_default(),
+                // A join token is a credential for one thing, joining: short-lived unless asked.
                 expires_in_ms: expires
+                    .or(join.then_some(JOIN_TOKEN_TTL))
                     .map(|d| d.as_millis().min(i64::MAX as u128) as i64)
                     .unwrap_or(0),
                 max_uses: uses.unwrap_or(0),

@@ -8,6 +8,9 @@
 //! from memory before its records are removed from the store (nobody reads half a task); an
 //! artifact's bytes go only when no task of its namespace refers to it any more.
 //!
+//! Audit retention (`--audit-retention`, default 400 days): the same sweep removes audit records
+//! older than it ([`crate::tokens::audit::sweep`]); they live in sled, not in the event log.
+//!
 //! Backup: [`Core::write_snapshot`] writes the store and the data dir's keys (see
 //! [`crate::store::snapshot`]) while the state lock is held.
 
@@ -59,9 +62,10 @@ impl Core {
         )?)
     }
 
-    /// Runs until `shutdown`: sweeps expired tasks every [`sweep_interval`].
+    /// Runs until `shutdown`: sweeps expired tasks and audit records every [`sweep_interval`]
+    /// of the shorter retention.
     pub async fn run_retention(self: Arc<Self>, shutdown: CancellationToken) {
-        let every = sweep_interval(self.opts.task_retention);
+        let every = sweep_interval(self.opts.task_retention.min(self.opts.audit_retention));
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -78,6 +82,17 @@ impl Core {
                 Err(e) => {
                     tracing::error!(error = %e, "deployment history retention sweep failed; retrying")
                 }
+            }
+            let audit_keep_ms =
+                i64::try_from(self.opts.audit_retention.as_millis()).unwrap_or(i64::MAX);
+            match crate::tokens::audit::sweep(&self.db, now.saturating_sub(audit_keep_ms)) {
+                Ok(0) => {}
+                Ok(records) => tracing::info!(
+                    records,
+                    retention = ?self.opts.audit_retention,
+                    "removed audit records past the audit retention"
+                ),
+                Err(e) => tracing::error!(error = %e, "audit retention sweep failed; retrying"),
             }
             match self.sweep_expired_tasks(now).await {
                 Ok(s) if s.tasks > 0 => tracing::info!(

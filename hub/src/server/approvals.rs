@@ -71,6 +71,26 @@ pub async fn decide(
     core: &Core,
     request: Request<pb::DecideApprovalRequest>,
 ) -> Result<Response<pb::DecideApprovalResponse>, Status> {
+    // The audit record says the decision and what it was about, refused decisions included.
+    let audit = super::auth::audit_detail(&request);
+    let detail = {
+        let r = request.get_ref();
+        let decision = match (r.approved, r.always) {
+            (true, true) => "approve always",
+            (true, false) => "approve",
+            (false, _) => "deny",
+        };
+        let (task_id, reason) = (r.task_id.clone(), r.reason.clone());
+        move |call_id: &str, tool: &str| crate::tokens::audit::AuditDetail {
+            decision: decision.into(),
+            task_id: task_id.clone(),
+            call_id: call_id.into(),
+            tool: tool.into(),
+            reason: reason.clone(),
+            peer: String::new(),
+        }
+    };
+    audit.set(detail(&request.get_ref().call_id, ""));
     let who = {
         let r = request.get_ref();
         authorize(&request, &r.namespace, Action::Submit, &r.task_id)?
@@ -83,6 +103,16 @@ pub async fn decide(
     limits::check_bytes("call_id", &r.call_id, limits::MAX_REASON_BYTES)?;
     limits::check_bytes("reason", &r.reason, limits::MAX_REASON_BYTES)?;
     let task = core.get_task(&r.namespace, &r.task_id)?;
+    if let Ok(calls) = core.pending_approvals(&task.task_id) {
+        // No call id: the task's only pending call (what the decision will name).
+        let named = match r.call_id.as_str() {
+            "" if calls.len() == 1 => calls.first(),
+            id => calls.iter().find(|c| c.call_id == id),
+        };
+        if let Some(c) = named {
+            audit.set(detail(&c.call_id, &c.tool));
+        }
+    }
     let call = core
         .decide_approval(Decide {
             namespace: &r.namespace,
@@ -94,6 +124,7 @@ pub async fn decide(
             by: &by,
         })
         .await?;
+    audit.set(detail(&call.call_id, &call.tool));
     let (approved, reason, by) = call
         .decision
         .as_ref()

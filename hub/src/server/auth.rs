@@ -132,6 +132,38 @@ struct SlotState {
     checked: bool,
     /// What to record, for mutating calls.
     note: Option<AuditNote>,
+    /// What the handler adds to the record (an approval's decision, the call, the reason).
+    detail: crate::tokens::audit::AuditDetail,
+}
+
+/// Lets a handler add what its call decided to the call's audit record, after it has taken
+/// its request apart (see [`audit_detail`]).
+#[derive(Clone)]
+pub struct AuditDetailSlot(Option<AuditSlot>);
+
+impl AuditDetailSlot {
+    /// Sets what the record says beyond who called what (the peer is filled in by [`Audited`]).
+    pub fn set(&self, detail: crate::tokens::audit::AuditDetail) {
+        if let Some(slot) = &self.0 {
+            if let Ok(mut s) = slot.0.lock() {
+                s.detail = detail;
+            }
+        }
+    }
+}
+
+/// The handle through which a handler adds detail to its call's audit record.
+pub fn audit_detail<T>(req: &Request<T>) -> AuditDetailSlot {
+    AuditDetailSlot(req.extensions().get::<AuditSlot>().cloned())
+}
+
+/// The remote address of the connection a request came on (TLS or plaintext).
+fn peer_of(extensions: &http::Extensions) -> Option<std::net::SocketAddr> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    extensions
+        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .and_then(|i| i.get_ref().remote_addr())
+        .or_else(|| extensions.get::<TcpConnectInfo>()?.remote_addr())
 }
 
 /// The caller of a request (set by [`ApiAuth`]).
@@ -261,6 +293,9 @@ where
             .next()
             .unwrap_or_default()
             .to_string();
+        let peer = peer_of(req.extensions())
+            .map(|a| a.to_string())
+            .unwrap_or_default();
         req.extensions_mut().insert(slot.clone());
         req.extensions_mut().insert(CallName(call.clone()));
         // Take the service that was made ready; leave a fresh clone in its place.
@@ -269,9 +304,9 @@ where
         let db = self.db.clone();
         Box::pin(async move {
             let response = inner.call(req).await?;
-            let (checked, note) = match slot.0.lock() {
-                Ok(mut s) => (s.checked, s.note.take()),
-                Err(_) => (true, None),
+            let (checked, note, detail) = match slot.0.lock() {
+                Ok(mut s) => (s.checked, s.note.take(), std::mem::take(&mut s.detail)),
+                Err(_) => (true, None, Default::default()),
             };
             let (outcome, message) = outcome(response.headers());
             if !checked && outcome == "unauthenticated" {
@@ -282,7 +317,7 @@ where
                 tracing::error!(%call, "served without an authorization check: every AgenService handler must call server::auth::authorize first");
             }
             if let Some(note) = note {
-                if let Err(e) = crate::tokens::audit::record(
+                if let Err(e) = crate::tokens::audit::record_with(
                     &db,
                     note.principal.token_id(),
                     note.principal.token_name(),
@@ -291,6 +326,7 @@ where
                     &note.target,
                     &outcome,
                     &message,
+                    crate::tokens::audit::AuditDetail { peer, ..detail },
                 ) {
                     tracing::error!(error = %e, %call, "cannot write the audit record");
                 } else if let Err(e) = db.flush().await {

@@ -50,6 +50,12 @@ fn audit_entry(a: &AuditRec) -> pb::AuditEntry {
         target: a.target.clone(),
         outcome: a.outcome.clone(),
         message: a.message.clone(),
+        decision: a.detail.decision.clone(),
+        task_id: a.detail.task_id.clone(),
+        call_id: a.detail.call_id.clone(),
+        tool: a.detail.tool.clone(),
+        reason: a.detail.reason.clone(),
+        peer: a.detail.peer.clone(),
     }
 }
 

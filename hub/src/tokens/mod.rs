@@ -13,6 +13,7 @@ pub mod nests;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -121,6 +122,14 @@ impl TokenRec {
                 self.name, self.id
             ));
         }
+        if self.expires_at_ms != 0 && now >= self.expires_at_ms && self.kind == TokenKind::Join {
+            return Some(format!(
+                "join token `{}` (id {}) expired at {}; Nests that joined with it keep working (they use their certificates), but no new Nest can join with it: make a join token with `agen tokens create --join [--ttl 24h]` on the Hub and start the Nest with that",
+                self.name,
+                self.id,
+                utc(self.expires_at_ms)
+            ));
+        }
         if self.expires_at_ms != 0 && now >= self.expires_at_ms {
             return Some(format!(
                 "token `{}` (id {}) expired; ask an admin for a new one",
@@ -135,6 +144,13 @@ impl TokenRec {
         }
         None
     }
+}
+
+/// `ms` since the epoch as an RFC 3339 UTC time (to the second).
+fn utc(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        .unwrap_or_else(|| format!("{ms} ms since the epoch"))
 }
 
 /// Who is calling.
@@ -322,11 +338,36 @@ impl Tokens {
         Ok(())
     }
 
-    /// Makes sure the join token of `<data-dir>/join-token` is known (no expiry, unlimited
-    /// uses); a revoked one stays revoked.
-    pub fn ensure_bootstrap_join(&self, join_token: &str) -> Result<()> {
+    /// Makes sure the join token of `<data-dir>/join-token` is known (unlimited uses, valid
+    /// for `ttl` from now; `None` = never expires); a revoked one stays revoked. One known
+    /// without an expiry (made by an older Hub) is given one now, and the Hub logs it.
+    pub fn ensure_bootstrap_join(&self, join_token: &str, ttl: Option<Duration>) -> Result<()> {
         let hash = sha256_hex(join_secret(join_token));
-        if self.lock().join_by_hash.contains_key(&hash) {
+        let expires_at_ms = match ttl {
+            Some(ttl) => {
+                now_ms().saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
+            }
+            None => 0,
+        };
+        let known = {
+            let idx = self.lock();
+            idx.join_by_hash
+                .get(&hash)
+                .and_then(|id| idx.by_id.get(id))
+                .cloned()
+        };
+        if let Some(mut rec) = known {
+            if rec.expires_at_ms == 0 && rec.revoked_at_ms == 0 && expires_at_ms != 0 {
+                rec.expires_at_ms = expires_at_ms;
+                self.save(&rec)?;
+                tracing::warn!(
+                    token_id = %rec.id,
+                    expires_at = %utc(expires_at_ms),
+                    "the built-in join token had no expiry; it now expires at {} (--join-token-ttl); Nests that joined keep working, new ones need `agen tokens create --join` after that",
+                    utc(expires_at_ms)
+                );
+                self.lock().by_id.insert(rec.id.clone(), rec);
+            }
             return Ok(());
         }
         let rec = TokenRec {
@@ -337,13 +378,16 @@ impl Tokens {
             role: None,
             secret_sha256: hash.clone(),
             created_at_ms: now_ms(),
-            expires_at_ms: 0,
+            expires_at_ms,
             last_used_at_ms: 0,
             revoked_at_ms: 0,
             max_uses: 0,
             uses: 0,
             created_by: "hub".into(),
         };
+        if expires_at_ms != 0 {
+            tracing::info!(token_id = %rec.id, expires_at = %utc(expires_at_ms), "the built-in join token expires at {}", utc(expires_at_ms));
+        }
         self.save(&rec)?;
         let mut idx = self.lock();
         idx.join_by_hash.insert(hash, rec.id.clone());

@@ -113,8 +113,8 @@ fn join_tokens_count_uses_and_the_bootstrap_one_is_unlimited() {
     let tokens = Tokens::open(db(dir.path()), "the-admin").unwrap();
     let ca = "ab".repeat(32);
     let boot = agen_shared::tls::JoinToken::generate(&ca).to_string();
-    tokens.ensure_bootstrap_join(&boot).unwrap();
-    tokens.ensure_bootstrap_join(&boot).unwrap();
+    tokens.ensure_bootstrap_join(&boot, None).unwrap();
+    tokens.ensure_bootstrap_join(&boot, None).unwrap();
     assert_eq!(tokens.list().len(), 1);
     for _ in 0..3 {
         let t = tokens.check_join(Some(&boot)).unwrap();
@@ -160,4 +160,32 @@ fn a_nest_id_stays_bound_to_its_key_until_forgotten() {
     assert_eq!(ids.join_grant("n1", "key-c").unwrap(), JoinGrant::Bind);
     // The forgotten key's certificate is refused for good.
     assert!(ids.check_caller("n1", "key-a").is_err());
+}
+
+#[test]
+fn a_never_expiring_bootstrap_join_token_is_given_an_expiry_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = Tokens::open(db(dir.path()), "the-admin").unwrap();
+    let boot = agen_shared::tls::JoinToken::generate(&"ab".repeat(32)).to_string();
+    // As an older Hub left it: no expiry.
+    tokens.ensure_bootstrap_join(&boot, None).unwrap();
+    assert_eq!(tokens.list()[0].expires_at_ms, 0);
+    // The next start gives it one; a later start does not move it.
+    let day = std::time::Duration::from_secs(24 * 3600);
+    tokens.ensure_bootstrap_join(&boot, Some(day)).unwrap();
+    let at = tokens.list()[0].expires_at_ms;
+    let from_now = at - crate::model::now_ms();
+    assert!((day.as_millis() as i64 - 60_000..=day.as_millis() as i64).contains(&from_now));
+    tokens.ensure_bootstrap_join(&boot, Some(day * 2)).unwrap();
+    assert_eq!(tokens.list()[0].expires_at_ms, at);
+    // Expired: refused naming the expiry and the command that makes another.
+    let dir2 = tempfile::tempdir().unwrap();
+    let expired = Tokens::open(db(dir2.path()), "the-admin").unwrap();
+    let other = agen_shared::tls::JoinToken::generate(&"cd".repeat(32)).to_string();
+    expired
+        .ensure_bootstrap_join(&other, Some(std::time::Duration::ZERO))
+        .unwrap();
+    let err = expired.check_join(Some(&other)).unwrap_err().to_string();
+    assert!(err.contains("expired at 20"), "{err}");
+    assert!(err.contains("agen tokens create --join"), "{err}");
 }
