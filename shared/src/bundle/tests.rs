@@ -186,6 +186,7 @@ fn a_complete_bundle_parses_into_its_whole_value() {
                 ask: vec!["crm.upsert_contact".into()],
                 deny: vec!["crm.delete".into()],
             },
+            network: None,
         },
         secrets: SecretDecls(
             [
