@@ -143,8 +143,8 @@ impl Network {
             Some("--shared-network".into())
         } else if !separated {
             Some("instances are not separated by uid".into())
-        } else if !nix::unistd::geteuid().is_root() {
-            Some("the Nest is not root".into())
+        } else if !nix::unistd::geteuid().is_root() && !has_net_caps() {
+            Some("the Nest is neither root nor holds CAP_SYS_ADMIN and CAP_NET_ADMIN".into())
         } else if tool("ip").is_none() {
             Some("no `ip` command (install Debian iproute2)".into())
         } else if tool("nft").is_none() {
@@ -360,6 +360,18 @@ impl Network {
             default_allow: self.egress_default == EgressDefault::Allow,
         })
     }
+}
+
+/// Whether this process holds CAP_SYS_ADMIN and CAP_NET_ADMIN (the systemd unit's Nest).
+fn has_net_caps() -> bool {
+    const CAP_NET_ADMIN: u32 = 12;
+    const CAP_SYS_ADMIN: u32 = 21;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|eff| eff & (1 << CAP_NET_ADMIN) != 0 && eff & (1 << CAP_SYS_ADMIN) != 0)
 }
 
 /// The nftables rules of a namespace whose proxy listens on `port`.
