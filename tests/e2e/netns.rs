@@ -19,9 +19,12 @@ use serde_json::{json, Value};
 /// (an HTTP request gets that as a 200 body).
 const SERVER: &str = r#"
 import socket, sys, threading
-def serve(addr):
+def listen(addr):
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((addr, 8080)); s.listen(16)
+    return s
+def serve(s):
+    addr = s.getsockname()[0]
     while True:
         c, _ = s.accept()
         c.settimeout(2)
@@ -35,9 +38,10 @@ def serve(addr):
         else:
             c.sendall(body)
         c.close()
-for a in sys.argv[1:]:
-    threading.Thread(target=serve, args=(a,), daemon=True).start()
-print("ready", flush=True)
+# Every address listens before "ready" is said.
+for s in [listen(a) for a in sys.argv[1:]]:
+    threading.Thread(target=serve, args=(s,), daemon=True).start()
+sys.stdout.write("ready\n"); sys.stdout.flush()
 threading.Event().wait()
 "#;
 
@@ -143,8 +147,14 @@ impl TestNet {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut ready = [0u8; 5];
-        child.stdout.take().unwrap().read_exact(&mut ready).unwrap();
+        // "ready\n", read whole; the pipe stays open as long as the server runs.
+        let mut ready = [0u8; 6];
+        child
+            .stdout
+            .as_mut()
+            .unwrap()
+            .read_exact(&mut ready)
+            .unwrap();
         net.server = Some(child);
         net
     }
@@ -232,7 +242,7 @@ fn agent(
     targets: &[String],
 ) -> Agent {
     let report = out.join(format!("{name}.txt"));
-    let command = format!(
+    let mut command = format!(
         "python3 {} {} {name} {port} {} {} {}",
         out.join("attack.py").display(),
         report.display(),
@@ -240,6 +250,13 @@ fn agent(
         out.join(peer).display(),
         targets.join(" ")
     );
+    // Node's fetch (not proxy-aware) to each HTTP target, when node is installed.
+    for t in targets.iter().filter_map(|t| t.split_once("=http://")) {
+        command.push_str(&format!(
+            "; command -v node >/dev/null && node -e \"fetch('http://{}').then(async r => console.log('FETCH {} ' + r.status + ' ' + (await r.text()).trim())).catch(e => console.log('FETCH {} failed ' + e))\" >> {}",
+            t.1, t.0, t.0, report.display()
+        ));
+    }
     let model = FakeModel::start(
         &tmp.join(format!("model-{name}")),
         &json!({"steps": [
@@ -350,6 +367,7 @@ fn instances_have_their_own_loopback_and_reach_only_what_their_rule_allows_each_
     let targets = |extra: &[String]| {
         let mut t = vec![
             format!("allowed={a}:8080"),
+            format!("http-allowed=http://{a}:8080/"),
             format!("raw-second={b}:8080"),
             format!("http-second=http://{b}:8080/"),
             "link-local=169.254.169.254:80".to_string(),
@@ -403,6 +421,10 @@ fn instances_have_their_own_loopback_and_reach_only_what_their_rule_allows_each_
     // The rule: the allowed server answers, the second address is refused raw and by HTTP
     // (a 403 naming host and rule).
     assert_eq!(line(&r1, "allowed"), format!("OK allowed SRV {a}"));
+    assert_eq!(
+        line(&r1, "http-allowed"),
+        format!("OK http-allowed SRV {a}")
+    );
     assert!(line(&r1, "raw-second").starts_with("REFUSED"), "{r1}");
     let http = line(&r1, "http-second");
     assert!(
@@ -421,6 +443,26 @@ fn instances_have_their_own_loopback_and_reach_only_what_their_rule_allows_each_
             assert!(line(r, name).starts_with("REFUSED"), "{name}: {r}");
         }
     }
+    // Node's fetch goes the same way: refused with the 403 under the rule, answered without.
+    let fetched = r1.contains("FETCH ");
+    if fetched {
+        assert!(
+            r1.contains(&format!("FETCH http-allowed 200 SRV {a}")),
+            "{r1}"
+        );
+        assert!(
+            r1.contains(&format!(
+                "FETCH http-second 403 agen: egress refused: {b}:8080"
+            )),
+            "{r1}"
+        );
+        assert!(
+            r2.contains(&format!("FETCH http-second 200 SRV {b}")),
+            "{r2}"
+        );
+    } else {
+        eprintln!("node is not installed: the fetch case was not run");
+    }
     let count = |r: &str| r.lines().filter(|l| l.starts_with("REFUSED")).count();
     assert_eq!(
         (count(&r1), count(&r2)),
@@ -429,7 +471,7 @@ fn instances_have_their_own_loopback_and_reach_only_what_their_rule_allows_each_
     );
     // Counted by the proxy: every refusal but the loopback one (the instance's own loopback
     // has nothing on the Hub's port, nothing reached the Nest).
-    assert_eq!(metric(&metrics, "a", "ruled"), 4);
+    assert_eq!(metric(&metrics, "a", "ruled"), 4 + u64::from(fetched));
     assert_eq!(metric(&metrics, "b", "open"), 2);
     // And named in the instance's logs.
     let logs = hub.cli(&["logs", "ruled", "--namespace", "a"]).unwrap();
