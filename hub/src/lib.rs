@@ -326,7 +326,6 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
             shutdown.child_token(),
             cut.clone(),
             gate.clone(),
-            vec![listener::REFUSED_UIDS],
         )),
         // Small replies (acks, task states) must not wait on the peer's delayed ACK.
         None => Incoming::Plain(

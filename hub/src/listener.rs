@@ -22,34 +22,8 @@ use crate::error::{HubError, Result};
 const MAX_HANDSHAKES: usize = 256;
 
 /// The uids a Nest on this host hands its instances and tool servers by default
-/// (`--run-uids`): a local process of one of them is refused the Hub's port and its metrics.
+/// (`--run-uids`): a local process of one of them is refused the Hub's metrics listener.
 pub const REFUSED_UIDS: std::ops::RangeInclusive<u32> = 61000..=61999;
-
-/// The uid of the local process on the other end of `tcp` when it is one of `refused` (looked
-/// up in `/proc/net/tcp{,6}` by the connection's addresses; a remote peer is never looked up).
-async fn local_instance_uid(
-    tcp: &TcpStream,
-    peer: std::net::SocketAddr,
-    refused: &[std::ops::RangeInclusive<u32>],
-) -> Option<u32> {
-    if refused.is_empty() {
-        return None;
-    }
-    let local = tcp.local_addr().ok()?;
-    let ip = match peer.ip() {
-        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer.ip(), std::net::IpAddr::V4),
-        v4 => v4,
-    };
-    // A local process connects from a loopback address or one of this host's own.
-    if !ip.is_loopback() && std::net::UdpSocket::bind((ip, 0)).is_err() {
-        return None;
-    }
-    let uid =
-        tokio::task::spawn_blocking(move || agen_net::metrics_http::socket_owner(peer, local))
-            .await
-            .ok()??;
-    refused.iter().any(|r| r.contains(&uid)).then_some(uid)
-}
 
 /// The server TLS config: the Hub's certificate, client certificates from its CA accepted but
 /// not required, ALPN `h2` and `http/1.1`.
@@ -94,12 +68,10 @@ pub fn tls_incoming(
     shutdown: CancellationToken,
     cut: CancellationToken,
     gate: Arc<ConnGate>,
-    refused_uids: Vec<std::ops::RangeInclusive<u32>>,
 ) -> ReceiverStream<std::io::Result<Cut<TlsStream<TcpStream>>>> {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
-    let refused_uids = Arc::new(refused_uids);
     tokio::spawn(async move {
         loop {
             let Ok(permit) = permits.clone().acquire_owned().await else {
@@ -132,14 +104,8 @@ pub fn tls_incoming(
             let tx = tx.clone();
             let cut = cut.clone();
             let limits = *gate.limits();
-            let refused_uids = refused_uids.clone();
             tokio::spawn(async move {
                 let _permit = permit;
-                if let Some(uid) = local_instance_uid(&tcp, peer, &refused_uids).await {
-                    tracing::warn!(%peer, uid, "refused a connection from a local process of an instance or tool-server uid (the Hub's port is not theirs)");
-                    drop(slot);
-                    return;
-                }
                 match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
                     Ok(Ok(tls)) => {
                         // A certificate of the Hub's CA (rustls verified it): a Nest.

@@ -222,7 +222,7 @@ fn unmapped(ip: IpAddr) -> IpAddr {
 /// The uid owning the client socket of a connection from `peer` to `local` on this host (its
 /// line in `/proc/net/tcp` or `tcp6` has local = `peer`, remote = `local`); `None` when no
 /// process of this network namespace holds it.
-pub fn socket_owner(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
+fn socket_owner(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
     let want = (
         unmapped(peer.ip()),
         peer.port(),

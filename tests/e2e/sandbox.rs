@@ -473,13 +473,6 @@ fn a_tool_server_is_refused_by_the_hubs_and_the_nests_endpoints_and_metrics_need
             ));
         }
     }
-    // And the Hub's own port (gRPC and A2A): closed before the TLS handshake.
-    let hub_report = out.join("hub-port.txt");
-    let hub_port = hub.url().rsplit(':').next().unwrap().to_string();
-    command.push_str(&format!(
-        "curl -sk -o /dev/null https://127.0.0.1:{hub_port}/healthz; echo \"hub-port curl-exit $?\" >> {}; ",
-        hub_report.display()
-    ));
     let model = FakeModel::start(
         &tmp.path().join("model"),
         &json!({"steps": [
@@ -510,24 +503,6 @@ fn a_tool_server_is_refused_by_the_hubs_and_the_nests_endpoints_and_metrics_need
         .collect();
     let refused = codes.iter().filter(|c| **c == "403").count();
     assert_eq!((refused, codes.len()), (6, 6), "{text}");
-    // curl 35 (TLS connect error) or 56 (receive failure): the connection was closed unanswered.
-    let hub_text = std::fs::read_to_string(&hub_report).unwrap();
-    let exit = hub_text.trim().rsplit(' ').next().unwrap_or("");
-    assert!(["35", "56", "52"].contains(&exit), "{hub_text}");
-    // The same request from the test (root) is answered.
-    let ok = std::process::Command::new("curl")
-        .args([
-            "-sk",
-            "-o",
-            "/dev/null",
-            &format!("https://127.0.0.1:{hub_port}/healthz"),
-        ])
-        .status()
-        .unwrap();
-    assert!(
-        !["35", "56", "52"].contains(&ok.code().unwrap_or(0).to_string().as_str()),
-        "{ok:?}"
-    );
 }
 
 fn wait_ok(addr: &str) {
