@@ -36,6 +36,17 @@ if ! command -v promtool >/dev/null 2>&1; then
 fi
 promtool --version | head -n1
 
+step "nftables and iproute2 (Debian, for the instance network namespace tests)"
+has() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
+if ! has nft || ! has ip; then
+  if [ "$(id -u)" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nftables iproute2 >/dev/null
+  else
+    sudo -n apt-get update -qq && sudo -n DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nftables iproute2 >/dev/null
+  fi
+fi
+
 step "format and lints (cargo fmt --check, clippy -D warnings)"
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
   rustup component add rustfmt clippy

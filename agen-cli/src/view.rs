@@ -167,6 +167,7 @@ pub fn nest_json(n: &pb::Nest) -> Value {
         "revoked": n.revoked,
         "cordoned": n.cordoned,
         "separation": n.separation,
+        "network": n.network,
         "draining_until": time(n.draining_until_ms),
     })
 }

@@ -309,7 +309,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
             let access = agen_net::metrics_http::Access {
                 token: opts.metrics_token.as_deref().map(Arc::from),
                 // Instances and tool servers of a Nest on this host (its default range).
-                refused_uids: vec![61000..=61999],
+                refused_uids: vec![listener::REFUSED_UIDS],
                 ready: Some(Arc::new(move || {
                     !serving.is_cancelled() && ready_core.store_broken().is_none()
                 })),

@@ -21,6 +21,10 @@ use crate::error::{HubError, Result};
 /// Handshakes in flight at once; further connections wait in the kernel's backlog.
 const MAX_HANDSHAKES: usize = 256;
 
+/// The uids a Nest on this host hands its instances and tool servers by default
+/// (`--run-uids`): a local process of one of them is refused the Hub's metrics listener.
+pub const REFUSED_UIDS: std::ops::RangeInclusive<u32> = 61000..=61999;
+
 /// The server TLS config: the Hub's certificate, client certificates from its CA accepted but
 /// not required, ALPN `h2` and `http/1.1`.
 pub fn server_config(hub_tls: &agen_shared::tls::HubTls) -> Result<rustls::ServerConfig> {

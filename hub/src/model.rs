@@ -69,6 +69,9 @@ pub struct NestRec {
     /// Who its instances run as, as the Nest reported it at its last registration.
     #[serde(default)]
     pub separation: String,
+    /// Its instances' network isolation, as the Nest reported it.
+    #[serde(default)]
+    pub network: String,
     /// Set while the Nest drains before it stops (SIGTERM): no new runs and no placements go
     /// to it until then (unix ms); a new registration clears it.
     #[serde(default)]
@@ -193,6 +196,8 @@ pub struct Registration {
     pub fallback_name: String,
     /// Who its instances run as (shown by `agen nests`).
     pub separation: String,
+    /// Its instances' network isolation (shown by `agen nests`).
+    pub network: String,
     /// The protocol version it speaks, `MAJOR.MINOR` (empty: a Nest built before versions).
     pub protocol_version: String,
     /// The commit it was built from.

@@ -24,6 +24,7 @@ fn register(nest_id: &str) -> pb::NestMessage {
         instances: vec![],
         fallback_name: String::new(),
         separation: String::new(),
+        network: String::new(),
         protocol_version: agen_shared::version::Protocol::CURRENT.to_string(),
         commit: String::new(),
     }))

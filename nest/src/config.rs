@@ -96,6 +96,12 @@ pub struct NestOptions {
     /// The commit this Nest was built from (the binary knows it; `unknown` otherwise), sent in
     /// `Register` and shown by `agen nests`.
     pub commit: String,
+    /// What a sandboxed instance may reach when its bundle has no `network.allow`
+    /// (`--egress-default`, default allow).
+    pub egress_default: crate::netns::EgressDefault,
+    /// `--shared-network`: separated instances share the host's network (no namespace, no
+    /// egress proxy); said at start and in `agen nests`.
+    pub shared_network: bool,
 }
 
 impl NestOptions {
@@ -123,6 +129,8 @@ impl NestOptions {
             event_batch_window: DEFAULT_EVENT_BATCH_WINDOW,
             nest_lease: DEFAULT_NEST_LEASE,
             commit: "unknown".into(),
+            egress_default: crate::netns::EgressDefault::Allow,
+            shared_network: false,
         }
     }
 

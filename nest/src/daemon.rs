@@ -42,6 +42,13 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
             .runnable_bin(&opts.agen_bin)
             .map_err(|e| NestError::Config(e.to_string()))?;
     }
+    let network = Arc::new(crate::netns::Network::resolve(&opts, separation.is_on()));
+    if separation.is_on() && !network.is_on() {
+        tracing::warn!(
+            "network isolation is off: {}; instances share the host's network and loopback",
+            network.describe()
+        );
+    }
     let opts = Arc::new(opts);
     let socket_path = opts.socket_path();
     // Separated instances run as other uids: the socket lets them connect (0666; who may say
@@ -66,6 +73,7 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         bundles,
         outbox.clone(),
         Arc::new(separation),
+        network,
         own.child_token(),
     );
     let serve = tokio::spawn(supervisor.clone().serve(listener));
@@ -99,7 +107,7 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         tracing::info!(addr = %at, "serving metrics at /metrics");
     }
 
-    tracing::info!(nest_id = %nest_id, name = %opts.name, hub = %opts.hub, data_dir = %opts.data_dir.display(), capacity = opts.capacity, separation = %supervisor.separation().describe(), "nest starting");
+    tracing::info!(nest_id = %nest_id, name = %opts.name, hub = %opts.hub, data_dir = %opts.data_dir.display(), capacity = opts.capacity, separation = %supervisor.separation().describe(), network = %supervisor.network().describe(), "nest starting");
     let ctx = LinkContext {
         opts: opts.clone(),
         nest_id,

@@ -196,6 +196,7 @@ async fn session(
         instances: convert::reports(sup.snapshot()),
         fallback_name: ctx.opts.fallback_name.clone(),
         separation: sup.separation().describe(),
+        network: sup.network().describe(),
         protocol_version: agen_shared::version::Protocol::spoken().to_string(),
         commit: ctx.opts.commit.clone(),
     };

@@ -28,6 +28,7 @@ pub mod instance;
 pub mod logs;
 pub mod metrics;
 pub mod model;
+pub mod netns;
 pub mod outbox;
 pub mod refused_run;
 pub mod run_context;

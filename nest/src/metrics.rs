@@ -1,6 +1,7 @@
 //! The Nest's own Prometheus metrics (`agen nest --metrics-listen ADDR`, `GET /metrics`), read
 //! from the supervisor and the Hub link at scrape time: instances by state, instance restarts
-//! per deployment (with its namespace), run events waiting for the Hub's ack, the build.
+//! per deployment (with its namespace), connections the egress proxy refused per deployment,
+//! run events waiting for the Hub's ack, the build.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -36,6 +37,7 @@ pub struct NestMetrics {
     registry: Registry,
     instances: Family<StateLabel, Gauge>,
     restarts: Family<DeploymentLabel, Counter>,
+    egress_refused: Family<DeploymentLabel, Counter>,
     pending: Gauge,
 }
 
@@ -45,6 +47,12 @@ impl NestMetrics {
         let instances = Family::<StateLabel, Gauge>::default();
         let restarts = Family::<DeploymentLabel, Counter>::default();
         let pending = Gauge::default();
+        let egress_refused = Family::<DeploymentLabel, Counter>::default();
+        registry.register(
+            "agen_egress_refused",
+            "Connections out of an instance's network namespace that the Nest's egress proxy refused",
+            egress_refused.clone(),
+        );
         registry.register(
             "agen_nest_instances",
             "Instances on this Nest by state",
@@ -76,6 +84,7 @@ impl NestMetrics {
             registry,
             instances,
             restarts,
+            egress_refused,
             pending,
         })
     }
@@ -93,6 +102,16 @@ impl NestMetrics {
         }
         for ((namespace, deployment), total) in restarts {
             let c = self.restarts.get_or_create(&DeploymentLabel {
+                namespace,
+                deployment,
+            });
+            let seen = c.get();
+            if total > seen {
+                c.inc_by(total - seen);
+            }
+        }
+        for ((namespace, deployment), total) in supervisor.network().refused() {
+            let c = self.egress_refused.get_or_create(&DeploymentLabel {
                 namespace,
                 deployment,
             });

@@ -1,6 +1,6 @@
 //! The systemd units and install script under `deploy/` (issue 21): `systemd-analyze verify`
 //! accepts both units, `systemd-analyze security --offline=yes` rates the Hub at most 2.0 and
-//! the Nest at most 4.5, every `AGEN_*` variable they set is one the binary reads, and the
+//! the Nest at most 3.5, every `AGEN_*` variable they set is one the binary reads, and the
 //! install script installs a built binary instead of building as root.
 
 use std::path::{Path, PathBuf};
@@ -61,7 +61,9 @@ fn the_units_verify_and_score_within_their_thresholds() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let mut scores = Vec::new();
-    for (role, limit) in [("hub", 2.0), ("nest", 4.5)] {
+    // Measured: the Hub 1.2, the Nest 3.4 (its network sandbox: CAP_SYS_ADMIN, CAP_NET_ADMIN,
+    // net and mnt namespaces, mount for `ip netns add`).
+    for (role, limit) in [("hub", 2.0), ("nest", 3.5)] {
         let unit = unit_copy(tmp.path(), role);
         let out = Command::new(&analyze)
             .args(["verify", "--man=no"])

@@ -34,6 +34,7 @@ mod limits;
 mod limits_table;
 mod logs;
 mod metrics;
+mod netns;
 mod operations;
 mod otlp;
 mod permissions;

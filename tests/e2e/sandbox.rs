@@ -434,7 +434,9 @@ fn a_tool_server_is_refused_by_the_hubs_and_the_nests_endpoints_and_metrics_need
     )
     .unwrap();
     let nest_metrics = format!("127.0.0.1:{}", agen_tests::free_port());
-    // The Nests' default range, the one the Hub refuses too.
+    // The Nests' default range, the one the Hub refuses too; the host's network shared (with
+    // a namespace of its own the tool server would not even reach the host's loopback: see
+    // `netns`), so what refuses it here is its uid.
     let _nest = hub
         .nest_with(
             "watched",
@@ -445,6 +447,7 @@ fn a_tool_server_is_refused_by_the_hubs_and_the_nests_endpoints_and_metrics_need
                 &nest_metrics,
                 "--metrics-token-file",
                 token_file.to_str().unwrap(),
+                "--shared-network",
             ],
         )
         .unwrap();
@@ -514,20 +517,25 @@ fn wait_ok(addr: &str) {
 /// (deploy --wait of a bundle with two workspace servers) and a tool call (`ws_read`, 20 in one
 /// run, less a run without one) on a Nest that runs everything as itself, one that pins every
 /// instance and its servers to one user (servers share their instance's uid, as before issue
-/// 40), and one that gives each server a uid of its own.
+/// 40), and one that gives each server a uid of its own, with the host's network and with a
+/// network namespace per instance (its model reached through the Nest's relay).
 #[test]
 #[ignore]
 fn what_the_sandbox_costs() {
     const CALLS: usize = 20;
     const STARTS: usize = 3;
-    let modes: [(&str, &[&str]); 3] = [
+    let modes: [(&str, &[&str]); 4] = [
         ("run-as-self", &["--run-as-self"]),
         (
             "run-as nobody (servers share the instance's uid)",
-            &["--run-as", "nobody"],
+            &["--run-as", "nobody", "--shared-network"],
         ),
         (
-            "uid per instance and per server",
+            "uid per instance and per server, host network",
+            &["--run-uids", "62180-62199", "--shared-network"],
+        ),
+        (
+            "uid per instance and per server, network namespace",
             &["--run-uids", "62180-62199"],
         ),
     ];

@@ -74,6 +74,15 @@ pub struct RunAsArgs {
     /// in `agen nests`)
     #[arg(long)]
     pub run_as_self: bool,
+    /// What a separated instance may connect to when its bundle has no `network.allow` in
+    /// x-agen/config.json: allow (anything but the Nest host's own addresses, link-local
+    /// addresses and the Hub's and Nest's ports) or deny (only the bundle's model endpoint)
+    #[arg(long, value_name = "allow|deny", default_value = "allow", value_parser = agen_nest::netns::EgressDefault::parse)]
+    pub egress_default: agen_nest::netns::EgressDefault,
+    /// Separated instances share the host's network (no namespace of their own, no egress
+    /// proxy; said at start and in `agen nests`)
+    #[arg(long)]
+    pub shared_network: bool,
 }
 
 impl RunAsArgs {
@@ -137,6 +146,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     opts.labels = labels;
     opts.capacity = args.capacity;
     opts.run_as = args.run_as.run_as();
+    opts.egress_default = args.run_as.egress_default;
+    opts.shared_network = args.run_as.shared_network;
     opts.metrics_listen = args.metrics_listen;
     opts.metrics_token = match args
         .metrics_token_file

@@ -144,6 +144,7 @@ fn print(nests: &[pb::Nest], output: Output) {
                 "LAST HEARTBEAT",
                 "VERSION",
                 "SEPARATION",
+                "NETWORK",
                 "ID",
             ])
             .keep(&["STATE", "ID"]);
@@ -171,6 +172,11 @@ fn print(nests: &[pb::Nest], output: Output) {
                         "-".into()
                     } else {
                         n.separation.clone()
+                    },
+                    if n.network.is_empty() {
+                        "-".into()
+                    } else {
+                        n.network.clone()
                     },
                     n.nest_id.clone(),
                 ]);

@@ -89,6 +89,7 @@ impl Core {
                 registered_at_ms,
                 cordoned,
                 separation: reg.separation.clone(),
+                network: reg.network.clone(),
                 draining_until_ms,
                 commit: reg.commit.clone(),
                 protocol_version: reg.protocol_version.clone(),

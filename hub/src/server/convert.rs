@@ -101,6 +101,7 @@ pub fn nest(n: &NestRec, instances: u32) -> pb::Nest {
         revoked: false,
         cordoned: n.cordoned,
         separation: n.separation.clone(),
+        network: n.network.clone(),
         draining_until_ms: n.draining_until_ms,
         commit: n.commit.clone(),
         protocol_version: n.protocol_version.clone(),
@@ -279,6 +280,7 @@ pub fn registration(r: &pb::Register) -> Registration {
         instances: r.instances.iter().map(instance_report).collect(),
         fallback_name: r.fallback_name.clone(),
         separation: r.separation.clone(),
+        network: r.network.clone(),
         protocol_version: r.protocol_version.clone(),
         commit: r.commit.clone(),
     }

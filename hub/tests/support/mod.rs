@@ -270,6 +270,7 @@ impl FakeNest {
             instances: running.clone(),
             fallback_name: String::new(),
             separation: String::new(),
+            network: String::new(),
             protocol_version: agen_shared::version::Protocol::CURRENT.to_string(),
             commit: String::new(),
         })))

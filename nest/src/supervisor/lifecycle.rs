@@ -214,6 +214,28 @@ impl Supervisor {
                 return;
             }
         };
+        // Its own network (separated instances of a Nest that can): made once, deleted when the
+        // instance is gone (dropped at the end of this function).
+        let netns = match (&run_as, self.network.is_on()) {
+            (Some(_), true) => match self.make_netns(&id, &bundle_dir).await {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    let msg = format!("cannot give the instance its own network namespace: {e}");
+                    tracing::warn!(instance = %id, "{msg}");
+                    self.update(&id, |r| {
+                        r.state = InstanceState::Unhealthy;
+                        r.healthy = false;
+                        r.message = msg;
+                    });
+                    stop.cancelled().await;
+                    self.release_uid(&id).await;
+                    self.logs.close_instance(&id);
+                    self.forget(&id);
+                    return;
+                }
+            },
+            _ => None,
+        };
         let expected_uid = run_as
             .as_ref()
             .map_or_else(|| nix::unistd::geteuid().as_raw(), |(who, _)| who.uid);
@@ -284,6 +306,7 @@ impl Supervisor {
                     .as_ref()
                     .map(|(who, dirs)| process::RunAs { id: *who, dirs }),
                 self.logs.clone(),
+                netns.as_ref().map(|n| n.handle()),
             ) {
                 Ok(c) => {
                     // Recorded before any await: the instance cannot say hello before this.
@@ -394,9 +417,36 @@ impl Supervisor {
                 }
             }
         }
+        drop(netns);
         self.release_uid(&id).await;
         self.logs.close_instance(&id);
         self.forget(&id);
+    }
+
+    /// Makes the network namespace of instance `id` for the bundle in `dir` (see `netns`).
+    async fn make_netns(
+        &self,
+        id: &str,
+        dir: &std::path::Path,
+    ) -> Result<crate::netns::InstanceNet, String> {
+        let owner = self
+            .logs
+            .owner(id)
+            .map(|o| (o.namespace, o.deployment))
+            .unwrap_or_default();
+        let (net, logs, id, dir) = (
+            self.network.clone(),
+            self.logs.clone(),
+            id.to_string(),
+            dir.to_path_buf(),
+        );
+        let rt = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || {
+            let bundle = Bundle::load(&dir).map_err(|e| e.to_string())?;
+            net.create(&id, owner, &bundle, logs, rt)
+        })
+        .await
+        .map_err(|e| e.to_string())?
     }
 
     /// The instance is gone: whatever still runs under its uid is killed, the uid freed and

@@ -85,6 +85,8 @@ pub struct Supervisor {
     logs: crate::logs::LogStore,
     /// Who instances run as, and their uids and run dirs.
     separation: Arc<crate::separation::Separation>,
+    /// Each separated instance's network namespace and egress rule (or why not).
+    network: Arc<crate::netns::Network>,
 }
 
 #[derive(Default)]
@@ -126,6 +128,7 @@ impl Supervisor {
         bundles: Arc<BundleCache>,
         outbox: Arc<Outbox>,
         separation: Arc<crate::separation::Separation>,
+        network: Arc<crate::netns::Network>,
         shutdown: CancellationToken,
     ) -> (Arc<Supervisor>, Reports) {
         let (reports, rx) = mpsc::unbounded_channel();
@@ -140,6 +143,7 @@ impl Supervisor {
             next_conn: AtomicU64::new(1),
             logs: crate::logs::LogStore::new(opts.data_dir.join("logs")),
             separation,
+            network,
             opts,
         });
         (sup, Reports(rx))
@@ -148,6 +152,11 @@ impl Supervisor {
     /// Who this Nest's instances run as.
     pub fn separation(&self) -> &crate::separation::Separation {
         &self.separation
+    }
+
+    /// This Nest's network isolation.
+    pub fn network(&self) -> &crate::netns::Network {
+        &self.network
     }
 
     /// The kept logs of this Nest's instances.

@@ -64,6 +64,7 @@ pub fn spawn_instance(
     env: &[(String, String)],
     run_as: Option<RunAs<'_>>,
     logs: crate::logs::LogStore,
+    netns: Option<&std::fs::File>,
 ) -> std::io::Result<Child> {
     let line = serde_json::to_vec(boot).map_err(std::io::Error::other)?;
     // Both ends are close-on-exec; only the dup2 below puts the read end into the instance.
@@ -110,7 +111,13 @@ pub fn spawn_instance(
     }
     group::own_group_dying_with_parent(cmd.as_std_mut(), Some(std::process::id()));
     put_on_fd(&mut cmd, reader.as_raw_fd(), BOOTSTRAP_FD);
-    let mut child = group::spawn_managed(|| cmd.spawn(), |c| c.id())?;
+    // In its own network namespace when it has one: this thread enters it for the fork only.
+    let mut child = match netns {
+        Some(ns) => {
+            crate::netns::spawn_in(ns, || group::spawn_managed(|| cmd.spawn(), |c| c.id()))?
+        }
+        None => group::spawn_managed(|| cmd.spawn(), |c| c.id())?,
+    };
     drop(reader);
     if let Some(stderr) = child.stderr.take() {
         let id = instance_id.to_string();

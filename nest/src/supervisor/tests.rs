@@ -33,6 +33,7 @@ fn supervisor(
         bundles,
         Arc::new(Outbox::default()),
         Arc::new(crate::separation::Separation::off()),
+        Arc::new(crate::netns::Network::off("unit test")),
         CancellationToken::new(),
     );
     (sup, digest, reports)

@@ -23,6 +23,10 @@ pub struct AgentConfig {
     /// Overrides by tool name as written (`crm.upsert_contact` or `crm_upsert_contact`).
     pub tools: BTreeMap<String, ToolOverride>,
     pub permissions: Permissions,
+    /// Where a sandboxed instance may connect (`"network": {"allow", "deny"}`); `None`: the
+    /// Nest's `--egress-default` decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<super::network::NetworkRules>,
     /// `doubleTexting`: what a submit does when its conversation already has a task queued
     /// or running (a submit may say otherwise).
     #[serde(default)]
@@ -264,7 +268,7 @@ pub fn check_tool_pattern(p: &str) -> std::result::Result<(), String> {
 
 pub(crate) fn parse(v: &Value) -> Result<AgentConfig> {
     let top = Obj::new(CONFIG_FILE, "", v, "an object")?;
-    top.only_keys(&["delegates", "tools", "permissions", "doubleTexting"])?;
+    top.only_keys(&["delegates", "tools", "permissions", "doubleTexting", "network"])?;
     let mut config = AgentConfig::default();
     if let Some(mode) = top.opt_str("doubleTexting")? {
         config.double_texting = DoubleTexting::parse(&mode).ok_or_else(|| {
@@ -343,6 +347,24 @@ pub(crate) fn parse(v: &Value) -> Result<AgentConfig> {
             ask: list("ask")?,
             deny: list("deny")?,
         };
+    }
+    if let Some(net_v) = top.get("network") {
+        let net = Obj::new(
+            CONFIG_FILE,
+            "network",
+            net_v,
+            "an object with allow, deny (host patterns such as \"api.openai.com:443\")",
+        )?;
+        net.only_keys(&["allow", "deny"])?;
+        let rules = super::network::NetworkRules {
+            allow: net.str_vec("allow")?,
+            deny: net.str_vec("deny")?,
+        };
+        rules.patterns().map_err(|m| {
+            let (field, msg) = m.split_once(": ").unwrap_or(("network", m.as_str()));
+            BundleError::invalid(CONFIG_FILE, field, msg.to_string())
+        })?;
+        config.network = Some(rules);
     }
     Ok(config)
 }

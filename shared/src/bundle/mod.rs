@@ -22,6 +22,7 @@ mod json;
 mod keen;
 mod links;
 mod mcp;
+mod network;
 mod read;
 mod secrets;
 mod skills;
@@ -48,6 +49,7 @@ pub use keen::{
     KEEN_TOOLS_FILE,
 };
 pub use mcp::{unpinned_servers, valid_server_name, McpConfig, ServerSpec, MCP_FILE};
+pub use network::{Destination, HostPattern, NetworkRules};
 pub use read::MAX_FILE_BYTES;
 pub use secrets::{
     secret_refs, substitute_secrets, valid_secret_name, SecretDecls, SecretSource, SubstituteError,

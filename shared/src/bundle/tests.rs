@@ -187,6 +187,7 @@ fn a_complete_bundle_parses_into_its_whole_value() {
                 deny: vec!["crm.delete".into()],
             },
             double_texting: Default::default(),
+            network: None,
         },
         secrets: SecretDecls(
             [
@@ -438,7 +439,7 @@ fn broken_bundles_each_yield_their_specific_error() {
     check(&[(HARNESS_FILE, r#"{"toolProtocol": "xml"}"#)], "x-agen/harness.json: toolProtocol: expected \"native\" or \"keen\", got \"xml\"");
 
     // config.json.
-    check(&[(CONFIG_FILE, r#"{"permission": {}}"#)], "x-agen/config.json: permission: unknown key; expected one of: delegates, tools, permissions, doubleTexting");
+    check(&[(CONFIG_FILE, r#"{"permission": {}}"#)], "x-agen/config.json: permission: unknown key; expected one of: delegates, tools, permissions, doubleTexting, network");
     check(&[(CONFIG_FILE, r#"{"doubleTexting": "later"}"#)], "x-agen/config.json: doubleTexting: expected one of reject, enqueue, interrupt, rollback, got \"later\"");
     check(&[(CONFIG_FILE, r#"{"permissions": {"allow": "fs.*"}}"#)], "x-agen/config.json: permissions.allow: expected an array of strings, got a string");
     check(&[(CONFIG_FILE, r#"{"permissions": {"deny": [""]}}"#)], "x-agen/config.json: permissions.deny[0]: is empty; expected a tool name");

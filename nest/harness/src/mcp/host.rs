@@ -436,7 +436,7 @@ async fn start_command(
         .iter()
         .find(|(k, _)| k == "PATH")
         .map(|(_, v)| v.as_str());
-    let program = launch::resolve_program(command, bundle_dir, path, &ctx.agen_bin)?;
+    let program = launch::resolve_program(command, bundle_dir, path, &ctx.agen_bin, seat)?;
     let cmd = launch::command(&program, args, bundle_dir, &env, seat);
     let mut child = launch::spawn(cmd).map_err(|e| {
         if e.kind() == std::io::ErrorKind::PermissionDenied {
@@ -444,7 +444,7 @@ async fn start_command(
             format!(
                 "could not start {}: {}",
                 program.display(),
-                launch::permission_denied(command, &program)
+                launch::permission_denied(command, &program, seat)
             )
         } else {
             format!("could not start {}: {e}", program.display())

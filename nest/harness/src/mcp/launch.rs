@@ -79,6 +79,7 @@ pub(crate) fn resolve_program(
     bundle_dir: &Path,
     path: Option<&str>,
     agen_bin: &Path,
+    seat: Option<&super::ServerSeat>,
 ) -> Result<PathBuf, String> {
     if command == "agen" {
         return Ok(agen_bin.to_path_buf());
@@ -88,7 +89,7 @@ pub(crate) fn resolve_program(
         return match std::fs::metadata(as_path) {
             Ok(m) if m.is_file() => Ok(as_path.to_path_buf()),
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                Err(permission_denied(command, as_path))
+                Err(permission_denied(command, as_path, seat))
             }
             _ => Err(format!(
                 "command {command} does not exist; expected an executable file"
@@ -119,7 +120,7 @@ pub(crate) fn resolve_program(
         }
     }
     if let Some(candidate) = denied {
-        return Err(permission_denied(command, &candidate));
+        return Err(permission_denied(command, &candidate, seat));
     }
     Err(format!(
         "command {command} not found in the bundle or on PATH ({}); install it on the Nest or use an absolute path",
@@ -130,22 +131,55 @@ pub(crate) fn resolve_program(
 /// What to say when `path` (the program of `command`) exists for the Nest but this process's
 /// uid may not reach it: the uid, the first folder on the way it cannot enter (or the file
 /// itself), and the fixes.
-pub(crate) fn permission_denied(command: &str, path: &Path) -> String {
-    use nix::unistd::{access, AccessFlags};
-    let uid = nix::unistd::getuid();
+pub(crate) fn permission_denied(
+    command: &str,
+    path: &Path,
+    seat: Option<&super::ServerSeat>,
+) -> String {
+    // The server runs as its seat's uid (its gid and the instance's as groups), not as this
+    // process: the folders are checked by their modes for that uid.
+    let (uid, gids, whose) = match seat {
+        Some(s) => (s.uid, vec![s.gid, s.group], "the server's own uid"),
+        None => (
+            nix::unistd::getuid().as_raw(),
+            vec![nix::unistd::getgid().as_raw()],
+            "the instance's user",
+        ),
+    };
     let mut ancestors: Vec<&Path> = path.ancestors().skip(1).collect();
     ancestors.reverse();
     let blocked = ancestors
         .into_iter()
-        .find(|d| access(*d, AccessFlags::X_OK).is_err())
+        .find(|d| !allows(d, uid, &gids, 0o1))
         .map(|d| format!("folder {} is not passable (x) for it", d.display()))
         .unwrap_or_else(|| format!("{} is not readable and executable for it", path.display()));
     format!(
-        "command {command}: permission denied: uid {uid} (the instance's user) cannot reach {}: {blocked}; \
+        "command {command}: permission denied: uid {uid} ({whose}) cannot reach {}: {blocked}; \
          install the program where that uid can read it, make the folder passable (chmod o+x), \
          or start the Nest with --run-as USER (a user who can) or --run-as-self",
         path.display()
     )
+}
+
+/// Whether `path`'s mode grants `bits` (of r=4, w=2, x=1) to `uid` with groups `gids` (root
+/// passes everything); a path that cannot be read is not granted.
+fn allows(path: &Path, uid: u32, gids: &[u32], bits: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(path) else {
+        return false;
+    };
+    if uid == 0 {
+        return true;
+    }
+    let mode = m.mode();
+    let granted = if m.uid() == uid {
+        mode >> 6
+    } else if gids.contains(&m.gid()) {
+        mode >> 3
+    } else {
+        mode
+    };
+    granted & bits == bits
 }
 
 fn is_executable(p: &Path) -> bool {
@@ -320,6 +354,33 @@ pub(crate) fn describe_exit(status: ExitStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_denied_program_is_named_with_the_servers_own_uid_and_the_folder_that_blocks_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let closed = dir.path().join("closed");
+        std::fs::create_dir(&closed).expect("mkdir");
+        let program = closed.join("tool");
+        std::fs::write(&program, "#!/bin/sh\n").expect("write");
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        let seat = super::super::ServerSeat {
+            uid: 62999,
+            gid: 62999,
+            group: 62998,
+            home: dir.path().into(),
+            tmp: dir.path().into(),
+        };
+        let msg = permission_denied("tool", &program, Some(&seat));
+        assert!(msg.contains("uid 62999 (the server's own uid)"), "{msg}");
+        assert!(
+            msg.contains(&format!("folder {} is not passable", closed.display())),
+            "{msg}"
+        );
+    }
     use pretty_assertions::assert_eq;
 
     fn ctx(secrets: &[(&str, &str)]) -> LaunchContext {
@@ -406,7 +467,7 @@ mod tests {
         let path = format!("/nonexistent:{}", bin.path().display());
         let agen = Path::new("/opt/agen");
         let check = |cmd: &str, expected: Result<PathBuf, &str>| {
-            let got = resolve_program(cmd, bundle.path(), Some(&path), agen);
+            let got = resolve_program(cmd, bundle.path(), Some(&path), agen, None);
             match (&got, &expected) {
                 (Ok(g), Ok(e)) => assert_eq!(g, e, "{cmd}"),
                 (Err(g), Err(e)) => assert!(g.starts_with(e), "{cmd}: {g}"),

@@ -6,8 +6,10 @@
 //! calling model reads of a finished task.
 //!
 //! Invariants: every request and reply is a typed struct (no `json!`); the bearer token goes
-//! only into the `Authorization` header of requests to the card's host, never into an error
-//! text; errors say what failed (unreachable, an HTTP status, a card that is not an A2A 1.x
+//! only into the `Authorization` header of requests to the origin (scheme, host, port) of the
+//! card the bundle names, over https (http only to the loopback), never into an error text;
+//! an interface URL on another origin is called without it; redirects are not followed (the
+//! client is built with none: a 3xx is an error naming its status); errors say what failed (unreachable, an HTTP status, a card that is not an A2A 1.x
 //! card, a JSON-RPC error) and where, without the caller's name, which the caller adds.
 
 use std::time::Duration;
@@ -163,17 +165,59 @@ struct JsonRpcError {
 #[derive(Clone)]
 pub struct A2aClient {
     http: reqwest::Client,
+    /// The origin of the card the bundle names: the only one the token goes to.
+    card_origin: Option<(String, String, u16)>,
+}
+
+/// `(scheme, host, port)` of an http(s) URL, lowercased, the port defaulted by scheme.
+fn origin(url: &str) -> Option<(String, String, u16)> {
+    let u = reqwest::Url::parse(url).ok()?;
+    let scheme = u.scheme().to_ascii_lowercase();
+    if scheme != "https" && scheme != "http" {
+        return None;
+    }
+    Some((
+        scheme,
+        u.host_str()?.to_ascii_lowercase(),
+        u.port_or_known_default()?,
+    ))
 }
 
 impl A2aClient {
-    pub fn new(http: reqwest::Client) -> A2aClient {
-        A2aClient { http }
+    /// A client for the agent whose card is at `card_url`, on an HTTP client that follows no
+    /// redirects.
+    pub fn for_card(card_url: &str) -> Result<A2aClient, String> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+        Ok(A2aClient {
+            http,
+            card_origin: origin(card_url),
+        })
+    }
+
+    /// `token` when `url` is on the card's origin over https (or http to the loopback).
+    fn token_for<'a>(&self, url: &str, token: Option<&'a str>) -> Option<&'a str> {
+        let o = origin(url)?;
+        let secure = o.0 == "https"
+            || o.1 == "localhost"
+            || o.1
+                .trim_matches(['[', ']'])
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        (secure && self.card_origin.as_ref() == Some(&o))
+            .then_some(token)
+            .flatten()
     }
 
     /// Fetches the card at `card_url` and returns the URL of its JSON-RPC interface.
     pub async fn endpoint(&self, card_url: &str, token: Option<&str>) -> Result<String, A2aError> {
         let req = self.http.get(card_url).header("A2A-Version", A2A_VERSION);
-        let body = self.send(card_url, with_token(req, token)).await?;
+        let body = self
+            .send(card_url, with_token(req, self.token_for(card_url, token)))
+            .await?;
         let card: AgentCard = serde_json::from_slice(&body).map_err(|e| A2aError::BadCard {
             url: card_url.to_string(),
             detail: format!("not a card's JSON: {e}"),
@@ -294,7 +338,9 @@ impl A2aClient {
             .post(endpoint)
             .header("A2A-Version", A2A_VERSION)
             .json(&body);
-        let bytes = self.send(endpoint, with_token(req, token)).await?;
+        let bytes = self
+            .send(endpoint, with_token(req, self.token_for(endpoint, token)))
+            .await?;
         let bad = |detail: String| A2aError::BadReply {
             method,
             url: endpoint.to_string(),
@@ -449,6 +495,79 @@ pub fn reply_text(task: &Task) -> String {
 mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
+
+    #[test]
+    fn the_token_goes_only_to_the_cards_origin_over_https_or_the_loopback() {
+        let check = |card: &str, url: &str, sent: bool| {
+            let c = A2aClient::for_card(card).expect("client");
+            assert_eq!(
+                c.token_for(url, Some("t")).is_some(),
+                sent,
+                "{card} -> {url}"
+            );
+        };
+        check(
+            "https://a.test/.well-known/agent-card.json",
+            "https://a.test/a2a",
+            true,
+        );
+        check(
+            "https://a.test/.well-known/agent-card.json",
+            "https://A.test:443/x",
+            true,
+        );
+        check(
+            "https://a.test/.well-known/agent-card.json",
+            "https://b.test/a2a",
+            false,
+        );
+        check(
+            "https://a.test/.well-known/agent-card.json",
+            "https://a.test:8443/a2a",
+            false,
+        );
+        check(
+            "https://a.test/.well-known/agent-card.json",
+            "http://a.test/a2a",
+            false,
+        );
+        check("http://127.0.0.1:7/card", "http://127.0.0.1:7/a2a", true);
+        check("http://localhost:7/card", "http://localhost:7/a2a", true);
+        check("http://[::1]:7/card", "http://[::1]:7/a2a", true);
+        check("http://10.0.0.1:7/card", "http://10.0.0.1:7/a2a", false);
+        check("http://127.0.0.1:7/card", "http://127.0.0.1:8/a2a", false);
+    }
+
+    #[tokio::test]
+    async fn a_redirect_is_not_followed_and_carries_no_token() {
+        use std::io::{Read, Write};
+        // The card answers 302 to a second server, which must never be asked.
+        let second = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let to = second.local_addr().expect("addr");
+        second.set_nonblocking(true).expect("nonblocking");
+        let first = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let card = format!(
+            "http://{}/.well-known/agent-card.json",
+            first.local_addr().expect("addr")
+        );
+        std::thread::spawn(move || {
+            if let Ok((mut c, _)) = first.accept() {
+                let mut buf = [0u8; 4096];
+                let _ = c.read(&mut buf);
+                let _ = write!(
+                    c,
+                    "HTTP/1.1 302 Found\r\nlocation: http://{to}/card\r\ncontent-length: 0\r\n\r\n"
+                );
+            }
+        });
+        let client = A2aClient::for_card(&card).expect("client");
+        let err = client
+            .endpoint(&card, Some("secret"))
+            .await
+            .expect_err("302");
+        assert!(matches!(err, A2aError::Http { status: 302, .. }), "{err}");
+        assert!(second.accept().is_err(), "the redirect was followed");
+    }
 
     #[test]
     fn requests_have_the_proto_json_shape_a2a_sdk_reads() {

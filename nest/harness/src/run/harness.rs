@@ -98,9 +98,7 @@ impl Harness {
     ) -> Result<Harness, HarnessError> {
         let config = model_config(&bundle, secrets)?;
         let provider: Arc<dyn ModelProvider> = Arc::from(provider_for(config, http.clone()));
-        let mut h = Harness::with_provider(bundle, tools, provider)?.with_secret_values(secrets);
-        h.remote.set_http(http);
-        Ok(h)
+        Ok(Harness::with_provider(bundle, tools, provider)?.with_secret_values(secrets))
     }
 
     /// The run's secret values: redacted (with their JSON-, URL- and shell-quoted forms) from

@@ -31,10 +31,9 @@ const POLL_MAX: Duration = Duration::from_secs(2);
 /// How long a remote agent may stay unreachable while its task is polled.
 const UNREACHABLE_GRACE: Duration = Duration::from_secs(60);
 
-/// The remote delegates' tokens (resolved from the run's secrets) and the HTTP client.
+/// The remote delegates' tokens (resolved from the run's secrets).
 #[derive(Default)]
 pub(crate) struct RemoteAgents {
-    http: Option<reqwest::Client>,
     /// By delegate name: the token, none, or why it has no value.
     tokens: BTreeMap<String, Result<Option<String>, String>>,
 }
@@ -54,19 +53,10 @@ impl RemoteAgents {
             .collect();
     }
 
-    pub(crate) fn set_http(&mut self, http: reqwest::Client) {
-        self.http = Some(http);
-    }
-
-    fn client(&self) -> Result<A2aClient, String> {
-        match &self.http {
-            Some(http) => Ok(A2aClient::new(http.clone())),
-            None => reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(10))
-                .build()
-                .map(A2aClient::new)
-                .map_err(|e| format!("cannot build an HTTP client: {e}")),
-        }
+    /// A client for the agent whose card is at `card_url` (its token goes to that origin
+    /// only; no redirect is followed).
+    fn client(&self, card_url: &str) -> Result<A2aClient, String> {
+        A2aClient::for_card(card_url)
     }
 
     fn token(&self, name: &str) -> Result<Option<String>, String> {
@@ -101,7 +91,7 @@ impl Run<'_> {
             .remote
             .token(agent)
             .map_err(|e| format!("{tool} to {agent}: its token has no value: {e}"))
-            .and_then(|token| Ok((token, self.h.remote.client()?)));
+            .and_then(|token| Ok((token, self.h.remote.client(&remote.card_url)?)));
         let (token, client) = match setup {
             Ok(s) => s,
             Err(e) => return self.refuse(call, ToolFailure::Failed, e).await,

@@ -1,0 +1,541 @@
+//! A private network per instance (issue 40, item 2), as the attacker: a command the model runs
+//! through the workspace `run` tool binds 127.0.0.1:P while an instance of another namespace
+//! binds the same port (both succeed, each sees only its own), then connects to an allowed test
+//! server, to a second one by raw address and by HTTP, to a link-local address and to the Hub's
+//! port on the host's own address. The test makes its own network namespace with two addresses
+//! behind a veth pair, so no traffic leaves the machine. Every refusal is counted by the Nest's
+//! `agen_egress_refused_total`, and the runs' models (fake models on the host's 127.0.0.1) still
+//! answer through the Nest's relay.
+
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use agen_tests::{free_port, mcp_json, write_bundle, FakeModel, HubProcess};
+use serde_json::{json, Value};
+
+/// The test's servers: one per address, each answering a connection with `SRV <its address>`
+/// (an HTTP request gets that as a 200 body).
+const SERVER: &str = r#"
+import socket, sys, threading
+def listen(addr):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, 8080)); s.listen(16)
+    return s
+def serve(s):
+    addr = s.getsockname()[0]
+    while True:
+        c, _ = s.accept()
+        c.settimeout(2)
+        try:
+            data = c.recv(4096)
+        except OSError:
+            data = b""
+        body = ("SRV %s\n" % addr).encode()
+        if data.startswith(b"GET "):
+            c.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body)
+        else:
+            c.sendall(body)
+        c.close()
+# Every address listens before "ready" is said.
+for s in [listen(a) for a in sys.argv[1:]]:
+    threading.Thread(target=serve, args=(s,), daemon=True).start()
+sys.stdout.write("ready\n"); sys.stdout.flush()
+threading.Event().wait()
+"#;
+
+/// The attacker: `attack.py REPORT TAG PORT MINE PEER TARGET...`; TARGET is `name=host:port`
+/// (raw TCP) or `name=http://...` (HTTP GET). One line per try: `OK`/`REFUSED`.
+const ATTACK: &str = r#"
+import os, socket, sys, threading, time, urllib.request, urllib.error
+report = open(sys.argv[1], "a")
+tag, port, mine, peer = sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+def out(line):
+    report.write(line + "\n"); report.flush()
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", port)); srv.listen(4)
+out("BOUND %s 127.0.0.1:%d" % (tag, port))
+def answer():
+    while True:
+        c, _ = srv.accept(); c.sendall(tag.encode()); c.close()
+threading.Thread(target=answer, daemon=True).start()
+open(mine, "w").close()
+deadline = time.time() + 60
+while not os.path.exists(peer) and time.time() < deadline:
+    time.sleep(0.05)
+c = socket.create_connection(("127.0.0.1", port), timeout=5)
+out("LOOPBACK %s sees %s" % (tag, c.recv(100).decode()))
+for spec in sys.argv[6:]:
+    name, target = spec.split("=", 1)
+    if target.startswith("http://"):
+        try:
+            body = urllib.request.urlopen(target, timeout=10).read().decode().strip()
+            out("OK %s %s" % (name, body))
+        except urllib.error.HTTPError as e:
+            out("REFUSED %s %d %s" % (name, e.code, e.read().decode().strip()))
+        except OSError as e:
+            out("REFUSED %s %s" % (name, e))
+        continue
+    host, p = target.rsplit(":", 1)
+    try:
+        s = socket.create_connection((host, int(p)), timeout=10)
+        s.sendall(b"ping\n")
+        data = s.recv(100).decode().strip()
+        out(("OK %s %s" % (name, data)) if data else ("REFUSED %s closed" % name))
+    except OSError as e:
+        out("REFUSED %s %s" % (name, e))
+"#;
+
+/// The test's own network namespace: `addrs` on a veth pair whose host side is `host`.
+struct TestNet {
+    name: String,
+    host: String,
+    addrs: Vec<String>,
+    server: Option<Child>,
+}
+
+fn sh(args: &[&str]) {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl TestNet {
+    fn start(tag: &str, subnet: u8, dir: &Path) -> TestNet {
+        let name = format!("agt-{}-{tag}", std::process::id());
+        let (h, n) = (
+            format!("agh{}{tag}", std::process::id() % 100_000),
+            format!("agn{}{tag}", std::process::id() % 100_000),
+        );
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        let mut net = TestNet {
+            name: name.clone(),
+            host: format!("10.231.{subnet}.1"),
+            addrs: vec![format!("10.231.{subnet}.2"), format!("10.231.{subnet}.3")],
+            server: None,
+        };
+        sh(&["ip", "netns", "add", &name]);
+        sh(&[
+            "ip", "link", "add", &h, "type", "veth", "peer", "name", &n, "netns", &name,
+        ]);
+        sh(&["ip", "addr", "add", &format!("{}/24", net.host), "dev", &h]);
+        sh(&["ip", "link", "set", &h, "up"]);
+        for a in &net.addrs {
+            sh(&[
+                "ip",
+                "-n",
+                &name,
+                "addr",
+                "add",
+                &format!("{a}/24"),
+                "dev",
+                &n,
+            ]);
+        }
+        sh(&["ip", "-n", &name, "link", "set", &n, "up"]);
+        sh(&["ip", "-n", &name, "link", "set", "lo", "up"]);
+        let script = dir.join(format!("server-{tag}.py"));
+        std::fs::write(&script, SERVER).unwrap();
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &name, "python3"])
+            .arg(&script)
+            .args(&net.addrs)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // "ready\n", read whole; the pipe stays open as long as the server runs.
+        let mut ready = [0u8; 6];
+        child
+            .stdout
+            .as_mut()
+            .unwrap()
+            .read_exact(&mut ready)
+            .unwrap();
+        net.server = Some(child);
+        net
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.server.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // Deleting the namespace deletes the veth pair with it.
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// A `10.231.N.0/24` no route of the host uses (`which` apart for the two tests).
+fn free_subnet(which: u32) -> u8 {
+    let routes = Command::new("ip").args(["-4", "route"]).output().unwrap();
+    let routes = String::from_utf8_lossy(&routes.stdout).into_owned();
+    (0..100)
+        .map(|i| ((std::process::id() + i) % 100 * 2 + which) as u8)
+        .find(|n| !routes.contains(&format!("10.231.{n}.")))
+        .expect("a free 10.231.N.0/24")
+}
+
+/// Whether this host can run the sandbox; the reason when not (printed, the test skipped).
+fn cannot_isolate() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("not root".into());
+    }
+    for tool in ["ip", "nft"] {
+        let found = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+            .iter()
+            .any(|d| Path::new(d).join(tool).is_file());
+        if !found {
+            return Some(format!("no `{tool}` (Debian iproute2 / nftables)"));
+        }
+    }
+    None
+}
+
+fn ws() -> Value {
+    json!({"command": "agen", "args": ["mcp", "workspace", "--root", "."]})
+}
+
+fn metric(addr: &str, namespace: &str, deployment: &str) -> u64 {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let key = format!(
+        "agen_egress_refused_total{{namespace=\"{namespace}\",deployment=\"{deployment}\"}} "
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+struct Agent {
+    namespace: &'static str,
+    name: &'static str,
+    report: PathBuf,
+    _model: FakeModel,
+}
+
+/// Deploys an agent whose one tool call runs the attack with `targets`.
+#[allow(clippy::too_many_arguments)]
+fn agent(
+    hub: &HubProcess,
+    tmp: &Path,
+    out: &Path,
+    (namespace, name): (&'static str, &'static str),
+    port: u16,
+    (mine, peer): (&str, &str),
+    network: Option<Value>,
+    targets: &[String],
+) -> Agent {
+    let report = out.join(format!("{name}.txt"));
+    let mut command = format!(
+        "python3 {} {} {name} {port} {} {} {}",
+        out.join("attack.py").display(),
+        report.display(),
+        out.join(mine).display(),
+        out.join(peer).display(),
+        targets.join(" ")
+    );
+    // Node's fetch (not proxy-aware) to each HTTP target, when node is installed.
+    for t in targets.iter().filter_map(|t| t.split_once("=http://")) {
+        command.push_str(&format!(
+            "; command -v node >/dev/null && node -e \"fetch('http://{}').then(async r => console.log('FETCH {} ' + r.status + ' ' + (await r.text()).trim())).catch(e => console.log('FETCH {} failed ' + e))\" >> {}",
+            t.1, t.0, t.0, report.display()
+        ));
+    }
+    let model = FakeModel::start(
+        &tmp.join(format!("model-{name}")),
+        &json!({"steps": [
+            {"tool_calls": [{"name": "ws_run", "arguments": {"command": command}}]},
+            {"reply": format!("{name} done")}
+        ]}),
+    )
+    .unwrap();
+    let bundle = tmp.join(name);
+    let mut files = vec![
+        ("mcp.json", mcp_json(&[("ws", ws())])),
+        (
+            "x-agen/agent.md",
+            format!(
+                "---\nname: {name}\nmodel: openai/fake-model\nbaseUrl: {}\n---\nYou run things.\n",
+                model.base_url()
+            ),
+        ),
+    ];
+    if let Some(n) = network {
+        files.push(("x-agen/config.json", json!({"network": n}).to_string()));
+    }
+    write_bundle(&bundle, &files).unwrap();
+    let out = hub
+        .cli(&[
+            "deploy",
+            bundle.to_str().unwrap(),
+            "--namespace",
+            namespace,
+            "--name",
+            name,
+            "--wait",
+        ])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "deploy {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Agent {
+        namespace,
+        name,
+        report,
+        _model: model,
+    }
+}
+
+fn submit(hub: &HubProcess, a: &Agent) -> Value {
+    let out = hub
+        .cli(&[
+            "submit",
+            a.name,
+            "go",
+            "--namespace",
+            a.namespace,
+            "--wait",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+fn report(a: &Agent) -> String {
+    std::fs::read_to_string(&a.report).unwrap_or_default()
+}
+
+fn setup(tag: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let out = tmp.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let attack = out.join("attack.py");
+    std::fs::write(&attack, ATTACK).unwrap();
+    std::fs::set_permissions(&attack, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let _ = tag;
+    (tmp, out)
+}
+
+#[test]
+fn instances_have_their_own_loopback_and_reach_only_what_their_rule_allows_each_refusal_counted() {
+    if let Some(why) = cannot_isolate() {
+        eprintln!("skipped: network isolation cannot run here: {why}");
+        return;
+    }
+    let (tmp, out) = setup("rules");
+    let subnet = free_subnet(0);
+    let net = TestNet::start("r", subnet, tmp.path());
+    let (a, b) = (&net.addrs[0], &net.addrs[1]);
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let hub_port = hub.url().rsplit(':').next().unwrap().to_string();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let nest = hub
+        .nest_with(
+            "isolated",
+            &[],
+            &[],
+            &["--run-uids", "62200-62209", "--metrics-listen", &metrics],
+        )
+        .unwrap();
+    let nests = hub.nests().unwrap();
+    assert_eq!(
+        nests[0]["network"], "network namespace per instance, egress default allow",
+        "{nests:?}"
+    );
+    let port = free_port();
+    let targets = |extra: &[String]| {
+        let mut t = vec![
+            format!("allowed={a}:8080"),
+            format!("http-allowed=http://{a}:8080/"),
+            format!("raw-second={b}:8080"),
+            format!("http-second=http://{b}:8080/"),
+            "link-local=169.254.169.254:80".to_string(),
+            format!("hub-on-host-address={}:{hub_port}", net.host),
+            format!("hub-on-loopback=127.0.0.1:{hub_port}"),
+        ];
+        t.extend_from_slice(extra);
+        t
+    };
+    let ruled = agent(
+        &hub,
+        tmp.path(),
+        &out,
+        ("a", "ruled"),
+        port,
+        ("ruled.bound", "open.bound"),
+        Some(json!({"allow": [format!("{a}:8080")]})),
+        &targets(&[]),
+    );
+    let open = agent(
+        &hub,
+        tmp.path(),
+        &out,
+        ("b", "open"),
+        port,
+        ("open.bound", "ruled.bound"),
+        None,
+        &targets(&[]),
+    );
+    // At once: each waits until the other has bound the same loopback port.
+    let (t1, t2) = std::thread::scope(|s| {
+        let t1 = s.spawn(|| submit(&hub, &ruled));
+        let t2 = s.spawn(|| submit(&hub, &open));
+        (t1.join().unwrap(), t2.join().unwrap())
+    });
+    let (r1, r2) = (report(&ruled), report(&open));
+    eprintln!("ruled:\n{r1}\nopen:\n{r2}");
+    assert_eq!(t1["outcome"]["result"], "ruled done", "{t1}");
+    assert_eq!(t2["outcome"]["result"], "open done", "{t2}");
+    let line = |r: &str, name: &str| {
+        r.lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(name))
+            .unwrap_or("")
+            .to_string()
+    };
+    // Both bound the same loopback port and each saw its own server.
+    for (r, tag) in [(&r1, "ruled"), (&r2, "open")] {
+        assert!(r.contains(&format!("BOUND {tag} 127.0.0.1:{port}")), "{r}");
+        assert!(r.contains(&format!("LOOPBACK {tag} sees {tag}")), "{r}");
+    }
+    // The rule: the allowed server answers, the second address is refused raw and by HTTP
+    // (a 403 naming host and rule).
+    assert_eq!(line(&r1, "allowed"), format!("OK allowed SRV {a}"));
+    assert_eq!(
+        line(&r1, "http-allowed"),
+        format!("OK http-allowed SRV {a}")
+    );
+    assert!(line(&r1, "raw-second").starts_with("REFUSED"), "{r1}");
+    let http = line(&r1, "http-second");
+    assert!(
+        http.starts_with("REFUSED http-second 403")
+            && http.contains(&format!("{b}:8080"))
+            && http.contains("not in network.allow"),
+        "{http}"
+    );
+    // No rule, egress default allow: both servers answer.
+    assert_eq!(line(&r2, "allowed"), format!("OK allowed SRV {a}"));
+    assert_eq!(line(&r2, "raw-second"), format!("OK raw-second SRV {b}"));
+    assert_eq!(line(&r2, "http-second"), format!("OK http-second SRV {b}"));
+    // Never, for either: link-local, the Hub's port on the host's address or its loopback.
+    for r in [&r1, &r2] {
+        for name in ["link-local", "hub-on-host-address", "hub-on-loopback"] {
+            assert!(line(r, name).starts_with("REFUSED"), "{name}: {r}");
+        }
+    }
+    // Node's fetch goes the same way: refused with the 403 under the rule, answered without.
+    let fetched = r1.contains("FETCH ");
+    if fetched {
+        assert!(
+            r1.contains(&format!("FETCH http-allowed 200 SRV {a}")),
+            "{r1}"
+        );
+        assert!(
+            r1.contains(&format!(
+                "FETCH http-second 403 agen: egress refused: {b}:8080"
+            )),
+            "{r1}"
+        );
+        assert!(
+            r2.contains(&format!("FETCH http-second 200 SRV {b}")),
+            "{r2}"
+        );
+    } else {
+        eprintln!("node is not installed: the fetch case was not run");
+    }
+    let count = |r: &str| r.lines().filter(|l| l.starts_with("REFUSED")).count();
+    assert_eq!(
+        (count(&r1), count(&r2)),
+        (5, 3),
+        "ruled:\n{r1}\nopen:\n{r2}"
+    );
+    // Counted by the proxy: every refusal but the loopback one (the instance's own loopback
+    // has nothing on the Hub's port, nothing reached the Nest).
+    assert_eq!(metric(&metrics, "a", "ruled"), 4 + u64::from(fetched));
+    assert_eq!(metric(&metrics, "b", "open"), 2);
+    // And named in the instance's logs.
+    let logs = hub.cli(&["logs", "ruled", "--namespace", "a"]).unwrap();
+    let text = String::from_utf8_lossy(&logs.stdout);
+    assert!(
+        text.contains(&format!("egress refused: {b}:8080 (not in network.allow)")),
+        "{text}"
+    );
+    drop(nest);
+}
+
+#[test]
+fn with_egress_default_deny_and_no_rule_nothing_leaves_but_the_models_answers() {
+    if let Some(why) = cannot_isolate() {
+        eprintln!("skipped: network isolation cannot run here: {why}");
+        return;
+    }
+    let (tmp, out) = setup("deny");
+    let subnet = free_subnet(1);
+    let net = TestNet::start("d", subnet, tmp.path());
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let _nest = hub
+        .nest_with(
+            "closed",
+            &[],
+            &[],
+            &[
+                "--run-uids",
+                "62210-62219",
+                "--egress-default",
+                "deny",
+                "--metrics-listen",
+                &metrics,
+            ],
+        )
+        .unwrap();
+    std::fs::write(out.join("peer.bound"), "").unwrap();
+    let closed = agent(
+        &hub,
+        tmp.path(),
+        &out,
+        ("c", "closed"),
+        free_port(),
+        ("closed.bound", "peer.bound"),
+        None,
+        &[
+            format!("first={}:8080", net.addrs[0]),
+            format!("second={}:8080", net.addrs[1]),
+        ],
+    );
+    let t = submit(&hub, &closed);
+    let r = report(&closed);
+    assert_eq!(t["outcome"]["result"], "closed done", "{t}\n{r}");
+    assert_eq!(
+        r.lines().filter(|l| l.starts_with("REFUSED")).count(),
+        2,
+        "{r}"
+    );
+    assert_eq!(r.lines().filter(|l| l.starts_with("OK")).count(), 0, "{r}");
+    assert_eq!(metric(&metrics, "c", "closed"), 2);
+    let nests = hub.nests().unwrap();
+    assert_eq!(
+        nests[0]["network"], "network namespace per instance, egress default deny",
+        "{nests:?}"
+    );
+}
