@@ -90,7 +90,7 @@ fn the_units_verify_and_score_within_their_thresholds() {
         let name = if role == "hub" { "Hub" } else { "Nest" };
         let stated = readme
             .split(&format!("the {name} "))
-            .filter_map(|rest| rest.split([' ', ';', ')']).next()?.parse::<f64>().ok())
+            .filter_map(|rest| rest.split([' ', ';', ')', ',']).next()?.parse::<f64>().ok())
             .next()
             .unwrap_or_else(|| panic!("the README states the {name} unit's rating"));
         assert!(

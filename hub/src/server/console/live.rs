@@ -66,6 +66,8 @@ pub async fn task(
                 namespace,
                 task_id,
                 from_seq,
+                // The page shows finished turns; streamed deltas are for `agen wait --stream`.
+                deltas: false,
             },
         ))
         .await?
