@@ -45,6 +45,7 @@ mod sql;
 mod store_damage;
 mod suspend;
 mod tokens;
+mod tool_limits;
 mod trace_events;
 mod up;
 mod versions;

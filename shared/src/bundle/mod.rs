@@ -38,7 +38,8 @@ pub use archive::{
 };
 pub use config::{
     check_card_url, check_tool_pattern, model_name, tool_matches, AgentConfig, Delegate,
-    Permission, Permissions, RemoteAgent, ToolOverride, CONFIG_FILE,
+    Permission, Permissions, RemoteAgent, ToolOverride, CONFIG_FILE, DEFAULT_TOOL_BACKOFF,
+    MAX_TOOL_BACKOFF, MAX_TOOL_RETRIES, MAX_TOOL_TIMEOUT,
 };
 pub use error::{BundleError, Result};
 pub use harness::{HarnessConfig, Limits, ToolProtocol, HARNESS_FILE};

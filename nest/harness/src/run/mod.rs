@@ -40,6 +40,7 @@ mod native;
 mod remote;
 mod replay;
 mod state;
+mod tool_limits;
 mod tools;
 mod turn;
 
