@@ -7,6 +7,7 @@
 mod a2a;
 mod a2a_delegates;
 mod a2a_spec;
+mod approval_edits;
 mod approvals;
 mod artifacts;
 mod backups;

@@ -398,6 +398,7 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             reason,
             by,
             digest,
+            arguments,
         } => Msg::ApprovalDecided(pb::ApprovalDecision {
             run_id,
             instance_id,
@@ -406,6 +407,7 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             reason,
             by,
             digest,
+            arguments_json: arguments.map(|a| a.to_string()).unwrap_or_default(),
         }),
         ToNest::Ack {
             run_id,

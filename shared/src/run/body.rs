@@ -115,6 +115,10 @@ pub struct ApprovalDecided {
     /// the call with this digest. Empty in logs written before it existed.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub digest: String,
+    /// A person approved the call with these arguments (a JSON object) in place of the ones
+    /// asked (`agen approve --args FILE`): the call is sent with them, and the model is told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<Value>,
 }
 
 /// The digest an approval is bound to: sha256 (hex) of the tool name, a NUL and the arguments'

@@ -18,6 +18,7 @@ use agen_shared::bundle::Bundle;
 use agen_shared::run::{trace, ToolCompleted, ToolFailed, ToolFailure, ToolStarted};
 use serde_json::Value;
 
+use super::approval::edited_note;
 use super::builtins::{
     BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_READ_ARTIFACT, BUILTIN_REPORT_PROGRESS,
     BUILTIN_SAVE_ARTIFACT,
@@ -151,10 +152,25 @@ impl Run<'_> {
             return CallResult::error(self.refuse_denied(call).await);
         }
         if self.needs_approval(&call.name) {
-            if let Some(refusal) = self.approve(call).await {
-                return CallResult::error(refusal);
+            match self.approve(call).await {
+                Err(refusal) => return CallResult::error(refusal),
+                Ok(Some(arguments)) => {
+                    let edited = ToolCall {
+                        arguments: arguments.clone(),
+                        ..call.clone()
+                    };
+                    let mut r = self.dispatch(&edited).await;
+                    r.content = format!("{}\n\n{}", edited_note(&arguments), r.content);
+                    return r;
+                }
+                Ok(None) => {}
             }
         }
+        self.dispatch(call).await
+    }
+
+    /// Sends an allowed (and, if it had to be, approved) call where its name points.
+    async fn dispatch(&self, call: &ToolCall) -> CallResult {
         match call.name.as_str() {
             // Built-ins are spans of the trace like any call (`save_artifact` records its own).
             BUILTIN_FINISH => {
