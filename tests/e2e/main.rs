@@ -44,6 +44,7 @@ mod sandbox;
 mod secrets;
 mod sql;
 mod store_damage;
+mod structured_output;
 mod suspend;
 mod tokens;
 mod tool_limits;

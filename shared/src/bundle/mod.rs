@@ -22,6 +22,7 @@ mod json;
 mod keen;
 mod links;
 mod mcp;
+mod output;
 mod read;
 mod secrets;
 mod skills;
@@ -49,6 +50,7 @@ pub use keen::{
     KEEN_TOOLS_FILE,
 };
 pub use mcp::{unpinned_servers, valid_server_name, McpConfig, ServerSpec, MCP_FILE};
+pub use output::OutputSchema;
 pub use read::MAX_FILE_BYTES;
 pub use secrets::{
     secret_refs, substitute_secrets, valid_secret_name, SecretDecls, SecretSource, SubstituteError,
@@ -77,6 +79,8 @@ pub struct Bundle {
     pub has_keen_tools: bool,
     /// The registrations of `keen-tools.json` (empty when absent).
     pub keen_tools: Vec<KeenTool>,
+    /// The schema `agent.md`'s `outputSchema` names, compiled.
+    pub output_schema: Option<OutputSchema>,
 }
 
 impl Bundle {
@@ -121,6 +125,7 @@ impl Bundle {
         };
         let skills = skills::load_all(&dir)?;
         let keen = keen::load(&dir)?;
+        let output_schema = output::load(&dir, agent.extra.get("outputSchema"))?;
 
         let bundle = Bundle {
             dir,
@@ -132,6 +137,7 @@ impl Bundle {
             skills,
             has_keen_tools: keen.is_some(),
             keen_tools: keen.unwrap_or_default(),
+            output_schema,
         };
         bundle.check_cross_references()?;
         Ok(bundle)

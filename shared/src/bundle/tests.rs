@@ -222,6 +222,7 @@ fn a_complete_bundle_parses_into_its_whole_value() {
                 approval_timeout: Duration::from_secs(24 * 3600),
                 task_timeout: None,
                 max_tokens: None,
+                output_retries: 2,
             },
         },
         skills: vec![Skill {
@@ -252,6 +253,7 @@ fn a_complete_bundle_parses_into_its_whole_value() {
                 description: Some("a flow".into()),
             },
         ],
+        output_schema: None,
     };
     assert_eq!(b, expected);
 

@@ -364,6 +364,8 @@ pub enum ResponseType {
     #[default]
     Text,
     Error,
+    /// The answer is JSON that matched the run's output schema (`outputSchema`).
+    Json,
     /// Anything else in an old log reads as an error.
     #[serde(other)]
     Unknown,
@@ -373,6 +375,7 @@ impl ResponseType {
     pub fn as_str(self) -> &'static str {
         match self {
             ResponseType::Text => "text",
+            ResponseType::Json => "json",
             ResponseType::Error | ResponseType::Unknown => "error",
         }
     }

@@ -135,6 +135,16 @@ impl OpenAiProvider {
             parallel_tool_calls: offers_tools.then_some(req.parallel_tool_calls),
             temperature: self.config.extra.get("temperature"),
             max_tokens: self.config.extra.get("maxTokens"),
+            response_format: req.output_schema.as_ref().map(|schema| ResponseFormat {
+                kind: "json_schema",
+                json_schema: JsonSchemaFormat {
+                    name: "output",
+                    schema,
+                    // Not strict: a strict schema must close every object and list every
+                    // property as required; the harness validates the answer either way.
+                    strict: false,
+                },
+            }),
         }
     }
 
@@ -279,6 +289,24 @@ struct ChatRequest<'a> {
     temperature: Option<&'a Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<&'a Value>,
+    /// Native structured output: the answer is asked to match `outputSchema`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<ResponseFormat<'a>>,
+}
+
+/// `response_format: {"type": "json_schema", "json_schema": {...}}`.
+#[derive(Serialize)]
+struct ResponseFormat<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    json_schema: JsonSchemaFormat<'a>,
+}
+
+#[derive(Serialize)]
+struct JsonSchemaFormat<'a> {
+    name: &'static str,
+    schema: &'a Value,
+    strict: bool,
 }
 
 #[derive(Serialize)]
@@ -423,6 +451,7 @@ mod tests {
             .into(),
             tools: Default::default(),
             parallel_tool_calls: true,
+            output_schema: None,
         };
         assert_eq!(
             p.body(&req),

@@ -44,6 +44,7 @@ impl Run<'_> {
             messages: lock(&self.context).clone(),
             tools: tools.clone(),
             parallel_tool_calls: self.h.bundle.harness.parallel_tool_calls,
+            output_schema: self.output_schema().map(|s| s.schema.clone()),
         };
         let reply = self.h.provider.complete(&request, &self.cancel).await;
         // The request shares the context: gone before the context grows, so that the push
@@ -128,6 +129,7 @@ impl crate::keen::FlowAgent for FlowModel<'_, '_> {
             messages: vec![Message::user(text)].into(),
             tools: Default::default(),
             parallel_tool_calls: false,
+            output_schema: None,
         };
         let _ = self
             .run
