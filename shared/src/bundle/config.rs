@@ -79,7 +79,7 @@ pub struct ToolOverride {
     /// `timeout`: this tool's own `limits.toolTimeout`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
-    /// `retries`: how often a call that timed out or could not reach its server is sent again
+    /// `retries`: how often a call that timed out or failed at the protocol level is sent again
     /// (only for tools that are read-only or idempotent; default 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retries: Option<u32>,
