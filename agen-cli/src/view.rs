@@ -189,7 +189,12 @@ pub fn progress_json(p: &Option<pb::Progress>) -> Value {
 pub fn task_json(t: &pb::Task) -> Value {
     let outcome = match (&t.outcome, task_terminal(t.state)) {
         (Some(o), true) => json!({
-            "result": o.result,
+            // A structured answer (`outputSchema`) is shown as the JSON it is.
+            "result": if o.response_type == "json" {
+                serde_json::from_str(&o.result).unwrap_or_else(|_| Value::String(o.result.clone()))
+            } else {
+                Value::String(o.result.clone())
+            },
             "response_type": if o.response_type.is_empty() { "text" } else { o.response_type.as_str() },
             "error": if o.error.is_empty() { Value::Null } else { Value::String(o.error.clone()) },
         }),

@@ -24,6 +24,9 @@ pub const MAX_ID_BYTES: usize = 256;
 pub const MAX_REASON_BYTES: usize = 4096;
 /// A secret's value.
 pub const MAX_SECRET_VALUE_BYTES: usize = 64 * 1024;
+/// The edited arguments of an approval (`DecideApprovalRequest.arguments_json`), as big as the
+/// arguments an approval shows.
+pub const MAX_APPROVAL_ARGUMENTS_BYTES: usize = 64 * 1024;
 /// How much of a sent value an error message may echo.
 pub const ECHO_BYTES: usize = 64;
 /// The longest status message the Hub sends.

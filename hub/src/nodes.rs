@@ -67,6 +67,8 @@ pub enum ToNest {
         by: String,
         /// The digest of the call decided (`ApprovalRequested::digest`).
         digest: String,
+        /// Edited arguments the call was approved with (a JSON object).
+        arguments: Option<serde_json::Value>,
     },
     /// Tells the Nest its Hub is there, so its nest lease does not run out (see `HubPing` in
     /// nest.proto).
@@ -134,7 +136,12 @@ impl ToNest {
                 .map(|(k, v)| k.len() + v.len() + 8)
                 .sum(),
             ToNest::Stop { reason, .. } | ToNest::CancelRun { reason, .. } => reason.len(),
-            ToNest::ApprovalDecided { reason, by, .. } => reason.len() + by.len(),
+            ToNest::ApprovalDecided {
+                reason,
+                by,
+                arguments,
+                ..
+            } => reason.len() + by.len() + arguments.as_ref().map_or(0, |a| a.to_string().len()),
             ToNest::AssignRun(a) => {
                 strings(&[&a.input, &a.conversation_key])
                     + a.labels

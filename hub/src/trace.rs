@@ -226,6 +226,10 @@ pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
                     if !d.reason.is_empty() {
                         span.attributes.insert("reason".into(), d.reason.clone());
                     }
+                    if let Some(a) = &d.arguments {
+                        span.attributes
+                            .insert("edited_arguments".into(), a.to_string());
+                    }
                 }
             }
             _ => {}

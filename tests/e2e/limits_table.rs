@@ -27,6 +27,7 @@ const SENT: &[&str] = &[
     "secret name",
     "ids (task, artifact, bundle digest)",
     "cancel reason / secret value",
+    "edited approval arguments (`agen approve --args`, `DecideApprovalRequest.arguments_json`)",
     "`ListTasks` page",
     "A2A request body",
     "web console request body",
@@ -350,6 +351,23 @@ async fn one_over(hub: &HubProcess, api: &mut Api, row: &str) {
                 })
                 .await;
             assert_eq!(refused(r), over("value", 64 * 1024 + 1, 64 * 1024));
+        }
+        "edited approval arguments (`agen approve --args`, `DecideApprovalRequest.arguments_json`)" => {
+            let decide = |arguments_json: String| pb::DecideApprovalRequest {
+                task_id: "task-1".into(),
+                approved: true,
+                arguments_json,
+                ..Default::default()
+            };
+            let text = format!("{{\"a\": \"{}\"}}", "x".repeat(64 * 1024 - 8));
+            assert_eq!(text.len(), 64 * 1024 + 1);
+            let r = api.decide_approval(decide(text)).await;
+            assert_eq!(refused(r), over("arguments_json", 64 * 1024 + 1, 64 * 1024));
+            let r = api.decide_approval(decide("[1]".into())).await;
+            assert!(
+                refused(r).1.starts_with("arguments_json: expected a JSON object"),
+                "{row}"
+            );
         }
         "`ListTasks` page" => {
             // One task over the default page of 100, and an input one byte over a summary's 256.

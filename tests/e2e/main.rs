@@ -7,6 +7,7 @@
 mod a2a;
 mod a2a_delegates;
 mod a2a_spec;
+mod approval_edits;
 mod approvals;
 mod artifacts;
 mod audit_trail;
@@ -49,8 +50,10 @@ mod sql;
 mod store_damage;
 mod streaming;
 mod store_suite;
+mod structured_output;
 mod suspend;
 mod tokens;
+mod tool_limits;
 mod trace_events;
 mod triggers;
 mod up;

@@ -1,5 +1,5 @@
-//! `agen approvals`, `agen approve TASK [CALL_ID] [--always]` and `agen deny TASK [CALL_ID]
-//! [--reason TEXT]`: the pending approvals of `ask` calls, and a person's decision.
+//! `agen approvals`, `agen approve TASK [CALL_ID] [--always] [--args FILE]` and `agen deny TASK
+//! [CALL_ID] [--reason TEXT]`: the pending approvals of `ask` calls, and a person's decision.
 
 use agen_proto::v1 as pb;
 use serde_json::{json, Value};
@@ -27,6 +27,10 @@ pub struct ApproveArgs {
     /// Approve later calls of the same tool in this task without asking
     #[arg(long)]
     pub always: bool,
+    /// Run the call with the arguments in this JSON file (an object) in place of the asked
+    /// ones (`-` reads stdin); the model is told it ran with edited arguments
+    #[arg(long = "args", value_name = "FILE")]
+    pub arguments: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -111,6 +115,7 @@ async fn decide(
     approved: bool,
     reason: &str,
     always: bool,
+    arguments_json: String,
 ) -> anyhow::Result<i32> {
     let mut hub = client.connect()?;
     let d = hub
@@ -122,6 +127,7 @@ async fn decide(
             approved,
             reason: reason.to_string(),
             always,
+            arguments_json,
         })
         .await
         .map_err(|s| status_error(&hub, s))?
@@ -133,20 +139,33 @@ async fn decide(
             v["approved"] = Value::Bool(d.approved);
             v["reason"] = Value::String(d.reason.clone());
             v["by"] = Value::String(d.by.clone());
+            if !d.arguments_json.is_empty() {
+                v["edited_arguments"] = serde_json::from_str(&d.arguments_json)
+                    .unwrap_or(Value::String(d.arguments_json.clone()));
+            }
             view::print_value(client.output, &v)
         }
         Output::Table => crate::outln!(
-            "{} {} of task {} ({})",
+            "{} {} of task {} ({}){}",
             if d.approved { "approved" } else { "denied" },
             a.call_id,
             a.task_id,
-            a.tool
+            a.tool,
+            if d.arguments_json.is_empty() {
+                String::new()
+            } else {
+                format!(" with edited arguments {}", d.arguments_json)
+            }
         ),
     }
     Ok(0)
 }
 
 pub async fn approve(args: ApproveArgs) -> anyhow::Result<i32> {
+    let arguments_json = match &args.arguments {
+        None => String::new(),
+        Some(file) => edited_arguments(file)?,
+    };
     decide(
         &args.client,
         &args.task,
@@ -154,8 +173,34 @@ pub async fn approve(args: ApproveArgs) -> anyhow::Result<i32> {
         true,
         "",
         args.always,
+        arguments_json,
     )
     .await
+}
+
+/// The JSON object in `file` (`-`: stdin), compact.
+fn edited_arguments(file: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    let text = if file.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())
+            .context("while reading the edited arguments from stdin")?
+    } else {
+        std::fs::read_to_string(file)
+            .with_context(|| format!("while reading the edited arguments {}", file.display()))?
+    };
+    let v: Value = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "--args {}: not valid JSON; expected an object of the tool's arguments, such as {{\"command\": \"ls\"}}",
+            file.display()
+        )
+    })?;
+    if !v.is_object() {
+        anyhow::bail!(
+            "--args {}: expected a JSON object of the tool's arguments, such as {{\"command\": \"ls\"}}",
+            file.display()
+        );
+    }
+    Ok(v.to_string())
 }
 
 pub async fn deny(args: DenyArgs) -> anyhow::Result<i32> {
@@ -166,6 +211,7 @@ pub async fn deny(args: DenyArgs) -> anyhow::Result<i32> {
         false,
         args.reason.as_deref().unwrap_or(""),
         false,
+        String::new(),
     )
     .await
 }

@@ -181,7 +181,7 @@ pub fn describe(kind: &str, json: &str) -> String {
             r.agent, r.call_id, r.task_id, r.endpoint
         ),
         RunEventBody::ApprovalDecided(d) => format!(
-            "{} {} by {}{}",
+            "{} {} by {}{}{}",
             d.call_id,
             if d.approved { "approved" } else { "denied" },
             d.by,
@@ -189,6 +189,10 @@ pub fn describe(kind: &str, json: &str) -> String {
                 String::new()
             } else {
                 format!(": {}", cut(&d.reason))
+            },
+            match &d.arguments {
+                Some(a) => format!(" with edited arguments {}", cut(&compact(a))),
+                None => String::new(),
             }
         ),
         RunEventBody::Unknown(u) => cut(&compact(&u.json)),

@@ -58,6 +58,9 @@ pub struct DecisionRec {
     pub reason: String,
     pub by: String,
     pub at_ms: i64,
+    /// The arguments a person approved the call with in place of the asked ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<Value>,
 }
 
 /// A pending approval, as `ListApprovals` shows it.
@@ -80,6 +83,8 @@ pub struct Decide<'a> {
     pub always: bool,
     /// The deciding token's name.
     pub by: &'a str,
+    /// Approve with these arguments (a JSON object) in place of the asked ones.
+    pub arguments: Option<Value>,
 }
 
 impl Core {
@@ -136,6 +141,7 @@ impl Core {
                 reason: d.reason.clone(),
                 by: d.by.clone(),
                 digest: call.digest.clone(),
+                arguments: d.arguments.clone(),
             },
         );
     }
@@ -171,6 +177,7 @@ impl Core {
             ),
             by: "always".into(),
             at_ms: now_ms(),
+            arguments: None,
         });
         let i = match known {
             Some(i) => {
@@ -221,6 +228,7 @@ impl Core {
                 reason: decided.reason.clone(),
                 by: decided.by.clone(),
                 at_ms: now_ms(),
+                arguments: decided.arguments.clone(),
             });
             self.db.put_json(Table::Approvals, &task.task_id, &rec)?;
         }
@@ -286,11 +294,17 @@ impl Core {
                 }
                 picked => picked?,
             };
+            if d.arguments.is_some() && !d.approved {
+                return Err(HubError::InvalidArgument(
+                    "arguments_json: edited arguments go with an approval, not a denial".into(),
+                ));
+            }
             let decision = DecisionRec {
                 approved: d.approved,
                 reason: d.reason.to_string(),
                 by: d.by.to_string(),
                 at_ms: now_ms(),
+                arguments: d.arguments.clone(),
             };
             rec.calls[i].decision = Some(decision.clone());
             let call = rec.calls[i].clone();

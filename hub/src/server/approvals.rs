@@ -4,7 +4,7 @@
 use agen_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use super::auth::{authorize, Action};
+use super::auth::{audit_detail, authorize, Action};
 use crate::core::approvals::{ApprovalRec, Decide};
 use crate::core::Core;
 use crate::limits;
@@ -93,7 +93,21 @@ pub async fn decide(
     audit.set(detail(&request.get_ref().call_id, ""));
     let who = {
         let r = request.get_ref();
-        authorize(&request, &r.namespace, Action::Submit, &r.task_id)?
+        let who = authorize(&request, &r.namespace, Action::Submit, &r.task_id)?;
+        if !r.arguments_json.is_empty() {
+            // The audit record of the decision says the call was edited, and how.
+            let call = if r.call_id.is_empty() {
+                "the pending call"
+            } else {
+                &r.call_id
+            };
+            let arguments: String = r.arguments_json.chars().take(400).collect();
+            audit_detail(
+                &request,
+                format!("{call} approved with edited arguments {arguments}"),
+            );
+        }
+        who
     };
     // The token's name alone (issue 13): not the CLI's `agen-client` user@host, not the id.
     let by = who.token_name().to_string();
@@ -102,6 +116,12 @@ pub async fn decide(
     limits::check_id("task_id", &r.task_id)?;
     limits::check_bytes("call_id", &r.call_id, limits::MAX_REASON_BYTES)?;
     limits::check_bytes("reason", &r.reason, limits::MAX_REASON_BYTES)?;
+    let arguments = edited_arguments(&r.arguments_json)?;
+    if arguments.is_some() && !r.approved {
+        return Err(Status::invalid_argument(
+            "arguments_json: edited arguments go with an approval, not a denial",
+        ));
+    }
     let task = core.get_task(&r.namespace, &r.task_id)?;
     if let Ok(calls) = core.pending_approvals(&task.task_id) {
         // No call id: the task's only pending call (what the decision will name).
@@ -122,6 +142,7 @@ pub async fn decide(
             reason: &r.reason,
             always: r.always,
             by: &by,
+            arguments,
         })
         .await?;
     audit.set(detail(&call.call_id, &call.tool));
@@ -130,10 +151,34 @@ pub async fn decide(
         .as_ref()
         .map(|d| (d.approved, d.reason.clone(), d.by.clone()))
         .unwrap_or((r.approved, r.reason.clone(), by));
+    let arguments_json = call
+        .decision
+        .as_ref()
+        .and_then(|d| d.arguments.as_ref())
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     Ok(Response::new(pb::DecideApprovalResponse {
         approval: Some(approval(&task.task_id, &task.deployment, &call)),
         approved,
         reason,
         by,
+        arguments_json,
     }))
+}
+
+/// `arguments_json` of a decision: empty, or a JSON object of at most 64 KiB.
+fn edited_arguments(text: &str) -> Result<Option<serde_json::Value>, Status> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    limits::check_bytes("arguments_json", text, limits::MAX_APPROVAL_ARGUMENTS_BYTES)?;
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(v) if v.is_object() => Ok(Some(v)),
+        Ok(_) => Err(Status::invalid_argument(
+            "arguments_json: expected a JSON object of the tool's arguments, such as {\"command\": \"ls\"}",
+        )),
+        Err(e) => Err(Status::invalid_argument(format!(
+            "arguments_json: not valid JSON ({e}); expected a JSON object of the tool's arguments"
+        ))),
+    }
 }

@@ -120,6 +120,8 @@ struct AuditNote {
     principal: Principal,
     namespace: String,
     target: String,
+    /// What the record says of a call that succeeded (its `message`), set by the handler.
+    detail: String,
 }
 
 /// Shared between [`Audited`] and the handler of one call.
@@ -205,6 +207,7 @@ pub fn authorize<T>(
                     principal: principal.clone(),
                     namespace: namespace.clone(),
                     target: target.to_string(),
+                    detail: String::new(),
                 });
             }
         }
@@ -217,6 +220,18 @@ pub fn authorize<T>(
         )
         .map_err(Status::from)?;
     Ok(principal)
+}
+
+/// Adds `detail` to the audit record of this (authorized, mutating) call: its `message` when
+/// the call succeeds (a failure records its error instead).
+pub fn audit_detail<T>(req: &Request<T>, detail: String) {
+    if let Some(slot) = req.extensions().get::<AuditSlot>() {
+        if let Ok(mut s) = slot.0.lock() {
+            if let Some(note) = s.note.as_mut() {
+                note.detail = detail;
+            }
+        }
+    }
 }
 
 /// Like [`authorize`] for list calls that may span namespaces: the cluster admin gets what it
@@ -308,7 +323,7 @@ where
                 Ok(mut s) => (s.checked, s.note.take(), std::mem::take(&mut s.detail)),
                 Err(_) => (true, None, Default::default()),
             };
-            let (outcome, message) = outcome(response.headers());
+            let (outcome, mut message) = outcome(response.headers());
             if !checked && outcome == "unauthenticated" {
                 tracing::warn!(%call, reason = %message, "refused a call without a valid token");
             }
@@ -317,6 +332,9 @@ where
                 tracing::error!(%call, "served without an authorization check: every AgenService handler must call server::auth::authorize first");
             }
             if let Some(note) = note {
+                if outcome == "ok" && message.is_empty() {
+                    message = note.detail.clone();
+                }
                 if let Err(e) = crate::tokens::audit::record_with(
                     &db,
                     note.principal.token_id(),

@@ -463,6 +463,7 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             reason,
             by,
             digest,
+            arguments,
         } => Msg::ApprovalDecided(pb::ApprovalDecision {
             run_id,
             instance_id,
@@ -471,6 +472,7 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             reason,
             by,
             digest,
+            arguments_json: arguments.map(|a| a.to_string()).unwrap_or_default(),
         }),
         ToNest::Ack {
             run_id,

@@ -67,17 +67,32 @@ pub fn log_request(r: pb::LogRequest) -> LogRequest {
     }
 }
 
-/// The run, instance and decision of an `ApprovalDecision`.
+/// The run, instance and decision of an `ApprovalDecision`. Edited arguments that are not a
+/// JSON object (the Hub checks them; a damaged message) deny the call rather than send it with
+/// the arguments the person replaced.
 pub fn approval(d: pb::ApprovalDecision) -> (String, String, agen_shared::run::ApprovalDecided) {
+    let (mut approved, mut reason) = (d.approved, d.reason);
+    let arguments = match d.arguments_json.as_str() {
+        "" => None,
+        text => match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(v) if v.is_object() => Some(v),
+            _ => {
+                approved = false;
+                reason = "the edited arguments of this approval could not be read as a JSON object; the call was not sent".into();
+                None
+            }
+        },
+    };
     (
         d.run_id,
         d.instance_id,
         agen_shared::run::ApprovalDecided {
             call_id: d.call_id,
-            approved: d.approved,
-            reason: d.reason,
+            approved,
+            reason,
             by: d.by,
             digest: d.digest,
+            arguments,
         },
     )
 }

@@ -138,6 +138,7 @@ mod tests {
                 reason: String::new(),
                 by: "alice".into(),
                 digest: "d1".into(),
+                arguments: None,
             },
         );
         let again =
@@ -159,6 +160,7 @@ mod tests {
                 reason: String::new(),
                 by: "alice".into(),
                 digest: "other arguments".into(),
+                arguments: None,
             },
         );
         let asked = tokio::time::timeout(

@@ -1,11 +1,15 @@
 //! `x-agen/config.json`: delegates (deployments of the fleet, or remote A2A agents), per-tool
-//! overrides (`sideEffect`, `idempotent`) and permissions (`allow` / `ask` / `deny` tool patterns).
+//! overrides (`sideEffect`, `idempotent`, `timeout`, `retries`, `backoff`) and permissions
+//! (`allow` / `ask` / `deny` tool patterns).
 //!
 //! Invariants: tool names and patterns accept both `<server>.<tool>` and `<server>_<tool>`;
+//! a `tools` key is a tool name or a whole server (`ws.*`); a tool's own entry wins over its
+//! server's, key by key;
 //! a pattern is a tool name where `*` matches any run of characters; deny beats ask beats
 //! allow, and a non-empty `allow` list denies every tool it does not match.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -20,7 +24,8 @@ pub const CONFIG_FILE: &str = "x-agen/config.json";
 pub struct AgentConfig {
     /// Deployments this agent may call (`call_agent`, `start_agent`).
     pub delegates: Vec<Delegate>,
-    /// Overrides by tool name as written (`crm.upsert_contact` or `crm_upsert_contact`).
+    /// Overrides by tool name as written (`crm.upsert_contact` or `crm_upsert_contact`), or
+    /// for every tool of a server (`crm.*` or `crm_*`).
     pub tools: BTreeMap<String, ToolOverride>,
     pub permissions: Permissions,
     /// Where a sandboxed instance may connect (`"network": {"allow", "deny"}`); `None`: the
@@ -120,6 +125,38 @@ pub struct ToolOverride {
     pub side_effect: Option<bool>,
     /// `idempotent`: `true` lets an interrupted call be retried.
     pub idempotent: Option<bool>,
+    /// `timeout`: this tool's own `limits.toolTimeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    /// `retries`: how often a call that timed out or failed at the protocol level is sent again
+    /// (only for tools that are read-only or idempotent; default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<u32>,
+    /// `backoff`: the wait before the first retry, doubled before each next one (default 1s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<Duration>,
+}
+
+/// The most retries a tool may be given (`tools.<name>.retries`).
+pub const MAX_TOOL_RETRIES: u32 = 10;
+/// The longest `tools.<name>.backoff`.
+pub const MAX_TOOL_BACKOFF: Duration = Duration::from_secs(600);
+/// The longest `tools.<name>.timeout`.
+pub const MAX_TOOL_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// The backoff of a tool with retries and no `backoff`.
+pub const DEFAULT_TOOL_BACKOFF: Duration = Duration::from_secs(1);
+
+impl ToolOverride {
+    /// `self`, with each key it leaves unset taken from `server` (its server's `ws.*` entry).
+    fn or(self, server: ToolOverride) -> ToolOverride {
+        ToolOverride {
+            side_effect: self.side_effect.or(server.side_effect),
+            idempotent: self.idempotent.or(server.idempotent),
+            timeout: self.timeout.or(server.timeout),
+            retries: self.retries.or(server.retries),
+            backoff: self.backoff.or(server.backoff),
+        }
+    }
 }
 
 /// Tool patterns that are allowed, need approval, or are denied.
@@ -200,11 +237,24 @@ impl Permissions {
 }
 
 impl AgentConfig {
-    /// The override for the tool `<server>.<tool>`, whichever form the bundle wrote its key in.
-    pub fn tool_override(&self, tool: &str) -> Option<&ToolOverride> {
-        self.tools
+    /// The override for the tool `<server>.<tool>`, whichever form the bundle wrote its key in:
+    /// its own entry, each unset key taken from its server's entry (`<server>.*`).
+    pub fn tool_override(&self, tool: &str) -> Option<ToolOverride> {
+        let own = self
+            .tools
             .get(tool)
             .or_else(|| self.tools.get(&model_name(tool)))
+            .copied();
+        let server = tool.split_once('.').and_then(|(server, _)| {
+            self.tools
+                .get(&format!("{server}.*"))
+                .or_else(|| self.tools.get(&format!("{server}_*")))
+                .copied()
+        });
+        match (own, server) {
+            (Some(own), Some(server)) => Some(own.or(server)),
+            (own, server) => own.or(server),
+        }
     }
 }
 
@@ -305,8 +355,15 @@ pub(crate) fn parse(v: &Value) -> Result<AgentConfig> {
         )?;
         for (name, ov) in tools.map {
             check_tool_pattern(name).map_err(|m| tools.err(name, m))?;
-            if name.contains('*') {
-                return Err(tools.err(name, "expected a tool name, not a pattern"));
+            let server_entry = name
+                .strip_suffix(".*")
+                .or_else(|| name.strip_suffix("_*"))
+                .is_some_and(|server| !server.is_empty() && !server.contains(['*', '.']));
+            if name.contains('*') && !server_entry {
+                return Err(tools.err(
+                    name,
+                    "expected a tool name such as `ws.run` or a whole server such as `ws.*`, not another pattern",
+                ));
             }
             let o = Obj::new(
                 CONFIG_FILE,
@@ -314,14 +371,7 @@ pub(crate) fn parse(v: &Value) -> Result<AgentConfig> {
                 ov,
                 "an object such as {\"sideEffect\": false}",
             )?;
-            o.only_keys(&["sideEffect", "idempotent"])?;
-            config.tools.insert(
-                name.clone(),
-                ToolOverride {
-                    side_effect: o.opt_bool("sideEffect")?,
-                    idempotent: o.opt_bool("idempotent")?,
-                },
-            );
+            config.tools.insert(name.clone(), parse_tool_override(&o)?);
         }
     }
 
@@ -367,6 +417,57 @@ pub(crate) fn parse(v: &Value) -> Result<AgentConfig> {
         config.network = Some(rules);
     }
     Ok(config)
+}
+
+/// One `tools` entry: `{"sideEffect"?, "idempotent"?, "timeout"?, "retries"?, "backoff"?}`.
+fn parse_tool_override(o: &Obj) -> Result<ToolOverride> {
+    o.only_keys(&["sideEffect", "idempotent", "timeout", "retries", "backoff"])?;
+    let duration = |key: &str, max: Duration| -> Result<Option<Duration>> {
+        let Some(s) = o.opt_str(key)? else {
+            return Ok(None);
+        };
+        let d = crate::duration::parse_duration(&s).map_err(|e| o.err(key, e.to_string()))?;
+        if d.is_zero() && key == "timeout" {
+            return Err(o.err(
+                key,
+                format!("expected a duration above zero, such as `90s`, got `{s}`"),
+            ));
+        }
+        if d > max {
+            return Err(o.err(
+                key,
+                format!(
+                    "`{s}` is over the limit of {}",
+                    crate::duration::format_duration(max)
+                ),
+            ));
+        }
+        Ok(Some(d))
+    };
+    let retries = o.opt_u32("retries")?;
+    if let Some(n) = retries.filter(|n| *n > MAX_TOOL_RETRIES) {
+        return Err(o.err(
+            "retries",
+            format!("{n} is over the limit of {MAX_TOOL_RETRIES} retries"),
+        ));
+    }
+    let over = ToolOverride {
+        side_effect: o.opt_bool("sideEffect")?,
+        idempotent: o.opt_bool("idempotent")?,
+        timeout: duration("timeout", MAX_TOOL_TIMEOUT)?,
+        retries,
+        backoff: duration("backoff", MAX_TOOL_BACKOFF)?,
+    };
+    if over.retries.is_some_and(|n| n > 0)
+        && over.idempotent == Some(false)
+        && over.side_effect != Some(false)
+    {
+        return Err(o.err(
+            "retries",
+            "only a read-only or idempotent tool may be retried; this entry says \"idempotent\": false",
+        ));
+    }
+    Ok(over)
 }
 
 fn parse_delegate(path: &str, v: &Value) -> Result<Delegate> {
@@ -593,8 +694,8 @@ mod tests {
         c.tools.insert(
             "crm_upsert".into(),
             ToolOverride {
-                side_effect: None,
                 idempotent: Some(true),
+                ..ToolOverride::default()
             },
         );
         assert_eq!(
@@ -602,5 +703,22 @@ mod tests {
             Some(true)
         );
         assert!(c.tool_override("crm.read").is_none());
+    }
+
+    #[test]
+    fn a_tools_own_entry_wins_over_its_servers_key_by_key() {
+        let c = parse(&serde_json::json!({"tools": {
+            "ws.*": {"timeout": "1s", "retries": 2},
+            "ws_read": {"timeout": "30s"},
+            "ws.run": {"sideEffect": true, "idempotent": false, "retries": 0}
+        }}))
+        .expect("parses");
+        let of = |t: &str| c.tool_override(t).unwrap_or_default();
+        assert_eq!(of("ws.read").timeout, Some(Duration::from_secs(30)));
+        assert_eq!(of("ws.read").retries, Some(2));
+        assert_eq!(of("ws.grep").timeout, Some(Duration::from_secs(1)));
+        assert_eq!(of("ws.run").retries, Some(0));
+        assert_eq!(of("ws.run").timeout, Some(Duration::from_secs(1)));
+        assert!(c.tool_override("other.read").is_none());
     }
 }

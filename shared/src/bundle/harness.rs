@@ -67,7 +67,13 @@ pub struct Limits {
     /// `maxTokens` (default none): model input + output tokens over all turns and attempts of a
     /// task; the run stops before a turn that would exceed it. `agen submit --max-tokens` wins.
     pub max_tokens: Option<u64>,
+    /// `outputRetries` (default 2, at most 10): how often a final answer that does not match
+    /// the output schema is sent back to the model with the schema error before the run fails.
+    pub output_retries: u32,
 }
+
+/// The most `limits.outputRetries`.
+pub const MAX_OUTPUT_RETRIES: u32 = 10;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -82,6 +88,7 @@ impl Default for Limits {
             approval_timeout: Duration::from_secs(24 * 3600),
             task_timeout: None,
             max_tokens: None,
+            output_retries: 2,
         }
     }
 }
@@ -154,6 +161,7 @@ pub(crate) fn parse(v: &Value) -> Result<HarnessConfig> {
             "approvalTimeout",
             "taskTimeout",
             "maxTokens",
+            "outputRetries",
         ])?;
         let duration = |key: &str| -> Result<Option<Duration>> {
             match l.opt_str(key)? {
@@ -209,6 +217,15 @@ pub(crate) fn parse(v: &Value) -> Result<HarnessConfig> {
                 return Err(l.err("maxTokens", "expected a whole number of at least 1, got 0"));
             }
             limits.max_tokens = Some(n);
+        }
+        if let Some(n) = l.opt_u32("outputRetries")? {
+            if n > MAX_OUTPUT_RETRIES {
+                return Err(l.err(
+                    "outputRetries",
+                    format!("{n} is over the limit of {MAX_OUTPUT_RETRIES}"),
+                ));
+            }
+            limits.output_retries = n;
         }
     }
     Ok(h)

@@ -23,6 +23,7 @@ mod keen;
 mod links;
 mod mcp;
 mod network;
+mod output;
 mod read;
 mod secrets;
 mod skills;
@@ -40,6 +41,7 @@ pub use archive::{
 pub use config::{
     check_card_url, check_tool_pattern, model_name, tool_matches, AgentConfig, Delegate,
     DoubleTexting, Permission, Permissions, RemoteAgent, ToolOverride, CONFIG_FILE,
+    DEFAULT_TOOL_BACKOFF, MAX_TOOL_BACKOFF, MAX_TOOL_RETRIES, MAX_TOOL_TIMEOUT,
 };
 pub use error::{BundleError, Result};
 pub use harness::{HarnessConfig, Limits, ToolProtocol, HARNESS_FILE};
@@ -50,6 +52,7 @@ pub use keen::{
 };
 pub use mcp::{unpinned_servers, valid_server_name, McpConfig, ServerSpec, MCP_FILE};
 pub use network::{Destination, HostPattern, NetworkRules};
+pub use output::OutputSchema;
 pub use read::MAX_FILE_BYTES;
 pub use secrets::{
     secret_refs, substitute_secrets, valid_secret_name, SecretDecls, SecretSource, SubstituteError,
@@ -78,6 +81,8 @@ pub struct Bundle {
     pub has_keen_tools: bool,
     /// The registrations of `keen-tools.json` (empty when absent).
     pub keen_tools: Vec<KeenTool>,
+    /// The schema `agent.md`'s `outputSchema` names, compiled.
+    pub output_schema: Option<OutputSchema>,
 }
 
 impl Bundle {
@@ -122,6 +127,7 @@ impl Bundle {
         };
         let skills = skills::load_all(&dir)?;
         let keen = keen::load(&dir)?;
+        let output_schema = output::load(&dir, agent.extra.get("outputSchema"))?;
 
         let bundle = Bundle {
             dir,
@@ -133,6 +139,7 @@ impl Bundle {
             skills,
             has_keen_tools: keen.is_some(),
             keen_tools: keen.unwrap_or_default(),
+            output_schema,
         };
         bundle.check_cross_references()?;
         Ok(bundle)

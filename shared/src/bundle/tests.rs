@@ -170,6 +170,7 @@ fn a_complete_bundle_parses_into_its_whole_value() {
                     ToolOverride {
                         side_effect: None,
                         idempotent: Some(true),
+                        ..ToolOverride::default()
                     },
                 ),
                 (
@@ -177,6 +178,7 @@ fn a_complete_bundle_parses_into_its_whole_value() {
                     ToolOverride {
                         side_effect: Some(false),
                         idempotent: None,
+                        ..ToolOverride::default()
                     },
                 ),
             ]
@@ -222,6 +224,7 @@ fn a_complete_bundle_parses_into_its_whole_value() {
                 approval_timeout: Duration::from_secs(24 * 3600),
                 task_timeout: None,
                 max_tokens: None,
+                output_retries: 2,
             },
         },
         skills: vec![Skill {
@@ -252,6 +255,7 @@ fn a_complete_bundle_parses_into_its_whole_value() {
                 description: Some("a flow".into()),
             },
         ],
+        output_schema: None,
     };
     assert_eq!(b, expected);
 
@@ -446,9 +450,13 @@ fn broken_bundles_each_yield_their_specific_error() {
     check(&[(CONFIG_FILE, r#"{"permissions": {"ask": ["fs.run(rm *)"]}}"#)], "x-agen/config.json: permissions.ask[0]: expected a tool name such as `crm.upsert_contact`, `crm_upsert_contact` or a pattern such as `crm.*`, got `fs.run(rm *)` (`(` is not supported; only `*` is a wildcard)");
     check(&[(CONFIG_FILE, r#"{"permissions": {"ask": [" fs.run"]}}"#)], "x-agen/config.json: permissions.ask[0]: expected a tool name");
     check(&[(CONFIG_FILE, r#"{"permissions": {"block": []}}"#)], "x-agen/config.json: permissions.block: unknown key; expected one of: allow, ask, deny");
-    check(&[(CONFIG_FILE, r#"{"tools": {"crm.upsert": {"sideEffects": false}}}"#)], "x-agen/config.json: tools.crm.upsert.sideEffects: unknown key; expected one of: sideEffect, idempotent");
+    check(&[(CONFIG_FILE, r#"{"tools": {"crm.upsert": {"sideEffects": false}}}"#)], "x-agen/config.json: tools.crm.upsert.sideEffects: unknown key; expected one of: sideEffect, idempotent, timeout, retries, backoff");
     check(&[(CONFIG_FILE, r#"{"tools": {"crm.upsert": {"idempotent": "yes"}}}"#)], "x-agen/config.json: tools.crm.upsert.idempotent: expected true or false, got a string");
-    check(&[(CONFIG_FILE, r#"{"tools": {"crm.*": {"idempotent": true}}}"#)], "x-agen/config.json: tools.crm.*: expected a tool name, not a pattern");
+    check(&[(CONFIG_FILE, r#"{"tools": {"crm.up*": {"idempotent": true}}}"#)], "x-agen/config.json: tools.crm.up*: expected a tool name such as `ws.run` or a whole server such as `ws.*`, not another pattern");
+    check(&[(CONFIG_FILE, r#"{"tools": {"crm.*": {"retries": 11}}}"#)], "x-agen/config.json: tools.crm.*.retries: 11 is over the limit of 10 retries");
+    check(&[(CONFIG_FILE, r#"{"tools": {"crm.a": {"retries": 1, "idempotent": false}}}"#)], "x-agen/config.json: tools.crm.a.retries: only a read-only or idempotent tool may be retried; this entry says \"idempotent\": false");
+    check(&[(CONFIG_FILE, r#"{"tools": {"crm.a": {"timeout": "0s"}}}"#)], "x-agen/config.json: tools.crm.a.timeout: expected a duration above zero, such as `90s`, got `0s`");
+    check(&[(CONFIG_FILE, r#"{"tools": {"crm.a": {"backoff": "2h"}}}"#)], "x-agen/config.json: tools.crm.a.backoff: `2h` is over the limit of 10m");
     check(&[(CONFIG_FILE, r#"{"delegates": "researcher"}"#)], "x-agen/config.json: delegates: expected an array of deployment names, got a string");
     check(&[(CONFIG_FILE, r#"{"delegates": [5]}"#)], "x-agen/config.json: delegates[0]: expected a deployment name, ");
     check(&[(CONFIG_FILE, r#"{"delegates": ["two words"]}"#)], "x-agen/config.json: delegates[0]: expected a deployment name without spaces, got `two words`");

@@ -115,6 +115,10 @@ pub struct ApprovalDecided {
     /// the call with this digest. Empty in logs written before it existed.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub digest: String,
+    /// A person approved the call with these arguments (a JSON object) in place of the ones
+    /// asked (`agen approve --args FILE`): the call is sent with them, and the model is told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<Value>,
 }
 
 /// The digest an approval is bound to: sha256 (hex) of the tool name, a NUL and the arguments'
@@ -360,6 +364,8 @@ pub enum ResponseType {
     #[default]
     Text,
     Error,
+    /// The answer is JSON that matched the run's output schema (`outputSchema`).
+    Json,
     /// Anything else in an old log reads as an error.
     #[serde(other)]
     Unknown,
@@ -369,6 +375,7 @@ impl ResponseType {
     pub fn as_str(self) -> &'static str {
         match self {
             ResponseType::Text => "text",
+            ResponseType::Json => "json",
             ResponseType::Error | ResponseType::Unknown => "error",
         }
     }

@@ -44,6 +44,10 @@ pub struct ModelRequest {
     pub tools: std::sync::Arc<[ToolSpec]>,
     /// Whether the model may ask for several tools in one turn.
     pub parallel_tool_calls: bool,
+    /// A JSON schema the final answer must match (`outputSchema`): a provider with native
+    /// structured output sends it (OpenAI `response_format` `json_schema`); the harness
+    /// validates every final answer either way.
+    pub output_schema: Option<Value>,
 }
 
 /// The model's answer to one request.

@@ -138,6 +138,16 @@ impl OpenAiProvider {
             max_tokens: self.config.extra.get("maxTokens"),
             stream: None,
             stream_options: None,
+            response_format: req.output_schema.as_ref().map(|schema| ResponseFormat {
+                kind: "json_schema",
+                json_schema: JsonSchemaFormat {
+                    name: "output",
+                    schema,
+                    // Not strict: a strict schema must close every object and list every
+                    // property as required; the harness validates the answer either way.
+                    strict: false,
+                },
+            }),
         }
     }
 
@@ -404,12 +414,30 @@ struct ChatRequest<'a> {
     stream: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     stream_options: Option<StreamOptions>,
+    /// Native structured output: the answer is asked to match `outputSchema`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<ResponseFormat<'a>>,
 }
 
 #[derive(Serialize)]
 struct StreamOptions {
     /// The last chunk carries the turn's token usage.
     include_usage: bool,
+}
+
+/// `response_format: {"type": "json_schema", "json_schema": {...}}`.
+#[derive(Serialize)]
+struct ResponseFormat<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    json_schema: JsonSchemaFormat<'a>,
+}
+
+#[derive(Serialize)]
+struct JsonSchemaFormat<'a> {
+    name: &'static str,
+    schema: &'a Value,
+    strict: bool,
 }
 
 #[derive(Serialize)]
@@ -554,6 +582,7 @@ mod tests {
             .into(),
             tools: Default::default(),
             parallel_tool_calls: true,
+            output_schema: None,
         };
         assert_eq!(
             p.body(&req),

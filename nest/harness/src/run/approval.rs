@@ -12,7 +12,9 @@
 //! resumes it from its log once the call is decided (or denies it at the approval deadline).
 //!
 //! Invariant: an `ask` call is sent only after an approver said yes; a denied one is recorded
-//! as `tool.failed` (`denied`) with the reason and never reaches its server.
+//! as `tool.failed` (`denied`) with the reason and never reaches its server. A call a person
+//! approved with edited arguments (`approval.decided` `arguments`) is sent with those alone,
+//! and its result tells the model so ([`edited_note`]).
 
 use agen_shared::duration::format_duration;
 use agen_shared::run::{
@@ -73,6 +75,7 @@ pub trait Approver: Send + Sync {
             reason,
             by: String::new(),
             digest: request.digest.clone(),
+            arguments: None,
         }
     }
 
@@ -93,6 +96,12 @@ pub fn denial_text(d: &ApprovalDecided) -> String {
     } else {
         format!("denied by a person: {}", d.reason)
     }
+}
+
+/// What the model is told first in the result of a call a person approved with edited
+/// arguments.
+pub(super) fn edited_note(arguments: &Value) -> String {
+    format!("note: a person approved this call with edited arguments; it ran with {arguments} in place of the arguments you gave.")
 }
 
 /// A call's arguments as an approval shows them: a JSON object, secrets redacted, cut at
@@ -162,9 +171,10 @@ impl Run<'_> {
         })
     }
 
-    /// Asks the approver about an `ask` call; `Some(refusal)` (recorded as `tool.failed`
-    /// `denied`) when it may not be sent.
-    pub(super) async fn approve(&self, call: &ToolCall) -> Option<String> {
+    /// Asks the approver about an `ask` call: `Ok(None)` to send it as asked, `Ok(Some(args))`
+    /// to send it with the arguments a person edited, `Err(refusal)` (recorded as
+    /// `tool.failed` `denied`) when it may not be sent.
+    pub(super) async fn approve(&self, call: &ToolCall) -> Result<Option<Value>, String> {
         let tool = self
             .h
             .gated_name(&call.name)
@@ -172,13 +182,10 @@ impl Run<'_> {
         let digest = agen_shared::run::call_digest(&tool, &call.arguments);
         let decided = match self.recorded_decision(&call.id, &digest) {
             Some(d) => d,
-            None => match self.ask_approver(call, &tool, digest).await {
-                Ok(d) => d,
-                Err(refusal) => return Some(refusal),
-            },
+            None => self.ask_approver(call, &tool, digest).await?,
         };
         if decided.approved {
-            return None;
+            return Ok(decided.arguments);
         }
         let content = format!(
             "tool {} was not run: it needs approval and was denied: {}",
@@ -191,7 +198,7 @@ impl Run<'_> {
                 false,
             )
             .await;
-        Some(content)
+        Err(content)
     }
 
     /// Records the request durably, waits for the approver (at most `approvalTimeout`) and
@@ -245,6 +252,7 @@ impl Run<'_> {
                 reason: timed_out,
                 by: BY_TIMEOUT.into(),
                 digest: request.digest.clone(),
+                arguments: None,
             },
             _ = tokio::time::sleep(suspend_after.unwrap_or(timeout)), if suspend_after.is_some_and(|s| s < timeout) => {
                 // Not decided yet: give the slot back; the Hub resumes the run once it is

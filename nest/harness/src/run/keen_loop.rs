@@ -95,7 +95,13 @@ impl Run<'_> {
                         name: call.tool.clone(),
                         arguments: Value::String(call.context.clone()),
                     };
-                    if let Some(refusal) = self.approve(&asked).await {
+                    let refusal = match self.approve(&asked).await {
+                        Ok(None) => None,
+                        // A Keen call's arguments are its text context: edits are not taken.
+                        Ok(Some(_)) => Some(format!("tool {} was not run: a person approved it with edited arguments, which a Keen tool cannot take; call it again with the arguments you need", call.tool)),
+                        Err(refusal) => Some(refusal),
+                    };
+                    if let Some(refusal) = refusal {
                         self.push(Message::user(recall_prompt(
                             &ToolResult::ScriptError(refusal),
                             None,

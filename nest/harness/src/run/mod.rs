@@ -37,9 +37,11 @@ mod harness;
 mod host;
 mod keen_loop;
 mod native;
+mod output;
 mod remote;
 mod replay;
 mod state;
+mod tool_limits;
 mod tools;
 mod turn;
 
@@ -127,6 +129,14 @@ impl RunEnd {
             result: result.into(),
             response_type: ResponseType::Text,
             suspended: None,
+        }
+    }
+
+    /// The model's final answer, JSON that matched the output schema.
+    pub fn json_answer(result: impl Into<String>) -> RunEnd {
+        RunEnd {
+            response_type: ResponseType::Json,
+            ..RunEnd::answer(result)
         }
     }
 

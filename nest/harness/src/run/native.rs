@@ -3,6 +3,7 @@
 
 use agen_shared::run::{ToolFailed, ToolFailure};
 
+use super::output::AnswerCheck;
 use super::replay::{effect_unknown_message, Replay};
 use super::state::Run;
 use super::{Message, RunEnd, RunEventBody};
@@ -21,7 +22,13 @@ impl Run<'_> {
                 Err(end) => return end,
             };
             if reply.tool_calls.is_empty() {
-                return RunEnd::answer(reply.text);
+                match self.check_answer(&reply.text) {
+                    AnswerCheck::Retry(feedback) => {
+                        self.push(Message::user(feedback));
+                        continue;
+                    }
+                    AnswerCheck::End(end) => return end,
+                }
             }
             let results = self.run_calls(&reply.tool_calls).await;
             let mut finish = None;
@@ -40,7 +47,10 @@ impl Run<'_> {
                 return self.cancelled_end();
             }
             if let Some(result) = finish {
-                return RunEnd::answer(result);
+                match self.check_answer(&result) {
+                    AnswerCheck::Retry(feedback) => self.push(Message::user(feedback)),
+                    AnswerCheck::End(end) => return end,
+                }
             }
         }
         self.max_turns_end()
@@ -82,7 +92,15 @@ impl Run<'_> {
             };
             self.push(message);
             if let Some(text) = answer {
-                return Err(RunEnd::answer(text));
+                // An answer the schema refused was sent back with its error: the same error
+                // again, so the resumed context is the one the model saw.
+                match self.check_answer(&text) {
+                    AnswerCheck::Retry(feedback) => {
+                        self.push(Message::user(feedback));
+                        continue;
+                    }
+                    AnswerCheck::End(end) => return Err(end),
+                }
             }
             let mut finish = None;
             for call in &calls {
@@ -127,7 +145,10 @@ impl Run<'_> {
                 });
             }
             if let Some(result) = finish {
-                return Err(RunEnd::answer(result));
+                match self.check_answer(&result) {
+                    AnswerCheck::Retry(feedback) => self.push(Message::user(feedback)),
+                    AnswerCheck::End(end) => return Err(end),
+                }
             }
         }
         Ok(last_turn + 1)

@@ -108,6 +108,11 @@ impl<'h> Run<'h> {
         lock(&self.new_messages).push(m);
     }
 
+    /// How many of this run's own messages match `f` (its conversation history left out).
+    pub(super) fn count_new(&self, f: impl Fn(&Message) -> bool) -> usize {
+        lock(&self.new_messages).iter().filter(|m| f(m)).count()
+    }
+
     /// Emits one event. A fenced attempt cancels the run; a failure of a `sync` event is
     /// returned (the caller must not go on as if it were durable); other failures are logged.
     pub(super) async fn emit(&self, body: RunEventBody, sync: bool) -> Result<(), SinkError> {

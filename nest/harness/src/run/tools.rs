@@ -18,6 +18,7 @@ use agen_shared::bundle::Bundle;
 use agen_shared::run::{trace, ToolCompleted, ToolFailed, ToolFailure, ToolStarted};
 use serde_json::Value;
 
+use super::approval::edited_note;
 use super::builtins::{
     BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_READ_ARTIFACT, BUILTIN_REPORT_PROGRESS,
     BUILTIN_SAVE_ARTIFACT,
@@ -25,6 +26,7 @@ use super::builtins::{
 use super::delegate::BUILTIN_CALL_AGENT;
 use super::host::{self, CallMeta, Registered, ToolContext};
 use super::state::Run;
+use super::tool_limits::{retry_activity, ToolLimits};
 use super::{RunEventBody, SinkError};
 use crate::mcp::{CallError, ToolInfo};
 use crate::model::ToolCall;
@@ -150,10 +152,25 @@ impl Run<'_> {
             return CallResult::error(self.refuse_denied(call).await);
         }
         if self.needs_approval(&call.name) {
-            if let Some(refusal) = self.approve(call).await {
-                return CallResult::error(refusal);
+            match self.approve(call).await {
+                Err(refusal) => return CallResult::error(refusal),
+                Ok(Some(arguments)) => {
+                    let edited = ToolCall {
+                        arguments: arguments.clone(),
+                        ..call.clone()
+                    };
+                    let mut r = self.dispatch(&edited).await;
+                    r.content = format!("{}\n\n{}", edited_note(&arguments), r.content);
+                    return r;
+                }
+                Ok(None) => {}
             }
         }
+        self.dispatch(call).await
+    }
+
+    /// Sends an allowed (and, if it had to be, approved) call where its name points.
+    async fn dispatch(&self, call: &ToolCall) -> CallResult {
         match call.name.as_str() {
             // Built-ins are spans of the trace like any call (`save_artifact` records its own).
             BUILTIN_FINISH => {
@@ -280,16 +297,15 @@ impl Run<'_> {
     /// (durable first when side-effecting), the call with `_meta`, a timeout and the run's
     /// cancel, redaction, and the recorded result.
     async fn call_tool(&self, call: &ToolCall, target: Target<'_>) -> CallResult {
-        let (qualified, side_effect) = match target {
-            Target::Mcp(tool) => (
-                tool.qualified_name(),
-                ToolPolicy::of(&self.h.bundle, tool).side_effect,
-            ),
+        let (qualified, policy) = match target {
+            Target::Mcp(tool) => (tool.qualified_name(), ToolPolicy::of(&self.h.bundle, tool)),
             Target::Host(tool) => (
                 tool.spec.name.clone(),
-                ToolPolicy::of_host(&self.h.bundle, &tool.spec).side_effect,
+                ToolPolicy::of_host(&self.h.bundle, &tool.spec),
             ),
         };
+        let side_effect = policy.side_effect;
+        let limits = ToolLimits::of(&self.h.bundle, &qualified, policy);
         let started_at = Instant::now();
 
         let arguments = match &call.arguments {
@@ -332,31 +348,28 @@ impl Run<'_> {
             return CallResult::error(format!("tool {qualified} was not called: {e}"));
         }
 
-        let limit = self.h.bundle.harness.limits.tool_timeout;
         let timeout = match target {
-            Target::Mcp(tool) => call_timeout(limit, &tool.input_schema, &arguments),
-            Target::Host(_) => limit,
+            Target::Mcp(tool) => call_timeout(limits.timeout, &tool.input_schema, &arguments),
+            Target::Host(_) => limits.timeout,
         };
-        let result = match target {
-            Target::Mcp(tool) => {
-                self.h
-                    .tools
-                    .call_tool(
-                        tool,
-                        arguments,
-                        self.call_meta(&call.id, side_effect).to_map(),
-                        timeout,
-                        self.cancel.clone(),
-                    )
-                    .await
-            }
-            Target::Host(tool) => {
-                let cx = ToolContext {
-                    call_id: call.id.clone(),
-                    meta: self.call_meta(&call.id, side_effect),
-                    cancel: self.cancel.child_token(),
-                };
-                host::call(tool, arguments, cx, timeout).await
+        let mut retries = 0;
+        let result = loop {
+            let result = self
+                .send(call, target, arguments.clone(), side_effect, timeout)
+                .await;
+            let wait = match &result {
+                Err(e) => limits.retry_after(e, retries),
+                Ok(_) => None,
+            };
+            let (Some(wait), Err(e)) = (wait, &result) else {
+                break result;
+            };
+            retries += 1;
+            self.activity(retry_activity(&qualified, e, retries, limits.retries, wait))
+                .await;
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.cancel.cancelled() => break Err(CallError::Cancelled),
             }
         };
         let duration_ms = started_at.elapsed().as_millis() as u64;
@@ -451,6 +464,39 @@ impl Run<'_> {
             }
         }
         out
+    }
+
+    /// Sends one attempt of a ledgered call to its server or host tool.
+    async fn send(
+        &self,
+        call: &ToolCall,
+        target: Target<'_>,
+        arguments: serde_json::Map<String, Value>,
+        side_effect: bool,
+        timeout: Duration,
+    ) -> Result<crate::mcp::ToolOutput, CallError> {
+        match target {
+            Target::Mcp(tool) => {
+                self.h
+                    .tools
+                    .call_tool(
+                        tool,
+                        arguments,
+                        self.call_meta(&call.id, side_effect).to_map(),
+                        timeout,
+                        self.cancel.clone(),
+                    )
+                    .await
+            }
+            Target::Host(tool) => {
+                let cx = ToolContext {
+                    call_id: call.id.clone(),
+                    meta: self.call_meta(&call.id, side_effect),
+                    cancel: self.cancel.child_token(),
+                };
+                host::call(tool, arguments, cx, timeout).await
+            }
+        }
     }
 
     /// `_meta` of a call: the work it belongs to and the call's span in the run's trace.

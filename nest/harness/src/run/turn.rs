@@ -50,6 +50,7 @@ impl Run<'_> {
             messages: lock(&self.context).clone(),
             tools: tools.clone(),
             parallel_tool_calls: self.h.bundle.harness.parallel_tool_calls,
+            output_schema: self.output_schema().map(|s| s.schema.clone()),
         };
         let sink = self.sink();
         let on_delta = |d: ModelDelta<'_>| sink.delta(turn, d);
@@ -147,6 +148,7 @@ impl crate::keen::FlowAgent for FlowModel<'_, '_> {
             messages: vec![Message::user(text)].into(),
             tools: Default::default(),
             parallel_tool_calls: false,
+            output_schema: None,
         };
         let _ = self
             .run

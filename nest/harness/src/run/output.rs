@@ -1,0 +1,64 @@
+//! Structured output in the loop: a run whose bundle names an `outputSchema` ends only with an
+//! answer that is JSON matching it. An answer that does not match is sent back to the model
+//! with the schema error, at most `limits.outputRetries` times (default 2); then the run fails
+//! naming the schema error. An accepted answer is the run's result as compact JSON, response
+//! type `json`.
+//!
+//! Invariant: the check is a pure function of the answer and the answers refused before it in
+//! this run's context, so a resumed run rebuilds the same messages from its log.
+
+use agen_shared::bundle::OutputSchema;
+
+use super::state::Run;
+use super::{Message, RunEnd};
+
+/// What a final answer leads to.
+pub(super) enum AnswerCheck {
+    /// Send this back to the model as a user message and ask again.
+    Retry(String),
+    /// The run ends here (accepted, or failed after its retries).
+    End(RunEnd),
+}
+
+/// The first line of the message that sends a refused answer back.
+const RETRY_PREFIX: &str = "Your answer does not match the required output schema";
+
+impl Run<'_> {
+    /// The schema the final answer must match, if any.
+    pub(super) fn output_schema(&self) -> Option<&OutputSchema> {
+        self.h.bundle.output_schema.as_ref()
+    }
+
+    /// Checks a final answer against the output schema (any answer ends a run without one).
+    pub(super) fn check_answer(&self, text: &str) -> AnswerCheck {
+        let Some(schema) = self.output_schema() else {
+            return AnswerCheck::End(RunEnd::answer(text));
+        };
+        let error = match schema.check(text) {
+            Ok(value) => return AnswerCheck::End(RunEnd::json_answer(value.to_string())),
+            Err(e) => e,
+        };
+        let refused = self.refused_answers();
+        let limit = self.h.bundle.harness.limits.output_retries;
+        if refused >= limit {
+            return AnswerCheck::End(RunEnd::failed(format!(
+                "no valid answer after {} (limits.outputRetries {limit}): {error}",
+                match refused + 1 {
+                    1 => "1 try".to_string(),
+                    n => format!("{n} tries"),
+                }
+            )));
+        }
+        AnswerCheck::Retry(format!(
+            "{RETRY_PREFIX} ({}): {error}\n\nAnswer again with only the JSON value, no other text.\n\nThe schema:\n{}",
+            schema.source, schema.schema
+        ))
+    }
+
+    /// How many answers of this run were sent back already (the retries in its context).
+    fn refused_answers(&self) -> u32 {
+        self.count_new(
+            |m| matches!(m, Message::User { content } if content.starts_with(RETRY_PREFIX)),
+        ) as u32
+    }
+}

@@ -1,0 +1,87 @@
+//! Per-tool limits (`x-agen/config.json` `tools.<name>` or its server's `tools.<server>.*`):
+//! a tool's own `timeout` in place of `limits.toolTimeout`, and `retries` with a doubling
+//! `backoff` for a call that timed out or failed at the protocol level.
+//!
+//! Invariants: only a tool the [`ToolPolicy`] calls retry-safe (read-only or idempotent) is
+//! ever sent again; a tool's own error result (`isError`) is an answer, never retried; a retry
+//! waits its backoff under the run's cancel and is announced in the run log (an `activity`
+//! event) before it is sent.
+
+use std::time::Duration;
+
+use agen_shared::bundle::{Bundle, DEFAULT_TOOL_BACKOFF};
+use agen_shared::duration::format_duration;
+
+use super::tools::ToolPolicy;
+use crate::mcp::CallError;
+
+/// The limits of one tool's calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ToolLimits {
+    /// The tool's own timeout, else `limits.toolTimeout`.
+    pub timeout: Duration,
+    /// How often a failed call may be sent again (0 unless retry-safe and configured).
+    pub retries: u32,
+    /// The wait before the first retry; doubled before each next one.
+    pub backoff: Duration,
+}
+
+impl ToolLimits {
+    /// The limits of `tool` (`<server>.<tool>`) in `bundle`, given its ledger policy.
+    pub fn of(bundle: &Bundle, tool: &str, policy: ToolPolicy) -> ToolLimits {
+        let over = bundle.config.tool_override(tool).unwrap_or_default();
+        let retries = over.retries.unwrap_or(0);
+        if retries > 0 && !policy.retry_safe() {
+            tracing::warn!(tool, "tools.{tool}.retries ignored: the tool is side-effecting and not idempotent (set \"idempotent\": true if sending it twice is safe)");
+        }
+        ToolLimits {
+            timeout: over.timeout.unwrap_or(bundle.harness.limits.tool_timeout),
+            retries: if policy.retry_safe() { retries } else { 0 },
+            backoff: over.backoff.unwrap_or(DEFAULT_TOOL_BACKOFF),
+        }
+    }
+
+    /// When a call that ended with `error` after `done` retries is sent again: `Some(wait)`.
+    pub fn retry_after(&self, error: &CallError, done: u32) -> Option<Duration> {
+        let retryable = matches!(error, CallError::Timeout(_) | CallError::Failed { .. });
+        (retryable && done < self.retries).then(|| self.backoff.saturating_mul(1 << done.min(16)))
+    }
+}
+
+/// The run-log activity that announces a retry.
+pub(super) fn retry_activity(
+    tool: &str,
+    error: &CallError,
+    retry: u32,
+    of: u32,
+    wait: Duration,
+) -> String {
+    let why = match error {
+        CallError::Timeout(d) => format!("timed out after {}", format_duration(*d)),
+        other => format!("failed ({other})"),
+    };
+    format!(
+        "retrying {tool} in {} (retry {retry} of {of}, tools.{tool}.retries): it {why}",
+        format_duration(wait)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_double_their_backoff_and_stop_at_the_count() {
+        let l = ToolLimits {
+            timeout: Duration::from_secs(1),
+            retries: 2,
+            backoff: Duration::from_millis(100),
+        };
+        let t = CallError::Timeout(Duration::from_secs(1));
+        assert_eq!(l.retry_after(&t, 0), Some(Duration::from_millis(100)));
+        assert_eq!(l.retry_after(&t, 1), Some(Duration::from_millis(200)));
+        assert_eq!(l.retry_after(&t, 2), None);
+        assert_eq!(l.retry_after(&CallError::Cancelled, 0), None);
+        assert_eq!(l.retry_after(&CallError::UnknownTool("x".into()), 0), None);
+    }
+}
