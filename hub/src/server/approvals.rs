@@ -4,7 +4,7 @@
 use agen_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use super::auth::{audit_detail, authorize, Action};
+use super::auth::{audit_message, authorize, Action};
 use crate::core::approvals::{ApprovalRec, Decide};
 use crate::core::Core;
 use crate::limits;
@@ -102,7 +102,7 @@ pub async fn decide(
                 &r.call_id
             };
             let arguments: String = r.arguments_json.chars().take(400).collect();
-            audit_detail(
+            audit_message(
                 &request,
                 format!("{call} approved with edited arguments {arguments}"),
             );

@@ -224,7 +224,7 @@ pub fn authorize<T>(
 
 /// Adds `detail` to the audit record of this (authorized, mutating) call: its `message` when
 /// the call succeeds (a failure records its error instead).
-pub fn audit_detail<T>(req: &Request<T>, detail: String) {
+pub fn audit_message<T>(req: &Request<T>, detail: String) {
     if let Some(slot) = req.extensions().get::<AuditSlot>() {
         if let Ok(mut s) = slot.0.lock() {
             if let Some(note) = s.note.as_mut() {

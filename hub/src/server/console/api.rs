@@ -457,6 +457,8 @@ pub async fn decide(
                 approved: d.approved,
                 reason: d.reason,
                 always: d.always,
+                // The console approves calls as they were asked (no edited arguments).
+                arguments_json: String::new(),
             },
         ))
         .await?
