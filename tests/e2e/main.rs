@@ -29,6 +29,7 @@ mod keen;
 mod lifecycle;
 mod limits;
 mod limits_table;
+mod local_runs;
 mod logs;
 mod metrics;
 mod operations;
