@@ -44,6 +44,7 @@ mod sandbox;
 mod secrets;
 mod sql;
 mod store_damage;
+mod stored_arguments;
 mod suspend;
 mod tokens;
 mod trace_events;
