@@ -22,6 +22,7 @@ mod guides;
 mod hostile_bundle;
 mod hostile_clients;
 mod hostile_keen;
+mod hostile_smaller;
 mod hub_restart;
 mod identity;
 mod init;
