@@ -90,3 +90,89 @@ fn a_bundle_cannot_raise_its_delegation_depth_past_the_hubs_cap() {
         "the root and 2 levels of children: {tasks:?}"
     );
 }
+
+/// `agen ARGS --token TOKEN`.
+fn as_token(hub: &HubProcess, token: &str, args: &[&str]) -> std::process::Output {
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend_from_slice(&["--token", token]);
+    hub.cli(&all).unwrap()
+}
+
+/// "rollback refuses a generation the caller could not deploy now."
+///
+/// The admin deploys `app` in namespace `a` delegating into namespace `b`, then a bundle that
+/// delegates nowhere. A deployer of `a` (who may not submit in `b`) rolls back to the first
+/// generation: refused with exit 5 naming RollbackDeployment and the delegate, the history
+/// keeps its 2 generations (0 made by the attacker); a rollback by the admin goes through.
+#[test]
+fn a_rollback_to_a_generation_the_caller_could_not_deploy_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let model = FakeModel::start(&tmp.path().join("model"), &json!([{"reply": "hi"}])).unwrap();
+    let agent = format!(
+        "---\nname: app\nmodel: openai/fake-model\nbaseUrl: {}\n---\nYou help.\n",
+        model.base_url()
+    );
+    let delegating = tmp.path().join("delegating");
+    write_bundle(
+        &delegating,
+        &[
+            ("x-agen/agent.md", agent.clone()),
+            (
+                "x-agen/config.json",
+                json!({"delegates": [{"deployment": "vault", "namespace": "b"}]}).to_string(),
+            ),
+        ],
+    )
+    .unwrap();
+    let plain = tmp.path().join("plain");
+    write_bundle(&plain, &[("x-agen/agent.md", agent)]).unwrap();
+    for dir in [&delegating, &plain] {
+        let o = hub
+            .cli(&[
+                "deploy",
+                dir.to_str().unwrap(),
+                "--name",
+                "app",
+                "--namespace",
+                "a",
+            ])
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o.stderr));
+    }
+    let created = hub
+        .cli_json(&[
+            "tokens",
+            "create",
+            "--namespace",
+            "a",
+            "--role",
+            "deployer",
+            "--name",
+            "a-deployer",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    let deployer = created["secret"].as_str().unwrap().to_string();
+    let generations = || -> usize {
+        hub.cli_json(&["history", "app", "--namespace", "a", "-o", "json"])
+            .unwrap()
+            .as_array()
+            .map_or(0, Vec::len)
+    };
+    assert_eq!(generations(), 2);
+
+    let o = as_token(&hub, &deployer, &["rollback", "app", "--namespace", "a"]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(5), "{err}");
+    assert!(
+        err.contains("RollbackDeployment") && err.contains("`vault`"),
+        "{err}"
+    );
+    assert_eq!(generations(), 2, "the refused rollback made no generation");
+
+    let o = hub.cli(&["rollback", "app", "--namespace", "a"]).unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(generations(), 3);
+}
