@@ -176,3 +176,158 @@ fn a_rollback_to_a_generation_the_caller_could_not_deploy_is_refused() {
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert_eq!(generations(), 3);
 }
+
+/// "a child in another namespace appears in `GetTrace` as one opaque span (its id and state
+/// only)."
+///
+/// `caller` in namespace `a` calls `vault` in namespace `b`. The admin's trace has the child's
+/// own spans (`task vault`, its model turn); a viewer of `a` sees 0 of them and exactly 1
+/// opaque span with the child's task id and state and nothing else.
+#[test]
+fn a_child_in_another_namespace_is_one_opaque_span_in_the_trace() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let _nest = hub.nest("solo", &[], &[]).unwrap();
+    let caller_model = FakeModel::start(
+        &tmp.path().join("model-caller"),
+        &json!([
+            {"tool_calls": [{"name": "call_agent", "arguments": {"agent": "b/vault", "input": "tell"}}]},
+            {"reply_template": "got: {{last_tool_result}}"}
+        ]),
+    )
+    .unwrap();
+    let vault_model = FakeModel::start(
+        &tmp.path().join("model-vault"),
+        &json!([{"reply": "the vault says hi"}]),
+    )
+    .unwrap();
+    let deploy = |name: &str, ns: &str, model: &FakeModel, config: Value| {
+        let dir = tmp.path().join(name);
+        write_bundle(
+            &dir,
+            &[
+                (
+                    "x-agen/agent.md",
+                    format!(
+                        "---\nmodel: openai/fake-model\nbaseUrl: {}\n---\nYou are {name}.\n",
+                        model.base_url()
+                    ),
+                ),
+                ("x-agen/config.json", config.to_string()),
+            ],
+        )
+        .unwrap();
+        let o = hub
+            .cli(&[
+                "deploy",
+                dir.to_str().unwrap(),
+                "--name",
+                name,
+                "--namespace",
+                ns,
+                "--wait",
+            ])
+            .unwrap();
+        assert!(o.status.success(), "deploy {name}: {}", text(&o.stderr));
+    };
+    deploy("vault", "b", &vault_model, json!({}));
+    deploy(
+        "caller",
+        "a",
+        &caller_model,
+        json!({"delegates": [{"deployment": "vault", "namespace": "b"}]}),
+    );
+    let o = hub
+        .cli(&["submit", "caller", "go", "--namespace", "a"])
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let task = text(&o.stdout).trim().to_string();
+    let done = hub
+        .cli_json(&[
+            "wait",
+            &task,
+            "--namespace",
+            "a",
+            "-o",
+            "json",
+            "--timeout",
+            "60s",
+        ])
+        .unwrap();
+    assert_eq!(done["state"], "succeeded", "{done}");
+
+    let names = |t: &Value| -> Vec<String> {
+        t["spans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let admin = hub
+        .cli_json(&["trace", &task, "--namespace", "a", "-o", "json"])
+        .unwrap();
+    let admin_names = names(&admin);
+    assert!(admin_names.contains(&"task vault".to_string()), "{admin}");
+
+    let viewer = hub
+        .cli_json(&[
+            "tokens",
+            "create",
+            "--namespace",
+            "a",
+            "--role",
+            "viewer",
+            "--name",
+            "a-viewer",
+            "-o",
+            "json",
+        ])
+        .unwrap()["secret"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let o = as_token(
+        &hub,
+        &viewer,
+        &["trace", &task, "--namespace", "a", "-o", "json"],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let seen: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let seen_names = names(&seen);
+    assert_eq!(
+        seen_names
+            .iter()
+            .filter(|n| n.as_str() == "task vault")
+            .count(),
+        0,
+        "{seen}"
+    );
+    let opaque: Vec<&Value> = seen["spans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["name"] == "delegated task (another namespace)")
+        .collect();
+    assert_eq!(opaque.len(), 1, "{seen}");
+    let child_id = opaque[0]["attributes"]["task_id"].as_str().unwrap();
+    assert_eq!(
+        opaque[0]["attributes"].as_object().unwrap().len(),
+        1,
+        "{seen}"
+    );
+    assert_eq!(opaque[0]["status"], "succeeded");
+    assert!(!seen.to_string().contains("the vault says hi"));
+    // Everything else of the caller's trace is the same.
+    assert_eq!(
+        admin_names.len() - seen_names.len() + 1,
+        admin["spans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["attributes"]["task_id"] == child_id
+                || s["parent_span_id"] == opaque[0]["span_id"])
+            .count(),
+        "the child's spans are replaced by one: {admin}"
+    );
+}
