@@ -331,3 +331,96 @@ fn a_child_in_another_namespace_is_one_opaque_span_in_the_trace() {
         "the child's spans are replaced by one: {admin}"
     );
 }
+
+/// `agen nest ARGS` as root in a mount namespace of its own whose `/run` is a read-only tmpfs
+/// (a host without a writable `/run`); stdout and stderr go to `log`.
+fn nest_without_run(
+    hub: &HubProcess,
+    dir: &std::path::Path,
+    extra: &[&str],
+) -> std::process::Command {
+    let mut script = format!(
+        "mount -t tmpfs -o ro tmpfs /run && exec {} nest --hub {} --join-file {} --name norun --data-dir {}",
+        agen_tests::agen_bin().display(),
+        hub.url(),
+        hub.dir.join("hub/join-token").display(),
+        dir.display()
+    );
+    for e in extra {
+        script.push(' ');
+        script.push_str(e);
+    }
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c", &script]);
+    cmd
+}
+
+/// "without `/run` a Nest with separation on refuses to start and names `--run-root`."
+///
+/// As root (separation on) with `/run` read-only: the Nest exits 64 naming `--run-root`, and
+/// joins 0 times; with `--run-root DIR` (private) it joins and keeps its run root in DIR; a
+/// `--run-root` other users may write is refused too.
+#[test]
+fn a_separating_nest_without_run_refuses_to_start_and_names_run_root() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root (instance separation)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let out = nest_without_run(&hub, &tmp.path().join("nest-a"), &[])
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(err.contains("--run-root") && err.contains("/run"), "{err}");
+
+    let open = tmp.path().join("open-root");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let out = nest_without_run(
+        &hub,
+        &tmp.path().join("nest-b"),
+        &["--run-root", open.to_str().unwrap()],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("other users may write"));
+    assert_eq!(hub.nests().unwrap().len(), 0, "no nest joined");
+
+    let private = tmp.path().join("run-root");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(
+        &private,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let cmd = nest_without_run(
+        &hub,
+        &tmp.path().join("nest-c"),
+        &["--run-root", private.to_str().unwrap()],
+    );
+    let nest = agen_tests::Proc::spawn("norun", cmd, &tmp.path().join("nest-c.log")).unwrap();
+    agen_tests::wait_for(
+        "the nest to join",
+        std::time::Duration::from_secs(30),
+        || {
+            hub.nests()
+                .ok()?
+                .iter()
+                .any(|n| n["name"] == "norun" && n["state"] == "ready")
+                .then_some(())
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}: {}", nest.log_text()));
+    let roots: Vec<String> = std::fs::read_dir(&private)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        roots.len() == 1 && roots[0].starts_with("nest-"),
+        "the run root is in --run-root: {roots:?}"
+    );
+}

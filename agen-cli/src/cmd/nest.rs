@@ -74,6 +74,11 @@ pub struct RunAsArgs {
     /// in `agen nests`)
     #[arg(long)]
     pub run_as_self: bool,
+    /// With separation: the folder for run dirs and the Nest's socket (default /run/agen); a
+    /// separating Nest refuses to start when neither is there, never falling back to a shared
+    /// temp folder
+    #[arg(long, value_name = "DIR")]
+    pub run_root: Option<PathBuf>,
 }
 
 impl RunAsArgs {
@@ -137,6 +142,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     opts.labels = labels;
     opts.capacity = args.capacity;
     opts.run_as = args.run_as.run_as();
+    opts.run_root = args.run_as.run_root.clone();
     opts.metrics_listen = args.metrics_listen;
     opts.metrics_token = match args
         .metrics_token_file

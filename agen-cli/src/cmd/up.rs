@@ -108,6 +108,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         opts.agen_bin = agen_bin.clone();
         opts.commit = crate::cmd::version::COMMIT.into();
         opts.run_as = run_as.slice(i - 1, args.nests.max(1));
+        opts.run_root = args.run_as.run_root.clone();
         let token = shutdown.child_token();
         nests.push(tokio::spawn(async move {
             if let Err(e) = agen_nest::daemon::run(opts, token).await {
