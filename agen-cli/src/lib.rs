@@ -85,6 +85,8 @@ pub enum Command {
     Version(cmd::version::Args),
     /// Run a bundle standalone, with no Hub, and print the answer
     Run(cmd::run::Args),
+    /// The local run logs of `agen run`: state, agent, prompt (resume one with agen run --resume RUN)
+    Runs(cmd::runs::Args),
     /// Write a new bundle from a template (basic, coder, ci-fixer); --list lists them
     Init(cmd::init::Args),
     /// Agen's built-in MCP tool servers (stdio)
@@ -178,6 +180,7 @@ pub fn main(cli: Cli) -> i32 {
             Command::Completions(a) => cmd::completions::run(a),
             Command::Version(a) => cmd::version::run(a),
             Command::Run(a) => cmd::run::run(a).await,
+            Command::Runs(a) => cmd::runs::run(a).await,
             Command::Init(a) => cmd::init::run(a).await,
             Command::Mcp(c) => cmd::mcp::run(c).await,
             Command::Instance(a) => cmd::instance::run(a).await,

@@ -60,6 +60,9 @@ pub struct Limits {
     pub conn: crate::conn_gate::ConnLimits,
     /// Open server streams per kind (`crate::core::streams`).
     pub streams: crate::core::streams::StreamLimits,
+    /// The deepest delegation tree any bundle may ask for (its `limits.maxDelegationDepth` is
+    /// capped at this).
+    pub max_delegation_depth: u32,
 }
 
 impl Default for Limits {
@@ -75,6 +78,7 @@ impl Default for Limits {
             artifact_total_bytes: 10 * 1000 * 1000 * 1000,
             conn: crate::conn_gate::ConnLimits::default(),
             streams: crate::core::streams::StreamLimits::default(),
+            max_delegation_depth: 5,
         }
     }
 }
@@ -83,6 +87,11 @@ impl Limits {
     /// Checks that the limits leave room below the gRPC message limit (a run assignment carries
     /// the input and the whole history).
     pub fn validate(&self) -> Result<()> {
+        if self.max_delegation_depth == 0 {
+            return Err(HubError::Config(
+                "--max-delegation-depth 0: expected at least 1 (default 5)".into(),
+            ));
+        }
         let room = MAX_MESSAGE_BYTES - 4 * MIB;
         let fields = [
             ("--max-input-bytes", self.input_bytes),

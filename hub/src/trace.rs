@@ -57,8 +57,45 @@ pub fn parse_traceparent(s: &str) -> Option<(String, String)> {
     }
 }
 
+/// What a trace's root span is made of: a Hub task, or a local run of `agen run`.
+#[derive(Debug, Clone, Default)]
+pub struct RunRoot {
+    pub run_id: String,
+    pub task_id: String,
+    pub deployment: String,
+    /// The caller's W3C traceparent (empty: none).
+    pub traceparent: String,
+    pub start_ms: i64,
+    /// 0 while it goes on: the root ends at the last event.
+    pub finished_at_ms: i64,
+    pub state: String,
+    /// The run has ended: a span still open then is `unfinished`.
+    pub terminal: bool,
+    pub attempt: u32,
+}
+
 /// Builds the spans of `task` from its run events, in log order.
 pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
+    let root = RunRoot {
+        run_id: task.run_id.clone(),
+        task_id: task.task_id.clone(),
+        deployment: task.deployment.clone(),
+        traceparent: task.traceparent.clone(),
+        start_ms: if task.started_at_ms > 0 {
+            task.started_at_ms
+        } else {
+            task.created_at_ms
+        },
+        finished_at_ms: task.finished_at_ms,
+        state: task.state.as_str().to_string(),
+        terminal: task.state.is_terminal(),
+        attempt: task.attempt,
+    };
+    build_run_spans(&root, events)
+}
+
+/// Builds the spans of the run `task` describes from its events, in log order.
+pub fn build_run_spans(task: &RunRoot, events: &[RunEventRec]) -> Vec<SpanRec> {
     let root_id = trace::run_span_id(&task.run_id, 0);
     let end = if task.finished_at_ms > 0 {
         task.finished_at_ms
@@ -71,13 +108,9 @@ pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
             .map(|(_, span)| span)
             .unwrap_or_default(),
         name: format!("task {}", task.deployment),
-        start_ms: if task.started_at_ms > 0 {
-            task.started_at_ms
-        } else {
-            task.created_at_ms
-        },
+        start_ms: task.start_ms,
         end_ms: end,
-        status: task.state.as_str().to_string(),
+        status: task.state.clone(),
         attributes: BTreeMap::from([
             ("task_id".to_string(), task.task_id.clone()),
             ("run_id".to_string(), task.run_id.clone()),
@@ -238,7 +271,7 @@ pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
     for s in spans.iter_mut() {
         if s.end_ms == 0 {
             s.end_ms = end.max(s.start_ms);
-            if s.status == "running" && task.state.is_terminal() {
+            if s.status == "running" && task.terminal {
                 s.status = "unfinished".into();
             }
         }

@@ -81,6 +81,8 @@ pub struct NestOptions {
     pub metrics_token: Option<String>,
     /// Who instances run as (`--run-uids`, `--run-as`, `--run-as-self`; see `separation`).
     pub run_as: crate::separation::RunAs,
+    /// `--run-root`: where a separating Nest keeps run dirs and its socket (`None`: `/run/agen`).
+    pub run_root: Option<PathBuf>,
     /// Where the socket is when not in the data dir (set at start for separated instances).
     pub socket_dir: Option<PathBuf>,
     /// On shutdown, how long running runs may go on finishing (no new ones come) before the
@@ -124,6 +126,7 @@ impl NestOptions {
             metrics_listen: None,
             metrics_token: None,
             run_as: crate::separation::RunAs::default(),
+            run_root: None,
             socket_dir: None,
             stop_grace: DEFAULT_STOP_GRACE,
             event_batch_window: DEFAULT_EVENT_BATCH_WINDOW,

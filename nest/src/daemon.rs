@@ -33,8 +33,12 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
     for rec in children.reap_leftovers() {
         tracing::warn!(what = %rec.what, pgid = rec.pgid, "killed a leftover of a previous run of this nest");
     }
-    let separation = crate::separation::Separation::resolve(&opts.run_as, &opts.data_dir)
-        .map_err(|e| NestError::Config(e.to_string()))?;
+    let separation = crate::separation::Separation::resolve_in(
+        &opts.run_as,
+        &opts.data_dir,
+        opts.run_root.as_deref(),
+    )
+    .map_err(|e| NestError::Config(e.to_string()))?;
     if separation.is_on() {
         // Separated instances reach the socket in the run root and run an agen they can run.
         opts.socket_dir = Some(separation.socket_dir());

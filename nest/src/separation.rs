@@ -15,6 +15,10 @@
 //! and the socket; an `agen` binary other users cannot run (under a 0700 home) is copied into
 //! the run root for them.
 
+mod run_root;
+pub use run_root::runtime_root;
+use run_root::separated_run_root;
+
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -112,6 +116,8 @@ pub enum SeparationError {
     },
     #[error("{0}")]
     Unreachable(String),
+    #[error("{0}")]
+    RunRoot(String),
 }
 
 type Result<T, E = SeparationError> = std::result::Result<T, E>;
@@ -214,23 +220,6 @@ pub struct Separation {
     allocated: Mutex<Allocations>,
 }
 
-/// The run root of the Nest whose data dir is `data_dir`: `/run/agen/nest-<12 hex>` when
-/// `/run/agen` (or `/run`, to make it) is there to write, else `<temp dir>/agen-run/nest-<12 hex>`; the hash is of the data
-/// dir's absolute path, so two Nests of one host never share one.
-pub fn runtime_root(data_dir: &Path) -> PathBuf {
-    use sha2::Digest;
-    let abs = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
-    let hash = hex::encode(sha2::Sha256::digest(abs.as_os_str().as_encoded_bytes()));
-    let writable = |p: &str| nix::unistd::access(p, nix::unistd::AccessFlags::W_OK).is_ok();
-    // `/run/agen` is the unit's RuntimeDirectory; root may make it.
-    let base = if writable("/run/agen") || writable("/run") {
-        PathBuf::from("/run/agen")
-    } else {
-        std::env::temp_dir().join("agen-run")
-    };
-    base.join(format!("nest-{}", &hash[..12]))
-}
-
 /// Whether this process may change uids and chown: root, or CAP_SETUID + CAP_SETGID +
 /// CAP_CHOWN in its effective set (a systemd unit's ambient capabilities).
 pub fn privileged() -> bool {
@@ -255,6 +244,16 @@ impl Separation {
     /// range, kills whatever still runs under the uids a previous run of this Nest handed out
     /// and clears the run dirs it left. Logs the mode once.
     pub fn resolve(run_as: &RunAs, data_dir: &Path) -> Result<Separation> {
+        Separation::resolve_in(run_as, data_dir, None)
+    }
+
+    /// [`Separation::resolve`] with the `--run-root` folder (`None`: `/run/agen`, and a
+    /// separating Nest without a writable `/run` refuses to start).
+    pub fn resolve_in(
+        run_as: &RunAs,
+        data_dir: &Path,
+        run_root: Option<&Path>,
+    ) -> Result<Separation> {
         let mode = match run_as {
             RunAs::Myself => Mode::Off(OffReason::RunAsSelf),
             _ if !privileged() => Mode::Off(OffReason::NotPrivileged),
@@ -287,10 +286,15 @@ impl Separation {
                 }
             }
         };
+        let on = !matches!(mode, Mode::Off(_));
         let sep = Separation {
+            run_root: if on {
+                separated_run_root(run_root, data_dir)?
+            } else {
+                runtime_root(data_dir)
+            },
             mode,
             data_dir: data_dir.to_path_buf(),
-            run_root: runtime_root(data_dir),
             allocated: Mutex::new(Allocations::default()),
         };
         if sep.is_on() {

@@ -146,6 +146,10 @@ pub struct Args {
     /// Open streams of one kind in all
     #[arg(long, default_value_t = 8192)]
     pub max_streams: usize,
+    /// The deepest delegation tree (call_agent/start_agent children) any bundle may have: a
+    /// bundle's limits.maxDelegationDepth above it is capped here
+    #[arg(long, default_value_t = 5)]
+    pub max_delegation_depth: u32,
     /// Remove finished tasks, their run logs and the artifacts no other task refers to this
     /// long after they finished
     #[arg(long, default_value = "30d", value_parser = crate::cmd::parse_duration)]
@@ -262,6 +266,7 @@ impl Args {
                 per_token: self.max_streams_per_token,
                 total: self.max_streams,
             },
+            max_delegation_depth: self.max_delegation_depth,
         }
     }
 }

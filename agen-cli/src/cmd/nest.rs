@@ -83,6 +83,11 @@ pub struct RunAsArgs {
     /// proxy; said at start and in `agen nests`)
     #[arg(long)]
     pub shared_network: bool,
+    /// With separation: the folder for run dirs and the Nest's socket (default /run/agen); a
+    /// separating Nest refuses to start when neither is there, never falling back to a shared
+    /// temp folder
+    #[arg(long, value_name = "DIR")]
+    pub run_root: Option<PathBuf>,
 }
 
 impl RunAsArgs {
@@ -148,6 +153,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     opts.run_as = args.run_as.run_as();
     opts.egress_default = args.run_as.egress_default;
     opts.shared_network = args.run_as.shared_network;
+    opts.run_root = args.run_as.run_root.clone();
     opts.metrics_listen = args.metrics_listen;
     opts.metrics_token = match args
         .metrics_token_file

@@ -1,5 +1,6 @@
 //! `agen trace TASK`: the task's run as a tree of spans (model turns, tool calls) with
-//! durations and status.
+//! durations and status. `--local RUN`: the same for a run of `agen run` from its local run log
+//! (no Hub; `agen runs` lists them), see `trace_local`.
 
 use std::collections::BTreeMap;
 
@@ -11,8 +12,11 @@ use crate::client::{status_error, ClientArgs, Output};
 /// Arguments of `agen trace`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The task id
+    /// The task id (with --local: the run id of an `agen run`)
     pub task: String,
+    /// TASK is a run of `agen run`: read its local run log instead of asking a Hub
+    #[arg(long)]
+    pub local: bool,
     /// The task's whole history instead: each event with each turn's tokens, each tool's
     /// arguments and result, retries, approvals (follows a task still running)
     #[arg(long)]
@@ -22,6 +26,9 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
+    if args.local {
+        return super::trace_local::print(&args.task, args.events, args.client.output);
+    }
     let mut hub = args.client.connect()?;
     if args.events {
         return super::trace_events::print(&mut hub, &args.task, args.client.output).await;
@@ -35,7 +42,13 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         .await
         .map_err(|s| status_error(&hub, s))?
         .into_inner();
-    if args.client.output != Output::Table {
+    print(&trace, args.client.output);
+    Ok(0)
+}
+
+/// Prints `trace` as a tree of spans (or for scripts).
+pub fn print(trace: &pb::Trace, output: Output) {
+    if output != Output::Table {
         let spans: Vec<_> = trace
             .spans
             .iter()
@@ -48,10 +61,10 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             })
             .collect();
         crate::view::print_value(
-            args.client.output,
+            output,
             &json!({"task": trace.task_id, "trace_id": trace.trace_id, "spans": spans}),
         );
-        return Ok(0);
+        return;
     }
     let mut children: BTreeMap<&str, Vec<&pb::Span>> = BTreeMap::new();
     for s in &trace.spans {
@@ -90,5 +103,4 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     } else {
         crate::outln!("{table}");
     }
-    Ok(0)
 }

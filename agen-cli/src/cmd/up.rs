@@ -110,6 +110,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         opts.run_as = run_as.slice(i - 1, args.nests.max(1));
         opts.egress_default = args.run_as.egress_default;
         opts.shared_network = args.run_as.shared_network;
+        opts.run_root = args.run_as.run_root.clone();
         let token = shutdown.child_token();
         nests.push(tokio::spawn(async move {
             if let Err(e) = agen_nest::daemon::run(opts, token).await {

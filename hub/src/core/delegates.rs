@@ -140,11 +140,21 @@ impl Core {
             )));
         }
         // The Hub holds the limit too: a harness that does not check it starts nothing deeper.
+        // And caps it (`--max-delegation-depth`): a bundle cannot raise its own limit.
         let depth = parent.delegation_depth + 1;
-        if depth > delegation.max_depth {
+        let hub_max = self.opts.limits.max_delegation_depth;
+        if depth > delegation.max_depth.min(hub_max) {
+            let over = if hub_max < delegation.max_depth {
+                format!("the Hub's --max-delegation-depth of {hub_max} (the bundle asks for {}; an operator may raise the flag)", delegation.max_depth)
+            } else {
+                format!(
+                    "limits.maxDelegationDepth of {} (x-agen/harness.json of deployment {}/{})",
+                    delegation.max_depth, parent.namespace, parent.deployment
+                )
+            };
             return Err(HubError::ResourceExhausted(format!(
-                "delegation depth: a child of task {} would make the tree {depth} deep, over limits.maxDelegationDepth of {} (x-agen/harness.json of deployment {}/{})",
-                parent.task_id, delegation.max_depth, parent.namespace, parent.deployment
+                "delegation depth: a child of task {} would make the tree {depth} deep, over {over}",
+                parent.task_id
             )));
         }
         if spec.idempotency_key.is_empty() {

@@ -220,15 +220,9 @@ impl Core {
         self.deploy_as(spec, who, "scale").await
     }
 
-    /// Makes a new generation from generation `to` (0: the newest earlier generation that ran
-    /// another bundle): its bundle, selector and concurrency, with today's replica count.
-    pub async fn rollback_deployment(
-        &self,
-        namespace: &str,
-        name: &str,
-        to: u64,
-        who: &str,
-    ) -> Result<DeploymentRec> {
+    /// The generation a rollback of `namespace/name` to `to` (0: the previous bundle) makes
+    /// current again; the server checks that the caller may deploy its bundle first.
+    pub fn rollback_target(&self, namespace: &str, name: &str, to: u64) -> Result<RevisionRec> {
         let d = self.deployment_rec(namespace, name)?;
         let history = self.deployment_history(namespace, name)?;
         let target = if to == 0 {
@@ -258,6 +252,20 @@ impl Core {
                 ))
             })?
         };
+        Ok(target.clone())
+    }
+
+    /// Makes a new generation from generation `to` (0: the newest earlier generation that ran
+    /// another bundle): its bundle, selector and concurrency, with today's replica count.
+    pub async fn rollback_deployment(
+        &self,
+        namespace: &str,
+        name: &str,
+        to: u64,
+        who: &str,
+    ) -> Result<DeploymentRec> {
+        let d = self.deployment_rec(namespace, name)?;
+        let target = self.rollback_target(namespace, name, to)?;
         if self.bundle_meta(&target.bundle_digest)?.is_none() {
             return Err(HubError::FailedPrecondition(format!(
                 "deployment {}/{}: the bundle {} of generation {} is no longer stored on the hub; deploy its folder again",

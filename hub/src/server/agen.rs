@@ -556,10 +556,19 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::GetTraceRequest>,
     ) -> Result<Response<pb::Trace>, Status> {
-        authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
+        let principal = authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
         let r = request.into_inner();
         check_task_ref(&r.namespace, &r.task_id)?;
-        let (task, spans) = self.core.trace(&r.namespace, &r.task_id)?;
+        let may_read = |ns: &str| {
+            principal
+                .allows(
+                    crate::tokens::Need::Role(crate::tokens::Role::Viewer),
+                    ns,
+                    "GetTrace",
+                )
+                .is_ok()
+        };
+        let (task, spans) = self.core.trace_for(&r.namespace, &r.task_id, &may_read)?;
         Ok(Response::new(pb::Trace {
             task_id: task.task_id.clone(),
             trace_id: crate::trace::trace_id(&task),

@@ -90,6 +90,17 @@ pub async fn rollback(
     let principal = authorize(&request, &r.namespace, Action::Deploy, &r.name)?;
     let who = caller(&request, &principal);
     let r = request.into_inner();
+    // The caller deploys the old bundle now: it must pass today's checks for the caller (a
+    // generation someone else made may delegate into a namespace this caller cannot submit to).
+    let target = core.rollback_target(&r.namespace, &r.name, r.to_generation)?;
+    super::tokens::check_delegates(
+        core,
+        &principal,
+        &r.namespace,
+        &target.bundle_digest,
+        "RollbackDeployment",
+    )
+    .await?;
     let rec = core
         .rollback_deployment(&r.namespace, &r.name, r.to_generation, &who)
         .await?;

@@ -88,35 +88,49 @@ impl AccessApi {
         namespace: &str,
         digest: &str,
     ) -> Result<(), Status> {
-        if *principal == Principal::ClusterAdmin {
-            return Ok(());
-        }
-        let Some(bytes) = self.core.bundle_bytes(digest)? else {
-            // CreateDeployment says that the bundle is missing.
-            return Ok(());
-        };
-        let delegates = tokio::task::spawn_blocking(move || {
-            crate::core::delegates::bundle_delegation(&bytes).map(|d| d.delegates)
-        })
-        .await
-        .map_err(|e| HubError::Internal(format!("bundle check panicked: {e}")))??;
-        let namespace = crate::core::namespace_or_default(namespace);
-        for d in delegates {
-            let Some(ns) = d.namespace.filter(|ns| *ns != namespace) else {
-                continue;
-            };
-            principal.allows(
-                Need::Role(Role::Submitter),
-                &ns,
-                &format!(
-                    "CreateDeployment: x-agen/config.json delegates to deployment `{}`",
-                    d.deployment
-                ),
-            )?;
-        }
-        Ok(())
+        check_delegates(&self.core, principal, namespace, digest, "CreateDeployment").await
     }
+}
 
+/// A bundle may delegate into another namespace only if the one who deploys it (`rpc`:
+/// CreateDeployment, RollbackDeployment) may submit there.
+pub async fn check_delegates(
+    core: &Core,
+    principal: &Principal,
+    namespace: &str,
+    digest: &str,
+    rpc: &str,
+) -> Result<(), Status> {
+    if *principal == Principal::ClusterAdmin {
+        return Ok(());
+    }
+    let Some(bytes) = core.bundle_bytes(digest)? else {
+        // CreateDeployment says that the bundle is missing.
+        return Ok(());
+    };
+    let delegates = tokio::task::spawn_blocking(move || {
+        crate::core::delegates::bundle_delegation(&bytes).map(|d| d.delegates)
+    })
+    .await
+    .map_err(|e| HubError::Internal(format!("bundle check panicked: {e}")))??;
+    let namespace = crate::core::namespace_or_default(namespace);
+    for d in delegates {
+        let Some(ns) = d.namespace.filter(|ns| *ns != namespace) else {
+            continue;
+        };
+        principal.allows(
+            Need::Role(Role::Submitter),
+            &ns,
+            &format!(
+                "{rpc}: x-agen/config.json delegates to deployment `{}`",
+                d.deployment
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+impl AccessApi {
     /// The action a change of token `rec` needs.
     fn authorize_change<T>(&self, req: &Request<T>, rec: &TokenRec) -> Result<Principal, Status> {
         match rec.kind {

@@ -6,7 +6,7 @@
 //! (the tool-server host: launch rules, listing, calls with `_meta`), `keen` (the Keen text
 //! dialect and its script/flow tools), `redact` (secret values and their quoted forms out of
 //! results, errors, traces and tool-server stderr), `artifacts` (the built-in artifact tools' stores),
-//! `standalone` (`agen run` with a local run log), `agent` (the embedded SDK's [`agent::Agent`]:
+//! `standalone` (`agen run` with a local run log; `local_runs` lists and reads those logs), `agent` (the embedded SDK's [`agent::Agent`]:
 //! the same loop inside a host program, with host tools).
 //!
 //! Invariants: the harness knows neither how its events are stored nor how its tool servers
@@ -16,6 +16,7 @@ pub mod agent;
 pub mod artifacts;
 pub mod keen;
 pub mod local_delegates;
+pub mod local_runs;
 pub mod mcp;
 pub mod model;
 pub mod redact;

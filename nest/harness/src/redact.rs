@@ -4,7 +4,9 @@
 //! `quote`, form `+`, either hex case) and shell-quoted (`'\''`, `'"'"'`, double quotes,
 //! backslashes) and base64 (standard and URL-safe, padded or not, at any alignment inside a longer
 //! encoded text) — and replaces each with `[redacted]`. Used for tool results and errors, traced
-//! tool arguments, and the stderr lines and failure reasons of tool servers.
+//! tool arguments, the stderr lines and failure reasons of tool servers, and (under
+//! `storeToolArguments: "redacted"`) the model's tool calls as the run log keeps them; the values of a
+//! bundle's `sensitiveFields` are replaced likewise ([`without_fields`]).
 //!
 //! Invariant: a value shorter than 4 characters is not redacted (it would redact ordinary
 //! words); longer forms are replaced first, so no part of a quoted value is left behind.
@@ -12,6 +14,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use agen_shared::run::{Message, ToolCall};
 use serde_json::Value;
 
 /// The text a secret is replaced with.
@@ -228,9 +231,58 @@ fn shell_escape_with(s: &str, needs: impl Fn(char) -> bool) -> String {
     out
 }
 
-/// Tool arguments as traces record them: secret values replaced by `[redacted]`, cut at 4 KiB.
-pub(crate) fn traced_arguments(arguments: &Value, redactor: &Redactor) -> Value {
-    match redactor.redact_json(arguments) {
+/// `value` with the value of every key named in `fields` (at any depth, ASCII case ignored)
+/// replaced by `[redacted]`.
+pub fn without_fields(value: &Value, fields: &[String]) -> Value {
+    if fields.is_empty() {
+        return value.clone();
+    }
+    match value {
+        Value::Array(items) => {
+            Value::Array(items.iter().map(|v| without_fields(v, fields)).collect())
+        }
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| {
+                    if fields.iter().any(|f| f.eq_ignore_ascii_case(k)) {
+                        (k.clone(), Value::String(REDACTED.into()))
+                    } else {
+                        (k.clone(), without_fields(v, fields))
+                    }
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// A message as a run log keeps it under `storeToolArguments: "redacted"`: in an assistant
+/// message, the text and every call's arguments without secret values, and the arguments
+/// without the values of `fields`; other messages as they are.
+pub fn stored_message(message: &Message, redactor: &Redactor, fields: &[String]) -> Message {
+    match message {
+        Message::Assistant {
+            content,
+            tool_calls,
+        } => Message::Assistant {
+            content: redactor.redact(content),
+            tool_calls: tool_calls
+                .iter()
+                .map(|c| ToolCall {
+                    id: c.id.clone(),
+                    name: c.name.clone(),
+                    arguments: without_fields(&redactor.redact_json(&c.arguments), fields),
+                })
+                .collect(),
+        },
+        other => other.clone(),
+    }
+}
+
+/// Tool arguments as traces record them: secret values and the values of `fields` replaced by
+/// `[redacted]`, cut at 4 KiB.
+pub(crate) fn traced_arguments(arguments: &Value, redactor: &Redactor, fields: &[String]) -> Value {
+    match without_fields(&redactor.redact_json(arguments), fields) {
         // Each argument is capped by itself: one long text does not hide the others.
         Value::Object(map) => Value::Object(map.into_iter().map(|(k, v)| (k, cap(v))).collect()),
         other => cap(other),
@@ -398,11 +450,12 @@ mod tests {
         assert_eq!(
             traced_arguments(
                 &json!({"auth": "Bearer s3cr3t-token", "n": 1, "q": [NASTY]}),
-                &r
+                &r,
+                &[]
             ),
             json!({"auth": "Bearer [redacted]", "n": 1, "q": ["[redacted]"]})
         );
-        let long = traced_arguments(&json!({"text": "é".repeat(5000), "path": "/a"}), &r);
+        let long = traced_arguments(&json!({"text": "é".repeat(5000), "path": "/a"}), &r, &[]);
         assert_eq!(
             long["path"], "/a",
             "each argument is capped by itself: {long}"
@@ -413,5 +466,42 @@ mod tests {
             "{}",
             text.len()
         );
+    }
+
+    #[test]
+    fn sensitive_fields_are_redacted_at_any_depth_and_stored_messages_lose_them() {
+        let fields = vec!["Password".to_string(), "card".to_string()];
+        let args = json!({"user": "ann", "password": "hunter22", "nested": [{"CARD": {"n": 4111}}], "note": "pw s3cr3t-token"});
+        let r = Redactor::new(["s3cr3t-token"]);
+        let want = json!({"user": "ann", "password": "[redacted]", "nested": [{"CARD": "[redacted]"}], "note": "pw [redacted]"});
+        assert_eq!(traced_arguments(&args, &r, &fields), want);
+        let m = Message::Assistant {
+            content: "using s3cr3t-token".into(),
+            tool_calls: vec![ToolCall {
+                id: "call_1".into(),
+                name: "db_login".into(),
+                arguments: args.clone(),
+            }],
+        };
+        let Message::Assistant {
+            content,
+            tool_calls,
+        } = stored_message(&m, &r, &fields)
+        else {
+            panic!("an assistant message stays one");
+        };
+        assert_eq!(content, "using [redacted]");
+        assert_eq!(tool_calls[0].arguments, want);
+        assert_eq!(
+            (tool_calls[0].id.as_str(), tool_calls[0].name.as_str()),
+            ("call_1", "db_login")
+        );
+        let user = Message::user("password hunter22");
+        assert_eq!(
+            stored_message(&user, &r, &fields),
+            user,
+            "only the model's calls"
+        );
+        assert_eq!(without_fields(&args, &[]), args);
     }
 }

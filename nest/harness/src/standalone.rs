@@ -5,7 +5,9 @@
 //! Invariants: stdout carries only the answer; a bad bundle (or bad `--model`, or a secret
 //! that cannot be resolved) exits 2 (usage, as the CLI's table says), a failed or cancelled run 1, a successful run 0. Each
 //! run has its own sled database under the run-log folder (`$XDG_STATE_HOME/agen/runs/<run id>`,
-//! or `~/.local/state/agen/runs/<run id>`), so concurrent `agen run`s never contend for a lock.
+//! or `~/.local/state/agen/runs/<run id>`), so concurrent `agen run`s never contend for a lock;
+//! the run's assignment and its bundle folder ([`RunOrigin`]) are in it before the first event,
+//! so `agen run --resume RUN` ([`resume_cli`]) carries an interrupted run on from the log alone.
 //! Artifacts go to files beside the run logs (`$XDG_STATE_HOME/agen/artifacts/standalone`, see
 //! [`crate::artifacts::LocalArtifacts`]); when the run saved any, stderr says where.
 
@@ -30,6 +32,8 @@ use crate::terminal::TerminalApprover;
 
 /// Exit code of a bad bundle or bad arguments.
 pub const EXIT_BAD_INPUT: i32 = 2;
+/// Exit code of `agen run --resume` for a run that is not in the run logs.
+pub const EXIT_NOT_FOUND: i32 = 4;
 /// The namespace of standalone runs (and the folder of their artifacts).
 pub const STANDALONE_NAMESPACE: &str = "standalone";
 
@@ -51,6 +55,7 @@ pub async fn run_cli_with(
     if approve_all {
         eprintln!("agen run: --approve-all: every call that needs approval (permissions.ask) is approved without asking");
     }
+    let model_arg = model.clone();
     let Prepared {
         bundle,
         harness,
@@ -65,17 +70,6 @@ pub async fn run_cli_with(
 
     let run_id = uuid::Uuid::now_v7().to_string();
     let log_dir = runs_dir().join(&run_id);
-    let sink = Arc::new(SledRunLog::open(&log_dir, &run_id, 1)?);
-    tracing::info!(run_id = %run_id, log = %log_dir.display(), "standalone run");
-
-    let cancel = CancellationToken::new();
-    let on_signal = cancel.clone();
-    let signals = tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("cancelling the run");
-            on_signal.cancel();
-        }
-    });
     let req = RunAssignment {
         trace_id: String::new(),
         run_id: run_id.clone().into(),
@@ -94,6 +88,124 @@ pub async fn run_cli_with(
         tool_overrides: Default::default(),
         max_tokens: None,
     };
+    let sink = SledRunLog::open(&log_dir, &run_id, 1)?;
+    let origin = RunOrigin {
+        bundle: std::path::absolute(&dir).unwrap_or(dir),
+        model: model_arg,
+    };
+    sink.put_origin(&origin)?;
+    sink.put_assignment(&req)?;
+    tracing::info!(run_id = %run_id, log = %log_dir.display(), "standalone run");
+    run_logged(harness, host, req, Arc::new(sink), &artifacts).await
+}
+
+/// `agen run --resume RUN`: carries on the run `run_id` of the local run log from where it
+/// stopped (a kill, a crash): a new attempt replays the log, so answered model turns are not
+/// asked again, recorded tool results are reused and an interrupted side-effecting call is
+/// reported to the model as `effect_unknown`, never sent again. `dir`/`model` override the
+/// bundle folder and `--model` the log recorded. A run the log shows finished prints its
+/// recorded outcome. An unknown run exits 4; a running or unreadable one 2, with the reason.
+pub async fn resume_cli(
+    run_id: &str,
+    dir: Option<PathBuf>,
+    model: Option<String>,
+    approve_all: bool,
+) -> anyhow::Result<i32> {
+    let root = runs_dir();
+    let bad = |msg: String| {
+        eprintln!("error: {msg}");
+        Ok(EXIT_BAD_INPUT)
+    };
+    let run = match crate::local_runs::read(&root, run_id) {
+        Ok(Some(r)) => r,
+        Ok(None) => {
+            eprintln!(
+                "error: run {run_id} is not in the run logs in {}; `agen runs` lists them",
+                root.display()
+            );
+            return Ok(EXIT_NOT_FOUND);
+        }
+        Err(e) => return bad(format!("{e:#}")),
+    };
+    use crate::local_runs::LocalRunState;
+    match run.state {
+        LocalRunState::Running => {
+            return bad(format!(
+                "run {run_id} is still running (another agen run holds its log {} open); wait for it or stop it first",
+                run.dir.display()
+            ))
+        }
+        LocalRunState::Finished(state) => {
+            eprintln!("agen run: run {run_id} had already {}; its recorded outcome:", state.as_str());
+            let result = run.result().unwrap_or_default();
+            return Ok(if state == RunState::Succeeded {
+                println!("{result}");
+                0
+            } else {
+                eprintln!("error: the run {}: {result}", state.as_str());
+                1
+            });
+        }
+        LocalRunState::Interrupted => {}
+    }
+    let Some(assignment) = run.assignment.clone() else {
+        return bad(format!(
+            "run {run_id} cannot be resumed: its log {} has no assignment (it was written by an older agen)",
+            run.dir.display()
+        ));
+    };
+    let origin = run.origin.clone();
+    let Some(bundle_dir) = dir.or_else(|| origin.as_ref().map(|o| o.bundle.clone())) else {
+        return bad(format!(
+            "run {run_id}: its log does not name its bundle; give the folder: agen run DIR --resume {run_id}"
+        ));
+    };
+    let model = model.or_else(|| origin.and_then(|o| o.model));
+    if approve_all {
+        eprintln!("agen run: --approve-all: every call that needs approval (permissions.ask) is approved without asking");
+    }
+    let artifacts = Arc::new(LocalArtifacts::new(crate::artifacts::default_dir()));
+    let Prepared { harness, host, .. } =
+        match prepare(&bundle_dir, model, approve_all, artifacts.clone()).await {
+            Ok(p) => p,
+            Err(e) => {
+                return bad(format!(
+                    "{} (the bundle of run {run_id}): {e}",
+                    bundle_dir.display()
+                ))
+            }
+        };
+    let attempt = run.attempts().max(assignment.attempt) + 1;
+    let mut req = assignment;
+    req.attempt = attempt;
+    req.replay = run.records.into_iter().map(|r| r.body).collect();
+    let sink = SledRunLog::open(&run.dir, run_id, attempt)?;
+    sink.put_assignment(&req)?;
+    eprintln!(
+        "agen run: resuming run {run_id} (attempt {attempt}) of {}",
+        bundle_dir.display()
+    );
+    tracing::info!(run_id = %run_id, attempt, log = %run.dir.display(), "standalone run resumed");
+    run_logged(harness, host, req, Arc::new(sink), &artifacts).await
+}
+
+/// Runs `req` on `harness` into `sink` (Ctrl-C cancels), stops the tool servers and prints the
+/// answer (exit 0) or the failure (exit 1).
+async fn run_logged(
+    harness: Arc<Harness>,
+    host: ToolHost,
+    req: RunAssignment,
+    sink: Arc<SledRunLog>,
+    artifacts: &LocalArtifacts,
+) -> anyhow::Result<i32> {
+    let cancel = CancellationToken::new();
+    let on_signal = cancel.clone();
+    let signals = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("cancelling the run");
+            on_signal.cancel();
+        }
+    });
     let outcome = harness.run(req, sink.clone(), cancel).await;
     signals.abort();
     let saved = sink.artifacts_saved.load(Ordering::SeqCst);
@@ -105,7 +217,7 @@ pub async fn run_cli_with(
     }
     host.shutdown().await;
     if let Err(e) = sink.db.flush_async().await {
-        tracing::warn!("run log {}: flush failed: {e}", log_dir.display());
+        tracing::warn!("run log flush failed: {e}");
     }
     match outcome.state {
         RunState::Succeeded => {
@@ -249,6 +361,35 @@ pub type LoggedRun = (Option<RunAssignment>, Vec<(u32, RunEventBody)>);
 
 /// Where a [`SledRunLog`] keeps the run's assignment.
 const ASSIGNMENT_KEY: &str = "assignment";
+/// Where a [`SledRunLog`] of `agen run` keeps its [`RunOrigin`].
+const ORIGIN_KEY: &str = "origin";
+
+/// What started a local run: its bundle folder (absolute) and `--model`, so `agen run
+/// --resume RUN` needs neither.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RunOrigin {
+    pub bundle: PathBuf,
+    #[serde(default)]
+    pub model: Option<String>,
+}
+
+/// One event of a run log with where and when it was written.
+#[derive(Debug, Clone)]
+pub struct LoggedRecord {
+    pub attempt: u32,
+    pub seq: u64,
+    /// RFC 3339 (empty in a log written before times were kept).
+    pub at: String,
+    pub body: RunEventBody,
+}
+
+/// A whole run log: assignment, origin and every event.
+#[derive(Debug, Clone)]
+pub struct RunLogContents {
+    pub assignment: Option<RunAssignment>,
+    pub origin: Option<RunOrigin>,
+    pub records: Vec<LoggedRecord>,
+}
 
 /// A run log in a local sled database: tree `events`, key `(attempt, seq)` big-endian, value
 /// `{"kind", "at", "json"}` (a [`RunEventBody`] in its serialised form, plus the time).
@@ -295,6 +436,67 @@ impl SledRunLog {
             .flush()
             .context("while flushing the run's assignment to the run log")?;
         Ok(())
+    }
+
+    /// Keeps what started the run (durable with the assignment that follows).
+    pub fn put_origin(&self, origin: &RunOrigin) -> anyhow::Result<()> {
+        let bytes = serde_json::to_vec(origin).context("while encoding the run's origin")?;
+        self.db
+            .insert(ORIGIN_KEY, bytes)
+            .context("while writing the run's origin to the run log")?;
+        Ok(())
+    }
+
+    /// Everything in the log in `dir`, events in order with attempt, seq and time.
+    pub fn read_log(dir: &Path) -> anyhow::Result<RunLogContents> {
+        let db = sled::open(dir)
+            .with_context(|| format!("while opening the run log {}", dir.display()))?;
+        let decode = |key: &str| -> anyhow::Result<Option<sled::IVec>> {
+            db.get(key)
+                .with_context(|| format!("while reading {key} in {}", dir.display()))
+        };
+        let assignment = match decode(ASSIGNMENT_KEY)? {
+            Some(v) => Some(serde_json::from_slice(&v).with_context(|| {
+                format!("while reading the run's assignment in {}", dir.display())
+            })?),
+            None => None,
+        };
+        let origin =
+            match decode(ORIGIN_KEY)? {
+                Some(v) => Some(serde_json::from_slice(&v).with_context(|| {
+                    format!("while reading the run's origin in {}", dir.display())
+                })?),
+                None => None,
+            };
+        let events = db.open_tree("events")?;
+        let mut records = Vec::new();
+        for kv in events.iter() {
+            let (k, v) = kv?;
+            let attempt = k
+                .get(..4)
+                .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                .map(u32::from_be_bytes)
+                .unwrap_or(0);
+            let seq = k
+                .get(4..12)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map(u64::from_be_bytes)
+                .unwrap_or(0);
+            let record: LoggedEvent = serde_json::from_slice(&v).with_context(|| {
+                format!("while reading event {attempt}/{seq} in {}", dir.display())
+            })?;
+            records.push(LoggedRecord {
+                attempt,
+                seq,
+                at: record.at,
+                body: record.body,
+            });
+        }
+        Ok(RunLogContents {
+            assignment,
+            origin,
+            records,
+        })
     }
 
     /// The kept assignment and every event with the attempt that wrote it, in order.

@@ -80,9 +80,11 @@ impl Supervisor {
             }
             Err(refusal) => {
                 tracing::warn!(instance = %id, claimed_pid = pid, "nest socket: {refusal}");
+                // One answer for every refusal: the peer learns nothing of which instance ids
+                // exist, are connected or run (the Nest's log has the reason).
                 let _ = writer
                     .send(&ToInstance::Refused {
-                        reason: refusal.to_string(),
+                        reason: identity::PEER_REFUSAL.into(),
                     })
                     .await;
                 return;

@@ -19,7 +19,11 @@ pub struct SpawnCred {
     pub used: bool,
 }
 
-/// Why a hello was refused (shown to the peer and logged; never contains a secret).
+/// What a refused peer is told, whatever the reason ([`HelloRefusal`] goes to the Nest's log).
+pub const PEER_REFUSAL: &str = "hello refused: this connection is not an instance this nest started and is waiting for (the nest's log says why)";
+
+/// Why a hello was refused (logged by the Nest, never sent to the peer; never contains a
+/// secret).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HelloRefusal {
     #[error("instance {id} is not placed on this nest")]

@@ -273,19 +273,27 @@ async fn a_second_hello_for_a_live_instance_is_refused_and_the_first_connection_
         matches!(first, Some(ToInstance::Placement(ref p)) if p.instance_id == "i1"),
         "{first:?}"
     );
-    // A replay of the very same hello (right secret, right pid) and a guessed secret.
-    for (secret, expected) in [
-        (secret.clone(), "already said hello"),
-        (socket::SpawnSecret::generate(), "wrong spawn secret"),
+    // A replay of the very same hello (right secret, right pid), a guessed secret, and ids
+    // that were never placed here: one answer for all, naming no instance (an attacker on the
+    // socket learns nothing of which ids exist or are connected).
+    let mut answers = Vec::new();
+    for (id, secret) in [
+        ("i1", secret.clone()),
+        ("i1", socket::SpawnSecret::generate()),
+        ("i2", socket::SpawnSecret::generate()),
+        ("other-namespace-instance", secret.clone()),
     ] {
-        let (_, _, answer) = hello(&path, "i1", secret).await;
+        let (_, _, answer) = hello(&path, id, secret).await;
         match answer {
             Some(ToInstance::Refused { reason }) => {
-                assert!(reason.contains(expected), "{reason}")
+                assert!(!reason.contains(id), "{reason}");
+                answers.push(reason);
             }
             other => panic!("expected a refusal, got {other:?}"),
         }
     }
+    answers.dedup();
+    assert_eq!(answers, vec![super::identity::PEER_REFUSAL.to_string()]);
     // The real connection is still the instance's: a run reaches it.
     sup.assign(AssignedRun {
         run_id: "r1".into(),

@@ -2,7 +2,8 @@
 //! arguments, tool protocol, limits).
 //!
 //! Invariants: every key is optional and has a default (`parallelToolCalls` true,
-//! `traceToolArguments` false, `toolProtocol` native, `limits` as in `docs/limits.md`); an unknown key is
+//! `traceToolArguments` false, `storeToolArguments` full, `sensitiveFields` none, `toolProtocol`
+//! native, `limits` as in `docs/limits.md`); an unknown key is
 //! refused with the list of known keys (a typo must not silently fall back to a default).
 
 use std::time::Duration;
@@ -23,9 +24,30 @@ pub struct HarnessConfig {
     pub parallel_tool_calls: bool,
     /// `traceToolArguments` (default false): record tool arguments in traces (redacted, 4 KiB).
     pub trace_tool_arguments: bool,
+    /// `storeToolArguments` (default full): what the run log keeps of the model's tool-call
+    /// arguments (in its turns and the conversation).
+    #[serde(default)]
+    pub store_tool_arguments: StoreToolArguments,
+    /// `sensitiveFields` (default none): argument names (at any depth, any case) whose values
+    /// are replaced by `[redacted]` in traced arguments and, with `storeToolArguments:
+    /// "redacted"`, in what the run log keeps.
+    #[serde(default)]
+    pub sensitive_fields: Vec<String>,
     /// `toolProtocol` (default native).
     pub tool_protocol: ToolProtocol,
     pub limits: Limits,
+}
+
+/// `storeToolArguments`: what the run log keeps of tool-call arguments.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreToolArguments {
+    /// As the model wrote them (a resume shows the model its own calls).
+    #[default]
+    Full,
+    /// Secret values and `sensitiveFields` replaced by `[redacted]` before they are stored: a
+    /// resumed run and the conversation's later tasks see the redacted form.
+    Redacted,
 }
 
 /// How the model calls tools.
@@ -98,6 +120,8 @@ impl Default for HarnessConfig {
         HarnessConfig {
             parallel_tool_calls: true,
             trace_tool_arguments: false,
+            store_tool_arguments: StoreToolArguments::Full,
+            sensitive_fields: Vec::new(),
             tool_protocol: ToolProtocol::Native,
             limits: Limits::default(),
         }
@@ -123,6 +147,8 @@ pub(crate) fn parse(v: &Value) -> Result<HarnessConfig> {
     top.only_keys(&[
         "parallelToolCalls",
         "traceToolArguments",
+        "storeToolArguments",
+        "sensitiveFields",
         "toolProtocol",
         "limits",
     ])?;
@@ -132,6 +158,32 @@ pub(crate) fn parse(v: &Value) -> Result<HarnessConfig> {
     }
     if let Some(b) = top.opt_bool("traceToolArguments")? {
         h.trace_tool_arguments = b;
+    }
+    match top.opt_str("storeToolArguments")?.as_deref() {
+        None | Some("full") => {}
+        Some("redacted") => h.store_tool_arguments = StoreToolArguments::Redacted,
+        Some(other) => {
+            return Err(top.err(
+                "storeToolArguments",
+                format!("expected \"full\" or \"redacted\", got \"{other}\""),
+            ))
+        }
+    }
+    if let Some(v) = top.get("sensitiveFields") {
+        let names = v.as_array().filter(|a| {
+            a.iter()
+                .all(|n| n.as_str().is_some_and(|s| !s.trim().is_empty()))
+        });
+        let Some(names) = names else {
+            return Err(top.err(
+                "sensitiveFields",
+                "expected a list of argument names such as [\"password\", \"card_number\"]",
+            ));
+        };
+        h.sensitive_fields = names
+            .iter()
+            .filter_map(|n| n.as_str().map(str::to_string))
+            .collect();
     }
     match top.opt_str("toolProtocol")?.as_deref() {
         None | Some("native") => {}

@@ -44,7 +44,7 @@ pub use config::{
     DEFAULT_TOOL_BACKOFF, MAX_TOOL_BACKOFF, MAX_TOOL_RETRIES, MAX_TOOL_TIMEOUT,
 };
 pub use error::{BundleError, Result};
-pub use harness::{HarnessConfig, Limits, ToolProtocol, HARNESS_FILE};
+pub use harness::{HarnessConfig, Limits, StoreToolArguments, ToolProtocol, HARNESS_FILE};
 pub use keen::{
     keen_script_root, parse_keen_registry, parse_keen_registry_value, split_flow_entry,
     validate_keen_script_entry, KeenTool, KeenToolEntry, KeenToolKind, RegisteredTool, FLOWS_DIR,

@@ -212,6 +212,8 @@ fn a_complete_bundle_parses_into_its_whole_value() {
         harness: HarnessConfig {
             parallel_tool_calls: false,
             trace_tool_arguments: true,
+            store_tool_arguments: Default::default(),
+            sensitive_fields: Vec::new(),
             tool_protocol: ToolProtocol::Keen,
             limits: Limits {
                 tool_timeout: Duration::from_secs(90),
@@ -438,9 +440,12 @@ fn broken_bundles_each_yield_their_specific_error() {
     check(&[(HARNESS_FILE, r#"{"limits": {"maxTokens": 0}}"#)], "x-agen/harness.json: limits.maxTokens: expected a whole number of at least 1, got 0");
     check(&[(HARNESS_FILE, r#"{"limits": {"maxTokens": "1k"}}"#)], "x-agen/harness.json: limits.maxTokens: expected a whole number, got a string");
     check(&[(HARNESS_FILE, r#"{"limits": {"maxturns": 5}}"#)], "x-agen/harness.json: limits.maxturns: unknown key; expected one of: toolTimeout, maxTurns, maxToolCalls, scriptTimeout, scriptMemoryMb, maxAttempts, maxDelegationDepth");
-    check(&[(HARNESS_FILE, r#"{"parallelToolcalls": false}"#)], "x-agen/harness.json: parallelToolcalls: unknown key; expected one of: parallelToolCalls, traceToolArguments, toolProtocol, limits");
+    check(&[(HARNESS_FILE, r#"{"parallelToolcalls": false}"#)], "x-agen/harness.json: parallelToolcalls: unknown key; expected one of: parallelToolCalls, traceToolArguments, storeToolArguments, sensitiveFields, toolProtocol, limits");
     check(&[(HARNESS_FILE, r#"{"parallelToolCalls": "no"}"#)], "x-agen/harness.json: parallelToolCalls: expected true or false, got a string");
     check(&[(HARNESS_FILE, r#"{"toolProtocol": "xml"}"#)], "x-agen/harness.json: toolProtocol: expected \"native\" or \"keen\", got \"xml\"");
+    check(&[(HARNESS_FILE, r#"{"storeToolArguments": "none"}"#)], "x-agen/harness.json: storeToolArguments: expected \"full\" or \"redacted\", got \"none\"");
+    check(&[(HARNESS_FILE, r#"{"sensitiveFields": "password"}"#)], "x-agen/harness.json: sensitiveFields: expected a list of argument names");
+    check(&[(HARNESS_FILE, r#"{"sensitiveFields": ["password", ""]}"#)], "x-agen/harness.json: sensitiveFields: expected a list of argument names");
 
     // config.json.
     check(&[(CONFIG_FILE, r#"{"permission": {}}"#)], "x-agen/config.json: permission: unknown key; expected one of: delegates, tools, permissions, doubleTexting, network");

@@ -181,6 +181,18 @@ impl Core {
 
     /// The spans of a task's run: one per model turn and one per tool call.
     pub fn trace(&self, namespace: &str, task_id: &str) -> Result<(TaskRec, Vec<SpanRec>)> {
+        self.trace_for(namespace, task_id, &|_| true)
+    }
+
+    /// [`Core::trace`] for a caller who may read only the namespaces `may_read` allows: a child
+    /// task in any other namespace is one opaque span (its task id and state; nothing of its
+    /// run, its deployment or its own children).
+    pub fn trace_for(
+        &self,
+        namespace: &str,
+        task_id: &str,
+        may_read: &dyn Fn(&str) -> bool,
+    ) -> Result<(TaskRec, Vec<SpanRec>)> {
         let task = self.get_task(namespace, task_id)?;
         let events = if task.run_id.is_empty() {
             Vec::new()
@@ -204,6 +216,10 @@ impl Core {
                     .collect()
             };
             for child in children {
+                if !may_read(&namespace_or_default(&child.namespace)) {
+                    spans.push(opaque_span(&child));
+                    continue;
+                }
                 let events = if child.run_id.is_empty() {
                     Vec::new()
                 } else {
@@ -218,6 +234,25 @@ impl Core {
             }
         }
         Ok((task.clone(), spans))
+    }
+}
+
+/// A child the caller may not read: where it hangs in the tree, its id and state.
+fn opaque_span(child: &TaskRec) -> SpanRec {
+    SpanRec {
+        span_id: crate::trace::build_spans(child, &[])
+            .first()
+            .map(|s| s.span_id.clone())
+            .unwrap_or_default(),
+        parent_span_id: child.parent_span_id.clone(),
+        name: "delegated task (another namespace)".into(),
+        start_ms: child.created_at_ms,
+        end_ms: child.finished_at_ms.max(child.created_at_ms),
+        status: child.state.as_str().to_string(),
+        attributes: std::collections::BTreeMap::from([(
+            "task_id".to_string(),
+            child.task_id.clone(),
+        )]),
     }
 }
 

@@ -16,6 +16,7 @@
 //! approved with edited arguments (`approval.decided` `arguments`) is sent with those alone,
 //! and its result tells the model so ([`edited_note`]).
 
+use agen_shared::bundle::StoreToolArguments;
 use agen_shared::duration::format_duration;
 use agen_shared::run::{
     ApprovalDecided, ApprovalRequested, RunEventBody, RunSuspended, ToolFailure, WaitingFor,
@@ -214,7 +215,16 @@ impl Run<'_> {
             run_id: self.req.run_id.to_string(),
             call_id: call.id.clone(),
             tool: tool.to_string(),
-            arguments: approval_arguments(&call.arguments, &self.h.redactor),
+            arguments: {
+                let h = &self.h.bundle.harness;
+                let shown = match h.store_tool_arguments {
+                    StoreToolArguments::Full => call.arguments.clone(),
+                    StoreToolArguments::Redacted => {
+                        crate::redact::without_fields(&call.arguments, &h.sensitive_fields)
+                    }
+                };
+                approval_arguments(&shown, &self.h.redactor)
+            },
             digest,
         };
         let asked = RunEventBody::ApprovalRequested(ApprovalRequested {

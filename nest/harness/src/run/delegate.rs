@@ -231,7 +231,11 @@ impl Run<'_> {
 
         let mut started = self.started(call, tool, true);
         if self.h.bundle.harness.trace_tool_arguments {
-            started.arguments = Some(traced_arguments(&call.arguments, &self.h.redactor));
+            started.arguments = Some(traced_arguments(
+                &call.arguments,
+                &self.h.redactor,
+                &self.h.bundle.harness.sensitive_fields,
+            ));
         }
         if let Err(e) = self.emit(RunEventBody::ToolStarted(started), true).await {
             // No child is asked for before the call's start is durable.

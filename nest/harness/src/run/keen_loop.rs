@@ -369,6 +369,7 @@ impl Run<'_> {
                 crate::redact::traced_arguments(
                     &serde_json::json!({ "context": context }),
                     &self.h.redactor,
+                    &self.h.bundle.harness.sensitive_fields,
                 )
             }),
             keen_kind: Some(kind),

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use agen_shared::bundle::StoreToolArguments;
 use agen_shared::run::{trace, Activity, Progress, RunFinished, RunSuspended};
 use tokio_util::sync::CancellationToken;
 
@@ -100,6 +101,18 @@ impl<'h> Run<'h> {
     /// Where the run's events go (a turn's streamed text goes there too).
     pub(super) fn sink(&self) -> &dyn RunEventSink {
         &*self.sink
+    }
+
+    /// `m` as the run log and the conversation keep it: as it is, or under
+    /// `storeToolArguments: "redacted"` without secrets and `sensitiveFields`.
+    pub(super) fn stored(&self, m: &Message) -> Message {
+        let harness = &self.h.bundle.harness;
+        match harness.store_tool_arguments {
+            StoreToolArguments::Full => m.clone(),
+            StoreToolArguments::Redacted => {
+                crate::redact::stored_message(m, &self.h.redactor, &harness.sensitive_fields)
+            }
+        }
     }
 
     pub(super) fn push(&self, m: Message) {
@@ -295,7 +308,7 @@ impl<'h> Run<'h> {
             .await;
         let messages = lock(&self.new_messages)
             .iter()
-            .map(artifacts::elide_saved_content)
+            .map(|m| self.stored(&artifacts::elide_saved_content(m)))
             .collect();
         RunOutcome {
             state: end.state,

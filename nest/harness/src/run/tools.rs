@@ -278,12 +278,13 @@ impl Run<'_> {
             model_name: Some(call.name.clone()),
             side_effect,
             // Every call (built-ins too) records its arguments when the bundle asks.
-            arguments: self
-                .h
-                .bundle
-                .harness
-                .trace_tool_arguments
-                .then(|| traced_arguments(&call.arguments, &self.h.redactor)),
+            arguments: self.h.bundle.harness.trace_tool_arguments.then(|| {
+                traced_arguments(
+                    &call.arguments,
+                    &self.h.redactor,
+                    &self.h.bundle.harness.sensitive_fields,
+                )
+            }),
             keen_kind: None,
             span_id: Some(self.span_of(&call.id)),
         }

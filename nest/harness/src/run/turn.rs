@@ -87,7 +87,7 @@ impl Run<'_> {
                 RunEventBody::ModelAnswered(ModelAnswered {
                     turn: Some(turn),
                     flow_agent: false,
-                    message: Some(artifacts::elide_saved_content(&message)),
+                    message: Some(self.stored(&artifacts::elide_saved_content(&message))),
                     usage: reply.usage,
                     stop_reason: reply.stop_reason.clone(),
                     error: None,
@@ -176,7 +176,7 @@ impl crate::keen::FlowAgent for FlowModel<'_, '_> {
                         RunEventBody::ModelAnswered(ModelAnswered {
                             turn: None,
                             flow_agent: true,
-                            message: Some(reply.message()),
+                            message: Some(self.run.stored(&reply.message())),
                             usage: reply.usage,
                             stop_reason: None,
                             error: None,
