@@ -224,6 +224,9 @@ impl Hub {
             traceparent: s.traceparent.unwrap_or_default(),
             timeout_ms: s.timeout_ms.unwrap_or(0),
             max_tokens: s.max_tokens.unwrap_or(0),
+            // The deployment's webhook and its bundle's double-texting mode apply.
+            webhooks: Vec::new(),
+            double_texting: String::new(),
         };
         let mut c = self.client.clone();
         let task = block(py, async move {
@@ -323,6 +326,7 @@ impl Hub {
             approved,
             reason,
             always,
+            arguments_json: String::new(),
         };
         let d = block(py, async move { c.decide_approval(req).await })?
             .map_err(|s| self.fail(s))?
@@ -469,6 +473,8 @@ impl EventStream {
                         namespace: self.namespace.clone(),
                         task_id: self.task_id.clone(),
                         from_seq: st.next_seq,
+                        // Typed events are the durable ones; streamed text is not asked for.
+                        deltas: false,
                     };
                     match c.watch_task(req).await {
                         Ok(s) => st.stream = Some(s.into_inner()),

@@ -318,7 +318,13 @@ pub fn check_tool_pattern(p: &str) -> std::result::Result<(), String> {
 
 pub(crate) fn parse(v: &Value) -> Result<AgentConfig> {
     let top = Obj::new(CONFIG_FILE, "", v, "an object")?;
-    top.only_keys(&["delegates", "tools", "permissions", "doubleTexting", "network"])?;
+    top.only_keys(&[
+        "delegates",
+        "tools",
+        "permissions",
+        "doubleTexting",
+        "network",
+    ])?;
     let mut config = AgentConfig::default();
     if let Some(mode) = top.opt_str("doubleTexting")? {
         config.double_texting = DoubleTexting::parse(&mode).ok_or_else(|| {
