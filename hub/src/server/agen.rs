@@ -15,7 +15,6 @@ use crate::core::tasks::{TaskFilter, TaskSpec};
 use crate::core::{Core, DeploymentSpec};
 use crate::error::HubError;
 use crate::limits::{self, check_id};
-use crate::model::TaskState;
 
 pub struct AgenApi {
     pub core: Arc<Core>,
@@ -383,97 +382,20 @@ impl AgenService for AgenApi {
             .open(crate::core::streams::StreamKind::WatchTask, &who)?;
         // Subscribe before reading the stored events, so nothing falls between the two.
         let task = core.get_task(&r.namespace, &r.task_id)?;
-        let mut live = core.subscribe_task(&task.task_id);
+        let live = core.subscribe_task(&task.task_id);
         // Read again after subscribing: an event between the two reads is in `stored` or
         // reaches `live`.
         let task = core.get_task(&r.namespace, &r.task_id)?;
         let stored = core.task_events(&task.task_id, r.from_seq)?;
-        let mut deltas = crate::core::deltas::DeltaFollower::new(
+        let deltas = crate::core::deltas::DeltaFollower::new(
             &core,
             &task.task_id,
             r.deltas && !task.state.is_terminal(),
         );
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<pb::TaskEvent, Status>>(64);
-        tokio::spawn(async move {
-            let mut last = r.from_seq.saturating_sub(1);
-            for e in &stored {
-                // Replayed events carry the task as it was after each of them.
-                let event = convert::task_event(e, &task);
-                if tx
-                    .send(Ok(super::approvals::event_with_pending(&core, event)))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-                last = e.seq;
-            }
-            let is_end = |kind: &str, state: TaskState| kind == "task.state" && state.is_terminal();
-            if task.state.is_terminal() {
-                // Finished already: send whatever was stored after the snapshot, then end.
-                let Ok(rest) = core.task_events(&task.task_id, last + 1) else {
-                    return;
-                };
-                for e in rest {
-                    if tx.send(Ok(convert::task_event(&e, &task))).await.is_err() {
-                        return;
-                    }
-                }
-                return;
-            }
-            loop {
-                let next = tokio::select! {
-                    frames = deltas.next() => match super::watch_deltas::send(&tx, frames).await {
-                        true => continue,
-                        false => return,
-                    },
-                    n = live.recv() => n,
-                    _ = core.stopping.cancelled() => return,
-                    _ = tx.closed() => return,
-                };
-                if !super::watch_deltas::send(&tx, deltas.drain()).await {
-                    return;
-                }
-                match next {
-                    Ok(u) if u.task_id == task.task_id => {
-                        if u.event.seq <= last {
-                            continue;
-                        }
-                        last = u.event.seq;
-                        let end = is_end(&u.event.kind, u.task.state);
-                        let event = convert::task_event(&u.event, &u.task);
-                        if tx
-                            .send(Ok(super::approvals::event_with_pending(&core, event)))
-                            .await
-                            .is_err()
-                            || end
-                        {
-                            return;
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                        // Fell behind: catch up from the store.
-                        let Ok(missed) = core.task_events(&task.task_id, last + 1) else {
-                            return;
-                        };
-                        let Ok(now) = core.get_task(&task.namespace, &task.task_id) else {
-                            return;
-                        };
-                        for e in missed {
-                            last = e.seq;
-                            if tx.send(Ok(convert::task_event(&e, &now))).await.is_err() {
-                                return;
-                            }
-                        }
-                        if now.state.is_terminal() {
-                            return;
-                        }
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                }
-            }
-        });
+        tokio::spawn(super::watch_deltas::pump(
+            core, task, stored, live, deltas, r.from_seq, tx,
+        ));
         let events = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
         let tokens = self.access.tokens.clone();
         Ok(Response::new(super::auth::until_revoked(
