@@ -915,6 +915,9 @@ fn under_the_units_capabilities_alone_instances_get_their_own_uid_and_no_capabil
         .arg(agen_tests::agen_bin())
         .args(["nest", "--hub", &hub.url(), "--name", "unit-like"])
         .args(["--run-uids", "62150-62151"])
+        // The unit's RuntimeDirectory; here a folder only the Nest's user can write.
+        .arg("--run-root")
+        .arg(home.join("run"))
         .arg("--join-file")
         .arg(&join)
         .arg("--data-dir")

@@ -19,8 +19,8 @@
 //!   rest of this step); `"retry_after": seconds` adds a `retry-after` header;
 //! - `"delay_ms": N` — wait this long first (combines with the above);
 //! - `"chunk_chars": N`, `"chunk_delay_ms": M` — how a streamed answer (a request with
-//!   `"stream": true`, as Agen's providers send) is cut: pieces of N characters (default 8),
-//!   M ms apart (default 0), see `sse`;
+//!   `"stream": true`, as Agen's providers send) is cut: pieces of N characters (default 8,
+//!   or longer so an answer is at most 1024 pieces), M ms apart (default 0), see `sse`;
 //! - `"usage": {"input_tokens": N, "output_tokens": M}` — the token usage the answer reports
 //!   (default 0 and 0), as `usage.prompt_tokens`/`completion_tokens` on the OpenAI API.
 //!
@@ -503,15 +503,18 @@ fn answer(shared: &Shared, seen: &Seen) -> (Answer, Option<u64>) {
     } else {
         step.reply.clone()
     };
+    // Unset: 8-character pieces, but never more than 1024 of them (a long answer in
+    // 8-character pieces would be mostly SSE framing).
+    let chars = text.as_deref().map_or(0, |t| t.chars().count());
+    let chunk_chars = step
+        .chunk_chars
+        .unwrap_or(DEFAULT_CHUNK_CHARS.max(chars.div_ceil(1024)));
     (
         Answer::Reply {
             text,
             calls: step.tool_calls.clone(),
             usage: step.usage.unwrap_or_default(),
-            chunks: (
-                step.chunk_chars.unwrap_or(DEFAULT_CHUNK_CHARS),
-                step.chunk_delay_ms.unwrap_or(0),
-            ),
+            chunks: (chunk_chars, step.chunk_delay_ms.unwrap_or(0)),
         },
         delay.or(step.delay_ms),
     )

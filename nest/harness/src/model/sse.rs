@@ -49,8 +49,11 @@ pub(crate) struct StreamCall<'a> {
     pub deltas: Deltas<'a>,
 }
 
-/// Responses larger than this are refused as invalid.
+/// Responses larger than this are refused as invalid (a stream: its text, framing aside).
 const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
+
+/// A stream's bytes on the wire (SSE framing of small pieces costs several times the text).
+const MAX_STREAM_BYTES: usize = 16 * MAX_RESPONSE_BYTES;
 
 /// Posts `body` (which asks for a stream) with retries; returns the parsed reply.
 pub(crate) async fn post_stream(
@@ -180,6 +183,7 @@ async fn stream_once(
     let mut reader = new_reader();
     let mut events = EventSplitter::default();
     let mut total = 0usize;
+    let mut text_bytes = 0usize;
     loop {
         let chunk = match resp.chunk().await {
             Ok(Some(c)) => c,
@@ -187,14 +191,20 @@ async fn stream_once(
             Err(e) => return connect(format!("reading the stream: {}", error_chain(&e))),
         };
         total += chunk.len();
-        if total > MAX_RESPONSE_BYTES {
+        if total > MAX_STREAM_BYTES {
             return invalid(format!(
-                "the stream is more than the {MAX_RESPONSE_BYTES} bytes allowed"
+                "the stream is more than the {MAX_STREAM_BYTES} bytes allowed"
             ));
         }
         for (event, data) in events.push(&chunk) {
             match reader.event(&event, &data) {
                 Ok(Some(text)) if !text.is_empty() => {
+                    text_bytes += text.len();
+                    if text_bytes > MAX_RESPONSE_BYTES {
+                        return invalid(format!(
+                            "the streamed answer is more than the {MAX_RESPONSE_BYTES} bytes allowed"
+                        ));
+                    }
                     *handed_out = true;
                     (call.deltas)(ModelDelta::Text(&text));
                 }
