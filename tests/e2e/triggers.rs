@@ -5,7 +5,8 @@
 //! pause, resume and run-now; a bad expression or time zone is INVALID_ARGUMENT naming its
 //! field; a webhook delivery verified by a receiver this test runs (HMAC-SHA256 over
 //! timestamp and body), retried until the receiver came up, and a private address refused; a
-//! submit's webhook with `--webhook-on-waiting` told of the approval wait, then of the end.
+//! submit's webhook with `--webhook-on-waiting` told of the approval wait, then of the end; a
+//! delivery that failed before a Hub kill -9 retried by the restarted Hub, received once.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -705,4 +706,91 @@ fn a_webhook_on_waiting_is_told_of_the_approval_wait_and_then_of_the_end_signed(
             .is_some_and(|r| r.starts_with("saw: ")),
         "{payload}"
     );
+}
+
+#[test]
+fn a_webhook_delivery_is_retried_across_a_hub_kill_9_and_received_once_with_its_delivery_id() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The receiver's port is reserved now and served only after the restart.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let mut hub = HubProcess::start_with_args(
+        tmp.path(),
+        agen_tests::free_port(),
+        "3s",
+        &["--webhook-allow", "127.0.0.1"],
+    )
+    .unwrap();
+    deploy_idle(&hub, &tmp.path().join("bundle"));
+    let secret = "whsec-restart-9";
+    let f = tmp.path().join("secret");
+    std::fs::write(&f, secret).unwrap();
+    let set = hub
+        .cli(&[
+            "secrets",
+            "set",
+            "AGEN_WEBHOOK_SECRET",
+            "--from-file",
+            f.to_str().unwrap(),
+        ])
+        .unwrap();
+    assert!(set.status.success());
+    let url = format!("http://127.0.0.1:{port}/hook");
+    let out = hub
+        .cli(&["submit", "runner", "hello", "--webhook", &url])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let task = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let out = hub.cli(&["cancel", &task]).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = |hub: &HubProcess| -> Option<Value> {
+        let l = hub
+            .cli_json(&["tasks", "webhooks", &task, "-o", "json"])
+            .ok()?;
+        l.as_array()?.first().cloned()
+    };
+    let before = wait_for("a failed attempt", Duration::from_secs(15), || {
+        listed(&hub).filter(|d| d["attempts"].as_u64() >= Some(1))
+    })
+    .unwrap();
+    assert_eq!(before["state"], "pending", "{before}");
+    hub.restart().unwrap();
+    // Up now: the restarted Hub retries the recorded delivery, under the same id.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let got = receiver(
+        &rt,
+        std::net::TcpListener::bind(("127.0.0.1", port)).unwrap(),
+    );
+    let after = wait_for(
+        "the delivery after the restart",
+        Duration::from_secs(30),
+        || listed(&hub).filter(|d| d["state"] == "delivered"),
+    )
+    .unwrap();
+    assert_eq!(after["delivery_id"], before["delivery_id"], "{after}");
+    assert!(
+        after["attempts"].as_u64() > before["attempts"].as_u64(),
+        "{before} then {after}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let received = got.lock().unwrap().clone();
+    assert_eq!(received.len(), 1, "received once: {received:?}");
+    let (sig, delivery, body) = &received[0];
+    assert_eq!(delivery, after["delivery_id"].as_str().unwrap());
+    assert!(verify(secret, sig, body), "signature {sig} over {body}");
+    let payload: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(payload["task"]["state"], "cancelled", "{payload}");
 }
