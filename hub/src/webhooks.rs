@@ -311,6 +311,26 @@ mod tests {
         assert!("[::1]:x".parse::<Allow>().is_err());
     }
 
+    #[tokio::test]
+    async fn a_name_is_checked_on_the_address_it_resolves_to() {
+        // `localhost` is no internal address by its name, but by what it resolves to.
+        let url = reqwest::Url::parse("https://localhost:9/hook").expect("url");
+        let refused = resolve(&url, &[]).await.expect_err("refused");
+        assert!(
+            refused.starts_with("refused: localhost resolves to")
+                && refused.contains("--webhook-allow localhost:9"),
+            "{refused}"
+        );
+        let rules: Vec<Allow> = vec!["localhost:9".parse().expect("rule")];
+        let addr = resolve(&url, &rules).await.expect("allowed by name");
+        assert!(addr.ip().is_loopback() && addr.port() == 9, "{addr}");
+        // Plain http goes to loopback only, however the name is allowed.
+        let rules: Vec<Allow> = vec!["10.0.0.1".parse().expect("rule")];
+        let http = reqwest::Url::parse("http://10.0.0.1:9/hook").expect("url");
+        let refused = resolve(&http, &rules).await.expect_err("http refused");
+        assert!(refused.contains("not loopback"), "{refused}");
+    }
+
     #[test]
     fn a_long_result_is_cut_to_fit_the_payload_limit() {
         let p = Payload {

@@ -7,15 +7,15 @@
 #![doc = include_str!("../README.md")]
 
 pub use agen_harness::agent::{
-    schema_of, Agent, AgentBuilder, AgentError, Conversation, Outcome, RunOptions, RunStream, Tool,
-    ToolBuilder, EMBEDDED_NAMESPACE,
+    schema_of, Agent, AgentBuilder, AgentError, Conversation, Outcome, RunItem, RunItems,
+    RunOptions, RunStream, Tool, ToolBuilder, EMBEDDED_NAMESPACE,
 };
 pub use agen_harness::artifacts::{ArtifactStore, LocalArtifacts, MemoryArtifacts};
 pub use agen_harness::run::{
     ApprovalDecision, ApprovalRequest, ApproveAll, Approver, CallMeta, HostTool, HostToolSpec,
     Message, ResponseType, RunEventBody, RunState, ToolContext, ToolError, ToolPolicy,
 };
-pub use agen_shared::run::{ArtifactSaved, Usage};
+pub use agen_shared::run::{ArtifactSaved, TurnDelta, Usage};
 /// The run events' field types (`ToolStarted`, `ModelAnswered`, …).
 pub mod events {
     pub use agen_shared::run::{

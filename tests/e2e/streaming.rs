@@ -2,7 +2,8 @@
 //! OpenAI-compatible provider reads them over SSE, the instance, the Nest and the Hub relay
 //! them (not durable), `WatchTask` with `deltas` sends them coalesced, and `agen submit --wait
 //! --stream` prints them. A turn cut off by a kill -9 of the instance is followed by a
-//! `delta.reset`, so the text after the last reset is the stored answer.
+//! `delta.reset`, so the text after the last reset is the stored answer. The same holds for
+//! the Anthropic provider, reading the fake model's Anthropic Messages events over SSE.
 
 use std::time::Duration;
 
@@ -18,9 +19,24 @@ fn setup(
     chunk: u32,
     delay_ms: u32,
 ) -> (HubProcess, NestProcess, FakeModel) {
+    setup_on(tmp, "openai", reply, chunk, delay_ms)
+}
+
+/// [`setup`] with the model of `provider` (`openai` or `anthropic`).
+fn setup_on(
+    tmp: &std::path::Path,
+    provider: &str,
+    reply: &str,
+    chunk: u32,
+    delay_ms: u32,
+) -> (HubProcess, NestProcess, FakeModel) {
     let hub = HubProcess::start(tmp).unwrap();
     let nest = hub.nest("solo", &[], &[]).unwrap();
-    let script = json!([{"reply": reply, "chunk_chars": chunk, "chunk_delay_ms": delay_ms}]);
+    // Every request the model gets is kept in model/requests.jsonl.
+    let script = json!({
+        "steps": [{"reply": reply, "chunk_chars": chunk, "chunk_delay_ms": delay_ms}],
+        "record": "requests.jsonl",
+    });
     let model = FakeModel::start(&tmp.join("model"), &script).unwrap();
     let dir = tmp.join("bundle");
     write_bundle(
@@ -30,7 +46,7 @@ fn setup(
             (
                 "x-agen/agent.md",
                 format!(
-                    "---\nmodel: openai/fake-model\nbaseUrl: {}\n---\nYou talk.\n",
+                    "---\nmodel: {provider}/fake-model\nbaseUrl: {}\n---\nYou talk.\n",
                     model.base_url()
                 ),
             ),
@@ -150,9 +166,53 @@ fn deltas_after_the_last_reset_equal_the_stored_answer_across_a_kill_9_of_the_in
     let answer: String = (0..60).map(|i| format!("w{i} ")).collect();
     // 60 words in pieces of 4 characters 40 ms apart: the turn streams for seconds.
     let (hub, nest, _model) = setup(tmp.path(), &answer, 4, 40);
-    let task = submit(&hub);
-    let (frames, end) = watch(&hub, &task, || {
-        let pids = instance_pids(&nest);
+    streams_across_a_kill_9(&hub, &nest, &answer);
+}
+
+#[test]
+fn the_anthropic_provider_streams_to_watchers_and_submit_wait_across_a_kill_9_of_the_instance() {
+    let tmp = tempfile::tempdir().unwrap();
+    let answer: String = (0..60).map(|i| format!("a{i} ")).collect();
+    // `anthropic/…`: the provider posts to {baseUrl}/messages with "stream": true and reads
+    // the fake model's message_start / content_block_delta / message_stop events.
+    let (hub, nest, _model) = setup_on(tmp.path(), "anthropic", &answer, 4, 40);
+    streams_across_a_kill_9(&hub, &nest, &answer);
+    // `agen submit --wait --stream` prints the same answer as it is written.
+    let out = hub
+        .cli(&["submit", "talker", "speak", "--wait", "--stream"])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let (task, printed) = stdout
+        .split_once('\n')
+        .expect("the task id, then the answer");
+    assert_eq!(printed, format!("{answer}\n"), "streamed once, whole");
+    let stored = hub.cli_json(&["query", task.trim(), "-o", "json"]).unwrap();
+    assert_eq!(stored["outcome"]["result"], answer.as_str(), "{stored}");
+    // Every model request was a streamed Anthropic Messages request.
+    let requests = std::fs::read_to_string(tmp.path().join("model/requests.jsonl")).unwrap();
+    let requests: Vec<Value> = requests
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(requests.len() >= 3, "two tasks, one resumed: {requests:?}");
+    for r in &requests {
+        assert_eq!(r["path"], "/v1/messages", "{r}");
+        assert_eq!(r["body"]["stream"], true, "{r}");
+    }
+}
+
+/// Submits a task, kills its instance at the first streamed text, and checks the deltas a
+/// watcher got: attempt 1 streamed, the resumed turn was reset, the text after the last reset
+/// is the stored `answer`, frames at most one per 50 ms.
+fn streams_across_a_kill_9(hub: &HubProcess, nest: &NestProcess, answer: &str) {
+    let task = submit(hub);
+    let (frames, end) = watch(hub, &task, || {
+        let pids = instance_pids(nest);
         assert_eq!(pids.len(), 1, "one agen instance process: {pids:?}");
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pids[0] as i32),

@@ -202,7 +202,8 @@ fn print_one(output: Output, s: &pb::Schedule) {
     }
 }
 
-fn schedule_json(s: &pb::Schedule) -> Value {
+/// A schedule as `-o json` shows it (the Python SDK reads the same).
+pub fn schedule_json(s: &pb::Schedule) -> Value {
     json!({
         "schedule_id": s.schedule_id,
         "namespace": s.namespace,

@@ -60,7 +60,8 @@ pub async fn run(task: String, client: ClientArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn delivery_json(d: &pb::WebhookDelivery) -> Value {
+/// A delivery as `-o json` shows it (the Python SDK reads the same).
+pub fn delivery_json(d: &pb::WebhookDelivery) -> Value {
     json!({
         "delivery_id": d.delivery_id,
         "url": d.url,

@@ -565,6 +565,78 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_delivery_failing_for_24_hours_is_given_up_and_a_younger_one_backs_off() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let core = crate::core::test_core(dir.path());
+        let t = task("done".into());
+        core.lock().tasks.insert(t.clone());
+        core.set_secret("default", SUBMIT_SECRET, b"s3cret")
+            .await
+            .expect("secret");
+        let mut rec = WebhookRec::new(
+            &t,
+            vec![WebhookTarget {
+                // Loopback without --webhook-allow: every attempt fails.
+                url: "https://127.0.0.1:1/hook".into(),
+                on_waiting: false,
+                secret: SUBMIT_SECRET.into(),
+            }],
+        );
+        rec.ended = true;
+        let now = now_ms();
+        for (id, created) in [
+            ("whd-old", now - RETRY_FOR_MS - 1),
+            ("whd-young", now - 1000),
+        ] {
+            rec.deliveries.push(Delivery {
+                delivery_id: id.into(),
+                target: 0,
+                event: "task.ended".into(),
+                body: "{}".into(),
+                created_at_ms: created,
+                state: DeliveryState::Pending,
+                attempts: 3,
+                next_attempt_at_ms: 0,
+                last_status: 0,
+                last_error: String::new(),
+                delivered_at_ms: 0,
+            });
+        }
+        core.db
+            .put_json(Table::Webhooks, &t.task_id, &rec)
+            .expect("put");
+        core.webhooks_pass().await.expect("pass");
+        core.webhooks_pass().await.expect("pass again");
+        let got: WebhookRec = core
+            .db
+            .get_json(Table::Webhooks, "task-1")
+            .expect("get")
+            .expect("rec");
+        let old = &got.deliveries[0];
+        assert_eq!(
+            (old.state, old.attempts),
+            (DeliveryState::Failed, 4),
+            "{old:?}"
+        );
+        assert!(old.last_error.starts_with("refused"), "{old:?}");
+        let young = &got.deliveries[1];
+        assert_eq!(
+            (young.state, young.attempts),
+            (DeliveryState::Pending, 4),
+            "{young:?}"
+        );
+        assert!(
+            young.next_attempt_at_ms >= now + backoff_ms(4) - 1000,
+            "the next attempt waits its back-off: {young:?}"
+        );
+        // Failed is final: no more attempts, and the record is no longer open.
+        assert!(got.open(), "the young delivery keeps the record open");
+        let mut gone = got.clone();
+        gone.deliveries.truncate(1);
+        assert!(!gone.open());
+    }
+
     #[test]
     fn deliveries_in_flight_are_capped_and_a_long_result_is_cut() {
         let t = task("r".repeat(wire::MAX_PAYLOAD_BYTES + 1));

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use agen::{
     ApprovalDecision, ApprovalRequest, Approver, CancellationToken, HostTool, HostToolSpec,
-    Outcome, RunOptions, RunStream, ToolContext, ToolError,
+    Outcome, RunItem, RunItems, RunOptions, RunStream, ToolContext, ToolError,
 };
 use futures::StreamExt;
 use pyo3::prelude::*;
@@ -264,14 +264,16 @@ impl Agent {
     }
 
     /// Starts a run of `input` (`run_id`: its run-log folder; `conversation`: continue that
-    /// conversation); read its events with `Run.next`.
-    #[pyo3(signature = (input, run_id=None, conversation=None, labels=BTreeMap::new()))]
+    /// conversation); read its events with `Run.next` (with `deltas`, the model's answer as it
+    /// streams too).
+    #[pyo3(signature = (input, run_id=None, conversation=None, labels=BTreeMap::new(), deltas=false))]
     fn start(
         &self,
         input: String,
         run_id: Option<String>,
         conversation: Option<String>,
         labels: BTreeMap<String, String>,
+        deltas: bool,
     ) -> PyResult<Run> {
         let cancel = CancellationToken::new();
         let mut o = RunOptions::new().cancel(cancel.clone());
@@ -286,7 +288,7 @@ impl Agent {
         }
         let _in_runtime = rt().enter();
         let stream = self.agent.stream_with(input, o).map_err(agent_error)?;
-        Ok(Run::new(stream, Some(cancel)))
+        Ok(Run::new(stream, Some(cancel), deltas))
     }
 
     /// Resumes run `run_id` from the run log (after a crash): recorded model turns and tool
@@ -294,7 +296,7 @@ impl Agent {
     fn resume(&self, run_id: String) -> PyResult<Run> {
         let _in_runtime = rt().enter();
         let stream = self.agent.resume_stream(&run_id).map_err(agent_error)?;
-        Ok(Run::new(stream, None))
+        Ok(Run::new(stream, None, false))
     }
 
     /// The runs of the run log that have not finished (a crash interrupted them).
@@ -325,21 +327,24 @@ impl Agent {
 #[pyclass(frozen, module = "agen._native")]
 pub struct Run {
     run_id: String,
-    stream: Mutex<Option<RunStream>>,
+    stream: Mutex<Option<RunItems>>,
     /// Cancels the run without waiting for the stream's lock (held while `next` waits).
     cancel: Option<CancellationToken>,
+    /// Whether `next` gives the streamed pieces too.
+    deltas: bool,
 }
 
 impl Run {
-    fn new(stream: RunStream, cancel: Option<CancellationToken>) -> Run {
+    fn new(stream: RunStream, cancel: Option<CancellationToken>, deltas: bool) -> Run {
         Run {
             run_id: stream.run_id().to_owned(),
-            stream: Mutex::new(Some(stream)),
+            stream: Mutex::new(Some(stream.with_deltas())),
             cancel,
+            deltas,
         }
     }
 
-    fn take(&self) -> PyResult<RunStream> {
+    fn take(&self) -> PyResult<RunItems> {
         self.stream
             .lock()
             .ok()
@@ -356,7 +361,9 @@ impl Run {
         self.run_id.clone()
     }
 
-    /// The next run event as JSON (`{"kind", "json"}`), or `None` after the last.
+    /// The next run event as JSON (`{"kind", "json"}`), or `None` after the last; a streamed
+    /// piece (asked for with `deltas`) is `{"kind": "model.delta" | "delta.reset", "json":
+    /// {attempt, turn, text}}`.
     fn next(&self, py: Python<'_>) -> PyResult<Option<String>> {
         let mut guard = self
             .stream
@@ -365,8 +372,19 @@ impl Run {
         let Some(stream) = guard.as_mut() else {
             return Ok(None);
         };
-        let ev = block(py, stream.next())?;
-        Ok(ev.map(|e| to_json(&e)))
+        let deltas = self.deltas;
+        let item = block(py, async move {
+            loop {
+                match stream.next().await {
+                    Some(RunItem::Delta(_)) if !deltas => continue,
+                    other => return other,
+                }
+            }
+        })?;
+        Ok(item.map(|i| match i {
+            RunItem::Event(e) => to_json(&e),
+            RunItem::Delta(d) => to_json(&json!({"kind": d.kind(), "json": d})),
+        }))
     }
 
     /// Waits for the run's end and returns its outcome as JSON.

@@ -63,6 +63,15 @@ struct Submit {
     client_request_id: Option<String>,
     #[serde(default)]
     traceparent: Option<String>,
+    /// reject|enqueue|interrupt|rollback; none: the bundle's `doubleTexting`.
+    #[serde(default)]
+    double_texting: Option<String>,
+    /// URLs told (signed POST) when the task ends.
+    #[serde(default)]
+    webhooks: Vec<String>,
+    /// The `webhooks` are also told when the task waits for an approval.
+    #[serde(default)]
+    webhook_on_waiting: bool,
 }
 
 #[pymethods]
@@ -108,7 +117,10 @@ impl Hub {
     /// Uploads the bundle folder `dir` and creates or rolls deployment `name` (default: the
     /// bundle's name); with `wait`, until every replica runs it and is healthy. The answer has
     /// the deployment, its instances and what `agen deploy` would warn about (`warnings`).
-    #[pyo3(signature = (dir, name=None, replicas=None, wait=false, timeout_s=120.0))]
+    /// `webhook` (signed with platform secret `webhook_secret`) is told of every task's end
+    /// (and wait, with `webhook_on_waiting`); a deploy without one removes the deployment's.
+    #[pyo3(signature = (dir, name=None, replicas=None, wait=false, timeout_s=120.0, webhook=None, webhook_secret=None, webhook_on_waiting=false))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one for one
     fn deploy(
         &self,
         py: Python<'_>,
@@ -117,7 +129,19 @@ impl Hub {
         replicas: Option<u32>,
         wait: bool,
         timeout_s: f64,
+        webhook: Option<String>,
+        webhook_secret: Option<String>,
+        webhook_on_waiting: bool,
     ) -> PyResult<String> {
+        let hook = webhook.map(|url| {
+            (
+                pb::WebhookTarget {
+                    url,
+                    on_waiting: webhook_on_waiting,
+                },
+                webhook_secret.unwrap_or_default(),
+            )
+        });
         let loaded = cmd::deploy::validate(&dir).map_err(|e| {
             error(
                 agen_cli::exit::code::USAGE,
@@ -144,7 +168,8 @@ impl Hub {
                     Err(s) => return Err(status_error_at(&hub.url, s)),
                 },
             };
-            let dep = cmd::deploy::deploy(&mut hub, &dir, &name, replicas, 1, &[]).await?;
+            let dep =
+                cmd::deploy::deploy_with(&mut hub, &dir, &name, (replicas, 1), &[], hook).await?;
             if wait {
                 cmd::deploy::wait_ready(&mut hub, &dep, timeout).await?;
             }
@@ -224,9 +249,15 @@ impl Hub {
             traceparent: s.traceparent.unwrap_or_default(),
             timeout_ms: s.timeout_ms.unwrap_or(0),
             max_tokens: s.max_tokens.unwrap_or(0),
-            // The deployment's webhook and its bundle's double-texting mode apply.
-            webhooks: Vec::new(),
-            double_texting: String::new(),
+            webhooks: s
+                .webhooks
+                .into_iter()
+                .map(|url| pb::WebhookTarget {
+                    url,
+                    on_waiting: s.webhook_on_waiting,
+                })
+                .collect(),
+            double_texting: s.double_texting.unwrap_or_default(),
         };
         let mut c = self.client.clone();
         let task = block(py, async move {
@@ -275,14 +306,16 @@ impl Hub {
         Ok(view::task_json(&t).to_string())
     }
 
-    /// Follows task `task_id`'s events from sequence number `from_seq`.
-    #[pyo3(signature = (task_id, from_seq=0))]
-    fn watch(&self, task_id: String, from_seq: u64) -> EventStream {
+    /// Follows task `task_id`'s events from sequence number `from_seq`; with `deltas`, the
+    /// model's streamed text too (`model.delta` / `delta.reset`, not durable: `seq` 0).
+    #[pyo3(signature = (task_id, from_seq=0, deltas=false))]
+    fn watch(&self, task_id: String, from_seq: u64, deltas: bool) -> EventStream {
         EventStream {
             client: self.client.clone(),
             url: self.url.clone(),
             namespace: self.namespace.clone(),
             task_id,
+            deltas,
             state: Mutex::new(Follow {
                 next_seq: from_seq,
                 stream: None,
@@ -399,6 +432,113 @@ impl Hub {
             .collect();
         Ok(json!({"task_id": t.task_id, "trace_id": t.trace_id, "spans": spans}).to_string())
     }
+
+    /// Creates a schedule (`request` is the JSON of `NewSchedule`); the answer is the
+    /// schedule as `agen schedules create -o json` shows it.
+    fn create_schedule(&self, py: Python<'_>, request: String) -> PyResult<String> {
+        let s: NewSchedule = serde_json::from_str(&request).map_err(|e| {
+            error(
+                agen_cli::exit::code::USAGE,
+                format!("schedule request: {e}"),
+            )
+        })?;
+        let req = pb::CreateScheduleRequest {
+            namespace: self.namespace.clone(),
+            deployment: s.deployment,
+            cron: s.cron,
+            timezone: s.timezone,
+            input: s.input,
+            conversation_key: s.conversation_key.unwrap_or_default(),
+            overlap: s.overlap,
+            catch_up: s.catch_up,
+        };
+        let mut c = self.client.clone();
+        let got = block(py, async move { c.create_schedule(req).await })?
+            .map_err(|s| self.fail(s))?
+            .into_inner();
+        Ok(cmd::schedules::schedule_json(&got).to_string())
+    }
+
+    /// The namespace's schedules.
+    fn schedules(&self, py: Python<'_>) -> PyResult<String> {
+        let mut c = self.client.clone();
+        let req = pb::ListSchedulesRequest {
+            namespace: self.namespace.clone(),
+        };
+        let all = block(py, async move { c.list_schedules(req).await })?
+            .map_err(|s| self.fail(s))?
+            .into_inner()
+            .schedules;
+        Ok(Value::Array(all.iter().map(cmd::schedules::schedule_json).collect()).to_string())
+    }
+
+    /// `pause`, `resume` or `delete` schedule `schedule_id`; the answer is the schedule after.
+    fn change_schedule(
+        &self,
+        py: Python<'_>,
+        schedule_id: String,
+        change: String,
+    ) -> PyResult<String> {
+        let mut c = self.client.clone();
+        let req = pb::ScheduleRequest {
+            namespace: self.namespace.clone(),
+            schedule_id,
+        };
+        let got = block(py, async move {
+            match change.as_str() {
+                "pause" => c.pause_schedule(req).await,
+                "resume" => c.resume_schedule(req).await,
+                "delete" => c.delete_schedule(req).await,
+                other => Err(tonic::Status::invalid_argument(format!(
+                    "schedule change {other:?}: expected pause, resume or delete"
+                ))),
+            }
+        })?
+        .map_err(|s| self.fail(s))?
+        .into_inner();
+        Ok(cmd::schedules::schedule_json(&got).to_string())
+    }
+
+    /// Submits schedule `schedule_id`'s task now; the answer is the task.
+    fn run_schedule(&self, py: Python<'_>, schedule_id: String) -> PyResult<String> {
+        let mut c = self.client.clone();
+        let req = pb::ScheduleRequest {
+            namespace: self.namespace.clone(),
+            schedule_id,
+        };
+        let t = block(py, async move { c.run_schedule(req).await })?
+            .map_err(|s| self.fail(s))?
+            .into_inner();
+        Ok(view::task_json(&t).to_string())
+    }
+
+    /// Task `task_id`'s webhook deliveries as `agen tasks webhooks -o json` shows them.
+    fn task_webhooks(&self, py: Python<'_>, task_id: String) -> PyResult<String> {
+        let mut c = self.client.clone();
+        let req = pb::ListTaskWebhooksRequest {
+            namespace: self.namespace.clone(),
+            task_id,
+        };
+        let all = block(py, async move { c.list_task_webhooks(req).await })?
+            .map_err(|s| self.fail(s))?
+            .into_inner()
+            .deliveries;
+        Ok(Value::Array(all.iter().map(cmd::task_webhooks::delivery_json).collect()).to_string())
+    }
+}
+
+/// What `create_schedule` sends, as the Python layer gives it (the Hub checks every field and
+/// names the bad one).
+#[derive(serde::Deserialize)]
+struct NewSchedule {
+    deployment: String,
+    cron: String,
+    timezone: String,
+    input: String,
+    #[serde(default)]
+    conversation_key: Option<String>,
+    overlap: String,
+    catch_up: String,
 }
 
 async fn deployment(hub: &mut agen_cli::client::Hub, name: &str) -> anyhow::Result<String> {
@@ -439,6 +579,7 @@ pub struct EventStream {
     url: String,
     namespace: String,
     task_id: String,
+    deltas: bool,
     state: Mutex<Follow>,
 }
 
@@ -473,8 +614,7 @@ impl EventStream {
                         namespace: self.namespace.clone(),
                         task_id: self.task_id.clone(),
                         from_seq: st.next_seq,
-                        // Typed events are the durable ones; streamed text is not asked for.
-                        deltas: false,
+                        deltas: self.deltas,
                     };
                     match c.watch_task(req).await {
                         Ok(s) => st.stream = Some(s.into_inner()),
@@ -492,6 +632,9 @@ impl EventStream {
                     continue;
                 };
                 match stream.next().await {
+                    // Streamed text is not durable: it has no place in the sequence (a stream
+                    // attached again starts with a reset carrying the turn so far).
+                    Some(Ok(ev)) if ev.delta.is_some() => return Ok(Some(ev)),
                     Some(Ok(ev)) if ev.seq < st.next_seq => continue,
                     Some(Ok(ev)) => {
                         st.next_seq = ev.seq + 1;
@@ -529,6 +672,14 @@ impl EventStream {
             }
             Err(s) => return Err(cli_error(status_error_at(&self.url, s))),
         };
+        if let Some(d) = &ev.delta {
+            let body =
+                json!({"attempt": d.attempt, "turn": d.turn, "text": d.text, "reset": d.reset});
+            return Ok(Some(
+                json!({"seq": 0, "at_ms": ev.at_ms, "kind": ev.kind, "body": body, "task": null})
+                    .to_string(),
+            ));
+        }
         let body: Value = serde_json::from_str(&ev.json).unwrap_or(Value::String(ev.json));
         let task = ev.task.as_ref().map_or(Value::Null, view::task_json);
         if ev.kind == "task.state"

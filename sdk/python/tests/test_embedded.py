@@ -1,6 +1,7 @@
 """The embedded agent: the Rust harness in this process with Python tools (sync and async),
 schemas from type hints and pydantic, tool exceptions as tool errors, streamed events, `ask`
-decided by a Python callback, and a bundle's MCP servers beside Python tools."""
+decided by a Python callback, a bundle's MCP servers beside Python tools, and the answer as it
+streams (``deltas=True``)."""
 
 from __future__ import annotations
 
@@ -210,3 +211,21 @@ def test_async_for_streams_events_with_async_tools_on_the_loop(fake_model: Any) 
     kinds, text = asyncio.run(main())
     assert text == "Tromsø: rain tomorrow"
     assert kinds[-1] == "run.finished" and "tool.completed" in kinds, kinds
+
+
+def test_stream_with_deltas_yields_the_answer_as_it_is_written(fake_model: Any) -> None:
+    answer = "".join(f"piece{i} " for i in range(12))
+    model = fake_model([{"reply": answer, "chunk_chars": 5}])
+    agent = Agent(model="openai/fake", base_url=model.base_url, api_key="test")
+    with agent.stream("Speak", deltas=True) as run:
+        seen = list(run)
+        result = run.outcome()
+    pieces = [e for e in seen if isinstance(e, events.TextDelta)]
+    assert len(pieces) >= 3 and "".join(p.text for p in pieces) == answer == result.text, seen
+    assert all((p.attempt, p.turn) == (1, 1) for p in pieces), pieces
+    # Every piece of the turn came before its `model.answered`.
+    answered = next(i for i, e in enumerate(seen) if isinstance(e, events.ModelAnswered))
+    assert max(i for i, e in enumerate(seen) if isinstance(e, events.TextDelta)) < answered
+    # Without `deltas`, events only.
+    with agent.stream("Speak") as run:
+        assert not any(isinstance(e, (events.TextDelta, events.TextReset)) for e in run)

@@ -30,7 +30,7 @@ def run(code: str, cwd: Path, env: dict[str, str]) -> str:
 
 
 def test_every_python_block_is_run_here() -> None:
-    assert len(blocks()) == 6
+    assert len(blocks()) == 7
 
 
 def test_readme_fleet_examples(fleet: Fleet, fake_model: Any, tmp_path: Path) -> None:
@@ -40,7 +40,7 @@ def test_readme_fleet_examples(fleet: Fleet, fake_model: Any, tmp_path: Path) ->
         {"reply_template": "answer: {{last_tool_result}}"},
     ])
     write_bundle(tmp_path / "support-agent", "support", model.base_url, ask=["ws.run"])
-    sync, asyncio_, errors = blocks()[:3]
+    sync, asyncio_, triggers, errors = blocks()[:4]
 
     out = run(sync, tmp_path, fleet.env())
     assert "calling save_artifact" in out and "approving ws.run" in out, out
@@ -50,12 +50,20 @@ def test_readme_fleet_examples(fleet: Fleet, fake_model: Any, tmp_path: Path) ->
     out = run(asyncio_, tmp_path, fleet.env())
     assert "ask the customer first" in out, out
 
+    writer = fake_model([{"reply": "Orders: 3 shipped, 1 refunded.", "chunk_chars": 4, "chunk_delay_ms": 20}])
+    write_bundle(tmp_path / "writer-agent", "writer", writer.base_url, workspace=False)
+    out = run(triggers, tmp_path, fleet.env())
+    lines = out.splitlines()
+    assert len(lines) == 4 and lines[0] == "Orders: 3 shipped, 1 refunded.", out
+    assert lines[1] == "True" and lines[3] == "True", out
+    assert lines[2].startswith("sch") and lines[2].endswith(" True"), out
+
     out = run(errors, tmp_path, fleet.env())
     assert out.startswith("not found (exit code 4): "), out
 
 
 def test_readme_embedded_examples(fake_model: Any, tmp_path: Path) -> None:
-    first, tools, testing = blocks()[3:]
+    first, tools, testing = blocks()[4:]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGEN_", "OPENAI_"))}
     env["AGEN_BIN"] = str(AGEN_BIN)
     env["OPENAI_API_KEY"] = "test"

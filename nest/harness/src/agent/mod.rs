@@ -4,6 +4,7 @@
 //! Public API (re-exported by the `agen` crate): [`Agent::from_bundle`] / [`Agent::builder`]
 //! ([`AgentBuilder`]), host tools ([`Tool`], or any [`crate::run::HostTool`]), runs
 //! ([`Agent::run`] → [`Outcome`], [`Agent::run_stream`] → [`RunStream`] of typed run events,
+//! [`RunStream::with_deltas`] → [`RunItems`] with the model's answer as it streams,
 //! [`RunOptions`] for a cancellation token and labels, [`Agent::conversation`]), the local run
 //! log ([`AgentBuilder::run_log`], [`Agent::resume`], [`Agent::unfinished_runs`]) and artifacts
 //! ([`AgentBuilder::artifacts_dir`], [`Agent::read_artifact`]).
@@ -34,7 +35,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 pub use builder::AgentBuilder;
-pub use stream::RunStream;
+pub use stream::{RunItem, RunItems, RunStream};
 pub use tool::{schema_of, Tool, ToolBuilder};
 
 use crate::artifacts::ArtifactStore;
@@ -362,6 +363,7 @@ impl Agent {
             log: log.map(Arc::new),
             tx,
             tally: Mutex::new(tally),
+            attempt: req.attempt,
         });
         let inner = self.inner.clone();
         let run_id = req.run_id.to_string();

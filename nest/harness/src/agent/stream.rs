@@ -1,17 +1,19 @@
 //! One embedded run's events: the sink that passes each event to the local run log (when the
 //! agent has one), to the caller's stream and to the outcome's tallies (usage, artifacts); and
-//! [`RunStream`], the typed events as they happen, then the [`Outcome`].
+//! [`RunStream`], the typed events as they happen, then the [`Outcome`]; [`RunItems`], the
+//! same with the model's answer as it streams ([`RunItem::Delta`], never logged).
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use agen_shared::run::{ArtifactSaved, Usage};
+use agen_shared::run::{ArtifactSaved, TurnDelta, Usage};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{AgentError, Outcome};
+use crate::model::ModelDelta;
 use crate::run::{RunEventBody, RunEventSink, SinkError};
 use crate::standalone::SledRunLog;
 
@@ -39,11 +41,24 @@ impl Tally {
     }
 }
 
+/// What a run stream carries: a run event, or a piece of a model turn's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunItem {
+    /// A run event (also in the run log, when the agent has one).
+    Event(RunEventBody),
+    /// The model's answer as it streams: not an event, never logged. A reset (the provider
+    /// retried the turn) voids what was shown of that turn; the text after a turn's last reset
+    /// is what its `model.answered` holds.
+    Delta(TurnDelta),
+}
+
 /// The sink of one embedded run.
 pub(super) struct Tee {
     pub log: Option<Arc<SledRunLog>>,
-    pub tx: mpsc::UnboundedSender<RunEventBody>,
+    pub tx: mpsc::UnboundedSender<RunItem>,
     pub tally: Mutex<Tally>,
+    /// The run attempt (1, or the next one on a resume).
+    pub attempt: u32,
 }
 
 #[async_trait::async_trait]
@@ -60,8 +75,21 @@ impl RunEventSink for Tee {
             .unwrap_or_else(|p| p.into_inner())
             .add(&body);
         // A caller that stopped reading does not stop the run.
-        let _ = self.tx.send(body);
+        let _ = self.tx.send(RunItem::Event(body));
         logged
+    }
+
+    fn delta(&self, turn: u32, delta: ModelDelta<'_>) {
+        let (text, reset) = match delta {
+            ModelDelta::Text(t) => (t.to_string(), false),
+            ModelDelta::Reset => (String::new(), true),
+        };
+        let _ = self.tx.send(RunItem::Delta(TurnDelta {
+            attempt: self.attempt,
+            turn,
+            text,
+            reset,
+        }));
     }
 
     fn durable_results(&self) -> bool {
@@ -73,7 +101,7 @@ impl RunEventSink for Tee {
 /// `run.finished`), then [`RunStream::outcome`]. Dropping it before the outcome cancels the run.
 pub struct RunStream {
     pub(super) run_id: String,
-    pub(super) rx: mpsc::UnboundedReceiver<RunEventBody>,
+    pub(super) rx: mpsc::UnboundedReceiver<RunItem>,
     pub(super) task: Option<JoinHandle<Result<Outcome, AgentError>>>,
     pub(super) cancel: CancellationToken,
 }
@@ -106,11 +134,55 @@ impl RunStream {
     }
 }
 
+impl RunStream {
+    /// This stream with the model's answer as it streams between the events: items are
+    /// [`RunItem::Event`]s and [`RunItem::Delta`]s, in the order the run made them.
+    pub fn with_deltas(self) -> RunItems {
+        RunItems(self)
+    }
+}
+
 impl futures::Stream for RunStream {
     type Item = RunEventBody;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<RunEventBody>> {
-        self.rx.poll_recv(cx)
+        loop {
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(RunItem::Delta(_))) => continue,
+                Poll::Ready(Some(RunItem::Event(e))) => return Poll::Ready(Some(e)),
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+/// A [`RunStream`] that also yields the model's answer as it streams
+/// ([`RunStream::with_deltas`]). Dropping it before the outcome cancels the run.
+pub struct RunItems(RunStream);
+
+impl RunItems {
+    /// The run's id.
+    pub fn run_id(&self) -> &str {
+        self.0.run_id()
+    }
+
+    /// Cancels the run (see [`RunStream::cancel`]).
+    pub fn cancel(&self) {
+        self.0.cancel();
+    }
+
+    /// Waits for the run's end (see [`RunStream::outcome`]).
+    pub async fn outcome(self) -> Result<Outcome, AgentError> {
+        self.0.outcome().await
+    }
+}
+
+impl futures::Stream for RunItems {
+    type Item = RunItem;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<RunItem>> {
+        self.0.rx.poll_recv(cx)
     }
 }
 

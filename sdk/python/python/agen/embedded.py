@@ -345,9 +345,13 @@ class Agent:
         run_id: str | None = None,
         conversation: str | None = None,
         labels: Mapping[str, str] | None = None,
+        deltas: bool = False,
     ) -> RunStream:
-        """Starts ``input``; iterate the result for its typed events, then ``.outcome()``."""
-        return RunStream(self._agent.start(input, run_id, conversation, dict(labels or {})), self)
+        """Starts ``input``; iterate the result for its typed events, then ``.outcome()``.
+        With ``deltas``, the model's answer as it is written comes between the events
+        (:class:`~agen.events.TextDelta`; a :class:`~agen.events.TextReset` when the provider
+        retried a turn: drop what was shown of it). The pieces are never in the run log."""
+        return RunStream(self._agent.start(input, run_id, conversation, dict(labels or {}), deltas), self)
 
     async def arun(
         self,

@@ -4,6 +4,10 @@
 Both come from the same run contract (``shared/src/run``); a fleet event also has ``seq`` (its
 place in the task's history, each given once and in order) and ``task`` (the task's snapshot
 after it). Kinds this version does not know arrive as :class:`Other`.
+
+:class:`TextDelta` and :class:`TextReset` are not events of the run's history: they are the
+model's answer as it streams (``task.stream()``, ``task.events(deltas=True)``), never stored,
+``seq`` 0. The text after a turn's last reset is what that turn's :class:`ModelAnswered` holds.
 """
 
 from __future__ import annotations
@@ -153,6 +157,28 @@ class Finished(Event):
 
 
 @dataclass(frozen=True)
+class TextDelta(Event):
+    """The next piece of model turn ``turn``'s answer (of run attempt ``attempt``) as it
+    streams. Not durable: ``seq`` is 0, and a piece may be lost to a dropped connection (then
+    a :class:`TextReset` carries the turn so far)."""
+
+    attempt: int = 0
+    turn: int = 0
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class TextReset(Event):
+    """Drop what was shown of turn ``turn`` and of every later turn: the turn was cut off (a
+    crash, a resume, a provider's retry) and is asked again, or this stream attached late.
+    ``text`` is the turn's new beginning (often empty)."""
+
+    attempt: int = 0
+    turn: int = 0
+    text: str = ""
+
+
+@dataclass(frozen=True)
 class Other(Event):
     """An event of a kind this version does not type (``kind`` and ``body`` say all)."""
 
@@ -288,4 +314,9 @@ def parse(
         )
     if kind == "run.finished":
         return Finished(**base, state=_str(b.get("state")), result=_str(b.get("result")))
+    if kind in ("model.delta", "delta.reset"):
+        attempt, turn, text = _int(b.get("attempt")) or 0, _int(b.get("turn")) or 0, _str(b.get("text"))
+        if kind == "delta.reset" or b.get("reset") is True:
+            return TextReset(**base, attempt=attempt, turn=turn, text=text)
+        return TextDelta(**base, attempt=attempt, turn=turn, text=text)
     return Other(**base)

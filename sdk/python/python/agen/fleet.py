@@ -16,15 +16,24 @@ import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
 
 from . import _native
 from .errors import Cancelled, TaskFailed, WaitTimeout
-from .events import Event, parse
+from .events import Event, TextDelta, TextReset, parse
 
 StrPath = str | os.PathLike[str]
 
 _TERMINAL = ("succeeded", "failed", "cancelled")
+
+DoubleTexting = Literal["reject", "enqueue", "interrupt", "rollback"]
+"""What a submit does when its conversation already has a task queued or running."""
+
+
+def _time(v: Any) -> datetime | None:
+    """An RFC 3339 time of the Hub's JSON (``…Z``), or ``None``."""
+    return datetime.fromisoformat(v.replace("Z", "+00:00")) if isinstance(v, str) and v else None
 
 
 @dataclass(frozen=True)
@@ -124,6 +133,73 @@ class Trace:
     spans: list[Span]
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """A schedule: deployment ``deployment`` gets a task with ``input`` at every slot of
+    ``cron`` read in ``timezone``; each firing is a task labelled ``agen.schedule`` (its id)
+    and ``agen.schedule.slot``."""
+
+    schedule_id: str
+    deployment: str
+    cron: str
+    timezone: str
+    input: str
+    conversation_key: str
+    overlap: str
+    catch_up: str
+    paused: bool
+    next_slot: datetime | None
+    last_slot: datetime | None
+    last_task_id: str
+    raw: dict[str, Any] = field(repr=False)
+
+    @staticmethod
+    def _of(v: dict[str, Any]) -> Schedule:
+        return Schedule(
+            schedule_id=str(v.get("schedule_id", "")),
+            deployment=str(v.get("deployment", "")),
+            cron=str(v.get("cron", "")),
+            timezone=str(v.get("timezone", "")),
+            input=str(v.get("input", "")),
+            conversation_key=str(v.get("conversation_key") or ""),
+            overlap=str(v.get("overlap", "")),
+            catch_up=str(v.get("catch_up", "")),
+            paused=v.get("paused") is True,
+            next_slot=_time(v.get("next_slot")),
+            last_slot=_time(v.get("last_slot")),
+            last_task_id=str(v.get("last_task_id") or ""),
+            raw=v,
+        )
+
+
+@dataclass(frozen=True)
+class WebhookDelivery:
+    """One webhook delivery of a task (``event``: ``task.ended`` or ``task.waiting``;
+    ``state``: ``pending``, ``delivered`` or ``failed``) and how its attempts went."""
+
+    delivery_id: str
+    url: str
+    event: str
+    state: str
+    attempts: int
+    last_status: int
+    last_error: str
+    delivered_at: datetime | None
+
+    @staticmethod
+    def _of(v: dict[str, Any]) -> WebhookDelivery:
+        return WebhookDelivery(
+            delivery_id=str(v.get("delivery_id", "")),
+            url=str(v.get("url", "")),
+            event=str(v.get("event", "")),
+            state=str(v.get("state", "")),
+            attempts=int(v.get("attempts") or 0),
+            last_status=int(v.get("last_status") or 0),
+            last_error=str(v.get("last_error") or ""),
+            delivered_at=_time(v.get("delivered_at")),
+        )
+
+
 def _env(value: Any, name: str) -> Any:
     if value is not None:
         return value
@@ -191,16 +267,32 @@ class Task:
         self._snap = json.loads(self._client._hub.task(self.id))
         return self
 
-    def events(self, from_seq: int = 0) -> Iterator[Event]:
+    def events(self, from_seq: int = 0, *, deltas: bool = False) -> Iterator[Event]:
         """The task's events from ``from_seq`` to its end, each once and in order, also when
-        the stream to the Hub drops on the way (it attaches again where it stopped)."""
-        stream = self._client._hub.watch(self.id, from_seq)
+        the stream to the Hub drops on the way (it attaches again where it stopped). With
+        ``deltas``, the model's answer as it streams too (:class:`~agen.events.TextDelta`,
+        :class:`~agen.events.TextReset`; not durable, ``seq`` 0)."""
+        stream = self._client._hub.watch(self.id, from_seq, deltas)
         effects: dict[str, bool] = {}
         while True:
             got = stream.next()
             if got is None:
                 return
             yield self._event(got, effects)
+
+    def stream(self) -> Iterator[TextDelta | TextReset]:
+        """The model's answer as it is written, until the task ends (then ``result`` is
+        fresh): :class:`~agen.events.TextDelta` pieces, and a :class:`~agen.events.TextReset`
+        when a turn was cut off (a crash, a resume) and is asked again, or when this stream
+        attached after the turn began: drop what you showed of that turn and of later ones,
+        then show the reset's ``text``. The text after a turn's last reset is its answer."""
+        for event in self.events(deltas=True):
+            if isinstance(event, (TextDelta, TextReset)):
+                yield event
+
+    def webhooks(self) -> list[WebhookDelivery]:
+        """The task's webhook deliveries, each with its attempts (``agen tasks webhooks``)."""
+        return self._client.task_webhooks(self.id)
 
     def _event(self, got: str, effects: dict[str, bool]) -> Event:
         v = json.loads(got)
@@ -289,11 +381,19 @@ class Client:
         replicas: int | None = None,
         wait: bool = True,
         timeout: float = 120.0,
+        webhook: str | None = None,
+        webhook_secret: str | None = None,
+        webhook_on_waiting: bool = False,
     ) -> Deployment:
         """Uploads bundle folder ``bundle`` and creates or rolls the deployment (``name``
         defaults to the bundle's name; ``replicas`` to what it has now, 1 for a new one).
-        With ``wait``, returns once every replica runs it and is healthy."""
-        return Deployment._of(json.loads(self._hub.deploy(Path(bundle), name, replicas, wait, timeout)))
+        With ``wait``, returns once every replica runs it and is healthy. ``webhook``: a URL
+        told of every task's end (and wait for an approval, with ``webhook_on_waiting``),
+        signed with platform secret ``webhook_secret``; a deploy without it removes the
+        deployment's webhook (as ``agen deploy`` does)."""
+        return Deployment._of(json.loads(self._hub.deploy(
+            Path(bundle), name, replicas, wait, timeout, webhook, webhook_secret, webhook_on_waiting
+        )))
 
     def scale(self, name: str, replicas: int) -> Deployment:
         """Sets deployment ``name``'s replica count."""
@@ -321,11 +421,23 @@ class Client:
         deny: Sequence[str] = (),
         client_request_id: str | None = None,
         traceparent: str | None = None,
+        double_texting: DoubleTexting | None = None,
+        webhook: str | Sequence[str] | None = None,
+        webhook_on_waiting: bool = False,
     ) -> Task:
         """Queues a task. ``timeout`` (seconds) fails it when not finished in time;
         ``max_tokens`` caps its tokens; ``allow``/``ask``/``deny`` narrow the bundle's tool
         permissions for this task; a retry with the same ``client_request_id`` returns the
-        same task instead of a second one."""
+        same task instead of a second one.
+
+        ``double_texting`` (with a ``conversation_key`` whose conversation has a task queued
+        or running): ``reject`` raises :class:`TaskFailed` naming that task, ``enqueue`` runs
+        after it, ``interrupt`` stops it at its next safe point, ``rollback`` cancels it and
+        removes its turns; ``None``: the bundle's ``doubleTexting`` (default ``enqueue``).
+        ``webhook``: URL(s) told by a signed POST when the task ends (and, with
+        ``webhook_on_waiting``, when it waits for an approval); needs the namespace's
+        ``AGEN_WEBHOOK_SECRET``."""
+        hooks = [webhook] if isinstance(webhook, str) else list(webhook or ())
         req = {
             "deployment": deployment,
             "input": input,
@@ -338,6 +450,9 @@ class Client:
             "deny": list(deny),
             "client_request_id": client_request_id,
             "traceparent": traceparent,
+            "double_texting": double_texting,
+            "webhooks": hooks,
+            "webhook_on_waiting": webhook_on_waiting,
         }
         return Task(self, json.loads(self._hub.submit(json.dumps(req))))
 
@@ -378,6 +493,57 @@ class Client:
     def download(self, artifact_id: str, path: StrPath) -> int:
         """Writes artifact ``artifact_id`` to file ``path``; returns its size in bytes."""
         return self._hub.download(artifact_id, Path(path))
+
+    def task_webhooks(self, task_id: str) -> list[WebhookDelivery]:
+        """Task ``task_id``'s webhook deliveries."""
+        return [WebhookDelivery._of(d) for d in json.loads(self._hub.task_webhooks(task_id))]
+
+    def create_schedule(
+        self,
+        deployment: str,
+        *,
+        cron: str,
+        input: str,
+        timezone: str = "UTC",
+        conversation_key: str | None = None,
+        overlap: Literal["skip", "enqueue", "allow"] = "skip",
+        catch_up: Literal["latest", "none"] = "latest",
+    ) -> Schedule:
+        """Creates a schedule: ``deployment`` gets a task with ``input`` at every slot of
+        ``cron`` (5 fields, or 6 with seconds first) in IANA zone ``timezone``. ``overlap``: a
+        slot while the last firing's task runs is skipped, enqueued or allowed; ``catch_up``:
+        slots missed while no Hub ran fire one task (``latest``) or none. A bad expression or
+        zone raises :class:`InvalidArgument` naming the field."""
+        req = {
+            "deployment": deployment,
+            "cron": cron,
+            "timezone": timezone,
+            "input": input,
+            "conversation_key": conversation_key,
+            "overlap": overlap,
+            "catch_up": catch_up,
+        }
+        return Schedule._of(json.loads(self._hub.create_schedule(json.dumps(req))))
+
+    def schedules(self) -> list[Schedule]:
+        """The namespace's schedules."""
+        return [Schedule._of(s) for s in json.loads(self._hub.schedules())]
+
+    def pause_schedule(self, schedule_id: str) -> Schedule:
+        """Pauses a schedule: it fires nothing until resumed."""
+        return Schedule._of(json.loads(self._hub.change_schedule(schedule_id, "pause")))
+
+    def resume_schedule(self, schedule_id: str) -> Schedule:
+        """Resumes a paused schedule from its next slot (slots skipped meanwhile do not fire)."""
+        return Schedule._of(json.loads(self._hub.change_schedule(schedule_id, "resume")))
+
+    def delete_schedule(self, schedule_id: str) -> Schedule:
+        """Removes a schedule (its tasks stay); returns it as it was."""
+        return Schedule._of(json.loads(self._hub.change_schedule(schedule_id, "delete")))
+
+    def run_schedule(self, schedule_id: str) -> Task:
+        """Submits the schedule's task now (labelled with slot ``manual``)."""
+        return Task(self, json.loads(self._hub.run_schedule(schedule_id)))
 
     def trace(self, task_id: str) -> Trace:
         """Task ``task_id``'s trace: its spans with durations and status."""
@@ -438,15 +604,25 @@ class AsyncTask:
         """Follows the task to its end and returns its answer (see :meth:`Task.wait`)."""
         return await asyncio.to_thread(self.sync.wait, timeout)
 
-    async def events(self, from_seq: int = 0) -> AsyncIterator[Event]:
+    async def events(self, from_seq: int = 0, *, deltas: bool = False) -> AsyncIterator[Event]:
         """``async for event in task.events()``: as :meth:`Task.events`."""
-        stream = self.sync._client._hub.watch(self.sync.id, from_seq)
+        stream = self.sync._client._hub.watch(self.sync.id, from_seq, deltas)
         effects: dict[str, bool] = {}
         while True:
             got = await asyncio.to_thread(stream.next)
             if got is None:
                 return
             yield self.sync._event(got, effects)
+
+    async def stream(self) -> AsyncIterator[TextDelta | TextReset]:
+        """``async for piece in task.stream()``: as :meth:`Task.stream`."""
+        async for event in self.events(deltas=True):
+            if isinstance(event, (TextDelta, TextReset)):
+                yield event
+
+    async def webhooks(self) -> list[WebhookDelivery]:
+        """The task's webhook deliveries."""
+        return await asyncio.to_thread(self.sync.webhooks)
 
     async def cancel(self, reason: str = "") -> AsyncTask:
         """Cancels the task."""
@@ -487,10 +663,22 @@ class AsyncClient:
         replicas: int | None = None,
         wait: bool = True,
         timeout: float = 120.0,
+        webhook: str | None = None,
+        webhook_secret: str | None = None,
+        webhook_on_waiting: bool = False,
     ) -> Deployment:
         """See :meth:`Client.deploy`."""
         return await asyncio.to_thread(
-            self.sync.deploy, bundle, name=name, replicas=replicas, wait=wait, timeout=timeout
+            lambda: self.sync.deploy(
+                bundle,
+                name=name,
+                replicas=replicas,
+                wait=wait,
+                timeout=timeout,
+                webhook=webhook,
+                webhook_secret=webhook_secret,
+                webhook_on_waiting=webhook_on_waiting,
+            )
         )
 
     async def scale(self, name: str, replicas: int) -> Deployment:
@@ -518,6 +706,9 @@ class AsyncClient:
         ask: Sequence[str] = (),
         deny: Sequence[str] = (),
         client_request_id: str | None = None,
+        double_texting: DoubleTexting | None = None,
+        webhook: str | Sequence[str] | None = None,
+        webhook_on_waiting: bool = False,
     ) -> AsyncTask:
         """See :meth:`Client.submit`."""
         t = await asyncio.to_thread(
@@ -532,6 +723,9 @@ class AsyncClient:
                 ask=ask,
                 deny=deny,
                 client_request_id=client_request_id,
+                double_texting=double_texting,
+                webhook=webhook,
+                webhook_on_waiting=webhook_on_waiting,
             )
         )
         return AsyncTask(t)
@@ -567,3 +761,51 @@ class AsyncClient:
     async def trace(self, task_id: str) -> Trace:
         """See :meth:`Client.trace`."""
         return await asyncio.to_thread(self.sync.trace, task_id)
+
+    async def task_webhooks(self, task_id: str) -> list[WebhookDelivery]:
+        """See :meth:`Client.task_webhooks`."""
+        return await asyncio.to_thread(self.sync.task_webhooks, task_id)
+
+    async def create_schedule(
+        self,
+        deployment: str,
+        *,
+        cron: str,
+        input: str,
+        timezone: str = "UTC",
+        conversation_key: str | None = None,
+        overlap: Literal["skip", "enqueue", "allow"] = "skip",
+        catch_up: Literal["latest", "none"] = "latest",
+    ) -> Schedule:
+        """See :meth:`Client.create_schedule`."""
+        return await asyncio.to_thread(
+            lambda: self.sync.create_schedule(
+                deployment,
+                cron=cron,
+                input=input,
+                timezone=timezone,
+                conversation_key=conversation_key,
+                overlap=overlap,
+                catch_up=catch_up,
+            )
+        )
+
+    async def schedules(self) -> list[Schedule]:
+        """See :meth:`Client.schedules`."""
+        return await asyncio.to_thread(self.sync.schedules)
+
+    async def pause_schedule(self, schedule_id: str) -> Schedule:
+        """See :meth:`Client.pause_schedule`."""
+        return await asyncio.to_thread(self.sync.pause_schedule, schedule_id)
+
+    async def resume_schedule(self, schedule_id: str) -> Schedule:
+        """See :meth:`Client.resume_schedule`."""
+        return await asyncio.to_thread(self.sync.resume_schedule, schedule_id)
+
+    async def delete_schedule(self, schedule_id: str) -> Schedule:
+        """See :meth:`Client.delete_schedule`."""
+        return await asyncio.to_thread(self.sync.delete_schedule, schedule_id)
+
+    async def run_schedule(self, schedule_id: str) -> AsyncTask:
+        """See :meth:`Client.run_schedule`."""
+        return AsyncTask(await asyncio.to_thread(self.sync.run_schedule, schedule_id))
