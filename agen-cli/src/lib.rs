@@ -2,6 +2,7 @@
 //! `run(args) -> anyhow::Result<()>`. Client commands speak only gRPC to the Hub (`client`).
 
 pub mod client;
+pub mod daemon_config;
 pub mod cmd;
 pub mod exit;
 pub mod out;

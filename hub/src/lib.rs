@@ -89,6 +89,9 @@ pub struct HubHandle {
     pub plaintext: bool,
     /// Where metrics are served (`--metrics-listen`, port 0 resolved).
     pub metrics_addr: Option<SocketAddr>,
+    /// The task and audit retentions in force: [`core::retention::LiveRetention::set`] changes
+    /// them while the Hub runs (`agen hub` on SIGHUP).
+    pub retention: Arc<core::retention::LiveRetention>,
     serving: tokio::task::JoinHandle<Result<()>>,
     shutdown: CancellationToken,
 }
@@ -213,6 +216,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     tokens.ensure_bootstrap_join(&join_token, join_ttl)?;
     let nest_identities = tokens::nests::NestIdentities::open(db.clone())?;
     let core = core::Core::open(opts.clone(), db, secret_key)?;
+    let live_retention = core.retention.clone();
     core.resume_after_restore().await?;
 
     let listener = tokio::net::TcpListener::bind(opts.listen)
@@ -413,6 +417,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         join_token_file,
         plaintext: opts.insecure_plaintext,
         metrics_addr,
+        retention: live_retention,
         serving,
         shutdown,
     })

@@ -23,6 +23,7 @@ pub mod nest;
 pub mod nests;
 pub mod ps;
 pub mod query;
+pub mod reload;
 pub mod rm;
 pub mod rollback;
 pub mod run;
