@@ -238,7 +238,12 @@ pub fn try_parse(argv: &[OsString]) -> Result<Cli, Failure> {
     let mut cli = Cli::from_arg_matches(&matches).map_err(|e| Failure::Clap(e.format(&mut cmd)))?;
     let effective = |daemon: &str| -> Effective {
         let file = from_file.as_ref().filter(|(d, _, _)| *d == daemon);
-        effective(&cmd, &matches, daemon, file.map(|(_, p, k)| (p.as_path(), k)))
+        effective(
+            &cmd,
+            &matches,
+            daemon,
+            file.map(|(_, p, k)| (p.as_path(), k)),
+        )
     };
     match &mut cli.command {
         Command::Hub(a) => a.effective = effective("hub"),
@@ -294,7 +299,8 @@ fn apply_file(
             .find(|a| a.get_long() == Some(key.as_str()) && key != CONFIG_KEY)
             .ok_or_else(|| {
                 Failure::File(format!(
-                    "config file {at}: unknown key `{key}`; the keys are the long flags of `agen {daemon}` without their dashes (see agen {daemon} --help), e.g. nest-ttl = \"10s\""
+                    "config file {at}: unknown key `{key}`; the keys are the long flags of `agen {daemon}` without their dashes (see agen {daemon} --help), e.g. {}",
+                    if daemon == "hub" { "nest-ttl = \"10s\"" } else { "capacity = 8" }
                 ))
             })?;
         let bad = |what: &str| Failure::File(format!("config file {at}: key `{key}`: {what}"));

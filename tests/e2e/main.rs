@@ -15,6 +15,7 @@ mod backups;
 mod budgets;
 mod chaos;
 mod cli;
+mod config_file;
 mod console;
 mod day_two;
 mod delegates;
