@@ -47,6 +47,7 @@ pub mod model;
 pub mod nodes;
 pub mod otlp;
 pub mod repair;
+pub mod rpc_metrics;
 pub mod scheduler;
 pub mod secrets;
 mod server;
@@ -285,6 +286,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
         .layer(server::malformed_request_layer::<tonic::body::Body>())
+        .layer(rpc_metrics::Layer)
         .add_routes(routes);
     let tls_config = if opts.insecure_plaintext {
         None
