@@ -8,6 +8,7 @@ pub mod artifacts;
 pub mod audit;
 pub mod bench;
 pub mod cancel;
+pub mod complete;
 pub mod completions;
 pub mod deploy;
 pub mod fake_model;
