@@ -42,7 +42,9 @@ fn seconds_histogram() -> Histogram {
 }
 
 static HANDLED: LazyLock<Family<HandledLabels, Counter>> = LazyLock::new(Family::default);
-static HANDLING: LazyLock<Family<MethodLabels, Histogram, fn() -> Histogram>> =
+type Durations = Family<MethodLabels, Histogram, fn() -> Histogram>;
+
+static HANDLING: LazyLock<Durations> =
     LazyLock::new(|| Family::new_with_constructor(seconds_histogram));
 
 /// Adds the gRPC server families to a Hub's registry.
