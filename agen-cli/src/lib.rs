@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod cmd;
+pub mod daemon_config;
 pub mod exit;
 pub mod out;
 pub mod table;
@@ -100,6 +101,9 @@ pub enum Command {
     /// A scripted fake model over the OpenAI/Anthropic HTTP APIs, for tests and demos
     #[command(hide = true, name = "fake-model")]
     FakeModel(cmd::fake_model::Args),
+    /// The names a shell completion offers at a place of the command line (asked of the Hub)
+    #[command(hide = true, name = "__complete")]
+    Complete(cmd::complete::Args),
     /// One Keen script run in a killable child (started by an instance; JSON on stdin/stdout)
     #[command(hide = true, name = "keen-script")]
     KeenScript,
@@ -178,6 +182,7 @@ pub fn main(cli: Cli) -> i32 {
             Command::Tokens(c) => cmd::tokens::run(c).await,
             Command::Audit(a) => cmd::audit::run(a).await,
             Command::Completions(a) => cmd::completions::run(a),
+            Command::Complete(a) => cmd::complete::run(a).await,
             Command::Version(a) => cmd::version::run(a),
             Command::Run(a) => cmd::run::run(a).await,
             Command::Runs(a) => cmd::runs::run(a).await,

@@ -47,6 +47,7 @@ pub mod model;
 pub mod nodes;
 pub mod otlp;
 pub mod repair;
+pub mod rpc_metrics;
 pub mod scheduler;
 pub mod secrets;
 mod server;
@@ -89,6 +90,9 @@ pub struct HubHandle {
     pub plaintext: bool,
     /// Where metrics are served (`--metrics-listen`, port 0 resolved).
     pub metrics_addr: Option<SocketAddr>,
+    /// The task and audit retentions in force: [`core::retention::LiveRetention::set`] changes
+    /// them while the Hub runs (`agen hub` on SIGHUP).
+    pub retention: Arc<core::retention::LiveRetention>,
     serving: tokio::task::JoinHandle<Result<()>>,
     shutdown: CancellationToken,
 }
@@ -213,6 +217,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     tokens.ensure_bootstrap_join(&join_token, join_ttl)?;
     let nest_identities = tokens::nests::NestIdentities::open(db.clone())?;
     let core = core::Core::open(opts.clone(), db, secret_key)?;
+    let live_retention = core.retention.clone();
     core.resume_after_restore().await?;
 
     let listener = tokio::net::TcpListener::bind(opts.listen)
@@ -281,6 +286,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
         .layer(server::malformed_request_layer::<tonic::body::Body>())
+        .layer(rpc_metrics::Layer)
         .add_routes(routes);
     let tls_config = if opts.insecure_plaintext {
         None
@@ -413,6 +419,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         join_token_file,
         plaintext: opts.insecure_plaintext,
         metrics_addr,
+        retention: live_retention,
         serving,
         shutdown,
     })

@@ -193,6 +193,7 @@ impl HubMetrics {
             open: Mutex::new(Open::default()),
             registry: Registry::default(),
         };
+        crate::rpc_metrics::register(&mut registry);
         registry.register(
             "agen_hub_streams_open",
             "Open server streams of each kind (WatchTask, WatchDeployments, WatchNests, logs follow, A2A SSE)",

@@ -52,39 +52,83 @@ pub fn init(default: &str) {
 
 /// [`init`] with an explicit format (a daemon's `--log-format`).
 pub fn init_with(default: &str, format: LogFormat) {
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(v) => EnvFilter::try_new(filter_directives(&v))
-            .unwrap_or_else(|_| EnvFilter::new(default_directives(default))),
-        Err(_) => EnvFilter::new(default_directives(default)),
+    let _ = init_reloadable(None, default, format);
+}
+
+/// The filter of a daemon's log: `level` (its `--log-level`: a level such as `debug`, or
+/// directives such as `agen=debug,h2=warn`) when given, else `RUST_LOG`, else `default`; the
+/// tool servers' lines are kept whatever it says. An unparsable `level` is an error naming it.
+pub fn filter_for(level: Option<&str>, default: &str) -> Result<EnvFilter, String> {
+    let filter = match level {
+        Some(l) => EnvFilter::try_new(filter_directives(l)).map_err(|e| {
+            format!("log level `{l}`: {e}; use error, warn, info, debug, trace or directives such as agen=debug")
+        })?,
+        None => match std::env::var("RUST_LOG") {
+            Ok(v) => EnvFilter::try_new(filter_directives(&v))
+                .unwrap_or_else(|_| EnvFilter::new(default_directives(default))),
+            Err(_) => EnvFilter::new(default_directives(default)),
+        },
     };
     // A tool server's stderr lines are its log, not ours: kept whatever the level.
-    let filter = match KEPT_TARGET.parse() {
+    Ok(match KEPT_TARGET.parse() {
         Ok(d) => filter.add_directive(d),
         Err(_) => filter,
-    };
+    })
+}
+
+/// Changes the filter of the subscriber that [`init_reloadable`] installed (SIGHUP).
+pub struct LogFilter {
+    set: Box<dyn Fn(EnvFilter) -> Result<(), String> + Send + Sync>,
+}
+
+impl LogFilter {
+    /// Replaces the filter in force: later events follow `filter`.
+    pub fn set(&self, filter: EnvFilter) -> Result<(), String> {
+        (self.set)(filter)
+    }
+}
+
+/// [`init_with`] whose filter ([`filter_for`] `level`) can be replaced later through the
+/// returned [`LogFilter`]. An unknown `level` falls back to `default` (the caller validated it).
+pub fn init_reloadable(level: Option<&str>, default: &str, format: LogFormat) -> LogFilter {
+    let filter = filter_for(level, default)
+        .or_else(|_| filter_for(None, default))
+        .unwrap_or_else(|_| EnvFilter::new(default_directives(default)));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    let _ = match format {
+    match format {
         // The target stays in JSON: a reader (the Nest) routes tool-server lines by it.
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(false)
-            .with_current_span(false)
-            .try_init(),
+        LogFormat::Json => {
+            let b = builder
+                .json()
+                .flatten_event(false)
+                .with_current_span(false)
+                .with_filter_reloading();
+            let handle = b.reload_handle();
+            let _ = b.try_init();
+            LogFilter {
+                set: Box::new(move |f| handle.reload(f).map_err(|e| e.to_string())),
+            }
+        }
         LogFormat::Text => {
             let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
             let inner = Format::default().with_target(false).with_ansi(ansi);
-            builder
+            let b = builder
                 .with_target(false)
                 .with_ansi(ansi)
                 .event_format(Journal {
                     inner,
                     priorities: under_journald(),
                 })
-                .try_init()
+                .with_filter_reloading();
+            let handle = b.reload_handle();
+            let _ = b.try_init();
+            LogFilter {
+                set: Box::new(move |f| handle.reload(f).map_err(|e| e.to_string())),
+            }
         }
-    };
+    }
 }
 
 /// The target of tool servers' stderr lines (one event per line): always at `info`, whatever

@@ -297,3 +297,55 @@ fn the_builtin_join_token_expires_and_a_joined_nest_restarts_fine_after() {
         .count();
     assert_eq!(ready_count, 2, "early and late");
 }
+
+#[test]
+fn an_a2a_audit_entry_carries_the_http_peer_address_like_a_grpc_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let token = std::fs::read_to_string(hub.dir.join("hub/admin-token")).unwrap();
+    let body = r#"{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {"messageId": "m-audit", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}}"#;
+    // curl, as any HTTP client: a SendMessage to a deployment that does not exist is refused
+    // and audited.
+    let out = Command::new("curl")
+        .args(["-sS", "--cacert"])
+        .arg(hub.dir.join("hub/tls/ca.pem"))
+        .args([
+            "--resolve",
+            &format!("localhost:{}:127.0.0.1", hub.port),
+            "-H",
+            &format!("Authorization: Bearer {}", token.trim()),
+            "-H",
+            "Content-Type: application/json",
+            "--data",
+            body,
+            &format!("https://localhost:{}/a2a/default/ghost", hub.port),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let entries = wait_for("the A2A audit entry", Duration::from_secs(10), || {
+        let a: Vec<Value> = audit(&hub, &[])
+            .into_iter()
+            .filter(|e| e["call"] == "A2A.SendMessage")
+            .collect();
+        (!a.is_empty()).then_some(a)
+    })
+    .unwrap();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let e = &entries[0];
+    let peer: SocketAddr = e["peer"]
+        .as_str()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no peer address in {e}"));
+    assert!(peer.ip().is_loopback(), "{e}");
+    assert_ne!(
+        peer.port(),
+        hub.port,
+        "the client's end, not the Hub's: {e}"
+    );
+    assert_eq!(e["outcome"], "refused", "{e}");
+}

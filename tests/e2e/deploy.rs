@@ -157,11 +157,16 @@ fn every_agen_variable_the_units_set_is_one_the_binary_reads() {
             }
         }
         assert!(!names.is_empty(), "{role}: no AGEN_ variables found");
-        // AGEN_NEST_ARGS is expanded by systemd into ExecStart; AGEN_CONFIG is the client
+        // AGEN_NEST_ARGS and AGEN_HUB_ARGS are expanded by systemd into ExecStart; AGEN_CONFIG is the client
         // config every command reads.
         let unread: Vec<&String> = names
             .iter()
-            .filter(|n| !matches!(n.as_str(), "AGEN_NEST_ARGS" | "AGEN_CONFIG"))
+            .filter(|n| {
+                !matches!(
+                    n.as_str(),
+                    "AGEN_NEST_ARGS" | "AGEN_HUB_ARGS" | "AGEN_CONFIG"
+                )
+            })
             // `[env: NAME=value]`, or `[env: NAME]` for a hidden value (the join token).
             .filter(|n| {
                 !help.contains(&format!("env: {n}=")) && !help.contains(&format!("env: {n}]"))

@@ -16,6 +16,19 @@ use tokio_util::sync::CancellationToken;
 pub struct Args {
     #[command(subcommand)]
     pub action: Option<Action>,
+    /// Read flag values from this TOML file: keys are the long flags (`nest-ttl = "10s"`,
+    /// `tls-name = ["hub.example"]`); flags and AGEN_HUB_<FLAG> variables win over it; SIGHUP
+    /// reads it again and applies what can change live (log-level, task-retention,
+    /// audit-retention)
+    #[arg(long, value_name = "FILE", global = true)]
+    pub config: Option<PathBuf>,
+    /// Log level of the Hub's own lines (error, warn, info, debug, trace, or directives such as
+    /// agen=debug,h2=info) [default: RUST_LOG, else info]; SIGHUP applies a new one
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+    /// The configuration these flags, variables and file make (set by `daemon_config`)
+    #[arg(skip)]
+    pub effective: crate::daemon_config::Effective,
     /// Log format on stderr: text (colour only on a terminal; syslog priorities under systemd) or json
     #[arg(long, env = "AGEN_LOG_FORMAT", default_value = "text")]
     pub log_format: agen_shared::telemetry::LogFormat,
@@ -185,6 +198,9 @@ pub struct Args {
 /// What `agen hub` does instead of running the Hub.
 #[derive(Debug, clap::Subcommand)]
 pub enum Action {
+    /// Print the configuration `agen hub` would run with (these flags, AGEN_HUB_* variables,
+    /// --config FILE, defaults) as TOML, each value's source in a comment; secrets never shown
+    Config,
     /// Write a consistent copy of the running Hub's state (store, CA, tokens, secret key) to
     /// FILE, sealed with the snapshot key (0600)
     Snapshot {
@@ -272,6 +288,10 @@ impl Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
+    if let Some(Action::Config) = args.action {
+        crate::out::line(args.effective.to_toml().trim_end());
+        return Ok(0);
+    }
     if let Some(action) = args.action {
         let data_dir = args
             .data_dir
@@ -287,7 +307,14 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     }
     // Everything this daemon and its children create is private to its user (umask 077).
     agen_shared::private::restrict_umask();
-    agen_shared::telemetry::init_with("info", args.log_format);
+    if let Err(e) = agen_shared::telemetry::filter_for(args.log_level.as_deref(), "info") {
+        eprintln!("error: --log-level: {e}");
+        return Ok(64);
+    }
+    let log_filter =
+        agen_shared::telemetry::init_reloadable(args.log_level.as_deref(), "info", args.log_format);
+    // Installed before the Hub starts: a SIGHUP is never the default kill.
+    let reloads = super::reload::Reloads::listen()?;
     let data_dir = args
         .data_dir
         .clone()
@@ -378,6 +405,13 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     eprintln!("web console: {}/ui/ (sign in with an API token)", hub.url);
     eprintln!("join a Nest with:\n  {}", hub.nest_command());
     agen_hub::notify_ready(&hub.url);
+    reloads.spawn(
+        args.effective.clone(),
+        super::reload::Live {
+            log: log_filter,
+            retention: Some(hub.retention.clone()),
+        },
+    );
 
     hub.wait().await.context("the Hub stopped with an error")?;
     eprintln!("agen hub: stopped");

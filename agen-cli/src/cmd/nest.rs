@@ -13,6 +13,20 @@ use tokio_util::sync::CancellationToken;
 /// Arguments of `agen nest`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    #[command(subcommand)]
+    pub action: Option<Action>,
+    /// Read flag values from this TOML file: keys are the long flags (`hub = "https://…"`,
+    /// `label = ["zone=eu-1"]`); flags and AGEN_NEST_<FLAG> variables win over it; SIGHUP reads
+    /// it again and applies what can change live (log-level)
+    #[arg(long, value_name = "FILE", global = true)]
+    pub config: Option<PathBuf>,
+    /// Log level of the Nest's own lines (error, warn, info, debug, trace, or directives)
+    /// [default: RUST_LOG, else info]; SIGHUP applies a new one
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+    /// The configuration these flags, variables and file make (set by `daemon_config`)
+    #[arg(skip)]
+    pub effective: crate::daemon_config::Effective,
     /// Log format on stderr: text (colour only on a terminal; syslog priorities under systemd) or json
     #[arg(long, env = "AGEN_LOG_FORMAT", default_value = "text")]
     pub log_format: agen_shared::telemetry::LogFormat,
@@ -32,15 +46,15 @@ pub struct Args {
     /// them from their logs when it is back
     #[arg(long, value_name = "D", default_value = "30s", value_parser = crate::cmd::parse_duration)]
     pub nest_lease: std::time::Duration,
-    /// The Hub's URL, e.g. https://hub.example:7443
+    /// The Hub's URL, e.g. https://hub.example:7443 (required to run)
     #[arg(long, env = "AGEN_HUB")]
-    pub hub: String,
+    pub hub: Option<String>,
     /// A file holding the join token, e.g. a copy of <hub data dir>/join-token (mode 0600)
     #[arg(long = "join-file", value_name = "PATH")]
     pub join_file: Option<PathBuf>,
     /// The join token itself: visible to every local user in `ps`; prefer --join-file or
     /// AGEN_JOIN_TOKEN
-    #[arg(long = "join", value_name = "TOKEN")]
+    #[arg(long = "join", value_name = "TOKEN", hide_env_values = true)]
     pub join: Option<String>,
     /// Where the node id, the bundle cache and the instance socket live
     /// [default: ~/.local/share/agen/nest]
@@ -58,6 +72,14 @@ pub struct Args {
     pub capacity: u32,
     #[command(flatten)]
     pub run_as: RunAsArgs,
+}
+
+/// What `agen nest` does instead of running the Nest.
+#[derive(Debug, clap::Subcommand)]
+pub enum Action {
+    /// Print the configuration `agen nest` would run with (these flags, AGEN_NEST_* variables,
+    /// --config FILE, defaults) as TOML, each value's source in a comment; secrets never shown
+    Config,
 }
 
 /// Who instances run as (`agen nest` and `agen up`).
@@ -122,9 +144,25 @@ pub fn parse_labels(labels: &[String]) -> Result<BTreeMap<String, String>, Strin
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
+    if let Some(Action::Config) = args.action {
+        crate::out::line(args.effective.to_toml().trim_end());
+        return Ok(0);
+    }
     // Everything this daemon and its children create is private to its user (umask 077).
     agen_shared::private::restrict_umask();
-    agen_shared::telemetry::init_with("info", args.log_format);
+    if let Err(e) = agen_shared::telemetry::filter_for(args.log_level.as_deref(), "info") {
+        eprintln!("error: --log-level: {e}");
+        return Ok(64);
+    }
+    let log_filter =
+        agen_shared::telemetry::init_reloadable(args.log_level.as_deref(), "info", args.log_format);
+    let reloads = super::reload::Reloads::listen()?;
+    let Some(hub) = args.hub.clone() else {
+        eprintln!(
+            "error: no Hub URL: pass --hub URL, set AGEN_HUB, or put hub = \"https://…\" in the --config file"
+        );
+        return Ok(64);
+    };
     let labels = match parse_labels(&args.labels) {
         Ok(l) => l,
         Err(e) => {
@@ -139,7 +177,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             return Ok(64);
         }
     };
-    let mut opts = NestOptions::new(args.hub, join);
+    let mut opts = NestOptions::new(hub, join);
     opts.data_dir = args.data_dir.unwrap_or_else(default_data_dir);
     match args.name {
         Some(name) => opts.name = name,
@@ -179,6 +217,13 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
 
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone())?;
+    reloads.spawn(
+        args.effective.clone(),
+        super::reload::Live {
+            log: log_filter,
+            retention: None,
+        },
+    );
     match agen_nest::daemon::run(opts, shutdown).await {
         Ok(()) => Ok(0),
         Err(e) => {

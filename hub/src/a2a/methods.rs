@@ -31,6 +31,8 @@ const MAX_MESSAGE_ID: usize = 150;
 pub struct Call {
     pub a: Arc<A2a>,
     pub principal: Principal,
+    /// The HTTP peer address (`ip:port`; empty when unknown), for the audit record.
+    pub peer: String,
     pub namespace: String,
     pub deployment: String,
     /// The interface URL the caller reached the deployment at.
@@ -217,6 +219,7 @@ impl Call {
         let outcome = submitted.as_ref().map(|_| ()).map_err(Clone::clone);
         self.a
             .audit(
+                &self.peer,
                 &self.principal,
                 &self.namespace,
                 "A2A.SendMessage",
@@ -381,6 +384,7 @@ impl Call {
         };
         self.a
             .audit(
+                &self.peer,
                 &self.principal,
                 &self.namespace,
                 "A2A.CancelTask",

@@ -293,9 +293,11 @@ impl A2a {
             .await
     }
 
-    /// Writes the audit record of a mutating A2A call.
+    /// Writes the audit record of a mutating A2A call, with the HTTP peer address like a gRPC
+    /// call's.
     async fn audit(
         &self,
+        peer: &str,
         principal: &Principal,
         namespace: &str,
         call: &str,
@@ -307,7 +309,7 @@ impl A2a {
             Err(e) => ("refused", e.message.clone()),
         };
         let db = &self.core.db;
-        if let Err(e) = crate::tokens::audit::record(
+        if let Err(e) = crate::tokens::audit::record_with(
             db,
             principal.token_id(),
             principal.token_name(),
@@ -316,6 +318,10 @@ impl A2a {
             target,
             outcome,
             &message,
+            crate::tokens::audit::AuditDetail {
+                peer: peer.to_string(),
+                ..Default::default()
+            },
         ) {
             tracing::error!(error = %e, %call, "cannot write the audit record");
         } else if let Err(e) = db.flush().await {
@@ -466,10 +472,10 @@ async fn rpc(a: Arc<A2a>, target: Target, request: axum::extract::Request) -> Re
             "SendStreamingMessage" | "SubscribeToTask"
         );
         if !streamed {
-            let call = call(&a, target, principal, &headers, None);
+            let call = call(&a, target, principal, &headers, peer, None);
             let _ = dispatch(call, req, Value::Null).await;
         } else if req.method == "SendStreamingMessage" {
-            let call = call(&a, target, principal, &headers, None);
+            let call = call(&a, target, principal, &headers, peer, None);
             if let Ok(p) = params::<SendMessageRequest>(&req.method, req.params) {
                 let _ = call
                     .send_message(SendMessageRequest {
@@ -499,7 +505,7 @@ async fn rpc(a: Arc<A2a>, target: Target, request: axum::extract::Request) -> Re
         },
         _ => None,
     };
-    let call = call(&a, target, principal, &headers, stream_permit);
+    let call = call(&a, target, principal, &headers, peer, stream_permit);
     dispatch(call, req, id).await
 }
 
@@ -543,10 +549,12 @@ fn call(
     target: Target,
     principal: Principal,
     headers: &HeaderMap,
+    peer: Option<std::net::SocketAddr>,
     stream_permit: Option<Arc<crate::core::streams::StreamPermit>>,
 ) -> methods::Call {
     methods::Call {
         a: a.clone(),
+        peer: peer.map(|p| p.to_string()).unwrap_or_default(),
         secret: a.tokens.secret_of(&principal),
         _stream_permit: stream_permit,
         principal,

@@ -119,6 +119,8 @@ pub struct Core {
     pub(crate) schedules: schedules::Schedules,
     /// The webhooks' loop ([`webhooks`]).
     pub(crate) webhooks: webhooks::Webhooks,
+    /// The task and audit retentions in force (reloadable; [`retention`]).
+    pub retention: Arc<retention::LiveRetention>,
 }
 
 pub(crate) use crate::limits::validate_name;
@@ -168,7 +170,12 @@ impl Core {
             tasks = tasks.len(),
             "hub state loaded"
         );
+        let retention = Arc::new(retention::LiveRetention::new(
+            opts.task_retention,
+            opts.audit_retention,
+        ));
         Ok(Arc::new(Core {
+            retention,
             opts,
             state: Mutex::new(State {
                 deployments: deployments.into_iter().map(|d| (d.key(), d)).collect(),

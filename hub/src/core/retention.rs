@@ -11,9 +11,14 @@
 //! Audit retention (`--audit-retention`, default 400 days): the same sweep removes audit records
 //! older than it ([`crate::tokens::audit::sweep`]); they live in sled, not in the event log.
 //!
+//! Both retentions can change while the Hub runs (`agen hub` reloads them on SIGHUP):
+//! [`LiveRetention`] holds the current values, every sweep reads them, and a change wakes the
+//! loop so that its interval follows at once.
+//!
 //! Backup: [`Core::write_snapshot`] writes the store and the data dir's keys (see
 //! [`crate::store::snapshot`]) while the state lock is held.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +46,49 @@ pub fn sweep_interval(retention: Duration) -> Duration {
     (retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(3600))
 }
 
+/// The task and audit retentions in force, changeable while the Hub runs.
+#[derive(Debug)]
+pub struct LiveRetention {
+    task_ms: AtomicU64,
+    audit_ms: AtomicU64,
+    changed: tokio::sync::Notify,
+}
+
+impl LiveRetention {
+    pub fn new(task: Duration, audit: Duration) -> LiveRetention {
+        LiveRetention {
+            task_ms: AtomicU64::new(millis(task)),
+            audit_ms: AtomicU64::new(millis(audit)),
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// The task retention in force.
+    pub fn task(&self) -> Duration {
+        Duration::from_millis(self.task_ms.load(Ordering::Relaxed))
+    }
+
+    /// The audit retention in force.
+    pub fn audit(&self) -> Duration {
+        Duration::from_millis(self.audit_ms.load(Ordering::Relaxed))
+    }
+
+    /// Sets both retentions; the sweep loop wakes and follows them from its next pass.
+    pub fn set(&self, task: Duration, audit: Duration) {
+        self.task_ms.store(millis(task), Ordering::Relaxed);
+        self.audit_ms.store(millis(audit), Ordering::Relaxed);
+        self.changed.notify_one();
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn as_keep_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 fn prefix(parts: &[&str]) -> Vec<u8> {
     let mut k = parts.join("\0").into_bytes();
     k.push(0);
@@ -65,14 +113,16 @@ impl Core {
     /// Runs until `shutdown`: sweeps expired tasks and audit records every [`sweep_interval`]
     /// of the shorter retention.
     pub async fn run_retention(self: Arc<Self>, shutdown: CancellationToken) {
-        let every = sweep_interval(self.opts.task_retention.min(self.opts.audit_retention));
         loop {
+            let every = sweep_interval(self.retention.task().min(self.retention.audit()));
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(every) => {}
+                // A reload: sweep now under the new values, then at their interval.
+                _ = self.retention.changed.notified() => {}
             }
             let now = crate::model::now_ms();
-            let keep_ms = i64::try_from(self.opts.task_retention.as_millis()).unwrap_or(i64::MAX);
+            let keep_ms = as_keep_ms(self.retention.task());
             match self.sweep_removed_history(now, keep_ms) {
                 Ok(0) => {}
                 Ok(rows) => tracing::info!(
@@ -83,13 +133,12 @@ impl Core {
                     tracing::error!(error = %e, "deployment history retention sweep failed; retrying")
                 }
             }
-            let audit_keep_ms =
-                i64::try_from(self.opts.audit_retention.as_millis()).unwrap_or(i64::MAX);
+            let audit_keep_ms = as_keep_ms(self.retention.audit());
             match crate::tokens::audit::sweep(&self.db, now.saturating_sub(audit_keep_ms)) {
                 Ok(0) => {}
                 Ok(records) => tracing::info!(
                     records,
-                    retention = ?self.opts.audit_retention,
+                    retention = ?self.retention.audit(),
                     "removed audit records past the audit retention"
                 ),
                 Err(e) => tracing::error!(error = %e, "audit retention sweep failed; retrying"),
@@ -101,7 +150,7 @@ impl Core {
                     task_events = s.task_events,
                     artifacts = s.artifacts,
                     compacted = s.compacted,
-                    retention = ?self.opts.task_retention,
+                    retention = ?self.retention.task(),
                     "removed finished tasks past their retention"
                 ),
                 Ok(_) => {}
@@ -112,7 +161,7 @@ impl Core {
 
     /// Removes every finished task that finished more than `task_retention` before `now_ms`.
     pub async fn sweep_expired_tasks(&self, now_ms: i64) -> Result<Swept> {
-        let keep_ms = i64::try_from(self.opts.task_retention.as_millis()).unwrap_or(i64::MAX);
+        let keep_ms = as_keep_ms(self.retention.task());
         let expired: Vec<TaskRec> = {
             let mut st = self.lock();
             let ids: Vec<String> = st
