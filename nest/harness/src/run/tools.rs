@@ -443,7 +443,7 @@ impl Run<'_> {
                 )
             }
             Err(e) => {
-                let (reason, content) = failure_text(&e, &qualified, &call.name, side_effect);
+                let (reason, content) = failure_text(&e, &qualified, &call.name, policy);
                 let content = self.h.redactor.redact(&content);
                 // `effect_unknown` is told as the resume tells it (a Keen script error), not
                 // as a tool that could not be reached.
@@ -544,15 +544,24 @@ impl Run<'_> {
 /// Why a call produced no result, and what the model is told. A side-effecting call that may
 /// have reached its server (a timeout, a cancel, a server that died, a lost connection) is
 /// `effect_unknown` in the words a resume uses, however it was cut off; only a call that never
-/// left this process says it was not run.
+/// left this process says it was not run. A retry-safe call cut off by a cancel stays
+/// `cancelled` (no result: a resume sends it again).
 fn failure_text(
     e: &CallError,
     qualified: &str,
     model_name: &str,
-    side_effect: bool,
+    policy: ToolPolicy,
 ) -> (ToolFailure, String) {
+    let retried_on_resume = policy.retry_safe();
     match e {
-        CallError::Interrupted { cause, .. } if side_effect => (
+        CallError::Interrupted {
+            cause: Interruption::Cancelled,
+            ..
+        } if retried_on_resume => (
+            ToolFailure::Cancelled,
+            format!("tool {qualified} was cancelled with the run"),
+        ),
+        CallError::Interrupted { cause, .. } if policy.side_effect => (
             ToolFailure::EffectUnknown,
             format!("{} ({cause})", effect_unknown_message(model_name)),
         ),
