@@ -656,10 +656,7 @@ async fn cancelling_a_run_stops_its_running_tool_call() {
     assert!(t.elapsed() < Duration::from_secs(3));
     assert_eq!(outcome.state, RunState::Cancelled);
     // A side-effecting call cut off by the cancel may have run.
-    assert_eq!(
-        sink.of_kind("tool.failed")[0].0["reason"],
-        "effect_unknown"
-    );
+    assert_eq!(sink.of_kind("tool.failed")[0].0["reason"], "effect_unknown");
     assert_eq!(sink.of_kind("run.finished")[0].0["state"], "cancelled");
     assert_eq!(
         model.requests().len(),
