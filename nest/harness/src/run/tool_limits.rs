@@ -54,7 +54,12 @@ impl ToolLimits {
 
     /// When a call that ended with `error` after `done` retries is sent again: `Some(wait)`.
     pub fn retry_after(&self, error: &CallError, done: u32) -> Option<Duration> {
-        let allowed = match error {
+        (done < self.allowed(error)).then(|| self.backoff.saturating_mul(1 << done.min(16)))
+    }
+
+    /// How often a call that ended with `error` may be sent again in all.
+    pub fn allowed(&self, error: &CallError) -> u32 {
+        match error {
             CallError::Interrupted {
                 cause: Interruption::Timeout(_),
                 ..
@@ -69,8 +74,7 @@ impl ToolLimits {
                 ..
             }
             | CallError::NotSent(_) => 0,
-        };
-        (done < allowed).then(|| self.backoff.saturating_mul(1 << done.min(16)))
+        }
     }
 }
 

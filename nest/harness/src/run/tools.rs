@@ -392,7 +392,7 @@ impl Run<'_> {
                 &qualified,
                 &e,
                 retries,
-                limits.retries,
+                limits.allowed(&e),
                 wait,
             ))
             .await;
