@@ -98,6 +98,32 @@ pub fn fleet_on_with(
     seconds: f64,
     reply_delay_ms: u64,
 ) -> Fleet {
+    fleet_on_with_config(
+        hub,
+        root,
+        nests,
+        nest_flags,
+        replicas,
+        concurrency,
+        seconds,
+        reply_delay_ms,
+        None,
+    )
+}
+
+/// [`fleet_on_with`] with the bundle's `x-agen/config.json` (e.g. a per-tool timeout).
+#[allow(clippy::too_many_arguments)]
+pub fn fleet_on_with_config(
+    hub: HubProcess,
+    root: PathBuf,
+    nests: &[&str],
+    nest_flags: &[&str],
+    replicas: u32,
+    concurrency: u32,
+    seconds: f64,
+    reply_delay_ms: u64,
+    config: Option<Value>,
+) -> Fleet {
     let flags: Vec<&str> = ["--run-as-self"]
         .into_iter()
         .chain(nest_flags.iter().copied())
@@ -113,6 +139,9 @@ pub fn fleet_on_with(
     let model = FakeModel::start(&root.join("model"), &script).unwrap();
     let log = root.join("charges.jsonl");
     let dir = root.join("bundle");
+    if let Some(config) = config {
+        write_bundle(&dir, &[("x-agen/config.json", config.to_string())]).unwrap();
+    }
     write_bundle(
         &dir,
         &[

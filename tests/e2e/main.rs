@@ -33,6 +33,7 @@ mod hostile_smaller;
 mod hub_restart;
 mod identity;
 mod init;
+mod interrupted_calls;
 mod keen;
 mod lifecycle;
 mod limits;

@@ -105,8 +105,10 @@ fn a_per_tool_timeout_cuts_one_tool_only_and_retries_only_an_idempotent_one() {
     assert_eq!(results.len(), 3, "{results:?}");
     assert!(results[0].contains("value of a"), "{results:?}");
     assert!(results[1].contains("stored k"), "{results:?}");
-    assert!(
-        results[2].contains("tool ledger.charge timed out after 1s and was cancelled"),
+    // The side-effecting charge may have run: `effect_unknown`, never "cancelled".
+    assert_eq!(
+        results[2],
+        "effect_unknown: the call to ledger_charge was interrupted before its result was recorded; it may or may not have taken effect. Check before calling it again. (no answer within 1s)",
         "{results:?}"
     );
     // lookup ran once, within its own 30 s; put timed out once and its retry answered; the

@@ -608,12 +608,14 @@ async fn a_tool_past_its_timeout_is_cancelled_and_the_model_is_told() {
         t.elapsed()
     );
     assert_eq!(outcome.state, RunState::Succeeded);
+    // `slow` is side-effecting (no readOnlyHint) and was sent: it may have run, so the model is
+    // told `effect_unknown` in the resume's words, never "timed out and was cancelled".
     assert_eq!(
         outcome.result,
-        "tool meta.slow timed out after 1s and was cancelled"
+        "effect_unknown: the call to meta_slow was interrupted before its result was recorded; it may or may not have taken effect. Check before calling it again. (no answer within 1s)"
     );
     let failed = sink.of_kind("tool.failed");
-    assert_eq!(failed[0].0["reason"], "timeout");
+    assert_eq!(failed[0].0["reason"], "effect_unknown");
     wait_for_lines(&log, "the server's cancelled record", |l| {
         l.iter().any(|e| e["event"] == "cancelled")
     })
@@ -653,7 +655,8 @@ async fn cancelling_a_run_stops_its_running_tool_call() {
         .unwrap();
     assert!(t.elapsed() < Duration::from_secs(3));
     assert_eq!(outcome.state, RunState::Cancelled);
-    assert_eq!(sink.of_kind("tool.failed")[0].0["reason"], "cancelled");
+    // A side-effecting call cut off by the cancel may have run.
+    assert_eq!(sink.of_kind("tool.failed")[0].0["reason"], "effect_unknown");
     assert_eq!(sink.of_kind("run.finished")[0].0["state"], "cancelled");
     assert_eq!(
         model.requests().len(),

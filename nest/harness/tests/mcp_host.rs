@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use agen_harness::mcp::{CallError, LaunchContext, ServerProblem, ToolHost};
+use agen_harness::mcp::{CallError, Interruption, LaunchContext, NotSent, ServerProblem, ToolHost};
 use agen_shared::bundle::Bundle;
 use pretty_assertions::assert_eq;
 use serde_json::{json, Map, Value};
@@ -223,7 +223,7 @@ async fn third_party_servers_load_and_answer() {
 
     let unknown = call(&host, "files.no_such_tool", json!({})).await;
     assert!(
-        matches!(unknown, Err(CallError::UnknownTool(_))),
+        matches!(unknown, Err(CallError::NotSent(NotSent::UnknownTool(_)))),
         "{unknown:?}"
     );
     host.shutdown().await;
@@ -361,7 +361,7 @@ async fn missing_secret_leaves_the_server_not_connected_without_leaking_values()
     );
     let err = call(&host, "env.environment", json!({})).await;
     assert!(
-        matches!(err, Err(CallError::NotConnected(ref s)) if s == "env"),
+        matches!(err, Err(CallError::NotSent(NotSent::NotConnected(ref s))) if s == "env"),
         "{err:?}"
     );
     host.shutdown().await;
@@ -427,7 +427,13 @@ async fn timeout_and_cancel_stop_a_slow_call_and_tell_the_server() {
         )
         .await;
     assert!(
-        matches!(timed_out, Err(CallError::Timeout(_))),
+        matches!(
+            timed_out,
+            Err(CallError::Interrupted {
+                cause: Interruption::Timeout(_),
+                ..
+            })
+        ),
         "{timed_out:?}"
     );
     assert!(
@@ -465,7 +471,13 @@ async fn timeout_and_cancel_stop_a_slow_call_and_tell_the_server() {
         )
         .await;
     assert!(
-        matches!(cancelled, Err(CallError::Cancelled)),
+        matches!(
+            cancelled,
+            Err(CallError::Interrupted {
+                cause: Interruption::Cancelled,
+                ..
+            })
+        ),
         "{cancelled:?}"
     );
     assert!(
@@ -594,7 +606,7 @@ async fn a_killed_server_is_reported_by_died() {
     );
     let err = call(&host, "env.environment", json!({})).await;
     assert!(
-        matches!(err, Err(CallError::NotConnected(ref s)) if s == "env"),
+        matches!(err, Err(CallError::NotSent(NotSent::NotConnected(ref s))) if s == "env"),
         "{err:?}"
     );
     assert_eq!(
@@ -614,11 +626,13 @@ async fn a_server_that_exits_mid_call_fails_the_call_and_is_reported_with_its_la
         &[],
     );
     let host = start(&bundle, ctx()).await;
+    // The call was sent: it may have run, so it is interrupted (lost), never "not connected".
     let err = call(&host, "crash.crash", json!({"code": 7})).await;
     assert!(
-        matches!(err, Err(CallError::NotConnected(ref s)) if s == "crash"),
+        matches!(err, Err(CallError::Interrupted { ref server, cause: Interruption::Lost(_) }) if server == "crash"),
         "{err:?}"
     );
+    assert!(err.as_ref().is_err_and(CallError::may_have_run));
     let death = tokio::time::timeout(Duration::from_secs(10), host.died())
         .await
         .expect("died() resolves");
@@ -630,6 +644,46 @@ async fn a_server_that_exits_mid_call_fails_the_call_and_is_reported_with_its_la
         }
     );
     host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_died_is_restarted_on_demand_and_answers_again() {
+    let bundle = TestBundle::new(
+        json!({"crash": {"command": python(), "args": [our_server("crash_server.py")]}}),
+        &[],
+    );
+    let host = start(&bundle, ctx()).await;
+    let before = host.server_pids()["crash"];
+    let err = call(&host, "crash.crash", json!({"code": 7})).await;
+    assert!(err.as_ref().is_err_and(CallError::may_have_run), "{err:?}");
+    tokio::time::timeout(Duration::from_secs(10), host.died())
+        .await
+        .expect("died() resolves");
+    // Not restarted by itself: a call before the restart is refused, never sent.
+    let refused = call(&host, "crash.ping", json!({})).await;
+    assert!(
+        matches!(refused, Err(CallError::NotSent(NotSent::NotConnected(_)))),
+        "{refused:?}"
+    );
+    host.restart("crash").await.expect("restarted");
+    let after = host.server_pids()["crash"];
+    assert_ne!(before, after, "a new process");
+    assert_eq!(
+        call(&host, "crash.ping", json!({}))
+            .await
+            .expect("pong")
+            .text,
+        "pong"
+    );
+    // A living server is left alone; a server the bundle does not start is refused.
+    host.restart("crash").await.expect("alive");
+    assert_eq!(host.server_pids()["crash"], after);
+    assert!(host.restart("nobody").await.is_err());
+    host.shutdown().await;
+    assert!(
+        host.restart("crash").await.is_err(),
+        "no restart after shutdown"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -786,7 +840,7 @@ async fn paginated_tool_lists_are_followed_and_results_are_rendered_as_text() {
     assert_eq!(mixed.text, "{\"n\":1}\n[image: image/png, 4 bytes]");
     let bad = call(&host, "paged.t1", json!([1, 2])).await;
     assert!(
-        matches!(bad, Err(CallError::BadArguments { .. })),
+        matches!(bad, Err(CallError::NotSent(NotSent::BadArguments { .. }))),
         "{bad:?}"
     );
     host.shutdown().await;

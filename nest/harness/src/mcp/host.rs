@@ -4,32 +4,36 @@
 //!
 //! Invariants: `start` never fails as a whole (a server that does not come up is a
 //! [`ServerProblem`]); only tools of connected, living servers are listed; a call to a server
-//! that died ends at once with [`CallError::NotConnected`]; `died` reports a server death only
+//! that died ends at once: [`NotSent::NotConnected`] when it was never handed to the server,
+//! [`Interruption::Lost`] when it was; `died` reports a server death only
 //! while the host is not shutting down; dropping the last handle kills every server's process
 //! group.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use agen_shared::bundle::{Bundle, ServerSpec};
 use rmcp::model::{
-    CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, MetaObject,
-    RequestMetaObject, Tool,
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientConfig, ClientRequest,
+    MetaObject, RequestMetaObject, ServerResult,
 };
-use rmcp::service::{ClientInitializeError, Peer, RoleClient, RunningService, ServiceError};
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::ServiceExt;
+use rmcp::service::{
+    Peer, PeerRequestOptions, RequestHandle, RoleClient, RunningService, ServiceError,
+};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::launch::{self, describe_exit, ProcessGroup};
+use super::launch::{describe_exit, ProcessGroup};
 use super::output::tool_output;
+use super::start::{error_chain, start_one, tool_infos, with_output, Started};
 use super::stderr::StderrCapture;
-use super::{CallError, HostStatus, LaunchContext, ServerProblem, ToolInfo, ToolOutput};
+use super::{
+    CallError, HostStatus, Interruption, LaunchContext, NotSent, ServerProblem, ToolInfo,
+    ToolOutput,
+};
 use crate::redact::Redactor;
 
 /// How long a server gets to exit after its stdin closes, and again after SIGTERM.
@@ -46,10 +50,22 @@ pub struct ToolHost {
 struct Inner {
     /// Every server name of the bundle, connected or not (model-name matching).
     names: Vec<String>,
-    servers: BTreeMap<String, Arc<Connected>>,
+    /// The servers that started, each its latest connection (a restart replaces it).
+    servers: RwLock<BTreeMap<String, Arc<Connected>>>,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
     monitors: Mutex<Vec<JoinHandle<()>>>,
+    relaunch: Relaunch,
+}
+
+/// What a server that died needs to be started again: what `start` was given.
+struct Relaunch {
+    bundle_dir: PathBuf,
+    specs: BTreeMap<String, ServerSpec>,
+    ctx: LaunchContext,
+    host_env: Vec<(String, String)>,
+    /// One restart at a time.
+    one: tokio::sync::Mutex<()>,
 }
 
 /// What the monitors of dead servers write to.
@@ -70,14 +86,6 @@ struct Connected {
     /// Cancelled when the server dies: calls in flight end, new calls are refused.
     gone: CancellationToken,
     process: Option<Arc<ProcessGroup>>,
-}
-
-/// A server right after a successful `initialize` + `tools/list`.
-struct Started {
-    running: RunningService<RoleClient, ClientConfig>,
-    tools: Vec<Tool>,
-    process: Option<ProcessGroup>,
-    stderr: StderrCapture,
 }
 
 impl ToolHost {
@@ -118,55 +126,98 @@ impl ToolHost {
             died,
             redactor: redactor.clone(),
         });
-        let mut connected = BTreeMap::new();
-        let mut monitors = Vec::new();
+        let names: Vec<String> = servers.keys().cloned().collect();
+        let host = ToolHost {
+            inner: Arc::new(Inner {
+                names,
+                servers: RwLock::new(BTreeMap::new()),
+                shared,
+                shutdown,
+                monitors: Mutex::new(Vec::new()),
+                relaunch: Relaunch {
+                    bundle_dir: bundle_dir.to_path_buf(),
+                    specs: servers.clone(),
+                    ctx,
+                    host_env,
+                    one: tokio::sync::Mutex::new(()),
+                },
+            }),
+        };
         for (name, result) in results {
             match result {
-                Ok(started) => {
-                    let tools = tool_infos(&name, &started.tools);
-                    tracing::info!(server = %name, tools = tools.len(), "tool server connected");
-                    let conn = Arc::new(Connected {
-                        name: name.clone(),
-                        peer: started.running.peer().clone(),
-                        tools,
-                        gone: CancellationToken::new(),
-                        process: started.process.map(Arc::new),
-                    });
-                    monitors.push(tokio::spawn(monitor(
-                        conn.clone(),
-                        started.running,
-                        started.stderr,
-                        shared.clone(),
-                        shutdown.clone(),
-                    )));
-                    connected.insert(name, conn);
-                }
+                Ok(started) => host.connect(&name, started),
                 Err(reason) => {
                     tracing::warn!(server = %name, "tool server not connected: {reason}");
-                    lock(&shared.problems).push(ServerProblem {
+                    lock(&host.inner.shared.problems).push(ServerProblem {
                         server: name,
                         reason,
                     });
                 }
             }
         }
-        let names: Vec<String> = servers.keys().cloned().collect();
-        ToolHost {
-            inner: Arc::new(Inner {
-                names,
-                servers: connected,
-                shared,
-                shutdown,
-                monitors: Mutex::new(monitors),
-            }),
+        host
+    }
+
+    /// Makes a started server the connection of `name` and watches it for death.
+    fn connect(&self, name: &str, started: Started) {
+        let tools = tool_infos(name, &started.tools);
+        tracing::info!(server = %name, tools = tools.len(), "tool server connected");
+        let conn = Arc::new(Connected {
+            name: name.to_string(),
+            peer: started.running.peer().clone(),
+            tools,
+            gone: CancellationToken::new(),
+            process: started.process.map(Arc::new),
+        });
+        lock(&self.inner.monitors).push(tokio::spawn(monitor(
+            conn.clone(),
+            started.running,
+            started.stderr,
+            self.inner.shared.clone(),
+            self.inner.shutdown.clone(),
+        )));
+        write(&self.inner.servers).insert(name.to_string(), conn);
+    }
+
+    /// Starts `server` again if it was connected and died (its process exited or its
+    /// connection closed), exactly as `start` did, within the start deadline; `Ok` once it is
+    /// connected (at once when it is alive). One restart runs at a time. A server that never
+    /// started is not restarted. [`ToolHost::died`] still reports the first death: an instance
+    /// stays unhealthy and is replaced; the restart only lets a call in flight be sent again.
+    pub async fn restart(&self, server: &str) -> Result<(), String> {
+        let relaunch = &self.inner.relaunch;
+        let _one = relaunch.one.lock().await;
+        if self.inner.shutdown.is_cancelled() {
+            return Err("the tool servers are shutting down".into());
         }
+        match read(&self.inner.servers).get(server) {
+            Some(c) if !c.gone.is_cancelled() => return Ok(()),
+            Some(_) => {}
+            None => return Err(format!("tool server {server} never started")),
+        }
+        let Some(spec) = relaunch.specs.get(server) else {
+            return Err(format!("tool server {server} is not in the bundle"));
+        };
+        let redactor = &self.inner.shared.redactor;
+        let started = start_one(
+            server,
+            spec,
+            &relaunch.bundle_dir,
+            &relaunch.ctx,
+            &relaunch.host_env,
+            redactor,
+            self.inner.shutdown.child_token(),
+        )
+        .await
+        .map_err(|reason| redactor.redact(&reason))?;
+        self.connect(server, started);
+        tracing::info!(server, "tool server restarted");
+        Ok(())
     }
 
     /// The MCP tools of the connected servers, sorted by qualified name.
     pub fn tools(&self) -> Vec<ToolInfo> {
-        let mut tools: Vec<ToolInfo> = self
-            .inner
-            .servers
+        let mut tools: Vec<ToolInfo> = read(&self.inner.servers)
             .values()
             .filter(|c| !c.gone.is_cancelled())
             .flat_map(|c| c.tools.iter().cloned())
@@ -185,8 +236,7 @@ impl ToolHost {
 
     /// The process ids of the running command servers, by server name (for diagnostics and tests).
     pub fn server_pids(&self) -> BTreeMap<String, u32> {
-        self.inner
-            .servers
+        read(&self.inner.servers)
             .iter()
             .filter(|(_, c)| !c.gone.is_cancelled())
             .filter_map(|(name, c)| Some((name.clone(), c.process.as_ref()?.pid())))
@@ -196,6 +246,10 @@ impl ToolHost {
     /// Calls the tool named `server.tool` (or the model's `server_tool`) with `args` (a JSON
     /// object, or null for none) and `meta` as the request's `_meta`. On `timeout` or `cancel`
     /// the server is sent `notifications/cancelled` for the request.
+    ///
+    /// The error says whether the call may have run: it is [`CallError::NotSent`] only when the
+    /// request was never handed to the server's connection (resolved, checked, and the hand-over
+    /// to the connection's writer not done), [`CallError::Interrupted`] once it was.
     pub async fn call(
         &self,
         qualified_or_model_name: &str,
@@ -206,17 +260,18 @@ impl ToolHost {
     ) -> Result<ToolOutput, CallError> {
         let (conn, tool) = self.resolve(qualified_or_model_name)?;
         if conn.gone.is_cancelled() {
-            return Err(CallError::NotConnected(conn.name.clone()));
+            return Err(CallError::not_connected(&conn.name));
         }
         let arguments = match args {
             serde_json::Value::Object(map) => Some(map),
             // Some servers validate a missing `arguments` against their schema and fail.
             serde_json::Value::Null => Some(serde_json::Map::new()),
             other => {
-                return Err(CallError::BadArguments {
+                return Err(NotSent::BadArguments {
                     tool: format!("{}.{tool}", conn.name),
                     message: format!("expected a JSON object, got {other}"),
-                })
+                }
+                .into())
             }
         };
         let mut params = CallToolRequestParams::new(tool.clone());
@@ -224,26 +279,74 @@ impl ToolHost {
         if !meta.is_empty() {
             params.meta = Some(RequestMetaObject(MetaObject(meta)));
         }
-        // Dropping this future before the answer sends `notifications/cancelled` (rmcp).
-        let request = conn.peer.call_tool(params);
-        tokio::select! {
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let deadline = tokio::time::Instant::now() + timeout;
+        // The hand-over to the connection's writer (a channel send, cancel-safe: dropped before
+        // it completes, nothing was handed over) is the point after which the call may have run.
+        let handoff = conn
+            .peer
+            .send_request_with_option(request, PeerRequestOptions::no_options());
+        let handle = tokio::select! {
             biased;
-            _ = cancel.cancelled() => Err(CallError::Cancelled),
-            _ = conn.gone.cancelled() => Err(CallError::NotConnected(conn.name.clone())),
-            result = request => match result {
-                Ok(result) => Ok(tool_output(&result)),
-                // A server's JSON-RPC error may quote what it was given (a DSN, a header).
-                Err(ServiceError::McpError(e)) => Err(CallError::Failed {
-                    server: conn.name.clone(),
-                    message: self.inner.shared.redactor.redact(&e.message),
-                }),
-                Err(ServiceError::TransportClosed) => Err(CallError::NotConnected(conn.name.clone())),
-                Err(e) => Err(CallError::Failed {
-                    server: conn.name.clone(),
-                    message: self.inner.shared.redactor.redact(&error_chain(&e)),
-                }),
+            _ = cancel.cancelled() => return Err(NotSent::Cancelled.into()),
+            _ = conn.gone.cancelled() => return Err(CallError::not_connected(&conn.name)),
+            handle = handoff => match handle {
+                Ok(handle) => handle,
+                // The connection's writer is gone: nothing was handed to it.
+                Err(_) => return Err(CallError::not_connected(&conn.name)),
             },
-            _ = tokio::time::sleep(timeout) => Err(CallError::Timeout(timeout)),
+            _ = tokio::time::sleep_until(deadline) => return Err(NotSent::Timeout(timeout).into()),
+        };
+        // Dropped before the answer (the caller gave up): the server is told to stop.
+        let mut pending = Pending(Some(handle));
+        let Some(rx) = pending.0.as_mut().map(|h| &mut h.rx) else {
+            return Err(CallError::not_connected(&conn.name));
+        };
+        let answer = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Err(Interruption::Cancelled),
+            _ = conn.gone.cancelled() => Err(lost(&conn.name)),
+            answer = rx => Ok(answer),
+            _ = tokio::time::sleep_until(deadline) => Err(Interruption::Timeout(timeout)),
+        };
+        let answer = match answer {
+            Ok(answer) => {
+                pending.0 = None;
+                answer
+            }
+            Err(cause) => {
+                if matches!(cause, Interruption::Lost(_)) {
+                    pending.0 = None;
+                }
+                return Err(CallError::interrupted(&conn.name, cause));
+            }
+        };
+        let redact = |m: &str| self.inner.shared.redactor.redact(m);
+        match answer {
+            Ok(Ok(ServerResult::CallToolResult(result))) => Ok(tool_output(&result)),
+            Ok(Ok(ServerResult::EmptyResult(_))) => Ok(tool_output(&CallToolResult::default())),
+            Ok(Ok(_)) => Err(CallError::Failed {
+                server: conn.name.clone(),
+                message: "it answered tools/call with a result of another kind".into(),
+            }),
+            // A server's JSON-RPC error may quote what it was given (a DSN, a header).
+            Ok(Err(ServiceError::McpError(e))) => Err(CallError::Failed {
+                server: conn.name.clone(),
+                message: redact(&e.message),
+            }),
+            // The request was handed over and then the write or the connection failed: some of
+            // it may have reached the server.
+            Ok(Err(e @ ServiceError::TransportSend(_))) => Err(CallError::interrupted(
+                &conn.name,
+                Interruption::Lost(redact(&error_chain(&e))),
+            )),
+            Ok(Err(ServiceError::TransportClosed)) | Err(_) => {
+                Err(CallError::interrupted(&conn.name, lost(&conn.name)))
+            }
+            Ok(Err(e)) => Err(CallError::Failed {
+                server: conn.name.clone(),
+                message: redact(&error_chain(&e)),
+            }),
         }
     }
 
@@ -266,16 +369,17 @@ impl ToolHost {
     /// group. Idempotent.
     pub async fn shutdown(&self) {
         self.inner.shutdown.cancel();
-        let stops = self
-            .inner
-            .servers
+        // A restart under way ends (its start is cancelled) before the servers are stopped.
+        let _no_restart = self.inner.relaunch.one.lock().await;
+        let processes: Vec<Arc<ProcessGroup>> = read(&self.inner.servers)
             .values()
             .filter_map(|c| c.process.clone())
-            .map(|p| async move {
-                // The client closed the server's stdin: most servers exit on their own.
-                let _ = tokio::time::timeout(EXIT_GRACE, p.exited()).await;
-                p.terminate(EXIT_GRACE).await;
-            });
+            .collect();
+        let stops = processes.into_iter().map(|p| async move {
+            // The client closed the server's stdin: most servers exit on their own.
+            let _ = tokio::time::timeout(EXIT_GRACE, p.exited()).await;
+            p.terminate(EXIT_GRACE).await;
+        });
         futures::future::join_all(stops).await;
         let monitors: Vec<JoinHandle<()>> = std::mem::take(&mut *lock(&self.inner.monitors));
         for m in monitors {
@@ -286,7 +390,7 @@ impl ToolHost {
 
     /// `server.tool` or `server_tool` → the connected server and the tool's own name.
     fn resolve(&self, name: &str) -> Result<(Arc<Connected>, String), CallError> {
-        let servers = &self.inner.servers;
+        let servers = read(&self.inner.servers);
         let has_tool = |server: &str, tool: &str| {
             servers
                 .get(server)
@@ -296,10 +400,10 @@ impl ToolHost {
         match resolve_name(name, &self.inner.names, &connected, &has_tool) {
             Resolved::Tool(server, tool) => match servers.get(&server) {
                 Some(conn) => Ok((conn.clone(), tool)),
-                None => Err(CallError::NotConnected(server)),
+                None => Err(CallError::not_connected(server)),
             },
-            Resolved::NotConnected(server) => Err(CallError::NotConnected(server)),
-            Resolved::Unknown => Err(CallError::UnknownTool(name.to_string())),
+            Resolved::NotConnected(server) => Err(CallError::not_connected(server)),
+            Resolved::Unknown => Err(NotSent::UnknownTool(name.to_string()).into()),
         }
     }
 }
@@ -355,230 +459,42 @@ impl Drop for Inner {
     }
 }
 
+/// A call handed to its server and not answered yet: dropped as it is, the server is sent
+/// `notifications/cancelled` for it.
+struct Pending(Option<RequestHandle<RoleClient>>);
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(handle) = self.0.take() else {
+            return;
+        };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = tokio::time::timeout(
+                    EXIT_GRACE,
+                    handle.cancel(Some("the caller stopped waiting".into())),
+                )
+                .await;
+            });
+        }
+    }
+}
+
+/// A call whose server stopped (its process died or its connection closed) before it answered.
+fn lost(server: &str) -> Interruption {
+    Interruption::Lost(format!("tool server {server} stopped before it answered"))
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn client_config() -> ClientConfig {
-    ClientConfig::new(
-        ClientCapabilities::default(),
-        Implementation::new("agen", env!("CARGO_PKG_VERSION")),
-    )
+fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn tool_infos(server: &str, tools: &[Tool]) -> Vec<ToolInfo> {
-    let mut seen = BTreeSet::new();
-    tools
-        .iter()
-        .filter(|t| seen.insert(t.name.to_string()))
-        .map(|t| {
-            let hint = |f: fn(&rmcp::model::ToolAnnotations) -> Option<bool>| {
-                t.annotations.as_ref().and_then(f).unwrap_or(false)
-            };
-            ToolInfo {
-                server: server.to_string(),
-                tool: t.name.to_string(),
-                description: t.description.as_deref().unwrap_or("").to_string(),
-                input_schema: serde_json::Value::Object((*t.input_schema).clone()),
-                read_only: hint(|a| a.read_only_hint),
-                idempotent: hint(|a| a.idempotent_hint),
-            }
-        })
-        .collect()
-}
-
-/// Starts one server; the error is the "not connected" reason.
-async fn start_one(
-    name: &str,
-    spec: &ServerSpec,
-    bundle_dir: &Path,
-    ctx: &LaunchContext,
-    host_env: &[(String, String)],
-    redactor: &Redactor,
-    ct: CancellationToken,
-) -> Result<Started, String> {
-    match spec {
-        ServerSpec::Command { command, args, env } => {
-            let stderr = |s| StderrCapture::start(name, s, redactor.clone());
-            start_command(
-                name, command, args, env, bundle_dir, ctx, host_env, stderr, ct,
-            )
-            .await
-        }
-        ServerSpec::Url { url, headers } => start_url(url, headers, ctx, ct).await,
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn start_command(
-    name: &str,
-    command: &str,
-    args: &[String],
-    own_env: &BTreeMap<String, String>,
-    bundle_dir: &Path,
-    ctx: &LaunchContext,
-    host_env: &[(String, String)],
-    capture: impl FnOnce(tokio::process::ChildStderr) -> StderrCapture,
-    ct: CancellationToken,
-) -> Result<Started, String> {
-    let seat = if ctx.seats.is_empty() {
-        None
-    } else {
-        Some(ctx.seats.get(name).ok_or_else(|| {
-            "the nest set no uid of its own aside for this server, and it never runs as its instance; restart the instance".to_string()
-        })?)
-    };
-    let mut env = launch::server_env(host_env, own_env, ctx)?;
-    if let Some(seat) = seat {
-        launch::seat_env(&mut env, seat);
-    }
-    let path = env
-        .iter()
-        .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.as_str());
-    let program = launch::resolve_program(command, bundle_dir, path, &ctx.agen_bin, seat)?;
-    let cmd = launch::command(&program, args, bundle_dir, &env, seat);
-    let mut child = launch::spawn(cmd).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::PermissionDenied {
-            // The program, or the interpreter its `#!` line names, is out of reach.
-            format!(
-                "could not start {}: {}",
-                program.display(),
-                launch::permission_denied(command, &program, seat)
-            )
-        } else {
-            format!("could not start {}: {e}", program.display())
-        }
-    })?;
-    let (Some(stdin), Some(stdout), Some(stderr)) =
-        (child.stdin.take(), child.stdout.take(), child.stderr.take())
-    else {
-        return Err("could not open the server's stdin, stdout and stderr".into());
-    };
-    let mut stderr = capture(stderr);
-    let Some(process) = ProcessGroup::watch(child) else {
-        return Err("the server exited before it could be watched".into());
-    };
-    tracing::debug!(server = %name, pid = process.pid(), program = %program.display(), "tool server spawned");
-
-    let connect = async {
-        let running = client_config()
-            .serve_with_ct((stdout, stdin), ct)
-            .await
-            .map_err(|e| format!("failed to initialize: {}", init_error(&e)))?;
-        let tools = running
-            .peer()
-            .list_all_tools()
-            .await
-            .map_err(|e| format!("failed to list tools: {}", error_chain(&e)))?;
-        Ok::<_, String>((running, tools))
-    };
-    let failure = match tokio::time::timeout(ctx.start_timeout, connect).await {
-        Ok(Ok((running, tools))) => {
-            return Ok(Started {
-                running,
-                tools,
-                process: Some(process),
-                stderr,
-            })
-        }
-        Ok(Err(reason)) => reason,
-        Err(_) => format!(
-            "did not answer initialize and tools/list within {:?}",
-            ctx.start_timeout
-        ),
-    };
-    // Say how the process ended if it did (that is what explains most failures).
-    let exit = tokio::time::timeout(STDERR_DRAIN, process.exited())
-        .await
-        .ok();
-    process.terminate(Duration::from_millis(500)).await;
-    stderr.drain(STDERR_DRAIN).await;
-    let reason = exit.map(describe_exit).unwrap_or(failure);
-    Err(with_output(reason, &stderr.head()))
-}
-
-async fn start_url(
-    url: &str,
-    headers: &BTreeMap<String, String>,
-    ctx: &LaunchContext,
-    ct: CancellationToken,
-) -> Result<Started, String> {
-    let mut map = HashMap::new();
-    for (k, v) in headers {
-        let value = launch::substitute(v, &ctx.secrets, &format!("header {k}"))?;
-        let name = http::HeaderName::from_bytes(k.as_bytes())
-            .map_err(|_| format!("header {k}: not a valid HTTP header name"))?;
-        let value = http::HeaderValue::from_str(&value)
-            .map_err(|_| format!("header {k}: the value is not a valid HTTP header value"))?;
-        map.insert(name, value);
-    }
-    let transport = StreamableHttpClientTransport::from_config(
-        StreamableHttpClientTransportConfig::with_uri(url.to_string()).custom_headers(map),
-    );
-    let connect = async {
-        let running = client_config()
-            .serve_with_ct(transport, ct)
-            .await
-            .map_err(|e| format!("failed to connect to {url}: {}", init_error(&e)))?;
-        let tools = running
-            .peer()
-            .list_all_tools()
-            .await
-            .map_err(|e| format!("failed to list tools: {}", error_chain(&e)))?;
-        Ok::<_, String>((running, tools))
-    };
-    match tokio::time::timeout(ctx.start_timeout, connect).await {
-        Ok(Ok((running, tools))) => Ok(Started {
-            running,
-            tools,
-            process: None,
-            stderr: StderrCapture::none(),
-        }),
-        Ok(Err(reason)) => Err(reason),
-        Err(_) => Err(format!(
-            "{url} did not answer initialize and tools/list within {:?}",
-            ctx.start_timeout
-        )),
-    }
-}
-
-/// An error and its sources as one line for people: rmcp's wrapper layers (which name Rust
-/// types) are left out, and a message already contained in the one before it is not repeated.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut next = Some(e);
-    while let Some(err) = next {
-        let msg = err.to_string();
-        if !msg.contains("rmcp::") && !parts.iter().any(|p| p.contains(&msg)) {
-            parts.push(msg);
-        }
-        next = err.source();
-    }
-    if parts.is_empty() {
-        return e.to_string();
-    }
-    parts.join(": ")
-}
-
-/// Why `initialize` failed, without rmcp's type names.
-fn init_error(e: &ClientInitializeError) -> String {
-    match e {
-        ClientInitializeError::TransportError { error, context } => {
-            format!("{} (while trying to {context})", error_chain(&*error.error))
-        }
-        other => error_chain(other),
-    }
-}
-
-/// `reason: output`, or just `reason` when the server wrote nothing.
-fn with_output(reason: String, output: &str) -> String {
-    let output = output.trim();
-    if output.is_empty() {
-        reason
-    } else {
-        format!("{reason}: {output}")
-    }
+fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Waits for a connected server to die (or the host to shut down) and reports the death.

@@ -20,6 +20,7 @@
 mod host;
 mod launch;
 mod output;
+mod start;
 mod stderr;
 
 pub use host::ToolHost;
@@ -134,19 +135,65 @@ pub struct ToolOutput {
     pub is_error: bool,
 }
 
-/// Why a call produced no result.
+/// Why a call produced no result. The variant says whether the call may have reached its server:
+/// [`CallError::NotSent`] provably never left this process (it did not run), an
+/// [`CallError::Interrupted`] call was handed to its server and no answer came back (it may have
+/// run), a [`CallError::Failed`] call was answered with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
+    #[error(transparent)]
+    NotSent(#[from] NotSent),
+    #[error("the call to tool server {server} was interrupted: {cause}")]
+    Interrupted { server: String, cause: Interruption },
+    #[error("tool server {server} failed the call: {message}")]
+    Failed { server: String, message: String },
+}
+
+/// Why a call was never sent.
+#[derive(Debug, thiserror::Error)]
+pub enum NotSent {
     #[error("unknown tool {0}")]
     UnknownTool(String),
     #[error("tool server {0} is not connected")]
     NotConnected(String),
-    #[error("tool call timed out after {0:?}")]
-    Timeout(Duration),
-    #[error("tool call was cancelled")]
-    Cancelled,
-    #[error("tool server {server} failed the call: {message}")]
-    Failed { server: String, message: String },
     #[error("bad arguments for tool {tool}: {message}")]
     BadArguments { tool: String, message: String },
+    /// The run was cancelled before the call was handed to its server.
+    #[error("the run was cancelled before the call was sent")]
+    Cancelled,
+    /// The server did not take the call (its connection was busy) within the call's time.
+    #[error("the call could not be sent within {}", agen_shared::duration::format_duration(*.0))]
+    Timeout(Duration),
+}
+
+/// What cut off a call that was sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Interruption {
+    #[error("no answer within {}", agen_shared::duration::format_duration(*.0))]
+    Timeout(Duration),
+    #[error("the call was cancelled")]
+    Cancelled,
+    /// The server died or its connection closed before it answered.
+    #[error("{0}")]
+    Lost(String),
+}
+
+impl CallError {
+    /// Whether the call may have reached its server (and so may have taken effect).
+    pub fn may_have_run(&self) -> bool {
+        !matches!(self, CallError::NotSent(_))
+    }
+
+    /// A call that never left this process because its server is not connected.
+    pub fn not_connected(server: impl Into<String>) -> CallError {
+        CallError::NotSent(NotSent::NotConnected(server.into()))
+    }
+
+    /// A call that was sent to `server` and cut off by `cause`.
+    pub fn interrupted(server: impl Into<String>, cause: Interruption) -> CallError {
+        CallError::Interrupted {
+            server: server.into(),
+            cause,
+        }
+    }
 }

@@ -16,7 +16,7 @@ use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::builtins::BUILTIN_NAMES;
-use crate::mcp::{CallError, ToolOutput};
+use crate::mcp::{CallError, Interruption, ToolOutput};
 
 /// What a host tool is, as the model and the ledger see it.
 #[derive(Debug, Clone, PartialEq)]
@@ -167,12 +167,12 @@ pub(super) async fn call(
         r = &mut task => r,
         _ = cancel.cancelled() => {
             task.abort();
-            return Err(CallError::Cancelled);
+            return Err(CallError::interrupted("host", Interruption::Cancelled));
         }
         _ = tokio::time::sleep(timeout) => {
             cancel.cancel();
             task.abort();
-            return Err(CallError::Timeout(timeout));
+            return Err(CallError::interrupted("host", Interruption::Timeout(timeout)));
         }
     };
     match joined {

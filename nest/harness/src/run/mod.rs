@@ -204,6 +204,12 @@ pub trait ToolBackend: Send + Sync {
         timeout: Duration,
         cancel: CancellationToken,
     ) -> Result<ToolOutput, CallError>;
+
+    /// Starts `server` again after it died, so an interrupted retry-safe call can be sent
+    /// again; `Ok` once it is connected. A backend that cannot restart a server says why.
+    async fn restart(&self, server: &str) -> Result<(), String> {
+        Err(format!("tool server {server} cannot be restarted here"))
+    }
 }
 
 #[async_trait::async_trait]
@@ -228,6 +234,10 @@ impl ToolBackend for ToolHost {
             cancel,
         )
         .await
+    }
+
+    async fn restart(&self, server: &str) -> Result<(), String> {
+        ToolHost::restart(self, server).await
     }
 }
 

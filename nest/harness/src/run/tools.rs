@@ -25,10 +25,11 @@ use super::builtins::{
 };
 use super::delegate::BUILTIN_CALL_AGENT;
 use super::host::{self, CallMeta, Registered, ToolContext};
+use super::replay::effect_unknown_message;
 use super::state::Run;
 use super::tool_limits::{retry_activity, ToolLimits};
 use super::{RunEventBody, SinkError};
-use crate::mcp::{CallError, ToolInfo};
+use crate::mcp::{CallError, Interruption, NotSent, ToolInfo};
 use crate::model::ToolCall;
 use crate::redact::traced_arguments;
 
@@ -353,24 +354,68 @@ impl Run<'_> {
             Target::Mcp(tool) => call_timeout(limits.timeout, &tool.input_schema, &arguments),
             Target::Host(_) => limits.timeout,
         };
+        // Sent while the run is cancelled, the call would be cut off at once: it is not sent.
+        if self.cancel.is_cancelled() {
+            let content = format!("tool {qualified} was not run: the run was cancelled");
+            let _ = self
+                .emit(
+                    self.failed(call, &qualified, &content, ToolFailure::Cancelled, 0),
+                    false,
+                )
+                .await;
+            return CallResult::error(content);
+        }
         let mut retries = 0;
+        // The first attempt that may have reached the server: a later attempt that was never
+        // sent (its server could not be restarted) does not make the call "not run".
+        let mut maybe_ran: Option<CallError> = None;
         let result = loop {
             let result = self
                 .send(call, target, arguments.clone(), side_effect, timeout)
                 .await;
+            let result = match result {
+                Err(e) if !e.may_have_run() && maybe_ran.is_some() => {
+                    break Err(maybe_ran.take().unwrap_or(e))
+                }
+                other => other,
+            };
             let wait = match &result {
                 Err(e) => limits.retry_after(e, retries),
                 Ok(_) => None,
             };
-            let (Some(wait), Err(e)) = (wait, &result) else {
-                break result;
+            let (wait, e) = match (wait, result) {
+                (Some(wait), Err(e)) => (wait, e),
+                (_, result) => break result,
             };
             retries += 1;
-            self.activity(retry_activity(&qualified, e, retries, limits.retries, wait))
-                .await;
+            self.activity(retry_activity(
+                &qualified,
+                &e,
+                retries,
+                limits.allowed(&e),
+                wait,
+            ))
+            .await;
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
-                _ = self.cancel.cancelled() => break Err(CallError::Cancelled),
+                _ = self.cancel.cancelled() => break Err(e),
+            }
+            // A server that died is started again (as it was at the start) before the resend.
+            if let (
+                Target::Mcp(tool),
+                CallError::Interrupted {
+                    cause: Interruption::Lost(_),
+                    ..
+                },
+            ) = (target, &e)
+            {
+                if let Err(why) = self.h.tools.restart(&tool.server).await {
+                    tracing::warn!(run_id = %self.req.run_id, tool = %qualified, "not sent again: its server could not be restarted: {why}");
+                    break Err(e);
+                }
+            }
+            if e.may_have_run() && maybe_ran.is_none() {
+                maybe_ran = Some(e);
             }
         };
         let duration_ms = started_at.elapsed().as_millis() as u64;
@@ -398,40 +443,18 @@ impl Run<'_> {
                 )
             }
             Err(e) => {
-                let (reason, content) = match &e {
-                    CallError::Timeout(d) => (
-                        ToolFailure::Timeout,
-                        format!(
-                            "tool {qualified} timed out after {} and was cancelled",
-                            agen_shared::duration::format_duration(*d)
-                        ),
-                    ),
-                    CallError::Cancelled => (
-                        ToolFailure::Cancelled,
-                        format!("tool {qualified} was cancelled with the run"),
-                    ),
-                    CallError::NotConnected(server) => (
-                        ToolFailure::Failed,
-                        format!(
-                            "tool {qualified} cannot run: its server {server} is not connected"
-                        ),
-                    ),
-                    CallError::UnknownTool(_) => (
-                        ToolFailure::UnknownTool,
-                        format!("tool {qualified} is not available on its server"),
-                    ),
-                    CallError::Failed { message, .. } => (
-                        ToolFailure::Failed,
-                        format!("tool {qualified} failed: {message}"),
-                    ),
-                    other => (
-                        ToolFailure::Failed,
-                        format!("tool {qualified} failed: {other}"),
-                    ),
-                };
+                let (reason, content) = failure_text(&e, &qualified, &call.name, policy);
                 let content = self.h.redactor.redact(&content);
-                let unreachable = matches!(reason, ToolFailure::Timeout | ToolFailure::Cancelled)
-                    || matches!(e, CallError::NotConnected(_));
+                // `effect_unknown` is told as the resume tells it (a Keen script error), not
+                // as a tool that could not be reached.
+                let unreachable = reason != ToolFailure::EffectUnknown
+                    && matches!(
+                        e,
+                        CallError::Interrupted { .. }
+                            | CallError::NotSent(
+                                NotSent::NotConnected(_) | NotSent::Timeout(_) | NotSent::Cancelled
+                            )
+                    );
                 (
                     self.failed(call, &qualified, &content, reason, duration_ms),
                     CallResult {
@@ -515,6 +538,78 @@ impl Run<'_> {
             traceparent: trace::traceparent(&self.trace_id, &self.span_of(call_id)),
             idempotency_key: side_effect.then(|| self.idempotency_key(call_id)),
         }
+    }
+}
+
+/// Why a call produced no result, and what the model is told. A side-effecting call that may
+/// have reached its server (a timeout, a cancel, a server that died, a lost connection) is
+/// `effect_unknown` in the words a resume uses, however it was cut off; only a call that never
+/// left this process says it was not run. A retry-safe call cut off by a cancel stays
+/// `cancelled` (no result: a resume sends it again).
+fn failure_text(
+    e: &CallError,
+    qualified: &str,
+    model_name: &str,
+    policy: ToolPolicy,
+) -> (ToolFailure, String) {
+    let retried_on_resume = policy.retry_safe();
+    match e {
+        CallError::Interrupted {
+            cause: Interruption::Cancelled,
+            ..
+        } if retried_on_resume => (
+            ToolFailure::Cancelled,
+            format!("tool {qualified} was cancelled with the run"),
+        ),
+        CallError::Interrupted { cause, .. } if policy.side_effect => (
+            ToolFailure::EffectUnknown,
+            format!("{} ({cause})", effect_unknown_message(model_name)),
+        ),
+        CallError::Interrupted { cause, .. } => match cause {
+            Interruption::Timeout(d) => (
+                ToolFailure::Timeout,
+                format!(
+                    "tool {qualified} timed out after {} and was cancelled",
+                    agen_shared::duration::format_duration(*d)
+                ),
+            ),
+            Interruption::Cancelled => (
+                ToolFailure::Cancelled,
+                format!("tool {qualified} was cancelled with the run"),
+            ),
+            Interruption::Lost(why) => (
+                ToolFailure::Failed,
+                format!("tool {qualified} got no answer: {why}"),
+            ),
+        },
+        CallError::NotSent(n) => match n {
+            NotSent::NotConnected(server) => (
+                ToolFailure::Failed,
+                format!("tool {qualified} cannot run: its server {server} is not connected"),
+            ),
+            NotSent::UnknownTool(_) => (
+                ToolFailure::UnknownTool,
+                format!("tool {qualified} is not available on its server"),
+            ),
+            NotSent::BadArguments { .. } => {
+                (ToolFailure::Failed, format!("tool {qualified} failed: {n}"))
+            }
+            NotSent::Cancelled => (
+                ToolFailure::Cancelled,
+                format!("tool {qualified} was not run: the run was cancelled"),
+            ),
+            NotSent::Timeout(d) => (
+                ToolFailure::Timeout,
+                format!(
+                    "tool {qualified} was not run: its server did not take the call within {}",
+                    agen_shared::duration::format_duration(*d)
+                ),
+            ),
+        },
+        CallError::Failed { message, .. } => (
+            ToolFailure::Failed,
+            format!("tool {qualified} failed: {message}"),
+        ),
     }
 }
 
