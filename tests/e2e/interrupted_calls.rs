@@ -386,3 +386,72 @@ fn an_idempotent_call_cut_off_by_its_server_dying_is_sent_again_live_after_a_res
     let told = tool_messages(&requests);
     assert_eq!(told, vec!["stored k".to_string()], "{stderr}");
 }
+
+/// A `url` server whose connection is lost mid-call (the server killed -9 while the charge
+/// sleeps): the charge ran once and the model is told it may have run, never that it did not.
+#[test]
+#[ignore = "known gap (issue 37 item 4): a url server's lost connection is still reported as `not connected`"]
+fn a_lost_connection_to_a_url_server_mid_call_is_effect_unknown() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = tmp.path().join("charges.jsonl");
+    let port_file = tmp.path().join("port");
+    let requests = tmp.path().join("model-requests.jsonl");
+    let mut server = Command::new(Peers::python())
+        .arg(Peers::script("servers/charge_server.py"))
+        .arg("--http")
+        .arg(&port_file)
+        .env("CHARGE_LOG", &log)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the charge server starts");
+    let port = wait_for("the charge server's port", Duration::from_secs(30), || {
+        std::fs::read_to_string(&port_file).ok()
+    })
+    .unwrap();
+    let script = json!({"record": requests, "steps": [
+        {"tool_calls": [{"name": "pay_charge", "arguments": {"amount": 5, "seconds": 30}}]},
+        {"reply": "done"}
+    ]});
+    let model = FakeModel::start(&tmp.path().join("model"), &script).unwrap();
+    let dir = tmp.path().join("bundle");
+    write_bundle(
+        &dir,
+        &[
+            (
+                "mcp.json",
+                mcp_json(&[(
+                    "pay",
+                    json!({"url": format!("http://127.0.0.1:{}/mcp", port.trim())}),
+                )]),
+            ),
+            (
+                "x-agen/agent.md",
+                format!(
+                    "---\nmodel: openai/fake-model\nbaseUrl: {}\n---\nYou bill customers.\n",
+                    model.base_url()
+                ),
+            ),
+        ],
+    )
+    .unwrap();
+    let run = Run::start(&dir, &tmp.path().join("state"));
+    let charged = wait_for("the charge", Duration::from_secs(30), || {
+        log.exists().then_some(())
+    });
+    kill9(server.id());
+    let _ = server.wait();
+    charged.unwrap();
+    let (code, stdout, stderr) = run.finish(Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(stdout.trim(), "done", "{stderr}");
+    let executed = std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .count();
+    eprintln!("url connection lost mid-call: executed {executed}");
+    assert_eq!(executed, 1, "the charge ran once");
+    let told = tool_messages(&requests);
+    assert_eq!(told.len(), 1, "{told:?}\n{stderr}");
+    assert_told_maybe_ran(&told[0], &stderr);
+}

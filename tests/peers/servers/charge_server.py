@@ -5,6 +5,13 @@ execution appends one fsynced JSON line to the file named by CHARGE_LOG before i
 `seconds`: `{"task": <agen/taskId>, "run": <agen/runId>, "key": <agen/idempotencyKey>,
 "amount": amount}`, so a fault test counts how often each task's charge really ran, across
 kills of the Hub, Nests and instances.
+
+    python charge_server.py              # stdio
+    python charge_server.py --http PORT_FILE
+
+With `--http` it serves streamable HTTP on a free loopback port instead (MCP at
+http://127.0.0.1:<port>/mcp) and writes the port to PORT_FILE once it listens, so a test can
+cut a `url` server's connection mid-call by killing it.
 """
 
 import json
@@ -49,6 +56,26 @@ async def charge(amount: int, ctx: Context, seconds: float = 0) -> str:
     return f"charged {amount}"
 
 
+def serve_http(port_file: str) -> None:
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    app = server.streamable_http_app(host="127.0.0.1")
+    tmp = port_file + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(str(sock.getsockname()[1]))
+    os.replace(tmp, port_file)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+
+
 if __name__ == "__main__":
     print("charge_server starting", file=sys.stderr)
-    server.run()
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+        serve_http(sys.argv[2])
+    else:
+        server.run()
