@@ -57,6 +57,11 @@ impl Core {
                     }
                 }
             }
+            self.opts.limits.check_queued_tasks(
+                &namespace,
+                &spec.deployment,
+                st.tasks.queued_of(&namespace, &spec.deployment),
+            )?;
             if !spec.conversation_key.is_empty() {
                 // The history quota: a conversation over it takes no more tasks (its next run
                 // would carry the whole history).
