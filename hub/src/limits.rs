@@ -226,6 +226,36 @@ impl Limits {
     }
 }
 
+/// Refusals by the scale limits, read by `/metrics` (`agen_hub_limit_refused_total{limit}`).
+#[derive(Debug, Default)]
+pub struct Refusals {
+    nests: std::sync::atomic::AtomicU64,
+    queued_tasks: std::sync::atomic::AtomicU64,
+}
+
+impl Refusals {
+    /// Counts a refusal when `r` is one (any error of the check it wraps is one).
+    pub fn count<T>(&self, limit: &str, r: Result<T>) -> Result<T> {
+        if r.is_err() {
+            let c = match limit {
+                "nests" => &self.nests,
+                _ => &self.queued_tasks,
+            };
+            c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// `(limit, refusals)` for each scale limit counted here.
+    pub fn snapshot(&self) -> [(&'static str, u64); 2] {
+        use std::sync::atomic::Ordering::Relaxed;
+        [
+            ("nests", self.nests.load(Relaxed)),
+            ("queued_tasks", self.queued_tasks.load(Relaxed)),
+        ]
+    }
+}
+
 /// `<field>: N bytes is over the limit of M bytes` when `value` is longer than `max` bytes.
 pub fn check_bytes(field: &str, value: &str, max: usize) -> Result<()> {
     if value.len() > max {

@@ -3,6 +3,7 @@
 //! real Nest processes on a real Hub. Queued tasks per deployment need no Nest and are sent by
 //! `limits_table.rs`.
 
+use std::io::{Read, Write};
 use std::process::Command;
 use std::time::Duration;
 
@@ -15,11 +16,20 @@ use crate::limits::bundle;
 fn a_nest_over_the_hubs_nest_limit_is_refused_and_retries_and_a_nest_gets_no_more_instances_than_the_hub_allows(
 ) {
     let tmp = tempfile::tempdir().unwrap();
+    let metrics_port = free_port();
+    let metrics_listen = format!("127.0.0.1:{metrics_port}");
     let hub = HubProcess::start_with_args(
         tmp.path(),
         free_port(),
         "10s",
-        &["--max-nests", "1", "--max-instances-per-nest", "1"],
+        &[
+            "--max-nests",
+            "1",
+            "--max-instances-per-nest",
+            "1",
+            "--metrics-listen",
+            &metrics_listen,
+        ],
     )
     .unwrap();
     let mut nest_a = hub.nest("nest-a", &[], &[]).unwrap();
@@ -58,6 +68,11 @@ fn a_nest_over_the_hubs_nest_limit_is_refused_and_retries_and_a_nest_gets_no_mor
         .filter_map(|n| n["name"].as_str().map(str::to_owned))
         .collect();
     assert_eq!(names, ["nest-a"], "the refused Nest is not registered");
+    let refused = refused_nests(metrics_port);
+    assert!(
+        refused >= 2.0,
+        "agen_hub_limit_refused_total{{limit=\"nests\"}} counts the refusals: {refused}"
+    );
 
     // One instance over on a Nest that declares room for 32: the second replica stays pending
     // and says why.
@@ -109,4 +124,19 @@ fn a_nest_over_the_hubs_nest_limit_is_refused_and_retries_and_a_nest_gets_no_mor
     })
     .unwrap_or_else(|e| panic!("{e}\nnest-b log:\n{}", nest_b.log_text()));
     nest_b.stop(Duration::from_secs(5));
+}
+
+/// `agen_hub_limit_refused_total{limit="nests"}` from the Hub's `/metrics`.
+fn refused_nests(port: u16) -> f64 {
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("agen_hub_limit_refused_total{limit=\"nests\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no nests refusal series in:\n{text}"))
 }

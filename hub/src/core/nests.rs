@@ -65,9 +65,8 @@ impl Core {
             let mut st = self.lock();
             if !st.live.is_connected(&reg.nest_id) {
                 // `--max-nests`: a Nest already connected may register again (a new stream).
-                self.opts
-                    .limits
-                    .check_nests(&reg.nest_id, st.live.connected_count())?;
+                let r = (self.opts.limits).check_nests(&reg.nest_id, st.live.connected_count());
+                self.limit_refusals.count("nests", r)?;
             }
             let now = now_ms();
             let registered_at_ms = st
