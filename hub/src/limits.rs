@@ -63,6 +63,12 @@ pub struct Limits {
     /// The deepest delegation tree any bundle may ask for (its `limits.maxDelegationDepth` is
     /// capped at this).
     pub max_delegation_depth: u32,
+    /// Nests connected to this Hub at once; one more is refused at `Register`.
+    pub max_nests: usize,
+    /// Instances the Hub places on one Nest, whatever capacity the Nest declares.
+    pub max_instances_per_nest: u32,
+    /// Tasks waiting in state `Queued` per deployment; a submit past it is refused.
+    pub max_queued_tasks: usize,
 }
 
 impl Default for Limits {
@@ -79,6 +85,9 @@ impl Default for Limits {
             conn: crate::conn_gate::ConnLimits::default(),
             streams: crate::core::streams::StreamLimits::default(),
             max_delegation_depth: 5,
+            max_nests: 10_000,
+            max_instances_per_nest: 1000,
+            max_queued_tasks: 10_000,
         }
     }
 }
@@ -91,6 +100,21 @@ impl Limits {
             return Err(HubError::Config(
                 "--max-delegation-depth 0: expected at least 1 (default 5)".into(),
             ));
+        }
+        for (flag, value, default) in [
+            ("--max-nests", self.max_nests, 10_000),
+            (
+                "--max-instances-per-nest",
+                self.max_instances_per_nest as usize,
+                1000,
+            ),
+            ("--max-queued-tasks", self.max_queued_tasks, 10_000),
+        ] {
+            if value == 0 {
+                return Err(HubError::Config(format!(
+                    "{flag} 0: expected at least 1 (default {default})"
+                )));
+            }
         }
         let room = MAX_MESSAGE_BYTES - 4 * MIB;
         let fields = [
@@ -171,6 +195,64 @@ impl Limits {
             )));
         }
         Ok(())
+    }
+
+    /// One more queued task for a deployment that already has `queued` waiting.
+    pub fn check_queued_tasks(
+        &self,
+        namespace: &str,
+        deployment: &str,
+        queued: usize,
+    ) -> Result<()> {
+        if queued >= self.max_queued_tasks {
+            return Err(HubError::ResourceExhausted(format!(
+                "queued tasks: deployment {namespace}/{deployment} has {queued} tasks queued, the limit is {} per deployment (agen hub --max-queued-tasks); submit again once some have started, or scale the deployment up",
+                self.max_queued_tasks
+            )));
+        }
+        Ok(())
+    }
+
+    /// One more Nest connecting while `connected` are.
+    pub fn check_nests(&self, nest: &str, connected: usize) -> Result<()> {
+        if connected >= self.max_nests {
+            return Err(HubError::ResourceExhausted(format!(
+                "nests: nest `{}` cannot register: this hub has {connected} nests connected, the limit is {} (agen hub --max-nests); raise the flag, or point this nest at another hub",
+                prefix(nest),
+                self.max_nests
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Refusals by the scale limits, read by `/metrics` (`agen_hub_limit_refused_total{limit}`).
+#[derive(Debug, Default)]
+pub struct Refusals {
+    nests: std::sync::atomic::AtomicU64,
+    queued_tasks: std::sync::atomic::AtomicU64,
+}
+
+impl Refusals {
+    /// Counts a refusal when `r` is one (any error of the check it wraps is one).
+    pub fn count<T>(&self, limit: &str, r: Result<T>) -> Result<T> {
+        if r.is_err() {
+            let c = match limit {
+                "nests" => &self.nests,
+                _ => &self.queued_tasks,
+            };
+            c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// `(limit, refusals)` for each scale limit counted here.
+    pub fn snapshot(&self) -> [(&'static str, u64); 2] {
+        use std::sync::atomic::Ordering::Relaxed;
+        [
+            ("nests", self.nests.load(Relaxed)),
+            ("queued_tasks", self.queued_tasks.load(Relaxed)),
+        ]
     }
 }
 

@@ -83,6 +83,11 @@ struct StreamLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabel {
+    limit: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NamespaceLabel {
     namespace: String,
 }
@@ -127,6 +132,7 @@ pub struct HubMetrics {
     artifact_bytes: Family<NamespaceLabel, Gauge>,
     streams_open: Family<StreamLabel, Gauge>,
     streams_refused: Family<StreamLabel, Counter>,
+    limit_refused: Family<LimitLabel, Counter>,
     ops: OpsGauges,
     /// What the event loop remembers between events.
     open: Mutex<Open>,
@@ -189,6 +195,7 @@ impl HubMetrics {
             artifact_bytes: Family::default(),
             streams_open: Family::default(),
             streams_refused: Family::default(),
+            limit_refused: Family::default(),
             ops: OpsGauges::default(),
             open: Mutex::new(Open::default()),
             registry: Registry::default(),
@@ -203,6 +210,11 @@ impl HubMetrics {
             "agen_hub_streams_refused",
             "Streams refused at their cap (--max-streams-per-token, --max-streams)",
             m.streams_refused.clone(),
+        );
+        registry.register(
+            "agen_hub_limit_refused",
+            "Refusals by a scale limit (nests: --max-nests, queued_tasks: --max-queued-tasks)",
+            m.limit_refused.clone(),
         );
         registry.register(
             "agen_tasks",
@@ -499,6 +511,14 @@ impl HubMetrics {
                 .get_or_create(&label)
                 .set(i64::try_from(open).unwrap_or(i64::MAX));
             let c = self.streams_refused.get_or_create(&label);
+            if refused > c.get() {
+                c.inc_by(refused - c.get());
+            }
+        }
+        for (limit, refused) in core.limit_refusals.snapshot() {
+            let c = self.limit_refused.get_or_create(&LimitLabel {
+                limit: limit.to_string(),
+            });
             if refused > c.get() {
                 c.inc_by(refused - c.get());
             }

@@ -396,6 +396,11 @@ impl Liveness {
         self.last_seen.insert(nest_id.to_string(), Instant::now());
     }
 
+    /// How many Nests have a live link.
+    pub fn connected_count(&self) -> usize {
+        self.links.len()
+    }
+
     pub fn is_connected(&self, nest_id: &str) -> bool {
         self.links.contains_key(nest_id)
     }

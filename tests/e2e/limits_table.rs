@@ -36,6 +36,7 @@ const SENT: &[&str] = &[
     "gRPC messages",
     "schedules",
     "webhooks of a task (URL, count)",
+    "queued tasks per deployment",
 ];
 
 /// Rows sent one over by another test, with the reason they are not sent here.
@@ -99,6 +100,16 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
         "webhook deliveries (in flight, body)",
         "hub/src/core/webhooks.rs deliveries_in_flight_are_capped_and_a_long_result_is_cut",
         "16 deliveries in flight need 16 slow receivers; the pass's own test goes one over the cap and over the body size",
+    ),
+    (
+        "Nests per Hub",
+        "tests/e2e/scale_limits.rs a_nest_over_the_hubs_nest_limit_is_refused_and_retries_and_a_nest_gets_no_more_instances_than_the_hub_allows",
+        "one over is a Nest registering with its own certificate while the limit's worth are connected; that test runs them",
+    ),
+    (
+        "instances per Nest",
+        "tests/e2e/scale_limits.rs a_nest_over_the_hubs_nest_limit_is_refused_and_retries_and_a_nest_gets_no_more_instances_than_the_hub_allows",
+        "placement needs a connected Nest; that test deploys one replica more than the limit onto one",
     ),
     (
         "TLS handshake / A2A body",
@@ -169,9 +180,15 @@ fn every_row_of_the_limits_table_refuses_one_unit_over_through_the_public_api() 
     let tmp = tempfile::tempdir().unwrap();
     // The blocking A2A wait is 5 min by default; its flag lowers it to 1 s so that a task that
     // cannot end within it (no replicas) is one unit over in a test's time.
-    let hub =
-        HubProcess::start_with_args(tmp.path(), free_port(), "10s", &["--a2a-send-wait", "1s"])
-            .unwrap();
+    // --max-queued-tasks is lowered so that one over is a few hundred submits (the `ListTasks`
+    // row queues 101 tasks of its own deployment, below it).
+    let hub = HubProcess::start_with_args(
+        tmp.path(),
+        free_port(),
+        "10s",
+        &["--a2a-send-wait", "1s", "--max-queued-tasks", "150"],
+    )
+    .unwrap();
     let model = FakeModel::start(&tmp.path().join("model"), &json!([{"reply": "ok"}])).unwrap();
     let dir = tmp.path().join("bundle");
     bundle(&dir, &model);
@@ -520,6 +537,57 @@ async fn one_over(hub: &HubProcess, api: &mut Api, row: &str) {
                 .submit_task(req)
                 .await;
             assert_eq!(refused(r), over("request", max + 1, max));
+        }
+        "queued tasks per deployment" => {
+            // A deployment of its own with no replicas: its tasks stay queued.
+            let digest = api
+                .get_deployment(pb::GetDeploymentRequest {
+                    namespace: String::new(),
+                    name: "runner".into(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .deployment
+                .expect("runner")
+                .bundle_digest;
+            api.create_deployment(pb::CreateDeploymentRequest {
+                name: "queue".into(),
+                bundle_digest: digest,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            let queue = |input: &str| pb::SubmitTaskRequest {
+                deployment: "queue".into(),
+                ..submit(input.into())
+            };
+            let mut first = String::new();
+            for i in 0..150 {
+                let t = api.submit_task(queue("q")).await.unwrap().into_inner();
+                if i == 0 {
+                    first = t.task_id;
+                }
+            }
+            let (code, msg) = refused(api.submit_task(queue("one over")).await);
+            assert_eq!(code, Code::ResourceExhausted, "{row}: {msg}");
+            assert_eq!(
+                msg,
+                "queued tasks: deployment default/queue has 150 tasks queued, the limit is 150 per deployment (agen hub --max-queued-tasks); submit again once some have started, or scale the deployment up",
+                "{row}"
+            );
+            // Another deployment's queue is its own; a task leaving the queue makes room.
+            api.submit_task(submit("hi".into())).await.unwrap();
+            api.cancel_task(pb::CancelTaskRequest {
+                namespace: String::new(),
+                task_id: first,
+                reason: "make room".into(),
+            })
+            .await
+            .unwrap();
+            api.submit_task(queue("after a cancel")).await.unwrap();
+            let (code, _) = refused(api.submit_task(queue("over again")).await);
+            assert_eq!(code, Code::ResourceExhausted, "{row}: full again");
         }
         other => panic!("no case for the row `{other}` of docs/limits.md"),
     }

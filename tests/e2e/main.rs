@@ -51,6 +51,7 @@ mod resume;
 mod run_context;
 mod runs;
 mod sandbox;
+mod scale_limits;
 mod secrets;
 mod sql;
 mod store_damage;

@@ -163,6 +163,15 @@ pub struct Args {
     /// bundle's limits.maxDelegationDepth above it is capped here
     #[arg(long, default_value_t = 5)]
     pub max_delegation_depth: u32,
+    /// Nests connected at once; one more is refused at registration (it retries with back-off)
+    #[arg(long, default_value_t = 10_000)]
+    pub max_nests: usize,
+    /// Instances placed on one Nest, whatever capacity the Nest declares
+    #[arg(long, default_value_t = 1000)]
+    pub max_instances_per_nest: u32,
+    /// Tasks waiting to start per deployment; a submit past it is refused (RESOURCE_EXHAUSTED)
+    #[arg(long, default_value_t = 10_000)]
+    pub max_queued_tasks: usize,
     /// Remove finished tasks, their run logs and the artifacts no other task refers to this
     /// long after they finished
     #[arg(long, default_value = "30d", value_parser = crate::cmd::parse_duration)]
@@ -283,6 +292,9 @@ impl Args {
                 total: self.max_streams,
             },
             max_delegation_depth: self.max_delegation_depth,
+            max_nests: self.max_nests,
+            max_instances_per_nest: self.max_instances_per_nest,
+            max_queued_tasks: self.max_queued_tasks,
         }
     }
 }

@@ -115,6 +115,8 @@ pub struct Core {
     attempt_floor: u32,
     /// Open server streams per kind and token, and their caps.
     pub streams: streams::StreamCaps,
+    /// Refusals by `--max-nests` and `--max-queued-tasks` (for `/metrics`).
+    pub limit_refusals: crate::limits::Refusals,
     /// The schedules' lock ([`schedules`]).
     pub(crate) schedules: schedules::Schedules,
     /// The webhooks' loop ([`webhooks`]).
@@ -201,6 +203,7 @@ impl Core {
             lazy_flush: Default::default(),
             attempt_floor,
             streams: streams::StreamCaps::new(opts_streams),
+            limit_refusals: Default::default(),
             schedules: Default::default(),
             webhooks: Default::default(),
             bundle_permissions: Default::default(),

@@ -63,6 +63,11 @@ impl Core {
         }
         let conn_id = {
             let mut st = self.lock();
+            if !st.live.is_connected(&reg.nest_id) {
+                // `--max-nests`: a Nest already connected may register again (a new stream).
+                let r = (self.opts.limits).check_nests(&reg.nest_id, st.live.connected_count());
+                self.limit_refusals.count("nests", r)?;
+            }
             let now = now_ms();
             let registered_at_ms = st
                 .nests

@@ -433,7 +433,8 @@ impl Core {
                     NestView {
                         nest_id: n.nest_id.clone(),
                         labels: n.labels.clone(),
-                        capacity: n.capacity,
+                        // `--max-instances-per-nest` caps what the Nest declares.
+                        capacity: n.capacity.min(self.opts.limits.max_instances_per_nest),
                         ready: n.state == NestState::Ready
                             && !n.cordoned
                             && !n.draining(now)
@@ -487,7 +488,13 @@ impl Core {
                     self.save_instance(st, inst)?;
                 }
                 Err(why) => {
-                    let message = why.describe(&d.selector);
+                    let mut message = why.describe(&d.selector);
+                    if why == scheduler::NoPlacement::NoCapacity {
+                        message = format!(
+                            "{message} (its declared capacity, or the hub's limit of {} instances per nest: agen hub --max-instances-per-nest); add a nest or raise the limit",
+                            self.opts.limits.max_instances_per_nest
+                        );
+                    }
                     if inst.message != message {
                         inst.message = message;
                         inst.updated_at_ms = now;

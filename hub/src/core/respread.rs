@@ -60,7 +60,7 @@ impl Core {
                         && !n.cordoned
                         && st.live.is_connected(&n.nest_id)
                         && scheduler::matches(&d.selector, &n.labels)
-                        && total < n.capacity,
+                        && total < n.capacity.min(self.opts.limits.max_instances_per_nest),
                 }
             })
             .collect();

@@ -6,18 +6,38 @@
 //! Invariant: `live` holds exactly the `(seq, task_id)` of every task in `all` whose state is
 //! not terminal. Every way to change a task goes through this type: [`TaskTable::insert`],
 //! [`TaskTable::remove`], and [`TaskTable::get_mut`], whose guard re-reads the task's state
-//! when it is dropped. Reading goes through `Deref` to the map.
+//! when it is dropped. Reading goes through `Deref` to the map. `queued` counts the tasks in
+//! state `Queued` per `(namespace, deployment)` the same way (the `--max-queued-tasks` check).
 
 use std::collections::{BTreeSet, HashMap};
 use std::ops::{Deref, DerefMut};
 
-use crate::model::TaskRec;
+use crate::model::{TaskRec, TaskState};
+
+/// Tasks in state `Queued` per `(namespace, deployment)`.
+type QueuedCounts = HashMap<(String, String), usize>;
+
+fn count_queued(queued: &mut QueuedCounts, task: &TaskRec, up: bool) {
+    if task.state != TaskState::Queued {
+        return;
+    }
+    let key = (task.namespace.clone(), task.deployment.clone());
+    if up {
+        *queued.entry(key).or_default() += 1;
+    } else if let Some(n) = queued.get_mut(&key) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            queued.remove(&key);
+        }
+    }
+}
 
 #[derive(Default)]
 pub(crate) struct TaskTable {
     all: HashMap<String, TaskRec>,
     /// `(seq, task_id)` of each live task: submit order, then id.
     live: BTreeSet<(u64, String)>,
+    queued: QueuedCounts,
 }
 
 impl TaskTable {
@@ -25,9 +45,11 @@ impl TaskTable {
     pub(crate) fn insert(&mut self, task: TaskRec) -> Option<TaskRec> {
         let key = (task.seq, task.task_id.clone());
         let live = !task.state.is_terminal();
+        count_queued(&mut self.queued, &task, true);
         let old = self.all.insert(task.task_id.clone(), task);
         if let Some(old) = &old {
             self.live.remove(&(old.seq, old.task_id.clone()));
+            count_queued(&mut self.queued, old, false);
         }
         if live {
             self.live.insert(key);
@@ -38,6 +60,7 @@ impl TaskTable {
     pub(crate) fn remove(&mut self, task_id: &str) -> Option<TaskRec> {
         let old = self.all.remove(task_id)?;
         self.live.remove(&(old.seq, old.task_id.clone()));
+        count_queued(&mut self.queued, &old, false);
         Some(old)
     }
 
@@ -45,11 +68,21 @@ impl TaskTable {
     pub(crate) fn get_mut(&mut self, task_id: &str) -> Option<TaskMut<'_>> {
         let task = self.all.get_mut(task_id)?;
         let was = (task.seq, !task.state.is_terminal());
+        count_queued(&mut self.queued, task, false);
         Some(TaskMut {
             task,
             live: &mut self.live,
+            queued: &mut self.queued,
             was,
         })
+    }
+
+    /// How many tasks of a deployment wait in state `Queued`.
+    pub(crate) fn queued_of(&self, namespace: &str, deployment: &str) -> usize {
+        self.queued
+            .get(&(namespace.to_string(), deployment.to_string()))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// The live tasks (not terminal) in submit order.
@@ -85,6 +118,8 @@ impl FromIterator<TaskRec> for TaskTable {
 pub(crate) struct TaskMut<'a> {
     task: &'a mut TaskRec,
     live: &'a mut BTreeSet<(u64, String)>,
+    /// Counted again from the task's state when the guard drops (taken out when it was made).
+    queued: &'a mut QueuedCounts,
     /// Its seq and whether it was live when the guard was taken.
     was: (u64, bool),
 }
@@ -105,6 +140,7 @@ impl DerefMut for TaskMut<'_> {
 
 impl Drop for TaskMut<'_> {
     fn drop(&mut self) {
+        count_queued(self.queued, self.task, true);
         let now = (self.task.seq, !self.task.state.is_terminal());
         if now == self.was {
             return;
@@ -169,5 +205,12 @@ mod tests {
         assert!(t.remove("b").is_none());
         assert_eq!(t.live_ids(), ["done", "c"]);
         assert_eq!(t.len(), 3, "the finished tasks stay in the table");
+        let ex = TaskRec::example();
+        assert_eq!(
+            t.queued_of(&ex.namespace, &ex.deployment),
+            2,
+            "the queued count follows inserts, removals and changes in place"
+        );
+        assert_eq!(t.queued_of(&ex.namespace, "other"), 0);
     }
 }

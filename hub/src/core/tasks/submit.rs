@@ -57,6 +57,9 @@ impl Core {
                     }
                 }
             }
+            let queued = st.tasks.queued_of(&namespace, &spec.deployment);
+            let r = (self.opts.limits).check_queued_tasks(&namespace, &spec.deployment, queued);
+            self.limit_refusals.count("queued_tasks", r)?;
             if !spec.conversation_key.is_empty() {
                 // The history quota: a conversation over it takes no more tasks (its next run
                 // would carry the whole history).
