@@ -119,7 +119,8 @@ pub struct AnyValue {
     pub value: Option<Value>,
 }
 
-/// The `AnyValue.value` oneof (the kinds the Hub sends).
+/// The `AnyValue.value` oneof (the kinds the Hub sends), with the upstream field names.
+#[allow(clippy::enum_variant_names)]
 #[derive(Clone, PartialEq, prost::Oneof)]
 pub enum Value {
     #[prost(string, tag = "1")]
