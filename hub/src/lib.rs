@@ -52,6 +52,7 @@ pub mod scheduler;
 pub mod secrets;
 mod server;
 pub mod store;
+pub mod tls_live;
 pub mod tokens;
 pub mod trace;
 pub mod webhooks;
@@ -178,6 +179,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
 
     let extra = opts.certificate_names();
     let hub_tls = tls::load_or_create_hub_tls(&data_dir.join("tls"), &extra)?;
+    let live_tls = tls_live::LiveTls::new(data_dir.join("tls"), extra.clone(), hub_tls.clone())?;
     let join_token_file = data_dir.join("join-token");
     let join_token = load_or_create_token(&join_token_file, || {
         JoinToken::generate(&hub_tls.ca_sha256).to_string()
@@ -272,8 +274,8 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         tokens,
         gate.clone(),
         nest_identities,
-        (!opts.insecure_plaintext).then(|| Arc::new(hub_tls.clone())),
-        hub_tls.ca_sha256.clone(),
+        (!opts.insecure_plaintext).then(|| live_tls.clone()),
+        live_tls.clone(),
         public_url,
     )
     .await?;
@@ -291,7 +293,8 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     let tls_config = if opts.insecure_plaintext {
         None
     } else {
-        Some(listener::server_config(&hub_tls)?)
+        tokio::spawn(live_tls.clone().watch(shutdown.child_token()));
+        Some(live_tls.clone())
     };
 
     let metrics_addr = match opts.metrics_listen {

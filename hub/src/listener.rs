@@ -34,7 +34,8 @@ pub fn server_config(hub_tls: &agen_shared::tls::HubTls) -> Result<rustls::Serve
         ))
     };
     let mut roots = rustls::RootCertStore::empty();
-    for der in agen_shared::tls::pem_certs(&hub_tls.ca_pem) {
+    // The CA, and during a CA rotation the previous one too (`agen hub rotate-ca`).
+    for der in agen_shared::tls::pem_certs(&hub_tls.trust_pem) {
         roots
             .add(CertificateDer::from(der))
             .map_err(|e| bad("the CA certificate", e.to_string()))?;
@@ -64,12 +65,11 @@ pub fn server_config(hub_tls: &agen_shared::tls::HubTls) -> Result<rustls::Serve
 /// end in the shutdown grace would otherwise keep a Nest talking to it instead of reconnecting).
 pub fn tls_incoming(
     listener: TcpListener,
-    config: rustls::ServerConfig,
+    tls: Arc<crate::tls_live::LiveTls>,
     shutdown: CancellationToken,
     cut: CancellationToken,
     gate: Arc<ConnGate>,
 ) -> ReceiverStream<std::io::Result<Cut<TlsStream<TcpStream>>>> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     tokio::spawn(async move {
@@ -100,7 +100,8 @@ pub fn tls_incoming(
             if let Err(e) = tcp.set_nodelay(true) {
                 tracing::debug!(error = %e, %peer, "cannot set TCP_NODELAY");
             }
-            let acceptor = acceptor.clone();
+            // The settings now: a rotated CA applies from the next connection on.
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
             let tx = tx.clone();
             let cut = cut.clone();
             let limits = *gate.limits();

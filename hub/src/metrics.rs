@@ -282,6 +282,16 @@ impl HubMetrics {
             STORE_FSYNC_SECONDS.clone(),
         );
         registry.register(
+            "agen_hub_otlp_spans_exported",
+            "Spans the OTLP collector accepted",
+            crate::otlp::SPANS_EXPORTED.clone(),
+        );
+        registry.register(
+            "agen_hub_otlp_spans_dropped",
+            "Spans not exported over OTLP: the export queue was full, the export failed, or the Hub stopped first",
+            crate::otlp::SPANS_DROPPED.clone(),
+        );
+        registry.register(
             "agen_artifact_bytes",
             "Artifact bytes stored per namespace",
             m.artifact_bytes.clone(),

@@ -71,8 +71,11 @@ pub enum ToNest {
         arguments: Option<serde_json::Value>,
     },
     /// Tells the Nest its Hub is there, so its nest lease does not run out (see `HubPing` in
-    /// nest.proto).
-    Ping,
+    /// nest.proto), and which CA signs Nest certificates now (its sha256; empty on a plaintext
+    /// Hub): a Nest whose certificate or trust is older renews (after `agen hub rotate-ca`).
+    Ping {
+        ca_sha256: String,
+    },
     Ack {
         run_id: String,
         attempt: u32,
@@ -124,7 +127,7 @@ impl ToNest {
     pub fn approx_bytes(&self) -> usize {
         let strings = |v: &[&str]| v.iter().map(|s| s.len()).sum::<usize>();
         256 + match self {
-            ToNest::Ping => 0,
+            ToNest::Ping { .. } => 0,
             ToNest::Registered { stop_instances, .. } => {
                 stop_instances.iter().map(|s| s.len() + 4).sum()
             }

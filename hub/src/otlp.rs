@@ -1,110 +1,38 @@
-//! OpenTelemetry export: when a top-level task reaches a terminal state the Hub sends its trace
-//! (the spans [`crate::trace`] builds, with the ids `GetTrace` shows) to an OTLP collector, over
-//! gRPC (`TraceService/Export`) or HTTP (`POST …/v1/traces`), as one `ResourceSpans` of
-//! `service.name=agen-hub` with the GenAI semantic-convention attributes; an `https://`
-//! endpoint is verified with the system roots or the CA file [`roots`] loads. Export runs in the
-//! background behind a bounded queue: it never blocks a task, and a failed or dropped export
-//! is logged at warn.
+//! OpenTelemetry export: the Hub sends each task's spans (the ones [`crate::trace`] builds,
+//! with the ids `GetTrace` shows) to an OTLP collector as they end ([`live`]: batched, behind a
+//! bounded queue that drops and counts instead of waiting), over gRPC
+//! (`TraceService/Export`) or HTTP (`POST …/v1/traces`), named and attributed per the GenAI
+//! semantic conventions ([`spans`]); an `https://` endpoint is verified with the system roots
+//! or the CA file [`roots`] loads. Export never blocks a task; a failed export is logged at
+//! warn and its spans counted as dropped.
 
+mod live;
 mod pb;
 mod roots;
+mod spans;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use agen_shared::bundle::ModelRef;
 use prost::Message;
-use tokio::sync::mpsc;
 
 use crate::config::{OtlpOptions, OtlpProtocol};
 use crate::core::Core;
 use crate::error::{HubError, Result};
-use crate::model::TaskRec;
-use crate::trace::SpanRec;
 
+pub use live::{QUEUE, SPANS_DROPPED, SPANS_EXPORTED};
 pub use pb::ExportTraceServiceRequest;
 
-/// Traces waiting to be exported; more are dropped (with a warning) instead of waiting.
-const QUEUE: usize = 256;
 /// The longest one export may take.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
 
-/// Starts exporting the trace of every top-level task that finishes from now on.
+/// Starts exporting every task's spans as they end, from now on.
 pub fn follow(opts: OtlpOptions, core: Arc<Core>) -> Result<()> {
     let exporter = Exporter::new(&opts)?;
-    let (tx, mut rx) = mpsc::channel::<(String, String)>(QUEUE);
-    let mut updates = core.subscribe();
-    let watch = core.clone();
-    tokio::spawn(async move {
-        loop {
-            let next = tokio::select! {
-                n = updates.recv() => n,
-                _ = watch.stopping.cancelled() => return,
-            };
-            match next {
-                Ok(u) => {
-                    let t = &u.task;
-                    if u.event.kind != "task.state"
-                        || !t.state.is_terminal()
-                        || !t.parent_task_id.is_empty()
-                    {
-                        continue;
-                    }
-                    if tx
-                        .try_send((t.namespace.clone(), t.task_id.clone()))
-                        .is_err()
-                    {
-                        tracing::warn!(task = %t.task_id, "the OTLP export queue is full ({QUEUE} traces); the trace of task {} is not exported", t.task_id);
-                    }
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                    tracing::warn!(
-                        missed = n,
-                        "OTLP export fell behind the task updates; traces of tasks finishing among {n} updates may not be exported"
-                    );
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-            }
-        }
-    });
-    tokio::spawn(async move {
-        while let Some((namespace, task_id)) = rx.recv().await {
-            let request = match core.trace(&namespace, &task_id) {
-                Ok((task, spans)) => {
-                    let model = bundle_model(&core, &task.bundle_digest);
-                    export_request(&task, &spans, model.as_ref())
-                }
-                Err(e) => {
-                    tracing::warn!(task = %task_id, "cannot build the trace of task {task_id} for OTLP export: {e}");
-                    continue;
-                }
-            };
-            match tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(request)).await {
-                Ok(Ok(())) => tracing::debug!(task = %task_id, "trace exported over OTLP"),
-                Ok(Err(e)) => {
-                    let tls = if exporter.endpoint.starts_with("https://") {
-                        " (and that OTEL_EXPORTER_OTLP_CERTIFICATE names its CA when the system roots do not trust it)"
-                    } else {
-                        ""
-                    };
-                    tracing::warn!(task = %task_id, endpoint = %exporter.endpoint, "OTLP export of task {task_id} to {} failed: {e}; check --otlp-endpoint and that the collector is up{tls}", exporter.endpoint)
-                }
-                Err(_) => {
-                    tracing::warn!(task = %task_id, endpoint = %exporter.endpoint, "OTLP export of task {task_id} to {} timed out after {EXPORT_TIMEOUT:?}", exporter.endpoint)
-                }
-            }
-        }
-    });
-    tracing::info!(endpoint = %opts.endpoint, protocol = ?opts.protocol, "exporting task traces over OTLP");
+    live::start(core, exporter);
+    tracing::info!(endpoint = %opts.endpoint, protocol = ?opts.protocol, "exporting task spans over OTLP as they end");
     Ok(())
-}
-
-fn bundle_model(core: &Core, digest: &str) -> Option<ModelRef> {
-    if digest.is_empty() {
-        return None;
-    }
-    crate::metrics::bundle_model(core, digest)
 }
 
 /// One OTLP client (gRPC channel or HTTP client) with its headers.
@@ -120,6 +48,16 @@ enum Transport {
 }
 
 impl Exporter {
+    /// Logs a failed export of `n` spans of the tasks `what` names: what failed and what to check.
+    fn warn_failed(&self, what: &str, n: u64, e: &str) {
+        let tls = if self.endpoint.starts_with("https://") {
+            " (and that OTEL_EXPORTER_OTLP_CERTIFICATE names its CA when the system roots do not trust it)"
+        } else {
+            ""
+        };
+        tracing::warn!(endpoint = %self.endpoint, spans = n, "OTLP export of {what} ({n} spans) to {} failed: {e}; check --otlp-endpoint and that the collector is up{tls}", self.endpoint);
+    }
+
     fn new(opts: &OtlpOptions) -> Result<Exporter> {
         let roots = if opts.endpoint.starts_with("https://") {
             Some(roots::load(opts.certificate.as_deref())?)
@@ -242,137 +180,5 @@ fn partial(r: pb::ExportTraceServiceResponse) -> std::result::Result<(), String>
             p.rejected_spans, p.error_message
         )),
         _ => Ok(()),
-    }
-}
-
-/// The OTLP request carrying `task`'s trace: every span of `spans` (the run span first, as
-/// [`crate::trace::build_spans`] orders them) with its GetTrace ids.
-pub fn export_request(
-    task: &TaskRec,
-    spans: &[SpanRec],
-    model: Option<&ModelRef>,
-) -> ExportTraceServiceRequest {
-    let trace_id = hex::decode(crate::trace::trace_id(task)).unwrap_or_default();
-    let resource = pb::Resource {
-        attributes: vec![
-            pb::KeyValue::string("service.name", "agen-hub"),
-            pb::KeyValue::string("service.version", env!("CARGO_PKG_VERSION")),
-        ],
-    };
-    ExportTraceServiceRequest {
-        resource_spans: vec![pb::ResourceSpans {
-            resource: Some(resource),
-            scope_spans: vec![pb::ScopeSpans {
-                scope: Some(pb::InstrumentationScope {
-                    name: "agen-hub".into(),
-                    version: env!("CARGO_PKG_VERSION").into(),
-                }),
-                spans: spans
-                    .iter()
-                    .map(|s| span(task, &trace_id, s, model))
-                    .collect(),
-            }],
-        }],
-    }
-}
-
-fn span(task: &TaskRec, trace_id: &[u8], s: &SpanRec, model: Option<&ModelRef>) -> pb::Span {
-    let attr = |k: &str| s.attributes.get(k).cloned().unwrap_or_default();
-    let mut attributes = vec![
-        pb::KeyValue::string("agen.namespace", task.namespace.clone()),
-        pb::KeyValue::string("agen.deployment", task.deployment.clone()),
-        pb::KeyValue::string(
-            "agen.task_id",
-            s.attributes
-                .get("task_id")
-                .cloned()
-                .unwrap_or_else(|| task.task_id.clone()),
-        ),
-    ];
-    if let Some(a) = s.attributes.get("attempt").and_then(|a| a.parse().ok()) {
-        attributes.push(pb::KeyValue::int("agen.attempt", a));
-    }
-    let (name, kind) = if s.attributes.contains_key("call_id") {
-        let tool = attr("tool");
-        attributes.push(pb::KeyValue::string(
-            "gen_ai.operation.name",
-            "execute_tool",
-        ));
-        attributes.push(pb::KeyValue::string("gen_ai.tool.name", tool.clone()));
-        attributes.push(pb::KeyValue::string("gen_ai.tool.call.id", attr("call_id")));
-        if let Some(args) = s.attributes.get("arguments") {
-            attributes.push(pb::KeyValue::string(
-                "gen_ai.tool.call.arguments",
-                args.clone(),
-            ));
-        }
-        (format!("execute_tool {tool}"), pb::SPAN_KIND_INTERNAL)
-    } else if s.parent_span_id.is_empty() || s.attributes.contains_key("task_id") {
-        attributes.push(pb::KeyValue::string(
-            "gen_ai.operation.name",
-            "invoke_agent",
-        ));
-        attributes.push(pb::KeyValue::string(
-            "gen_ai.agent.name",
-            task.deployment.clone(),
-        ));
-        attributes.push(pb::KeyValue::string("agen.run_id", attr("run_id")));
-        (s.name.clone(), pb::SPAN_KIND_INTERNAL)
-    } else {
-        attributes.push(pb::KeyValue::string("gen_ai.operation.name", "chat"));
-        if let Some(m) = model {
-            attributes.push(pb::KeyValue::string(
-                "gen_ai.provider.name",
-                m.provider.as_str(),
-            ));
-            attributes.push(pb::KeyValue::string(
-                "gen_ai.request.model",
-                m.model.clone(),
-            ));
-        }
-        for (ours, theirs) in [
-            ("input_tokens", "gen_ai.usage.input_tokens"),
-            ("output_tokens", "gen_ai.usage.output_tokens"),
-        ] {
-            if let Some(n) = s.attributes.get(ours).and_then(|n| n.parse().ok()) {
-                attributes.push(pb::KeyValue::int(theirs, n));
-            }
-        }
-        let name = match model {
-            Some(m) => format!("chat {}", m.model),
-            None => "chat".to_string(),
-        };
-        (name, pb::SPAN_KIND_CLIENT)
-    };
-    attributes.push(pb::KeyValue::string("agen.status", s.status.clone()));
-    let status = match s.status.as_str() {
-        "ok" | "succeeded" => pb::Status {
-            message: String::new(),
-            code: pb::STATUS_OK,
-        },
-        "error" | "failed" | "unfinished" | "denied" => pb::Status {
-            message: if s.parent_span_id.is_empty() {
-                task.outcome
-                    .as_ref()
-                    .map(|o| o.error.clone())
-                    .unwrap_or_default()
-            } else {
-                s.status.clone()
-            },
-            code: pb::STATUS_ERROR,
-        },
-        _ => pb::Status::default(),
-    };
-    let nanos = |ms: i64| (ms.max(0) as u64).saturating_mul(1_000_000);
-    pb::Span {
-        trace_id: trace_id.to_vec(),
-        span_id: hex::decode(&s.span_id).unwrap_or_default(),
-        parent_span_id: hex::decode(&s.parent_span_id).unwrap_or_default(),
-        name,
-        kind,
-        start_time_unix_nano: nanos(s.start_ms),
-        end_time_unix_nano: nanos(s.end_ms.max(s.start_ms)),
-        attributes,
-        status: Some(status),
     }
 }

@@ -74,6 +74,20 @@ pub struct RunRoot {
     pub attempt: u32,
 }
 
+/// Whether `s` is an approval's wait (`approval {tool}`), not the call itself.
+pub fn is_approval(s: &SpanRec) -> bool {
+    s.attributes.contains_key("call_id") && s.name.starts_with("approval ")
+}
+
+/// The deployment of a task's root span (`task {deployment}`); `None` for any other span.
+pub fn root_deployment(s: &SpanRec) -> Option<&str> {
+    if s.attributes.contains_key("task_id") {
+        s.name.strip_prefix("task ")
+    } else {
+        None
+    }
+}
+
 /// Builds the spans of `task` from its run events, in log order.
 pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
     let root = RunRoot {
@@ -155,6 +169,15 @@ pub fn build_run_spans(task: &RunRoot, events: &[RunEventRec]) -> Vec<SpanRec> {
                         spans[i]
                             .attributes
                             .insert("output_tokens".into(), u.output_tokens.to_string());
+                    }
+                    for (key, value) in [
+                        ("response_id", a.response_id),
+                        ("response_model", a.response_model),
+                        ("finish_reason", a.stop_reason),
+                    ] {
+                        if let Some(v) = value.filter(|v| !v.is_empty()) {
+                            spans[i].attributes.insert(key.into(), v);
+                        }
                     }
                 }
             }

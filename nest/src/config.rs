@@ -154,6 +154,11 @@ impl NestOptions {
     pub fn ca_file(&self) -> PathBuf {
         self.data_dir.join("hub-ca.pem")
     }
+    /// The join token CA hash `hub-ca.pem` descends from, once a CA rotation replaced the CA
+    /// the token pins (the Hub sent the new CAs over a connection the pinned CA verified).
+    pub fn ca_pin_file(&self) -> PathBuf {
+        self.data_dir.join("hub-ca.pin")
+    }
     /// The Nest's client certificate (PEM), issued by the Hub's `Join`.
     pub fn cert_file(&self) -> PathBuf {
         self.data_dir.join("nest.crt")

@@ -121,6 +121,7 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         fetching: Default::default(),
         on_first_registered: None,
         draining: draining.clone(),
+        client_slot: client.clone(),
     };
     // Ready once the instance socket listens, whether or not the Hub answers (the link says
     // how it is doing in STATUS= lines).

@@ -114,6 +114,8 @@ pub struct LinkContext {
     /// Cancelled when the Nest starts draining (it was told to stop): every session then tells
     /// the Hub (`Draining`), which sends it no new runs while its runs finish.
     pub draining: CancellationToken,
+    /// The Hub client (told when the Hub's CA changed, see `HubPing.ca_sha256`).
+    pub client_slot: Arc<ClientSlot>,
 }
 
 /// Keeps the link up until `shutdown`: connect, register, serve, and on any failure back off
@@ -409,7 +411,19 @@ fn handle(ctx: &LinkContext, client: &HubClient, msg: HubMsg) {
             ctx.fetching.cancel(&c.run_id);
             sup.cancel(&c.run_id, &c.instance_id, &c.reason)
         }
-        HubMsg::Ping(_) => {}
+        HubMsg::Ping(p) => {
+            if ctx.client_slot.note_hub_ca(&ctx.opts, &p.ca_sha256) {
+                // Renew now (the next client is built with the new certificate and CAs).
+                let (slot, opts) = (ctx.client_slot.clone(), ctx.opts.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = slot.get_or_connect(&opts).await {
+                        tracing::warn!(
+                            "cannot renew the nest certificate for the hub's new CA: {e}"
+                        );
+                    }
+                });
+            }
+        }
         HubMsg::LogRequest(r) => sup.answer_logs(convert::log_request(r)),
         HubMsg::ApprovalDecided(d) => {
             let (run_id, instance_id, decided) = convert::approval(d);

@@ -32,6 +32,12 @@ pub const JOIN_TOKEN_PREFIX: &str = "agen1";
 /// URI SAN prefix naming the Nest a client certificate was issued to.
 pub const NEST_URI_PREFIX: &str = "agen-nest://";
 
+mod rotation;
+pub use rotation::{finish_hub_ca_rotation, rotate_hub_ca, CA_CROSS_FILE, CA_PREVIOUS_FILE};
+
+/// How long a new Hub CA is valid (about ten years); [`rotate_hub_ca`] replaces it.
+pub const CA_DAYS: i64 = 3653;
+
 /// How long a Nest certificate is valid. A Nest renews it with its own key once two thirds of
 /// that have passed ([`nest_cert_renew_at`]).
 pub const NEST_CERT_DAYS: i64 = 30;
@@ -55,6 +61,8 @@ pub enum TlsError {
     NotPem { what: String },
     #[error("join token is malformed: {0}; expected `agen1.<64 hex digits>.<secret>` as printed by `agen hub`")]
     BadJoinToken(String),
+    #[error("CA rotation: {0}")]
+    Rotation(String),
     #[error("hub url `{0}` is malformed; expected https://HOST:PORT")]
     BadUrl(String),
     #[error("cannot connect to the hub at {url}: {reason}")]
@@ -73,8 +81,13 @@ pub struct HubTls {
     pub ca_pem: String,
     /// sha256 hex of the CA certificate DER (the pin carried by join tokens).
     pub ca_sha256: String,
-    /// Server certificate chain: leaf then CA.
+    /// Server certificate chain: leaf, then during a CA rotation the current CA signed by the
+    /// previous one (so clients that trust only the previous CA still verify it), then the CA
+    /// (and during a rotation the previous CA, which old join tokens pin).
     pub server_chain_pem: String,
+    /// The CAs a Nest certificate may be signed by: the current one, and during a rotation the
+    /// previous one (`ca-previous.pem`). What a Nest and the local client config trust.
+    pub trust_pem: String,
     pub server_key_pem: String,
     /// The CA key, PEM (signs Nest certificates; never leaves the Hub).
     ca_key_pem: String,
@@ -273,6 +286,8 @@ pub fn write_private(path: &Path, data: &[u8]) -> Result<()> {
     std::fs::rename(&tmp, path).map_err(io_err(path, "cannot move file into place"))
 }
 
+/// The CA's distinguished name and usages (same for every CA of a Hub: the validity is set
+/// where a CA is made).
 fn ca_params() -> rcgen::CertificateParams {
     let mut params = rcgen::CertificateParams::default();
     params.distinguished_name = rcgen::DistinguishedName::new();
@@ -302,10 +317,7 @@ pub fn load_or_create_hub_tls(dir: &Path, extra_names: &[String]) -> Result<HubT
             std::fs::read_to_string(&key_file).map_err(io_err(&key_file, "cannot read CA key"))?;
         rcgen::KeyPair::from_pem(&key_pem).map_err(gen_err("the CA key from ca.key"))?
     } else {
-        let key = rcgen::KeyPair::generate().map_err(gen_err("the CA key"))?;
-        let ca = ca_params()
-            .self_signed(&key)
-            .map_err(gen_err("the CA certificate"))?;
+        let (key, ca) = rotation::new_ca()?;
         write_private(&key_file, key.serialize_pem().as_bytes())?;
         // The CA certificate is public, but it lives in the Hub's private data dir like
         // everything else there (0600); clients get it from the client config's `ca_file`
@@ -328,6 +340,11 @@ pub fn load_or_create_hub_tls(dir: &Path, extra_names: &[String]) -> Result<HubT
         }
     }
     let mut params = rcgen::CertificateParams::default();
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::hours(1);
+    // Issued again at every start; never valid past its CA (a running Hub does not re-issue
+    // it, so it is not cut shorter than that).
+    params.not_after = rotation::not_after(&ca_pem).unwrap_or(now + time::Duration::days(CA_DAYS));
     params.distinguished_name = rcgen::DistinguishedName::new();
     params
         .distinguished_name
@@ -352,9 +369,13 @@ pub fn load_or_create_hub_tls(dir: &Path, extra_names: &[String]) -> Result<HubT
     let server = params
         .signed_by(&server_key, &issuer, &ca_key)
         .map_err(gen_err("the server certificate"))?;
+    let previous = rotation::read_optional(&dir.join(CA_PREVIOUS_FILE))?;
+    let cross = rotation::read_optional(&dir.join(CA_CROSS_FILE))?;
     Ok(HubTls {
         ca_file,
-        server_chain_pem: format!("{}{}", server.pem(), ca_pem),
+        // During a rotation the previous CA too: a join token that pins it still finds it.
+        server_chain_pem: format!("{}{cross}{ca_pem}{previous}", server.pem()),
+        trust_pem: format!("{ca_pem}{previous}"),
         ca_pem,
         ca_sha256,
         server_key_pem: server_key.serialize_pem(),

@@ -13,6 +13,7 @@ mod artifacts;
 mod audit_trail;
 mod backups;
 mod budgets;
+mod ca_rotation;
 mod chaos;
 mod cli;
 mod completions;

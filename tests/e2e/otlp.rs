@@ -4,7 +4,9 @@
 //! (`OTEL_EXPORTER_OTLP_CERTIFICATE`), with the ids `agen trace` shows,
 //! the GenAI attributes, the tool span the MCP server's `_meta` `traceparent` named, a caller's
 //! `traceparent` (the field and the gRPC metadata header) adopted, and `traceToolArguments`
-//! arguments of a built-in call (each cut at 4 KiB by itself, secrets redacted).
+//! arguments of a built-in call (each cut at 4 KiB by itself, secrets redacted). Spans leave as
+//! they end (issue 42): a task waiting for an approval already shows its model turns and tool
+//! calls at the receiver, named and attributed per the GenAI semantic conventions.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -52,7 +54,7 @@ struct Fleet {
     spans: PathBuf,
     hub: HubProcess,
     _nest: NestProcess,
-    _model: FakeModel,
+    model: FakeModel,
     meta_log: PathBuf,
 }
 
@@ -71,6 +73,8 @@ struct Setup {
     server_env: Vec<(String, String)>,
     /// `x-agen/secrets.json`, when the bundle declares secrets.
     secrets: Option<Value>,
+    /// `x-agen/config.json`, when the bundle has one.
+    config: Option<Value>,
 }
 
 fn fleet(script: Value, harness: Value) -> Fleet {
@@ -133,6 +137,9 @@ fn fleet_with(script: Value, harness: Value, setup: impl FnOnce(&Path) -> Setup)
     if let Some(secrets) = &s.secrets {
         files.push(("x-agen/secrets.json", secrets.to_string()));
     }
+    if let Some(config) = &s.config {
+        files.push(("x-agen/config.json", config.to_string()));
+    }
     write_bundle(&dir, &files).unwrap();
     let out = hub
         .cli(&["deploy", dir.to_str().unwrap(), "--name", "meta", "--wait"])
@@ -148,7 +155,7 @@ fn fleet_with(script: Value, harness: Value, setup: impl FnOnce(&Path) -> Setup)
         spans,
         hub,
         _nest: nest,
-        _model: model,
+        model,
         meta_log,
     }
 }
@@ -661,5 +668,177 @@ fn otlp_over_tls_grpc_and_http_trust_the_configured_ca_and_only_it() {
     assert!(
         log.contains("no-such-ca.pem") && log.contains("OTEL_EXPORTER_OTLP_CERTIFICATE"),
         "{log}"
+    );
+}
+
+/// The spans the receiver has for `task` so far.
+fn spans_of(f: &Fleet, task: &str) -> Vec<Value> {
+    lines(&f.spans)
+        .into_iter()
+        .filter(|s| attr(s, "agen.task_id") == task)
+        .collect()
+}
+
+#[test]
+fn a_waiting_tasks_spans_reach_the_receiver_before_it_ends_named_per_genai() {
+    // Turn 1: an echo and a call of a tool that does not exist; turn 2: a call that needs an
+    // approval; then the answer.
+    let script = json!({"steps": [
+        {"tool_calls": [
+            {"name": "meta_echo", "arguments": {"text": "hi"}},
+            {"name": "nosuch_tool", "arguments": {}}
+        ]},
+        {"tool_calls": [{"name": "meta_slow", "arguments": {"seconds": 0}}]},
+        {"reply": "done"}
+    ]});
+    let f = fleet_with(script, json!({}), |_| Setup {
+        config: Some(json!({"permissions": {"ask": ["meta.slow"]}})),
+        ..Setup::default()
+    });
+    let out = f
+        .hub
+        .cli(&["submit", "meta", "go", "--conversation", "otlp-talk"])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let task = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    wait_for("the pending approval", Duration::from_secs(60), || {
+        let list = f.hub.cli_json(&["approvals", "-o", "json"]).ok()?;
+        list.as_array()?
+            .iter()
+            .any(|a| a["task"] == task.as_str())
+            .then_some(())
+    })
+    .unwrap();
+
+    // While it waits: both model turns and both finished calls are at the receiver.
+    let early = wait_for("the spans so far", Duration::from_secs(30), || {
+        let got = spans_of(&f, &task);
+        let ops = |op: &str| {
+            got.iter()
+                .filter(|s| attr(s, "gen_ai.operation.name") == op)
+                .count()
+        };
+        (ops("chat") == 2 && ops("execute_tool") == 2).then_some(got)
+    })
+    .unwrap_or_else(|e| panic!("{e}; got {:?}", spans_of(&f, &task)));
+    let q = f.hub.cli_json(&["query", &task, "-o", "json"]).unwrap();
+    assert_eq!(q["state"], "waiting", "the task has not ended: {q}");
+    assert_eq!(early.len(), 4, "nothing still open is exported: {early:?}");
+    let port = f
+        .model
+        .base_url()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.split('/').next())
+        .and_then(|p| p.parse::<i64>().ok())
+        .unwrap();
+    for s in &early {
+        assert_eq!(s["resource"]["service.name"], "agen-hub", "{s}");
+        assert_eq!(s["resource"]["service.namespace"], "default", "{s}");
+        assert!(
+            s["resource"]["service.instance.id"]
+                .as_str()
+                .is_some_and(|i| i.len() == 36),
+            "{s}"
+        );
+        assert!(
+            s["resource"]["host.name"]
+                .as_str()
+                .is_some_and(|h| !h.is_empty()),
+            "{s}"
+        );
+        if attr(s, "gen_ai.operation.name") == "chat" {
+            assert_eq!(s["name"], "chat fake-model", "{s}");
+            assert_eq!(s["kind"], 3, "a model call is a client span: {s}");
+            assert_eq!(attr(s, "gen_ai.request.model"), "fake-model", "{s}");
+            assert_eq!(attr(s, "gen_ai.response.model"), "fake-model", "{s}");
+            assert!(
+                attr(s, "gen_ai.response.id")
+                    .as_str()
+                    .is_some_and(|i| i.starts_with("chatcmpl-fake-")),
+                "{s}"
+            );
+            assert!(
+                attr(s, "gen_ai.response.finish_reasons")
+                    .as_str()
+                    .is_some_and(|r| r.contains("\"tool_calls\"")),
+                "{s}"
+            );
+            assert_eq!(attr(s, "server.address"), "127.0.0.1", "{s}");
+            assert_eq!(attr(s, "server.port"), port, "{s}");
+            assert_eq!(s["status"]["code"], 1, "{s}");
+        }
+    }
+    let echo = early
+        .iter()
+        .find(|s| s["name"] == "execute_tool meta.echo")
+        .unwrap_or_else(|| panic!("no execute_tool meta.echo: {early:?}"));
+    assert_eq!(echo["status"]["code"], 1, "{echo}");
+    assert!(attr(echo, "error.type").is_null(), "{echo}");
+    let unknown = early
+        .iter()
+        .find(|s| {
+            attr(s, "gen_ai.operation.name") == "execute_tool"
+                && s["name"] != "execute_tool meta.echo"
+        })
+        .unwrap();
+    assert_eq!(
+        unknown["status"]["code"], 2,
+        "a failed call is an error: {unknown}"
+    );
+    assert_eq!(attr(unknown, "error.type"), "unknown_tool", "{unknown}");
+
+    // Approved: the rest follows, each span exactly once, the run's own span last.
+    let out = f.hub.cli(&["approve", &task]).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t = f.hub.cli_json(&["wait", &task, "-o", "json"]).unwrap();
+    assert_eq!(t["state"], "succeeded", "{t}");
+    let (trace, spans) = exported(&f, &task);
+    assert_eq!(spans.len(), trace["spans"].as_array().unwrap().len());
+    let root = spans
+        .iter()
+        .find(|s| s["parent_span_id"] == "")
+        .unwrap_or_else(|| panic!("no root: {spans:?}"));
+    assert_eq!(root["name"], "invoke_agent meta", "{root}");
+    assert_eq!(attr(root, "gen_ai.agent.name"), "meta", "{root}");
+    let conversation = attr(root, "gen_ai.conversation.id");
+    assert!(
+        conversation.as_str().is_some_and(|c| !c.is_empty()),
+        "{root}"
+    );
+    if let Some(c) = t.get("conversation_id").filter(|c| c.is_string()) {
+        assert_eq!(conversation, c, "{root}");
+    }
+    let names: Vec<&str> = spans.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    for want in [
+        "chat fake-model",
+        "execute_tool meta.slow",
+        "approval meta.slow",
+    ] {
+        assert!(names.contains(&want), "{want} in {names:?}");
+    }
+    assert_eq!(
+        names.iter().filter(|n| n.starts_with("chat ")).count(),
+        3,
+        "{names:?}"
+    );
+    // The trace views still name the spans as before.
+    let ours: Vec<&str> = trace["spans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        ours.contains(&"task meta") && ours.contains(&"tool meta.slow"),
+        "{ours:?}"
     );
 }

@@ -251,6 +251,15 @@ pub enum Action {
     /// tasks whose history is damaged failed (history_lost), and write a report file
     /// (<data-dir>/repair-<unix ms>.txt)
     Repair,
+    /// Roll the Hub's CA without downtime: a new CA signs from now on while the previous one
+    /// stays trusted (the running Hub picks it up within a second, Nests renew their
+    /// certificates by themselves); prints the new join token. `--finish` then stops trusting
+    /// the previous CA
+    RotateCa {
+        /// End the rotation: certificates signed only by the previous CA are refused from now on
+        #[arg(long)]
+        finish: bool,
+    },
     /// Bring the schema of the PostgreSQL store named by --store up to this build's version
     /// (versioned, forward-only; `agen hub` also does it at start). Exit 0 when it is current,
     /// 1 when --check finds migrations to apply, 2 when the schema is newer than this build
@@ -309,6 +318,9 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             .data_dir
             .clone()
             .unwrap_or_else(agen_hub::default_data_dir);
+        if let Action::RotateCa { finish } = action {
+            return super::hub_rotate_ca::run(&data_dir, finish);
+        }
         if let Action::Migrate { check, from, to } = action {
             if let (Some(from), Some(to)) = (from, to) {
                 return super::hub_store::copy(&from, &to).await;

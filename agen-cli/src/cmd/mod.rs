@@ -14,6 +14,7 @@ pub mod deploy;
 pub mod fake_model;
 pub mod history;
 pub mod hub;
+pub mod hub_rotate_ca;
 pub mod hub_snapshot;
 pub mod hub_store;
 pub mod init;

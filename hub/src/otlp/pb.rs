@@ -115,17 +115,27 @@ pub struct KeyValue {
 /// `opentelemetry.proto.common.v1.AnyValue`.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct AnyValue {
-    #[prost(oneof = "Value", tags = "1, 3")]
+    #[prost(oneof = "Value", tags = "1, 3, 5")]
     pub value: Option<Value>,
 }
 
-/// The `AnyValue.value` oneof (the kinds the Hub sends).
+/// The `AnyValue.value` oneof (the kinds the Hub sends), with the upstream field names.
+#[allow(clippy::enum_variant_names)]
 #[derive(Clone, PartialEq, prost::Oneof)]
 pub enum Value {
     #[prost(string, tag = "1")]
     StringValue(String),
     #[prost(int64, tag = "3")]
     IntValue(i64),
+    #[prost(message, tag = "5")]
+    ArrayValue(ArrayValue),
+}
+
+/// `opentelemetry.proto.common.v1.ArrayValue`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ArrayValue {
+    #[prost(message, repeated, tag = "1")]
+    pub values: Vec<AnyValue>,
 }
 
 impl KeyValue {
@@ -134,6 +144,23 @@ impl KeyValue {
             key: key.to_string(),
             value: Some(AnyValue {
                 value: Some(Value::StringValue(value.into())),
+            }),
+        }
+    }
+
+    /// A string array (`gen_ai.response.finish_reasons`).
+    pub fn strings(key: &str, values: &[String]) -> KeyValue {
+        KeyValue {
+            key: key.to_string(),
+            value: Some(AnyValue {
+                value: Some(Value::ArrayValue(ArrayValue {
+                    values: values
+                        .iter()
+                        .map(|v| AnyValue {
+                            value: Some(Value::StringValue(v.clone())),
+                        })
+                        .collect(),
+                })),
             }),
         }
     }

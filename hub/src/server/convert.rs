@@ -392,8 +392,9 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             namespace,
             search,
         }),
-        ToNest::Ping => Msg::Ping(pb::HubPing {
+        ToNest::Ping { ca_sha256 } => Msg::Ping(pb::HubPing {
             at_ms: crate::model::now_ms(),
+            ca_sha256,
         }),
         ToNest::Place {
             instance_id,

@@ -51,8 +51,8 @@ pub async fn routes(
     tokens: Arc<crate::tokens::Tokens>,
     gate: Arc<crate::conn_gate::ConnGate>,
     nests: Arc<crate::tokens::nests::NestIdentities>,
-    tls: Option<Arc<agen_shared::tls::HubTls>>,
-    ca_sha256: String,
+    tls: Option<Arc<crate::tls_live::LiveTls>>,
+    live_tls: Arc<crate::tls_live::LiveTls>,
     public_url: String,
 ) -> Result<Routes> {
     let api_auth = auth::ApiAuth {
@@ -63,7 +63,7 @@ pub async fn routes(
         core: core.clone(),
         tokens: tokens.clone(),
         nests: nests.clone(),
-        ca_sha256,
+        tls: live_tls,
     });
     let log_requests = crate::logs::LogRequests::new();
     let agen_api = AgenServiceServer::new(agen::AgenApi {

@@ -33,7 +33,7 @@ const CHUNK: usize = 1024 * 1024;
 pub struct NestApi {
     pub core: Arc<Core>,
     /// The Hub's TLS material (signs Nest certificates); `None` on a plaintext Hub.
-    pub tls: Option<Arc<agen_shared::tls::HubTls>>,
+    pub tls: Option<Arc<crate::tls_live::LiveTls>>,
     /// Join tokens.
     pub tokens: Arc<Tokens>,
     /// Which key each nest id is bound to; revoked Nests.
@@ -144,6 +144,7 @@ impl NestService for NestApi {
         // They stop with the link, so that a dropped link ends the outbound stream.
         let every = self.core.opts.nest_disconnect_grace / 6;
         let (pinger, ping_nest) = (self.core.clone(), nest_id.clone());
+        let ping_tls = self.tls.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -152,8 +153,12 @@ impl NestService for NestApi {
                     _ = tick.tick() => {}
                     _ = pinger.stopping.cancelled() => return,
                 }
+                let ca_sha256 = ping_tls
+                    .as_ref()
+                    .map(|t| t.hub().ca_sha256.clone())
+                    .unwrap_or_default();
                 if !pinger.link_is_current(&ping_nest, conn_id)
-                    || tx.send(crate::nodes::ToNest::Ping).is_err()
+                    || tx.send(crate::nodes::ToNest::Ping { ca_sha256 }).is_err()
                 {
                     return;
                 }
@@ -427,7 +432,7 @@ impl NestService for NestApi {
         &self,
         request: Request<pb::JoinRequest>,
     ) -> Result<Response<pb::JoinResponse>, Status> {
-        let Some(tls) = self.tls.as_ref() else {
+        let Some(tls) = self.tls.as_ref().map(|t| t.hub()) else {
             return Err(Status::failed_precondition(
                 "join: a plaintext hub issues no certificates; connect with the join token alone",
             ));
@@ -475,7 +480,8 @@ impl NestService for NestApi {
         );
         Ok(Response::new(pb::JoinResponse {
             cert_pem,
-            ca_pem: tls.ca_pem.clone(),
+            // The CAs to trust, the signer first (both during a CA rotation).
+            ca_pem: tls.trust_pem.clone(),
         }))
     }
 

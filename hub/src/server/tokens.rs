@@ -20,7 +20,8 @@ pub struct AccessApi {
     pub tokens: Arc<Tokens>,
     pub nests: Arc<NestIdentities>,
     /// sha256 hex of the Hub's CA certificate (join tokens carry it).
-    pub ca_sha256: String,
+    /// The CA a join token pins (the current one, after a rotation too).
+    pub tls: Arc<crate::tls_live::LiveTls>,
 }
 
 fn token_info(t: &TokenRec) -> pb::TokenInfo {
@@ -164,7 +165,10 @@ impl AccessApi {
             max_uses: r.max_uses,
         };
         let (rec, secret) = match kind {
-            TokenKind::Join => self.tokens.create_join(&principal, &self.ca_sha256, new)?,
+            TokenKind::Join => {
+                self.tokens
+                    .create_join(&principal, &self.tls.hub().ca_sha256, new)?
+            }
             TokenKind::Api => self.tokens.create(&principal, new)?,
         };
         self.core.db.flush().await.map_err(HubError::from)?;

@@ -92,6 +92,11 @@ impl tonic::service::Interceptor for Bearer {
 /// pinned by that hash and stored; then the Nest's certificate is read from `<data-dir>` or
 /// obtained by `Join`. Connects lazily: no network IO besides the CA fetch and `Join`.
 pub async fn client(opts: &NestOptions) -> Result<HubClient> {
+    client_renewing(opts, false).await
+}
+
+/// [`client`], renewing the Nest's certificate first when `renew` (the Hub's CA changed).
+async fn client_renewing(opts: &NestOptions, renew: bool) -> Result<HubClient> {
     let hub = opts.hub.trim_end_matches('/').to_string();
     let bearer: tonic::metadata::MetadataValue<tonic::metadata::Ascii> =
         format!("Bearer {}", opts.join_token.trim())
@@ -113,14 +118,25 @@ pub async fn client(opts: &NestOptions) -> Result<HubClient> {
         // when one is installed already).
         agen_shared::tls::install_crypto_provider();
         let ca = trusted_ca(opts, &hub).await?;
-        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&ca));
+        let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&ca));
         let trust_err = |e: tonic::transport::Error| NestError::Trust {
             url: hub.clone(),
             reason: e.to_string(),
         };
-        if let Some((cert, key)) =
-            nest_identity(opts, &hub, &ca, endpoint.clone(), tls.clone(), &bearer).await?
-        {
+        let identity = nest_identity(
+            opts,
+            &hub,
+            &ca,
+            endpoint.clone(),
+            tls.clone(),
+            &bearer,
+            renew,
+        )
+        .await?;
+        // A renewal may have brought the Hub's new CAs (a CA rotation): trust them from now on.
+        let ca = std::fs::read_to_string(opts.ca_file()).unwrap_or(ca);
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&ca));
+        if let Some((cert, key)) = identity {
             tls = tls.identity(Identity::from_pem(cert, key));
             // The certificate is the Nest's credential from now on.
             return Ok(HubClient(NestServiceClient::with_interceptor(
@@ -157,6 +173,7 @@ async fn nest_identity(
     endpoint: Endpoint,
     tls_config: ClientTlsConfig,
     bearer: &tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+    renew: bool,
 ) -> Result<Option<(String, String)>> {
     use agen_shared::tls;
     let nest_id = crate::config::load_or_create_node_id(&opts.data_dir)?;
@@ -168,7 +185,8 @@ async fn nest_identity(
     let stored_key = std::fs::read_to_string(&key_path).ok();
     if let (Ok(cert), Some(key)) = (std::fs::read_to_string(&cert_path), stored_key.clone()) {
         if tls::nest_cert_is_current(&cert, ca_pem, &nest_id) {
-            let due = tls::nest_cert_renew_at(&cert).is_some_and(|at| now_ms() / 1000 >= at);
+            let due =
+                renew || tls::nest_cert_renew_at(&cert).is_some_and(|at| now_ms() / 1000 >= at);
             if !due {
                 return Ok(Some((cert, key)));
             }
@@ -186,7 +204,14 @@ async fn nest_identity(
             };
             match renewer.join(request).await {
                 Ok(r) => {
-                    let renewed = r.into_inner().cert_pem;
+                    let r = r.into_inner();
+                    let renewed = r.cert_pem;
+                    if adopt_rotated_ca(opts, ca_pem, &r.ca_pem, &renewed, &nest_id)? {
+                        tls::write_private(&cert_path, renewed.as_bytes())
+                            .map_err(|e| trust(e.to_string()))?;
+                        tracing::info!(nest_id = %nest_id, path = %cert_path.display(), "the hub's CA changed: renewed the nest certificate and trust its new CAs");
+                        return Ok(Some((renewed, key)));
+                    }
                     if tls::nest_cert_is_current(&renewed, ca_pem, &nest_id) {
                         tls::write_private(&cert_path, renewed.as_bytes())
                             .map_err(|e| trust(e.to_string()))?;
@@ -224,8 +249,12 @@ async fn nest_identity(
     };
     match joiner.join(request).await {
         Ok(response) => {
-            let cert = response.into_inner().cert_pem;
-            if !tls::nest_cert_is_current(&cert, ca_pem, &nest_id) {
+            let response = response.into_inner();
+            let cert = response.cert_pem;
+            // Joined during a CA rotation with a token of the previous CA: the new CA signed.
+            if !tls::nest_cert_is_current(&cert, ca_pem, &nest_id)
+                && !adopt_rotated_ca(opts, ca_pem, &response.ca_pem, &cert, &nest_id)?
+            {
                 return Err(trust(format!(
                     "join: the hub returned a certificate that is not for nest {nest_id} or not signed by the pinned CA"
                 )));
@@ -247,6 +276,48 @@ async fn nest_identity(
     }
 }
 
+/// After a CA rotation (`agen hub rotate-ca`): when the renewed certificate is signed by the
+/// first CA of `new_cas` (the Hub's trust, sent over a connection `trusted` verified) and
+/// `new_cas` still holds the CA the Nest trusts, `new_cas` becomes the Nest's trust
+/// (`hub-ca.pem`, with `hub-ca.pin` naming the join token's CA it descends from). False when
+/// nothing changed.
+fn adopt_rotated_ca(
+    opts: &NestOptions,
+    trusted: &str,
+    new_cas: &str,
+    renewed: &str,
+    nest_id: &str,
+) -> Result<bool> {
+    use agen_shared::tls;
+    let first = |pem: &str| tls::ca_pem_sha256(pem).ok();
+    if new_cas.is_empty() || first(new_cas) == first(trusted) {
+        return Ok(false);
+    }
+    let Some(trusted_sha) = first(trusted) else {
+        return Ok(false);
+    };
+    let continuity = tls::pem_certs(new_cas)
+        .iter()
+        .any(|c| tls::der_sha256(c) == trusted_sha);
+    if !continuity || !tls::nest_cert_is_current(renewed, new_cas, nest_id) {
+        return Ok(false);
+    }
+    let token =
+        tls::JoinToken::parse(&opts.join_token).map_err(|e| NestError::JoinToken(e.to_string()))?;
+    let pin = std::fs::read_to_string(opts.ca_pin_file())
+        .ok()
+        .map(|p| p.trim().to_string())
+        .filter(|p| !p.is_empty())
+        .unwrap_or(token.ca_sha256);
+    let io = |e: TlsError| NestError::Trust {
+        url: opts.hub.clone(),
+        reason: e.to_string(),
+    };
+    tls::write_private(&opts.ca_pin_file(), pin.as_bytes()).map_err(io)?;
+    tls::write_private(&opts.ca_file(), new_cas.as_bytes()).map_err(io)?;
+    Ok(true)
+}
+
 async fn trusted_ca(opts: &NestOptions, hub: &str) -> Result<String> {
     use agen_shared::tls;
     let token =
@@ -254,6 +325,11 @@ async fn trusted_ca(opts: &NestOptions, hub: &str) -> Result<String> {
     let path = opts.ca_file();
     if let Ok(pem) = std::fs::read_to_string(&path) {
         if tls::ca_pem_sha256(&pem).ok().as_deref() == Some(token.ca_sha256.as_str()) {
+            return Ok(pem);
+        }
+        // The CAs a rotation gave, descending from the CA this token pins.
+        let pin = std::fs::read_to_string(opts.ca_pin_file()).unwrap_or_default();
+        if pin.trim() == token.ca_sha256 {
             return Ok(pem);
         }
         tracing::warn!(path = %path.display(), "stored hub CA does not match the join token; fetching it again");
@@ -275,22 +351,48 @@ async fn trusted_ca(opts: &NestOptions, hub: &str) -> Result<String> {
 /// The Hub client, built on first use (an `https://` Hub needs its CA fetched first) and again
 /// once its certificate is due for renewal, with the renewal time (unix seconds).
 #[derive(Default)]
-pub struct ClientSlot(tokio::sync::Mutex<Option<(HubClient, Option<i64>)>>);
+pub struct ClientSlot(
+    tokio::sync::Mutex<Option<(HubClient, Option<i64>)>>,
+    /// Set when the Hub said it signs with a CA the Nest does not trust first: renew.
+    std::sync::atomic::AtomicBool,
+);
 
 impl ClientSlot {
     pub async fn get_or_connect(&self, opts: &NestOptions) -> Result<HubClient> {
         let mut slot = self.0.lock().await;
+        let renew = self.1.swap(false, std::sync::atomic::Ordering::SeqCst);
         if let Some((c, renew_at)) = slot.as_ref() {
-            if renew_at.is_none_or(|at| now_ms() / 1000 < at) {
+            if !renew && renew_at.is_none_or(|at| now_ms() / 1000 < at) {
                 return Ok(c.clone());
             }
         }
-        let c = client(opts).await?;
+        let c = client_renewing(opts, renew).await?;
         let renew_at = std::fs::read_to_string(opts.cert_file())
             .ok()
             .and_then(|pem| agen_shared::tls::nest_cert_renew_at(&pem));
         *slot = Some((c.clone(), renew_at));
         Ok(c)
+    }
+}
+
+impl ClientSlot {
+    /// The Hub signs Nest certificates with the CA `ca_sha256` now (a ping said so): when the
+    /// Nest trusts another CA first, its next client renews its certificate (and takes the
+    /// Hub's new CAs). True when this is news.
+    pub fn note_hub_ca(&self, opts: &NestOptions, ca_sha256: &str) -> bool {
+        if ca_sha256.is_empty() || !opts.hub.starts_with("https://") {
+            return false;
+        }
+        let ours = std::fs::read_to_string(opts.ca_file())
+            .ok()
+            .and_then(|pem| agen_shared::tls::ca_pem_sha256(&pem).ok());
+        if ours.as_deref() != Some(ca_sha256)
+            && !self.1.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            tracing::info!(hub_ca = %ca_sha256, "the hub signs with a new CA; renewing the nest certificate");
+            return true;
+        }
+        false
     }
 }
 

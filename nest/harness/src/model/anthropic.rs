@@ -192,6 +192,8 @@ impl AnthropicProvider {
             tool_calls,
             stop_reason: stop,
             usage,
+            id: v.get("id").and_then(Value::as_str).map(str::to_string),
+            model: v.get("model").and_then(Value::as_str).map(str::to_string),
         })
     }
 }
@@ -244,6 +246,9 @@ struct EventReader {
     /// The content blocks by index, with a tool call's input JSON text so far.
     blocks: std::collections::BTreeMap<u64, (Value, String)>,
     stop: Option<String>,
+    /// `message_start`'s message `id` and `model`.
+    id: Option<Value>,
+    model: Option<Value>,
     input_tokens: u64,
     output_tokens: u64,
     done: bool,
@@ -274,6 +279,8 @@ impl StreamReader for EventReader {
         match v.get("type").and_then(Value::as_str).unwrap_or_default() {
             "message_start" => {
                 let usage = v.pointer("/message/usage");
+                self.id = v.pointer("/message/id").cloned();
+                self.model = v.pointer("/message/model").cloned();
                 self.input_tokens = tokens(usage, "input_tokens").unwrap_or(0);
                 self.output_tokens = tokens(usage, "output_tokens").unwrap_or(0);
             }
@@ -347,7 +354,7 @@ impl StreamReader for EventReader {
                 block
             })
             .collect();
-        json!({"content": content, "stop_reason": self.stop,
+        json!({"content": content, "stop_reason": self.stop, "id": self.id, "model": self.model,
             "usage": {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}})
     }
 }

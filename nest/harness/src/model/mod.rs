@@ -58,6 +58,10 @@ pub struct ModelReply {
     /// The provider's own reason (`stop`, `tool_calls`, `end_turn`, `length`, …).
     pub stop_reason: Option<String>,
     pub usage: Option<Usage>,
+    /// The provider's id of the answer (`id`), when it sent one.
+    pub id: Option<String>,
+    /// The model that answered (`model`), when the provider said.
+    pub model: Option<String>,
 }
 
 impl ModelReply {

@@ -244,6 +244,8 @@ impl OpenAiProvider {
             tool_calls,
             stop_reason: finish,
             usage,
+            id: v.get("id").and_then(Value::as_str).map(str::to_string),
+            model: v.get("model").and_then(Value::as_str).map(str::to_string),
         })
     }
 }
@@ -299,6 +301,9 @@ struct ChunkReader {
     /// Tool calls by their `index`: id, name, the argument text so far.
     calls: std::collections::BTreeMap<u64, (String, String, String)>,
     usage: Option<Value>,
+    /// The chunks' `id` and `model` (the same on every chunk).
+    id: Option<Value>,
+    model: Option<Value>,
     done: bool,
 }
 
@@ -327,6 +332,11 @@ impl StreamReader for ChunkReader {
         }
         if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
             self.usage = Some(u.clone());
+        }
+        for (key, slot) in [("id", &mut self.id), ("model", &mut self.model)] {
+            if let Some(x) = v.get(key).filter(|x| x.is_string()) {
+                *slot = Some(x.clone());
+            }
         }
         let Some(choice) = v.pointer("/choices/0") else {
             return Ok(None);
@@ -389,6 +399,11 @@ impl StreamReader for ChunkReader {
         let mut v = serde_json::json!({"choices": [{"index": 0, "message": message, "finish_reason": self.finish}]});
         if let Some(u) = self.usage {
             v["usage"] = u;
+        }
+        for (key, x) in [("id", self.id), ("model", self.model)] {
+            if let Some(x) = x {
+                v[key] = x;
+            }
         }
         v
     }

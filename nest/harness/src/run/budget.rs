@@ -100,6 +100,8 @@ mod tests {
                 output_tokens: output,
             }),
             stop_reason: None,
+            response_id: None,
+            response_model: None,
             error: None,
         })
     }
