@@ -130,7 +130,32 @@ pub fn instance_json(i: &pb::Instance) -> Value {
         "tools": i.tools,
         "created_at": time(i.created_at_ms),
         "updated_at": time(i.updated_at_ms),
+        "usage": i.usage.as_ref().map(usage_json),
+        "servers_usage": i.servers_usage.iter().map(usage_json).collect::<Vec<_>>(),
+        "oom_kills": i.oom_kills,
     })
+}
+
+/// One instance's or tool server's measured use (`agen ps --all -o json`, `agen top -o json`).
+pub fn usage_json(u: &pb::ResourceUsage) -> Value {
+    json!({
+        "name": u.name,
+        "cpu_percent": u.cpu_percent,
+        "cpu_seconds": u.cpu_seconds,
+        "memory_bytes": u.memory_bytes,
+        "pids": u.pids,
+    })
+}
+
+/// `12.5%` and `84Mi` for tables (`-` when not measured).
+pub fn usage_cells(u: Option<&pb::ResourceUsage>) -> (String, String) {
+    match u {
+        Some(u) => (
+            format!("{:.1}%", u.cpu_percent),
+            agen_shared::bundle::resources::format_bytes(u.memory_bytes),
+        ),
+        None => ("-".into(), "-".into()),
+    }
 }
 
 pub fn deployment_json(d: &pb::Deployment) -> Value {
