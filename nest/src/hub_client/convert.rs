@@ -384,6 +384,9 @@ mod tests {
                     run_id: "r1".into(),
                     attempt: 3,
                 }],
+                usage: None,
+                servers_usage: vec![],
+                oom_kills: 0,
             }
         );
         for (s, name) in [

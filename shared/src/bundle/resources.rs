@@ -164,7 +164,7 @@ pub fn format_bytes(b: u64) -> String {
     for (unit, size) in UNITS {
         if b >= size {
             let tenths = (b as u128 * 10 / size as u128) as u64;
-            return if tenths % 10 == 0 {
+            return if tenths.is_multiple_of(10) {
                 format!("{}{unit}", tenths / 10)
             } else {
                 format!("{}.{}{unit}", tenths / 10, tenths % 10)
