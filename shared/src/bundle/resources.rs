@@ -75,9 +75,8 @@ impl ResourceSpec {
         if let Some(m) = self.memory_bytes {
             if !(MIN_MEMORY_BYTES..=MAX_MEMORY_BYTES).contains(&m) {
                 return Err(format!(
-                    "{}: {} is out of range; expected 16Mi to 1Ti (such as \"512Mi\")",
+                    "{}: {m} bytes is out of range; expected 16Mi to 1Ti (such as \"512Mi\")",
                     key("memory"),
-                    format_bytes(m)
                 ));
             }
         }
