@@ -32,6 +32,8 @@ pub enum Command {
     Deploy(cmd::deploy::Args),
     /// Deployments; --all: every instance with its health and tools
     Ps(cmd::ps::Args),
+    /// CPU % and memory of every instance and tool server
+    Top(cmd::top::Args),
     /// Delete a deployment: its instances stop, its queued tasks fail
     Rm(cmd::rm::Args),
     /// Set a deployment's replica count (no bundle folder needed)
@@ -160,6 +162,7 @@ pub fn main(cli: Cli) -> i32 {
             Command::Nest(a) => cmd::nest::run(a).await,
             Command::Deploy(a) => cmd::deploy::run(a).await,
             Command::Ps(a) => cmd::ps::run(a).await,
+            Command::Top(a) => cmd::top::run(a).await,
             Command::Rm(a) => cmd::rm::run(a).await,
             Command::Scale(a) => cmd::scale::run(a).await,
             Command::History(a) => cmd::history::run(a).await,

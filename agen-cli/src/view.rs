@@ -130,7 +130,32 @@ pub fn instance_json(i: &pb::Instance) -> Value {
         "tools": i.tools,
         "created_at": time(i.created_at_ms),
         "updated_at": time(i.updated_at_ms),
+        "usage": i.usage.as_ref().map(usage_json),
+        "servers_usage": i.servers_usage.iter().map(usage_json).collect::<Vec<_>>(),
+        "oom_kills": i.oom_kills,
     })
+}
+
+/// One instance's or tool server's measured use (`agen ps --all -o json`, `agen top -o json`).
+pub fn usage_json(u: &pb::ResourceUsage) -> Value {
+    json!({
+        "name": u.name,
+        "cpu_percent": u.cpu_percent,
+        "cpu_seconds": u.cpu_seconds,
+        "memory_bytes": u.memory_bytes,
+        "pids": u.pids,
+    })
+}
+
+/// `12.5%` and `84Mi` for tables (`-` when not measured).
+pub fn usage_cells(u: Option<&pb::ResourceUsage>) -> (String, String) {
+    match u {
+        Some(u) => (
+            format!("{:.1}%", u.cpu_percent),
+            agen_shared::bundle::resources::format_bytes(u.memory_bytes),
+        ),
+        None => ("-".into(), "-".into()),
+    }
 }
 
 pub fn deployment_json(d: &pb::Deployment) -> Value {
@@ -146,8 +171,21 @@ pub fn deployment_json(d: &pb::Deployment) -> Value {
         "generation": d.generation,
         "concurrency": d.concurrency,
         "selector": d.selector,
+        "resources": resources_json(d.resources.as_ref()),
         "created_at": time(d.created_at_ms),
         "updated_at": time(d.updated_at_ms),
+    })
+}
+
+/// A deployment's per-instance resources as declared, with the defaults named.
+pub fn resources_json(r: Option<&pb::Resources>) -> Value {
+    use agen_shared::bundle::resources::{self as res, format_bytes, format_cpu};
+    let r = r.cloned().unwrap_or_default();
+    let default = " (default, not a limit)";
+    json!({
+        "cpu": if r.cpu_millis > 0 { format_cpu(r.cpu_millis) } else { format!("{}{default}", format_cpu(res::DEFAULT_CPU_MILLIS)) },
+        "memory": if r.memory_bytes > 0 { format_bytes(r.memory_bytes) } else { format!("{}{default}", format_bytes(res::DEFAULT_MEMORY_BYTES)) },
+        "pids": if r.pids > 0 { r.pids } else { res::DEFAULT_PIDS },
     })
 }
 
@@ -169,6 +207,11 @@ pub fn nest_json(n: &pb::Nest) -> Value {
         "separation": n.separation,
         "network": n.network,
         "draining_until": time(n.draining_until_ms),
+        "cpu_millis": n.cpu_millis,
+        "memory_bytes": n.memory_bytes,
+        "reserved_cpu_millis": n.reserved_cpu_millis,
+        "reserved_memory_bytes": n.reserved_memory_bytes,
+        "resources": n.resources,
     })
 }
 

@@ -24,6 +24,9 @@ pub struct DeploymentRec {
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
     pub agent_name: String,
+    /// Per-instance resources, flags over the bundle's `resources` (undeclared keys: defaults).
+    #[serde(default)]
+    pub resources: agen_shared::bundle::ResourceSpec,
 }
 
 impl DeploymentRec {
@@ -81,6 +84,14 @@ pub struct NestRec {
     pub commit: String,
     #[serde(default)]
     pub protocol_version: String,
+    /// What it offers placement (thousandths of a CPU, bytes; 0: an older Nest, not checked)
+    /// and how it enforces limits.
+    #[serde(default)]
+    pub cpu_millis: u32,
+    #[serde(default)]
+    pub memory_bytes: u64,
+    #[serde(default)]
+    pub resources: String,
 }
 
 impl NestRec {
@@ -161,6 +172,29 @@ pub struct InstanceRec {
     /// its replacement off by one more step (`scheduler::slots`).
     #[serde(default)]
     pub slot_failures: u32,
+    /// Times its processes were killed by its memory limit (the Nest counts).
+    #[serde(default)]
+    pub oom_kills: u32,
+    /// Its Nest's last measurement (memory only, never stored).
+    #[serde(skip)]
+    pub usage: Usage,
+}
+
+/// Measured CPU and memory of an instance process and of each of its tool servers.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Usage {
+    pub instance: UsageSample,
+    pub servers: Vec<UsageSample>,
+}
+
+/// One process tree's use (`name`: the tool server, empty for the instance).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UsageSample {
+    pub name: String,
+    pub cpu_percent: f64,
+    pub cpu_seconds: f64,
+    pub memory_bytes: u64,
+    pub pids: u32,
 }
 
 /// What a Nest says about one instance (domain form of `InstanceReport`).
@@ -180,6 +214,8 @@ pub struct InstanceReport {
     pub tools: Vec<String>,
     /// The runs the Nest has handed to this instance, as (run id, attempt).
     pub runs: Vec<(String, u32)>,
+    pub usage: Usage,
+    pub oom_kills: u32,
 }
 
 /// A Nest's `Register` in domain form.
@@ -202,6 +238,9 @@ pub struct Registration {
     pub protocol_version: String,
     /// The commit it was built from.
     pub commit: String,
+    pub cpu_millis: u32,
+    pub memory_bytes: u64,
+    pub resources: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

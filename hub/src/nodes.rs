@@ -44,6 +44,8 @@ pub enum ToNest {
         concurrency: u32,
         /// Values of the bundle's `platform` secrets (`Debug` shows names only).
         platform_secrets: crate::secrets::SecretValues,
+        /// What the instance may use (the Nest enforces it).
+        resources: agen_shared::bundle::ResourceSpec,
     },
     Stop {
         instance_id: String,

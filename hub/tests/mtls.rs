@@ -27,6 +27,9 @@ fn register(nest_id: &str) -> pb::NestMessage {
         network: String::new(),
         protocol_version: agen_shared::version::Protocol::CURRENT.to_string(),
         commit: String::new(),
+        cpu_millis: 0,
+        memory_bytes: 0,
+        resources: String::new(),
     }))
 }
 

@@ -80,6 +80,12 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         network,
         own.child_token(),
     );
+    let cgroups = Arc::new(
+        tokio::task::spawn_blocking(crate::cgroup::Cgroups::detect)
+            .await
+            .unwrap_or_else(|e| crate::cgroup::Cgroups::Rlimits(e.to_string())),
+    );
+    supervisor.set_cgroups(cgroups.clone());
     let serve = tokio::spawn(supervisor.clone().serve(listener));
     if let Some(at) = opts.metrics_listen {
         let metrics_listener = tokio::net::TcpListener::bind(at).await.map_err(|e| {
@@ -111,7 +117,7 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
         tracing::info!(addr = %at, "serving metrics at /metrics");
     }
 
-    tracing::info!(nest_id = %nest_id, name = %opts.name, hub = %opts.hub, data_dir = %opts.data_dir.display(), capacity = opts.capacity, separation = %supervisor.separation().describe(), network = %supervisor.network().describe(), "nest starting");
+    tracing::info!(nest_id = %nest_id, name = %opts.name, hub = %opts.hub, data_dir = %opts.data_dir.display(), capacity = opts.capacity, separation = %supervisor.separation().describe(), network = %supervisor.network().describe(), resources = %cgroups.describe(), "nest starting");
     let ctx = LinkContext {
         opts: opts.clone(),
         nest_id,
@@ -141,6 +147,7 @@ pub async fn run(opts: NestOptions, shutdown: CancellationToken) -> Result<(), N
     own.cancel();
     let graceful = supervisor.shutdown(STOP_GRACE).await;
     let _ = serve.await;
+    cgroups.cleanup();
     let _ = std::fs::remove_file(&socket_path);
     if graceful {
         tracing::info!("nest stopped gracefully");

@@ -201,6 +201,11 @@ async fn session(
         network: sup.network().describe(),
         protocol_version: agen_shared::version::Protocol::spoken().to_string(),
         commit: ctx.opts.commit.clone(),
+        cpu_millis: crate::cgroup::host_capacity().0,
+        memory_bytes: crate::cgroup::host_capacity().1,
+        resources: sup
+            .cgroups()
+            .map_or_else(|| "not limited".to_string(), |c| c.describe()),
     };
     tx.send(NestMessage {
         msg: Some(NestMsg::Register(register)),

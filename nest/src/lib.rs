@@ -4,7 +4,7 @@
 //! run orders and events, log requests), `daemon` (the Nest's `run`), `hub_link` (the one
 //! outbound stream to the Hub, reconnects), `supervisor` (instance processes, restart policy,
 //! process-group guards), `bundles` (cache by digest), `artifact_relay` (artifact transfers),
-//! `child_relay` (delegate calls' child tasks), `logs` (instances' and tool servers' stderr,
+//! `child_relay` (delegate calls' child tasks), `cgroup` (per-instance resource limits and usage), `logs` (instances' and tool servers' stderr,
 //! kept in rotated files and served to `agen logs`), `metrics` (`--metrics-listen`),
 //! `run_context` (a run's history and replay, fetched from the Hub before the run starts),
 //! `socket` (the Nest ⇄ instance protocol), `hub_client` (the bottom: the gRPC client, its
@@ -18,6 +18,7 @@
 
 pub mod artifact_relay;
 pub mod bundles;
+pub mod cgroup;
 pub mod child_relay;
 pub mod config;
 pub mod daemon;

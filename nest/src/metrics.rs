@@ -1,7 +1,10 @@
 //! The Nest's own Prometheus metrics (`agen nest --metrics-listen ADDR`, `GET /metrics`), read
 //! from the supervisor and the Hub link at scrape time: instances by state, instance restarts
 //! per deployment (with its namespace), connections the egress proxy refused per deployment,
-//! run events waiting for the Hub's ack, the build.
+//! run events waiting for the Hub's ack, the build, and each live instance's CPU time, memory
+//! and OOM kills (its group; `server` names a tool server's own share, empty for the whole
+//! group): series of instances that are gone are dropped, so there are as many as instances
+//! and tool servers running here.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,6 +30,24 @@ struct DeploymentLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UsageLabels {
+    namespace: String,
+    deployment: String,
+    instance: String,
+    server: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InstanceLabels {
+    namespace: String,
+    deployment: String,
+    instance: String,
+}
+
+type FloatCounter = Counter<f64, std::sync::atomic::AtomicU64>;
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     component: String,
     version: String,
@@ -39,6 +60,9 @@ pub struct NestMetrics {
     restarts: Family<DeploymentLabel, Counter>,
     egress_refused: Family<DeploymentLabel, Counter>,
     pending: Gauge,
+    cpu: Family<UsageLabels, FloatCounter>,
+    memory: Family<UsageLabels, FloatGauge>,
+    ooms: Family<InstanceLabels, Counter>,
 }
 
 impl NestMetrics {
@@ -68,6 +92,25 @@ impl NestMetrics {
             "Run events not yet acknowledged by the Hub",
             pending.clone(),
         );
+        let cpu = Family::<UsageLabels, FloatCounter>::default();
+        let memory = Family::<UsageLabels, FloatGauge>::default();
+        let ooms = Family::<InstanceLabels, Counter>::default();
+        registry.register(
+            "agen_instance_cpu_seconds",
+            "CPU time used by an instance's group (server empty: the instance with its tool servers) or one tool server",
+            cpu.clone(),
+        );
+        registry.register_with_unit(
+            "agen_instance_memory",
+            "Memory in use by an instance's group (server empty) or one tool server",
+            prometheus_client::registry::Unit::Bytes,
+            memory.clone(),
+        );
+        registry.register(
+            "agen_instance_oom_kills",
+            "Processes of an instance killed by its memory limit",
+            ooms.clone(),
+        );
         let build = Family::<BuildLabels, Gauge>::default();
         registry.register(
             "agen_build_info",
@@ -86,6 +129,9 @@ impl NestMetrics {
             restarts,
             egress_refused,
             pending,
+            cpu,
+            memory,
+            ooms,
         })
     }
 
@@ -93,7 +139,28 @@ impl NestMetrics {
     pub fn render(&self, supervisor: &Supervisor, outbox: &Outbox) -> String {
         self.instances.clear();
         let mut restarts: BTreeMap<(String, String), u64> = BTreeMap::new();
+        self.cpu.clear();
+        self.memory.clear();
+        self.ooms.clear();
         for r in supervisor.snapshot() {
+            let usage = r.usage.iter().chain(&r.servers_usage);
+            for u in usage {
+                let l = UsageLabels {
+                    namespace: r.namespace.clone(),
+                    deployment: r.deployment.clone(),
+                    instance: r.instance_id.clone(),
+                    server: u.name.clone(),
+                };
+                self.cpu.get_or_create(&l).inc_by(u.cpu_seconds);
+                self.memory.get_or_create(&l).set(u.memory_bytes as f64);
+            }
+            self.ooms
+                .get_or_create(&InstanceLabels {
+                    namespace: r.namespace.clone(),
+                    deployment: r.deployment.clone(),
+                    instance: r.instance_id.clone(),
+                })
+                .inc_by(u64::from(r.oom_kills));
             let state = r.state.as_str().to_string();
             self.instances.get_or_create(&StateLabel { state }).inc();
             *restarts

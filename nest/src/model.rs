@@ -23,6 +23,8 @@ pub struct PlaceOrder {
     pub concurrency: u32,
     /// Values of the bundle's `source: platform` secrets, by name (never logged).
     pub platform_secrets: BTreeMap<String, String>,
+    /// What the instance with its tool servers may use (see `cgroup`).
+    pub resources: agen_shared::bundle::ResourceSpec,
 }
 
 impl std::fmt::Debug for PlaceOrder {
@@ -103,6 +105,22 @@ pub struct InstanceReport {
     pub tools: Vec<String>,
     /// The runs handed to the instance (queued or executing), by run id.
     pub run_attempts: Vec<RunAttempt>,
+    /// Its group's CPU and memory (the instance with its tool servers), then each tool
+    /// server's own; filled when a snapshot is taken.
+    pub usage: Option<UsageSample>,
+    pub servers_usage: Vec<UsageSample>,
+    /// Times its processes were killed by its memory limit.
+    pub oom_kills: u32,
+}
+
+/// Measured use of an instance or a tool server (`name`: the server, empty for the instance).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UsageSample {
+    pub name: String,
+    pub cpu_percent: f64,
+    pub cpu_seconds: f64,
+    pub memory_bytes: u64,
+    pub pids: u32,
 }
 
 impl InstanceReport {
@@ -124,6 +142,9 @@ impl InstanceReport {
             active_runs: Vec::new(),
             tools: Vec::new(),
             run_attempts: Vec::new(),
+            usage: None,
+            servers_usage: Vec::new(),
+            oom_kills: 0,
         }
     }
 }

@@ -37,6 +37,7 @@ const SENT: &[&str] = &[
     "schedules",
     "webhooks of a task (URL, count)",
     "queued tasks per deployment",
+    "resources per instance (`x-agen/config.json` `resources`, `agen deploy --cpu --memory --pids`)",
 ];
 
 /// Rows sent one over by another test, with the reason they are not sent here.
@@ -588,6 +589,55 @@ async fn one_over(hub: &HubProcess, api: &mut Api, row: &str) {
             api.submit_task(queue("after a cancel")).await.unwrap();
             let (code, _) = refused(api.submit_task(queue("over again")).await);
             assert_eq!(code, Code::ResourceExhausted, "{row}: full again");
+        }
+        "resources per instance (`x-agen/config.json` `resources`, `agen deploy --cpu --memory --pids`)" => {
+            let digest = api
+                .get_deployment(pb::GetDeploymentRequest {
+                    namespace: String::new(),
+                    name: "runner".into(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .deployment
+                .unwrap()
+                .bundle_digest;
+            let over = |r: pb::Resources| pb::CreateDeploymentRequest {
+                name: "runner".into(),
+                bundle_digest: digest.clone(),
+                resources: Some(r),
+                ..Default::default()
+            };
+            let r = api
+                .create_deployment(over(pb::Resources {
+                    pids: 65_537,
+                    ..Default::default()
+                }))
+                .await;
+            assert_eq!(
+                refused(r),
+                invalid("resources.pids: 65537 is out of range; expected 8 to 65536 processes")
+            );
+            let r = api
+                .create_deployment(over(pb::Resources {
+                    cpu_millis: 256_001,
+                    ..Default::default()
+                }))
+                .await;
+            assert_eq!(
+                refused(r),
+                invalid("resources.cpu: 256.001 is out of range; expected 0.01 to 256 CPUs (such as 0.5)")
+            );
+            let r = api
+                .create_deployment(over(pb::Resources {
+                    memory_bytes: (1 << 40) + 1,
+                    ..Default::default()
+                }))
+                .await;
+            assert_eq!(
+                refused(r),
+                invalid("resources.memory: 1099511627777 bytes is out of range; expected 16Mi to 1Ti (such as \"512Mi\")")
+            );
         }
         other => panic!("no case for the row `{other}` of docs/limits.md"),
     }

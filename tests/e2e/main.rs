@@ -48,6 +48,7 @@ mod otlp;
 mod permissions;
 mod privacy;
 mod privsep;
+mod resources;
 mod resume;
 mod run_context;
 mod runs;

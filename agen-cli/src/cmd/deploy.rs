@@ -28,6 +28,16 @@ pub struct Args {
     /// Tasks one instance runs at a time
     #[arg(long, default_value_t = 1)]
     pub concurrency: u32,
+    /// CPUs per instance with its tool servers (limit and reservation; over `resources.cpu`
+    /// in x-agen/config.json), such as 0.5
+    #[arg(long, value_name = "CPUS", value_parser = parse_cpu_flag)]
+    pub cpu: Option<u32>,
+    /// Memory per instance with its tool servers (limit and reservation), such as 512Mi
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory_flag)]
+    pub memory: Option<u64>,
+    /// Processes per instance with its tool servers (limit), such as 256
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u32>,
     /// Place instances only on Nests with this label (repeatable)
     #[arg(long = "selector", value_name = "K=V")]
     pub selector: Vec<String>,
@@ -69,6 +79,15 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     for w in warnings(&args.dir, &loaded) {
         eprintln!("warning: {w}");
     }
+    let resources = bundle::ResourceSpec {
+        cpu_millis: args.cpu,
+        memory_bytes: args.memory,
+        pids: args.pids,
+    };
+    if let Err(e) = resources.check(|k| format!("--{k}")) {
+        eprintln!("error: {e}");
+        return Ok(crate::exit::code::USAGE);
+    }
     let name = args.name.clone().unwrap_or_else(|| default_name(&loaded));
     let mut hub = args.client.connect()?;
     let replicas = match args.replicas {
@@ -80,13 +99,14 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         let on_waiting = args.webhook_on_waiting;
         (pb::WebhookTarget { url, on_waiting }, secret)
     });
-    let deployment = deploy_with(
+    let deployment = deploy_full(
         &mut hub,
         &args.dir,
         &name,
         (replicas, args.concurrency),
         &args.selector,
         hook,
+        resources,
     )
     .await?;
     if args.wait || args.require_all_servers {
@@ -207,6 +227,28 @@ pub async fn deploy_with(
     selector: &[String],
     hook: Option<(pb::WebhookTarget, String)>,
 ) -> anyhow::Result<pb::Deployment> {
+    deploy_full(
+        hub,
+        dir,
+        name,
+        (replicas, concurrency),
+        selector,
+        hook,
+        Default::default(),
+    )
+    .await
+}
+
+/// [`deploy_with`] with per-instance resources over the bundle's (`agen deploy --cpu …`).
+async fn deploy_full(
+    hub: &mut Hub,
+    dir: &std::path::Path,
+    name: &str,
+    (replicas, concurrency): (u32, u32),
+    selector: &[String],
+    hook: Option<(pb::WebhookTarget, String)>,
+    resources: bundle::ResourceSpec,
+) -> anyhow::Result<pb::Deployment> {
     validate(dir).with_context(|| format!("bundle {} is not valid", dir.display()))?;
     let bytes =
         bundle::pack(dir).with_context(|| format!("cannot pack bundle {}", dir.display()))?;
@@ -241,6 +283,11 @@ pub async fn deploy_with(
             concurrency,
             webhook_secret: hook.as_ref().map(|h| h.1.clone()).unwrap_or_default(),
             webhook: hook.map(|h| h.0),
+            resources: Some(pb::Resources {
+                cpu_millis: resources.cpu_millis.unwrap_or(0),
+                memory_bytes: resources.memory_bytes.unwrap_or(0),
+                pids: resources.pids.unwrap_or(0),
+            }),
         })
         .await
         .map_err(|s| status_error(hub, s))?
@@ -380,4 +427,12 @@ pub async fn wait_ready(
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+}
+
+fn parse_cpu_flag(s: &str) -> Result<u32, String> {
+    bundle::resources::parse_cpu(s)
+}
+
+fn parse_memory_flag(s: &str) -> Result<u64, String> {
+    bundle::resources::parse_bytes(s)
 }

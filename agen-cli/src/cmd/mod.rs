@@ -37,6 +37,7 @@ pub mod submit;
 pub mod task_webhooks;
 pub mod tasks;
 pub mod tokens;
+pub mod top;
 pub mod trace;
 pub mod trace_events;
 pub mod trace_local;

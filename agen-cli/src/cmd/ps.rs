@@ -114,6 +114,8 @@ fn print_instances(instances: &[pb::Instance], output: Output) {
                 "STATE",
                 "HEALTHY",
                 "TOOLS",
+                "CPU",
+                "MEMORY",
                 "NOT CONNECTED",
                 "MESSAGE",
             ])
@@ -131,6 +133,19 @@ fn print_instances(instances: &[pb::Instance], output: Output) {
                     })
                     .collect::<Vec<_>>()
                     .join("\n");
+                let (cpu, mem) = view::usage_cells(i.usage.as_ref());
+                let mut message = if i.message.is_empty() {
+                    "-".to_string()
+                } else {
+                    i.message.clone()
+                };
+                if i.oom_kills > 0 && !message.contains("memory limit") {
+                    message = format!(
+                        "{message} (killed by its memory limit {} time{})",
+                        i.oom_kills,
+                        if i.oom_kills == 1 { "" } else { "s" }
+                    );
+                }
                 t.add_row(vec![
                     i.namespace.clone(),
                     i.deployment.clone(),
@@ -143,12 +158,10 @@ fn print_instances(instances: &[pb::Instance], output: Output) {
                     view::instance_state(i.state).to_owned(),
                     if i.healthy { "yes".into() } else { "no".into() },
                     i.tools_loaded.to_string(),
+                    cpu,
+                    mem,
                     if nc.is_empty() { "-".into() } else { nc },
-                    if i.message.is_empty() {
-                        "-".into()
-                    } else {
-                        i.message.clone()
-                    },
+                    message,
                 ]);
             }
             if instances.is_empty() {

@@ -97,6 +97,10 @@ impl Core {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(digest.to_string(), bundle.config.double_texting);
+        self.bundle_resources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(digest.to_string(), bundle.config.resources);
         self.bundle_budgets
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -105,6 +109,30 @@ impl Core {
                 super::deadlines::BundleBudget::of(&bundle.harness.limits),
             );
         Ok(())
+    }
+
+    /// `resources` of the bundle `digest`.
+    pub(crate) fn bundle_resources(
+        &self,
+        digest: &str,
+    ) -> Result<agen_shared::bundle::ResourceSpec> {
+        let cached = self
+            .bundle_resources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(digest)
+            .copied();
+        if let Some(r) = cached {
+            return Ok(r);
+        }
+        self.load_stored_bundle(digest)?;
+        Ok(self
+            .bundle_resources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(digest)
+            .copied()
+            .unwrap_or_default())
     }
 
     /// `limits.maxAttempts` of the bundle `digest` (the default when it cannot be read).

@@ -24,6 +24,9 @@ pub struct DeploymentSpec {
     pub replicas: u32,
     pub selector: BTreeMap<String, String>,
     pub concurrency: u32,
+    /// Resources asked for with the request (`agen deploy --cpu …`); each unset key is the
+    /// bundle's.
+    pub resources: agen_shared::bundle::ResourceSpec,
 }
 
 /// A deployment with its ready replica count.
@@ -81,6 +84,12 @@ impl Core {
                 spec.bundle_digest
             ))
         })?;
+        spec.resources
+            .check(|k| format!("resources.{k}"))
+            .map_err(HubError::invalid)?;
+        let resources = spec
+            .resources
+            .or(self.bundle_resources(&spec.bundle_digest)?);
         let concurrency = spec.concurrency.max(1);
         let now = now_ms();
         let rec = {
@@ -91,7 +100,8 @@ impl Core {
                     let changed = old.bundle_digest != spec.bundle_digest
                         || old.replicas != spec.replicas
                         || old.selector != spec.selector
-                        || old.concurrency != concurrency;
+                        || old.concurrency != concurrency
+                        || old.resources != resources;
                     if !changed {
                         return Ok(old.clone());
                     }
@@ -100,6 +110,7 @@ impl Core {
                     rec.replicas = spec.replicas;
                     rec.selector = spec.selector.clone();
                     rec.concurrency = concurrency;
+                    rec.resources = resources;
                     rec.generation += 1;
                     rec.updated_at_ms = now;
                     rec.agent_name = meta.agent_name.clone();
@@ -117,6 +128,7 @@ impl Core {
                     created_at_ms: now,
                     updated_at_ms: now,
                     agent_name: meta.agent_name.clone(),
+                    resources,
                 },
             };
             if let Some(old) = st.deployments.get(&key).cloned() {
@@ -140,7 +152,11 @@ impl Core {
         old: &DeploymentRec,
         new: &DeploymentRec,
     ) -> Result<()> {
-        if old.bundle_digest != new.bundle_digest || old.concurrency != new.concurrency {
+        // New limits need new processes.
+        if old.bundle_digest != new.bundle_digest
+            || old.concurrency != new.concurrency
+            || old.resources != new.resources
+        {
             return Ok(());
         }
         let ids: Vec<String> = st

@@ -216,6 +216,7 @@ impl Core {
             replicas,
             selector: d.selector.clone(),
             concurrency: d.concurrency,
+            resources: d.resources,
         };
         self.deploy_as(spec, who, "scale").await
     }
@@ -279,6 +280,8 @@ impl Core {
             replicas: d.replicas,
             selector: target.selector.clone(),
             concurrency: target.concurrency,
+            // That bundle's own `resources`.
+            resources: Default::default(),
         };
         let change = format!("rollback to generation {}", target.generation);
         let rec = self.deploy_as(spec, who, &change).await?;

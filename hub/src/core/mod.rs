@@ -104,6 +104,8 @@ pub struct Core {
     pub(crate) bundle_permissions: Mutex<HashMap<String, agen_shared::bundle::Permissions>>,
     /// `doubleTexting` of each bundle's `x-agen/config.json`, by digest (read once).
     pub(crate) bundle_double_texting: Mutex<HashMap<String, agen_shared::bundle::DoubleTexting>>,
+    /// `resources` of each bundle read (see `bundles`).
+    pub(crate) bundle_resources: Mutex<HashMap<String, agen_shared::bundle::ResourceSpec>>,
     /// Delegates and `maxDelegationDepth` of each bundle, by digest (read once).
     pub(crate) bundle_delegation: Mutex<HashMap<String, Arc<delegates::Delegation>>>,
     /// Artifact bytes stored per namespace and in all, counted once from the store; holding it
@@ -208,6 +210,7 @@ impl Core {
             webhooks: Default::default(),
             bundle_permissions: Default::default(),
             bundle_double_texting: Default::default(),
+            bundle_resources: Default::default(),
             bundle_delegation: Default::default(),
             db,
             bundle_secrets: Mutex::new(HashMap::new()),

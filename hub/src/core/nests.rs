@@ -53,6 +53,27 @@ impl Core {
             .collect()
     }
 
+    /// What the instances placed on each Nest reserve: (thousandths of a CPU, bytes) by Nest id.
+    pub fn nest_reservations(&self) -> std::collections::HashMap<String, (u64, u64)> {
+        let st = self.lock();
+        let mut out = std::collections::HashMap::new();
+        for i in st.instances.values().filter(|i| {
+            !i.nest_id.is_empty()
+                && !matches!(i.state, InstanceState::Lost | InstanceState::Pending)
+        }) {
+            let (c, m) = st
+                .deployments
+                .get(&deployment_key(&i.namespace, &i.deployment))
+                .map(|d| d.resources)
+                .unwrap_or_default()
+                .reservation();
+            let e: &mut (u64, u64) = out.entry(i.nest_id.clone()).or_default();
+            e.0 += u64::from(c);
+            e.1 += m;
+        }
+        out
+    }
+
     /// A Nest (re)registers: re-adopt what it still runs, stop what is unknown or unwanted.
     /// Returns the connection id of its new link; `Registered` is already queued on `tx`.
     pub async fn register(&self, reg: Registration, tx: NestTx) -> Result<u64> {
@@ -98,6 +119,9 @@ impl Core {
                 draining_until_ms,
                 commit: reg.commit.clone(),
                 protocol_version: reg.protocol_version.clone(),
+                cpu_millis: reg.cpu_millis,
+                memory_bytes: reg.memory_bytes,
+                resources: reg.resources.clone(),
             };
             let nest_name = nest.name.clone();
             self.save_nest(&mut st, nest)?;
@@ -314,6 +338,10 @@ impl Core {
         if rec != before {
             self.save_instance(st, rec)?;
         }
+        // Usage changes with every report: kept in memory, never stored.
+        if let Some(i) = st.instances.get_mut(&r.instance_id) {
+            i.usage = r.usage.clone();
+        }
         Ok(())
     }
 
@@ -448,5 +476,6 @@ fn apply_report(rec: &mut InstanceRec, r: &InstanceReport) {
     rec.message = r.message.clone();
     rec.restarts = r.restarts;
     rec.tools = r.tools.clone();
+    rec.oom_kills = rec.oom_kills.max(r.oom_kills);
     rec.updated_at_ms = now;
 }

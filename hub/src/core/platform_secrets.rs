@@ -192,6 +192,8 @@ mod tests {
             slot_failures: 0,
             leaving_since_ms: 0,
             for_resume: false,
+            oom_kills: 0,
+            usage: Usage::default(),
         };
         let values = core.placement_secrets(&inst).expect("values");
         assert_eq!(

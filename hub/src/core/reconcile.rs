@@ -328,6 +328,8 @@ impl Core {
                     leaving_since_ms: 0,
                     for_resume: false,
                     slot_failures: slot.as_ref().map_or(0, |v| v.failures),
+                    oom_kills: 0,
+                    usage: Usage::default(),
                 };
                 self.save_instance(st, rec)?;
             }
@@ -424,12 +426,29 @@ impl Core {
                             && !matches!(i.state, InstanceState::Lost | InstanceState::Pending)
                     });
                     let (mut total, mut of_deployment) = (0, 0);
+                    let (mut rcpu, mut rmem) = (0u64, 0u64);
                     for i in placed {
                         total += 1;
                         if i.namespace == d.namespace && i.deployment == d.name {
                             of_deployment += 1;
                         }
+                        let (c, m) = st
+                            .deployments
+                            .get(&deployment_key(&i.namespace, &i.deployment))
+                            .map(|d| d.resources)
+                            .unwrap_or_default()
+                            .reservation();
+                        rcpu += u64::from(c);
+                        rmem += m;
                     }
+                    let resources = (n.cpu_millis > 0 && n.memory_bytes > 0).then_some(
+                        scheduler::NestResources {
+                            cpu_millis: u64::from(n.cpu_millis),
+                            memory_bytes: n.memory_bytes,
+                            reserved_cpu_millis: rcpu,
+                            reserved_memory_bytes: rmem,
+                        },
+                    );
                     NestView {
                         nest_id: n.nest_id.clone(),
                         labels: n.labels.clone(),
@@ -441,10 +460,16 @@ impl Core {
                             && st.live.is_connected(&n.nest_id),
                         total,
                         of_deployment,
+                        resources,
                     }
                 })
                 .collect();
-            match scheduler::pick_nest(&views, &d.selector) {
+            let (cpu, mem) = d.resources.reservation();
+            let need = scheduler::Need {
+                cpu_millis: u64::from(cpu),
+                memory_bytes: mem,
+            };
+            match scheduler::pick_nest(&views, &d.selector, need) {
                 Ok(nest) => {
                     let nest_id = nest.nest_id.clone();
                     let nest_name = st
@@ -483,6 +508,7 @@ impl Core {
                             generation: inst.generation,
                             concurrency: d.concurrency,
                             platform_secrets,
+                            resources: d.resources,
                         },
                     );
                     self.save_instance(st, inst)?;

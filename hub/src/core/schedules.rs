@@ -445,6 +445,7 @@ mod tests {
             created_at_ms: 0,
             updated_at_ms: 0,
             agent_name: "runner".into(),
+            resources: Default::default(),
         };
         core.lock().deployments.insert(dep.key(), dep);
         core

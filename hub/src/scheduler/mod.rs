@@ -1,7 +1,9 @@
 //! Placement decisions, pure: no IO, no clocks (times are passed in), unit-tested.
 //!
 //! - [`pick_nest`]: a ready Nest whose labels include every selector pair and that has capacity
-//!   left, spreading replicas (fewest instances of this deployment, then fewest in total).
+//!   left (an instance count, and the CPU and memory the instance reserves free of what its
+//!   other instances reserve), spreading replicas (fewest instances of this deployment, then
+//!   fewest in total).
 //! - [`plan`]: what to create and stop for one deployment (replica count, roll-over to a new
 //!   generation, unhealthy instances).
 //! - [`backoff`]: replacement back-off 1s, 2s, 4s … capped at 60s, counted per replica slot
@@ -30,6 +32,36 @@ pub struct NestView {
     pub total: u32,
     /// Instances of the deployment being placed.
     pub of_deployment: u32,
+    /// What it advertises and what its instances reserve; `None`: a Nest that advertises
+    /// nothing (older), checked by instance count only.
+    pub resources: Option<NestResources>,
+}
+
+/// A Nest's CPU (thousandths) and memory (bytes): advertised and reserved.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NestResources {
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    pub reserved_cpu_millis: u64,
+    pub reserved_memory_bytes: u64,
+}
+
+/// What one instance reserves: thousandths of a CPU, bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Need {
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+}
+
+impl NestResources {
+    fn holds(&self, need: Need) -> bool {
+        need.cpu_millis <= self.cpu_millis && need.memory_bytes <= self.memory_bytes
+    }
+
+    fn fits(&self, need: Need) -> bool {
+        self.reserved_cpu_millis.saturating_add(need.cpu_millis) <= self.cpu_millis
+            && self.reserved_memory_bytes.saturating_add(need.memory_bytes) <= self.memory_bytes
+    }
 }
 
 /// Why nothing could be placed.
@@ -38,6 +70,15 @@ pub enum NoPlacement {
     NoNests,
     NoMatch,
     NoCapacity,
+    /// No matching Nest is that big, even empty: the largest one's (cpu, memory).
+    TooBig {
+        need: Need,
+        largest: Need,
+    },
+    /// Matching Nests are big enough but have too little free.
+    NoRoom {
+        need: Need,
+    },
 }
 
 impl NoPlacement {
@@ -50,8 +91,26 @@ impl NoPlacement {
                 format_selector(selector)
             ),
             NoPlacement::NoCapacity => "every matching nest is at capacity".into(),
+            NoPlacement::TooBig { need, largest } => format!(
+                "no nest is big enough: the instance reserves {} and the largest matching nest has {}; lower `resources` in x-agen/config.json (or agen deploy --cpu/--memory) or add a bigger nest",
+                describe_need(*need),
+                describe_need(*largest)
+            ),
+            NoPlacement::NoRoom { need } => format!(
+                "every matching nest has less than {} free (reserved by its other instances); scale something down or add a nest",
+                describe_need(*need)
+            ),
         }
     }
+}
+
+fn describe_need(n: Need) -> String {
+    use agen_shared::bundle::resources::{format_bytes, format_cpu};
+    format!(
+        "cpu {}, memory {}",
+        format_cpu(u32::try_from(n.cpu_millis).unwrap_or(u32::MAX)),
+        format_bytes(n.memory_bytes)
+    )
 }
 
 pub fn format_selector(selector: &BTreeMap<String, String>) -> String {
@@ -71,6 +130,7 @@ pub fn matches(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, St
 pub fn pick_nest<'a>(
     nests: &'a [NestView],
     selector: &BTreeMap<String, String>,
+    need: Need,
 ) -> Result<&'a NestView, NoPlacement> {
     let ready: Vec<&NestView> = nests.iter().filter(|n| n.ready).collect();
     if ready.is_empty() {
@@ -83,13 +143,35 @@ pub fn pick_nest<'a>(
     if matching.is_empty() {
         return Err(NoPlacement::NoMatch);
     }
-    matching
+    if !matching
+        .iter()
+        .any(|n| n.resources.is_none_or(|r| r.holds(need)))
+    {
+        let largest = matching
+            .iter()
+            .filter_map(|n| n.resources)
+            .map(|r| Need {
+                cpu_millis: r.cpu_millis,
+                memory_bytes: r.memory_bytes,
+            })
+            .max_by_key(|l| (l.memory_bytes, l.cpu_millis))
+            .unwrap_or_default();
+        return Err(NoPlacement::TooBig { need, largest });
+    }
+    let counted: Vec<&NestView> = matching
         .into_iter()
         .filter(|n| n.total < n.capacity)
+        .collect();
+    if counted.is_empty() {
+        return Err(NoPlacement::NoCapacity);
+    }
+    counted
+        .into_iter()
+        .filter(|n| n.resources.is_none_or(|r| r.fits(need)))
         .min_by(|a, b| {
             (a.of_deployment, a.total, &a.nest_id).cmp(&(b.of_deployment, b.total, &b.nest_id))
         })
-        .ok_or(NoPlacement::NoCapacity)
+        .ok_or(NoPlacement::NoRoom { need })
 }
 
 /// Replacement back-off after `failures` consecutive failures: 1s, 2s, 4s … 60s.

@@ -21,6 +21,7 @@ fn nest(
         ready: true,
         total,
         of_deployment,
+        resources: None,
     }
 }
 
@@ -32,8 +33,65 @@ fn sel(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 }
 
 fn check(nests: &[NestView], selector: &[(&str, &str)], expected: Result<&str, NoPlacement>) {
-    let got = pick_nest(nests, &sel(selector)).map(|n| n.nest_id.as_str());
+    let got = pick_nest(nests, &sel(selector), Need::default()).map(|n| n.nest_id.as_str());
     assert_eq!(got, expected);
+}
+
+/// A Nest with `cpu` thousandths and `mem` MiB, of which `rcpu` and `rmem` are reserved.
+fn sized(id: &str, cpu: u64, mem: u64, rcpu: u64, rmem: u64) -> NestView {
+    NestView {
+        resources: Some(NestResources {
+            cpu_millis: cpu,
+            memory_bytes: mem << 20,
+            reserved_cpu_millis: rcpu,
+            reserved_memory_bytes: rmem << 20,
+        }),
+        ..nest(id, &[], 32, 0, 0)
+    }
+}
+
+#[test]
+fn placement_reserves_cpu_and_memory() {
+    let need = |cpu: u64, mem: u64| Need {
+        cpu_millis: cpu,
+        memory_bytes: mem << 20,
+    };
+    let pick = |nests: &[NestView], n: Need| {
+        pick_nest(nests, &BTreeMap::new(), n).map(|n| n.nest_id.clone())
+    };
+    // a is full on memory, b has room.
+    let nests = [
+        sized("a", 2000, 1024, 100, 900),
+        sized("b", 2000, 1024, 1500, 0),
+    ];
+    assert_eq!(pick(&nests, need(500, 512)), Ok("b".to_string()));
+    // b is full on CPU now: nothing fits though each is big enough.
+    let nests = [
+        sized("a", 2000, 1024, 100, 900),
+        sized("b", 2000, 1024, 1600, 0),
+    ];
+    assert_eq!(
+        pick(&nests, need(500, 512)),
+        Err(NoPlacement::NoRoom {
+            need: need(500, 512)
+        })
+    );
+    // Bigger than any Nest, even empty: said with the largest one.
+    let err = pick(&nests, need(500, 4096)).unwrap_err();
+    assert_eq!(
+        err,
+        NoPlacement::TooBig {
+            need: need(500, 4096),
+            largest: need(2000, 1024)
+        }
+    );
+    assert_eq!(
+        err.describe(&BTreeMap::new()),
+        "no nest is big enough: the instance reserves cpu 0.5, memory 4Gi and the largest matching nest has cpu 2, memory 1Gi; lower `resources` in x-agen/config.json (or agen deploy --cpu/--memory) or add a bigger nest"
+    );
+    // A Nest that advertises nothing is placed on by count only.
+    let nests = [sized("a", 2000, 1024, 0, 0), nest("old", &[], 32, 0, 0)];
+    assert_eq!(pick(&nests, need(500, 4096)), Ok("old".to_string()));
 }
 
 #[test]

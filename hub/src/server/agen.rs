@@ -168,6 +168,7 @@ impl AgenService for AgenApi {
             replicas: r.replicas,
             selector,
             concurrency: r.concurrency,
+            resources: convert::resource_spec(r.resources.as_ref()),
         };
         let rec = self.core.deploy_as(spec, &by, "deploy").await?;
         (self

@@ -25,6 +25,53 @@ pub fn deployment(d: &DeploymentView) -> pb::Deployment {
         agent_name: r.agent_name.clone(),
         // Filled by the handlers that know the Hub's public URL.
         a2a_card_url: String::new(),
+        resources: Some(resources(&r.resources)),
+    }
+}
+
+pub fn resources(r: &agen_shared::bundle::ResourceSpec) -> pb::Resources {
+    pb::Resources {
+        cpu_millis: r.cpu_millis.unwrap_or(0),
+        memory_bytes: r.memory_bytes.unwrap_or(0),
+        pids: r.pids.unwrap_or(0),
+    }
+}
+
+/// A request's `Resources`: 0 is "not declared".
+pub fn resource_spec(r: Option<&pb::Resources>) -> agen_shared::bundle::ResourceSpec {
+    let r = r.cloned().unwrap_or_default();
+    agen_shared::bundle::ResourceSpec {
+        cpu_millis: (r.cpu_millis > 0).then_some(r.cpu_millis),
+        memory_bytes: (r.memory_bytes > 0).then_some(r.memory_bytes),
+        pids: (r.pids > 0).then_some(r.pids),
+    }
+}
+
+fn usage_sample(u: &UsageSample) -> pb::ResourceUsage {
+    pb::ResourceUsage {
+        name: u.name.clone(),
+        cpu_percent: u.cpu_percent,
+        cpu_seconds: u.cpu_seconds,
+        memory_bytes: u.memory_bytes,
+        pids: u.pids,
+    }
+}
+
+fn usage_sample_from(u: &pb::ResourceUsage) -> UsageSample {
+    UsageSample {
+        name: u.name.clone(),
+        cpu_percent: if u.cpu_percent.is_finite() {
+            u.cpu_percent.max(0.0)
+        } else {
+            0.0
+        },
+        cpu_seconds: if u.cpu_seconds.is_finite() {
+            u.cpu_seconds.max(0.0)
+        } else {
+            0.0
+        },
+        memory_bytes: u.memory_bytes,
+        pids: u.pids,
     }
 }
 
@@ -79,6 +126,9 @@ pub fn instance(i: &InstanceRec, active_runs: u32) -> pb::Instance {
         updated_at_ms: i.updated_at_ms,
         active_runs,
         tools: i.tools.clone(),
+        usage: Some(usage_sample(&i.usage.instance)),
+        servers_usage: i.usage.servers.iter().map(usage_sample).collect(),
+        oom_kills: i.oom_kills,
     }
 }
 
@@ -105,6 +155,12 @@ pub fn nest(n: &NestRec, instances: u32) -> pb::Nest {
         draining_until_ms: n.draining_until_ms,
         commit: n.commit.clone(),
         protocol_version: n.protocol_version.clone(),
+        cpu_millis: n.cpu_millis,
+        memory_bytes: n.memory_bytes,
+        // Set by ListNests from the instances placed on it.
+        reserved_cpu_millis: 0,
+        reserved_memory_bytes: 0,
+        resources: n.resources.clone(),
     }
 }
 
@@ -267,6 +323,17 @@ pub fn instance_report(r: &pb::InstanceReport) -> InstanceReport {
             .iter()
             .map(|a| (a.run_id.clone(), a.attempt))
             .collect(),
+        usage: Usage {
+            instance: r.usage.as_ref().map(usage_sample_from).unwrap_or_default(),
+            // Bounded like the tool servers a bundle may declare.
+            servers: r
+                .servers_usage
+                .iter()
+                .take(256)
+                .map(usage_sample_from)
+                .collect(),
+        },
+        oom_kills: r.oom_kills,
     }
 }
 
@@ -283,6 +350,9 @@ pub fn registration(r: &pb::Register) -> Registration {
         network: r.network.clone(),
         protocol_version: r.protocol_version.clone(),
         commit: r.commit.clone(),
+        cpu_millis: r.cpu_millis,
+        memory_bytes: r.memory_bytes,
+        resources: r.resources.clone(),
     }
 }
 
@@ -404,6 +474,7 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             generation,
             concurrency,
             platform_secrets,
+            resources: resources_spec,
         } => Msg::Place(pb::PlaceInstance {
             instance_id,
             namespace,
@@ -412,6 +483,7 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             generation,
             concurrency,
             platform_secrets: platform_secrets.0.into_iter().collect(),
+            resources: Some(resources(&resources_spec)),
         }),
         ToNest::Stop {
             instance_id,

@@ -28,6 +28,7 @@ const CHUNK: usize = 64 * 1024;
 /// The body of `ListNests`: every Nest, without those hidden unless `include_ended`.
 pub fn nests(core: &Core, access: &AccessApi, include_ended: bool) -> pb::ListNestsResponse {
     let now = crate::model::now_ms();
+    let reserved = core.nest_reservations();
     pb::ListNestsResponse {
         nests: core
             .list_nests()
@@ -35,6 +36,10 @@ pub fn nests(core: &Core, access: &AccessApi, include_ended: bool) -> pb::ListNe
             .filter(|(n, _)| include_ended || !core.nest_hidden(n, now))
             .map(|(n, count)| pb::Nest {
                 revoked: access.nests.is_revoked(&n.nest_id),
+                reserved_cpu_millis: reserved
+                    .get(&n.nest_id)
+                    .map_or(0, |r| u32::try_from(r.0).unwrap_or(u32::MAX)),
+                reserved_memory_bytes: reserved.get(&n.nest_id).map_or(0, |r| r.1),
                 ..convert::nest(n, *count)
             })
             .collect(),

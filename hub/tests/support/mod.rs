@@ -273,6 +273,9 @@ impl FakeNest {
             network: String::new(),
             protocol_version: agen_shared::version::Protocol::CURRENT.to_string(),
             commit: String::new(),
+            cpu_millis: 0,
+            memory_bytes: 0,
+            resources: String::new(),
         })))
         .await
         .expect("queue register");
@@ -389,6 +392,9 @@ impl FakeNest {
             active_runs: vec![],
             tools: vec!["time.get_current_time".into(), "time.convert_time".into()],
             run_attempts: vec![],
+            usage: None,
+            servers_usage: vec![],
+            oom_kills: 0,
         };
         if let Ok(mut running) = self.running.lock() {
             running.retain(|r| r.instance_id != report.instance_id);

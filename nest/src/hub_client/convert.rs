@@ -20,6 +20,24 @@ pub fn place(p: pb::PlaceInstance) -> PlaceOrder {
         generation: p.generation,
         concurrency: p.concurrency,
         platform_secrets: p.platform_secrets.into_iter().collect(),
+        resources: p
+            .resources
+            .map(|r| agen_shared::bundle::ResourceSpec {
+                cpu_millis: (r.cpu_millis > 0).then_some(r.cpu_millis),
+                memory_bytes: (r.memory_bytes > 0).then_some(r.memory_bytes),
+                pids: (r.pids > 0).then_some(r.pids),
+            })
+            .unwrap_or_default(),
+    }
+}
+
+fn usage(u: UsageSample) -> pb::ResourceUsage {
+    pb::ResourceUsage {
+        name: u.name,
+        cpu_percent: u.cpu_percent,
+        cpu_seconds: u.cpu_seconds,
+        memory_bytes: u.memory_bytes,
+        pids: u.pids,
     }
 }
 
@@ -138,6 +156,9 @@ pub fn report(r: InstanceReport) -> pb::InstanceReport {
                 attempt: a.attempt,
             })
             .collect(),
+        usage: r.usage.map(usage),
+        servers_usage: r.servers_usage.into_iter().map(usage).collect(),
+        oom_kills: r.oom_kills,
     }
 }
 
@@ -363,6 +384,9 @@ mod tests {
                     run_id: "r1".into(),
                     attempt: 3,
                 }],
+                usage: None,
+                servers_usage: vec![],
+                oom_kills: 0,
             }
         );
         for (s, name) in [

@@ -41,6 +41,7 @@ impl Supervisor {
                 id.clone(),
                 Entry {
                     place: p.clone(),
+                    cgroup: None,
                     bundle_dir: None,
                     report,
                     conn: None,
@@ -242,6 +243,24 @@ impl Supervisor {
         if let Some((who, _)) = &run_as {
             tracing::info!(instance = %id, uid = who.uid, gid = who.gid, "instance runs under its own uid");
         }
+        // Its resource group (limits for it and every tool server it starts), or why not.
+        let cgroup = match self.make_cgroup(&id, expected_uid).await {
+            Ok(c) => c,
+            Err(e) => {
+                let msg = format!("cannot limit the instance's resources: {e}");
+                tracing::warn!(instance = %id, "{msg}");
+                self.update(&id, |r| {
+                    r.state = InstanceState::Unhealthy;
+                    r.healthy = false;
+                    r.message = msg;
+                });
+                stop.cancelled().await;
+                self.release_uid(&id).await;
+                self.logs.close_instance(&id);
+                self.forget(&id);
+                return;
+            }
+        };
         let mut backoff = Backoff::new(RESTART_BASE, RESTART_CAP);
         let socket_path = self.opts.socket_path();
         let mut first_start = true;
@@ -307,6 +326,7 @@ impl Supervisor {
                     .map(|(who, dirs)| process::RunAs { id: *who, dirs }),
                 self.logs.clone(),
                 netns.as_ref().map(|n| n.handle()),
+                cgroup.as_deref(),
             ) {
                 Ok(c) => {
                     // Recorded before any await: the instance cannot say hello before this.
@@ -348,10 +368,21 @@ impl Supervisor {
             self.update(&id, |r| r.pid = pid);
             tracing::info!(instance = %id, pid, "instance process started");
             let started = Instant::now();
+            let ooms_before = cgroup.as_ref().map_or(0, |c| c.oom_kills());
             let status = tokio::select! {
                 s = child.wait() => Some(s),
                 _ = stop.cancelled() => None,
+                () = super::resources::oom_kill(cgroup.as_deref(), ooms_before) => {
+                    // A process of the instance (a tool server, say) hit the memory limit:
+                    // the whole instance goes, and its runs resume like after any crash.
+                    process::signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
+                    if let Some(cg) = cgroup.clone() {
+                        let _ = tokio::task::spawn_blocking(move || cg.kill_all()).await;
+                    }
+                    Some(child.wait().await)
+                }
             };
+            let oom = cgroup.as_ref().is_some_and(|c| c.oom_kills() > ooms_before);
             // That spawn's credential dies with it.
             if let Some(e) = self.lock().instances.get_mut(&id) {
                 e.cred = None;
@@ -368,6 +399,9 @@ impl Supervisor {
                 Some(status) => {
                     // Tool servers left in the group go with it.
                     process::signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
+                    if let Some(cg) = cgroup.clone() {
+                        let _ = tokio::task::spawn_blocking(move || cg.kill_all()).await;
+                    }
                     self.reap_tool_servers(&id);
                     self.separation.kill_servers(&id);
                     self.children.remove(&id);
@@ -378,6 +412,17 @@ impl Supervisor {
                         backoff.reset();
                     }
                     let how = match status {
+                        _ if oom => {
+                            self.count_oom(&id);
+                            let limit = self
+                                .lock()
+                                .instances
+                                .get(&id)
+                                .and_then(|e| e.place.resources.memory_bytes)
+                                .map(agen_shared::bundle::resources::format_bytes)
+                                .unwrap_or_default();
+                            format!("was killed by its memory limit ({limit}, OOM)")
+                        }
                         Ok(s) => describe_exit(s),
                         Err(e) => format!("could not be waited for: {e}"),
                     };
@@ -418,6 +463,7 @@ impl Supervisor {
             }
         }
         drop(netns);
+        self.remove_cgroup(cgroup).await;
         self.release_uid(&id).await;
         self.logs.close_instance(&id);
         self.forget(&id);

@@ -34,6 +34,7 @@ mod connection;
 pub mod identity;
 mod lifecycle;
 pub mod process;
+mod resources;
 mod runs;
 
 pub use lifecycle::build_placement;
@@ -87,6 +88,10 @@ pub struct Supervisor {
     separation: Arc<crate::separation::Separation>,
     /// Each separated instance's network namespace and egress rule (or why not).
     network: Arc<crate::netns::Network>,
+    /// How instances' resources are limited (set by the daemon; unset: not limited).
+    cgroups: std::sync::OnceLock<Arc<crate::cgroup::Cgroups>>,
+    /// The last CPU reading of each instance and tool server, for CPU % (see `resources`).
+    cpu_seen: Mutex<HashMap<String, (std::time::Instant, f64)>>,
 }
 
 #[derive(Default)]
@@ -110,6 +115,8 @@ struct RunTrack {
 
 struct Entry {
     place: PlaceOrder,
+    /// Its resource group while it lives (see `cgroup`).
+    cgroup: Option<Arc<crate::cgroup::InstanceCgroup>>,
     bundle_dir: Option<PathBuf>,
     report: InstanceReport,
     /// The live socket connection (its id and its outgoing queue).
@@ -144,6 +151,8 @@ impl Supervisor {
             logs: crate::logs::LogStore::new(opts.data_dir.join("logs")),
             separation,
             network,
+            cgroups: std::sync::OnceLock::new(),
+            cpu_seen: Mutex::new(HashMap::new()),
             opts,
         });
         (sup, Reports(rx))
@@ -201,11 +210,15 @@ impl Supervisor {
 
     /// Reports of every instance this Nest runs.
     pub fn snapshot(&self) -> Vec<InstanceReport> {
-        let st = self.lock();
-        st.instances
-            .values()
-            .map(|e| with_runs(&st, e.report.clone()))
-            .collect()
+        let mut out: Vec<InstanceReport> = {
+            let st = self.lock();
+            st.instances
+                .values()
+                .map(|e| with_runs(&st, e.report.clone()))
+                .collect()
+        };
+        self.fill_usage(&mut out);
+        out
     }
 
     /// Runs handed to this Nest's instances that have not ended.

@@ -65,6 +65,7 @@ pub fn spawn_instance(
     run_as: Option<RunAs<'_>>,
     logs: crate::logs::LogStore,
     netns: Option<&std::fs::File>,
+    cgroup: Option<&crate::cgroup::InstanceCgroup>,
 ) -> std::io::Result<Child> {
     let line = serde_json::to_vec(boot).map_err(std::io::Error::other)?;
     // Both ends are close-on-exec; only the dup2 below puts the read end into the instance.
@@ -89,6 +90,12 @@ pub fn spawn_instance(
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    // Into its resource group before it runs anything: registered first, so a separated
+    // instance that keeps capabilities joins before it changes credentials (one that does not
+    // joins as its uid, which owns the group's `cgroup.procs`).
+    if let Some(cg) = cgroup {
+        cg.join_on_exec(cmd.as_std_mut());
+    }
     if let Some(r) = run_as {
         let tmp = r.dirs.tmp.as_os_str();
         cmd.env("HOME", &r.dirs.home)
@@ -111,6 +118,7 @@ pub fn spawn_instance(
     }
     group::own_group_dying_with_parent(cmd.as_std_mut(), Some(std::process::id()));
     put_on_fd(&mut cmd, reader.as_raw_fd(), BOOTSTRAP_FD);
+
     // In its own network namespace when it has one: this thread enters it for the fork only.
     let mut child = match netns {
         Some(ns) => {

@@ -36,6 +36,9 @@ pub struct AgentConfig {
     /// or running (a submit may say otherwise).
     #[serde(default)]
     pub double_texting: DoubleTexting,
+    /// `resources`: what one instance may use and placement reserves (see `resources`).
+    #[serde(default)]
+    pub resources: super::resources::ResourceSpec,
 }
 
 /// What a new message to a conversation does while a task of that conversation is queued or
@@ -324,8 +327,18 @@ pub(crate) fn parse(v: &Value) -> Result<AgentConfig> {
         "permissions",
         "doubleTexting",
         "network",
+        "resources",
     ])?;
     let mut config = AgentConfig::default();
+    if let Some(res_v) = top.get("resources") {
+        let res = Obj::new(
+            CONFIG_FILE,
+            "resources",
+            res_v,
+            "an object such as {\"cpu\": 0.5, \"memory\": \"512Mi\", \"pids\": 256}",
+        )?;
+        config.resources = super::resources::parse(&res)?;
+    }
     if let Some(mode) = top.opt_str("doubleTexting")? {
         config.double_texting = DoubleTexting::parse(&mode).ok_or_else(|| {
             top.err(

@@ -25,6 +25,7 @@ mod mcp;
 mod network;
 mod output;
 mod read;
+pub mod resources;
 mod secrets;
 mod skills;
 #[cfg(test)]
@@ -54,6 +55,7 @@ pub use mcp::{unpinned_servers, valid_server_name, McpConfig, ServerSpec, MCP_FI
 pub use network::{Destination, HostPattern, NetworkRules};
 pub use output::OutputSchema;
 pub use read::MAX_FILE_BYTES;
+pub use resources::ResourceSpec;
 pub use secrets::{
     secret_refs, substitute_secrets, valid_secret_name, SecretDecls, SecretSource, SubstituteError,
     SECRETS_FILE,

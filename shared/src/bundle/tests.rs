@@ -189,6 +189,7 @@ fn a_complete_bundle_parses_into_its_whole_value() {
                 deny: vec!["crm.delete".into()],
             },
             double_texting: Default::default(),
+            resources: Default::default(),
             network: None,
         },
         secrets: SecretDecls(

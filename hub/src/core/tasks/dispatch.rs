@@ -155,6 +155,8 @@ impl Core {
             slot_failures: 0,
             leaving_since_ms: 0,
             for_resume: true,
+            oom_kills: 0,
+            usage: Usage::default(),
         };
         tracing::info!(instance = %rec.instance_id, digest, "placing an instance of an old version to resume its runs");
         self.save_instance(st, rec)
