@@ -185,11 +185,10 @@ export function render(main, ctx) {
   live.addEventListener("delta", (m) => {
     const d = JSON.parse(m.data).delta;
     if (!d) return;
-    if (d.reset) {
-      for (const k of [...streamed.keys()]) if (k >= d.turn) streamed.delete(k);
-    } else {
-      streamed.set(d.turn, (streamed.get(d.turn) || "") + d.text);
-    }
+    // A reset voids the turn and later ones; its text (a late watcher's catch-up) starts
+    // the turn again.
+    if (d.reset) for (const k of [...streamed.keys()]) if (k >= d.turn) streamed.delete(k);
+    if (d.text) streamed.set(d.turn, (streamed.get(d.turn) || "") + d.text);
     streamChanged = true;
     if (!frame) frame = requestAnimationFrame(draw);
   });
