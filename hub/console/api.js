@@ -31,16 +31,35 @@ async function answer(r) {
   return body;
 }
 
-export async function get(path, query) {
-  let url = "/ui/api/" + path;
+function url(path, query) {
+  let u = "/ui/api/" + path;
   if (query) {
     const q = new URLSearchParams();
     for (const [k, v] of Object.entries(query)) if (v !== undefined && v !== null && v !== "") q.set(k, v);
     const s = q.toString();
-    if (s) url += "?" + s;
+    if (s) u += "?" + s;
   }
-  const r = await fetch(url, { credentials: "same-origin", headers: { accept: "application/json" } });
+  return u;
+}
+
+export async function get(path, query) {
+  const r = await fetch(url(path, query), { credentials: "same-origin", headers: { accept: "application/json" } });
   return answer(r);
+}
+
+// A live stream (server-sent events) of the Hub; the browser reconnects by itself when it
+// breaks (a Hub restart too). The caller closes it.
+export function live(path, query) {
+  return new EventSource(url(path, query));
+}
+
+// Why a stream ended, from its `end` event.
+export function why(data) {
+  try {
+    return JSON.parse(data).error || "the stream ended";
+  } catch (_) {
+    return "the stream ended";
+  }
 }
 
 export async function send(method, path, data) {

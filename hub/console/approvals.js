@@ -1,5 +1,6 @@
 // The Approvals page: every call waiting for a person, with approve, approve always and deny
-// with a reason (the task page shows the same card inline). Read again every second.
+// with a reason (the task page shows the same card inline). Live: the Hub sends the list again
+// whenever a waiting task changes (server-sent events fed by its WatchTasks stream).
 
 import { h, replace, message, ago, clear } from "./dom.js";
 import * as api from "./api.js";
@@ -47,28 +48,17 @@ export function render(main, ctx) {
   const namespace = ctx.query.get("namespace") || ctx.me.namespace || "default";
   const list = h("div", {});
   replace(main, h("h1", {}, "Approvals"), h("p", { class: "note" }, "Namespace " + namespace), list);
-  let alive = true;
   let shown = "";
-  async function load() {
-    try {
-      const all = await api.get("approvals", { namespace });
-      if (!alive) return;
-      const key = all.map((a) => a.task_id + "/" + a.call_id).join(",");
-      if (key === shown) return;
-      shown = key;
-      clear(list);
-      if (!all.length) list.appendChild(h("p", { class: "note" }, "Nothing is waiting for a decision."));
-      for (const a of all) list.appendChild(approvalCard(a, namespace, ctx.me, load));
-    } catch (e) {
-      if (alive) message(list, "Cannot list approvals: " + e.message, "error");
-    }
-  }
-  load();
-  const timer = setInterval(() => {
-    if (document.visibilityState === "visible") load();
-  }, 1000);
-  return () => {
-    alive = false;
-    clearInterval(timer);
-  };
+  const live = api.live("live/approvals", { namespace });
+  live.addEventListener("approvals", (m) => {
+    const all = JSON.parse(m.data);
+    const key = all.map((a) => a.task_id + "/" + a.call_id).join(",");
+    if (key === shown) return;
+    shown = key;
+    clear(list);
+    if (!all.length) list.appendChild(h("p", { class: "note" }, "Nothing is waiting for a decision."));
+    for (const a of all) list.appendChild(approvalCard(a, namespace, ctx.me));
+  });
+  live.addEventListener("end", (m) => message(list, "Cannot list approvals: " + api.why(m.data), "error"));
+  return () => live.close();
 }

@@ -1,5 +1,6 @@
 // The Deployment page: its instances, its generations (who deployed what), its A2A card URL,
-// and scale / rollback for deployer tokens.
+// and scale / rollback for deployer tokens. Read again when the Hub's WatchDeployments /
+// WatchNests streams say the fleet changed (server-sent events).
 
 import { h, replace, message, badge, table, when } from "./dom.js";
 import * as api from "./api.js";
@@ -60,11 +61,16 @@ export function render(main, ctx) {
     }
   }
   load();
-  const timer = setInterval(() => {
-    if (document.visibilityState === "visible") load();
-  }, 2000);
+  let pending = null;
+  const nudge = () => {
+    if (!pending) pending = setTimeout(() => { pending = null; load(); }, 200);
+  };
+  const live = api.live("live/fleet");
+  live.addEventListener("deployments", nudge);
+  live.addEventListener("nests", nudge);
   return () => {
     alive = false;
-    clearInterval(timer);
+    live.close();
+    if (pending) clearTimeout(pending);
   };
 }

@@ -1,6 +1,8 @@
 // The Task page: state, activity, progress and outcome kept live by the Hub's WatchTask
-// stream; the waiting calls (decided inline); the conversation; the trace as a waterfall with
-// the delegate children nested; the child tree; artifacts; the instance's log tail; cancel.
+// stream; the waiting calls (decided inline); the conversation, with the model's answer shown
+// as it streams (WatchTask deltas, text only; a reset drops what was shown of that turn and
+// later ones); the trace as a waterfall with the delegate children nested; the child tree;
+// artifacts; the instance's log tail; cancel.
 
 import { h, replace, message, badge, when, duration } from "./dom.js";
 import * as api from "./api.js";
@@ -54,13 +56,16 @@ export function render(main, ctx) {
   const head = h("section", { "aria-label": "Task" });
   const waiting = h("section", { "aria-label": "Waiting calls" });
   const convo = h("ol", { class: "conversation", "data-testid": "conversation" });
+  // The answer being streamed: its text by turn, until the turn's answer is stored.
+  const streaming = h("p", { class: "turn turn-model streaming", "data-testid": "streaming", "aria-live": "polite", hidden: true });
+  const streamed = new Map();
   const trace = h("section", { "aria-label": "Trace" });
   const kids = h("section", { "aria-label": "Child tasks" });
   const files = h("section", { "aria-label": "Artifacts" });
   const logs = h("section", { "aria-label": "Log tail" });
   const status = h("div", { "aria-live": "polite" });
   replace(main, h("h1", {}, "Task ", h("code", {}, taskId)), status, head, waiting,
-    h("h2", {}, "Conversation"), convo, h("h2", {}, "Trace"), trace, h("h2", {}, "Child tasks"), kids,
+    h("h2", {}, "Conversation"), convo, streaming, h("h2", {}, "Trace"), trace, h("h2", {}, "Child tasks"), kids,
     h("h2", {}, "Artifacts"), files, h("h2", {}, "Log tail"), logs);
 
   let alive = true;
@@ -139,6 +144,7 @@ export function render(main, ctx) {
   let latest = null;
   let lines = [];
   let frame = 0;
+  let streamChanged = false;
   const draw = () => {
     frame = 0;
     if (!alive) return;
@@ -147,6 +153,12 @@ export function render(main, ctx) {
     if (lines.length) {
       convo.append(...lines);
       lines = [];
+    }
+    if (streamChanged) {
+      streamChanged = false;
+      const text = [...streamed.keys()].sort((a, b) => a - b).map((k) => streamed.get(k)).join("");
+      streaming.textContent = text;
+      streaming.hidden = !text;
     }
     if (task && ENDED.has(task.state)) {
       live.close();
@@ -159,9 +171,25 @@ export function render(main, ctx) {
     if (seen.has(ev.seq)) return;
     seen.add(ev.seq);
     if (ev.task) latest = ev.task;
+    if (ev.kind === "model.answered" && streamed.size) {
+      // Stored: the conversation shows it now.
+      const t = parse(ev.json).turn;
+      for (const k of [...streamed.keys()]) if (t === undefined || k <= t) streamed.delete(k);
+      streamChanged = true;
+    }
     const line = turn(ev);
     if (line) lines.push(h("li", { class: "turn turn-" + line[0] }, h("span", { class: "who" }, line[0]), " ", h("span", { class: "text" }, line[1])));
     soon();
+    if (!frame) frame = requestAnimationFrame(draw);
+  });
+  live.addEventListener("delta", (m) => {
+    const d = JSON.parse(m.data).delta;
+    if (!d) return;
+    // A reset voids the turn and later ones; its text (a late watcher's catch-up) starts
+    // the turn again.
+    if (d.reset) for (const k of [...streamed.keys()]) if (k >= d.turn) streamed.delete(k);
+    if (d.text) streamed.set(d.turn, (streamed.get(d.turn) || "") + d.text);
+    streamChanged = true;
     if (!frame) frame = requestAnimationFrame(draw);
   });
   live.addEventListener("end", (m) => {

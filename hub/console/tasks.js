@@ -1,5 +1,6 @@
 // The Tasks page: filters (namespace, deployment, state, label, parent, time), paging and the
-// count of matches; the shown page is read again every second while the page is visible.
+// count of matches; the shown page is live: the Hub sends it again whenever it changes
+// (server-sent events from its WatchTasks stream; the browser reconnects by itself).
 
 import { h, replace, message, badge, table, ago } from "./dom.js";
 import * as api from "./api.js";
@@ -43,40 +44,35 @@ export function render(main, ctx) {
 
   let token = "";
   const history = [];
-  let alive = true;
-  let timer = null;
-  async function load() {
-    try {
-      const page = await api.get("tasks", {
-        namespace: q.get("namespace"), deployment: q.get("deployment"), state: q.get("state"),
-        label: q.get("label"), parent: q.get("parent"), since_ms: toMs(q.get("since")),
-        until_ms: toMs(q.get("until")), page_size: 50, page_token: token,
-      });
-      if (!alive) return;
-      replace(count, page.total + " matching task" + (page.total === 1 ? "" : "s"));
-      replace(list, page.tasks.length ? table("Tasks, newest first", ["Task", "Deployment", "State", "Activity", "Input", "Labels", "Submitted"],
-        page.tasks.map((t) => h("tr", { "data-testid": "task-row" },
-          h("td", {}, h("a", { href: "#/task/" + api.path(t.namespace, t.task_id) }, t.task_id)),
-          h("td", {}, t.deployment),
-          h("td", {}, badge(t.state)),
-          h("td", {}, t.activity),
-          h("td", { class: "cut" }, t.input),
-          h("td", {}, Object.entries(t.labels).map(([k, v]) => k + "=" + v).join(", ")),
-          h("td", {}, ago(t.created_at_ms))))) : h("p", { class: "note" }, "No tasks match."));
-      replace(pager,
-        h("button", { type: "button", disabled: history.length === 0, on: { click: () => { token = history.pop() || ""; load(); } } }, "Previous page"),
-        " ",
-        h("button", { type: "button", disabled: !page.next_page_token, on: { click: () => { history.push(token); token = page.next_page_token; load(); } } }, "Next page"));
-    } catch (e) {
-      if (alive) message(list, "Cannot list tasks: " + e.message, "error");
-    }
+  let live = null;
+  function show(page) {
+    replace(count, page.total + " matching task" + (page.total === 1 ? "" : "s"));
+    replace(list, page.tasks.length ? table("Tasks, newest first", ["Task", "Deployment", "State", "Activity", "Input", "Labels", "Submitted"],
+      page.tasks.map((t) => h("tr", { "data-testid": "task-row" },
+        h("td", {}, h("a", { href: "#/task/" + api.path(t.namespace, t.task_id) }, t.task_id)),
+        h("td", {}, t.deployment),
+        h("td", {}, badge(t.state)),
+        h("td", {}, t.activity),
+        h("td", { class: "cut" }, t.input),
+        h("td", {}, Object.entries(t.labels).map(([k, v]) => k + "=" + v).join(", ")),
+        h("td", {}, ago(t.created_at_ms))))) : h("p", { class: "note" }, "No tasks match."));
+    replace(pager,
+      h("button", { type: "button", disabled: history.length === 0, on: { click: () => { token = history.pop() || ""; connect(); } } }, "Previous page"),
+      " ",
+      h("button", { type: "button", disabled: !page.next_page_token, on: { click: () => { history.push(token); token = page.next_page_token; connect(); } } }, "Next page"));
   }
-  load();
-  timer = setInterval(() => {
-    if (document.visibilityState === "visible") load();
-  }, 1000);
+  function connect() {
+    if (live) live.close();
+    live = api.live("live/tasks", {
+      namespace: q.get("namespace"), deployment: q.get("deployment"), state: q.get("state"),
+      label: q.get("label"), parent: q.get("parent"), since_ms: toMs(q.get("since")),
+      until_ms: toMs(q.get("until")), page_size: 50, page_token: token,
+    });
+    live.addEventListener("tasks", (m) => show(JSON.parse(m.data)));
+    live.addEventListener("end", (m) => message(list, "Cannot list tasks: " + api.why(m.data), "error"));
+  }
+  connect();
   return () => {
-    alive = false;
-    clearInterval(timer);
+    if (live) live.close();
   };
 }

@@ -7,6 +7,7 @@ submits tasks with the `agen` CLI. Every check that fails raises; the last line 
 `console: N checks passed`.
 """
 
+import datetime
 import json
 import os
 import re
@@ -27,6 +28,7 @@ XSS_INPUT = CFG["xss_input"]
 XSS_ARG = CFG["xss_arg"]
 XSS_ANSWER = CFG["xss_answer"]
 XSS_LABEL = CFG["xss_label"]
+STREAMED = CFG["streamed"]
 
 
 def ok(what):
@@ -158,6 +160,46 @@ def main():
         expect(page.get_by_test_id("outcome")).to_contain_text("all done")
         assert page.evaluate("() => window.__noReload") == "still here", "the page was reloaded"
         ok("task page: running then succeeded, live, without a reload")
+
+        # The task list is live: a new task appears and turns succeeded without a reload,
+        # within a second of the change (the browser notes when each row state first shows).
+        page.goto(f"{URL}/ui/#/tasks?deployment=slow")
+        expect(page.get_by_test_id("count")).to_have_text("1 matching task", timeout=TIMEOUT_MS)
+        page.evaluate("""() => { window.__noReload = 'list'; window.__seen = {};
+            new MutationObserver(() => {
+              for (const r of document.querySelectorAll('[data-testid="task-row"]')) {
+                const k = r.cells[0].textContent + ' ' + r.cells[2].textContent;
+                if (!(k in window.__seen)) window.__seen[k] = Date.now();
+              }
+            }).observe(document.querySelector('main'), { childList: true, subtree: true, characterData: true }); }""")
+        listed = submit("slow", "watch the list")
+        row = page.get_by_test_id("task-row").filter(has_text=listed)
+        expect(row).to_be_visible(timeout=TIMEOUT_MS)
+        expect(page.get_by_test_id("count")).to_have_text("2 matching tasks")
+        expect(row).to_contain_text("succeeded", timeout=TIMEOUT_MS)
+        assert page.evaluate("() => window.__noReload") == "list", "the page was reloaded"
+        finished = json.loads(agen("wait", listed, "-o", "json"))["finished_at"]
+        finished_ms = datetime.datetime.fromisoformat(finished.replace("Z", "+00:00")).timestamp() * 1000
+        seen_ms = page.evaluate(f"() => window.__seen[{json.dumps(listed + ' succeeded')}]")
+        lag = seen_ms - finished_ms
+        print(f"task list: the row showed succeeded {lag:.0f} ms after the task finished", flush=True)
+        assert lag < 1000, f"the list showed the change {lag:.0f} ms after it happened"
+        ok(f"tasks list: a new task appears and its state changes live, without a reload ({lag:.0f} ms)")
+
+        # The model's answer shows as it streams, then the stored answer replaces it.
+        streamed = submit("streamer", "say it slowly")
+        page.goto(f"{URL}/ui/#/task/default/{streamed}")
+        piece = page.get_by_test_id("streaming")
+        expect(piece).to_contain_text("The quick", timeout=TIMEOUT_MS)
+        expect(page.get_by_test_id("task-state")).to_contain_text("running")
+        partial = piece.inner_text()
+        assert partial and STREAMED.startswith(partial), f"streamed so far: {partial!r}"
+        expect(page.get_by_test_id("task-state")).to_contain_text("succeeded", timeout=TIMEOUT_MS)
+        expect(page.get_by_test_id("outcome")).to_have_text(STREAMED)
+        expect(piece).to_be_hidden()
+        no_injected_nodes(page, "streamed answer")
+        assert page.locator("main b").count() == 0, "markup in the streamed answer became an element"
+        ok(f"task page: the answer shown while it streamed ({partial!r} before the end), text only")
 
         # Approve a waiting call (from the approvals page), and see the task finish.
         asked = submit("asker", "please run it")

@@ -17,6 +17,9 @@ const XSS_INPUT: &str = "<img src=x onerror=alert('input')><script>alert('input'
 const XSS_ARG: &str = "<svg onload=alert('argument')>";
 const XSS_ANSWER: &str = "<script>alert('answer')</script><img src=x onerror=alert('answer')>";
 const XSS_LABEL: &str = "<iframe src=javascript:alert('label')>";
+/// Streamed by the fake model a few characters at a time (markup in it stays text).
+const STREAMED: &str =
+    "The quick <b>brown</b> fox jumps over the lazy dog, slowly, piece by piece.";
 
 fn browser_root() -> PathBuf {
     workspace_root().join("target/browser")
@@ -83,6 +86,13 @@ fn the_web_console_works_in_a_real_browser() {
     )
     .unwrap();
     deploy(&hub, &bundles, "slow", &slow, vec![]);
+
+    let streamer = FakeModel::start(
+        &models.join("streamer"),
+        &json!({"steps": [{"reply": STREAMED, "chunk_chars": 4, "chunk_delay_ms": 250}]}),
+    )
+    .unwrap();
+    deploy(&hub, &bundles, "streamer", &streamer, vec![]);
 
     let asker = FakeModel::start(
         &models.join("asker"),
@@ -176,6 +186,7 @@ fn the_web_console_works_in_a_real_browser() {
             "xss_arg": XSS_ARG,
             "xss_answer": XSS_ANSWER,
             "xss_label": XSS_LABEL,
+            "streamed": STREAMED,
             "restart_request": tmp.path().join("restart-request"),
             "restart_done": tmp.path().join("restart-done"),
         }))
@@ -496,86 +507,18 @@ fn tasks_are_listed_by_label_and_submission_time() {
 
 /// The figures of BENCHMARKS.md "The web console": the task list's first page with 100,000
 /// tasks retained and a 1,000-span trace, measured in the browser by
-/// `tests/browser/console_bench.py` (not a timed test: it prints what it measured).
+/// `tests/browser/console_bench.py` (not a timed test: it prints what it measured), and
+/// `ListTasks`'s first page over gRPC. The retained tasks are written by
+/// `agen hub seed-tasks` into the stopped Hub's store.
 #[test]
 #[ignore = "a benchmark (minutes): cargo test -p agen-tests --test e2e -- --ignored --nocapture console::console_benchmark"]
 fn console_benchmark() {
     let python = browser_root().join("venv/bin/python");
     let tmp = tempfile::tempdir().unwrap();
-    let hub = HubProcess::start(tmp.path()).unwrap();
+    let mut hub = HubProcess::start(tmp.path()).unwrap();
     let _nest = hub.nest("solo", &[], &[]).unwrap();
     let bundles = tmp.path().join("bundles");
     let models = tmp.path().join("models");
-
-    // 100,000 tasks of a deployment placed on no Nest: they stay queued (retained).
-    let idle = FakeModel::start(&models.join("idle"), &json!({"steps": [{"reply": "-"}]})).unwrap();
-    write_bundle(
-        &bundles.join("many"),
-        &[(
-            "x-agen/agent.md",
-            format!(
-                "---\nmodel: openai/fake-model\nbaseUrl: {}\n---\nx\n",
-                idle.base_url()
-            ),
-        )],
-    )
-    .unwrap();
-    let out = hub
-        .cli(&[
-            "deploy",
-            bundles.join("many").to_str().unwrap(),
-            "--name",
-            "many",
-            "--selector",
-            "zone=nowhere",
-        ])
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // `AGEN_CONSOLE_BENCH_TASKS` (read, never set) lowers the count for a quick run.
-    let total: usize = std::env::var("AGEN_CONSOLE_BENCH_TASKS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(100_000);
-    let started = std::time::Instant::now();
-    tokio::runtime::Runtime::new().unwrap().block_on(async {
-        use agen_proto::v1 as pb;
-        let channel = hub.channel().await.unwrap();
-        let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let mut workers = Vec::new();
-        for _ in 0..64 {
-            let mut client = pb::agen_service_client::AgenServiceClient::new(channel.clone());
-            let next = next.clone();
-            let hub_dir = hub.dir.clone();
-            workers.push(tokio::spawn(async move {
-                let token = std::fs::read_to_string(hub_dir.join("hub/admin-token")).unwrap();
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if i >= total {
-                        return;
-                    }
-                    let mut req = tonic::Request::new(pb::SubmitTaskRequest {
-                        deployment: "many".into(),
-                        input: format!("task number {i}"),
-                        labels: [("batch".to_string(), (i % 10).to_string())].into(),
-                        ..Default::default()
-                    });
-                    req.metadata_mut().insert(
-                        "authorization",
-                        format!("Bearer {}", token.trim()).parse().unwrap(),
-                    );
-                    client.submit_task(req).await.unwrap();
-                }
-            }));
-        }
-        for w in workers {
-            w.await.unwrap();
-        }
-    });
-    println!("submitted {total} tasks in {:?}", started.elapsed());
 
     // One task whose trace has 1,000 spans: the run, 2 model turns, 997 tool calls.
     let wide = FakeModel::start(
@@ -605,6 +548,66 @@ fn console_benchmark() {
         .cli_json(&["wait", &task, "-o", "json", "--timeout", "600s"])
         .unwrap();
     assert_eq!(done["state"], "succeeded", "{done}");
+
+    // The retained tasks: written into the stopped Hub's store, then the Hub starts on them.
+    // `AGEN_CONSOLE_BENCH_TASKS` (read, never set) changes the count (default 100,000).
+    let total: usize = std::env::var("AGEN_CONSOLE_BENCH_TASKS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(100_000);
+    hub.proc.stop(std::time::Duration::from_secs(20));
+    let seed = Command::new(agen_bin())
+        .args([
+            "hub",
+            "seed-tasks",
+            &total.to_string(),
+            "--deployment",
+            "many",
+            "--data-dir",
+        ])
+        .arg(hub.dir.join("hub"))
+        .output()
+        .unwrap();
+    assert!(
+        seed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&seed.stderr)
+    );
+    print!("{}", String::from_utf8_lossy(&seed.stdout));
+    let started = std::time::Instant::now();
+    hub.restart().unwrap();
+    println!("the Hub started on them in {:?}", started.elapsed());
+
+    // ListTasks's first page over gRPC (the Hub's part of the console's first page).
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        use agen_proto::v1 as pb;
+        let channel = hub.channel().await.unwrap();
+        let mut client = pb::agen_service_client::AgenServiceClient::new(channel);
+        let token = std::fs::read_to_string(hub.dir.join("hub/admin-token")).unwrap();
+        let mut times = Vec::new();
+        for _ in 0..7 {
+            let mut req = tonic::Request::new(pb::ListTasksRequest {
+                page_size: 50,
+                ..Default::default()
+            });
+            req.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {}", token.trim()).parse().unwrap(),
+            );
+            let t = std::time::Instant::now();
+            let page = client.list_tasks(req).await.unwrap().into_inner();
+            times.push(t.elapsed());
+            assert_eq!(page.tasks.len(), 50);
+            assert!(page.total as usize > total, "{} retained", page.total);
+        }
+        times.sort();
+        println!(
+            "ListTasks first page of 50 of {} tasks over gRPC: median {:?}, worst {:?}",
+            total + 1,
+            times[times.len() / 2],
+            times[times.len() - 1]
+        );
+    });
 
     let admin = std::fs::read_to_string(hub.dir.join("hub/admin-token")).unwrap();
     let config = tmp.path().join("bench.json");

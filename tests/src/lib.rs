@@ -262,7 +262,8 @@ impl HubProcess {
     }
 
     fn wait_ready(&self) -> anyhow::Result<()> {
-        wait_for("the hub to answer", Duration::from_secs(30), || {
+        // Long enough for a Hub loading a large store (benchmarks seed 100,000 tasks).
+        wait_for("the hub to answer", Duration::from_secs(300), || {
             if !self.dir.join("client.toml").exists() {
                 return None;
             }

@@ -260,6 +260,18 @@ pub enum Action {
         #[arg(long)]
         finish: bool,
     },
+    /// Write COUNT succeeded tasks into a stopped Hub's store (--data-dir, or --store), as the
+    /// Hub writes them (record and events): a benchmark aid for the task list at size
+    SeedTasks {
+        /// How many tasks
+        count: u64,
+        /// Their deployment (need not exist)
+        #[arg(long, default_value = "seeded")]
+        deployment: String,
+        /// Their namespace
+        #[arg(long, default_value = "default")]
+        namespace: String,
+    },
     /// Bring the schema of the PostgreSQL store named by --store up to this build's version
     /// (versioned, forward-only; `agen hub` also does it at start). Exit 0 when it is current,
     /// 1 when --check finds migrations to apply, 2 when the schema is newer than this build
@@ -320,6 +332,20 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             .unwrap_or_else(agen_hub::default_data_dir);
         if let Action::RotateCa { finish } = action {
             return super::hub_rotate_ca::run(&data_dir, finish);
+        }
+        if let Action::SeedTasks {
+            count,
+            deployment,
+            namespace,
+        } = action
+        {
+            let spec = agen_hub::core::tasks::seed::SeedSpec {
+                namespace,
+                deployment,
+                count,
+                batches: 10,
+            };
+            return super::hub_store::seed(args.store.as_deref(), &data_dir, spec).await;
         }
         if let Action::Migrate { check, from, to } = action {
             if let (Some(from), Some(to)) = (from, to) {

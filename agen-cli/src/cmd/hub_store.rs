@@ -193,3 +193,54 @@ pub async fn repair(data_dir: &Path) -> anyhow::Result<i32> {
     );
     Ok(code::OK)
 }
+
+/// `agen hub seed-tasks COUNT`: succeeded tasks written into a stopped Hub's store (its data
+/// dir's, or the PostgreSQL store of `--store`), made durable; prints how long it took.
+pub async fn seed(
+    store: Option<&str>,
+    data_dir: &Path,
+    spec: agen_hub::core::tasks::seed::SeedSpec,
+) -> anyhow::Result<i32> {
+    use agen_hub::store::{Db, PgStore, SledStore, Store};
+    use std::sync::Arc;
+    // What it writes is private to its user, as the Hub's own files are.
+    agen_shared::private::restrict_umask();
+    let started = std::time::Instant::now();
+    let (url, dir) = (store.map(str::to_owned), data_dir.join("db"));
+    let raw: Arc<dyn Store> =
+        tokio::task::spawn_blocking(move || -> anyhow::Result<Arc<dyn Store>> {
+            Ok(match url {
+                Some(url) => {
+                    Arc::new(PgStore::open(&url).context("cannot open the PostgreSQL store")?)
+                }
+                None => Arc::new(SledStore::open(&dir).with_context(|| {
+                    format!(
+                        "cannot open the hub store in {} (is the Hub stopped?)",
+                        dir.display()
+                    )
+                })?),
+            })
+        })
+        .await
+        .context("the open task failed")??;
+    let db = Db::new(raw);
+    let count = spec.count;
+    let writer = db.clone();
+    tokio::task::spawn_blocking(move || {
+        agen_hub::core::tasks::seed::seed_finished_tasks(&writer, &spec)
+    })
+    .await
+    .context("the seeding task failed")?
+    .context("cannot seed the tasks")?;
+    db.flush()
+        .await
+        .context("cannot make the seeded tasks durable")?;
+    db.close();
+    let took = started.elapsed();
+    println!(
+        "seeded {count} succeeded tasks in {:.1} s ({:.0} tasks/s)",
+        took.as_secs_f64(),
+        count as f64 / took.as_secs_f64().max(1e-9)
+    );
+    Ok(0)
+}

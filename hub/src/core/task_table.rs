@@ -1,15 +1,22 @@
 //! [`TaskTable`]: the tasks the Hub holds in memory, with an index of the live ones (not
 //! terminal) in submit order. The reconcile loop's passes (dispatch, expiring leases, waits and
 //! cancel graces, draining old versions) walk only the live tasks, so their cost follows the
-//! work in flight rather than every finished task retention still keeps.
+//! work in flight rather than every finished task retention still keeps. Two more indexes in
+//! submit order serve reads: each namespace's tasks (a `ListTasks` page is a bounded walk
+//! back from its newest task, not a sort of the namespace) and each parent's children
+//! (`ListTasks` by parent, the delegation tree of `GetTrace`).
 //!
 //! Invariant: `live` holds exactly the `(seq, task_id)` of every task in `all` whose state is
-//! not terminal. Every way to change a task goes through this type: [`TaskTable::insert`],
-//! [`TaskTable::remove`], and [`TaskTable::get_mut`], whose guard re-reads the task's state
-//! when it is dropped. Reading goes through `Deref` to the map. `queued` counts the tasks in
-//! state `Queued` per `(namespace, deployment)` the same way (the `--max-queued-tasks` check).
+//! not terminal; `by_namespace` and `children` hold exactly the `(seq, task_id)` of every
+//! task in `all`, under its namespace and (when it has one) its parent. Every way to change a
+//! task goes through this type: [`TaskTable::insert`], [`TaskTable::remove`], and
+//! [`TaskTable::get_mut`], whose guard re-reads the task's state and seq when it is dropped (a
+//! task's namespace and parent never change). Reading goes through `Deref` to the map.
+//! `queued` counts the tasks in state `Queued` per `(namespace, deployment)` the same way (the
+//! `--max-queued-tasks` check).
 
 use std::collections::{BTreeSet, HashMap};
+use std::ops::Bound;
 use std::ops::{Deref, DerefMut};
 
 use crate::model::{TaskRec, TaskState};
@@ -38,6 +45,48 @@ pub(crate) struct TaskTable {
     /// `(seq, task_id)` of each live task: submit order, then id.
     live: BTreeSet<(u64, String)>,
     queued: QueuedCounts,
+    /// `(seq, task_id)` of every task, by namespace.
+    by_namespace: HashMap<String, BTreeSet<(u64, String)>>,
+    /// `(seq, task_id)` of every task that has a parent, by parent task id.
+    children: HashMap<String, BTreeSet<(u64, String)>>,
+}
+
+/// Adds `key` to `map[group]`.
+fn index(map: &mut HashMap<String, BTreeSet<(u64, String)>>, group: &str, key: (u64, String)) {
+    match map.get_mut(group) {
+        Some(set) => {
+            set.insert(key);
+        }
+        None => {
+            map.insert(group.to_string(), BTreeSet::from([key]));
+        }
+    }
+}
+
+/// Removes `key` from `map[group]` (and the group once empty).
+fn unindex(map: &mut HashMap<String, BTreeSet<(u64, String)>>, group: &str, key: &(u64, String)) {
+    if let Some(set) = map.get_mut(group) {
+        set.remove(key);
+        if set.is_empty() {
+            map.remove(group);
+        }
+    }
+}
+
+/// The ids in `set` with a seq below `before` (all of them for `None`), newest first.
+fn newest_first(
+    set: Option<&BTreeSet<(u64, String)>>,
+    before: Option<u64>,
+) -> impl Iterator<Item = &str> + '_ {
+    let upper = match before {
+        Some(seq) => Bound::Excluded((seq, String::new())),
+        None => Bound::Unbounded,
+    };
+    set.into_iter().flat_map(move |set| {
+        set.range((Bound::Unbounded, upper.clone()))
+            .rev()
+            .map(|(_, id)| id.as_str())
+    })
 }
 
 impl TaskTable {
@@ -45,23 +94,61 @@ impl TaskTable {
     pub(crate) fn insert(&mut self, task: TaskRec) -> Option<TaskRec> {
         let key = (task.seq, task.task_id.clone());
         let live = !task.state.is_terminal();
+        let (namespace, parent) = (task.namespace.clone(), task.parent_task_id.clone());
         count_queued(&mut self.queued, &task, true);
         let old = self.all.insert(task.task_id.clone(), task);
         if let Some(old) = &old {
-            self.live.remove(&(old.seq, old.task_id.clone()));
-            count_queued(&mut self.queued, old, false);
+            self.unindex(old);
         }
         if live {
-            self.live.insert(key);
+            self.live.insert(key.clone());
         }
+        if !parent.is_empty() {
+            index(&mut self.children, &parent, key.clone());
+        }
+        index(&mut self.by_namespace, &namespace, key);
         old
     }
 
     pub(crate) fn remove(&mut self, task_id: &str) -> Option<TaskRec> {
         let old = self.all.remove(task_id)?;
-        self.live.remove(&(old.seq, old.task_id.clone()));
-        count_queued(&mut self.queued, &old, false);
+        self.unindex(&old);
         Some(old)
+    }
+
+    fn unindex(&mut self, old: &TaskRec) {
+        let key = (old.seq, old.task_id.clone());
+        self.live.remove(&key);
+        count_queued(&mut self.queued, old, false);
+        unindex(&mut self.by_namespace, &old.namespace, &key);
+        if !old.parent_task_id.is_empty() {
+            unindex(&mut self.children, &old.parent_task_id, &key);
+        }
+    }
+
+    /// The tasks of `namespace` submitted before the task with seq `before` (all of them for
+    /// `None`), newest first: a walk of the index, as far as the caller reads.
+    pub(crate) fn in_namespace(
+        &self,
+        namespace: &str,
+        before: Option<u64>,
+    ) -> impl Iterator<Item = &TaskRec> + '_ {
+        newest_first(self.by_namespace.get(namespace), before).filter_map(|id| self.all.get(id))
+    }
+
+    /// How many tasks `namespace` holds.
+    pub(crate) fn count_in_namespace(&self, namespace: &str) -> usize {
+        self.by_namespace.get(namespace).map_or(0, BTreeSet::len)
+    }
+
+    /// The tasks whose parent is `parent` submitted before `before` (all for `None`), newest
+    /// first.
+    pub(crate) fn children_of(
+        &self,
+        parent: &str,
+        before: Option<u64>,
+    ) -> impl Iterator<Item = &TaskRec> + '_ {
+        newest_first(self.children.get(parent), before).filter_map(|id| self.all.get(id))
     }
 
     /// The task to change in place; the index follows its state when the guard drops.
@@ -73,6 +160,8 @@ impl TaskTable {
             task,
             live: &mut self.live,
             queued: &mut self.queued,
+            by_namespace: &mut self.by_namespace,
+            children: &mut self.children,
             was,
         })
     }
@@ -120,6 +209,8 @@ pub(crate) struct TaskMut<'a> {
     live: &'a mut BTreeSet<(u64, String)>,
     /// Counted again from the task's state when the guard drops (taken out when it was made).
     queued: &'a mut QueuedCounts,
+    by_namespace: &'a mut HashMap<String, BTreeSet<(u64, String)>>,
+    children: &'a mut HashMap<String, BTreeSet<(u64, String)>>,
     /// Its seq and whether it was live when the guard was taken.
     was: (u64, bool),
 }
@@ -145,11 +236,24 @@ impl Drop for TaskMut<'_> {
         if now == self.was {
             return;
         }
+        let (old, new) = (
+            (self.was.0, self.task.task_id.clone()),
+            (now.0, self.task.task_id.clone()),
+        );
         if self.was.1 {
-            self.live.remove(&(self.was.0, self.task.task_id.clone()));
+            self.live.remove(&old);
         }
         if now.1 {
-            self.live.insert((now.0, self.task.task_id.clone()));
+            self.live.insert(new.clone());
+        }
+        if old.0 != new.0 {
+            let (namespace, parent) = (&self.task.namespace, &self.task.parent_task_id);
+            unindex(self.by_namespace, namespace, &old);
+            index(self.by_namespace, namespace, new.clone());
+            if !parent.is_empty() {
+                unindex(self.children, parent, &old);
+                index(self.children, parent, new);
+            }
         }
     }
 }
@@ -212,5 +316,59 @@ mod tests {
             "the queued count follows inserts, removals and changes in place"
         );
         assert_eq!(t.queued_of(&ex.namespace, "other"), 0);
+    }
+
+    fn ids<'a>(it: impl Iterator<Item = &'a TaskRec>) -> Vec<&'a str> {
+        it.map(|t| t.task_id.as_str()).collect()
+    }
+
+    #[test]
+    fn namespaces_and_parents_list_their_tasks_newest_first_from_any_seq() {
+        let in_ns = |id: &str, seq: u64, ns: &str, parent: &str| {
+            let mut t = task(id, seq, TaskState::Succeeded);
+            t.namespace = ns.into();
+            t.parent_task_id = parent.into();
+            t
+        };
+        let mut t: TaskTable = [
+            in_ns("a1", 1, "a", ""),
+            in_ns("b2", 2, "b", ""),
+            in_ns("a3", 3, "a", "a1"),
+            in_ns("a4", 4, "a", ""),
+            in_ns("a5", 5, "a", "a1"),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(ids(t.in_namespace("a", None)), ["a5", "a4", "a3", "a1"]);
+        assert_eq!(
+            ids(t.in_namespace("a", Some(4))),
+            ["a3", "a1"],
+            "before seq 4"
+        );
+        assert_eq!(ids(t.in_namespace("a", Some(1))), Vec::<&str>::new());
+        assert_eq!(ids(t.in_namespace("nobody", None)), Vec::<&str>::new());
+        assert_eq!(
+            (t.count_in_namespace("a"), t.count_in_namespace("b")),
+            (4, 1)
+        );
+        assert_eq!(ids(t.children_of("a1", None)), ["a5", "a3"]);
+        assert_eq!(ids(t.children_of("a1", Some(5))), ["a3"]);
+
+        // Replaced, removed, or its seq changed in place: every index follows.
+        t.insert(in_ns("a3", 6, "a", "a1"));
+        assert_eq!(ids(t.in_namespace("a", None)), ["a3", "a5", "a4", "a1"]);
+        assert_eq!(ids(t.children_of("a1", None)), ["a3", "a5"]);
+        t.get_mut("a5").expect("a5").seq = 7;
+        assert_eq!(ids(t.in_namespace("a", None)), ["a5", "a3", "a4", "a1"]);
+        assert_eq!(ids(t.children_of("a1", None)), ["a5", "a3"]);
+        t.remove("a5");
+        t.remove("b2");
+        assert_eq!(ids(t.in_namespace("a", None)), ["a3", "a4", "a1"]);
+        assert_eq!(ids(t.children_of("a1", None)), ["a3"]);
+        assert_eq!(t.count_in_namespace("b"), 0);
+        assert!(
+            !t.by_namespace.contains_key("b"),
+            "an empty namespace leaves the index"
+        );
     }
 }

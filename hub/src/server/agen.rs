@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::auth::{authorize, list_scope, Action};
 use super::triggers::Change;
 use super::{convert, malformed};
-use crate::core::tasks::{TaskFilter, TaskSpec};
+use crate::core::tasks::TaskSpec;
 use crate::core::{Core, DeploymentSpec};
 use crate::error::HubError;
 use crate::limits::{self, check_id};
@@ -36,7 +36,7 @@ impl AgenApi {
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 /// A namespace in a request: empty (the default) or a valid name.
-fn check_namespace(ns: &str) -> Result<(), HubError> {
+pub(super) fn check_namespace(ns: &str) -> Result<(), HubError> {
     if ns.is_empty() {
         return Ok(());
     }
@@ -431,48 +431,16 @@ impl AgenService for AgenApi {
         &self,
         request: Request<pb::ListTasksRequest>,
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
-        authorize(&request, &request.get_ref().namespace, Action::Read, "")?;
-        let r = request.into_inner();
-        check_namespace(&r.namespace)?;
-        if !r.deployment.is_empty() {
-            limits::validate_name("deployment", &r.deployment)?;
-        }
-        limits::check_id("parent_task_id", &r.parent_task_id)?;
-        if !r.label_key.is_empty() {
-            self.core.opts.limits.check_labels(
-                "label_key",
-                &std::collections::BTreeMap::from([(r.label_key.clone(), r.label_value.clone())]),
-            )?;
-        }
-        self.core
-            .opts
-            .limits
-            .check_conversation_key(&r.conversation_key)?;
-        let page = self.core.list_tasks(&TaskFilter {
-            namespace: r.namespace,
-            deployment: r.deployment,
-            state: convert::task_state_filter(r.task_state, r.state),
-            conversation_key: r.conversation_key,
-            parent_task_id: r.parent_task_id,
-            label_key: r.label_key,
-            label_value: r.label_value,
-            created_after_ms: r.created_after_ms,
-            created_before_ms: r.created_before_ms,
-            page_size: if r.page_size == 0 {
-                r.limit
-            } else {
-                r.page_size
-            },
-            before_seq: convert::parse_page_token(&r.page_token)?,
-        })?;
-        Ok(Response::new(pb::ListTasksResponse {
-            tasks: page.tasks.iter().map(convert::task_summary).collect(),
-            next_page_token: page
-                .next_before_seq
-                .map(convert::page_token)
-                .unwrap_or_default(),
-            total: page.total,
-        }))
+        super::task_lists::list(&self.core, request).map(Response::new)
+    }
+
+    type WatchTasksStream = Stream_<pb::ListTasksResponse>;
+
+    async fn watch_tasks(
+        &self,
+        request: Request<pb::ListTasksRequest>,
+    ) -> Result<Response<Self::WatchTasksStream>, Status> {
+        super::task_lists::watch(self, request).map(Response::new)
     }
 
     async fn get_trace(

@@ -67,6 +67,7 @@ pub const RPCS: &[(&str, Rule)] = &[
     ("WatchTask", Namespace(Read)),
     ("CancelTask", Namespace(Submit)),
     ("ListTasks", Namespace(Read)),
+    ("WatchTasks", Namespace(Read)),
     ("GetTrace", Namespace(Read)),
     ("ListArtifacts", Namespace(Read)),
     ("GetArtifact", Namespace(Read)),

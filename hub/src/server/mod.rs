@@ -18,6 +18,7 @@ mod nest;
 mod ops;
 mod run_context;
 mod secrets;
+mod task_lists;
 mod tokens;
 mod triggers;
 mod watch_deltas;

@@ -32,6 +32,7 @@ pub mod events;
 mod hot;
 pub mod outcome;
 pub mod query;
+pub mod seed;
 pub mod submit;
 pub mod watchers;
 

@@ -52,8 +52,8 @@ impl Core {
             self.cancel_one(st, &id, &why)?;
             let children: Vec<String> = st
                 .tasks
-                .values()
-                .filter(|t| t.parent_task_id == id && !t.state.is_terminal())
+                .children_of(&id, None)
+                .filter(|t| !t.state.is_terminal())
                 .map(|t| t.task_id.clone())
                 .collect();
             for child in children {

@@ -43,35 +43,53 @@ impl Core {
             0 => DEFAULT_PAGE_SIZE,
             n => n.min(MAX_PAGE_SIZE),
         } as usize;
-        let st = self.lock();
-        let mut matching: Vec<(u64, &TaskRec)> = st
-            .tasks
-            .values()
-            .filter(|t| t.namespace == namespace)
-            .filter(|t| f.deployment.is_empty() || t.deployment == f.deployment)
-            .filter(|t| state.is_none_or(|s| t.state == s))
-            .filter(|t| f.conversation_key.is_empty() || t.conversation_key == f.conversation_key)
-            .filter(|t| f.parent_task_id.is_empty() || t.parent_task_id == f.parent_task_id)
-            .filter(|t| {
-                f.label_key.is_empty()
+        let keep = |t: &TaskRec| {
+            (f.deployment.is_empty() || t.deployment == f.deployment)
+                && state.is_none_or(|s| t.state == s)
+                && (f.conversation_key.is_empty() || t.conversation_key == f.conversation_key)
+                && (f.label_key.is_empty()
                     || t.labels
                         .get(&f.label_key)
-                        .is_some_and(|v| f.label_value.is_empty() || *v == f.label_value)
-            })
-            .filter(|t| f.created_after_ms == 0 || t.created_at_ms >= f.created_after_ms)
-            .filter(|t| f.created_before_ms == 0 || t.created_at_ms < f.created_before_ms)
-            .map(|t| (t.seq, t))
-            .collect();
+                        .is_some_and(|v| f.label_value.is_empty() || *v == f.label_value))
+                && (f.created_after_ms == 0 || t.created_at_ms >= f.created_after_ms)
+                && (f.created_before_ms == 0 || t.created_at_ms < f.created_before_ms)
+        };
+        let only_namespace = f.deployment.is_empty()
+            && state.is_none()
+            && f.conversation_key.is_empty()
+            && f.label_key.is_empty()
+            && f.created_after_ms == 0
+            && f.created_before_ms == 0
+            && f.parent_task_id.is_empty();
+        let st = self.lock();
+        // Newest first from the page token: a walk of the namespace's index (or the parent's
+        // children) that stops at the page's end, not a sort of every task.
+        let from = |before: Option<u64>| -> Box<dyn Iterator<Item = &TaskRec> + '_> {
+            if f.parent_task_id.is_empty() {
+                Box::new(st.tasks.in_namespace(&namespace, before))
+            } else {
+                Box::new(
+                    st.tasks
+                        .children_of(&f.parent_task_id, before)
+                        .filter(|t| t.namespace == namespace),
+                )
+            }
+        };
         // Every page counts every match; the page token narrows only the page itself.
-        let total = matching.len() as u64;
-        matching.retain(|(seq, _)| f.before_seq.is_none_or(|before| *seq < before));
-        matching.sort_by_key(|(seq, _)| std::cmp::Reverse(*seq));
+        let total = if only_namespace {
+            st.tasks.count_in_namespace(&namespace)
+        } else {
+            from(None).filter(|t| keep(t)).count()
+        } as u64;
+        let mut matching = from(f.before_seq).filter(|t| keep(t));
         let mut tasks = Vec::new();
         let mut bytes = 0usize;
-        for (_, t) in &matching {
+        let mut cut = false;
+        for t in matching.by_ref() {
             let summary = summarize(t);
             bytes += summary_size(&summary.task);
             if !tasks.is_empty() && bytes > MAX_PAGE_BYTES {
+                cut = true;
                 break;
             }
             tasks.push(summary);
@@ -79,9 +97,8 @@ impl Core {
                 break;
             }
         }
-        let next_before_seq = (tasks.len() < matching.len())
-            .then(|| tasks.last().map(|s| s.task.seq))
-            .flatten();
+        let more = cut || matching.next().is_some();
+        let next_before_seq = more.then(|| tasks.last().map(|s| s.task.seq)).flatten();
         Ok(TaskPage {
             tasks,
             next_before_seq,
@@ -209,11 +226,10 @@ impl Core {
             }
             let children: Vec<TaskRec> = {
                 let st = self.lock();
-                st.tasks
-                    .values()
-                    .filter(|t| t.parent_task_id == parent)
-                    .cloned()
-                    .collect()
+                let mut children: Vec<TaskRec> =
+                    st.tasks.children_of(&parent, None).cloned().collect();
+                children.reverse();
+                children
             };
             for child in children {
                 if !may_read(&namespace_or_default(&child.namespace)) {

@@ -3,13 +3,13 @@
 
 use agen_proto::v1 as pb;
 use axum::extract::{Path, Query};
-use axum::http::{header, Extensions, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, Extensions, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::StreamExt;
 use serde::Deserialize;
 
-use super::{session, view, ApiErr, Shared};
+use super::{session, view, ApiErr, Caller, Shared};
 use crate::tokens::Principal;
 
 /// Artifacts larger than this are not downloaded through the console (use `agen artifacts get`).
@@ -66,24 +66,14 @@ pub async fn sign_in(
 }
 
 /// `GET /ui/api/session`: who is signed in (401: no one).
-pub async fn me(
-    state: Shared,
-    headers: HeaderMap,
-    ext: Extensions,
-) -> Result<Json<view::Me>, ApiErr> {
-    let s = state.0.session(&headers, &ext)?;
-    Ok(Json(me_of(&s)))
+pub async fn me(c: Caller) -> Json<view::Me> {
+    Json(me_of(c.session()))
 }
 
 /// `DELETE /ui/api/session`: signs out (the session ends at once).
-pub async fn sign_out(
-    state: Shared,
-    headers: HeaderMap,
-    ext: Extensions,
-) -> Result<Response, ApiErr> {
-    let c = &state.0;
-    let s = c.mutating(&headers, &ext, "SignOut", "").await?;
-    session::sign_out(&c.core.db, &s).await?;
+pub async fn sign_out(state: Shared, c: Caller) -> Result<Response, ApiErr> {
+    c.mutating("SignOut", "").await?;
+    session::sign_out(&state.0.core.db, c.session()).await?;
     let mut res = StatusCode::NO_CONTENT.into_response();
     res.headers_mut()
         .insert(header::SET_COOKIE, session_cookie("", 0));
@@ -91,7 +81,7 @@ pub async fn sign_out(
 }
 
 /// The namespace to show: the one asked for, else the token's own, else `default`.
-fn namespace_for(s: &session::Session, asked: Option<&str>) -> String {
+pub(super) fn namespace_for(s: &session::Session, asked: Option<&str>) -> String {
     match (asked.filter(|n| !n.is_empty()), &s.principal) {
         (Some(n), _) => n.to_string(),
         (None, Principal::Api { namespace, .. }) => namespace.clone(),
@@ -100,16 +90,10 @@ fn namespace_for(s: &session::Session, asked: Option<&str>) -> String {
 }
 
 /// `GET /ui/api/fleet`: Nests (cluster admin only), deployments and instances.
-pub async fn fleet(
-    state: Shared,
-    headers: HeaderMap,
-    ext: Extensions,
-) -> Result<Json<view::Fleet>, ApiErr> {
-    let c = &state.0;
-    let s = c.session(&headers, &ext)?;
-    let mut client = c.client();
+pub async fn fleet(c: Caller) -> Result<Json<view::Fleet>, ApiErr> {
+    let mut client = c.api();
     let (nests, nests_hidden) = match client
-        .list_nests(c.req(&s, pb::ListNestsRequest::default()))
+        .list_nests(c.req(pb::ListNestsRequest::default()))
         .await
     {
         Ok(r) => (
@@ -126,18 +110,15 @@ pub async fn fleet(
         all_namespaces: true,
     };
     let deployments = client
-        .list_deployments(c.req(&s, all))
+        .list_deployments(c.req(all))
         .await?
         .into_inner()
         .deployments;
     let instances = client
-        .list_instances(c.req(
-            &s,
-            pb::ListInstancesRequest {
-                all_namespaces: true,
-                ..Default::default()
-            },
-        ))
+        .list_instances(c.req(pb::ListInstancesRequest {
+            all_namespaces: true,
+            ..Default::default()
+        }))
         .await?
         .into_inner()
         .instances;
@@ -150,7 +131,7 @@ pub async fn fleet(
 }
 
 #[derive(Deserialize, Default)]
-pub struct TaskQuery {
+pub(super) struct TaskQuery {
     namespace: Option<String>,
     deployment: Option<String>,
     state: Option<String>,
@@ -165,15 +146,8 @@ pub struct TaskQuery {
     page_token: Option<String>,
 }
 
-/// `GET /ui/api/tasks?namespace&deployment&state&parent&label&since_ms&until_ms&page_size&page_token`.
-pub async fn tasks(
-    state: Shared,
-    headers: HeaderMap,
-    ext: Extensions,
-    Query(q): Query<TaskQuery>,
-) -> Result<Json<view::TaskPage>, ApiErr> {
-    let c = &state.0;
-    let s = c.session(&headers, &ext)?;
+/// The `ListTasks` request of a task list query.
+pub(super) fn list_request(s: &session::Session, q: TaskQuery) -> pb::ListTasksRequest {
     let (label_key, label_value) = match q.label.as_deref().filter(|l| !l.is_empty()) {
         Some(l) => match l.split_once('=') {
             Some((k, v)) => (k.to_string(), v.to_string()),
@@ -181,8 +155,8 @@ pub async fn tasks(
         },
         None => (String::new(), String::new()),
     };
-    let req = pb::ListTasksRequest {
-        namespace: namespace_for(&s, q.namespace.as_deref()),
+    pb::ListTasksRequest {
+        namespace: namespace_for(s, q.namespace.as_deref()),
         deployment: q.deployment.unwrap_or_default(),
         state: q.state.unwrap_or_default(),
         parent_task_id: q.parent.unwrap_or_default(),
@@ -193,50 +167,41 @@ pub async fn tasks(
         created_after_ms: q.since_ms.unwrap_or(0),
         created_before_ms: q.until_ms.unwrap_or(0),
         ..Default::default()
-    };
-    let page = c.client().list_tasks(c.req(&s, req)).await?.into_inner();
-    Ok(Json(view::TaskPage {
-        tasks: page.tasks.iter().map(view::Task::from).collect(),
-        next_page_token: page.next_page_token,
-        total: page.total,
-    }))
+    }
+}
+
+/// `GET /ui/api/tasks?namespace&deployment&state&parent&label&since_ms&until_ms&page_size&page_token`.
+pub async fn tasks(c: Caller, Query(q): Query<TaskQuery>) -> Result<Json<view::TaskPage>, ApiErr> {
+    let req = list_request(c.session(), q);
+    let page = c.api().list_tasks(c.req(req)).await?.into_inner();
+    Ok(Json(view::TaskPage::from(&page)))
 }
 
 /// `GET /ui/api/tasks/{namespace}/{task}`: the whole task, its children and artifacts.
 pub async fn task(
-    state: Shared,
-    headers: HeaderMap,
-    ext: Extensions,
+    c: Caller,
     Path((namespace, task_id)): Path<(String, String)>,
 ) -> Result<Json<view::TaskDetail>, ApiErr> {
-    let c = &state.0;
-    let s = c.session(&headers, &ext)?;
-    let mut client = c.client();
+    let mut client = c.api();
     let task = client
-        .get_task(c.req(
-            &s,
-            pb::GetTaskRequest {
-                namespace: namespace.clone(),
-                task_id: task_id.clone(),
-            },
-        ))
+        .get_task(c.req(pb::GetTaskRequest {
+            namespace: namespace.clone(),
+            task_id: task_id.clone(),
+        }))
         .await?
         .into_inner();
     let children = client
-        .list_tasks(c.req(
-            &s,
-            pb::ListTasksRequest {
-                namespace: namespace.clone(),
-                parent_task_id: task_id.clone(),
-                page_size: 1000,
-                ..Default::default()
-            },
-        ))
+        .list_tasks(c.req(pb::ListTasksRequest {
+            namespace: namespace.clone(),
+            parent_task_id: task_id.clone(),
+            page_size: 1000,
+            ..Default::default()
+        }))
         .await?
         .into_inner()
         .tasks;
     let artifacts = client
-        .list_artifacts(c.req(&s, pb::ListArtifactsRequest { namespace, task_id }))
+        .list_artifacts(c.req(pb::ListArtifactsRequest { namespace, task_id }))
         .await?
         .into_inner()
         .artifacts;
@@ -249,16 +214,12 @@ pub async fn task(
 
 /// `GET /ui/api/tasks/{namespace}/{task}/trace`.
 pub async fn trace(
-    state: Shared,
-    headers: HeaderMap,
-    ext: Extensions,
+    c: Caller,
     Path((namespace, task_id)): Path<(String, String)>,
 ) -> Result<Json<view::Trace>, ApiErr> {
-    let c = &state.0;
-    let s = c.session(&headers, &ext)?;
     let t = c
-        .client()
-        .get_trace(c.req(&s, pb::GetTraceRequest { namespace, task_id }))
+        .api()
+        .get_trace(c.req(pb::GetTraceRequest { namespace, task_id }))
         .await?
         .into_inner();
     Ok(Json(view::Trace::from(&t)))
@@ -266,22 +227,15 @@ pub async fn trace(
 
 /// `GET /ui/api/tasks/{namespace}/{task}/logs`: the last lines of the task's instance.
 pub async fn logs(
-    state: Shared,
-    headers: HeaderMap,
-    ext: Extensions,
+    c: Caller,
     Path((namespace, task_id)): Path<(String, String)>,
 ) -> Result<Json<Vec<view::LogLine>>, ApiErr> {
-    let c = &state.0;
-    let s = c.session(&headers, &ext)?;
-    let mut client = c.client();
+    let mut client = c.api();
     let task = client
-        .get_task(c.req(
-            &s,
-            pb::GetTaskRequest {
-                namespace: namespace.clone(),
-                task_id,
-            },
-        ))
+        .get_task(c.req(pb::GetTaskRequest {
+            namespace: namespace.clone(),
+            task_id,
+        }))
         .await?
         .into_inner();
     if task.instance_id.is_empty() {
@@ -293,7 +247,7 @@ pub async fn logs(
         tail: LOG_TAIL,
         ..Default::default()
     };
-    let mut stream = client.read_logs(c.req(&s, read)).await?.into_inner();
+    let mut stream = client.read_logs(c.req(read)).await?.into_inner();
     let mut lines = Vec::new();
     while let Some(line) = stream.next().await {
         match line {
@@ -311,26 +265,20 @@ pub async fn logs(
 
 /// `POST /ui/api/tasks/{namespace}/{task}/cancel`.
 pub async fn cancel(
-    state: Shared,
-    headers: HeaderMap,
-    ext: Extensions,
+    c: Caller,
     Path((namespace, task_id)): Path<(String, String)>,
 ) -> Result<Json<view::Task>, ApiErr> {
-    let c = &state.0;
-    let s = c.mutating(&headers, &ext, "CancelTask", &task_id).await?;
+    c.mutating("CancelTask", &task_id).await?;
     let t = c
-        .client()
-        .cancel_task(c.req(
-            &s,
-            pb::CancelTaskRequest {
-                namespace,
-                task_id,
-                reason: format!(
-                    "cancelled in the web console by {}",
-                    s.principal.token_name()
-                ),
-            },
-        ))
+        .api()
+        .cancel_task(c.req(pb::CancelTaskRequest {
+            namespace,
+            task_id,
+            reason: format!(
+                "cancelled in the web console by {}",
+                c.principal().token_name()
+            ),
+        }))
         .await?
         .into_inner();
     Ok(Json(view::Task::from(&t)))
@@ -338,22 +286,15 @@ pub async fn cancel(
 
 /// `GET /ui/api/artifacts/{namespace}/{artifact}`: the bytes, as a download (never rendered).
 pub async fn artifact(
-    state: Shared,
-    headers: HeaderMap,
-    ext: Extensions,
+    c: Caller,
     Path((namespace, artifact_id)): Path<(String, String)>,
 ) -> Result<Response, ApiErr> {
-    let c = &state.0;
-    let s = c.session(&headers, &ext)?;
     let mut stream = c
-        .client()
-        .get_artifact(c.req(
-            &s,
-            pb::GetArtifactRequest {
-                namespace,
-                artifact_id: artifact_id.clone(),
-            },
-        ))
+        .api()
+        .get_artifact(c.req(pb::GetArtifactRequest {
+            namespace,
+            artifact_id: artifact_id.clone(),
+        }))
         .await?
         .into_inner();
     let mut name = artifact_id;
@@ -394,28 +335,21 @@ pub async fn artifact(
 }
 
 #[derive(Deserialize, Default)]
-pub struct NsQuery {
-    namespace: Option<String>,
+pub(super) struct NsQuery {
+    pub(super) namespace: Option<String>,
 }
 
 /// `GET /ui/api/approvals?namespace`: every waiting call.
 pub async fn approvals(
-    state: Shared,
-    headers: HeaderMap,
-    ext: Extensions,
+    c: Caller,
     Query(q): Query<NsQuery>,
 ) -> Result<Json<Vec<view::Approval>>, ApiErr> {
-    let c = &state.0;
-    let s = c.session(&headers, &ext)?;
     let list = c
-        .client()
-        .list_approvals(c.req(
-            &s,
-            pb::ListApprovalsRequest {
-                namespace: namespace_for(&s, q.namespace.as_deref()),
-                deployment: String::new(),
-            },
-        ))
+        .api()
+        .list_approvals(c.req(pb::ListApprovalsRequest {
+            namespace: namespace_for(c.session(), q.namespace.as_deref()),
+            deployment: String::new(),
+        }))
         .await?
         .into_inner();
     Ok(Json(
@@ -436,31 +370,20 @@ pub struct Decide {
 }
 
 /// `POST /ui/api/approvals/decide`: approve (`always` too) or deny with a reason.
-pub async fn decide(
-    state: Shared,
-    headers: HeaderMap,
-    ext: Extensions,
-    Json(d): Json<Decide>,
-) -> Result<Json<view::Approval>, ApiErr> {
-    let c = &state.0;
-    let s = c
-        .mutating(&headers, &ext, "DecideApproval", &d.task_id)
-        .await?;
+pub async fn decide(c: Caller, Json(d): Json<Decide>) -> Result<Json<view::Approval>, ApiErr> {
+    c.mutating("DecideApproval", &d.task_id).await?;
     let r = c
-        .client()
-        .decide_approval(c.req(
-            &s,
-            pb::DecideApprovalRequest {
-                namespace: d.namespace,
-                task_id: d.task_id,
-                call_id: d.call_id,
-                approved: d.approved,
-                reason: d.reason,
-                always: d.always,
-                // The console approves calls as they were asked (no edited arguments).
-                arguments_json: String::new(),
-            },
-        ))
+        .api()
+        .decide_approval(c.req(pb::DecideApprovalRequest {
+            namespace: d.namespace,
+            task_id: d.task_id,
+            call_id: d.call_id,
+            approved: d.approved,
+            reason: d.reason,
+            always: d.always,
+            // The console approves calls as they were asked (no edited arguments).
+            arguments_json: String::new(),
+        }))
         .await?
         .into_inner();
     let a = r.approval.unwrap_or_default();
@@ -469,26 +392,19 @@ pub async fn decide(
 
 /// `GET /ui/api/deployments/{namespace}/{name}`: the deployment, its instances, its history.
 pub async fn deployment(
-    state: Shared,
-    headers: HeaderMap,
-    ext: Extensions,
+    c: Caller,
     Path((namespace, name)): Path<(String, String)>,
 ) -> Result<Json<view::DeploymentPage>, ApiErr> {
-    let c = &state.0;
-    let s = c.session(&headers, &ext)?;
-    let mut client = c.client();
+    let mut client = c.api();
     let d = client
-        .get_deployment(c.req(
-            &s,
-            pb::GetDeploymentRequest {
-                namespace: namespace.clone(),
-                name: name.clone(),
-            },
-        ))
+        .get_deployment(c.req(pb::GetDeploymentRequest {
+            namespace: namespace.clone(),
+            name: name.clone(),
+        }))
         .await?
         .into_inner();
     let history = client
-        .list_deployment_history(c.req(&s, pb::ListDeploymentHistoryRequest { namespace, name }))
+        .list_deployment_history(c.req(pb::ListDeploymentHistoryRequest { namespace, name }))
         .await?
         .into_inner();
     Ok(Json(view::DeploymentPage {
@@ -505,24 +421,18 @@ pub struct Scale {
 
 /// `POST /ui/api/deployments/{namespace}/{name}/scale {"replicas": N}`.
 pub async fn scale(
-    state: Shared,
-    headers: HeaderMap,
-    ext: Extensions,
+    c: Caller,
     Path((namespace, name)): Path<(String, String)>,
     Json(b): Json<Scale>,
 ) -> Result<Json<view::Deployment>, ApiErr> {
-    let c = &state.0;
-    let s = c.mutating(&headers, &ext, "ScaleDeployment", &name).await?;
+    c.mutating("ScaleDeployment", &name).await?;
     let d = c
-        .client()
-        .scale_deployment(c.req(
-            &s,
-            pb::ScaleDeploymentRequest {
-                namespace,
-                name,
-                replicas: b.replicas,
-            },
-        ))
+        .api()
+        .scale_deployment(c.req(pb::ScaleDeploymentRequest {
+            namespace,
+            name,
+            replicas: b.replicas,
+        }))
         .await?
         .into_inner();
     Ok(Json(view::Deployment::from(&d)))
@@ -536,26 +446,18 @@ pub struct Rollback {
 
 /// `POST /ui/api/deployments/{namespace}/{name}/rollback {"to_generation": N}`.
 pub async fn rollback(
-    state: Shared,
-    headers: HeaderMap,
-    ext: Extensions,
+    c: Caller,
     Path((namespace, name)): Path<(String, String)>,
     Json(b): Json<Rollback>,
 ) -> Result<Json<view::Deployment>, ApiErr> {
-    let c = &state.0;
-    let s = c
-        .mutating(&headers, &ext, "RollbackDeployment", &name)
-        .await?;
+    c.mutating("RollbackDeployment", &name).await?;
     let d = c
-        .client()
-        .rollback_deployment(c.req(
-            &s,
-            pb::RollbackDeploymentRequest {
-                namespace,
-                name,
-                to_generation: b.to_generation,
-            },
-        ))
+        .api()
+        .rollback_deployment(c.req(pb::RollbackDeploymentRequest {
+            namespace,
+            name,
+            to_generation: b.to_generation,
+        }))
         .await?
         .into_inner();
     Ok(Json(view::Deployment::from(&d)))
@@ -570,25 +472,18 @@ pub struct AuditQuery {
 
 /// `GET /ui/api/audit?namespace&since_ms&limit` (admin roles; the page filters further).
 pub async fn audit(
-    state: Shared,
-    headers: HeaderMap,
-    ext: Extensions,
+    c: Caller,
     Query(q): Query<AuditQuery>,
 ) -> Result<Json<Vec<view::AuditEntry>>, ApiErr> {
-    let c = &state.0;
-    let s = c.session(&headers, &ext)?;
     let all = q.namespace.as_deref().is_none_or(str::is_empty);
     let r = c
-        .client()
-        .list_audit(c.req(
-            &s,
-            pb::ListAuditRequest {
-                namespace: namespace_for(&s, q.namespace.as_deref()),
-                all_namespaces: all && s.principal == Principal::ClusterAdmin,
-                since_ms: q.since_ms.unwrap_or(0),
-                limit: q.limit.unwrap_or(500),
-            },
-        ))
+        .api()
+        .list_audit(c.req(pb::ListAuditRequest {
+            namespace: namespace_for(c.session(), q.namespace.as_deref()),
+            all_namespaces: all && *c.principal() == Principal::ClusterAdmin,
+            since_ms: q.since_ms.unwrap_or(0),
+            limit: q.limit.unwrap_or(500),
+        }))
         .await?
         .into_inner();
     Ok(Json(r.entries.iter().map(view::AuditEntry::from).collect()))

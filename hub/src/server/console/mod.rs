@@ -98,6 +98,8 @@ pub(crate) fn router(
         )
         .route("/ui/api/audit", get(api::audit))
         .route("/ui/api/live/fleet", get(live::fleet))
+        .route("/ui/api/live/tasks", get(live::tasks))
+        .route("/ui/api/live/approvals", get(live::approvals))
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
         .layer(axum::middleware::from_fn(security_headers))
         .with_state(state)
@@ -179,22 +181,20 @@ impl Console {
         Ok(s)
     }
 
-    /// [`Console::session`] for a mutating request: its `X-CSRF-Token` must be the session's
-    /// (403 and an audit record otherwise).
-    async fn mutating(
+    /// Refuses a mutating request whose `X-CSRF-Token` is not `s`'s (403 and an audit record).
+    async fn check_csrf(
         &self,
+        s: &Session,
         headers: &HeaderMap,
-        ext: &axum::http::Extensions,
         call: &str,
         target: &str,
-    ) -> Result<Session, ApiErr> {
-        let s = self.session(headers, ext)?;
+    ) -> Result<(), ApiErr> {
         let sent = headers
             .get("x-csrf-token")
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default();
-        if session::csrf_ok(&s, sent) {
-            return Ok(s);
+        if session::csrf_ok(s, sent) {
+            return Ok(());
         }
         let why = "missing or wrong X-CSRF-Token: the console sends the token of its session; reload the page";
         let db = &self.core.db;
@@ -214,20 +214,69 @@ impl Console {
         }
         Err(ApiErr(StatusCode::FORBIDDEN, why.into()))
     }
+}
 
+/// The shape every console handler shares: the request's live session (an extractor: 401
+/// without one), then `AgenService` calls made as its principal through the Hub's own stack
+/// ([`Caller::api`] with [`Caller::req`]); a mutating handler first passes
+/// [`Caller::mutating`].
+pub(crate) struct Caller {
+    console: Arc<Console>,
+    session: Session,
+    headers: HeaderMap,
+}
+
+impl axum::extract::FromRequestParts<Arc<Console>> for Caller {
+    type Rejection = ApiErr;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        console: &Arc<Console>,
+    ) -> Result<Self, ApiErr> {
+        let session = console.session(&parts.headers, &parts.extensions)?;
+        Ok(Caller {
+            console: console.clone(),
+            session,
+            headers: parts.headers.clone(),
+        })
+    }
+}
+
+impl Caller {
     /// A client of the Hub's own `AgenService` stack.
-    fn client(&self) -> AgenServiceClient<ApiStack> {
-        AgenServiceClient::new(self.api.clone())
+    fn api(&self) -> AgenServiceClient<ApiStack> {
+        AgenServiceClient::new(self.console.api.clone())
             .max_decoding_message_size(crate::limits::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(crate::limits::MAX_MESSAGE_BYTES)
     }
 
-    /// `msg` as a call made by `session`'s principal.
-    fn req<T>(&self, session: &Session, msg: T) -> tonic::Request<T> {
+    /// `msg` as a call made by the session's principal.
+    fn req<T>(&self, msg: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(msg);
         r.extensions_mut()
-            .insert(ConsolePrincipal(session.principal.clone()));
+            .insert(ConsolePrincipal(self.session.principal.clone()));
         r
+    }
+
+    /// For a mutating request (`call` on `target`, as its audit record names them): its
+    /// `X-CSRF-Token` must be the session's (403 and an audit record otherwise).
+    async fn mutating(&self, call: &str, target: &str) -> Result<(), ApiErr> {
+        self.console
+            .check_csrf(&self.session, &self.headers, call, target)
+            .await
+    }
+
+    fn session(&self) -> &Session {
+        &self.session
+    }
+
+    fn principal(&self) -> &crate::tokens::Principal {
+        &self.session.principal
+    }
+
+    /// A header of the request, as text.
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
     }
 }
 

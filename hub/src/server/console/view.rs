@@ -160,6 +160,16 @@ pub struct TaskPage {
     pub total: u64,
 }
 
+impl From<&pb::ListTasksResponse> for TaskPage {
+    fn from(p: &pb::ListTasksResponse) -> Self {
+        TaskPage {
+            tasks: p.tasks.iter().map(Task::from).collect(),
+            next_page_token: p.next_page_token.clone(),
+            total: p.total,
+        }
+    }
+}
+
 /// One step of a task as it happens (`WatchTask`), sent as a server-sent event.
 #[derive(Debug, Serialize)]
 pub struct TaskEvent {
@@ -169,6 +179,18 @@ pub struct TaskEvent {
     /// The event's body as JSON text, shown as text.
     pub json: String,
     pub task: Option<Task>,
+    /// A piece of the model's answer as it streams (`model.delta`, `delta.reset`): not stored.
+    pub delta: Option<Delta>,
+}
+
+/// A piece of a model turn's streamed answer; `reset` voids what was shown of that turn and
+/// every later one.
+#[derive(Debug, Serialize)]
+pub struct Delta {
+    pub attempt: u32,
+    pub turn: u32,
+    pub text: String,
+    pub reset: bool,
 }
 
 impl From<&pb::TaskEvent> for TaskEvent {
@@ -179,6 +201,12 @@ impl From<&pb::TaskEvent> for TaskEvent {
             kind: e.kind.clone(),
             json: e.json.clone(),
             task: e.task.as_ref().map(Task::from),
+            delta: e.delta.as_ref().map(|d| Delta {
+                attempt: d.attempt,
+                turn: d.turn,
+                text: d.text.clone(),
+                reset: d.reset,
+            }),
         }
     }
 }
