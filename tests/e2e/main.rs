@@ -48,6 +48,7 @@ mod run_context;
 mod runs;
 mod sandbox;
 mod secrets;
+mod several_hubs;
 mod sql;
 mod store_damage;
 mod store_suite;

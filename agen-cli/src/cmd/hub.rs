@@ -44,6 +44,19 @@ pub struct Args {
         hide_env_values = true
     )]
     pub store: Option<String>,
+    /// Several Hubs on one --store postgres://: the file sealing the identity they share in
+    /// the database (CA, admin and join tokens, secret key); the same file on every Hub (created
+    /// when missing). Turns on the leader lease: one Hub leads, the others wait as followers
+    #[arg(long, value_name = "PATH", env = "AGEN_HUB_IDENTITY_KEY_FILE")]
+    pub identity_key_file: Option<PathBuf>,
+    /// How long the leader's lease lasts without a renewal (renewed every third of it); a
+    /// follower leads at most this long after the leader died
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = crate::cmd::parse_duration)]
+    pub leader_lease: Duration,
+    /// The URL this Hub is reached at, stored as the leader's when it leads (with
+    /// --identity-key-file) [default: its listen address]
+    #[arg(long, value_name = "URL")]
+    pub advertise_url: Option<String>,
     /// The URL A2A clients reach this Hub at (https://host:port); the agent cards' interface
     /// URLs start with it [default: https://<listen address>; the primary address when
     /// listening on all addresses]
@@ -336,6 +349,14 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         console_session_max: args.console_session_max,
         webhook_allow: args.webhook_allow.clone(),
         store: args.store.clone(),
+        ha: args
+            .identity_key_file
+            .clone()
+            .map(|identity_key_file| agen_hub::ha::HaOptions {
+                identity_key_file,
+                leader_lease: args.leader_lease,
+                advertise_url: args.advertise_url.clone(),
+            }),
         otlp: match agen_hub::config::OtlpOptions::resolve(args.otlp_endpoint.as_deref(), |k| {
             std::env::var(k).ok()
         }) {
@@ -379,7 +400,12 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     eprintln!("join a Nest with:\n  {}", hub.nest_command());
     agen_hub::notify_ready(&hub.url);
 
+    let deposed = hub.deposed.clone();
     hub.wait().await.context("the Hub stopped with an error")?;
+    if deposed.load(std::sync::atomic::Ordering::SeqCst) {
+        eprintln!("agen hub: stopped: another Hub took the leader lease over");
+        return Ok(crate::exit::code::DEPOSED);
+    }
     eprintln!("agen hub: stopped");
     Ok(0)
 }

@@ -92,7 +92,13 @@ impl tonic::service::Interceptor for Bearer {
 /// pinned by that hash and stored; then the Nest's certificate is read from `<data-dir>` or
 /// obtained by `Join`. Connects lazily: no network IO besides the CA fetch and `Join`.
 pub async fn client(opts: &NestOptions) -> Result<HubClient> {
-    let hub = opts.hub.trim_end_matches('/').to_string();
+    let first = opts.hub_urls().into_iter().next().unwrap_or_default();
+    client_at(opts, &first).await
+}
+
+/// [`client`] for one of the Nest's Hubs, `hub`.
+pub async fn client_at(opts: &NestOptions, hub: &str) -> Result<HubClient> {
+    let hub = hub.trim_end_matches('/').to_string();
     let bearer: tonic::metadata::MetadataValue<tonic::metadata::Ascii> =
         format!("Bearer {}", opts.join_token.trim())
             .parse()
@@ -275,9 +281,31 @@ async fn trusted_ca(opts: &NestOptions, hub: &str) -> Result<String> {
 /// The Hub client, built on first use (an `https://` Hub needs its CA fetched first) and again
 /// once its certificate is due for renewal, with the renewal time (unix seconds).
 #[derive(Default)]
-pub struct ClientSlot(tokio::sync::Mutex<Option<(HubClient, Option<i64>)>>);
+pub struct ClientSlot(
+    tokio::sync::Mutex<Option<(HubClient, Option<i64>)>>,
+    /// Which of the Nest's Hubs (`--hub URL1,URL2,…`) the client is for.
+    std::sync::atomic::AtomicUsize,
+);
 
 impl ClientSlot {
+    /// The URL of the Hub the slot's client is (or will be) for.
+    pub fn current(&self, opts: &NestOptions) -> String {
+        let urls = opts.hub_urls();
+        let i = self.1.load(std::sync::atomic::Ordering::SeqCst) % urls.len().max(1);
+        urls.get(i).cloned().unwrap_or_default()
+    }
+
+    /// Goes on to the next of several Hubs (after the current one failed or refused the Nest
+    /// as a follower); the next call connects anew. No-op with one Hub.
+    pub async fn fail_over(&self, opts: &NestOptions) {
+        if opts.hub_urls().len() < 2 {
+            return;
+        }
+        let mut slot = self.0.lock().await;
+        *slot = None;
+        self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
     pub async fn get_or_connect(&self, opts: &NestOptions) -> Result<HubClient> {
         let mut slot = self.0.lock().await;
         if let Some((c, renew_at)) = slot.as_ref() {
@@ -285,7 +313,7 @@ impl ClientSlot {
                 return Ok(c.clone());
             }
         }
-        let c = client(opts).await?;
+        let c = client_at(opts, &self.current(opts)).await?;
         let renew_at = std::fs::read_to_string(opts.cert_file())
             .ok()
             .and_then(|pem| agen_shared::tls::nest_cert_renew_at(&pem));
