@@ -333,3 +333,86 @@ fn a_deposed_leader_resumed_after_its_lease_writes_nothing() {
     assert_eq!(first, n, "every run stayed on attempt 1");
     a.proc.kill9();
 }
+
+/// The fencing itself, at the store: Hub A leads and writes; once Hub B took the lease over,
+/// every write A attempts (a thread writing in a loop across the takeover) is refused by the
+/// database, A knows it is deposed and cannot renew, and no row of A's epoch appears after
+/// the takeover.
+#[test]
+fn writes_of_an_old_epoch_are_refused_by_the_database_from_the_takeover_on() {
+    use agen_hub::store::{PgStore, Store, Table};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let cluster = agen_tests::postgres::shared();
+    let db = cluster.database("ha_fence");
+    let url = cluster.url(&db);
+    let a = Arc::new(PgStore::open(&url).unwrap());
+    let b = PgStore::open(&url).unwrap();
+    let lease = Duration::from_secs(1);
+    let old = a.take_lease("a", "https://a", lease).unwrap().unwrap();
+    a.put(Table::Tasks, b"before", b"1").unwrap();
+    assert_eq!(
+        b.take_lease("b", "https://b", lease).unwrap(),
+        None,
+        "a leads"
+    );
+    // A writes as fast as it can while B waits for the lease to expire and takes it.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (a, stop) = (a.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut ok = 0u32;
+            let mut i = 0u32;
+            while !stop.load(Ordering::SeqCst) && i < 100_000 {
+                if a.put(Table::Tasks, format!("w{i}").as_bytes(), b"x")
+                    .is_ok()
+                {
+                    ok += 1;
+                }
+                i += 1;
+            }
+            ok
+        })
+    };
+    let new = wait_for("b to take the lease", Duration::from_secs(10), || {
+        b.take_lease("b", "https://b", lease).unwrap()
+    })
+    .unwrap();
+    assert_eq!(new, old + 1);
+    let at_takeover = written_under(cluster, &db, old);
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::SeqCst);
+    let ok = writer.join().unwrap();
+    let after = written_under(cluster, &db, old);
+    assert_eq!(
+        after, at_takeover,
+        "no write of epoch {old} landed after the takeover"
+    );
+    assert_eq!(
+        after.len() as u32,
+        ok + 1,
+        "every row of epoch {old} is a write A was told succeeded"
+    );
+    assert!(a.deposed(), "a knows it is deposed");
+    assert!(
+        a.put(Table::Tasks, b"late", b"x").is_err(),
+        "a late write is refused"
+    );
+    assert!(!a.renew_lease("a", old, lease).unwrap(), "a cannot renew");
+    assert!(a.heal().is_err(), "healing does not undo the fence");
+    b.put(Table::Tasks, b"by-b", b"1").unwrap();
+    assert_eq!(
+        cluster.psql(
+            &db,
+            "SELECT epoch FROM agen_records WHERE key = 'by-b'::bytea"
+        ),
+        new.to_string()
+    );
+    assert_eq!(
+        cluster.psql(
+            &db,
+            "SELECT count(*) FROM agen_records WHERE key = 'late'::bytea"
+        ),
+        "0"
+    );
+}
