@@ -16,7 +16,8 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 /// Options every client command takes.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ClientArgs {
-    /// Hub URL (default: the client config's `hub`)
+    /// Hub URL; several Hubs on one database comma-separated, URL1,URL2 (default: the client
+    /// config's `hubs`, else its `hub`)
     #[arg(long, env = "AGEN_HUB", global = true)]
     pub hub: Option<String>,
     /// Namespace
@@ -103,7 +104,13 @@ impl ClientArgs {
                 format!("client config {}: {e:#}", cfg_path.display()),
             )
         })?;
-        let url = self.hub.clone().or(cfg.hub.clone()).ok_or_else(|| {
+        // Several Hubs: `--hub`/`AGEN_HUB` with commas, or the config's `hubs` (over `hub`).
+        let from_cfg = if cfg.hubs.is_empty() {
+            cfg.hub.clone()
+        } else {
+            Some(cfg.hubs.join(","))
+        };
+        let url = self.hub.clone().or(from_cfg).ok_or_else(|| {
             crate::exit::coded(
                 crate::exit::code::USAGE,
                 format!(
@@ -137,8 +144,27 @@ impl ClientArgs {
     }
 }
 
-/// A lazily connecting channel to `url`, trusting `ca_file` for `https://`.
+/// A lazily connecting channel to `url`, trusting `ca_file` for `https://`. Several Hubs
+/// (`URL1,URL2,…`, one database): calls go to whichever answers (followers do not listen until
+/// they lead, so that is the leader).
 pub fn channel(url: &str, ca_file: Option<&std::path::Path>) -> anyhow::Result<Channel> {
+    let urls: Vec<&str> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    if urls.len() > 1 {
+        let endpoints = urls
+            .iter()
+            .map(|u| endpoint(u, ca_file))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        return Ok(Channel::balance_list(endpoints.into_iter()));
+    }
+    Ok(endpoint(url, ca_file)?.connect_lazy())
+}
+
+/// The endpoint of one Hub URL, trusting `ca_file` for `https://`.
+fn endpoint(url: &str, ca_file: Option<&std::path::Path>) -> anyhow::Result<Endpoint> {
     let mut ep = Endpoint::from_shared(url.to_owned())
         .map_err(|e| {
             crate::exit::coded(
@@ -172,7 +198,7 @@ pub fn channel(url: &str, ca_file: Option<&std::path::Path>) -> anyhow::Result<C
         }
         ep = ep.tls_config(tls).context("bad TLS settings")?;
     }
-    Ok(ep.connect_lazy())
+    Ok(ep)
 }
 
 /// Turns a gRPC status into an error a person can act on; it keeps the status, so the exit

@@ -77,6 +77,22 @@ fn epoch(cluster: &Cluster, db: &str) -> u64 {
         .unwrap()
 }
 
+/// `agen hub status --store URL`: (exit code, stdout).
+fn hub_status(url: &str) -> (Option<i32>, String) {
+    let out = Command::new(agen_bin())
+        .args(["hub", "status", "--store", url])
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
 /// A fresh identity key file (32 random bytes, as `agen hub` creates it).
 fn key_file(dir: &Path) -> PathBuf {
     let path = dir.join("identity.key");
@@ -139,6 +155,15 @@ fn three_hubs_started_together_share_one_identity_and_one_leader() {
         "exactly one hub leads"
     );
     let before = epoch(cluster, &db);
+    let status = hub_status(&url);
+    assert_eq!(status.0, Some(0), "agen hub status: {}", status.1);
+    assert!(
+        status
+            .1
+            .contains(&format!("leader {} (epoch {before},", hubs[leader].url())),
+        "agen hub status names the leader and its epoch: {}",
+        status.1
+    );
 
     // The leader dies: another takes the lease over within it and serves the same identity.
     hubs[leader].proc.kill9();
@@ -154,6 +179,16 @@ fn three_hubs_started_together_share_one_identity_and_one_leader() {
     eprintln!("a follower serves {took:?} after the leader was killed -9");
     assert!(took < Duration::from_secs(5), "took over in {took:?}");
     assert_eq!(epoch(cluster, &db), before + 1, "the epoch moved on by one");
+    let status = hub_status(&url);
+    assert!(
+        status.1.contains(&format!(
+            "leader {} (epoch {},",
+            hubs[next].url(),
+            before + 1
+        )),
+        "agen hub status names the new leader: {}",
+        status.1
+    );
     // The old leader's admin token works on the new one (one identity).
     let out = agen_tests::cli(&hubs[next].dir.join("client.toml"), &["nests"]).unwrap();
     assert!(out.status.success());
@@ -173,6 +208,46 @@ fn three_hubs_started_together_share_one_identity_and_one_leader() {
     assert!(
         out.status.success(),
         "the first leader's token and CA work on the next: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Clients that know every Hub reach the leader, the dead one first in the list: by
+    // `--hub` (AGEN_HUB) with commas, and by the config's `hubs`, which replaces `hub`.
+    let all: Vec<String> = hubs.iter().map(|h| h.url()).collect();
+    let dead_first = [all[leader].clone()]
+        .into_iter()
+        .chain(
+            all.iter()
+                .enumerate()
+                .filter(|(i, _)| *i != leader)
+                .map(|(_, u)| u.clone()),
+        )
+        .collect::<Vec<_>>();
+    let out = agen_tests::cli(&cfg, &["nests", "--hub", &dead_first.join(",")]).unwrap();
+    assert!(
+        out.status.success(),
+        "--hub URL1,URL2,URL3 finds the leader: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = dead_first
+        .iter()
+        .map(|u| format!("\"{u}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    std::fs::write(
+        &cfg,
+        format!(
+            "hub = \"{}\"\nhubs = [{listed}]\nca_file = \"{}\"\ntoken = \"{}\"\n",
+            all[leader],
+            hubs[leader].dir.join("hub/tls/ca.pem").display(),
+            token.trim()
+        ),
+    )
+    .unwrap();
+    let out = agen_tests::cli(&cfg, &["nests"]).unwrap();
+    assert!(
+        out.status.success(),
+        "the config's hubs replace its (dead) hub: {}",
         String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -239,6 +239,10 @@ pub enum Action {
     /// tasks whose history is damaged failed (history_lost), and write a report file
     /// (<data-dir>/repair-<unix ms>.txt)
     Repair,
+    /// Several Hubs on the PostgreSQL store named by --store: which one leads (its advertised
+    /// URL), the fencing epoch and how long its lease has left. Exit 0 while a Hub holds a live
+    /// lease, 1 when none does
+    Status,
     /// Bring the schema of the PostgreSQL store named by --store up to this build's version
     /// (versioned, forward-only; `agen hub` also does it at start). Exit 0 when it is current,
     /// 1 when --check finds migrations to apply, 2 when the schema is newer than this build
@@ -290,6 +294,9 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             .data_dir
             .clone()
             .unwrap_or_else(agen_hub::default_data_dir);
+        if let Action::Status = action {
+            return super::hub_store::status(args.store.as_deref()).await;
+        }
         if let Action::Migrate { check, from, to } = action {
             if let (Some(from), Some(to)) = (from, to) {
                 return super::hub_store::copy(&from, &to).await;
@@ -383,6 +390,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
 
     let client_cfg = ClientConfig {
         hub: Some(hub.url.clone()),
+        hubs: Vec::new(),
         ca_file: if hub.plaintext {
             None
         } else {

@@ -70,7 +70,9 @@ pub async fn run(action: Action, data_dir: &Path) -> anyhow::Result<i32> {
         } => new_key(file),
         Action::Verify { client } => super::hub_store::verify(data_dir, &client).await,
         Action::Repair => super::hub_store::repair(data_dir).await,
-        Action::Migrate { .. } => unreachable!("agen hub migrate is run by hub::run"),
+        Action::Migrate { .. } | Action::Status => {
+            unreachable!("agen hub migrate and status are run by hub::run")
+        }
     }
 }
 
