@@ -120,6 +120,7 @@ impl ClientArgs {
                 ),
             )
         })?;
+        let url = leader_of(&url);
         let token = self.token.clone().or(cfg.token.clone());
         let ca_file = self.ca_file.clone().or(cfg.ca_file.clone());
         let channel = channel(&url, ca_file.as_deref())?;
@@ -144,27 +145,41 @@ impl ClientArgs {
     }
 }
 
-/// A lazily connecting channel to `url`, trusting `ca_file` for `https://`. Several Hubs
-/// (`URL1,URL2,…`, one database): calls go to whichever answers (followers do not listen until
-/// they lead, so that is the leader).
-pub fn channel(url: &str, ca_file: Option<&std::path::Path>) -> anyhow::Result<Channel> {
-    let urls: Vec<&str> = url
+/// Of several Hubs (`URL1,URL2,…`, one database), the first that accepts a connection:
+/// followers do not listen until they lead, so that is the leader. One URL is returned as is;
+/// when none answers, the first (the call then says it cannot be reached).
+pub fn leader_of(urls: &str) -> String {
+    let list: Vec<&str> = urls
         .split(',')
         .map(str::trim)
         .filter(|u| !u.is_empty())
         .collect();
-    if urls.len() > 1 {
-        let endpoints = urls
-            .iter()
-            .map(|u| endpoint(u, ca_file))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        return Ok(Channel::balance_list(endpoints.into_iter()));
+    if list.len() < 2 {
+        return urls.trim().to_owned();
     }
-    Ok(endpoint(url, ca_file)?.connect_lazy())
+    let listens = |u: &str| {
+        use std::net::ToSocketAddrs;
+        let Ok((host, port)) = agen_shared::tls::host_port(u) else {
+            return false;
+        };
+        (host.as_str(), port)
+            .to_socket_addrs()
+            .map(|addrs| {
+                addrs.into_iter().any(|a| {
+                    std::net::TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_ok()
+                })
+            })
+            .unwrap_or(false)
+    };
+    list.iter()
+        .find(|u| listens(u))
+        .or(list.first())
+        .map(|u| u.to_string())
+        .unwrap_or_default()
 }
 
-/// The endpoint of one Hub URL, trusting `ca_file` for `https://`.
-fn endpoint(url: &str, ca_file: Option<&std::path::Path>) -> anyhow::Result<Endpoint> {
+/// A lazily connecting channel to `url`, trusting `ca_file` for `https://`.
+pub fn channel(url: &str, ca_file: Option<&std::path::Path>) -> anyhow::Result<Channel> {
     let mut ep = Endpoint::from_shared(url.to_owned())
         .map_err(|e| {
             crate::exit::coded(
@@ -198,7 +213,7 @@ fn endpoint(url: &str, ca_file: Option<&std::path::Path>) -> anyhow::Result<Endp
         }
         ep = ep.tls_config(tls).context("bad TLS settings")?;
     }
-    Ok(ep)
+    Ok(ep.connect_lazy())
 }
 
 /// Turns a gRPC status into an error a person can act on; it keeps the status, so the exit
