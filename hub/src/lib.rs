@@ -179,6 +179,8 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     // a follower until it holds the leader lease (every write of it fenced by the epoch).
     let deposed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut leading: Option<(Arc<store::PgStore>, u64)> = None;
+    // What a leader gives up when it stops: (store, holder, epoch).
+    let mut release: Option<(Arc<store::PgStore>, String, u64)> = None;
     if let (Some(url), Some(ha_opts)) = (&opts.store, &opts.ha) {
         let (url, shown) = (url.clone(), store::pg::shown(url));
         let pg = Arc::new(
@@ -219,12 +221,13 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         };
         ha::keep(
             pg.clone(),
-            holder,
+            holder.clone(),
             epoch,
             ha_opts.leader_lease,
             shutdown.clone(),
             deposed.clone(),
         );
+        release = Some((pg.clone(), holder, epoch));
         leading = Some((pg, epoch));
     }
     let leader_epoch = leading.as_ref().map(|l| l.1);
@@ -460,6 +463,17 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         // Nothing writes after this: a task still holding the core gets an error, not a write
         // the Hub never flushed.
         core.db.close();
+        // A leader that stops gives its lease up (unless deposed): a follower leads at once.
+        if let Some((pg, holder, epoch)) = release {
+            if !pg.deposed() {
+                match tokio::task::spawn_blocking(move || pg.release_lease(&holder, epoch)).await {
+                    Ok(Ok(true)) => tracing::info!(epoch, "gave the leader lease up"),
+                    Ok(Ok(false)) => {}
+                    Ok(Err(e)) => tracing::warn!(epoch, "cannot give the leader lease up: {e}"),
+                    Err(e) => tracing::warn!(epoch, "cannot give the leader lease up: {e}"),
+                }
+            }
+        }
         tracing::info!("hub stopped");
         result
     });

@@ -250,6 +250,26 @@ fn three_hubs_started_together_share_one_identity_and_one_leader() {
         "the config's hubs replace its (dead) hub: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+
+    // A leader stopped gracefully gives its lease up: the last follower leads well inside
+    // the lease (3 s) instead of waiting for it to expire.
+    let last = (0..3).find(|i| *i != leader && *i != next).unwrap();
+    let stopping = Instant::now();
+    hubs[next].proc.stop(Duration::from_secs(20));
+    wait_for("the last follower to lead", Duration::from_secs(20), || {
+        leads(&hubs[last]).then_some(())
+    })
+    .unwrap();
+    let took = stopping.elapsed();
+    eprintln!("the last follower led {took:?} after the leader was stopped");
+    assert!(
+        hubs[next]
+            .proc
+            .log_text()
+            .contains("gave the leader lease up"),
+        "the stopped leader gave its lease up"
+    );
+    assert_eq!(epoch(cluster, &db), before + 2);
 }
 
 /// Hub A leads, B follows; a fleet whose Nests know both. Returns the fleet (on A), B.

@@ -22,6 +22,8 @@ pub enum LeaseOp {
     },
     /// Extend the lease held at `epoch` by `holder` for `ms`.
     Renew { holder: String, epoch: i64, ms: i64 },
+    /// Give the lease held at `epoch` up (a leader that stops): a follower takes it at once.
+    Release { holder: String, epoch: i64 },
     /// Read the lease row.
     Read,
     /// Read the sealed identity.
@@ -53,6 +55,8 @@ const TAKE: &str = "UPDATE agen_leader SET epoch = epoch + 1, holder = $1, url =
     WHERE id = 1 AND (expires_at < now() OR holder = $1) RETURNING epoch";
 const RENEW: &str = "UPDATE agen_leader SET expires_at = now() + $3 * interval '1 millisecond' \
     WHERE id = 1 AND epoch = $2 AND holder = $1 RETURNING epoch";
+const RELEASE: &str = "UPDATE agen_leader SET expires_at = '-infinity' \
+    WHERE id = 1 AND epoch = $2 AND holder = $1 RETURNING epoch";
 const READ: &str = "SELECT epoch, holder, url, CASE WHEN isfinite(expires_at) \
     THEN (extract(epoch FROM (expires_at - now())) * 1000)::bigint END FROM agen_leader WHERE id = 1";
 const IDENTITY_GET: &str = "SELECT sealed FROM agen_identity WHERE id = 1";
@@ -73,6 +77,10 @@ pub async fn exec(conn: &mut Conn, op: LeaseOp) -> Result<LeaseOut, tokio_postgr
         }
         LeaseOp::Renew { holder, epoch, ms } => {
             let row = c.query_opt(RENEW, &[&holder, &epoch, &(ms as f64)]).await?;
+            Ok(LeaseOut::Epoch(row.map(|r| r.get(0))))
+        }
+        LeaseOp::Release { holder, epoch } => {
+            let row = c.query_opt(RELEASE, &[&holder, &epoch]).await?;
             Ok(LeaseOut::Epoch(row.map(|r| r.get(0))))
         }
         LeaseOp::Read => {

@@ -293,6 +293,17 @@ impl PgStore {
         }
     }
 
+    /// Gives the lease held at `epoch` up (this Hub stops): a follower takes it at once.
+    pub fn release_lease(&self, holder: &str, epoch: u64) -> Result<bool, String> {
+        match self.lease_op(lease::LeaseOp::Release {
+            holder: holder.into(),
+            epoch: epoch as i64,
+        })? {
+            lease::LeaseOut::Epoch(e) => Ok(e.is_some()),
+            _ => Err("unexpected answer to releasing the lease".into()),
+        }
+    }
+
     /// The lease row.
     pub fn leader(&self) -> Result<lease::Leader, String> {
         match self.lease_op(lease::LeaseOp::Read)? {
