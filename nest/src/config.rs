@@ -116,7 +116,7 @@ impl NestOptions {
         let urls: Vec<String> = self
             .hub
             .split(',')
-            .map(|u| u.trim().trim_end_matches('/').to_owned())
+            .map(|u| u.trim().to_owned())
             .filter(|u| !u.is_empty())
             .collect();
         if urls.is_empty() {
