@@ -16,7 +16,8 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 /// Options every client command takes.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ClientArgs {
-    /// Hub URL (default: the client config's `hub`)
+    /// Hub URL; several Hubs on one database comma-separated, URL1,URL2 (default: the client
+    /// config's `hubs`, else its `hub`)
     #[arg(long, env = "AGEN_HUB", global = true)]
     pub hub: Option<String>,
     /// Namespace
@@ -103,7 +104,13 @@ impl ClientArgs {
                 format!("client config {}: {e:#}", cfg_path.display()),
             )
         })?;
-        let url = self.hub.clone().or(cfg.hub.clone()).ok_or_else(|| {
+        // Several Hubs: `--hub`/`AGEN_HUB` with commas, or the config's `hubs` (over `hub`).
+        let from_cfg = if cfg.hubs.is_empty() {
+            cfg.hub.clone()
+        } else {
+            Some(cfg.hubs.join(","))
+        };
+        let url = self.hub.clone().or(from_cfg).ok_or_else(|| {
             crate::exit::coded(
                 crate::exit::code::USAGE,
                 format!(
@@ -113,6 +120,7 @@ impl ClientArgs {
                 ),
             )
         })?;
+        let url = leader_of(&url);
         let token = self.token.clone().or(cfg.token.clone());
         let ca_file = self.ca_file.clone().or(cfg.ca_file.clone());
         let channel = channel(&url, ca_file.as_deref())?;
@@ -135,6 +143,39 @@ impl ClientArgs {
             ca_file,
         })
     }
+}
+
+/// Of several Hubs (`URL1,URL2,…`, one database), the first that accepts a connection:
+/// followers do not listen until they lead, so that is the leader. One URL is returned as is;
+/// when none answers, the first (the call then says it cannot be reached).
+pub fn leader_of(urls: &str) -> String {
+    let list: Vec<&str> = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    if list.len() < 2 {
+        return urls.trim().to_owned();
+    }
+    let listens = |u: &str| {
+        use std::net::ToSocketAddrs;
+        let Ok((host, port)) = agen_shared::tls::host_port(u) else {
+            return false;
+        };
+        (host.as_str(), port)
+            .to_socket_addrs()
+            .map(|addrs| {
+                addrs.into_iter().any(|a| {
+                    std::net::TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_ok()
+                })
+            })
+            .unwrap_or(false)
+    };
+    list.iter()
+        .find(|u| listens(u))
+        .or(list.first())
+        .map(|u| u.to_string())
+        .unwrap_or_default()
 }
 
 /// A lazily connecting channel to `url`, trusting `ca_file` for `https://`.

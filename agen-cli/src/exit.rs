@@ -19,6 +19,9 @@ pub mod code {
     /// `agen hub` refused to start: its store lost data it had acknowledged (see `agen hub
     /// verify`); systemd must not restart it in a loop (`RestartPreventExitStatus=65`).
     pub const STORE_DAMAGED: i32 = agen_hub::store::integrity::EXIT_STORE_DAMAGED;
+    /// `agen hub` stopped because another Hub took its leader lease over (several Hubs on
+    /// PostgreSQL); restarted, it waits as a follower.
+    pub const DEPOSED: i32 = agen_hub::ha::EXIT_DEPOSED;
 }
 
 /// The exit code table shown at the end of `agen --help`.
@@ -33,7 +36,8 @@ Exit codes:
   6  Hub unavailable (retry later)
   7  wait timeout
  64  the daemons (agen hub, agen nest): bad configuration (sysexits)
- 65  agen hub: its store lost acknowledged data, it does not start (agen hub verify, repair)";
+ 65  agen hub: its store lost acknowledged data, it does not start (agen hub verify, repair)
+ 75  agen hub: another Hub took its leader lease over; restart it (it follows)";
 
 /// An error that carries the exit code it ends the process with.
 #[derive(Debug)]

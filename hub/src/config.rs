@@ -70,6 +70,9 @@ pub struct HubOptions {
     /// Where the Hub's state lives: `None` the local store in `<data_dir>/db`, or a
     /// `postgres://` URL (`--store`, `AGEN_HUB_STORE`).
     pub store: Option<String>,
+    /// Several Hubs on the PostgreSQL store (`--identity-key-file`, `--leader-lease`,
+    /// `--advertise-url`); `None`: this Hub is alone on its store.
+    pub ha: Option<crate::ha::HaOptions>,
 }
 
 /// Default and largest [`HubOptions::console_session_max`]: 12 hours.
@@ -244,6 +247,7 @@ impl Default for HubOptions {
             console_session_max: MAX_CONSOLE_SESSION,
             webhook_allow: Vec::new(),
             store: None,
+            ha: None,
         }
     }
 }
@@ -274,6 +278,19 @@ impl HubOptions {
             if self.snapshots.is_some() {
                 return Err(HubError::Config(
                     "--snapshot-every works with the local store only: back up a PostgreSQL store with PostgreSQL's own tools (pg_dump, base backups)".into(),
+                ));
+            }
+        }
+        if let Some(ha) = &self.ha {
+            if self.store.is_none() {
+                return Err(HubError::Config(
+                    "--identity-key-file is for several Hubs on one PostgreSQL store: give --store postgres://… too, or leave it out for a Hub alone".into(),
+                ));
+            }
+            if ha.leader_lease < Duration::from_secs(1) {
+                return Err(HubError::Config(
+                    "--leader-lease must be at least 1s (the leader renews it every third of it)"
+                        .into(),
                 ));
             }
         }

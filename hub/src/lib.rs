@@ -39,6 +39,7 @@ pub mod conn_gate;
 pub mod core;
 pub mod cron;
 pub mod error;
+pub mod ha;
 pub mod limits;
 mod listener;
 pub mod logs;
@@ -94,6 +95,11 @@ pub struct HubHandle {
     /// The task and audit retentions in force: [`core::retention::LiveRetention::set`] changes
     /// them while the Hub runs (`agen hub` on SIGHUP).
     pub retention: Arc<core::retention::LiveRetention>,
+    /// The leader epoch this Hub holds (several Hubs on PostgreSQL), `None` for a Hub alone.
+    pub leader_epoch: Option<u64>,
+    /// Set when another Hub took the lease over and this one stopped for it
+    /// ([`ha::EXIT_DEPOSED`]).
+    pub deposed: Arc<std::sync::atomic::AtomicBool>,
     serving: tokio::task::JoinHandle<Result<()>>,
     shutdown: CancellationToken,
 }
@@ -174,6 +180,63 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         "cannot create or make private the hub data dir",
     ))?;
 
+    // Several Hubs on PostgreSQL: the identity comes from the database, and this Hub waits as
+    // a follower until it holds the leader lease (every write of it fenced by the epoch).
+    let deposed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut leading: Option<(Arc<store::PgStore>, u64)> = None;
+    // What a leader gives up when it stops: (store, holder, epoch).
+    let mut release: Option<(Arc<store::PgStore>, String, u64)> = None;
+    if let (Some(url), Some(ha_opts)) = (&opts.store, &opts.ha) {
+        let (url, shown) = (url.clone(), store::pg::shown(url));
+        let pg = Arc::new(
+            tokio::task::spawn_blocking(move || store::PgStore::open(&url))
+                .await
+                .map_err(|e| HubError::Serve(format!("opening the store: {e}")))??,
+        );
+        let (p, key, dir, names) = (
+            pg.clone(),
+            ha_opts.identity_key_file.clone(),
+            data_dir.clone(),
+            opts.certificate_names(),
+        );
+        tokio::task::spawn_blocking(move || ha::sync_identity(&p, &shown, &key, &dir, &names))
+            .await
+            .map_err(|e| HubError::Serve(format!("reading the identity: {e}")))??;
+        let holder = ha::holder_id();
+        let advertise = ha_opts.advertise_url.clone().unwrap_or_else(|| {
+            let scheme = if opts.insecure_plaintext {
+                "http"
+            } else {
+                "https"
+            };
+            format!("{scheme}://{}", opts.listen)
+        });
+        let Some(epoch) = ha::campaign(
+            pg.clone(),
+            &holder,
+            &advertise,
+            ha_opts.leader_lease,
+            &shutdown,
+        )
+        .await?
+        else {
+            return Err(HubError::Serve(
+                "stopped while following another Hub".into(),
+            ));
+        };
+        ha::keep(
+            pg.clone(),
+            holder.clone(),
+            epoch,
+            ha_opts.leader_lease,
+            shutdown.clone(),
+            deposed.clone(),
+        );
+        release = Some((pg.clone(), holder, epoch));
+        leading = Some((pg, epoch));
+    }
+    let leader_epoch = leading.as_ref().map(|l| l.1);
+
     let admin_file = data_dir.join("admin-token");
     let admin_token = load_or_create_token(&admin_file, tls::random_secret)?;
 
@@ -198,8 +261,9 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         )));
     }
 
-    let store: Arc<dyn store::Store> = match &opts.store {
-        Some(url) => {
+    let store: Arc<dyn store::Store> = match (&opts.store, leading) {
+        (_, Some((pg, _))) => pg,
+        (Some(url), None) => {
             let url = url.clone();
             Arc::new(
                 tokio::task::spawn_blocking(move || store::PgStore::open(&url))
@@ -207,7 +271,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
                     .map_err(|e| HubError::Serve(format!("opening the store: {e}")))??,
             )
         }
-        None => Arc::new(store::SledStore::open(&data_dir.join("db"))?),
+        (None, None) => Arc::new(store::SledStore::open(&data_dir.join("db"))?),
     };
     let db = store::Db::new(store);
     let secret_key = secrets::SecretKey::load_or_create(&data_dir.join("secret.key"))?;
@@ -408,6 +472,17 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         // Nothing writes after this: a task still holding the core gets an error, not a write
         // the Hub never flushed.
         core.db.close();
+        // A leader that stops gives its lease up (unless deposed): a follower leads at once.
+        if let Some((pg, holder, epoch)) = release {
+            if !pg.deposed() {
+                match tokio::task::spawn_blocking(move || pg.release_lease(&holder, epoch)).await {
+                    Ok(Ok(true)) => tracing::info!(epoch, "gave the leader lease up"),
+                    Ok(Ok(false)) => {}
+                    Ok(Err(e)) => tracing::warn!(epoch, "cannot give the leader lease up: {e}"),
+                    Err(e) => tracing::warn!(epoch, "cannot give the leader lease up: {e}"),
+                }
+            }
+        }
         tracing::info!("hub stopped");
         result
     });
@@ -423,6 +498,8 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         plaintext: opts.insecure_plaintext,
         metrics_addr,
         retention: live_retention,
+        leader_epoch,
+        deposed,
         serving,
         shutdown,
     })

@@ -110,6 +110,22 @@ impl NestOptions {
     /// Options with the documented defaults: data dir `~/.local/share/agen/nest`, name = host
     /// name, capacity 32, the current executable, the process environment (without the join
     /// token).
+    /// The Hubs of `--hub` (several, comma-separated, when several Hubs share one database):
+    /// tried in turn while none answers as the leader.
+    pub fn hub_urls(&self) -> Vec<String> {
+        let urls: Vec<String> = self
+            .hub
+            .split(',')
+            .map(|u| u.trim().to_owned())
+            .filter(|u| !u.is_empty())
+            .collect();
+        if urls.is_empty() {
+            vec![self.hub.trim().to_owned()]
+        } else {
+            urls
+        }
+    }
+
     pub fn new(hub: impl Into<String>, join_token: impl Into<String>) -> NestOptions {
         NestOptions {
             hub: hub.into(),
@@ -270,21 +286,23 @@ impl NestOptions {
                 self.nest_lease
             )));
         }
-        let hub = self.hub.trim();
-        let rest = hub
-            .strip_prefix("https://")
-            .or_else(|| hub.strip_prefix("http://"))
-            .ok_or_else(|| NestError::HubUrl {
-                url: hub.to_string(),
-                reason: "no http:// or https:// scheme".into(),
-            })?;
-        if rest.trim_end_matches('/').is_empty() {
-            return Err(NestError::HubUrl {
-                url: hub.to_string(),
-                reason: "no host".into(),
-            });
+        let hubs = self.hub_urls();
+        for hub in &hubs {
+            let rest = hub
+                .strip_prefix("https://")
+                .or_else(|| hub.strip_prefix("http://"))
+                .ok_or_else(|| NestError::HubUrl {
+                    url: hub.to_string(),
+                    reason: "no http:// or https:// scheme".into(),
+                })?;
+            if rest.trim_end_matches('/').is_empty() {
+                return Err(NestError::HubUrl {
+                    url: hub.to_string(),
+                    reason: "no host".into(),
+                });
+            }
         }
-        if hub.starts_with("https://") {
+        if hubs.iter().any(|h| h.starts_with("https://")) {
             agen_shared::tls::JoinToken::parse(&self.join_token)
                 .map_err(|e| NestError::JoinToken(e.to_string()))?;
         } else if self.join_token.trim().is_empty() {

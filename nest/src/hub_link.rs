@@ -136,7 +136,8 @@ pub async fn run(mut ctx: LinkContext, client_slot: Arc<ClientSlot>, shutdown: C
             Ok(c) => c,
             Err(e) => {
                 let delay = backoff.next_delay();
-                tracing::warn!(hub = %ctx.opts.hub, "{e}; retrying in {delay:?}");
+                tracing::warn!(hub = %client_slot.current(&ctx.opts), "{e}; retrying in {delay:?}");
+                client_slot.fail_over(&ctx.opts).await;
                 agen_shared::systemd::status(&format!(
                     "Hub unreachable, retrying: {}",
                     ctx.opts.hub
@@ -151,6 +152,7 @@ pub async fn run(mut ctx: LinkContext, client_slot: Arc<ClientSlot>, shutdown: C
             Ok(()) => return,
             Err(reason) => {
                 let delay = backoff.next_delay();
+                client_slot.fail_over(&ctx.opts).await;
                 tracing::warn!(hub = %ctx.opts.hub, runs_kept = ctx.supervisor.active_runs(), nest_lease = ?ctx.opts.nest_lease, "hub link down: {reason}; reconnecting in {delay:?} (runs go on until their next side effect waits for the hub)");
                 agen_shared::systemd::status(&format!(
                     "Hub unreachable, retrying: {}",

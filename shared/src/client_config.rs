@@ -6,12 +6,16 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-/// Contents of the client config file (TOML keys `hub`, `ca_file`, `token`).
+/// Contents of the client config file (TOML keys `hub` or `hubs`, `ca_file`, `token`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClientConfig {
     /// `https://127.0.0.1:7070` (or `http://` for an explicitly plaintext loopback Hub).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hub: Option<String>,
+    /// Several Hubs on one database (`hubs = ["https://a:7070", "https://b:7070"]`): tried in
+    /// turn, the one that leads answers; replaces `hub` when both are present.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hubs: Vec<String>,
     /// PEM file of the CA that signs the Hub's certificate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<PathBuf>,
@@ -116,6 +120,7 @@ mod tests {
         assert_eq!(ClientConfig::load(&path).unwrap(), ClientConfig::default());
         let cfg = ClientConfig {
             hub: Some("https://127.0.0.1:7070".into()),
+            hubs: Vec::new(),
             ca_file: Some("/tmp/ca.pem".into()),
             token: Some("t".into()),
         };

@@ -55,6 +55,7 @@ mod runs;
 mod sandbox;
 mod scale_limits;
 mod secrets;
+mod several_hubs;
 mod sql;
 mod store_damage;
 mod store_suite;

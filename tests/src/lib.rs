@@ -186,6 +186,9 @@ pub struct HubProcess {
     pub extra_args: Vec<String>,
     /// More environment variables of the Hub process (kept across restarts).
     pub extra_env: Vec<(String, String)>,
+    /// The `--hub` Nests started by [`HubProcess::nest_with`] get (several Hubs:
+    /// `URL1,URL2`); `None`: this Hub's URL.
+    pub nest_hub: Option<String>,
 }
 
 impl HubProcess {
@@ -241,6 +244,7 @@ impl HubProcess {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            nest_hub: None,
         };
         hub.wait_ready()?;
         Ok(hub)
@@ -261,7 +265,8 @@ impl HubProcess {
         Ok(())
     }
 
-    fn wait_ready(&self) -> anyhow::Result<()> {
+    /// Waits until the Hub answers `agen nests` (a follower answers once it leads).
+    pub fn wait_ready(&self) -> anyhow::Result<()> {
         // Long enough for a Hub loading a large store (benchmarks seed 100,000 tasks).
         wait_for("the hub to answer", Duration::from_secs(300), || {
             if !self.dir.join("client.toml").exists() {
@@ -375,7 +380,7 @@ impl HubProcess {
         cmd.args([
             "nest",
             "--hub",
-            &self.url(),
+            &self.nest_hub.clone().unwrap_or_else(|| self.url()),
             "--join-file",
             &self.dir.join("hub/join-token").to_string_lossy(),
             "--name",

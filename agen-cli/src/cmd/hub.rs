@@ -57,6 +57,19 @@ pub struct Args {
         hide_env_values = true
     )]
     pub store: Option<String>,
+    /// Several Hubs on one --store postgres://: the file sealing the identity they share in
+    /// the database (CA, admin and join tokens, secret key); the same file on every Hub (created
+    /// when missing). Turns on the leader lease: one Hub leads, the others wait as followers
+    #[arg(long, value_name = "PATH", env = "AGEN_HUB_IDENTITY_KEY_FILE")]
+    pub identity_key_file: Option<PathBuf>,
+    /// How long the leader's lease lasts without a renewal (renewed every third of it); a
+    /// follower leads at most this long after the leader died
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = crate::cmd::parse_duration)]
+    pub leader_lease: Duration,
+    /// The URL this Hub is reached at, stored as the leader's when it leads (with
+    /// --identity-key-file) [default: its listen address]
+    #[arg(long, value_name = "URL")]
+    pub advertise_url: Option<String>,
     /// The URL A2A clients reach this Hub at (https://host:port); the agent cards' interface
     /// URLs start with it [default: https://<listen address>; the primary address when
     /// listening on all addresses]
@@ -272,6 +285,10 @@ pub enum Action {
         #[arg(long, default_value = "default")]
         namespace: String,
     },
+    /// Several Hubs on the PostgreSQL store named by --store: which one leads (its advertised
+    /// URL), the fencing epoch and how long its lease has left. Exit 0 while a Hub holds a live
+    /// lease, 1 when none does
+    Status,
     /// Bring the schema of the PostgreSQL store named by --store up to this build's version
     /// (versioned, forward-only; `agen hub` also does it at start). Exit 0 when it is current,
     /// 1 when --check finds migrations to apply, 2 when the schema is newer than this build
@@ -347,6 +364,9 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             };
             return super::hub_store::seed(args.store.as_deref(), &data_dir, spec).await;
         }
+        if let Action::Status = action {
+            return super::hub_store::status(args.store.as_deref()).await;
+        }
         if let Action::Migrate { check, from, to } = action {
             if let (Some(from), Some(to)) = (from, to) {
                 return super::hub_store::copy(&from, &to).await;
@@ -413,6 +433,14 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         console_session_max: args.console_session_max,
         webhook_allow: args.webhook_allow.clone(),
         store: args.store.clone(),
+        ha: args
+            .identity_key_file
+            .clone()
+            .map(|identity_key_file| agen_hub::ha::HaOptions {
+                identity_key_file,
+                leader_lease: args.leader_lease,
+                advertise_url: args.advertise_url.clone(),
+            }),
         otlp: match agen_hub::config::OtlpOptions::resolve(args.otlp_endpoint.as_deref(), |k| {
             std::env::var(k).ok()
         }) {
@@ -439,6 +467,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
 
     let client_cfg = ClientConfig {
         hub: Some(hub.url.clone()),
+        hubs: Vec::new(),
         ca_file: if hub.plaintext {
             None
         } else {
@@ -463,7 +492,12 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         },
     );
 
+    let deposed = hub.deposed.clone();
     hub.wait().await.context("the Hub stopped with an error")?;
+    if deposed.load(std::sync::atomic::Ordering::SeqCst) {
+        eprintln!("agen hub: stopped: another Hub took the leader lease over");
+        return Ok(crate::exit::code::DEPOSED);
+    }
     eprintln!("agen hub: stopped");
     Ok(0)
 }

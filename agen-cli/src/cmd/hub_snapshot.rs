@@ -70,8 +70,12 @@ pub async fn run(action: Action, data_dir: &Path) -> anyhow::Result<i32> {
         } => new_key(file),
         Action::Verify { client } => super::hub_store::verify(data_dir, &client).await,
         Action::Repair => super::hub_store::repair(data_dir).await,
-        Action::Migrate { .. } | Action::Config | Action::RotateCa { .. } | Action::SeedTasks { .. } => {
-            unreachable!("agen hub migrate, config, rotate-ca and seed-tasks are run by hub::run")
+        Action::Migrate { .. }
+        | Action::Config
+        | Action::RotateCa { .. }
+        | Action::SeedTasks { .. }
+        | Action::Status => {
+            unreachable!("agen hub migrate, config, rotate-ca, seed-tasks and status are run by hub::run")
         }
     }
 }

@@ -68,6 +68,43 @@ pub async fn migrate(store: Option<&str>, check: bool) -> anyhow::Result<i32> {
     }
 }
 
+/// `agen hub status`: the leader lease of several Hubs on one PostgreSQL store.
+pub async fn status(store: Option<&str>) -> anyhow::Result<i32> {
+    let Some(url) = store.map(str::to_owned) else {
+        eprintln!(
+            "error: agen hub status needs --store postgres://user@host/db (or AGEN_HUB_STORE)"
+        );
+        return Ok(64);
+    };
+    let shown = agen_hub::store::pg::shown(&url);
+    let row = tokio::task::spawn_blocking(move || {
+        let (store, _) = agen_hub::store::PgStore::open_with(&url, false)?;
+        store.leader().map_err(anyhow::Error::msg)
+    })
+    .await
+    .context("the status task failed")?
+    .with_context(|| format!("cannot read the leader lease in {shown}"))?;
+    if row.epoch == 0 {
+        println!("{shown}: no Hub has led yet (start agen hub with --identity-key-file)");
+        return Ok(1);
+    }
+    if row.expires_in_ms >= 0 {
+        println!(
+            "{shown}: leader {} (epoch {}, lease {} ms left, holder {})",
+            row.url, row.epoch, row.expires_in_ms, row.holder
+        );
+        Ok(0)
+    } else {
+        println!(
+            "{shown}: no leader: the lease of {} (epoch {}) expired {} ms ago; a follower takes it next",
+            row.url,
+            row.epoch,
+            row.expires_in_ms.saturating_neg()
+        );
+        Ok(1)
+    }
+}
+
 /// `agen hub migrate --from A --to B`: a stopped Hub's store copied into another, each a data
 /// dir or a postgres:// URL; prints every table's counts.
 pub async fn copy(from: &str, to: &str) -> anyhow::Result<i32> {

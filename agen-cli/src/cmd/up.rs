@@ -80,6 +80,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
 
     let client_cfg = ClientConfig {
         hub: Some(hub.url.clone()),
+        hubs: Vec::new(),
         ca_file: if hub.url.starts_with("https://") {
             Some(hub.ca_file.clone())
         } else {

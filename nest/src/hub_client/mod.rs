@@ -92,12 +92,14 @@ impl tonic::service::Interceptor for Bearer {
 /// pinned by that hash and stored; then the Nest's certificate is read from `<data-dir>` or
 /// obtained by `Join`. Connects lazily: no network IO besides the CA fetch and `Join`.
 pub async fn client(opts: &NestOptions) -> Result<HubClient> {
-    client_renewing(opts, false).await
+    let first = opts.hub_urls().into_iter().next().unwrap_or_default();
+    client_at(opts, &first, false).await
 }
 
-/// [`client`], renewing the Nest's certificate first when `renew` (the Hub's CA changed).
-async fn client_renewing(opts: &NestOptions, renew: bool) -> Result<HubClient> {
-    let hub = opts.hub.trim_end_matches('/').to_string();
+/// [`client`] for one of the Nest's Hubs, `hub`, renewing the Nest's certificate first when
+/// `renew` (the Hub's CA changed).
+pub async fn client_at(opts: &NestOptions, hub: &str, renew: bool) -> Result<HubClient> {
+    let hub = hub.trim_end_matches('/').to_string();
     let bearer: tonic::metadata::MetadataValue<tonic::metadata::Ascii> =
         format!("Bearer {}", opts.join_token.trim())
             .parse()
@@ -355,9 +357,29 @@ pub struct ClientSlot(
     tokio::sync::Mutex<Option<(HubClient, Option<i64>)>>,
     /// Set when the Hub said it signs with a CA the Nest does not trust first: renew.
     std::sync::atomic::AtomicBool,
+    /// Which of the Nest's Hubs (`--hub URL1,URL2,…`) the client is for.
+    std::sync::atomic::AtomicUsize,
 );
 
 impl ClientSlot {
+    /// The URL of the Hub the slot's client is (or will be) for.
+    pub fn current(&self, opts: &NestOptions) -> String {
+        let urls = opts.hub_urls();
+        let i = self.2.load(std::sync::atomic::Ordering::SeqCst) % urls.len().max(1);
+        urls.get(i).cloned().unwrap_or_default()
+    }
+
+    /// Goes on to the next of several Hubs (after the current one failed or refused the Nest
+    /// as a follower); the next call connects anew. No-op with one Hub.
+    pub async fn fail_over(&self, opts: &NestOptions) {
+        if opts.hub_urls().len() < 2 {
+            return;
+        }
+        let mut slot = self.0.lock().await;
+        *slot = None;
+        self.2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
     pub async fn get_or_connect(&self, opts: &NestOptions) -> Result<HubClient> {
         let mut slot = self.0.lock().await;
         let renew = self.1.swap(false, std::sync::atomic::Ordering::SeqCst);
@@ -366,7 +388,7 @@ impl ClientSlot {
                 return Ok(c.clone());
             }
         }
-        let c = client_renewing(opts, renew).await?;
+        let c = client_at(opts, &self.current(opts), renew).await?;
         let renew_at = std::fs::read_to_string(opts.cert_file())
             .ok()
             .and_then(|pem| agen_shared::tls::nest_cert_renew_at(&pem));

@@ -130,7 +130,7 @@ impl Network {
         use sha2::Digest;
         let digest = sha2::Sha256::digest(opts.data_dir.as_os_str().as_encoded_bytes());
         let prefix = format!("agen-{}-", &hex::encode(digest)[..6]);
-        let hub = hub_addr(&opts.hub);
+        let hub = hub_addr(opts.hub_urls().first().map_or("", String::as_str));
         let mut net = Network {
             off: None,
             egress_default: opts.egress_default,

@@ -5,9 +5,15 @@
 //! use; writing connections run with `synchronous_commit = off` (a write is committed and visible
 //! at once, made durable by the next flush), the flush connection with `on` (its commit waits
 //! for the WAL up to it, and so for every earlier commit of every connection).
+//!
+//! Fencing (several Hubs, [`super::lease`]): once the pool has a fence epoch, every write runs
+//! in a transaction that first takes the lease row `FOR SHARE` and checks that its epoch is
+//! still the fence; a Hub that took the lease since (its `UPDATE` waits for those share locks)
+//! makes every later write of the old epoch find no row and write nothing ([`Out::Fenced`]).
+//! Each record keeps the epoch it was written under (`agen_records.epoch`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,6 +70,8 @@ pub struct Pool {
     slots: Vec<Slot>,
     next: AtomicUsize,
     flush: Slot,
+    /// The leader epoch every write is conditional on (0: none, a Hub that takes no lease).
+    pub fence: AtomicU64,
 }
 
 impl Pool {
@@ -73,6 +81,7 @@ impl Pool {
             slots: (0..size.max(1)).map(|_| Slot::default()).collect(),
             next: AtomicUsize::new(0),
             flush: Slot::default(),
+            fence: AtomicU64::new(0),
         }
     }
 
@@ -110,7 +119,12 @@ impl Pool {
             *guard = Some(connect(&self.config, synchronous).await?);
         }
         let conn = guard.as_mut().expect("connected just above");
-        let out = exec(conn, op).await;
+        let fence = self.fence.load(Ordering::SeqCst);
+        let out = if fence > 0 && op.writes() {
+            fenced(conn, op, fence).await
+        } else {
+            exec(conn, op, fence, false).await
+        };
         if let Err(e) = &out {
             if e.code().is_none() {
                 *guard = None;
@@ -133,6 +147,22 @@ pub enum Op {
     Increment(Vec<u8>),
     Flush,
     Ping,
+    /// A lease operation ([`super::lease`]): never fenced.
+    Lease(super::lease::LeaseOp),
+}
+
+impl Op {
+    /// Whether the operation changes records (and so is fenced).
+    pub fn writes(&self) -> bool {
+        matches!(
+            self,
+            Op::Put(..)
+                | Op::Remove(..)
+                | Op::InsertIfAbsent(..)
+                | Op::InsertPairs(..)
+                | Op::Increment(..)
+        )
+    }
 }
 
 /// What an operation returns.
@@ -144,11 +174,15 @@ pub enum Out {
     Count(u64),
     /// [`Op::InsertPairs`] found a row's key stored already: nothing was written.
     Present,
+    /// The lease row's epoch is no longer the fence: nothing was written (the epoch it has).
+    Fenced(i64),
+    /// What a lease operation answered.
+    Lease(super::lease::LeaseOut),
 }
 
 const GET: &str = "SELECT value FROM agen_records WHERE tbl = $1 AND key = $2";
-const PUT: &str = "INSERT INTO agen_records (tbl, key, value) VALUES ($1, $2, $3) \
-                   ON CONFLICT (tbl, key) DO UPDATE SET value = EXCLUDED.value";
+const PUT: &str = "INSERT INTO agen_records (tbl, key, value, epoch) VALUES ($1, $2, $3, $4) \
+                   ON CONFLICT (tbl, key) DO UPDATE SET value = EXCLUDED.value, epoch = EXCLUDED.epoch";
 const REMOVE: &str = "DELETE FROM agen_records WHERE tbl = $1 AND key = $2";
 const SCAN_ALL: &str =
     "SELECT key, value FROM agen_records WHERE tbl = $1 AND key >= $2 ORDER BY key";
@@ -158,15 +192,18 @@ const LAST_ALL: &str = "SELECT key, value FROM agen_records WHERE tbl = $1 AND k
                         ORDER BY key DESC LIMIT 1";
 const LAST: &str = "SELECT key, value FROM agen_records WHERE tbl = $1 AND key >= $2 AND key < $3 \
                     ORDER BY key DESC LIMIT 1";
-const INSERT: &str = "INSERT INTO agen_records (tbl, key, value) VALUES ($1, $2, $3) \
+const INSERT: &str = "INSERT INTO agen_records (tbl, key, value, epoch) VALUES ($1, $2, $3, $4) \
                       ON CONFLICT (tbl, key) DO NOTHING";
 const ANY_PRESENT: &str =
     "SELECT count(*) FROM agen_records WHERE tbl = $1 AND key = ANY($2::bytea[])";
 /// A counter is 8 bytes, big-endian (as in the local store); anything else counts as 0.
-const INCREMENT: &str = "INSERT INTO agen_records (tbl, key, value) VALUES ('counters', $1, int8send(1)) \
+const INCREMENT: &str = "INSERT INTO agen_records (tbl, key, value, epoch) VALUES ('counters', $1, int8send(1), $2) \
     ON CONFLICT (tbl, key) DO UPDATE SET value = int8send(CASE WHEN length(agen_records.value) = 8 \
-    THEN ('x' || encode(agen_records.value, 'hex'))::bit(64)::bigint ELSE 0 END + 1) RETURNING value";
+    THEN ('x' || encode(agen_records.value, 'hex'))::bit(64)::bigint ELSE 0 END + 1), epoch = EXCLUDED.epoch \
+    RETURNING value";
 const FLUSH: &str = "UPDATE agen_flush SET flushes = flushes + 1 WHERE id = 1";
+/// The lease row's epoch, held against a takeover until the transaction ends.
+const FENCE: &str = "SELECT epoch FROM agen_leader WHERE id = 1 FOR SHARE";
 
 /// The smallest key above every key that starts with `prefix` (`None`: no such bound).
 pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
@@ -180,7 +217,46 @@ pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
-async fn exec(conn: &mut Conn, op: Op) -> Result<Out, tokio_postgres::Error> {
+/// Runs the write `op` in a transaction that holds the lease row at epoch `fence`, or writes
+/// nothing ([`Out::Fenced`]) when the row has another epoch.
+async fn fenced(conn: &mut Conn, op: Op, fence: u64) -> Result<Out, tokio_postgres::Error> {
+    let check = conn.stmt(FENCE).await?;
+    conn.client.batch_execute("BEGIN").await?;
+    let out = async {
+        let epoch: i64 = conn.client.query_one(&check, &[]).await?.get(0);
+        if epoch != fence as i64 {
+            return Ok(Out::Fenced(epoch));
+        }
+        exec(conn, op, fence, true).await
+    }
+    .await;
+    match out {
+        Ok(Out::Fenced(e)) => {
+            conn.client.batch_execute("ROLLBACK").await?;
+            Ok(Out::Fenced(e))
+        }
+        Ok(out) => {
+            conn.client.batch_execute("COMMIT").await?;
+            Ok(out)
+        }
+        Err(e) => {
+            if !conn.client.is_closed() {
+                let _ = conn.client.batch_execute("ROLLBACK").await;
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Runs `op`; its writes carry `epoch`. `in_tx`: a transaction is open already (a fenced
+/// write), so [`Op::InsertPairs`] opens none of its own.
+async fn exec(
+    conn: &mut Conn,
+    op: Op,
+    epoch: u64,
+    in_tx: bool,
+) -> Result<Out, tokio_postgres::Error> {
+    let epoch = epoch as i64;
     match op {
         Op::Get(t, k) => {
             let s = conn.stmt(GET).await?;
@@ -189,7 +265,7 @@ async fn exec(conn: &mut Conn, op: Op) -> Result<Out, tokio_postgres::Error> {
         }
         Op::Put(t, k, v) => {
             let s = conn.stmt(PUT).await?;
-            conn.client.execute(&s, &[&t, &k, &v]).await?;
+            conn.client.execute(&s, &[&t, &k, &v, &epoch]).await?;
             Ok(Out::Done)
         }
         Op::Remove(t, k) => {
@@ -230,7 +306,7 @@ async fn exec(conn: &mut Conn, op: Op) -> Result<Out, tokio_postgres::Error> {
         Op::InsertIfAbsent(t, k, v) => {
             let s = conn.stmt(INSERT).await?;
             Ok(Out::Wrote(
-                conn.client.execute(&s, &[&t, &k, &v]).await? == 1,
+                conn.client.execute(&s, &[&t, &k, &v, &epoch]).await? == 1,
             ))
         }
         Op::InsertPairs(table, also, rows) => {
@@ -240,23 +316,35 @@ async fn exec(conn: &mut Conn, op: Op) -> Result<Out, tokio_postgres::Error> {
                 conn.stmt(PUT).await?,
             );
             let keys: Vec<&[u8]> = rows.iter().map(|r| r.key.as_slice()).collect();
+            if in_tx {
+                return insert_pairs(
+                    &conn.client,
+                    (&any, &insert, &put),
+                    (table, also),
+                    &keys,
+                    &rows,
+                    epoch,
+                )
+                .await;
+            }
             let tx = conn.client.transaction().await?;
-            let present: i64 = tx.query_one(&any, &[&table, &keys]).await?.get(0);
-            if present > 0 {
-                return Ok(Out::Present);
+            let out = insert_pairs(
+                &tx,
+                (&any, &insert, &put),
+                (table, also),
+                &keys,
+                &rows,
+                epoch,
+            )
+            .await?;
+            if matches!(out, Out::Done) {
+                tx.commit().await?;
             }
-            for row in &rows {
-                if let Some((k, v)) = &row.before {
-                    tx.execute(&put, &[&also, k, v]).await?;
-                }
-                tx.execute(&insert, &[&table, &row.key, &row.value]).await?;
-            }
-            tx.commit().await?;
-            Ok(Out::Done)
+            Ok(out)
         }
         Op::Increment(k) => {
             let s = conn.stmt(INCREMENT).await?;
-            let v: Vec<u8> = conn.client.query_one(&s, &[&k]).await?.get(0);
+            let v: Vec<u8> = conn.client.query_one(&s, &[&k, &epoch]).await?.get(0);
             Ok(Out::Count(
                 <[u8; 8]>::try_from(v.as_slice())
                     .map(u64::from_be_bytes)
@@ -272,5 +360,32 @@ async fn exec(conn: &mut Conn, op: Op) -> Result<Out, tokio_postgres::Error> {
             conn.client.simple_query("SELECT 1").await?;
             Ok(Out::Done)
         }
+        Op::Lease(op) => super::lease::exec(conn, op).await.map(Out::Lease),
     }
+}
+
+/// The statements of an ordered insert: (any present, insert, put).
+type PairStmts<'a> = (&'a Statement, &'a Statement, &'a Statement);
+
+/// [`Op::InsertPairs`] inside an open transaction of `c`.
+async fn insert_pairs(
+    c: &impl tokio_postgres::GenericClient,
+    (any, insert, put): PairStmts<'_>,
+    (table, also): (&'static str, &'static str),
+    keys: &[&[u8]],
+    rows: &[super::super::PairRow],
+    epoch: i64,
+) -> Result<Out, tokio_postgres::Error> {
+    let present: i64 = c.query_one(any, &[&table, &keys]).await?.get(0);
+    if present > 0 {
+        return Ok(Out::Present);
+    }
+    for row in rows {
+        if let Some((k, v)) = &row.before {
+            c.execute(put, &[&also, k, v, &epoch]).await?;
+        }
+        c.execute(insert, &[&table, &row.key, &row.value, &epoch])
+            .await?;
+    }
+    Ok(Out::Done)
 }

@@ -9,8 +9,10 @@
 use tokio_postgres::Client;
 
 /// Every migration this binary knows, oldest first: (version, name, SQL).
-pub const MIGRATIONS: &[(u32, &str, &str)] =
-    &[(1, "records", include_str!("migrations/0001_records.sql"))];
+pub const MIGRATIONS: &[(u32, &str, &str)] = &[
+    (1, "records", include_str!("migrations/0001_records.sql")),
+    (2, "leader", include_str!("migrations/0002_leader.sql")),
+];
 
 /// The advisory lock the migrations hold (`"agen"` in ASCII).
 const LOCK: i64 = 0x6167_656e;

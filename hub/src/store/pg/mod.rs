@@ -17,6 +17,7 @@
 //! the database again, after which the Hub reloads its state from what is durable.
 
 mod conn;
+pub mod lease;
 pub mod migrate;
 
 use std::future::Future;
@@ -117,6 +118,8 @@ pub struct PgStore {
     /// Write operations so far, and the count the last flush covered.
     writes: AtomicU64,
     flushed_writes: AtomicU64,
+    /// A write found another Hub's epoch on the lease row: this Hub is deposed for good.
+    deposed: AtomicBool,
 }
 
 impl PgStore {
@@ -156,6 +159,7 @@ impl PgStore {
             closed: AtomicBool::new(false),
             writes: AtomicU64::new(0),
             flushed_writes: AtomicU64::new(0),
+            deposed: AtomicBool::new(false),
         };
         let named = shown.clone();
         let migrated = store
@@ -226,6 +230,127 @@ impl PgStore {
         self.settle(table, out)
     }
 
+    /// Runs a lease operation (never fenced, never refused as broken).
+    fn lease_op(&self, op: lease::LeaseOp) -> Result<lease::LeaseOut, String> {
+        let pool = self.pool.clone();
+        let out = self.block(async move {
+            match tokio::time::timeout(conn::OP_TIMEOUT, pool.run(Op::Lease(op))).await {
+                Ok(Ok(out)) => Ok(out),
+                Ok(Err(e)) => Err(describe(&e)),
+                Err(_) => Err(format!(
+                    "the database did not answer within {} s",
+                    conn::OP_TIMEOUT.as_secs()
+                )),
+            }
+        })?;
+        match out {
+            Out::Lease(out) => Ok(out),
+            _ => Err("unexpected answer to a lease operation".into()),
+        }
+    }
+
+    /// Takes the leader lease for `holder` (advertising `url`) when it expired or `holder`
+    /// holds it; from then on every write is fenced by the new epoch. `None`: another Hub
+    /// leads.
+    pub fn take_lease(
+        &self,
+        holder: &str,
+        url: &str,
+        lease: std::time::Duration,
+    ) -> Result<Option<u64>, String> {
+        match self.lease_op(lease::LeaseOp::Take {
+            holder: holder.into(),
+            url: url.into(),
+            ms: lease::ms(lease),
+        })? {
+            lease::LeaseOut::Epoch(Some(e)) => {
+                let e = u64::try_from(e).unwrap_or(0);
+                self.pool.fence.store(e, Ordering::SeqCst);
+                Ok(Some(e))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Extends the lease held at `epoch`; `false`: another Hub took it (this one is deposed,
+    /// and its writes are refused from now on).
+    pub fn renew_lease(
+        &self,
+        holder: &str,
+        epoch: u64,
+        lease: std::time::Duration,
+    ) -> Result<bool, String> {
+        match self.lease_op(lease::LeaseOp::Renew {
+            holder: holder.into(),
+            epoch: epoch as i64,
+            ms: lease::ms(lease),
+        })? {
+            lease::LeaseOut::Epoch(Some(_)) => Ok(true),
+            _ => {
+                self.depose(None);
+                Ok(false)
+            }
+        }
+    }
+
+    /// Gives the lease held at `epoch` up (this Hub stops): a follower takes it at once.
+    pub fn release_lease(&self, holder: &str, epoch: u64) -> Result<bool, String> {
+        match self.lease_op(lease::LeaseOp::Release {
+            holder: holder.into(),
+            epoch: epoch as i64,
+        })? {
+            lease::LeaseOut::Epoch(e) => Ok(e.is_some()),
+            _ => Err("unexpected answer to releasing the lease".into()),
+        }
+    }
+
+    /// The lease row.
+    pub fn leader(&self) -> Result<lease::Leader, String> {
+        match self.lease_op(lease::LeaseOp::Read)? {
+            lease::LeaseOut::Row(r) => Ok(r),
+            _ => Err("unexpected answer to reading the lease".into()),
+        }
+    }
+
+    /// The epoch this Hub's writes are fenced by (0: none).
+    pub fn fence(&self) -> u64 {
+        self.pool.fence.load(Ordering::SeqCst)
+    }
+
+    /// Whether this Hub lost its lease to another (its writes are refused).
+    pub fn deposed(&self) -> bool {
+        self.deposed.load(Ordering::SeqCst)
+    }
+
+    /// The sealed identity the Hubs share, if one was stored.
+    pub fn identity(&self) -> Result<Option<Vec<u8>>, String> {
+        match self.lease_op(lease::LeaseOp::IdentityGet)? {
+            lease::LeaseOut::Identity(v) => Ok(v),
+            _ => Err("unexpected answer to reading the identity".into()),
+        }
+    }
+
+    /// Stores `sealed` as the identity unless one is stored already.
+    pub fn insert_identity(&self, sealed: Vec<u8>) -> Result<(), String> {
+        self.lease_op(lease::LeaseOp::IdentityInsert(sealed))
+            .map(drop)
+    }
+
+    /// Marks this Hub deposed: no write goes in any more, and healing does not undo it.
+    fn depose(&self, epoch: Option<i64>) {
+        if !self.deposed.swap(true, Ordering::SeqCst) {
+            let mine = self.fence();
+            let now = epoch
+                .map(|e| format!(" (the lease is at epoch {e})"))
+                .unwrap_or_default();
+            tracing::error!("hub store: this Hub lost the leader lease of epoch {mine} to another Hub{now}; it writes nothing more");
+        }
+        *self.broken.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!(
+            "this Hub is no longer the leader (its epoch {} was taken over): it writes nothing more",
+            self.fence()
+        ));
+    }
+
     /// Turns an outcome into the store's result, marking the store broken when the database
     /// could not be reached (and whole again when it could).
     fn settle(
@@ -234,6 +359,13 @@ impl PgStore {
         out: Result<Result<Out, tokio_postgres::Error>, String>,
     ) -> Result<Out> {
         let reason = match out {
+            Ok(Ok(Out::Fenced(epoch))) => {
+                self.depose(Some(epoch));
+                return Err(StoreError::Op {
+                    table: table.name(),
+                    reason: self.broken().unwrap_or_default(),
+                });
+            }
             Ok(Ok(out)) => return Ok(out),
             // Refused by the database (a constraint, a permission): the database works.
             Ok(Err(e)) if e.code().is_some() => {
@@ -412,6 +544,12 @@ impl Store for PgStore {
             return Err(StoreError::Op {
                 table: "all",
                 reason: "the store is closed: the hub stopped".into(),
+            });
+        }
+        if self.deposed() {
+            return Err(StoreError::Op {
+                table: "all",
+                reason: self.broken().unwrap_or_default(),
             });
         }
         if self.broken().is_none() {
