@@ -83,6 +83,11 @@ struct StreamLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NamespaceLabel {
     namespace: String,
 }
@@ -127,6 +132,7 @@ pub struct HubMetrics {
     artifact_bytes: Family<NamespaceLabel, Gauge>,
     streams_open: Family<StreamLabel, Gauge>,
     streams_refused: Family<StreamLabel, Counter>,
+    connections_refused: Family<ReasonLabel, Counter>,
     ops: OpsGauges,
     /// What the event loop remembers between events.
     open: Mutex<Open>,
@@ -189,6 +195,7 @@ impl HubMetrics {
             artifact_bytes: Family::default(),
             streams_open: Family::default(),
             streams_refused: Family::default(),
+            connections_refused: Family::default(),
             ops: OpsGauges::default(),
             open: Mutex::new(Open::default()),
             registry: Registry::default(),
@@ -202,6 +209,11 @@ impl HubMetrics {
             "agen_hub_streams_refused",
             "Streams refused at their cap (--max-streams-per-token, --max-streams)",
             m.streams_refused.clone(),
+        );
+        registry.register(
+            "agen_hub_connections_refused",
+            "Connections to the Hub's port refused or cut by the connection gate, by reason",
+            m.connections_refused.clone(),
         );
         registry.register(
             "agen_tasks",
@@ -424,6 +436,18 @@ impl HubMetrics {
         let model = read_model(core, digest).unwrap_or_default();
         self.open().models.insert(digest.to_string(), model.clone());
         model
+    }
+
+    /// Sets the connection gate's refusal counts (`agen_hub_connections_refused_total`).
+    pub fn connections_refused(&self, counts: &[(crate::conn_gate::Reason, u64)]) {
+        for (reason, n) in counts {
+            let c = self.connections_refused.get_or_create(&ReasonLabel {
+                reason: reason.as_str().to_string(),
+            });
+            if *n > c.get() {
+                c.inc_by(n - c.get());
+            }
+        }
     }
 
     /// The Prometheus text of every metric, with the gauges read now.

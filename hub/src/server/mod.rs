@@ -83,6 +83,7 @@ pub async fn routes(
         tokens: tokens.clone(),
         nests: nests.clone(),
         logs: log_requests.clone(),
+        gate: gate.clone(),
     };
     // `Join` comes before authentication: its own instance, with the small message limit.
     let nest_join = NestServiceServer::new(nest_api_of())

@@ -40,6 +40,8 @@ pub struct NestApi {
     pub nests: Arc<NestIdentities>,
     /// Log requests waiting for a Nest's `SendLogs`.
     pub logs: Arc<crate::logs::LogRequests>,
+    /// Told when a plaintext Nest's call passed its join-token check.
+    pub gate: Arc<crate::conn_gate::ConnGate>,
 }
 
 /// The nest id and key sha256 of a request's verified client certificate, if it has one.
@@ -63,6 +65,7 @@ impl NestApi {
         if self.tls.is_none() {
             self.tokens
                 .check_join(super::auth::bearer(request).as_deref())?;
+            self.gate.authenticated(request.remote_addr());
             return Ok(None);
         }
         let Some((id, key)) = peer_nest(request)? else {
