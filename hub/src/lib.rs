@@ -338,6 +338,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     let reconciler = tokio::spawn(core.clone().run_reconciler(shutdown.child_token()));
     let retention = tokio::spawn(core.clone().run_retention(shutdown.child_token()));
     tokio::spawn(core.clone().run_schedules(shutdown.child_token()));
+    tokio::spawn(core.refusals.clone().run(shutdown.child_token()));
     tokio::spawn(core.clone().run_webhooks(shutdown.child_token()));
     if let Some(schedule) = opts.snapshots.clone() {
         tokio::spawn(core.clone().run_snapshots(schedule, shutdown.child_token()));

@@ -205,3 +205,191 @@ fn the_plaintext_listener_caps_unauthenticated_connections_per_address_and_cuts_
     let v = hub.cli_json(&["nests", "-o", "json"]).unwrap();
     assert!(v.to_string().contains("\"ready\""), "{v}");
 }
+
+/// A new API token: (id, secret).
+fn token(hub: &HubProcess, ns: &str, role: &str, name: &str) -> (String, String) {
+    let t = hub
+        .cli_json(&[
+            "tokens",
+            "create",
+            "--namespace",
+            ns,
+            "--role",
+            role,
+            "--name",
+            name,
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    (
+        t["id"].as_str().unwrap().to_string(),
+        t["secret"].as_str().unwrap().to_string(),
+    )
+}
+
+/// One curl process sending `n` A2A requests on one connection: the status codes it got.
+fn a2a_burst(url: &str, n: usize, secret: Option<&str>) -> Vec<String> {
+    let mut cmd = std::process::Command::new("curl");
+    // No body: the Hub answers before reading one, and a peer still sending it would see
+    // the connection reset before the answer.
+    cmd.args([
+        "-sk",
+        "-X",
+        "POST",
+        "-w",
+        "%{http_code}\n",
+        "--max-time",
+        "60",
+    ]);
+    if let Some(s) = secret {
+        cmd.args(["-H", &format!("authorization: Bearer {s}")]);
+    }
+    for _ in 0..n {
+        cmd.args(["-o", "/dev/null", url]);
+    }
+    let out = cmd.output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_burst_of_refused_calls_makes_a_bounded_number_of_audit_records_naming_the_peer_and_the_count()
+{
+    use agen_proto::v1 as pb;
+    const N: usize = 150;
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let (revoked_id, revoked) = token(&hub, "default", "submitter", "gone");
+    let out = hub.cli(&["tokens", "revoke", &revoked_id]).unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let (_, viewer) = token(&hub, "default", "viewer", "looker");
+    let started = Instant::now();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let grpc_refused = rt.block_on(async {
+        let mut client =
+            pb::agen_service_client::AgenServiceClient::new(hub.channel().await.unwrap());
+        let mut refused = 0;
+        for (i, secret) in ["agen_nosuch_0123456789", revoked.as_str(), ""]
+            .iter()
+            .cycle()
+            .take(N)
+            .enumerate()
+        {
+            let mut req = tonic::Request::new(pb::ListTasksRequest::default());
+            if !secret.is_empty() {
+                req.metadata_mut()
+                    .insert("authorization", format!("Bearer {secret}").parse().unwrap());
+            }
+            let status = client
+                .list_tasks(req)
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("call {i} served"));
+            refused += usize::from(status.code() == tonic::Code::Unauthenticated);
+        }
+        refused
+    });
+    assert_eq!(grpc_refused, N);
+    let url = format!("{}/a2a/default/nobody", hub.url());
+    let unauthorized = a2a_burst(&url, N, None);
+    let forbidden = a2a_burst(&url, N, Some(&viewer));
+    assert_eq!(
+        (
+            unauthorized.iter().filter(|c| *c == "401").count(),
+            forbidden.iter().filter(|c| *c == "403").count()
+        ),
+        (N, N),
+        "{unauthorized:?} {forbidden:?}"
+    );
+    let seconds = started.elapsed().as_secs() + 1;
+
+    // Every refusal is in the log, one by one or counted; per kind at most two records a second.
+    let read = || -> Vec<serde_json::Value> {
+        match hub.cli_json(&["audit", "-o", "json"]).unwrap() {
+            serde_json::Value::Array(a) => a,
+            other => panic!("audit printed {other}"),
+        }
+    };
+    let tally = |entries: &[serde_json::Value], pred: &dyn Fn(&serde_json::Value) -> bool| {
+        let mine: Vec<&serde_json::Value> = entries.iter().filter(|e| pred(e)).collect();
+        let total: u64 = mine
+            .iter()
+            // A summary record stands for the refusals it counted; any other for itself.
+            .map(|e| e["suppressed"].as_u64().unwrap_or(0).max(1))
+            .sum();
+        (mine.len(), total)
+    };
+    let grpc =
+        |e: &serde_json::Value| e["outcome"] == "unauthenticated" && e["call"] == "ListTasks";
+    let a2a_401 =
+        |e: &serde_json::Value| e["outcome"] == "unauthenticated" && e["call"] == "A2A JSON-RPC";
+    let a2a_403 =
+        |e: &serde_json::Value| e["outcome"] == "permission_denied" && e["call"] == "A2A JSON-RPC";
+    let mut entries = Vec::new();
+    agen_tests::wait_for("every refusal counted", Duration::from_secs(10), || {
+        entries = read();
+        [
+            &grpc as &dyn Fn(&serde_json::Value) -> bool,
+            &a2a_401,
+            &a2a_403,
+        ]
+        .iter()
+        .all(|p| tally(&entries, *p).1 == N as u64)
+        .then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}: {entries:#?}"));
+    for (kind, pred) in [
+        ("grpc", &grpc as &dyn Fn(&serde_json::Value) -> bool),
+        ("a2a 401", &a2a_401),
+        ("a2a 403", &a2a_403),
+    ] {
+        let (records, total) = tally(&entries, pred);
+        eprintln!("{kind}: {total} refusals in {records} records over {seconds} s");
+        assert!(
+            records as u64 <= 2 * (seconds + 1),
+            "{kind}: {records} records"
+        );
+        assert!(records < N / 4, "{kind}: {records} records");
+        for e in entries.iter().filter(|e| pred(e)) {
+            assert!(
+                e["peer"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("127.0.0.1:")),
+                "{e}"
+            );
+        }
+    }
+    // The 403s name the token that was not enough.
+    assert!(entries
+        .iter()
+        .filter(|e| a2a_403(e))
+        .all(|e| e["token_name"] == "looker" && e["namespace"] == "default"));
+    // Once the second is over, a refusal is written at once again, saying why (revoked).
+    let revoked_call = || {
+        rt.block_on(async {
+            let mut client =
+                pb::agen_service_client::AgenServiceClient::new(hub.channel().await.unwrap());
+            let mut req = tonic::Request::new(pb::ListTasksRequest::default());
+            req.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {revoked}").parse().unwrap(),
+            );
+            client.list_tasks(req).await.err().unwrap().code()
+        })
+    };
+    agen_tests::wait_for(
+        "the revoked token's refusal",
+        Duration::from_secs(10),
+        || {
+            assert_eq!(revoked_call(), tonic::Code::Unauthenticated);
+            read()
+                .iter()
+                .any(|e| grpc(e) && e["message"].as_str().is_some_and(|m| m.contains("revoked")))
+                .then_some(())
+        },
+    )
+    .unwrap();
+}

@@ -119,6 +119,8 @@ pub struct Core {
     pub(crate) schedules: schedules::Schedules,
     /// The webhooks' loop ([`webhooks`]).
     pub(crate) webhooks: webhooks::Webhooks,
+    /// Refused calls in the audit log, rate-limited (`tokens::refusals`).
+    pub refusals: Arc<crate::tokens::refusals::RefusalAudit>,
 }
 
 pub(crate) use crate::limits::validate_name;
@@ -190,6 +192,7 @@ impl Core {
             store_ok: tokio::sync::watch::Sender::new(true),
             reconciled_at_ms: std::sync::atomic::AtomicI64::new(crate::model::now_ms()),
             secrets: SecretStore::new(db.clone(), secret_key),
+            refusals: Arc::new(crate::tokens::refusals::RefusalAudit::new(db.clone())),
             artifact_usage: Default::default(),
             lazy_flush: Default::default(),
             attempt_floor,

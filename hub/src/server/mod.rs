@@ -181,6 +181,7 @@ pub async fn routes(
     let api: ApiStack = auth::Audited {
         inner: tonic::service::interceptor::InterceptedService::new(agen_api, api_auth),
         db,
+        refusals: core.refusals.clone(),
     };
     let console = console::router(core.clone(), tokens.clone(), gate, api.clone());
     let mut routes = Routes::builder();

@@ -56,6 +56,7 @@ fn audit_entry(a: &AuditRec) -> pb::AuditEntry {
         tool: a.detail.tool.clone(),
         reason: a.detail.reason.clone(),
         peer: a.detail.peer.clone(),
+        suppressed: a.detail.suppressed,
     }
 }
 

@@ -10,6 +10,7 @@
 
 pub mod audit;
 pub mod nests;
+pub mod refusals;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
