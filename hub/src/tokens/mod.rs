@@ -720,6 +720,24 @@ impl Tokens {
         Ok(rec)
     }
 
+    /// A new name for a token (the rule of [`check_token_name`]); id, secret and scope stay.
+    /// A name stored before the rule is mended this way.
+    pub fn rename(&self, id: &str, name: &str) -> Result<TokenRec> {
+        check_token_name(name)?;
+        let rec = {
+            let mut idx = self.lock();
+            let rec = idx.by_id.get_mut(id).ok_or_else(|| {
+                HubError::not_found(format!(
+                    "token {id} not found; list them with `agen tokens ls`"
+                ))
+            })?;
+            rec.name = name.to_string();
+            rec.clone()
+        };
+        self.save(&rec)?;
+        Ok(rec)
+    }
+
     /// A new secret for an API token; id, name and scope stay. The old secret stops working.
     pub fn rotate(&self, id: &str) -> Result<(TokenRec, String)> {
         let secret = agen_shared::tls::random_secret();
