@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use crate::error::{HubError, Result};
 
+pub use agen_net::peer_uid::parse_range as parse_uid_range;
+
 /// Default listen address of `agen hub`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
 
@@ -41,6 +43,10 @@ pub struct HubOptions {
     /// `/healthz` and `/readyz` never need one. Local processes of the Nests' default
     /// `--run-uids` range (instances, tool servers) are refused every path.
     pub metrics_token: Option<String>,
+    /// Local processes of these uids (instances and tool servers of a Nest on this host: its
+    /// `--run-uids`) are refused the Hub's port and its metrics listener (`--refuse-uids`,
+    /// default the Nests' default range 61000-61999).
+    pub refuse_uids: Vec<std::ops::RangeInclusive<u32>>,
     /// Where to export each finished task's trace over OTLP; `None`: not exported.
     pub otlp: Option<OtlpOptions>,
     /// The URL A2A clients reach the Hub at (`https://host:port`, the A2A interface URLs of the
@@ -236,6 +242,7 @@ impl Default for HubOptions {
             limits: crate::limits::Limits::default(),
             metrics_listen: None,
             metrics_token: None,
+            refuse_uids: vec![crate::listener::REFUSED_UIDS],
             otlp: None,
             public_url: None,
             task_retention: DEFAULT_TASK_RETENTION,

@@ -8,6 +8,11 @@
 //! A2A edge). One not authenticated within [`ConnLimits::unauthenticated_timeout`] is cut
 //! (`listener::Cut`), so a silent or slow client holds no slot past it.
 //!
+//! A connection from a local process of an instance or tool-server uid (the Hub's
+//! `--refuse-uids`, a Nest's `--run-uids` on this host) is refused too ([`ConnGate::check_owner`],
+//! by the owner of its socket, as the metrics listener does: `agen_net::peer_uid`). Every
+//! refusal is counted by [`Reason`] (`agen_hub_connections_refused_total{reason}`).
+//!
 //! Invariants: a refused connection is closed before its handshake (no TLS state, no buffer);
 //! an authenticated connection counts only against the total, so a fleet of Nests behind one
 //! address is never refused for its address; a slot is given back exactly once, when the
@@ -15,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -54,11 +60,54 @@ impl Default for ConnLimits {
 /// certificate.
 pub const PRE_AUTH_MESSAGE_BYTES: usize = 64 * 1024;
 
+/// Why a connection was refused or cut: the `reason` label of
+/// `agen_hub_connections_refused_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// `--max-connections` were open.
+    MaxConnections,
+    /// `--max-unauthenticated` connections had not authenticated yet.
+    MaxUnauthenticated,
+    /// `--max-unauthenticated-per-address` from its address had not authenticated yet.
+    MaxUnauthenticatedPerAddress,
+    /// A local process of an instance or tool-server uid (`--refuse-uids`).
+    InstanceUid,
+    /// Its TLS handshake took longer than `--handshake-timeout`.
+    HandshakeTimeout,
+    /// It did not authenticate within `--unauthenticated-timeout` (cut).
+    UnauthenticatedTimeout,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 6] = [
+        Reason::MaxConnections,
+        Reason::MaxUnauthenticated,
+        Reason::MaxUnauthenticatedPerAddress,
+        Reason::InstanceUid,
+        Reason::HandshakeTimeout,
+        Reason::UnauthenticatedTimeout,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::MaxConnections => "max_connections",
+            Reason::MaxUnauthenticated => "max_unauthenticated",
+            Reason::MaxUnauthenticatedPerAddress => "max_unauthenticated_per_address",
+            Reason::InstanceUid => "instance_uid",
+            Reason::HandshakeTimeout => "handshake_timeout",
+            Reason::UnauthenticatedTimeout => "unauthenticated_timeout",
+        }
+    }
+}
+
 /// See the module doc. One per Hub.
 pub struct ConnGate {
     limits: ConnLimits,
+    /// Local processes of these uids are refused (`--refuse-uids`).
+    refused_uids: Arc<Vec<RangeInclusive<u32>>>,
     inner: Mutex<Inner>,
-    refused: AtomicU64,
+    /// Refusals by [`Reason`] (in the order of [`Reason::ALL`]).
+    refused: [AtomicU64; 6],
     last_warned_ms: AtomicI64,
 }
 
@@ -83,10 +132,16 @@ pub struct Slot {
 
 impl ConnGate {
     pub fn new(limits: ConnLimits) -> Arc<ConnGate> {
+        ConnGate::refusing_uids(limits, Vec::new())
+    }
+
+    /// A gate that also refuses local processes of `uids` ([`ConnGate::check_owner`]).
+    pub fn refusing_uids(limits: ConnLimits, uids: Vec<RangeInclusive<u32>>) -> Arc<ConnGate> {
         Arc::new(ConnGate {
             limits,
+            refused_uids: Arc::new(uids),
             inner: Mutex::new(Inner::default()),
-            refused: AtomicU64::new(0),
+            refused: Default::default(),
             last_warned_ms: AtomicI64::new(0),
         })
     }
@@ -99,9 +154,43 @@ impl ConnGate {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Connections refused since the Hub started.
+    /// Connections refused or cut since the Hub started, every reason.
     pub fn refused(&self) -> u64 {
-        self.refused.load(Ordering::Relaxed)
+        self.refused.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
+    /// Connections refused or cut since the Hub started, by reason (every reason, 0 included).
+    pub fn refused_by_reason(&self) -> Vec<(Reason, u64)> {
+        Reason::ALL
+            .iter()
+            .zip(&self.refused)
+            .map(|(r, c)| (*r, c.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// Counts one refusal.
+    pub fn count(&self, reason: Reason) {
+        if let Some(i) = Reason::ALL.iter().position(|r| *r == reason) {
+            self.refused[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Refuses (and counts) a connection from `peer` to `local` made by a local process of a
+    /// refused uid; reads `/proc` off the async threads.
+    pub async fn check_owner(&self, peer: SocketAddr, local: SocketAddr) -> Result<(), Refused> {
+        use agen_net::peer_uid::{check_async, Peer};
+        match check_async(peer, local, self.refused_uids.clone()).await {
+            Peer::Allowed => Ok(()),
+            Peer::Refused(uid) => {
+                let why = match uid {
+                    Some(uid) => format!("a local process of uid {uid}, an instance or tool-server uid (--refuse-uids)"),
+                    None => "a loopback peer whose socket owner cannot be read (--refuse-uids)".to_string(),
+                };
+                self.count(Reason::InstanceUid);
+                self.warn_refused(peer, &why);
+                Err(Refused(why))
+            }
+        }
     }
 
     /// A slot for a new connection from `peer`, or why not.
@@ -110,26 +199,35 @@ impl ConnGate {
         let mut inner = self.lock();
         let from_address = inner.by_address.get(&peer.ip()).copied().unwrap_or(0);
         let why = if inner.total >= l.max_connections {
-            Some(format!(
-                "{} connections are open, the limit (--max-connections)",
-                inner.total
+            Some((
+                Reason::MaxConnections,
+                format!(
+                    "{} connections are open, the limit (--max-connections)",
+                    inner.total
+                ),
             ))
         } else if inner.unauthenticated >= l.max_unauthenticated {
-            Some(format!(
-                "{} connections have not authenticated yet, the limit (--max-unauthenticated)",
-                inner.unauthenticated
+            Some((
+                Reason::MaxUnauthenticated,
+                format!(
+                    "{} connections have not authenticated yet, the limit (--max-unauthenticated)",
+                    inner.unauthenticated
+                ),
             ))
         } else if from_address >= l.max_unauthenticated_per_address {
-            Some(format!(
-                "{from_address} connections from {} have not authenticated yet, the limit (--max-unauthenticated-per-address)",
-                peer.ip()
+            Some((
+                Reason::MaxUnauthenticatedPerAddress,
+                format!(
+                    "{from_address} connections from {} have not authenticated yet, the limit (--max-unauthenticated-per-address)",
+                    peer.ip()
+                ),
             ))
         } else {
             None
         };
-        if let Some(why) = why {
+        if let Some((reason, why)) = why {
             drop(inner);
-            self.refused.fetch_add(1, Ordering::Relaxed);
+            self.count(reason);
             self.warn_refused(peer, &why);
             return Err(Refused(why));
         }
@@ -191,6 +289,11 @@ impl Slot {
 
     pub fn is_authenticated(&self) -> bool {
         self.authenticated.load(Ordering::SeqCst)
+    }
+
+    /// Counts a refusal of this connection (its deadline passed).
+    pub fn count(&self, reason: Reason) {
+        self.gate.count(reason);
     }
 }
 
@@ -259,6 +362,10 @@ mod tests {
         assert!(refused.0.contains("--max-connections"), "{refused:?}");
         drop((a1, a2, a3));
         assert_eq!(gate.refused(), 3);
+        let by: Vec<u64> = gate.refused_by_reason().iter().map(|(_, n)| *n).collect();
+        assert_eq!(by, [1, 1, 1, 0, 0, 0]);
+        gate.count(Reason::HandshakeTimeout);
+        assert_eq!(gate.refused_by_reason()[4], (Reason::HandshakeTimeout, 1));
         let inner = gate.lock();
         assert_eq!((inner.total, inner.unauthenticated), (3, 3));
     }

@@ -137,7 +137,11 @@ enum Incoming {
             std::io::Result<listener::Cut<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>>,
         >,
     ),
-    Plain(tonic::transport::server::TcpIncoming),
+    Plain(
+        tokio_stream::wrappers::ReceiverStream<
+            std::io::Result<listener::Cut<tokio::net::TcpStream>>,
+        >,
+    ),
 }
 
 /// Reads the token in `path`, or writes a new one produced by `make` (mode 0600).
@@ -331,7 +335,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     // Default: the URL other machines use (the primary address when listening on all).
     let public_url = opts.public_url.clone().unwrap_or_else(|| nest_url.clone());
     // Who may hold a connection before authenticating (the TLS listener, the token checks).
-    let gate = conn_gate::ConnGate::new(opts.limits.conn);
+    let gate = conn_gate::ConnGate::refusing_uids(opts.limits.conn, opts.refuse_uids.clone());
     let a2a_routes = a2a::router(core.clone(), tokens.clone(), &public_url, gate.clone());
     let routes = server::routes(
         core.clone(),
@@ -374,15 +378,18 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
                 .local_addr()
                 .map_err(|e| HubError::Serve(format!("cannot read the metrics address: {e}")))?;
             let render_core = core.clone();
-            let render: agen_net::metrics_http::Render =
-                Arc::new(move || metrics.render(&render_core));
+            let render_gate = gate.clone();
+            let render: agen_net::metrics_http::Render = Arc::new(move || {
+                metrics.connections_refused(&render_gate.refused_by_reason());
+                metrics.render(&render_core)
+            });
             let stop = shutdown.clone();
             let ready_core = core.clone();
             let serving = shutdown.clone();
             let access = agen_net::metrics_http::Access {
                 token: opts.metrics_token.as_deref().map(Arc::from),
-                // Instances and tool servers of a Nest on this host (its default range).
-                refused_uids: vec![listener::REFUSED_UIDS],
+                // Instances and tool servers of a Nest on this host (`--refuse-uids`).
+                refused_uids: opts.refuse_uids.clone(),
                 ready: Some(Arc::new(move || {
                     !serving.is_cancelled() && ready_core.store_broken().is_none()
                 })),
@@ -404,6 +411,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     let reconciler = tokio::spawn(core.clone().run_reconciler(shutdown.child_token()));
     let retention = tokio::spawn(core.clone().run_retention(shutdown.child_token()));
     tokio::spawn(core.clone().run_schedules(shutdown.child_token()));
+    tokio::spawn(core.refusals.clone().run(shutdown.child_token()));
     tokio::spawn(core.clone().run_webhooks(shutdown.child_token()));
     if let Some(schedule) = opts.snapshots.clone() {
         tokio::spawn(core.clone().run_snapshots(schedule, shutdown.child_token()));
@@ -418,10 +426,12 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
             cut.clone(),
             gate.clone(),
         )),
-        // Small replies (acks, task states) must not wait on the peer's delayed ACK.
-        None => Incoming::Plain(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-        ),
+        None => Incoming::Plain(listener::plain_incoming(
+            listener,
+            shutdown.child_token(),
+            cut.clone(),
+            gate.clone(),
+        )),
     };
     let stop = shutdown.clone();
     let serving = tokio::spawn(async move {

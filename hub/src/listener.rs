@@ -1,9 +1,10 @@
-//! The Hub's TLS listener: one port for gRPC (HTTP/2) and the A2A HTTP API (HTTP/2 or
-//! HTTP/1.1). ALPN offers `h2` then `http/1.1`; client certificates are optional at the TLS
-//! level (Nests present the one `Join` issued, API clients have none); every handshake runs off
-//! the accept loop under a deadline, so a slow or silent client holds up no one else. Every
-//! connection first takes a slot of the [`ConnGate`] (refused: closed before the handshake); one
-//! that has not authenticated within its deadline is cut.
+//! The Hub's listener: one port for gRPC (HTTP/2) and the A2A HTTP API (HTTP/2 or HTTP/1.1),
+//! over TLS ([`tls_incoming`]) or, on loopback only, plaintext ([`plain_incoming`]). ALPN offers
+//! `h2` then `http/1.1`; client certificates are optional at the TLS level (Nests present the
+//! one `Join` issued, API clients have none); every handshake runs off the accept loop under a
+//! deadline, so a slow or silent client holds up no one else. On both, every connection first
+//! takes a slot of the [`ConnGate`] and passes its owner check (refused: closed before the
+//! handshake or any byte is read); one that has not authenticated within its deadline is cut.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,14 +16,15 @@ use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::conn_gate::{ConnGate, Slot};
+use crate::conn_gate::{ConnGate, Reason, Slot};
 use crate::error::{HubError, Result};
 
 /// Handshakes in flight at once; further connections wait in the kernel's backlog.
 const MAX_HANDSHAKES: usize = 256;
 
 /// The uids a Nest on this host hands its instances and tool servers by default
-/// (`--run-uids`): a local process of one of them is refused the Hub's metrics listener.
+/// (`--run-uids`): the default of `--refuse-uids` (a local process of one of them is refused
+/// the Hub's port and its metrics listener).
 pub const REFUSED_UIDS: std::ops::RangeInclusive<u32> = 61000..=61999;
 
 /// The server TLS config: the Hub's certificate, client certificates from its CA accepted but
@@ -70,8 +72,49 @@ pub fn tls_incoming(
     cut: CancellationToken,
     gate: Arc<ConnGate>,
 ) -> ReceiverStream<std::io::Result<Cut<TlsStream<TcpStream>>>> {
+    gated_incoming(listener, shutdown, cut, gate, move |tcp| {
+        // The settings now: a rotated CA applies from the next connection on.
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
+        async move {
+            let tls = acceptor.accept(tcp).await?;
+            // A certificate of the Hub's CA (rustls verified it): a Nest.
+            let nest = tls.get_ref().1.peer_certificates().is_some();
+            Ok((tls, nest))
+        }
+    })
+}
+
+/// The plaintext connections of `listener` (`--insecure-plaintext`, loopback only), under the
+/// same gate, owner check and deadlines as [`tls_incoming`].
+pub fn plain_incoming(
+    listener: TcpListener,
+    shutdown: CancellationToken,
+    cut: CancellationToken,
+    gate: Arc<ConnGate>,
+) -> ReceiverStream<std::io::Result<Cut<TcpStream>>> {
+    gated_incoming(listener, shutdown, cut, gate, |tcp| async move {
+        Ok((tcp, false))
+    })
+}
+
+/// The accept loop both listeners share: a gate slot, the owner check and `upgrade` (the TLS
+/// handshake; `true`: the connection proved itself a Nest) under the handshake deadline, off
+/// the loop.
+fn gated_incoming<C, F, Fut>(
+    listener: TcpListener,
+    shutdown: CancellationToken,
+    cut: CancellationToken,
+    gate: Arc<ConnGate>,
+    upgrade: F,
+) -> ReceiverStream<std::io::Result<Cut<C>>>
+where
+    C: Send + 'static,
+    F: Fn(TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = std::io::Result<(C, bool)>> + Send + 'static,
+{
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+    let upgrade = Arc::new(upgrade);
     tokio::spawn(async move {
         loop {
             let Ok(permit) = permits.clone().acquire_owned().await else {
@@ -100,24 +143,29 @@ pub fn tls_incoming(
             if let Err(e) = tcp.set_nodelay(true) {
                 tracing::debug!(error = %e, %peer, "cannot set TCP_NODELAY");
             }
-            // The settings now: a rotated CA applies from the next connection on.
-            let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
-            let tx = tx.clone();
-            let cut = cut.clone();
+            let (tx, cut, gate, upgrade) = (tx.clone(), cut.clone(), gate.clone(), upgrade.clone());
             let limits = *gate.limits();
             tokio::spawn(async move {
                 let _permit = permit;
-                match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
-                    Ok(Ok(tls)) => {
-                        // A certificate of the Hub's CA (rustls verified it): a Nest.
-                        if tls.get_ref().1.peer_certificates().is_some() {
+                let Ok(local) = tcp.local_addr() else { return };
+                // An instance or tool server of a Nest on this host: closed before any byte is
+                // read (the gate logs and counts it).
+                if gate.check_owner(peer, local).await.is_err() {
+                    return;
+                }
+                match tokio::time::timeout(limits.handshake_timeout, upgrade(tcp)).await {
+                    Ok(Ok((conn, nest))) => {
+                        if nest {
                             slot.mark_authenticated();
                         }
-                        let conn = Cut::new(tls, cut).gated(slot, limits.unauthenticated_timeout);
+                        let conn = Cut::new(conn, cut).gated(slot, limits.unauthenticated_timeout);
                         let _ = tx.send(Ok(conn)).await;
                     }
                     Ok(Err(e)) => tracing::debug!(error = %e, %peer, "tls handshake failed"),
-                    Err(_) => tracing::debug!(%peer, "tls handshake timed out"),
+                    Err(_) => {
+                        gate.count(Reason::HandshakeTimeout);
+                        tracing::debug!(%peer, "tls handshake timed out");
+                    }
                 }
             });
         }
@@ -133,6 +181,8 @@ pub struct Cut<T> {
     cut: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
     slot: Option<Slot>,
     deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// The deadline passed (counted once).
+    expired: bool,
 }
 
 impl<T> Cut<T> {
@@ -142,6 +192,7 @@ impl<T> Cut<T> {
             cut: Box::pin(cut.cancelled_owned()),
             slot: None,
             deadline: None,
+            expired: false,
         }
     }
 
@@ -169,6 +220,11 @@ impl<T> Cut<T> {
         }
         if let Some(deadline) = self.deadline.as_mut() {
             if deadline.as_mut().poll(cx).is_ready() {
+                if !std::mem::replace(&mut self.expired, true) {
+                    if let Some(slot) = &self.slot {
+                        slot.count(Reason::UnauthenticatedTimeout);
+                    }
+                }
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
                     "not authenticated in time (--unauthenticated-timeout)",

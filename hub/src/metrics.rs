@@ -88,6 +88,11 @@ struct LimitLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NamespaceLabel {
     namespace: String,
 }
@@ -133,6 +138,7 @@ pub struct HubMetrics {
     streams_open: Family<StreamLabel, Gauge>,
     streams_refused: Family<StreamLabel, Counter>,
     limit_refused: Family<LimitLabel, Counter>,
+    connections_refused: Family<ReasonLabel, Counter>,
     ops: OpsGauges,
     /// What the event loop remembers between events.
     open: Mutex<Open>,
@@ -196,6 +202,7 @@ impl HubMetrics {
             streams_open: Family::default(),
             streams_refused: Family::default(),
             limit_refused: Family::default(),
+            connections_refused: Family::default(),
             ops: OpsGauges::default(),
             open: Mutex::new(Open::default()),
             registry: Registry::default(),
@@ -215,6 +222,11 @@ impl HubMetrics {
             "agen_hub_limit_refused",
             "Refusals by a scale limit (nests: --max-nests, queued_tasks: --max-queued-tasks)",
             m.limit_refused.clone(),
+        );
+        registry.register(
+            "agen_hub_connections_refused",
+            "Connections to the Hub's port refused or cut by the connection gate, by reason",
+            m.connections_refused.clone(),
         );
         registry.register(
             "agen_tasks",
@@ -447,6 +459,18 @@ impl HubMetrics {
         let model = read_model(core, digest).unwrap_or_default();
         self.open().models.insert(digest.to_string(), model.clone());
         model
+    }
+
+    /// Sets the connection gate's refusal counts (`agen_hub_connections_refused_total`).
+    pub fn connections_refused(&self, counts: &[(crate::conn_gate::Reason, u64)]) {
+        for (reason, n) in counts {
+            let c = self.connections_refused.get_or_create(&ReasonLabel {
+                reason: reason.as_str().to_string(),
+            });
+            if *n > c.get() {
+                c.inc_by(n - c.get());
+            }
+        }
     }
 
     /// The Prometheus text of every metric, with the gauges read now.

@@ -9,19 +9,18 @@
 //! [`Access`]: with a token (`--metrics-token-file`), `/metrics` needs `Authorization: Bearer
 //! <token>` (401 otherwise); `/healthz` and `/readyz` never do. With refused uids (a separating
 //! Nest's `--run-uids`: its instances and tool servers), a connection from a process of this
-//! host whose socket belongs to one of them is answered 403 whatever it asks; the owner is read
-//! from `/proc/net/tcp{,6}` (the client's own socket: local = the peer's address, remote = ours),
-//! and a loopback peer whose socket cannot be found is refused too (fail closed). The kernel
-//! sets a socket's uid when it is made, so a process cannot borrow another uid's without that
-//! process handing it over.
+//! host whose socket belongs to one of them is answered 403 whatever it asks (the owner as
+//! [`crate::peer_uid`] finds it; a loopback peer whose socket cannot be found is refused too).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+use crate::peer_uid::{self, Peer};
 
 /// The media type of the text exposition format.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -108,25 +107,17 @@ async fn answer(
     render: Render,
     access: Arc<Access>,
 ) -> std::io::Result<()> {
-    if !access.refused_uids.is_empty() {
-        let local = stream.local_addr()?;
-        let owner = tokio::task::spawn_blocking(move || socket_owner(peer, local))
-            .await
-            .unwrap_or(None);
-        let refused = match owner {
-            Some(uid) => access.refused_uids.iter().any(|r| r.contains(&uid)),
-            None => unmapped(peer.ip()).is_loopback(),
-        };
-        if refused {
-            tracing::warn!(%peer, uid = ?owner, "metrics listener: refused a local process of an instance or tool server uid");
-            return respond(
-                &mut stream,
-                "403 Forbidden",
-                "text/plain",
-                "instances and their tool servers may not read this daemon's endpoints\n",
-            )
-            .await;
-        }
+    let local = stream.local_addr()?;
+    let refused = Arc::new(access.refused_uids.clone());
+    if let Peer::Refused(owner) = peer_uid::check_async(peer, local, refused).await {
+        tracing::warn!(%peer, uid = ?owner, "metrics listener: refused a local process of an instance or tool server uid");
+        return respond(
+            &mut stream,
+            "403 Forbidden",
+            "text/plain",
+            "instances and their tool servers may not read this daemon's endpoints\n",
+        )
+        .await;
     }
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
@@ -210,62 +201,6 @@ const NOT_FOUND: &str = "only GET /metrics, /healthz and /readyz are served here
 /// Compares in time that does not depend on where the first difference is.
 fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn unmapped(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    }
-}
-
-/// The uid owning the client socket of a connection from `peer` to `local` on this host (its
-/// line in `/proc/net/tcp` or `tcp6` has local = `peer`, remote = `local`); `None` when no
-/// process of this network namespace holds it.
-fn socket_owner(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
-    let want = (
-        unmapped(peer.ip()),
-        peer.port(),
-        unmapped(local.ip()),
-        local.port(),
-    );
-    for file in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(file) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let (Some(l), Some(r), Some(uid)) = (f.get(1), f.get(2), f.get(7)) else {
-                continue;
-            };
-            let (Some(l), Some(r)) = (proc_addr(l), proc_addr(r)) else {
-                continue;
-            };
-            if (l.0, l.1, r.0, r.1) == want {
-                return uid.parse().ok();
-            }
-        }
-    }
-    None
-}
-
-/// `0100007F:1F90` (IPv4) or 32 hex digits `:PORT` (IPv6), words in the kernel's byte order.
-fn proc_addr(s: &str) -> Option<(IpAddr, u16)> {
-    let (addr, port) = s.split_once(':')?;
-    let port = u16::from_str_radix(port, 16).ok()?;
-    let word = |h: &str| u32::from_str_radix(h, 16).ok().map(u32::to_ne_bytes);
-    let ip = match addr.len() {
-        8 => IpAddr::from(word(addr)?),
-        32 => {
-            let mut b = [0u8; 16];
-            for i in 0..4 {
-                b[i * 4..i * 4 + 4].copy_from_slice(&word(addr.get(i * 8..i * 8 + 8)?)?);
-            }
-            IpAddr::from(b)
-        }
-        _ => return None,
-    };
-    Some((unmapped(ip), port))
 }
 
 async fn respond(
@@ -456,28 +391,6 @@ mod tests {
         ));
         assert!(!ask("Accept: */*"));
         assert!(!ask("host: x"));
-    }
-
-    #[test]
-    fn proc_net_addresses_are_read_in_the_kernels_byte_order() {
-        let v4 = proc_addr("0100007F:1F90").expect("v4");
-        assert_eq!(v4, ("127.0.0.1".parse().expect("ip"), 8080));
-        let v6 = proc_addr("00000000000000000000000001000000:0050").expect("v6");
-        assert_eq!(v6, ("::1".parse().expect("ip"), 80));
-        let mapped = proc_addr("0000000000000000FFFF00000100007F:0050").expect("mapped");
-        assert_eq!(mapped, ("127.0.0.1".parse().expect("ip"), 80));
-        assert_eq!(proc_addr("zz:1"), None);
-    }
-
-    #[tokio::test]
-    async fn the_owner_of_a_local_client_socket_is_found() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let at = listener.local_addr().expect("addr");
-        let client = TcpStream::connect(at).await.expect("connect");
-        let (_server, peer) = listener.accept().await.expect("accept");
-        assert_eq!(peer, client.local_addr().expect("addr"));
-        let me = nix::unistd::getuid().as_raw();
-        assert_eq!(socket_owner(peer, at), Some(me));
     }
 
     #[test]

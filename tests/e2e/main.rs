@@ -31,6 +31,7 @@ mod hostile_bundle;
 mod hostile_clients;
 mod hostile_keen;
 mod hostile_smaller;
+mod hub_port;
 mod hub_restart;
 mod identity;
 mod init;

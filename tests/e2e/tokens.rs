@@ -779,3 +779,61 @@ fn a_nest_is_who_its_key_says_and_join_tokens_and_nests_can_be_revoked() {
     .unwrap();
     let _victim = hub.nest("victim", &[], &[]).unwrap();
 }
+
+/// `agen tokens rename`: the name rule applies to the new name, id and secret stay, and the
+/// rename is in the audit log.
+#[test]
+fn a_token_is_renamed_under_the_name_rule_and_keeps_its_secret() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let made = json_of(
+        &hub.cli(&[
+            "tokens",
+            "create",
+            "--namespace",
+            "default",
+            "--role",
+            "viewer",
+            "--name",
+            "old",
+            "-o",
+            "json",
+        ])
+        .unwrap(),
+        "create",
+    );
+    let (id, secret) = (
+        made["id"].as_str().unwrap(),
+        made["secret"].as_str().unwrap(),
+    );
+    for bad in ["admin", "a\u{1b}[2Jb"] {
+        let out = hub.cli(&["tokens", "rename", id, bad]).unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {out:?}");
+    }
+    let renamed = json_of(
+        &hub.cli(&["tokens", "rename", id, "looker", "-o", "json"])
+            .unwrap(),
+        "rename",
+    );
+    assert_eq!(
+        (renamed["id"].as_str(), renamed["name"].as_str()),
+        (Some(id), Some("looker"))
+    );
+    ok(
+        &as_token(&hub, secret, &["tasks"]),
+        "the secret still works",
+    );
+    let audit = json_of(&hub.cli(&["audit", "-o", "json"]).unwrap(), "audit");
+    let renames: Vec<&Value> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["call"] == "RenameToken")
+        .collect();
+    assert_eq!(renames.len(), 3, "{audit:#}");
+    assert_eq!(
+        renames.iter().filter(|e| e["outcome"] == "ok").count(),
+        1,
+        "{audit:#}"
+    );
+}

@@ -57,6 +57,7 @@ pub fn entry_json(e: &pb::AuditEntry) -> Value {
         },
         "reason": opt(&e.reason),
         "peer": opt(&e.peer),
+        "suppressed": e.suppressed,
     })
 }
 
@@ -77,6 +78,12 @@ fn detail(e: &pb::AuditEntry) -> String {
     }
     if !e.reason.is_empty() {
         out = format!("{out}: {:?}", e.reason);
+    }
+    if e.suppressed > 0 {
+        out = format!(
+            "{out} (and {} more like it from this address in 1 s)",
+            e.suppressed
+        );
     }
     match out.trim() {
         "" => "-".into(),

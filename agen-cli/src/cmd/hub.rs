@@ -39,6 +39,16 @@ pub struct Args {
     /// credentials_file`); /healthz and /readyz never need it
     #[arg(long, value_name = "FILE")]
     pub metrics_token_file: Option<std::path::PathBuf>,
+    /// Refuse connections (to the gRPC/A2A port and /metrics) from local processes of these uids:
+    /// the instances and tool servers of Nests on this host, so give it their --run-uids
+    /// (comma-separated or repeated ranges; `none` refuses no uid)
+    #[arg(
+        long,
+        value_name = "FIRST-LAST",
+        default_value = "61000-61999",
+        value_delimiter = ','
+    )]
+    pub refuse_uids: Vec<String>,
     /// Export each finished task's trace over OTLP to this collector URL (e.g.
     /// http://127.0.0.1:4317); also OTEL_EXPORTER_OTLP_{TRACES_,}ENDPOINT, _PROTOCOL
     /// (grpc or http/protobuf), _HEADERS and _CERTIFICATE (the CA file of an https:// collector)
@@ -412,6 +422,13 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
                 return Ok(64);
             }
         },
+        refuse_uids: match refuse_uids(&args.refuse_uids) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("error: --refuse-uids: {e}");
+                return Ok(64);
+            }
+        },
         public_url: args.public_url.clone(),
         task_retention: args.task_retention,
         audit_retention: args.audit_retention,
@@ -500,4 +517,13 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     }
     eprintln!("agen hub: stopped");
     Ok(0)
+}
+
+/// `--refuse-uids` values as ranges (`none`: no uid).
+fn refuse_uids(values: &[String]) -> Result<Vec<std::ops::RangeInclusive<u32>>, String> {
+    values
+        .iter()
+        .filter(|v| !v.trim().eq_ignore_ascii_case("none"))
+        .map(|v| agen_hub::config::parse_uid_range(v))
+        .collect()
 }

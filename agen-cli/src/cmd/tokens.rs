@@ -51,6 +51,16 @@ pub enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Give a token a new name (e.g. one stored before the name rule, shown escaped); its id,
+    /// secret and scope stay
+    Rename {
+        /// The token's id (from `agen tokens ls`)
+        id: String,
+        /// The new name
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Revoke a token: refused from now on, open streams included
     Revoke {
         /// The token's id (from `agen tokens ls`)
@@ -234,6 +244,19 @@ pub async fn run(cmd: Command) -> anyhow::Result<i32> {
                 .map_err(|s| status_error(&hub, s))?
                 .into_inner();
             print_secret(client.output, &resp);
+        }
+        Command::Rename { id, name, client } => {
+            let mut hub = client.connect()?;
+            let t = hub
+                .client
+                .rename_token(pb::RenameTokenRequest { id, name })
+                .await
+                .map_err(|s| status_error(&hub, s))?
+                .into_inner();
+            match client.output {
+                Output::Table => crate::outln!("token {} renamed {}", t.id, t.name),
+                output => view::print_value(output, &token_json(&t)),
+            }
         }
         Command::Revoke { id, client } => {
             let mut hub = client.connect()?;

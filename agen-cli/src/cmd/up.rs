@@ -71,6 +71,11 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             listen: args.listen,
             insecure_plaintext: args.insecure_plaintext,
             nest_ttl: args.nest_ttl,
+            // Its Nests' instances and tool servers are refused the Hub's port.
+            refuse_uids: match &run_as {
+                agen_nest::separation::RunAs::Uids { first, last } => vec![*first..=*last],
+                _ => agen_hub::HubOptions::default().refuse_uids,
+            },
             ..agen_hub::HubOptions::default()
         },
         shutdown.clone(),

@@ -214,12 +214,51 @@ impl IntoResponse for Refusal {
 }
 
 impl A2a {
-    /// The caller, when its bearer may submit tasks in `namespace` (the `SubmitTask` rule).
+    /// The caller, when its bearer may submit tasks in the target's namespace (the `SubmitTask`
+    /// rule). A refusal (401, 403) goes to the audit log, rate-limited (`tokens::refusals`).
     fn authorize(
         &self,
         headers: &HeaderMap,
         peer: Option<std::net::SocketAddr>,
+        target: &Target,
+        call: &str,
+    ) -> Result<Principal, Refusal> {
+        use crate::tokens::refusals::{Kind, Refusal as Refused};
+        let mut caller = None;
+        let checked = self.check_bearer(headers, peer, &target.namespace, &mut caller);
+        if let Err(Refusal(status, message)) = &checked {
+            let kind = if *status == StatusCode::FORBIDDEN {
+                Kind::A2aForbidden
+            } else {
+                Kind::A2aUnauthorized
+            };
+            let (token_id, token_name) = caller
+                .as_ref()
+                .map(|p: &Principal| (p.token_id().to_string(), p.token_name().to_string()))
+                .unwrap_or_default();
+            self.core.refusals.note(
+                peer,
+                kind,
+                Refused {
+                    token_id,
+                    token_name,
+                    namespace: crate::core::namespace_or_default(&target.namespace),
+                    call: call.to_string(),
+                    target: target.deployment.clone(),
+                    message: message.clone(),
+                },
+            );
+        }
+        checked
+    }
+
+    /// [`A2a::authorize`] before its audit: `caller` is set once the token resolved.
+    fn check_bearer(
+        &self,
+        headers: &HeaderMap,
+        peer: Option<std::net::SocketAddr>,
         namespace: &str,
+        caller: &mut Option<Principal>,
     ) -> Result<Principal, Refusal> {
         let token = headers
             .get(header::AUTHORIZATION)
@@ -241,6 +280,7 @@ impl A2a {
             .resolve(token)
             .map_err(|e| refusal(e, "the token"))?;
         self.gate.authenticated(peer);
+        *caller = Some(principal.clone());
         let namespace = crate::core::namespace_or_default(namespace);
         principal
             .allows(Need::Role(Role::Submitter), &namespace, "A2A")
@@ -256,7 +296,7 @@ impl A2a {
         peer: Option<std::net::SocketAddr>,
     ) -> Response {
         if !self.opts.public_cards {
-            if let Err(r) = self.authorize(headers, peer, &target.namespace) {
+            if let Err(r) = self.authorize(headers, peer, target, "A2A agent card") {
                 return r.into_response();
             }
         }
@@ -453,7 +493,7 @@ async fn rpc(a: Arc<A2a>, target: Target, request: axum::extract::Request) -> Re
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
     // The bearer first: a refused request's body is never read.
-    let principal = match a.authorize(&headers, peer, &target.namespace) {
+    let principal = match a.authorize(&headers, peer, &target, "A2A JSON-RPC") {
         Ok(p) => p,
         Err(r) => return r.into_response(),
     };

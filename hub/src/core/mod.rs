@@ -125,6 +125,8 @@ pub struct Core {
     pub(crate) webhooks: webhooks::Webhooks,
     /// The task and audit retentions in force (reloadable; [`retention`]).
     pub retention: Arc<retention::LiveRetention>,
+    /// Refused calls in the audit log, rate-limited (`tokens::refusals`).
+    pub refusals: Arc<crate::tokens::refusals::RefusalAudit>,
 }
 
 pub(crate) use crate::limits::validate_name;
@@ -201,6 +203,7 @@ impl Core {
             store_ok: tokio::sync::watch::Sender::new(true),
             reconciled_at_ms: std::sync::atomic::AtomicI64::new(crate::model::now_ms()),
             secrets: SecretStore::new(db.clone(), secret_key),
+            refusals: Arc::new(crate::tokens::refusals::RefusalAudit::new(db.clone())),
             artifact_usage: Default::default(),
             lazy_flush: Default::default(),
             attempt_floor,

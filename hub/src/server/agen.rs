@@ -525,6 +525,13 @@ impl AgenService for AgenApi {
         self.access.revoke_token(request).await
     }
 
+    async fn rename_token(
+        &self,
+        request: Request<pb::RenameTokenRequest>,
+    ) -> Result<Response<pb::TokenInfo>, Status> {
+        self.access.rename_token(request).await
+    }
+
     async fn rotate_token(
         &self,
         request: Request<pb::RotateTokenRequest>,

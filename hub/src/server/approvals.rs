@@ -87,7 +87,7 @@ pub async fn decide(
             call_id: call_id.into(),
             tool: tool.into(),
             reason: reason.clone(),
-            peer: String::new(),
+            ..Default::default()
         }
     };
     audit.set(detail(&request.get_ref().call_id, ""));

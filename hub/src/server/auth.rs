@@ -272,6 +272,8 @@ struct CallName(String);
 pub struct Audited<S> {
     pub inner: S,
     pub db: Db,
+    /// Where calls refused for their token are recorded, rate-limited.
+    pub refusals: Arc<crate::tokens::refusals::RefusalAudit>,
 }
 
 impl<S: tonic::server::NamedService> tonic::server::NamedService for Audited<S> {
@@ -308,9 +310,9 @@ where
             .next()
             .unwrap_or_default()
             .to_string();
-        let peer = peer_of(req.extensions())
-            .map(|a| a.to_string())
-            .unwrap_or_default();
+        let peer_addr = peer_of(req.extensions());
+        let peer = peer_addr.map(|a| a.to_string()).unwrap_or_default();
+        let refusals = self.refusals.clone();
         req.extensions_mut().insert(slot.clone());
         req.extensions_mut().insert(CallName(call.clone()));
         // Take the service that was made ready; leave a fresh clone in its place.
@@ -325,7 +327,16 @@ where
             };
             let (outcome, mut message) = outcome(response.headers());
             if !checked && outcome == "unauthenticated" {
-                tracing::warn!(%call, reason = %message, "refused a call without a valid token");
+                tracing::warn!(%call, reason = %message, %peer, "refused a call without a valid token");
+                refusals.note(
+                    peer_addr,
+                    crate::tokens::refusals::Kind::GrpcUnauthenticated,
+                    crate::tokens::refusals::Refusal {
+                        call: call.clone(),
+                        message: message.clone(),
+                        ..Default::default()
+                    },
+                );
             }
             if !checked && outcome == "ok" {
                 // A safety net for new RPCs: the check is the handler's first line.

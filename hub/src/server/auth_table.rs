@@ -78,6 +78,7 @@ pub const RPCS: &[(&str, Rule)] = &[
     ("ListTokens", TOKEN_LIST),
     ("RevokeToken", TOKEN_CHANGE),
     ("RotateToken", TOKEN_CHANGE),
+    ("RenameToken", TOKEN_CHANGE),
     ("ListAudit", TOKEN_LIST),
     ("RevokeNest", Global(ClusterWrite)),
     ("ForgetNest", Global(ClusterWrite)),

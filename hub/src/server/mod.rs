@@ -84,6 +84,7 @@ pub async fn routes(
         tokens: tokens.clone(),
         nests: nests.clone(),
         logs: log_requests.clone(),
+        gate: gate.clone(),
     };
     // `Join` comes before authentication: its own instance, with the small message limit.
     let nest_join = NestServiceServer::new(nest_api_of())
@@ -181,6 +182,7 @@ pub async fn routes(
     let api: ApiStack = auth::Audited {
         inner: tonic::service::interceptor::InterceptedService::new(agen_api, api_auth),
         db,
+        refusals: core.refusals.clone(),
     };
     let console = console::router(core.clone(), tokens.clone(), gate, api.clone());
     let mut routes = Routes::builder();

@@ -40,6 +40,8 @@ pub struct NestApi {
     pub nests: Arc<NestIdentities>,
     /// Log requests waiting for a Nest's `SendLogs`.
     pub logs: Arc<crate::logs::LogRequests>,
+    /// Told when a plaintext Nest's call passed its join-token check.
+    pub gate: Arc<crate::conn_gate::ConnGate>,
 }
 
 /// The nest id and key sha256 of a request's verified client certificate, if it has one.
@@ -56,13 +58,35 @@ fn peer_nest<T>(request: &Request<T>) -> Result<Option<(String, String)>, Status
 }
 
 impl NestApi {
+    /// The request's join token, checked; a refusal goes to the audit log, rate-limited.
+    fn join_token<T>(
+        &self,
+        request: &Request<T>,
+        call: &str,
+    ) -> Result<crate::tokens::TokenRec, Status> {
+        self.tokens
+            .check_join(super::auth::bearer(request).as_deref())
+            .map_err(|e| {
+                self.core.refusals.note(
+                    request.remote_addr(),
+                    crate::tokens::refusals::Kind::GrpcUnauthenticated,
+                    crate::tokens::refusals::Refusal {
+                        call: call.to_string(),
+                        message: e.to_string(),
+                        ..Default::default()
+                    },
+                );
+                Status::from(e)
+            })
+    }
+
     /// The nest id named by the caller's verified client certificate, checked against the key
     /// its id is bound to and against revocation; `None` on a plaintext Hub, which checks the
     /// join token instead (no certificates there).
     pub(super) fn cert_nest_id<T>(&self, request: &Request<T>) -> Result<Option<String>, Status> {
         if self.tls.is_none() {
-            self.tokens
-                .check_join(super::auth::bearer(request).as_deref())?;
+            self.join_token(request, "NestService")?;
+            self.gate.authenticated(request.remote_addr());
             return Ok(None);
         }
         let Some((id, key)) = peer_nest(request)? else {
@@ -455,10 +479,7 @@ impl NestService for NestApi {
         let join_token = if renewing_itself {
             None
         } else {
-            Some(
-                self.tokens
-                    .check_join(super::auth::bearer(&request).as_deref())?,
-            )
+            Some(self.join_token(&request, "Join")?)
         };
         let r = request.into_inner();
         let cert_pem = tls

@@ -57,6 +57,7 @@ fn audit_entry(a: &AuditRec) -> pb::AuditEntry {
         tool: a.detail.tool.clone(),
         reason: a.detail.reason.clone(),
         peer: a.detail.peer.clone(),
+        suppressed: a.detail.suppressed,
     }
 }
 
@@ -222,6 +223,20 @@ impl AccessApi {
         let rec = self.tokens.revoke(&rec.id)?;
         self.core.db.flush().await.map_err(HubError::from)?;
         tracing::info!(token_id = %rec.id, name = %agen_shared::text::LogField(&rec.name), by = %agen_shared::text::LogField(principal.token_name()), "token revoked");
+        Ok(Response::new(token_info(&rec)))
+    }
+
+    pub async fn rename_token(
+        &self,
+        request: Request<pb::RenameTokenRequest>,
+    ) -> Result<Response<pb::TokenInfo>, Status> {
+        let rec = self.tokens.get(&request.get_ref().id)?;
+        let principal = self.authorize_change(&request, &rec)?;
+        let old = rec.name.clone();
+        let rec = self.tokens.rename(&rec.id, &request.get_ref().name)?;
+        self.core.db.flush().await.map_err(HubError::from)?;
+        auth::audit_message(&request, format!("renamed from {old:?}"));
+        tracing::info!(token_id = %rec.id, old = %agen_shared::text::LogField(&old), name = %agen_shared::text::LogField(&rec.name), by = %agen_shared::text::LogField(principal.token_name()), "token renamed");
         Ok(Response::new(token_info(&rec)))
     }
 

@@ -53,6 +53,14 @@ pub struct AuditDetail {
     /// The remote `IP:port` of the connection the call came on.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub peer: String,
+    /// A refusal's record: how many more refusals like it came from the same address in the
+    /// same second, counted instead of recorded one by one (`refusals`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub suppressed: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Which records to read.
@@ -134,6 +142,7 @@ pub fn record_with(
         tool: cut(&detail.tool, MAX_MESSAGE),
         reason: cut(&detail.reason, MAX_MESSAGE),
         peer: cut(&detail.peer, MAX_MESSAGE),
+        suppressed: detail.suppressed,
     };
     let rec = AuditRec {
         at_ms: now_ms(),
@@ -163,6 +172,7 @@ pub fn record_with(
         tool_call = %agen_shared::text::LogField(tool_call.trim()),
         reason = %agen_shared::text::LogField(&rec.detail.reason),
         peer = %rec.detail.peer,
+        suppressed = rec.detail.suppressed,
         "audit record"
     );
     Ok(rec)
@@ -226,6 +236,7 @@ mod tests {
             tool: "ws.run".into(),
             reason: "x".repeat(2000),
             peer: "127.0.0.1:5000".into(),
+            suppressed: 0,
         };
         let old = record_with(
             &db,

@@ -10,6 +10,7 @@
 
 pub mod audit;
 pub mod nests;
+pub mod refusals;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -716,6 +717,24 @@ impl Tokens {
         };
         self.save(&rec)?;
         self.revoked.send_modify(|g| *g += 1);
+        Ok(rec)
+    }
+
+    /// A new name for a token (the rule of [`check_token_name`]); id, secret and scope stay.
+    /// A name stored before the rule is mended this way.
+    pub fn rename(&self, id: &str, name: &str) -> Result<TokenRec> {
+        check_token_name(name)?;
+        let rec = {
+            let mut idx = self.lock();
+            let rec = idx.by_id.get_mut(id).ok_or_else(|| {
+                HubError::not_found(format!(
+                    "token {id} not found; list them with `agen tokens ls`"
+                ))
+            })?;
+            rec.name = name.to_string();
+            rec.clone()
+        };
+        self.save(&rec)?;
         Ok(rec)
     }
 

@@ -189,3 +189,28 @@ fn a_never_expiring_bootstrap_join_token_is_given_an_expiry_at_start() {
     assert!(err.contains("expired at 20"), "{err}");
     assert!(err.contains("agen tokens create --join"), "{err}");
 }
+
+#[test]
+fn a_name_stored_before_the_name_rule_is_kept_and_can_be_renamed() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = Tokens::open(db(dir.path()), "the-admin").unwrap();
+    let (rec, _) = tokens
+        .create(&Principal::ClusterAdmin, api("ns", Role::Viewer, 0))
+        .unwrap();
+    // What an older Hub let through: a line break and an escape sequence.
+    let mut old = tokens.get(&rec.id).unwrap();
+    old.name = "admin\n\u{1b}[2Jx".into();
+    tokens.save(&old).unwrap();
+    drop(tokens);
+    let tokens = Tokens::open(db(dir.path()), "the-admin").unwrap();
+    assert_eq!(tokens.get(&rec.id).unwrap().name, "admin\n\u{1b}[2Jx");
+    // The new name obeys the rule; the id stays.
+    for bad in ["admin", "two\nlines", "bell\u{7}"] {
+        assert!(tokens.rename(&rec.id, bad).is_err(), "{bad:?}");
+    }
+    assert!(tokens.rename("nosuch", "fine").is_err());
+    assert_eq!(tokens.rename(&rec.id, "ci-bot").unwrap().id, rec.id);
+    drop(tokens);
+    let tokens = Tokens::open(db(dir.path()), "the-admin").unwrap();
+    assert_eq!(tokens.get(&rec.id).unwrap().name, "ci-bot");
+}
