@@ -75,7 +75,9 @@ pub async fn run(action: Action, data_dir: &Path) -> anyhow::Result<i32> {
         | Action::RotateCa { .. }
         | Action::SeedTasks { .. }
         | Action::Status => {
-            unreachable!("agen hub migrate, config, rotate-ca, seed-tasks and status are run by hub::run")
+            unreachable!(
+                "agen hub migrate, config, rotate-ca, seed-tasks and status are run by hub::run"
+            )
         }
     }
 }
