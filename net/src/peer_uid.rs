@@ -35,22 +35,31 @@ pub fn check(peer: SocketAddr, local: SocketAddr, refused: &[RangeInclusive<u32>
     }
 }
 
-/// [`check`] on a blocking thread.
+/// Lookups running at once. Each reads the whole socket table, so a flood of connections must
+/// not become a flood of blocking threads (each with its own allocator arena: hundreds of MB).
+const LOOKUPS_AT_ONCE: usize = 2;
+
+/// [`check`] on a blocking thread, at most [`LOOKUPS_AT_ONCE`] at a time in this process.
 pub async fn check_async(
     peer: SocketAddr,
     local: SocketAddr,
     refused: std::sync::Arc<Vec<RangeInclusive<u32>>>,
 ) -> Peer {
+    static LOOKUPS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(LOOKUPS_AT_ONCE);
     if refused.is_empty() {
         return Peer::Allowed;
     }
+    let fail_closed = if unmapped(peer.ip()).is_loopback() {
+        Peer::Refused(None)
+    } else {
+        Peer::Allowed
+    };
+    let Ok(_turn) = LOOKUPS.acquire().await else {
+        return fail_closed;
+    };
     tokio::task::spawn_blocking(move || check(peer, local, &refused))
         .await
-        .unwrap_or(if unmapped(peer.ip()).is_loopback() {
-            Peer::Refused(None)
-        } else {
-            Peer::Allowed
-        })
+        .unwrap_or(fail_closed)
 }
 
 /// An IPv4-mapped IPv6 address as the IPv4 address it is.
