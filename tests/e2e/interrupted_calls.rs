@@ -390,7 +390,6 @@ fn an_idempotent_call_cut_off_by_its_server_dying_is_sent_again_live_after_a_res
 /// A `url` server whose connection is lost mid-call (the server killed -9 while the charge
 /// sleeps): the charge ran once and the model is told it may have run, never that it did not.
 #[test]
-#[ignore = "known gap (issue 37 item 4): a url server's lost connection is still reported as `not connected`"]
 fn a_lost_connection_to_a_url_server_mid_call_is_effect_unknown() {
     let tmp = tempfile::tempdir().unwrap();
     let log = tmp.path().join("charges.jsonl");
