@@ -540,3 +540,81 @@ fn anchors_are_githubs() {
     assert_eq!(slug("Decided, not built yet"), "decided-not-built-yet");
     assert_eq!(slug("`ListTasks` page"), "listtasks-page");
 }
+
+/// What the protocol version covers: the gRPC contract (`proto/`) and the Nest⇄instance socket
+/// contract (`shared/src/run/`, its tests and fixtures aside), each as a SHA-256 over its files
+/// in name order with comment and blank lines left out (a changed doc comment is not a protocol
+/// change; a changed field is).
+fn contract_digests(root: &Path) -> (String, String) {
+    use sha2::{Digest, Sha256};
+    let digest = |dir: &str, ext: &str, skip: &[&str]| {
+        let mut found = Vec::new();
+        files(&root.join(dir), &[ext], &mut found);
+        found.retain(|f| !skip.iter().any(|s| rel(root, f).contains(s)));
+        found.sort();
+        let mut h = Sha256::new();
+        for f in &found {
+            h.update(rel(root, f).as_bytes());
+            h.update([0]);
+            for line in read(f).lines().map(str::trim) {
+                if line.is_empty() || line.starts_with("//") {
+                    continue;
+                }
+                h.update(line.as_bytes());
+                h.update([b'\n']);
+            }
+        }
+        assert!(!found.is_empty(), "no {ext} files under {dir}");
+        format!("{:x}", h.finalize())
+    };
+    (
+        digest("proto", ".proto", &[]),
+        digest("shared/src/run", ".rs", &["tests.rs", "fixtures"]),
+    )
+}
+
+/// `proto/CONTRACT` records the protocol version and the digests of what it covers. A change to
+/// either contract without a protocol-minor bump fails here; after the bump,
+/// `AGEN_TIDY_RECORD=1 cargo test -p agen-tests --test tidy` records the new digests.
+#[test]
+fn a_changed_contract_bumps_the_protocol_minor() {
+    let root = repo();
+    let file = root.join("proto/CONTRACT");
+    let current = agen_shared::version::Protocol::CURRENT.to_string();
+    let (proto, socket) = contract_digests(&root);
+    let text = read(&file);
+    let field = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    let (recorded, rec_proto, rec_socket) = (field("protocol"), field("proto"), field("socket"));
+    let same = rec_proto == proto && rec_socket == socket;
+    if same && recorded == current {
+        return;
+    }
+    if std::env::var_os("AGEN_TIDY_RECORD").is_some() && recorded != current {
+        let body = format!(
+            "# The protocol version and the digests of the contracts it covers, checked by\n\
+             # tests/tidy.rs: when proto/ or the Nest-instance socket contract (shared/src/run/)\n\
+             # changes, bump the minor of Protocol::CURRENT (shared/src/version.rs), then run\n\
+             # AGEN_TIDY_RECORD=1 cargo test -p agen-tests --test tidy to record the new digests.\n\
+             protocol {current}\nproto {proto}\nsocket {socket}\n"
+        );
+        std::fs::write(&file, body).expect("write proto/CONTRACT");
+        return;
+    }
+    assert!(
+        recorded != current,
+        "proto/ or the socket contract (shared/src/run/) changed since protocol {recorded} was \
+         recorded in proto/CONTRACT: bump the minor of Protocol::CURRENT in \
+         shared/src/version.rs (a Hub accepts Nests of its minor and the one before), then run \
+         AGEN_TIDY_RECORD=1 cargo test -p agen-tests --test tidy"
+    );
+    panic!(
+        "the protocol is {current} but proto/CONTRACT records {recorded}: run \
+         AGEN_TIDY_RECORD=1 cargo test -p agen-tests --test tidy to record the digests of {current}"
+    );
+}
