@@ -4,10 +4,10 @@
 //! Invariants: a Hub accepts a Nest of the same major whose minor is its own or the one before
 //! (the window that lets Hubs be upgraded first, then Nests one by one), and refuses every other
 //! with an error that names both versions; the minor goes up whenever `proto/` or the
-//! Nest⇄instance socket contract changes
-//! (`tests/tidy.rs` checks it against the digests in `proto/CONTRACT`). `AGEN_PROTOCOL_VERSION=MAJOR.MINOR` in a process's
-//! environment makes it speak another version (a stand-in for an older or newer build when an
-//! upgrade is rehearsed or tested).
+//! Nest⇄instance socket contract changes (`tests/tidy.rs` checks it against the digests in
+//! `proto/CONTRACT`). `AGEN_PROTOCOL_VERSION=MAJOR.MINOR` in a process's environment makes it
+//! speak another version (a stand-in for an older or newer build when an upgrade is rehearsed
+//! or tested).
 
 use std::fmt;
 
