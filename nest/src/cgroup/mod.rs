@@ -161,7 +161,15 @@ impl InstanceCgroup {
     /// Lets `uid` (a separated instance's) move itself into the group: it owns the group's
     /// `cgroup.procs` (and nothing else of it; the limits stay root's).
     pub fn allow_join(&self, uid: u32) -> Result<(), String> {
+        use std::os::unix::fs::PermissionsExt;
         for d in &self.dirs {
+            // The uid joins after its credentials changed (std sets them before `pre_exec`), so
+            // it must be able to reach the file: the group and the Nest's group above it are
+            // made under the Nest's umask 077; traverse only (0711), nothing to list or write.
+            for dir in [Some(d.as_path()), d.parent()].into_iter().flatten() {
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
+                    .map_err(|e| format!("cannot open {} to uid {uid}: {e}", dir.display()))?;
+            }
             let procs = d.join("cgroup.procs");
             std::os::unix::fs::chown(&procs, Some(uid), None)
                 .map_err(|e| format!("cannot hand {} to uid {uid}: {e}", procs.display()))?;
