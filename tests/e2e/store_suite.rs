@@ -20,9 +20,22 @@ struct Local(tempfile::TempDir);
 
 impl Backend for Local {
     fn open(&self) -> Db {
-        Db::new(Arc::new(
-            SledStore::open(&self.0.path().join("db")).unwrap(),
-        ))
+        // sled's flusher thread lets go of the file lock a moment after the last handle is
+        // dropped: a reopen in the same process waits for it (bounded).
+        let path = self.0.path().join("db");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match SledStore::open(&path) {
+                Ok(store) => return Db::new(Arc::new(store)),
+                Err(e)
+                    if e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => panic!("the local store does not open again: {e}"),
+            }
+        }
     }
 }
 
