@@ -53,6 +53,7 @@ pub mod scheduler;
 pub mod secrets;
 mod server;
 pub mod store;
+pub mod store_metrics;
 pub mod tls_live;
 pub mod tokens;
 pub mod trace;

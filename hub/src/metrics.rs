@@ -1,6 +1,6 @@
 //! The Hub's Prometheus metrics (`--metrics-listen ADDR`, `GET /metrics`): counters and
 //! histograms fed by the task updates every watcher sees (task states, model turns, tool
-//! calls, run events), the store's flushes, and gauges read from the core state at scrape
+//! calls, run events), the store's flushes (the leaf `store_metrics.rs` counts them), and gauges read from the core state at scrape
 //! time (queue depth, Nest heartbeat age, instance restarts, artifact bytes).
 //!
 //! Invariants: metrics never block or fail the Hub (a lagging subscriber loses counts and says
@@ -9,19 +9,20 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, LazyLock, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
 use agen_shared::run::RunEventBody;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::core::Core;
 use crate::model::TaskUpdate;
+use crate::store_metrics::seconds_histogram;
+pub use crate::store_metrics::{store_flushed, store_fsyncs};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TaskLabels {
@@ -98,27 +99,6 @@ struct NamespaceLabel {
 }
 
 type Hist<L> = Family<L, Histogram, fn() -> Histogram>;
-
-fn seconds_histogram() -> Histogram {
-    // 5 ms … ~164 s.
-    Histogram::new(exponential_buckets(0.005, 2.0, 16))
-}
-
-/// The store's flushes (fsyncs), counted wherever a store flushes (one process may hold
-/// several Hubs in tests; they share these).
-static STORE_FSYNCS: LazyLock<Counter> = LazyLock::new(Counter::default);
-static STORE_FSYNC_SECONDS: LazyLock<Histogram> = LazyLock::new(seconds_histogram);
-
-/// Store flushes counted in this process so far.
-pub fn store_fsyncs() -> u64 {
-    STORE_FSYNCS.get()
-}
-
-/// Records one store flush that took `took`.
-pub fn store_flushed(took: Duration) {
-    STORE_FSYNCS.inc();
-    STORE_FSYNC_SECONDS.observe(took.as_secs_f64());
-}
 
 /// Every metric of one Hub.
 pub struct HubMetrics {
@@ -283,16 +263,7 @@ impl HubMetrics {
             "Run events stored",
             m.run_events.clone(),
         );
-        registry.register(
-            "agen_store_fsyncs",
-            "Store flushes to disk",
-            STORE_FSYNCS.clone(),
-        );
-        registry.register(
-            "agen_store_fsync_duration_seconds",
-            "One store flush",
-            STORE_FSYNC_SECONDS.clone(),
-        );
+        crate::store_metrics::register(&mut registry);
         registry.register(
             "agen_hub_otlp_spans_exported",
             "Spans the OTLP collector accepted",
@@ -691,16 +662,4 @@ pub(crate) fn bundle_model(core: &Core, digest: &str) -> Option<agen_shared::bun
     agen_shared::bundle::unpack(&bytes, &dir).ok()?;
     let bundle = agen_shared::bundle::Bundle::load(&dir).ok()?;
     bundle.agent.model
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn store_flushes_are_counted() {
-        let before = STORE_FSYNCS.get();
-        store_flushed(Duration::from_millis(3));
-        assert!(STORE_FSYNCS.get() > before);
-    }
 }

@@ -34,7 +34,7 @@ impl GroupCommit {
         let upto = self.tickets.load(Ordering::SeqCst);
         let started = std::time::Instant::now();
         if store.flush().await? {
-            crate::metrics::store_flushed(started.elapsed());
+            crate::store_metrics::store_flushed(started.elapsed());
             self.flushes.fetch_add(1, Ordering::Relaxed);
         }
         self.durable.fetch_max(upto, Ordering::SeqCst);
