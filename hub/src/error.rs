@@ -72,10 +72,25 @@ impl HubError {
     }
 }
 
+/// The longest status message the Hub sends (a row of the limits table, `limits.rs`).
+pub const MAX_STATUS_MESSAGE_BYTES: usize = 4096;
+
+/// At most `max` bytes of `s`, cut at a character boundary, with `…` appended when cut.
+pub fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
 impl From<HubError> for tonic::Status {
     fn from(e: HubError) -> Self {
         // No status ever carries more than a bounded message (a client rejects huge ones).
-        let msg = crate::limits::cut(&e.to_string(), crate::limits::MAX_STATUS_MESSAGE_BYTES);
+        let msg = cut(&e.to_string(), MAX_STATUS_MESSAGE_BYTES);
         match e {
             HubError::InvalidArgument(_) => tonic::Status::invalid_argument(msg),
             HubError::NotFound(_) => tonic::Status::not_found(msg),

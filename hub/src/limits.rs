@@ -29,8 +29,27 @@ pub const MAX_SECRET_VALUE_BYTES: usize = 64 * 1024;
 pub const MAX_APPROVAL_ARGUMENTS_BYTES: usize = 64 * 1024;
 /// How much of a sent value an error message may echo.
 pub const ECHO_BYTES: usize = 64;
-/// The longest status message the Hub sends.
-pub const MAX_STATUS_MESSAGE_BYTES: usize = 4096;
+/// The longest status message the Hub sends (kept beside the one place a Hub error becomes a
+/// status, `error.rs`, which may not import this table: the table's checks return its errors).
+pub use crate::error::MAX_STATUS_MESSAGE_BYTES;
+
+/// The stream limits (`agen hub` flags; rows of the limits table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLimits {
+    /// Open streams of one kind per token (`--max-streams-per-token`).
+    pub per_token: usize,
+    /// Open streams of one kind in all (`--max-streams`).
+    pub total: usize,
+}
+
+impl Default for StreamLimits {
+    fn default() -> Self {
+        StreamLimits {
+            per_token: 256,
+            total: 8192,
+        }
+    }
+}
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * 1024;
@@ -58,8 +77,8 @@ pub struct Limits {
     pub artifact_total_bytes: u64,
     /// Connections before and after authentication (`crate::conn_gate`).
     pub conn: crate::conn_gate::ConnLimits,
-    /// Open server streams per kind (`crate::core::streams`).
-    pub streams: crate::core::streams::StreamLimits,
+    /// Open server streams per kind (enforced by `core/streams.rs`).
+    pub streams: StreamLimits,
     /// The deepest delegation tree any bundle may ask for (its `limits.maxDelegationDepth` is
     /// capped at this).
     pub max_delegation_depth: u32,
@@ -83,7 +102,7 @@ impl Default for Limits {
             artifact_namespace_bytes: 500 * 1000 * 1000,
             artifact_total_bytes: 10 * 1000 * 1000 * 1000,
             conn: crate::conn_gate::ConnLimits::default(),
-            streams: crate::core::streams::StreamLimits::default(),
+            streams: StreamLimits::default(),
             max_delegation_depth: 5,
             max_nests: 10_000,
             max_instances_per_nest: 1000,
@@ -342,17 +361,7 @@ pub fn prefix(s: &str) -> String {
     cut(s, ECHO_BYTES)
 }
 
-/// At most `max` bytes of `s`, cut at a character boundary, with `…` appended when cut.
-pub fn cut(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
-}
+pub use crate::error::cut;
 
 /// A size flag: bytes, or a number with `KiB`, `MiB` or `GiB`.
 pub fn parse_size(s: &str) -> std::result::Result<usize, String> {

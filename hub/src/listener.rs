@@ -9,15 +9,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::conn_gate::{ConnGate, Reason, Slot};
-use crate::error::{HubError, Result};
 
 /// Handshakes in flight at once; further connections wait in the kernel's backlog.
 const MAX_HANDSHAKES: usize = 256;
@@ -26,40 +23,6 @@ const MAX_HANDSHAKES: usize = 256;
 /// (`--run-uids`): the default of `--refuse-uids` (a local process of one of them is refused
 /// the Hub's port and its metrics listener).
 pub const REFUSED_UIDS: std::ops::RangeInclusive<u32> = 61000..=61999;
-
-/// The server TLS config: the Hub's certificate, client certificates from its CA accepted but
-/// not required, ALPN `h2` and `http/1.1`.
-pub fn server_config(hub_tls: &agen_shared::tls::HubTls) -> Result<rustls::ServerConfig> {
-    let bad = |what: &str, e: String| {
-        HubError::Serve(format!(
-            "tls: {what}: {e}; delete the hub's tls/ folder to issue new ones"
-        ))
-    };
-    let mut roots = rustls::RootCertStore::empty();
-    // The CA, and during a CA rotation the previous one too (`agen hub rotate-ca`).
-    for der in agen_shared::tls::pem_certs(&hub_tls.trust_pem) {
-        roots
-            .add(CertificateDer::from(der))
-            .map_err(|e| bad("the CA certificate", e.to_string()))?;
-    }
-    let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
-        .allow_unauthenticated()
-        .build()
-        .map_err(|e| bad("the client certificate verifier", e.to_string()))?;
-    let chain: Vec<CertificateDer<'static>> =
-        agen_shared::tls::pem_certs(&hub_tls.server_chain_pem)
-            .into_iter()
-            .map(CertificateDer::from)
-            .collect();
-    let key = PrivateKeyDer::from_pem_slice(hub_tls.server_key_pem.as_bytes())
-        .map_err(|e| bad("the server key", e.to_string()))?;
-    let mut config = rustls::ServerConfig::builder()
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)
-        .map_err(|e| bad("the server certificate", e.to_string()))?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(config)
-}
 
 /// The TLS connections of `listener`, handshaken, as a stream for tonic's
 /// `serve_with_incoming_shutdown`. It ends when `shutdown` is cancelled; every connection it

@@ -9,12 +9,48 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use agen_shared::tls::HubTls;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{HubError, Result};
 
 /// How often the `tls/` folder is looked at.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// The server TLS config: the Hub's certificate, client certificates from its CA accepted but
+/// not required, ALPN `h2` and `http/1.1`.
+pub fn server_config(hub_tls: &agen_shared::tls::HubTls) -> Result<rustls::ServerConfig> {
+    let bad = |what: &str, e: String| {
+        HubError::Serve(format!(
+            "tls: {what}: {e}; delete the hub's tls/ folder to issue new ones"
+        ))
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    // The CA, and during a CA rotation the previous one too (`agen hub rotate-ca`).
+    for der in agen_shared::tls::pem_certs(&hub_tls.trust_pem) {
+        roots
+            .add(CertificateDer::from(der))
+            .map_err(|e| bad("the CA certificate", e.to_string()))?;
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| bad("the client certificate verifier", e.to_string()))?;
+    let chain: Vec<CertificateDer<'static>> =
+        agen_shared::tls::pem_certs(&hub_tls.server_chain_pem)
+            .into_iter()
+            .map(CertificateDer::from)
+            .collect();
+    let key = PrivateKeyDer::from_pem_slice(hub_tls.server_key_pem.as_bytes())
+        .map_err(|e| bad("the server key", e.to_string()))?;
+    let mut config = rustls::ServerConfig::builder()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| bad("the server certificate", e.to_string()))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
 
 struct Loaded {
     hub: Arc<HubTls>,
@@ -47,7 +83,7 @@ fn stamp(dir: &std::path::Path) -> Vec<u8> {
 impl LiveTls {
     /// The material of `hub` (loaded from `dir` with the server names `names`).
     pub fn new(dir: PathBuf, names: Vec<String>, hub: HubTls) -> Result<Arc<LiveTls>> {
-        let server = Arc::new(crate::listener::server_config(&hub)?);
+        let server = Arc::new(server_config(&hub)?);
         let stamp = stamp(&dir);
         Ok(Arc::new(LiveTls {
             dir,
@@ -84,7 +120,7 @@ impl LiveTls {
         }
         let hub = agen_shared::tls::load_or_create_hub_tls(&self.dir, &self.names)
             .map_err(|e| HubError::Config(format!("tls: {e}")))?;
-        let server = Arc::new(crate::listener::server_config(&hub)?);
+        let server = Arc::new(server_config(&hub)?);
         let trusted = agen_shared::tls::pem_certs(&hub.trust_pem).len();
         let ca = hub.ca_sha256.clone();
         match self.loaded.write() {

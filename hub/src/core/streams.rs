@@ -13,23 +13,9 @@ use std::sync::{Arc, Mutex};
 use crate::error::{HubError, Result};
 use crate::tokens::Principal;
 
-/// The stream limits (`agen hub` flags; rows of the limits table).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StreamLimits {
-    /// Open streams of one kind per token (`--max-streams-per-token`).
-    pub per_token: usize,
-    /// Open streams of one kind in all (`--max-streams`).
-    pub total: usize,
-}
-
-impl Default for StreamLimits {
-    fn default() -> Self {
-        StreamLimits {
-            per_token: 256,
-            total: 8192,
-        }
-    }
-}
+/// The stream limits live with the other input limits (`limits.rs`), which this module's caps
+/// enforce.
+pub use crate::limits::StreamLimits;
 
 /// The kinds of long-lived streams the Hub serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

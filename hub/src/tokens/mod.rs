@@ -601,7 +601,7 @@ impl Tokens {
         let secret = agen_shared::tls::random_secret();
         let (text, namespace, role) = match kind {
             TokenKind::Api => {
-                crate::core::validate_name("namespace", &new.namespace)?;
+                crate::limits::validate_name("namespace", &new.namespace)?;
                 let role = new.role.ok_or_else(|| {
                     HubError::invalid("role: expected viewer, submitter, deployer or admin")
                 })?;
