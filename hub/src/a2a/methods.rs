@@ -1,7 +1,7 @@
 //! The A2A methods on one deployment: `SendMessage` (a task, or the next task of a
 //! conversation: `contextId` is the conversation key; `messageId` the client request id, so a
 //! resent message finds its task), `SendStreamingMessage` and `SubscribeToTask` (handed to
-//! [`super::stream`]), `GetTask` and `CancelTask` (`ListTasks` is [`super::list`]).
+//! `stream.rs`), `GetTask` and `CancelTask` (`ListTasks` is [`super::list`]).
 //!
 //! A message naming a task (`taskId`) that is queued or running continues it: an Agen task
 //! takes no input while it runs, so the message runs as the next task of the task's context
@@ -53,7 +53,7 @@ pub fn invalid(message: String) -> RpcError {
     }
 }
 
-fn unsupported(message: String) -> RpcError {
+pub(super) fn unsupported(message: String) -> RpcError {
     RpcError {
         code: codes::UNSUPPORTED_OPERATION,
         message,
@@ -144,7 +144,7 @@ impl Call {
     }
 
     /// Stores the task a message asks for (or finds the one it already made).
-    async fn submit(&self, req: SendMessageRequest) -> Result<TaskRec, RpcError> {
+    pub(super) async fn submit(&self, req: SendMessageRequest) -> Result<TaskRec, RpcError> {
         let m = &req.message;
         if m.message_id.trim().is_empty() {
             return Err(invalid(
@@ -309,35 +309,6 @@ impl Call {
             .await?
         };
         Ok(SendMessageResponse::Task(self.view(&t)?))
-    }
-
-    /// `SendStreamingMessage`: the task, then its status and artifact updates until it ends.
-    pub async fn send_streaming(
-        self,
-        req: SendMessageRequest,
-        id: serde_json::Value,
-    ) -> Result<super::stream::Sse, RpcError> {
-        let updates = self.a.core.subscribe();
-        let t = self.submit(req).await?;
-        Ok(super::stream::follow(self, t, updates, id))
-    }
-
-    /// `SubscribeToTask`: the task as it is, then its updates until it ends.
-    pub fn subscribe(
-        self,
-        req: TaskIdRequest,
-        id: serde_json::Value,
-    ) -> Result<super::stream::Sse, RpcError> {
-        let updates = self.a.core.subscribe();
-        let t = self.task(&req.id)?;
-        if t.state.is_terminal() {
-            return Err(unsupported(format!(
-                "task {} has ended ({}); there is nothing to subscribe to: read it with GetTask",
-                t.task_id,
-                t.state.as_str()
-            )));
-        }
-        Ok(super::stream::follow(self, t, updates, id))
     }
 
     /// `GetTask`: the task with at most `historyLength` history messages, the newest.

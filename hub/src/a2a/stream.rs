@@ -19,7 +19,7 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::methods::Call;
+use super::methods::{unsupported, Call};
 use super::types::*;
 use super::view;
 use crate::model::TaskRec;
@@ -248,5 +248,33 @@ fn call_task(call: &Call, task_id: &str) -> Option<TaskRec> {
             tracing::warn!(error = %e, %task_id, "the task of an A2A stream cannot be read");
             None
         }
+    }
+}
+
+/// The streaming methods of a call (the others are in `methods.rs`).
+impl Call {
+    /// `SendStreamingMessage`: the task, then its status and artifact updates until it ends.
+    pub async fn send_streaming(
+        self,
+        req: SendMessageRequest,
+        id: serde_json::Value,
+    ) -> Result<Sse, RpcError> {
+        let updates = self.a.core.subscribe();
+        let t = self.submit(req).await?;
+        Ok(follow(self, t, updates, id))
+    }
+
+    /// `SubscribeToTask`: the task as it is, then its updates until it ends.
+    pub fn subscribe(self, req: TaskIdRequest, id: serde_json::Value) -> Result<Sse, RpcError> {
+        let updates = self.a.core.subscribe();
+        let t = self.task(&req.id)?;
+        if t.state.is_terminal() {
+            return Err(unsupported(format!(
+                "task {} has ended ({}); there is nothing to subscribe to: read it with GetTask",
+                t.task_id,
+                t.state.as_str()
+            )));
+        }
+        Ok(follow(self, t, updates, id))
     }
 }

@@ -12,19 +12,12 @@ use super::auth::{authorize, list_scope, Action};
 use super::triggers::Change;
 use super::{convert, malformed};
 use crate::core::tasks::TaskSpec;
-use crate::core::{Core, DeploymentSpec};
+use crate::core::DeploymentSpec;
 use crate::error::HubError;
 use crate::limits::{self, check_id};
 
-pub struct AgenApi {
-    pub core: Arc<Core>,
-    /// Tokens, audit log and Nest identities (their RPCs, and the token registry).
-    pub access: Arc<super::tokens::AccessApi>,
-    /// Log requests waiting for their Nests' `SendLogs`.
-    pub logs: Arc<crate::logs::LogRequests>,
-    /// The URL A2A clients reach the Hub at (the agent card URLs start with it).
-    pub public_url: String,
-}
+use super::agen_api::check_namespace;
+pub use super::agen_api::AgenApi;
 
 impl AgenApi {
     /// A deployment with its A2A agent card URL.
@@ -34,14 +27,6 @@ impl AgenApi {
 }
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
-
-/// A namespace in a request: empty (the default) or a valid name.
-pub(super) fn check_namespace(ns: &str) -> Result<(), HubError> {
-    if ns.is_empty() {
-        return Ok(());
-    }
-    limits::validate_name("namespace", ns)
-}
 
 /// The namespace and task id every per-task request carries.
 fn check_task_ref(ns: &str, task_id: &str) -> Result<(), HubError> {

@@ -17,7 +17,7 @@ use tonic::{Request, Status};
 
 use crate::error::HubError;
 use crate::store::Db;
-use crate::tokens::{Need, Principal, Role, Tokens};
+use crate::tokens::{Need, Principal, Tokens};
 
 /// The bearer token of a request, if any.
 pub fn bearer<T>(req: &Request<T>) -> Option<String> {
@@ -78,41 +78,7 @@ impl tonic::service::Interceptor for ApiAuth {
 #[derive(Debug, Clone)]
 pub struct ConsolePrincipal(pub Principal);
 
-/// What a call does, for authorization and the audit log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    /// list, get, watch, traces, artifacts.
-    Read,
-    /// submit, cancel.
-    Submit,
-    /// deploy, delete, secrets.
-    Deploy,
-    /// bundle uploads (no namespace): deployer somewhere.
-    Upload,
-    /// tokens and the audit log of a namespace.
-    Administer,
-    /// read what only the cluster admin may see (Nests).
-    ClusterRead,
-    /// change what only the cluster admin may change (Nests, join tokens).
-    ClusterWrite,
-}
-
-impl Action {
-    fn need(self) -> Need {
-        match self {
-            Action::Read => Need::Role(Role::Viewer),
-            Action::Submit => Need::Role(Role::Submitter),
-            Action::Deploy => Need::Role(Role::Deployer),
-            Action::Upload => Need::AnyNamespace(Role::Deployer),
-            Action::Administer => Need::Role(Role::Admin),
-            Action::ClusterRead | Action::ClusterWrite => Need::Cluster,
-        }
-    }
-
-    fn mutating(self) -> bool {
-        !matches!(self, Action::Read | Action::ClusterRead)
-    }
-}
+pub use super::auth_table::Action;
 
 /// What [`authorize`] leaves for [`Audited`] to record once the call has an outcome.
 #[derive(Debug, Clone)]

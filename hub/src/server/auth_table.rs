@@ -9,7 +9,43 @@
 //! RPC of it (the test below reads the RPCs from the proto descriptor, so a new RPC without a
 //! row fails it). `docs/permissions.md` says what each action needs.
 
-use super::auth::Action;
+use crate::tokens::{Need, Role};
+
+/// What a call does, for authorization and the audit log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// list, get, watch, traces, artifacts.
+    Read,
+    /// submit, cancel.
+    Submit,
+    /// deploy, delete, secrets.
+    Deploy,
+    /// bundle uploads (no namespace): deployer somewhere.
+    Upload,
+    /// tokens and the audit log of a namespace.
+    Administer,
+    /// read what only the cluster admin may see (Nests).
+    ClusterRead,
+    /// change what only the cluster admin may change (Nests, join tokens).
+    ClusterWrite,
+}
+
+impl Action {
+    pub(super) fn need(self) -> Need {
+        match self {
+            Action::Read => Need::Role(Role::Viewer),
+            Action::Submit => Need::Role(Role::Submitter),
+            Action::Deploy => Need::Role(Role::Deployer),
+            Action::Upload => Need::AnyNamespace(Role::Deployer),
+            Action::Administer => Need::Role(Role::Admin),
+            Action::ClusterRead | Action::ClusterWrite => Need::Cluster,
+        }
+    }
+
+    pub(super) fn mutating(self) -> bool {
+        !matches!(self, Action::Read | Action::ClusterRead)
+    }
+}
 
 /// What an RPC needs, and where the namespace it is checked against comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use agen_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use super::convert;
-use super::nest::NestApi;
+use super::nest_api::NestApi;
 use crate::core::delegates::{ChildSpec, Parent};
 use crate::error::HubError;
 use crate::limits::{self, check_id};

@@ -4,6 +4,7 @@
 //! reflection (no token). Only this module knows protobuf.
 
 mod agen;
+mod agen_api;
 mod approvals;
 mod artifacts;
 pub mod auth;
@@ -15,6 +16,7 @@ mod lifecycle;
 mod logs;
 mod malformed;
 mod nest;
+mod nest_api;
 mod ops;
 mod run_context;
 mod secrets;

@@ -11,7 +11,7 @@ use agen_proto::v1 as pb;
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
-use super::agen::AgenApi;
+use super::agen_api::AgenApi;
 use super::auth::{authorize, list_scope, Action};
 use super::convert;
 use super::tokens::AccessApi;

@@ -6,7 +6,7 @@
 use agen_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use super::nest::NestApi;
+use super::nest_api::NestApi;
 use crate::core::run_context::{ContextAsk, RunContext};
 use crate::limits::check_id;
 

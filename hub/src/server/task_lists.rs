@@ -12,7 +12,7 @@ use agen_proto::v1 as pb;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tonic::{Request, Status};
 
-use super::agen::{check_namespace, AgenApi};
+use super::agen_api::{check_namespace, AgenApi};
 use super::auth::{authorize, Action};
 use super::convert;
 use crate::core::streams::StreamKind;

@@ -47,27 +47,19 @@ use std::sync::{Arc, Mutex};
 
 use super::Table;
 
-/// The file's first bytes.
-pub const MAGIC: &[u8] = b"agen-hub-events 2\n";
-/// The first bytes of a log written before it had a header (read, then rewritten with one).
-pub const MAGIC_V1: &[u8] = b"agen-hub-events 1\n";
 /// The file's name in the store's folder.
 pub const FILE_NAME: &str = "events.log";
 /// Beside it, the header's values as of the last sync (see the module doc).
 pub const MARK_FILE_NAME: &str = "events.log.synced";
-/// The largest record the log writes or reads back (a run event is limited far below).
-pub(super) const MAX_RECORD: usize = 256 << 20;
-/// Bytes of a record besides its payload (length and checksum).
-pub(super) const HEADER: usize = 8;
 /// Dead bytes below which opening never rewrites the file.
 const COMPACT_FLOOR: u64 = 8 << 20;
 /// The bytes a rewrite gathers before it writes them out.
 const COMPACT_CHUNK: usize = 1 << 20;
 
-pub(super) const OP_PUT: u8 = 1;
-pub(super) const OP_REMOVE: u8 = 2;
-
-pub use super::log_scan::{Findings, Header};
+#[cfg(test)]
+pub use super::log_scan::MAGIC_V1;
+pub(super) use super::log_scan::{table_of, HEADER, MAX_RECORD, OP_PUT, OP_REMOVE};
+pub use super::log_scan::{Findings, Header, MAGIC};
 use super::log_scan::{FIRST_RECORD, HEAD_LEN};
 
 /// Why [`EventLog::open`] did not open the log.
@@ -217,14 +209,6 @@ fn table_id(table: Table) -> u8 {
     match table {
         Table::RunEvents => 1,
         _ => 2,
-    }
-}
-
-pub(super) fn table_of(id: u8) -> Option<Table> {
-    match id {
-        1 => Some(Table::RunEvents),
-        2 => Some(Table::TaskEvents),
-        _ => None,
     }
 }
 
@@ -386,7 +370,12 @@ impl EventLog {
                 end: FIRST_RECORD,
             }
         } else {
-            let found = super::log_scan::scan(&file, &path, &mut inner, marked)?;
+            let found = super::log_scan::scan(
+                &file,
+                &path,
+                &mut |op, table, key, at, len, record| inner.apply(op, table, key, at, len, record),
+                marked,
+            )?;
             inner.end = found.end;
             inner.header = found.header.unwrap_or_default();
             found

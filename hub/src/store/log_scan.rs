@@ -14,7 +14,7 @@ use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::event_log::{table_of, Inner, HEADER, MAGIC, MAGIC_V1, MAX_RECORD, OP_PUT, OP_REMOVE};
+use super::Table;
 
 /// Bytes of the header after the magic line.
 pub(super) const HEAD_LEN: usize = 24;
@@ -24,6 +24,27 @@ pub(super) const FIRST_RECORD: u64 = (MAGIC.len() + HEAD_LEN) as u64;
 const ID_SEARCH_LIMIT: u64 = 16 << 20;
 /// The bytes read at a time while looking for the next whole record.
 const RESYNC_WINDOW: usize = 4 << 20;
+
+// The record format, which the writer (`event_log.rs`) and this reader share.
+
+/// The file's first bytes.
+pub const MAGIC: &[u8] = b"agen-hub-events 2\n";
+/// The first bytes of a log written before it had a header (read, then rewritten with one).
+pub const MAGIC_V1: &[u8] = b"agen-hub-events 1\n";
+/// The largest record the log writes or reads back (a run event is limited far below).
+pub(super) const MAX_RECORD: usize = 256 << 20;
+/// Bytes of a record besides its payload (length and checksum).
+pub(super) const HEADER: usize = 8;
+pub(super) const OP_PUT: u8 = 1;
+pub(super) const OP_REMOVE: u8 = 2;
+
+pub(super) fn table_of(id: u8) -> Option<Table> {
+    match id {
+        1 => Some(Table::RunEvents),
+        2 => Some(Table::TaskEvents),
+        _ => None,
+    }
+}
 
 /// What the header says: how long the file was at the last sync that returned, and how many
 /// flushes sled had made durable by then.
@@ -272,12 +293,12 @@ fn not_a_log(path: &Path) -> std::io::Error {
     )
 }
 
-/// Reads every whole record of `file` (not empty) into `inner`'s index and says what else it
-/// found; `marked`: what the mark file beside it says (the greater values count). Reads only.
+/// Reads every whole record of `file` (not empty), handing each to `apply` (op, table, key,
+/// where its value is, its length, the record's size), and says what else it found; `marked`: what the mark file beside it says (the greater values count). Reads only.
 pub(super) fn scan(
     file: &File,
     path: &Path,
-    inner: &mut Inner,
+    apply: &mut dyn FnMut(u8, Table, &[u8], u64, u32, u32),
     marked: Option<Header>,
 ) -> std::io::Result<Findings> {
     let file_len = file.metadata()?.len();
@@ -339,7 +360,7 @@ pub(super) fn scan(
                 record,
             } => {
                 let table = table_of(table).expect("checked by sensible()");
-                inner.apply(op, table, &key, value_at, value_len, record);
+                apply(op, table, &key, value_at, value_len, record);
                 f.records += 1;
                 at += u64::from(record);
                 f.end = at;

@@ -360,7 +360,7 @@ async fn exec(
             conn.client.simple_query("SELECT 1").await?;
             Ok(Out::Done)
         }
-        Op::Lease(op) => super::lease::exec(conn, op).await.map(Out::Lease),
+        Op::Lease(op) => super::lease::exec(conn.client(), op).await.map(Out::Lease),
     }
 }
 

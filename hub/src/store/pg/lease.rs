@@ -10,8 +10,6 @@
 
 use std::time::Duration;
 
-use super::conn::Conn;
-
 /// A lease (or identity) operation.
 pub enum LeaseOp {
     /// Take the lease for `holder` (advertising `url`) for `ms` if it expired or `holder` has it.
@@ -68,8 +66,10 @@ pub fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-pub async fn exec(conn: &mut Conn, op: LeaseOp) -> Result<LeaseOut, tokio_postgres::Error> {
-    let c = conn.client();
+pub async fn exec(
+    c: &mut tokio_postgres::Client,
+    op: LeaseOp,
+) -> Result<LeaseOut, tokio_postgres::Error> {
     match op {
         LeaseOp::Take { holder, url, ms } => {
             let row = c.query_opt(TAKE, &[&holder, &url, &(ms as f64)]).await?;
