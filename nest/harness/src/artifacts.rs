@@ -254,7 +254,7 @@ pub struct LocalArtifacts {
 
 /// `$XDG_STATE_HOME/agen/artifacts`, else `~/.local/state/agen/artifacts` (beside the run logs).
 pub fn default_dir() -> PathBuf {
-    crate::standalone::runs_dir()
+    crate::run_log::runs_dir()
         .parent()
         .map(|p| p.join("artifacts"))
         .unwrap_or_else(|| std::env::temp_dir().join("agen/artifacts"))

@@ -6,7 +6,9 @@
 //! (the tool-server host: launch rules, listing, calls with `_meta`), `keen` (the Keen text
 //! dialect and its script/flow tools), `redact` (secret values and their quoted forms out of
 //! results, errors, traces and tool-server stderr), `artifacts` (the built-in artifact tools' stores),
-//! `standalone` (`agen run` with a local run log; `local_runs` lists and reads those logs), `agent` (the embedded SDK's [`agent::Agent`]:
+//! `standalone` (the `agen run` CLI alone), `run_log` (the local run log it and embedded agents
+//! write; `local_runs` lists and reads those logs), `local_config` (secrets and model without a
+//! Hub), `local_delegates` (a bundle prepared to run in-process, and delegates run that way), `agent` (the embedded SDK's [`agent::Agent`]:
 //! the same loop inside a host program, with host tools).
 //!
 //! Invariants: the harness knows neither how its events are stored nor how its tool servers
@@ -15,12 +17,14 @@
 pub mod agent;
 pub mod artifacts;
 pub mod keen;
+pub mod local_config;
 pub mod local_delegates;
 pub mod local_runs;
 pub mod mcp;
 pub mod model;
 pub mod redact;
 pub mod run;
+pub mod run_log;
 pub mod standalone;
 pub mod terminal;
 

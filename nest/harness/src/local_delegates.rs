@@ -4,20 +4,26 @@
 //! delegation depth, with its own tool servers and run log; a delegate without `bundle` says
 //! it needs a fleet. Children never outlive the call (no `start_agent` standalone).
 //!
+//! [`prepare`] readies a bundle to run in-process, for `agen run` and for each such child.
+//!
 //! Invariant: one child per idempotency key (a call asked twice waits for the same child).
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agen_shared::bundle::Delegate;
+use agen_shared::bundle::{Bundle, Delegate, ModelRef};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::artifacts::LocalArtifacts;
-use crate::run::{ChildEnd, ChildRequest, Delegator, RunAssignment};
-use crate::standalone::{prepare, runs_dir, SledRunLog, STANDALONE_NAMESPACE};
+use crate::local_config::resolve_local;
+use crate::mcp::{LaunchContext, ToolHost};
+use crate::model::provider_for;
+use crate::run::{ChildEnd, ChildRequest, Delegator, Harness, RunAssignment};
+use crate::run_log::{runs_dir, SledRunLog, STANDALONE_NAMESPACE};
+use crate::terminal::TerminalApprover;
 
 /// One child run.
 struct Child {
@@ -160,4 +166,83 @@ impl Delegator for LocalDelegator {
     fn detached(&self) -> bool {
         false
     }
+}
+
+/// A bundle ready to run in-process: the root of `agen run`, or one of its local delegates.
+pub(crate) struct Prepared {
+    pub bundle: Arc<Bundle>,
+    pub harness: Arc<Harness>,
+    pub host: ToolHost,
+}
+
+/// Loads and validates the bundle in `dir` (`model` overrides its `model`), resolves its `env`
+/// secrets, starts its tool servers and builds its harness (terminal approvals unless
+/// `approve_all`; local delegates through a [`LocalDelegator`]). The error is the user's.
+pub(crate) async fn prepare(
+    dir: &Path,
+    model: Option<String>,
+    approve_all: bool,
+    artifacts: Arc<LocalArtifacts>,
+) -> Result<Prepared, String> {
+    let mut bundle = match Bundle::load(dir) {
+        Ok(b) => b,
+        Err(e) => {
+            return Err(e.to_string());
+        }
+    };
+    if let Some(m) = model {
+        match ModelRef::parse(&m) {
+            Ok(r) => bundle.agent.model = Some(r),
+            Err(e) => {
+                return Err(format!("--model: {e}"));
+            }
+        }
+    }
+    let (secrets, config) = resolve_local(&bundle)?;
+    let bundle = Arc::new(bundle);
+
+    let agen_bin = std::env::current_exe()
+        .map_err(|e| format!("cannot find the agen binary for AGEN_BIN: {e}"))?;
+    let mut launch = LaunchContext::new(agen_bin);
+    launch.secrets = secrets.clone();
+    let host = ToolHost::start(&bundle, launch).await;
+    for p in host.status().not_connected {
+        eprintln!(
+            "warning: tool server {} is not connected: {}",
+            p.server, p.reason
+        );
+    }
+
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(600))
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+    let provider = Arc::from(provider_for(config, http));
+    let approver: Arc<dyn crate::run::Approver> = if approve_all {
+        Arc::new(crate::run::ApproveAll)
+    } else {
+        Arc::new(TerminalApprover::default())
+    };
+    let harness = match Harness::with_provider(bundle.clone(), Arc::new(host.clone()), provider) {
+        Ok(h) => h
+            .with_secret_values(&secrets)
+            .with_artifacts(artifacts.clone())
+            .with_approver(approver)
+            .with_delegator(Arc::new(LocalDelegator::new(
+                dir.to_path_buf(),
+                bundle.config.delegates.clone(),
+                approve_all,
+                artifacts,
+            ))),
+        Err(e) => {
+            host.shutdown().await;
+            return Err(e.to_string());
+        }
+    };
+    Ok(Prepared {
+        bundle,
+        harness: Arc::new(harness),
+        host,
+    })
 }

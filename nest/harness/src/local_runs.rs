@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 
 use crate::run::{RunAssignment, RunEventBody, RunState};
-use crate::standalone::{runs_dir, LoggedRecord, RunOrigin, SledRunLog};
+use crate::run_log::{runs_dir, LoggedRecord, RunOrigin, SledRunLog};
 
 /// Where a local run stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

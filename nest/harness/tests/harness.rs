@@ -946,7 +946,7 @@ async fn a_second_run_of_a_conversation_sees_the_first_runs_history() {
 
 #[tokio::test]
 async fn the_sled_run_log_keeps_every_event_in_order() {
-    use agen_harness::standalone::SledRunLog;
+    use agen_harness::run_log::SledRunLog;
     let model = fake(vec![Step::reply("logged")]).await;
     let bundle = TestBundle::new("openai/m", &model.openai_base_url(), &[]);
     let agent = Agent::start(&bundle).await;

@@ -397,7 +397,7 @@ impl AgentBuilder {
         }
         self.settings.apply(&mut bundle)?;
         let (secrets, mut config) =
-            crate::standalone::resolve_local(&bundle).map_err(AgentError::Invalid)?;
+            crate::local_config::resolve_local(&bundle).map_err(AgentError::Invalid)?;
         if let Some(k) = &self.api_key {
             config.api_key = Some(k.clone());
         }

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 
 use super::AgentError;
 use crate::run::{RunAssignment, RunEventBody};
-use crate::standalone::SledRunLog;
+use crate::run_log::SledRunLog;
 
 /// What a run folder holds.
 pub(super) struct Logged {

@@ -354,7 +354,7 @@ impl Agent {
     fn start(
         &self,
         req: RunAssignment,
-        log: Option<crate::standalone::SledRunLog>,
+        log: Option<crate::run_log::SledRunLog>,
         tally: Tally,
         cancel: CancellationToken,
     ) -> RunStream {

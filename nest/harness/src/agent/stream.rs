@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::{AgentError, Outcome};
 use crate::model::ModelDelta;
 use crate::run::{RunEventBody, RunEventSink, SinkError};
-use crate::standalone::SledRunLog;
+use crate::run_log::SledRunLog;
 
 /// What a run's events add up to for its [`Outcome`].
 #[derive(Debug, Default, Clone)]
