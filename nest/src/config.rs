@@ -100,7 +100,7 @@ pub struct NestOptions {
     pub commit: String,
     /// What a sandboxed instance may reach when its bundle has no `network.allow`
     /// (`--egress-default`, default allow).
-    pub egress_default: crate::netns::EgressDefault,
+    pub egress_default: EgressDefault,
     /// `--shared-network`: separated instances share the host's network (no namespace, no
     /// egress proxy); said at start and in `agen nests`.
     pub shared_network: bool,
@@ -148,7 +148,7 @@ impl NestOptions {
             event_batch_window: DEFAULT_EVENT_BATCH_WINDOW,
             nest_lease: DEFAULT_NEST_LEASE,
             commit: "unknown".into(),
-            egress_default: crate::netns::EgressDefault::Allow,
+            egress_default: EgressDefault::Allow,
             shared_network: false,
         }
     }
@@ -346,6 +346,30 @@ pub fn prepare_data_dir(data_dir: &Path) -> Result<()> {
         source,
     })?;
     Ok(())
+}
+
+/// What the Nest decides for a bundle without a `network.allow` list (`--egress-default`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EgressDefault {
+    #[default]
+    Allow,
+    Deny,
+}
+
+impl EgressDefault {
+    pub fn parse(s: &str) -> Result<EgressDefault, String> {
+        match s {
+            "allow" => Ok(EgressDefault::Allow),
+            "deny" => Ok(EgressDefault::Deny),
+            other => Err(format!("--egress-default {other}: expected allow or deny")),
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EgressDefault::Allow => "allow",
+            EgressDefault::Deny => "deny",
+        }
+    }
 }
 
 #[cfg(test)]

@@ -17,7 +17,12 @@
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 
-use crate::process::RunIdentity;
+/// The uid and gid a child runs as (its supplementary groups are dropped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunIdentity {
+    pub uid: u32,
+    pub gid: u32,
+}
 
 const CAP_KILL: u32 = 5;
 const CAP_SETGID: u32 = 6;

@@ -49,12 +49,9 @@ pub fn own_group_dying_with_parent(cmd: &mut std::process::Command, parent: Opti
     }
 }
 
-/// The uid and gid a child runs as (its supplementary groups are dropped).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RunIdentity {
-    pub uid: u32,
-    pub gid: u32,
-}
+/// The uid and gid a child runs as (kept in `privileged.rs`, which this module's kills go
+/// through).
+pub use crate::privileged::RunIdentity;
 
 /// Has the command's child drop to `id` before exec: setgid, `setgroups([])`, setuid (std does
 /// the three in that order, before any `pre_exec` closure, so the death signal set by

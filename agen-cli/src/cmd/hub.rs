@@ -383,7 +383,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             }
             return super::hub_store::migrate(args.store.as_deref(), check).await;
         }
-        return super::hub_snapshot::run(action, &data_dir).await;
+        return run_offline(action, &data_dir).await;
     }
     // Everything this daemon and its children create is private to its user (umask 077).
     agen_shared::private::restrict_umask();
@@ -434,7 +434,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         audit_retention: args.audit_retention,
         join_token_ttl: args.join_token_ttl,
         hide_ended_after: args.hide_ended_after,
-        snapshots: match super::hub_snapshot::schedule(&args) {
+        snapshots: match snapshot_schedule(&args) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -526,4 +526,48 @@ fn refuse_uids(values: &[String]) -> Result<Vec<std::ops::RangeInclusive<u32>>, 
         .filter(|v| !v.trim().eq_ignore_ascii_case("none"))
         .map(|v| agen_hub::config::parse_uid_range(v))
         .collect()
+}
+
+/// The `--snapshot-every` schedule of `agen hub`, checked.
+fn snapshot_schedule(args: &Args) -> anyhow::Result<Option<agen_hub::config::SnapshotSchedule>> {
+    let Some(every) = args.snapshot_every else {
+        return Ok(None);
+    };
+    let dir = args.snapshot_dir.clone().context(
+        "--snapshot-every needs --snapshot-dir DIR (where the snapshots go, best on another disk)",
+    )?;
+    let key_file = args.snapshot_key_file.clone().context(
+        "--snapshot-every needs --snapshot-key-file PATH (or AGEN_SNAPSHOT_KEY_FILE); make a key with `agen hub snapshot-key new FILE`",
+    )?;
+    Ok(Some(agen_hub::config::SnapshotSchedule {
+        every,
+        keep: args.snapshot_keep,
+        dir,
+        key_file,
+    }))
+}
+
+/// The offline actions of `agen hub` (snapshots, verify, repair).
+async fn run_offline(action: Action, data_dir: &std::path::Path) -> anyhow::Result<i32> {
+    match action {
+        Action::Snapshot { file, key, client } => {
+            super::hub_snapshot::snapshot(&file, &key, &client).await
+        }
+        Action::Restore { file, key } => super::hub_snapshot::restore(&file, &key, data_dir).await,
+        Action::VerifySnapshot { file, key } => super::hub_snapshot::verify(&file, &key).await,
+        Action::SnapshotKey {
+            action: super::hub_snapshot::KeyAction::New { file },
+        } => super::hub_snapshot::new_key(file),
+        Action::Verify { client } => super::hub_store::verify(data_dir, &client).await,
+        Action::Repair => super::hub_store::repair(data_dir).await,
+        Action::Migrate { .. }
+        | Action::Config
+        | Action::RotateCa { .. }
+        | Action::SeedTasks { .. }
+        | Action::Status => {
+            unreachable!(
+                "agen hub migrate, config, rotate-ca, seed-tasks and status are run by hub::run"
+            )
+        }
+    }
 }

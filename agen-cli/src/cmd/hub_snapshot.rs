@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use super::hub::{Action, Args};
 use agen_hub::store::sealed::SnapshotKey;
 use agen_hub::store::snapshot::Opening;
 
@@ -41,48 +40,7 @@ impl KeyArgs {
     }
 }
 
-/// The `--snapshot-every` schedule of `agen hub`, checked.
-pub fn schedule(args: &Args) -> anyhow::Result<Option<agen_hub::config::SnapshotSchedule>> {
-    let Some(every) = args.snapshot_every else {
-        return Ok(None);
-    };
-    let dir = args.snapshot_dir.clone().context(
-        "--snapshot-every needs --snapshot-dir DIR (where the snapshots go, best on another disk)",
-    )?;
-    let key_file = args.snapshot_key_file.clone().context(
-        "--snapshot-every needs --snapshot-key-file PATH (or AGEN_SNAPSHOT_KEY_FILE); make a key with `agen hub snapshot-key new FILE`",
-    )?;
-    Ok(Some(agen_hub::config::SnapshotSchedule {
-        every,
-        keep: args.snapshot_keep,
-        dir,
-        key_file,
-    }))
-}
-
-pub async fn run(action: Action, data_dir: &Path) -> anyhow::Result<i32> {
-    match action {
-        Action::Snapshot { file, key, client } => snapshot(&file, &key, &client).await,
-        Action::Restore { file, key } => restore(&file, &key, data_dir).await,
-        Action::VerifySnapshot { file, key } => verify(&file, &key).await,
-        Action::SnapshotKey {
-            action: KeyAction::New { file },
-        } => new_key(file),
-        Action::Verify { client } => super::hub_store::verify(data_dir, &client).await,
-        Action::Repair => super::hub_store::repair(data_dir).await,
-        Action::Migrate { .. }
-        | Action::Config
-        | Action::RotateCa { .. }
-        | Action::SeedTasks { .. }
-        | Action::Status => {
-            unreachable!(
-                "agen hub migrate, config, rotate-ca, seed-tasks and status are run by hub::run"
-            )
-        }
-    }
-}
-
-fn new_key(file: Option<PathBuf>) -> anyhow::Result<i32> {
+pub(super) fn new_key(file: Option<PathBuf>) -> anyhow::Result<i32> {
     let file = file
         .or_else(|| std::env::var_os("AGEN_SNAPSHOT_KEY_FILE").map(PathBuf::from))
         .context("say where the key goes: agen hub snapshot-key new FILE")?;
@@ -96,7 +54,7 @@ fn new_key(file: Option<PathBuf>) -> anyhow::Result<i32> {
 
 /// `agen hub snapshot FILE`: streams `SnapshotStore` and seals it into FILE (written 0600
 /// beside it, then renamed, so a failed copy never leaves a half file under that name).
-async fn snapshot(
+pub(super) async fn snapshot(
     file: &Path,
     key: &KeyArgs,
     client: &crate::client::ClientArgs,
@@ -156,7 +114,7 @@ async fn snapshot(
 }
 
 /// `agen hub verify-snapshot FILE`: exit 0 when FILE can be restored, 1 when not.
-async fn verify(file: &Path, key: &KeyArgs) -> anyhow::Result<i32> {
+pub(super) async fn verify(file: &Path, key: &KeyArgs) -> anyhow::Result<i32> {
     let sealing = key.load()?;
     let input =
         std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
@@ -188,7 +146,7 @@ async fn verify(file: &Path, key: &KeyArgs) -> anyhow::Result<i32> {
 }
 
 /// `agen hub --data-dir D restore FILE`: offline, into the data dir of a stopped Hub.
-async fn restore(file: &Path, key: &KeyArgs, data_dir: &Path) -> anyhow::Result<i32> {
+pub(super) async fn restore(file: &Path, key: &KeyArgs, data_dir: &Path) -> anyhow::Result<i32> {
     agen_shared::private::restrict_umask();
     let sealing = key.load()?;
     agen_shared::private::create_dir_all(data_dir)

@@ -41,6 +41,7 @@ pub mod top;
 pub mod trace;
 pub mod trace_events;
 pub mod trace_local;
+pub mod trace_tree;
 pub mod up;
 pub mod version;
 pub mod wait;

@@ -72,7 +72,7 @@ pub fn print(run_id: &str, events: bool, output: Output) -> anyhow::Result<i32> 
         trace_id: trace::trace_id(&run.run_id),
         spans,
     };
-    super::trace::print(&t, output);
+    super::trace_tree::print(&t, output);
     Ok(0)
 }
 

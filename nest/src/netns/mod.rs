@@ -37,29 +37,8 @@ use decide::Policy;
 /// Where `ip netns add` puts its namespaces.
 const NETNS_DIR: &str = "/run/netns";
 
-/// What the Nest decides for a bundle without a `network.allow` list (`--egress-default`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum EgressDefault {
-    #[default]
-    Allow,
-    Deny,
-}
-
-impl EgressDefault {
-    pub fn parse(s: &str) -> Result<EgressDefault, String> {
-        match s {
-            "allow" => Ok(EgressDefault::Allow),
-            "deny" => Ok(EgressDefault::Deny),
-            other => Err(format!("--egress-default {other}: expected allow or deny")),
-        }
-    }
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EgressDefault::Allow => "allow",
-            EgressDefault::Deny => "deny",
-        }
-    }
-}
+/// A flag of the Nest's options (`config.rs`).
+pub use crate::config::EgressDefault;
 
 /// The Nest's network isolation: on (and its rules), or off and why.
 pub struct Network {

@@ -31,22 +31,7 @@ const KIND_SYMLINK: u8 = 2;
 const MAX_ENTRIES: u32 = 100_000;
 const MAX_PATH: u32 = 4096;
 
-/// One entry of an archive.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ArchiveEntry {
-    /// Relative, `/`-separated.
-    pub path: String,
-    pub kind: EntryKind,
-    /// File contents, or the symlink's target.
-    pub data: Vec<u8>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EntryKind {
-    File,
-    Executable,
-    Symlink,
-}
+pub use super::entry::{ArchiveEntry, EntryKind};
 
 fn too_large(what: &str) -> BundleError {
     BundleError::Archive(format!(

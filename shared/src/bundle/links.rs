@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use super::archive::{ArchiveEntry, EntryKind};
+use super::entry::{ArchiveEntry, EntryKind};
 
 /// Links followed while resolving one symlink (the kernel's own limit is 40).
 const MAX_HOPS: usize = 40;

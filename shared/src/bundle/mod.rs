@@ -11,6 +11,7 @@
 mod agent;
 mod archive;
 mod config;
+mod entry;
 mod error;
 mod front_matter;
 #[cfg(test)]
