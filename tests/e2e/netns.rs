@@ -7,7 +7,8 @@
 //! `agen_egress_refused_total`, and the runs' models (fake models on the host's 127.0.0.1) still
 //! answer through the Nest's relay. DNS: a client that reads no hosts file asks the resolver of
 //! its resolv.conf (on the loopback) and gets the Nest's answer, from a hosts file the Nest sees
-//! in a mount namespace of its own; a name the rule refuses is NXDOMAIN and counted.
+//! in a mount namespace of its own; a name the rule refuses is NXDOMAIN and counted; `agen mcp
+//! sql` reaches a PostgreSQL the rule names.
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -140,6 +141,45 @@ for spec in sys.argv[2:]:
         except OSError as e:
             out("TCP %s refused %s" % (name, e))
 "#;
+
+/// A TCP forwarder: `forward.py LISTEN_HOST:PORT TO_HOST:PORT`, says "ready" once listening.
+const FORWARDER: &str = r#"
+import socket, sys, threading
+lh, lp = sys.argv[1].rsplit(":", 1)
+th, tp = sys.argv[2].rsplit(":", 1)
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind((lh, int(lp))); srv.listen(16)
+def pipe(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            b.sendall(d)
+    except OSError:
+        pass
+    for s in (a, b):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+sys.stdout.write("ready\n"); sys.stdout.flush()
+while True:
+    c, _ = srv.accept()
+    u = socket.create_connection((th, int(tp)))
+    threading.Thread(target=pipe, args=(c, u), daemon=True).start()
+    threading.Thread(target=pipe, args=(u, c), daemon=True).start()
+"#;
+
+/// A child killed when dropped.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
 
 /// The test's own network namespace: `addrs` on a veth pair whose host side is `host`.
 struct TestNet {
@@ -311,8 +351,11 @@ fn agent(
             t.1, t.0, t.0, report.display()
         ));
     }
-    runner(hub, tmp, (namespace, name), &command, network, report)
+    runner(hub, tmp, (namespace, name), &command, network, report, None)
 }
+
+/// A second tool server and the call the model makes to it after `ws_run`: (name, spec, call).
+type Extra<'a> = Option<(&'a str, Value, Value)>;
 
 /// Deploys an agent whose one tool call runs `command` through the workspace `run` tool.
 fn runner(
@@ -322,18 +365,29 @@ fn runner(
     command: &str,
     network: Option<Value>,
     report: PathBuf,
+    extra: Extra<'_>,
 ) -> Agent {
+    let mut steps =
+        vec![json!({"tool_calls": [{"name": "ws_run", "arguments": {"command": command}}]})];
+    let mut servers = vec![("ws", ws())];
+    match extra {
+        Some((server, spec, call)) => {
+            servers.push((server, spec));
+            steps.push(json!({ "tool_calls": [call] }));
+            steps.push(
+                json!({ "reply_template": format!("{name} done: {{{{last_tool_result}}}}") }),
+            );
+        }
+        None => steps.push(json!({ "reply": format!("{name} done") })),
+    }
     let model = FakeModel::start(
         &tmp.join(format!("model-{name}")),
-        &json!({"steps": [
-            {"tool_calls": [{"name": "ws_run", "arguments": {"command": command}}]},
-            {"reply": format!("{name} done")}
-        ]}),
+        &json!({ "steps": steps }),
     )
     .unwrap();
     let bundle = tmp.join(name);
     let mut files = vec![
-        ("mcp.json", mcp_json(&[("ws", ws())])),
+        ("mcp.json", mcp_json(&servers)),
         (
             "x-agen/agent.md",
             format!(
@@ -624,7 +678,10 @@ fn dns_in_the_sandbox_answers_allowed_names_through_the_nest_and_refuses_the_res
     let original = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
     std::fs::write(
         &hosts,
-        format!("{original}\n{a} api.ok.agen-test\n{b} other.agen-test\n"),
+        format!(
+            "{original}\n{a} api.ok.agen-test\n{b} other.agen-test\n{} db.agen-test\n",
+            net.host
+        ),
     )
     .unwrap();
     let resolv = tmp.path().join("resolv.conf");
@@ -632,6 +689,33 @@ fn dns_in_the_sandbox_answers_allowed_names_through_the_nest_and_refuses_the_res
     for f in [&hosts, &resolv] {
         std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o644)).unwrap();
     }
+    // PostgreSQL (the tests' shared cluster, on the host's 127.0.0.1) behind a forwarder on
+    // the host's side of the test's veth pair, named db.agen-test: the Nest host's own
+    // address, reachable only because the rule names it.
+    let cluster = agen_tests::postgres::shared();
+    let database = cluster.database("sandbox_sql");
+    cluster.psql(
+        &database,
+        "CREATE TABLE t (x int); INSERT INTO t VALUES (42)",
+    );
+    let db_port = free_port();
+    let forwarder = tmp.path().join("forward.py");
+    std::fs::write(&forwarder, FORWARDER).unwrap();
+    let mut forward = Command::new("python3")
+        .arg(&forwarder)
+        .arg(format!("{}:{db_port}", net.host))
+        .arg(format!("127.0.0.1:{}", cluster.port))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = [0u8; 6];
+    forward
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut ready)
+        .unwrap();
+    let _forward = KillOnDrop(forward);
     let client = out.join("dns.py");
     std::fs::write(&client, DNS_CLIENT).unwrap();
     std::fs::set_permissions(&client, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -670,13 +754,25 @@ fn dns_in_the_sandbox_answers_allowed_names_through_the_nest_and_refuses_the_res
         tmp.path(),
         ("d", "resolver"),
         &command,
-        Some(json!({"allow": ["*.ok.agen-test:8080"]})),
+        Some(json!({"allow": ["*.ok.agen-test:8080", format!("db.agen-test:{db_port}")]})),
         report_path,
+        Some((
+            "db",
+            json!({"command": "agen", "args": ["mcp", "sql", "--dsn-env", "DSN"], "env": {
+                "DSN": format!("postgres://postgres@db.agen-test:{db_port}/{database}?sslmode=disable")
+            }}),
+            json!({"name": "db_query", "arguments": {"sql": "SELECT x * 10 AS answer FROM t"}}),
+        )),
     );
     let t = submit(&hub, &agent);
     let r = report(&agent);
     eprintln!("{r}");
-    assert_eq!(t["outcome"]["result"], "resolver done", "{t}\n{r}");
+    // `agen mcp sql` reached the allowed PostgreSQL by its name through the proxy.
+    let result = t["outcome"]["result"].as_str().unwrap_or_default();
+    assert!(
+        result.starts_with("resolver done: ") && result.contains("420"),
+        "{t}\n{r}"
+    );
     let lines: Vec<&str> = r.lines().collect();
     assert_eq!(
         lines,
