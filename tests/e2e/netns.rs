@@ -5,7 +5,10 @@
 //! port on the host's own address. The test makes its own network namespace with two addresses
 //! behind a veth pair, so no traffic leaves the machine. Every refusal is counted by the Nest's
 //! `agen_egress_refused_total`, and the runs' models (fake models on the host's 127.0.0.1) still
-//! answer through the Nest's relay.
+//! answer through the Nest's relay. DNS: a client that reads no hosts file asks the resolver of
+//! its resolv.conf (on the loopback) and gets the Nest's answer, from a hosts file the Nest sees
+//! in a mount namespace of its own; a name the rule refuses is NXDOMAIN and counted; `agen mcp
+//! sql` reaches a PostgreSQL the rule names.
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -86,6 +89,97 @@ for spec in sys.argv[6:]:
     except OSError as e:
         out("REFUSED %s %s" % (name, e))
 "#;
+
+/// A DNS client that reads no hosts file (like Go's or c-ares' resolvers): `dns.py REPORT
+/// NAME:PORT... URL...` asks the nameserver of /etc/resolv.conf for each NAME's A records, then
+/// connects to each address it got (raw TCP); each URL is fetched over HTTP. One line per step.
+const DNS_CLIENT: &str = r#"
+import socket, struct, sys, urllib.error, urllib.request
+report = open(sys.argv[1], "a")
+def out(line):
+    report.write(line + "\n"); report.flush()
+ns = next(l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver"))
+out("NAMESERVER %s" % ns)
+def ask(name):
+    q = struct.pack(">HHHHHH", 0x4147, 0x0100, 1, 0, 0, 0)
+    q += b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\0"
+    q += struct.pack(">HH", 1, 1)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(5)
+    s.sendto(q, (ns, 53))
+    r = s.recv(1500)
+    rcode, count = r[3] & 15, struct.unpack(">H", r[6:8])[0]
+    at, ips = len(q), []
+    for _ in range(count):
+        typ, _, _, n = struct.unpack(">HHIH", r[at + 2:at + 12])
+        at += 12
+        if typ == 1 and n == 4:
+            ips.append(socket.inet_ntoa(r[at:at + 4]))
+        at += n
+    return rcode, ips
+for spec in sys.argv[2:]:
+    if spec.startswith("http://"):
+        try:
+            out("HTTP %s %s" % (spec, urllib.request.urlopen(spec, timeout=10).read().decode().strip()))
+        except urllib.error.HTTPError as e:
+            out("HTTP %s %d %s" % (spec, e.code, e.read().decode().strip()))
+        except OSError as e:
+            out("HTTP %s failed %s" % (spec, e))
+        continue
+    name, port = spec.rsplit(":", 1)
+    try:
+        rcode, ips = ask(name)
+    except OSError as e:
+        out("DNS %s failed %s" % (name, e))
+        continue
+    out("DNS %s rcode %d %s" % (name, rcode, ",".join(ips)))
+    for ip in ips:
+        try:
+            c = socket.create_connection((ip, int(port)), timeout=10)
+            c.sendall(b"ping\n")
+            out("TCP %s %s" % (name, c.recv(100).decode().strip() or "closed"))
+        except OSError as e:
+            out("TCP %s refused %s" % (name, e))
+"#;
+
+/// A TCP forwarder: `forward.py LISTEN_HOST:PORT TO_HOST:PORT`, says "ready" once listening.
+const FORWARDER: &str = r#"
+import socket, sys, threading
+lh, lp = sys.argv[1].rsplit(":", 1)
+th, tp = sys.argv[2].rsplit(":", 1)
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind((lh, int(lp))); srv.listen(16)
+def pipe(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            b.sendall(d)
+    except OSError:
+        pass
+    for s in (a, b):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+sys.stdout.write("ready\n"); sys.stdout.flush()
+while True:
+    c, _ = srv.accept()
+    u = socket.create_connection((th, int(tp)))
+    threading.Thread(target=pipe, args=(c, u), daemon=True).start()
+    threading.Thread(target=pipe, args=(u, c), daemon=True).start()
+"#;
+
+/// A child killed when dropped.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
 
 /// The test's own network namespace: `addrs` on a veth pair whose host side is `host`.
 struct TestNet {
@@ -257,17 +351,43 @@ fn agent(
             t.1, t.0, t.0, report.display()
         ));
     }
+    runner(hub, tmp, (namespace, name), &command, network, report, None)
+}
+
+/// A second tool server and the call the model makes to it after `ws_run`: (name, spec, call).
+type Extra<'a> = Option<(&'a str, Value, Value)>;
+
+/// Deploys an agent whose one tool call runs `command` through the workspace `run` tool.
+fn runner(
+    hub: &HubProcess,
+    tmp: &Path,
+    (namespace, name): (&'static str, &'static str),
+    command: &str,
+    network: Option<Value>,
+    report: PathBuf,
+    extra: Extra<'_>,
+) -> Agent {
+    let mut steps =
+        vec![json!({"tool_calls": [{"name": "ws_run", "arguments": {"command": command}}]})];
+    let mut servers = vec![("ws", ws())];
+    match extra {
+        Some((server, spec, call)) => {
+            servers.push((server, spec));
+            steps.push(json!({ "tool_calls": [call] }));
+            steps.push(
+                json!({ "reply_template": format!("{name} done: {{{{last_tool_result}}}}") }),
+            );
+        }
+        None => steps.push(json!({ "reply": format!("{name} done") })),
+    }
     let model = FakeModel::start(
         &tmp.join(format!("model-{name}")),
-        &json!({"steps": [
-            {"tool_calls": [{"name": "ws_run", "arguments": {"command": command}}]},
-            {"reply": format!("{name} done")}
-        ]}),
+        &json!({ "steps": steps }),
     )
     .unwrap();
     let bundle = tmp.join(name);
     let mut files = vec![
-        ("mcp.json", mcp_json(&[("ws", ws())])),
+        ("mcp.json", mcp_json(&servers)),
         (
             "x-agen/agent.md",
             format!(
@@ -537,5 +657,145 @@ fn with_egress_default_deny_and_no_rule_nothing_leaves_but_the_models_answers() 
     assert_eq!(
         nests[0]["network"], "network namespace per instance, egress default deny",
         "{nests:?}"
+    );
+}
+
+#[test]
+fn dns_in_the_sandbox_answers_allowed_names_through_the_nest_and_refuses_the_rest_counted() {
+    if let Some(why) = cannot_isolate() {
+        eprintln!("skipped: network isolation cannot run here: {why}");
+        return;
+    }
+    let (tmp, out) = setup("dns");
+    let subnet = free_subnet(1);
+    let net = TestNet::start("n", subnet, tmp.path());
+    let (a, b) = (&net.addrs[0], &net.addrs[1]);
+    // The Nest runs in a mount namespace of its own whose hosts file maps the test's names to
+    // the test's addresses, and whose resolv.conf names a resolver on the host's loopback (as
+    // systemd-resolved's 127.0.0.53 does; nothing answers there): the machine's files are
+    // untouched, and no question leaves the machine.
+    let hosts = tmp.path().join("hosts");
+    let original = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
+    std::fs::write(
+        &hosts,
+        format!(
+            "{original}\n{a} api.ok.agen-test\n{b} other.agen-test\n{} db.agen-test\n",
+            net.host
+        ),
+    )
+    .unwrap();
+    let resolv = tmp.path().join("resolv.conf");
+    std::fs::write(&resolv, "nameserver 127.0.0.153\n").unwrap();
+    for f in [&hosts, &resolv] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    // PostgreSQL (the tests' shared cluster, on the host's 127.0.0.1) behind a forwarder on
+    // the host's side of the test's veth pair, named db.agen-test: the Nest host's own
+    // address, reachable only because the rule names it.
+    let cluster = agen_tests::postgres::shared();
+    let database = cluster.database("sandbox_sql");
+    cluster.psql(
+        &database,
+        "CREATE TABLE t (x int); INSERT INTO t VALUES (42)",
+    );
+    let db_port = free_port();
+    let forwarder = tmp.path().join("forward.py");
+    std::fs::write(&forwarder, FORWARDER).unwrap();
+    let mut forward = Command::new("python3")
+        .arg(&forwarder)
+        .arg(format!("{}:{db_port}", net.host))
+        .arg(format!("127.0.0.1:{}", cluster.port))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = [0u8; 6];
+    forward
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut ready)
+        .unwrap();
+    let _forward = KillOnDrop(forward);
+    let client = out.join("dns.py");
+    std::fs::write(&client, DNS_CLIENT).unwrap();
+    std::fs::set_permissions(&client, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let (hosts_s, resolv_s) = (hosts.to_str().unwrap(), resolv.to_str().unwrap());
+    let _nest = hub
+        .nest_wrapped(
+            "resolver",
+            &[],
+            &[],
+            &["--run-uids", "62220-62229", "--metrics-listen", &metrics],
+            &[
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                "mount --bind \"$0\" /etc/hosts && mount --bind \"$1\" /etc/resolv.conf && shift && exec \"$@\"",
+                hosts_s,
+                resolv_s,
+            ],
+        )
+        .unwrap();
+    let report_path = out.join("dns.txt");
+    let command = format!(
+        "python3 {} {} api.ok.agen-test:8080 other.agen-test:8080 missing.ok.agen-test:8080 http://api.ok.agen-test:8080/",
+        client.display(),
+        report_path.display()
+    );
+    // A wildcard rule: the Nest cannot know the allowed address from the rule itself, only
+    // from the name its DNS answer gave out for it.
+    let agent = runner(
+        &hub,
+        tmp.path(),
+        ("d", "resolver"),
+        &command,
+        Some(json!({"allow": ["*.ok.agen-test:8080", format!("db.agen-test:{db_port}")]})),
+        report_path,
+        Some((
+            "db",
+            json!({"command": "agen", "args": ["mcp", "sql", "--dsn-env", "DSN"], "env": {
+                "DSN": format!("postgres://postgres@db.agen-test:{db_port}/{database}?sslmode=disable")
+            }}),
+            json!({"name": "db_query", "arguments": {"sql": "SELECT x * 10 AS answer FROM t"}}),
+        )),
+    );
+    let t = submit(&hub, &agent);
+    let r = report(&agent);
+    eprintln!("{r}");
+    // `agen mcp sql` reached the allowed PostgreSQL by its name through the proxy.
+    let result = t["outcome"]["result"].as_str().unwrap_or_default();
+    assert!(
+        result.starts_with("resolver done: ") && result.contains("420"),
+        "{t}\n{r}"
+    );
+    let lines: Vec<&str> = r.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "NAMESERVER 127.0.0.153".to_string(),
+            format!("DNS api.ok.agen-test rcode 0 {a}"),
+            format!("TCP api.ok.agen-test SRV {a}"),
+            "DNS other.agen-test rcode 3 ".to_string(),
+            "DNS missing.ok.agen-test rcode 3 ".to_string(),
+            format!("HTTP http://api.ok.agen-test:8080/ SRV {a}"),
+        ],
+        "{r}"
+    );
+    // One refusal: the denied name (a name the rule allows but the Nest cannot resolve is
+    // NXDOMAIN too, not a refusal).
+    assert_eq!(metric(&metrics, "d", "resolver"), 1);
+    let logs = hub.cli(&["logs", "resolver", "--namespace", "d"]).unwrap();
+    let text = String::from_utf8_lossy(&logs.stdout);
+    assert_eq!(text.matches("egress refused").count(), 1, "{text}");
+    assert!(
+        text.contains(
+            "egress refused: other.agen-test (not in network.allow): its DNS question answered NXDOMAIN"
+        ),
+        "{text}"
     );
 }

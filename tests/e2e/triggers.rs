@@ -23,7 +23,7 @@ use tonic::Code;
 use crate::limits::{api, runtime, Api};
 
 /// A deployment `runner` with no replica: its tasks stay queued (nothing runs them).
-fn deploy_idle(hub: &HubProcess, dir: &Path) {
+pub(crate) fn deploy_idle(hub: &HubProcess, dir: &Path) {
     deploy_idle_with(hub, dir, &[]);
 }
 
@@ -82,7 +82,7 @@ async fn fired(api: &mut Api, id: &str) -> BTreeMap<String, Vec<String>> {
     by_slot
 }
 
-fn create(hub: &HubProcess, cron: &str, tz: &str) -> Value {
+pub(crate) fn create(hub: &HubProcess, cron: &str, tz: &str) -> Value {
     hub.cli_json(&[
         "schedules",
         "create",
@@ -166,7 +166,7 @@ fn a_six_field_schedule_fires_once_per_slot_across_a_hub_kill_9_right_after_a_fi
 
 /// Sleeps until `offset_ms` (may be negative) from the next even second of the clock that is
 /// at least 1.2 s away: a slot of a `*/2 * * * * *` schedule.
-fn sleep_to_slot(offset_ms: i64) -> chrono::DateTime<chrono::Utc> {
+pub(crate) fn sleep_to_slot(offset_ms: i64) -> chrono::DateTime<chrono::Utc> {
     let now = chrono::Utc::now().timestamp_millis();
     let mut slot = (now / 2000 + 1) * 2000;
     while slot + offset_ms - now < 1200 {
@@ -177,7 +177,10 @@ fn sleep_to_slot(offset_ms: i64) -> chrono::DateTime<chrono::Utc> {
 }
 
 /// The tasks of schedule `id`: (slot, when the task was created), by slot.
-async fn fired_at(api: &mut Api, id: &str) -> BTreeMap<chrono::DateTime<chrono::Utc>, Vec<i64>> {
+pub(crate) async fn fired_at(
+    api: &mut Api,
+    id: &str,
+) -> BTreeMap<chrono::DateTime<chrono::Utc>, Vec<i64>> {
     let tasks = api
         .list_tasks(pb::ListTasksRequest {
             deployment: "runner".into(),

@@ -374,9 +374,30 @@ impl HubProcess {
         env: &[(&str, &str)],
         extra: &[&str],
     ) -> anyhow::Result<NestProcess> {
+        self.nest_wrapped(name, labels, env, extra, &[])
+    }
+
+    /// [`Self::nest_with`], the Nest started through `wrapper`: a command that ends by
+    /// exec-ing the arguments after its own (`unshare --mount sh -c '...; exec "$@"' sh`), so
+    /// the Nest keeps its pid and process group.
+    pub fn nest_wrapped(
+        &self,
+        name: &str,
+        labels: &[&str],
+        env: &[(&str, &str)],
+        extra: &[&str],
+        wrapper: &[&str],
+    ) -> anyhow::Result<NestProcess> {
         let dir = self.dir.join("nests").join(name);
         std::fs::create_dir_all(&dir)?;
-        let mut cmd = Command::new(agen_bin());
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(agen_bin());
+                c
+            }
+            None => Command::new(agen_bin()),
+        };
         cmd.args([
             "nest",
             "--hub",

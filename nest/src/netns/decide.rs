@@ -64,14 +64,15 @@ impl Policy {
         }
     }
 
-    /// Whether a DNS question for `name` is answered: some connection to it could be allowed.
-    pub fn may_resolve(&self, name: &str) -> bool {
-        if self
+    /// Whether a DNS question for `name` is answered (some connection to it could be
+    /// allowed), else the rule that refuses it (named in the refusal).
+    pub fn may_resolve(&self, name: &str) -> Result<(), String> {
+        if let Some(p) = self
             .deny
             .iter()
-            .any(|p| p.any_port() && p.covers_name(name))
+            .find(|p| p.any_port() && p.covers_name(name))
         {
-            return false;
+            return Err(format!("network.deny `{}`", p.as_str()));
         }
         if self
             .allow
@@ -79,9 +80,16 @@ impl Policy {
             .chain(&self.implicit)
             .any(|p| p.covers_name(name))
         {
-            return true;
+            return Ok(());
         }
-        self.allow.is_empty() && self.default_allow
+        if !self.allow.is_empty() {
+            return Err("not in network.allow".into());
+        }
+        if self.default_allow {
+            Ok(())
+        } else {
+            Err("--egress-default deny (the bundle has no network.allow)".into())
+        }
     }
 }
 
@@ -319,15 +327,24 @@ mod tests {
         );
         assert!(matches!(star.decide(&n, None, 1, true), Verdict::Refuse(_)));
         assert!(matches!(star.decide(&n, None, 1, false), Verdict::Allow(_)));
-        assert!(open.may_resolve("x.test") && !closed.may_resolve("x.test"));
+        assert!(open.may_resolve("x.test").is_ok());
+        assert!(closed
+            .may_resolve("x.test")
+            .is_err_and(|r| r.contains("--egress-default deny")));
         let rules = Policy {
             allow: pats(&["*.ok.test:443"]),
             deny: pats(&["no.ok.test"]),
             ..Policy::default()
         };
-        assert!(rules.may_resolve("a.ok.test"));
-        assert!(!rules.may_resolve("no.ok.test"));
-        assert!(!rules.may_resolve("other.test"));
+        assert!(rules.may_resolve("a.ok.test").is_ok());
+        assert_eq!(
+            rules.may_resolve("no.ok.test"),
+            Err("network.deny `no.ok.test`".into())
+        );
+        assert_eq!(
+            rules.may_resolve("other.test"),
+            Err("not in network.allow".into())
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The DNS answers an instance gets: every UDP DNS question leaving its namespace is redirected
 //! to this responder (on 127.0.0.1:53 inside the namespace), which the Nest answers with its
-//! own resolver, only for names the instance's rule could allow (anything else is NXDOMAIN, so
-//! a closed rule leaves no DNS channel out). A questions get the Nest's IPv4 addresses (the
+//! own resolver, only for names the instance's rule could allow (anything else is NXDOMAIN,
+//! logged for `agen logs` and counted in `agen_egress_refused_total` like a refused
+//! connection, so a closed rule leaves no DNS channel out). A questions get the Nest's IPv4 addresses (the
 //! namespace has no IPv6 route out: AAAA is answered with no address); the names given out are
 //! remembered per address, so a later connection to that address is known by its name.
 
@@ -12,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 
-use super::decide::Policy;
+use super::proxy::Context;
 
 /// How many addresses an instance's name memory keeps (cleared when full).
 const MAX_REMEMBERED: usize = 4096;
@@ -108,12 +109,7 @@ fn answer(query: &[u8], q: &Question, rcode: u8, ips: &[Ipv4Addr]) -> Vec<u8> {
 }
 
 /// Answers questions on `sock` until `stop`.
-pub async fn serve(
-    sock: UdpSocket,
-    policy: Arc<Policy>,
-    names: Arc<Names>,
-    stop: CancellationToken,
-) {
+pub async fn serve(sock: UdpSocket, cx: Arc<Context>, stop: CancellationToken) {
     let sock = Arc::new(sock);
     let mut buf = vec![0u8; 1500];
     loop {
@@ -123,12 +119,15 @@ pub async fn serve(
         };
         let query = buf[..n].to_vec();
         let Some(q) = parse(&query) else { continue };
-        let (sock, policy, names) = (sock.clone(), policy.clone(), names.clone());
+        let (sock, cx) = (sock.clone(), cx.clone());
         tokio::spawn(async move {
             let reply = if q.qtype != 1 {
                 // AAAA and the rest: the name exists, no address of that kind.
                 answer(&query, &q, 0, &[])
-            } else if q.name.is_empty() || !policy.may_resolve(&q.name) {
+            } else if q.name.is_empty() {
+                answer(&query, &q, 3, &[])
+            } else if let Err(rule) = cx.policy.may_resolve(&q.name) {
+                cx.refused(&q.name, &rule, Some("its DNS question answered NXDOMAIN"));
                 answer(&query, &q, 3, &[])
             } else {
                 match tokio::net::lookup_host((q.name.as_str(), 0)).await {
@@ -141,7 +140,7 @@ pub async fn serve(
                             .collect();
                         ips.dedup();
                         ips.truncate(16);
-                        names.remember(&q.name, &ips);
+                        cx.names.remember(&q.name, &ips);
                         answer(&query, &q, if ips.is_empty() { 3 } else { 0 }, &ips)
                     }
                     Err(_) => answer(&query, &q, 3, &[]),

@@ -2,8 +2,8 @@
 //! servers run in a network namespace of their own (`ip netns add agen-<nest>-<instance>`)
 //! whose loopback is theirs alone; every address outside 127.0.0.0/8 is routed to that
 //! loopback (`local 0.0.0.0/0 dev lo`), and nftables redirects every TCP connection to the
-//! Nest's egress proxy ([`proxy`]) and every UDP DNS question to the Nest's responder
-//! ([`dns`]), both listening inside the namespace, so nothing leaves it except through the
+//! Nest's egress proxy ([`proxy`]) and every UDP DNS question (to any address, the loopback's
+//! too) to the Nest's responder ([`dns`]), both listening inside the namespace, so nothing leaves it except through the
 //! Nest, proxy-aware client or not. The bundle's own endpoints on the Nest host's loopback are
 //! relayed into the namespace's loopback on the same port. The rule is the bundle's
 //! `x-agen/config.json` `network` with the Nest's `--egress-default` ([`decide`]).
@@ -304,18 +304,18 @@ impl Network {
         let names = Arc::new(dns::Names::default());
         let cx = Arc::new(proxy::Context {
             instance: instance.to_string(),
-            policy: policy.clone(),
-            names: names.clone(),
+            policy,
+            names,
             network: self.clone(),
             logs,
             owner,
             own,
         });
         let proxy = tokio_listener(proxy).map_err(|e| e.to_string())?;
-        rt.spawn(proxy::serve(proxy, cx, net.stop.clone()));
+        rt.spawn(proxy::serve(proxy, cx.clone(), net.stop.clone()));
         dns.set_nonblocking(true).map_err(|e| e.to_string())?;
         let dns = tokio::net::UdpSocket::from_std(dns).map_err(|e| e.to_string())?;
-        rt.spawn(dns::serve(dns, policy, names, net.stop.clone()));
+        rt.spawn(dns::serve(dns, cx, net.stop.clone()));
         for (l, to) in relayed {
             let l = tokio_listener(l).map_err(|e| e.to_string())?;
             rt.spawn(proxy::relay(l, to, net.stop.clone()));
@@ -353,10 +353,12 @@ fn has_net_caps() -> bool {
         .is_some_and(|eff| eff & (1 << CAP_NET_ADMIN) != 0 && eff & (1 << CAP_SYS_ADMIN) != 0)
 }
 
-/// The nftables rules of a namespace whose proxy listens on `port`.
+/// The nftables rules of a namespace whose proxy listens on `port`. DNS comes first: a host
+/// whose resolv.conf names a resolver on its loopback (systemd-resolved's 127.0.0.53) sends its
+/// questions there, which the namespace's loopback would otherwise keep.
 fn rules(port: u16) -> String {
     format!(
-        "table ip agen {{\n  chain out {{\n    type nat hook output priority -100; policy accept;\n    ip daddr 127.0.0.0/8 return\n    meta l4proto tcp redirect to :{port}\n    udp dport 53 redirect to :53\n  }}\n}}\n"
+        "table ip agen {{\n  chain out {{\n    type nat hook output priority -100; policy accept;\n    udp dport 53 redirect to :53\n    ip daddr 127.0.0.0/8 return\n    meta l4proto tcp redirect to :{port}\n  }}\n}}\n"
     )
 }
 

@@ -8,7 +8,7 @@
 //! Invariants: the proxy dials the name it decided on (SNI/Host), resolved by the Nest, never an
 //! address the instance chose for that name; a refusal is logged once for the instance (`agen
 //! logs`), counted in `agen_egress_refused_total`, and answered with a 403 naming host and rule
-//! for plain HTTP, a reset otherwise.
+//! for plain HTTP, a reset otherwise (a refused DNS question, [`super::dns`], NXDOMAIN).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -201,12 +201,30 @@ async fn resolve(name: &str, port: u16) -> Option<SocketAddr> {
         .map(|ip| SocketAddr::new(*ip, port))
 }
 
+impl Context {
+    /// Logs (for the Nest and the instance's `agen logs`) and counts a refusal of `host` by
+    /// `rule`; `how` says how it was answered, when not by the connection itself. Returns the
+    /// text the client may be shown.
+    pub fn refused(&self, host: &str, rule: &str, how: Option<&str>) -> String {
+        let text = format!("egress refused: {host} ({rule})");
+        tracing::warn!(instance = %self.instance, host, rule, how, "egress refused");
+        let logged = match how {
+            Some(how) => format!("{text}: {how}"),
+            None => text.clone(),
+        };
+        self.logs.append(
+            &self.instance,
+            &crate::logs::Source::Instance,
+            "WARN",
+            &logged,
+        );
+        self.network.count_refused(&self.owner.0, &self.owner.1);
+        text
+    }
+}
+
 async fn refuse(mut client: TcpStream, cx: &Context, host: &str, rule: &str, http: bool) {
-    let text = format!("egress refused: {host} ({rule})");
-    tracing::warn!(instance = %cx.instance, host, rule, "egress refused");
-    cx.logs
-        .append(&cx.instance, &crate::logs::Source::Instance, "WARN", &text);
-    cx.network.count_refused(&cx.owner.0, &cx.owner.1);
+    let text = cx.refused(host, rule, None);
     if http {
         let body = format!("agen: {text}\n");
         let _ = client

@@ -202,17 +202,7 @@ impl Supervisor {
             Ok(r) => r,
             Err(e) => {
                 let msg = format!("cannot give the instance its own uid: {e}");
-                tracing::warn!(instance = %id, "{msg}");
-                self.update(&id, |r| {
-                    r.state = InstanceState::Unhealthy;
-                    r.healthy = false;
-                    r.message = msg;
-                });
-                stop.cancelled().await;
-                self.release_uid(&id).await;
-                self.logs.close_instance(&id);
-                self.forget(&id);
-                return;
+                return self.fail_start(&id, &stop, msg).await;
             }
         };
         // Its own network (separated instances of a Nest that can): made once, deleted when the
@@ -222,17 +212,7 @@ impl Supervisor {
                 Ok(n) => Some(n),
                 Err(e) => {
                     let msg = format!("cannot give the instance its own network namespace: {e}");
-                    tracing::warn!(instance = %id, "{msg}");
-                    self.update(&id, |r| {
-                        r.state = InstanceState::Unhealthy;
-                        r.healthy = false;
-                        r.message = msg;
-                    });
-                    stop.cancelled().await;
-                    self.release_uid(&id).await;
-                    self.logs.close_instance(&id);
-                    self.forget(&id);
-                    return;
+                    return self.fail_start(&id, &stop, msg).await;
                 }
             },
             _ => None,
@@ -248,17 +228,7 @@ impl Supervisor {
             Ok(c) => c,
             Err(e) => {
                 let msg = format!("cannot limit the instance's resources: {e}");
-                tracing::warn!(instance = %id, "{msg}");
-                self.update(&id, |r| {
-                    r.state = InstanceState::Unhealthy;
-                    r.healthy = false;
-                    r.message = msg;
-                });
-                stop.cancelled().await;
-                self.release_uid(&id).await;
-                self.logs.close_instance(&id);
-                self.forget(&id);
-                return;
+                return self.fail_start(&id, &stop, msg).await;
             }
         };
         let mut backoff = Backoff::new(RESTART_BASE, RESTART_CAP);
@@ -497,6 +467,21 @@ impl Supervisor {
 
     /// The instance is gone: whatever still runs under its uid is killed, the uid freed and
     /// its run dir removed (see `separation`).
+    /// An instance that cannot start for `msg` (its uid, network or resource group): shown
+    /// unhealthy with the reason until it is stopped, then its uids, logs and entry go.
+    async fn fail_start(&self, id: &str, stop: &CancellationToken, msg: String) {
+        tracing::warn!(instance = %id, "{msg}");
+        self.update(id, |r| {
+            r.state = InstanceState::Unhealthy;
+            r.healthy = false;
+            r.message = msg;
+        });
+        stop.cancelled().await;
+        self.release_uid(id).await;
+        self.logs.close_instance(id);
+        self.forget(id);
+    }
+
     async fn release_uid(&self, id: &str) {
         let (sep, id) = (self.separation.clone(), id.to_string());
         let _ = tokio::task::spawn_blocking(move || sep.release(&id)).await;

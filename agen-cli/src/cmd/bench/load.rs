@@ -30,9 +30,11 @@ pub(super) struct Phase {
     pub failed: Vec<String>,
     /// Submit → terminal seen by the client, ms.
     pub latency: Vec<f64>,
-    /// Submit → the first streamed piece of the answer seen by the client (time to first
-    /// token), ms.
+    /// Submit → the first piece of the answer seen by the client (time to first token), ms:
+    /// its first delta, or the task's end for an answer that came whole.
     pub first_token: Vec<f64>,
+    /// Succeeded tasks whose answer reached the client as deltas before the task ended.
+    pub streamed: usize,
     /// created → started at the Hub (queueing and dispatch), ms.
     pub queued: Vec<f64>,
     /// started → finished at the Hub, ms.
@@ -220,7 +222,8 @@ async fn load(
                 Ok((t, latency, first)) if view::task_state(t.state) == "succeeded" => {
                     phase.succeeded += 1;
                     phase.latency.push(latency);
-                    phase.first_token.extend(first);
+                    phase.streamed += usize::from(first.is_some());
+                    phase.first_token.push(first.unwrap_or(latency));
                     if t.started_at_ms > 0 && t.finished_at_ms >= t.started_at_ms {
                         phase
                             .queued

@@ -74,6 +74,11 @@ pub struct Args {
     /// Tasks run (and not measured) before the measurement
     #[arg(long, default_value_t = 5)]
     pub warmup: usize,
+    /// Time between the pieces (8 characters each) of the models' streamed answers; with
+    /// it, the time to the first token is visibly shorter than a task's end (the default
+    /// `read` answer, ~730 characters, streams over ~90 pieces)
+    #[arg(long, default_value = "0s", value_parser = crate::cmd::parse_duration)]
+    pub piece_delay: Duration,
     /// Give up on one task after this long
     #[arg(long, default_value = "120s", value_parser = crate::cmd::parse_duration)]
     pub task_timeout: Duration,
@@ -175,14 +180,19 @@ async fn bench(args: &Args, root: &Path, interrupt: CancellationToken) -> anyhow
     let mut steps: Vec<Step> = (0..args.tool_calls)
         .map(|_| Step::call(format!("ws_{}", args.tool.name()), args.tool.arguments()))
         .collect();
-    steps.push(Step::template("done: {{last_tool_result}}"));
+    let piece_delay_ms = u64::try_from(args.piece_delay.as_millis()).unwrap_or(u64::MAX);
+    let streamed = |mut step: Step| {
+        step.chunk_delay_ms = Some(piece_delay_ms);
+        step
+    };
+    steps.push(streamed(Step::template("done: {{last_tool_result}}")));
     // Nobody reads what the models were sent, and thousands of ever longer conversations kept
     // in memory cost the measured fleet's process page faults.
     let model = FakeModel::start_unrecorded(Script::steps(steps), loopback)
         .await
         .context("cannot start the fake model")?;
     let baseline_model =
-        FakeModel::start_unrecorded(Script::steps(vec![Step::reply("done")]), loopback)
+        FakeModel::start_unrecorded(Script::steps(vec![streamed(Step::reply("done"))]), loopback)
             .await
             .context("cannot start the fake model")?;
 

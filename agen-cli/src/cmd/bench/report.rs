@@ -119,8 +119,11 @@ pub(super) fn report(args: &Args, raw: &[f64], m: &Measured) -> Value {
         "wall_s": round3(phase.wall.as_secs_f64()),
         "throughput_tasks_per_s": round3(phase.throughput()),
         "latency_ms": lat.json(),
-        // Submit → the first streamed piece of the answer (time to first token).
+        // Submit → the first piece of the answer the client saw (time to first token): its
+        // first delta, or the task's end for an answer that came whole.
         "first_token_ms": Summary::of(&phase.first_token).json(),
+        "answers_streamed": phase.streamed,
+        "piece_delay_ms": u64::try_from(args.piece_delay.as_millis()).unwrap_or(u64::MAX),
         // Tool calls the measured tasks made per second of the measured phase.
         "tool_calls_per_s": round3(phase.throughput() * f64::from(args.tool_calls)),
         "tool_kind": match args.tool {
@@ -211,6 +214,15 @@ pub(super) fn print_table(r: &Value) {
         r["tool_calls_per_task"],
         f(&lat["p50"]),
         f(&lat["p99"])
+    );
+    let ft = &r["first_token_ms"];
+    crate::outln!(
+        "time to first token: p50 {} ms, p99 {} ms ({} of {} answers streamed as deltas, {} ms between pieces)",
+        f(&ft["p50"]),
+        f(&ft["p99"]),
+        r["answers_streamed"],
+        r["succeeded"],
+        r["piece_delay_ms"]
     );
     let d = &r["durability"];
     let na = |v: &Value| match v {

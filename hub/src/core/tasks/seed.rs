@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use super::submit::{queued_task, NewTask};
 use super::TaskStateEvent;
 use crate::error::{HubError, Result};
 use crate::model::*;
@@ -39,46 +40,18 @@ pub fn seed_finished_tasks(db: &Db, spec: &SeedSpec) -> Result<Vec<String>> {
         if spec.batches > 0 {
             labels.insert("batch".to_string(), (i % spec.batches).to_string());
         }
-        let mut task = TaskRec {
-            task_id: format!("task-{}", uuid::Uuid::now_v7().simple()),
-            namespace: spec.namespace.clone(),
-            deployment: spec.deployment.clone(),
-            input: format!("seeded task number {i}"),
-            labels,
-            conversation_key: String::new(),
-            conversation_id: format!("conv-{}", uuid::Uuid::now_v7().simple()),
-            state: TaskState::Queued,
-            activity: "queued".into(),
-            progress: None,
-            outcome: None,
-            run_id: String::new(),
-            attempt: 0,
-            instance_id: String::new(),
-            bundle_digest: String::new(),
-            client_request_id: String::new(),
-            created_at_ms: at,
-            updated_at_ms: at,
-            started_at_ms: 0,
-            finished_at_ms: 0,
-            nest_name: String::new(),
+        let mut task = queued_task(
+            NewTask {
+                namespace: &spec.namespace,
+                deployment: &spec.deployment,
+                input: &format!("seeded task number {i}"),
+                labels,
+                conversation_key: "",
+                client_request_id: "",
+            },
             seq,
-            next_event_seq: 1,
-            last_event_source: None,
-            cancel_requested_at_ms: 0,
-            cancel_reason: String::new(),
-            rolled_back: false,
-            lease: LeaseRec::default(),
-            parent_task_id: String::new(),
-            root_run_id: String::new(),
-            delegation_depth: 0,
-            parent_span_id: String::new(),
-            tool_overrides: Default::default(),
-            warnings: Vec::new(),
-            traceparent: String::new(),
-            suspended: None,
-            wait_deadlines: BTreeMap::new(),
-            budget: BudgetRec::default(),
-        };
+            at,
+        );
         let state_event = |task: &mut TaskRec| -> Result<()> {
             let body = TaskStateEvent {
                 state: task.state.as_str(),

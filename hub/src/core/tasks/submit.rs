@@ -78,62 +78,28 @@ impl Core {
             }
             let now = now_ms();
             let seq = self.db.raw().increment("task_seq")?;
-            let task = TaskRec {
-                task_id: format!("task-{}", uuid::Uuid::now_v7().simple()),
-                namespace: namespace.clone(),
-                deployment: spec.deployment.clone(),
-                input: spec.input.clone(),
-                labels: spec.labels.clone(),
-                conversation_key: spec.conversation_key.clone(),
-                conversation_id: conversation_id_for(
-                    &namespace,
-                    &spec.deployment,
-                    &spec.conversation_key,
-                ),
-                state: TaskState::Queued,
-                activity: "queued".into(),
-                progress: None,
-                outcome: None,
-                run_id: String::new(),
-                attempt: 0,
-                instance_id: String::new(),
-                bundle_digest: String::new(),
-                client_request_id: spec.client_request_id.clone(),
-                created_at_ms: now,
-                updated_at_ms: now,
-                started_at_ms: 0,
-                finished_at_ms: 0,
-                nest_name: String::new(),
+            let mut task = queued_task(
+                NewTask {
+                    namespace: &namespace,
+                    deployment: &spec.deployment,
+                    input: &spec.input,
+                    labels: spec.labels.clone(),
+                    conversation_key: &spec.conversation_key,
+                    client_request_id: &spec.client_request_id,
+                },
                 seq,
-                next_event_seq: 1,
-                last_event_source: None,
-                cancel_requested_at_ms: 0,
-                cancel_reason: String::new(),
-                rolled_back: false,
-                lease: LeaseRec::default(),
-                tool_overrides: spec.tool_overrides.clone(),
-                warnings,
-                parent_task_id: spec
-                    .parent
-                    .as_ref()
-                    .map(|p| p.parent_task_id.clone())
-                    .unwrap_or_default(),
-                root_run_id: spec
-                    .parent
-                    .as_ref()
-                    .map(|p| p.root_run_id.clone())
-                    .unwrap_or_default(),
-                delegation_depth: spec.parent.as_ref().map_or(0, |p| p.delegation_depth),
-                parent_span_id: spec
-                    .parent
-                    .as_ref()
-                    .map(|p| p.parent_span_id.clone())
-                    .unwrap_or_default(),
-                traceparent: spec.traceparent.clone(),
-                suspended: None,
-                wait_deadlines: Default::default(),
-                budget: crate::core::deadlines::with_deadline(budget, now),
-            };
+                now,
+            );
+            task.tool_overrides = spec.tool_overrides.clone();
+            task.warnings = warnings;
+            if let Some(p) = &spec.parent {
+                task.parent_task_id = p.parent_task_id.clone();
+                task.root_run_id = p.root_run_id.clone();
+                task.delegation_depth = p.delegation_depth;
+                task.parent_span_id = p.parent_span_id.clone();
+            }
+            task.traceparent = spec.traceparent.clone();
+            task.budget = crate::core::deadlines::with_deadline(budget, now);
             if !spec.client_request_id.is_empty() {
                 self.db.put_json(
                     Table::RequestIds,
@@ -154,6 +120,61 @@ impl Core {
         tracing::info!(task = %task.task_id, deployment = %format!("{}/{}", task.namespace, task.deployment), "task queued");
         self.poke();
         Ok(task)
+    }
+}
+
+/// What a new task is made of; the rest starts empty.
+pub(super) struct NewTask<'a> {
+    pub namespace: &'a str,
+    pub deployment: &'a str,
+    pub input: &'a str,
+    pub labels: BTreeMap<String, String>,
+    pub conversation_key: &'a str,
+    pub client_request_id: &'a str,
+}
+
+/// A task as a submit makes it at `now_ms`, numbered `seq`: queued, no run, no outcome, no
+/// parent, no budget (the submit and `agen hub seed-tasks` build theirs from it).
+pub(super) fn queued_task(n: NewTask<'_>, seq: u64, now_ms: i64) -> TaskRec {
+    TaskRec {
+        task_id: format!("task-{}", uuid::Uuid::now_v7().simple()),
+        namespace: n.namespace.to_string(),
+        deployment: n.deployment.to_string(),
+        input: n.input.to_string(),
+        labels: n.labels,
+        conversation_key: n.conversation_key.to_string(),
+        conversation_id: conversation_id_for(n.namespace, n.deployment, n.conversation_key),
+        state: TaskState::Queued,
+        activity: "queued".into(),
+        progress: None,
+        outcome: None,
+        run_id: String::new(),
+        attempt: 0,
+        instance_id: String::new(),
+        bundle_digest: String::new(),
+        client_request_id: n.client_request_id.to_string(),
+        created_at_ms: now_ms,
+        updated_at_ms: now_ms,
+        started_at_ms: 0,
+        finished_at_ms: 0,
+        nest_name: String::new(),
+        seq,
+        next_event_seq: 1,
+        last_event_source: None,
+        cancel_requested_at_ms: 0,
+        cancel_reason: String::new(),
+        rolled_back: false,
+        lease: LeaseRec::default(),
+        tool_overrides: Default::default(),
+        warnings: Vec::new(),
+        parent_task_id: String::new(),
+        root_run_id: String::new(),
+        delegation_depth: 0,
+        parent_span_id: String::new(),
+        traceparent: String::new(),
+        suspended: None,
+        wait_deadlines: Default::default(),
+        budget: BudgetRec::default(),
     }
 }
 
