@@ -125,6 +125,24 @@ fn check_protocol(reg: &crate::model::Registration) -> Result<(), Status> {
     )))
 }
 
+/// Refuses a Nest whose instances run without uid separation when this Hub requires it
+/// (`--require-uid-separation`), naming what it reported and the fix.
+fn check_separation(reg: &crate::model::Registration, required: bool) -> Result<(), Status> {
+    let separated = !reg.separation.is_empty() && !reg.separation.starts_with("off");
+    if !required || separated {
+        return Ok(());
+    }
+    let has = match reg.separation.as_str() {
+        "" => "does not say (a build from before uid separation)",
+        s => s,
+    };
+    tracing::warn!(nest_id = %reg.nest_id, name = %reg.name, separation = %reg.separation, "refused a nest without uid separation");
+    Err(Status::failed_precondition(format!(
+        "nest {} lacks uid separation, which this hub requires (--require-uid-separation): its instances run as its own user (separation: {has}); run the nest as root without --run-as-self (instances then run as uids of --run-uids), or start the hub without --require-uid-separation",
+        reg.name
+    )))
+}
+
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
@@ -153,6 +171,7 @@ impl NestService for NestApi {
         }
         let reg = convert::registration(&register);
         check_protocol(&reg)?;
+        check_separation(&reg, self.core.opts.require_uid_separation)?;
         crate::limits::check_id("register.nest_id", &reg.nest_id)?;
         crate::limits::check_bytes("register.name", &reg.name, 255)?;
         self.core
