@@ -220,7 +220,8 @@ impl NestService for NestApi {
         let ended_why: Arc<std::sync::Mutex<Option<Status>>> = Arc::default();
         let why_in = ended_why.clone();
         tokio::spawn(async move {
-            let _end = end_stream.drop_guard();
+            let end = end_stream.drop_guard();
+            let mut hub_stopping = false;
             loop {
                 let next = tokio::select! {
                     biased;
@@ -229,7 +230,10 @@ impl NestService for NestApi {
                     // The Hub is stopping: this half ends too (dropping the Nest's request
                     // stream), or the connection would outlive the server and keep a Nest
                     // talking to a stopped Hub instead of reconnecting.
-                    _ = core.stopping.cancelled() => break,
+                    _ = core.stopping.cancelled() => {
+                        hub_stopping = true;
+                        break;
+                    }
                     n = malformed::next(&mut incoming) => n,
                     changed = revocations.changed() => {
                         let gone = bound && identities.get(&nest_id).is_none();
@@ -313,6 +317,17 @@ impl NestService for NestApi {
                 }
             }
             core.disconnect(&nest_id, conn_id);
+            if hub_stopping {
+                // What is queued for the Nest still leaves (a run dispatched just before the
+                // stop reaches it, instead of being lost and given another attempt by the
+                // next leader): the outbound half ends once its queue is empty (every sender
+                // is gone with the link), or after a second at most.
+                let end = end.disarm();
+                tokio::spawn(async move {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    end.cancel();
+                });
+            }
         });
 
         // Messages leave the queue only as fast as the Nest reads them (HTTP/2 flow control);
