@@ -211,10 +211,16 @@ pub async fn campaign(
                 return Ok(Some(epoch));
             }
             Ok((None, Some(row))) => {
+                // An expired lease names no leader: a follower then hints nowhere (a Nest
+                // sent to a dead leader would only come back later).
                 role.set(crate::role::RoleNow {
                     leader: false,
                     epoch: row.epoch,
-                    leader_url: row.url.clone(),
+                    leader_url: if row.expires_in_ms > 0 {
+                        row.url.clone()
+                    } else {
+                        String::new()
+                    },
                     db_ok: true,
                 });
                 if told.as_ref() != Some(&(row.epoch, row.url.clone())) {

@@ -47,6 +47,7 @@ pub(crate) type ApiStack = auth::Audited<
 >;
 
 /// Builds every service of the Hub (the web console under `/ui/` included).
+#[allow(clippy::too_many_arguments)]
 pub async fn routes(
     core: Arc<Core>,
     tokens: Arc<crate::tokens::Tokens>,
