@@ -146,7 +146,8 @@ impl ClientArgs {
 }
 
 /// Of several Hubs (`URL1,URL2,…`, one database), the first that accepts a connection:
-/// followers do not listen until they lead, so that is the leader. One URL is returned as is;
+/// every Hub serves the client API (a follower forwards each call to the leader, and its refusal
+/// when it cannot names the leader's URL). One URL is returned as is;
 /// when none answers, the first (the call then says it cannot be reached).
 pub fn leader_of(urls: &str) -> String {
     let list: Vec<&str> = urls

@@ -79,6 +79,11 @@ pub struct HubOptions {
     /// Several Hubs on the PostgreSQL store (`--identity-key-file`, `--leader-lease`,
     /// `--advertise-url`); `None`: this Hub is alone on its store.
     pub ha: Option<crate::ha::HaOptions>,
+    /// The `--nest-lease` the Nests run with (how long a Nest with no Hub keeps its runs):
+    /// it must exceed the leader lease plus [`crate::ha::RECONNECT_TIME`], checked at start.
+    pub nest_lease: Duration,
+    /// Refuse Nests whose instances run without uid separation (`--require-uid-separation`).
+    pub require_uid_separation: bool,
 }
 
 /// Default and largest [`HubOptions::console_session_max`]: 12 hours.
@@ -238,6 +243,8 @@ impl Default for HubOptions {
             heartbeat_interval: Duration::from_secs(2),
             tls_names: Vec::new(),
             nest_disconnect_grace: Duration::from_secs(3),
+            nest_lease: crate::ha::DEFAULT_NEST_LEASE,
+            require_uid_separation: false,
             run_start_deadline: Duration::from_secs(30),
             limits: crate::limits::Limits::default(),
             metrics_listen: None,
@@ -273,6 +280,29 @@ pub fn default_data_dir() -> PathBuf {
 }
 
 impl HubOptions {
+    /// A Nest must keep its runs longer than a Hub takes to come back: the leader lease (a
+    /// follower leads at most this long after the leader died; none for a Hub alone) plus the
+    /// reconnect time. Else a failover or restart would stop every run.
+    fn check_nest_lease(&self) -> Result<()> {
+        let lease = self.ha.as_ref().map(|h| h.leader_lease);
+        let needed = lease.unwrap_or_default() + crate::ha::RECONNECT_TIME;
+        if self.nest_lease > needed {
+            return Ok(());
+        }
+        let secs = |d: Duration| format!("{}s", d.as_secs_f64());
+        let lease_part = match lease {
+            Some(l) => format!("the leader lease (--leader-lease {}) plus ", secs(l)),
+            None => String::new(),
+        };
+        Err(HubError::Config(format!(
+            "--nest-lease {} does not exceed {lease_part}the Nests' reconnect time ({}): a Nest would stop its runs before a Hub could take them back; give --nest-lease more than {} (default 30s) here and to every `agen nest`{}",
+            secs(self.nest_lease),
+            secs(crate::ha::RECONNECT_TIME),
+            secs(needed),
+            if lease.is_some() { ", or a shorter --leader-lease" } else { "" }
+        )))
+    }
+
     /// Checks the options without touching the disk or the network.
     pub fn validate(&self) -> Result<()> {
         if let Some(url) = &self.store {
@@ -301,6 +331,7 @@ impl HubOptions {
                 ));
             }
         }
+        self.check_nest_lease()?;
         if let Some(s) = &self.snapshots {
             if s.every < Duration::from_secs(1) || s.keep == 0 {
                 return Err(HubError::Config(
@@ -553,5 +584,36 @@ mod tests {
             env(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")])
         )
         .is_err());
+    }
+
+    #[test]
+    fn a_nest_lease_not_above_the_leader_lease_plus_reconnect_time_is_refused() {
+        let with = |nest: u64, lease: Option<u64>| HubOptions {
+            store: lease.map(|_| "postgres://agen@localhost/agen".into()),
+            ha: lease.map(|l| crate::ha::HaOptions {
+                identity_key_file: "k".into(),
+                leader_lease: Duration::from_secs(l),
+                advertise_url: None,
+            }),
+            nest_lease: Duration::from_secs(nest),
+            ..HubOptions::default()
+        };
+        assert!(with(30, Some(5)).validate().is_ok());
+        assert!(with(30, None).validate().is_ok());
+        let e = with(10, Some(5)).validate().unwrap_err().to_string();
+        for part in [
+            "--nest-lease 10s",
+            "--leader-lease 5s",
+            "reconnect time (5s)",
+            "more than 10s",
+        ] {
+            assert!(e.contains(part), "{part} in: {e}");
+        }
+        let e = with(5, None).validate().unwrap_err().to_string();
+        assert!(
+            e.contains("--nest-lease 5s") && !e.contains("leader"),
+            "{e}"
+        );
+        assert!(with(11, Some(5)).validate().is_ok());
     }
 }

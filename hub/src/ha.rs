@@ -8,8 +8,8 @@
 //! its data dir, where the rest of the Hub reads it as a single Hub's.
 //!
 //! Leader lease ([`crate::store::pg::lease`]): a Hub serves only while it holds the lease; until
-//! then it is a follower that waits for the lease to expire (it does not listen, so clients and
-//! Nests that know several Hubs go on to the next). The leader renews every third of the lease;
+//! then it is a follower that waits for the lease to expire, serving its port meanwhile
+//! ([`crate::follower`]: clients' calls forwarded to the leader, Nests told where it is). The leader renews every third of the lease;
 //! once the database says another Hub took it over, it stops (exit [`EXIT_DEPOSED`]) and every
 //! write it still attempts is refused by the database (fencing), so a deposed leader (paused
 //! past its lease, then resumed) changes nothing.
@@ -28,6 +28,12 @@ use crate::store::PgStore;
 
 /// The default `--leader-lease`.
 pub const DEFAULT_LEADER_LEASE: Duration = Duration::from_secs(5);
+/// The default `--nest-lease` (the Nest's own default).
+pub const DEFAULT_NEST_LEASE: Duration = Duration::from_secs(30);
+/// How long Nests take to reach a Hub that came back (their reconnect back-off, at most 2 s,
+/// through each of their Hubs, and the new leader's start): `--nest-lease` must exceed the
+/// leader lease plus this.
+pub const RECONNECT_TIME: Duration = Duration::from_secs(5);
 /// Exit status of `agen hub` when it stopped because another Hub took its lease over (a
 /// service manager restarts it, and it waits as a follower).
 pub const EXIT_DEPOSED: i32 = 75;
@@ -172,10 +178,14 @@ pub async fn campaign(
     holder: &str,
     url: &str,
     lease: Duration,
+    role: &crate::role::Role,
     shutdown: &CancellationToken,
 ) -> Result<Option<u64>> {
     let mut told = None;
+    // A follower is a serving process too: systemd's watchdog is fed while it follows.
+    let watchdog = agen_shared::systemd::Watchdog::from_env();
     loop {
+        watchdog.pet();
         let (s, h, u) = (store.clone(), holder.to_owned(), url.to_owned());
         let taken = tokio::task::spawn_blocking(move || {
             let taken = s.take_lease(&h, &u, lease)?;
@@ -190,11 +200,29 @@ pub async fn campaign(
         .map_err(|e| HubError::Serve(format!("taking the leader lease: {e}")))?;
         match taken {
             Ok((Some(epoch), _)) => {
+                role.set(crate::role::RoleNow {
+                    leader: true,
+                    epoch,
+                    leader_url: url.to_owned(),
+                    db_ok: true,
+                });
                 tracing::info!(epoch, %url, "hub leads (took the leader lease)");
                 agen_shared::systemd::status(&format!("leader, epoch {epoch}"));
                 return Ok(Some(epoch));
             }
             Ok((None, Some(row))) => {
+                // An expired lease names no leader: a follower then hints nowhere (a Nest
+                // sent to a dead leader would only come back later).
+                role.set(crate::role::RoleNow {
+                    leader: false,
+                    epoch: row.epoch,
+                    leader_url: if row.expires_in_ms > 0 {
+                        row.url.clone()
+                    } else {
+                        String::new()
+                    },
+                    db_ok: true,
+                });
                 if told.as_ref() != Some(&(row.epoch, row.url.clone())) {
                     tracing::info!(leader = %row.url, epoch = row.epoch, "hub follows: another Hub leads; waiting for its lease to expire");
                     agen_shared::systemd::status(&format!(
@@ -205,7 +233,13 @@ pub async fn campaign(
                 }
             }
             Ok((None, None)) => {}
-            Err(e) => tracing::warn!("hub follower: cannot reach the lease: {e}"),
+            Err(e) => {
+                role.set(crate::role::RoleNow {
+                    db_ok: false,
+                    ..role.now()
+                });
+                tracing::warn!("hub follower: cannot reach the lease: {e}")
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(try_every(lease)) => {}
@@ -223,7 +257,15 @@ pub fn keep(
     lease: Duration,
     shutdown: CancellationToken,
     deposed: Arc<std::sync::atomic::AtomicBool>,
+    role: Arc<crate::role::Role>,
 ) {
+    let depose = move || {
+        deposed.store(true, std::sync::atomic::Ordering::SeqCst);
+        role.set(crate::role::RoleNow {
+            leader: false,
+            ..role.now()
+        });
+    };
     tokio::spawn(async move {
         loop {
             tokio::select! {
@@ -237,7 +279,7 @@ pub fn keep(
                 Ok(Ok(true)) => {}
                 Ok(Ok(false)) => {
                     tracing::error!(epoch, "hub deposed: another Hub took the leader lease over; stopping (a service manager restarts this Hub as a follower)");
-                    deposed.store(true, std::sync::atomic::Ordering::SeqCst);
+                    depose();
                     shutdown.cancel();
                     return;
                 }
@@ -249,7 +291,7 @@ pub fn keep(
                     epoch,
                     "hub deposed: a write found another Hub's epoch; stopping"
                 );
-                deposed.store(true, std::sync::atomic::Ordering::SeqCst);
+                depose();
                 shutdown.cancel();
                 return;
             }

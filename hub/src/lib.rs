@@ -39,6 +39,7 @@ pub mod conn_gate;
 pub mod core;
 pub mod cron;
 pub mod error;
+mod follower;
 pub mod ha;
 pub mod limits;
 mod listener;
@@ -48,6 +49,7 @@ pub mod model;
 pub mod nodes;
 pub mod otlp;
 pub mod repair;
+pub mod role;
 pub mod rpc_metrics;
 pub mod scheduler;
 pub mod secrets;
@@ -133,16 +135,20 @@ impl HubHandle {
 
 /// The connections the Hub serves: TLS (handshaken by [`listener`]) or plaintext on loopback.
 enum Incoming {
-    Tls(
-        tokio_stream::wrappers::ReceiverStream<
-            std::io::Result<listener::Cut<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>>,
-        >,
-    ),
-    Plain(
-        tokio_stream::wrappers::ReceiverStream<
-            std::io::Result<listener::Cut<tokio::net::TcpStream>>,
-        >,
-    ),
+    Tls(TlsIncoming),
+    Plain(PlainIncoming),
+}
+
+type TlsIncoming = tokio_stream::wrappers::ReceiverStream<
+    std::io::Result<listener::Cut<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>>,
+>;
+type PlainIncoming =
+    tokio_stream::wrappers::ReceiverStream<std::io::Result<listener::Cut<tokio::net::TcpStream>>>;
+
+/// The connections a follower serves, given back when it leads.
+enum Back {
+    Tls(tokio::task::JoinHandle<TlsIncoming>),
+    Plain(tokio::task::JoinHandle<PlainIncoming>),
 }
 
 /// Reads the token in `path`, or writes a new one produced by `make` (mode 0600).
@@ -166,6 +172,65 @@ fn load_or_create_token(path: &Path, make: impl FnOnce() -> String) -> Result<St
     }
 }
 
+/// What `/metrics` and `/readyz` answer once the Hub serves (set when it leads).
+type MetricsSlot = Arc<
+    std::sync::OnceLock<(
+        agen_net::metrics_http::Render,
+        agen_net::metrics_http::Ready,
+    )>,
+>;
+
+/// Serves `--metrics-listen` from the start: a follower's has `agen_hub_is_leader 0` only (and
+/// is ready while it reaches the database); the leader's every metric, once set in the slot.
+async fn serve_metrics(
+    at: SocketAddr,
+    opts: &HubOptions,
+    role: Arc<role::Role>,
+    shutdown: &CancellationToken,
+) -> Result<(SocketAddr, MetricsSlot)> {
+    let listener = tokio::net::TcpListener::bind(at).await.map_err(|e| {
+        HubError::Config(format!(
+            "cannot listen on {at} for metrics: {e}; pick another --metrics-listen address"
+        ))
+    })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| HubError::Serve(format!("cannot read the metrics address: {e}")))?;
+    let slot: MetricsSlot = Arc::default();
+    let (render_slot, ready_slot) = (slot.clone(), slot.clone());
+    let render: agen_net::metrics_http::Render = Arc::new(move || match render_slot.get() {
+        Some((render, _)) => render(),
+        None => metrics::follower_text(),
+    });
+    let serving = shutdown.clone();
+    let access = agen_net::metrics_http::Access {
+        token: opts.metrics_token.as_deref().map(Arc::from),
+        // Instances and tool servers of a Nest on this host (`--refuse-uids`).
+        refused_uids: opts.refuse_uids.clone(),
+        ready: Some(Arc::new(move || {
+            !serving.is_cancelled()
+                && match ready_slot.get() {
+                    Some((_, ready)) => ready(),
+                    // A follower serves (forwards) while it reaches the database; a Hub
+                    // about to lead is not ready until its core is loaded.
+                    None => {
+                        let now = role.now();
+                        !now.leader && now.db_ok
+                    }
+                }
+        })),
+    };
+    let stop = shutdown.clone();
+    tokio::spawn(agen_net::metrics_http::serve_with(
+        listener,
+        render,
+        access,
+        async move { stop.cancelled().await },
+    ));
+    tracing::info!(addr = %bound, "serving metrics at /metrics");
+    Ok((bound, slot))
+}
+
 /// Tells systemd the Hub is ready (`READY=1`, `STATUS=listening at URL`) when
 /// `NOTIFY_SOCKET` is set (no-op otherwise). The reconcile loop sends `WATCHDOG=1` and the
 /// Nest count in `STATUS=`; shutdown sends `STOPPING=1`.
@@ -185,12 +250,11 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         "cannot create or make private the hub data dir",
     ))?;
 
-    // Several Hubs on PostgreSQL: the identity comes from the database, and this Hub waits as
-    // a follower until it holds the leader lease (every write of it fenced by the epoch).
+    // Several Hubs on PostgreSQL: the identity comes from the database, and this Hub follows
+    // (serving clients by forwarding, `follower`) until it holds the leader lease (every write
+    // of it fenced by the epoch).
     let deposed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut leading: Option<(Arc<store::PgStore>, u64)> = None;
-    // What a leader gives up when it stops: (store, holder, epoch).
-    let mut release: Option<(Arc<store::PgStore>, String, u64)> = None;
+    let mut ha_store: Option<(Arc<store::PgStore>, ha::HaOptions)> = None;
     if let (Some(url), Some(ha_opts)) = (&opts.store, &opts.ha) {
         let (url, shown) = (url.clone(), store::pg::shown(url));
         let pg = Arc::new(
@@ -207,40 +271,8 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         tokio::task::spawn_blocking(move || ha::sync_identity(&p, &shown, &key, &dir, &names))
             .await
             .map_err(|e| HubError::Serve(format!("reading the identity: {e}")))??;
-        let holder = ha::holder_id();
-        let advertise = ha_opts.advertise_url.clone().unwrap_or_else(|| {
-            let scheme = if opts.insecure_plaintext {
-                "http"
-            } else {
-                "https"
-            };
-            format!("{scheme}://{}", opts.listen)
-        });
-        let Some(epoch) = ha::campaign(
-            pg.clone(),
-            &holder,
-            &advertise,
-            ha_opts.leader_lease,
-            &shutdown,
-        )
-        .await?
-        else {
-            return Err(HubError::Serve(
-                "stopped while following another Hub".into(),
-            ));
-        };
-        ha::keep(
-            pg.clone(),
-            holder.clone(),
-            epoch,
-            ha_opts.leader_lease,
-            shutdown.clone(),
-            deposed.clone(),
-        );
-        release = Some((pg.clone(), holder, epoch));
-        leading = Some((pg, epoch));
+        ha_store = Some((pg, ha_opts.clone()));
     }
-    let leader_epoch = leading.as_ref().map(|l| l.1);
 
     let admin_file = data_dir.join("admin-token");
     let admin_token = load_or_create_token(&admin_file, tls::random_secret)?;
@@ -265,31 +297,6 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
             hub_tls.ca_file.display()
         )));
     }
-
-    let store: Arc<dyn store::Store> = match (&opts.store, leading) {
-        (_, Some((pg, _))) => pg,
-        (Some(url), None) => {
-            let url = url.clone();
-            Arc::new(
-                tokio::task::spawn_blocking(move || store::PgStore::open(&url))
-                    .await
-                    .map_err(|e| HubError::Serve(format!("opening the store: {e}")))??,
-            )
-        }
-        (None, None) => Arc::new(store::SledStore::open(&data_dir.join("db"))?),
-    };
-    let db = store::Db::new(store);
-    let secret_key = secrets::SecretKey::load_or_create(&data_dir.join("secret.key"))?;
-    let tokens = tokens::Tokens::open(db.clone(), &admin_token)?;
-    // On a plaintext Hub the join token is a Nest's credential on every call (no certificates),
-    // so it cannot expire there; with TLS a joined Nest uses its certificate from then on.
-    let join_ttl =
-        (!opts.insecure_plaintext && !opts.join_token_ttl.is_zero()).then_some(opts.join_token_ttl);
-    tokens.ensure_bootstrap_join(&join_token, join_ttl)?;
-    let nest_identities = tokens::nests::NestIdentities::open(db.clone())?;
-    let core = core::Core::open(opts.clone(), db, secret_key)?;
-    let live_retention = core.retention.clone();
-    core.resume_after_restore().await?;
 
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
@@ -332,11 +339,125 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         }
         _ => url.clone(),
     };
+    // Who may hold a connection before authenticating (the TLS listener, the token checks).
+    let gate = conn_gate::ConnGate::refusing_uids(opts.limits.conn, opts.refuse_uids.clone());
+    let tls_config = if opts.insecure_plaintext {
+        None
+    } else {
+        tokio::spawn(live_tls.clone().watch(shutdown.child_token()));
+        Some(live_tls.clone())
+    };
+    // Cancelled once the server is done: every connection still open is cut.
+    let cut = CancellationToken::new();
+    let mut incoming = match tls_config {
+        Some(config) => Incoming::Tls(listener::tls_incoming(
+            listener,
+            config,
+            shutdown.child_token(),
+            cut.clone(),
+            gate.clone(),
+        )),
+        None => Incoming::Plain(listener::plain_incoming(
+            listener,
+            shutdown.child_token(),
+            cut.clone(),
+            gate.clone(),
+        )),
+    };
+    let role = role::Role::new(role::RoleNow {
+        leader: ha_store.is_none(),
+        db_ok: true,
+        ..Default::default()
+    });
+    let full_metrics = match opts.metrics_listen {
+        Some(at) => Some(serve_metrics(at, &opts, role.clone(), &shutdown).await?),
+        None => None,
+    };
+
+    let mut leading: Option<(Arc<store::PgStore>, u64)> = None;
+    // What a leader gives up when it stops: (store, holder, epoch).
+    let mut release: Option<(Arc<store::PgStore>, String, u64)> = None;
+    if let Some((pg, ha_opts)) = ha_store {
+        let holder = ha::holder_id();
+        let advertise = ha_opts.advertise_url.clone().unwrap_or_else(|| url.clone());
+        // Until it leads, the Hub serves its port as a follower.
+        let following = CancellationToken::new();
+        let forward = follower::Forward::new(
+            role.clone(),
+            advertise.clone(),
+            (!opts.insecure_plaintext)
+                .then(|| std::fs::read_to_string(&hub_tls.ca_file).ok())
+                .flatten(),
+        );
+        let routes = follower::router(forward, role.clone(), following.clone());
+        let back = match incoming {
+            Incoming::Tls(s) => Back::Tls(follower::serve_until(s, routes, following.clone())),
+            Incoming::Plain(s) => Back::Plain(follower::serve_until(s, routes, following.clone())),
+        };
+        tracing::info!(%url, advertise = %advertise, "hub follower listening (forwarding clients to the leader)");
+        agen_shared::systemd::ready(&format!("follower listening at {url}"));
+        let led = ha::campaign(
+            pg.clone(),
+            &holder,
+            &advertise,
+            ha_opts.leader_lease,
+            &role,
+            &shutdown,
+        )
+        .await;
+        following.cancel();
+        let Some(epoch) = led? else {
+            return Err(HubError::Serve(
+                "stopped while following another Hub".into(),
+            ));
+        };
+        let taken =
+            |e: tokio::task::JoinError| HubError::Serve(format!("the follower's port: {e}"));
+        incoming = match back {
+            Back::Tls(h) => Incoming::Tls(h.await.map_err(taken)?),
+            Back::Plain(h) => Incoming::Plain(h.await.map_err(taken)?),
+        };
+        ha::keep(
+            pg.clone(),
+            holder.clone(),
+            epoch,
+            ha_opts.leader_lease,
+            shutdown.clone(),
+            deposed.clone(),
+            role.clone(),
+        );
+        release = Some((pg.clone(), holder, epoch));
+        leading = Some((pg, epoch));
+    }
+    let leader_epoch = leading.as_ref().map(|l| l.1);
+
+    let store: Arc<dyn store::Store> = match (&opts.store, leading) {
+        (_, Some((pg, _))) => pg,
+        (Some(url), None) => {
+            let url = url.clone();
+            Arc::new(
+                tokio::task::spawn_blocking(move || store::PgStore::open(&url))
+                    .await
+                    .map_err(|e| HubError::Serve(format!("opening the store: {e}")))??,
+            )
+        }
+        (None, None) => Arc::new(store::SledStore::open(&data_dir.join("db"))?),
+    };
+    let db = store::Db::new(store);
+    let secret_key = secrets::SecretKey::load_or_create(&data_dir.join("secret.key"))?;
+    let tokens = tokens::Tokens::open(db.clone(), &admin_token)?;
+    // On a plaintext Hub the join token is a Nest's credential on every call (no certificates),
+    // so it cannot expire there; with TLS a joined Nest uses its certificate from then on.
+    let join_ttl =
+        (!opts.insecure_plaintext && !opts.join_token_ttl.is_zero()).then_some(opts.join_token_ttl);
+    tokens.ensure_bootstrap_join(&join_token, join_ttl)?;
+    let nest_identities = tokens::nests::NestIdentities::open(db.clone())?;
+    let core = core::Core::open(opts.clone(), db, secret_key)?;
+    let live_retention = core.retention.clone();
+    core.resume_after_restore().await?;
 
     // Default: the URL other machines use (the primary address when listening on all).
     let public_url = opts.public_url.clone().unwrap_or_else(|| nest_url.clone());
-    // Who may hold a connection before authenticating (the TLS listener, the token checks).
-    let gate = conn_gate::ConnGate::refusing_uids(opts.limits.conn, opts.refuse_uids.clone());
     let a2a_routes = a2a::router(core.clone(), tokens.clone(), &public_url, gate.clone());
     let routes = server::routes(
         core.clone(),
@@ -346,6 +467,7 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         (!opts.insecure_plaintext).then(|| live_tls.clone()),
         live_tls.clone(),
         public_url,
+        role.clone(),
     )
     .await?;
     // The A2A HTTP API beside the gRPC services (tonic's routes are an axum router).
@@ -359,49 +481,21 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
         .layer(server::malformed_request_layer::<tonic::body::Body>())
         .layer(rpc_metrics::Layer)
         .add_routes(routes);
-    let tls_config = if opts.insecure_plaintext {
-        None
-    } else {
-        tokio::spawn(live_tls.clone().watch(shutdown.child_token()));
-        Some(live_tls.clone())
-    };
-
-    let metrics_addr = match opts.metrics_listen {
-        Some(at) => {
+    let metrics_addr = match full_metrics {
+        Some((bound, slot)) => {
             let metrics = metrics::HubMetrics::new();
             metrics.follow(core.clone());
-            let listener = tokio::net::TcpListener::bind(at).await.map_err(|e| {
-                HubError::Config(format!(
-                    "cannot listen on {at} for metrics: {e}; pick another --metrics-listen address"
-                ))
-            })?;
-            let bound = listener
-                .local_addr()
-                .map_err(|e| HubError::Serve(format!("cannot read the metrics address: {e}")))?;
-            let render_core = core.clone();
-            let render_gate = gate.clone();
+            let (render_core, render_gate, render_role) =
+                (core.clone(), gate.clone(), role.clone());
             let render: agen_net::metrics_http::Render = Arc::new(move || {
                 metrics.connections_refused(&render_gate.refused_by_reason());
+                metrics.set_leader(render_role.now().leader);
                 metrics.render(&render_core)
             });
-            let stop = shutdown.clone();
             let ready_core = core.clone();
-            let serving = shutdown.clone();
-            let access = agen_net::metrics_http::Access {
-                token: opts.metrics_token.as_deref().map(Arc::from),
-                // Instances and tool servers of a Nest on this host (`--refuse-uids`).
-                refused_uids: opts.refuse_uids.clone(),
-                ready: Some(Arc::new(move || {
-                    !serving.is_cancelled() && ready_core.store_broken().is_none()
-                })),
-            };
-            tokio::spawn(agen_net::metrics_http::serve_with(
-                listener,
-                render,
-                access,
-                async move { stop.cancelled().await },
-            ));
-            tracing::info!(addr = %bound, "serving metrics at /metrics");
+            let ready: agen_net::metrics_http::Ready =
+                Arc::new(move || ready_core.store_broken().is_none());
+            let _ = slot.set((render, ready));
             Some(bound)
         }
         None => None,
@@ -417,23 +511,6 @@ pub async fn start(opts: HubOptions, shutdown: CancellationToken) -> Result<HubH
     if let Some(schedule) = opts.snapshots.clone() {
         tokio::spawn(core.clone().run_snapshots(schedule, shutdown.child_token()));
     }
-    // Cancelled once the server is done: every connection still open is cut.
-    let cut = CancellationToken::new();
-    let incoming = match tls_config {
-        Some(config) => Incoming::Tls(listener::tls_incoming(
-            listener,
-            config,
-            shutdown.child_token(),
-            cut.clone(),
-            gate.clone(),
-        )),
-        None => Incoming::Plain(listener::plain_incoming(
-            listener,
-            shutdown.child_token(),
-            cut.clone(),
-            gate.clone(),
-        )),
-    };
     let stop = shutdown.clone();
     let serving = tokio::spawn(async move {
         let signal = {

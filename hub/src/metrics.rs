@@ -118,6 +118,7 @@ pub struct HubMetrics {
     streams_open: Family<StreamLabel, Gauge>,
     streams_refused: Family<StreamLabel, Counter>,
     limit_refused: Family<LimitLabel, Counter>,
+    is_leader: Gauge,
     connections_refused: Family<ReasonLabel, Counter>,
     ops: OpsGauges,
     /// What the event loop remembers between events.
@@ -182,6 +183,7 @@ impl HubMetrics {
             streams_open: Family::default(),
             streams_refused: Family::default(),
             limit_refused: Family::default(),
+            is_leader: Gauge::default(),
             connections_refused: Family::default(),
             ops: OpsGauges::default(),
             open: Mutex::new(Open::default()),
@@ -203,6 +205,7 @@ impl HubMetrics {
             "Refusals by a scale limit (nests: --max-nests, queued_tasks: --max-queued-tasks)",
             m.limit_refused.clone(),
         );
+        registry.register("agen_hub_is_leader", IS_LEADER_HELP, m.is_leader.clone());
         registry.register(
             "agen_hub_connections_refused",
             "Connections to the Hub's port refused or cut by the connection gate, by reason",
@@ -444,6 +447,11 @@ impl HubMetrics {
         }
     }
 
+    /// Whether this Hub leads (`agen_hub_is_leader`: 1 for a Hub alone on its store).
+    pub fn set_leader(&self, leads: bool) {
+        self.is_leader.set(i64::from(leads));
+    }
+
     /// The Prometheus text of every metric, with the gauges read now.
     pub fn render(&self, core: &Core) -> String {
         self.queue_depth.clear();
@@ -535,6 +543,24 @@ impl HubMetrics {
         }
         out
     }
+}
+
+const IS_LEADER_HELP: &str =
+    "1 while this Hub leads (holds the leader lease, or is alone on its store), 0 while it follows";
+
+/// What a follower's `/metrics` shows: it runs no core, so only `agen_hub_is_leader 0`.
+pub fn follower_text() -> String {
+    let mut registry = Registry::default();
+    registry.register(
+        "agen_hub_is_leader",
+        IS_LEADER_HELP,
+        Gauge::<i64>::default(),
+    );
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &registry) {
+        tracing::warn!("cannot encode the metrics: {e}");
+    }
+    out
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -215,7 +215,13 @@ async fn session(
     .await
     .map_err(|_| "stream closed before register".to_string())?;
     let mut inbound = tokio::select! {
-        r = client.connect(ReceiverStream::new(rx)) => r.map_err(|s| status_text(&s))?,
+        r = client.connect(ReceiverStream::new(rx)) => r.map_err(|s| {
+            // A follower Hub names the leader (`agen-leader`): the next attempt goes there.
+            if let Some(leader) = s.metadata().get("agen-leader").and_then(|v| v.to_str().ok()) {
+                ctx.client_slot.follow_leader(&ctx.opts, leader);
+            }
+            status_text(&s)
+        })?,
         _ = shutdown.cancelled() => return Ok(()),
     };
     let first = tokio::select! {

@@ -57,6 +57,8 @@ mod sandbox;
 mod scale_limits;
 mod secrets;
 mod several_hubs;
+mod several_hubs_follower;
+mod several_hubs_upgrade;
 mod sql;
 mod store_damage;
 mod store_suite;

@@ -17,13 +17,24 @@ use agen_tests::{agen_bin, free_port, wait_for, HubProcess, Proc};
 use crate::chaos::{assert_safe, fleet_on_with, tail, wait_charges, Fleet};
 
 /// The leader lease the tests run with (the default is 5 s).
-const LEASE: &str = "3s";
+pub(crate) const LEASE: &str = "3s";
 
-/// A Hub of the group in `root` (data in `root/hub`), started but not waited for: a follower
-/// answers nothing until it leads.
-fn spawn_hub(root: &Path, url: &str, key: &Path) -> HubProcess {
+/// A Hub of the group in `root` (data in `root/hub`), started but not waited for (metrics on
+/// a port of its own, see [`metrics_port`]).
+pub(crate) fn spawn_hub(root: &Path, url: &str, key: &Path) -> HubProcess {
+    spawn_hub_at(root, url, key, free_port(), &[], "hub.log")
+}
+
+/// [`spawn_hub`] on `port` with more environment variables, logging to `root/log`.
+pub(crate) fn spawn_hub_at(
+    root: &Path,
+    url: &str,
+    key: &Path,
+    port: u16,
+    env: &[(&str, &str)],
+    log: &str,
+) -> HubProcess {
     std::fs::create_dir_all(root).unwrap();
-    let port = free_port();
     let extra: Vec<String> = [
         "--store",
         url,
@@ -31,6 +42,8 @@ fn spawn_hub(root: &Path, url: &str, key: &Path) -> HubProcess {
         &key.to_string_lossy(),
         "--leader-lease",
         LEASE,
+        "--metrics-listen",
+        "127.0.0.1:0",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -41,21 +54,26 @@ fn spawn_hub(root: &Path, url: &str, key: &Path) -> HubProcess {
         .args(["--listen", &format!("127.0.0.1:{port}"), "--nest-ttl", "3s"])
         .args(&extra)
         .env("AGEN_CONFIG", root.join("client.toml"))
-        .env("RUST_LOG", "info");
-    let proc = Proc::spawn("hub", cmd, &root.join("hub.log")).unwrap();
+        .env("RUST_LOG", "info")
+        .envs(env.iter().copied());
+    let proc = Proc::spawn("hub", cmd, &root.join(log)).unwrap();
     HubProcess {
         proc,
         dir: root.to_owned(),
         port,
         nest_ttl: "3s".into(),
         extra_args: extra,
-        extra_env: Vec::new(),
+        extra_env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         nest_hub: None,
+        nest_env: Vec::new(),
     }
 }
 
 /// Whether `hub` leads (its log says it took the lease).
-fn leads(hub: &HubProcess) -> bool {
+pub(crate) fn leads(hub: &HubProcess) -> bool {
     hub.proc.log_text().contains("hub leads")
 }
 
@@ -72,7 +90,7 @@ fn identity_files(root: &Path) -> Vec<Vec<u8>> {
     .collect()
 }
 
-fn epoch(cluster: &Cluster, db: &str) -> u64 {
+pub(crate) fn epoch(cluster: &Cluster, db: &str) -> u64 {
     cluster
         .psql(db, "SELECT epoch FROM agen_leader WHERE id = 1")
         .parse()
@@ -96,7 +114,7 @@ fn hub_status(url: &str) -> (Option<i32>, String) {
 }
 
 /// A fresh identity key file (32 random bytes, as `agen hub` creates it).
-fn key_file(dir: &Path) -> PathBuf {
+pub(crate) fn key_file(dir: &Path) -> PathBuf {
     let path = dir.join("identity.key");
     let mut bytes = [0u8; 32];
     std::io::Read::read_exact(
@@ -275,7 +293,7 @@ fn three_hubs_started_together_share_one_identity_and_one_leader() {
 }
 
 /// Hub A leads, B follows; a fleet whose Nests know both. Returns the fleet (on A), B.
-fn group(tmp: &Path, url: &str, runs: u32, seconds: f64) -> (Fleet, HubProcess) {
+pub(crate) fn group(tmp: &Path, url: &str, runs: u32, seconds: f64) -> (Fleet, HubProcess) {
     let key = key_file(tmp);
     let a_root = tmp.join("a");
     let mut a = spawn_hub(&a_root, url, &key);
@@ -295,7 +313,7 @@ fn group(tmp: &Path, url: &str, runs: u32, seconds: f64) -> (Fleet, HubProcess) 
 }
 
 /// Every task of `tasks` as the Hub reports it: (on attempt 1, cancelled, effect_unknown).
-fn outcomes(f: &Fleet, tasks: &[String]) -> (usize, usize, usize) {
+pub(crate) fn outcomes(f: &Fleet, tasks: &[String]) -> (usize, usize, usize) {
     let (mut first, mut cancelled, mut unknown) = (0, 0, 0);
     for t in tasks {
         let Some(v) = f.query(t) else { continue };

@@ -107,3 +107,53 @@ fn a_nest_outside_the_hubs_protocol_window_is_refused_naming_both_versions() {
         "agen nests shows {expected}:\n{table}"
     );
 }
+
+/// A Hub that requires uid separation (`--require-uid-separation`) refuses a Nest whose
+/// instances would run as its own user (`--run-as-self`), naming the capability and what the
+/// Nest reported; a Nest with separation (root, a uid range) joins.
+#[test]
+fn a_nest_lacking_uid_separation_is_refused_when_the_hub_requires_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start_with_env(
+        tmp.path(),
+        free_port(),
+        "3s",
+        &["--require-uid-separation"],
+        &[],
+    )
+    .unwrap();
+    let dir = tmp.path().join("nests/as-self");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cmd = Command::new(agen_bin());
+    cmd.args(["nest", "--hub", &hub.url(), "--join-file"])
+        .arg(tmp.path().join("hub/join-token"))
+        .args(["--name", "as-self", "--run-as-self", "--data-dir"])
+        .arg(&dir)
+        .env("RUST_LOG", "info");
+    let proc = Proc::spawn("as-self", cmd, &tmp.path().join("nest-as-self.log")).unwrap();
+    let expected = [
+        "nest as-self lacks uid separation, which this hub requires (--require-uid-separation)",
+        "separation: off (run-as-self)",
+    ];
+    wait_for(
+        "the nest without separation to be refused",
+        Duration::from_secs(30),
+        || {
+            let log = proc.log_text();
+            expected.iter().all(|e| log.contains(e)).then_some(())
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}; nest log:\n{}", proc.log_text()));
+    let mut kept = Vec::new();
+    let mut joined = Vec::new();
+    if nix::unistd::Uid::effective().is_root() {
+        kept.push(
+            hub.nest_with("separated", &[], &[], &["--run-uids", "62140-62149"])
+                .unwrap(),
+        );
+        joined.push("separated");
+    }
+    let nests = hub.nests().unwrap();
+    let names: Vec<&str> = nests.iter().filter_map(|n| n["name"].as_str()).collect();
+    assert_eq!(names, joined, "only a nest with uid separation joined");
+}

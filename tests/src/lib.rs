@@ -189,6 +189,9 @@ pub struct HubProcess {
     /// The `--hub` Nests started by [`HubProcess::nest_with`] get (several Hubs:
     /// `URL1,URL2`); `None`: this Hub's URL.
     pub nest_hub: Option<String>,
+    /// More environment variables of the Nests [`HubProcess::nest_with`] starts (e.g. an
+    /// older build's `AGEN_PROTOCOL_VERSION`).
+    pub nest_env: Vec<(String, String)>,
 }
 
 impl HubProcess {
@@ -245,6 +248,7 @@ impl HubProcess {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             nest_hub: None,
+            nest_env: Vec::new(),
         };
         hub.wait_ready()?;
         Ok(hub)
@@ -413,6 +417,9 @@ impl HubProcess {
         .env("RUST_LOG", "info");
         for l in labels {
             cmd.args(["--label", l]);
+        }
+        for (k, v) in &self.nest_env {
+            cmd.env(k, v);
         }
         for (k, v) in env {
             cmd.env(k, v);

@@ -129,6 +129,15 @@ pub struct Args {
     /// How long a Nest whose stream closed may take to reconnect before its runs resume elsewhere
     #[arg(long, default_value = "3s", value_parser = crate::cmd::parse_duration)]
     pub nest_disconnect_grace: Duration,
+    /// The --nest-lease the Nests run with (how long a Nest that hears from no Hub keeps its
+    /// runs): the Hub refuses to start unless it exceeds the leader lease plus the Nests'
+    /// reconnect time (5s)
+    #[arg(long, default_value = "30s", value_parser = crate::cmd::parse_duration)]
+    pub nest_lease: Duration,
+    /// Refuse Nests whose instances run without uid separation (as the Nest's own user:
+    /// --run-as-self, or a Nest not run as root)
+    #[arg(long)]
+    pub require_uid_separation: bool,
     /// How long a dispatched run may take to start before it is dispatched again
     #[arg(long, default_value = "30s", value_parser = crate::cmd::parse_duration)]
     pub run_start_deadline: Duration,
@@ -407,6 +416,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         heartbeat_interval: args.heartbeat_interval.min(args.nest_ttl),
         tls_names: args.tls_names.clone(),
         nest_disconnect_grace: args.nest_disconnect_grace,
+        nest_lease: args.nest_lease,
+        require_uid_separation: args.require_uid_separation,
         run_start_deadline: args.run_start_deadline,
         limits: args.limits(),
         metrics_listen: args.metrics_listen,

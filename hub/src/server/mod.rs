@@ -49,6 +49,7 @@ pub(crate) type ApiStack = auth::Audited<
 >;
 
 /// Builds every service of the Hub (the web console under `/ui/` included).
+#[allow(clippy::too_many_arguments)]
 pub async fn routes(
     core: Arc<Core>,
     tokens: Arc<crate::tokens::Tokens>,
@@ -57,6 +58,7 @@ pub async fn routes(
     tls: Option<Arc<crate::tls_live::LiveTls>>,
     live_tls: Arc<crate::tls_live::LiveTls>,
     public_url: String,
+    role: Arc<crate::role::Role>,
 ) -> Result<Routes> {
     let api_auth = auth::ApiAuth {
         tokens: tokens.clone(),
@@ -191,7 +193,6 @@ pub async fn routes(
     routes
         .add_service(api)
         .add_service(nest_api)
-        .add_service(health.max_decoding_message_size(crate::conn_gate::PRE_AUTH_MESSAGE_BYTES))
         .add_service(
             reflection_v1.max_decoding_message_size(crate::conn_gate::PRE_AUTH_MESSAGE_BYTES),
         )
@@ -201,10 +202,13 @@ pub async fn routes(
     let join = tower::ServiceExt::map_request(nest_join, |r: http::Request<axum::body::Body>| {
         r.map(tonic::body::Body::new)
     });
-    let router = routes
-        .routes()
-        .into_axum_router()
-        .route_service("/agen.v1.NestService/Join", join)
-        .merge(console);
+    // Health answers carry the role (leader, epoch) in their metadata.
+    let router = crate::role::health_route(
+        routes.routes().into_axum_router(),
+        health.max_decoding_message_size(crate::conn_gate::PRE_AUTH_MESSAGE_BYTES),
+        role,
+    )
+    .route_service("/agen.v1.NestService/Join", join)
+    .merge(console);
     Ok(Routes::from(router))
 }

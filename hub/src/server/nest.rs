@@ -57,6 +57,24 @@ fn check_protocol(reg: &crate::model::Registration) -> Result<(), Status> {
     )))
 }
 
+/// Refuses a Nest whose instances run without uid separation when this Hub requires it
+/// (`--require-uid-separation`), naming what it reported and the fix.
+fn check_separation(reg: &crate::model::Registration, required: bool) -> Result<(), Status> {
+    let separated = !reg.separation.is_empty() && !reg.separation.starts_with("off");
+    if !required || separated {
+        return Ok(());
+    }
+    let has = match reg.separation.as_str() {
+        "" => "does not say (a build from before uid separation)",
+        s => s,
+    };
+    tracing::warn!(nest_id = %reg.nest_id, name = %reg.name, separation = %reg.separation, "refused a nest without uid separation");
+    Err(Status::failed_precondition(format!(
+        "nest {} lacks uid separation, which this hub requires (--require-uid-separation): its instances run as its own user (separation: {has}); run the nest as root without --run-as-self (instances then run as uids of --run-uids), or start the hub without --require-uid-separation",
+        reg.name
+    )))
+}
+
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
@@ -85,6 +103,7 @@ impl NestService for NestApi {
         }
         let reg = convert::registration(&register);
         check_protocol(&reg)?;
+        check_separation(&reg, self.core.opts.require_uid_separation)?;
         crate::limits::check_id("register.nest_id", &reg.nest_id)?;
         crate::limits::check_bytes("register.name", &reg.name, 255)?;
         self.core
@@ -133,7 +152,8 @@ impl NestService for NestApi {
         let ended_why: Arc<std::sync::Mutex<Option<Status>>> = Arc::default();
         let why_in = ended_why.clone();
         tokio::spawn(async move {
-            let _end = end_stream.drop_guard();
+            let end = end_stream.drop_guard();
+            let mut hub_stopping = false;
             loop {
                 let next = tokio::select! {
                     biased;
@@ -142,7 +162,10 @@ impl NestService for NestApi {
                     // The Hub is stopping: this half ends too (dropping the Nest's request
                     // stream), or the connection would outlive the server and keep a Nest
                     // talking to a stopped Hub instead of reconnecting.
-                    _ = core.stopping.cancelled() => break,
+                    _ = core.stopping.cancelled() => {
+                        hub_stopping = true;
+                        break;
+                    }
                     n = malformed::next(&mut incoming) => n,
                     changed = revocations.changed() => {
                         let gone = bound && identities.get(&nest_id).is_none();
@@ -226,6 +249,17 @@ impl NestService for NestApi {
                 }
             }
             core.disconnect(&nest_id, conn_id);
+            if hub_stopping {
+                // What is queued for the Nest still leaves (a run dispatched just before the
+                // stop reaches it, instead of being lost and given another attempt by the
+                // next leader): the outbound half ends once its queue is empty (every sender
+                // is gone with the link), or after a second at most.
+                let end = end.disarm();
+                tokio::spawn(async move {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    end.cancel();
+                });
+            }
         });
 
         // Messages leave the queue only as fast as the Nest reads them (HTTP/2 flow control);

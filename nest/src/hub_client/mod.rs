@@ -359,11 +359,18 @@ pub struct ClientSlot(
     std::sync::atomic::AtomicBool,
     /// Which of the Nest's Hubs (`--hub URL1,URL2,…`) the client is for.
     std::sync::atomic::AtomicUsize,
+    /// The leader a follower named (the leader hint) when it is none of `--hub`'s URLs.
+    std::sync::Mutex<Option<String>>,
+    /// A leader hint came since the last failure: the next `fail_over` keeps it.
+    std::sync::atomic::AtomicBool,
 );
 
 impl ClientSlot {
     /// The URL of the Hub the slot's client is (or will be) for.
     pub fn current(&self, opts: &NestOptions) -> String {
+        if let Some(hinted) = self.3.lock().ok().and_then(|h| h.clone()) {
+            return hinted;
+        }
         let urls = opts.hub_urls();
         let i = self.2.load(std::sync::atomic::Ordering::SeqCst) % urls.len().max(1);
         urls.get(i).cloned().unwrap_or_default()
@@ -372,12 +379,42 @@ impl ClientSlot {
     /// Goes on to the next of several Hubs (after the current one failed or refused the Nest
     /// as a follower); the next call connects anew. No-op with one Hub.
     pub async fn fail_over(&self, opts: &NestOptions) {
-        if opts.hub_urls().len() < 2 {
+        if self.4.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            // A follower named the leader: connect there next.
+            *self.0.lock().await = None;
+            return;
+        }
+        let had_hint = self.3.lock().ok().and_then(|mut h| h.take()).is_some();
+        if opts.hub_urls().len() < 2 && !had_hint {
             return;
         }
         let mut slot = self.0.lock().await;
         *slot = None;
-        self.2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if !had_hint {
+            self.2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// A follower answered with the leader's URL (`agen-leader`): the next connection goes
+    /// there (one of `--hub`'s URLs, or the hinted one until it fails).
+    pub fn follow_leader(&self, opts: &NestOptions, leader: &str) {
+        let urls = opts.hub_urls();
+        let trimmed = |u: &str| u.trim_end_matches('/').to_owned();
+        match urls.iter().position(|u| trimmed(u) == trimmed(leader)) {
+            Some(i) => {
+                self.2.store(i, std::sync::atomic::Ordering::SeqCst);
+                if let Ok(mut h) = self.3.lock() {
+                    *h = None;
+                }
+            }
+            None => {
+                if let Ok(mut h) = self.3.lock() {
+                    *h = Some(leader.to_owned());
+                }
+            }
+        }
+        self.4.store(true, std::sync::atomic::Ordering::SeqCst);
+        tracing::info!(%leader, "a follower hub named the leader; connecting there");
     }
 
     pub async fn get_or_connect(&self, opts: &NestOptions) -> Result<HubClient> {
