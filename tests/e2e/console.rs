@@ -58,6 +58,29 @@ fn workspace_server() -> String {
     )])
 }
 
+/// A model whose one run makes a trace of 1,000 spans: the run, 2 model turns (the first asks
+/// for 997 `ws_list` calls at once) and 997 tool calls.
+fn wide_model(models: &Path) -> FakeModel {
+    FakeModel::start(
+        &models.join("wide"),
+        &json!({"steps": [
+            {"tool_calls": (0..997).map(|_| json!({"name": "ws_list", "arguments": {"pattern": "*"}})).collect::<Vec<_>>()},
+            {"reply": "listed"}
+        ]}),
+    )
+    .unwrap()
+}
+
+fn wide_bundle() -> Vec<(&'static str, String)> {
+    vec![
+        ("mcp.json", workspace_server()),
+        (
+            "x-agen/harness.json",
+            json!({"limits": {"maxToolCalls": 1000}}).to_string(),
+        ),
+    ]
+}
+
 fn ws_run(command: &str) -> Value {
     json!({"name": "ws_run", "arguments": {"command": command}})
 }
@@ -154,6 +177,10 @@ fn the_web_console_works_in_a_real_browser() {
             ),
         ],
     );
+
+    // A trace of 1,000 spans: the run, 2 model turns, 997 tool calls.
+    let wide = wide_model(&models);
+    deploy(&hub, &bundles, "wide", &wide, wide_bundle());
 
     let viewer = hub
         .cli_json(&[
@@ -521,27 +548,8 @@ fn console_benchmark() {
     let models = tmp.path().join("models");
 
     // One task whose trace has 1,000 spans: the run, 2 model turns, 997 tool calls.
-    let wide = FakeModel::start(
-        &models.join("wide"),
-        &json!({"steps": [
-            {"tool_calls": (0..997).map(|_| json!({"name": "ws_list", "arguments": {"pattern": "*"}})).collect::<Vec<_>>()},
-            {"reply": "listed"}
-        ]}),
-    )
-    .unwrap();
-    deploy(
-        &hub,
-        &bundles,
-        "wide",
-        &wide,
-        vec![
-            ("mcp.json", workspace_server()),
-            (
-                "x-agen/harness.json",
-                json!({"limits": {"maxToolCalls": 1000}}).to_string(),
-            ),
-        ],
-    );
+    let wide = wide_model(&models);
+    deploy(&hub, &bundles, "wide", &wide, wide_bundle());
     let out = hub.cli(&["submit", "wide", "go"]).unwrap();
     let task = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let done = hub
