@@ -145,10 +145,11 @@ def main():
         expect(page.get_by_role("table", name=re.compile("Deployments"))).to_contain_text("asker", timeout=TIMEOUT_MS)
         expect(page.get_by_role("table", name=re.compile("Nests"))).to_contain_text("solo")
         expect(page.get_by_role("table", name=re.compile("Nests"))).to_contain_text(XSS_LABEL)
+        expect(page.get_by_role("table", name=re.compile("Deployments"))).to_contain_text(XSS_LABEL)
         no_injected_nodes(page, "fleet")
         shot(page, "fleet")
         axe_check(page, "fleet")
-        ok("fleet: nests and deployments shown; the nest label's payload is text")
+        ok("fleet: nests and deployments shown; the payload in a nest label and a deployment's selector is text")
 
         # A task goes from running to succeeded without a reload.
         slow = submit("slow", "take your time")

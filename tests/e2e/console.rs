@@ -26,6 +26,18 @@ fn browser_root() -> PathBuf {
 }
 
 fn deploy(hub: &HubProcess, dir: &Path, name: &str, model: &FakeModel, files: Vec<(&str, String)>) {
+    deploy_with(hub, dir, name, model, files, &[]);
+}
+
+/// [`deploy`] with more `agen deploy` flags (`--selector K=V`).
+fn deploy_with(
+    hub: &HubProcess,
+    dir: &Path,
+    name: &str,
+    model: &FakeModel,
+    files: Vec<(&str, String)>,
+    flags: &[&str],
+) {
     let mut all = vec![(
         "x-agen/agent.md",
         format!(
@@ -35,15 +47,10 @@ fn deploy(hub: &HubProcess, dir: &Path, name: &str, model: &FakeModel, files: Ve
     )];
     all.extend(files);
     write_bundle(&dir.join(name), &all).unwrap();
-    let out = hub
-        .cli(&[
-            "deploy",
-            dir.join(name).to_str().unwrap(),
-            "--name",
-            name,
-            "--wait",
-        ])
-        .unwrap();
+    let folder = dir.join(name);
+    let mut args = vec!["deploy", folder.to_str().unwrap(), "--name", name, "--wait"];
+    args.extend_from_slice(flags);
+    let out = hub.cli(&args).unwrap();
     assert!(
         out.status.success(),
         "deploy {name}: {}",
@@ -144,7 +151,15 @@ fn the_web_console_works_in_a_real_browser() {
         &json!({"steps": [{"reply": "helper says hi"}]}),
     )
     .unwrap();
-    deploy(&hub, &bundles, "helper", &helper, vec![]);
+    // The deployment's selector carries the label payload too (the one Nest has that label).
+    deploy_with(
+        &hub,
+        &bundles,
+        "helper",
+        &helper,
+        vec![],
+        &["--selector", &label],
+    );
     let caller = FakeModel::start(
         &models.join("caller"),
         &json!({"steps": [
