@@ -107,8 +107,16 @@ export function render(main, ctx) {
     }
   }
 
+  // The trace is read when the page opens and again after new events, at most once per
+  // interval (twice its last load time, at least 500 ms); a trace whose task has ended and
+  // has no span still running is final and never read again (a replay of its events changes
+  // nothing), and an unchanged trace is not drawn again.
+  let traceShown = "";
+  let traceFinal = false;
+  let traceEvery = 500;
   async function loadTrace() {
     traceTimer = null;
+    const began = performance.now();
     try {
       const [detail, tr] = await Promise.all([
         api.get("tasks/" + api.path(namespace, taskId)),
@@ -116,7 +124,14 @@ export function render(main, ctx) {
       ]);
       if (!alive) return;
       if (!task) showTask(detail.task);
-      replace(trace, waterfall(tr, namespace));
+      const root = tr.spans.find((s) => s.attributes && s.attributes.task_id === taskId);
+      traceFinal = ENDED.has(detail.task.state) && !!root && ENDED.has(root.status)
+        && !tr.spans.some((s) => s.status === "running");
+      const text = JSON.stringify(tr);
+      if (text !== traceShown) {
+        traceShown = text;
+        replace(trace, waterfall(tr, namespace));
+      }
       replace(kids, detail.children.length ? h("ul", { class: "tree" }, detail.children.map((c) => h("li", {},
         h("a", { href: "#/task/" + api.path(c.namespace, c.task_id) }, c.task_id), " ", c.deployment, " ", badge(c.state)))) : h("p", { class: "note" }, "None."));
       replace(files, detail.artifacts.length ? h("ul", {}, detail.artifacts.map((a) => h("li", {},
@@ -124,6 +139,7 @@ export function render(main, ctx) {
     } catch (e) {
       if (alive) message(trace, "Cannot load the trace: " + e.message, "error");
     }
+    traceEvery = Math.max(500, 2 * (performance.now() - began));
   }
   async function loadLogs() {
     try {
@@ -134,9 +150,11 @@ export function render(main, ctx) {
     }
   }
   const soon = () => {
-    if (!traceTimer) traceTimer = setTimeout(loadTrace, 500);
+    if (!traceTimer && !traceFinal) traceTimer = setTimeout(loadTrace, traceEvery);
   };
-  loadTrace();
+  // The trace first, then the live events (a long run replays thousands of them, which
+  // would otherwise compete with the trace for the Hub and the page).
+  const first = loadTrace();
   loadLogs();
 
   // Events arrive in bursts (a replay of a long run is thousands): they are drawn once per
@@ -160,13 +178,21 @@ export function render(main, ctx) {
       streaming.textContent = text;
       streaming.hidden = !text;
     }
-    if (task && ENDED.has(task.state)) {
+    if (task && ENDED.has(task.state) && live) {
       live.close();
       loadLogs();
     }
   };
-  const live = new EventSource("/ui/api/tasks/" + api.path(namespace, taskId) + "/live");
-  live.addEventListener("task", (m) => {
+  let live = null;
+  const listen = () => {
+    if (!alive) return;
+    live = new EventSource("/ui/api/tasks/" + api.path(namespace, taskId) + "/live");
+    live.addEventListener("task", onTask);
+    live.addEventListener("delta", onDelta);
+    live.addEventListener("end", onEnd);
+  };
+  first.finally(listen);
+  const onTask = (m) => {
     const ev = JSON.parse(m.data);
     if (seen.has(ev.seq)) return;
     seen.add(ev.seq);
@@ -181,8 +207,8 @@ export function render(main, ctx) {
     if (line) lines.push(h("li", { class: "turn turn-" + line[0] }, h("span", { class: "who" }, line[0]), " ", h("span", { class: "text" }, line[1])));
     soon();
     if (!frame) frame = requestAnimationFrame(draw);
-  });
-  live.addEventListener("delta", (m) => {
+  };
+  const onDelta = (m) => {
     const d = JSON.parse(m.data).delta;
     if (!d) return;
     // A reset voids the turn and later ones; its text (a late watcher's catch-up) starts
@@ -191,14 +217,14 @@ export function render(main, ctx) {
     if (d.text) streamed.set(d.turn, (streamed.get(d.turn) || "") + d.text);
     streamChanged = true;
     if (!frame) frame = requestAnimationFrame(draw);
-  });
-  live.addEventListener("end", (m) => {
+  };
+  const onEnd = (m) => {
     const why = parse(m.data).error;
     if (why) message(status, "Live updates ended: " + why, "note");
-  });
+  };
   return () => {
     alive = false;
-    live.close();
+    if (live) live.close();
     if (traceTimer) clearTimeout(traceTimer);
     if (frame) cancelAnimationFrame(frame);
   };

@@ -39,10 +39,19 @@ function ordered(all, depth) {
 export function waterfall(trace, namespace) {
   const rows = ordered(trace.spans, 0);
   if (!rows.length) return h("p", { class: "note" }, "No spans yet.");
-  const start = Math.min(...rows.map((r) => r.span.start_ms).filter((x) => x > 0));
-  const end = Math.max(...rows.map((r) => Math.max(r.span.end_ms, r.span.start_ms)));
+  // One pass for the time axis (no spread of a thousand arguments).
+  let start = Infinity;
+  let end = -Infinity;
+  for (const r of rows) {
+    if (r.span.start_ms > 0 && r.span.start_ms < start) start = r.span.start_ms;
+    end = Math.max(end, r.span.end_ms, r.span.start_ms);
+  }
+  if (start === Infinity) start = 0;
   const total = Math.max(1, end - start);
+  // Rows are built off the document and attached once; the table's fixed layout sizes its
+  // columns from the header, not from every cell, so a thousand rows lay out in one pass.
   const body = h("tbody", {});
+  const built = document.createDocumentFragment();
   for (const r of rows) {
     const s = r.span;
     const delegate = kindOf(s) === "task" && r.depth > 0;
@@ -61,14 +70,19 @@ export function waterfall(trace, namespace) {
       ? h("a", { href: "#/task/" + encodeURIComponent(namespace) + "/" + encodeURIComponent(a.task_id) }, "delegate " + s.name)
       : s.name;
     const cell = h("td", { class: "wf-name depth-" + Math.min(r.depth, 6) }, name, " ", marks);
-    body.appendChild(h("tr", { class: "wf-row", "data-kind": kind, "data-depth": r.depth, title: a.arguments || "" },
+    built.appendChild(h("tr", { class: "wf-row", "data-kind": kind, "data-depth": r.depth, title: a.arguments || "" },
       cell,
       h("td", { class: "wf-status" }, s.status),
       h("td", { class: "wf-dur", "data-testid": "duration" }, duration(ms)),
       h("td", { class: "wf-bar" }, bar)));
   }
+  body.appendChild(built);
   return h("table", { class: "waterfall", "data-testid": "waterfall" },
     h("caption", {}, "Trace (" + rows.length + " spans, " + duration(total) + ")"),
-    h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "Span"), h("th", { scope: "col" }, "Status"), h("th", { scope: "col" }, "Duration"), h("th", { scope: "col" }, "Timeline"))),
+    h("thead", {}, h("tr", {},
+      h("th", { scope: "col", class: "wf-name-col" }, "Span"),
+      h("th", { scope: "col", class: "wf-status-col" }, "Status"),
+      h("th", { scope: "col", class: "wf-dur-col" }, "Duration"),
+      h("th", { scope: "col", class: "wf-bar-col" }, "Timeline"))),
     body);
 }

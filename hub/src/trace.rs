@@ -5,9 +5,9 @@
 //! harness derives them (`agen_shared::run::trace`), so the `traceparent` a tool server received
 //! names its span here.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use agen_shared::run::{trace, RunEventBody, ToolFailure};
+use agen_shared::run::{kind, trace, RunEventBody, ToolFailure};
 
 use crate::model::{RunEventRec, TaskRec};
 
@@ -88,6 +88,17 @@ pub fn root_deployment(s: &SpanRec) -> Option<&str> {
     }
 }
 
+/// The event kinds that open or close a span; [`build_run_spans`] decodes no other.
+const SPAN_KINDS: [&str; 7] = [
+    kind::MODEL_REQUESTED,
+    kind::MODEL_ANSWERED,
+    kind::TOOL_STARTED,
+    kind::TOOL_COMPLETED,
+    kind::TOOL_FAILED,
+    kind::APPROVAL_REQUESTED,
+    kind::APPROVAL_DECIDED,
+];
+
 /// Builds the spans of `task` from its run events, in log order.
 pub fn build_spans(task: &TaskRec, events: &[RunEventRec]) -> Vec<SpanRec> {
     let root = RunRoot {
@@ -132,10 +143,16 @@ pub fn build_run_spans(task: &RunRoot, events: &[RunEventRec]) -> Vec<SpanRec> {
         ]),
     }];
     let mut open_model: Option<usize> = None;
-    let mut open_tools: Vec<(String, usize)> = Vec::new();
+    // One pass over the log: open calls by call id, oldest first (a turn may open a thousand
+    // at once; a call id started twice is closed in the order it was started).
+    let mut open_tools: HashMap<String, VecDeque<usize>> = HashMap::new();
     let mut approval_spans: BTreeMap<String, usize> = BTreeMap::new();
     let mut turn = 0;
     for e in events {
+        // Only these kinds make or end a span: the rest are not decoded at all.
+        if !SPAN_KINDS.contains(&e.kind.as_str()) {
+            continue;
+        }
         match RunEventBody::from_wire_lossy(&e.kind, &e.json) {
             RunEventBody::ModelRequested(r) => {
                 turn += 1;
@@ -202,7 +219,10 @@ pub fn build_run_spans(task: &RunRoot, events: &[RunEventRec]) -> Vec<SpanRec> {
                     status: "running".into(),
                     attributes,
                 });
-                open_tools.push((s.call_id, spans.len() - 1));
+                open_tools
+                    .entry(s.call_id)
+                    .or_default()
+                    .push_back(spans.len() - 1);
             }
             RunEventBody::ToolCompleted(c) => {
                 let closed =
@@ -224,11 +244,7 @@ pub fn build_run_spans(task: &RunRoot, events: &[RunEventRec]) -> Vec<SpanRec> {
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_owned))
                     .unwrap_or_default();
-                if let Some(i) = open_tools
-                    .iter()
-                    .find(|(k, _)| *k == f.call_id)
-                    .map(|(_, i)| *i)
-                {
+                if let Some(&i) = open_tools.get(&f.call_id).and_then(|q| q.front()) {
                     spans[i].attributes.insert("reason".into(), reason);
                     close_tool(&mut spans, &mut open_tools, &f.call_id, e.at_ms, true);
                 } else if f.reason == ToolFailure::Denied && approval_spans.contains_key(&f.call_id)
@@ -305,15 +321,14 @@ pub fn build_run_spans(task: &RunRoot, events: &[RunEventRec]) -> Vec<SpanRec> {
 /// Ends the open span of `call_id`; false when none is open.
 fn close_tool(
     spans: &mut [SpanRec],
-    open: &mut Vec<(String, usize)>,
+    open: &mut HashMap<String, VecDeque<usize>>,
     call_id: &str,
     at_ms: i64,
     error: bool,
 ) -> bool {
-    let Some(p) = open.iter().position(|(k, _)| k == call_id) else {
+    let Some(i) = open.get_mut(call_id).and_then(VecDeque::pop_front) else {
         return false;
     };
-    let (_, i) = open.remove(p);
     spans[i].end_ms = at_ms;
     spans[i].status = if error { "error" } else { "ok" }.into();
     true

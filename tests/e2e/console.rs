@@ -26,6 +26,18 @@ fn browser_root() -> PathBuf {
 }
 
 fn deploy(hub: &HubProcess, dir: &Path, name: &str, model: &FakeModel, files: Vec<(&str, String)>) {
+    deploy_with(hub, dir, name, model, files, &[]);
+}
+
+/// [`deploy`] with more `agen deploy` flags (`--selector K=V`).
+fn deploy_with(
+    hub: &HubProcess,
+    dir: &Path,
+    name: &str,
+    model: &FakeModel,
+    files: Vec<(&str, String)>,
+    flags: &[&str],
+) {
     let mut all = vec![(
         "x-agen/agent.md",
         format!(
@@ -35,15 +47,10 @@ fn deploy(hub: &HubProcess, dir: &Path, name: &str, model: &FakeModel, files: Ve
     )];
     all.extend(files);
     write_bundle(&dir.join(name), &all).unwrap();
-    let out = hub
-        .cli(&[
-            "deploy",
-            dir.join(name).to_str().unwrap(),
-            "--name",
-            name,
-            "--wait",
-        ])
-        .unwrap();
+    let folder = dir.join(name);
+    let mut args = vec!["deploy", folder.to_str().unwrap(), "--name", name, "--wait"];
+    args.extend_from_slice(flags);
+    let out = hub.cli(&args).unwrap();
     assert!(
         out.status.success(),
         "deploy {name}: {}",
@@ -56,6 +63,29 @@ fn workspace_server() -> String {
         "ws",
         json!({"command": "agen", "args": ["mcp", "workspace", "--root", "."]}),
     )])
+}
+
+/// A model whose one run makes a trace of 1,000 spans: the run, 2 model turns (the first asks
+/// for 997 `ws_list` calls at once) and 997 tool calls.
+fn wide_model(models: &Path) -> FakeModel {
+    FakeModel::start(
+        &models.join("wide"),
+        &json!({"steps": [
+            {"tool_calls": (0..997).map(|_| json!({"name": "ws_list", "arguments": {"pattern": "*"}})).collect::<Vec<_>>()},
+            {"reply": "listed"}
+        ]}),
+    )
+    .unwrap()
+}
+
+fn wide_bundle() -> Vec<(&'static str, String)> {
+    vec![
+        ("mcp.json", workspace_server()),
+        (
+            "x-agen/harness.json",
+            json!({"limits": {"maxToolCalls": 1000}}).to_string(),
+        ),
+    ]
 }
 
 fn ws_run(command: &str) -> Value {
@@ -121,7 +151,15 @@ fn the_web_console_works_in_a_real_browser() {
         &json!({"steps": [{"reply": "helper says hi"}]}),
     )
     .unwrap();
-    deploy(&hub, &bundles, "helper", &helper, vec![]);
+    // The deployment's selector carries the label payload too (the one Nest has that label).
+    deploy_with(
+        &hub,
+        &bundles,
+        "helper",
+        &helper,
+        vec![],
+        &["--selector", &label],
+    );
     let caller = FakeModel::start(
         &models.join("caller"),
         &json!({"steps": [
@@ -154,6 +192,10 @@ fn the_web_console_works_in_a_real_browser() {
             ),
         ],
     );
+
+    // A trace of 1,000 spans: the run, 2 model turns, 997 tool calls.
+    let wide = wide_model(&models);
+    deploy(&hub, &bundles, "wide", &wide, wide_bundle());
 
     let viewer = hub
         .cli_json(&[
@@ -521,27 +563,8 @@ fn console_benchmark() {
     let models = tmp.path().join("models");
 
     // One task whose trace has 1,000 spans: the run, 2 model turns, 997 tool calls.
-    let wide = FakeModel::start(
-        &models.join("wide"),
-        &json!({"steps": [
-            {"tool_calls": (0..997).map(|_| json!({"name": "ws_list", "arguments": {"pattern": "*"}})).collect::<Vec<_>>()},
-            {"reply": "listed"}
-        ]}),
-    )
-    .unwrap();
-    deploy(
-        &hub,
-        &bundles,
-        "wide",
-        &wide,
-        vec![
-            ("mcp.json", workspace_server()),
-            (
-                "x-agen/harness.json",
-                json!({"limits": {"maxToolCalls": 1000}}).to_string(),
-            ),
-        ],
-    );
+    let wide = wide_model(&models);
+    deploy(&hub, &bundles, "wide", &wide, wide_bundle());
     let out = hub.cli(&["submit", "wide", "go"]).unwrap();
     let task = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let done = hub

@@ -30,10 +30,15 @@ pub fn agen_bin() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"));
-    let bin = target.join("debug").join("agen");
+    // `AGEN_TEST_PROFILE=release` (read, never set): the benchmarks' release figures.
+    let profile = match std::env::var("AGEN_TEST_PROFILE").as_deref() {
+        Ok("release") => "release",
+        _ => "debug",
+    };
+    let bin = target.join(profile).join("agen");
     assert!(
         bin.exists(),
-        "{} is missing: run `cargo build --bins` (tests/run.sh does)",
+        "{} is missing: run `cargo build --bins` (tests/run.sh does; `--release` for AGEN_TEST_PROFILE=release)",
         bin.display()
     );
     bin
