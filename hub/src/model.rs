@@ -378,6 +378,10 @@ pub struct TaskRec {
     /// The task's deadline and token budget, kept for every attempt.
     #[serde(default)]
     pub budget: BudgetRec,
+    /// The submit's own output schema (JSON text, validated; `agen submit --output-schema`),
+    /// sent with every attempt; empty: the bundle's `outputSchema`, if any.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub output_schema: String,
 }
 
 #[cfg(test)]
@@ -423,6 +427,7 @@ impl TaskRec {
             suspended: None,
             wait_deadlines: Default::default(),
             budget: Default::default(),
+            output_schema: String::new(),
         }
     }
 }

@@ -177,6 +177,8 @@ pub struct AssignedRun {
     pub context_by_fetch: bool,
     /// The task's token budget (0: the bundle's, or none).
     pub max_tokens: u64,
+    /// The task's own output schema (JSON text; empty: the bundle's `outputSchema`).
+    pub output_schema: String,
 }
 
 impl AssignedRun {

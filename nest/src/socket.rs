@@ -304,6 +304,8 @@ impl From<crate::model::AssignedRun> for RunOrder {
                 replay: wire::replay(&a.replay_json),
                 tool_overrides: a.tool_overrides,
                 max_tokens: (a.max_tokens > 0).then_some(a.max_tokens),
+                // The Hub checked it is JSON; anything else is dropped, not half-read.
+                output_schema: serde_json::from_str(&a.output_schema).ok(),
             },
         }
     }

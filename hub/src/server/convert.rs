@@ -515,6 +515,7 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
                 tool_overrides: Some(to_pb_overrides(&a.tool_overrides)),
                 context_by_fetch: a.context_by_fetch,
                 max_tokens: a.max_tokens,
+                output_schema_json: a.output_schema,
             })
         }
         ToNest::CancelRun {
@@ -627,6 +628,26 @@ pub fn log_line_rec(l: pb::LogLine) -> crate::logs::LogLineRec {
         text: l.text,
         nest: l.nest,
     }
+}
+
+/// The largest output schema a submit may give (`SubmitTaskRequest.output_schema_json`).
+pub const MAX_OUTPUT_SCHEMA_BYTES: usize = 64 * 1024;
+
+/// A submit's own output schema, checked: at most 64 KiB of JSON that compiles as a JSON
+/// schema; returned as compact JSON text (empty: none).
+pub fn output_schema(text: String) -> Result<String, HubError> {
+    if text.trim().is_empty() {
+        return Ok(String::new());
+    }
+    crate::limits::check_bytes("output_schema_json", &text, MAX_OUTPUT_SCHEMA_BYTES)?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        HubError::invalid(format!(
+            "output_schema_json: not JSON ({e}); expected a JSON schema such as {{\"type\": \"object\"}}"
+        ))
+    })?;
+    agen_shared::bundle::OutputSchema::new("--output-schema", value.clone())
+        .map_err(|m| HubError::invalid(format!("output_schema_json: {m}")))?;
+    Ok(value.to_string())
 }
 
 /// Most patterns in each list of a task's tool overrides.

@@ -69,6 +69,7 @@ pub fn assigned_run(a: pb::AssignRun) -> AssignedRun {
             .unwrap_or_default(),
         context_by_fetch: a.context_by_fetch,
         max_tokens: a.max_tokens,
+        output_schema: a.output_schema_json,
     }
 }
 

@@ -78,6 +78,7 @@ pub fn seed_finished_tasks(db: &Db, spec: &SeedSpec) -> Result<Vec<String>> {
             suspended: None,
             wait_deadlines: BTreeMap::new(),
             budget: BudgetRec::default(),
+            output_schema: String::new(),
         };
         let state_event = |task: &mut TaskRec| -> Result<()> {
             let body = TaskStateEvent {

@@ -133,6 +133,7 @@ impl Core {
                 suspended: None,
                 wait_deadlines: Default::default(),
                 budget: crate::core::deadlines::with_deadline(budget, now),
+                output_schema: spec.output_schema.clone(),
             };
             if !spec.client_request_id.is_empty() {
                 self.db.put_json(
