@@ -3,12 +3,13 @@
 //! [library/house_style]` puts the server's prompt in the system prompt; the
 //! `list_resources`/`read_resource` built-ins list and read the server's resources; a bundle
 //! whose permissions deny `read_resource` never offers it and its call never reaches the
-//! server.
+//! server. On a fleet, `agen ps --all -o json` lists each instance's resources and a task
+//! reads one.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use agen_tests::{mcp_json, write_bundle, FakeModel, Peers};
+use agen_tests::{mcp_json, write_bundle, FakeModel, HubProcess, Peers};
 use serde_json::{json, Value};
 
 const STYLE: &str = "House style: answer in haiku, never more than three lines.";
@@ -183,4 +184,68 @@ fn a_prompt_the_server_does_not_have_stops_the_run_naming_it() {
         all.contains("systemPrompts: tool server library has no prompt no_such_prompt"),
         "{all}"
     );
+}
+
+#[test]
+fn a_fleet_instance_lists_its_servers_resources_in_ps_and_a_task_reads_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let _nest = hub.nest("solo", &[], &[]).unwrap();
+    let recorded = tmp.path().join("model-requests.jsonl");
+    let script = json!({"record": recorded, "steps": [
+        {"tool_calls": [{"name": "read_resource", "arguments": {"server": "library", "uri": "library://style"}}]},
+        {"reply_template": "{{last_tool_result}}"}
+    ]});
+    let model = FakeModel::start(&tmp.path().join("model"), &script).unwrap();
+    let log = tmp.path().join("library.jsonl");
+    let dir = tmp.path().join("writer");
+    bundle(&dir, &model, &log, json!({}));
+    let out = hub
+        .cli(&[
+            "deploy",
+            dir.to_str().unwrap(),
+            "--name",
+            "writer",
+            "--wait",
+        ])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "deploy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = agen_tests::wait_for(
+        "the instance's resources",
+        std::time::Duration::from_secs(30),
+        || {
+            let ps = hub.cli_json(&["ps", "--all", "-o", "json"]).ok()?;
+            let inst = ps.as_array()?.first()?.clone();
+            inst["resources"]
+                .as_array()
+                .filter(|r| !r.is_empty())
+                .cloned()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        listed,
+        vec![
+            json!({"server": "library", "uri": "library://style", "name": "style", "mime_type": "text/markdown"}),
+            json!({"server": "library", "uri": "library://secret", "name": "secret", "mime_type": "text/plain"}),
+        ]
+    );
+    let out = hub.cli(&["submit", "writer", "style?"]).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let task = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let done = hub
+        .cli_json(&["wait", &task, "-o", "json", "--timeout", "90s"])
+        .unwrap();
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let q = hub.cli_json(&["query", &task, "-o", "json"]).unwrap();
+    assert_eq!(q["outcome"]["result"], format!("# Style\n{STYLE}"), "{q}");
+    assert_eq!(lines(&log), vec![json!({"read": "library://style"})]);
 }

@@ -126,6 +126,16 @@ pub fn instance(i: &InstanceRec, active_runs: u32) -> pb::Instance {
         updated_at_ms: i.updated_at_ms,
         active_runs,
         tools: i.tools.clone(),
+        resources: i
+            .resources
+            .iter()
+            .map(|r| pb::McpResource {
+                server: r.server.clone(),
+                uri: r.uri.clone(),
+                name: r.name.clone(),
+                mime_type: r.mime_type.clone(),
+            })
+            .collect(),
         usage: Some(usage_sample(&i.usage.instance)),
         servers_usage: i.usage.servers.iter().map(usage_sample).collect(),
         oom_kills: i.oom_kills,
@@ -318,6 +328,17 @@ pub fn instance_report(r: &pb::InstanceReport) -> InstanceReport {
         message: r.message.clone(),
         restarts: r.restarts,
         tools: r.tools.clone(),
+        resources: r
+            .resources
+            .iter()
+            .take(crate::core::nests::MAX_INSTANCE_RESOURCES)
+            .map(|x| McpResourceRec {
+                server: crate::limits::cut(&x.server, 256),
+                uri: crate::limits::cut(&x.uri, 2048),
+                name: crate::limits::cut(&x.name, 256),
+                mime_type: crate::limits::cut(&x.mime_type, 256),
+            })
+            .collect(),
         runs: r
             .run_attempts
             .iter()

@@ -149,6 +149,16 @@ pub fn report(r: InstanceReport) -> pb::InstanceReport {
         pid: r.pid,
         active_runs: r.active_runs,
         tools: r.tools,
+        resources: r
+            .resources
+            .into_iter()
+            .map(|x| pb::McpResource {
+                server: x.server,
+                uri: x.uri,
+                name: x.name,
+                mime_type: x.mime_type,
+            })
+            .collect(),
         run_attempts: r
             .run_attempts
             .into_iter()
@@ -381,6 +391,7 @@ mod tests {
                 pid: 77,
                 active_runs: vec!["r1".into()],
                 tools: vec![],
+                resources: vec![],
                 run_attempts: vec![pb::ActiveRun {
                     run_id: "r1".into(),
                     attempt: 3,

@@ -149,6 +149,7 @@ impl Core {
             created_at_ms: now,
             updated_at_ms: now,
             tools: Vec::new(),
+            resources: Vec::new(),
             not_before_ms: 0,
             healthy_since_ms: 0,
             replacement: false,
