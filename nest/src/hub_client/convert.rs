@@ -441,6 +441,7 @@ mod tests {
             }),
             context_by_fetch: true,
             max_tokens: 9,
+            output_schema_json: String::new(),
         };
         let got = assigned_run(a);
         assert_eq!(
