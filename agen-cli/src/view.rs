@@ -128,6 +128,7 @@ pub fn instance_json(i: &pb::Instance) -> Value {
         "restarts": i.restarts,
         "active_runs": i.active_runs,
         "tools": i.tools,
+        "resources": i.resources.iter().map(|r| json!({"server": r.server, "uri": r.uri, "name": r.name, "mime_type": r.mime_type})).collect::<Vec<_>>(),
         "created_at": time(i.created_at_ms),
         "updated_at": time(i.updated_at_ms),
         "usage": i.usage.as_ref().map(usage_json),

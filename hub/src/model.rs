@@ -149,6 +149,9 @@ pub struct InstanceRec {
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
     pub tools: Vec<String>,
+    /// The MCP resources its tool servers listed at their start (the Nest's last report).
+    #[serde(default)]
+    pub resources: Vec<McpResourceRec>,
     /// Pending placements wait until this time (replacement back-off).
     #[serde(default)]
     pub not_before_ms: i64,
@@ -178,6 +181,16 @@ pub struct InstanceRec {
     /// Its Nest's last measurement (memory only, never stored).
     #[serde(skip)]
     pub usage: Usage,
+}
+
+/// One MCP resource a tool server of an instance lists.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct McpResourceRec {
+    pub server: String,
+    pub uri: String,
+    pub name: String,
+    #[serde(default)]
+    pub mime_type: String,
 }
 
 /// Measured CPU and memory of an instance process and of each of its tool servers.
@@ -212,6 +225,7 @@ pub struct InstanceReport {
     pub message: String,
     pub restarts: u32,
     pub tools: Vec<String>,
+    pub resources: Vec<McpResourceRec>,
     /// The runs the Nest has handed to this instance, as (run id, attempt).
     pub runs: Vec<(String, u32)>,
     pub usage: Usage,
@@ -378,6 +392,10 @@ pub struct TaskRec {
     /// The task's deadline and token budget, kept for every attempt.
     #[serde(default)]
     pub budget: BudgetRec,
+    /// The submit's own output schema (JSON text, validated; `agen submit --output-schema`),
+    /// sent with every attempt; empty: the bundle's `outputSchema`, if any.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub output_schema: String,
 }
 
 #[cfg(test)]
@@ -423,6 +441,7 @@ impl TaskRec {
             suspended: None,
             wait_deadlines: Default::default(),
             budget: Default::default(),
+            output_schema: String::new(),
         }
     }
 }

@@ -122,6 +122,8 @@ pub struct RunAssignment {
     pub tool_overrides: agen_shared::bundle::Permissions,
     /// The task's token budget over all attempts (0: none).
     pub max_tokens: u64,
+    /// The task's own output schema (JSON text; empty: the bundle's).
+    pub output_schema: String,
 }
 
 impl ToNest {

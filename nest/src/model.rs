@@ -103,6 +103,8 @@ pub struct InstanceReport {
     pub active_runs: Vec<String>,
     /// `<server>.<tool>` names.
     pub tools: Vec<String>,
+    /// The MCP resources its tool servers listed at their start.
+    pub resources: Vec<agen_harness::mcp::ResourceInfo>,
     /// The runs handed to the instance (queued or executing), by run id.
     pub run_attempts: Vec<RunAttempt>,
     /// Its group's CPU and memory (the instance with its tool servers), then each tool
@@ -141,6 +143,7 @@ impl InstanceReport {
             pid: 0,
             active_runs: Vec::new(),
             tools: Vec::new(),
+            resources: Vec::new(),
             run_attempts: Vec::new(),
             usage: None,
             servers_usage: Vec::new(),
@@ -177,6 +180,8 @@ pub struct AssignedRun {
     pub context_by_fetch: bool,
     /// The task's token budget (0: the bundle's, or none).
     pub max_tokens: u64,
+    /// The task's own output schema (JSON text; empty: the bundle's `outputSchema`).
+    pub output_schema: String,
 }
 
 impl AssignedRun {

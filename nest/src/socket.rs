@@ -224,6 +224,9 @@ pub enum HostState {
     Unhealthy,
 }
 
+/// The most MCP resources an instance reports (each report travels with every heartbeat).
+pub const MAX_REPORTED_RESOURCES: usize = 100;
+
 /// What an instance reports about itself.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InstanceStatus {
@@ -234,6 +237,10 @@ pub struct InstanceStatus {
     pub servers_not_connected: Vec<(String, String)>,
     /// `<server>.<tool>` names.
     pub tools: Vec<String>,
+    /// The MCP resources its servers listed at their start (the first
+    /// [`MAX_REPORTED_RESOURCES`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<agen_harness::mcp::ResourceInfo>,
     /// Why it is in this state ("tool server time exited").
     pub message: String,
     pub active_runs: Vec<String>,
@@ -304,6 +311,8 @@ impl From<crate::model::AssignedRun> for RunOrder {
                 replay: wire::replay(&a.replay_json),
                 tool_overrides: a.tool_overrides,
                 max_tokens: (a.max_tokens > 0).then_some(a.max_tokens),
+                // The Hub checked it is JSON; anything else is dropped, not half-read.
+                output_schema: serde_json::from_str(&a.output_schema).ok(),
             },
         }
     }
@@ -569,6 +578,7 @@ mod tests {
                 tools_loaded: 0,
                 servers_not_connected: vec![("time".into(), "exited with status 1".into())],
                 tools: vec![],
+                resources: vec![],
                 message: "tool server time exited".into(),
                 active_runs: vec![],
                 server_pids: BTreeMap::new(),

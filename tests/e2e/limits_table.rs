@@ -28,6 +28,7 @@ const SENT: &[&str] = &[
     "ids (task, artifact, bundle digest)",
     "cancel reason / secret value",
     "edited approval arguments (`agen approve --args`, `DecideApprovalRequest.arguments_json`)",
+    "task output schema (`agen submit --output-schema`, `SubmitTaskRequest.output_schema_json`)",
     "`ListTasks` page",
     "A2A request body",
     "web console request body",
@@ -384,6 +385,26 @@ async fn one_over(hub: &HubProcess, api: &mut Api, row: &str) {
             let r = api.decide_approval(decide("[1]".into())).await;
             assert!(
                 refused(r).1.starts_with("arguments_json: expected a JSON object"),
+                "{row}"
+            );
+        }
+        "task output schema (`agen submit --output-schema`, `SubmitTaskRequest.output_schema_json`)" => {
+            let with_schema = |output_schema_json: String| pb::SubmitTaskRequest {
+                output_schema_json,
+                ..submit("hi".into())
+            };
+            let text = format!("{{\"description\": \"{}\"}}", "x".repeat(64 * 1024 - 18));
+            assert_eq!(text.len(), 64 * 1024 + 1);
+            let r = api.submit_task(with_schema(text)).await;
+            assert_eq!(
+                refused(r),
+                over("output_schema_json", 64 * 1024 + 1, 64 * 1024)
+            );
+            let r = api.submit_task(with_schema("{\"type\": 7}".into())).await;
+            assert!(
+                refused(r)
+                    .1
+                    .starts_with("output_schema_json: not a valid JSON schema"),
                 "{row}"
             );
         }

@@ -42,6 +42,7 @@ mod limits;
 mod limits_table;
 mod local_runs;
 mod logs;
+mod mcp_resources;
 mod metrics;
 mod netns;
 mod operations;

@@ -147,3 +147,98 @@ fn a_run_that_never_matches_its_schema_fails_naming_the_schema_error() {
     );
     assert_eq!(requests(&recorded).len(), 2, "one answer and one retry");
 }
+
+#[test]
+fn a_tasks_own_output_schema_travels_with_it_and_its_result_is_that_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = HubProcess::start(tmp.path()).unwrap();
+    let _nest = hub.nest("solo", &[], &[]).unwrap();
+    let recorded = tmp.path().join("model-requests.jsonl");
+    let script = json!({"record": recorded, "steps": [
+        {"reply": "{\"city\": \"Oslo\"}"},
+        {"reply": "{\"city\": \"Oslo\", \"temp\": 3}"}
+    ]});
+    let model = FakeModel::start(&tmp.path().join("model"), &script).unwrap();
+    // A bundle with no outputSchema of its own: the schema comes with the task.
+    let dir = tmp.path().join("plain");
+    write_bundle(
+        &dir,
+        &[
+            ("mcp.json", mcp_json(&[])),
+            (
+                "x-agen/agent.md",
+                format!("---\nname: plain\nmodel: openai/fake-model\nbaseUrl: {}\n---\nYou report the weather.\n", model.base_url()),
+            ),
+        ],
+    )
+    .unwrap();
+    let out = hub
+        .cli(&["deploy", dir.to_str().unwrap(), "--name", "plain", "--wait"])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "deploy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A schema that is not a JSON schema is refused at submit, naming the flag's field.
+    let bad = tmp.path().join("bad.json");
+    std::fs::write(&bad, r#"{"type": 7}"#).unwrap();
+    let out = hub
+        .cli(&[
+            "submit",
+            "plain",
+            "Oslo?",
+            "--output-schema",
+            bad.to_str().unwrap(),
+        ])
+        .unwrap();
+    assert!(!out.status.success(), "a broken schema is refused");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("output_schema_json: not a valid JSON schema"),
+        "{err}"
+    );
+
+    let file = tmp.path().join("task-schema.json");
+    std::fs::write(&file, schema().to_string()).unwrap();
+    let out = hub
+        .cli(&[
+            "submit",
+            "plain",
+            "Oslo?",
+            "--output-schema",
+            file.to_str().unwrap(),
+        ])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let task = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let done = hub
+        .cli_json(&["wait", &task, "-o", "json", "--timeout", "90s"])
+        .unwrap();
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let q = hub.cli_json(&["query", &task, "-o", "json"]).unwrap();
+    assert_eq!(
+        q["outcome"]["result"],
+        json!({"city": "Oslo", "temp": 3}),
+        "{q}"
+    );
+    assert_eq!(q["outcome"]["response_type"], "json", "{q}");
+    let sent = requests(&recorded);
+    assert_eq!(sent.len(), 2, "one refusal (no temp), one acceptance");
+    for r in &sent {
+        assert_eq!(
+            r["body"]["response_format"]["json_schema"]["schema"],
+            schema(),
+            "{r}"
+        );
+    }
+    let retry = sent[1]["body"]["messages"].to_string();
+    assert!(
+        retry.contains("the answer does not match outputSchema --output-schema: at /:"),
+        "{retry}"
+    );
+}

@@ -62,6 +62,10 @@ pub struct Args {
     /// The --webhook URLs are also told when the task waits for an approval
     #[arg(long, requires = "webhooks")]
     pub webhook_on_waiting: bool,
+    /// A JSON schema file the final answer must match (in place of the bundle's outputSchema);
+    /// the task's result is then that JSON (`agen query -o json` shows it parsed)
+    #[arg(long, value_name = "FILE")]
+    pub output_schema: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -103,6 +107,10 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             })
             .collect(),
         double_texting: args.double_texting.clone().unwrap_or_default(),
+        output_schema_json: match &args.output_schema {
+            Some(path) => read_output_schema(path)?,
+            None => String::new(),
+        },
     };
     // Retrying with the same request id is safe: the Hub creates one task.
     let mut tries = 0;
@@ -132,4 +140,18 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         output => view::print_value(output, &view::task_json(&task)),
     }
     Ok(0)
+}
+
+/// The `--output-schema` file as compact JSON text (the Hub checks that it is a JSON schema).
+fn read_output_schema(path: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--output-schema: cannot read {}", path.display()))?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        anyhow::anyhow!(
+            "--output-schema: {} is not JSON ({e}); expected a JSON schema such as {{\"type\": \"object\"}}",
+            path.display()
+        )
+    })?;
+    Ok(value.to_string())
 }

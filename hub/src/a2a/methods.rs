@@ -213,6 +213,7 @@ impl Call {
                 budget: Default::default(),
                 webhooks: Vec::new(),
                 double_texting: None,
+                output_schema: String::new(),
             })
             .await
             .map_err(|e| rpc_error(e, codes::INVALID_PARAMS));

@@ -201,6 +201,7 @@ impl Core {
                 budget: Default::default(),
                 webhooks: Vec::new(),
                 double_texting: None,
+                output_schema: String::new(),
             })
             .await?;
         if child.parent_task_id != parent.task_id {

@@ -10,6 +10,9 @@ use crate::nodes::{NestTx, ToNest};
 
 use crate::model::*;
 
+/// The most MCP resources the Hub keeps per instance (a Nest's report is cut to these).
+pub const MAX_INSTANCE_RESOURCES: usize = 100;
+
 impl Core {
     /// Sends a message on a Nest's live link; false when the Nest is not connected.
     pub fn send_to_nest(&self, nest_id: &str, msg: ToNest) -> bool {
@@ -476,6 +479,7 @@ fn apply_report(rec: &mut InstanceRec, r: &InstanceReport) {
     rec.message = r.message.clone();
     rec.restarts = r.restarts;
     rec.tools = r.tools.clone();
+    rec.resources = r.resources.clone();
     rec.oom_kills = rec.oom_kills.max(r.oom_kills);
     rec.updated_at_ms = now;
 }

@@ -186,6 +186,7 @@ mod tests {
             created_at_ms: 0,
             updated_at_ms: 0,
             tools: Vec::new(),
+            resources: Vec::new(),
             not_before_ms: 0,
             healthy_since_ms: 0,
             replacement: false,

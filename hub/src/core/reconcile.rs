@@ -322,6 +322,7 @@ impl Core {
                     created_at_ms: now,
                     updated_at_ms: now,
                     tools: Vec::new(),
+                    resources: Vec::new(),
                     not_before_ms: slot.as_ref().map_or(0, |v| v.not_before_ms),
                     healthy_since_ms: 0,
                     replacement: slot.is_some(),

@@ -320,6 +320,7 @@ impl AgenService for AgenApi {
                 },
                 webhooks,
                 double_texting,
+                output_schema: convert::output_schema(r.output_schema_json)?,
             })
             .await?;
         Ok(Response::new(convert::task(&task)))

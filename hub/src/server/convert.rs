@@ -126,6 +126,16 @@ pub fn instance(i: &InstanceRec, active_runs: u32) -> pb::Instance {
         updated_at_ms: i.updated_at_ms,
         active_runs,
         tools: i.tools.clone(),
+        resources: i
+            .resources
+            .iter()
+            .map(|r| pb::McpResource {
+                server: r.server.clone(),
+                uri: r.uri.clone(),
+                name: r.name.clone(),
+                mime_type: r.mime_type.clone(),
+            })
+            .collect(),
         usage: Some(usage_sample(&i.usage.instance)),
         servers_usage: i.usage.servers.iter().map(usage_sample).collect(),
         oom_kills: i.oom_kills,
@@ -318,6 +328,17 @@ pub fn instance_report(r: &pb::InstanceReport) -> InstanceReport {
         message: r.message.clone(),
         restarts: r.restarts,
         tools: r.tools.clone(),
+        resources: r
+            .resources
+            .iter()
+            .take(crate::core::nests::MAX_INSTANCE_RESOURCES)
+            .map(|x| McpResourceRec {
+                server: crate::limits::cut(&x.server, 256),
+                uri: crate::limits::cut(&x.uri, 2048),
+                name: crate::limits::cut(&x.name, 256),
+                mime_type: crate::limits::cut(&x.mime_type, 256),
+            })
+            .collect(),
         runs: r
             .run_attempts
             .iter()
@@ -515,6 +536,7 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
                 tool_overrides: Some(to_pb_overrides(&a.tool_overrides)),
                 context_by_fetch: a.context_by_fetch,
                 max_tokens: a.max_tokens,
+                output_schema_json: a.output_schema,
             })
         }
         ToNest::CancelRun {
@@ -627,6 +649,26 @@ pub fn log_line_rec(l: pb::LogLine) -> crate::logs::LogLineRec {
         text: l.text,
         nest: l.nest,
     }
+}
+
+/// The largest output schema a submit may give (`SubmitTaskRequest.output_schema_json`).
+pub const MAX_OUTPUT_SCHEMA_BYTES: usize = 64 * 1024;
+
+/// A submit's own output schema, checked: at most 64 KiB of JSON that compiles as a JSON
+/// schema; returned as compact JSON text (empty: none).
+pub fn output_schema(text: String) -> Result<String, HubError> {
+    if text.trim().is_empty() {
+        return Ok(String::new());
+    }
+    crate::limits::check_bytes("output_schema_json", &text, MAX_OUTPUT_SCHEMA_BYTES)?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        HubError::invalid(format!(
+            "output_schema_json: not JSON ({e}); expected a JSON schema such as {{\"type\": \"object\"}}"
+        ))
+    })?;
+    agen_shared::bundle::OutputSchema::new("--output-schema", value.clone())
+        .map_err(|m| HubError::invalid(format!("output_schema_json: {m}")))?;
+    Ok(value.to_string())
 }
 
 /// Most patterns in each list of a task's tool overrides.

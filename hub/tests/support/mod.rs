@@ -391,6 +391,7 @@ impl FakeNest {
             pid: 42,
             active_runs: vec![],
             tools: vec!["time.get_current_time".into(), "time.convert_time".into()],
+            resources: vec![],
             run_attempts: vec![],
             usage: None,
             servers_usage: vec![],

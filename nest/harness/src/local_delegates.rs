@@ -114,6 +114,7 @@ impl Delegator for LocalDelegator {
             replay: Vec::new(),
             tool_overrides: Default::default(),
             max_tokens: None,
+            output_schema: None,
         };
         let (tx, rx) = watch::channel(None);
         let cancel = CancellationToken::new();

@@ -82,6 +82,7 @@ pub async fn run_cli_with(
         replay: Vec::new(),
         tool_overrides: Default::default(),
         max_tokens: None,
+        output_schema: None,
     };
     let sink = SledRunLog::open(&log_dir, &run_id, 1)?;
     let origin = RunOrigin {

@@ -201,6 +201,7 @@ fn request(input: &str) -> RunRequest {
         replay: Vec::new(),
         tool_overrides: Default::default(),
         max_tokens: None,
+        output_schema: None,
     }
 }
 

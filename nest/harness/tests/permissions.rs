@@ -87,6 +87,7 @@ fn request() -> RunAssignment {
         trace_id: String::new(),
         tool_overrides: Default::default(),
         max_tokens: None,
+        output_schema: None,
     }
 }
 

@@ -69,6 +69,7 @@ pub fn assigned_run(a: pb::AssignRun) -> AssignedRun {
             .unwrap_or_default(),
         context_by_fetch: a.context_by_fetch,
         max_tokens: a.max_tokens,
+        output_schema: a.output_schema_json,
     }
 }
 
@@ -148,6 +149,16 @@ pub fn report(r: InstanceReport) -> pb::InstanceReport {
         pid: r.pid,
         active_runs: r.active_runs,
         tools: r.tools,
+        resources: r
+            .resources
+            .into_iter()
+            .map(|x| pb::McpResource {
+                server: x.server,
+                uri: x.uri,
+                name: x.name,
+                mime_type: x.mime_type,
+            })
+            .collect(),
         run_attempts: r
             .run_attempts
             .into_iter()
@@ -380,6 +391,7 @@ mod tests {
                 pid: 77,
                 active_runs: vec!["r1".into()],
                 tools: vec![],
+                resources: vec![],
                 run_attempts: vec![pb::ActiveRun {
                     run_id: "r1".into(),
                     attempt: 3,
@@ -429,6 +441,7 @@ mod tests {
             }),
             context_by_fetch: true,
             max_tokens: 9,
+            output_schema_json: String::new(),
         };
         let got = assigned_run(a);
         assert_eq!(

@@ -197,6 +197,7 @@ pub async fn run(args: InstanceArgs) -> Result<i32, InstanceError> {
             tools_loaded: 0,
             servers_not_connected: vec![],
             tools: vec![],
+            resources: vec![],
             message: "starting tool servers".into(),
             active_runs: vec![],
             server_pids: Default::default(),
@@ -394,6 +395,11 @@ async fn start(
         s.tools_loaded = status.tools_loaded;
         s.servers_not_connected = problems.clone();
         s.tools = tools;
+        s.resources = host
+            .resources()
+            .into_iter()
+            .take(crate::socket::MAX_REPORTED_RESOURCES)
+            .collect();
         s.message = message.clone();
         s.server_pids = host.server_pids();
     });

@@ -163,6 +163,7 @@ impl Supervisor {
                     .map(|(server, reason)| ServerProblem { server, reason })
                     .collect();
                 r.tools = s.tools;
+                r.resources = s.resources;
                 r.message = s.message;
                 r.active_runs = s.active_runs;
                 for (server, pid) in &s.server_pids {

@@ -258,6 +258,7 @@ impl Hub {
                 })
                 .collect(),
             double_texting: s.double_texting.unwrap_or_default(),
+            output_schema_json: String::new(),
         };
         let mut c = self.client.clone();
         let task = block(py, async move {

@@ -25,6 +25,7 @@ mod links;
 mod mcp;
 mod network;
 mod output;
+mod prompts;
 mod read;
 pub mod resources;
 mod secrets;
@@ -86,6 +87,8 @@ pub struct Bundle {
     pub keen_tools: Vec<KeenTool>,
     /// The schema `agent.md`'s `outputSchema` names, compiled.
     pub output_schema: Option<OutputSchema>,
+    /// The MCP prompts `agent.md`'s `systemPrompts` names (`server/prompt`), in order.
+    pub system_prompts: Vec<String>,
 }
 
 impl Bundle {
@@ -131,6 +134,7 @@ impl Bundle {
         let skills = skills::load_all(&dir)?;
         let keen = keen::load(&dir)?;
         let output_schema = output::load(&dir, agent.extra.get("outputSchema"))?;
+        let system_prompts = prompts::load(agent.extra.get("systemPrompts"), &mcp)?;
 
         let bundle = Bundle {
             dir,
@@ -143,6 +147,7 @@ impl Bundle {
             has_keen_tools: keen.is_some(),
             keen_tools: keen.unwrap_or_default(),
             output_schema,
+            system_prompts,
         };
         bundle.check_cross_references()?;
         Ok(bundle)

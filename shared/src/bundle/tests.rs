@@ -259,6 +259,7 @@ fn a_complete_bundle_parses_into_its_whole_value() {
             },
         ],
         output_schema: None,
+        system_prompts: Vec::new(),
     };
     assert_eq!(b, expected);
 

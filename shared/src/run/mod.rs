@@ -96,6 +96,10 @@ pub struct RunAssignment {
     /// bundle's `limits.maxTokens` as the Hub resolved it); `None`: the bundle's, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u64>,
+    /// The task's own output schema (`agen submit --output-schema FILE`): it takes the place of
+    /// the bundle's `outputSchema` for this run; `None`: the bundle's, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<serde_json::Value>,
 }
 
 impl RunAssignment {

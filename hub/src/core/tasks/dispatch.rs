@@ -149,6 +149,7 @@ impl Core {
             created_at_ms: now,
             updated_at_ms: now,
             tools: Vec::new(),
+            resources: Vec::new(),
             not_before_ms: 0,
             healthy_since_ms: 0,
             replacement: false,
@@ -216,6 +217,7 @@ impl Core {
             context_by_fetch: !task.conversation_key.is_empty() || task.attempt > 1,
             tool_overrides: task.tool_overrides.clone(),
             max_tokens: task.budget.max_tokens,
+            output_schema: task.output_schema.clone(),
         };
         tracing::info!(task = %task.task_id, run = %task.run_id, attempt = task.attempt, instance = %inst.instance_id, "dispatching run");
         // Held until the flush that makes this lease durable (`Core::commit`).

@@ -75,6 +75,8 @@ pub struct TaskSpec {
     pub webhooks: Vec<crate::core::webhooks::WebhookTarget>,
     /// What the submit does to its conversation's tasks in flight (`None`: the bundle's).
     pub double_texting: Option<agen_shared::bundle::DoubleTexting>,
+    /// The submit's own output schema (JSON text checked at the edge; empty: the bundle's).
+    pub output_schema: String,
 }
 
 /// A submit's own timeout and token budget (`SubmitTaskRequest.timeout_ms`, `max_tokens`); 0

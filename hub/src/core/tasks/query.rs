@@ -328,6 +328,7 @@ fn summarize(t: &TaskRec) -> TaskSummary {
         suspended: t.suspended.clone(),
         wait_deadlines: Default::default(),
         budget: t.budget.clone(),
+        output_schema: t.output_schema.clone(),
     };
     TaskSummary {
         task,

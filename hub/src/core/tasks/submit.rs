@@ -100,6 +100,7 @@ impl Core {
             }
             task.traceparent = spec.traceparent.clone();
             task.budget = crate::core::deadlines::with_deadline(budget, now);
+            task.output_schema = spec.output_schema.clone();
             if !spec.client_request_id.is_empty() {
                 self.db.put_json(
                     Table::RequestIds,
@@ -175,6 +176,7 @@ pub(super) fn queued_task(n: NewTask<'_>, seq: u64, now_ms: i64) -> TaskRec {
         suspended: None,
         wait_deadlines: Default::default(),
         budget: BudgetRec::default(),
+        output_schema: String::new(),
     }
 }
 

@@ -259,6 +259,7 @@ impl Agent {
             replay: Vec::new(),
             tool_overrides: Default::default(),
             max_tokens: None,
+            output_schema: None,
         };
         let sink = match &self.inner.run_log {
             Some(dir) => {

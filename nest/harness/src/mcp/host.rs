@@ -56,6 +56,9 @@ struct Inner {
     shutdown: CancellationToken,
     monitors: Mutex<Vec<JoinHandle<()>>>,
     relaunch: Relaunch,
+    /// The prompts `agent.md` `systemPrompts` names, fetched once after the start (by
+    /// `server/prompt`): the text, or why it could not be had.
+    prompts: Mutex<BTreeMap<String, Result<String, String>>>,
 }
 
 /// What a server that died needs to be started again: what `start` was given.
@@ -83,6 +86,8 @@ struct Connected {
     name: String,
     peer: Peer<RoleClient>,
     tools: Vec<ToolInfo>,
+    /// The resources it listed when it started (see [`super::resources`]).
+    resources: Vec<super::ResourceInfo>,
     /// Cancelled when the server dies: calls in flight end, new calls are refused.
     gone: CancellationToken,
     process: Option<Arc<ProcessGroup>>,
@@ -91,7 +96,9 @@ struct Connected {
 impl ToolHost {
     /// Starts every MCP server of `bundle` in parallel; never fails as a whole.
     pub async fn start(bundle: &Bundle, ctx: LaunchContext) -> ToolHost {
-        ToolHost::start_servers(&bundle.dir, &bundle.mcp.servers, ctx).await
+        let host = ToolHost::start_servers(&bundle.dir, &bundle.mcp.servers, ctx).await;
+        host.load_prompts(&bundle.system_prompts).await;
+        host
     }
 
     /// Starts `servers` with `bundle_dir` as the working directory of command servers.
@@ -141,6 +148,7 @@ impl ToolHost {
                     host_env,
                     one: tokio::sync::Mutex::new(()),
                 },
+                prompts: Mutex::new(BTreeMap::new()),
             }),
         };
         for (name, result) in results {
@@ -166,6 +174,7 @@ impl ToolHost {
             name: name.to_string(),
             peer: started.running.peer().clone(),
             tools,
+            resources: started.resources,
             gone: CancellationToken::new(),
             process: started.process.map(Arc::new),
         });
@@ -224,6 +233,37 @@ impl ToolHost {
             .collect();
         tools.sort_by_key(ToolInfo::qualified_name);
         tools
+    }
+
+    /// The resources the connected servers listed when they started, by server then URI.
+    pub fn resources(&self) -> Vec<super::ResourceInfo> {
+        read(&self.inner.servers)
+            .values()
+            .filter(|c| !c.gone.is_cancelled())
+            .flat_map(|c| c.resources.iter().cloned())
+            .collect()
+    }
+
+    /// Keeps what fetching prompt `name` (`server/prompt`) gave.
+    pub(super) fn keep_prompt(&self, name: &str, text: Result<String, String>) {
+        lock(&self.inner.prompts).insert(name.to_string(), text);
+    }
+
+    /// The text of prompt `server/prompt` as fetched after the start (see
+    /// [`ToolHost::load_prompts`]).
+    pub fn system_prompt(&self, name: &str) -> Result<String, String> {
+        lock(&self.inner.prompts)
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| Err(format!("prompt {name} was not fetched")))
+    }
+
+    /// The connection of `server` while it lives.
+    pub(super) fn living_peer(&self, server: &str) -> Option<Peer<RoleClient>> {
+        read(&self.inner.servers)
+            .get(server)
+            .filter(|c| !c.gone.is_cancelled())
+            .map(|c| c.peer.clone())
     }
 
     /// How many tools loaded, and every server that is not connected (did not start, or died).

@@ -20,11 +20,13 @@
 mod host;
 mod launch;
 mod output;
+mod resources;
 mod start;
 mod stderr;
 
 pub use host::ToolHost;
 pub use launch::ALLOWED_ENV;
+pub use resources::{ResourceInfo, MAX_RESOURCE_CHARS};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -28,6 +28,8 @@ const STDERR_DRAIN: Duration = Duration::from_secs(1);
 pub(super) struct Started {
     pub running: RunningService<RoleClient, ClientConfig>,
     pub tools: Vec<Tool>,
+    /// Its resources, listed right after its tools (none when it declares no `resources`).
+    pub resources: Vec<super::ResourceInfo>,
     pub process: Option<ProcessGroup>,
     pub stderr: StderrCapture,
 }
@@ -78,7 +80,7 @@ pub(super) async fn start_one(
             )
             .await
         }
-        ServerSpec::Url { url, headers } => start_url(url, headers, ctx, ct).await,
+        ServerSpec::Url { url, headers } => start_url(name, url, headers, ctx, ct).await,
     }
 }
 
@@ -148,12 +150,14 @@ async fn start_command(
     };
     let failure = match tokio::time::timeout(ctx.start_timeout, connect).await {
         Ok(Ok((running, tools))) => {
+            let resources = super::resources::list_at_start(name, running.peer()).await;
             return Ok(Started {
                 running,
                 tools,
+                resources,
                 process: Some(process),
                 stderr,
-            })
+            });
         }
         Ok(Err(reason)) => reason,
         Err(_) => format!(
@@ -172,6 +176,7 @@ async fn start_command(
 }
 
 async fn start_url(
+    name: &str,
     url: &str,
     headers: &BTreeMap<String, String>,
     ctx: &LaunchContext,
@@ -203,6 +208,7 @@ async fn start_url(
     };
     match tokio::time::timeout(ctx.start_timeout, connect).await {
         Ok(Ok((running, tools))) => Ok(Started {
+            resources: super::resources::list_at_start(name, running.peer()).await,
             running,
             tools,
             process: None,

@@ -1,7 +1,8 @@
 //! Permissions at the point of use: which tools a run offers and whether a call may go out.
 //! The bundle's `x-agen/config.json` `permissions` decide ([`Permissions::decide`]): MCP tools
 //! by `<server>.<tool>` (either name form), Keen `keen-tools.json` tools by their registered
-//! name, `load_skill`, `call_agent` and `start_agent` by their names. `finish`, `save_artifact`, `read_artifact` and
+//! name, `load_skill`, `call_agent`, `start_agent`, `list_resources` and `read_resource` by
+//! their names. `finish`, `save_artifact`, `read_artifact` and
 //! `report_progress` are never gated.
 //!
 //! Invariant: a denied tool is never offered (native `tools`, the Keen tools section) and a call

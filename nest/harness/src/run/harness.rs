@@ -42,6 +42,10 @@ pub enum HarnessError {
     HostTool(String),
     #[error("tool name {0} is used twice (an MCP tool clashes with another tool or a built-in); rename the server in mcp.json")]
     DuplicateTool(String),
+    #[error(
+        "{AGENT_FILE}: systemPrompts: {0}; check that the server lists that prompt (prompts/list)"
+    )]
+    Prompt(String),
 }
 
 /// The model client settings of `bundle`: its `model`, `baseUrl`, `apiKey` (with `${NAME}`
@@ -128,6 +132,13 @@ impl Harness {
             mcp_tools.insert(name, t);
         }
         let mut system_prompt = bundle.agent.system_prompt.trim_end().to_string();
+        for name in &bundle.system_prompts {
+            let text = tools.system_prompt(name).map_err(HarnessError::Prompt)?;
+            if !system_prompt.is_empty() {
+                system_prompt.push_str("\n\n");
+            }
+            system_prompt.push_str(text.trim_end());
+        }
         for name in &bundle.agent.preload_skills {
             if let Some(skill) = bundle.skill(name) {
                 system_prompt.push_str(&format!(
@@ -147,6 +158,7 @@ impl Harness {
                 .map_err(|e| HarnessError::Keen(e.to_string()))?
                 .map(Arc::new),
         };
+        let host_tools = super::resources::builtins(&tools);
         Ok(Harness {
             bundle,
             tools,
@@ -154,7 +166,7 @@ impl Harness {
             dialect,
             system_prompt,
             mcp_tools,
-            host_tools: BTreeMap::new(),
+            host_tools,
             progress: false,
             redactor: Redactor::default(),
             keen,

@@ -40,6 +40,7 @@ mod native;
 mod output;
 mod remote;
 mod replay;
+mod resources;
 mod state;
 mod tool_limits;
 mod tools;
@@ -210,6 +211,29 @@ pub trait ToolBackend: Send + Sync {
     async fn restart(&self, server: &str) -> Result<(), String> {
         Err(format!("tool server {server} cannot be restarted here"))
     }
+
+    /// The MCP resources the servers listed (`list_resources`; none: the resource built-ins
+    /// are not offered).
+    fn resources(&self) -> Vec<crate::mcp::ResourceInfo> {
+        Vec::new()
+    }
+
+    /// Reads resource `uri` of `server` as text (`read_resource`).
+    async fn read_resource(
+        &self,
+        server: &str,
+        uri: &str,
+        timeout: Duration,
+    ) -> Result<String, String> {
+        let _ = (uri, timeout);
+        Err(format!("tool server {server} has no resources here"))
+    }
+
+    /// The text of the MCP prompt `server/prompt` that `agent.md` `systemPrompts` names, as
+    /// fetched when the servers started.
+    fn system_prompt(&self, name: &str) -> Result<String, String> {
+        Err(format!("prompt {name}: no MCP prompts here"))
+    }
 }
 
 #[async_trait::async_trait]
@@ -238,6 +262,23 @@ impl ToolBackend for ToolHost {
 
     async fn restart(&self, server: &str) -> Result<(), String> {
         ToolHost::restart(self, server).await
+    }
+
+    fn resources(&self) -> Vec<crate::mcp::ResourceInfo> {
+        ToolHost::resources(self)
+    }
+
+    async fn read_resource(
+        &self,
+        server: &str,
+        uri: &str,
+        timeout: Duration,
+    ) -> Result<String, String> {
+        ToolHost::read_resource(self, server, uri, timeout).await
+    }
+
+    fn system_prompt(&self, name: &str) -> Result<String, String> {
+        ToolHost::system_prompt(self, name)
     }
 }
 

@@ -23,10 +23,25 @@ pub(super) enum AnswerCheck {
 /// The first line of the message that sends a refused answer back.
 const RETRY_PREFIX: &str = "Your answer does not match the required output schema";
 
+/// The task's own schema (`agen submit --output-schema`), compiled. The Hub checked that it
+/// compiles; one that does not (an older or foreign Hub) is logged and the bundle's is used.
+pub(super) fn task_schema(req: &agen_shared::run::RunAssignment) -> Option<OutputSchema> {
+    let schema = req.output_schema.clone()?;
+    match OutputSchema::new("--output-schema", schema) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(task = %req.task_id, "the task's output schema is not used: {e}");
+            None
+        }
+    }
+}
+
 impl Run<'_> {
-    /// The schema the final answer must match, if any.
+    /// The schema the final answer must match, if any: the task's own, else the bundle's.
     pub(super) fn output_schema(&self) -> Option<&OutputSchema> {
-        self.h.bundle.output_schema.as_ref()
+        self.task_output_schema
+            .as_ref()
+            .or(self.h.bundle.output_schema.as_ref())
     }
 
     /// Checks a final answer against the output schema (any answer ends a run without one).

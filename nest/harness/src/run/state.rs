@@ -46,6 +46,9 @@ pub(super) struct Run<'h> {
     pub(super) next_turn_activity: Mutex<Option<String>>,
     /// The task's token budget and the tokens used against it (earlier attempts included).
     pub(super) budget: TokenBudget,
+    /// The task's own output schema (`agen submit --output-schema`), compiled; it takes the
+    /// place of the bundle's `outputSchema`.
+    pub(super) task_output_schema: Option<agen_shared::bundle::OutputSchema>,
 }
 
 impl<'h> Run<'h> {
@@ -78,6 +81,7 @@ impl<'h> Run<'h> {
             last_progress: Mutex::new((None, None)),
             next_turn_activity: Mutex::new(None),
             budget: TokenBudget::new(req, h.bundle.harness.limits.max_tokens),
+            task_output_schema: super::output::task_schema(req),
         }
     }
 
