@@ -44,6 +44,7 @@ mod local_runs;
 mod logs;
 mod metrics;
 mod netns;
+mod old_data_dir;
 mod operations;
 mod otlp;
 mod permissions;
