@@ -198,8 +198,9 @@ fn workspace() -> BTreeMap<String, Crate> {
 
 /// The layers of ARCHITECTURE.md, bottom first: a crate depends only on crates of lower layers.
 const LAYERS: &[&[&str]] = &[
-    &["agen-proto", "agen-shared", "agen-fake-model"],
-    &["agen-net", "agen-harness", "agen-mcp-servers"],
+    &["agen-shared", "agen-fake-model"],
+    &["agen-contract"],
+    &["agen-proto", "agen-net", "agen-harness", "agen-mcp-servers"],
     &["agen-hub", "agen-nest", "agen"],
     &["agen-cli"],
     &["agen-python", "agen-tests"],
@@ -546,7 +547,7 @@ fn anchors_are_githubs() {
 }
 
 /// What the protocol version covers: the gRPC contract (`proto/`) and the Nest⇄instance socket
-/// contract (`shared/src/run/`, its tests and fixtures aside), each as a SHA-256 over its files
+/// contract (`shared/contract/src/run/`, its tests and fixtures aside), each as a SHA-256 over its files
 /// in name order with comment and blank lines left out (a changed doc comment is not a protocol
 /// change; a changed field is).
 fn contract_digests(root: &Path) -> (String, String) {
@@ -573,7 +574,7 @@ fn contract_digests(root: &Path) -> (String, String) {
     };
     (
         digest("proto", ".proto", &[]),
-        digest("shared/src/run", ".rs", &["tests.rs", "fixtures"]),
+        digest("shared/contract/src/run", ".rs", &["tests.rs", "fixtures"]),
     )
 }
 
@@ -602,7 +603,7 @@ fn a_changed_contract_bumps_the_protocol_minor() {
     if std::env::var_os("AGEN_TIDY_RECORD").is_some() && recorded != current {
         let body = format!(
             "# The protocol version and the digests of the contracts it covers, checked by\n\
-             # tests/tidy.rs: when proto/ or the Nest-instance socket contract (shared/src/run/)\n\
+             # tests/tidy.rs: when proto/ or the Nest-instance socket contract (shared/contract/src/run/)\n\
              # changes, bump the minor of Protocol::CURRENT (shared/src/version.rs), then run\n\
              # AGEN_TIDY_RECORD=1 cargo test -p agen-tests --test tidy to record the new digests.\n\
              protocol {current}\nproto {proto}\nsocket {socket}\n"
@@ -612,7 +613,7 @@ fn a_changed_contract_bumps_the_protocol_minor() {
     }
     assert!(
         recorded != current,
-        "proto/ or the socket contract (shared/src/run/) changed since protocol {recorded} was \
+        "proto/ or the socket contract (shared/contract/src/run/) changed since protocol {recorded} was \
          recorded in proto/CONTRACT: bump the minor of Protocol::CURRENT in \
          shared/src/version.rs (a Hub accepts Nests of its minor and the one before), then run \
          AGEN_TIDY_RECORD=1 cargo test -p agen-tests --test tidy"

@@ -449,7 +449,7 @@ impl TaskRec {
 /// A suspended run's wait, as the Hub keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SuspensionRec {
-    pub waiting_for: agen_shared::run::WaitingFor,
+    pub waiting_for: agen_contract::run::WaitingFor,
     /// The earliest deadline this wait was given (unix ms).
     pub deadline_ms: i64,
     /// The reason given when the deadline passes.
@@ -646,5 +646,5 @@ pub struct TaskUpdate {
     pub task: TaskRec,
     /// The event's body as the hot path read it (`None`: not read, or not readable): a
     /// follower uses it instead of reading `event.json` again.
-    pub body: Option<std::sync::Arc<agen_shared::run::RunEventBody>>,
+    pub body: Option<std::sync::Arc<agen_contract::run::RunEventBody>>,
 }

@@ -15,7 +15,7 @@
 //! the writes before it has finished ([`Liveness::release`]), and any later message to the
 //! same Nest queues behind it, so a Nest never hears of a run the store does not know.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -99,32 +99,9 @@ pub enum ToNest {
     },
 }
 
-/// Everything an instance needs to execute one run.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RunAssignment {
-    pub run_id: String,
-    pub attempt: u32,
-    pub task_id: String,
-    pub instance_id: String,
-    pub namespace: String,
-    pub deployment: String,
-    pub input: String,
-    pub labels: BTreeMap<String, String>,
-    pub conversation_id: String,
-    pub conversation_key: String,
-    pub root_run_id: String,
-    pub delegation_depth: u32,
-    /// The run's trace id (the caller's when it gave a traceparent).
-    pub trace_id: String,
-    pub bundle_digest: String,
-    /// The run has a history or a replay, which its Nest fetches (`FetchRunContext`).
-    pub context_by_fetch: bool,
-    pub tool_overrides: agen_shared::bundle::Permissions,
-    /// The task's token budget over all attempts (0: none).
-    pub max_tokens: u64,
-    /// The task's own output schema (JSON text; empty: the bundle's).
-    pub output_schema: String,
-}
+/// Everything an instance needs to execute one run: the contract's order, which
+/// `agen_proto::convert` puts on the wire.
+pub use agen_contract::run::AssignedRun as RunAssignment;
 
 impl ToNest {
     /// About how many bytes this message takes on the wire.

@@ -2,12 +2,12 @@
 //! (`model.requested` → `model.answered`) and one per tool call (`tool.started` →
 //! `tool.completed`/`tool.failed`, matched by call id), and one per approval
 //! (`approval.requested` → `approval.decided`, with `approved`, `by` and `reason`). Ids are W3C and derived exactly as the
-//! harness derives them (`agen_shared::run::trace`), so the `traceparent` a tool server received
+//! harness derives them (`agen_contract::run::trace`), so the `traceparent` a tool server received
 //! names its span here.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use agen_shared::run::{kind, trace, RunEventBody, ToolFailure};
+use agen_contract::run::{kind, trace, RunEventBody, ToolFailure};
 
 use crate::model::{RunEventRec, TaskRec};
 

@@ -49,10 +49,10 @@ async fn ask(
 ) -> Result<ChildReply, String> {
     let mut client = bundles.hub_client().await.map_err(|e| e.to_string())?;
     let parent = RunLease {
-        task_id: call.task_id,
-        run_id: call.run_id,
-        attempt: call.attempt,
-        instance_id: instance_id.to_string(),
+        task_id: call.task_id.into(),
+        run_id: call.run_id.into(),
+        attempt: call.attempt.into(),
+        instance_id: instance_id.into(),
     };
     let status = |e: crate::hub_client::CallError| format!("the hub refused: {}", e.message);
     let mut out = ChildReply {

@@ -73,7 +73,7 @@ impl DeltaQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agen_shared::run::TurnDelta;
+    use agen_contract::run::TurnDelta;
 
     fn d(run: &str, attempt: u32, turn: u32, text: &str, reset: bool) -> RunDelta {
         RunDelta {

@@ -7,8 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use agen_shared::bundle::Permissions;
-use agen_shared::run::RunEventBody;
+use agen_contract::run::RunEventBody;
 use serde::{Deserialize, Serialize};
 
 /// The Hub's order to run an instance here (`PlaceInstance`).
@@ -153,57 +152,8 @@ impl InstanceReport {
 }
 
 /// The Hub's order to run a run on one of this Nest's instances (`AssignRun`), before it
-/// becomes the instance's [`crate::socket::RunOrder`].
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct AssignedRun {
-    pub run_id: String,
-    pub attempt: u32,
-    pub task_id: String,
-    pub instance_id: String,
-    pub namespace: String,
-    pub deployment: String,
-    pub input: String,
-    pub labels: BTreeMap<String, String>,
-    pub conversation_id: String,
-    pub conversation_key: String,
-    pub root_run_id: String,
-    pub bundle_digest: String,
-    /// Earlier messages of the conversation (a JSON array; empty: none, or still to fetch).
-    pub history_json: String,
-    /// Events of earlier attempts (a JSON array; empty: none, or still to fetch).
-    pub replay_json: String,
-    pub delegation_depth: u32,
-    pub trace_id: String,
-    /// The task's overrides of its bundle's permissions.
-    pub tool_overrides: Permissions,
-    /// The history and the replay come over `FetchRunContext` before the run starts.
-    pub context_by_fetch: bool,
-    /// The task's token budget (0: the bundle's, or none).
-    pub max_tokens: u64,
-    /// The task's own output schema (JSON text; empty: the bundle's `outputSchema`).
-    pub output_schema: String,
-}
-
-impl AssignedRun {
-    /// Who holds this run: the lease the Hub checks on the run's own calls.
-    pub fn lease(&self) -> RunLease {
-        RunLease {
-            task_id: self.task_id.clone(),
-            run_id: self.run_id.clone(),
-            attempt: self.attempt,
-            instance_id: self.instance_id.clone(),
-        }
-    }
-}
-
-/// A run's lease as the Nest names it to the Hub: task, run, attempt and the instance.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunLease {
-    pub task_id: String,
-    pub run_id: String,
-    pub attempt: u32,
-    pub instance_id: String,
-}
+/// becomes the instance's [`crate::socket::RunOrder`]; and the lease a run's calls name.
+pub use agen_contract::run::{AssignedRun, RunLease};
 
 /// One run event on its way to the Hub, keyed `(run_id, attempt, seq)`. On the Nest socket
 /// it is one JSON line with the body's `kind` and `json` beside the key (see `socket`).
@@ -221,13 +171,13 @@ pub struct RunEvent {
 }
 
 /// A piece of a run's streamed model answer on its way to the Hub (see
-/// [`agen_shared::run::TurnDelta`]): never stored, acked or resent.
+/// [`agen_contract::run::TurnDelta`]): never stored, acked or resent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunDelta {
     pub run_id: String,
     pub task_id: String,
     #[serde(flatten)]
-    pub delta: agen_shared::run::TurnDelta,
+    pub delta: agen_contract::run::TurnDelta,
 }
 
 /// Events of one instance, in order, as one message to the Hub.

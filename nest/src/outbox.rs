@@ -159,7 +159,7 @@ mod tests {
             seq,
             task_id: String::new(),
             at_ms: 0,
-            body: agen_shared::run::RunEventBody::from_wire_lossy("log", "{}"),
+            body: agen_contract::run::RunEventBody::from_wire_lossy("log", "{}"),
             sync: false,
         }
     }

@@ -3,7 +3,7 @@
 //! instance it was assigned to) instead of running it on half its data, and the link stays up.
 //! Running with a dropped replay would send its side-effecting calls a second time.
 
-use agen_shared::run::{RunEventBody, RunFinished, RunState};
+use agen_contract::run::{RunEventBody, RunFinished, RunState};
 
 use crate::model::{AssignedRun, RunEvent};
 
@@ -13,7 +13,7 @@ pub fn unusable(a: &AssignedRun) -> Option<String> {
         ("run_id", a.run_id.is_empty()),
         ("task_id", a.task_id.is_empty()),
         ("instance_id", a.instance_id.is_empty()),
-        ("attempt", a.attempt == 0),
+        ("attempt", a.attempt.0 == 0),
     ];
     if let Some((field, _)) = missing.iter().find(|(_, m)| *m) {
         return Some(format!(
@@ -47,10 +47,10 @@ pub fn failed_event(a: &AssignedRun, why: &str) -> Option<RunEvent> {
         return None;
     }
     Some(RunEvent {
-        run_id: a.run_id.clone(),
-        attempt: a.attempt,
+        run_id: a.run_id.0.clone(),
+        attempt: a.attempt.0,
         seq: 1,
-        task_id: a.task_id.clone(),
+        task_id: a.task_id.0.clone(),
         at_ms: chrono::Utc::now().timestamp_millis(),
         body: RunEventBody::RunFinished(RunFinished {
             state: RunState::Failed,
@@ -67,21 +67,21 @@ pub fn failed_event(a: &AssignedRun, why: &str) -> Option<RunEvent> {
 pub fn refuse(outbox: &crate::outbox::Outbox, a: &AssignedRun, why: &str) {
     tracing::warn!(run = %a.run_id, task = %a.task_id, "{why}; the run fails, the link stays up");
     if let Some(e) = failed_event(a, why) {
-        outbox.push(&a.instance_id, e);
+        outbox.push(a.instance_id.as_str(), e);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agen_shared::run::kind;
+    use agen_contract::run::kind;
 
     fn good() -> AssignedRun {
         AssignedRun {
             run_id: "r1".into(),
             task_id: "t1".into(),
             instance_id: "i1".into(),
-            attempt: 1,
+            attempt: 1.into(),
             history_json: "[]".into(),
             replay_json: String::new(),
             ..AssignedRun::default()
@@ -94,14 +94,14 @@ mod tests {
         let cases: Vec<(AssignedRun, &str)> = vec![
             (
                 AssignedRun {
-                    attempt: 0,
+                    attempt: 0.into(),
                     ..good()
                 },
                 "field attempt",
             ),
             (
                 AssignedRun {
-                    run_id: String::new(),
+                    run_id: String::new().into(),
                     ..good()
                 },
                 "field run_id",
@@ -149,7 +149,7 @@ mod tests {
         assert_eq!(
             failed_event(
                 &AssignedRun {
-                    task_id: String::new(),
+                    task_id: String::new().into(),
                     ..a
                 },
                 &why

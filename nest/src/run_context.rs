@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agen_shared::run::{RunEventBody, RunInterrupted};
+use agen_contract::run::{RunEventBody, RunInterrupted};
 use tokio_util::sync::CancellationToken;
 
 use crate::hub_client::HubClient;
@@ -84,17 +84,17 @@ pub fn assign(
         sup.assign(a);
         return;
     }
-    let cancelled = fetching.start(&a.run_id, a.attempt);
+    let cancelled = fetching.start(a.run_id.as_str(), a.attempt.0);
     tokio::spawn(async move {
         let mut a = a;
         let got = tokio::select! {
             got = fetch_or_interrupt(client, &a) => got,
             _ = cancelled.cancelled() => {
-                tracing::info!(run = %a.run_id, attempt = a.attempt, "run cancelled before its context arrived; it never starts");
+                tracing::info!(run = %a.run_id, attempt = a.attempt.0, "run cancelled before its context arrived; it never starts");
                 Err(interrupted(&a, "the run was cancelled before its context arrived; it never started"))
             }
         };
-        fetching.done(&a.run_id, a.attempt);
+        fetching.done(a.run_id.as_str(), a.attempt.0);
         match got {
             Ok(Context { history, replay }) => {
                 a.history_json = history;
@@ -104,7 +104,7 @@ pub fn assign(
                     Some(why) => crate::refused_run::refuse(&outbox, &a, &why),
                 }
             }
-            Err(event) => outbox.push(&a.instance_id, event),
+            Err(event) => outbox.push(a.instance_id.as_str(), event),
         }
     });
 }
@@ -112,12 +112,12 @@ pub fn assign(
 /// The context of `a`, or the `run.interrupted` to send instead (the run never starts).
 pub async fn fetch_or_interrupt(client: HubClient, a: &AssignedRun) -> Result<Context, RunEvent> {
     fetch_with_retries(client, a).await.map_err(|why| {
-        tracing::warn!(run = %a.run_id, attempt = a.attempt, "{why}; the run is handed back to the hub");
+        tracing::warn!(run = %a.run_id, attempt = a.attempt.0, "{why}; the run is handed back to the hub");
         interrupted(a, &why)
     })
 }
 
-/// A run's context as the JSON text `agen_shared::run::wire` reads.
+/// A run's context as the JSON text `agen_contract::run::wire` reads.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Context {
     pub history: String,
@@ -144,7 +144,7 @@ async fn fetch_with_retries(client: HubClient, a: &AssignedRun) -> Result<Contex
                 ))
             }
             Err(Failure::Transient(why)) => {
-                tracing::info!(run = %a.run_id, attempt = a.attempt, "fetching the run's context failed: {why}; retrying in {delay:?}");
+                tracing::info!(run = %a.run_id, attempt = a.attempt.0, "fetching the run's context failed: {why}; retrying in {delay:?}");
                 tokio::time::sleep(delay).await;
                 delay *= 2;
             }
@@ -235,10 +235,10 @@ impl Assembler {
 /// it, so it is the attempt's first event.
 fn interrupted(a: &AssignedRun, why: &str) -> RunEvent {
     RunEvent {
-        run_id: a.run_id.clone(),
-        attempt: a.attempt,
+        run_id: a.run_id.0.clone(),
+        attempt: a.attempt.0,
         seq: 1,
-        task_id: a.task_id.clone(),
+        task_id: a.task_id.0.clone(),
         at_ms: chrono::Utc::now().timestamp_millis(),
         body: RunEventBody::RunInterrupted(RunInterrupted {
             reason: why.to_string(),
@@ -251,7 +251,7 @@ fn interrupted(a: &AssignedRun, why: &str) -> RunEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agen_shared::run::kind;
+    use agen_contract::run::kind;
     use pretty_assertions::assert_eq;
 
     #[test]
@@ -283,7 +283,7 @@ mod tests {
         let client = crate::hub_client::client(&opts).await.expect("lazy client");
         let a = AssignedRun {
             run_id: "run-1".into(),
-            attempt: 2,
+            attempt: 2.into(),
             task_id: "task-1".into(),
             instance_id: "inst-1".into(),
             context_by_fetch: true,

@@ -22,7 +22,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use agen_shared::run::{wire, RunAssignment};
+use agen_contract::run::{wire, RunAssignment};
 use futures::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -211,7 +211,7 @@ pub enum ToInstance {
     /// The Hub's decision about an `ask` call of one of the instance's runs.
     ApprovalDecided {
         run_id: String,
-        decided: agen_shared::run::ApprovalDecided,
+        decided: agen_contract::run::ApprovalDecided,
     },
 }
 
@@ -295,16 +295,16 @@ impl From<crate::model::AssignedRun> for RunOrder {
         RunOrder {
             bundle_digest: a.bundle_digest,
             run: RunAssignment {
-                run_id: a.run_id.into(),
-                attempt: a.attempt,
-                task_id: a.task_id.into(),
+                run_id: a.run_id,
+                attempt: a.attempt.0,
+                task_id: a.task_id,
                 namespace: a.namespace,
-                deployment: a.deployment,
+                deployment: a.deployment.0,
                 input: a.input,
                 labels: a.labels.into_iter().collect(),
                 conversation_id: a.conversation_id,
                 conversation_key: a.conversation_key,
-                root_run_id: a.root_run_id.into(),
+                root_run_id: a.root_run_id,
                 delegation_depth: a.delegation_depth,
                 trace_id: a.trace_id,
                 history: wire::history(&a.history_json),
@@ -388,7 +388,7 @@ fn read_event_line(line: &str) -> Option<RunEventMsg> {
     if e.line_type != "event" {
         return None;
     }
-    let body = agen_shared::run::RunEventBody::from_wire(&e.kind, e.json.get()).ok()?;
+    let body = agen_contract::run::RunEventBody::from_wire(&e.kind, e.json.get()).ok()?;
     Some(RunEventMsg {
         run_id: e.run_id,
         attempt: e.attempt,
@@ -495,7 +495,7 @@ pub fn listen(path: &Path, mode: u32) -> std::io::Result<UnixListener> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agen_shared::run::RunEventBody;
+    use agen_contract::run::RunEventBody;
     use pretty_assertions::assert_eq;
 
     fn check_to_nest(line: &str, expected: ToNest) {
@@ -592,10 +592,10 @@ mod tests {
                 seq: 3,
                 task_id: "t".into(),
                 at_ms: 5,
-                body: RunEventBody::RunFinished(agen_shared::run::RunFinished {
-                    state: agen_shared::run::RunState::Succeeded,
+                body: RunEventBody::RunFinished(agen_contract::run::RunFinished {
+                    state: agen_contract::run::RunState::Succeeded,
                     result: "ok".into(),
-                    response_type: agen_shared::run::ResponseType::Text,
+                    response_type: agen_contract::run::ResponseType::Text,
                     messages: vec![],
                 }),
                 sync: true,

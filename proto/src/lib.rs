@@ -1,7 +1,11 @@
 //! The `agen.v1` gRPC API, generated at build time from `proto/agen/v1/*.proto`.
 //!
-//! This crate owns only generated code. Domain types live in `agen-shared`; conversion between
-//! the two lives at each gRPC edge (`hub/src/server`, `nest/src/hub_link`, `agen-cli`).
+//! This crate owns the generated code and, in [`convert`], the conversions between it and the
+//! cross-process contract (`agen-contract`) that both the Hub and the Nest speak, written once.
+//! Other domain types live in `agen-shared` and the daemons; their conversions live at each gRPC
+//! edge (`hub/src/server`, `nest/src/hub_client`, `agen-cli`).
+
+pub mod convert;
 
 pub mod v1 {
     #![allow(clippy::all, missing_docs)]

@@ -6,6 +6,7 @@
 //! neither the Hub, the Nest nor tonic.
 #![doc = include_str!("../README.md")]
 
+pub use agen_contract::run::{ArtifactSaved, TurnDelta, Usage};
 pub use agen_harness::agent::{
     schema_of, Agent, AgentBuilder, AgentError, Conversation, Outcome, RunItem, RunItems,
     RunOptions, RunStream, Tool, ToolBuilder, EMBEDDED_NAMESPACE,
@@ -15,10 +16,9 @@ pub use agen_harness::run::{
     ApprovalDecision, ApprovalRequest, ApproveAll, Approver, CallMeta, HostTool, HostToolSpec,
     Message, ResponseType, RunEventBody, RunState, ToolContext, ToolError, ToolPolicy,
 };
-pub use agen_shared::run::{ArtifactSaved, TurnDelta, Usage};
 /// The run events' field types (`ToolStarted`, `ModelAnswered`, …).
 pub mod events {
-    pub use agen_shared::run::{
+    pub use agen_contract::run::{
         Activity, ArtifactSaved, ModelAnswered, ModelRequested, RunFinished, ToolCompleted,
         ToolFailed, ToolFailure, ToolStarted,
     };

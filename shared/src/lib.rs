@@ -1,7 +1,6 @@
 //! Agen's shared vocabulary: ids, the bundle model and its validation, durations, client
 //! config, TLS helpers and telemetry setup. Used by every other crate; knows no gRPC.
 
-pub mod a2a;
 pub mod bundle;
 pub mod client_config;
 pub mod duration;
@@ -10,7 +9,6 @@ pub mod private;
 pub mod privileged;
 #[cfg(target_os = "linux")]
 pub mod process;
-pub mod run;
 pub mod systemd;
 pub mod telemetry;
 pub mod text;

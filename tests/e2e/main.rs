@@ -45,6 +45,7 @@ mod logs;
 mod mcp_resources;
 mod metrics;
 mod netns;
+mod old_data_dir;
 mod operations;
 mod otlp;
 mod permissions;

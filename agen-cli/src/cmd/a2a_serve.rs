@@ -146,7 +146,7 @@ async fn card(State(u): State<Arc<Upstream>>, headers: HeaderMap) -> Response {
     if !r.status().is_success() {
         return relay(r);
     }
-    let mut card: agen_shared::a2a::AgentCard = match r.json().await {
+    let mut card: agen_contract::a2a::AgentCard = match r.json().await {
         Ok(c) => c,
         Err(e) => {
             return (

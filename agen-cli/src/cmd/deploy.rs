@@ -390,7 +390,7 @@ pub async fn wait_ready(
             .filter(|i| i.generation != dep.generation)
             .filter(|i| !matches!(view::instance_state(i.state), "lost" | "stopped"))
             .filter(|i| {
-                !(i.active_runs == 0 && i.message.starts_with(agen_shared::run::DRAINING_NOTE))
+                !(i.active_runs == 0 && i.message.starts_with(agen_contract::run::DRAINING_NOTE))
             })
             .count();
         if ready as u32 >= dep.replicas && old == 0 {

@@ -5,8 +5,8 @@
 //! `-o json` (or yaml): one JSON object per event and line, as it arrives: `seq`, `at`,
 //! `attempt`, `kind`, `details` (the table's text) and `body` (the event's own JSON).
 
+use agen_contract::run::{Message, RunEventBody};
 use agen_proto::v1 as pb;
-use agen_shared::run::{Message, RunEventBody};
 
 use crate::client::{status_error, Hub, Output};
 
@@ -167,10 +167,10 @@ pub fn describe(kind: &str, json: &str) -> String {
         }
         RunEventBody::RunSuspended(s) => {
             let what = match &s.waiting_for {
-                agen_shared::run::WaitingFor::Approval { call_id, tool } => {
+                agen_contract::run::WaitingFor::Approval { call_id, tool } => {
                     format!("approval of {tool} {call_id}")
                 }
-                agen_shared::run::WaitingFor::Child { call_id, task_id } => {
+                agen_contract::run::WaitingFor::Child { call_id, task_id } => {
                     format!("task {task_id} (call {call_id})")
                 }
             };

@@ -2,11 +2,11 @@
 //! read from its local run log: the same spans the Hub builds for a task
 //! (`agen_hub::trace::build_run_spans`), the same event lines as `agen trace --events`.
 
+use agen_contract::run::trace;
 use agen_harness::local_runs::{self, LocalRun, LocalRunState};
 use agen_hub::model::RunEventRec;
 use agen_hub::trace::{build_run_spans, RunRoot};
 use agen_proto::v1 as pb;
-use agen_shared::run::trace;
 
 use crate::client::Output;
 

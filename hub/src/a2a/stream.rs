@@ -210,7 +210,7 @@ async fn send_frames(
     task_id: &str,
     ctx: &str,
     started: &mut HashSet<(u32, u32)>,
-    frames: Vec<agen_shared::run::TurnDelta>,
+    frames: Vec<agen_contract::run::TurnDelta>,
 ) -> bool {
     for d in frames {
         let fresh = started.insert((d.attempt, d.turn));

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use agen_shared::a2a::{
+pub use agen_contract::a2a::{
     AgentCapabilities, AgentCard, AgentInterface, AgentProvider, AgentSkill, Artifact,
     HttpAuthSecurityScheme, Message, Part, Role, SecurityRequirement, SecurityScheme, StringList,
     Task, TaskState, TaskStatus,

@@ -8,10 +8,10 @@
 //! a request for a call the Hub already decided is answered at once and does not make the task
 //! wait. A call is its id (issued by the run's harness from the call's place in the
 //! conversation, never the model's id) and its digest (the tool and the whole arguments,
-//! `agen_shared::run::call_digest`): a request with a known id but another digest is a new call
+//! `agen_contract::run::call_digest`): a request with a known id but another digest is a new call
 //! and is asked again; every decision sent to a Nest carries the digest it decides.
 
-use agen_shared::run::{ApprovalDecided, ApprovalRequested};
+use agen_contract::run::{ApprovalDecided, ApprovalRequested};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use agen_shared::run::TurnDelta;
+use agen_contract::run::TurnDelta;
 use tokio::sync::broadcast::{self, error::RecvError, error::TryRecvError};
 use tokio::time::Instant;
 

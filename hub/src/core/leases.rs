@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use agen_shared::run::RunInterrupted;
+use agen_contract::run::RunInterrupted;
 
 use crate::core::tasks::IncomingRunEvent;
 use crate::core::{Core, State};

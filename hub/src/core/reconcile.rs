@@ -390,10 +390,10 @@ impl Core {
         let Some(mut inst) = st.instances.get(id).cloned() else {
             return Ok(());
         };
-        if inst.message.starts_with(agen_shared::run::DRAINING_NOTE) {
+        if inst.message.starts_with(agen_contract::run::DRAINING_NOTE) {
             return Ok(());
         }
-        inst.message = agen_shared::run::DRAINING_NOTE.to_string();
+        inst.message = agen_contract::run::DRAINING_NOTE.to_string();
         inst.updated_at_ms = now;
         self.save_instance(st, inst)
     }

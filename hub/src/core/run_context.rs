@@ -27,7 +27,7 @@ pub struct ContextAsk {
     pub nest_id: Option<String>,
 }
 
-/// A run's context as JSON text, in the form the Nest reads (`agen_shared::run::wire`).
+/// A run's context as JSON text, in the form the Nest reads (`agen_contract::run::wire`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunContext {
     /// The conversation's messages so far: a JSON array of model messages.
@@ -37,7 +37,7 @@ pub struct RunContext {
     pub replay_json: Vec<u8>,
 }
 
-/// One replayed event, as `agen_shared::run::wire::replay` reads it.
+/// One replayed event, as `agen_contract::run::wire::replay` reads it.
 #[derive(Debug, Serialize)]
 struct ReplayRecord<'a> {
     attempt: u32,

@@ -14,7 +14,7 @@
 //! the suspension arrives wakes the task at once (no lost wake-up); a cancelled suspended task
 //! ends at once (it has no run to stop).
 
-use agen_shared::run::{RunSuspended, WaitingFor};
+use agen_contract::run::{RunSuspended, WaitingFor};
 
 use crate::core::{Core, State};
 use crate::error::Result;

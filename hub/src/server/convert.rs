@@ -393,8 +393,8 @@ fn turn_delta_in(
     turn: u32,
     text: String,
     reset: bool,
-) -> agen_shared::run::TurnDelta {
-    agen_shared::run::TurnDelta {
+) -> agen_contract::run::TurnDelta {
+    agen_contract::run::TurnDelta {
         attempt,
         turn,
         text,
@@ -421,7 +421,7 @@ pub fn double_texting(
 }
 
 /// A streamed frame for `WatchTask` (seq 0, no task: not a durable event).
-pub fn delta_event(d: &agen_shared::run::TurnDelta) -> pb::TaskEvent {
+pub fn delta_event(d: &agen_contract::run::TurnDelta) -> pb::TaskEvent {
     pb::TaskEvent {
         seq: 0,
         at_ms: chrono::Utc::now().timestamp_millis(),
@@ -513,32 +513,9 @@ pub fn to_nest(m: ToNest) -> pb::HubMessage {
             instance_id,
             reason,
         }),
-        ToNest::AssignRun(a) => {
-            let a = *a;
-            Msg::AssignRun(pb::AssignRun {
-                run_id: a.run_id,
-                attempt: a.attempt,
-                task_id: a.task_id,
-                instance_id: a.instance_id,
-                namespace: a.namespace,
-                deployment: a.deployment,
-                input: a.input,
-                labels: a.labels.into_iter().collect(),
-                conversation_id: a.conversation_id,
-                conversation_key: a.conversation_key,
-                root_run_id: a.root_run_id,
-                delegation_depth: a.delegation_depth,
-                trace_id: a.trace_id,
-                bundle_digest: a.bundle_digest,
-                // Deprecated fields: the context travels over `FetchRunContext`.
-                history_json: String::new(),
-                replay_json: String::new(),
-                tool_overrides: Some(to_pb_overrides(&a.tool_overrides)),
-                context_by_fetch: a.context_by_fetch,
-                max_tokens: a.max_tokens,
-                output_schema_json: a.output_schema,
-            })
-        }
+        // Deprecated `history_json`/`replay_json` stay empty: the context travels over
+        // `FetchRunContext`.
+        ToNest::AssignRun(a) => Msg::AssignRun(pb::AssignRun::from(*a)),
         ToNest::CancelRun {
             run_id,
             instance_id,
@@ -703,9 +680,5 @@ pub fn tool_overrides(o: pb::ToolOverrides) -> Result<agen_shared::bundle::Permi
 }
 
 fn to_pb_overrides(p: &agen_shared::bundle::Permissions) -> pb::ToolOverrides {
-    pb::ToolOverrides {
-        allow: p.allow.clone(),
-        ask: p.ask.clone(),
-        deny: p.deny.clone(),
-    }
+    p.into()
 }

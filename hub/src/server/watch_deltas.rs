@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
+use agen_contract::run::TurnDelta;
 use agen_proto::v1 as pb;
-use agen_shared::run::TurnDelta;
 
 use super::convert;
 use crate::core::deltas::DeltaFollower;

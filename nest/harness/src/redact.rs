@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use agen_shared::run::{Message, ToolCall};
+use agen_contract::run::{Message, ToolCall};
 use serde_json::Value;
 
 /// The text a secret is replaced with.

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use agen_contract::run::ToolFailure;
 use agen_fake_model::{FakeModel, Script, Step};
 use agen_harness::mcp::{LaunchContext, ToolHost};
 use agen_harness::{
@@ -18,7 +19,6 @@ use agen_harness::{
     SinkError,
 };
 use agen_shared::bundle::{Bundle, Permissions};
-use agen_shared::run::ToolFailure;
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;

@@ -7,7 +7,6 @@
 use agen_harness::artifacts::ArtifactMeta;
 use agen_harness::run::{ChildEnd, ChildRequest, RunState};
 use agen_proto::v1 as pb;
-use agen_shared::bundle::Permissions;
 
 use crate::model::*;
 
@@ -42,35 +41,7 @@ fn usage(u: UsageSample) -> pb::ResourceUsage {
 }
 
 pub fn assigned_run(a: pb::AssignRun) -> AssignedRun {
-    AssignedRun {
-        run_id: a.run_id,
-        attempt: a.attempt,
-        task_id: a.task_id,
-        instance_id: a.instance_id,
-        namespace: a.namespace,
-        deployment: a.deployment,
-        input: a.input,
-        labels: a.labels.into_iter().collect(),
-        conversation_id: a.conversation_id,
-        conversation_key: a.conversation_key,
-        root_run_id: a.root_run_id,
-        bundle_digest: a.bundle_digest,
-        history_json: a.history_json,
-        replay_json: a.replay_json,
-        delegation_depth: a.delegation_depth,
-        trace_id: a.trace_id,
-        tool_overrides: a
-            .tool_overrides
-            .map(|o| Permissions {
-                allow: o.allow,
-                ask: o.ask,
-                deny: o.deny,
-            })
-            .unwrap_or_default(),
-        context_by_fetch: a.context_by_fetch,
-        max_tokens: a.max_tokens,
-        output_schema: a.output_schema_json,
-    }
+    a.into()
 }
 
 pub fn log_request(r: pb::LogRequest) -> LogRequest {
@@ -89,7 +60,7 @@ pub fn log_request(r: pb::LogRequest) -> LogRequest {
 /// The run, instance and decision of an `ApprovalDecision`. Edited arguments that are not a
 /// JSON object (the Hub checks them; a damaged message) deny the call rather than send it with
 /// the arguments the person replaced.
-pub fn approval(d: pb::ApprovalDecision) -> (String, String, agen_shared::run::ApprovalDecided) {
+pub fn approval(d: pb::ApprovalDecision) -> (String, String, agen_contract::run::ApprovalDecided) {
     let (mut approved, mut reason) = (d.approved, d.reason);
     let arguments = match d.arguments_json.as_str() {
         "" => None,
@@ -105,7 +76,7 @@ pub fn approval(d: pb::ApprovalDecision) -> (String, String, agen_shared::run::A
     (
         d.run_id,
         d.instance_id,
-        agen_shared::run::ApprovalDecided {
+        agen_contract::run::ApprovalDecided {
             call_id: d.call_id,
             approved,
             reason,
@@ -234,12 +205,7 @@ pub fn log_chunk(c: LogChunk) -> pb::LogChunk {
 }
 
 pub fn context_request(l: &RunLease) -> pb::FetchRunContextRequest {
-    pb::FetchRunContextRequest {
-        task_id: l.task_id.clone(),
-        run_id: l.run_id.clone(),
-        attempt: l.attempt,
-        instance_id: l.instance_id.clone(),
-    }
+    l.into()
 }
 
 pub fn context_chunk(c: pb::RunContextChunk) -> ContextChunk {
@@ -252,12 +218,7 @@ pub fn context_chunk(c: pb::RunContextChunk) -> ContextChunk {
 }
 
 pub fn child_parent(l: &RunLease) -> pb::ChildParent {
-    pb::ChildParent {
-        task_id: l.task_id.clone(),
-        run_id: l.run_id.clone(),
-        attempt: l.attempt,
-        instance_id: l.instance_id.clone(),
-    }
+    l.into()
 }
 
 pub fn start_child(parent: &RunLease, c: ChildRequest) -> pb::StartChildRequest {
@@ -316,7 +277,7 @@ pub fn artifact_meta(a: pb::Artifact) -> ArtifactMeta {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agen_shared::run::{RunEventBody, RunInterrupted};
+    use agen_contract::run::{RunEventBody, RunInterrupted};
     use pretty_assertions::assert_eq;
 
     #[test]
@@ -457,7 +418,7 @@ mod tests {
                 RunLease {
                     task_id: "t".into(),
                     run_id: "r".into(),
-                    attempt: 3,
+                    attempt: 3.into(),
                     instance_id: "i".into(),
                 },
                 Some("v"),

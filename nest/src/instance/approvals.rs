@@ -13,8 +13,8 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use agen_contract::run::ApprovalDecided;
 use agen_harness::run::{ApprovalDecision, ApprovalRequest, Approver};
-use agen_shared::run::ApprovalDecided;
 use tokio::sync::oneshot;
 
 /// One call: (run id, call id).

@@ -32,9 +32,9 @@ use tokio_util::sync::CancellationToken;
 use crate::socket::{
     self, HostState, InstanceStatus, Placement, RunOrder, SpawnSecret, ToInstance, ToNest,
 };
+use agen_contract::run::{ResponseType, RunFinished, RunState};
 use agen_harness::mcp::{LaunchContext, ToolHost};
 use agen_harness::{Harness, RunAssignment};
-use agen_shared::run::{ResponseType, RunFinished, RunState};
 pub use artifacts::NestArtifacts;
 pub use bootstrap::BootstrapError;
 pub use sink::NestSink;
@@ -596,7 +596,7 @@ mod tests {
         let r = run_request(
             RunOrder::from(crate::model::AssignedRun {
                 run_id: "r1".into(),
-                attempt: 0,
+                attempt: 0.into(),
                 history_json: r#"[{"role":"user","content":"hi"}]"#.into(),
                 ..Default::default()
             }),
@@ -611,6 +611,6 @@ mod tests {
             ),
             ("r1", 1, "ns", "dep")
         );
-        assert_eq!(r.history, vec![agen_shared::run::Message::user("hi")]);
+        assert_eq!(r.history, vec![agen_contract::run::Message::user("hi")]);
     }
 }

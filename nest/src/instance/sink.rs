@@ -11,7 +11,7 @@
 //! host sends the one final `run.finished` (with the run's messages) through [`NestSink::finish`].
 //! A turn's streamed text goes as `delta` lines beside the events: no seq, never waited for.
 
-use agen_shared::run::RunFinished;
+use agen_contract::run::RunFinished;
 use tokio::sync::{mpsc, watch};
 
 use crate::socket::{RunEventMsg, ToNest};
@@ -128,7 +128,7 @@ impl RunEventSink for NestSink {
         let _ = self.to_nest.send(ToNest::Delta(crate::model::RunDelta {
             run_id: self.run_id.clone(),
             task_id: self.task_id.clone(),
-            delta: agen_shared::run::TurnDelta {
+            delta: agen_contract::run::TurnDelta {
                 attempt: self.attempt,
                 turn,
                 text,

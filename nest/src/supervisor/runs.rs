@@ -6,7 +6,7 @@ use tokio::sync::mpsc;
 
 use crate::model::{AssignedRun, RunEvent};
 use crate::socket::{RunOrder, ToInstance};
-use agen_shared::run::{RunEventBody, RunInterrupted};
+use agen_contract::run::{RunEventBody, RunInterrupted};
 
 use super::*;
 
@@ -16,12 +16,12 @@ impl Supervisor {
     /// is cancelled and relays nothing more; on the same instance the newer one is handed over
     /// once the older one is done.
     pub fn assign(&self, a: AssignedRun) {
-        let id = a.instance_id.clone();
-        let run_id = a.run_id.clone();
+        let id = a.instance_id.0.clone();
+        let run_id = a.run_id.0.clone();
         let track = RunTrack {
             instance: id.clone(),
-            attempt: a.attempt,
-            task_id: a.task_id.clone(),
+            attempt: a.attempt.0,
+            task_id: a.task_id.0.clone(),
             last_seq: 0,
         };
         let msg = ToInstance::Run(RunOrder::from(a));
@@ -143,7 +143,7 @@ impl Supervisor {
         &self,
         run_id: &str,
         instance_id: &str,
-        decided: agen_shared::run::ApprovalDecided,
+        decided: agen_contract::run::ApprovalDecided,
     ) {
         let mut st = self.lock();
         let id = st

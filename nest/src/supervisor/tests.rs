@@ -135,7 +135,7 @@ async fn a_run_for_an_instance_that_is_not_here_is_reported_interrupted() {
     let (sup, _, _reports) = supervisor(dir.path(), "/bin/false", 4);
     sup.assign(AssignedRun {
         run_id: "r1".into(),
-        attempt: 2,
+        attempt: 2.into(),
         task_id: "t1".into(),
         instance_id: "nope".into(),
         ..Default::default()
@@ -154,7 +154,7 @@ async fn a_run_for_an_instance_that_is_not_here_is_reported_interrupted() {
         ("r1", 2, 1, "run.interrupted", true)
     );
     match &ev.body {
-        agen_shared::run::RunEventBody::RunInterrupted(i) => {
+        agen_contract::run::RunEventBody::RunInterrupted(i) => {
             assert_eq!(i.reason, "instance nope is not running on nest n1")
         }
         other => panic!("not a run.interrupted: {other:?}"),
@@ -297,7 +297,7 @@ async fn a_second_hello_for_a_live_instance_is_refused_and_the_first_connection_
     // The real connection is still the instance's: a run reaches it.
     sup.assign(AssignedRun {
         run_id: "r1".into(),
-        attempt: 1,
+        attempt: 1.into(),
         task_id: "t1".into(),
         instance_id: "i1".into(),
         ..Default::default()

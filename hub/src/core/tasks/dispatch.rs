@@ -194,24 +194,27 @@ impl Core {
         }
         task.activity = format!("starting on instance {}", inst.instance_id);
         let assignment = RunAssignment {
-            run_id: task.run_id.clone(),
-            attempt: task.attempt,
-            task_id: task.task_id.clone(),
-            instance_id: inst.instance_id.clone(),
+            run_id: task.run_id.clone().into(),
+            attempt: task.attempt.into(),
+            task_id: task.task_id.clone().into(),
+            instance_id: inst.instance_id.clone().into(),
             namespace: task.namespace.clone(),
-            deployment: task.deployment.clone(),
+            deployment: task.deployment.clone().into(),
             input: task.input.clone(),
             labels: task.labels.clone(),
             conversation_id: task.conversation_id.clone(),
             conversation_key: task.conversation_key.clone(),
             root_run_id: if task.root_run_id.is_empty() {
-                task.run_id.clone()
+                task.run_id.clone().into()
             } else {
-                task.root_run_id.clone()
+                task.root_run_id.clone().into()
             },
             delegation_depth: task.delegation_depth,
             trace_id: crate::trace::trace_id(&task),
             bundle_digest: inst.bundle_digest.clone(),
+            // Deprecated on the wire: the context travels over `FetchRunContext`.
+            history_json: String::new(),
+            replay_json: String::new(),
             // A conversation (a key) may have a history, a later attempt has a replay: the
             // Nest fetches them (`core::run_context`); the store is not read here.
             context_by_fetch: !task.conversation_key.is_empty() || task.attempt > 1,

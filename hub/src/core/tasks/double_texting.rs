@@ -12,8 +12,8 @@
 //!   join the conversation, only a note (an assistant message) naming every side-effecting
 //!   call it completed, so the model does not unknowingly repeat one.
 
+use agen_contract::run::{kind, Message, RunEventBody};
 use agen_shared::bundle::DoubleTexting;
-use agen_shared::run::{kind, Message, RunEventBody};
 
 use crate::core::{Core, State};
 use crate::error::{HubError, Result};

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use agen_shared::run::{kind, RunEventBody, RunState};
+use agen_contract::run::{kind, RunEventBody, RunState};
 
 use crate::core::leases;
 use crate::core::leases::Requeue;

@@ -23,7 +23,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use agen_shared::run::{kind, RunEventBody};
+use agen_contract::run::{kind, RunEventBody};
 
 use crate::core::{Core, State};
 use crate::error::Result;

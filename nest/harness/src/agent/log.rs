@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use agen_shared::run::Message;
+use agen_contract::run::Message;
 use sha2::{Digest, Sha256};
 
 use super::AgentError;

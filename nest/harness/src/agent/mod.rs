@@ -28,8 +28,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use agen_contract::run::{ArtifactSaved, RunFinished, Usage};
 use agen_shared::bundle::BundleError;
-use agen_shared::run::{ArtifactSaved, RunFinished, Usage};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use agen_shared::run::{ArtifactSaved, TurnDelta, Usage};
+use agen_contract::run::{ArtifactSaved, TurnDelta, Usage};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -197,7 +197,7 @@ impl Drop for RunStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agen_shared::run::ModelAnswered;
+    use agen_contract::run::ModelAnswered;
 
     fn answered(input: u64, output: u64) -> RunEventBody {
         RunEventBody::ModelAnswered(ModelAnswered {

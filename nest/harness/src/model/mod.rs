@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-pub use agen_shared::run::{Message, ToolCall, Usage};
+pub use agen_contract::run::{Message, ToolCall, Usage};
 
 /// A tool offered to the model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -66,9 +66,9 @@ impl A2aError {
     }
 }
 
-// ---- wire types (proto JSON of a2a.proto v1.0; the data types are agen_shared::a2a) ----
+// ---- wire types (proto JSON of a2a.proto v1.0; the data types are agen_contract::a2a) ----
 
-pub use agen_shared::a2a::{Artifact, Message, Part, Role, Task, TaskState, TaskStatus};
+pub use agen_contract::a2a::{Artifact, Message, Part, Role, Task, TaskState, TaskStatus};
 
 /// The parts of an agent card this client reads.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

@@ -16,11 +16,11 @@
 //! approved with edited arguments (`approval.decided` `arguments`) is sent with those alone,
 //! and its result tells the model so ([`edited_note`]).
 
-use agen_shared::bundle::StoreToolArguments;
-use agen_shared::duration::format_duration;
-use agen_shared::run::{
+use agen_contract::run::{
     ApprovalDecided, ApprovalRequested, RunEventBody, RunSuspended, ToolFailure, WaitingFor,
 };
+use agen_shared::bundle::StoreToolArguments;
+use agen_shared::duration::format_duration;
 use serde_json::{Map, Value};
 use std::time::Duration;
 
@@ -44,7 +44,7 @@ pub struct ApprovalRequest {
     pub tool: String,
     /// The call's arguments, secrets redacted.
     pub arguments: Value,
-    /// [`agen_shared::run::call_digest`] of the tool and the whole arguments: a decision for
+    /// [`agen_contract::run::call_digest`] of the tool and the whole arguments: a decision for
     /// another digest does not decide this call.
     pub digest: String,
 }
@@ -180,7 +180,7 @@ impl Run<'_> {
             .h
             .gated_name(&call.name)
             .unwrap_or_else(|| call.name.clone());
-        let digest = agen_shared::run::call_digest(&tool, &call.arguments);
+        let digest = agen_contract::run::call_digest(&tool, &call.arguments);
         let decided = match self.recorded_decision(&call.id, &digest) {
             Some(d) => d,
             None => self.ask_approver(call, &tool, digest).await?,

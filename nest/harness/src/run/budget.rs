@@ -9,7 +9,7 @@
 
 use std::sync::Mutex;
 
-use agen_shared::run::Usage;
+use agen_contract::run::Usage;
 
 use super::{lock, RunAssignment, RunEventBody};
 
@@ -87,7 +87,7 @@ impl Spent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agen_shared::run::ModelAnswered;
+    use agen_contract::run::ModelAnswered;
     use pretty_assertions::assert_eq;
 
     fn answered(input: u64, output: u64) -> RunEventBody {

@@ -2,7 +2,7 @@
 //! `save_artifact` and `read_artifact` (on the harness's [`crate::artifacts::ArtifactStore`]).
 //! Never gated by config or permissions.
 
-use agen_shared::run::{ArtifactSaved, Progress, ToolCompleted, ToolFailure};
+use agen_contract::run::{ArtifactSaved, Progress, ToolCompleted, ToolFailure};
 use serde_json::{json, Value};
 
 use super::harness::Harness;

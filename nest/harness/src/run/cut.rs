@@ -2,7 +2,7 @@
 //! model and the run log, with a note saying how long it was and how to get the rest, and kept
 //! whole as an artifact when it fits the artifact limits.
 
-use agen_shared::run::ArtifactSaved;
+use agen_contract::run::ArtifactSaved;
 
 use super::state::Run;
 use super::RunEventBody;

@@ -16,8 +16,8 @@
 
 use std::time::{Duration, Instant};
 
+use agen_contract::run::{RunState, RunSuspended, ToolCompleted, ToolFailure, WaitingFor};
 use agen_shared::bundle::Delegate;
-use agen_shared::run::{RunState, RunSuspended, ToolCompleted, ToolFailure, WaitingFor};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 

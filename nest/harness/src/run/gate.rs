@@ -9,8 +9,8 @@
 //! to it anyway is answered with a tool error and recorded as `tool.failed` (`denied`); it never
 //! reaches its server or script.
 
+use agen_contract::run::ToolFailure;
 use agen_shared::bundle::{Permission, Permissions};
-use agen_shared::run::ToolFailure;
 
 use super::builtins::BUILTIN_LOAD_SKILL;
 use super::harness::Harness;

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use agen_shared::run::{
+use agen_contract::run::{
     KeenResult, KeenToolKind, ToolCompleted, ToolFailed, ToolFailure, ToolStarted,
 };
 use serde_json::Value;
@@ -373,7 +373,7 @@ impl Run<'_> {
                 )
             }),
             keen_kind: Some(kind),
-            span_id: Some(agen_shared::run::trace::tool_span_id(
+            span_id: Some(agen_contract::run::trace::tool_span_id(
                 self.req.run_id.as_str(),
                 self.req.attempt,
                 call_id,

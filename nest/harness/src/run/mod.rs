@@ -51,7 +51,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-pub use agen_shared::run::{
+pub use agen_contract::run::{
     kind as event, Message, ResponseType, RunAssignment, RunEventBody, RunId, RunState,
     RunSuspended, TaskId, WaitingFor,
 };

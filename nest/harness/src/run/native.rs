@@ -1,7 +1,7 @@
 //! The native dialect's loop: tools in the request, `tool_calls` in the reply, results as tool
 //! messages in the order the calls were asked; and its resume from the log of earlier attempts.
 
-use agen_shared::run::{ToolFailed, ToolFailure};
+use agen_contract::run::{ToolFailed, ToolFailure};
 
 use super::output::AnswerCheck;
 use super::replay::{effect_unknown_message, Replay};

@@ -25,7 +25,7 @@ const RETRY_PREFIX: &str = "Your answer does not match the required output schem
 
 /// The task's own schema (`agen submit --output-schema`), compiled. The Hub checked that it
 /// compiles; one that does not (an older or foreign Hub) is logged and the bundle's is used.
-pub(super) fn task_schema(req: &agen_shared::run::RunAssignment) -> Option<OutputSchema> {
+pub(super) fn task_schema(req: &agen_contract::run::RunAssignment) -> Option<OutputSchema> {
     let schema = req.output_schema.clone()?;
     match OutputSchema::new("--output-schema", schema) {
         Ok(s) => Some(s),

@@ -16,8 +16,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use agen_contract::run::{RemoteTaskStarted, ToolFailure};
 use agen_shared::bundle::{delegate_token_with_secrets, Bundle, Delegate, RemoteAgent};
-use agen_shared::run::{RemoteTaskStarted, ToolFailure};
 
 use super::a2a_client::{message_text, reply_text, A2aClient, A2aError, Task, TaskState};
 use super::state::Run;

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use agen_shared::run::{KeenResult, ToolFailure};
+use agen_contract::run::{KeenResult, ToolFailure};
 
 use super::{Message, RunEnd, RunEventBody};
 use crate::keen::ToolResult;

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use agen_contract::run::{trace, Activity, Progress, RunFinished, RunSuspended};
 use agen_shared::bundle::StoreToolArguments;
-use agen_shared::run::{trace, Activity, Progress, RunFinished, RunSuspended};
 use tokio_util::sync::CancellationToken;
 
 use super::budget::TokenBudget;

@@ -14,8 +14,8 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use agen_contract::run::{trace, ToolCompleted, ToolFailed, ToolFailure, ToolStarted};
 use agen_shared::bundle::Bundle;
-use agen_shared::run::{trace, ToolCompleted, ToolFailed, ToolFailure, ToolStarted};
 use serde_json::Value;
 
 use super::approval::edited_note;

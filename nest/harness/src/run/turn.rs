@@ -3,7 +3,7 @@
 //! whole context); and the model as a Keen flow's `agent` nodes
 //! see it.
 
-use agen_shared::run::{ModelAnswered, ModelRequested};
+use agen_contract::run::{ModelAnswered, ModelRequested};
 
 use super::state::Run;
 use super::{lock, Message, RunEnd, RunEventBody};

@@ -578,7 +578,7 @@ impl RunEventBody {
             return Err(BodyError {
                 kind: kind.to_string(),
                 detail: format!(
-                    "its fields are not those of {kind} (see agen_shared::run::RunEventBody)"
+                    "its fields are not those of {kind} (see agen_contract::run::RunEventBody)"
                 ),
             });
         }

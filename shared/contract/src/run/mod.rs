@@ -20,6 +20,7 @@ mod body;
 mod delta;
 mod ids;
 mod message;
+mod order;
 pub mod trace;
 pub mod wire;
 
@@ -32,6 +33,7 @@ pub use delta::*;
 pub const DRAINING_NOTE: &str = "draining: kept for runs that started on this version";
 pub use ids::*;
 pub use message::*;
+pub use order::*;
 
 #[cfg(test)]
 mod tests;
@@ -85,9 +87,9 @@ pub struct RunAssignment {
     #[serde(default)]
     pub replay: Vec<RunEventBody>,
     /// The task's tool overrides (`agen submit --allow-tool/--ask-tool/--deny-tool`): they only
-    /// narrow the bundle's permissions (see [`crate::bundle::Permissions::decide_narrowed`]).
+    /// narrow the bundle's permissions (see [`agen_shared::bundle::Permissions::decide_narrowed`]).
     #[serde(default)]
-    pub tool_overrides: crate::bundle::Permissions,
+    pub tool_overrides: agen_shared::bundle::Permissions,
     /// The run's W3C trace id when the Hub set one (a caller's traceparent); empty: derived
     /// from the run id (`trace::trace_id`).
     #[serde(default)]
