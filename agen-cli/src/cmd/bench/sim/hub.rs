@@ -1,10 +1,11 @@
 //! The Hub the simulated fleet drives: an `agen hub` this command starts in its own process
-//! (own process group, data under the simulator's folder, loopback port 0, the connection caps
+//! (data under the simulator's folder, loopback port 0, the connection caps
 //! raised for N Nests on one address) or one already running (`--hub URL`), and what `/proc`
 //! says about that process (RSS, CPU time, open file descriptors) and the size of its store.
 //!
-//! Invariants: a Hub started here is stopped (SIGTERM to its group, SIGKILL after 10 s) before
-//! the command returns, and never writes the user's client config (`AGEN_CONFIG` points into
+//! Invariants: a Hub started here stays in this command's process group (a signal to the group,
+//! a test's guard, stops both) and is stopped (SIGTERM, SIGKILL after 10 s) before the command
+//! returns; it never writes the user's client config (`AGEN_CONFIG` points into
 //! the simulator's folder); no fixed port.
 
 use std::path::{Path, PathBuf};
@@ -63,7 +64,6 @@ impl HubProc {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
-            .process_group(0)
             .kill_on_drop(true);
         let mut child = cmd.spawn().context("cannot start agen hub")?;
         let pid = child.id();
@@ -139,24 +139,20 @@ impl HubProc {
         Some(dir_bytes(&self.data_dir.as_ref()?.join("db")))
     }
 
-    /// Stops a Hub this command started (SIGTERM to its group, SIGKILL after 10 s).
+    /// Stops a Hub this command started (SIGTERM, SIGKILL after 10 s).
     pub async fn stop(mut self) {
         let Some(mut child) = self.child.take() else {
             return;
         };
         if let Some(pid) = child.id() {
-            let group = nix::unistd::Pid::from_raw(-(pid as i32));
-            let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGTERM);
+            let pid = nix::unistd::Pid::from_raw(pid as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         }
         if tokio::time::timeout(Duration::from_secs(10), child.wait())
             .await
             .is_err()
         {
-            if let Some(pid) = child.id() {
-                let group = nix::unistd::Pid::from_raw(-(pid as i32));
-                let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
-            }
-            let _ = child.wait().await;
+            let _ = child.kill().await;
         }
     }
 }
