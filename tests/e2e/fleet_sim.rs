@@ -175,3 +175,32 @@ fn the_fleet_simulator_kills_a_nest_mid_run_and_every_task_succeeds_with_no_effe
         "{text}"
     );
 }
+
+/// A Hub started with a low soft open-file limit raises it to the hard one (each Nest holds a
+/// connection; the units set `LimitNOFILE`).
+#[test]
+fn the_hub_raises_its_soft_open_file_limit_to_the_hard_limit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new("prlimit");
+    cmd.arg("--nofile=256:")
+        .arg(agen_bin())
+        .args(["hub", "--data-dir"])
+        .arg(tmp.path().join("hub"))
+        .args(["--listen", "127.0.0.1:0"])
+        .env("AGEN_CONFIG", tmp.path().join("client.toml"));
+    let hub = agen_tests::Proc::spawn("hub", cmd, &tmp.path().join("hub.log")).unwrap();
+    agen_tests::wait_for("the hub to listen", Duration::from_secs(60), || {
+        tmp.path().join("hub/client.toml").exists().then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}: {}", hub.log_text()));
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", hub.pid())).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let f: Vec<&str> = line.split_whitespace().collect();
+    // "Max open files  SOFT  HARD  files"
+    let (soft, hard) = (f[3], f[4]);
+    assert_eq!(soft, hard, "{line}");
+    assert_ne!(soft, "256", "{line}");
+}

@@ -105,7 +105,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     if args.task_rate <= 0.0 || !(0.0..=100.0).contains(&args.kill_percent) {
         bail!("--task-rate must be above 0 and --kill-percent within 0..=100");
     }
-    raise_nofile();
+    // Every simulated Nest holds a connection.
+    crate::cmd::raise_open_file_limit();
     let root = std::env::temp_dir().join(format!("agen-fleet-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
     let result = simulate(&args, &root).await;
@@ -185,21 +186,4 @@ async fn simulate(args: &Args, root: &std::path::Path) -> anyhow::Result<Report>
 
 fn n_dir(root: &std::path::Path, i: usize) -> PathBuf {
     root.join("nests").join(i.to_string())
-}
-
-/// Raises this process's soft open-file limit to its hard limit: every simulated Nest holds
-/// a connection.
-#[allow(unsafe_code)]
-fn raise_nofile() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit only read and write the struct passed by pointer.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
 }
