@@ -87,7 +87,7 @@ pub async fn all(
             "agen bench fleet: {} tasks at {}/s, killing {}% of the nests mid-run",
             args.tasks, args.task_rate, args.kill_percent
         );
-        let (tasks, kill) = tasks(args, hub, &mut api, nests, shared, &peak).await?;
+        let (tasks, kill) = tasks(args, replicas, hub, &mut api, nests, shared, &peak).await?;
         report.tasks = tasks;
         report.kill = kill;
     }
@@ -146,6 +146,23 @@ async fn join(
     })
 }
 
+/// The deployments that hold `replicas` (a deployment has at most
+/// [`agen_hub::core::MAX_REPLICAS`]): their names and replicas, the last one taking the rest.
+fn deployments(replicas: u32) -> Vec<(String, u32)> {
+    let max = agen_hub::core::MAX_REPLICAS.max(1);
+    let n = replicas.div_ceil(max).max(1);
+    (0..n)
+        .map(|i| {
+            let r = if i + 1 == n {
+                replicas - max * (n - 1)
+            } else {
+                max
+            };
+            (format!("{DEPLOYMENT}-{i}"), r)
+        })
+        .collect()
+}
+
 async fn place(
     args: &Args,
     api: &mut Hub,
@@ -159,9 +176,17 @@ async fn place(
     super::super::fleet::write_bundle(&bundle, "http://127.0.0.1:9/v1", &bundle)?;
     let before = shared.stats.counts().placements;
     let t0 = Instant::now();
-    let dep = crate::cmd::deploy::deploy(api, &bundle, DEPLOYMENT, replicas, 1, &[]).await;
+    let mut deps = Vec::new();
+    for (name, r) in deployments(replicas) {
+        match crate::cmd::deploy::deploy(api, &bundle, &name, r, 1, &[]).await {
+            Ok(d) => deps.push(d),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&bundle);
+                return Err(e);
+            }
+        }
+    }
     let _ = std::fs::remove_dir_all(&bundle);
-    let dep = dep?;
     let want = u64::from(replicas);
     until("every replica being placed", args.timeout, || {
         shared.stats.counts().placements - before >= want
@@ -174,25 +199,33 @@ async fn place(
     let seconds = last.duration_since(t0).as_secs_f64();
     let mut all_ready = None;
     let deadline = Instant::now() + args.timeout;
-    while Instant::now() < deadline {
-        let d = api
-            .client
-            .get_deployment(pb::GetDeploymentRequest {
-                namespace: dep.namespace.clone(),
-                name: dep.name.clone(),
-            })
-            .await
-            .map_err(|s| status_error(api, s))?
-            .into_inner()
-            .deployment;
-        if d.is_some_and(|d| d.ready_replicas >= replicas) {
+    'poll: while Instant::now() < deadline {
+        let mut ready = 0;
+        for dep in &deps {
+            let d = api
+                .client
+                .get_deployment(pb::GetDeploymentRequest {
+                    namespace: dep.namespace.clone(),
+                    name: dep.name.clone(),
+                })
+                .await
+                .map_err(|s| status_error(api, s))?
+                .into_inner()
+                .deployment;
+            let Some(d) = d.filter(|d| d.ready_replicas >= dep.replicas) else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue 'poll;
+            };
+            ready += d.ready_replicas;
+        }
+        if ready >= replicas {
             all_ready = Some(t0.elapsed().as_secs_f64());
             break;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Ok(Placement {
         replicas,
+        deployments: deps.len(),
         placed: shared.stats.counts().placements - before,
         seconds,
         per_second: want as f64 / seconds.max(1e-9),
@@ -225,6 +258,7 @@ async fn steady(args: &Args, hub: &HubProc, shared: &Arc<Shared>, peak: &Peak) -
 
 async fn tasks(
     args: &Args,
+    replicas: u32,
     hub: &HubProc,
     api: &mut Hub,
     nests: &[SimNest],
@@ -234,10 +268,14 @@ async fn tasks(
     let (c0, s0) = (shared.stats.counts(), peak.sample(hub));
     let submitted: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let t0 = Instant::now();
+    let names: Vec<String> = deployments(replicas)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
     let submitter = tokio::spawn(submit_all(
         hub.client.clone(),
-        args.tasks,
-        args.task_rate,
+        names,
+        (args.tasks, args.task_rate),
         submitted.clone(),
     ));
     // Kill once half the tasks have started: the Nests holding the most runs.
@@ -374,12 +412,12 @@ async fn tasks(
     ))
 }
 
-/// Submits `n` tasks at `rate` per second (each from its own task, so a slow answer does not
+/// Submits `n` tasks at `rate` per second, round-robin over `deployments` (each from its own task, so a slow answer does not
 /// slow the rate), recording when each was submitted; returns their ids.
 async fn submit_all(
     client: crate::client::ClientArgs,
-    n: usize,
-    rate: f64,
+    deployments: Vec<String>,
+    (n, rate): (usize, f64),
     submitted: Arc<Mutex<HashMap<String, Instant>>>,
 ) -> anyhow::Result<Vec<String>> {
     let hub = client.connect()?;
@@ -388,12 +426,13 @@ async fn submit_all(
     for i in 0..n {
         tokio::time::sleep_until(t0 + Duration::from_secs_f64(i as f64 / rate)).await;
         let (mut c, ns, submitted) = (hub.client.clone(), hub.namespace.clone(), submitted.clone());
+        let deployment = deployments[i % deployments.len().max(1)].clone();
         calls.spawn(async move {
             let at = Instant::now();
             let t = c
                 .submit_task(pb::SubmitTaskRequest {
                     namespace: ns,
-                    deployment: DEPLOYMENT.into(),
+                    deployment,
                     input: format!("simulated task {i}"),
                     client_request_id: uuid::Uuid::new_v4().to_string(),
                     ..Default::default()

@@ -34,6 +34,8 @@ pub struct Join {
 #[derive(Debug, Default, Serialize)]
 pub struct Placement {
     pub replicas: u32,
+    /// Deployments holding them (at most 1,000 replicas each).
+    pub deployments: usize,
     /// `PlaceInstance` messages the Nests received.
     pub placed: u64,
     /// From the deploy call to the last placement.
