@@ -174,7 +174,7 @@ async fn simulate(args: &Args, root: &std::path::Path) -> anyhow::Result<Report>
         })
         .collect();
     for n in &nests {
-        std::fs::create_dir_all(&n_dir(root, n.index))?;
+        std::fs::create_dir_all(n_dir(root, n.index))?;
     }
     let result = phases::all(args, &hub, &nests, &shared).await;
     for n in &nests {

@@ -52,11 +52,14 @@ struct SimInstance {
 /// A run's acks: the highest acked seq, and whether its attempt was fenced.
 pub type AckRx = watch::Receiver<(u64, bool)>;
 
+/// Where the acks of each `(run_id, attempt)` go.
+type AckMap = HashMap<(String, u32), watch::Sender<(u64, bool)>>;
+
 /// What a simulated Nest holds, shared by its session and its runs.
 #[derive(Default)]
 pub struct NestState {
     instances: Mutex<BTreeMap<String, SimInstance>>,
-    acks: Mutex<HashMap<(String, u32), watch::Sender<(u64, bool)>>>,
+    acks: Mutex<AckMap>,
     registered: AtomicBool,
 }
 
@@ -65,9 +68,7 @@ impl NestState {
         self.instances.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn acks(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(String, u32), watch::Sender<(u64, bool)>>> {
+    fn acks(&self) -> std::sync::MutexGuard<'_, AckMap> {
         self.acks.lock().unwrap_or_else(|p| p.into_inner())
     }
 

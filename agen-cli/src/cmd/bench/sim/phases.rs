@@ -464,7 +464,6 @@ async fn succeeded(api: &mut Hub, ids: &[String]) -> anyhow::Result<usize> {
                 c.get_task(pb::GetTaskRequest {
                     namespace: ns,
                     task_id: id.clone(),
-                    ..Default::default()
                 })
                 .await
             }
