@@ -4,3 +4,4 @@
 
 pub mod metrics_http;
 pub mod peer_uid;
+mod sock_diag;

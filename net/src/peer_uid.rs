@@ -1,5 +1,5 @@
-//! Who owns the other end of a TCP connection from this host: the uid of the client socket, read
-//! from `/proc/net/tcp{,6}` (the client's own socket is the line whose local address is the
+//! Who owns the other end of a TCP connection from this host: the uid of the client socket, asked
+//! of the kernel by address (`sock_diag`), else read from `/proc/net/tcp{,6}` (the client's own socket is the line whose local address is the
 //! peer's and whose remote address is ours). Both daemons use it to refuse local processes of an
 //! instance or tool-server uid (a Nest's `--run-uids`): the Nest's and the Hub's `/metrics`
 //! listeners and the Hub's gRPC/A2A port.
@@ -74,6 +74,15 @@ pub fn unmapped(ip: IpAddr) -> IpAddr {
 /// line in `/proc/net/tcp` or `tcp6` has local = `peer`, remote = `local`); `None` when no
 /// process of this network namespace holds it.
 pub fn socket_owner(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
+    let (src, dst) = (
+        (unmapped(peer.ip()), peer.port()),
+        (unmapped(local.ip()), local.port()),
+    );
+    // The kernel's lookup by address first; `/proc` only when netlink cannot answer.
+    match crate::sock_diag::owner(src, dst) {
+        Ok(found) => return found,
+        Err(e) => tracing::debug!("{}; reading /proc/net/tcp instead", e.0),
+    }
     let want = (
         unmapped(peer.ip()),
         peer.port(),

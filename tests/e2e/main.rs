@@ -25,6 +25,7 @@ mod deploy;
 mod disk_full;
 mod double_texting;
 mod fleet;
+mod fleet_sim;
 mod grpc_metrics;
 mod guides;
 mod hostile_bundle;

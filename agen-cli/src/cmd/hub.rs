@@ -396,6 +396,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     }
     // Everything this daemon and its children create is private to its user (umask 077).
     agen_shared::private::restrict_umask();
+    crate::cmd::raise_open_file_limit();
     if let Err(e) = agen_shared::telemetry::filter_for(args.log_level.as_deref(), "info") {
         eprintln!("error: --log-level: {e}");
         return Ok(64);

@@ -106,6 +106,25 @@ pub fn cancel_on_signals(token: CancellationToken) {
 
 /// Writes `cfg` as `<data_dir>/client.toml`, and as the user's client config when there is
 /// none yet (or when the existing one points at this same data dir's CA).
+/// Raises this process's soft open-file limit to its hard limit (the units set
+/// `LimitNOFILE`): a Hub holds a connection per Nest and client, a Nest one per instance and
+/// tool server, and the soft default (often 1024) is reached long before the hard one. A
+/// failure leaves the limit as it was.
+#[allow(unsafe_code)]
+pub fn raise_open_file_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed by pointer.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
 pub fn write_client_config(cfg: &ClientConfig, data_dir: &Path) -> anyhow::Result<()> {
     cfg.write(&data_dir.join("client.toml"))?;
     let path = ClientConfig::default_path();

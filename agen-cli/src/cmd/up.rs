@@ -53,6 +53,7 @@ pub fn default_data_dir() -> PathBuf {
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     // Everything the Hub, the Nests and their children create is private to this user.
     agen_shared::private::restrict_umask();
+    crate::cmd::raise_open_file_limit();
     agen_shared::telemetry::init_with("info", args.log_format);
     let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
     agen_shared::private::prepare_data_dir(&data_dir).with_context(|| {

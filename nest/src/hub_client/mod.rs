@@ -237,7 +237,14 @@ async fn nest_identity(
             let csr = tls::nest_csr_for_key(&key, &nest_id).map_err(|e| trust(e.to_string()))?;
             (key, csr)
         }
-        None => tls::nest_key_and_csr(&nest_id).map_err(|e| trust(e.to_string()))?,
+        None => {
+            // Stored before the Join leaves: a Join the Hub bound but whose answer was lost
+            // (a timeout under load) is retried with the same key, which the Hub renews;
+            // a new key would be refused for good as another Nest's.
+            let (key, csr) = tls::nest_key_and_csr(&nest_id).map_err(|e| trust(e.to_string()))?;
+            tls::write_private(&key_path, key.as_bytes()).map_err(|e| trust(e.to_string()))?;
+            (key, csr)
+        }
     };
     let joining = endpoint
         .tls_config(tls_config)
@@ -261,7 +268,6 @@ async fn nest_identity(
                     "join: the hub returned a certificate that is not for nest {nest_id} or not signed by the pinned CA"
                 )));
             }
-            tls::write_private(&key_path, key.as_bytes()).map_err(|e| trust(e.to_string()))?;
             tls::write_private(&cert_path, cert.as_bytes()).map_err(|e| trust(e.to_string()))?;
             tracing::info!(nest_id = %nest_id, path = %cert_path.display(), "joined the hub: stored the nest certificate");
             Ok(Some((cert, key)))
@@ -493,6 +499,30 @@ mod tests {
             }
         });
         addr
+    }
+
+    /// A Join whose answer never comes (a Hub that takes the handshake and then says nothing
+    /// gRPC) leaves the Nest's key stored, so the next try asks for the same key the Hub may
+    /// have bound already, and the key is not replaced by that try.
+    #[tokio::test]
+    async fn the_nest_key_is_stored_before_its_join_so_a_retry_keeps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = tls::load_or_create_hub_tls(dir.path(), &[]).unwrap();
+        let addr = serve_tls(&hub).await;
+        let url = format!("https://127.0.0.1:{}", addr.port());
+        let token = tls::JoinToken::generate(&hub.ca_sha256).to_string();
+        let mut opts = NestOptions::new(url, token);
+        opts.data_dir = dir.path().join("nest");
+        std::fs::create_dir_all(&opts.data_dir).unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(30), client(&opts)).await;
+        assert!(
+            !matches!(first, Ok(Ok(_))),
+            "a Hub that answers nothing gave a client"
+        );
+        let key = std::fs::read_to_string(opts.key_file()).expect("nest.key stored before Join");
+        let second = tokio::time::timeout(Duration::from_secs(30), client(&opts)).await;
+        assert!(!matches!(second, Ok(Ok(_))));
+        assert_eq!(std::fs::read_to_string(opts.key_file()).unwrap(), key);
     }
 
     #[tokio::test]

@@ -27,6 +27,7 @@ mod load;
 mod metrics;
 mod raw;
 mod report;
+pub mod sim;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -44,7 +45,11 @@ pub use report::Summary;
 
 /// Arguments of `agen bench`.
 #[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
+    /// `agen bench fleet`: the fleet simulator (without: the single-Nest load benchmark)
+    #[command(subcommand)]
+    pub command: Option<BenchCommand>,
     /// Number of measured tasks
     #[arg(long, default_value_t = 200)]
     pub tasks: usize,
@@ -93,6 +98,14 @@ pub struct Args {
     pub output: Output,
 }
 
+/// The benchmarks beside the default one.
+#[derive(Debug, clap::Subcommand)]
+pub enum BenchCommand {
+    /// Simulate N Nests (real mTLS clients, one process) against a real `agen hub` and measure
+    /// joins, placements, dispatch, a Nest kill and the Hub's cost at that size
+    Fleet(sim::Args),
+}
+
 /// Which `agen mcp workspace` tool the benchmark calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BenchTool {
@@ -137,7 +150,10 @@ const BASELINE_DEPLOYMENT: &str = "bench-baseline";
 const READ_FILE: &str = "notes.md";
 const WRITE_FILE: &str = "bench-out.txt";
 
-pub async fn run(args: Args) -> anyhow::Result<i32> {
+pub async fn run(mut args: Args) -> anyhow::Result<i32> {
+    if let Some(BenchCommand::Fleet(fleet)) = args.command.take() {
+        return sim::run(fleet).await;
+    }
     agen_shared::telemetry::init("warn");
     if args.tasks == 0 || args.concurrency == 0 {
         bail!("--tasks and --concurrency must be at least 1");
