@@ -298,19 +298,19 @@ async fn handle(
         }
         HubMsg::AssignRun(a) => {
             let a = convert::assigned_run(a);
-            let here = match state.instances().get_mut(&a.instance_id) {
+            let here = match state.instances().get_mut(a.instance_id.as_str()) {
                 Some(i) => {
                     let attempt = RunAttempt {
-                        run_id: a.run_id.clone(),
-                        attempt: a.attempt,
+                        run_id: a.run_id.0.clone(),
+                        attempt: a.attempt.0,
                     };
-                    i.runs.push((attempt, a.task_id.clone()));
+                    i.runs.push((attempt, a.task_id.0.clone()));
                     true
                 }
                 None => false,
             };
-            shared.stats.assigned(&a.task_id, a.attempt, index);
-            let acks = state.watch_acks(&a.run_id, a.attempt);
+            shared.stats.assigned(a.task_id.as_str(), a.attempt.0, index);
+            let acks = state.watch_acks(a.run_id.as_str(), a.attempt.0);
             let ctx = super::runs::RunCtx {
                 client: client.clone(),
                 tx: tx.clone(),

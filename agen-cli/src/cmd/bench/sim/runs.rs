@@ -17,7 +17,7 @@ use agen_nest::hub_client::{convert, HubClient};
 use agen_nest::model::{AssignedRun, EventBatch, RunEvent};
 use agen_proto::v1::nest_message::Msg as NestMsg;
 use agen_proto::v1::NestMessage;
-use agen_shared::run::{
+use agen_contract::run::{
     ModelAnswered, ModelRequested, ResponseType, RunEventBody, RunFinished, RunInterrupted,
     RunState, ToolCompleted, ToolFailed, ToolFailure, ToolStarted,
 };
@@ -57,10 +57,10 @@ impl Emitter<'_> {
             .map(|(i, body)| {
                 self.seq += 1;
                 RunEvent {
-                    run_id: self.a.run_id.clone(),
-                    attempt: self.a.attempt,
+                    run_id: self.a.run_id.0.clone(),
+                    attempt: self.a.attempt.0,
                     seq: self.seq,
-                    task_id: self.a.task_id.clone(),
+                    task_id: self.a.task_id.0.clone(),
                     at_ms: chrono::Utc::now().timestamp_millis(),
                     body,
                     sync: wait && i + 1 == n,
@@ -68,7 +68,7 @@ impl Emitter<'_> {
             })
             .collect();
         let batch = EventBatch {
-            instance_id: self.a.instance_id.clone(),
+            instance_id: self.a.instance_id.0.clone(),
             events,
         };
         let msg = NestMessage {
@@ -123,16 +123,16 @@ pub async fn run(mut ctx: RunCtx, a: AssignedRun, here: bool) {
         });
         out.send(vec![body], true).await;
         shared.stats.interrupted.fetch_add(1, Ordering::Relaxed);
-        state.run_ended(&a.instance_id, &a.run_id, a.attempt);
+        state.run_ended(a.instance_id.as_str(), a.run_id.as_str(), a.attempt.0);
         return;
     }
     let replay = if a.context_by_fetch {
         match agen_nest::run_context::fetch_or_interrupt(out.ctx.client.clone(), &a).await {
-            Ok(c) => agen_shared::run::wire::replay(&c.replay),
+            Ok(c) => agen_contract::run::wire::replay(&c.replay),
             Err(ev) => {
                 out.send(vec![ev.body], true).await;
                 shared.stats.interrupted.fetch_add(1, Ordering::Relaxed);
-                state.run_ended(&a.instance_id, &a.run_id, a.attempt);
+                state.run_ended(a.instance_id.as_str(), a.run_id.as_str(), a.attempt.0);
                 return;
             }
         }
@@ -180,7 +180,7 @@ pub async fn run(mut ctx: RunCtx, a: AssignedRun, here: bool) {
         if !out.send(vec![answered(1), start], true).await {
             return;
         }
-        shared.stats.executed(&a.task_id);
+        shared.stats.executed(a.task_id.as_str());
         let done = RunEventBody::ToolCompleted(ToolCompleted {
             call_id: CALL_ID.into(),
             tool: TOOL.into(),
@@ -204,7 +204,7 @@ pub async fn run(mut ctx: RunCtx, a: AssignedRun, here: bool) {
         .send(vec![requested(2), answered(2), finished], true)
         .await
     {
-        shared.stats.finished(&a.task_id, a.attempt);
+        shared.stats.finished(a.task_id.as_str(), a.attempt.0);
     }
-    state.run_ended(&a.instance_id, &a.run_id, a.attempt);
+    state.run_ended(a.instance_id.as_str(), a.run_id.as_str(), a.attempt.0);
 }
