@@ -57,7 +57,6 @@ fn healthy(l: &[Value], name: &str) -> bool {
 }
 
 #[test]
-#[ignore = "known race (issue 42 item 1): the instance sees its OOM-killed tool server die and stops before the Nest's 200 ms OOM check attributes it, so ps does not say why"]
 fn a_tool_server_past_its_memory_limit_is_killed_said_by_ps_and_its_run_resumes() {
     let tmp = tempfile::tempdir().unwrap();
     let hub = HubProcess::start(tmp.path()).unwrap();

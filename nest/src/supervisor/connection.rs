@@ -143,10 +143,11 @@ impl Supervisor {
         }
     }
 
-    pub(super) fn on_message(&self, id: &str, msg: ToNest) {
-        match msg {
-            ToNest::Hello { .. } => {}
-            ToNest::Status(s) => self.update(id, |r| {
+    /// An instance's status: its report updated; a tool server it says was killed by SIGKILL
+    /// has the OOM watch look at once (see `resources`).
+    fn on_status(&self, id: &str, s: crate::socket::InstanceStatus) {
+        let mut died = Vec::new();
+        self.update(id, |r| {
                 if r.state == InstanceState::Stopping {
                     return;
                 }
@@ -157,11 +158,12 @@ impl Supervisor {
                 };
                 r.healthy = s.state == HostState::Running;
                 r.tools_loaded = s.tools_loaded;
-                r.servers_not_connected = s
+                died = s
                     .servers_not_connected
                     .into_iter()
                     .map(|(server, reason)| ServerProblem { server, reason })
                     .collect();
+                r.servers_not_connected = died.clone();
                 r.tools = s.tools;
                 r.message = s.message;
                 r.active_runs = s.active_runs;
@@ -176,7 +178,16 @@ impl Supervisor {
                         );
                     }
                 }
-            }),
+        });
+        self.server_killed(id, &died);
+    }
+
+    pub(super) fn on_message(&self, id: &str, msg: ToNest) {
+        match msg {
+            ToNest::Hello { .. } => {}
+            ToNest::Status(s) => {
+                self.on_status(id, s);
+            }
             ToNest::Event(e) => {
                 {
                     let mut st = self.lock();
