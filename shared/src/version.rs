@@ -26,7 +26,7 @@ pub struct Protocol {
 
 impl Protocol {
     /// The protocol this build speaks.
-    pub const CURRENT: Protocol = Protocol { major: 1, minor: 1 };
+    pub const CURRENT: Protocol = Protocol { major: 1, minor: 2 };
 
     /// The protocol this process speaks: [`Protocol::CURRENT`] unless `AGEN_PROTOCOL_VERSION`
     /// names another (an unreadable value is ignored, with the current one spoken).

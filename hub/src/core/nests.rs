@@ -114,6 +114,7 @@ impl Core {
                 last_heartbeat_ms: now,
                 registered_at_ms,
                 cordoned,
+                config_cordon: st.nests.get(&reg.nest_id).is_some_and(|n| n.config_cordon),
                 separation: reg.separation.clone(),
                 network: reg.network.clone(),
                 draining_until_ms,
