@@ -21,11 +21,15 @@ fn reload(hub: &HubProcess, nest: &NestProcess, file: &Path, text: &str, want: (
     std::fs::write(file, text).unwrap();
     kill(Pid::from_raw(nest.proc.pid() as i32), Signal::SIGHUP).unwrap();
     let mut last = Value::Null;
-    wait_for("agen nests to show the reload", Duration::from_secs(20), || {
-        let n = nest_of(hub, &nest.name)?;
-        last = n.clone();
-        (n["labels"] == want.0 && n["cordoned"] == want.1).then_some(())
-    })
+    wait_for(
+        "agen nests to show the reload",
+        Duration::from_secs(20),
+        || {
+            let n = nest_of(hub, &nest.name)?;
+            last = n.clone();
+            (n["labels"] == want.0 && n["cordoned"] == want.1).then_some(())
+        },
+    )
     .unwrap_or_else(|e| panic!("{e}: {last}\nnest log:\n{}", nest.proc.log_text()));
 }
 
@@ -57,7 +61,9 @@ fn sighup_applies_a_nests_labels_and_cordon_and_an_api_uncordon_wins_until_the_f
     );
     let log = nest.proc.log_text();
     assert!(
-        log.contains("applied without a restart: cordon false -> true; label zone=eu-1 -> zone=eu-2,gpu=yes"),
+        log.contains(
+            "applied without a restart: cordon false -> true; label zone=eu-1 -> zone=eu-2,gpu=yes"
+        ),
         "{log}"
     );
     assert!(
@@ -68,7 +74,11 @@ fn sighup_applies_a_nests_labels_and_cordon_and_an_api_uncordon_wins_until_the_f
 
     // The API's uncordon wins over the file's unchanged `cordon = true`...
     let out = hub.cli(&["nests", "uncordon", "hup"]).unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     reload(
         &hub,
         &nest,
