@@ -158,7 +158,10 @@ fn set_node(new: &Effective, live: &Live) -> Result<(), String> {
     let Some(settings) = &live.nest else {
         return Err("no labels on this daemon".into());
     };
-    let labels = new.get("label").map(|s| s.values.clone()).unwrap_or_default();
+    let labels = new
+        .get("label")
+        .map(|s| s.values.clone())
+        .unwrap_or_default();
     let labels = crate::cmd::nest::parse_labels(&labels)?;
     let cordon = new
         .get("cordon")

@@ -148,36 +148,36 @@ impl Supervisor {
     fn on_status(&self, id: &str, s: crate::socket::InstanceStatus) {
         let mut died = Vec::new();
         self.update(id, |r| {
-                if r.state == InstanceState::Stopping {
-                    return;
+            if r.state == InstanceState::Stopping {
+                return;
+            }
+            r.state = match s.state {
+                HostState::Starting => InstanceState::Starting,
+                HostState::Running => InstanceState::Running,
+                HostState::Unhealthy => InstanceState::Unhealthy,
+            };
+            r.healthy = s.state == HostState::Running;
+            r.tools_loaded = s.tools_loaded;
+            died = s
+                .servers_not_connected
+                .into_iter()
+                .map(|(server, reason)| ServerProblem { server, reason })
+                .collect();
+            r.servers_not_connected = died.clone();
+            r.tools = s.tools;
+            r.message = s.message;
+            r.active_runs = s.active_runs;
+            for (server, pid) in &s.server_pids {
+                if let Ok(pgid) = i32::try_from(*pid) {
+                    self.children.record(
+                        &format!("{id}/{server}"),
+                        ChildRecord {
+                            what: format!("tool server {server} of instance {id}"),
+                            pgid,
+                        },
+                    );
                 }
-                r.state = match s.state {
-                    HostState::Starting => InstanceState::Starting,
-                    HostState::Running => InstanceState::Running,
-                    HostState::Unhealthy => InstanceState::Unhealthy,
-                };
-                r.healthy = s.state == HostState::Running;
-                r.tools_loaded = s.tools_loaded;
-                died = s
-                    .servers_not_connected
-                    .into_iter()
-                    .map(|(server, reason)| ServerProblem { server, reason })
-                    .collect();
-                r.servers_not_connected = died.clone();
-                r.tools = s.tools;
-                r.message = s.message;
-                r.active_runs = s.active_runs;
-                for (server, pid) in &s.server_pids {
-                    if let Ok(pgid) = i32::try_from(*pid) {
-                        self.children.record(
-                            &format!("{id}/{server}"),
-                            ChildRecord {
-                                what: format!("tool server {server} of instance {id}"),
-                                pgid,
-                            },
-                        );
-                    }
-                }
+            }
         });
         self.server_killed(id, &died);
     }

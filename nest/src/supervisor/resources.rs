@@ -101,7 +101,10 @@ impl Supervisor {
     /// A stopped instance's OOM kill (counted by [`Supervisor::take_oom`]) logged and made
     /// its message, so its last report (`agen ps --all`) says why it went.
     pub(super) fn note_oom_stop(&self, id: &str) {
-        let msg = format!("a process of the instance was {}; stopped", self.oom_words(id));
+        let msg = format!(
+            "a process of the instance was {}; stopped",
+            self.oom_words(id)
+        );
         tracing::warn!(instance = %id, "{msg}");
         self.update(id, |r| r.message = msg);
     }
