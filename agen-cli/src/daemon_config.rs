@@ -130,6 +130,10 @@ impl Effective {
         if let Some(f) = &self.file {
             out.push_str(&format!("# file: {}\n", f.display()));
         }
+        out.push_str(&format!(
+            "# a SIGHUP applies {}; a change of any other key needs a restart\n",
+            crate::cmd::reload::live_keys(&self.daemon).join(", ")
+        ));
         for s in &self.settings {
             let env = s
                 .env

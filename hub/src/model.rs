@@ -69,6 +69,10 @@ pub struct NestRec {
     /// No new placements (cordon, drain); kept across re-registrations.
     #[serde(default)]
     pub cordoned: bool,
+    /// The `cordon` of the Nest's own configuration as last sent (`NestSettings`): a change
+    /// of it cordons or uncordons; the API's cordon/uncordon win until it changes again.
+    #[serde(default)]
+    pub config_cordon: bool,
     /// Who its instances run as, as the Nest reported it at its last registration.
     #[serde(default)]
     pub separation: String,

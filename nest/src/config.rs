@@ -68,7 +68,8 @@ pub struct NestOptions {
     /// host name (`<host>-<6 hex of sha256(data dir)>`, see [`fallback_name`]). Empty when the
     /// name was given explicitly.
     pub fallback_name: String,
-    pub labels: BTreeMap<String, String>,
+    /// Its labels and configured cordon: what a SIGHUP can change while it runs.
+    pub settings: LiveSettings,
     /// Maximum number of instances.
     pub capacity: u32,
     /// The agen binary that instances run as (`<agen_bin> instance ...`).
@@ -133,7 +134,7 @@ impl NestOptions {
             data_dir: default_data_dir(),
             name: host_name(),
             fallback_name: String::new(),
-            labels: BTreeMap::new(),
+            settings: LiveSettings::default(),
             capacity: DEFAULT_CAPACITY,
             agen_bin: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("agen")),
             env: std::env::vars()
@@ -447,5 +448,47 @@ mod tests {
         o.env = vec![("A".into(), "1".into()), ("A".into(), "2".into())];
         assert_eq!(o.env_var("A"), Some("2"));
         assert_eq!(o.env_var("B"), None);
+    }
+}
+
+/// What can change in a running Nest and reach the Hub (`NestSettings`): its labels and the
+/// cordon of its configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeSettings {
+    pub labels: BTreeMap<String, String>,
+    pub cordon: bool,
+}
+
+/// The Nest's [`NodeSettings`], shared by the daemon (its Hub link sends them after every
+/// registration and whenever they change) and whoever reloads the configuration (SIGHUP).
+#[derive(Debug, Clone)]
+pub struct LiveSettings(std::sync::Arc<tokio::sync::watch::Sender<NodeSettings>>);
+
+impl Default for LiveSettings {
+    fn default() -> Self {
+        LiveSettings(std::sync::Arc::new(tokio::sync::watch::Sender::new(
+            NodeSettings::default(),
+        )))
+    }
+}
+
+impl LiveSettings {
+    /// The settings now.
+    pub fn get(&self) -> NodeSettings {
+        self.0.borrow().clone()
+    }
+
+    /// Replaces them; the Hub link sends them at once (nothing when they are the same).
+    pub fn set(&self, s: NodeSettings) {
+        self.0.send_if_modified(|now| {
+            let changed = *now != s;
+            *now = s;
+            changed
+        });
+    }
+
+    /// Follows changes (the Hub link).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<NodeSettings> {
+        self.0.subscribe()
     }
 }

@@ -30,7 +30,9 @@ use std::time::Duration;
 
 use agen_proto::v1::hub_message::Msg as HubMsg;
 use agen_proto::v1::nest_message::Msg as NestMsg;
-use agen_proto::v1::{Draining, Heartbeat, HubMessage, Leaving, NestMessage, Register};
+use agen_proto::v1::{
+    Draining, Heartbeat, HubMessage, Leaving, NestMessage, NestSettings, Register,
+};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -194,7 +196,7 @@ async fn session(
     let register = Register {
         nest_id: ctx.nest_id.clone(),
         name: ctx.opts.name.clone(),
-        labels: ctx.opts.labels.clone().into_iter().collect(),
+        labels: ctx.opts.settings.get().labels.into_iter().collect(),
         capacity: ctx.opts.capacity,
         version: agen_shared::version::CRATE_VERSION.to_string(),
         instances: convert::reports(sup.snapshot()),
@@ -252,6 +254,10 @@ async fn session(
         f();
     }
     ctx.outbox.resend_all();
+    // Its settings after every registration (the Hub applies a cordon only when it changed),
+    // and again whenever a reload changes them.
+    let mut settings = ctx.opts.settings.subscribe();
+    settings.mark_changed();
 
     let mut heartbeat = tokio::time::interval(interval);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -281,6 +287,14 @@ async fn session(
             _ = shutdown.cancelled() => {
                 leave(&tx, &mut inbound).await;
                 return Ok(());
+            }
+            Ok(()) = settings.changed() => {
+                let now = settings.borrow_and_update().clone();
+                send(NestMsg::Settings(NestSettings {
+                    labels: now.labels.into_iter().collect(),
+                    cordon: now.cordon,
+                }))
+                .await?;
             }
             _ = heartbeat.tick() => {
                 let instances = convert::reports(sup.snapshot());

@@ -129,9 +129,12 @@ fn start_nest_with(
     let mut opts = NestOptions::new(hub.url.clone(), hub.join_token.clone());
     opts.data_dir = data_dir.to_path_buf();
     opts.name = name.to_string();
-    opts.labels = [("zone".to_string(), "test".to_string())]
-        .into_iter()
-        .collect();
+    opts.settings.set(agen_nest::config::NodeSettings {
+        labels: [("zone".to_string(), "test".to_string())]
+            .into_iter()
+            .collect(),
+        cordon: false,
+    });
     opts.agen_bin = agen_bin();
     // The test's temp dirs are root's own: instances run as the test's user.
     opts.run_as = agen_nest::separation::RunAs::Myself;

@@ -52,6 +52,7 @@ mod otlp;
 mod permissions;
 mod privacy;
 mod privsep;
+mod reload_nest;
 mod resources;
 mod resume;
 mod run_context;

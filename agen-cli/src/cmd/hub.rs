@@ -518,6 +518,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         super::reload::Live {
             log: log_filter,
             retention: Some(hub.retention.clone()),
+            nest: None,
         },
     );
 

@@ -17,7 +17,7 @@ pub struct Args {
     pub action: Option<Action>,
     /// Read flag values from this TOML file: keys are the long flags (`hub = "https://…"`,
     /// `label = ["zone=eu-1"]`); flags and AGEN_NEST_<FLAG> variables win over it; SIGHUP reads
-    /// it again and applies what can change live (log-level)
+    /// it again and applies what can change live (log-level, label, cordon)
     #[arg(long, value_name = "FILE", global = true)]
     pub config: Option<PathBuf>,
     /// Log level of the Nest's own lines (error, warn, info, debug, trace, or directives)
@@ -67,6 +67,11 @@ pub struct Args {
     /// A label for placement selectors (repeatable)
     #[arg(long = "label", value_name = "K=V")]
     pub labels: Vec<String>,
+    /// Start cordoned: no new placements on this Nest (its file key `cordon = true`); a
+    /// SIGHUP that changes it cordons or uncordons the Nest, while `agen nests cordon` /
+    /// `uncordon` win until the file changes again
+    #[arg(long)]
+    pub cordon: bool,
     /// Maximum number of instances
     #[arg(long, default_value_t = DEFAULT_CAPACITY)]
     pub capacity: u32,
@@ -187,7 +192,10 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
             opts.fallback_name = agen_nest::config::fallback_name(&opts.data_dir);
         }
     }
-    opts.labels = labels;
+    opts.settings.set(agen_nest::config::NodeSettings {
+        labels,
+        cordon: args.cordon,
+    });
     opts.capacity = args.capacity;
     opts.run_as = args.run_as.run_as();
     opts.egress_default = args.run_as.egress_default;
@@ -223,6 +231,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         super::reload::Live {
             log: log_filter,
             retention: None,
+            nest: Some(opts.settings.clone()),
         },
     );
     match agen_nest::daemon::run(opts, shutdown).await {

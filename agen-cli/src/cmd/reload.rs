@@ -2,8 +2,9 @@
 //! again with the config file read anew ([`crate::daemon_config::reparse`]), apply the keys that
 //! can change live, and log what changed and what waits for a restart.
 //!
-//! Live: `log-level` (the tracing filter is swapped), and on the Hub `task-retention` and
-//! `audit-retention` (the sweep follows at once). Every other changed key is logged as needing
+//! Live: `log-level` (the tracing filter is swapped); on the Hub `task-retention` and
+//! `audit-retention` (the sweep follows at once); on a Nest `label` and `cordon` (sent to the
+//! Hub at once, `NestSettings`: `agen nests` shows the new labels and placement follows them). Every other changed key is logged as needing
 //! a restart and keeps its value in force (and is named again at the next SIGHUP until the
 //! restart). A file that no longer parses changes nothing and is logged as an error.
 
@@ -15,11 +16,23 @@ use anyhow::Context;
 
 use crate::daemon_config::Effective;
 
+/// The keys a SIGHUP applies to a running `agen hub` / `agen nest`; a change of any other key
+/// is logged as needing a restart (and `agen hub config` says so).
+pub fn live_keys(daemon: &str) -> &'static [&'static str] {
+    match daemon {
+        "hub" => &["log-level", "task-retention", "audit-retention"],
+        "nest" => &["log-level", "label", "cordon"],
+        _ => &[],
+    }
+}
+
 /// What a reload can change in a running daemon.
 pub struct Live {
     pub log: LogFilter,
     /// The Hub's retentions (`None` on a Nest).
     pub retention: Option<Arc<LiveRetention>>,
+    /// A Nest's labels and cordon (`None` on the Hub).
+    pub nest: Option<agen_nest::config::LiveSettings>,
 }
 
 /// The SIGHUP handler, installed before the daemon starts so that a SIGHUP never kills it.
@@ -67,10 +80,10 @@ fn reload(current: Effective, live: &Live) -> Effective {
     for key in current.changed(&new) {
         let change = format!("{key} {} -> {}", current.shown(&key), new.shown(&key));
         let result = match key.as_str() {
+            _ if !live_keys(&daemon).contains(&key.as_str()) => None,
             "log-level" => Some(set_log_level(&new, live)),
-            "task-retention" | "audit-retention" if live.retention.is_some() => {
-                Some(set_retention(&new, live))
-            }
+            "task-retention" | "audit-retention" => Some(set_retention(&new, live)),
+            "label" | "cordon" => Some(set_node(&new, live)),
             _ => None,
         };
         match result {
@@ -138,5 +151,22 @@ fn set_retention(new: &Effective, live: &Live) -> Result<(), String> {
         Ok(d)
     };
     retention.set(read("task-retention")?, read("audit-retention")?);
+    Ok(())
+}
+
+fn set_node(new: &Effective, live: &Live) -> Result<(), String> {
+    let Some(settings) = &live.nest else {
+        return Err("no labels on this daemon".into());
+    };
+    let labels = new
+        .get("label")
+        .map(|s| s.values.clone())
+        .unwrap_or_default();
+    let labels = crate::cmd::nest::parse_labels(&labels)?;
+    let cordon = new
+        .get("cordon")
+        .and_then(|s| s.values.first())
+        .is_some_and(|v| v == "true");
+    settings.set(agen_nest::config::NodeSettings { labels, cordon });
     Ok(())
 }

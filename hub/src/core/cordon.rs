@@ -73,6 +73,53 @@ impl Core {
         Ok(n)
     }
 
+    /// A Nest's own settings (`NestSettings`, after each registration and SIGHUP): its
+    /// labels replace the ones it registered with; its configured `cordon` cordons or
+    /// uncordons it when it differs from the one last sent (so a cordon set through the API
+    /// stays until the file changes).
+    pub async fn nest_settings(
+        &self,
+        nest_id: &str,
+        conn_id: u64,
+        labels: std::collections::BTreeMap<String, String>,
+        cordon: bool,
+    ) -> Result<()> {
+        let changed = {
+            let mut st = self.lock();
+            if !st.live.is_current(nest_id, conn_id) {
+                return Ok(());
+            }
+            let Some(mut n) = st.nests.get(nest_id).cloned() else {
+                return Ok(());
+            };
+            let mut changed = Vec::new();
+            if n.labels != labels {
+                changed.push(format!("labels {}", describe_labels(&labels)));
+                n.labels = labels;
+            }
+            if n.config_cordon != cordon {
+                n.config_cordon = cordon;
+                if n.cordoned != cordon {
+                    changed.push(if cordon { "cordoned" } else { "uncordoned" }.to_string());
+                    n.cordoned = cordon;
+                    if !cordon {
+                        // Uncordoning ends a drain too, as through the API.
+                        n.draining_until_ms = 0;
+                    }
+                }
+            }
+            let name = n.name.clone();
+            self.save_nest(&mut st, n)?;
+            (!changed.is_empty()).then(|| (name, changed.join(", ")))
+        };
+        if let Some((name, what)) = changed {
+            self.db.flush().await?;
+            tracing::info!(nest = %name, nest_id, "nest settings from its configuration: {what}");
+            self.poke();
+        }
+        Ok(())
+    }
+
     /// Cordons `nest` and moves its instances away: now (their runs are handed over), or,
     /// with a deadline, each once it has no run left and the rest at the deadline (meanwhile
     /// no new run goes to the Nest). Returns the Nest and how many instances were moved now.
@@ -127,4 +174,10 @@ impl Core {
         }
         Ok(due.len())
     }
+}
+
+/// `{a=1, b=2}`.
+fn describe_labels(labels: &std::collections::BTreeMap<String, String>) -> String {
+    let parts: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{{{}}}", parts.join(", "))
 }

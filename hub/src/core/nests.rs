@@ -117,6 +117,7 @@ impl Core {
                 last_heartbeat_ms: now,
                 registered_at_ms,
                 cordoned,
+                config_cordon: st.nests.get(&reg.nest_id).is_some_and(|n| n.config_cordon),
                 separation: reg.separation.clone(),
                 network: reg.network.clone(),
                 draining_until_ms,
@@ -182,8 +183,10 @@ impl Core {
                         &id,
                         &format!("nest {nest_name} re-registered without it"),
                     )?;
+                    self.delete_instance(&mut st, &id)?;
+                } else {
+                    self.end_stopped(&mut st, &id)?;
                 }
-                self.delete_instance(&mut st, &id)?;
             }
             tracing::info!(nest = %nest_name, nest_id = %reg.nest_id, adopted = reg.instances.len() - stop.len(), stopped = stop.len(), "nest registered");
             let _ = tx.send(ToNest::Registered {
@@ -278,7 +281,7 @@ impl Core {
                 .map(|i| i.instance_id.clone())
                 .collect();
             for id in gone {
-                self.delete_instance(&mut st, &id)?;
+                self.end_stopped(&mut st, &id)?;
             }
             self.reconcile_runs(&mut st, nest_id, reports, now_ms())?;
         }
@@ -333,7 +336,14 @@ impl Core {
             );
             return Ok(());
         }
-        if rec.state == InstanceState::Stopping {
+        if matches!(rec.state, InstanceState::Stopping | InstanceState::Stopped) {
+            // Only an OOM kill counted as it stopped is taken (with its message): it says why.
+            if r.oom_kills > rec.oom_kills {
+                rec.oom_kills = r.oom_kills;
+                rec.message = r.message.clone();
+                rec.updated_at_ms = now_ms();
+                self.save_instance(st, rec)?;
+            }
             return Ok(());
         }
         let before = rec.clone();
@@ -412,6 +422,25 @@ impl Core {
             self.lose_nest(st, &nest_id, &why)?;
         }
         Ok(())
+    }
+
+    /// A stopping instance its Nest no longer runs: forgotten, unless it was killed by its
+    /// memory limit; then it is kept as stopped (with the Nest's message saying so) for the
+    /// ended-instance retention, so `agen ps --all` shows why it went.
+    fn end_stopped(&self, st: &mut State, id: &str) -> Result<()> {
+        match st.instances.get(id).cloned() {
+            Some(mut rec) if rec.oom_kills > 0 => {
+                if rec.state != InstanceState::Stopped {
+                    rec.state = InstanceState::Stopped;
+                    rec.healthy = false;
+                    rec.healthy_since_ms = 0;
+                    rec.updated_at_ms = now_ms();
+                    self.save_instance(st, rec)?;
+                }
+                Ok(())
+            }
+            _ => self.delete_instance(st, id),
+        }
     }
 
     /// Marks a Nest lost: its link ends, its instances are lost and their runs re-queued.

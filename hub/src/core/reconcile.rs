@@ -398,6 +398,38 @@ impl Core {
         self.save_instance(st, inst)
     }
 
+    /// What Nest `n` advertises and what its placed instances reserve (`None`: it advertises
+    /// nothing, as a Nest older than per-instance resources). Placement and re-spread both
+    /// read it.
+    pub(in crate::core) fn nest_resources(
+        st: &State,
+        n: &NestRec,
+    ) -> Option<scheduler::NestResources> {
+        if n.cpu_millis == 0 || n.memory_bytes == 0 {
+            return None;
+        }
+        let (mut rcpu, mut rmem) = (0u64, 0u64);
+        for i in st.instances.values().filter(|i| {
+            i.nest_id == n.nest_id
+                && !matches!(i.state, InstanceState::Lost | InstanceState::Pending)
+        }) {
+            let (c, m) = st
+                .deployments
+                .get(&deployment_key(&i.namespace, &i.deployment))
+                .map(|d| d.resources)
+                .unwrap_or_default()
+                .reservation();
+            rcpu += u64::from(c);
+            rmem += m;
+        }
+        Some(scheduler::NestResources {
+            cpu_millis: u64::from(n.cpu_millis),
+            memory_bytes: n.memory_bytes,
+            reserved_cpu_millis: rcpu,
+            reserved_memory_bytes: rmem,
+        })
+    }
+
     pub(in crate::core) fn place_pending(&self, st: &mut State, now: i64) -> Result<()> {
         let mut pending: Vec<InstanceRec> = st
             .instances
@@ -427,29 +459,13 @@ impl Core {
                             && !matches!(i.state, InstanceState::Lost | InstanceState::Pending)
                     });
                     let (mut total, mut of_deployment) = (0, 0);
-                    let (mut rcpu, mut rmem) = (0u64, 0u64);
                     for i in placed {
                         total += 1;
                         if i.namespace == d.namespace && i.deployment == d.name {
                             of_deployment += 1;
                         }
-                        let (c, m) = st
-                            .deployments
-                            .get(&deployment_key(&i.namespace, &i.deployment))
-                            .map(|d| d.resources)
-                            .unwrap_or_default()
-                            .reservation();
-                        rcpu += u64::from(c);
-                        rmem += m;
                     }
-                    let resources = (n.cpu_millis > 0 && n.memory_bytes > 0).then_some(
-                        scheduler::NestResources {
-                            cpu_millis: u64::from(n.cpu_millis),
-                            memory_bytes: n.memory_bytes,
-                            reserved_cpu_millis: rcpu,
-                            reserved_memory_bytes: rmem,
-                        },
-                    );
+                    let resources = Self::nest_resources(st, n);
                     NestView {
                         nest_id: n.nest_id.clone(),
                         labels: n.labels.clone(),

@@ -2,7 +2,8 @@
 //! replacement placed first and the leaving instance stopped only once that replacement runs
 //! healthy and the leaving one has no active run (after [`HANDOVER_AFTER_MS`] its runs are
 //! handed over as a drain does, costing them no attempt). The choice is the pure
-//! [`scheduler::spread::pick_move`].
+//! [`scheduler::spread::pick_move`]; a target Nest must have the CPU and memory the
+//! deployment's instances reserve free (as placement requires).
 
 use crate::core::{Core, State};
 use crate::error::Result;
@@ -42,6 +43,11 @@ impl Core {
         d: &DeploymentRec,
         now: i64,
     ) -> Result<()> {
+        let (cpu, mem) = d.resources.reservation();
+        let need = scheduler::Need {
+            cpu_millis: u64::from(cpu),
+            memory_bytes: mem,
+        };
         let nests: Vec<SpreadNest<'_>> = st
             .nests
             .values()
@@ -60,7 +66,10 @@ impl Core {
                         && !n.cordoned
                         && st.live.is_connected(&n.nest_id)
                         && scheduler::matches(&d.selector, &n.labels)
-                        && total < n.capacity.min(self.opts.limits.max_instances_per_nest),
+                        && total < n.capacity.min(self.opts.limits.max_instances_per_nest)
+                        // A Nest without the CPU or memory the instance reserves is no target
+                        // (its replacement would wait there as pending).
+                        && Self::nest_resources(st, n).is_none_or(|r| r.fits(need)),
                 }
             })
             .collect();

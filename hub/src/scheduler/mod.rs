@@ -58,7 +58,8 @@ impl NestResources {
         need.cpu_millis <= self.cpu_millis && need.memory_bytes <= self.memory_bytes
     }
 
-    fn fits(&self, need: Need) -> bool {
+    /// Whether one more instance needing `need` fits beside what is reserved.
+    pub fn fits(&self, need: Need) -> bool {
         self.reserved_cpu_millis.saturating_add(need.cpu_millis) <= self.cpu_millis
             && self.reserved_memory_bytes.saturating_add(need.memory_bytes) <= self.memory_bytes
     }

@@ -4,9 +4,9 @@
 //! Rules: nothing moves while the deployment is not settled (every instance of the current
 //! generation running and healthy, exactly `replicas` of them, none already leaving): so at most
 //! one move is in flight per deployment. A move is due when the most crowded Nest holds at least
-//! 2 more instances of the deployment than a placeable Nest (ready, matching, capacity left); with
-//! replicas that fit one per Nest this is also the "one per Nest" rule (a Nest with 2 implies an
-//! empty one). The instance moved is on the most crowded Nest, with the fewest active runs, then
+//! 2 more instances of the deployment than a placeable Nest (ready, matching, capacity and the
+//! instance's CPU and memory left); with replicas that fit one per Nest this is also the "one
+//! per Nest" rule (a Nest with 2 implies an empty one). The instance moved is on the most crowded Nest, with the fewest active runs, then
 //! the newest, then the lowest id (deterministic).
 
 use std::collections::BTreeMap;
@@ -17,7 +17,8 @@ use crate::model::InstanceState;
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpreadNest<'a> {
     pub nest_id: &'a str,
-    /// Ready, connected, not cordoned, matching the selector and with capacity left.
+    /// Ready, connected, not cordoned, matching the selector, with capacity left and the CPU
+    /// and memory one more instance of the deployment reserves free.
     pub placeable: bool,
 }
 

@@ -229,6 +229,15 @@ impl NestService for NestApi {
                         core.relay_deltas(&nest_id, convert::run_deltas(batch));
                         Ok(())
                     }
+                    Some(pb::nest_message::Msg::Settings(s)) => {
+                        core.nest_settings(
+                            &nest_id,
+                            conn_id,
+                            s.labels.into_iter().collect(),
+                            s.cordon,
+                        )
+                        .await
+                    }
                     Some(pb::nest_message::Msg::Draining(d)) => {
                         core.nest_draining(&nest_id, conn_id, d.grace_ms).await
                     }

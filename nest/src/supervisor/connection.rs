@@ -143,41 +143,52 @@ impl Supervisor {
         }
     }
 
+    /// An instance's status: its report updated; a tool server it says was killed by SIGKILL
+    /// has the OOM watch look at once (see `resources`).
+    fn on_status(&self, id: &str, s: crate::socket::InstanceStatus) {
+        let mut died = Vec::new();
+        self.update(id, |r| {
+            if r.state == InstanceState::Stopping {
+                return;
+            }
+            r.state = match s.state {
+                HostState::Starting => InstanceState::Starting,
+                HostState::Running => InstanceState::Running,
+                HostState::Unhealthy => InstanceState::Unhealthy,
+            };
+            r.healthy = s.state == HostState::Running;
+            r.tools_loaded = s.tools_loaded;
+            died = s
+                .servers_not_connected
+                .into_iter()
+                .map(|(server, reason)| ServerProblem { server, reason })
+                .collect();
+            r.servers_not_connected = died.clone();
+            r.tools = s.tools;
+            r.resources = s.resources;
+            r.message = s.message;
+            r.active_runs = s.active_runs;
+            for (server, pid) in &s.server_pids {
+                if let Ok(pgid) = i32::try_from(*pid) {
+                    self.children.record(
+                        &format!("{id}/{server}"),
+                        ChildRecord {
+                            what: format!("tool server {server} of instance {id}"),
+                            pgid,
+                        },
+                    );
+                }
+            }
+        });
+        self.server_killed(id, &died);
+    }
+
     pub(super) fn on_message(&self, id: &str, msg: ToNest) {
         match msg {
             ToNest::Hello { .. } => {}
-            ToNest::Status(s) => self.update(id, |r| {
-                if r.state == InstanceState::Stopping {
-                    return;
-                }
-                r.state = match s.state {
-                    HostState::Starting => InstanceState::Starting,
-                    HostState::Running => InstanceState::Running,
-                    HostState::Unhealthy => InstanceState::Unhealthy,
-                };
-                r.healthy = s.state == HostState::Running;
-                r.tools_loaded = s.tools_loaded;
-                r.servers_not_connected = s
-                    .servers_not_connected
-                    .into_iter()
-                    .map(|(server, reason)| ServerProblem { server, reason })
-                    .collect();
-                r.tools = s.tools;
-                r.resources = s.resources;
-                r.message = s.message;
-                r.active_runs = s.active_runs;
-                for (server, pid) in &s.server_pids {
-                    if let Ok(pgid) = i32::try_from(*pid) {
-                        self.children.record(
-                            &format!("{id}/{server}"),
-                            ChildRecord {
-                                what: format!("tool server {server} of instance {id}"),
-                                pgid,
-                            },
-                        );
-                    }
-                }
-            }),
+            ToNest::Status(s) => {
+                self.on_status(id, s);
+            }
             ToNest::Event(e) => {
                 {
                     let mut st = self.lock();

@@ -42,6 +42,8 @@ impl Supervisor {
                 Entry {
                     place: p.clone(),
                     cgroup: None,
+                    oom_seen: 0,
+                    oom_wake: Arc::default(),
                     bundle_dir: None,
                     report,
                     conn: None,
@@ -339,10 +341,18 @@ impl Supervisor {
             tracing::info!(instance = %id, pid, "instance process started");
             let started = Instant::now();
             let ooms_before = cgroup.as_ref().map_or(0, |c| c.oom_kills());
+            let oom_wake = self
+                .lock()
+                .instances
+                .get(&id)
+                .map(|e| e.oom_wake.clone())
+                .unwrap_or_default();
+            let mut oom = false;
             let status = tokio::select! {
                 s = child.wait() => Some(s),
                 _ = stop.cancelled() => None,
-                () = super::resources::oom_kill(cgroup.as_deref(), ooms_before) => {
+                () = super::resources::oom_kill(cgroup.as_deref(), ooms_before, &oom_wake) => {
+                    oom = true;
                     // A process of the instance (a tool server, say) hit the memory limit:
                     // the whole instance goes, and its runs resume like after any crash.
                     process::signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
@@ -352,13 +362,18 @@ impl Supervisor {
                     Some(child.wait().await)
                 }
             };
-            let oom = cgroup.as_ref().is_some_and(|c| c.oom_kills() > ooms_before);
+            // Attributed here whichever way it went (the watch, a crash, or a stop the Hub sent
+            // because the instance reported its tool server dead).
+            let oom = self.take_oom(&id) || oom;
             // That spawn's credential dies with it.
             if let Some(e) = self.lock().instances.get_mut(&id) {
                 e.cred = None;
             }
             match status {
                 None => {
+                    if oom {
+                        self.note_oom_stop(&id);
+                    }
                     let graceful = process::stop_group(&mut child, pgid, STOP_GRACE).await;
                     self.reap_tool_servers(&id);
                     self.separation.kill_servers(&id);
@@ -376,23 +391,16 @@ impl Supervisor {
                     self.separation.kill_servers(&id);
                     self.children.remove(&id);
                     if stop.is_cancelled() {
+                        if oom {
+                            self.note_oom_stop(&id);
+                        }
                         break;
                     }
                     if started.elapsed() >= STABLE_AFTER {
                         backoff.reset();
                     }
                     let how = match status {
-                        _ if oom => {
-                            self.count_oom(&id);
-                            let limit = self
-                                .lock()
-                                .instances
-                                .get(&id)
-                                .and_then(|e| e.place.resources.memory_bytes)
-                                .map(agen_shared::bundle::resources::format_bytes)
-                                .unwrap_or_default();
-                            format!("was killed by its memory limit ({limit}, OOM)")
-                        }
+                        _ if oom => format!("was {}", self.oom_words(&id)),
                         Ok(s) => describe_exit(s),
                         Err(e) => format!("could not be waited for: {e}"),
                     };
@@ -433,6 +441,10 @@ impl Supervisor {
             }
         }
         drop(netns);
+        // A kill during the stop grace is counted before the group (and its counter) goes.
+        if self.take_oom(&id) {
+            self.note_oom_stop(&id);
+        }
         self.remove_cgroup(cgroup).await;
         self.release_uid(&id).await;
         self.logs.close_instance(&id);

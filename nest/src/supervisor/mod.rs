@@ -117,6 +117,10 @@ struct Entry {
     place: PlaceOrder,
     /// Its resource group while it lives (see `cgroup`).
     cgroup: Option<Arc<crate::cgroup::InstanceCgroup>>,
+    /// The group's OOM-kill counter as last attributed (see `resources::take_oom`).
+    oom_seen: u64,
+    /// Wakes the OOM watch at once (a tool server was reported killed by SIGKILL).
+    oom_wake: Arc<tokio::sync::Notify>,
     bundle_dir: Option<PathBuf>,
     report: InstanceReport,
     /// The live socket connection (its id and its outgoing queue).

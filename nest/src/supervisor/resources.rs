@@ -63,10 +63,59 @@ impl Supervisor {
         }
     }
 
-    /// Counts one more OOM kill of instance `id`.
-    pub(super) fn count_oom(&self, id: &str) {
-        if let Some(e) = self.lock().instances.get_mut(id) {
-            e.report.oom_kills += 1;
+    /// Attributes the OOM kills of instance `id`'s group not yet counted: when its counter
+    /// (`memory.events` / `memory.oom_control` `oom_kill`) rose since the last call, the
+    /// instance's count goes up by one and this returns true. Called when an instance reports
+    /// a tool server killed by SIGKILL, when the instance process is gone (crashed or stopped)
+    /// and before its group is removed, so an OOM is attributed whichever of those comes first
+    /// (the poll in [`oom_kill`] is only the fallback).
+    pub(super) fn take_oom(&self, id: &str) -> bool {
+        let Some(cg) = self.lock().instances.get(id).and_then(|e| e.cgroup.clone()) else {
+            return false;
+        };
+        let now = cg.oom_kills();
+        let mut st = self.lock();
+        let Some(e) = st.instances.get_mut(id) else {
+            return false;
+        };
+        if now <= e.oom_seen {
+            return false;
+        }
+        e.oom_seen = now;
+        e.report.oom_kills += 1;
+        true
+    }
+
+    /// "killed by its memory limit (300Mi, OOM)" for instance `id`.
+    pub(super) fn oom_words(&self, id: &str) -> String {
+        let limit = self
+            .lock()
+            .instances
+            .get(id)
+            .and_then(|e| e.place.resources.memory_bytes)
+            .map(agen_shared::bundle::resources::format_bytes)
+            .unwrap_or_default();
+        format!("killed by its memory limit ({limit}, OOM)")
+    }
+
+    /// A stopped instance's OOM kill (counted by [`Supervisor::take_oom`]) logged and made
+    /// its message, so its last report (`agen ps --all`) says why it went.
+    pub(super) fn note_oom_stop(&self, id: &str) {
+        let msg = format!(
+            "a process of the instance was {}; stopped",
+            self.oom_words(id)
+        );
+        tracing::warn!(instance = %id, "{msg}");
+        self.update(id, |r| r.message = msg);
+    }
+
+    /// The instance reported tool servers that died; one killed by SIGKILL may have met the
+    /// memory limit: its OOM watch looks now rather than at its next poll.
+    pub(super) fn server_killed(&self, id: &str, problems: &[crate::model::ServerProblem]) {
+        if problems.iter().any(|p| p.reason.contains("SIGKILL")) {
+            if let Some(e) = self.lock().instances.get(id) {
+                e.oom_wake.notify_one();
+            }
         }
     }
 
@@ -137,8 +186,9 @@ impl Supervisor {
     }
 }
 
-/// Resolves once the group's OOM-kill count rises above `base` (never without a group).
-pub(super) async fn oom_kill(cg: Option<&InstanceCgroup>, base: u64) {
+/// Resolves once the group's OOM-kill count rises above `base` (never without a group):
+/// checked every [`OOM_POLL`] and whenever `wake` is notified.
+pub(super) async fn oom_kill(cg: Option<&InstanceCgroup>, base: u64, wake: &tokio::sync::Notify) {
     let Some(cg) = cg else {
         return std::future::pending().await;
     };
@@ -146,7 +196,10 @@ pub(super) async fn oom_kill(cg: Option<&InstanceCgroup>, base: u64) {
         return std::future::pending().await;
     }
     loop {
-        tokio::time::sleep(OOM_POLL).await;
+        tokio::select! {
+            () = tokio::time::sleep(OOM_POLL) => {}
+            () = wake.notified() => {}
+        }
         if cg.oom_kills() > base {
             return;
         }

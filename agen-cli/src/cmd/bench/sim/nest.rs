@@ -203,7 +203,7 @@ async fn session(
     let register = Register {
         nest_id,
         name: opts.name.clone(),
-        labels: opts.labels.clone().into_iter().collect(),
+        labels: opts.settings.get().labels.into_iter().collect(),
         capacity: shared.capacity,
         version: agen_shared::version::CRATE_VERSION.to_string(),
         instances: convert::reports(state.reports()),
