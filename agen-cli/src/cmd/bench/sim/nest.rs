@@ -309,7 +309,9 @@ async fn handle(
                 }
                 None => false,
             };
-            shared.stats.assigned(a.task_id.as_str(), a.attempt.0, index);
+            shared
+                .stats
+                .assigned(a.task_id.as_str(), a.attempt.0, index);
             let acks = state.watch_acks(a.run_id.as_str(), a.attempt.0);
             let ctx = super::runs::RunCtx {
                 client: client.clone(),

@@ -13,14 +13,14 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use agen_nest::hub_client::{convert, HubClient};
-use agen_nest::model::{AssignedRun, EventBatch, RunEvent};
-use agen_proto::v1::nest_message::Msg as NestMsg;
-use agen_proto::v1::NestMessage;
 use agen_contract::run::{
     ModelAnswered, ModelRequested, ResponseType, RunEventBody, RunFinished, RunInterrupted,
     RunState, ToolCompleted, ToolFailed, ToolFailure, ToolStarted,
 };
+use agen_nest::hub_client::{convert, HubClient};
+use agen_nest::model::{AssignedRun, EventBatch, RunEvent};
+use agen_proto::v1::nest_message::Msg as NestMsg;
+use agen_proto::v1::NestMessage;
 use tokio::sync::mpsc;
 
 use super::nest::{acked, AckRx, NestState, Shared};
