@@ -38,6 +38,10 @@ pub(super) const HEADER: usize = 8;
 pub(super) const OP_PUT: u8 = 1;
 pub(super) const OP_REMOVE: u8 = 2;
 
+/// What [`scan`] hands each record to: op, table, key, where its value is, its length, the
+/// record's size.
+pub(super) type Apply<'a> = dyn FnMut(u8, Table, &[u8], u64, u32, u32) + 'a;
+
 pub(super) fn table_of(id: u8) -> Option<Table> {
     match id {
         1 => Some(Table::RunEvents),
@@ -298,7 +302,7 @@ fn not_a_log(path: &Path) -> std::io::Error {
 pub(super) fn scan(
     file: &File,
     path: &Path,
-    apply: &mut dyn FnMut(u8, Table, &[u8], u64, u32, u32),
+    apply: &mut Apply<'_>,
     marked: Option<Header>,
 ) -> std::io::Result<Findings> {
     let file_len = file.metadata()?.len();
