@@ -132,7 +132,7 @@ impl Effective {
         }
         out.push_str(&format!(
             "# a SIGHUP applies {}; a change of any other key needs a restart\n",
-            crate::cmd::reload::live_keys(&self.daemon).join(", ")
+            live_keys(&self.daemon).join(", ")
         ));
         for s in &self.settings {
             let env = s
@@ -178,6 +178,16 @@ fn toml_of(s: &Setting) -> String {
         format!("[{}]", items.join(", "))
     } else {
         s.values.first().map(|v| one(v)).unwrap_or_default()
+    }
+}
+
+/// The keys a SIGHUP applies to a running `agen hub` / `agen nest`; a change of any other key
+/// is logged as needing a restart (and `agen hub config` says so).
+pub fn live_keys(daemon: &str) -> &'static [&'static str] {
+    match daemon {
+        "hub" => &["log-level", "task-retention", "audit-retention"],
+        "nest" => &["log-level", "label", "cordon"],
+        _ => &[],
     }
 }
 

@@ -305,7 +305,6 @@ const KNOWN_CIRCLES: &[&[&str]] = &[
         "nest/harness/src/run/builtins.rs",
         "nest/harness/src/run/delegate.rs",
         "nest/harness/src/run/harness.rs",
-        "nest/harness/src/run/host.rs",
         "nest/harness/src/run/remote.rs",
         "nest/harness/src/run/state.rs",
         "nest/harness/src/run/tool_limits.rs",

@@ -46,6 +46,7 @@ pub mod up;
 pub mod version;
 pub mod wait;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -144,4 +145,22 @@ pub fn write_client_config(cfg: &ClientConfig, data_dir: &Path) -> anyhow::Resul
         );
     }
     Ok(())
+}
+
+/// Parses `k=v` labels; the error names the bad one.
+pub fn parse_labels(labels: &[String]) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for l in labels {
+        match l.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => {
+                out.insert(k.trim().to_string(), v.trim().to_string());
+            }
+            _ => {
+                return Err(format!(
+                    "--label {l}: expected key=value, e.g. --label zone=eu-1"
+                ))
+            }
+        }
+    }
+    Ok(out)
 }

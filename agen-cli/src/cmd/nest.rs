@@ -3,12 +3,13 @@
 //! A bad flag exits 64. The join token comes from `--join-file`, else `AGEN_JOIN_TOKEN`, else
 //! `--join` (which warns: a command line is readable by every local user).
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use agen_nest::config::{default_data_dir, host_name, NestOptions, DEFAULT_CAPACITY};
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
+
+use super::parse_labels;
 
 /// Arguments of `agen nest`.
 #[derive(Debug, clap::Args)]
@@ -128,24 +129,6 @@ impl RunAsArgs {
             self.run_uids.clone()
         }
     }
-}
-
-/// Parses `k=v` labels; the error names the bad one.
-pub fn parse_labels(labels: &[String]) -> Result<BTreeMap<String, String>, String> {
-    let mut out = BTreeMap::new();
-    for l in labels {
-        match l.split_once('=') {
-            Some((k, v)) if !k.trim().is_empty() => {
-                out.insert(k.trim().to_string(), v.trim().to_string());
-            }
-            _ => {
-                return Err(format!(
-                    "--label {l}: expected key=value, e.g. --label zone=eu-1"
-                ))
-            }
-        }
-    }
-    Ok(out)
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
@@ -287,6 +270,8 @@ pub fn spawn_signal_handler(token: CancellationToken) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     fn check(input: &[&str], expected: Result<Vec<(&str, &str)>, &str>) {

@@ -14,17 +14,7 @@ use agen_hub::core::retention::LiveRetention;
 use agen_shared::telemetry::LogFilter;
 use anyhow::Context;
 
-use crate::daemon_config::Effective;
-
-/// The keys a SIGHUP applies to a running `agen hub` / `agen nest`; a change of any other key
-/// is logged as needing a restart (and `agen hub config` says so).
-pub fn live_keys(daemon: &str) -> &'static [&'static str] {
-    match daemon {
-        "hub" => &["log-level", "task-retention", "audit-retention"],
-        "nest" => &["log-level", "label", "cordon"],
-        _ => &[],
-    }
-}
+use crate::daemon_config::{live_keys, Effective};
 
 /// What a reload can change in a running daemon.
 pub struct Live {
@@ -162,7 +152,7 @@ fn set_node(new: &Effective, live: &Live) -> Result<(), String> {
         .get("label")
         .map(|s| s.values.clone())
         .unwrap_or_default();
-    let labels = crate::cmd::nest::parse_labels(&labels)?;
+    let labels = crate::cmd::parse_labels(&labels)?;
     let cordon = new
         .get("cordon")
         .and_then(|s| s.values.first())

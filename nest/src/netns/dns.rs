@@ -6,47 +6,16 @@
 //! namespace has no IPv6 route out: AAAA is answered with no address); the names given out are
 //! remembered per address, so a later connection to that address is known by its name.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 
-use super::proxy::Context;
+use super::context::Context;
 
-/// How many addresses an instance's name memory keeps (cleared when full).
-const MAX_REMEMBERED: usize = 4096;
 /// TTL of every answer: short, the Nest resolves again.
 const TTL_SECS: u32 = 30;
-
-/// address → the names the instance resolved to it.
-#[derive(Default)]
-pub struct Names(Mutex<HashMap<IpAddr, Vec<String>>>);
-
-impl Names {
-    pub fn of(&self, ip: IpAddr) -> Vec<String> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&ip)
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    fn remember(&self, name: &str, ips: &[Ipv4Addr]) {
-        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if m.len() >= MAX_REMEMBERED {
-            m.clear();
-        }
-        for ip in ips {
-            let names = m.entry(IpAddr::V4(*ip)).or_default();
-            if !names.iter().any(|n| n == name) {
-                names.push(name.to_string());
-            }
-        }
-    }
-}
 
 /// A parsed question: id, flags, the name, its type, and where the question section ends.
 struct Question {
@@ -153,6 +122,7 @@ pub async fn serve(sock: UdpSocket, cx: Arc<Context>, stop: CancellationToken) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::context::Names;
     use super::*;
 
     fn query(name: &str, qtype: u16) -> Vec<u8> {

@@ -19,6 +19,7 @@
 //! doing anything else (the process aborts if it cannot); the rules are set by the Nest, and
 //! the instance never holds CAP_NET_ADMIN, so it cannot change them.
 
+pub mod context;
 pub mod decide;
 pub mod dns;
 pub mod proxy;
@@ -301,8 +302,8 @@ impl Network {
             l.set_nonblocking(true)?;
             tokio::net::TcpListener::from_std(l)
         };
-        let names = Arc::new(dns::Names::default());
-        let cx = Arc::new(proxy::Context {
+        let names = Arc::new(context::Names::default());
+        let cx = Arc::new(context::Context {
             instance: instance.to_string(),
             policy,
             names,

@@ -1,9 +1,9 @@
 //! The Nest's side of an instance's namespace: the egress proxy every TCP connection leaving the
 //! namespace is redirected to (it reads where the connection was going with `SO_ORIGINAL_DST`,
 //! its name from the TLS SNI or HTTP Host of its first bytes, decides with the instance's
-//! [`Policy`], and dials from the Nest), and the relays that carry the bundle's own endpoints on
-//! the Nest host's loopback (model `baseUrl`, `url` servers, A2A cards) into the namespace's
-//! loopback on the same port.
+//! [`super::decide::Policy`], and dials from the Nest), and the relays that carry the bundle's
+//! own endpoints on the Nest host's loopback (model `baseUrl`, `url` servers, A2A cards) into
+//! the namespace's loopback on the same port.
 //!
 //! Invariants: the proxy dials the name it decided on (SNI/Host), resolved by the Nest, never an
 //! address the instance chose for that name; a refusal is logged once for the instance (`agen
@@ -18,8 +18,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-use super::decide::{sniff, Policy, Sniffed, Verdict};
-use super::dns::Names;
+use super::context::Context;
+use super::decide::{sniff, Sniffed, Verdict};
 
 /// How long the proxy waits for a client's first bytes before it decides by address alone.
 const SNIFF_WAIT: Duration = Duration::from_millis(400);
@@ -27,18 +27,6 @@ const SNIFF_WAIT: Duration = Duration::from_millis(400);
 const SNIFF_MAX: usize = 16 * 1024;
 /// How long a dial out may take.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// What the proxy of one instance knows.
-pub struct Context {
-    pub instance: String,
-    pub policy: Arc<Policy>,
-    pub names: Arc<Names>,
-    pub network: Arc<super::Network>,
-    pub logs: crate::logs::LogStore,
-    pub owner: (String, String),
-    /// The proxy's own address in the namespace (a direct connection to it is refused).
-    pub own: SocketAddr,
-}
 
 /// Accepts redirected connections until `stop`.
 pub async fn serve(listener: TcpListener, cx: Arc<Context>, stop: CancellationToken) {
@@ -199,28 +187,6 @@ async fn resolve(name: &str, port: u16) -> Option<SocketAddr> {
         .find(|a| a.is_ipv4())
         .or(addrs.first())
         .map(|ip| SocketAddr::new(*ip, port))
-}
-
-impl Context {
-    /// Logs (for the Nest and the instance's `agen logs`) and counts a refusal of `host` by
-    /// `rule`; `how` says how it was answered, when not by the connection itself. Returns the
-    /// text the client may be shown.
-    pub fn refused(&self, host: &str, rule: &str, how: Option<&str>) -> String {
-        let text = format!("egress refused: {host} ({rule})");
-        tracing::warn!(instance = %self.instance, host, rule, how, "egress refused");
-        let logged = match how {
-            Some(how) => format!("{text}: {how}"),
-            None => text.clone(),
-        };
-        self.logs.append(
-            &self.instance,
-            &crate::logs::Source::Instance,
-            "WARN",
-            &logged,
-        );
-        self.network.count_refused(&self.owner.0, &self.owner.1);
-        text
-    }
 }
 
 async fn refuse(mut client: TcpStream, cx: &Context, host: &str, rule: &str, http: bool) {

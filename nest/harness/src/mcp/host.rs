@@ -28,11 +28,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::launch::{describe_exit, ProcessGroup};
 use super::output::tool_output;
-use super::start::{error_chain, start_one, tool_infos, with_output, Started};
+use super::start::{start_one, tool_infos, with_output, Started};
 use super::stderr::StderrCapture;
 use super::{
-    CallError, HostStatus, Interruption, LaunchContext, NotSent, ServerProblem, ToolInfo,
-    ToolOutput,
+    error_chain, CallError, HostStatus, Interruption, LaunchContext, NotSent, ServerProblem,
+    ToolInfo, ToolOutput,
 };
 use crate::redact::Redactor;
 

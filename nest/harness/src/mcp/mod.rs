@@ -19,6 +19,7 @@
 
 mod host;
 mod launch;
+mod listing;
 mod output;
 mod resources;
 mod start;
@@ -26,7 +27,8 @@ mod stderr;
 
 pub use host::ToolHost;
 pub use launch::ALLOWED_ENV;
-pub use resources::{ResourceInfo, MAX_RESOURCE_CHARS};
+pub use listing::ResourceInfo;
+pub use resources::MAX_RESOURCE_CHARS;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -198,4 +200,22 @@ impl CallError {
             cause,
         }
     }
+}
+
+/// An error and its sources as one line for people: rmcp's wrapper layers (which name Rust
+/// types) are left out, and a message already contained in the one before it is not repeated.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(e);
+    while let Some(err) = next {
+        let msg = err.to_string();
+        if !msg.contains("rmcp::") && !parts.iter().any(|p| p.contains(&msg)) {
+            parts.push(msg);
+        }
+        next = err.source();
+    }
+    if parts.is_empty() {
+        return e.to_string();
+    }
+    parts.join(": ")
 }

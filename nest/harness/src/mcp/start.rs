@@ -17,8 +17,9 @@ use rmcp::ServiceExt;
 use tokio_util::sync::CancellationToken;
 
 use super::launch::{self, describe_exit, ProcessGroup};
+use super::listing::ResourceInfo;
 use super::stderr::StderrCapture;
-use super::{LaunchContext, ToolInfo};
+use super::{error_chain, LaunchContext, ToolInfo};
 use crate::redact::Redactor;
 
 /// How long to wait for the last stderr lines of a server that did not start.
@@ -29,7 +30,7 @@ pub(super) struct Started {
     pub running: RunningService<RoleClient, ClientConfig>,
     pub tools: Vec<Tool>,
     /// Its resources, listed right after its tools (none when it declares no `resources`).
-    pub resources: Vec<super::ResourceInfo>,
+    pub resources: Vec<ResourceInfo>,
     pub process: Option<ProcessGroup>,
     pub stderr: StderrCapture,
 }
@@ -150,7 +151,7 @@ async fn start_command(
     };
     let failure = match tokio::time::timeout(ctx.start_timeout, connect).await {
         Ok(Ok((running, tools))) => {
-            let resources = super::resources::list_at_start(name, running.peer()).await;
+            let resources = super::listing::list_at_start(name, running.peer()).await;
             return Ok(Started {
                 running,
                 tools,
@@ -208,7 +209,7 @@ async fn start_url(
     };
     match tokio::time::timeout(ctx.start_timeout, connect).await {
         Ok(Ok((running, tools))) => Ok(Started {
-            resources: super::resources::list_at_start(name, running.peer()).await,
+            resources: super::listing::list_at_start(name, running.peer()).await,
             running,
             tools,
             process: None,
@@ -220,24 +221,6 @@ async fn start_url(
             ctx.start_timeout
         )),
     }
-}
-
-/// An error and its sources as one line for people: rmcp's wrapper layers (which name Rust
-/// types) are left out, and a message already contained in the one before it is not repeated.
-pub(super) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut next = Some(e);
-    while let Some(err) = next {
-        let msg = err.to_string();
-        if !msg.contains("rmcp::") && !parts.iter().any(|p| p.contains(&msg)) {
-            parts.push(msg);
-        }
-        next = err.source();
-    }
-    if parts.is_empty() {
-        return e.to_string();
-    }
-    parts.join(": ")
 }
 
 /// Why `initialize` failed, without rmcp's type names.

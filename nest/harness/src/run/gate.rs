@@ -12,7 +12,7 @@
 use agen_contract::run::ToolFailure;
 use agen_shared::bundle::{Permission, Permissions};
 
-use super::builtins::BUILTIN_LOAD_SKILL;
+use super::builtin_names::BUILTIN_LOAD_SKILL;
 use super::harness::Harness;
 use super::state::Run;
 use crate::model::{ToolCall, ToolSpec};

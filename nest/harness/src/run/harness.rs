@@ -11,7 +11,8 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::approval::{Approver, NoApprover};
-use super::builtins::{self, BUILTIN_NAMES};
+use super::builtin_names::BUILTIN_NAMES;
+use super::builtins;
 use super::host::{check_host_tool_name, HostTool, Registered};
 use super::state::Run;
 use super::{RunAssignment, RunEventSink, RunOutcome, ToolBackend};

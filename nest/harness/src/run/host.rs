@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::builtins::BUILTIN_NAMES;
+use super::builtin_names::BUILTIN_NAMES;
 use crate::mcp::{CallError, Interruption, ToolOutput};
 
 /// What a host tool is, as the model and the ledger see it.

@@ -256,7 +256,7 @@ impl Run<'_> {
         dispatch: &crate::keen::ToolDispatch,
     ) -> Option<crate::keen::ToolResult> {
         // `finish` is run again (its recorded result is not the run's end).
-        if dispatch.tool == super::builtins::BUILTIN_FINISH {
+        if dispatch.tool == super::builtin_names::BUILTIN_FINISH {
             return None;
         }
         if let Some(r) = replay.results.remove(call_id) {

@@ -29,6 +29,7 @@
 pub mod a2a_client;
 mod approval;
 mod budget;
+mod builtin_names;
 mod builtins;
 mod cut;
 mod delegate;
@@ -58,7 +59,7 @@ pub use agen_contract::run::{
 pub use approval::{
     denial_text, ApprovalDecision, ApprovalRequest, ApproveAll, Approver, NoApprover, BY_TIMEOUT,
 };
-pub use builtins::{
+pub use builtin_names::{
     BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_READ_ARTIFACT, BUILTIN_REPORT_PROGRESS,
     BUILTIN_SAVE_ARTIFACT,
 };

@@ -2,8 +2,9 @@
 //! messages in the order the calls were asked; and its resume from the log of earlier attempts.
 
 use agen_contract::run::{ToolFailed, ToolFailure};
+use agen_shared::bundle::OutputSchema;
 
-use super::output::AnswerCheck;
+use super::output::{self, AnswerCheck};
 use super::replay::{effect_unknown_message, Replay};
 use super::state::Run;
 use super::{Message, RunEnd, RunEventBody};
@@ -108,7 +109,7 @@ impl Run<'_> {
                 let recorded = replay
                     .results
                     .get(&call.id)
-                    .filter(|_| call.name != super::builtins::BUILTIN_FINISH);
+                    .filter(|_| call.name != super::builtin_names::BUILTIN_FINISH);
                 let (content, is_error) = if let Some(r) = recorded {
                     (r.text.clone(), r.is_error)
                 } else if replay.started.get(&call.id).copied().unwrap_or(false)
@@ -152,5 +153,21 @@ impl Run<'_> {
             }
         }
         Ok(last_turn + 1)
+    }
+}
+
+impl Run<'_> {
+    /// The schema the final answer must match, if any: the task's own, else the bundle's.
+    pub(super) fn output_schema(&self) -> Option<&OutputSchema> {
+        self.task_output_schema
+            .as_ref()
+            .or(self.h.bundle.output_schema.as_ref())
+    }
+
+    /// Checks a final answer against the output schema ([`output::check_answer`]).
+    pub(super) fn check_answer(&self, text: &str) -> AnswerCheck {
+        let refused = self.count_new(output::is_refused_answer) as u32;
+        let limit = self.h.bundle.harness.limits.output_retries;
+        output::check_answer(self.output_schema(), text, refused, limit)
     }
 }

@@ -9,7 +9,6 @@
 
 use agen_shared::bundle::OutputSchema;
 
-use super::state::Run;
 use super::{Message, RunEnd};
 
 /// What a final answer leads to.
@@ -36,44 +35,37 @@ pub(super) fn task_schema(req: &agen_contract::run::RunAssignment) -> Option<Out
     }
 }
 
-impl Run<'_> {
-    /// The schema the final answer must match, if any: the task's own, else the bundle's.
-    pub(super) fn output_schema(&self) -> Option<&OutputSchema> {
-        self.task_output_schema
-            .as_ref()
-            .or(self.h.bundle.output_schema.as_ref())
+/// Checks a final answer against `schema` (any answer ends a run without one); `refused` is
+/// how many answers of this run were sent back already, `limit` how many may be.
+pub(super) fn check_answer(
+    schema: Option<&OutputSchema>,
+    text: &str,
+    refused: u32,
+    limit: u32,
+) -> AnswerCheck {
+    let Some(schema) = schema else {
+        return AnswerCheck::End(RunEnd::answer(text));
+    };
+    let error = match schema.check(text) {
+        Ok(value) => return AnswerCheck::End(RunEnd::json_answer(value.to_string())),
+        Err(e) => e,
+    };
+    if refused >= limit {
+        return AnswerCheck::End(RunEnd::failed(format!(
+            "no valid answer after {} (limits.outputRetries {limit}): {error}",
+            match refused + 1 {
+                1 => "1 try".to_string(),
+                n => format!("{n} tries"),
+            }
+        )));
     }
+    AnswerCheck::Retry(format!(
+        "{RETRY_PREFIX} ({}): {error}\n\nAnswer again with only the JSON value, no other text.\n\nThe schema:\n{}",
+        schema.source, schema.schema
+    ))
+}
 
-    /// Checks a final answer against the output schema (any answer ends a run without one).
-    pub(super) fn check_answer(&self, text: &str) -> AnswerCheck {
-        let Some(schema) = self.output_schema() else {
-            return AnswerCheck::End(RunEnd::answer(text));
-        };
-        let error = match schema.check(text) {
-            Ok(value) => return AnswerCheck::End(RunEnd::json_answer(value.to_string())),
-            Err(e) => e,
-        };
-        let refused = self.refused_answers();
-        let limit = self.h.bundle.harness.limits.output_retries;
-        if refused >= limit {
-            return AnswerCheck::End(RunEnd::failed(format!(
-                "no valid answer after {} (limits.outputRetries {limit}): {error}",
-                match refused + 1 {
-                    1 => "1 try".to_string(),
-                    n => format!("{n} tries"),
-                }
-            )));
-        }
-        AnswerCheck::Retry(format!(
-            "{RETRY_PREFIX} ({}): {error}\n\nAnswer again with only the JSON value, no other text.\n\nThe schema:\n{}",
-            schema.source, schema.schema
-        ))
-    }
-
-    /// How many answers of this run were sent back already (the retries in its context).
-    fn refused_answers(&self) -> u32 {
-        self.count_new(
-            |m| matches!(m, Message::User { content } if content.starts_with(RETRY_PREFIX)),
-        ) as u32
-    }
+/// Whether `m` sent a refused answer back (a retry in the run's context).
+pub(super) fn is_refused_answer(m: &Message) -> bool {
+    matches!(m, Message::User { content } if content.starts_with(RETRY_PREFIX))
 }

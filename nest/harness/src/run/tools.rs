@@ -19,7 +19,7 @@ use agen_shared::bundle::Bundle;
 use serde_json::Value;
 
 use super::approval::edited_note;
-use super::builtins::{
+use super::builtin_names::{
     BUILTIN_FINISH, BUILTIN_LOAD_SKILL, BUILTIN_READ_ARTIFACT, BUILTIN_REPORT_PROGRESS,
     BUILTIN_SAVE_ARTIFACT,
 };

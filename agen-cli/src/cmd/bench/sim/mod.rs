@@ -21,6 +21,7 @@
 
 mod hub;
 mod nest;
+mod nest_state;
 mod phases;
 mod report;
 mod runs;
@@ -154,7 +155,7 @@ async fn simulate(args: &Args, root: &std::path::Path) -> anyhow::Result<Report>
             hub::HubProc::start(root, args.nests, &extra).await?
         }
     };
-    let shared = Arc::new(nest::Shared {
+    let shared = Arc::new(nest_state::Shared {
         stats: stats::Stats::new(),
         capacity: args.capacity.unwrap_or(args.instances_per_nest * 2),
         run_time: args.run_time,

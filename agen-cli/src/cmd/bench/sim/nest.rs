@@ -12,103 +12,25 @@
 //! back with [`SimNest::start`], as the same Nest (its stored certificate, no second `Join`)
 //! with no instances. A session that fails is tried again with back-off, as a Nest does.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agen_nest::config::NestOptions;
 use agen_nest::hub_client::{self, convert};
-use agen_nest::model::{InstanceReport, InstanceState, PlaceOrder, RunAttempt};
+use agen_nest::model::{InstanceReport, InstanceState, RunAttempt};
 use agen_proto::v1::hub_message::Msg as HubMsg;
 use agen_proto::v1::nest_message::Msg as NestMsg;
 use agen_proto::v1::{Heartbeat, HubMessage, NestMessage, Register};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::stats::Stats;
+use super::nest_state::{NestState, Shared, SimInstance};
 
-/// What every simulated Nest shares.
-pub struct Shared {
-    pub stats: Stats,
-    /// Instances each Nest offers.
-    pub capacity: u32,
-    /// How long a simulated run takes, model turns and its tool call included.
-    pub run_time: Duration,
-    /// Sessions that got `Registered` (every Nest's first, and each return).
-    pub registrations: AtomicUsize,
-    /// Joins (CA fetch + `Join`) in flight at once.
-    pub join_permits: Semaphore,
-}
-
-/// An instance the Hub placed on a simulated Nest.
-struct SimInstance {
-    order: PlaceOrder,
-    /// The runs handed to it, with their task ids.
-    runs: Vec<(RunAttempt, String)>,
-}
-
-/// A run's acks: the highest acked seq, and whether its attempt was fenced.
-pub type AckRx = watch::Receiver<(u64, bool)>;
-
-/// Where the acks of each `(run_id, attempt)` go.
-type AckMap = HashMap<(String, u32), watch::Sender<(u64, bool)>>;
-
-/// What a simulated Nest holds, shared by its session and its runs.
-#[derive(Default)]
-pub struct NestState {
-    instances: Mutex<BTreeMap<String, SimInstance>>,
-    acks: Mutex<AckMap>,
-    registered: AtomicBool,
-}
-
-impl NestState {
-    fn instances(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, SimInstance>> {
-        self.instances.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn acks(&self) -> std::sync::MutexGuard<'_, AckMap> {
-        self.acks.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Every instance's report, as a heartbeat or `Register` lists them.
-    fn reports(&self) -> Vec<InstanceReport> {
-        self.instances().values().map(report).collect()
-    }
-
-    /// Starts listening for the acks of `(run_id, attempt)`.
-    pub fn watch_acks(&self, run_id: &str, attempt: u32) -> AckRx {
-        let (tx, rx) = watch::channel((0, false));
-        self.acks().insert((run_id.to_string(), attempt), tx);
-        rx
-    }
-
-    /// The run is over on this Nest: the instance no longer lists it, its acks go nowhere.
-    pub fn run_ended(&self, instance_id: &str, run_id: &str, attempt: u32) {
-        self.acks().remove(&(run_id.to_string(), attempt));
-        if let Some(i) = self.instances().get_mut(instance_id) {
-            i.runs
-                .retain(|(r, _)| !(r.run_id == run_id && r.attempt == attempt));
-        }
-    }
-
-    /// Runs held by this Nest's instances now.
-    pub fn active_runs(&self) -> usize {
-        self.instances().values().map(|i| i.runs.len()).sum()
-    }
-
-    /// The tasks (and attempts) of the runs held now.
-    pub fn active_tasks(&self) -> Vec<(String, u32)> {
-        self.instances()
-            .values()
-            .flat_map(|i| i.runs.iter().map(|(r, t)| (t.clone(), r.attempt)))
-            .collect()
-    }
-
-    pub fn instance_count(&self) -> usize {
-        self.instances().len()
-    }
+/// Every instance's report, as a heartbeat or `Register` lists them.
+fn reports(state: &NestState) -> Vec<InstanceReport> {
+    state.instances().values().map(report).collect()
 }
 
 fn report(i: &SimInstance) -> InstanceReport {
@@ -206,7 +128,7 @@ async fn session(
         labels: opts.settings.get().labels.into_iter().collect(),
         capacity: shared.capacity,
         version: agen_shared::version::CRATE_VERSION.to_string(),
-        instances: convert::reports(state.reports()),
+        instances: convert::reports(reports(state)),
         fallback_name: String::new(),
         separation: "off (simulated)".into(),
         protocol_version: agen_shared::version::Protocol::spoken().to_string(),
@@ -244,7 +166,7 @@ async fn session(
     loop {
         tokio::select! {
             _ = heartbeat.tick() => {
-                let instances = convert::reports(state.reports());
+                let instances = convert::reports(reports(state));
                 let at_ms = chrono::Utc::now().timestamp_millis();
                 tx.send(NestMessage { msg: Some(NestMsg::Heartbeat(Heartbeat { at_ms, instances })) }).await?;
                 shared.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
@@ -338,26 +260,4 @@ async fn handle(
         _ => {}
     }
     Ok(())
-}
-
-/// How long to wait for a run's ack at most before the run gives up.
-pub const ACK_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Waits until `seq` is acked (true) or the attempt is fenced or the wait times out (false).
-pub async fn acked(rx: &mut AckRx, seq: u64) -> bool {
-    let deadline = Instant::now() + ACK_TIMEOUT;
-    loop {
-        let (acked, fenced) = *rx.borrow_and_update();
-        if fenced {
-            return false;
-        }
-        if acked >= seq {
-            return true;
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, rx.changed()).await {
-            Ok(Ok(())) => {}
-            _ => return false,
-        }
-    }
 }

@@ -17,7 +17,8 @@ use agen_proto::v1 as pb;
 use anyhow::{bail, Context};
 
 use super::hub::{HubProc, ProcSample};
-use super::nest::{Shared, SimNest};
+use super::nest::SimNest;
+use super::nest_state::Shared;
 use super::report::*;
 use super::stats::quantile;
 use super::Args;

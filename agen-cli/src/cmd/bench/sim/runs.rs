@@ -23,7 +23,7 @@ use agen_proto::v1::nest_message::Msg as NestMsg;
 use agen_proto::v1::NestMessage;
 use tokio::sync::mpsc;
 
-use super::nest::{acked, AckRx, NestState, Shared};
+use super::nest_state::{acked, AckRx, NestState, Shared};
 
 /// The simulated tool (`<server>.<tool>`).
 pub const TOOL: &str = "sim.charge";
