@@ -292,7 +292,7 @@ fn a_tool_server_killed_at_any_moment_reports_an_executed_charge_as_effect_unkno
             std::thread::sleep(Duration::from_millis(jitter(2_500)));
         } else {
             wait_for("the charge", Duration::from_secs(30), || {
-                log.exists().then_some(())
+                a_charge_is_logged(&log).then_some(())
             })
             .unwrap();
             if trial % 3 == 2 {
@@ -436,7 +436,7 @@ fn a_lost_connection_to_a_url_server_mid_call_is_effect_unknown() {
     .unwrap();
     let run = Run::start(&dir, &tmp.path().join("state"));
     let charged = wait_for("the charge", Duration::from_secs(30), || {
-        log.exists().then_some(())
+        a_charge_is_logged(&log).then_some(())
     });
     kill9(server.id());
     let _ = server.wait();
@@ -453,4 +453,10 @@ fn a_lost_connection_to_a_url_server_mid_call_is_effect_unknown() {
     let told = tool_messages(&requests);
     assert_eq!(told.len(), 1, "{told:?}\n{stderr}");
     assert_told_maybe_ran(&told[0], &stderr);
+}
+
+/// Whether the charge server has written (and fsynced) a whole line: it opens the log before it
+/// writes, so the file existing is not yet a charge.
+fn a_charge_is_logged(log: &std::path::Path) -> bool {
+    std::fs::read_to_string(log).is_ok_and(|s| s.ends_with('\n'))
 }
