@@ -140,16 +140,7 @@ impl SledRunLog {
         let mut records = Vec::new();
         for kv in events.iter() {
             let (k, v) = kv?;
-            let attempt = k
-                .get(..4)
-                .and_then(|b| <[u8; 4]>::try_from(b).ok())
-                .map(u32::from_be_bytes)
-                .unwrap_or(0);
-            let seq = k
-                .get(4..12)
-                .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                .map(u64::from_be_bytes)
-                .unwrap_or(0);
+            let (attempt, seq) = event_key(&k);
             let record: LoggedEvent = serde_json::from_slice(&v).with_context(|| {
                 format!("while reading event {attempt}/{seq} in {}", dir.display())
             })?;
@@ -181,11 +172,7 @@ impl SledRunLog {
         let mut out = Vec::new();
         for kv in events.iter() {
             let (k, v) = kv?;
-            let attempt = k
-                .get(..4)
-                .and_then(|b| <[u8; 4]>::try_from(b).ok())
-                .map(u32::from_be_bytes)
-                .unwrap_or(0);
+            let (attempt, _) = event_key(&k);
             let record: LoggedEvent = serde_json::from_slice(&v)?;
             out.push((attempt, record.body));
         }
@@ -256,4 +243,20 @@ struct LoggedEvent {
     at: String,
     #[serde(flatten)]
     body: RunEventBody,
+}
+
+/// An event's key in the log: the attempt (4 bytes) then the sequence (8 bytes), big-endian; a
+/// key too short for either reads as 0.
+fn event_key(k: &[u8]) -> (u32, u64) {
+    let attempt = k
+        .get(..4)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map(u32::from_be_bytes)
+        .unwrap_or(0);
+    let seq = k
+        .get(4..12)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(u64::from_be_bytes)
+        .unwrap_or(0);
+    (attempt, seq)
 }
